@@ -1,0 +1,79 @@
+"""The `edgekit` command line.
+
+Each command lives next to the code it drives (``edgekit/commands/*.py``) and
+registers itself on ``app``; this module adds the global options and the error
+boundary: an ``EdgekitError`` becomes one red line on stderr and a non-zero
+exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from edgekit import __version__
+from edgekit.cli_common import err_console
+from edgekit.errors import EdgekitError
+
+app = typer.Typer(
+    name="edgekit",
+    help="Package transformer models for Jetson Orin, swap operators over the air, watch latency and power.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"edgekit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """edgekit: build for Orin on any host, swap one operator over the air, watch power and jitter on the device."""
+
+
+# Each module adds its commands to `app` when imported; one module per area.
+COMMAND_MODULES = (
+    "edgekit.commands.model_commands",
+)
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name)
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _register_commands()
+    try:
+        app(standalone_mode=False)
+    except EdgekitError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except (typer.Exit, SystemExit) as e:
+        code = getattr(e, "exit_code", getattr(e, "code", 0))
+        sys.exit(code or 0)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""CLI commands, one module per area; each registers itself on edgekit.cli.app."""

@@ -1,0 +1,131 @@
+"""`edgekit info` and `edgekit generate`: look at a model, and run it on this machine."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from edgekit.cli import app
+from edgekit.cli_common import console, err_console, fmt_bytes, print_json
+
+MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model (SmolLM2-135M-Instruct)."
+
+BYTES_PER_PRECISION = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+def _info_dict(model) -> dict:
+    cfg = model.config
+    counts = cfg.parameter_counts()
+    return {
+        "name": cfg.name,
+        "source": model.source.to_dict(),
+        "config": cfg.to_dict(),
+        "parameters": {"total": cfg.n_params, **counts},
+        "weight_bytes": {p: int(cfg.n_params * b) for p, b in BYTES_PER_PRECISION.items()},
+        "kv_cache_bytes_per_token_fp16": cfg.kv_cache_bytes(1, 1, 2.0),
+        "linear_shapes": {k: list(v) for k, v in cfg.linear_shapes().items()},
+        "notes": model.notes,
+    }
+
+
+@app.command()
+def info(
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Architecture, shapes, parameter count and bytes per precision of a model (weights are not loaded)."""
+    from edgekit.model.loader import load_model
+
+    m = load_model(model, weights=False, tokenizer=False)
+    d = _info_dict(m)
+    if json_out:
+        print_json(d)
+        return
+    cfg = m.config
+    t = Table(title=f"{cfg.name} ({m.source.kind}: {m.source.location})", show_header=False)
+    for k, v in [
+        ("architecture", cfg.architecture),
+        ("layers", cfg.n_layers),
+        ("hidden / MLP", f"{cfg.hidden_size} / {cfg.intermediate_size}"),
+        ("heads / KV heads / head dim", f"{cfg.n_heads} / {cfg.n_kv_heads} / {cfg.head_dim} (GQA {cfg.gqa_ratio})"),
+        ("vocab", cfg.vocab_size),
+        ("max positions", cfg.max_position_len),
+        ("RoPE theta", cfg.rope_theta),
+        ("QKV bias / tied embeddings", f"{cfg.qkv_bias} / {cfg.tie_embeddings}"),
+        ("parameters", f"{cfg.n_params:,} ({cfg.n_params / 1e6:.1f} M)"),
+    ]:
+        t.add_row(k, str(v))
+    for p, n in d["weight_bytes"].items():
+        t.add_row(f"weights at {p}", fmt_bytes(n))
+    t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"]))
+    console.print(t)
+    for note in m.notes:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+@app.command()
+def generate(
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (or raw text with --raw)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", min=1, help="Tokens to generate at most."),
+    raw: bool = typer.Option(False, "--raw", help="Feed the prompt as plain text; skip the model's chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template."),
+    context: int = typer.Option(2048, "--context", min=16, help="KV cache length (prompt + answer), a static shape."),
+    truncate: bool = typer.Option(False, "--truncate", help="Keep the last tokens of a prompt that is too long instead of failing."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 means greedy decoding."),
+    top_k: int = typer.Option(0, "--top-k", min=0, help="Sample from the k most likely tokens (with --temperature)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for sampling and for preset weights."),
+    json_out: bool = typer.Option(False, "--json", help="Print the answer and timings as JSON."),
+) -> None:
+    """Generate text with edgekit's own decoder and the torch reference operators (CPU, FP32)."""
+    import torch
+
+    from edgekit.errors import ModelLoadError
+    from edgekit.generate import GenerationStats, Generator, SamplingConfig
+    from edgekit.model.loader import load_model
+    from edgekit.shapes import StaticShapes
+
+    m = load_model(model, seed=seed)
+    if m.tokenizer is None:
+        if not (model or "").startswith("preset:"):
+            raise ModelLoadError(f"{m.source.location}: no tokenizer found", hint="add tokenizer.json to the model directory")
+    shapes = StaticShapes.for_context(min(context, m.config.max_position_len))
+    if m.tokenizer is not None:
+        ids = m.tokenizer.encode(prompt) if raw or not m.tokenizer.chat_template else m.tokenizer.encode_chat(prompt, system)
+        pad = m.tokenizer.pad_token_id
+    else:  # a preset has no tokenizer: bytes stand in for tokens so the shapes are still exercised
+        ids = [b % m.config.vocab_size for b in prompt.encode()]
+        pad = 0
+    torch.manual_seed(seed)
+    gen = Generator(m.decoder(), shapes, pad)
+    stats = GenerationStats()
+    stream = gen.stream(
+        ids, max_new_tokens, stop_ids=m.config.eos_token_ids,
+        sampling=SamplingConfig(temperature, top_k, seed), truncate=truncate, stats=stats,
+    )
+    out: list[int] = []
+    printed = ""
+    for tok in stream:
+        out.append(tok)
+        if m.tokenizer is not None and not json_out:
+            text = m.tokenizer.decode(out)
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+    text = m.tokenizer.decode(out) if m.tokenizer is not None else " ".join(map(str, out))
+    if json_out:
+        print_json({"text": text, "token_ids": out, "stats": {**stats.to_dict(), "measured_on": "cpu" if gen.decoder.device.type == "cpu" else "gpu"}, "notes": m.notes})
+        return
+    if m.tokenizer is None:
+        sys.stdout.write(text)
+    sys.stdout.write("\n")
+    err_console.print(
+        f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; "
+        f"first token {stats.prefill_s * 1000:.0f} ms, decode {stats.decode_tokens_per_s:.1f} tok/s "
+        f"(measured on the {gen.decoder.device.type.upper()}, FP32 reference operators)[/]"
+    )
+    for note in m.notes:
+        err_console.print(f"[yellow]note:[/] {note}")

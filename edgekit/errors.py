@@ -1,0 +1,55 @@
+"""One error hierarchy for everything edgekit refuses.
+
+Every message says what was received, what was expected and how to fix it. The
+CLI prints ``str(error)`` on one line and exits non-zero; it never shows a
+traceback for an ``EdgekitError``.
+"""
+
+from __future__ import annotations
+
+
+class EdgekitError(Exception):
+    """Base class: a problem the user can act on."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        self.message = message
+        self.hint = hint
+        super().__init__(message if hint is None else f"{message} ({hint})")
+
+
+class ModelLoadError(EdgekitError):
+    """A model file, directory or preset could not be loaded."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model is readable but its architecture is not one edgekit runs."""
+
+
+class ShapeError(EdgekitError):
+    """An input does not fit the static shapes (buckets, KV cache length, batch)."""
+
+
+class OperatorError(EdgekitError):
+    """An operator was called with tensors that do not match its spec."""
+
+
+class ConfigError(EdgekitError):
+    """A configuration document (target YAML, override file, ...) is invalid."""
+
+
+class PlanError(EdgekitError):
+    """The model does not fit the target as asked."""
+
+
+class BundleError(EdgekitError):
+    """A bundle or plugin failed verification."""
+
+
+class QuantizationError(EdgekitError):
+    """Quantization failed or did not pass its accuracy gate."""
+
+
+class SensorError(EdgekitError):
+    """A power or latency sensor could not be read."""

@@ -1,0 +1,114 @@
+"""Text generation over static shapes: bucketed prefill, then one decode step per token."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from edgekit.model.decoder import Decoder
+from edgekit.shapes import StaticShapes
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    bucket: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    token_times_s: list[float] = field(default_factory=list)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # the first new token comes from the prefill; the rest from decode steps
+        steps = max(self.new_tokens - 1, 0)
+        return steps / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "bucket": self.bucket,
+            "new_tokens": self.new_tokens,
+            "time_to_first_token_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+        }
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0
+    seed: int = 0
+
+
+def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator | None) -> torch.Tensor:
+    if sampling.temperature <= 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k > 0:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1, None]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+
+
+class Generator:
+    def __init__(self, decoder: Decoder, shapes: StaticShapes, pad_token_id: int = 0):
+        self.decoder = decoder
+        self.shapes = shapes
+        self.pad_token_id = pad_token_id
+        self.cache = decoder.new_cache(shapes.batch, shapes.max_seq_len)
+
+    def stream(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        stop_ids: tuple[int, ...] = (),
+        sampling: SamplingConfig | None = None,
+        truncate: bool = False,
+        stats: GenerationStats | None = None,
+    ) -> Iterator[int]:
+        """Yield new token ids one at a time (batch 1)."""
+        sampling = sampling or SamplingConfig()
+        stats = stats if stats is not None else GenerationStats()
+        ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
+        dev = self.decoder.device
+        gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0 else None
+        tokens = torch.full((1, bucket), self.pad_token_id, dtype=torch.long, device=dev)  # (1, T)
+        tokens[0, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=dev)
+        seq_lens = torch.tensor([len(ids)], dtype=torch.long, device=dev)
+        stats.prompt_tokens, stats.bucket = len(ids), bucket
+
+        t0 = time.perf_counter()
+        logits = self.decoder.prefill(tokens, seq_lens, self.cache)
+        nxt = _pick(logits, sampling, gen)
+        tok = int(nxt[0])
+        stats.prefill_s = time.perf_counter() - t0
+        stats.new_tokens = 1
+        yield tok
+        if tok in stop_ids:
+            return
+        pos = seq_lens.clone()  # position of the token being fed
+        t1 = time.perf_counter()
+        for _ in range(max_new_tokens - 1):
+            step_t = time.perf_counter()
+            logits = self.decoder.decode(nxt, pos, self.cache)
+            nxt = _pick(logits, sampling, gen)
+            tok = int(nxt[0])
+            pos = pos + 1
+            now = time.perf_counter()
+            stats.token_times_s.append(now - step_t)
+            stats.decode_s = now - t1
+            stats.new_tokens += 1
+            yield tok
+            if tok in stop_ids:
+                return
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, **kw) -> tuple[list[int], GenerationStats]:
+        stats = GenerationStats()
+        out = list(self.stream(prompt_ids, max_new_tokens, stats=stats, **kw))
+        return out, stats

@@ -1,0 +1,1 @@
+"""Model intake (GGUF, Hugging Face directories, shape presets) and edgekit's decoder."""

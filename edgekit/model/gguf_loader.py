@@ -1,0 +1,132 @@
+"""Read a Llama-family model from a GGUF file (llama.cpp's format), dequantizing to FP32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgekit.errors import ModelLoadError, UnsupportedModelError
+from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+
+# GGUF tensor names -> Hugging Face names (per block: "blk.{i}." -> "model.layers.{i}.")
+_BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+def _open(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # a truncated or foreign file fails in many ways inside the reader
+        raise ModelLoadError(
+            f"{path}: not a readable GGUF file ({type(e).__name__}: {e})",
+            hint="the file may be truncated or corrupt; download or reinstall it",
+        ) from e
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def config_from_gguf(reader, path: Path) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path}: architecture {arch!r} is not supported; expected one of {', '.join(SUPPORTED_ARCHITECTURES)}",
+            hint="edgekit runs Llama-family decoders (Llama, SmolLM2, Qwen2, Mistral)",
+        )
+
+    def need(key: str):
+        v = _field(reader, f"{arch}.{key}")
+        if v is None:
+            raise ModelLoadError(f"{path}: metadata key {arch}.{key} is missing", hint="the GGUF file is incomplete")
+        return v
+
+    n_heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
+    n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // n_heads))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens is not None else 0))
+    names = {t.name for t in reader.tensors}
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        n_layers=int(need("block_count")),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        max_position_len=int(_field(reader, f"{arch}.context_length", 2048)),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        qkv_bias="blk.0.attn_q.bias" in names,
+        tie_embeddings="output.weight" not in names,
+        bos_token_id=int(bos) if bos is not None else None,
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        name=str(_field(reader, "general.name", path.stem)),
+    )
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (interleaved RoPE pairs -> rotate-half layout)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    if gguf_name.startswith("blk."):
+        _, idx, rest = gguf_name.split(".", 2)
+        if rest in _BLOCK_NAMES:
+            return f"model.layers.{idx}.{_BLOCK_NAMES[rest]}"
+    return None
+
+
+def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], object]:
+    """Returns (config, HF-named FP32 state dict, reader)."""
+    import gguf
+
+    reader = _open(path)
+    cfg = config_from_gguf(reader, path)
+    sd: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None:
+            continue  # e.g. rope_freqs: recomputed from the config
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name} of type {t.tensor_type.name} ({e})") from e
+        w = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
+        # llama.cpp permutes the Q and K rows of Llama-style models for its interleaved RoPE.
+        if cfg.architecture in ("llama", "mistral"):
+            if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
+                w = _unpermute(w, cfg.n_heads)
+            elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
+                w = _unpermute(w, cfg.n_kv_heads)
+        sd[name] = w
+    return cfg, sd, reader

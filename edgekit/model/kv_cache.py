@@ -1,0 +1,31 @@
+"""A preallocated, fixed-size KV cache: memory is known before the first token."""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.model.config import ModelConfig
+
+
+class StaticKVCache:
+    def __init__(self, config: ModelConfig, batch: int, max_seq_len: int, dtype: torch.dtype, device="cpu"):
+        shape = (batch, config.n_kv_heads, max_seq_len, config.head_dim)  # (B, Hkv, S, D)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        self.batch = batch
+        self.max_seq_len = max_seq_len
+
+    def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write a prefill chunk (B, Hkv, T, D) at positions [0, T)."""
+        T = k.shape[2]
+        self.k[layer][:, :, :T] = k
+        self.v[layer][:, :, :T] = v
+
+    def write_token(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+        """Write one token per sequence (B, Hkv, 1, D) at its own position (B,)."""
+        rows = torch.arange(self.batch, device=positions.device)
+        self.k[layer][rows, :, positions] = k[:, :, 0]
+        self.v[layer][rows, :, positions] = v[:, :, 0]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -1,0 +1,87 @@
+"""Assemble decoder weights from a Hugging Face-named state dict, or make random ones for a preset.
+
+Q, K and V are packed into one ``wqkv`` projection and gate/up into one
+``w_gate_up`` so that each becomes a single operator call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from edgekit.errors import ModelLoadError
+from edgekit.kernels.linear import LinearWeights
+from edgekit.model.config import ModelConfig
+from edgekit.model.decoder import BlockWeights, ModelWeights
+
+
+def _take(sd: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], source: str) -> torch.Tensor:
+    if name not in sd:
+        raise ModelLoadError(f"{source}: tensor {name!r} is missing", hint="the file is incomplete or not a Llama-family model")
+    t = sd[name]
+    if tuple(t.shape) != shape:
+        raise ModelLoadError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from the model config")
+    return t.to(torch.float32)
+
+
+def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor], source: str) -> ModelWeights:
+    C, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    blocks = []
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        q = _take(sd, p + "self_attn.q_proj.weight", (cfg.q_size, C), source)
+        k = _take(sd, p + "self_attn.k_proj.weight", (cfg.kv_size, C), source)
+        v = _take(sd, p + "self_attn.v_proj.weight", (cfg.kv_size, C), source)
+        bias = None
+        if cfg.qkv_bias:
+            bias = torch.cat([
+                _take(sd, p + "self_attn.q_proj.bias", (cfg.q_size,), source),
+                _take(sd, p + "self_attn.k_proj.bias", (cfg.kv_size,), source),
+                _take(sd, p + "self_attn.v_proj.bias", (cfg.kv_size,), source),
+            ])
+        gate = _take(sd, p + "mlp.gate_proj.weight", (F, C), source)
+        up = _take(sd, p + "mlp.up_proj.weight", (F, C), source)
+        blocks.append(BlockWeights(
+            attn_norm=_take(sd, p + "input_layernorm.weight", (C,), source),
+            wqkv=LinearWeights("linear", torch.cat([q, k, v]), bias),
+            wo=LinearWeights("linear", _take(sd, p + "self_attn.o_proj.weight", (C, cfg.q_size), source)),
+            ffn_norm=_take(sd, p + "post_attention_layernorm.weight", (C,), source),
+            w_gate_up=LinearWeights("linear", torch.cat([gate, up])),
+            w_down=LinearWeights("linear", _take(sd, p + "mlp.down_proj.weight", (C, F), source)),
+        ))
+    emb = _take(sd, "model.embed_tokens.weight", (V, C), source)
+    if cfg.tie_embeddings or "lm_head.weight" not in sd:
+        head = emb
+    else:
+        head = _take(sd, "lm_head.weight", (V, C), source)
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=_take(sd, "model.norm.weight", (C,), source),
+                        lm_head=LinearWeights("linear", head))
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu") -> ModelWeights:
+    """Random weights of the right shape (for speed work and tests). Scaled so activations stay O(1)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * std).to(device=device, dtype=dtype)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, device=device, dtype=dtype)
+
+    C, F = cfg.hidden_size, cfg.intermediate_size
+    qkv_out = cfg.q_size + 2 * cfg.kv_size
+    blocks = [
+        BlockWeights(
+            attn_norm=ones(C),
+            wqkv=LinearWeights("linear", rnd(qkv_out, C), rnd(qkv_out) if cfg.qkv_bias else None),
+            wo=LinearWeights("linear", rnd(C, cfg.q_size)),
+            ffn_norm=ones(C),
+            w_gate_up=LinearWeights("linear", rnd(2 * F, C)),
+            w_down=LinearWeights("linear", rnd(C, F)),
+        )
+        for _ in range(cfg.n_layers)
+    ]
+    emb = rnd(cfg.vocab_size, C, std=1.0)
+    head = emb if cfg.tie_embeddings else rnd(cfg.vocab_size, C)
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=ones(C), lm_head=LinearWeights("linear", head))

@@ -1,0 +1,1 @@
+"""edgekit.export: ONNX export (and TensorRT plugin definitions where TensorRT exists)."""

@@ -1,0 +1,1 @@
+"""edgekit.kernels: one module per operator (spec + torch reference + Triton kernel) and the dispatch table."""

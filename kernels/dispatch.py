@@ -1,0 +1,73 @@
+"""The dispatch table: the only way the model reaches an operator.
+
+The model calls ``ops.rmsnorm(...)``, ``ops.linear(x, weights)`` and so on.
+Each call looks the implementation up at call time, so replacing an entry
+(a Triton kernel, a hot-swapped plugin, a rollback to the reference) takes
+effect at the next operator call without touching the model. Replacing an
+entry is a single dict assignment, which is atomic under the GIL: a call in
+flight finishes on the implementation it started with.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from edgekit.errors import OperatorError
+from edgekit.kernels.linear import LinearWeights
+from edgekit.kernels.registry import OPERATORS
+
+
+class DispatchTable:
+    def __init__(self, implementations: dict[str, Callable] | None = None):
+        self._impls: dict[str, Callable] = {name: op.reference for name, op in OPERATORS.items()}
+        self._sources: dict[str, str] = {name: "reference" for name in OPERATORS}
+        for name, fn in (implementations or {}).items():
+            self.set(name, fn)
+
+    # -- table management -------------------------------------------------
+    def set(self, name: str, fn: Callable, source: str = "custom") -> None:
+        if name not in OPERATORS:
+            raise OperatorError(f"unknown operator {name!r}; expected one of: {', '.join(sorted(OPERATORS))}")
+        self._impls[name] = fn
+        self._sources[name] = source
+
+    def reset(self, name: str) -> None:
+        """Put the torch reference back for one operator."""
+        self.set(name, OPERATORS[name].reference, source="reference")
+
+    def get(self, name: str) -> Callable:
+        return self._impls[name]
+
+    def sources(self) -> dict[str, str]:
+        """operator -> where its implementation came from ("reference", "triton", "plugin:<version>", ...)."""
+        return dict(self._sources)
+
+    # -- operators ----------------------------------------------------------
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self._impls["rmsnorm"](x, weight, eps)
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self._impls["swiglu"](gate_up)
+
+    def attention_prefill(self, q, k, v, seq_lens, scale=None) -> torch.Tensor:
+        return self._impls["attention_prefill"](q, k, v, seq_lens, scale)
+
+    def attention_decode(self, q, k_cache, v_cache, seq_lens, scale=None) -> torch.Tensor:
+        return self._impls["attention_decode"](q, k_cache, v_cache, seq_lens, scale)
+
+    def linear(self, x: torch.Tensor, w: LinearWeights) -> torch.Tensor:
+        """Route a projection to the operator its weights ask for."""
+        fn = self._impls[w.op]
+        if w.op == "linear":
+            return fn(x, w.weight, w.bias)
+        if w.op == "linear_w8a16":
+            return fn(x, w.weight, w.scale, w.bias)
+        return fn(x, w.weight, w.scale, w.bias, w.smooth)
+
+    def qkv_rope(self, x, w: LinearWeights, cos, sin, n_heads: int, n_kv_heads: int):
+        """QKV projection + RoPE: the fused operator for float weights, linear then rope otherwise."""
+        if w.op == "linear":
+            return self._impls["qkv_rope"](x, w.weight, w.bias, cos, sin, n_heads, n_kv_heads)
+        return self._impls["rope"](self.linear(x, w), cos, sin, n_heads, n_kv_heads)

@@ -1,0 +1,164 @@
+"""Linear layers: floating point, INT8 weight-only (W8A16) and INT8xINT8 (W8A8).
+
+The model holds each projection as a ``LinearWeights`` record that names the
+operator it needs; ``DispatchTable.linear`` routes it, so the model code is the
+same for every precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgekit.kernels.precision import accumulate_dtype
+from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
+
+INT8_MAX = 127.0
+
+LINEAR_SPEC = OpSpec(
+    name="linear",
+    abi_version=1,
+    inputs=(
+        TensorSpec("x", "(..., K)", FLOAT_DTYPES),
+        TensorSpec("weight", "(N, K)", FLOAT_DTYPES),
+        TensorSpec("bias", "(N,)", FLOAT_DTYPES, optional=True),
+    ),
+    outputs=(TensorSpec("y", "(..., N)", FLOAT_DTYPES),),
+    tolerance=REDUCTION_TOLERANCE,
+    doc="y = x @ weight.T + bias, accumulated in FP32 (FP64 for FP64 input).",
+)
+
+W8A16_SPEC = OpSpec(
+    name="linear_w8a16",
+    abi_version=1,
+    inputs=(
+        TensorSpec("x", "(..., K)", FLOAT_DTYPES),
+        TensorSpec("qweight", "(N, K)", ("int8",)),
+        TensorSpec("scale", "(N,)", ("float32",)),
+        TensorSpec("bias", "(N,)", FLOAT_DTYPES, optional=True),
+    ),
+    outputs=(TensorSpec("y", "(..., N)", FLOAT_DTYPES),),
+    tolerance=REDUCTION_TOLERANCE,
+    doc="Weight-only INT8: y = (x @ qweight.T) * scale + bias; the FP64 reference dequantizes exactly.",
+)
+
+W8A8_SPEC = OpSpec(
+    name="linear_w8a8",
+    abi_version=1,
+    inputs=(
+        TensorSpec("x", "(..., K)", FLOAT_DTYPES),
+        TensorSpec("qweight", "(N, K)", ("int8",)),
+        TensorSpec("scale", "(N,)", ("float32",)),
+        TensorSpec("bias", "(N,)", FLOAT_DTYPES, optional=True),
+        TensorSpec("smooth", "(K,)", ("float32",), optional=True),
+    ),
+    outputs=(TensorSpec("y", "(..., N)", FLOAT_DTYPES),),
+    # The activations are rounded to INT8 per token, so the error against the
+    # unquantized product is bounded by the rounding, not by FP arithmetic: the
+    # FP64 reference quantizes the activations the same way and the kernel must
+    # match it to FP32 rounding of the int32 result.
+    tolerance={k: Tolerance(atol=v.atol, rtol=v.rtol) for k, v in REDUCTION_TOLERANCE.items()},
+    doc=(
+        "INT8 x INT8 with per-token dynamic activation scales: x' = x / smooth; "
+        "xq = round(x' / sx), sx = max|x'| / 127 per row; y = (xq @ qweight.T) * sx * scale + bias, "
+        "int32 accumulation."
+    ),
+)
+
+
+@dataclass
+class LinearWeights:
+    """One projection's weights and the operator that applies them."""
+
+    op: str  # "linear" | "linear_w8a16" | "linear_w8a8"
+    weight: torch.Tensor  # (N, K) float, or int8 for the INT8 ops
+    bias: torch.Tensor | None = None  # (N,)
+    scale: torch.Tensor | None = None  # (N,) fp32, INT8 ops only
+    smooth: torch.Tensor | None = None  # (K,) fp32, SmoothQuant divisor for W8A8
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.bias, self.scale, self.smooth) if t is not None)
+
+    def dequantized(self) -> torch.Tensor:
+        """The floating-point weight this record stands for (with SmoothQuant folded back)."""
+        if self.op == "linear":
+            return self.weight
+        w = self.weight.to(torch.float32) * self.scale.to(torch.float32)[:, None]
+        if self.smooth is not None:
+            w = w / self.smooth.to(torch.float32)[None, :]
+        return w
+
+    def to(self, device=None, dtype=None) -> "LinearWeights":
+        """Move to a device; ``dtype`` applies only to floating-point weights and the bias."""
+
+        def move(t: torch.Tensor | None, cast: bool) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return t.to(device=device, dtype=dtype if cast and dtype is not None else t.dtype)
+
+        return LinearWeights(
+            op=self.op,
+            weight=move(self.weight, self.op == "linear"),
+            bias=move(self.bias, True),
+            scale=move(self.scale, False),
+            smooth=move(self.smooth, False),
+        )
+
+
+def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    acc = accumulate_dtype(x.dtype)
+    y = x.to(acc) @ weight.to(acc).T
+    if bias is not None:
+        y = y + bias.to(acc)
+    return y.to(x.dtype)
+
+
+def linear_w8a16_reference(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    acc = accumulate_dtype(x.dtype)
+    y = (x.to(acc) @ qweight.to(acc).T) * scale.to(acc)
+    if bias is not None:
+        y = y + bias.to(acc)
+    return y.to(x.dtype)
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric dynamic INT8 per row of the last axis. Returns (int8 values, fp32 scale (..., 1)).
+
+    An all-zero row gets scale 1 (not 0), so dequantizing never divides by zero.
+    """
+    xf = x.to(accumulate_dtype(x.dtype))
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    q = torch.clamp(torch.round(xf / scale), -INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale.to(torch.float32) if x.dtype != torch.float64 else scale
+
+
+def linear_w8a8_reference(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    smooth: torch.Tensor | None = None,
+) -> torch.Tensor:
+    acc = accumulate_dtype(x.dtype)
+    xs = x.to(acc)
+    if smooth is not None:
+        xs = xs / smooth.to(acc)
+    xq, sx = quantize_per_token(xs)
+    # Integer product in int64 on the CPU (exact, like the kernel's int32 accumulation for K < 2^17).
+    y_int = xq.to(torch.int64) @ qweight.to(torch.int64).T
+    y = y_int.to(acc) * sx.to(acc) * scale.to(acc)
+    if bias is not None:
+        y = y + bias.to(acc)
+    return y.to(x.dtype)

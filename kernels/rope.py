@@ -1,0 +1,85 @@
+"""QKV split + rotary position embedding (RoPE), and the fused QKV projection + RoPE operator.
+
+RoPE uses the "rotate half" layout of Hugging Face Llama: a head vector
+[x1 | x2] (halves of head_dim) becomes [x1*cos - x2*sin | x2*cos + x1*sin].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.kernels.linear import linear_reference
+from edgekit.kernels.precision import accumulate_dtype
+from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
+
+ROPE_SPEC = OpSpec(
+    name="rope",
+    abi_version=1,
+    inputs=(
+        TensorSpec("qkv", "(B, T, (Hq + 2*Hkv) * D)", FLOAT_DTYPES),
+        TensorSpec("cos", "(B, T, D/2)", ("float32", "float64")),
+        TensorSpec("sin", "(B, T, D/2)", ("float32", "float64")),
+    ),
+    outputs=(
+        TensorSpec("q", "(B, Hq, T, D)", FLOAT_DTYPES),
+        TensorSpec("k", "(B, Hkv, T, D)", FLOAT_DTYPES),
+        TensorSpec("v", "(B, Hkv, T, D)", FLOAT_DTYPES),
+    ),
+    attributes=("n_heads", "n_kv_heads"),
+    tolerance=REDUCTION_TOLERANCE,
+    doc="Split a packed QKV projection into heads and rotate Q and K.",
+)
+
+QKV_ROPE_SPEC = OpSpec(
+    name="qkv_rope",
+    abi_version=1,
+    inputs=(
+        TensorSpec("x", "(B, T, C)", FLOAT_DTYPES),
+        TensorSpec("wqkv", "((Hq + 2*Hkv) * D, C)", FLOAT_DTYPES),
+        TensorSpec("bqkv", "((Hq + 2*Hkv) * D,)", FLOAT_DTYPES, optional=True),
+        TensorSpec("cos", "(B, T, D/2)", ("float32", "float64")),
+        TensorSpec("sin", "(B, T, D/2)", ("float32", "float64")),
+    ),
+    outputs=ROPE_SPEC.outputs,
+    attributes=("n_heads", "n_kv_heads"),
+    tolerance=REDUCTION_TOLERANCE,
+    doc="Fused QKV projection (optional bias) and RoPE.",
+)
+
+
+def rope_frequencies(head_dim: int, max_len: int, theta: float, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (max_len, head_dim/2), computed in FP64 and rounded once."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)  # (S, D/2)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, H, T, D); cos/sin: (B, 1, T, D/2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rope_reference(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, T, width = qkv.shape
+    head_dim = width // (n_heads + 2 * n_kv_heads)
+    acc = accumulate_dtype(qkv.dtype)
+    x = qkv.to(acc).view(B, T, n_heads + 2 * n_kv_heads, head_dim).transpose(1, 2)  # (B, H*, T, D)
+    q, k, v = x.split((n_heads, n_kv_heads, n_kv_heads), dim=1)
+    c, s = cos.to(acc)[:, None], sin.to(acc)[:, None]  # (B, 1, T, D/2)
+    q, k = _rotate(q, c, s), _rotate(k, c, s)
+    return q.to(qkv.dtype).contiguous(), k.to(qkv.dtype).contiguous(), v.to(qkv.dtype).contiguous()
+
+
+def qkv_rope_reference(
+    x: torch.Tensor,
+    wqkv: torch.Tensor,
+    bqkv: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return rope_reference(linear_reference(x, wqkv, bqkv), cos, sin, n_heads, n_kv_heads)

@@ -1,0 +1,24 @@
+"""SwiGLU activation on a packed gate/up projection: y = silu(gate) * up."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgekit.kernels.precision import accumulate_dtype
+from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
+
+SPEC = OpSpec(
+    name="swiglu",
+    abi_version=1,
+    inputs=(TensorSpec("gate_up", "(..., 2F)", FLOAT_DTYPES),),
+    outputs=(TensorSpec("y", "(..., F)", FLOAT_DTYPES),),
+    tolerance=ELEMENTWISE_TOLERANCE,
+    doc="gate_up packs [gate | up] along the last axis (gate first).",
+)
+
+
+def swiglu_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    acc = accumulate_dtype(gate_up.dtype)
+    gate, up = gate_up.to(acc).chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(gate_up.dtype)

@@ -1,0 +1,1 @@
+"""edgekit.power: power sensors, latency tracking and the watchdog."""

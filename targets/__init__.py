@@ -1,0 +1,1 @@
+"""edgekit.targets: device profiles, one YAML file per target (package data)."""
