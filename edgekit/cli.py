@@ -42,6 +42,10 @@ def _root(
 # Each module adds its commands to `app` when imported; one module per area.
 COMMAND_MODULES = (
     "edgekit.commands.model_commands",
+    "edgekit.commands.plan_commands",
+    "edgekit.commands.quant_commands",
+    "edgekit.commands.build_commands",
+    "edgekit.commands.power_commands",
 )
 
 

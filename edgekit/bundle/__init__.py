@@ -1,0 +1,1 @@
+"""Bundles: manifest, signatures, plugins, golden vectors, verification."""

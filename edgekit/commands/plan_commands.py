@@ -1,0 +1,1 @@
+"""CLI commands for the plan area (registered on edgekit.cli.app when imported)."""

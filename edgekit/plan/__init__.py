@@ -1,0 +1,1 @@
+"""Planning: targets, tile solver, memory plan, static-shape buckets, roofline predictions."""

@@ -1,0 +1,1 @@
+"""FP16 -> INT8 quantization: calibration, SmoothQuant, sensitivity, accuracy gate."""

@@ -1,0 +1,1 @@
+"""Device runtime: bundle loading, plugin dispatch, OTA swap, server."""
