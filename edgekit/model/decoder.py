@@ -128,7 +128,8 @@ class Decoder:
             def attend(h, i=i, b=b):
                 q, k, v = self.ops.qkv_rope(h, b.wqkv, cos, sin, cfg.n_heads, cfg.n_kv_heads)  # (B, H, 1, D)
                 cache.write_token(i, k, v, positions)
-                o = self.ops.attention_decode(q[:, :, 0], cache.k[i], cache.v[i], seq_lens)  # (B, Hq, D)
+                k_all, v_all = cache.layer(i)  # (B, Hkv, S, D)
+                o = self.ops.attention_decode(q[:, :, 0], k_all, v_all, seq_lens)  # (B, Hq, D)
                 return o.reshape(B, 1, cfg.q_size)
 
             x = self._block(b, x, attend)

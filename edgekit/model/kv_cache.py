@@ -27,5 +27,11 @@ class StaticKVCache:
         self.k[layer][rows, :, positions] = k[:, :, 0]
         self.v[layer][rows, :, positions] = v[:, :, 0]
 
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) of one layer as the attention operator reads them, (B, Hkv, S, D) each.
+
+        A quantized cache overrides this to return dequantized views."""
+        return self.k[layer], self.v[layer]
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
