@@ -79,5 +79,7 @@ def main() -> None:
         raise
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # run as `python -m edgekit` instead: this module must be imported as edgekit.cli
+    from edgekit.cli import main as _main
+
+    _main()

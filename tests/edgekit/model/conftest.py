@@ -1,0 +1,146 @@
+"""Small model files made on the fly: a Hugging Face directory and a GGUF file with random weights.
+
+They are written the way the real tools write them (transformers' save_pretrained; a GGUF with
+llama.cpp's Q/K row permutation and a byte-level BPE vocabulary), so the loaders are tested on
+real formats without shipping any weights.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def byte_level_vocab() -> list[str]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return SPECIALS + [bytes_to_unicode()[b] for b in range(256)]
+
+
+def fast_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer with no merges: every byte is a token (ids after the specials)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = byte_level_vocab()
+    assert len(tokens) <= vocab_size
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
+    )
+
+
+def hf_model(model_type: str, seed: int = 0):
+    import transformers
+
+    common = dict(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+        eos_token_id=2, bos_token_id=1, pad_token_id=0,
+    )
+    cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(tie_word_embeddings=False)),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(tie_word_embeddings=False, sliding_window=None)),
+    }[model_type]
+    torch.manual_seed(seed)
+    cfg = cls[0](**common, **cls[2])
+    model = cls[1](cfg).eval()
+    with torch.no_grad():  # transformers initialises norms to 1 and biases to 0: randomise them so they are tested
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "mistral"])
+def hf_dir(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"hf-{request.param}")
+    model = hf_model(request.param)
+    model.save_pretrained(str(d), safe_serialization=True)
+    fast_tokenizer(model.config.vocab_size).save_pretrained(str(d))
+    return d, model
+
+
+def _permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
+    # llama.cpp's convert_hf_to_gguf.py LlamaModel.permute
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: int | None = None) -> None:
+    import gguf
+
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("tiny-test-llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_theta if hasattr(cfg, "rope_theta") else 10000.0)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    tokens = byte_level_vocab()
+    tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges([])
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    names = {
+        "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+    }
+    writer.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in names.items():
+            w = sd[f"model.layers.{i}.{hf}"]
+            if hf.startswith("self_attn.q_proj"):
+                w = _permute_for_gguf(w, cfg.num_attention_heads)
+            elif hf.startswith("self_attn.k_proj"):
+                w = _permute_for_gguf(w, cfg.num_key_value_heads)
+            writer.add_tensor(f"blk.{i}.{gg}", np.ascontiguousarray(w))
+    writer.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    if not cfg.tie_word_embeddings:
+        writer.add_tensor("output.weight", sd["lm_head.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    if truncate_to is not None:
+        data = path.read_bytes()
+        path.write_bytes(data[:truncate_to])
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf")
+    model = hf_model("llama", seed=1)
+    path = d / "tiny-llama.gguf"
+    write_llama_gguf(path, model)
+    return path, model
+
+
+def write_json(path, obj) -> None:
+    path.write_text(json.dumps(obj))

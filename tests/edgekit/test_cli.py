@@ -1,0 +1,76 @@
+"""The command line as a user meets it: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def edgekit(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_version():
+    r = edgekit("--version")
+    assert r.returncode == 0 and r.stdout.startswith("edgekit ")
+
+
+def test_help_lists_the_commands():
+    r = edgekit("--help")
+    assert r.returncode == 0
+    for cmd in ("info", "generate"):
+        assert cmd in r.stdout
+
+
+def test_info_preset_json():
+    r = edgekit("info", "preset:qwen2.5-1.5b", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["config"]["n_kv_heads"] == 2 and d["config"]["qkv_bias"] is True
+    assert d["weight_bytes"]["int8"] == d["parameters"]["total"]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("info", "/definitely/missing.gguf"), "no such file or directory"),
+        (("info", "preset:nope"), "unknown preset"),
+        (("generate", "preset:tiny", "--prompt", "x" * 3000, "--context", "64", "-n", "8"), "too long"),
+        (("generate", "preset:tiny", "--prompt", "hi", "--context", "64", "-n", "64"), "does not fit the KV cache"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(args, expected, tmp_path):
+    r = edgekit(*args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert expected in r.stderr
+    assert r.stderr.strip().startswith("error:")
+
+
+def test_bad_files_are_one_line_errors(tmp_path):
+    (tmp_path / "empty_dir").mkdir()
+    bad = tmp_path / "trunc.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00\x01")
+    for target, expected in ((tmp_path / "empty_dir", "no config.json"), (bad, "not a readable GGUF")):
+        r = edgekit("info", str(target))
+        assert r.returncode == 2 and "Traceback" not in r.stderr and expected in r.stderr, r.stderr
+
+
+def test_generate_on_a_preset_json():
+    r = edgekit("generate", "preset:tiny", "--prompt", "hello", "-n", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert len(d["token_ids"]) == 5 and d["stats"]["measured_on"] == "cpu"
+    assert d["notes"] and "random weights" in d["notes"][0]
+
+
+@pytest.mark.slow
+def test_generate_default_model_answers():
+    r = edgekit("generate", "--prompt", "What is the capital of France?", "-n", "16")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
