@@ -43,6 +43,10 @@ class PlanError(EdgekitError):
     """The model does not fit the target as asked."""
 
 
+class ExportError(EdgekitError):
+    """A graph could not be exported (ONNX) or the exported graph does not run or match the reference."""
+
+
 class BundleError(EdgekitError):
     """A bundle or plugin failed verification."""
 
