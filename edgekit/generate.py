@@ -57,11 +57,12 @@ def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator |
 
 
 class Generator:
-    def __init__(self, decoder: Decoder, shapes: StaticShapes, pad_token_id: int = 0):
+    def __init__(self, decoder: Decoder, shapes: StaticShapes, pad_token_id: int = 0, cache=None):
         self.decoder = decoder
         self.shapes = shapes
         self.pad_token_id = pad_token_id
-        self.cache = decoder.new_cache(shapes.batch, shapes.max_seq_len)
+        # the cache is preallocated once and may be shared by generators that never run concurrently
+        self.cache = cache if cache is not None else decoder.new_cache(shapes.batch, shapes.max_seq_len)
 
     def stream(
         self,

@@ -37,6 +37,12 @@ class DispatchTable:
         """Put the torch reference back for one operator."""
         self.set(name, OPERATORS[name].reference, source="reference")
 
+    def copy(self) -> "DispatchTable":
+        """An independent table with the same entries: a request keeps the table it started with."""
+        t = DispatchTable()
+        t._impls, t._sources = dict(self._impls), dict(self._sources)
+        return t
+
     def get(self, name: str) -> Callable:
         return self._impls[name]
 

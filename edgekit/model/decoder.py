@@ -80,6 +80,13 @@ class Decoder:
         cos, sin = rope_frequencies(config.head_dim, config.max_position_len, config.rope_theta, table_dtype)
         self._cos, self._sin = cos.to(self.device), sin.to(self.device)
 
+    def with_ops(self, ops: DispatchTable) -> "Decoder":
+        """The same model (weights shared, not copied) calling operators through another table."""
+        view = object.__new__(Decoder)
+        view.__dict__.update(self.__dict__)
+        view.ops = ops
+        return view
+
     def new_cache(self, batch: int, max_seq_len: int) -> StaticKVCache:
         return StaticKVCache(self.config, batch, max_seq_len, self.dtype, self.device)
 
