@@ -1,0 +1,251 @@
+"""Whether a verified plugin may replace the active one: pure rules, no I/O.
+
+The store (``plugin_store.py``) receives bytes, asks an injected verifier for a
+``VerifiedPluginLike`` (signature, schema and hashes are the verifier's job),
+and then asks this module for a verdict: is the plugin for this device's
+architecture, for an operator ABI this runtime speaks, built by a Triton whose
+kernel ABI the launcher understands, and newer than what is active? Every
+refusal carries a stable ``reason`` code (for JSON, HTTP answers and tests)
+and a message saying what was received, what was expected and how to fix it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Collection, Mapping, Protocol, runtime_checkable
+
+from edgekit.errors import BundleError
+
+# Stable refusal codes. The HTTP server and the agent report these verbatim.
+REASONS = {
+    "oversized": "the package is larger than the store accepts",
+    "corrupted": "the package bytes are damaged or not a plugin package",
+    "bad_signature": "the signature does not match the package bytes",
+    "untrusted_key": "the package is signed by a key this device does not trust",
+    "schema": "plugin.json does not follow the plugin schema",
+    "wrong_arch": "the plugin was compiled for another GPU architecture",
+    "unknown_op": "the plugin is for an operator this runtime does not have",
+    "unknown_abi": "the plugin speaks an operator ABI version this runtime does not",
+    "triton_abi": "the plugin was compiled by a Triton whose kernel ABI the launcher does not support",
+    "downgrade": "the plugin is not newer than the active version",
+    "already_installed": "this version already has a slot on the device",
+    "blocked": "this version was rolled back on this device before",
+    "metadata_mismatch": "the package does not match the update metadata that announced it",
+    "golden_mismatch": "the plugin's outputs do not match its golden vectors",
+    "verification_failed": "the package failed verification",
+}
+
+# Versions are a non-negative integer or dotted integers ("3", "1.4.2"); the
+# canonical string doubles as the slot directory name, so it must stay this narrow.
+_VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,8})(\.(0|[1-9][0-9]{0,8})){0,3}$")
+# Operator and architecture names also become path components.
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,63}$")
+_ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+
+
+class SwapRefused(BundleError):
+    """A plugin package was refused; nothing on the device changed.
+
+    ``reason`` is one of ``REASONS`` (stable, for scripts); the message is for people.
+    """
+
+    def __init__(self, reason: str, message: str, *, hint: str | None = None):
+        assert reason in REASONS, reason
+        self.reason = reason
+        super().__init__(f"plugin refused ({reason}): {message}", hint=hint)
+
+
+@runtime_checkable
+class VerifiedPluginLike(Protocol):
+    """What the store needs from a verified plugin package (edgekit.bundle.plugin provides one).
+
+    ``files`` maps a plain file name (no directories) to its verified bytes.
+    """
+
+    op: str
+    version: Any  # int or dotted-int string; see parse_version
+    target_arch: str
+    abi_version: int
+    files: Mapping[str, bytes]
+
+
+def parse_version(value: Any) -> tuple[int, ...]:
+    """A version as a comparable tuple: 3 -> (3,), "1.4.2" -> (1, 4, 2).
+
+    Comparison pads with zeros, so "2" == "2.0" (they would collide as slots anyway).
+    """
+    text = canonical_version(value)
+    return tuple(int(p) for p in text.split("."))
+
+
+def canonical_version(value: Any) -> str:
+    """The one spelling of a version, also used as its slot directory name."""
+    if isinstance(value, bool):
+        raise SwapRefused("schema", f"version {value!r} is a boolean; expected an integer or a dotted version like '1.2.0'")
+    if isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value.strip()
+    else:
+        raise SwapRefused("schema", f"version {value!r} has type {type(value).__name__}; expected an int or a string like '1.2.0'")
+    if not _VERSION_RE.match(text):
+        raise SwapRefused(
+            "schema", f"version {value!r} is not a non-negative integer or dotted integers (e.g. 3 or '1.2.0')"
+        )
+    return text
+
+
+def version_key(value: Any) -> tuple[int, ...]:
+    parts = parse_version(value)
+    return parts + (0,) * (4 - len(parts))
+
+
+def normalize_arch(value: Any) -> str:
+    """'sm_87', 'sm87', '87', 87, 'cuda:87' -> 'sm_87' (what a plugin was compiled for)."""
+    text = str(value).strip().lower()
+    for prefix in ("cuda:", "sm_", "sm"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    candidate = f"sm_{text}"
+    if not _ARCH_RE.match(candidate):
+        raise SwapRefused("schema", f"target architecture {value!r} is not a CUDA SM name; expected e.g. 'sm_87' or 'sm_90'")
+    return candidate
+
+
+def check_name(kind: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise SwapRefused("schema", f"{kind} {value!r} is not a lower-case identifier ([a-z0-9_], at most 64 characters)")
+    return value
+
+
+RESERVED_FILE_NAMES = frozenset({"slot.json", "package.bin"})
+_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+
+
+def check_file_name(name: Any) -> str:
+    """Slot files are flat: one safe component, never a path, never a store-owned name."""
+    if not isinstance(name, str) or not _FILE_RE.match(name) or name in RESERVED_FILE_NAMES:
+        raise SwapRefused(
+            "schema",
+            f"file name {name!r} in the package is not a plain file name ([A-Za-z0-9_.-], no '/', not {sorted(RESERVED_FILE_NAMES)})",
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class DevicePolicy:
+    """What this device accepts. ``known_abi``: operator -> ABI version the runtime speaks."""
+
+    device_arch: str
+    known_abi: Mapping[str, int]
+    # Triton kernel-ABI tags the launcher understands (e.g. {"3"} for Triton 3.x);
+    # None means the verifier does not report one and the check is skipped.
+    triton_abis: Collection[str] | None = None
+    max_package_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class OpState:
+    """The admission-relevant part of an operator's pointer."""
+
+    active: str | None = None  # canonical version, None = torch reference
+    previous: str | None = None
+    blocked: tuple[str, ...] = field(default_factory=tuple)
+
+
+def check_compatible(plugin: VerifiedPluginLike, policy: DevicePolicy) -> tuple[str, str]:
+    """(op, canonical version) if this device can run the plugin at all; SwapRefused otherwise.
+
+    Checked at install and again at every start-up (an edgekit upgrade may change an ABI).
+    """
+    op = check_name("operator", plugin.op)
+    version = canonical_version(plugin.version)
+    arch = normalize_arch(plugin.target_arch)
+    for name in plugin.files:
+        check_file_name(name)
+    device_arch = normalize_arch(policy.device_arch)
+    if arch != device_arch:
+        raise SwapRefused(
+            "wrong_arch",
+            f"{op} {version} was compiled for {arch}; this device is {device_arch}",
+            hint=f"build the plugin for {device_arch}",
+        )
+    if op not in policy.known_abi:
+        raise SwapRefused(
+            "unknown_op", f"operator {op!r} is not one of this runtime's: {', '.join(sorted(policy.known_abi))}"
+        )
+    abi = plugin.abi_version
+    if isinstance(abi, bool) or not isinstance(abi, int) or abi != policy.known_abi[op]:
+        raise SwapRefused(
+            "unknown_abi",
+            f"{op} {version} speaks operator ABI {abi!r}; this runtime speaks ABI {policy.known_abi[op]} for {op}",
+            hint="rebuild the plugin against this edgekit version",
+        )
+    triton_abi = getattr(plugin, "triton_abi", None)
+    if policy.triton_abis is not None and triton_abi is not None and str(triton_abi) not in policy.triton_abis:
+        raise SwapRefused(
+            "triton_abi",
+            f"{op} {version} was compiled with Triton kernel ABI {triton_abi!r}; the launcher supports {sorted(policy.triton_abis)}",
+            hint="rebuild the plugin with a supported Triton version",
+        )
+    return op, version
+
+
+def admit(
+    plugin: VerifiedPluginLike,
+    policy: DevicePolicy,
+    state: OpState,
+    *,
+    allow_downgrade: bool = False,
+    allow_blocked: bool = False,
+    expect: Mapping[str, Any] | None = None,
+) -> str:
+    """Return the plugin's canonical version if it may be staged; raise SwapRefused otherwise.
+
+    ``expect`` holds what an update channel announced (op, version, target_arch):
+    the package itself must agree, so metadata cannot smuggle a different plugin in.
+    """
+    if expect is not None:
+        check_announced(plugin, expect)
+    op, version = check_compatible(plugin, policy)
+    if version in state.blocked and not allow_blocked:
+        raise SwapRefused(
+            "blocked",
+            f"{op} {version} was rolled back on this device before",
+            hint="publish a fixed plugin with a higher version",
+        )
+    if state.active is not None and version_key(version) <= version_key(state.active) and not allow_downgrade:
+        raise SwapRefused(
+            "downgrade",
+            f"{op} {version} is not newer than the active version {state.active}",
+            hint="pass allow_downgrade (--allow-downgrade) to install an older version on purpose",
+        )
+    if version in (state.active, state.previous):
+        which = "active" if version == state.active else "previous"
+        raise SwapRefused(
+            "already_installed",
+            f"{op} {version} is already the {which} version",
+            hint="use rollback to return to the previous version" if which == "previous" else None,
+        )
+    return version
+
+
+def check_announced(plugin: VerifiedPluginLike, expect: Mapping[str, Any]) -> None:
+    """The package must be what the update metadata said it is."""
+    actual = {
+        "op": check_name("operator", plugin.op),
+        "version": canonical_version(plugin.version),
+        "target_arch": normalize_arch(plugin.target_arch),
+    }
+    normalize = {"op": str, "version": canonical_version, "target_arch": normalize_arch}
+    for key, value in expect.items():
+        if key not in actual or value is None:
+            continue
+        announced = normalize[key](value)
+        if announced != actual[key]:
+            raise SwapRefused(
+                "metadata_mismatch",
+                f"update metadata announced {key}={announced!r} but the package says {key}={actual[key]!r}",
+                hint="republish the plugin so its metadata is generated from the package",
+            )

@@ -1,0 +1,637 @@
+"""The on-device plugin store: crash-safe install, switch, probation and rollback.
+
+Layout under the store root::
+
+    .lock                          flock'd by every mutation (server and agent may share a store)
+    tmp/                           received packages (receive step); emptied at start-up
+    ops/<op>/active                pointer: {"version", "previous", "state", "blocked", ...}
+    ops/<op>/<version>/            one slot per kept version: the plugin's files,
+                                   package.bin (the signed bytes) and slot.json (written last)
+    ops/<op>/<version>.staging/    a slot being written; removed at start-up
+
+A swap is a sequence of explicit steps; only the pointer rename makes a new
+version active, and only ``open()`` decides what survives a crash::
+
+    received -> verified -> golden_checked -> staging_partial -> staging_written
+             -> staged -> pointer_temp_written -> switched -> cleaned
+
+After a kill at any step, ``open()`` deletes temp and staging leftovers and
+slots no pointer names, then re-verifies the active slot from its signed
+package; if that fails it falls back to the previous version, else to the torch
+reference. So the device always comes back on exactly one consistent, verified
+version per operator.
+
+Verification and the golden-vector check are injected callables (the trust logic
+lives in ``edgekit.bundle.plugin``; this module only moves bytes and pointers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edgekit.errors import BundleError, EdgekitError
+from edgekit.runtime import durable
+from edgekit.runtime.plugin_policy import (
+    DevicePolicy,
+    OpState,
+    SwapRefused,
+    REASONS,
+    VerifiedPluginLike,
+    admit,
+    check_compatible,
+    canonical_version,
+    check_name,
+)
+
+INSTALL_STEPS = (
+    "received",
+    "verified",
+    "golden_checked",
+    "staging_partial",
+    "staging_written",
+    "staged",
+    "pointer_temp_written",
+    "switched",
+    "cleaned",
+)
+# Rollback and confirm are one pointer write each.
+POINTER_STEPS = ("pointer_temp_written", "switched")
+
+POINTER_FILE = "active"
+SLOT_RECORD = "slot.json"
+PACKAGE_FILE = "package.bin"
+STAGING_SUFFIX = ".staging"
+FORMAT_VERSION = 1
+LOCK_TIMEOUT_S = 30.0
+
+Verifier = Callable[[bytes], VerifiedPluginLike]
+GoldenCheck = Callable[[VerifiedPluginLike], None]
+# Called as checkpoint("install", step) after each step; crash tests kill the process there.
+Checkpoint = Callable[[str, str], None]
+
+
+class StoreError(BundleError):
+    """The store directory itself is unusable (permissions, busy lock, bad layout)."""
+
+
+def default_known_abi() -> dict[str, int]:
+    """operator -> ABI version of this runtime, from the operator registry."""
+    from edgekit.kernels.registry import OPERATORS
+
+    return {name: op.spec.abi_version for name, op in OPERATORS.items()}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Pointer(BaseModel):
+    """ops/<op>/active. ``version`` None means the torch reference serves the operator."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal[1] = 1
+    op: str
+    version: str | None
+    previous: str | None = None
+    state: Literal["confirmed", "probation"] = "confirmed"
+    blocked: tuple[str, ...] = ()
+    changed_at: str = Field(default_factory=_now)
+    note: str = ""
+
+    def op_state(self) -> OpState:
+        return OpState(active=self.version, previous=self.previous, blocked=self.blocked)
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.model_dump(), indent=2, sort_keys=True) + "\n").encode()
+
+
+class SlotRecord(BaseModel):
+    """ops/<op>/<version>/slot.json: what the slot must contain, written last before the rename."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal[1] = 1
+    op: str
+    version: str
+    target_arch: str
+    abi_version: int
+    package_sha256: str
+    package_bytes: int
+    files: dict[str, str]  # name -> sha256
+    installed_at: str = Field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class ActivePlugin:
+    op: str
+    version: str
+    state: str
+    previous: str | None
+    slot_dir: Path
+    files: dict[str, Path]
+
+
+@dataclass
+class SwapResult:
+    op: str
+    version: str
+    previous: str | None
+    state: str
+    step_ms: dict[str, float]  # measured on this machine, wall clock per step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "version": self.version,
+            "previous": self.previous,
+            "state": self.state,
+            "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "installed", "refused", "confirmed", "rolled_back", "recovered"
+    op: str | None
+    detail: str
+    at: str = field(default_factory=_now)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "op": self.op, "detail": self.detail, "at": self.at}
+
+
+class PluginStore:
+    """Operator plugins on disk. Create with ``PluginStore.open(...)``, which recovers first."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        policy: DevicePolicy,
+        verify: Verifier,
+        golden_check: GoldenCheck | None,
+        checkpoint: Checkpoint | None,
+    ):
+        self.root = root
+        self.policy = policy
+        self._verify_fn = verify
+        self._golden_check = golden_check
+        self._checkpoint = checkpoint
+        self.events: list[Event] = []
+        self.recovery: list[str] = []  # what open() repaired, one line each
+
+    # -- construction and recovery --------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike,
+        *,
+        policy: DevicePolicy,
+        verify: Verifier,
+        golden_check: GoldenCheck | None = None,
+        checkpoint: Checkpoint | None = None,
+        rollback_unconfirmed: bool = False,
+    ) -> "PluginStore":
+        """Open (creating if needed) and recover the store at `root`.
+
+        ``rollback_unconfirmed``: a version still on probation at start-up is rolled
+        back (boot-count style: a restart before confirmation counts against it).
+        """
+        root = Path(root)
+        try:
+            (root / "tmp").mkdir(parents=True, exist_ok=True)
+            (root / "ops").mkdir(exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create the plugin store at {root}: {e}", hint="pass a writable --store directory") from e
+        store = cls(root, policy=policy, verify=verify, golden_check=golden_check, checkpoint=checkpoint)
+        with store._locked():
+            store._recover(rollback_unconfirmed)
+        return store
+
+    def _recover(self, rollback_unconfirmed: bool) -> None:
+        for leftover in sorted((self.root / "tmp").iterdir()):
+            durable.remove_leftover(leftover)
+            self.recovery.append(f"removed received leftover tmp/{leftover.name}")
+        for op_dir in sorted((self.root / "ops").iterdir()):
+            if durable.is_temp_name(op_dir.name):
+                durable.remove_leftover(op_dir)
+                continue
+            if not op_dir.is_dir():
+                continue
+            self._recover_op(op_dir, rollback_unconfirmed)
+        for line in self.recovery:
+            self.events.append(Event("recovered", None, line))
+
+    def _recover_op(self, op_dir: Path, rollback_unconfirmed: bool) -> None:
+        op = op_dir.name
+        for entry in sorted(op_dir.iterdir()):
+            if entry.name.endswith(STAGING_SUFFIX) or durable.is_temp_name(entry.name):
+                durable.remove_leftover(entry)
+                self.recovery.append(f"{op}: removed interrupted {entry.name}")
+        pointer, problem = self._read_pointer(op)
+        if problem:
+            self.recovery.append(f"{op}: pointer unreadable ({problem}); serving the reference")
+            pointer = Pointer(op=op, version=None, note=f"recovered: {problem}")
+            self._write_pointer(pointer)
+        assert pointer is not None
+        original = pointer
+
+        if pointer.version is not None:
+            bad = self._slot_problem(op, pointer.version)
+            if bad:
+                prev_bad = self._slot_problem(op, pointer.previous) if pointer.previous else "no previous version"
+                fallback = pointer.previous if not prev_bad else None
+                self.recovery.append(
+                    f"{op}: active {pointer.version} failed verification ({bad}); "
+                    + (f"fell back to previous {fallback}" if fallback else f"serving the reference ({prev_bad})")
+                )
+                pointer = Pointer(
+                    op=op, version=fallback, previous=None, blocked=_add(pointer.blocked, pointer.version),
+                    note=f"recovered: {pointer.version} failed verification",
+                )
+        if pointer.previous is not None:
+            bad = self._slot_problem(op, pointer.previous)
+            if bad:
+                self.recovery.append(f"{op}: previous {pointer.previous} failed verification ({bad}); dropped it")
+                pointer = pointer.model_copy(update={"previous": None})
+        if rollback_unconfirmed and pointer.state == "probation":
+            self.recovery.append(f"{op}: {pointer.version} was still on probation at start-up; rolled back")
+            pointer = _rolled_back(pointer, "restart during probation")
+        if pointer != original:
+            self._write_pointer(pointer)
+        for name in self._orphan_slots(op_dir, pointer):
+            durable.remove_tree_atomically(op_dir / name)
+            self.recovery.append(f"{op}: removed slot {name}, which no pointer names")
+
+    # -- reading ---------------------------------------------------------------
+    def ops(self) -> list[str]:
+        return sorted(p.name for p in (self.root / "ops").iterdir() if p.is_dir() and not durable.is_temp_name(p.name))
+
+    def pointer(self, op: str) -> Pointer:
+        """The operator's pointer; an operator never touched is on the reference."""
+        pointer, problem = self._read_pointer(check_name("operator", op))
+        if problem:
+            raise StoreError(f"pointer of {op} is unreadable ({problem})", hint="restart the runtime so recovery repairs it")
+        return pointer
+
+    def active(self, op: str) -> ActivePlugin | None:
+        """Where the active version's files are, or None when the reference serves `op`."""
+        p = self.pointer(op)
+        if p.version is None:
+            return None
+        slot = self._slot_dir(op, p.version)
+        record = SlotRecord.model_validate_json((slot / SLOT_RECORD).read_bytes())
+        return ActivePlugin(op, p.version, p.state, p.previous, slot, {n: slot / n for n in record.files})
+
+    def load(self, op: str, version: str | None = None) -> VerifiedPluginLike | None:
+        """Re-verify a slot from its signed package and return the verified plugin (None = reference).
+
+        Loaders should launch from these verified bytes, not re-read loose files.
+        """
+        version = self.pointer(op).version if version is None else canonical_version(version)
+        if version is None:
+            return None
+        plugin, problem = self._check_slot(op, version)
+        if problem:
+            raise StoreError(f"slot {op}/{version} failed verification: {problem}", hint="restart the runtime to recover")
+        return plugin
+
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        for op in self.ops():
+            p = self.pointer(op)
+            rows.append(
+                {"op": op, "version": p.version, "previous": p.previous, "state": p.state,
+                 "blocked": list(p.blocked), "changed_at": p.changed_at}
+            )
+        return rows
+
+    # -- the swap --------------------------------------------------------------
+    def install(
+        self,
+        package: bytes | BinaryIO | str | os.PathLike,
+        *,
+        allow_downgrade: bool = False,
+        allow_blocked: bool = False,
+        expect: Mapping[str, Any] | None = None,
+        golden_check: GoldenCheck | None = None,
+    ) -> SwapResult:
+        """Receive, verify, golden-check, stage and switch to a plugin package; it starts on probation.
+
+        Raises SwapRefused (with a ``reason`` code) and leaves the store unchanged when refused.
+        """
+        step_ms: dict[str, float] = {}
+        clock = [time.perf_counter()]
+
+        def step(name: str) -> None:
+            now = time.perf_counter()
+            step_ms[name] = (now - clock[0]) * 1e3
+            clock[0] = now
+            self._step("install", name)
+
+        with self._locked():
+            received: Path | None = None
+            slot_made: Path | None = None
+            op: str | None = None
+            try:
+                received = self._receive(package)
+                step("received")
+                data = received.read_bytes()
+                plugin = self._verify(data)
+                op = check_name("operator", plugin.op)
+                current = self._current_pointer(op)
+                version = admit(
+                    plugin, self.policy, current.op_state(),
+                    allow_downgrade=allow_downgrade, allow_blocked=allow_blocked, expect=expect,
+                )
+                step("verified")
+                self._run_golden(plugin, golden_check or self._golden_check)
+                step("golden_checked")
+                slot_made = self._stage(op, version, plugin, data, step)
+                new = Pointer(
+                    op=op, version=version, previous=current.version, state="probation", blocked=current.blocked
+                )
+                self._write_pointer(new, between=lambda: step("pointer_temp_written"))
+                slot_made = None  # the pointer names it now
+                step("switched")
+                self._collect(op, new)
+                step("cleaned")
+            except SwapRefused as e:
+                self.events.append(Event("refused", op, str(e)))
+                raise
+            finally:
+                if received is not None:
+                    received.unlink(missing_ok=True)
+                if slot_made is not None and slot_made.exists():  # staged but never switched to
+                    durable.remove_tree_atomically(slot_made)
+        self.events.append(Event("installed", op, f"{version} on probation (previous {current.version or 'reference'})"))
+        return SwapResult(op, version, current.version, "probation", step_ms)
+
+    def confirm(self, op: str) -> Pointer:
+        """End probation: the active version becomes confirmed (the previous one is still kept)."""
+        with self._locked():
+            p = self._current_pointer(check_name("operator", op))
+            if p.state != "probation":
+                return p
+            new = p.model_copy(update={"state": "confirmed", "changed_at": _now(), "note": "confirmed"})
+            self._write_pointer(new, between=lambda: self._step("confirm", "pointer_temp_written"))
+            self._step("confirm", "switched")
+        self.events.append(Event("confirmed", op, f"{new.version} confirmed"))
+        return new
+
+    def rollback(self, op: str, reason: str = "manual rollback") -> Pointer:
+        """Flip the pointer back to the previous version (or the reference) in one atomic write.
+
+        The rolled-back version is blocked so an agent does not re-install it; its slot is deleted.
+        """
+        with self._locked():
+            p = self._current_pointer(check_name("operator", op))
+            if p.version is None:
+                raise StoreError(f"{op} already runs on the reference; there is nothing to roll back")
+            new = _rolled_back(p, reason)
+            self._write_pointer(new, between=lambda: self._step("rollback", "pointer_temp_written"))
+            self._step("rollback", "switched")
+            self._collect(op, new)
+        self.events.append(Event("rolled_back", op, f"{p.version} -> {new.version or 'reference'}: {reason}"))
+        return new
+
+    # -- steps -----------------------------------------------------------------
+    def _step(self, action: str, name: str) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint(action, name)
+
+    def _receive(self, package: bytes | BinaryIO | str | os.PathLike) -> Path:
+        """Copy the package into tmp/, refusing more than max_package_bytes without buffering it all."""
+        limit = self.policy.max_package_bytes
+        dest = durable.temp_name(self.root / "tmp" / "received")
+        if isinstance(package, (bytes, bytearray, memoryview)):
+            if len(package) > limit:
+                raise SwapRefused("oversized", f"package is {len(package)} bytes; the store accepts at most {limit}")
+            dest.write_bytes(bytes(package))
+            return dest
+        close = False
+        if isinstance(package, (str, os.PathLike)):
+            try:
+                package, close = open(package, "rb"), True
+            except OSError as e:
+                raise StoreError(f"cannot read plugin package {package}: {e}") from e
+        try:
+            total = 0
+            with open(dest, "wb") as out:
+                while chunk := package.read(1 << 20):
+                    total += len(chunk)
+                    if total > limit:
+                        break
+                    out.write(chunk)
+            if total > limit:
+                dest.unlink(missing_ok=True)
+                raise SwapRefused("oversized", f"package is more than {limit} bytes, the most the store accepts")
+            return dest
+        finally:
+            if close:
+                package.close()
+
+    def _verify(self, data: bytes) -> VerifiedPluginLike:
+        """The injected verifier, with whatever it raises turned into a SwapRefused reason."""
+        try:
+            return self._verify_fn(data)
+        except SwapRefused:
+            raise
+        except EdgekitError as e:
+            raise SwapRefused(_reason_for(e), str(e)) from e
+        except Exception as e:  # untrusted bytes: any failure to parse them is a refusal, never an install
+            raise SwapRefused("corrupted", f"the verifier could not read the package ({type(e).__name__}: {e})") from e
+
+    def _run_golden(self, plugin: VerifiedPluginLike, check: GoldenCheck | None) -> None:
+        if check is None:
+            return
+        try:
+            check(plugin)
+        except SwapRefused:
+            raise
+        except Exception as e:  # a check that cannot run has not shown the numbers are right
+            raise SwapRefused(
+                "golden_mismatch", f"{plugin.op} {plugin.version}: {e}", hint="fix the kernel and publish a new version"
+            ) from e
+
+    def _stage(self, op: str, version: str, plugin: VerifiedPluginLike, data: bytes, step: Callable[[str], None]) -> Path:
+        op_dir = self.root / "ops" / op
+        if not op_dir.exists():
+            op_dir.mkdir()
+            durable.fsync_dir(op_dir.parent)
+        staging = op_dir / f"{version}{STAGING_SUFFIX}"
+        final = op_dir / version
+        if staging.exists():
+            durable.remove_leftover(staging)
+        if final.exists():  # an unreferenced slot from an install that failed after staging
+            durable.remove_tree_atomically(final)
+        staging.mkdir()
+        try:
+            files = dict(plugin.files)
+            for i, (name, blob) in enumerate(sorted(files.items())):
+                durable.write_new_file(staging / name, blob)
+                if i == 0:
+                    step("staging_partial")
+            durable.write_new_file(staging / PACKAGE_FILE, data)
+            record = SlotRecord(
+                op=op, version=version, target_arch=str(plugin.target_arch), abi_version=int(plugin.abi_version),
+                package_sha256=_sha256(data), package_bytes=len(data), files={n: _sha256(b) for n, b in files.items()},
+            )
+            # slot.json last: a directory without it is visibly incomplete.
+            durable.write_new_file(staging / SLOT_RECORD, record.model_dump_json(indent=2).encode())
+            durable.fsync_dir(staging)
+            step("staging_written")
+        except BaseException:
+            durable.remove_leftover(staging)  # e.g. disk full: leave nothing behind
+            raise
+        os.rename(staging, final)
+        durable.fsync_dir(op_dir)
+        step("staged")
+        return final
+
+    def _collect(self, op: str, pointer: Pointer) -> None:
+        """Delete slots the pointer no longer names (kept: active and previous)."""
+        op_dir = self.root / "ops" / op
+        for name in self._orphan_slots(op_dir, pointer):
+            durable.remove_tree_atomically(op_dir / name)
+
+    # -- slots and pointers ------------------------------------------------------
+    def _slot_dir(self, op: str, version: str) -> Path:
+        return self.root / "ops" / op / canonical_version(version)
+
+    def _orphan_slots(self, op_dir: Path, pointer: Pointer) -> list[str]:
+        keep = {pointer.version, pointer.previous}
+        return sorted(
+            e.name for e in op_dir.iterdir()
+            if e.is_dir() and e.name not in keep and not durable.is_temp_name(e.name)
+        )
+
+    def _read_pointer(self, op: str) -> tuple[Pointer | None, str | None]:
+        path = self.root / "ops" / op / POINTER_FILE
+        if not path.exists():
+            return Pointer(op=op, version=None), None
+        try:
+            p = Pointer.model_validate_json(path.read_bytes())
+        except (ValidationError, OSError, UnicodeDecodeError) as e:
+            return None, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        if p.op != op:
+            return None, f"pointer names operator {p.op!r} but lives under {op!r}"
+        return p, None
+
+    def _current_pointer(self, op: str) -> Pointer:
+        p, problem = self._read_pointer(op)
+        if problem:
+            raise StoreError(f"pointer of {op} is unreadable ({problem})", hint="restart the runtime so recovery repairs it")
+        return p
+
+    def _write_pointer(self, pointer: Pointer, between: Callable[[], None] | None = None) -> None:
+        op_dir = self.root / "ops" / pointer.op
+        if not op_dir.exists():
+            op_dir.mkdir()
+            durable.fsync_dir(op_dir.parent)
+        durable.replace_atomically(op_dir / POINTER_FILE, pointer.to_bytes(), between=between)
+
+    def _slot_problem(self, op: str, version: str | None) -> str | None:
+        if version is None:
+            return "no version"
+        return self._check_slot(op, version)[1]
+
+    def _check_slot(self, op: str, version: str) -> tuple[VerifiedPluginLike | None, str | None]:
+        """Re-verify a slot: signed package still verifies, record and loose files match it exactly."""
+        slot = self._slot_dir(op, version)
+        if not slot.is_dir():
+            return None, "slot directory missing"
+        try:
+            record = SlotRecord.model_validate_json((slot / SLOT_RECORD).read_bytes())
+            data = (slot / PACKAGE_FILE).read_bytes()
+        except (OSError, ValidationError) as e:
+            return None, f"slot record or package unreadable ({type(e).__name__})"
+        if _sha256(data) != record.package_sha256:
+            return None, "package.bin does not match its recorded sha256"
+        try:
+            plugin = self._verify(data)
+            _, admitted_version = check_compatible(plugin, self.policy)
+        except SwapRefused as e:
+            return None, f"package no longer verifies or no longer fits this runtime ({e.reason})"
+        if plugin.op != op or admitted_version != version or record.op != op or record.version != version:
+            return None, f"slot holds {plugin.op} {admitted_version}, not {op} {version}"
+        expected = {n: _sha256(b) for n, b in plugin.files.items()}
+        if record.files != expected:
+            return None, "slot record lists other files than the signed package"
+        present = {e.name for e in slot.iterdir()} - {SLOT_RECORD, PACKAGE_FILE}
+        if present != set(expected):
+            return None, f"slot files differ from the package (extra/missing: {sorted(present ^ set(expected))})"
+        for name, digest in expected.items():
+            if _sha256((slot / name).read_bytes()) != digest:
+                return None, f"{name} does not match the signed package"
+        return plugin, None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One mutator at a time across processes (a server and an agent may share a store).
+
+        flock is released by the kernel when the holder dies, so a kill -9 never wedges the store.
+        """
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreError(
+                            f"plugin store {self.root} stayed locked for {LOCK_TIMEOUT_S:.0f} s",
+                            hint="another edgekit process (server or agent) is installing; retry later",
+                        ) from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+
+def _add(items: tuple[str, ...], version: str | None) -> tuple[str, ...]:
+    if version is None or version in items:
+        return items
+    return items + (version,)
+
+
+def _rolled_back(p: Pointer, reason: str) -> Pointer:
+    return Pointer(
+        op=p.op, version=p.previous, previous=None, state="confirmed",
+        blocked=_add(p.blocked, p.version), note=f"rolled back {p.version}: {reason}",
+    )
+
+
+def _reason_for(e: EdgekitError) -> str:
+    """Map a verifier's error to a refusal code by what it says (verifiers own their wording)."""
+    code = getattr(e, "reason_code", None)
+    if code in REASONS:
+        return code
+    text = str(e).lower()
+    if "not trusted" in text or "untrusted" in text:
+        return "untrusted_key"
+    if "signature" in text:
+        return "bad_signature"
+    if "schema" in text or "plugin.json" in text:
+        return "schema"
+    if "hash" in text or "sha256" in text or "tar" in text or "corrupt" in text or "truncated" in text:
+        return "corrupted"
+    return "verification_failed"
