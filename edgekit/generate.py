@@ -57,8 +57,10 @@ def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator |
 
 
 class Generator:
-    def __init__(self, decoder: Decoder, shapes: StaticShapes, pad_token_id: int = 0, cache=None):
+    def __init__(self, decoder: Decoder, shapes: StaticShapes, pad_token_id: int = 0, cache=None, decode_step=None):
         self.decoder = decoder
+        # decode_step(tokens (B,), positions (B,)) -> logits (B, V); e.g. a CUDA-graph replay of decoder.decode
+        self.decode_step = decode_step
         self.shapes = shapes
         self.pad_token_id = pad_token_id
         # the cache is preallocated once and may be shared by generators that never run concurrently
@@ -97,7 +99,10 @@ class Generator:
         t1 = time.perf_counter()
         for _ in range(max_new_tokens - 1):
             step_t = time.perf_counter()
-            logits = self.decoder.decode(nxt, pos, self.cache)
+            if self.decode_step is not None:
+                logits = self.decode_step(nxt, pos)
+            else:
+                logits = self.decoder.decode(nxt, pos, self.cache)
             nxt = _pick(logits, sampling, gen)
             tok = int(nxt[0])
             pos = pos + 1
