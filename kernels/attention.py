@@ -76,8 +76,10 @@ def attention_decode_reference(
     Hkv = k_cache.shape[1]
     acc = accumulate_dtype(q.dtype)
     scale = default_scale(D) if scale is None else scale
-    # Positions at or beyond every sequence's length are masked anyway: read only up to the longest.
-    S = int(seq_lens.max())
+    # Positions at or beyond every sequence's length are masked anyway. On the CPU read only up to the
+    # longest (cheaper); on a GPU keep the full static length: reading the max would sync the host and
+    # break CUDA-graph capture.
+    S = int(seq_lens.max()) if q.device.type == "cpu" else k_cache.shape[2]
     kf, vf = k_cache[:, :, :S].to(acc), v_cache[:, :, :S].to(acc)  # (B, Hkv, S, D)
     qg = q.to(acc).view(B, Hkv, Hq // Hkv, D)  # (B, Hkv, G, D)
     scores = (qg @ kf.transpose(-1, -2)) * scale  # (B, Hkv, G, S)
