@@ -1,1 +1,248 @@
-"""CLI commands for the plan area (registered on edgekit.cli.app when imported)."""
+"""`edgekit targets` and `edgekit plan`: the device profiles, and what a build would do on one."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from edgekit.cli import app
+from edgekit.cli_common import console, err_console, fmt_bytes, print_json
+
+TARGETS_DIR_HELP = "A directory of extra target YAML files (also: EDGEKIT_TARGETS_DIR); a file there replaces a built-in of the same name."
+MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME, or omitted for the default model (SmolLM2-135M-Instruct)."
+
+targets_app = typer.Typer(
+    name="targets",
+    help="List the device profiles (built-in and from --targets-dir), or show one.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(targets_app)
+
+
+@targets_app.callback()
+def targets_list(
+    ctx: typer.Context,
+    targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help=TARGETS_DIR_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List every target: arch, SMs, memory, bandwidth, peaks, shared-memory budget and power modes."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = {"targets_dir": targets_dir}
+        return
+    from edgekit.plan.targets import discover_targets
+
+    found = discover_targets(targets_dir)
+    if json_out:
+        print_json([{**tf.target.summary(), "path": str(tf.path), "builtin": tf.builtin} for tf in found.values()])
+        return
+    t = Table(title="Targets")
+    user = any(not tf.builtin for tf in found.values())
+    for col in ("name", "arch", "SMs", "memory", "GB/s", "INT8 TOPS", "smem budget", "modes") + (("from",) if user else ()):
+        t.add_column(col, justify="right" if col in ("SMs", "GB/s", "INT8 TOPS", "smem budget") else "left",
+                     no_wrap=col in ("name", "arch", "memory"))
+    for name, tf in sorted(found.items()):
+        tg = tf.target
+        t.add_row(
+            name, tg.arch, str(tg.gpu.sms),
+            f"{tg.memory.total_gib:g} GiB" + (" U" if tg.memory.unified else ""),
+            f"{tg.memory.dram_bandwidth_gbps:g}", f"{tg.gpu.int8_dense_tops:g}", f"{tg.smem_budget_bytes // 1024} KiB",
+            f"{len(tg.power_modes)} ({tg.default_power_mode})", *((("built-in" if tf.builtin else str(tf.path)),) if user else ()),
+        )
+    console.print(t)
+    console.print("[dim]U: unified memory (shared with the CPU). modes: count (default). INT8 TOPS: dense, all SMs at the top clock, derived. "
+                  "`edgekit targets show NAME` for the power modes.[/]")
+
+
+@targets_app.command("show")
+def targets_show(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="A target name (see `edgekit targets`) or a path to a target YAML file."),
+    targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help=TARGETS_DIR_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the validated profile as JSON."),
+) -> None:
+    """Every field of one target, and each power mode's derived peaks."""
+    from edgekit.plan.targets import load_target
+
+    targets_dir = targets_dir or (ctx.obj or {}).get("targets_dir")
+    tg = load_target(name, targets_dir)
+    if json_out:
+        d = tg.model_dump(mode="json")
+        d["derived"] = {m.name: {"int8_tops": tg.mode_int8_tops(m), "fp16_tflops": tg.mode_fp16_tflops(m)} for m in tg.power_modes}
+        print_json(d)
+        return
+    t = Table(title=f"{tg.name}: {tg.description}", show_header=False)
+    g, sm, mem = tg.gpu, tg.gpu.shared_memory, tg.memory
+    rows = [
+        ("arch / family", f"{g.arch} / {tg.family}"),
+        ("SMs / max clock", f"{g.sms} / {g.max_clock_mhz:g} MHz"),
+        ("INT8 dense TOPS / FP16 dense TFLOPS", f"{g.int8_dense_tops:g} / {g.fp16_dense_tflops:g}"),
+        ("shared memory per block: budget", f"{sm.per_block_budget_bytes} B ({sm.per_block_budget_bytes / 1024:g} KiB)"),
+        ("  default / opt-in max / per SM", f"{sm.per_block_default_bytes} / {sm.per_block_optin_bytes} / {sm.per_sm_bytes} B"),
+        ("registers per SM / per thread max", f"{g.registers_per_sm} / {g.max_registers_per_thread}"),
+        ("threads / blocks per SM", f"{g.max_threads_per_sm} / {g.max_blocks_per_sm}"),
+        ("L2", fmt_bytes(g.l2_bytes)),
+        ("memory", f"{mem.total_gib:g} GiB" + (" (unified with the CPU)" if mem.unified else "")),
+        ("OS headroom / runtime reserve", f"{mem.os_headroom_gib:g} GiB / {mem.runtime_reserve_gib:g} GiB"),
+        ("DRAM bandwidth (peak)", f"{mem.dram_bandwidth_gbps:g} GB/s"),
+        ("watchdog: jitter budget / power band", f"{tg.watchdog.jitter_budget_ms:g} ms / ±{tg.watchdog.power_band_w:g} W"),
+        ("watchdog: temperature warn / limit", f"{tg.watchdog.temperature_warn_c:g} / {tg.watchdog.temperature_limit_c:g} °C"),
+        ("roofline assumptions", f"bandwidth x{tg.roofline.bandwidth_efficiency:g}, compute x{tg.roofline.compute_efficiency:g}, "
+                                 f"{tg.roofline.kernel_overhead_us:g} µs per kernel"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    pm = Table(title="Power modes (peaks derived: module peak x active SMs x clock)")
+    for col in ("mode", "nvpmodel id", "budget W", "SMs", "GPU MHz", "DRAM GB/s", "INT8 TOPS", "FP16 TFLOPS"):
+        pm.add_column(col, justify="left" if col == "mode" else "right")
+    for m in tg.power_modes:
+        label = m.name + (" (default)" if m.name == tg.default_power_mode else "") + (" [super]" if m.super_config else "")
+        pm.add_row(label, "-" if m.nvpmodel_id is None else str(m.nvpmodel_id), f"{m.power_budget_w:g}", str(m.active_sms),
+                   f"{m.gpu_max_clock_mhz:g}", f"{m.dram_bandwidth_gbps:g}", f"{tg.mode_int8_tops(m):.1f}", f"{tg.mode_fp16_tflops(m):.1f}")
+    console.print(pm)
+
+
+def _atomic_write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@app.command()
+def plan(
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    target: str = typer.Option("orin", "--target", "-t", help="Target name (see `edgekit targets`) or a target YAML file."),
+    context: Optional[int] = typer.Option(None, "--context", min=16, help="KV cache length in tokens (prompt + answer). Default: 2048, or less if the model has fewer positions."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Sequences decoded together (a static shape)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help='JSONL of real requests, one {"prompt_tokens": N, "completion_tokens": M} per line: buckets are chosen to minimise padding on it.'),
+    buckets: Optional[str] = typer.Option(None, "--buckets", help="Prompt buckets to use, e.g. 64,128,512 (overrides the choice; a --trace still reports coverage and waste)."),
+    max_buckets: int = typer.Option(6, "--max-buckets", min=1, max=32, help="At most this many buckets when choosing from a trace."),
+    precision: str = typer.Option("fp16", "--precision", help="Weights of the block projections: fp16, or int8 (weight-only INT8, w8a16)."),
+    kv_precision: str = typer.Option("fp16", "--kv-precision", help="KV cache precision: fp16 or int8."),
+    power_mode: Optional[str] = typer.Option(None, "--power-mode", help="Power mode to headline (all modes are predicted)."),
+    targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help=TARGETS_DIR_HELP),
+    no_tiles: bool = typer.Option(False, "--no-tiles", help="Skip the tile solver (no compiles; no shared-memory figures)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the plan as JSON to this file."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON instead of tables."),
+) -> None:
+    """Plan a model for a target: tiles that fit shared memory (compiled for the target's arch), precision,
+    static-shape buckets, memory map and roofline predictions per power mode. Refuses a plan that does not fit,
+    and says what would."""
+    from edgekit.model.loader import load_model
+    from edgekit.plan.buckets import parse_bucket_list
+    from edgekit.plan.planner import make_plan
+    from edgekit.plan.targets import load_target
+
+    tg = load_target(target, targets_dir)
+    m = load_model(model, weights=False, tokenizer=False)
+    given = parse_bucket_list(buckets) if buckets else None
+    model_info = {"name": m.config.name, "source": m.source.to_dict(), "config": m.config.to_dict()}
+    with err_console.status(f"planning {m.config.name} for {tg.name} ({tg.arch})...") as status:
+        p = make_plan(
+            m.config, tg, model_info=model_info, context=context, batch=batch, precision=precision, kv_precision=kv_precision,
+            trace=trace, buckets=given, max_buckets=max_buckets, power_mode=power_mode, solve_tiles=not no_tiles,
+            progress=lambda msg: status.update(f"{tg.name}: {msg}"),
+        )
+    d = p.to_dict()
+    if output:
+        _atomic_write_json(output, d)
+    if json_out:
+        print_json(d)
+        return
+    print_plan(d)
+    if output:
+        console.print(f"[dim]plan written to {output}[/]")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def print_plan(d: dict) -> None:
+    """Tables for a plan dict (also used by the build summary)."""
+    tg, mem, shapes = d["target"], d["memory"], d["shapes"]
+    budget = tg["smem_budget_bytes"]
+    console.print(
+        f"[bold]{d['model']['name']}[/] on [bold]{tg['name']}[/] ({tg['arch']}, {tg['sms']} SMs, "
+        f"smem budget {budget} B/block), precision {d['precision']['label']}, KV {d['precision']['kv_cache']}, "
+        f"context {shapes['context']}, batch {shapes['batch']}"
+    )
+
+    if d["tiles"]:
+        t = Table(title=f"Tiles (shared bytes read from kernels compiled for {tg['arch']}; budget {budget} B)")
+        for col in ("operator", "kernel", "tile", "warps", "stages", "shared bytes", "of budget", "estimate", "regs", "spills", "rejected", "why"):
+            t.add_column(col, justify="right" if col in ("warps", "stages", "shared bytes", "of budget", "estimate", "regs", "spills", "rejected") else "left")
+        for c in d["tiles"]:
+            tile = " ".join(f"{k}={v}" for k, v in c["constexprs"].items())
+            regs = "-" if c.get("registers") is None else str(c["registers"])
+            spills = "-" if c.get("spill_bytes") is None else str(c["spill_bytes"])
+            t.add_row(c["op"], c["kernel"], tile, str(c["num_warps"]), str(c["num_stages"]), str(c["shared_bytes"]),
+                      _pct(c["shared_bytes"] / budget), str(c["estimated_shared_bytes"]), regs, spills,
+                      str(len(c.get("rejected", []))), c.get("reason", ""))
+        console.print(t)
+    dec = d["decode"]
+    console.print(f"decode attention: {dec['splits']} KV splits — {dec['rule']}; grid {dec['grid']}")
+
+    t = Table(title="Operators and precision (weights / activations / accumulate / output)")
+    for col in ("operator", "projection", "where", "weights", "activations", "accumulate", "output"):
+        t.add_column(col)
+    for o in d["operators"]:
+        t.add_row(o["op"], o.get("projection", ""), o["where"], o["weights"], o["activations"], o["accumulate"], o["output"])
+    console.print(t)
+
+    b = d["buckets"]
+    line = f"buckets {shapes['buckets']} ({b['method']})"
+    if b.get("trace"):
+        tr, uni = b["trace"], b["uniform"]
+        line += (f"; on {tr['source']} ({tr['requests']} requests): coverage {_pct(tr['coverage'])}, padding waste "
+                 f"{_pct(tr['waste'])} vs uniform {uni['buckets']}: waste {_pct(uni['waste'])}")
+    console.print(line)
+
+    t = Table(title=f"Memory map of {tg['name']} ({fmt_bytes(mem['total_bytes'])}, predicted from shapes)")
+    t.add_column("item")
+    t.add_column("bytes", justify="right")
+    t.add_column("share", justify="right")
+    for k in ("weights", "kv_cache", "activations", "workspace", "runtime_reserve", "os_headroom"):
+        t.add_row(k.replace("_", " "), fmt_bytes(mem[f"{k}_bytes"]), _pct(mem[f"{k}_bytes"] / mem["total_bytes"]))
+    t.add_row("[bold]free[/]", fmt_bytes(mem["free_bytes"]), _pct(mem["free_bytes"] / mem["total_bytes"]))
+    console.print(t)
+
+    t = Table(title="Predictions per power mode — PREDICTED by the roofline model, not measured")
+    cols = ("mode", "W", "SMs@MHz", "GB/s", "decode tok/s (ctx {s})", "decode tok/s (ctx {f})", "ms/token", "mJ/token",
+            "roofline-only tok/s", "prefill tok/s ({p})", "prefill bound")
+    r0 = d["roofline"][0]
+    for col in cols:
+        t.add_column(col.format(s=r0["decode_short"]["kv_len"], f=r0["decode_full"]["kv_len"], p=r0["prefill"]["bucket"]),
+                     justify="left" if col == "mode" else "right")
+    for r in d["roofline"]:
+        ds, df, pf = r["decode_short"], r["decode_full"], r["prefill"]
+        t.add_row(
+            r["power_mode"] + (" *" if r["power_mode"] == d["power_mode"] else ""), f"{r['power_budget_w']:g}",
+            f"{r['active_sms']}@{r['gpu_clock_mhz']:g}", f"{r['dram_bandwidth_gbps']:g}",
+            f"{ds['tokens_per_s']:.0f}", f"{df['tokens_per_s']:.0f}", f"{ds['time_per_token_ms']:.2f}",
+            f"{ds['energy_per_token_mj']:.1f}", f"{ds['roofline_tokens_per_s']:.0f}", f"{pf['tokens_per_s']:.0f}", pf["bound"],
+        )
+    console.print(t)
+    a = d["roofline_assumptions"]
+    console.print(
+        f"[dim]assumptions: {a['bandwidth_efficiency']:g} of peak bandwidth, {a['compute_efficiency']:g} of peak compute, "
+        f"{a['kernel_overhead_us']:g} µs per kernel; energy = {a['energy']}. * headline mode.[/]"
+    )
+    for n in d.get("notes", []) + d["precision"].get("notes", []):
+        console.print(f"[yellow]note:[/] {n}")

@@ -1,0 +1,228 @@
+"""The planner: for one model on one target, everything the build will do, and why.
+
+    make_plan(model, target) -> Plan
+        precision per operator / layer
+        static shapes (buckets, context, batch) and how they serve a trace
+        decode split-K factor that fills the target's SMs
+        memory plan (refuses a misfit with what would fit)
+        tiles per shared-memory operator, confirmed by compiling for the target arch
+        roofline predictions per power mode
+
+The memory check runs before any compile, so a plan that cannot fit fails in
+milliseconds. ``Plan.to_dict()`` is what the build writes into the bundle
+manifest; ``Plan.from_dict`` reads it back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from edgekit import __version__
+from edgekit.errors import PlanError
+from edgekit.model.config import ModelConfig
+from edgekit.plan import buckets as bk
+from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memory
+from edgekit.plan.precision import KV_PRECISIONS, PrecisionPlan, scheme_for_cli
+from edgekit.plan.roofline import PREDICTED, roofline_assumptions, roofline_table
+from edgekit.plan.targets import Target
+from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
+
+PLAN_FORMAT = "edgekit-plan"
+PLAN_FORMAT_VERSION = 1
+
+# Decode attention runs one program per (sequence, KV head, split). Two programs
+# per SM give the scheduler a second block to run while the first waits on
+# memory; more only adds reduction work.
+DECODE_WAVES = 2
+DEFAULT_DECODE_BLOCK_N = 64  # used until the solver has chosen the decode tile
+
+
+def decode_splits(target: Target, batch: int, n_kv_heads: int, context: int, block_n: int, waves: int = DECODE_WAVES) -> int:
+    """KV splits so a decode step fills the SMs: ceil(SMs x waves / (batch x KV heads)), at most one split per BLOCK_N keys."""
+    want = math.ceil(target.gpu.sms * waves / (batch * n_kv_heads))
+    return max(1, min(want, math.ceil(context / block_n)))
+
+
+@dataclass
+class Plan:
+    model: dict  # name, config, source
+    target: dict  # the target's summary
+    power_mode: str
+    shapes: dict  # buckets, context (KV cache length), batch
+    buckets: dict  # how the buckets were chosen and how they serve a trace
+    precision: PrecisionPlan
+    decode: dict  # split-K factor and the rule that chose it
+    memory: MemoryPlan
+    tiles: list[dict]  # one per shared-memory kernel (see edgekit.plan.tiles.TileChoice.to_dict)
+    roofline: list[dict]  # per power mode, all predicted
+    roofline_assumptions: dict
+    versions: dict
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def static_shapes(self) -> StaticShapes:
+        return StaticShapes(tuple(self.shapes["buckets"]), self.shapes["context"], self.shapes["batch"])
+
+    def to_dict(self) -> dict:
+        return {
+            "format": PLAN_FORMAT,
+            "format_version": PLAN_FORMAT_VERSION,
+            "model": self.model,
+            "target": self.target,
+            "power_mode": self.power_mode,
+            "shapes": self.shapes,
+            "buckets": self.buckets,
+            "precision": self.precision.to_dict(),
+            "operators": self.precision.operators(),
+            "decode": self.decode,
+            "memory": self.memory.to_dict(),
+            "tiles": self.tiles,
+            "roofline": self.roofline,
+            "roofline_assumptions": self.roofline_assumptions,
+            "versions": self.versions,
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        if d.get("format") != PLAN_FORMAT or d.get("format_version") != PLAN_FORMAT_VERSION:
+            raise PlanError(
+                f"not a plan this edgekit reads: format {d.get('format')!r} version {d.get('format_version')!r}, "
+                f"expected {PLAN_FORMAT!r} version {PLAN_FORMAT_VERSION}",
+                hint="re-plan with this edgekit version",
+            )
+        return cls(
+            model=d["model"], target=d["target"], power_mode=d["power_mode"], shapes=d["shapes"], buckets=d["buckets"],
+            precision=PrecisionPlan.from_dict(d["precision"]), decode=d["decode"], memory=MemoryPlan.from_dict(d["memory"]),
+            tiles=d["tiles"], roofline=d["roofline"], roofline_assumptions=d["roofline_assumptions"],
+            versions=d["versions"], notes=list(d.get("notes", [])),
+        )
+
+
+def _versions() -> dict:
+    try:
+        import triton
+
+        tv = triton.__version__
+    except Exception:  # triton is optional on hosts that only read plans
+        tv = None
+    return {"edgekit": __version__, "triton": tv}
+
+
+def _choose_shapes(
+    cfg: ModelConfig, context: int, batch: int, trace_path: Path | str | None, given: tuple[int, ...] | None, max_buckets: int,
+) -> tuple[tuple[int, ...], dict]:
+    trace = bk.load_trace(trace_path) if trace_path else None
+    if given:
+        too_long = [b for b in given if b > context]
+        if too_long:
+            raise PlanError(
+                f"buckets {too_long} exceed the context of {context} tokens",
+                hint=f"drop them or raise --context to at least {max(too_long)}",
+            )
+        chosen, method = given, "given"
+    elif trace is not None:
+        chosen, method = bk.choose_buckets(trace, context, max_buckets), f"optimal for the trace (at most {max_buckets}, DP)"
+    else:
+        chosen, method = StaticShapes.for_context(context, batch).buckets, "default powers of two"
+    info: dict = {"method": method, "trace": None, "uniform": None}
+    if trace is not None:
+        info["trace"] = {"source": trace.source, "requests": len(trace), **bk.evaluate(chosen, trace, context, method).to_dict()}
+        uni = bk.uniform_buckets(trace, context, max_buckets)
+        info["uniform"] = bk.evaluate(uni, trace, context, "uniform").to_dict()
+    return tuple(chosen), info
+
+
+def make_plan(
+    cfg: ModelConfig,
+    target: Target,
+    *,
+    model_info: dict | None = None,
+    context: int | None = None,
+    batch: int = 1,
+    precision: str = "fp16",
+    kv_precision: str = "fp16",
+    trace: Path | str | None = None,
+    buckets: tuple[int, ...] | None = None,
+    max_buckets: int = bk.DEFAULT_MAX_BUCKETS,
+    power_mode: str | None = None,
+    solve_tiles: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """Plan ``cfg`` for ``target``. Raises PlanError when it cannot fit (with what would)."""
+    if batch < 1:
+        raise PlanError(f"batch must be >= 1, got {batch}")
+    if context is None:
+        context = min(DEFAULT_MAX_SEQ_LEN, cfg.max_position_len)
+    if context < 16:
+        raise PlanError(f"context must be >= 16 tokens, got {context}")
+    if context > cfg.max_position_len:
+        raise PlanError(
+            f"context {context} exceeds what {cfg.name} was trained for ({cfg.max_position_len} positions)",
+            hint=f"use --context {cfg.max_position_len} or less",
+        )
+    if kv_precision not in KV_PRECISIONS:
+        raise PlanError(f"unknown KV cache precision {kv_precision!r}; expected one of: {', '.join(KV_PRECISIONS)}")
+    mode = target.power_mode(power_mode)
+    scheme = scheme_for_cli(precision)
+    pp = PrecisionPlan.uniform(cfg, scheme, kv_precision)
+    if scheme != "fp16":
+        pp.notes.append(
+            f"--precision {precision}: every block projection uses {scheme}; quantization may keep sensitive layers in fp16"
+        )
+
+    chosen, bucket_info = _choose_shapes(cfg, context, batch, trace, buckets, max_buckets)
+    shapes = StaticShapes(chosen, context, batch)  # validates the combination
+
+    # Memory first (no compile needed): the workspace is sized with the most splits any decode tile could ask for.
+    def splits_for(b: int, ctx: int, block_n: int = DEFAULT_DECODE_BLOCK_N) -> int:
+        return decode_splits(target, b, cfg.n_kv_heads, ctx, block_n)
+
+    mem = plan_memory(cfg, target, pp, context=context, batch=batch, max_bucket=chosen[-1], decode_splits=splits_for(batch, context))
+    if not mem.fits:
+        opts = fit_options(cfg, target, scheme=scheme, kv_precision=kv_precision, context=context, batch=batch,
+                           max_bucket=chosen[-1], splits_for=splits_for)
+        raise misfit_error(cfg, target, mem, opts)
+
+    tiles: list[dict] = []
+    block_n = DEFAULT_DECODE_BLOCK_N
+    notes: list[str] = []
+    if solve_tiles:
+        from edgekit.plan.tiles import solve_all
+
+        choices = solve_all(cfg, target, pp, dtype="fp16", progress=progress)
+        tiles = [c.to_dict() for c in choices]
+        for c in choices:
+            if c.op == "attention_decode" and "BLOCK_N" in c.constexprs:
+                block_n = int(c.constexprs["BLOCK_N"])
+    else:
+        notes.append("tiles not solved (--no-tiles): no shared-memory figure in this plan")
+    splits = splits_for(batch, context, block_n)
+    mem = plan_memory(cfg, target, pp, context=context, batch=batch, max_bucket=chosen[-1], decode_splits=splits)
+
+    roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1], decode_splits=splits)
+    return Plan(
+        model=model_info or {"name": cfg.name, "config": cfg.to_dict()},
+        target=target.summary(),
+        power_mode=mode.name,
+        shapes={"buckets": list(shapes.buckets), "context": context, "batch": batch},
+        buckets=bucket_info,
+        precision=pp,
+        decode={
+            "splits": splits,
+            "block_n": block_n,
+            "rule": f"ceil(SMs {target.gpu.sms} x waves {DECODE_WAVES} / (batch {batch} x KV heads {cfg.n_kv_heads})), "
+                    f"at most ceil(context {context} / BLOCK_N {block_n})",
+            "grid": f"(batch, KV heads, splits) = ({batch}, {cfg.n_kv_heads}, {splits}) programs "
+                    f"for {target.gpu.sms} SMs",
+        },
+        memory=mem,
+        tiles=tiles,
+        roofline=roof,
+        roofline_assumptions=roofline_assumptions(target) | {"label": PREDICTED},
+        versions=_versions(),
+        notes=notes,
+    )

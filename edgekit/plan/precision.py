@@ -1,0 +1,165 @@
+"""Precision per operator and per layer: what the plan decides and the manifest records.
+
+The planner starts from one scheme for every projection (``--precision``);
+the quantization step may then move single layers back to FP16 (mixed
+precision) with ``PrecisionPlan.set``. Memory and roofline figures are computed
+from this record, so a mixed plan is costed exactly.
+
+Nothing is downgraded silently: every entry names the weight, activation,
+accumulation and output precision of the kernel that runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgekit.errors import ConfigError
+from edgekit.model.config import ModelConfig
+
+PROJECTIONS = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+@dataclass(frozen=True)
+class OpPrecision:
+    op: str  # the operator (kernel) that runs it
+    weights: str
+    activations: str
+    accumulate: str
+    output: str
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "weights": self.weights, "activations": self.activations,
+                "accumulate": self.accumulate, "output": self.output}
+
+
+# Schemes a projection may use. "int8" on the command line means weight-only
+# INT8 (w8a16): it halves the bytes a decode step streams, which is what bounds
+# decode; w8a8 also uses the INT8 tensor cores in prefill and is chosen per
+# layer by quantization when its accuracy gate allows.
+LINEAR_SCHEMES: dict[str, OpPrecision] = {
+    "fp16": OpPrecision("linear", "fp16", "fp16", "fp32", "fp16"),
+    "w8a16": OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
+    "w8a8": OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
+}
+CLI_PRECISIONS = {"fp16": "fp16", "int8": "w8a16"}
+KV_PRECISIONS = ("fp16", "int8")
+
+# Operators whose precision does not depend on the scheme (FP16 in and out, FP32 inside).
+FIXED_OPS: dict[str, OpPrecision] = {
+    "rmsnorm": OpPrecision("rmsnorm", "fp16", "fp16", "fp32", "fp16"),
+    "qkv_rope": OpPrecision("qkv_rope", "fp16", "fp16", "fp32", "fp16"),
+    "attention_prefill": OpPrecision("attention_prefill", "none", "fp16", "fp32", "fp16"),
+    "attention_decode": OpPrecision("attention_decode", "none", "fp16", "fp32", "fp16"),
+    "swiglu": OpPrecision("swiglu", "none", "fp16", "fp32", "fp16"),
+}
+
+
+def scheme_for_cli(precision: str) -> str:
+    if precision not in CLI_PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; expected one of: {', '.join(CLI_PRECISIONS)}")
+    return CLI_PRECISIONS[precision]
+
+
+def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool) -> int:
+    """Bytes of one projection's weights: INT8 adds an fp32 scale per output row (w8a8 also a smoothing vector)."""
+    n = out_features * in_features
+    b = out_features * 2 if bias else 0
+    if scheme == "fp16":
+        return 2 * n + b
+    if scheme == "w8a16":
+        return n + 4 * out_features + b
+    if scheme == "w8a8":
+        return n + 4 * out_features + 4 * in_features + b
+    raise ConfigError(f"unknown linear scheme {scheme!r}; expected one of: {', '.join(LINEAR_SCHEMES)}")
+
+
+@dataclass
+class PrecisionPlan:
+    layers: list[dict[str, str]]  # per layer: projection -> scheme (a key of LINEAR_SCHEMES)
+    lm_head: str = "fp16"  # kept FP16: the logits are the most sensitive product (and it is tied in most small models)
+    embedding: str = "fp16"  # a gather, not a matmul: INT8 would save memory but no time
+    kv_cache: str = "fp16"
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def uniform(cls, cfg: ModelConfig, scheme: str = "fp16", kv_cache: str = "fp16") -> "PrecisionPlan":
+        if scheme not in LINEAR_SCHEMES:
+            raise ConfigError(f"unknown linear scheme {scheme!r}; expected one of: {', '.join(LINEAR_SCHEMES)}")
+        if kv_cache not in KV_PRECISIONS:
+            raise ConfigError(f"unknown KV cache precision {kv_cache!r}; expected one of: {', '.join(KV_PRECISIONS)}")
+        return cls(layers=[{p: scheme for p in PROJECTIONS} for _ in range(cfg.n_layers)], kv_cache=kv_cache)
+
+    def set(self, layer: int, projection: str, scheme: str) -> None:
+        """Per-layer override (quantization keeps a sensitive layer in FP16 this way)."""
+        if projection not in PROJECTIONS:
+            raise ConfigError(f"unknown projection {projection!r}; expected one of: {', '.join(PROJECTIONS)}")
+        if scheme not in LINEAR_SCHEMES:
+            raise ConfigError(f"unknown linear scheme {scheme!r}; expected one of: {', '.join(LINEAR_SCHEMES)}")
+        if not 0 <= layer < len(self.layers):
+            raise ConfigError(f"layer {layer} out of range; the model has layers 0..{len(self.layers) - 1}")
+        self.layers[layer][projection] = scheme
+
+    @property
+    def kv_bytes_per_element(self) -> float:
+        return 1.0 if self.kv_cache == "int8" else 2.0
+
+    def schemes_used(self) -> list[str]:
+        used = {s for layer in self.layers for s in layer.values()}
+        return [s for s in LINEAR_SCHEMES if s in used]
+
+    def label(self) -> str:
+        """Short summary: 'fp16', 'w8a16' or 'mixed (w8a16 x110, fp16 x10)'."""
+        counts: dict[str, int] = {}
+        for layer in self.layers:
+            for s in layer.values():
+                counts[s] = counts.get(s, 0) + 1
+        if len(counts) == 1:
+            return next(iter(counts))
+        return "mixed (" + ", ".join(f"{s} x{n}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1])) + ")"
+
+    def weight_bytes(self, cfg: ModelConfig) -> dict[str, int]:
+        """Bytes by role: embedding, per-layer projections, norms, LM head (0 when tied)."""
+        shapes = cfg.linear_shapes()
+        blocks = 0
+        for layer in self.layers:
+            for proj, scheme in layer.items():
+                o, i = shapes[proj]
+                blocks += linear_bytes(o, i, scheme, bias=cfg.qkv_bias and proj == "wqkv")
+        embed = cfg.vocab_size * cfg.hidden_size * 2
+        lm = 0 if cfg.tie_embeddings else linear_bytes(cfg.vocab_size, cfg.hidden_size, self.lm_head, bias=False)
+        norms = (2 * cfg.n_layers + 1) * cfg.hidden_size * 2
+        return {"embedding": embed, "blocks_linear": blocks, "norms": norms, "lm_head": lm}
+
+    def operators(self) -> list[dict]:
+        """Every (operator, precision) the model runs, deduplicated, for tables and the manifest."""
+        rows = [dict(FIXED_OPS["rmsnorm"].to_dict(), where="all layers")]
+        seen = {}
+        for i, layer in enumerate(self.layers):
+            for proj, scheme in layer.items():
+                seen.setdefault((proj, scheme), []).append(i)
+        for (proj, scheme), idx in sorted(seen.items()):
+            where = "all layers" if len(idx) == len(self.layers) else "layers " + _ranges(idx)
+            rows.append(dict(LINEAR_SCHEMES[scheme].to_dict(), projection=proj, where=where))
+        for name in ("qkv_rope", "attention_prefill", "attention_decode", "swiglu"):
+            rows.append(dict(FIXED_OPS[name].to_dict(), where="all layers"))
+        rows.append(dict(LINEAR_SCHEMES[self.lm_head].to_dict(), projection="lm_head", where="output"))
+        return rows
+
+    def to_dict(self) -> dict:
+        return {"layers": [dict(layer) for layer in self.layers], "lm_head": self.lm_head, "embedding": self.embedding,
+                "kv_cache": self.kv_cache, "label": self.label(), "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PrecisionPlan":
+        return cls(layers=[dict(layer) for layer in d["layers"]], lm_head=d["lm_head"], embedding=d["embedding"],
+                   kv_cache=d["kv_cache"], notes=list(d.get("notes", [])))
+
+
+def _ranges(idx: list[int]) -> str:
+    """[0,1,2,5] -> '0-2,5'."""
+    out, start = [], idx[0]
+    for a, b in zip(idx, idx[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}-{a}" if a != start else str(a))
+            start = b
+    return ",".join(out)
