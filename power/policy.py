@@ -1,0 +1,245 @@
+"""Watchdog policies: budgets from a target profile, overrides per deployment, rules that raise events.
+
+``PolicyConfig`` is this package's own model with defaults that match the
+product card (5 ms jitter budget, ±3 W power band); ``from_profile`` reads the
+budgets out of a plain dict (a target profile as loaded from YAML) and applies
+a deployment's overrides on top, so the runtime can feed it without this
+package depending on the target code.
+
+``PolicyEngine`` holds the rules. It is pure: it takes observations and times
+and returns events, so it runs the same on a live board, on a replayed
+tegrastats log and in tests.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from edgekit.errors import ConfigError
+from edgekit.power.events import Event
+from edgekit.power.latency import WindowStats
+from edgekit.power.sample import PowerSample
+
+
+class TemperatureLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # Defaults sit well below the Orin SoC's software throttling point, so the
+    # warning comes while something can still be done; a target may tighten them.
+    warn_c: float = Field(85.0, description="a warning event above this, °C")
+    critical_c: float = Field(95.0, description="a critical event above this, °C")
+    zones: list[str] | None = Field(None, description="zone names to watch (cpu, gpu, tj, ...); None watches all")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TemperatureLimits":
+        if self.critical_c < self.warn_c:
+            raise ValueError(f"critical_c ({self.critical_c}) must be >= warn_c ({self.warn_c})")
+        return self
+
+
+class PolicyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    jitter_budget_ms: float = Field(5.0, gt=0, description="allowed p99 - p50 of token latency, and the allowed excess of one token over p50")
+    jitter_metrics: list[str] = Field(default_factory=lambda: ["token"], description="latency metrics held to the jitter budget")
+    window_s: float = Field(10.0, gt=0, description="rolling window for percentiles")
+    min_samples: int = Field(20, ge=2, description="observations needed in the window before latency rules apply")
+    power_band_w: float = Field(3.0, gt=0, description="allowed distance of total power from its centre, W")
+    power_target_w: float | None = Field(None, gt=0, description="centre of the band; None learns it from the first power_baseline_s")
+    power_baseline_s: float = Field(5.0, ge=0, description="seconds of samples whose median becomes the centre when no target is given")
+    power_sustain_s: float = Field(1.0, ge=0, description="a power breach must last this long before it is an event")
+    temperature: TemperatureLimits = Field(default_factory=TemperatureLimits)
+    cooldown_s: float = Field(5.0, ge=0, description="the same rule on the same metric is not raised again within this time")
+    actions: dict[str, list[str]] = Field(
+        default_factory=lambda: {"jitter": ["rollback_plugin"], "power_band": ["shed_load"]},
+        description="event kind -> action names run when it is raised (power_mode: nvpmodel)",
+    )
+
+    @classmethod
+    def from_profile(cls, profile: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> "PolicyConfig":
+        """Budgets from a target profile (a plain dict), then per-deployment overrides.
+
+        The profile is searched for ``jitter_budget_ms``, ``power_band_w``,
+        ``power_target_w`` and ``temperature`` (or ``temp_warn_c`` /
+        ``temp_critical_c``) at its top level and under ``watchdog`` or
+        ``budgets``; its other keys belong to other parts of edgekit and are
+        ignored. Overrides are checked strictly: an unknown key is an error.
+        """
+        base: dict[str, Any] = {}
+        if profile:
+            for section in (profile, profile.get("budgets") or {}, profile.get("watchdog") or {}):
+                if not isinstance(section, Mapping):
+                    continue
+                for key in cls.model_fields:
+                    if key in section:
+                        base[key] = section[key]
+                temp = dict(base.get("temperature") or {})
+                if "temp_warn_c" in section:
+                    temp["warn_c"] = section["temp_warn_c"]
+                if "temp_critical_c" in section:
+                    temp["critical_c"] = section["temp_critical_c"]
+                if temp:
+                    base["temperature"] = temp
+        merged = _deep_merge(base, dict(overrides or {}))
+        try:
+            return cls.model_validate(merged)
+        except ValidationError as e:
+            raise ConfigError(_explain(e, merged), hint="fix the watchdog budgets in the target profile or the overrides") from e
+
+
+def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def _explain(e: ValidationError, data: Mapping[str, Any]) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid watchdog policy: " + "; ".join(parts) + f"; allowed keys: {', '.join(PolicyConfig.model_fields)}"
+
+
+class PolicyEngine:
+    """The rules. Each check returns the events it raises (often none)."""
+
+    def __init__(self, config: PolicyConfig | None = None):
+        self.config = config or PolicyConfig()
+        self._last_raised: dict[tuple[str, str], float] = {}
+        self._power_first_t: float | None = None
+        self._power_baseline: list[float] = []
+        self.power_centre_w: float | None = self.config.power_target_w
+        self._breach_since: float | None = None
+        self._breach_values: deque[tuple[float, float]] = deque(maxlen=64)
+        self._sensor_ok: dict[str, bool] = {}
+
+    # -- bookkeeping ----------------------------------------------------------
+    def _cooled(self, kind: str, key: str, t: float) -> bool:
+        last = self._last_raised.get((kind, key))
+        if last is not None and t - last < self.config.cooldown_s:
+            return False
+        self._last_raised[(kind, key)] = t
+        return True
+
+    # -- latency --------------------------------------------------------------
+    def check_spikes(self, metric: str, new: list[tuple[float, float]], before: WindowStats | None, t_wall: float) -> list[Event]:
+        """A single observation more than the budget above the window's p50 (the window before it)."""
+        cfg = self.config
+        if metric not in cfg.jitter_metrics or before is None or before.n < cfg.min_samples or not new:
+            return []
+        limit = before.p50_ms + cfg.jitter_budget_ms
+        worst_t, worst = max(new, key=lambda x: x[1])
+        if worst <= limit or not self._cooled("jitter", f"{metric}:spike", t_wall):
+            return []
+        return [Event(
+            t_s=t_wall, kind="jitter", severity="warning",
+            message=f"{metric} latency spike: {worst:.2f} ms is {worst - before.p50_ms:.2f} ms above the p50 "
+                    f"({before.p50_ms:.2f} ms); budget {cfg.jitter_budget_ms:g} ms",
+            evidence={
+                "rule": "spike", "metric": metric, "value_ms": round(worst, 4), "p50_ms": round(before.p50_ms, 4),
+                "excess_ms": round(worst - before.p50_ms, 4), "budget_ms": cfg.jitter_budget_ms,
+                "window_s": before.window_s, "window_n": before.n, "observed_mono_s": worst_t,
+                "new_values_ms": [round(v, 4) for _, v in new[-16:]],
+            },
+        )]
+
+    def check_window(self, stats: WindowStats | None, t_wall: float) -> list[Event]:
+        """The window's jitter (p99 - p50) above the budget."""
+        cfg = self.config
+        if stats is None or stats.metric not in cfg.jitter_metrics or stats.n < cfg.min_samples:
+            return []
+        if stats.jitter_ms <= cfg.jitter_budget_ms or not self._cooled("jitter", f"{stats.metric}:window", t_wall):
+            return []
+        return [Event(
+            t_s=t_wall, kind="jitter", severity="warning",
+            message=f"{stats.metric} jitter p99-p50 = {stats.jitter_ms:.2f} ms over {stats.n} samples "
+                    f"exceeds the {cfg.jitter_budget_ms:g} ms budget",
+            evidence={"rule": "p99-p50", "budget_ms": cfg.jitter_budget_ms, **stats.to_dict()},
+        )]
+
+    # -- power ----------------------------------------------------------------
+    def check_power(self, sample: PowerSample) -> list[Event]:
+        """Total power outside centre ± band for at least power_sustain_s."""
+        cfg = self.config
+        if not sample.available or sample.total_mw is None:
+            return []
+        t, w = sample.t_s, sample.total_mw / 1000.0
+        if self.power_centre_w is None:  # learn the centre from the first seconds
+            if self._power_first_t is None:
+                self._power_first_t = t
+            if t - self._power_first_t < cfg.power_baseline_s or not self._power_baseline:
+                self._power_baseline.append(w)
+                return []
+            self.power_centre_w = statistics.median(self._power_baseline)
+        centre, band = self.power_centre_w, cfg.power_band_w
+        if abs(w - centre) <= band:
+            self._breach_since = None
+            self._breach_values.clear()
+            return []
+        if self._breach_since is None:
+            self._breach_since = t
+        self._breach_values.append((t, w))
+        lasted = t - self._breach_since
+        if lasted < cfg.power_sustain_s or not self._cooled("power_band", "total", t):
+            return []
+        values = [round(v, 3) for _, v in self._breach_values]
+        side = "above" if w > centre else "below"
+        return [Event(
+            t_s=t, kind="power_band", severity="warning",
+            message=f"total power {w:.2f} W is {side} the band {centre:.2f} ± {band:g} W for {lasted:.1f} s",
+            evidence={
+                "rule": "band", "total_w": round(w, 3), "centre_w": round(centre, 3), "band_w": band,
+                "centre_source": "target" if cfg.power_target_w is not None else "baseline_median",
+                "breach_s": round(lasted, 3), "window_values_w": values[-32:],
+                "rails_mw": {k: round(v, 1) for k, v in sample.rails_mw.items()}, "total_source": sample.total_source,
+            },
+        )]
+
+    # -- temperature ----------------------------------------------------------
+    def check_temperatures(self, sample: PowerSample) -> list[Event]:
+        lim = self.config.temperature
+        events = []
+        for zone, c in sample.temps_c.items():
+            if lim.zones is not None and zone not in lim.zones:
+                continue
+            if c > lim.critical_c:
+                sev, limit = "critical", lim.critical_c
+            elif c > lim.warn_c:
+                sev, limit = "warning", lim.warn_c
+            else:
+                continue
+            if not self._cooled(f"temperature:{sev}", zone, sample.t_s):
+                continue
+            events.append(Event(
+                t_s=sample.t_s, kind="temperature", severity=sev,
+                message=f"{zone} at {c:.1f} °C is above the {sev} limit {limit:g} °C",
+                evidence={"rule": sev, "zone": zone, "temp_c": c, "limit_c": limit, "all_temps_c": dict(sample.temps_c)},
+            ))
+        return events
+
+    # -- sensors --------------------------------------------------------------
+    def check_sensor(self, sample: PowerSample) -> list[Event]:
+        """A sensor that was readable and stopped being so (once per transition)."""
+        was = self._sensor_ok.get(sample.source)
+        self._sensor_ok[sample.source] = sample.available
+        if was is True and not sample.available:
+            return [Event(t_s=sample.t_s, kind="sensor", severity="warning",
+                          message=f"sensor {sample.source} became unavailable: {sample.reason}",
+                          evidence={"sensor": sample.source, "reason": sample.reason})]
+        return []
+
+    def check_sample(self, sample: PowerSample) -> list[Event]:
+        return self.check_sensor(sample) + self.check_power(sample) + self.check_temperatures(sample)
+
+    def spike_threshold_ms(self, stats: WindowStats | None) -> float:
+        """The value above which one observation is worth waking the watchdog for."""
+        if stats is None or stats.n < self.config.min_samples:
+            return math.inf
+        return stats.p50_ms + self.config.jitter_budget_ms

@@ -1,0 +1,1 @@
+"""Power, temperature and load sensors behind one interface (``Sensor.read() -> PowerSample``)."""

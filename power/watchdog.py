@@ -1,0 +1,228 @@
+"""The watchdog: a background thread that samples sensors and latency, applies policies, acts.
+
+Inference threads only call ``tracker.record`` (cheap). This thread wakes at
+the sampler's rate (1 kHz while something moves, 10 Hz while steady), and at
+once when ``record`` sees a value above the spike threshold. Each tick it
+
+1. takes the new latency observations, checks them against the window's p50
+   (spike rule) and, at most every ``stats_interval_s``, recomputes the window
+   percentiles (jitter rule) and the next spike threshold;
+2. reads every sensor whose own refresh interval has passed, merges the
+   latest readings into one board sample, and checks power and temperature;
+3. runs the actions of every event, logs samples/latency/events as JSONL and
+   updates the Prometheus gauges.
+
+Nothing here raises into the caller: sensor errors are "unavailable" samples,
+action errors are recorded in the event, and an unexpected error in a tick is
+logged and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+
+from edgekit.power.actions import ActionRegistry
+from edgekit.power.events import Event
+from edgekit.power.jsonl import JsonlLogger
+from edgekit.power.latency import METRICS, LatencyTracker, WindowStats
+from edgekit.power.metrics import WatchdogMetrics
+from edgekit.power.policy import PolicyConfig, PolicyEngine
+from edgekit.power.sample import PowerSample, merge
+from edgekit.power.sampler import AdaptiveSampler, moved
+from edgekit.power.sensors.base import CompositeSensor, Sensor
+
+
+class Watchdog:
+    def __init__(
+        self,
+        tracker: LatencyTracker | None = None,
+        sensors: list[Sensor] | Sensor | None = None,
+        policy: PolicyConfig | None = None,
+        actions: ActionRegistry | None = None,
+        logger: JsonlLogger | None = None,
+        sampler: AdaptiveSampler | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        log_interval_s: float = 0.1,
+        stats_interval_s: float = 0.05,
+        dry_run: bool = False,
+    ):
+        self.policy = policy or PolicyConfig()
+        self.tracker = tracker or LatencyTracker(window_s=self.policy.window_s)
+        if isinstance(sensors, CompositeSensor):
+            sensors = sensors.sensors
+        elif isinstance(sensors, Sensor):
+            sensors = [sensors]
+        self.sensors: list[Sensor] = list(sensors or [])
+        self.engine = PolicyEngine(self.policy)
+        self.actions = actions or ActionRegistry()
+        self.logger = logger
+        self.sampler = sampler or AdaptiveSampler()
+        self.on_event = on_event
+        self.log_interval_s = log_interval_s
+        self.stats_interval_s = stats_interval_s
+        self.dry_run = dry_run
+        self.metrics = WatchdogMetrics(self.tracker.registry)
+        self.registry = self.tracker.registry
+
+        self.events: deque[Event] = deque(maxlen=1000)
+        self.latest: PowerSample | None = None
+        self.latest_stats: dict[str, WindowStats] = {}
+        self.ticks = 0
+        self.errors: deque[str] = deque(maxlen=20)
+        self._seq = {m: 0 for m in METRICS}
+        self._stats_at = {m: -float("inf") for m in METRICS}
+        self._sensor_due = [0.0] * len(self.sensors)
+        self._sensor_last: list[PowerSample | None] = [None] * len(self.sensors)
+        self._last_sample_log = -float("inf")
+        self._last_latency_log = -float("inf")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> "Watchdog":
+        if self._thread is not None:
+            return self
+        if self.logger is not None:
+            self.logger.meta(sensors=[s.describe() for s in self.sensors], policy=self.policy.model_dump(),
+                             fast_hz=self.sampler.fast_hz, slow_hz=self.sampler.slow_hz)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="edgekit-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        self.tracker.wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        if self.logger is not None:
+            self.logger.close()
+        for s in self.sensors:
+            s.close()
+
+    def __enter__(self) -> "Watchdog":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        wake = self.tracker.wake
+        while not self._stop.is_set():
+            wake.wait(self.sampler.period_s())
+            wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.tick()
+            except Exception as e:  # noqa: BLE001 - keep watching; say what went wrong
+                self.errors.append(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+
+    # -- one step -------------------------------------------------------------
+    def tick(self, now_mono: float | None = None, now_wall: float | None = None) -> list[Event]:
+        mono = time.monotonic() if now_mono is None else now_mono
+        wall = time.time() if now_wall is None else now_wall
+        self.ticks += 1
+        events = self._check_latency(mono, wall)
+        events += self._check_sensors(mono, wall)
+        for e in events:
+            self._raise(e, mono)
+        return events
+
+    def _check_latency(self, mono: float, wall: float) -> list[Event]:
+        events: list[Event] = []
+        tr = self.tracker
+        for m in METRICS:
+            count = tr.count(m)
+            if count == self._seq[m]:
+                continue
+            new = tr.since(m, self._seq[m])
+            self._seq[m] = count
+            before = self.latest_stats.get(m)
+            spikes = self.engine.check_spikes(m, new, before, wall)
+            events += spikes
+            if spikes or mono - self._stats_at[m] >= self.stats_interval_s:
+                stats = tr.stats(m, mono)
+                self._stats_at[m] = mono
+                if stats is None:
+                    continue
+                prev_p50 = before.p50_ms if before else None
+                self.latest_stats[m] = stats
+                tr.spike_threshold_ms[m] = self.engine.spike_threshold_ms(stats)
+                events += self.engine.check_window(stats, wall)
+                if spikes or moved(prev_p50, stats.p50_ms, rel=0.1, abs_=0.5):
+                    self.sampler.note_activity(mono)
+        if self.logger is not None and self.latest_stats and mono - self._last_latency_log >= self.log_interval_s:
+            self._last_latency_log = mono
+            self.logger.write({"type": "latency", "t_s": wall, "rate_hz": self.sampler.rate_hz(mono),
+                               "metrics": {m: s.to_dict() for m, s in self.latest_stats.items()}})
+            for s in self.latest_stats.values():
+                self.metrics.update_latency(s)
+            self.metrics.rate.set(self.sampler.rate_hz(mono))
+        return events
+
+    def _check_sensors(self, mono: float, wall: float) -> list[Event]:
+        if not self.sensors:
+            return []
+        events: list[Event] = []
+        read_any = False
+        for i, s in enumerate(self.sensors):
+            if mono < self._sensor_due[i]:
+                continue
+            self._sensor_due[i] = mono + s.min_interval_s
+            sample = s.read(wall)
+            events += self.engine.check_sensor(sample)
+            self._sensor_last[i] = sample
+            read_any = True
+        if not read_any:
+            return events
+        board = merge([x for x in self._sensor_last if x is not None], wall)
+        prev = self.latest
+        self.latest = board
+        events += self.engine.check_power(board) + self.engine.check_temperatures(board)
+        if prev is not None and (
+            moved(prev.total_mw, board.total_mw, rel=0.05, abs_=250.0)
+            or any(moved(prev.temps_c.get(z), c, rel=0.0, abs_=2.0) for z, c in board.temps_c.items())
+        ):
+            self.sampler.note_activity(mono)
+        if mono - self._last_sample_log >= self.log_interval_s:
+            self._last_sample_log = mono
+            self.metrics.update_sample(board)
+            if self.logger is not None:
+                self.logger.write({"type": "sample", **board.to_dict()})
+        return events
+
+    def _raise(self, e: Event, mono: float) -> None:
+        e.detected_mono_s = mono
+        e.actions = self.actions.run(e, self.policy.actions.get(e.kind, []), dry_run=self.dry_run)
+        self.sampler.note_activity(mono)
+        with self._lock:
+            self.events.append(e)
+        self.metrics.count_event(e)
+        if self.logger is not None:
+            self.logger.write({"type": "event", **e.to_dict()}, flush=True)
+        if self.on_event is not None:
+            try:
+                self.on_event(e)
+            except Exception as err:  # noqa: BLE001 - a listener's bug must not stop the watchdog
+                self.errors.append(f"on_event: {type(err).__name__}: {err}")
+
+    # -- offline --------------------------------------------------------------
+    def observe_sample(self, sample: PowerSample) -> list[Event]:
+        """Apply the power/temperature policies to one given sample (replay, standalone monitor)."""
+        events = self.engine.check_sample(sample)
+        self.latest = sample
+        self.metrics.update_sample(sample)
+        for e in events:
+            self._raise(e, time.monotonic())
+        return events
+
+    def recent_events(self, n: int = 10) -> list[Event]:
+        with self._lock:
+            return list(self.events)[-n:]
