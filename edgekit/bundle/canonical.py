@@ -1,0 +1,108 @@
+"""Canonical bytes, hashes and safe relative paths: the ground every signature stands on.
+
+A signature covers exact bytes, so every signed JSON document is serialized one
+way only: keys sorted, no insignificant whitespace, UTF-8, no NaN/Infinity.
+Same object -> same bytes -> same hash, on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, BinaryIO
+
+HEX64 = r"^[0-9a-f]{64}$"
+_HEX64_RE = re.compile(HEX64)
+
+# Names in bundles and packages: lower-case letters, digits, underscores, dots and
+# dashes per path component. Deliberately narrow: no spaces, no backslashes, no
+# Unicode look-alikes, nothing a shell or a case-insensitive file system mangles.
+_COMPONENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+MAX_PATH_CHARS = 255
+MAX_PATH_DEPTH = 8
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The one serialization of a JSON document that gets hashed or signed."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_stream(f: BinaryIO, chunk_bytes: int = 1 << 20) -> tuple[str, int]:
+    """(sha256 hex, size) of a file object, read in chunks so weights never sit in memory whole."""
+    h = hashlib.sha256()
+    size = 0
+    while chunk := f.read(chunk_bytes):
+        h.update(chunk)
+        size += len(chunk)
+    return h.hexdigest(), size
+
+
+def sha256_file(path: str | os.PathLike) -> tuple[str, int]:
+    with open(path, "rb") as f:
+        return sha256_stream(f)
+
+
+def is_sha256_hex(s: str) -> bool:
+    return bool(_HEX64_RE.match(s))
+
+
+def relpath_problem(path: str) -> str | None:
+    """Why `path` is not a safe relative POSIX path inside a bundle, or None if it is.
+
+    Refuses what could escape the bundle directory or alias another file:
+    absolute paths, `..`, `.`, empty components, backslashes, odd characters.
+    """
+    if not isinstance(path, str) or not path:
+        return "empty path"
+    if len(path) > MAX_PATH_CHARS:
+        return f"path longer than {MAX_PATH_CHARS} characters"
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+        return "absolute path"
+    if "\\" in path:
+        return "backslash in path (only '/' separates components)"
+    parts = path.split("/")
+    if ".." in parts:
+        return "'..' component (would escape the bundle)"
+    if len(parts) > MAX_PATH_DEPTH:
+        return f"more than {MAX_PATH_DEPTH} path components"
+    for part in parts:
+        if part in ("", "."):
+            return "empty or '.' path component"
+        if not _COMPONENT_RE.match(part):
+            return f"component {part!r} has characters outside [A-Za-z0-9_.-] or starts with '.' or '-'"
+    return None
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename inside `path` durable (POSIX: the directory entry lives in the directory)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` so a reader sees the old file or the new one, never half of it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # a stale temp file from a crash could carry a wider mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)  # the umask may have narrowed it; the mode is part of the contract
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
