@@ -57,3 +57,16 @@ class QuantizationError(EdgekitError):
 
 class SensorError(EdgekitError):
     """A power or latency sensor could not be read."""
+
+
+class VerificationError(BundleError):
+    """A signed artifact (bundle, archive, plugin package, key file) was refused.
+
+    ``file`` names the offending file (or archive member) and ``reason`` says why,
+    so callers can report both separately (tables, JSON).
+    """
+
+    def __init__(self, file: str, reason: str, *, hint: str | None = None):
+        self.file = file
+        self.reason = reason
+        super().__init__(f"{file}: {reason}", hint=hint)
