@@ -1,0 +1,75 @@
+"""The assembled plan: decode splits, JSON round trip, CLI refusal in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edgekit.errors import PlanError
+from edgekit.model.presets import preset_config
+from edgekit.plan.planner import Plan, decode_splits, make_plan
+from edgekit.plan.targets import load_target
+
+
+def test_decode_splits_fill_the_sms():
+    orin, h200 = load_target("orin"), load_target("h200")
+    # 16 SMs x 2 waves / (1 x 3 KV heads) = 10.7 -> 11 programs per head
+    assert decode_splits(orin, batch=1, n_kv_heads=3, context=2048, block_n=64) == 11
+    # bounded by one split per BLOCK_N keys
+    assert decode_splits(h200, batch=1, n_kv_heads=2, context=1024, block_n=64) == 16
+    # a big batch already fills the GPU: no split
+    assert decode_splits(orin, batch=16, n_kv_heads=8, context=2048, block_n=64) == 1
+    for b in (1, 2, 4):
+        s = decode_splits(orin, batch=b, n_kv_heads=3, context=32768, block_n=64)
+        assert b * 3 * s >= orin.gpu.sms  # at least one program per SM
+
+
+def test_plan_round_trips_through_json(tmp_path):
+    cfg = preset_config("smollm2-360m")
+    trace = tmp_path / "t.jsonl"
+    rng = np.random.default_rng(1)
+    trace.write_text("".join(json.dumps({"prompt_tokens": int(p), "completion_tokens": 64}) + "\n" for p in rng.integers(5, 900, 200)))
+    p = make_plan(cfg, load_target("orin-nx-16gb"), context=4096, batch=2, precision="int8", trace=trace, max_buckets=4, solve_tiles=False)
+    d = json.loads(json.dumps(p.to_dict()))
+    q = Plan.from_dict(d)
+    assert q.to_dict() == d
+    assert len(d["shapes"]["buckets"]) <= 4 and d["buckets"]["trace"]["coverage"] == 1.0
+    assert d["precision"]["label"] == "w8a16"
+    assert all(r["label"].startswith("predicted") for r in d["roofline"])
+    assert q.static_shapes.max_seq_len == 4096
+
+
+def test_from_dict_refuses_unknown_format():
+    with pytest.raises(PlanError, match="format"):
+        Plan.from_dict({"format": "edgekit-plan", "format_version": 99})
+
+
+def test_context_over_model_positions_is_refused():
+    with pytest.raises(PlanError, match="trained for"):
+        make_plan(preset_config("smollm2-135m"), load_target("orin"), context=16384, solve_tiles=False)
+
+
+def test_cli_refuses_a_misfit_in_one_line():
+    r = subprocess.run(
+        [sys.executable, "-m", "edgekit", "plan", "preset:qwen2.5-1.5b", "--target", "orin-nano-4gb",
+         "--context", "32768", "--batch", "8"],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "does not fit orin-nano-4gb" in lines[0] and "over" in lines[0] and "--precision int8" in lines[0]
+
+
+def test_cli_json_without_tiles():
+    r = subprocess.run(
+        [sys.executable, "-m", "edgekit", "plan", "preset:qwen2.5-1.5b", "--target", "agx-orin-64gb", "--no-tiles", "--json"],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["memory"]["fits"] and d["target"]["name"] == "agx-orin-64gb"
