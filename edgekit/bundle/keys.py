@@ -145,7 +145,7 @@ def generate_keypair(directory: str | os.PathLike, *, force: bool = False) -> tu
             if p.exists():
                 raise BundleError(
                     f"{p} already exists; refusing to overwrite a key",
-                    hint="pass --force to replace it (bundles signed with the old key will no longer verify with the new one)",
+                    hint="pass --force to replace it; bundles signed with the old key will then not verify with the new one",
                 )
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
