@@ -36,9 +36,12 @@ def activation_bytes(cfg: ModelConfig, batch: int, max_bucket: int) -> int:
     return bt * per_token * FP16 + batch * cfg.vocab_size * FP32
 
 
-def workspace_bytes(cfg: ModelConfig, batch: int, context: int, decode_splits: int) -> int:
-    """Decode split-K partials (per split: an fp32 output row plus its running max and sum) and the fp32 RoPE tables."""
-    partials = batch * cfg.n_heads * decode_splits * (cfg.head_dim + 2) * FP32
+def workspace_bytes(cfg: ModelConfig, batch: int, context: int, decode_slots: int) -> int:
+    """Decode split-K partials and the fp32 RoPE tables.
+
+    The decode kernel allocates (B, Hq, MAX_SPLITS) slots of an fp32 output row
+    plus its log-sum-exp, whatever number of splits a call uses."""
+    partials = batch * cfg.n_heads * decode_slots * (cfg.head_dim + 1) * FP32
     rope = 2 * context * (cfg.head_dim // 2) * FP32
     return partials + rope
 
@@ -113,7 +116,7 @@ class MemoryPlan:
 
 
 def plan_memory(
-    cfg: ModelConfig, target: Target, precision: PrecisionPlan, *, context: int, batch: int, max_bucket: int, decode_splits: int
+    cfg: ModelConfig, target: Target, precision: PrecisionPlan, *, context: int, batch: int, max_bucket: int, decode_slots: int
 ) -> MemoryPlan:
     return MemoryPlan(
         target_name=target.name,
@@ -121,7 +124,7 @@ def plan_memory(
         weights=sum(precision.weight_bytes(cfg).values()),
         kv_cache=cfg.kv_cache_bytes(context, batch, precision.kv_bytes_per_element),
         activations=activation_bytes(cfg, batch, min(max_bucket, context)),
-        workspace=workspace_bytes(cfg, batch, context, decode_splits),
+        workspace=workspace_bytes(cfg, batch, context, decode_slots),
         runtime_reserve=int(target.memory.runtime_reserve_gib * GIB),
         os_headroom=int(target.memory.os_headroom_gib * GIB),
         context=context,
@@ -154,20 +157,19 @@ def _shorter_contexts(context: int) -> list[int]:
 
 def fit_options(
     cfg: ModelConfig, target: Target, *, scheme: str, kv_precision: str, context: int, batch: int, max_bucket: int,
-    splits_for: callable,
+    decode_slots: int,
 ) -> list[FitOption]:
     """The smallest changes that make the plan fit, each checked with the same memory model.
 
     Tried in order of how little they give up: INT8 weights, an INT8 KV cache,
     a smaller batch, a shorter context; then INT8 combined with a smaller batch
-    or a shorter context. ``splits_for(batch, context)`` gives the decode splits
-    (they size the workspace).
+    or a shorter context. ``decode_slots`` sizes the decode workspace.
     """
 
     def required(s: str, kv: str, ctx: int, b: int) -> int:
         pp = PrecisionPlan.uniform(cfg, s, kv)
         return plan_memory(cfg, target, pp, context=ctx, batch=b, max_bucket=min(max_bucket, ctx),
-                           decode_splits=splits_for(b, ctx)).model_bytes
+                           decode_slots=decode_slots).model_bytes
 
     available = target.memory_bytes - int(target.memory.runtime_reserve_gib * GIB) - int(target.memory.os_headroom_gib * GIB)
     options: list[FitOption] = []

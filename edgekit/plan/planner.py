@@ -33,17 +33,28 @@ from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
 PLAN_FORMAT = "edgekit-plan"
 PLAN_FORMAT_VERSION = 1
 
-# Decode attention runs one program per (sequence, KV head, split). Two programs
-# per SM give the scheduler a second block to run while the first waits on
-# memory; more only adds reduction work.
-DECODE_WAVES = 2
-DEFAULT_DECODE_BLOCK_N = 64  # used until the solver has chosen the decode tile
+# Decode attention runs one program per (split, sequence, KV head). The kernels'
+# launch rule (kernels/attention_triton.py) asks for DECODE_PROGRAMS_PER_SM
+# programs per SM, so a second and third block can run while the first waits
+# on memory; the plan uses the same rule, so the split it records is the split
+# the device computes for itself (sm_count = the target's SMs).
+try:
+    from edgekit.kernels.attention_triton import DECODE_PROGRAMS_PER_SM
+except Exception:  # a host without triton can still read and check plans
+    DECODE_PROGRAMS_PER_SM = 4
+DEFAULT_DECODE_BLOCK_N = 32  # the smallest decode BLOCK_N: the most splits, before the solver has chosen
+DEFAULT_DECODE_MAX_SPLITS = 128  # the largest workspace any decode variant allocates
 
 
-def decode_splits(target: Target, batch: int, n_kv_heads: int, context: int, block_n: int, waves: int = DECODE_WAVES) -> int:
-    """KV splits so a decode step fills the SMs: ceil(SMs x waves / (batch x KV heads)), at most one split per BLOCK_N keys."""
-    want = math.ceil(target.gpu.sms * waves / (batch * n_kv_heads))
-    return max(1, min(want, math.ceil(context / block_n)))
+def decode_splits(
+    target: Target, batch: int, n_kv_heads: int, context: int, block_n: int, max_splits: int | None = None,
+    programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
+) -> int:
+    """KV splits so a decode step fills the SMs: ceil(SMs x programs per SM / (batch x KV heads)),
+    at most one split per BLOCK_N keys of the cache and at most the kernel's MAX_SPLITS."""
+    want = math.ceil(target.gpu.sms * programs_per_sm / (batch * n_kv_heads))
+    bound = math.ceil(context / block_n)
+    return max(1, min(want, bound, max_splits or want))
 
 
 @dataclass
@@ -177,31 +188,32 @@ def make_plan(
     chosen, bucket_info = _choose_shapes(cfg, context, batch, trace, buckets, max_buckets)
     shapes = StaticShapes(chosen, context, batch)  # validates the combination
 
-    # Memory first (no compile needed): the workspace is sized with the most splits any decode tile could ask for.
-    def splits_for(b: int, ctx: int, block_n: int = DEFAULT_DECODE_BLOCK_N) -> int:
-        return decode_splits(target, b, cfg.n_kv_heads, ctx, block_n)
+    # Memory first (no compile needed): the workspace is sized for the largest decode variant.
+    def memory(b: int, ctx: int, pp_: PrecisionPlan, max_splits: int) -> MemoryPlan:
+        return plan_memory(cfg, target, pp_, context=ctx, batch=b, max_bucket=min(chosen[-1], ctx), decode_slots=max_splits)
 
-    mem = plan_memory(cfg, target, pp, context=context, batch=batch, max_bucket=chosen[-1], decode_splits=splits_for(batch, context))
+    mem = memory(batch, context, pp, DEFAULT_DECODE_MAX_SPLITS)
     if not mem.fits:
         opts = fit_options(cfg, target, scheme=scheme, kv_precision=kv_precision, context=context, batch=batch,
-                           max_bucket=chosen[-1], splits_for=splits_for)
+                           max_bucket=chosen[-1], decode_slots=DEFAULT_DECODE_MAX_SPLITS)
         raise misfit_error(cfg, target, mem, opts)
 
     tiles: list[dict] = []
-    block_n = DEFAULT_DECODE_BLOCK_N
+    block_n, max_splits = DEFAULT_DECODE_BLOCK_N, DEFAULT_DECODE_MAX_SPLITS
     notes: list[str] = []
     if solve_tiles:
         from edgekit.plan.tiles import solve_all
 
-        choices = solve_all(cfg, target, pp, dtype="fp16", progress=progress)
+        choices = solve_all(cfg, target, pp, batch=batch, buckets=chosen, dtype="fp16", progress=progress)
         tiles = [c.to_dict() for c in choices]
         for c in choices:
-            if c.op == "attention_decode" and "BLOCK_N" in c.constexprs:
+            if c.kernel == "attention_decode_split":
                 block_n = int(c.constexprs["BLOCK_N"])
+                max_splits = int(c.constexprs.get("MAX_SPLITS", max_splits))
     else:
         notes.append("tiles not solved (--no-tiles): no shared-memory figure in this plan")
-    splits = splits_for(batch, context, block_n)
-    mem = plan_memory(cfg, target, pp, context=context, batch=batch, max_bucket=chosen[-1], decode_splits=splits)
+    splits = decode_splits(target, batch, cfg.n_kv_heads, context, block_n, max_splits)
+    mem = memory(batch, context, pp, max_splits)
 
     roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1], decode_splits=splits)
     return Plan(
@@ -214,10 +226,12 @@ def make_plan(
         decode={
             "splits": splits,
             "block_n": block_n,
-            "rule": f"ceil(SMs {target.gpu.sms} x waves {DECODE_WAVES} / (batch {batch} x KV heads {cfg.n_kv_heads})), "
-                    f"at most ceil(context {context} / BLOCK_N {block_n})",
-            "grid": f"(batch, KV heads, splits) = ({batch}, {cfg.n_kv_heads}, {splits}) programs "
-                    f"for {target.gpu.sms} SMs",
+            "max_splits": max_splits,
+            "programs_per_sm": DECODE_PROGRAMS_PER_SM,
+            "rule": f"min(ceil(SMs {target.gpu.sms} x {DECODE_PROGRAMS_PER_SM} / (batch {batch} x KV heads {cfg.n_kv_heads})), "
+                    f"ceil(context {context} / BLOCK_N {block_n}), MAX_SPLITS {max_splits})",
+            "grid": f"(splits, batch x KV heads) = ({splits}, {batch * cfg.n_kv_heads}): "
+                    f"{splits * batch * cfg.n_kv_heads} programs for {target.gpu.sms} SMs",
         },
         memory=mem,
         tiles=tiles,

@@ -46,7 +46,7 @@ def test_memory_map_adds_up(target):
     cfg = preset_config("smollm2-360m")
     t = load_target(target)
     pp = PrecisionPlan.uniform(cfg, "w8a16", "int8")
-    m = plan_memory(cfg, t, pp, context=4096, batch=2, max_bucket=1024, decode_splits=8)
+    m = plan_memory(cfg, t, pp, context=4096, batch=2, max_bucket=1024, decode_slots=64)
     assert sum(v for _, v in m.items()) + m.free_bytes == t.memory_bytes
     assert m.kv_cache == cfg.kv_cache_bytes(4096, 2, 1.0)
     assert m.weights == sum(pp.weight_bytes(cfg).values())

@@ -17,15 +17,18 @@ from edgekit.plan.targets import load_target
 
 def test_decode_splits_fill_the_sms():
     orin, h200 = load_target("orin"), load_target("h200")
-    # 16 SMs x 2 waves / (1 x 3 KV heads) = 10.7 -> 11 programs per head
-    assert decode_splits(orin, batch=1, n_kv_heads=3, context=2048, block_n=64) == 11
+    # 16 SMs x 4 programs / (1 x 3 KV heads) = 21.3 -> 22 splits
+    assert decode_splits(orin, batch=1, n_kv_heads=3, context=2048, block_n=64, programs_per_sm=4) == 22
+    # at most MAX_SPLITS
+    assert decode_splits(orin, batch=1, n_kv_heads=3, context=2048, block_n=64, max_splits=16, programs_per_sm=4) == 16
     # bounded by one split per BLOCK_N keys
-    assert decode_splits(h200, batch=1, n_kv_heads=2, context=1024, block_n=64) == 16
+    assert decode_splits(h200, batch=1, n_kv_heads=2, context=1024, block_n=64, programs_per_sm=4) == 16
     # a big batch already fills the GPU: no split
-    assert decode_splits(orin, batch=16, n_kv_heads=8, context=2048, block_n=64) == 1
+    assert decode_splits(orin, batch=16, n_kv_heads=8, context=2048, block_n=64, programs_per_sm=4) == 1
     for b in (1, 2, 4):
-        s = decode_splits(orin, batch=b, n_kv_heads=3, context=32768, block_n=64)
+        s = decode_splits(orin, batch=b, n_kv_heads=3, context=32768, block_n=64, programs_per_sm=4)
         assert b * 3 * s >= orin.gpu.sms  # at least one program per SM
+        assert b * 3 * (s - 1) < orin.gpu.sms * 4  # and not a split more than the rule asks for
 
 
 def test_plan_round_trips_through_json(tmp_path):
