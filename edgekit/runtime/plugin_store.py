@@ -454,7 +454,7 @@ class PluginStore:
         except SwapRefused:
             raise
         except EdgekitError as e:
-            raise SwapRefused(_reason_for(e), str(e)) from e
+            raise SwapRefused(_reason_for(e), e.message, hint=e.hint) from e
         except Exception as e:  # untrusted bytes: any failure to parse them is a refusal, never an install
             raise SwapRefused("corrupted", f"the verifier could not read the package ({type(e).__name__}: {e})") from e
 
