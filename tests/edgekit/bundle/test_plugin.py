@@ -1,0 +1,282 @@
+"""Plugin metadata schema (ranges, consistency) and signed plugin packages (pack / verify)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import tarfile
+
+import pytest
+from bundle_builders import ARCH, fake_cubin, fake_ptx, rmsnorm_golden, rmsnorm_metadata, rmsnorm_plugin_files
+
+from edgekit.bundle.archive import tar_bytes
+from edgekit.bundle.canonical import canonical_json
+from edgekit.bundle.keys import development_key, trust
+from edgekit.bundle.plugin import (
+    PluginMetadata,
+    check_operator_compat,
+    pack_plugin,
+    parse_plugin_metadata,
+    verify_plugin_package,
+)
+from edgekit.errors import VerificationError
+
+
+def _meta(**over) -> PluginMetadata:
+    d = rmsnorm_metadata()
+    d.update(over)
+    return PluginMetadata.model_validate(d)
+
+
+def _parse(doc: dict) -> PluginMetadata:
+    return parse_plugin_metadata(canonical_json(doc))
+
+
+def test_metadata_round_trip():
+    m = _meta()
+    assert parse_plugin_metadata(m.to_bytes()) == m
+    assert m.target_arch == "sm_87"
+    assert m.file_names() == ["golden.safetensors", "kernel.cubin", "kernel.ptx", "plugin.json"]
+
+
+def _with_kernel(**k) -> dict:
+    d = rmsnorm_metadata()
+    d["kernels"][0].update(k)
+    return d
+
+
+@pytest.mark.parametrize(
+    "doc, field",
+    [
+        (_with_kernel(num_warps=3), "num_warps 3 is not one of"),
+        (_with_kernel(num_warps=32), "num_warps 32"),
+        (_with_kernel(shared_bytes=-1), "shared_bytes"),
+        (_with_kernel(shared_bytes=232449), "shared_bytes"),
+        (_with_kernel(shared_bytes=200_000), "exceeds sm_87's 166912"),  # fits H200, not Orin
+        (_with_kernel(num_stages=0), "num_stages"),
+        (_with_kernel(signature=["*fp16", "int"]), "not a Triton argument type"),
+        (_with_kernel(symbol="bad symbol"), "symbol"),
+        (_with_kernel(cubin="../kernel.cubin"), "cubin"),
+        (_with_kernel(cubin="kernel.ptx"), "cubin"),
+        ({**rmsnorm_metadata(), "hidden_args": 5}, "hidden_args"),
+        ({**rmsnorm_metadata(), "hidden_args": 1}, "does not match Triton 3.6"),
+        ({**rmsnorm_metadata(), "triton_version": "2.1.0", "hidden_args": 1}, "no known kernel ABI"),
+        ({**rmsnorm_metadata(), "triton_version": "three"}, "triton_version"),
+        ({**rmsnorm_metadata(), "arch": 75}, "sm_75 is not one of the known"),
+        ({**rmsnorm_metadata(), "op": "RMSNorm"}, "op"),
+        ({**rmsnorm_metadata(), "version": 0}, "version"),
+        ({**rmsnorm_metadata(), "abi_version": 0}, "abi_version"),
+        ({**rmsnorm_metadata(), "version": "1"}, "version"),  # strict: no "1" -> 1
+        ({**rmsnorm_metadata(), "format_version": 2}, "format_version 2 is not supported"),
+        ({**rmsnorm_metadata(), "kernels": []}, "kernels"),
+        ({**rmsnorm_metadata(), "surprise": True}, "surprise"),
+    ],
+)
+def test_attack_plugin_metadata_out_of_range_is_refused(doc, field):
+    with pytest.raises(VerificationError, match="schema") as e:
+        _parse(doc)
+    assert field in str(e.value)
+    assert e.value.file == "plugin.json"
+
+
+def _with_launch(mutate) -> dict:
+    d = rmsnorm_metadata()
+    d["launch"] = copy.deepcopy(d["launch"])
+    mutate(d["launch"])
+    return d
+
+
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda p: p["launches"][0]["args"].pop(), "takes 6 arguments, the rule passes 5"),
+        (lambda p: p["launches"][0].update(kernel="other"), "not in the plugin"),
+        (lambda p: p["launches"][0].update(grid=[1, 1]), "3 dimensions"),
+        (lambda p: p["launches"][0]["grid"].__setitem__(0, {"shape": ["nope", 0]}), "unknown tensor"),
+        (lambda p: p["launches"][0]["grid"].__setitem__(0, {"python": "__import__('os')"}), "unknown expression"),
+        (lambda p: p.update(op="swiglu"), "launch program is for op 'swiglu'"),
+    ],
+)
+def test_attack_malformed_launch_rule_is_refused(mutate, reason):
+    with pytest.raises(VerificationError, match="launch") as e:
+        _parse(_with_launch(mutate))
+    assert reason in str(e.value)
+
+
+def test_attack_duplicate_kernel_files_are_refused():
+    d = rmsnorm_metadata()
+    second = dict(d["kernels"][0], name="rmsnorm_fwd2")
+    d["kernels"].append(second)
+    with pytest.raises(VerificationError, match="appears twice"):
+        _parse(d)
+
+
+def test_operator_compat_refuses_unknown_op_and_abi():
+    check_operator_compat(_meta())
+    with pytest.raises(VerificationError, match="ABI 2"):
+        check_operator_compat(_meta(abi_version=2))
+
+
+# ---- packages -----------------------------------------------------------------
+
+
+@pytest.fixture()
+def package(signing_key) -> bytes:
+    return pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key)
+
+
+def _members(data: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        return {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+
+
+def test_package_round_trip(package, public_key, signing_key):
+    vp = verify_plugin_package(package, [public_key])
+    assert (vp.op, vp.version, vp.target_arch, vp.abi_version, vp.triton_abi) == ("rmsnorm", 2, "sm_87", 1, "3.6")
+    assert vp.key_id == signing_key.key_id and not vp.dev_key
+    assert set(vp.files) == {"plugin.json", "kernel.cubin", "kernel.ptx", "golden.safetensors"}
+    assert vp.files["kernel.cubin"] == fake_cubin()
+
+
+def test_package_is_deterministic(signing_key):
+    a = pack_plugin(_meta(), rmsnorm_plugin_files(), signing_key)
+    b = pack_plugin(_meta(), rmsnorm_plugin_files(), signing_key)
+    assert a == b
+
+
+@pytest.mark.parametrize("member", ["plugin.json", "kernel.cubin", "kernel.ptx", "golden.safetensors", "index.json"])
+def test_attack_tampered_byte_in_any_member_is_refused(package, public_key, member):
+    files = _members(package)
+    blob = bytearray(files[member])
+    blob[len(blob) // 2] ^= 0x01
+    files[member] = bytes(blob)
+    with pytest.raises(VerificationError) as e:
+        verify_plugin_package(tar_bytes(files), [public_key])
+    expected_file = "package.sig" if member == "index.json" else member
+    assert e.value.file.endswith(expected_file)
+    assert ("does not match" in e.value.reason) or ("sha256" in e.value.reason)
+
+
+def test_attack_package_signed_by_untrusted_key_is_refused(other_key, public_key):
+    data = pack_plugin(_meta(), rmsnorm_plugin_files(), other_key)
+    with pytest.raises(VerificationError, match="not trusted") as e:
+        verify_plugin_package(data, [public_key])
+    assert e.value.file.endswith("package.sig")
+
+
+def test_attack_dev_key_package_is_refused_unless_allowed(public_key):
+    data = pack_plugin(_meta(), rmsnorm_plugin_files(), development_key())
+    with pytest.raises(VerificationError, match="not trusted"):
+        verify_plugin_package(data, [public_key])
+    with pytest.raises(VerificationError, match="development key"):  # even if someone "trusts" it
+        verify_plugin_package(data, [public_key, development_key().public_key])
+    assert verify_plugin_package(data, [public_key], allow_dev_key=True).dev_key
+
+
+def test_attack_extra_member_is_refused(package, public_key):
+    files = _members(package)
+    files["payload.so"] = b"\x7fELF evil"
+    with pytest.raises(VerificationError, match="not listed in the signed index") as e:
+        verify_plugin_package(tar_bytes(files), [public_key])
+    assert e.value.file.endswith("payload.so")
+
+
+def test_attack_missing_member_is_refused(package, public_key):
+    files = _members(package)
+    del files["kernel.ptx"]
+    with pytest.raises(VerificationError, match="missing from the package") as e:
+        verify_plugin_package(tar_bytes(files), [public_key])
+    assert e.value.file.endswith("kernel.ptx")
+
+
+def test_attack_missing_signature_is_refused(package, public_key):
+    files = _members(package)
+    del files["package.sig"]
+    with pytest.raises(VerificationError, match="signed index"):
+        verify_plugin_package(tar_bytes(files), [public_key])
+
+
+def _raw_tar(add) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        add(tf)
+    return buf.getvalue()
+
+
+def _add(tf, name, data=b"x", **attrs):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    for k, v in attrs.items():
+        setattr(info, k, v)
+    tf.addfile(info, io.BytesIO(data) if info.isreg() else None)
+
+
+@pytest.mark.parametrize(
+    "add, reason",
+    [
+        (lambda tf: _add(tf, "../kernel.cubin"), "'..'"),
+        (lambda tf: _add(tf, "/etc/kernel.cubin"), "absolute"),
+        (lambda tf: _add(tf, "kernel.cubin", b"", type=tarfile.SYMTYPE, linkname="/etc/passwd"), "symbolic link"),
+        (lambda tf: _add(tf, "kernel.cubin", b"", type=tarfile.LNKTYPE, linkname="plugin.json"), "hard link"),
+        (lambda tf: _add(tf, "dev", b"", type=tarfile.CHRTYPE), "device"),
+        (lambda tf: (_add(tf, "plugin.json", b"a"), _add(tf, "plugin.json", b"b")), "duplicate"),
+        (lambda tf: _add(tf, "sub/kernel.cubin"), "plain file names"),
+    ],
+)
+def test_attack_unsafe_package_members_are_refused(add, reason, public_key):
+    with pytest.raises(VerificationError, match=reason):
+        verify_plugin_package(_raw_tar(add), [public_key])
+
+
+def test_attack_oversized_package_is_refused(package, public_key):
+    with pytest.raises(VerificationError, match="exceeds"):
+        verify_plugin_package(package, [public_key], max_bytes=len(package) - 1)
+
+
+def test_attack_garbage_is_refused(public_key):
+    with pytest.raises(VerificationError, match="not a readable tar"):
+        verify_plugin_package(b"\x00garbage" * 100, [public_key])
+
+
+def test_attack_index_and_metadata_disagree(signing_key, public_key):
+    """A validly signed package whose signed index says version 3 but plugin.json says 2."""
+    files = _members(pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key))
+    index = json.loads(files["index.json"])
+    index["version"] = 3
+    files["index.json"] = canonical_json(index)
+    files["package.sig"] = signing_key.sign(files["index.json"])
+    with pytest.raises(VerificationError, match="version 2 differs from the signed index's 3"):
+        verify_plugin_package(tar_bytes(files), [public_key])
+
+
+def test_ptx_for_another_arch_is_refused_at_pack_time(signing_key):
+    files = rmsnorm_plugin_files()
+    files["kernel.ptx"] = fake_ptx(arch=90)
+    with pytest.raises(VerificationError, match="PTX targets sm_90, plugin.json says sm_87"):
+        pack_plugin(_meta(), files, signing_key)
+
+
+def test_ptx_without_the_declared_entry_point_is_refused(signing_key):
+    files = rmsnorm_plugin_files()
+    files["kernel.ptx"] = fake_ptx(symbol="something_else")
+    with pytest.raises(VerificationError, match="no entry point 'rmsnorm_fwd_kernel'"):
+        pack_plugin(_meta(), files, signing_key)
+
+
+def test_golden_for_another_op_is_refused(signing_key):
+    from edgekit.bundle.golden import golden_to_bytes, make_case
+    import torch
+
+    case = make_case("swiglu", {"gate_up": torch.randn(2, 8)}, {}, name="c", seed=0)
+    files = {**rmsnorm_plugin_files(), "golden.safetensors": golden_to_bytes("swiglu", [case])}
+    with pytest.raises(VerificationError, match="golden vectors are for op 'swiglu'"):
+        pack_plugin(_meta(), files, signing_key)
+
+
+def test_verified_plugin_satisfies_the_runtime_admission_protocol(package, public_key):
+    policy = pytest.importorskip("edgekit.runtime.plugin_policy")
+    vp = verify_plugin_package(package, [public_key])
+    assert isinstance(vp, policy.VerifiedPluginLike)
+    dp = policy.DevicePolicy(device_arch=f"sm_{ARCH}", known_abi={"rmsnorm": 1}, triton_abis={"3.6"})
+    assert policy.admit(vp, dp, policy.OpState(active="1")) == "2"
