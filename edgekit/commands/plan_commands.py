@@ -199,9 +199,9 @@ def print_plan(d: dict) -> None:
     dec = d["decode"]
     console.print(f"decode attention: {dec['splits']} KV splits — {dec['rule']}; grid {dec['grid']}")
 
-    t = Table(title="Operators and precision (weights / activations / accumulate / output)")
+    t = Table(title="Operators and precision")
     for col in ("operator", "projection", "where", "weights", "activations", "accumulate", "output"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col in ("operator", "projection"))
     for o in d["operators"]:
         t.add_row(o["op"], o.get("projection", ""), o["where"], o["weights"], o["activations"], o["accumulate"], o["output"])
     console.print(t)
@@ -214,7 +214,7 @@ def print_plan(d: dict) -> None:
                  f"{_pct(tr['waste'])} vs uniform {uni['buckets']}: waste {_pct(uni['waste'])}")
     console.print(line)
 
-    t = Table(title=f"Memory map of {tg['name']} ({fmt_bytes(mem['total_bytes'])}, predicted from shapes)")
+    t = Table(title=f"Memory map: {fmt_bytes(mem['total_bytes'])} (from shapes)")
     t.add_column("item")
     t.add_column("bytes", justify="right")
     t.add_column("share", justify="right")
@@ -223,26 +223,25 @@ def print_plan(d: dict) -> None:
     t.add_row("[bold]free[/]", fmt_bytes(mem["free_bytes"]), _pct(mem["free_bytes"] / mem["total_bytes"]))
     console.print(t)
 
-    t = Table(title="Predictions per power mode — PREDICTED by the roofline model, not measured")
-    cols = ("mode", "W", "SMs@MHz", "GB/s", "decode tok/s (ctx {s})", "decode tok/s (ctx {f})", "ms/token", "mJ/token",
-            "roofline-only tok/s", "prefill tok/s ({p})", "prefill bound")
     r0 = d["roofline"][0]
-    for col in cols:
-        t.add_column(col.format(s=r0["decode_short"]["kv_len"], f=r0["decode_full"]["kv_len"], p=r0["prefill"]["bucket"]),
-                     justify="left" if col == "mode" else "right")
+    t = Table(title="PREDICTED per power mode (roofline model, not measured)")
+    for col in ("mode", "W", "SMs@MHz", "GB/s", f"decode tok/s ctx {r0['decode_short']['kv_len']}",
+                f"ctx {r0['decode_full']['kv_len']}", "bound only", "mJ/tok", f"prefill tok/s ({r0['prefill']['bucket']})"):
+        t.add_column(col, justify="left" if col == "mode" else "right", no_wrap=col == "mode")
     for r in d["roofline"]:
         ds, df, pf = r["decode_short"], r["decode_full"], r["prefill"]
         t.add_row(
             r["power_mode"] + (" *" if r["power_mode"] == d["power_mode"] else ""), f"{r['power_budget_w']:g}",
             f"{r['active_sms']}@{r['gpu_clock_mhz']:g}", f"{r['dram_bandwidth_gbps']:g}",
-            f"{ds['tokens_per_s']:.0f}", f"{df['tokens_per_s']:.0f}", f"{ds['time_per_token_ms']:.2f}",
-            f"{ds['energy_per_token_mj']:.1f}", f"{ds['roofline_tokens_per_s']:.0f}", f"{pf['tokens_per_s']:.0f}", pf["bound"],
+            f"{ds['tokens_per_s']:.0f}", f"{df['tokens_per_s']:.0f}", f"{ds['roofline_tokens_per_s']:.0f}",
+            f"{ds['energy_per_token_mj']:.1f}", f"{pf['tokens_per_s']:.0f} {pf['bound'][:3]}",
         )
     console.print(t)
     a = d["roofline_assumptions"]
     console.print(
         f"[dim]assumptions: {a['bandwidth_efficiency']:g} of peak bandwidth, {a['compute_efficiency']:g} of peak compute, "
-        f"{a['kernel_overhead_us']:g} µs per kernel; energy = {a['energy']}. * headline mode.[/]"
+        f"{a['kernel_overhead_us']:g} µs per kernel ('bound only' leaves it out); energy = {a['energy']}; "
+        f"prefill: mem/com = memory- or compute-bound. * headline mode.[/]"
     )
     for n in d.get("notes", []) + d["precision"].get("notes", []):
         console.print(f"[yellow]note:[/] {n}")
