@@ -22,11 +22,12 @@ from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 
 # Allowed max |logits difference| against the reference, by export dtype. FP32: both sides compute in FP32 but
-# sum in different orders (ORT's Gemm/Softmax vs torch's), which moves O(10) logits by ~1e-5 after 30 layers
-# (measured on the default model); the bound leaves room for other BLAS builds.
-# FP16: activations are rounded to FP16 between operators on both sides, and one rounding that differs flips
-# an FP16 ulp (~1e-2 at |x| ~ 10), which the following layers carry.
-LOGIT_TOLERANCE = {"float32": 1e-3, "float16": 1e-1}
+# sum in different orders (ORT's Gemm/Softmax vs torch's), which moved the default model's logits (up to 25) by
+# 3.9e-5 after 30 layers (measured on this CPU); the bound leaves room for other BLAS builds and prompts.
+# FP16: activations are rounded to FP16 between operators on both sides; a rounding that differs flips an FP16
+# ulp (0.016 at |x| in [16, 32)) and the following layers carry it. Measured on the default model (bucket 64,
+# logits up to 25): onnxruntime vs torch FP16 0.0625, torch FP16 vs torch FP32 0.055 -- the same rounding noise.
+LOGIT_TOLERANCE = {"float32": 1e-3, "float16": 0.25}
 
 
 @dataclass
