@@ -163,7 +163,12 @@ def export_onnx(
         _check(model, str(path))  # checked in memory before anything is written
     sha = _atomic_write(path, [_serialize(model)])
     if external:
-        _check(model, str(path), path)
+        try:  # the checker finds external weights only through the written file
+            _check(model, str(path), path)
+        except ExportError:
+            path.unlink(missing_ok=True)
+            data_path.unlink(missing_ok=True)
+            raise
 
     result = ExportResult(
         path=path, sha256=sha, size_bytes=path.stat().st_size + (data_path.stat().st_size if data_path else 0),
