@@ -1,0 +1,211 @@
+"""Ahead-of-time compile of a kernel variant for a GPU arch, on a machine without a GPU.
+
+``compile_variant(v, 87)`` cross-compiles with ``triton.compile(...,
+target=GPUTarget("cuda", 87, 32))`` and returns the cubin, the PTX and the
+metadata a plugin carries: entry symbol, the real dynamic shared-memory bytes
+(checked against a budget), warps, stages, Triton version and its hidden-
+argument count, scratch size, registers and spills (from the bundled ptxas),
+the ordered signature, the precision and the kernel's launch rule.
+
+Compiles are cached in-process by (variant, arch, Triton version, PTX version),
+so a planner can call this for every candidate and the build again for the
+chosen ones without paying twice (~1 s a variant on the CPU).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgekit.errors import OperatorError, PlanError
+from edgekit.kernels.abi import hidden_args_for
+from edgekit.kernels.kernel_def import KernelDef
+from edgekit.kernels.variants import KernelVariant, default_variants, op_program, precision_of, validate_variant
+
+SUPPORTED_ARCHS = (80, 86, 87, 89, 90)
+
+
+class SharedMemoryBudgetError(PlanError):
+    """A compiled variant needs more shared memory than the target allows."""
+
+
+class KernelCompileError(OperatorError):
+    """Triton could not compile a variant."""
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    name: str  # entry symbol in the cubin/PTX
+    shared_bytes: int  # dynamic shared memory per block, from Triton's metadata
+    num_warps: int
+    num_stages: int
+    cubin: bytes
+    ptx: str
+    arch: int
+    triton_version: str
+    hidden_args: int  # hidden pointer parameters after the user arguments
+    global_scratch_size: int  # bytes per program; 0 means pass NULL
+    registers: int | None  # per thread, from ptxas -v
+    spills: dict | None  # {"stores": bytes, "loads": bytes} from ptxas -v
+    signature: list[tuple[str, str]]  # ordered runtime parameters (name, Triton type)
+    precision: dict[str, str]  # {"input", "accumulate", "output"}
+    launch_rule: dict  # {"grid": [expr x3], "args": [expr ...]} (kernels/launch_rule.py)
+    variant: KernelVariant
+    ptx_version: int | None = None
+    global_scratch_align: int = 1
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def block_threads(self) -> int:
+        return self.num_warps * 32
+
+    def metadata(self) -> dict[str, Any]:
+        """JSON-ready metadata (no code): what a plugin manifest records beside the binaries."""
+        return {
+            "name": self.name, "shared_bytes": self.shared_bytes, "num_warps": self.num_warps,
+            "num_stages": self.num_stages, "arch": self.arch, "triton_version": self.triton_version,
+            "hidden_args": self.hidden_args, "global_scratch_size": self.global_scratch_size,
+            "global_scratch_align": self.global_scratch_align, "registers": self.registers, "spills": self.spills,
+            "signature": [list(p) for p in self.signature], "precision": dict(self.precision),
+            "launch_rule": self.launch_rule, "variant": self.variant.to_dict(), "ptx_version": self.ptx_version,
+        }
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Metadata plus the binaries (cubin base64, PTX text)."""
+        return {**self.metadata(), "cubin_b64": base64.b64encode(self.cubin).decode("ascii"), "ptx": self.ptx}
+
+
+_CACHE: dict[tuple, CompiledKernel] = {}
+_LOCK = threading.Lock()
+
+
+def _triton():
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:  # pragma: no cover - triton is a dependency on Linux
+        raise KernelCompileError("Triton is not installed; the ahead-of-time compile needs it",
+                                 hint="pip install triton (Linux)") from e
+    return triton, GPUTarget, ASTSource
+
+
+def _source(k: KernelDef, v: KernelVariant, ASTSource):
+    names = list(k.fn.arg_names)
+    params = [p.name for p in k.params]
+    if names[: len(params)] != params or set(names[len(params):]) != set(k.constexpr_names):
+        raise KernelCompileError(f"{k.kernel}: the kernel definition's parameters {params} + {k.constexpr_names} do not "
+                                 f"match the Triton function's {names} (an edgekit bug)")
+    signature = {p.name: p.resolved_type(v.dtype) for p in k.params}
+    signature.update({c: "constexpr" for c in k.constexpr_names})
+    attrs = {}
+    for i, p in enumerate(k.params):
+        if p.type.startswith("*") or p.div16:
+            attrs[(i,)] = [["tt.divisibility", 16]]  # 16-byte aligned pointers, multiple-of-16 integers
+    return ASTSource(k.fn, signature, constexprs=dict(v.constexprs), attrs=attrs)
+
+
+def _companions(v: KernelVariant) -> dict[str, KernelVariant]:
+    """Variants for the op's other kernels, so this kernel's launch rule can be cut from a whole program."""
+    shape = {"head_dim": v.constexprs.get("HEAD_DIM"), "rows": v.constexprs.get("BLOCK_M", 1)}
+    out = {}
+    for name, d in default_variants(v.op, dtype=v.dtype, **shape).items():
+        shared = {k: v.constexprs[k] for k in d.constexprs if k in v.constexprs and k in ("HEAD_DIM", "MAX_SPLITS")}
+        out[name] = KernelVariant(d.op, d.kernel, {**d.constexprs, **shared}, d.num_warps, d.num_stages, d.dtype)
+    out[v.kernel] = v
+    return out
+
+
+def launch_rule_of(v: KernelVariant) -> dict:
+    """This kernel's launch entry (grid and ordered argument expressions) as it appears in its op's program."""
+    program = op_program(v.op, _companions(v), aot=True)
+    for ln in program["launches"]:
+        if ln["kernel"] == v.kernel:
+            return {"grid": ln["grid"], "args": ln["args"]}
+    raise KernelCompileError(f"{v.kernel}: not launched by the {v.op} program (an edgekit bug)")  # pragma: no cover
+
+
+_REG_RE = re.compile(r"Used (\d+) registers")
+_SPILL_RE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
+    """Registers and spill bytes reported by the ptxas bundled with Triton (None where it is unavailable)."""
+    try:
+        import triton.backends.nvidia as nv
+    except ImportError:  # pragma: no cover
+        return None, None
+    ptxas = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
+    m = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.M)
+    if not os.path.exists(ptxas) or m is None:
+        return None, None
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        try:
+            r = subprocess.run([ptxas, "-v", "--gpu-name", m.group(1), src, "-o", os.path.join(d, "k.cubin")],
+                               capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return None, None
+    text = r.stdout + r.stderr
+    regs, spill = _REG_RE.search(text), _SPILL_RE.search(text)
+    return (int(regs.group(1)) if regs else None,
+            {"stores": int(spill.group(1)), "loads": int(spill.group(2))} if spill else None)
+
+
+def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = None, ptx_version: int | None = None,
+                    with_ptxas_stats: bool = True) -> CompiledKernel:
+    """Cross-compile one variant for ``sm_<arch>``; raise SharedMemoryBudgetError above ``budget_bytes``."""
+    if arch not in SUPPORTED_ARCHS:
+        raise KernelCompileError(f"arch sm_{arch} is not supported; expected one of {SUPPORTED_ARCHS}")
+    triton, GPUTarget, ASTSource = _triton()
+    key = (v, arch, triton.__version__, ptx_version, with_ptxas_stats)
+    with _LOCK:
+        ck = _CACHE.get(key)
+    if ck is None:
+        ck = _compile(v, arch, ptx_version, with_ptxas_stats, triton, GPUTarget, ASTSource)
+        with _LOCK:
+            _CACHE[key] = ck
+    if budget_bytes is not None and ck.shared_bytes > budget_bytes:
+        raise SharedMemoryBudgetError(
+            f"{v.label()} needs {ck.shared_bytes} bytes of shared memory on sm_{arch}; the budget is {budget_bytes}",
+            hint="choose smaller tiles or fewer pipeline stages (kernels.variants.tile_space lists them)")
+    return ck
+
+
+def _compile(v, arch, ptx_version, with_stats, triton, GPUTarget, ASTSource) -> CompiledKernel:
+    k = validate_variant(v)
+    options: dict[str, Any] = {"num_warps": v.num_warps, "num_stages": v.num_stages}
+    if ptx_version is not None:
+        options["ptx_version"] = ptx_version
+    try:
+        compiled = triton.compile(_source(k, v, ASTSource), target=GPUTarget("cuda", arch, 32), options=options)
+    except KernelCompileError:
+        raise
+    except Exception as e:  # Triton raises many types (CompilationError, RuntimeError, ...)
+        raise KernelCompileError(f"Triton failed to compile {v.label()} for sm_{arch}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    md = compiled.metadata
+    ptx = compiled.asm["ptx"]
+    regs, spills = _ptxas_stats(ptx) if with_stats else (None, None)
+    version = getattr(md, "triton_version", None) or triton.__version__
+    return CompiledKernel(
+        name=md.name, shared_bytes=int(md.shared), num_warps=int(md.num_warps), num_stages=int(md.num_stages),
+        cubin=bytes(compiled.asm["cubin"]), ptx=ptx, arch=arch, triton_version=str(version),
+        hidden_args=hidden_args_for(str(version)), global_scratch_size=int(getattr(md, "global_scratch_size", 0) or 0),
+        registers=regs, spills=spills, signature=k.signature(v.dtype), precision=precision_of(v),
+        launch_rule=launch_rule_of(v), variant=v, ptx_version=getattr(md, "ptx_version", None),
+        global_scratch_align=int(getattr(md, "global_scratch_align", 1) or 1),
+    )
+
+
+def clear_cache() -> None:
+    with _LOCK:
+        _CACHE.clear()

@@ -1,0 +1,378 @@
+"""Grouped-query attention as Triton kernels: flash-style prefill and split-KV (flash-decoding) decode.
+
+References and the masking rule: ``kernels/attention.py`` (key j is visible to
+query i of sequence b when j <= i (prefill) and j < seq_lens[b]).
+
+Prefill (``_attn_prefill_kernel``): one program per (BLOCK_M query rows, batch,
+query head). Scores and the online softmax are FP32 (exp2 with the scale
+folded into log2 units); P is rounded to the activation dtype for the P @ V
+tensor-core product, which accumulates in FP32. Key blocks wholly visible to
+every row of the tile run without masks; only the diagonal block and the block
+holding seq_lens[b] pay for masking, and blocks past seq_lens[b] are skipped.
+
+Decode: the static cache (B, Hkv, S, D) is split along S. ``_attn_decode_split_kernel``
+runs one program per (split, batch, KV head) and serves all G query heads of
+that KV head from one read of K and V (the G rows are padded to BLOCK_G >= 16
+for the tensor cores); the split length is computed on the device from
+seq_lens[b], so a CUDA graph captured once stays balanced as the sequence
+grows. ``_attn_decode_reduce_kernel`` merges the splits with their
+log-sum-exps. NUM_SPLITS comes from the launch rule: enough programs to fill
+the device's SMs at batch 1.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
+from edgekit.kernels.attention import default_scale
+from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
+from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
+
+LOG2E = 1.4426950408889634
+DECODE_PROGRAMS_PER_SM = 4  # split-KV target occupancy at batch 1
+
+
+@triton.jit
+def _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_n, offs_d, seq_len,
+                   qk_scale, lo, hi, MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n  # (BLOCK_N,)
+        if MASKED:
+            kv_mask = (cols < seq_len)[:, None]
+            k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)  # (BN, D)
+        else:
+            k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :])
+        qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BM, BN), log2 units
+        if MASKED:
+            allowed = (cols[None, :] <= offs_m[:, None]) & (cols[None, :] < seq_len)
+            qk = tl.where(allowed, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        else:
+            v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_prefill_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, seq_lens_ptr, sm_scale,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+    H, T, GROUP,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # Longest tiles (latest query rows) first: causal work grows with the row index.
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // GROUP
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), T)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                mask=(offs_m < T)[:, None], other=0.0)  # (BM, D)
+    k_base = k_ptr + b * stride_kb + hk * stride_kh
+    v_base = v_ptr + b * stride_vb + hk * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    hi = tl.minimum((start_m + 1) * BLOCK_M, seq_len)
+    lo_masked = tl.minimum(start_m * BLOCK_M, seq_len) // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+                                   seq_len, qk_scale, 0, lo_masked, False, BLOCK_N)
+    acc, l_i, m_i = _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+                                   seq_len, qk_scale, lo_masked, hi, True, BLOCK_N)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
+
+
+@triton.jit
+def _attn_decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    Hkv, GROUP, S, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MAX_SPLITS: tl.constexpr,
+):
+    split = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // Hkv).to(tl.int64)
+    hk = (bh % Hkv).to(tl.int64)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), S)  # never read past the cache
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # balanced per sequence, on the device
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = hk * GROUP + offs_g  # (BG,) query heads served by this KV head
+    g_mask = offs_g < GROUP
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+    k_base = k_ptr + b * stride_kb + hk * stride_kh
+    v_base = v_ptr + b * stride_vb + hk * stride_vh
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        kv_mask = (cols < end)[:, None]
+        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)  # (BN, D)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BG, BN)
+        qk = tl.where((cols < end)[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    has_keys = l_i > 0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    lse = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))  # log2 units; -inf marks an empty split
+    row = (b * Hkv * GROUP + heads) * MAX_SPLITS + split  # workspace (B, Hq, MAX_SPLITS, ...)
+    tl.store(o_part_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None], mask=g_mask[:, None])
+    tl.store(lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit
+def _attn_decode_reduce_kernel(
+    o_part_ptr, lse_ptr, o_ptr, stride_ob, stride_oh, Hq, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr,
+):
+    bh = tl.program_id(0).to(tl.int64)
+    b = bh // Hq
+    h = bh % Hq
+    offs_s = tl.arange(0, MAX_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < NUM_SPLITS
+    lse = tl.load(lse_ptr + bh * MAX_SPLITS + offs_s, mask=s_mask, other=float("-inf"))  # (MAX_SPLITS,)
+    w = tl.exp2(lse - tl.max(lse, 0))  # empty splits weigh 0
+    o = tl.load(o_part_ptr + (bh * MAX_SPLITS + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=s_mask[:, None], other=0.0)  # (MAX_SPLITS, D)
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
+
+
+# --------------------------------------------------------------------------- definitions
+def _head_dim(s: dict) -> int:
+    return int(s["head_dim"])
+
+
+def _prefill_space(s: dict) -> list:
+    d = _head_dim(s)
+    return [
+        ({"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, w, st)
+        for bm in (32, 64, 128) for bn in (32, 64, 128) for w in (4, 8) for st in (1, 2, 3, 4)
+        if not (bm == 32 and w == 8) and not (bm * d >= 128 * 128 and w == 4 and bn >= 128)
+    ]
+
+
+def _prefill_default(s: dict):
+    d = _head_dim(s)
+    if d <= 64:  # 4 warps at BLOCK_M=128 spill on sm_87 (255 registers)
+        return {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3
+    return {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3
+
+
+def _prefill_smem(c, warps, stages, nbytes):
+    # K and V tiles per pipeline stage (K, V, one in flight beyond the one in use), plus Q for the first dot
+    d = c["HEAD_DIM"]
+    kv = 2 * c["BLOCK_N"] * d * nbytes
+    return max(1, stages - 1) * kv + c["BLOCK_M"] * d * nbytes
+
+
+def _block_g(s: dict) -> int:
+    return pow2_at_least(int(s.get("n_heads", 1)) // max(1, int(s.get("n_kv_heads", 1))), 16)
+
+
+def _decode_space(s: dict) -> list:
+    d = _head_dim(s)
+    return [
+        ({"HEAD_DIM": d, "BLOCK_N": bn, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}, w, st)
+        for bn in (32, 64, 128, 256) for ms in (16, 32, 64, 128) for w in (2, 4, 8) for st in (1, 2, 3, 4)
+        if bn * d <= 256 * 64 * (w // 2 if w > 2 else 1) * 2
+    ]
+
+
+def _decode_default(s: dict):
+    d = _head_dim(s)
+    return {"HEAD_DIM": d, "BLOCK_N": 64 if d >= 128 else 128, "BLOCK_G": _block_g(s), "MAX_SPLITS": 64}, 4, 3
+
+
+def _decode_smem(c, warps, stages, nbytes):
+    d = c["HEAD_DIM"]
+    return max(1, stages - 1) * 2 * c["BLOCK_N"] * d * nbytes + c["BLOCK_G"] * d * nbytes + 4096
+
+
+ATTN_PREFILL_FWD = KernelDef(
+    op="attention_prefill",
+    kernel="attention_prefill_fwd",
+    fn=_attn_prefill_kernel,
+    params=(
+        Param("q_ptr", "*act", ptr("q")), Param("k_ptr", "*act", ptr("k")), Param("v_ptr", "*act", ptr("v")),
+        Param("o_ptr", "*act", ptr("o")), Param("seq_lens_ptr", "*i32", ptr("seq_lens")),
+        Param("sm_scale", "fp32", attr("scale")),
+        *(Param(f"stride_{t}{a}", "i32", stride(t, i), div16=True) for t in "qkvo" for i, a in enumerate("bht")),
+        Param("H", "i32", shape("q", 1)), Param("T", "i32", shape("q", 2)),
+        Param("GROUP", "i32", {"floordiv": [shape("q", 1), shape("k", 1)]}),
+    ),
+    constexpr_names=("HEAD_DIM", "BLOCK_M", "BLOCK_N"),
+    precision={"input": "{act}", "accumulate": "fp32 (scores, softmax, P@V); P rounded to {act} for the P@V dot",
+               "output": "{act}"},
+    uses_shared_memory=True,
+    space=_prefill_space,
+    default=_prefill_default,
+    smem_estimate=_prefill_smem,
+)
+
+_DECODE_COMMON = dict(uses_shared_memory=True)
+
+ATTN_DECODE_SPLIT = KernelDef(
+    op="attention_decode",
+    kernel="attention_decode_split",
+    fn=_attn_decode_split_kernel,
+    params=(
+        Param("q_ptr", "*act", ptr("q")), Param("k_ptr", "*act", ptr("k_cache")), Param("v_ptr", "*act", ptr("v_cache")),
+        Param("seq_lens_ptr", "*i32", ptr("seq_lens")), Param("o_part_ptr", "*fp32", ptr("o_part")),
+        Param("lse_ptr", "*fp32", ptr("lse")), Param("sm_scale", "fp32", attr("scale")),
+        Param("stride_qb", "i32", stride("q", 0), div16=True), Param("stride_qh", "i32", stride("q", 1), div16=True),
+        *(Param(f"stride_{t[0]}{a}", "i32", stride(t, i), div16=True)
+          for t in ("k_cache", "v_cache") for i, a in enumerate("bht")),
+        Param("Hkv", "i32", shape("k_cache", 1)),
+        Param("GROUP", "i32", {"floordiv": [shape("q", 1), shape("k_cache", 1)]}),
+        Param("S", "i32", shape("k_cache", 2)),
+        Param("NUM_SPLITS", "i32", sym("NUM_SPLITS")),
+    ),
+    constexpr_names=("HEAD_DIM", "BLOCK_N", "BLOCK_G", "MAX_SPLITS"),
+    precision={"input": "{act}", "accumulate": "fp32 (scores, softmax, P@V); P rounded to {act} for the P@V dot",
+               "output": "fp32 partials + log-sum-exp"},
+    space=_decode_space,
+    default=_decode_default,
+    smem_estimate=_decode_smem,
+    **_DECODE_COMMON,
+)
+
+ATTN_DECODE_REDUCE = KernelDef(
+    op="attention_decode",
+    kernel="attention_decode_reduce",
+    fn=_attn_decode_reduce_kernel,
+    params=(
+        Param("o_part_ptr", "*fp32", ptr("o_part")), Param("lse_ptr", "*fp32", ptr("lse")), Param("o_ptr", "*act", ptr("o")),
+        Param("stride_ob", "i32", stride("o", 0), div16=True), Param("stride_oh", "i32", stride("o", 1), div16=True),
+        Param("Hq", "i32", shape("q", 1)), Param("NUM_SPLITS", "i32", sym("NUM_SPLITS")),
+    ),
+    constexpr_names=("HEAD_DIM", "MAX_SPLITS"),
+    precision={"input": "fp32 partials", "accumulate": "fp32", "output": "{act}"},
+    uses_shared_memory=False,
+    space=lambda s: [({"HEAD_DIM": _head_dim(s), "MAX_SPLITS": ms}, w, 1) for ms in (16, 32, 64, 128) for w in (1, 2, 4)],
+    default=lambda s: ({"HEAD_DIM": _head_dim(s), "MAX_SPLITS": 64}, 2, 1),
+    smem_estimate=lambda c, warps, stages, nbytes: 8 * c["HEAD_DIM"],  # cross-warp reduction over the splits
+)
+
+
+def _head_checks(t: str, axis: int, head_dim: int) -> list[dict]:
+    return [check("eq", shape(t, axis), head_dim, f"head_dim must equal the compiled HEAD_DIM {head_dim}")]
+
+
+def prefill_program(variants) -> dict:
+    c = variants["attention_prefill_fwd"].constexprs
+    B, Hq, T = shape("q", 0), shape("q", 1), shape("q", 2)
+    return program_doc(
+        "attention_prefill", ["q", "k", "v", "seq_lens"], [], ["scale"],
+        checks=_head_checks("q", 3, c["HEAD_DIM"]),
+        let=[],
+        buffers=[{"name": "o", "shape": [B, Hq, T, c["HEAD_DIM"]], "dtype": {"like": "q"}}],
+        launches=[launch_of(ATTN_PREFILL_FWD, [cdiv(T, c["BLOCK_M"]), mul(B, Hq), 1])],
+        outputs=["o"],
+    )
+
+
+def decode_program(variants) -> dict:
+    cs = variants["attention_decode_split"].constexprs
+    cr = variants["attention_decode_reduce"].constexprs
+    if cs["MAX_SPLITS"] != cr["MAX_SPLITS"] or cs["HEAD_DIM"] != cr["HEAD_DIM"]:
+        raise OperatorError("attention_decode: the split and reduce variants must agree on MAX_SPLITS and HEAD_DIM; "
+                            f"got {dict(cs)} and {dict(cr)}")
+    B, Hq, Hkv, S = shape("q", 0), shape("q", 1), shape("k_cache", 1), shape("k_cache", 2)
+    D, MS = cs["HEAD_DIM"], cs["MAX_SPLITS"]
+    # Enough (split, batch, KV head) programs to fill the device; never more splits than key blocks.
+    num_splits = {"max": [1, {"min": [MS, cdiv(mul(DECODE_PROGRAMS_PER_SM, {"device": "sm_count"}), mul(B, Hkv)),
+                                       cdiv(S, cs["BLOCK_N"])]}]}
+    return program_doc(
+        "attention_decode", ["q", "k_cache", "v_cache", "seq_lens"], [], ["scale"],
+        checks=_head_checks("q", 2, D) + [
+            check("le", {"floordiv": [Hq, Hkv]}, cs["BLOCK_G"], f"query heads per KV head must fit BLOCK_G {cs['BLOCK_G']}"),
+        ],
+        let=[["NUM_SPLITS", num_splits]],
+        buffers=[
+            {"name": "o_part", "shape": [B, Hq, MS, D], "dtype": "fp32"},
+            {"name": "lse", "shape": [B, Hq, MS], "dtype": "fp32"},
+            {"name": "o", "shape": [B, Hq, D], "dtype": {"like": "q"}},
+        ],
+        launches=[
+            launch_of(ATTN_DECODE_SPLIT, [sym("NUM_SPLITS"), mul(B, Hkv), 1]),
+            launch_of(ATTN_DECODE_REDUCE, [mul(B, Hq), 1, 1]),
+        ],
+        outputs=["o"],
+    )
+
+
+def _prepare_heads(op: str, q, k, v, names: tuple[str, str, str], t_axis: int):
+    hc.on_cuda(op, (names[0], q), (names[1], k), (names[2], v))
+    hc.act_dtype(op, q, names[0])
+    hc.same_dtype(op, k, names[1], q, names[0])
+    hc.same_dtype(op, v, names[2], q, names[0])
+    for n, t in zip(names, (q, k, v)):
+        hc.unit_last_stride(op, t, n)
+    if k.shape != v.shape:
+        raise OperatorError(f"{op}: {names[1]} {tuple(k.shape)} and {names[2]} {tuple(v.shape)} must have the same shape")
+    B, Hq, D = q.shape[0], q.shape[1], q.shape[-1]
+    if k.shape[0] != B or k.shape[-1] != D or k.shape[1] < 1 or Hq % k.shape[1]:
+        raise OperatorError(f"{op}: {names[0]} {tuple(q.shape)} and {names[1]} {tuple(k.shape)} do not fit: expected the "
+                            "same batch and head_dim, and n_heads a multiple of n_kv_heads")
+    hc.head_dim_ok(op, D)
+
+
+def prepare_prefill(q, k, v, seq_lens, scale=None):
+    op = "attention_prefill"
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        hc.ndim(op, t, n, 4, "(B, H, T, D)")
+    _prepare_heads(op, q, k, v, ("q", "k", "v"), 2)
+    if k.shape[2] != q.shape[2]:
+        raise OperatorError(f"{op}: q has T={q.shape[2]} but k has T={k.shape[2]}; expected one padded chunk")
+    sl = hc.seq_lens_i32(op, seq_lens, q.shape[0])
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    return {"q": q, "k": k, "v": v, "seq_lens": sl}, {"scale": scale}, lambda bufs: bufs["o"]
+
+
+def prepare_decode(q, k_cache, v_cache, seq_lens, scale=None):
+    op = "attention_decode"
+    hc.ndim(op, q, "q", 3, "(B, Hq, D)")
+    for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        hc.ndim(op, t, n, 4, "(B, Hkv, S, D)")
+    _prepare_heads(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 2)
+    sl = hc.seq_lens_i32(op, seq_lens, q.shape[0])
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl}, {"scale": scale}, lambda bufs: bufs["o"]
+
+
+PREFILL_OP = OpKernels("attention_prefill", (ATTN_PREFILL_FWD,), prefill_program, prepare_prefill,
+                       required=(("attention_prefill_fwd",),))
+DECODE_OP = OpKernels("attention_decode", (ATTN_DECODE_SPLIT, ATTN_DECODE_REDUCE), decode_program, prepare_decode,
+                      required=(("attention_decode_split",), ("attention_decode_reduce",)))

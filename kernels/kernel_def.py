@@ -1,0 +1,109 @@
+"""What edgekit knows about each Triton kernel, beside its code.
+
+A ``KernelDef`` ties one ``@triton.jit`` function to: its runtime parameters in
+order (with the launch-rule expression that produces each one), its constexpr
+meta-parameters, its precision, its tile search space and an analytical
+shared-memory estimate. An ``OpKernels`` ties an operator to its kernels, the
+program that launches them (``launch_rule``) and the host-side checks that
+bring a call's tensors into the canonical form the program expects.
+
+The same definitions feed the JIT path (``triton_backend``), the ahead-of-time
+compile (``aot``) and the plugin launcher (``launcher``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+# Activation dtypes the Triton kernels take, and their sizes. FP64 runs only in the torch references.
+ACT_DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
+TORCH_DTYPE_TO_ACT = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One runtime kernel parameter.
+
+    ``type`` is a Triton signature type; ``"*act"`` stands for a pointer to the
+    activation dtype of the variant. ``div16`` marks integers the compiled code
+    may assume to be multiples of 16 (strides of contiguous rows): the AOT
+    compile tells Triton so (vectorised loads), and the program checks it at
+    launch so a plugin is never run on data that breaks the assumption.
+    """
+
+    name: str
+    type: str
+    value: Any  # launch-rule expression
+    div16: bool = False
+
+    def resolved_type(self, dtype: str) -> str:
+        return "*" + dtype if self.type == "*act" else self.type
+
+
+Candidate = tuple[dict, int, int]  # (constexprs, num_warps, num_stages)
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    op: str
+    kernel: str
+    fn: Any  # triton JITFunction
+    params: tuple[Param, ...]
+    constexpr_names: tuple[str, ...]
+    precision: Mapping[str, str]  # {"input", "accumulate", "output"}; "{act}" is the activation dtype
+    uses_shared_memory: bool
+    space: Callable[[dict], list[Candidate]]  # shape -> candidates
+    default: Callable[[dict], Candidate]  # shape -> the default candidate
+    smem_estimate: Callable[[Mapping[str, int], int, int, int], int]  # (constexprs, warps, stages, act bytes)
+    fixed: Mapping[str, int] = field(default_factory=dict)  # constexprs implied by the kernel's identity
+
+    def precision_for(self, dtype: str) -> dict[str, str]:
+        return {k: v.format(act=dtype) for k, v in self.precision.items()}
+
+    def signature(self, dtype: str) -> list[tuple[str, str]]:
+        return [(p.name, p.resolved_type(dtype)) for p in self.params]
+
+
+@dataclass(frozen=True)
+class OpKernels:
+    """An operator's Triton implementation: kernels, launch program and host-side canonicalisation."""
+
+    op: str
+    kernels: tuple[KernelDef, ...]
+    # variants by kernel name -> program (launch_rule format). Must accept any subset listed in `required`.
+    program: Callable[[Mapping[str, Any]], dict]
+    # the op's call arguments (as DispatchTable passes them) -> (tensors, attrs, finish(buffers) -> result)
+    prepare: Callable[..., tuple[dict, dict, Callable[[dict], Any]]]
+    # kernel-name alternatives: each inner tuple needs at least one variant (e.g. ("w8a16_gemv", "w8a16_gemm"))
+    required: tuple[tuple[str, ...], ...]
+
+
+def pow2_at_least(n: int, floor: int = 1) -> int:
+    p = floor
+    while p < n:
+        p *= 2
+    return p
+
+
+def launch_of(kdef: KernelDef, grid: list, when: dict | None = None) -> dict:
+    """A program launch entry passing the kernel's parameters in order."""
+    entry = {"kernel": kdef.kernel, "grid": grid, "args": [p.value for p in kdef.params]}
+    if when is not None:
+        entry["when"] = when
+    return entry
+
+
+def div16_checks(kdef: KernelDef) -> list[dict]:
+    """Launch-time checks for the integers the compiled code assumes to be multiples of 16."""
+    return [
+        {"cmp": "multiple_of", "a": p.value, "b": 16,
+         "what": f"{kdef.kernel}: {p.name} must be a multiple of 16 (the compiled code assumes aligned rows)"}
+        for p in kdef.params if p.div16
+    ]
+
+
+def program_doc(op: str, inputs: list[str], optional: list[str], attrs: list[str], checks: list[dict],
+                let: list, buffers: list[dict], launches: list[dict], outputs: list[str]) -> dict:
+    return {"format": 1, "op": op, "inputs": inputs, "optional": optional, "attrs": attrs, "checks": checks,
+            "let": let, "buffers": buffers, "launches": launches, "outputs": outputs}

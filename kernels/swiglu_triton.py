@@ -1,0 +1,77 @@
+"""Fused SwiGLU as a Triton kernel: reads the packed [gate | up] row once, writes silu(gate) * up.
+
+Reference: ``kernels/swiglu.py``. Elementwise and memory-bound; no shared memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
+from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
+from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
+
+
+@triton.jit
+def _swiglu_kernel(gu_ptr, y_ptr, stride_gm, stride_ym, F, BLOCK_F: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask = cols < F
+    gate = tl.load(gu_ptr + row * stride_gm + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_F,)
+    up = tl.load(gu_ptr + row * stride_gm + F + cols, mask=mask, other=0.0).to(tl.float32)
+    y = gate * tl.sigmoid(gate) * up  # silu(gate) * up, in FP32
+    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _space(s: dict) -> list:
+    return [({"BLOCK_F": b}, w, 1) for b in (256, 512, 1024, 2048) for w in (1, 2, 4, 8) if b >= 64 * w]
+
+
+SWIGLU_FWD = KernelDef(
+    op="swiglu",
+    kernel="swiglu_fwd",
+    fn=_swiglu_kernel,
+    params=(
+        Param("gu_ptr", "*act", ptr("gate_up")),
+        Param("y_ptr", "*act", ptr("y")),
+        Param("stride_gm", "i32", stride("gate_up", 0), div16=True),
+        Param("stride_ym", "i32", stride("y", 0), div16=True),
+        Param("F", "i32", shape("y", 1), div16=True),  # also the offset of `up`: aligned when F % 16 == 0
+    ),
+    constexpr_names=("BLOCK_F",),
+    precision={"input": "{act}", "accumulate": "fp32", "output": "{act}"},
+    uses_shared_memory=False,
+    space=_space,
+    default=lambda s: ({"BLOCK_F": 1024}, 4, 1),
+    smem_estimate=lambda c, warps, stages, nbytes: 0,
+)
+
+
+def program(variants) -> dict:
+    block = variants["swiglu_fwd"].constexprs["BLOCK_F"]
+    F = {"floordiv": [shape("gate_up", 1), 2]}
+    return program_doc(
+        "swiglu", ["gate_up"], [], [],
+        checks=[check("multiple_of", shape("gate_up", 1), 2, "gate_up packs gate and up: its width must be even")],
+        let=[],
+        buffers=[{"name": "y", "shape": [shape("gate_up", 0), F], "dtype": {"like": "gate_up"}}],
+        launches=[launch_of(SWIGLU_FWD, [shape("gate_up", 0), cdiv(F, block), 1])],
+        outputs=["y"],
+    )
+
+
+def prepare(gate_up: torch.Tensor):
+    op = "swiglu"
+    hc.on_cuda(op, ("gate_up", gate_up))
+    hc.act_dtype(op, gate_up, "gate_up")
+    if gate_up.shape[-1] % 2:
+        raise OperatorError(f"{op}: gate_up has odd width {gate_up.shape[-1]}; expected 2F ([gate | up])")
+    g2 = hc.rows(op, gate_up, "gate_up")  # (M, 2F)
+    out_shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+    return {"gate_up": g2}, {}, lambda bufs: bufs["y"].view(out_shape)
+
+
+OP = OpKernels(op="swiglu", kernels=(SWIGLU_FWD,), program=program, prepare=prepare, required=(("swiglu_fwd",),))
