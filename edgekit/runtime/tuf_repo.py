@@ -176,8 +176,13 @@ class TufRepository:
         self._write(targets, snapshot, timestamp)
         return self.meta_dir / "1.root.json"
 
-    def publish(self, packages: Sequence[bytes], describe: Describe) -> PublishResult:
-        """Add plugin packages as targets (or, with none, just re-sign snapshot and timestamp)."""
+    def publish(self, packages: Sequence[bytes], describe: Describe | None) -> PublishResult:
+        """Add plugin packages as targets (or, with none, just re-sign snapshot and timestamp).
+
+        ``describe`` verifies a package and says what it is (op, version, arch); required with packages.
+        """
+        if packages and describe is None:
+            raise PublishError("publishing plugins needs a verifier for them", hint="pass --trust with the plugin signer's public key")
         root, targets, snapshot, timestamp = self.current()
         result = PublishResult(self.repo)
         for data in packages:
@@ -235,7 +240,7 @@ def publish_plugins(
     repo: str | os.PathLike,
     packages: Sequence[bytes],
     *,
-    describe: Describe,
+    describe: Describe | None,
     keys_dir: str | os.PathLike | None = None,
     now: dt.datetime | None = None,
     expiry: Mapping[str, dt.timedelta] | None = None,

@@ -4,10 +4,7 @@ the agent refreshes and installs through the store. Each attack is refused with 
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import http.server
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,27 +17,6 @@ from edgekit.runtime.tuf_repo import PublishError, publish_plugins
 
 AUTHOR = fakepkg.key_from_seed(1)
 describe = fakepkg.verifier(AUTHOR)
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # keep test output clean
-        pass
-
-
-@pytest.fixture
-def served(tmp_path):
-    """(repo dir, base URL) for a static HTTP server on 127.0.0.1 with an ephemeral port."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(repo)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield repo, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture

@@ -1,0 +1,254 @@
+"""CLI for over-the-air plugins: `edgekit publish`, `edgekit agent`, `edgekit store ...`.
+
+Registered on edgekit.cli.app when imported.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from edgekit.cli import app
+from edgekit.cli_common import console, err_console, print_json
+from edgekit.errors import EdgekitError
+
+TRUST_HELP = "Public key (edgekit.pub, or a directory holding one) of a trusted plugin signer. Repeat for several."
+TARGET_HELP = "This device's GPU: a target profile name (orin, h200, ...) or an SM arch (sm_87, sm_90)."
+STORE_HELP = "The device's plugin store directory (created if missing)."
+DEV_KEY_HELP = "Also accept plugins signed with the public development key (local testing only)."
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _trusted_keys(paths: Optional[List[Path]], allow_dev_key: bool):
+    from edgekit.bundle.keys import load_public_key, trust
+
+    if not paths and not allow_dev_key:
+        raise EdgekitError("no trusted plugin signer given", hint="pass --trust PUBFILE (the edgekit.pub of whoever signs plugins)")
+    return trust([load_public_key(p) for p in paths or []])
+
+
+def _device_arch(target: str) -> str:
+    from edgekit.runtime.plugin_policy import SwapRefused, normalize_arch
+
+    try:
+        return normalize_arch(target)
+    except SwapRefused:
+        from edgekit.plan.targets import load_target
+
+        return load_target(target).arch
+
+
+def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev_key: bool, *, rollback_unconfirmed: bool = False):
+    from edgekit.bundle.plugin import TRITON_HIDDEN_ARGS
+    from edgekit.runtime.plugin_checks import golden_checker, package_verifier
+    from edgekit.runtime.plugin_policy import DevicePolicy
+    from edgekit.runtime.plugin_store import PluginStore, default_known_abi
+
+    policy = DevicePolicy(device_arch=_device_arch(target), known_abi=default_known_abi(), triton_abis=set(TRITON_HIDDEN_ARGS))
+    return PluginStore.open(
+        store,
+        policy=policy,
+        verify=package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key),
+        golden_check=golden_checker(),  # CPU reference runner; a GPU runtime injects its kernel runner
+        rollback_unconfirmed=rollback_unconfirmed,
+    )
+
+
+def _print_recovery(store) -> None:
+    for line in store.recovery:
+        err_console.print(f"[yellow]recovered:[/] {line}", highlight=False)
+
+
+def _status_table(rows: list[dict]) -> Table:
+    t = Table(title="operator plugins")
+    for col in ("op", "active", "previous", "state", "blocked", "changed"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["op"], r["version"] or "reference", r["previous"] or "-", r["state"], ", ".join(r["blocked"]) or "-", r["changed_at"])
+    return t
+
+
+# ---------------------------------------------------------------------------- publish
+
+@app.command()
+def publish(
+    plugins: Optional[List[Path]] = typer.Argument(
+        None, help="Signed plugin packages to publish. None: only re-sign snapshot and timestamp (run it before the timestamp expires)."
+    ),
+    repo: Path = typer.Option(..., "--repo", help="The TUF repository directory to create or update; serve it with any static HTTP server."),
+    keys: Optional[Path] = typer.Option(
+        None, "--keys", help="Directory of the TUF role keys (root/targets/snapshot/timestamp .pem, created on first use). Default: REPO-keys beside REPO; never inside it."
+    ),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP + " Each package is verified before it is published."),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
+    timestamp_hours: float = typer.Option(24.0, "--timestamp-expiry-hours", min=0.1, help="How long the timestamp stays valid; devices refuse the repository after that until you publish again."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON (targets added, metadata versions, expiry, trusted root path)."),
+) -> None:
+    """Publish plugin packages as TUF targets (python-tuf metadata, consistent snapshots, ed25519).
+
+    Devices run `edgekit agent --repo URL --trusted-root REPO/metadata/1.root.json` to pick them up.
+    """
+    from edgekit.runtime.plugin_checks import package_verifier
+    from edgekit.runtime.tuf_repo import publish_plugins
+
+    packages = []
+    for p in plugins or []:
+        if not p.is_file():
+            raise EdgekitError(f"plugin package {p} not found", hint="pass the .tar written when the plugin was packed")
+        packages.append(p.read_bytes())
+    describe = package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key) if packages else None
+    result = publish_plugins(
+        repo, packages, describe=describe, keys_dir=keys, expiry={"timestamp": dt.timedelta(hours=timestamp_hours)}
+    )
+    if json_out:
+        print_json(result.to_dict())
+        return
+    for a in result.added:
+        console.print(f"published {a['path']}  ({a['op']} {a['version']} for {a['target_arch']}, {a['length']} bytes)")
+    if not result.added:
+        console.print("re-signed snapshot and timestamp (no new plugins)")
+    v = result.versions
+    console.print(f"metadata  root v{v['root']}  targets v{v['targets']}  snapshot v{v['snapshot']}  timestamp v{v['timestamp']}")
+    console.print(f"timestamp expires {result.expires['timestamp']}: publish again before then")
+    console.print(f"ship to devices: {repo / 'metadata' / '1.root.json'}  (--trusted-root)")
+
+
+# ---------------------------------------------------------------------------- agent
+
+@app.command()
+def agent(
+    repo: str = typer.Option(..., "--repo", help="Base URL of the TUF repository (it serves REPO/metadata/ and REPO/targets/)."),
+    trusted_root: Path = typer.Option(..., "--trusted-root", help="The root metadata shipped with the device (REPO/metadata/1.root.json)."),
+    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    target: str = typer.Option(..., "--target", help=TARGET_HELP),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Where verified TUF metadata is kept between passes. Default: STORE/tuf."),
+    once: bool = typer.Option(False, "--once", help="One refresh-and-apply pass, then exit (non-zero if anything was refused)."),
+    interval: float = typer.Option(300.0, "--interval", min=1.0, help="Seconds between passes when not --once."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON report per pass (JSON lines when looping)."),
+) -> None:
+    """Keep this device's plugins current: refresh TUF metadata, install newer plugins for this GPU.
+
+    Rolled-back, expired or wrongly signed metadata and tampered downloads are refused
+    and change nothing; installed plugins start on probation, like an upload to the server.
+    """
+    from edgekit.runtime.agent import run_once
+
+    if not trusted_root.is_file():
+        raise EdgekitError(f"trusted root {trusted_root} not found", hint="copy REPO/metadata/1.root.json from the publisher onto the device")
+    root_bytes = trusted_root.read_bytes()
+    plugin_store = _open_store(store, target, trust, allow_dev_key)
+    _print_recovery(plugin_store)
+    cache_dir = cache or (store / "tuf")
+    while True:
+        report = run_once(plugin_store, repo_url=repo, trusted_root=root_bytes, cache_dir=cache_dir)
+        if json_out and once:
+            print_json(report.to_dict())
+        elif json_out:  # JSON lines: one compact report per pass, flushed for log shippers
+            print(json.dumps(report.to_dict(), default=str), flush=True)
+        else:
+            _print_report(report)
+        if once:
+            raise typer.Exit(0 if report.ok else 1)
+        time.sleep(interval)
+
+
+def _print_report(report) -> None:
+    stamp = dt.datetime.now().isoformat(timespec="seconds")
+    if report.error is not None:
+        err_console.print(f"{stamp} [bold red]refused:[/] {report.error}", highlight=False, soft_wrap=True)
+        return
+    if not report.outcomes:
+        console.print(f"{stamp} up to date (targets v{report.metadata_versions.get('targets', '?')})")
+    for o in report.outcomes:
+        if o.action == "applied":
+            console.print(f"{stamp} [green]applied[/] {o.detail}", highlight=False)
+        else:
+            err_console.print(f"{stamp} [bold red]refused[/] {o.op} {o.version}: {o.detail}", highlight=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------- store
+
+store_app = typer.Typer(help="Inspect and change the device's operator plugin store directly.", no_args_is_help=True)
+app.add_typer(store_app, name="store")
+
+
+@store_app.command("status")
+def store_status(
+    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    target: str = typer.Option(..., "--target", help=TARGET_HELP),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Recover the store (as the runtime does at start-up) and show each operator's active version."""
+    s = _open_store(store, target, trust, allow_dev_key)
+    if json_out:
+        print_json({"operators": s.status(), "recovery": s.recovery})
+        return
+    _print_recovery(s)
+    console.print(_status_table(s.status()))
+
+
+@store_app.command("install")
+def store_install(
+    package: Path = typer.Argument(..., help="A signed plugin package."),
+    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    target: str = typer.Option(..., "--target", help=TARGET_HELP),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
+    allow_downgrade: bool = typer.Option(False, "--allow-downgrade", help="Install a version older than the active one on purpose."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON (op, version, previous, state, per-step ms)."),
+) -> None:
+    """Verify, golden-check, stage and switch to a plugin package; it starts on probation."""
+    s = _open_store(store, target, trust, allow_dev_key)
+    _print_recovery(s)
+    result = s.install(package, allow_downgrade=allow_downgrade)
+    if json_out:
+        print_json(result.to_dict())
+        return
+    console.print(f"{result.op} {result.version} active on probation (previous: {result.previous or 'reference'})")
+    console.print("steps (ms, measured here): " + ", ".join(f"{k} {v:.1f}" for k, v in result.step_ms.items()))
+
+
+@store_app.command("confirm")
+def store_confirm(
+    op: str = typer.Argument(..., help="The operator whose probation ends."),
+    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    target: str = typer.Option(..., "--target", help=TARGET_HELP),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the new pointer as JSON."),
+) -> None:
+    """End probation: keep the active version (the previous one stays for a later rollback)."""
+    p = _open_store(store, target, trust, allow_dev_key).confirm(op)
+    if json_out:
+        print_json(p.model_dump())
+    else:
+        console.print(f"{op} {p.version or 'reference'} {p.state}")
+
+
+@store_app.command("rollback")
+def store_rollback(
+    op: str = typer.Argument(..., help="The operator to roll back."),
+    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    target: str = typer.Option(..., "--target", help=TARGET_HELP),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
+    reason: str = typer.Option("manual rollback", "--reason", help="Recorded in the pointer."),
+    json_out: bool = typer.Option(False, "--json", help="Print the new pointer as JSON."),
+) -> None:
+    """Flip OP back to its previous version (or the reference); the rolled-back version is blocked."""
+    p = _open_store(store, target, trust, allow_dev_key).rollback(op, reason)
+    if json_out:
+        print_json(p.model_dump())
+    else:
+        console.print(f"{op} now on {p.version or 'reference'} (blocked: {', '.join(p.blocked)})")

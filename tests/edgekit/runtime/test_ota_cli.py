@@ -1,0 +1,79 @@
+"""`edgekit publish`, `edgekit agent` and `edgekit store` end to end, with real signed packages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from typer.testing import CliRunner
+
+import realpkg
+from edgekit.cli import _register_commands, app
+
+AUTHOR = realpkg.key(1)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    _register_commands()
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(app, [str(a) for a in args])
+
+    return invoke
+
+
+@pytest.fixture
+def files(tmp_path):
+    pub = tmp_path / "author.pub"
+    pub.write_bytes(AUTHOR.public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    pkgs = {v: tmp_path / f"rmsnorm-{v}.tar" for v in (1, 2)}
+    for v, p in pkgs.items():
+        p.write_bytes(realpkg.pack(AUTHOR, v))
+    return pub, pkgs
+
+
+def test_help_texts_name_the_essentials(cli):
+    assert "--trusted-root" in cli("agent", "--help").output
+    assert "--repo" in cli("publish", "--help").output
+    out = cli("store", "--help").output
+    assert all(w in out for w in ("status", "install", "confirm", "rollback"))
+
+
+def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_path):
+    repo, url = served
+    pub, pkgs = files
+    r = cli("publish", pkgs[1], pkgs[2], "--repo", repo, "--trust", pub, "--json")
+    assert r.exit_code == 0, r.output
+    published = json.loads(r.output)
+    assert [a["version"] for a in published["added"]] == ["1", "2"]
+    assert not (repo / "keys").exists() and (tmp_path / "repo-keys" / "root.pem").exists()
+
+    store = tmp_path / "device"
+    agent = ("agent", "--repo", url, "--trusted-root", repo / "metadata" / "1.root.json", "--store", store,
+             "--target", "orin", "--trust", pub, "--once", "--json")
+    r = cli(*agent)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert [(o["op"], o["version"], o["action"]) for o in report["outcomes"]] == [("rmsnorm", "2", "applied")]
+
+    r = cli("store", "rollback", "rmsnorm", "--store", store, "--target", "sm_87", "--trust", pub, "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["version"] is None  # v1 was never installed: back to reference
+    r = cli("store", "status", "--store", store, "--target", "sm_87", "--trust", pub, "--json")
+    (row,) = json.loads(r.output)["operators"]
+    assert (row["version"], row["blocked"]) == (None, ["2"])
+
+
+def test_agent_once_exits_nonzero_when_the_repository_is_refused(cli, served, files, tmp_path):
+    repo, url = served
+    pub, pkgs = files
+    assert cli("publish", pkgs[1], "--repo", repo, "--trust", pub).exit_code == 0
+    other = tmp_path / "other-root.json"  # a root from another repository: nothing here verifies against it
+    assert cli("publish", pkgs[1], "--repo", tmp_path / "elsewhere", "--trust", pub).exit_code == 0
+    other.write_bytes((tmp_path / "elsewhere" / "metadata" / "1.root.json").read_bytes())
+    r = cli("agent", "--repo", url, "--trusted-root", other, "--store", tmp_path / "device", "--target", "sm_87",
+            "--trust", pub, "--once", "--json")
+    assert r.exit_code == 1
+    assert json.loads(r.output)["error"]["reason"] == "bad_signature"
