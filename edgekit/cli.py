@@ -46,6 +46,7 @@ COMMAND_MODULES = (
     "edgekit.commands.quant_commands",
     "edgekit.commands.build_commands",
     "edgekit.commands.power_commands",
+    "edgekit.commands.ota_commands",
 )
 
 
