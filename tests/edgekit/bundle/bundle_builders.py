@@ -110,3 +110,27 @@ def write_bundle(out: Path, key: SigningKey, *, plugin_version: int = 1, weights
             edgekit_version="0.1.0",
         )
     return out
+
+
+def resign(bundle: Path, key: SigningKey, mutate=None) -> None:
+    """Re-list every file of a bundle in its manifest and sign it again, after `mutate(manifest_dict)`.
+
+    Models an attacker who holds a signing key, or a buggy builder: the signature
+    and hashes are then valid, so only the deeper checks can refuse the bundle.
+    """
+    import json
+
+    from edgekit.bundle.archive import list_tree
+    from edgekit.bundle.canonical import canonical_json, sha256_file
+
+    doc = json.loads((bundle / "manifest.json").read_bytes())
+    doc["files"] = {}
+    for rel in list_tree(bundle):
+        if rel not in ("manifest.json", "manifest.sig"):
+            sha, size = sha256_file(bundle / rel)
+            doc["files"][rel] = {"sha256": sha, "size": size}
+    if mutate is not None:
+        mutate(doc)
+    data = canonical_json(doc)
+    (bundle / "manifest.json").write_bytes(data)
+    (bundle / "manifest.sig").write_bytes(key.sign(data))

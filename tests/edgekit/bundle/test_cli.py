@@ -1,0 +1,60 @@
+"""`edgekit keys generate` and `edgekit verify` through the real CLI entry point (exit codes, messages, JSON)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+
+from edgekit.cli import main
+
+
+def _run(monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["edgekit", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as e:  # main() exits only on errors (and --help/--version)
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_keys_generate_and_refuse_overwrite(tmp_path, monkeypatch, capsys):
+    code, out, _ = _run(monkeypatch, capsys, "keys", "generate", str(tmp_path / "k"), "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert stat.S_IMODE((tmp_path / "k" / "edgekit.key").stat().st_mode) == 0o600
+    assert len(info["key_id"]) == 64
+    code, _, err = _run(monkeypatch, capsys, "keys", "generate", str(tmp_path / "k"))
+    assert code == 2 and "already exists" in err and "--force" in err
+
+
+def test_verify_passes_and_fails_with_file_and_reason(bundle, keydir, monkeypatch, capsys):
+    code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), "--trust", str(keydir / "edgekit.pub"))
+    assert code == 0 and "OK" in out
+
+    code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), "--trust", str(keydir / "edgekit.pub"), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["ok"] and report["failures"] == 0
+
+    (bundle / "tokenizer/tokenizer.json").write_bytes(b'{"model": "stand-ix"}\n')  # same size, other bytes
+    code, out, err = _run(monkeypatch, capsys, "verify", str(bundle), "--trust", str(keydir / "edgekit.pub"), "--json")
+    report = json.loads(out)
+    assert code == 2 and not report["ok"]
+    (fail,) = [c for c in report["checks"] if c["status"] == "fail"]
+    assert fail["file"] == "tokenizer/tokenizer.json" and "sha256" in fail["reason"]
+    assert "tokenizer/tokenizer.json" in err and "Traceback" not in err
+
+
+def test_verify_without_trusted_key_says_how_to_fix(bundle, monkeypatch, capsys):
+    code, _, err = _run(monkeypatch, capsys, "verify", str(bundle))
+    assert code == 2 and "--trust" in err
+
+
+def test_verify_untrusted_key(bundle, tmp_path, monkeypatch, capsys):
+    from edgekit.bundle.keys import generate_keypair
+
+    _, other_pub = generate_keypair(tmp_path / "other")
+    code, out, err = _run(monkeypatch, capsys, "verify", str(bundle), "--trust", str(other_pub), "--skip-golden")
+    assert code == 2 and "manifest.sig" in err and "not trusted" in err

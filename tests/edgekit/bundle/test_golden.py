@@ -1,0 +1,178 @@
+"""Golden vectors: file format round trip, refusals, and the comparison verdict."""
+
+from __future__ import annotations
+
+import math
+import struct
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgekit.bundle.golden import (
+    compare,
+    check_case,
+    golden_to_bytes,
+    make_case,
+    read_golden,
+    read_golden_meta,
+    run_reference,
+)
+from edgekit.errors import VerificationError
+
+
+def _rmsnorm_case(dtype=torch.float16, seed=0, name="t8"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(8, 32, generator=g).to(dtype)  # (T, C)
+    w = torch.randn(32, generator=g).to(dtype)  # (C,)
+    return make_case("rmsnorm", {"x": x, "weight": w}, {"eps": 1e-6}, name=name, seed=seed, bucket=8)
+
+
+def test_make_case_uses_fp64_reference_and_spec_tolerance():
+    c = _rmsnorm_case()
+    assert c.expected["y"].dtype == torch.float64
+    assert (c.meta.dtype, c.meta.atol, c.meta.rtol) == ("float16", 2e-3, 2e-3)  # ELEMENTWISE_TOLERANCE[float16]
+    x = c.inputs["x"].double()
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * c.inputs["weight"].double()
+    torch.testing.assert_close(c.expected["y"], want, rtol=0, atol=1e-12)
+
+
+def test_round_trip_and_determinism():
+    cases = [_rmsnorm_case(name="a"), _rmsnorm_case(seed=1, name="b")]
+    data = golden_to_bytes("rmsnorm", cases)
+    assert data == golden_to_bytes("rmsnorm", [_rmsnorm_case(name="a"), _rmsnorm_case(seed=1, name="b")])
+    gs = read_golden(data)
+    assert gs.op == "rmsnorm" and [c.meta.name for c in gs.cases] == ["a", "b"]
+    for got, want in zip(gs.cases, cases):
+        assert got.meta == want.meta
+        assert torch.equal(got.inputs["x"], want.inputs["x"]) and torch.equal(got.expected["y"], want.expected["y"])
+
+
+def test_multi_output_operator_round_trip():
+    g = torch.Generator().manual_seed(0)
+    B, T, H, KV, D = 1, 4, 2, 1, 8
+    qkv = torch.randn(B, T, (H + 2 * KV) * D, generator=g)  # (B, T, (H+2KV)*D)
+    cos, sin = torch.randn(B, T, D // 2, generator=g), torch.randn(B, T, D // 2, generator=g)
+    c = make_case("rope", {"qkv": qkv, "cos": cos, "sin": sin}, {"n_heads": H, "n_kv_heads": KV}, name="t4", seed=0)
+    gs = read_golden(golden_to_bytes("rope", [c]))
+    assert list(gs.cases[0].expected) == ["q", "k", "v"]
+    assert check_case("rope", gs.cases[0], run_reference).ok
+
+
+def test_reference_runner_passes_its_own_fp16_vectors():
+    v = check_case("rmsnorm", _rmsnorm_case(), run_reference)
+    assert v.ok and 0 < v.max_ratio <= 1.0, v
+
+
+def test_attack_wrong_implementation_is_caught_with_location():
+    c = _rmsnorm_case(dtype=torch.float32)
+
+    def subtly_wrong(op, inputs, attrs, plugin):
+        y = run_reference(op, inputs, attrs)
+        y = y.clone()
+        y[5, 17] += 0.01  # one element off
+        return y
+
+    v = check_case("rmsnorm", c, subtly_wrong)
+    assert not v.ok
+    assert v.where == "y[5, 17]"
+    assert v.max_abs_err == pytest.approx(0.01, rel=1e-3)
+    assert "outside tolerance" in v.reason
+
+
+def test_attack_nan_output_is_caught():
+    c = _rmsnorm_case(dtype=torch.float32)
+
+    def nan_at_end(op, inputs, attrs, plugin):
+        y = run_reference(op, inputs, attrs).clone()
+        y[-1, -1] = float("nan")
+        return y
+
+    v = check_case("rmsnorm", c, nan_at_end)
+    assert not v.ok and v.where == "y[7, 31]" and "non-finite" in v.reason
+
+
+def test_runner_crash_is_a_failed_verdict_not_an_exception():
+    def boom(op, inputs, attrs, plugin):
+        raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
+
+    v = check_case("rmsnorm", _rmsnorm_case(), boom)
+    assert not v.ok and "CUDA_ERROR_LAUNCH_FAILED" in v.reason
+
+
+def test_wrong_shape_and_missing_output_fail():
+    e = {"y": torch.zeros(2, 3, dtype=torch.float64)}
+    assert "shape" in compare({"y": torch.zeros(3, 2)}, e, 1e-3, 1e-3).reason
+    assert "not produced" in compare({}, e, 1e-3, 1e-3).reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    expected=st.floats(-1e3, 1e3, allow_nan=False),
+    delta=st.floats(-1.0, 1.0, allow_nan=False),
+    atol=st.floats(0.0, 1e-2),
+    rtol=st.floats(0.0, 1e-2),
+)
+def test_compare_matches_the_tolerance_formula(expected, delta, atol, rtol):
+    e = torch.tensor([expected], dtype=torch.float64)
+    a = e + delta
+    bound = atol + rtol * abs(expected)
+    v = compare({"y": a}, {"y": e}, atol, rtol)
+    err = abs(float(a[0]) - expected)
+    if err <= bound * (1 - 1e-9):
+        assert v.ok
+    elif err > bound * (1 + 1e-9):
+        assert not v.ok
+    assert v.max_abs_err == pytest.approx(err, abs=1e-12)
+
+
+def test_infinite_expected_must_be_matched_exactly():
+    e = {"y": torch.tensor([math.inf, 1.0], dtype=torch.float64)}
+    assert compare({"y": torch.tensor([math.inf, 1.0])}, e, 1e-3, 1e-3).ok
+    assert not compare({"y": torch.tensor([1e30, 1.0])}, e, 1e-3, 1e-3).ok
+
+
+def _with_header(data: bytes, mutate) -> bytes:
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    mutate(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + n :]
+
+
+def test_attack_undeclared_tensor_is_refused():
+    data = golden_to_bytes("rmsnorm", [_rmsnorm_case()])
+
+    def rename(h):
+        h["t8.in.smuggled"] = h.pop("t8.in.x")
+
+    with pytest.raises(VerificationError, match="missing|not declared"):
+        read_golden(_with_header(data, rename))
+
+
+def test_attack_tolerance_widened_beyond_range_is_refused():
+    data = golden_to_bytes("rmsnorm", [_rmsnorm_case()])
+
+    def widen(h):
+        meta = json.loads(h["__metadata__"]["edgekit_golden"])
+        meta["cases"][0]["atol"] = 1e9
+        h["__metadata__"]["edgekit_golden"] = json.dumps(meta)
+
+    with pytest.raises(VerificationError, match="atol"):
+        read_golden_meta(_with_header(data, widen))
+
+
+def test_attack_non_fp64_expectation_is_refused():
+    c = _rmsnorm_case()
+    c.expected["y"] = c.expected["y"].float()
+    with pytest.raises(VerificationError, match="must be float64"):
+        read_golden(golden_to_bytes("rmsnorm", [c]))
+
+
+@pytest.mark.parametrize("blob", [b"", b"\xff" * 8 + b"{}", struct.pack("<Q", 4) + b"[1]x"])
+def test_attack_malformed_safetensors_header_is_refused(blob):
+    with pytest.raises(VerificationError):
+        read_golden(blob)

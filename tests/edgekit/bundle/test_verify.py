@@ -1,0 +1,220 @@
+"""Bundle verification: every refusal names the file and the reason; a good bundle passes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+
+import pytest
+from bundle_builders import rmsnorm_metadata, resign, write_bundle
+
+from edgekit.bundle.archive import list_tree, write_archive
+from edgekit.bundle.canonical import canonical_json
+from edgekit.bundle.golden import run_reference
+from edgekit.bundle.keys import development_key
+from edgekit.bundle.verify import verify_bundle, verify_bundle_bytes, verify_manifest
+from edgekit.errors import VerificationError
+
+
+def _fails(report):
+    return [(c.check, c.file, c.reason) for c in report.failures]
+
+
+def test_good_bundle_passes_every_check(bundle, public_key, signing_key):
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert r.ok, _fails(r)
+    kinds = {c.check for c in r.checks}
+    assert {"signature", "manifest", "file", "plugin", "arch", "golden"} <= kinds
+    assert r.key_id == signing_key.key_id
+    assert sum(c.check == "golden" and c.status == "pass" for c in r.checks) == 2  # plugin + model-level vectors
+    r.raise_if_failed()  # no exception
+
+
+def test_good_archive_passes(bundle, tmp_path, public_key):
+    tar = write_archive(bundle, tmp_path / "bundle.tar")
+    r = verify_bundle(tar, [public_key], local_arch=None)
+    assert r.ok, _fails(r)
+    assert r.checks[0].check == "archive" and r.checks[0].status == "pass"
+
+
+def test_pure_verification_of_bytes(bundle, public_key):
+    files = {rel: (bundle / rel).read_bytes() for rel in list_tree(bundle)}
+    assert verify_bundle_bytes(files, [public_key]).ok
+    files["model.onnx"] += b"!"
+    assert _fails(verify_bundle_bytes(files, [public_key]))[0][1] == "model.onnx"
+
+
+def test_attack_tampered_byte_in_every_file_is_refused(tmp_path, signing_key, public_key):
+    """Flip one byte in each file in turn; verification must name exactly that file."""
+    pristine = write_bundle(tmp_path / "pristine", signing_key)
+    for rel in list_tree(pristine):
+        b = tmp_path / f"t-{rel.replace('/', '_')}"
+        shutil.copytree(pristine, b)
+        blob = bytearray((b / rel).read_bytes())
+        blob[len(blob) // 2] ^= 0x01
+        (b / rel).write_bytes(bytes(blob))
+        r = verify_bundle(b, [public_key], run_golden=None, local_arch=None)
+        assert not r.ok, rel
+        check, file, reason = _fails(r)[0]
+        if rel == "manifest.json":
+            assert (file, check) == ("manifest.sig", "signature") and "does not match the bytes of manifest.json" in reason
+        elif rel == "manifest.sig":
+            assert file == "manifest.sig"
+        else:
+            assert file == rel and "sha256" in reason and "modified" in reason, (rel, _fails(r))
+        shutil.rmtree(b)
+
+
+def test_attack_missing_file_is_refused(bundle, public_key):
+    os.remove(bundle / "plugins/rmsnorm/1/kernel.cubin")
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert ("file", "plugins/rmsnorm/1/kernel.cubin", "missing: listed in the manifest but not in the bundle") in _fails(r)
+    # the plugin whose file is gone is not parsed, and says why
+    assert any(c.check == "plugin" and c.status == "skip" for c in r.checks)
+
+
+def test_attack_missing_signature_is_refused(bundle, public_key):
+    os.remove(bundle / "manifest.sig")
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert _fails(r)[0][1] == "manifest.sig" and "missing" in _fails(r)[0][2]
+
+
+def test_attack_extra_file_is_refused(bundle, public_key):
+    (bundle / "plugins/rmsnorm/1/extra.so").write_bytes(b"\x7fELF")
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert _fails(r) == [("file", "plugins/rmsnorm/1/extra.so", "extra file: not listed in the signed manifest")]
+
+
+def test_attack_symlink_inside_bundle_is_refused(bundle, public_key):
+    os.remove(bundle / "model.onnx")
+    os.symlink("/etc/passwd", bundle / "model.onnx")
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert _fails(r)[0][1] == "model.onnx" and "symbolic link" in _fails(r)[0][2]
+
+
+def test_attack_manifest_signed_by_untrusted_key_is_refused(tmp_path, other_key, public_key):
+    b = write_bundle(tmp_path / "b", other_key)
+    r = verify_bundle(b, [public_key], local_arch=None)
+    assert len(r.failures) == 1
+    check, file, reason = _fails(r)[0]
+    assert (check, file) == ("signature", "manifest.sig") and "not trusted" in reason
+    assert r.manifest is None  # nothing else is believed
+
+
+def test_attack_wrong_format_version_is_refused(bundle, signing_key, public_key):
+    resign(bundle, signing_key, lambda d: d.update(format_version=2))
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert _fails(r) == [("manifest", "manifest.json", _fails(r)[0][2])]
+    assert "format_version 2 is not supported" in _fails(r)[0][2]
+
+
+def test_attack_plugin_metadata_out_of_range_is_refused(bundle, signing_key, public_key):
+    """A validly signed bundle (attacker holds a key, or a buggy builder) with num_warps = 3."""
+    meta = rmsnorm_metadata()
+    meta["kernels"][0]["num_warps"] = 3
+    (bundle / "plugins/rmsnorm/1/plugin.json").write_bytes(canonical_json(meta))
+    resign(bundle, signing_key)
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert [(c, f) for c, f, _ in _fails(r)] == [("plugin", "plugins/rmsnorm/1/plugin.json")]
+    assert "num_warps 3 is not one of" in _fails(r)[0][2]
+
+
+def test_attack_plugin_for_another_arch_than_the_bundle(bundle, signing_key, public_key):
+    meta = rmsnorm_metadata(arch=90)
+    (bundle / "plugins/rmsnorm/1/plugin.json").write_bytes(canonical_json(meta))
+    resign(bundle, signing_key)
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert "arch 90 differs from the manifest's 87" in _fails(r)[0][2]
+
+
+def test_attack_golden_vectors_that_disagree_are_refused(bundle, public_key):
+    """The implementation on this machine does not meet the tolerance (a subtly wrong kernel)."""
+
+    def off_by_a_bit(op, inputs, attrs, plugin):
+        return run_reference(op, inputs, attrs) * 1.01
+
+    r = verify_bundle(bundle, [public_key], run_golden=off_by_a_bit, local_arch=None)
+    fails = _fails(r)
+    assert {f for _, f, _ in fails} == {"plugins/rmsnorm/1/golden.safetensors#t4", "golden/rmsnorm.safetensors#t4"}
+    assert all(c == "golden" and "outside tolerance" in reason and " at y[" in reason for c, _, reason in fails)
+
+
+def test_golden_runner_is_told_which_plugin(bundle, public_key):
+    seen = []
+
+    def spy(op, inputs, attrs, plugin):
+        seen.append((op, plugin))
+        return run_reference(op, inputs, attrs)
+
+    assert verify_bundle(bundle, [public_key], run_golden=spy, local_arch=None).ok
+    assert seen == [("rmsnorm", "plugins/rmsnorm/1"), ("rmsnorm", None)]
+
+
+def test_attack_dev_key_bundle_is_refused_unless_allowed(tmp_path, public_key):
+    b = write_bundle(tmp_path / "b", development_key())
+    assert json.loads((b / "manifest.json").read_bytes())["dev_key"] is True
+    r = verify_bundle(b, [public_key], local_arch=None)
+    assert _fails(r)[0][:2] == ("signature", "manifest.sig")
+    r = verify_bundle(b, [public_key, development_key().public_key], local_arch=None)  # trusting it is not enough
+    assert "development key" in _fails(r)[0][2]
+    r = verify_bundle(b, [], allow_dev_key=True, local_arch=None)
+    assert r.ok and any(c.check == "signature" and c.status == "warn" for c in r.checks)
+
+
+def test_attack_manifest_hiding_dev_key_use_is_refused(tmp_path):
+    b = write_bundle(tmp_path / "b", development_key())
+    resign(b, development_key(), lambda d: d.update(dev_key=False))
+    with pytest.raises(VerificationError, match="records dev_key: false but was signed with the development key"):
+        verify_manifest((b / "manifest.json").read_bytes(), (b / "manifest.sig").read_bytes(), [], allow_dev_key=True)
+
+
+def _tar_with(bundle, tmp_path, name, kind, link=""):
+    tar = write_archive(bundle, tmp_path / "src.tar")
+    out = tmp_path / "evil.tar"
+    with tarfile.open(tar) as src, tarfile.open(out, "w") as dst:
+        for m in src.getmembers():
+            dst.addfile(m, src.extractfile(m))
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, link
+        data = b"x" if kind == tarfile.REGTYPE else b""
+        info.size = len(data)
+        dst.addfile(info, io.BytesIO(data) if data else None)
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, kind, link, reason",
+    [
+        ("../../etc/evil", tarfile.REGTYPE, "", "'..'"),
+        ("/etc/evil", tarfile.REGTYPE, "", "absolute path"),
+        ("evil_link", tarfile.SYMTYPE, "/etc/passwd", "symbolic link"),
+        ("evil_hard", tarfile.LNKTYPE, "manifest.json", "hard link"),
+    ],
+)
+def test_attack_archive_tricks_are_refused_by_verify(bundle, tmp_path, public_key, name, kind, link, reason):
+    evil = _tar_with(bundle, tmp_path, name, kind, link)
+    r = verify_bundle(evil, [public_key], local_arch=None)
+    assert not r.ok
+    check, file, why = _fails(r)[0]
+    assert check == "archive" and file == f"evil.tar:{name}" and reason in why
+
+
+def test_arch_is_reported_not_enforced(bundle, public_key):
+    def arch_check(local):
+        r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=local)
+        (c,) = [c for c in r.checks if c.check == "arch"]
+        return r.ok, c.status, c.reason
+
+    assert arch_check(87)[:2] == (True, "pass")
+    ok, status, reason = arch_check(90)
+    assert ok and status == "warn" and "PTX is JIT-compiled" in reason
+    assert arch_check(None)[:2] == (True, "skip")
+
+
+def test_verify_never_modifies_the_bundle(bundle, public_key):
+    before = {rel: (bundle / rel).read_bytes() for rel in list_tree(bundle)}
+    verify_bundle(bundle, [public_key], local_arch=None)
+    assert {rel: (bundle / rel).read_bytes() for rel in list_tree(bundle)} == before
