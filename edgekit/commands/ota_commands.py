@@ -149,7 +149,14 @@ def agent(
     _print_recovery(plugin_store)
     cache_dir = cache or (store / "tuf")
     while True:
-        report = run_once(plugin_store, repo_url=repo, trusted_root=root_bytes, cache_dir=cache_dir)
+        try:
+            report = run_once(plugin_store, repo_url=repo, trusted_root=root_bytes, cache_dir=cache_dir)
+        except EdgekitError as e:
+            if once:
+                raise
+            err_console.print(f"[bold red]pass failed:[/] {e} (retrying in {interval:.0f} s)", highlight=False, soft_wrap=True)
+            time.sleep(interval)
+            continue
         if json_out and once:
             print_json(report.to_dict())
         elif json_out:  # JSON lines: one compact report per pass, flushed for log shippers

@@ -33,6 +33,7 @@ REASONS = {
     "blocked": "this version was rolled back on this device before",
     "metadata_mismatch": "the package does not match the update metadata that announced it",
     "golden_mismatch": "the plugin's outputs do not match its golden vectors",
+    "load_failed": "the runtime could not load or launch the plugin; it was rolled back",
     "verification_failed": "the package failed verification",
 }
 

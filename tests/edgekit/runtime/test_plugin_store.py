@@ -211,3 +211,30 @@ def test_open_keeps_a_consistent_store_untouched(tmp_path):
     before = tree_digest(root)
     s = open_store(root)
     assert s.recovery == [] and tree_digest(root) == before
+
+
+def test_concurrent_installs_are_serialized_by_the_store_lock(tmp_path):
+    import threading
+    import time
+
+    root = tmp_path / "s"
+    inside = threading.Event()
+
+    def slow(action, step):  # hold the lock for a while in the middle of a swap
+        if step == "golden_checked":
+            inside.set()
+            time.sleep(0.5)
+
+    a = open_store(root, checkpoint=slow)
+    b = open_store(root)
+    results = {}
+    ta = threading.Thread(target=lambda: results.setdefault("a", a.install(fakepkg.pack(AUTHOR, version=1))))
+    ta.start()
+    inside.wait(5)
+    t0 = time.monotonic()
+    results["b"] = b.install(fakepkg.pack(AUTHOR, version=2))
+    waited = time.monotonic() - t0
+    ta.join(5)
+    assert waited > 0.1  # b could not start its swap while a was in the middle of one
+    p = b.pointer("rmsnorm")
+    assert (p.version, p.previous) == ("2", "1")
