@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from edgekit.errors import OperatorError
@@ -29,10 +31,16 @@ def dtype_is(op: str, t: torch.Tensor, name: str, dtype: torch.dtype) -> None:
         raise OperatorError(f"{op}: {name} has dtype {t.dtype}; expected {dtype}")
 
 
+def interpreting() -> bool:
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1), where kernels take CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def on_cuda(op: str, *tensors: tuple[str, torch.Tensor | None]) -> None:
     devices = {t.device for _, t in tensors if t is not None}
+    allowed = ("cuda", "cpu") if interpreting() else ("cuda",)
     for name, t in tensors:
-        if t is not None and t.device.type != "cuda":
+        if t is not None and t.device.type not in allowed:
             raise OperatorError(f"{op}: {name} is on {t.device}; the Triton kernels run on a CUDA device",
                                 hint="move the model with .to('cuda') or use the reference dispatch table")
     if len(devices) > 1:

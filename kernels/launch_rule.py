@@ -229,7 +229,15 @@ def _list(x: Any, where: str) -> list:
 
 # --------------------------------------------------------------------------- evaluation
 class Pointer(int):
-    """A device address (an int that remembers it is a pointer)."""
+    """A device address (an int that remembers it is a pointer, and the tensor it came from, if any)."""
+
+    tensor: Any = None
+
+    @classmethod
+    def of(cls, t: Any) -> "Pointer":
+        p = cls(0 if t is None else t.data_ptr())
+        p.tensor = t
+        return p
 
 
 @dataclass
@@ -275,8 +283,7 @@ def eval_expr(e: Any, env: Env):
     if key == "present":
         return int(env.tensors.get(val) is not None)
     if key == "ptr":
-        t = env.tensors.get(val)
-        return Pointer(0 if t is None else t.data_ptr())
+        return Pointer.of(env.tensors.get(val))
     if key == "sym":
         return env.syms[val]
     if key == "device":

@@ -96,7 +96,8 @@ def _gemv_kernel(
     rn_ld = rn % N
     rm_ld = rm % M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kb * BLOCK_K
         kmask = (k0 + rk) < K
         w = tl.load(w_ptr + rn_ld[:, None] * stride_wn + (k0 + rk)[None, :], mask=kmask[None, :], other=0)  # (BN, BK)
         if W_INT8:
@@ -116,7 +117,8 @@ def _quantize_rows_kernel(x_ptr, smooth_ptr, q_ptr, s_ptr, K, stride_xm, stride_
     row = tl.program_id(0).to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kb * BLOCK_K
         mask = (k0 + rk) < K
         x = tl.load(x_ptr + row * stride_xm + k0 + rk, mask=mask, other=0.0).to(tl.float32)
         if has_smooth != 0:
@@ -124,7 +126,8 @@ def _quantize_rows_kernel(x_ptr, smooth_ptr, q_ptr, s_ptr, K, stride_xm, stride_
         amax = tl.maximum(amax, tl.abs(x))
     row_max = tl.max(amax, axis=0)
     scale = tl.where(row_max > 0, row_max / 127.0, 1.0)
-    for k0 in range(0, K, BLOCK_K):
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kb * BLOCK_K
         mask = (k0 + rk) < K
         x = tl.load(x_ptr + row * stride_xm + k0 + rk, mask=mask, other=0.0).to(tl.float32)
         if has_smooth != 0:

@@ -211,7 +211,7 @@ def _rope_checks(width_tensor: str, D: int) -> list[dict]:
     return [
         check("eq", shape(width_tensor, 0 if width_tensor == "wqkv" else 1), {"mul": [heads, D]},
               f"the QKV width must be (n_heads + 2 n_kv_heads) * HEAD_DIM with the compiled HEAD_DIM {D}"),
-        check("eq", shape("cos", 1), D // 2, "cos/sin must have head_dim/2 columns"),
+        check("eq", shape("cos", 2), D // 2, "cos/sin must have head_dim/2 columns"),
     ]
 
 

@@ -1,0 +1,119 @@
+"""The GPU dispatch table: every operator served by its Triton kernels (JIT-compiled for the local GPU).
+
+``triton_dispatch_table(variants)`` returns a ``DispatchTable`` whose entries
+(source "triton") check their inputs, bring them into the canonical form of
+the operator's launch program, and run that program through Triton's JIT.
+Variants come from ``variants`` (e.g. a plan's choice) where given, else the
+defaults of ``kernels.variants`` for the shapes of the first call (cached per
+shape). Programs are the same documents a plugin carries, so the JIT path
+exercises the very launch rules shipped to devices.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from edgekit.errors import OperatorError
+from edgekit.kernels.dispatch import DispatchTable
+from edgekit.kernels.program_runner import JitLauncher, run_program
+from edgekit.kernels.variants import KernelVariant, default_variants, kernels_of, op_kernels, op_program
+
+VariantChoice = KernelVariant | Mapping[str, KernelVariant] | Iterable[KernelVariant]
+
+
+def _shape_facts(op: str, tensors: Mapping[str, torch.Tensor | None], attrs: Mapping[str, Any]) -> dict:
+    """The shape keywords tile_space/default_variants take, read off one call's canonical tensors."""
+    if op in ("attention_prefill", "attention_decode"):
+        q = tensors["q"]
+        kv = tensors.get("k") if op == "attention_prefill" else tensors["k_cache"]
+        return {"head_dim": q.shape[-1], "n_heads": q.shape[1], "n_kv_heads": kv.shape[1]}
+    if op in ("qkv_rope", "rope"):
+        return {"head_dim": tensors["cos"].shape[-1] * 2, "n_heads": attrs["n_heads"], "n_kv_heads": attrs["n_kv_heads"],
+                "rows": (tensors.get("x") if op == "qkv_rope" else tensors["qkv"]).shape[0]}
+    if op == "rmsnorm":
+        return {"hidden_size": tensors["x"].shape[1]}
+    if op in ("linear", "linear_w8a16", "linear_w8a8"):
+        return {"rows": tensors["x"].shape[0]}
+    return {}
+
+
+def _facts_key(op: str, facts: dict) -> tuple:
+    if op in ("linear", "linear_w8a16", "linear_w8a8", "qkv_rope", "rope"):
+        # rows only matter through the tile choice: bucket them so each decode/prefill size compiles once
+        rows = facts.get("rows", 1)
+        facts = {**facts, "rows": rows if rows <= 16 else (64 if rows <= 64 else 1 << 20)}
+    return tuple(sorted(facts.items()))
+
+
+def _as_kernel_map(op: str, choice: VariantChoice) -> dict[str, KernelVariant]:
+    if isinstance(choice, KernelVariant):
+        choice = [choice]
+    if isinstance(choice, Mapping):
+        return dict(choice)
+    out = {}
+    for v in choice:
+        if v.op != op:
+            raise OperatorError(f"variant {v.label()} is for operator {v.op!r}, given for {op!r}")
+        out[v.kernel] = v
+    return out
+
+
+class TritonOp:
+    """One operator on the Triton JIT path; callable with the reference's arguments."""
+
+    def __init__(self, op: str, variants: Mapping[str, KernelVariant] | None = None):
+        self.op = op
+        self.kernels = op_kernels()[op]
+        self._fixed = dict(variants) if variants else None
+        self._programs: dict[tuple, tuple[dict, dict[str, JitLauncher]]] = {}
+        self._lock = threading.Lock()
+
+    def _program_for(self, dtype: str, tensors, attrs) -> tuple[dict, dict[str, JitLauncher]]:
+        facts = _shape_facts(self.op, tensors, attrs)
+        key = (dtype, None) if self._fixed is not None else (dtype, _facts_key(self.op, facts))
+        entry = self._programs.get(key)
+        if entry is None:
+            if self._fixed is not None:
+                variants = self._fixed
+            else:
+                variants = default_variants(self.op, dtype=dtype, **facts)
+            if any(v.dtype != dtype for v in variants.values()):
+                raise OperatorError(f"{self.op}: planned variants are for {sorted({v.dtype for v in variants.values()})} "
+                                    f"activations, the call has {dtype}")
+            program = op_program(self.op, variants, aot=False)
+            entry = (program, {name: JitLauncher(v) for name, v in variants.items()})
+            with self._lock:
+                self._programs[key] = entry
+        return entry
+
+    def __call__(self, *args):
+        tensors, attrs, finish = self.kernels.prepare(*args)
+        act = next(t for t in tensors.values() if t is not None and t.is_floating_point())
+        from edgekit.kernels.kernel_def import TORCH_DTYPE_TO_ACT
+
+        dtype = TORCH_DTYPE_TO_ACT[str(act.dtype)]
+        program, launchers = self._program_for(dtype, tensors, attrs)
+        return finish(run_program(program, tensors, attrs, launchers))
+
+
+def triton_ops(variants: Mapping[str, VariantChoice] | None = None) -> dict[str, TritonOp]:
+    """op name -> TritonOp for every operator that has Triton kernels."""
+    variants = variants or {}
+    unknown = set(variants) - set(op_kernels())
+    if unknown:
+        raise OperatorError(f"variants given for unknown operators {sorted(unknown)}; expected {sorted(op_kernels())}")
+    return {op: TritonOp(op, _as_kernel_map(op, variants[op]) if op in variants else None) for op in op_kernels()}
+
+
+def triton_dispatch_table(variants: Mapping[str, VariantChoice] | None = None) -> DispatchTable:
+    """A DispatchTable with every operator on its Triton kernels (source "triton")."""
+    table = DispatchTable()
+    for name, fn in triton_ops(variants).items():
+        table.set(name, fn, source="triton")
+    return table
+
+
+__all__ = ["TritonOp", "triton_dispatch_table", "triton_ops", "kernels_of"]
