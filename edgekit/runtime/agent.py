@@ -19,6 +19,7 @@ to the store's verifier.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,8 @@ def run_once(
     metadata_url, targets_url = _urls(repo_url)
     metadata_dir = Path(cache_dir) / "metadata"
     metadata_dir.mkdir(parents=True, exist_ok=True)
+    for stale in Path(cache_dir).glob(".download-*"):  # left by a pass that was killed mid-download
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         updater = Updater(
             metadata_dir=str(metadata_dir), metadata_base_url=metadata_url, target_base_url=targets_url,

@@ -370,7 +370,7 @@ class PluginStore:
                 self._write_pointer(new, between=lambda: step("pointer_temp_written"))
                 slot_made = None  # the pointer names it now
                 step("switched")
-                self._collect(op, new)
+                self._collect_quietly(op, new)
                 step("cleaned")
             except SwapRefused as e:
                 self.events.append(Event("refused", op, str(e)))
@@ -407,7 +407,7 @@ class PluginStore:
             new = _rolled_back(p, reason)
             self._write_pointer(new, between=lambda: self._step("rollback", "pointer_temp_written"))
             self._step("rollback", "switched")
-            self._collect(op, new)
+            self._collect_quietly(op, new)
         self.events.append(Event("rolled_back", op, f"{p.version} -> {new.version or 'reference'}: {reason}"))
         return new
 
@@ -504,6 +504,13 @@ class PluginStore:
         durable.fsync_dir(op_dir)
         step("staged")
         return final
+
+    def _collect_quietly(self, op: str, pointer: Pointer) -> None:
+        """After a switch the swap has happened; failing to delete an old slot must not report it as failed."""
+        try:
+            self._collect(op, pointer)
+        except OSError as e:
+            self.events.append(Event("cleanup_failed", op, f"old slots stay until the next start-up: {e}"))
 
     def _collect(self, op: str, pointer: Pointer) -> None:
         """Delete slots the pointer no longer names (kept: active and previous)."""

@@ -122,3 +122,23 @@ def test_bundle_golden_vectors_for_the_op_are_checked_too(tmp_path):
     with pytest.raises(SwapRefused) as e:
         s.install(realpkg.pack(AUTHOR, 1))
     assert e.value.reason == "golden_mismatch" and "bundle case" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "file, reason, expected",
+    [
+        ("package:package.sig", "signed by key ab12..., which is not trusted (trusted: none)", "untrusted_key"),
+        ("package:package.sig", "signed with the public development key, which proves nothing", "untrusted_key"),
+        ("package:package.sig", "not a valid signature document (signature: field required)", "bad_signature"),
+        ("package:plugin.json", "schema: triton_version 3.2.0 has no known kernel ABI (known: ['3.4'])", "triton_abi"),
+        ("package:index.json", "schema: files: field required", "schema"),
+        ("package", "70000000 bytes exceeds the 67108864-byte limit for a plugin package", "oversized"),
+        ("package:kernel.ptx", "listed in the signed index but missing from the package", "corrupted"),
+        ("package", "not a readable tar archive (bad checksum)", "corrupted"),
+    ],
+)
+def test_verifier_errors_map_to_refusal_reasons(file, reason, expected):
+    from edgekit.errors import VerificationError
+    from edgekit.runtime.plugin_checks import refusal_reason
+
+    assert refusal_reason(VerificationError(file, reason)) == expected
