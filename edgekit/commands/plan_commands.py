@@ -170,6 +170,15 @@ def plan(
         console.print(f"[dim]plan written to {output}[/]")
 
 
+_TILE_ABBREV = {"BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "BLOCK_H": "H", "BLOCK_G": "Q", "BLOCK_F": "F",
+                "HEAD_DIM": "D", "MAX_SPLITS": "S", "GROUP_M": "G"}
+
+
+def _tile_label(constexprs: dict) -> str:
+    """{'BLOCK_M': 128, 'BLOCK_N': 64, 'HEAD_DIM': 64} -> 'M128 N64 D64' (fixed flags such as W_INT8 left out)."""
+    return " ".join(f"{_TILE_ABBREV[k]}{v}" for k, v in constexprs.items() if k in _TILE_ABBREV)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -185,17 +194,19 @@ def print_plan(d: dict) -> None:
     )
 
     if d["tiles"]:
-        t = Table(title=f"Tiles (shared bytes read from kernels compiled for {tg['arch']}; budget {budget} B)")
-        for col in ("operator", "kernel", "tile", "warps", "stages", "shared bytes", "of budget", "estimate", "regs", "spills", "rejected", "why"):
-            t.add_column(col, justify="right" if col in ("warps", "stages", "shared bytes", "of budget", "estimate", "regs", "spills", "rejected") else "left")
+        t = Table(title=f"Kernels and tiles: shared bytes read from kernels compiled for {tg['arch']} (budget {budget} B)")
+        for col in ("kernel", "tile", "w/s", "smem B", "%", "est. B", "regs", "pick"):
+            t.add_column(col, justify="left" if col in ("kernel", "tile", "picked") else "right", no_wrap=True)
         for c in d["tiles"]:
-            tile = " ".join(f"{k}={v}" for k, v in c["constexprs"].items())
-            regs = "-" if c.get("registers") is None else str(c["registers"])
-            spills = "-" if c.get("spill_bytes") is None else str(c["spill_bytes"])
-            t.add_row(c["op"], c["kernel"], tile, str(c["num_warps"]), str(c["num_stages"]), str(c["shared_bytes"]),
-                      _pct(c["shared_bytes"] / budget), str(c["estimated_shared_bytes"]), regs, spills,
-                      str(len(c.get("rejected", []))), c.get("reason", ""))
+            picked = (f"1/{c['within_estimate']}" + (f" ({len(c['rejected'])} rej.)" if c["rejected"] else "")
+                      if c["searched"] else "dflt")
+            t.add_row(c["kernel"], _tile_label(c["constexprs"]), f"{c['num_warps']}/{c['num_stages']}",
+                      str(c["shared_bytes"]), f"{100 * c['shared_bytes'] / budget:.0f}", str(c["estimated_shared_bytes"]),
+                      "-" if c.get("registers") is None else str(c["registers"]), picked)
         console.print(t)
+        console.print("[dim]tile: M/N/K/H/F block sizes, D head dim, Q query rows per KV head, S max KV splits, G GEMM "
+                      "group; w/s warps/stages; %: of the budget; est.: the analytical estimate; pick: rank 1 of the "
+                      "candidates within the estimate, rej.: compiled and rejected; dflt: no shared-memory tiles.[/]")
     dec = d["decode"]
     console.print(f"decode attention: {dec['splits']} KV splits — {dec['rule']}; grid {dec['grid']}")
 

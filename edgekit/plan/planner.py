@@ -204,7 +204,7 @@ def make_plan(
     if solve_tiles:
         from edgekit.plan.tiles import solve_all
 
-        choices = solve_all(cfg, target, pp, batch=batch, buckets=chosen, dtype="fp16", progress=progress)
+        choices = solve_all(cfg, target, pp, batch=batch, buckets=chosen, context=context, dtype="fp16", progress=progress)
         tiles = [c.to_dict() for c in choices]
         for c in choices:
             if c.kernel == "attention_decode_split":

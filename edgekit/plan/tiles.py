@@ -1,0 +1,366 @@
+"""The tile solver: for every kernel the plan needs, a variant that fits the target's shared memory,
+proved by compiling it for the target's arch.
+
+For a kernel that stages tiles in shared memory:
+
+1. enumerate its candidates (``kernels.variants.tile_space``: block sizes, warps, stages);
+2. keep those whose analytical estimate fits the per-block budget;
+3. rank them, in this order (each rule breaks the ties of the one before):
+   a. the grid fills the target (at least one program per SM; for split-KV
+      decode, the programs the launch rule asks for) at the planned shape;
+   b. the largest tile (product of the BLOCK_* sizes): more reuse per byte loaded;
+   c. the deepest pipeline (num_stages): more loads in flight;
+   d. the most blocks per SM that shared memory allows: more latency hiding;
+   e. decode only: the smallest MAX_SPLITS that still holds the planned splits (less workspace);
+   f. the kernel's default warp count, then fewer warps; then the smaller estimate;
+4. compile the best for the target's arch (``kernels.aot.compile_variant``)
+   and read its real shared bytes and ptxas register/spill report; if the
+   compiled bytes exceed the budget, it spills registers, or its registers do
+   not fit an SM, drop it and compile the next, up to ``MAX_COMPILES``.
+
+A kernel that does not tile through shared memory (GEMV, reductions,
+elementwise) takes its default variant, compiled the same way, so every
+shared-memory figure in a plan is one a compiler reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from edgekit.errors import EdgekitError, PlanError
+from edgekit.model.config import ModelConfig
+from edgekit.plan.precision import LINEAR_SCHEMES, PrecisionPlan
+from edgekit.plan.targets import Target
+
+MAX_COMPILES = 8  # per kernel: candidates compiled before giving up (each ~0.3-2 s on a CPU)
+TILE_DIMS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H")  # BLOCK_G is set by the model's GQA ratio, not chosen
+
+
+@dataclass(frozen=True)
+class Rejection:
+    variant: str  # label
+    estimated_bytes: int
+    compiled_bytes: int | None
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"variant": self.variant, "estimated_bytes": self.estimated_bytes, "compiled_bytes": self.compiled_bytes,
+                "reason": self.reason}
+
+
+@dataclass
+class TileChoice:
+    op: str
+    kernel: str
+    variant: Any  # kernels.variants.KernelVariant
+    arch: str
+    budget_bytes: int
+    estimated_shared_bytes: int
+    shared_bytes: int  # from the compiled kernel, never estimated
+    compiled_name: str
+    triton_version: str
+    registers: int | None
+    spill_bytes: int | None
+    searched: bool  # False: a kernel without shared-memory tiles, default variant
+    shape: dict  # the shape facts it was solved for
+    programs: int | None = None  # grid size at that shape
+    programs_target: int | None = None
+    candidates: int = 0
+    within_estimate: int = 0
+    rejected: list[Rejection] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def constexprs(self) -> dict:
+        return dict(self.variant.constexprs)
+
+    def to_dict(self) -> dict:
+        v = self.variant
+        return {
+            "op": self.op,
+            "kernel": self.kernel,
+            "variant": v.to_dict(),
+            "constexprs": dict(v.constexprs),
+            "num_warps": v.num_warps,
+            "num_stages": v.num_stages,
+            "dtype": v.dtype,
+            "arch": self.arch,
+            "budget_bytes": self.budget_bytes,
+            "shared_bytes": self.shared_bytes,
+            "shared_bytes_source": f"compiled for {self.arch} by triton {self.triton_version} (kernel metadata)",
+            "estimated_shared_bytes": self.estimated_shared_bytes,
+            "compiled_name": self.compiled_name,
+            "registers": self.registers,
+            "spill_bytes": self.spill_bytes,
+            "searched": self.searched,
+            "shape": self.shape,
+            "programs": self.programs,
+            "programs_target": self.programs_target,
+            "candidates": self.candidates,
+            "within_estimate": self.within_estimate,
+            "rejected": [r.to_dict() for r in self.rejected],
+            "reason": self.reason,
+        }
+
+
+# -- the solver core (pure: candidates in, choice out) ---------------------------------
+
+
+def tile_work(v) -> int:
+    return math.prod(v.constexprs[d] for d in TILE_DIMS if d in v.constexprs)
+
+
+def rank_key(v, est: int, *, per_sm_bytes: int, programs: Callable | None, programs_target: int | None,
+             default_warps: int | None, want_splits: int | None):
+    """Sort key for candidates within the estimate budget: smaller is better (see the module doc, rule 3)."""
+    fills = 0
+    if programs is not None and programs_target:
+        fills = 0 if programs(v) >= programs_target else 1
+    blocks_per_sm = per_sm_bytes // max(est, 1)
+    splits_waste = 0
+    if want_splits is not None and "MAX_SPLITS" in v.constexprs:
+        ms = v.constexprs["MAX_SPLITS"]
+        splits_waste = (0, ms) if ms >= want_splits else (1, -ms)  # hold the splits, else the most it can
+    warps_pref = (0 if v.num_warps == default_warps else 1, v.num_warps)
+    return (fills, -tile_work(v), -v.num_stages, -blocks_per_sm, splits_waste, warps_pref, est, v.label())
+
+
+def solve_kernel(
+    candidates: Iterable,
+    *,
+    budget_bytes: int,
+    per_sm_bytes: int,
+    arch: str,
+    estimate: Callable[[Any], int],
+    compile_fn: Callable[[Any], Any],
+    registers_per_sm: int = 65536,
+    programs: Callable[[Any], int] | None = None,
+    programs_target: int | None = None,
+    default_warps: int | None = None,
+    want_splits: int | None = None,
+    max_compiles: int = MAX_COMPILES,
+    shape: dict | None = None,
+) -> TileChoice:
+    """The best candidate whose compiled shared bytes fit ``budget_bytes``; PlanError when none does.
+
+    ``compile_fn(v)`` returns an object with ``shared_bytes``, ``name``, ``triton_version``,
+    ``registers`` and ``spills`` (kernels.aot.CompiledKernel) or raises an EdgekitError.
+    """
+    cands = list(candidates)
+    if not cands:
+        raise PlanError("no candidate variants to choose from (an empty tile space)")
+    op, kernel = cands[0].op, cands[0].kernel
+    scored = [(v, estimate(v)) for v in cands]
+    fitting = [(v, e) for v, e in scored if e <= budget_bytes]
+    fitting.sort(key=lambda ve: rank_key(ve[0], ve[1], per_sm_bytes=per_sm_bytes, programs=programs,
+                                         programs_target=programs_target, default_warps=default_warps,
+                                         want_splits=want_splits))
+    rejected: list[Rejection] = []
+    for rank, (v, est) in enumerate(fitting[:max_compiles], 1):
+        try:
+            ck = compile_fn(v)
+        except EdgekitError as e:  # over budget once compiled, or Triton could not compile it
+            rejected.append(Rejection(v.label(), est, getattr(e, "compiled_bytes", None), e.message))
+            continue
+        spill = None if ck.spills is None else int(ck.spills.get("stores", 0)) + int(ck.spills.get("loads", 0))
+        threads = v.num_warps * 32
+        if ck.shared_bytes > budget_bytes:
+            rejected.append(Rejection(v.label(), est, ck.shared_bytes, f"compiled {ck.shared_bytes} B > budget {budget_bytes} B"))
+            continue
+        if spill:
+            rejected.append(Rejection(v.label(), est, ck.shared_bytes, f"spills {spill} B of registers to local memory"))
+            continue
+        if ck.registers is not None and ck.registers * threads > registers_per_sm:
+            rejected.append(Rejection(v.label(), est, ck.shared_bytes,
+                                      f"{ck.registers} registers x {threads} threads exceed the SM's {registers_per_sm}"))
+            continue
+        n_prog = programs(v) if programs is not None else None
+        why = [f"rank {rank} of {len(fitting)} within the estimate budget"]
+        if n_prog is not None and programs_target:
+            why.append(f"{n_prog} programs {'>=' if n_prog >= programs_target else '<'} {programs_target} wanted")
+        why.append(f"tile {tile_work(v)}, {v.num_stages} stages, {per_sm_bytes // max(ck.shared_bytes, 1)} blocks/SM by smem")
+        return TileChoice(
+            op=op, kernel=kernel, variant=v, arch=arch, budget_bytes=budget_bytes, estimated_shared_bytes=est,
+            shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
+            registers=ck.registers, spill_bytes=spill, searched=True, shape=dict(shape or {}), programs=n_prog,
+            programs_target=programs_target, candidates=len(cands), within_estimate=len(fitting), rejected=rejected,
+            reason="; ".join(why),
+        )
+    tried = "; ".join(f"{r.variant}: {r.reason}" for r in rejected[:3])
+    smallest = min(e for _, e in scored)
+    raise PlanError(
+        f"no variant of {op}/{kernel} fits {budget_bytes} B of shared memory on {arch}: {len(cands)} candidates, "
+        f"{len(fitting)} within the estimate (smallest estimate {smallest} B), {len(rejected)} compiled and rejected"
+        + (f" ({tried})" if tried else ""),
+        hint="raise the target's per_block_budget_bytes if the hardware allows, or add smaller tiles to the kernel's tile space",
+    )
+
+
+def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, compile_fn: Callable, shape: dict) -> TileChoice:
+    """A kernel without shared-memory tiles: its default variant, compiled so its real bytes are on record."""
+    try:
+        ck = compile_fn(v)
+    except EdgekitError as e:
+        raise PlanError(f"{v.op}/{v.kernel}: its default variant {v.label()} does not build for {arch}: {e.message}") from e
+    if ck.shared_bytes > budget_bytes:
+        raise PlanError(f"{v.op}/{v.kernel}: default variant {v.label()} needs {ck.shared_bytes} B of shared memory "
+                        f"on {arch}, over the {budget_bytes} B budget")
+    spill = None if ck.spills is None else int(ck.spills.get("stores", 0)) + int(ck.spills.get("loads", 0))
+    return TileChoice(
+        op=v.op, kernel=v.kernel, variant=v, arch=arch, budget_bytes=budget_bytes, estimated_shared_bytes=estimate(v),
+        shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
+        registers=ck.registers, spill_bytes=spill, searched=False, shape=dict(shape), candidates=1, within_estimate=1,
+        reason="no shared-memory tiles: default variant, compiled to record its real bytes",
+    )
+
+
+# -- what the model needs, and at which shapes -------------------------------------------
+
+
+def needed_ops(precision: PrecisionPlan) -> list[str]:
+    """Operators the decoder calls with this precision (see DispatchTable)."""
+    ops = ["rmsnorm", "attention_prefill", "attention_decode", "swiglu", "linear"]  # linear: fp16 projections, LM head
+    schemes = set(precision.schemes_used())
+    if "fp16" in {layer["wqkv"] for layer in precision.layers}:
+        ops.append("qkv_rope")  # the fused projection + RoPE takes float weights
+    if any(layer["wqkv"] != "fp16" for layer in precision.layers):
+        ops.append("rope")  # INT8 QKV: linear, then RoPE
+    for s in sorted(schemes - {"fp16"}):
+        ops.append(LINEAR_SCHEMES[s].op)
+    return ops
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class ShapeFacts:
+    """The static shapes the kernels run at, from the model and the plan."""
+
+    cfg: ModelConfig
+    batch: int
+    max_bucket: int
+    context: int
+    precision: PrecisionPlan
+
+    @property
+    def prefill_rows(self) -> int:
+        return self.batch * self.max_bucket
+
+    def base(self) -> dict:
+        c = self.cfg
+        return {"head_dim": c.head_dim, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads, "hidden_size": c.hidden_size}
+
+    def min_out_features(self, op: str) -> int:
+        """The narrowest projection (fewest output columns) run by a linear op: its grid is the smallest."""
+        shapes = self.cfg.linear_shapes()
+        outs = [shapes[p][0] for layer in self.precision.layers for p, s in layer.items() if LINEAR_SCHEMES[s].op == op]
+        if op == "linear":
+            outs.append(self.cfg.vocab_size)
+        return min(outs) if outs else self.cfg.hidden_size
+
+
+def kernel_shapes(op: str, facts: ShapeFacts) -> dict[str, dict]:
+    """kernel -> the shape facts it is solved at. The linear ops have a decode (GEMV) and a prefill (GEMM) kernel."""
+    base = facts.base()
+    decode = {**base, "rows": facts.batch}
+    prefill = {**base, "rows": facts.prefill_rows}
+    table = {
+        "attention_prefill": {"attention_prefill_fwd": prefill},
+        "attention_decode": {"attention_decode_split": decode, "attention_decode_reduce": decode},
+        "linear": {"linear_gemv": decode, "linear_gemm": prefill},
+        "linear_w8a16": {"w8a16_gemv": decode, "w8a16_gemm": prefill},
+        "linear_w8a8": {"w8a8_quantize": prefill, "w8a8_gemm": prefill},
+        # one fused kernel serves decode and prefill: tiled for prefill, where its compute is
+        "qkv_rope": {"qkv_rope_fwd": prefill},
+        "rope": {"rope_fwd": prefill},
+        "rmsnorm": {"rmsnorm_fwd": prefill},
+        "swiglu": {"swiglu_fwd": prefill},
+    }
+    return table.get(op, {})
+
+
+def programs_fn(kernel: str, facts: ShapeFacts, target: Target, want_splits: int) -> tuple[Callable | None, int | None]:
+    """(grid size of a variant at the planned shape, programs wanted) for rule 3a; (None, None) if unknown."""
+    c, sms = facts.cfg, target.gpu.sms
+    rows = facts.prefill_rows
+    if kernel == "attention_prefill_fwd":
+        return (lambda v: _cdiv(facts.max_bucket, v.constexprs["BLOCK_M"]) * facts.batch * c.n_heads), sms
+    if kernel == "attention_decode_split":
+        from edgekit.plan.planner import DECODE_PROGRAMS_PER_SM, decode_splits
+
+        def grid(v):
+            s = decode_splits(target, facts.batch, c.n_kv_heads, facts.context, v.constexprs["BLOCK_N"],
+                              v.constexprs.get("MAX_SPLITS"))
+            return s * facts.batch * c.n_kv_heads
+
+        return grid, min(sms * DECODE_PROGRAMS_PER_SM, want_splits * facts.batch * c.n_kv_heads)
+    if kernel.endswith("_gemm"):
+        op = {"linear_gemm": "linear", "w8a16_gemm": "linear_w8a16", "w8a8_gemm": "linear_w8a8"}[kernel]
+        n = facts.min_out_features(op)
+        return (lambda v: _cdiv(rows, v.constexprs["BLOCK_M"]) * _cdiv(n, v.constexprs["BLOCK_N"])), sms
+    if kernel == "qkv_rope_fwd":
+        return (lambda v: _cdiv(rows, v.constexprs["BLOCK_M"]) * (c.n_heads + 2 * c.n_kv_heads)), sms
+    return None, None
+
+
+def solve_all(
+    cfg: ModelConfig,
+    target: Target,
+    precision: PrecisionPlan,
+    *,
+    batch: int,
+    buckets: tuple[int, ...],
+    context: int | None = None,
+    dtype: str = "fp16",
+    progress: Callable[[str], None] | None = None,
+    compile_fn: Callable | None = None,
+) -> list[TileChoice]:
+    """A confirmed variant for every kernel of every operator the plan needs."""
+    from edgekit.kernels import variants as kv
+    from edgekit.kernels.aot import compile_variant
+    from edgekit.plan.planner import DECODE_PROGRAMS_PER_SM
+
+    budget = target.smem_budget_bytes
+    arch_num = target.gpu.compute_capability
+    if compile_fn is None:
+        def compile_fn(v):
+            return compile_variant(v, arch_num, budget_bytes=budget)
+
+    facts = ShapeFacts(cfg, batch, buckets[-1], context or buckets[-1], precision)
+    want_splits = math.ceil(target.gpu.sms * DECODE_PROGRAMS_PER_SM / (batch * cfg.n_kv_heads))
+    smem_ops = set(kv.shared_memory_ops())
+    choices: list[TileChoice] = []
+    for op in needed_ops(precision):
+        if op not in kv.op_kernels():
+            continue  # no Triton kernels for it (yet): the build uses the torch reference
+        chosen: dict[str, TileChoice] = {}
+        for kernel, shape in kernel_shapes(op, facts).items():
+            kdef = kv.kernel_def(op, kernel)
+            space = [v for v in kv.tile_space(op, dtype=dtype, **shape) if v.kernel == kernel]
+            defaults = kv.default_variants(op, dtype=dtype, **shape)
+            if progress:
+                progress(f"{op}/{kernel}: {len(space)} candidates, compiling for {target.arch}")
+            if kdef.uses_shared_memory and op in smem_ops and space:
+                grid, wanted = programs_fn(kernel, facts, target, want_splits)
+                choice = solve_kernel(
+                    space, budget_bytes=budget, per_sm_bytes=target.gpu.shared_memory.per_sm_bytes, arch=target.arch,
+                    estimate=kv.estimate_shared_bytes, compile_fn=compile_fn, registers_per_sm=target.gpu.registers_per_sm,
+                    programs=grid, programs_target=wanted, default_warps=defaults[kernel].num_warps,
+                    want_splits=want_splits if kernel == "attention_decode_split" else None, shape=shape,
+                )
+            else:
+                v = defaults[kernel]
+                partner = chosen.get("attention_decode_split")
+                if kernel == "attention_decode_reduce" and partner is not None:
+                    # the reduce kernel must agree with the split kernel on these (decode_program checks it)
+                    shared = {k: partner.variant.constexprs[k] for k in ("HEAD_DIM", "MAX_SPLITS") if k in v.constexprs}
+                    v = type(v)(v.op, v.kernel, {**v.constexprs, **shared}, v.num_warps, v.num_stages, v.dtype)
+                choice = confirm_default(v, budget_bytes=budget, arch=target.arch, estimate=kv.estimate_shared_bytes,
+                                         compile_fn=compile_fn, shape=shape)
+            chosen[kernel] = choice
+        choices.extend(chosen.values())
+    return choices
