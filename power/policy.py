@@ -65,8 +65,8 @@ class PolicyConfig(BaseModel):
         """Budgets from a target profile (a plain dict), then per-deployment overrides.
 
         The profile is searched for ``jitter_budget_ms``, ``power_band_w``,
-        ``power_target_w`` and ``temperature`` (or ``temp_warn_c`` /
-        ``temp_critical_c``) at its top level and under ``watchdog`` or
+        ``power_target_w`` and ``temperature`` (or the flat names in
+        ``_TEMP_ALIASES``, e.g. ``temperature_warn_c`` / ``temperature_limit_c``) at its top level and under ``watchdog`` or
         ``budgets``; its other keys belong to other parts of edgekit and are
         ignored. Overrides are checked strictly: an unknown key is an error.
         """
@@ -79,10 +79,9 @@ class PolicyConfig(BaseModel):
                     if key in section:
                         base[key] = section[key]
                 temp = dict(base.get("temperature") or {})
-                if "temp_warn_c" in section:
-                    temp["warn_c"] = section["temp_warn_c"]
-                if "temp_critical_c" in section:
-                    temp["critical_c"] = section["temp_critical_c"]
+                for alias, key in _TEMP_ALIASES.items():
+                    if alias in section:
+                        temp[key] = section[alias]
                 if temp:
                     base["temperature"] = temp
         merged = _deep_merge(base, dict(overrides or {}))
@@ -90,6 +89,13 @@ class PolicyConfig(BaseModel):
             return cls.model_validate(merged)
         except ValidationError as e:
             raise ConfigError(_explain(e, merged), hint="fix the watchdog budgets in the target profile or the overrides") from e
+
+
+# Flat names a target profile may use for the temperature limits.
+_TEMP_ALIASES = {
+    "temp_warn_c": "warn_c", "temperature_warn_c": "warn_c",
+    "temp_critical_c": "critical_c", "temperature_critical_c": "critical_c", "temperature_limit_c": "critical_c",
+}
 
 
 def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

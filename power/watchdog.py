@@ -84,12 +84,15 @@ class Watchdog:
         self._lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------
+    def write_meta(self, **extra) -> None:
+        if self.logger is not None:
+            self.logger.meta(sensors=[s.describe() for s in self.sensors], policy=self.policy.model_dump(),
+                             fast_hz=self.sampler.fast_hz, slow_hz=self.sampler.slow_hz, **extra)
+
     def start(self) -> "Watchdog":
         if self._thread is not None:
             return self
-        if self.logger is not None:
-            self.logger.meta(sensors=[s.describe() for s in self.sensors], policy=self.policy.model_dump(),
-                             fast_hz=self.sampler.fast_hz, slow_hz=self.sampler.slow_hz)
+        self.write_meta()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="edgekit-watchdog", daemon=True)
         self._thread.start()
@@ -219,6 +222,8 @@ class Watchdog:
         events = self.engine.check_sample(sample)
         self.latest = sample
         self.metrics.update_sample(sample)
+        if self.logger is not None:
+            self.logger.write({"type": "sample", **sample.to_dict()})
         for e in events:
             self._raise(e, time.monotonic())
         return events

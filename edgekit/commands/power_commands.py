@@ -1,1 +1,301 @@
-"""CLI commands for the power area (registered on edgekit.cli.app when imported)."""
+"""`edgekit monitor` and `edgekit report`: the on-device latency/power watchdog from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgekit.cli import app
+from edgekit.cli_common import console, err_console
+
+
+def _emit(record: dict) -> None:
+    """One JSON object per line on stdout (for --json)."""
+    sys.stdout.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _load_doc(path: Path) -> dict:
+    import yaml
+
+    from edgekit.errors import ConfigError
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))  # YAML is a superset of JSON
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read it as YAML/JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping of policy fields, got {type(doc).__name__}")
+    return doc
+
+
+def _target_profile(target: str) -> dict:
+    """A target profile as plain data: a YAML path, or the name of one shipped in edgekit.targets."""
+    from importlib import resources
+
+    from edgekit.errors import ConfigError
+
+    p = Path(target)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return _load_doc(p)
+    res = resources.files("edgekit.targets") / f"{target}.yaml"
+    if not res.is_file():
+        names = sorted(x.name[:-5] for x in resources.files("edgekit.targets").iterdir() if x.name.endswith(".yaml"))
+        raise ConfigError(f"no target profile named {target!r}", hint=f"choose from {', '.join(names)} or pass a YAML file")
+    import yaml
+
+    return yaml.safe_load(res.read_text(encoding="utf-8"))
+
+
+def _policy(target, policy_file, jitter_budget_ms, power_band_w, power_target_w):
+    from edgekit.power.policy import PolicyConfig
+
+    overrides = _load_doc(policy_file) if policy_file else {}
+    for k, v in (("jitter_budget_ms", jitter_budget_ms), ("power_band_w", power_band_w), ("power_target_w", power_target_w)):
+        if v is not None:
+            overrides[k] = v
+    return PolicyConfig.from_profile(_target_profile(target) if target else None, overrides)
+
+
+@app.command()
+def monitor(
+    tegrastats_log: Optional[Path] = typer.Option(None, "--tegrastats-log", help="Replay a recorded tegrastats log (any JetPack format) instead of reading sensors."),
+    sysfs_root: Optional[Path] = typer.Option(None, "--sysfs-root", help="Read a recorded or mounted sysfs tree (the directory that stands for /sys, or one holding sys/)."),
+    url: Optional[str] = typer.Option(None, "--url", help="Attach to a server's Prometheus /metrics URL (http only to that URL), e.g. http://127.0.0.1:8000/metrics."),
+    attach: bool = typer.Option(False, "--attach", help="Attach to the local server at http://127.0.0.1:8000/metrics."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object per line: samples (time, rails in mW, total, GPU load, temperatures) and events."),
+    log: Optional[Path] = typer.Option(None, "--log", help="Also append every sample and event to this JSONL file (input of `edgekit report`)."),
+    duration: Optional[float] = typer.Option(None, "--duration", min=0.0, help="Stop after this many seconds."),
+    samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Stop after this many samples."),
+    interval_ms: Optional[float] = typer.Option(None, "--interval-ms", min=1.0, help="Sampling interval (default 500 ms); for a tegrastats log without timestamps, the interval it was recorded at (default 1000 ms)."),
+    sensors: Optional[str] = typer.Option(None, "--sensors", help="Comma-separated sensors to use (ina3221, thermal, gpu_load, nvml, rapl, system); default: all present."),
+    target: Optional[str] = typer.Option(None, "--target", help="Take the budgets from this target profile (a name such as orin-nano-8gb, or a YAML file)."),
+    policy_file: Optional[Path] = typer.Option(None, "--policy", help="Per-deployment overrides of the watchdog policy (YAML/JSON mapping)."),
+    jitter_budget_ms: Optional[float] = typer.Option(None, "--jitter-budget-ms", help="Override the jitter budget (default 5 ms)."),
+    power_band_w: Optional[float] = typer.Option(None, "--power-band-w", help="Override the power band half-width (default 3 W)."),
+    power_target_w: Optional[float] = typer.Option(None, "--power-target-w", help="Centre of the power band; without it the centre is the median of the first 5 s."),
+) -> None:
+    """Watch latency percentiles, jitter, power per rail, temperatures and the events the policies raise.
+
+    The monitor never acts: actions are reported as what they would have done
+    (the runtime's in-process watchdog runs them). Ends on --duration/--samples,
+    at the end of a replayed log, or on Ctrl-C.
+    """
+    from edgekit.errors import EdgekitError
+
+    modes = [m for m, on in (("--tegrastats-log", tegrastats_log), ("--sysfs-root", sysfs_root), ("--url/--attach", url or attach)) if on]
+    if len(modes) > 1:
+        raise EdgekitError(f"choose one source, got {' and '.join(modes)}", hint="replay a log, read a sysfs tree, or attach to a server")
+    pol = _policy(target, policy_file, jitter_budget_ms, power_band_w, power_target_w)
+    if tegrastats_log is not None:
+        _replay(tegrastats_log, pol, json_out, log, samples, interval_ms or 1000.0)
+    elif url or attach:
+        from edgekit.power.scrape import DEFAULT_URL
+
+        _attached(url or DEFAULT_URL, pol, json_out, log, duration, samples, interval_ms or 500.0)
+    else:
+        if sysfs_root is not None and not sysfs_root.is_dir():
+            raise EdgekitError(f"--sysfs-root {sysfs_root}: not a directory", hint="pass a recorded tree (e.g. tests/power/fixtures/sysfs/orin-nx-16gb) or a mounted /sys")
+        if json_out and sysfs_root is not None and duration is None and samples is None:
+            samples = 1  # a recorded tree does not change: one reading unless asked for more
+        _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_ms or 500.0)
+
+
+def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optional[int], interval_ms: float) -> None:
+    from rich.table import Table
+
+    from edgekit.errors import EdgekitError
+    from edgekit.power.jsonl import JsonlLogger
+    from edgekit.power.sensors.tegrastats import parse_lines
+    from edgekit.power.watchdog import Watchdog
+
+    if not path.is_file():
+        raise EdgekitError(f"--tegrastats-log {path}: no such file", hint="record one on the board with `tegrastats --interval 1000 --logfile FILE`")
+    wd = Watchdog(policy=pol, logger=JsonlLogger(log) if log else None, dry_run=True)
+    wd.write_meta(source=f"tegrastats:{path}")
+    n, skipped, events, totals = 0, [], [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line_no, s in parse_lines(f, interval_ms / 1000.0):
+            if s is None:
+                skipped.append(line_no)
+                continue
+            evs = wd.observe_sample(s)
+            n += 1
+            if s.total_mw is not None:
+                totals.append(s.total_mw)
+            events += evs
+            if json_out:
+                _emit({"type": "sample", "line": line_no, **s.to_dict()})
+                for e in evs:
+                    _emit({"type": "event", **e.to_dict()})
+            if limit is not None and n >= limit:
+                break
+    wd.stop()
+    if json_out:
+        if skipped:
+            _emit({"type": "skipped", "lines": skipped, "reason": "nothing recognisable in these lines"})
+        return
+    t = Table(title=f"tegrastats replay: {path}")
+    t.add_column("")
+    t.add_column("value", justify="right")
+    t.add_row("samples", str(n))
+    t.add_row("lines skipped", ", ".join(map(str, skipped)) or "none")
+    if totals:
+        t.add_row("total power mean / peak", f"{sum(totals) / len(totals) / 1000:.3f} / {max(totals) / 1000:.3f} W")
+    if wd.latest is not None:
+        for rail, mw in wd.latest.rails_mw.items():
+            t.add_row(f"last {rail}", f"{mw / 1000:.3f} W")
+    t.add_row("events", str(len(events)))
+    console.print(t)
+    for e in events:
+        console.print(f"[yellow]{e.kind}[/] ({e.severity}): {e.message}")
+
+
+def _until(duration, samples):
+    start = time.monotonic()
+
+    def done(n: int) -> bool:
+        return (samples is not None and n >= samples) or (duration is not None and time.monotonic() - start >= duration)
+
+    return done
+
+
+def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_ms) -> None:
+    from rich.live import Live
+
+    from edgekit.power.jsonl import JsonlLogger
+    from edgekit.power.monitor_view import render
+    from edgekit.power.sensors.discover import local_sensors
+    from edgekit.power.watchdog import Watchdog
+
+    only = [s.strip() for s in sensors.split(",") if s.strip()] if sensors else None
+    found, notes = local_sensors(sysfs_root, only)
+    # no thread here: the monitor ticks the watchdog itself, once per interval, and logs every tick
+    wd = Watchdog(sensors=found, policy=pol, logger=JsonlLogger(log) if log else None, log_interval_s=0.0, dry_run=True)
+    wd.write_meta(source=str(sysfs_root) if sysfs_root else "local")
+    done = _until(duration, samples)
+    title = f"edgekit monitor: {', '.join(s.describe() for s in found) or 'no sensors'}" + (f" ({sysfs_root})" if sysfs_root else "")
+    state = {"title": title, "budget_ms": pol.jitter_budget_ms, "events": [], "latency": {},
+             "notes": [f"absent: {n}" for n in notes] + ["no latency source here: attach to a server with --url to see latency"]}
+    n = 0
+    live = None if json_out else Live(render(state), console=console, refresh_per_second=4, transient=False)
+    try:
+        if live:
+            live.start()
+        while not done(n):
+            t_start = time.monotonic()
+            evs = wd.tick(now_mono=t_start)
+            n += 1
+            s = wd.latest
+            if json_out:
+                if s is not None:
+                    _emit({"type": "sample", **s.to_dict()})
+                for e in evs:
+                    _emit({"type": "event", **e.to_dict()})
+            else:
+                state["events"] = [e.to_dict() for e in wd.recent_events(8)]
+                if s is not None:
+                    state.update(rails_mw=s.rails_mw, total_mw=s.total_mw, total_source=s.total_source,
+                                 gpu_load_pct=s.gpu_load_pct, cpu_load_pct=s.cpu_load_pct, temps_c=s.temps_c)
+                live.update(render(state))
+            if done(n):
+                break
+            time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t_start)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live:
+            live.stop()
+        wd.stop()
+
+
+def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
+    from rich.live import Live
+
+    from edgekit.errors import SensorError
+    from edgekit.power.jsonl import JsonlLogger
+    from edgekit.power.monitor_view import render
+    from edgekit.power.sample import iso_time
+    from edgekit.power.scrape import AttachedSource
+
+    src = AttachedSource(url)
+    logger = JsonlLogger(log) if log else None
+    if logger:
+        logger.meta(source=url, policy=pol.model_dump())
+    done = _until(duration, samples)
+    state = {"title": f"edgekit monitor attached to {url}", "budget_ms": pol.jitter_budget_ms, "events": [], "notes": []}
+    n = 0
+    live = None if json_out else Live(render(state), console=console, refresh_per_second=4)
+    try:
+        if live:
+            live.start()
+        while not done(n):
+            t_start = time.monotonic()
+            now = time.time()
+            try:
+                view = src.poll()
+                state["notes"] = []
+            except SensorError as e:
+                view = None
+                state["notes"] = [f"unreachable: {e}"]
+                if json_out:
+                    _emit({"type": "error", "t_s": now, "message": str(e)})
+            n += 1
+            if view is not None:
+                rec = {"t_s": now, "time": iso_time(now), **view}
+                lat = {m: s for m, s in view["latency"].items() if s.get("n")}
+                breaches = {m: s["jitter_ms"] for m, s in lat.items() if m in pol.jitter_metrics and s["jitter_ms"] > pol.jitter_budget_ms}
+                if json_out:
+                    _emit({"type": "scrape", **rec})
+                    for m, j in breaches.items():
+                        _emit({"type": "event", "t_s": now, "kind": "jitter", "severity": "warning",
+                               "message": f"{m} jitter {j:.2f} ms over the last interval exceeds {pol.jitter_budget_ms:g} ms",
+                               "evidence": {"rule": "p99-p50 (from histogram buckets)", **lat[m], "budget_ms": pol.jitter_budget_ms}})
+                else:
+                    state.update(latency=view["latency"], rails_mw=view["rails_mw"], total_mw=view.get("total_mw"),
+                                 total_source="server", gpu_load_pct=view.get("gpu_load_pct"), temps_c=view["temps_c"])
+                    state["notes"] = [f"server events so far: {view['events_total'] or 'none'}"]
+                    live.update(render(state))
+                if logger:
+                    if view["rails_mw"] or view.get("total_mw") is not None:
+                        logger.write({"type": "sample", "t_s": now, "source": "scrape", "rails_mw": view["rails_mw"],
+                                      "total_mw": view.get("total_mw"), "temps_c": view["temps_c"], "gpu_load_pct": view.get("gpu_load_pct")})
+                    if lat:
+                        logger.write({"type": "latency", "t_s": now, "metrics": {m: {"std_ms": None, **s} for m, s in lat.items()}})
+            elif live:
+                live.update(render(state))
+            if done(n):
+                break
+            time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t_start)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live:
+            live.stop()
+        if logger:
+            logger.close()
+
+
+@app.command()
+def report(
+    log: Path = typer.Argument(..., help="A watchdog JSONL log (from `edgekit monitor --log` or the runtime)."),
+    out_dir: Path = typer.Option(..., "-o", "--out", help="Directory for the PNG plots and index.html."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary and file list as JSON."),
+) -> None:
+    """Render latency/jitter, power-per-rail and temperature plots (events marked) and an HTML page."""
+    from edgekit.cli_common import print_json
+    from edgekit.power.report import render_report
+
+    r = render_report(log, out_dir)
+    if json_out:
+        print_json({"html": str(r.html), "images": [str(p) for p in r.images], "summary": r.summary})
+        return
+    console.print(f"wrote [bold]{r.html}[/] and {', '.join(p.name for p in r.images) or 'no plots (no data)'}")
+    for k, v in r.summary.items():
+        if v not in (None, {}):
+            err_console.print(f"[dim]{k}: {v}[/]")

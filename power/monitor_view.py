@@ -1,0 +1,67 @@
+"""The live terminal view of `edgekit monitor` (rich renderables from plain data)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+
+def _f(v: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def render(state: dict[str, Any]) -> Group:
+    """state: title, latency {metric: {n, p50_ms, p95_ms, p99_ms, jitter_ms, std_ms}}, budget_ms,
+    rails_mw, total_mw, total_source, gpu_load_pct, temps_c, events [dict], notes [str]."""
+    parts: list[Any] = [Text(state.get("title", "edgekit monitor"), style="bold")]
+    budget = state.get("budget_ms")
+    lat = Table(title="latency (rolling window, ms)", expand=False)
+    for col in ("metric", "n", "p50", "p95", "p99", "jitter p99-p50", "std"):
+        lat.add_column(col, justify="right" if col != "metric" else "left")
+    if state.get("latency"):
+        for m, s in state["latency"].items():
+            j = s.get("jitter_ms")
+            style = "red" if (budget is not None and j is not None and j > budget) else ""
+            lat.add_row(m, str(s.get("n", 0)), _f(s.get("p50_ms")), _f(s.get("p95_ms")), _f(s.get("p99_ms")),
+                        Text(_f(j), style=style), _f(s.get("std_ms")))
+    else:
+        lat.add_row("-", "0", "-", "-", "-", "-", "-")
+    if budget is not None:
+        lat.caption = f"jitter budget {budget:g} ms"
+    parts.append(lat)
+
+    pw = Table(title="power per rail", expand=False)
+    pw.add_column("rail")
+    pw.add_column("W", justify="right")
+    for rail, mw in (state.get("rails_mw") or {}).items():
+        pw.add_row(rail, f"{mw / 1000:.3f}")
+    total = state.get("total_mw")
+    pw.add_row(Text(f"total ({state.get('total_source') or '-'})", style="bold"), Text(_f(None if total is None else total / 1000, "{:.3f}"), style="bold"))
+    if state.get("gpu_load_pct") is not None:
+        pw.add_row("GPU load", f"{state['gpu_load_pct']:.1f} %")
+    if state.get("cpu_load_pct") is not None:
+        pw.add_row("CPU load", f"{state['cpu_load_pct']:.1f} %")
+    temps = Table(title="temperature (°C)", expand=False)
+    temps.add_column("zone")
+    temps.add_column("°C", justify="right")
+    for z, c in (state.get("temps_c") or {}).items():
+        temps.add_row(z, f"{c:.1f}")
+    side = Table.grid(padding=(0, 4))
+    side.add_row(pw, temps)
+    parts.append(side)
+
+    ev = Table(title="events (latest last)", expand=True)
+    for col in ("time", "kind", "severity", "message", "actions"):
+        ev.add_column(col, overflow="fold")
+    for e in (state.get("events") or [])[-8:]:
+        acts = "; ".join(f"{a['action']}: {a['status']}" for a in e.get("actions", []))
+        ev.add_row(str(e.get("time") or round(e.get("t_s", 0), 3)), e.get("kind", ""), e.get("severity", ""), e.get("message", ""), acts)
+    if not state.get("events"):
+        ev.add_row("-", "-", "-", "no events", "-")
+    parts.append(ev)
+    for n in state.get("notes") or []:
+        parts.append(Text(n, style="dim"))
+    return Group(*parts)

@@ -1,0 +1,265 @@
+"""`edgekit report`: PNG plots and a short HTML page from a watchdog JSONL log.
+
+Figures (each only when the log has the data): latency percentiles and jitter
+over time with the budget, power per rail with the total and the band, and
+temperature per zone with the limits. Events are drawn as vertical lines on
+every figure. Time is seconds since the first record; every axis has its unit.
+Files are written atomically (temp file, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import EdgekitError
+from edgekit.power.jsonl import LogContents, read_log
+
+EVENT_COLOURS = {"jitter": "tab:red", "power_band": "tab:orange", "temperature": "tab:purple", "sensor": "tab:gray"}
+
+
+@dataclass
+class ReportResult:
+    out_dir: Path
+    html: Path
+    images: list[Path] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _save(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    write_atomic(path, buf.getvalue())
+
+
+def _t0(c: LogContents) -> float:
+    ts = [r["t_s"] for recs in (c.samples, c.latency, c.events) for r in recs if isinstance(r.get("t_s"), (int, float))]
+    return min(ts) if ts else 0.0
+
+
+def _event_label(e: dict) -> str:
+    """Short text for an event line: its kind and the value that breached, with the unit."""
+    ev = e.get("evidence") or {}
+    kind = e.get("kind", "event")
+    if kind == "jitter" and "value_ms" in ev:
+        return f"jitter: {ev['value_ms']:.1f} ms token"
+    if kind == "jitter" and "jitter_ms" in ev:
+        return f"jitter: p99-p50 {ev['jitter_ms']:.1f} ms"
+    if kind == "power_band" and "total_w" in ev:
+        return f"power: {ev['total_w']:.1f} W"
+    if kind == "temperature" and "temp_c" in ev:
+        return f"{ev.get('zone', '?')}: {ev['temp_c']:.0f} °C"
+    return kind
+
+
+def _mark_events(ax, events: list[dict], t0: float, label: bool) -> None:
+    for e in events:
+        x = e["t_s"] - t0
+        colour = EVENT_COLOURS.get(e.get("kind"), "black")
+        ax.axvline(x, color=colour, linestyle=":", linewidth=1.2, alpha=0.9)
+        if label:
+            ax.annotate(_event_label(e), xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                        textcoords="offset points", rotation=90, va="top", ha="left", fontsize=7, color=colour,
+                        bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+
+
+def _policy(c: LogContents) -> dict:
+    return (c.meta[0].get("policy") if c.meta else None) or {}
+
+
+def _latency_figure(c: LogContents, t0: float, path: Path) -> Path | None:
+    from matplotlib.figure import Figure
+
+    metric = None
+    for m in ("token", "request", "ttft"):
+        if any(m in (r.get("metrics") or {}) for r in c.latency):
+            metric = m
+            break
+    if metric is None:
+        return None
+    rows = [(r["t_s"] - t0, r["metrics"][metric]) for r in c.latency if metric in (r.get("metrics") or {})]
+    t = [x for x, _ in rows]
+    budget = _policy(c).get("jitter_budget_ms", 5.0)
+    fig = Figure(figsize=(10, 6.2), dpi=110, layout="constrained")
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
+    for q, style in (("p50_ms", "-"), ("p95_ms", "--"), ("p99_ms", "-")):
+        ax1.plot(t, [s[q] for _, s in rows], style, label=q.replace("_ms", ""), linewidth=1.4 if q != "p95_ms" else 1.0)
+    ax1.set_ylabel(f"{metric} latency (ms)")
+    ax1.set_title(f"{metric} latency over a rolling window: percentiles (top) and jitter (bottom)")
+    ax1.legend(loc="upper left", fontsize=8)
+    ax1.grid(alpha=0.3)
+    ax2.plot(t, [s["jitter_ms"] for _, s in rows], label="jitter p99 - p50", color="tab:red")
+    ax2.plot(t, [s["std_ms"] for _, s in rows], label="standard deviation", color="tab:blue", linewidth=1.0)
+    ax2.axhline(budget, color="black", linestyle="--", linewidth=1.0, label=f"budget {budget:g} ms")
+    ax2.set_ylabel("jitter (ms)")
+    ax2.set_xlabel("time since start of log (s)")
+    ax2.legend(loc="upper left", fontsize=8)
+    ax2.grid(alpha=0.3)
+    _mark_events(ax1, c.events, t0, label=True)
+    _mark_events(ax2, c.events, t0, label=False)
+    _save(fig, path)
+    return path
+
+
+def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
+    from matplotlib.figure import Figure
+
+    samples = [s for s in c.samples if s.get("rails_mw") or s.get("total_mw") is not None]
+    if not samples:
+        return None
+    t = [s["t_s"] - t0 for s in samples]
+    rails = sorted({r for s in samples for r in (s.get("rails_mw") or {})})
+    loads = any(s.get("gpu_load_pct") is not None or s.get("cpu_load_pct") is not None for s in c.samples)
+    fig = Figure(figsize=(10, 6.2 if loads else 4.4), dpi=110, layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1]) if loads else [fig.subplots(1, 1)]
+    ax = axes[0]
+    total_src = next((s.get("total_source") for s in samples if s.get("total_source")), None)
+    ax.plot(t, [(s.get("total_mw") if s.get("total_mw") is not None else float("nan")) / 1000.0 for s in samples],
+            color="black", linewidth=2.0, label=f"total = {total_src}" if total_src else "total")
+    for r in rails:
+        if r == total_src:
+            continue  # the input rail is the total line itself
+        ax.plot(t, [(s.get("rails_mw") or {}).get(r, float("nan")) / 1000.0 for s in samples], label=r, linewidth=1.0)
+    centre = _policy(c).get("power_target_w")
+    if centre is None:
+        centre = next((e["evidence"].get("centre_w") for e in c.events if e.get("kind") == "power_band"), None)
+    band = _policy(c).get("power_band_w", 3.0)
+    if centre is not None:
+        ax.axhspan(centre - band, centre + band, color="tab:green", alpha=0.12, label=f"band {centre:g} ± {band:g} W")
+    ax.set_ylabel("power (W)")
+    ax.set_title("power per rail and total")
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    ax.grid(alpha=0.3)
+    _mark_events(ax, c.events, t0, label=True)
+    if loads:
+        ax2 = axes[1]
+        tl = [s["t_s"] - t0 for s in c.samples]
+        for key, name in (("gpu_load_pct", "GPU load"), ("cpu_load_pct", "CPU load")):
+            if any(s.get(key) is not None for s in c.samples):
+                ax2.plot(tl, [s.get(key) if s.get(key) is not None else float("nan") for s in c.samples], label=name)
+        ax2.set_ylabel("load (%)")
+        ax2.set_ylim(0, 105)
+        ax2.legend(loc="upper left", fontsize=8)
+        ax2.grid(alpha=0.3)
+        _mark_events(ax2, c.events, t0, label=False)
+    axes[-1].set_xlabel("time since start of log (s)")
+    _save(fig, path)
+    return path
+
+
+def _temperature_figure(c: LogContents, t0: float, path: Path) -> Path | None:
+    from matplotlib.figure import Figure
+
+    zones = sorted({z for s in c.samples for z in (s.get("temps_c") or {})})
+    if not zones:
+        return None
+    t = [s["t_s"] - t0 for s in c.samples]
+    fig = Figure(figsize=(10, 4.0), dpi=110, layout="constrained")
+    ax = fig.subplots(1, 1)
+    for z in zones:
+        ax.plot(t, [(s.get("temps_c") or {}).get(z, float("nan")) for s in c.samples], label=z, linewidth=1.0)
+    lim = _policy(c).get("temperature") or {}
+    for key, style in (("warn_c", "--"), ("critical_c", "-")):
+        if key in lim:
+            ax.axhline(lim[key], color="tab:red", linestyle=style, linewidth=1.0, label=f"{key.replace('_c', '')} {lim[key]:g} °C")
+    ax.set_ylabel("temperature (°C)")
+    ax.set_xlabel("time since start of log (s)")
+    ax.set_title("temperature per thermal zone")
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    ax.grid(alpha=0.3)
+    _mark_events(ax, c.events, t0, label=True)
+    _save(fig, path)
+    return path
+
+
+def summarise(c: LogContents) -> dict[str, Any]:
+    t0 = _t0(c)
+    ts = [r["t_s"] for recs in (c.samples, c.latency, c.events) for r in recs]
+    totals = [(s["t_s"], s["total_mw"] / 1000.0) for s in c.samples if s.get("total_mw") is not None]
+    out: dict[str, Any] = {
+        "duration_s": round(max(ts) - t0, 3) if ts else 0.0,
+        "samples": len(c.samples),
+        "latency_records": len(c.latency),
+        "events": len(c.events),
+        "events_by_kind": {k: sum(1 for e in c.events if e.get("kind") == k) for k in sorted({e.get("kind") for e in c.events})},
+        "skipped_lines": len(c.skipped_lines),
+        "sensors": c.meta[0].get("sensors") if c.meta else None,
+    }
+    if totals:
+        w = [x for _, x in totals]
+        out["power_mean_w"] = round(sum(w) / len(w), 3)
+        out["power_peak_w"] = round(max(w), 3)
+        # trapezoid over the sampled total: an estimate that is only as good as the sampling rate
+        out["energy_j_from_samples"] = round(sum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in zip(totals, totals[1:])), 3)
+    if c.latency:
+        last = c.latency[-1].get("metrics") or {}
+        out["latency_last_window"] = {m: {k: s.get(k) for k in ("n", "p50_ms", "p99_ms", "jitter_ms", "std_ms")} for m, s in last.items()}
+    return out
+
+
+def render_report(log_path: str | Path, out_dir: str | Path) -> ReportResult:
+    c = read_log(log_path)
+    if not (c.samples or c.latency or c.events):
+        raise EdgekitError(
+            f"{log_path}: no watchdog records found ({len(c.skipped_lines)} lines were not JSONL records)",
+            hint="pass a log written by `edgekit monitor --log FILE`; for a tegrastats log run "
+                 "`edgekit monitor --tegrastats-log FILE --log out.jsonl` first",
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = _t0(c)
+    images = [p for p in (
+        _latency_figure(c, t0, out / "latency.png"),
+        _power_figure(c, t0, out / "power.png"),
+        _temperature_figure(c, t0, out / "temperature.png"),
+    ) if p is not None]
+    summary = summarise(c)
+    page = _html(Path(log_path), c, images, summary, t0)
+    write_atomic(out / "index.html", page.encode("utf-8"))
+    return ReportResult(out, out / "index.html", images, summary)
+
+
+def _html(log_path: Path, c: LogContents, images: list[Path], summary: dict, t0: float) -> str:
+    esc = html.escape
+    rows = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>" for k, v in summary.items() if v not in (None, {}))
+    figs = "".join(f'<figure><img src="{esc(p.name)}" alt="{esc(p.stem)}"><figcaption>{esc(p.stem)}</figcaption></figure>' for p in images)
+    ev_rows = "".join(
+        f"<tr><td>{e['t_s'] - t0:.3f}</td><td>{esc(str(e.get('kind')))}</td><td>{esc(str(e.get('severity')))}</td>"
+        f"<td>{esc(str(e.get('message')))}</td>"
+        f"<td>{esc('; '.join(a.get('action', '?') + ': ' + a.get('status', '?') + (' (' + a['detail'] + ')' if a.get('detail') else '') for a in e.get('actions') or []))}</td></tr>"
+        for e in c.events
+    ) or '<tr><td colspan="5">no events</td></tr>'
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>edgekit watchdog report: {esc(log_path.name)}</title>
+<style>body{{font-family:sans-serif;max-width:1150px;margin:1em auto;padding:0 1em}}
+table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:left;font-size:.9em}}
+img{{max-width:100%}}figure{{margin:1em 0}}</style></head><body>
+<h1>Watchdog report</h1>
+<p>Log: <code>{esc(str(log_path))}</code>. Times are seconds since the first record. Power and temperatures are as the
+board's sensors reported them; energy is integrated from the sampled total power.</p>
+<h2>Summary</h2><table>{rows}</table>
+<h2>Plots</h2>{figs or '<p>no plottable data</p>'}
+<h2>Events</h2><table><tr><th>time (s)</th><th>kind</th><th>severity</th><th>message</th><th>actions</th></tr>{ev_rows}</table>
+</body></html>
+"""

@@ -1,0 +1,154 @@
+"""`edgekit report` on a simulated run, `edgekit monitor` in its offline modes, and the /metrics attachment."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from edgekit.power.jsonl import read_log
+from edgekit.power.latency import LatencyTracker
+from edgekit.power.report import render_report
+from edgekit.power.scrape import AttachedSource, histogram_quantile
+
+sys.path.insert(0, str(Path(__file__).parent))
+from simulate import simulate_run  # noqa: E402
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def run_log(tmp_path_factory):
+    return simulate_run(tmp_path_factory.mktemp("run"))
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_simulated_run_logs_the_expected_events(run_log):
+    c = read_log(run_log)
+    kinds = [(e["kind"], e["evidence"]["rule"]) for e in c.events]
+    # two injected 38 ms tokens -> two spike events; the 9-13 s load step (11.2 W vs 6 ± 3 W) -> one band event
+    assert kinds.count(("jitter", "spike")) == 2
+    assert kinds.count(("power_band", "band")) == 1
+    spikes = [e for e in c.events if e["kind"] == "jitter"]
+    assert [round(e["t_s"] - 1_760_000_000.0, 2) for e in spikes] == [6.0, 14.0]  # detected on the tick of the spike
+
+
+def test_report_writes_labelled_pngs_and_html(run_log, tmp_path):
+    r = render_report(run_log, tmp_path / "out")
+    assert [p.name for p in r.images] == ["latency.png", "power.png", "temperature.png"]
+    for p in r.images:
+        w, h = _png_size(p)
+        assert w >= 800 and h >= 300
+    page = r.html.read_text()
+    for img in ("latency.png", "power.png", "temperature.png"):
+        assert f'src="{img}"' in page
+    assert page.count("<td>jitter</td>") == 2 and "<td>power_band</td>" in page
+    assert r.summary["power_peak_w"] == pytest.approx(5080 * 2200 / 1e6, rel=1e-3)
+    assert 4.0 < r.summary["power_mean_w"] < 6.5
+    assert not list((tmp_path / "out").glob(".*.tmp"))  # atomic writes leave no temp files
+
+
+def test_report_cli_and_its_refusals(run_log, tmp_path):
+    from edgekit.cli import _register_commands, app
+
+    _register_commands()
+    runner = CliRunner()
+    res = runner.invoke(app, ["report", str(run_log), "-o", str(tmp_path / "r"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["summary"]["events_by_kind"] == {"jitter": 2, "power_band": 1}
+    # a tegrastats log is not a watchdog log: say how to convert it
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "report", str(FIX / "tegrastats/orin-nx-16gb-jp50.log"), "-o", str(tmp_path / "x")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--tegrastats-log" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _monitor(*args: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "monitor", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def test_monitor_replays_tegrastats_as_json_lines_with_events(tmp_path):
+    log = tmp_path / "replay.jsonl"
+    recs = _monitor("--tegrastats-log", str(FIX / "tegrastats/orin-nano-8gb-load-step.log"), "--json", "--power-target-w", "6", "--log", str(log))
+    samples = [r for r in recs if r["type"] == "sample"]
+    events = [r for r in recs if r["type"] == "event"]
+    assert len(samples) == 24
+    assert samples[0]["rails_mw"] == {"VDD_IN": 5710.0, "VDD_CPU_GPU_CV": 1172.0, "VDD_SOC": 1528.0}
+    assert samples[0]["total_mw"] == 5710.0 and samples[0]["gpu_load_pct"] == 3.0 and samples[0]["temps_c"]["tj"] == 51.4
+    assert [e["kind"] for e in events] == ["power_band"] and events[0]["time"] == "2025-05-02T14:00:11.000Z"
+    assert events[0]["actions"][0]["status"] == "not_registered"  # the monitor never acts
+    c = read_log(log)
+    assert len(c.samples) == 24 and len(c.events) == 1
+
+
+def test_monitor_reads_a_recorded_sysfs_tree(tmp_path):
+    (s,) = _monitor("--sysfs-root", str(FIX / "sysfs/agx-orin-64gb"), "--json")
+    assert s["rails_mw"] == {"VDD_GPU_SOC": 3150.0, "VDD_CPU_CV": 14310.0, "VIN_SYS_5V0": 4970.0, "VDDQ_VDD2_1V8AO": 1090.0}
+    assert s["total_mw"] == 23520.0 and s["total_source"] == "sum_of_rails"
+    assert s["gpu_load_pct"] == 14.0 and s["temps_c"]["tj"] == 77.281
+    two = _monitor("--sysfs-root", str(FIX / "sysfs/orin-nx-partial"), "--json", "--samples", "2", "--interval-ms", "20")
+    assert len(two) == 2 and two[0]["unreadable"] == ["VDD_IN", "VDD_SOC", "gpu"]
+
+
+def test_monitor_refuses_two_sources_and_bad_overrides(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "monitor", "--sysfs-root", ".", "--tegrastats-log", "x"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "choose one source" in proc.stderr
+    bad = tmp_path / "p.yaml"
+    bad.write_text("jitter_budget_ms: -3\n")
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "monitor", "--sysfs-root", str(FIX / "sysfs/orin-nx-16gb"), "--json", "--policy", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "jitter_budget_ms" in proc.stderr and "-3" in proc.stderr
+
+
+def test_histogram_quantile_interpolates_inside_a_bucket():
+    buckets = [(0.004, 0.0), (0.005, 50.0), (0.006, 90.0), (0.010, 100.0), (float("inf"), 100.0)]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.005)
+    assert histogram_quantile(0.7, buckets) == pytest.approx(0.0055)
+    assert histogram_quantile(0.95, buckets) == pytest.approx(0.008)
+    assert histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+
+
+def test_attached_mode_reads_a_real_metrics_endpoint():
+    from prometheus_client import start_http_server
+
+    from edgekit.power.watchdog import Watchdog
+
+    tracker = LatencyTracker()
+    wd = Watchdog(tracker)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=wd.registry)
+    try:
+        src = AttachedSource(f"http://127.0.0.1:{server.server_port}/metrics")
+        for _ in range(50):
+            tracker.record("token", 4.5)
+        first = src.poll()
+        for _ in range(98):
+            tracker.record("token", 8.5)
+        for _ in range(2):
+            tracker.record("token", 20.5)
+        second = src.poll()
+    finally:
+        server.shutdown()
+    assert first["latency"]["token"]["n"] == 50 and 4.0 <= first["latency"]["token"]["p50_ms"] <= 5.0
+    tok = second["latency"]["token"]  # only the 100 observations since the first poll
+    assert tok["n"] == 100 and 8.0 <= tok["p50_ms"] <= 9.0 and tok["p99_ms"] >= 20.0
+    assert tok["jitter_ms"] > 5.0
+
+
+def test_attached_mode_refuses_other_schemes():
+    from edgekit.errors import SensorError
+
+    with pytest.raises(SensorError, match="not an http"):
+        AttachedSource("file:///etc/passwd")
