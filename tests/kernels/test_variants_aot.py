@@ -1,0 +1,132 @@
+"""Variants, tile spaces, the shared-memory estimate and the ahead-of-time compile for sm_87 (no GPU needed)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from edgekit.errors import EdgekitError
+from edgekit.kernels.abi import UnknownKernelABIError, hidden_args_for
+from edgekit.kernels.aot import SharedMemoryBudgetError, compile_variant
+from edgekit.kernels.variants import (
+    KernelVariant, default_variants, estimate_shared_bytes, kernels_of, op_kernels, shared_memory_ops, tile_space,
+    validate_variant,
+)
+
+ORIN_BUDGET = 131072  # 128 KB
+# The Orin model shapes: SmolLM2-135M (d64, 9/3 heads, GQA 3) and a d128 model (Qwen2.5-1.5B: 12/2, GQA 6),
+# at decode (1 row) and prefill (256 rows) buckets.
+SHAPES = [
+    dict(head_dim=64, n_heads=9, n_kv_heads=3, hidden_size=576, rows=1),
+    dict(head_dim=64, n_heads=9, n_kv_heads=3, hidden_size=576, rows=256),
+    dict(head_dim=128, n_heads=12, n_kv_heads=2, hidden_size=1536, rows=1),
+    dict(head_dim=128, n_heads=12, n_kv_heads=2, hidden_size=1536, rows=256),
+]
+
+
+def _orin_variants() -> list[KernelVariant]:
+    seen: dict[KernelVariant, None] = {}
+    for shape in SHAPES:
+        for op in op_kernels():
+            for v in default_variants(op, **shape).values():
+                seen[v] = None
+    return list(seen)
+
+
+@pytest.mark.parametrize("variant", _orin_variants(), ids=lambda v: v.label())
+def test_default_variant_compiles_for_sm87_within_128kb(variant):
+    ck = compile_variant(variant, 87, budget_bytes=ORIN_BUDGET)
+    assert 0 <= ck.shared_bytes <= ORIN_BUDGET
+    assert ck.cubin[:4] == b"\x7fELF"  # a real cubin (ELF)
+    assert re.search(r"^\s*\.target\s+sm_87", ck.ptx, re.M)
+    assert f".entry {ck.name}(" in ck.ptx
+    # parameters in the PTX: the user arguments plus the hidden scratch pointers of this Triton ABI
+    n_params = len(re.findall(rf"\.param\s+\.\w+(?:\s+\.ptr\s+\.global\s+\.align\s+\d+)?\s+{ck.name}_param_\d+",
+                              ck.ptx))
+    assert n_params == len(ck.signature) + ck.hidden_args
+    assert ck.hidden_args == hidden_args_for(ck.triton_version)
+    assert ck.num_warps == variant.num_warps and ck.block_threads == 32 * variant.num_warps
+    assert ck.registers is not None and 0 < ck.registers <= 255
+    assert ck.spills is not None
+    assert set(ck.precision) == {"input", "accumulate", "output"}
+    assert len(ck.launch_rule["grid"]) == 3 and len(ck.launch_rule["args"]) == len(ck.signature)
+
+
+def test_shared_memory_estimate_tracks_the_compiler():
+    # The estimate is for pruning: within 2x of the real number for the shared-memory kernels.
+    for v in _orin_variants():
+        if not validate_variant(v).uses_shared_memory:
+            continue
+        real, est = compile_variant(v, 87).shared_bytes, estimate_shared_bytes(v)
+        assert real / 2 <= est <= 2 * real + 4096, (v.label(), real, est)
+
+
+def test_budget_is_enforced_with_a_clear_error():
+    v = default_variants("attention_prefill", head_dim=128)["attention_prefill_fwd"]
+    real = compile_variant(v, 87).shared_bytes
+    with pytest.raises(SharedMemoryBudgetError, match=rf"needs {real} bytes.*budget is {real - 1}") as e:
+        compile_variant(v, 87, budget_bytes=real - 1)
+    assert isinstance(e.value, EdgekitError)
+    assert compile_variant(v, 87, budget_bytes=real).shared_bytes == real
+
+
+def test_compile_cache_returns_the_same_result():
+    v = default_variants("rmsnorm", hidden_size=576)["rmsnorm_fwd"]
+    assert compile_variant(v, 87) is compile_variant(v, 87)
+    assert compile_variant(v, 90).arch == 90 and compile_variant(v, 90) is not compile_variant(v, 87)
+
+
+def test_bigger_tiles_need_more_shared_memory():
+    base = dict(head_dim=64)
+    small = KernelVariant("attention_prefill", "attention_prefill_fwd", {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 32}, 4, 2)
+    big = KernelVariant("attention_prefill", "attention_prefill_fwd", {"HEAD_DIM": 64, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 3)
+    assert small in tile_space("attention_prefill", **base) and big in tile_space("attention_prefill", **base)
+    assert compile_variant(small, 87).shared_bytes < compile_variant(big, 87).shared_bytes
+    assert estimate_shared_bytes(small) < estimate_shared_bytes(big)
+
+
+@pytest.mark.parametrize("op", sorted(op_kernels()))
+def test_tile_space_is_valid_and_contains_the_default(op):
+    shape = dict(head_dim=128, n_heads=32, n_kv_heads=8, hidden_size=4096, rows=1)
+    space = tile_space(op, **shape)
+    assert len(space) == len(set(space)) > 0
+    assert {v.kernel for v in space} == set(kernels_of(op))
+    for v in space:
+        validate_variant(v)  # constexprs are exactly the kernel's
+        assert v.op == op and v.dtype == "fp16"
+        assert estimate_shared_bytes(v) >= 0
+    for v in default_variants(op, **shape).values():
+        assert v in space
+
+
+def test_variant_is_hashable_and_round_trips():
+    v = default_variants("attention_decode", head_dim=64, n_heads=32, n_kv_heads=8)["attention_decode_split"]
+    assert v.constexprs["BLOCK_G"] == 16 and hash(v) == hash(KernelVariant.from_dict(v.to_dict()))
+    assert KernelVariant.from_dict(v.to_dict()) == v
+    with pytest.raises(TypeError):
+        v.constexprs["BLOCK_N"] = 1  # type: ignore[index]
+
+
+def test_shared_memory_ops_lists_the_tiled_operators():
+    ops = shared_memory_ops()
+    assert {"attention_prefill", "attention_decode", "qkv_rope", "linear", "linear_w8a16", "linear_w8a8"} <= set(ops)
+    assert "rmsnorm" not in ops and "swiglu" not in ops
+
+
+def test_bad_requests_are_clear_errors():
+    with pytest.raises(EdgekitError, match="needs head_dim"):
+        tile_space("attention_prefill")
+    with pytest.raises(EdgekitError, match="no Triton kernels for operator 'conv'"):
+        tile_space("conv", head_dim=64)
+    bad = KernelVariant("rmsnorm", "rmsnorm_fwd", {"BLOCK_N": 64, "EXTRA": 1})
+    with pytest.raises(EdgekitError, match="do not match"):
+        compile_variant(bad, 87)
+    with pytest.raises(EdgekitError, match="sm_75"):
+        compile_variant(default_variants("swiglu")["swiglu_fwd"], 75)
+
+
+def test_unknown_triton_abi_is_refused():
+    assert hidden_args_for("3.6.0") == 2 and hidden_args_for("3.4.1") == 1
+    with pytest.raises(UnknownKernelABIError, match="3.9"):
+        hidden_args_for("3.9.0")
