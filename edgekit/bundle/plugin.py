@@ -9,20 +9,27 @@ package. ``plugin.json`` (format_version 1)::
       "format": "edgekit-plugin", "format_version": 1,
       "op": "rmsnorm", "version": 3, "abi_version": 1,
       "arch": 87, "triton_version": "3.6.0", "hidden_args": 2,
-      "kernels": [{
-          "name": "rmsnorm_fwd",            # what launch.launches[].kernel refers to
-          "symbol": "rmsnorm_fwd_kernel",   # entry point in the cubin/PTX (Triton's metadata.name)
+      "kernels": [{                             # the fields of kernels/aot.py CompiledKernel.metadata()
+          "kernel": "rmsnorm_fwd",               # what launch.launches[].kernel refers to
+          "name": "_rmsnorm_kernel",             # entry symbol in the cubin/PTX (Triton's metadata.name)
           "cubin": "kernel.cubin", "ptx": "kernel.ptx",
-          "num_warps": 4, "num_stages": 3, "shared_bytes": 0, "global_scratch_bytes": 0,
-          "constexprs": {"BLOCK_C": 1024},   # tile sizes baked into the code (informational)
-          "signature": ["*fp16", "*fp16", "*fp16", "i32", "fp32"]   # runtime parameters, in order
+          "num_warps": 8, "num_stages": 1, "shared_bytes": 32,
+          "global_scratch_size": 0, "global_scratch_align": 1,
+          "signature": [["x_ptr", "*fp16"], ["w_ptr", "*fp16"], ..., ["eps", "fp32"]],  # runtime params, in order
+          "constexprs": {"BLOCK_N": 4096}, "dtype": "fp16",
+          "precision": {"input": "fp16", "accumulate": "fp32", "output": "fp16"},
+          "registers": 48, "spills": {"stores": 0, "loads": 0}, "ptx_version": null    # informational
       }],
-      "launch": {...}   # an op program: see edgekit.kernels.launch_rule (grid, args, checks, buffers)
+      "launch": {...}   # the op program (kernels/launch_rule.py): checks, buffers, grid and args per launch
     }
 
-``hidden_args`` is how many trailing pointer parameters Triton added after the
-user's (global and profile scratch: 1 for Triton 3.4, 2 for 3.5/3.6); the
-launcher passes that many NULLs (or scratch buffers of global_scratch_bytes).
+A one-kernel plugin names its code kernel.cubin / kernel.ptx; a plugin with
+several kernels (e.g. split-K attention decode + its reduction) names them
+<kernel>.cubin / <kernel>.ptx. ``hidden_args`` is how many trailing pointer
+parameters Triton added after the user's (kernels/abi.py: 1 for Triton 3.4,
+2 for 3.5/3.6); the launcher passes scratch buffers or NULLs for them.
+``loader_metadata(kernel)`` gives exactly what
+kernels/launcher.py ``LoadedKernel.from_metadata`` reads.
 
 The package (one .tar, deterministic) holds plugin.json, the kernel files,
 golden.safetensors, ``index.json`` (canonical JSON: op, version, arch and
@@ -45,6 +52,7 @@ from edgekit.bundle.canonical import canonical_json, sha256_hex
 from edgekit.bundle.keys import DEV_KEY_ID, SigningKey, TrustedKeys, development_key, trust, verify_signature
 from edgekit.bundle.manifest import PLUGIN_GOLDEN_FILE, PLUGIN_METADATA_FILE, FileEntry, describe_validation_error
 from edgekit.errors import VerificationError
+from edgekit.kernels.abi import HIDDEN_ARGS_BY_TRITON
 
 PLUGIN_FORMAT = "edgekit-plugin"
 SUPPORTED_PLUGIN_VERSIONS = frozenset({1})
@@ -70,12 +78,12 @@ MAX_SHARED_BYTES_BY_ARCH = {
 }
 KNOWN_ARCHS = frozenset(MAX_SHARED_BYTES_BY_ARCH)
 MAX_SHARED_BYTES = max(MAX_SHARED_BYTES_BY_ARCH.values())
-# Hidden pointer parameters Triton appends to every kernel, by Triton major.minor
-# (checked: 3.4 -> 1, 3.5/3.6 -> 2; see shared/notes/gpu-apis.md). A plugin from a
-# Triton not listed here is refused: the launcher would pass the wrong argument count.
-TRITON_HIDDEN_ARGS = {"3.4": 1, "3.5": 2, "3.6": 2}
-# Triton signature types a launcher can marshal: pointers (*T) and scalars.
-_ARG_TYPE = re.compile(r"^\*?(i1|i8|i16|i32|i64|u1|u8|u16|u32|u64|fp8e4nv|fp8e5|fp16|bf16|fp32|fp64)$")
+# Hidden pointer parameters Triton appends to every kernel, by Triton major.minor: the
+# launcher's own table (edgekit.kernels.abi), so the schema and the launcher never disagree.
+# A plugin from a Triton not listed is refused: it would be launched with the wrong argument count.
+TRITON_HIDDEN_ARGS = {f"{a}.{b}": n for (a, b), n in HIDDEN_ARGS_BY_TRITON.items()}
+# Argument types the launcher marshals (edgekit.kernels.launcher): any pointer, these scalars.
+_ARG_TYPE = re.compile(r"^(\*(i1|i8|i16|i32|i64|u8|u16|u32|u64|fp8e4nv|fp8e5|fp16|bf16|fp32|fp64)|i32|i64|u32|u64|fp32|fp64)$")
 
 
 class _Strict(BaseModel):
@@ -85,16 +93,25 @@ class _Strict(BaseModel):
 
 
 class KernelEntry(_Strict):
-    name: str = Field(pattern=IDENT, max_length=64)
-    symbol: str = Field(pattern=IDENT, max_length=256)
+    """One compiled kernel: the fields of edgekit.kernels.aot.CompiledKernel.metadata() that a
+    launcher needs (same names), plus the file names of its code inside the plugin."""
+
+    kernel: str = Field(pattern=IDENT, max_length=64)  # the launch program's name for it (launches[].kernel)
+    name: str = Field(pattern=IDENT, max_length=256)  # entry symbol in the cubin/PTX (Triton's metadata.name)
     cubin: str = Field(pattern=r"^[a-z0-9_]+\.cubin$", max_length=80)
     ptx: str = Field(pattern=r"^[a-z0-9_]+\.ptx$", max_length=80)
     num_warps: int
     num_stages: int = Field(ge=1, le=8)
-    shared_bytes: int = Field(ge=0, le=MAX_SHARED_BYTES)
-    global_scratch_bytes: int = Field(default=0, ge=0, le=1 << 30)
-    constexprs: dict[str, int] = Field(default_factory=dict)
-    signature: list[str] = Field(max_length=64)
+    shared_bytes: int = Field(ge=0, le=MAX_SHARED_BYTES)  # dynamic shared memory per block, as compiled
+    global_scratch_size: int = Field(default=0, ge=0, le=1 << 30)  # bytes per program; 0: pass NULL
+    global_scratch_align: int = Field(default=1, ge=1, le=4096)
+    signature: list[tuple[str, str]] = Field(max_length=64)  # runtime parameters in order: [name, Triton type]
+    constexprs: dict[str, int] = Field(default_factory=dict)  # tile sizes baked into the code (informational)
+    dtype: Optional[Literal["fp16", "bf16", "fp32"]] = None  # activation dtype the variant was compiled for
+    precision: dict[str, str] = Field(default_factory=dict)  # {"input", "accumulate", "output"}
+    registers: Optional[int] = Field(default=None, ge=0, le=255)  # per thread, from ptxas (informational)
+    spills: Optional[dict[str, int]] = None  # {"stores": bytes, "loads": bytes} from ptxas (informational)
+    ptx_version: Optional[int] = Field(default=None, ge=60, le=200)
 
     @field_validator("num_warps")
     @classmethod
@@ -103,20 +120,32 @@ class KernelEntry(_Strict):
             raise ValueError(f"num_warps {v} is not one of {sorted(NUM_WARPS)}")
         return v
 
-    @field_validator("signature")
+    @field_validator("global_scratch_align")
     @classmethod
-    def _types(cls, v: list[str]) -> list[str]:
-        for i, t in enumerate(v):
-            if not _ARG_TYPE.match(t):
-                raise ValueError(f"signature[{i}] {t!r} is not a Triton argument type like '*fp16' or 'i32'")
+    def _pow2(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"global_scratch_align {v} is not a power of two")
         return v
 
-    @field_validator("constexprs")
+    @field_validator("signature")
     @classmethod
-    def _constexpr_names(cls, v: dict[str, int]) -> dict[str, int]:
-        for k in v:
+    def _types(cls, v: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        names = [n for n, _ in v]
+        for i, (n, t) in enumerate(v):
+            if not re.match(IDENT, n):
+                raise ValueError(f"signature[{i}] parameter name {n!r} is not an identifier")
+            if not _ARG_TYPE.match(t):
+                raise ValueError(f"signature[{i}] ({n}) type {t!r} is not one the launcher passes ('*fp16', 'i32', 'fp32', ...)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"signature has duplicate parameter names {names}")
+        return v
+
+    @field_validator("constexprs", "precision", "spills")
+    @classmethod
+    def _identifier_keys(cls, v):
+        for k in v or {}:
             if not re.match(IDENT, k):
-                raise ValueError(f"constexpr name {k!r} is not an identifier")
+                raise ValueError(f"key {k!r} is not an identifier")
         return v
 
 
@@ -158,10 +187,10 @@ class PluginMetadata(_Strict):
         names, files = set(), set()
         for k in self.kernels:
             if k.shared_bytes > limit:
-                raise ValueError(f"kernel {k.name}: shared_bytes {k.shared_bytes} exceeds sm_{self.arch}'s {limit}")
-            if k.name in names:
-                raise ValueError(f"kernel name {k.name!r} appears twice")
-            names.add(k.name)
+                raise ValueError(f"kernel {k.kernel}: shared_bytes {k.shared_bytes} exceeds sm_{self.arch}'s {limit}")
+            if k.kernel in names:
+                raise ValueError(f"kernel {k.kernel!r} appears twice")
+            names.add(k.kernel)
             for f in (k.cubin, k.ptx):
                 if f in files:
                     raise ValueError(f"kernel file {f!r} appears twice")
@@ -173,19 +202,34 @@ class PluginMetadata(_Strict):
         from edgekit.kernels.launch_rule import LaunchRuleError, validate_program
 
         try:
-            validate_program(self.launch, kernel_arity={k.name: len(k.signature) for k in self.kernels})
+            validate_program(self.launch, kernel_arity={k.kernel: len(k.signature) for k in self.kernels})
         except LaunchRuleError as e:
             raise ValueError(f"launch: {e.message}") from e
         if self.launch.get("op") != self.op:
             raise ValueError(f"launch program is for op {self.launch.get('op')!r}, plugin is for {self.op!r}")
         launched = {ln["kernel"] for ln in self.launch["launches"]}
-        unused = sorted({k.name for k in self.kernels} - launched)
+        unused = sorted({k.kernel for k in self.kernels} - launched)
         if unused:
             raise ValueError(f"kernel {unused[0]!r} is never launched by the launch program")
 
     @property
     def target_arch(self) -> str:
         return f"sm_{self.arch}"
+
+    def kernel_entry(self, kernel: str) -> KernelEntry:
+        for k in self.kernels:
+            if k.kernel == kernel:
+                return k
+        raise KeyError(kernel)
+
+    def loader_metadata(self, kernel: str) -> dict[str, Any]:
+        """What edgekit.kernels.launcher.LoadedKernel.from_metadata reads for one kernel."""
+        k = self.kernel_entry(kernel)
+        return {
+            "name": k.name, "signature": [list(p) for p in k.signature], "shared_bytes": k.shared_bytes,
+            "num_warps": k.num_warps, "triton_version": self.triton_version, "hidden_args": self.hidden_args,
+            "global_scratch_size": k.global_scratch_size, "global_scratch_align": k.global_scratch_align, "arch": self.arch,
+        }
 
     def file_names(self) -> list[str]:
         """Every file a plugin directory or package must hold besides index/signature."""
@@ -388,8 +432,8 @@ def check_kernel_files(meta: PluginMetadata, files: Mapping[str, bytes], *, pref
             raise VerificationError(f"{prefix}{k.ptx}", "not PTX text (no .target directive)")
         if int(m.group(1)) != meta.arch:
             raise VerificationError(f"{prefix}{k.ptx}", f"PTX targets sm_{int(m.group(1))}, plugin.json says sm_{meta.arch}")
-        if not re.search(rb"\.entry\s+" + re.escape(k.symbol.encode()) + rb"\s*\(", ptx):
-            raise VerificationError(f"{prefix}{k.ptx}", f"has no entry point {k.symbol!r} (kernel {k.name!r} in plugin.json)")
+        if not re.search(rb"\.entry\s+" + re.escape(k.name.encode()) + rb"\s*\(", ptx):
+            raise VerificationError(f"{prefix}{k.ptx}", f"has no entry point {k.name!r} (kernel {k.kernel!r} in plugin.json)")
 
 
 def _check_golden_matches(meta: PluginMetadata, golden: bytes, *, name: str = PLUGIN_GOLDEN_FILE) -> None:
@@ -398,6 +442,52 @@ def _check_golden_matches(meta: PluginMetadata, golden: bytes, *, name: str = PL
     gm = read_golden_meta(golden, name=name)
     if gm.op != meta.op:
         raise VerificationError(name, f"golden vectors are for op {gm.op!r}, the plugin is for {meta.op!r}")
+
+
+def plugin_from_compiled(
+    op: str, version: int, compiled: Mapping[str, Any], program: Mapping[str, Any], golden: bytes, *, description: str = ""
+) -> tuple[PluginMetadata, dict[str, bytes]]:
+    """Plugin metadata and files from kernels/aot.py CompiledKernel objects keyed by program kernel name.
+
+    The build's bridge from the compiler to the bundle: ``writer.add_plugin(*plugin_from_compiled(...))``
+    or ``pack_plugin(*plugin_from_compiled(...), key)``. All kernels must share arch and Triton version.
+    """
+    from edgekit.kernels.registry import OPERATORS
+
+    if op not in OPERATORS:
+        raise VerificationError(op, f"unknown operator; known: {', '.join(sorted(OPERATORS))}")
+    if not compiled:
+        raise VerificationError(op, "a plugin needs at least one compiled kernel")
+    cks = [compiled[k] for k in sorted(compiled)]
+    for field_name in ("arch", "triton_version", "hidden_args"):
+        values = {getattr(c, field_name) for c in cks}
+        if len(values) != 1:
+            raise VerificationError(op, f"kernels disagree on {field_name}: {sorted(map(str, values))}")
+    single = len(cks) == 1
+    files: dict[str, bytes] = {PLUGIN_GOLDEN_FILE: golden}
+    entries = []
+    for kname in sorted(compiled):
+        c = compiled[kname]
+        stem = "kernel" if single else kname.lower()
+        md = c.metadata()
+        entries.append({
+            "kernel": kname, "name": md["name"], "cubin": f"{stem}.cubin", "ptx": f"{stem}.ptx",
+            "num_warps": md["num_warps"], "num_stages": md["num_stages"], "shared_bytes": md["shared_bytes"],
+            "global_scratch_size": md["global_scratch_size"], "global_scratch_align": md["global_scratch_align"],
+            "signature": [list(p) for p in md["signature"]], "constexprs": dict(md["variant"]["constexprs"]),
+            "dtype": md["variant"]["dtype"], "precision": dict(md["precision"]), "registers": md["registers"],
+            "spills": md["spills"], "ptx_version": md["ptx_version"],
+        })
+        files[f"{stem}.cubin"] = bytes(c.cubin)
+        files[f"{stem}.ptx"] = c.ptx.encode() if isinstance(c.ptx, str) else bytes(c.ptx)
+    first = cks[0]
+    meta = PluginMetadata.model_validate({
+        "format": PLUGIN_FORMAT, "format_version": 1, "op": op, "version": version,
+        "abi_version": OPERATORS[op].spec.abi_version, "arch": first.arch, "triton_version": first.triton_version,
+        "hidden_args": first.hidden_args, "kernels": entries, "launch": dict(program), "description": description,
+    })
+    check_kernel_files(meta, files)
+    return meta, files
 
 
 def plugin_files_from_dir(directory) -> dict[str, bytes]:

@@ -322,12 +322,15 @@ def verify_bundle(
     *,
     allow_dev_key: bool = False,
     run_golden: Optional[GoldenRunner] = run_reference,
+    runner_for_root: Optional[Callable[[Path], GoldenRunner]] = None,
     local_arch=_AUTO,
 ) -> VerificationReport:
     """Verify a bundle directory or a single-file .tar archive. Never modifies the bundle.
 
     run_golden=None skips the golden vectors; the default runs the torch
-    reference on the CPU. An archive is checked member by member before it is
+    reference on the CPU. runner_for_root (e.g. gpu_runner.plugin_runner) makes
+    a runner that needs the bundle's files, once the bundle's root is known; it
+    wins over run_golden. An archive is checked member by member before it is
     extracted (to a temporary directory, removed afterwards).
     """
     p = Path(path)
@@ -346,7 +349,8 @@ def verify_bundle(
                 report = VerificationReport(str(p))
                 report.checks.append(Check("archive", getattr(e, "file", p.name), "fail", getattr(e, "reason", str(e))))
                 return report
-            report = _verify_dir(root, trusted_keys, allow_dev_key=allow_dev_key, run_golden=run_golden, local_arch=arch)
+            run = runner_for_root(root) if runner_for_root is not None else run_golden
+            report = _verify_dir(root, trusted_keys, allow_dev_key=allow_dev_key, run_golden=run, local_arch=arch)
             report.bundle = str(p)
             report.checks.insert(0, Check("archive", p.name, "pass", "no absolute paths, '..', links, devices or duplicates"))
             return report
@@ -354,7 +358,8 @@ def verify_bundle(
             shutil.rmtree(tmp, ignore_errors=True)
     if not p.is_dir():
         raise VerificationError(str(p), "no such bundle directory or archive", hint="pass the directory written by `edgekit build` or its .tar")
-    return _verify_dir(p, trusted_keys, allow_dev_key=allow_dev_key, run_golden=run_golden, local_arch=arch)
+    run = runner_for_root(p) if runner_for_root is not None else run_golden
+    return _verify_dir(p, trusted_keys, allow_dev_key=allow_dev_key, run_golden=run, local_arch=arch)
 
 
 def _verify_dir(root: Path, trusted_keys: Keys, *, allow_dev_key: bool, run_golden, local_arch) -> VerificationReport:

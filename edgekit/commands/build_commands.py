@@ -59,6 +59,9 @@ def verify(
     ),
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help="Accept a bundle signed with the public development key (local testing only)."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Do not run the golden vectors (signature, hashes and schemas only)."),
+    backend: str = typer.Option(
+        "auto", "--golden-backend", help="Where golden vectors run: cpu (torch reference), gpu (the plugins' own kernels), auto (gpu if CUDA is available)."
+    ),
     show_all: bool = typer.Option(False, "--all", help="List every file check instead of summarizing the passing ones."),
     json_out: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
 ) -> None:
@@ -74,13 +77,27 @@ def verify(
             "no trusted key given: a bundle is only accepted if it is signed by a key you trust",
             hint="pass --trust DIR/edgekit.pub, the public half of the key that signed it",
         )
+    if backend not in ("auto", "cpu", "gpu"):
+        raise BundleError(f"--golden-backend {backend!r} is not one of auto, cpu, gpu")
     run = None if skip_golden else run_reference
+    runner_for_root = None
+    if not skip_golden and backend != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            from edgekit.bundle.gpu_runner import plugin_runner
+
+            runner_for_root = plugin_runner
+        elif backend == "gpu":
+            raise BundleError("--golden-backend gpu needs a CUDA GPU; none is available here", hint="use --golden-backend cpu")
+    kwargs = dict(allow_dev_key=allow_dev_key, run_golden=run, runner_for_root=runner_for_root)
     if json_out:
-        report = verify_bundle(bundle, keys, allow_dev_key=allow_dev_key, run_golden=run)
+        report = verify_bundle(bundle, keys, **kwargs)
         print_json(report.to_dict())
     else:
-        with console.status(f"verifying {bundle} ..."):
-            report = verify_bundle(bundle, keys, allow_dev_key=allow_dev_key, run_golden=run)
+        where = "the plugins on the GPU" if runner_for_root else ("the CPU reference" if run else "no golden vectors")
+        with console.status(f"verifying {bundle} (golden vectors: {where}) ..."):
+            report = verify_bundle(bundle, keys, **kwargs)
         _print_report(report, show_all)
     report.raise_if_failed()
 

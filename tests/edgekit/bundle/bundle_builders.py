@@ -41,16 +41,17 @@ RMSNORM_PROGRAM = {
 
 def rmsnorm_metadata(version: int = 1, arch: int = ARCH, **kernel_overrides) -> dict:
     kernel = {
-        "name": "rmsnorm_fwd",
-        "symbol": "rmsnorm_fwd_kernel",
+        "kernel": "rmsnorm_fwd",
+        "name": "rmsnorm_fwd_kernel",
         "cubin": "kernel.cubin",
         "ptx": "kernel.ptx",
         "num_warps": 4,
         "num_stages": 1,
         "shared_bytes": 0,
-        "global_scratch_bytes": 0,
+        "global_scratch_size": 0,
+        "global_scratch_align": 1,
+        "signature": [["x_ptr", "*fp16"], ["w_ptr", "*fp16"], ["y_ptr", "*fp16"], ["stride_xm", "i32"], ["N", "i32"], ["eps", "fp32"]],
         "constexprs": {"BLOCK_C": 1024},
-        "signature": ["*fp16", "*fp16", "*fp16", "i32", "i32", "fp32"],
     }
     kernel.update(kernel_overrides)
     return {

@@ -15,7 +15,15 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from bundle_builders import write_bundle  # noqa: E402
+# Re-exported: tests/edgekit/runtime/realpkg.py loads these builders from this file.
+from bundle_builders import (  # noqa: E402,F401
+    fake_cubin,
+    fake_ptx,
+    rmsnorm_golden,
+    rmsnorm_metadata,
+    rmsnorm_plugin_files,
+    write_bundle,
+)
 
 from edgekit.bundle.keys import SigningKey, generate_keypair, load_public_key, load_signing_key  # noqa: E402
 

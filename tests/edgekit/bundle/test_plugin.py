@@ -55,8 +55,12 @@ def _with_kernel(**k) -> dict:
         (_with_kernel(shared_bytes=232449), "shared_bytes"),
         (_with_kernel(shared_bytes=200_000), "exceeds sm_87's 166912"),  # fits H200, not Orin
         (_with_kernel(num_stages=0), "num_stages"),
-        (_with_kernel(signature=["*fp16", "int"]), "not a Triton argument type"),
-        (_with_kernel(symbol="bad symbol"), "symbol"),
+        (_with_kernel(signature=[["x", "*fp16"], ["n", "int"]]), "not one the launcher passes"),
+        (_with_kernel(signature=[["x", "*fp16"], ["x", "i32"]]), "duplicate parameter names"),
+        (_with_kernel(signature=["*fp16"]), "signature"),
+        (_with_kernel(global_scratch_align=3), "power of two"),
+        (_with_kernel(registers=300), "registers"),
+        (_with_kernel(name="bad symbol"), "name"),
         (_with_kernel(cubin="../kernel.cubin"), "cubin"),
         (_with_kernel(cubin="kernel.ptx"), "cubin"),
         ({**rmsnorm_metadata(), "hidden_args": 5}, "hidden_args"),
@@ -106,7 +110,7 @@ def test_attack_malformed_launch_rule_is_refused(mutate, reason):
 
 def test_attack_duplicate_kernel_files_are_refused():
     d = rmsnorm_metadata()
-    second = dict(d["kernels"][0], name="rmsnorm_fwd2")
+    second = dict(d["kernels"][0], kernel="rmsnorm_fwd2")
     d["kernels"].append(second)
     with pytest.raises(VerificationError, match="appears twice"):
         _parse(d)
