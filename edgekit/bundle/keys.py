@@ -108,6 +108,11 @@ def verify_signature(message: bytes, sig_bytes: bytes, trusted: TrustedKeys, *, 
         where = ".".join(str(p) for p in first["loc"]) or "document"
         raise VerificationError(sig_name, f"not a valid signature document ({where}: {first['msg']})") from e
     key = trusted.get(doc.key_id)
+    if key is None and doc.key_id == DEV_KEY_ID:
+        raise VerificationError(
+            sig_name, "signed with the public development key, which is not trusted here (it proves integrity, not origin)",
+            hint="sign with a real key (edgekit keys generate DIR; build --key DIR/edgekit.key), or allow development keys for local testing (--allow-dev-key)",
+        )
     if key is None:
         raise VerificationError(
             sig_name,

@@ -130,6 +130,15 @@ class BundleWriter:
         self._files[relpath] = entry
         return entry
 
+    def add_tree(self, relprefix: str, src_dir: str | os.PathLike) -> dict[str, FileEntry]:
+        """Every regular file under src_dir (e.g. a tokenizer directory), under relprefix/, in sorted order.
+
+        Refuses symbolic links: a bundle holds the bytes, never a pointer to somewhere else.
+        """
+        from edgekit.bundle.archive import list_tree
+
+        return {f"{relprefix}/{rel}": self.add_file(f"{relprefix}/{rel}", Path(src_dir) / rel) for rel in list_tree(src_dir)}
+
     def add_plugin(self, metadata: PluginMetadata, files: Mapping[str, bytes]) -> PluginRef:
         """plugins/<op>/<version>/: plugin.json (canonical, from metadata) + kernels + golden.safetensors."""
         content = dict(files)

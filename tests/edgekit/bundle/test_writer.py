@@ -119,3 +119,15 @@ def test_plugin_for_another_arch_is_refused_at_finish(tmp_path, signing_key):
         with pytest.raises(BundleError, match="compiled for sm_90; the bundle targets sm_87"):
             w.finish(key=signing_key, **_manifest_fields())
     assert not (tmp_path / "b").exists()
+
+
+def test_add_tree_copies_a_directory_and_refuses_links(tmp_path):
+    src = tmp_path / "tok"
+    (src / "sub").mkdir(parents=True)
+    (src / "tokenizer.json").write_bytes(b"{}")
+    (src / "sub" / "merges.txt").write_bytes(b"a b")
+    with BundleWriter(tmp_path / "b") as w:
+        assert sorted(w.add_tree("tokenizer", src)) == ["tokenizer/sub/merges.txt", "tokenizer/tokenizer.json"]
+        os.symlink("/etc/passwd", src / "evil")
+        with pytest.raises(BundleError, match="symbolic link"):
+            w.add_tree("tokenizer2", src)
