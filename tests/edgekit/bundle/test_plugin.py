@@ -8,11 +8,11 @@ import json
 import tarfile
 
 import pytest
-from bundle_builders import ARCH, fake_cubin, fake_ptx, rmsnorm_golden, rmsnorm_metadata, rmsnorm_plugin_files
+from bundle_builders import ARCH, fake_cubin, fake_ptx, rmsnorm_metadata, rmsnorm_plugin_files
 
 from edgekit.bundle.archive import tar_bytes
 from edgekit.bundle.canonical import canonical_json
-from edgekit.bundle.keys import development_key, trust
+from edgekit.bundle.keys import development_key
 from edgekit.bundle.plugin import (
     PluginMetadata,
     check_operator_compat,
