@@ -15,8 +15,10 @@ For a kernel that stages tiles in shared memory:
    f. the kernel's default warp count, then fewer warps; then the smaller estimate;
 4. compile the best for the target's arch (``kernels.aot.compile_variant``)
    and read its real shared bytes and ptxas register/spill report; if the
-   compiled bytes exceed the budget, it spills registers, or its registers do
-   not fit an SM, drop it and compile the next, up to ``MAX_COMPILES``.
+   compiled bytes exceed the budget or its registers do not fit an SM, drop
+   it and compile the next, up to ``MAX_COMPILES``. A variant that spills
+   registers is passed over too, but kept as the fallback if no spill-free
+   one turns up.
 
 A kernel that does not tile through shared memory (GEMV, reductions,
 elementwise) takes its default variant, compiled the same way, so every
@@ -158,6 +160,24 @@ def solve_kernel(
                                          programs_target=programs_target, default_warps=default_warps,
                                          want_splits=want_splits))
     rejected: list[Rejection] = []
+    spilling: tuple | None = None  # the best candidate that fits but spills: taken only if nothing better compiles
+
+    def choice(rank: int, v, est: int, ck, spill: int | None, note: str = "") -> TileChoice:
+        n_prog = programs(v) if programs is not None else None
+        why = [f"rank {rank} of {len(fitting)} within the estimate budget"]
+        if n_prog is not None and programs_target:
+            why.append(f"{n_prog} programs {'>=' if n_prog >= programs_target else '<'} {programs_target} wanted")
+        why.append(f"tile {tile_work(v)}, {v.num_stages} stages, {per_sm_bytes // max(ck.shared_bytes, 1)} blocks/SM by smem")
+        if note:
+            why.append(note)
+        return TileChoice(
+            op=op, kernel=kernel, variant=v, arch=arch, budget_bytes=budget_bytes, estimated_shared_bytes=est,
+            shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
+            registers=ck.registers, spill_bytes=spill, searched=True, shape=dict(shape or {}), programs=n_prog,
+            programs_target=programs_target, candidates=len(cands), within_estimate=len(fitting), rejected=rejected,
+            reason="; ".join(why),
+        )
+
     for rank, (v, est) in enumerate(fitting[:max_compiles], 1):
         try:
             ck = compile_fn(v)
@@ -169,25 +189,20 @@ def solve_kernel(
         if ck.shared_bytes > budget_bytes:
             rejected.append(Rejection(v.label(), est, ck.shared_bytes, f"compiled {ck.shared_bytes} B > budget {budget_bytes} B"))
             continue
-        if spill:
-            rejected.append(Rejection(v.label(), est, ck.shared_bytes, f"spills {spill} B of registers to local memory"))
-            continue
         if ck.registers is not None and ck.registers * threads > registers_per_sm:
             rejected.append(Rejection(v.label(), est, ck.shared_bytes,
                                       f"{ck.registers} registers x {threads} threads exceed the SM's {registers_per_sm}"))
             continue
-        n_prog = programs(v) if programs is not None else None
-        why = [f"rank {rank} of {len(fitting)} within the estimate budget"]
-        if n_prog is not None and programs_target:
-            why.append(f"{n_prog} programs {'>=' if n_prog >= programs_target else '<'} {programs_target} wanted")
-        why.append(f"tile {tile_work(v)}, {v.num_stages} stages, {per_sm_bytes // max(ck.shared_bytes, 1)} blocks/SM by smem")
-        return TileChoice(
-            op=op, kernel=kernel, variant=v, arch=arch, budget_bytes=budget_bytes, estimated_shared_bytes=est,
-            shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
-            registers=ck.registers, spill_bytes=spill, searched=True, shape=dict(shape or {}), programs=n_prog,
-            programs_target=programs_target, candidates=len(cands), within_estimate=len(fitting), rejected=rejected,
-            reason="; ".join(why),
-        )
+        if spill:
+            rejected.append(Rejection(v.label(), est, ck.shared_bytes, f"spills {spill} B of registers to local memory"))
+            if spilling is None:
+                spilling = (rank, v, est, ck, spill)
+            continue
+        return choice(rank, v, est, ck, spill)
+    if spilling is not None:
+        rank, v, est, ck, spill = spilling
+        rejected[:] = [r for r in rejected if r.variant != v.label()]
+        return choice(rank, v, est, ck, spill, note=f"spills {spill} B: no spill-free candidate among the {max_compiles} compiled")
     tried = "; ".join(f"{r.variant}: {r.reason}" for r in rejected[:3])
     smallest = min(e for _, e in scored)
     raise PlanError(

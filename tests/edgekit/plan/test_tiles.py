@@ -1,0 +1,130 @@
+"""The tile solver never returns a variant over the budget, and its shared-memory figures are compiled ones.
+
+Most examples use the kernels' real tile spaces and analytical estimates with a
+*simulated compiler* whose reported bytes exceed the estimate by a per-variant
+factor (so the solver's "compiled bytes over budget -> drop it, try the next"
+path is exercised on every example); a few examples compile for real with
+Triton for sm_87 / sm_90 (about a second each on a CPU).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgekit.errors import PlanError
+from edgekit.kernels import variants as kv
+from edgekit.kernels.aot import SharedMemoryBudgetError, compile_variant
+from edgekit.model.presets import preset_config
+from edgekit.plan.precision import PrecisionPlan
+from edgekit.plan.targets import load_target
+from edgekit.plan.tiles import rank_key, solve_all, solve_kernel
+
+KB = 1024
+SHAPES = {  # kernel -> (op, extra shape facts)
+    "attention_prefill_fwd": ("attention_prefill", {"rows": 2048}),
+    "attention_decode_split": ("attention_decode", {"rows": 1}),
+    "linear_gemm": ("linear", {"rows": 2048}),
+    "qkv_rope_fwd": ("qkv_rope", {"rows": 2048}),
+}
+
+
+@dataclass
+class _Fake:
+    shared_bytes: int
+    name: str = "simulated"
+    triton_version: str = "simulated"
+    registers: int | None = None
+    spills: dict | None = None
+
+
+def _simulated_compiler(overshoot_max: float, seed: int):
+    """Reports estimate x (1 .. overshoot_max), a fixed factor per variant: the estimate may be optimistic."""
+    def compile_fn(v):
+        h = zlib.crc32(f"{seed}:{v.label()}".encode()) / 2**32
+        return _Fake(int(kv.estimate_shared_bytes(v) * (1 + h * (overshoot_max - 1))))
+
+    return compile_fn
+
+
+def _space(kernel: str, head_dim: int):
+    op, extra = SHAPES[kernel]
+    return [v for v in kv.tile_space(op, head_dim=head_dim, n_heads=12, n_kv_heads=2, **extra) if v.kernel == kernel]
+
+
+def test_orin_plan_tiles_are_compiled_for_sm87_within_128k():
+    cfg = preset_config("smollm2-135m")
+    t = load_target("orin")
+    choices = solve_all(cfg, t, PrecisionPlan.uniform(cfg), batch=1, buckets=(64, 512, 2048), context=2048)
+    kernels = {c.kernel for c in choices}
+    assert {"attention_prefill_fwd", "attention_decode_split", "linear_gemm", "qkv_rope_fwd"} <= kernels
+    for c in choices:
+        assert c.arch == "sm_87" and c.shared_bytes <= 131072
+        assert c.shared_bytes == compile_variant(c.variant, 87).shared_bytes  # cached: no recompile
+        assert "compiled for sm_87" in c.to_dict()["shared_bytes_source"]
+    split = next(c for c in choices if c.kernel == "attention_decode_split")
+    reduce = next(c for c in choices if c.kernel == "attention_decode_reduce")
+    assert split.constexprs["MAX_SPLITS"] == reduce.constexprs["MAX_SPLITS"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    budget_kb=st.integers(48, 228),
+    head_dim=st.sampled_from([64, 128]),
+    kernel=st.sampled_from(sorted(SHAPES)),
+    overshoot=st.floats(1.0, 1.6),
+    seed=st.integers(0, 1000),
+)
+def test_solver_never_returns_a_variant_over_budget(budget_kb, head_dim, kernel, overshoot, seed):
+    budget = budget_kb * KB
+    space = _space(kernel, head_dim)
+    compile_fn = _simulated_compiler(overshoot, seed)
+    try:
+        choice = solve_kernel(space, budget_bytes=budget, per_sm_bytes=233472, arch="sm_90",
+                              estimate=kv.estimate_shared_bytes, compile_fn=compile_fn, max_compiles=6)
+    except PlanError as e:
+        # Refused only when no candidate among those it was allowed to compile fits once compiled.
+        fitting = sorted((v for v in space if kv.estimate_shared_bytes(v) <= budget),
+                         key=lambda v: rank_key(v, kv.estimate_shared_bytes(v), per_sm_bytes=233472, programs=None,
+                                                programs_target=None, default_warps=None, want_splits=None))
+        assert all(compile_fn(v).shared_bytes > budget for v in fitting[:6]), str(e)
+        return
+    assert choice.shared_bytes <= budget
+    assert choice.shared_bytes == compile_fn(choice.variant).shared_bytes  # the compiled figure, not the estimate
+    assert all(r.compiled_bytes is None or r.compiled_bytes > budget for r in choice.rejected)
+    # the choice is the best-ranked candidate whose compiled bytes fit: nothing better was skipped
+    key = lambda v: rank_key(v, kv.estimate_shared_bytes(v), per_sm_bytes=233472, programs=None, programs_target=None,
+                             default_warps=None, want_splits=None)
+    better = [v for v in space if kv.estimate_shared_bytes(v) <= budget and key(v) < key(choice.variant)]
+    assert all(compile_fn(v).shared_bytes > budget for v in better)
+
+
+@pytest.mark.parametrize("kernel,budget_kb,arch,head_dim", [("attention_prefill_fwd", 48, 87, 64), ("attention_prefill_fwd", 228, 90, 128)])
+def test_real_compiles_fit_the_budget(kernel, budget_kb, arch, head_dim):
+    budget = min(budget_kb * KB, 232448)  # 228 KB is above sm_90's 227 KB opt-in maximum
+    choice = solve_kernel(
+        _space(kernel, head_dim), budget_bytes=budget, per_sm_bytes=233472, arch=f"sm_{arch}",
+        estimate=kv.estimate_shared_bytes, compile_fn=lambda v: compile_variant(v, arch, budget_bytes=budget), max_compiles=2,
+    )
+    assert 0 < choice.shared_bytes <= budget
+    assert choice.shared_bytes == compile_variant(choice.variant, arch).shared_bytes
+    assert choice.compiled_name and choice.arch == f"sm_{arch}"
+
+
+def test_a_compiled_overrun_is_dropped_for_the_next_candidate():
+    # Make the estimate of the top candidate lie by one byte under a budget one byte below its real size:
+    # the solver must compile it, see the overrun, and move on to the next.
+    space = _space("linear_gemm", 64)
+    first = solve_kernel(space, budget_bytes=64 * KB, per_sm_bytes=167936, arch="sm_87",
+                         estimate=kv.estimate_shared_bytes, compile_fn=lambda v: compile_variant(v, 87), max_compiles=2)
+    tight = first.shared_bytes - 1
+    est = lambda v: tight if v == first.variant else kv.estimate_shared_bytes(v)
+    second = solve_kernel(space, budget_bytes=tight, per_sm_bytes=167936, arch="sm_87", estimate=est,
+                          compile_fn=lambda v: compile_variant(v, 87, budget_bytes=tight), max_compiles=3)
+    assert second.variant != first.variant and second.shared_bytes <= tight
+    assert second.rejected[0].variant == first.variant.label() and "shared memory" in second.rejected[0].reason
+    assert isinstance(SharedMemoryBudgetError("x"), PlanError)
