@@ -120,7 +120,7 @@ def test_attack_plugin_metadata_out_of_range_is_refused(bundle, signing_key, pub
     r = verify_bundle(bundle, [public_key], local_arch=None)
     assert [(c, f) for c, f, _ in _fails(r)] == [("plugin", "plugins/rmsnorm/1/plugin.json")]
     assert "num_warps 3 is not one of" in _fails(r)[0][2]
-    (skipped,) = [c for c in r.checks if c.file == "plugins/rmsnorm/1/golden.safetensors"]
+    (skipped,) = [c for c in r.checks if c.check == "golden" and c.file == "plugins/rmsnorm/1/golden.safetensors"]
     assert skipped.status == "skip"  # a refused plugin's kernels are never run
 
 
