@@ -282,7 +282,8 @@ def compare(actual: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Ten
             )
         err = torch.where(finite, (a - e).abs(), torch.zeros_like(e))
         bound = atol + rtol * torch.where(finite, e.abs(), torch.zeros_like(e))
-        ratio = err / bound.clamp_min(torch.finfo(torch.float64).tiny)  # atol = rtol = 0 demands exact equality
+        # ratio <= 1 exactly when err <= bound; a zero bound (atol = rtol = 0, or atol = 0 at e = 0) demands equality
+        ratio = torch.where(bound > 0, err / bound, torch.where(err > 0, math.inf, 0.0))
         idx = _unravel(int(ratio.flatten().argmax()), e.shape)
         max_abs = max(max_abs, float(err.max()))
         if worst is None or float(ratio[idx]) > worst[0]:
