@@ -1,1 +1,16 @@
-"""Bundles: manifest, signatures, plugins, golden vectors, verification."""
+"""Bundles: manifest, signatures, plugins, golden vectors, verification.
+
+One concept per module:
+
+- ``canonical``: canonical JSON, hashes, safe relative paths, atomic writes.
+- ``keys``: ed25519 key files, key ids, detached signatures, the development key.
+- ``manifest``: manifest.json schema (format name + version, files with sha256/size).
+- ``plugin``: plugin.json schema and the signed single-file plugin package (OTA).
+- ``golden``: golden vectors file format and the pure comparison verdict.
+- ``archive``: deterministic .tar writing and safe extraction.
+- ``writer``: ``BundleWriter`` (atomic, deterministic, signs the manifest).
+- ``verify``: pure checks over bytes + the ``verify_bundle(path, ...)`` I/O layer.
+- ``gpu_runner``: golden vectors through a bundle's own plugins on a CUDA GPU.
+
+Nothing is imported here, so ``import edgekit.bundle.keys`` stays cheap.
+"""
