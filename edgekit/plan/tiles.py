@@ -278,15 +278,25 @@ class ShapeFacts:
         return min(outs) if outs else self.cfg.hidden_size
 
 
+def gemv_max_rows() -> int:
+    """Rows up to which the linear ops launch their GEMV kernel (the kernels' launch rule)."""
+    from edgekit.kernels.linear_triton import GEMV_MAX_ROWS
+
+    return GEMV_MAX_ROWS
+
+
 def kernel_shapes(op: str, facts: ShapeFacts) -> dict[str, dict]:
     """kernel -> the shape facts it is solved at. The linear ops have a decode (GEMV) and a prefill (GEMM) kernel."""
     base = facts.base()
     decode = {**base, "rows": facts.batch}
     prefill = {**base, "rows": facts.prefill_rows}
+    linear = {"linear_gemv": decode, "linear_gemm": prefill}
+    if not any(s == "fp16" for layer in facts.precision.layers for s in layer.values()) and facts.batch <= gemv_max_rows():
+        linear = {"linear_gemv": decode}  # only the LM head is fp16, and it runs on the last token: GEMV rows only
     table = {
         "attention_prefill": {"attention_prefill_fwd": prefill},
         "attention_decode": {"attention_decode_split": decode, "attention_decode_reduce": decode},
-        "linear": {"linear_gemv": decode, "linear_gemm": prefill},
+        "linear": linear,
         "linear_w8a16": {"w8a16_gemv": decode, "w8a16_gemm": prefill},
         "linear_w8a8": {"w8a8_quantize": prefill, "w8a8_gemm": prefill},
         # one fused kernel serves decode and prefill: tiled for prefill, where its compute is
