@@ -66,7 +66,8 @@ def verify(
     json_out: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
 ) -> None:
     """Check a bundle: signature by a trusted key, every file's sha256 and size, schemas, format version,
-    target arch vs this machine, and the golden vectors (torch reference on the CPU). Exits non-zero on any failure."""
+    target arch vs this machine, and the golden vectors (the plugins themselves on a GPU, the torch reference on a CPU).
+    Exits non-zero on any failure."""
     from edgekit.bundle.golden import run_reference
     from edgekit.bundle.keys import load_public_key
     from edgekit.bundle.verify import verify_bundle
