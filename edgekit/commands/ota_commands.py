@@ -22,6 +22,10 @@ TRUST_HELP = "Public key (edgekit.pub, or a directory holding one) of a trusted 
 TARGET_HELP = "This device's GPU: a target profile name (orin, h200, ...) or an SM arch (sm_87, sm_90)."
 STORE_HELP = "The device's plugin store directory (created if missing)."
 DEV_KEY_HELP = "Also accept plugins signed with the public development key (local testing only)."
+GOLDEN_HELP = (
+    "Where a new plugin's golden vectors run before it may become active: gpu (the plugin's own kernels), "
+    "cpu (torch reference: checks the vectors, not the kernel), auto (gpu if CUDA is available)."
+)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -45,18 +49,22 @@ def _device_arch(target: str) -> str:
         return load_target(target).arch
 
 
-def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev_key: bool, *, rollback_unconfirmed: bool = False):
+def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev_key: bool, *, golden_backend: str = "auto",
+                rollback_unconfirmed: bool = False):
     from edgekit.bundle.plugin import TRITON_HIDDEN_ARGS
-    from edgekit.runtime.plugin_checks import golden_checker, package_verifier
+    from edgekit.runtime.plugin_checks import golden_checker, package_verifier, reference_runner, runner_factory
     from edgekit.runtime.plugin_policy import DevicePolicy
     from edgekit.runtime.plugin_store import PluginStore, default_known_abi
 
     policy = DevicePolicy(device_arch=_device_arch(target), known_abi=default_known_abi(), triton_abis=set(TRITON_HIDDEN_ARGS))
+    runner = runner_factory(golden_backend)
+    where = "cpu: torch reference (checks the vectors, not the kernels)" if runner is reference_runner else "gpu: the plugins' own kernels"
+    err_console.print(f"golden vectors run on {where}", highlight=False)
     return PluginStore.open(
         store,
         policy=policy,
         verify=package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key),
-        golden_check=golden_checker(),  # CPU reference runner; a GPU runtime injects its kernel runner
+        golden_check=golden_checker(runner),
         rollback_unconfirmed=rollback_unconfirmed,
     )
 
@@ -130,6 +138,7 @@ def agent(
     target: str = typer.Option(..., "--target", help=TARGET_HELP),
     trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
+    golden_backend: str = typer.Option("auto", "--golden-backend", help=GOLDEN_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Where verified TUF metadata is kept between passes. Default: STORE/tuf."),
     once: bool = typer.Option(False, "--once", help="One refresh-and-apply pass, then exit (non-zero if anything was refused)."),
     interval: float = typer.Option(300.0, "--interval", min=1.0, help="Seconds between passes when not --once."),
@@ -145,7 +154,7 @@ def agent(
     if not trusted_root.is_file():
         raise EdgekitError(f"trusted root {trusted_root} not found", hint="copy REPO/metadata/1.root.json from the publisher onto the device")
     root_bytes = trusted_root.read_bytes()
-    plugin_store = _open_store(store, target, trust, allow_dev_key)
+    plugin_store = _open_store(store, target, trust, allow_dev_key, golden_backend=golden_backend)
     _print_recovery(plugin_store)
     cache_dir = cache or (store / "tuf")
     while True:
@@ -213,10 +222,11 @@ def store_install(
     trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
     allow_downgrade: bool = typer.Option(False, "--allow-downgrade", help="Install a version older than the active one on purpose."),
+    golden_backend: str = typer.Option("auto", "--golden-backend", help=GOLDEN_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print JSON (op, version, previous, state, per-step ms)."),
 ) -> None:
     """Verify, golden-check, stage and switch to a plugin package; it starts on probation."""
-    s = _open_store(store, target, trust, allow_dev_key)
+    s = _open_store(store, target, trust, allow_dev_key, golden_backend=golden_backend)
     _print_recovery(s)
     result = s.install(package, allow_downgrade=allow_downgrade)
     if json_out:

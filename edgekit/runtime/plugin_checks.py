@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 from edgekit.bundle.golden import GoldenRunner, check_case, read_golden, run_reference
 from edgekit.bundle.keys import TrustedKeys
 from edgekit.bundle.plugin import MAX_PACKAGE_BYTES, PACKAGE_SIG_FILE, VerifiedPlugin, verify_plugin_package
-from edgekit.errors import VerificationError
+from edgekit.errors import EdgekitError, VerificationError
 from edgekit.runtime.plugin_policy import SwapRefused
 
 RunnerFactory = Callable[[VerifiedPlugin], GoldenRunner]
@@ -67,6 +67,44 @@ def reference_runner(plugin: VerifiedPlugin) -> GoldenRunner:
     return run_reference
 
 
+def gpu_runner(device: str = "cuda") -> RunnerFactory:
+    """Run the plugin's own kernels: loaded by the trusted launcher from the verified in-memory bytes
+    (cubin for this GPU's arch, else PTX JIT). The module is unloaded again after the check."""
+
+    def runner_for(plugin: VerifiedPlugin) -> GoldenRunner:
+        import torch
+
+        from edgekit.bundle.gpu_runner import call_with_spec_order, load_plugin_op
+
+        dev = torch.device(device)
+        op = load_plugin_op(plugin.metadata, plugin.files.__getitem__, dev)
+
+        def run(op_name, inputs, attributes, label):
+            out = call_with_spec_order(op, op_name, {k: v.to(dev) for k, v in inputs.items()}, attributes)
+            torch.cuda.synchronize(dev)
+            return out
+
+        run.unload = op.unload  # type: ignore[attr-defined]
+        return run
+
+    return runner_for
+
+
+def runner_factory(backend: str) -> RunnerFactory:
+    """'cpu' (torch reference: checks the vectors), 'gpu' (the plugin's kernels), 'auto' (gpu if CUDA is up)."""
+    if backend not in ("auto", "cpu", "gpu"):
+        raise EdgekitError(f"golden backend {backend!r} is not one of auto, cpu, gpu")
+    if backend == "cpu":
+        return reference_runner
+    import torch
+
+    if torch.cuda.is_available():
+        return gpu_runner()
+    if backend == "gpu":
+        raise EdgekitError("--golden-backend gpu needs a CUDA GPU; none is available here", hint="use --golden-backend cpu")
+    return reference_runner
+
+
 def golden_checker(
     runner_for: RunnerFactory = reference_runner, *, bundle_golden: Mapping[str, bytes] | None = None
 ) -> Callable[[VerifiedPlugin], None]:
@@ -77,23 +115,32 @@ def golden_checker(
         if bundle_golden and plugin.op in bundle_golden:
             sources.append(("bundle", bundle_golden[plugin.op]))
         run = runner_for(plugin)
-        label = f"ota:{plugin.op}/{plugin.version}"
-        for where, data in sources:
-            try:
-                golden = read_golden(data, name=f"{where} golden vectors")
-            except VerificationError as e:
-                raise SwapRefused("golden_mismatch", f"{where} golden vectors unreadable: {e}") from e
-            if golden.op != plugin.op:
-                raise SwapRefused("golden_mismatch", f"{where} golden vectors are for {golden.op}, the plugin is {plugin.op}")
-            for case in golden.cases:
-                verdict = check_case(plugin.op, case, run, label)
-                if not verdict.ok:
-                    raise SwapRefused(
-                        "golden_mismatch",
-                        f"{plugin.op} {plugin.version}, {where} case {verdict.case}: {verdict.reason}; worst at "
-                        f"{verdict.where} got {verdict.actual!r} expected {verdict.expected!r} "
-                        f"({verdict.max_ratio:.3g}x the tolerance)",
-                        hint="the kernel is numerically wrong for this input; fix it and publish a new version",
-                    )
+        try:
+            _check_sources(plugin, run, sources)
+        finally:
+            unload = getattr(run, "unload", None)
+            if unload is not None:
+                unload()
 
     return check
+
+
+def _check_sources(plugin: VerifiedPlugin, run: GoldenRunner, sources: list[tuple[str, bytes]]) -> None:
+    label = f"ota:{plugin.op}/{plugin.version}"
+    for where, data in sources:
+        try:
+            golden = read_golden(data, name=f"{where} golden vectors")
+        except VerificationError as e:
+            raise SwapRefused("golden_mismatch", f"{where} golden vectors unreadable: {e}") from e
+        if golden.op != plugin.op:
+            raise SwapRefused("golden_mismatch", f"{where} golden vectors are for {golden.op}, the plugin is {plugin.op}")
+        for case in golden.cases:
+            verdict = check_case(plugin.op, case, run, label)
+            if not verdict.ok:
+                raise SwapRefused(
+                    "golden_mismatch",
+                    f"{plugin.op} {plugin.version}, {where} case {verdict.case}: {verdict.reason}; worst at "
+                    f"{verdict.where} got {verdict.actual!r} expected {verdict.expected!r} "
+                    f"({verdict.max_ratio:.3g}x the tolerance)",
+                    hint="the kernel is numerically wrong for this input; fix it and publish a new version",
+                )

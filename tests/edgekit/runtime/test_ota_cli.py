@@ -47,7 +47,7 @@ def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_pat
     pub, pkgs = files
     r = cli("publish", pkgs[1], pkgs[2], "--repo", repo, "--trust", pub, "--json")
     assert r.exit_code == 0, r.output
-    published = json.loads(r.output)
+    published = json.loads(r.stdout)
     assert [a["version"] for a in published["added"]] == ["1", "2"]
     assert not (repo / "keys").exists() and (tmp_path / "repo-keys" / "root.pem").exists()
 
@@ -56,13 +56,13 @@ def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_pat
              "--target", "orin", "--trust", pub, "--once", "--json")
     r = cli(*agent)
     assert r.exit_code == 0, r.output
-    report = json.loads(r.output)
+    report = json.loads(r.stdout)
     assert [(o["op"], o["version"], o["action"]) for o in report["outcomes"]] == [("rmsnorm", "2", "applied")]
 
     r = cli("store", "rollback", "rmsnorm", "--store", store, "--target", "sm_87", "--trust", pub, "--json")
-    assert r.exit_code == 0 and json.loads(r.output)["version"] is None  # v1 was never installed: back to reference
+    assert r.exit_code == 0 and json.loads(r.stdout)["version"] is None  # v1 was never installed: back to reference
     r = cli("store", "status", "--store", store, "--target", "sm_87", "--trust", pub, "--json")
-    (row,) = json.loads(r.output)["operators"]
+    (row,) = json.loads(r.stdout)["operators"]
     assert (row["version"], row["blocked"]) == (None, ["2"])
 
 
@@ -76,4 +76,4 @@ def test_agent_once_exits_nonzero_when_the_repository_is_refused(cli, served, fi
     r = cli("agent", "--repo", url, "--trusted-root", other, "--store", tmp_path / "device", "--target", "sm_87",
             "--trust", pub, "--once", "--json")
     assert r.exit_code == 1
-    assert json.loads(r.output)["error"]["reason"] == "bad_signature"
+    assert json.loads(r.stdout)["error"]["reason"] == "bad_signature"
