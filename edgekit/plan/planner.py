@@ -26,7 +26,7 @@ from edgekit.model.config import ModelConfig
 from edgekit.plan import buckets as bk
 from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memory
 from edgekit.plan.precision import KV_PRECISIONS, PrecisionPlan, scheme_for_cli
-from edgekit.plan.roofline import PREDICTED, roofline_assumptions, roofline_table
+from edgekit.plan.roofline import roofline_assumptions, roofline_table
 from edgekit.plan.targets import Target
 from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
 
@@ -189,10 +189,10 @@ def make_plan(
     shapes = StaticShapes(chosen, context, batch)  # validates the combination
 
     # Memory first (no compile needed): the workspace is sized for the largest decode variant.
-    def memory(b: int, ctx: int, pp_: PrecisionPlan, max_splits: int) -> MemoryPlan:
-        return plan_memory(cfg, target, pp_, context=ctx, batch=b, max_bucket=min(chosen[-1], ctx), decode_slots=max_splits)
+    def memory(max_splits: int) -> MemoryPlan:
+        return plan_memory(cfg, target, pp, context=context, batch=batch, max_bucket=chosen[-1], decode_slots=max_splits)
 
-    mem = memory(batch, context, pp, DEFAULT_DECODE_MAX_SPLITS)
+    mem = memory(DEFAULT_DECODE_MAX_SPLITS)
     if not mem.fits:
         opts = fit_options(cfg, target, scheme=scheme, kv_precision=kv_precision, context=context, batch=batch,
                            max_bucket=chosen[-1], decode_slots=DEFAULT_DECODE_MAX_SPLITS)
@@ -211,9 +211,10 @@ def make_plan(
                 block_n = int(c.constexprs["BLOCK_N"])
                 max_splits = int(c.constexprs.get("MAX_SPLITS", max_splits))
     else:
-        notes.append("tiles not solved (--no-tiles): no shared-memory figure in this plan")
+        notes.append("tiles not solved (--no-tiles): no shared-memory figure in this plan; "
+                     "decode splits assume the smallest decode tile")
     splits = decode_splits(target, batch, cfg.n_kv_heads, context, block_n, max_splits)
-    mem = memory(batch, context, pp, max_splits)
+    mem = memory(max_splits)
 
     roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1], decode_splits=splits)
     return Plan(
@@ -232,11 +233,13 @@ def make_plan(
                     f"ceil(context {context} / BLOCK_N {block_n}), MAX_SPLITS {max_splits})",
             "grid": f"(splits, batch x KV heads) = ({splits}, {batch * cfg.n_kv_heads}): "
                     f"{splits * batch * cfg.n_kv_heads} programs for {target.gpu.sms} SMs",
+            "note": "the kernels' launch rule recomputes this on the device from the SM count it reports "
+                    "(a power mode that gates SMs may report fewer)",
         },
         memory=mem,
         tiles=tiles,
         roofline=roof,
-        roofline_assumptions=roofline_assumptions(target) | {"label": PREDICTED},
+        roofline_assumptions=roofline_assumptions(target),
         versions=_versions(),
         notes=notes,
     )
