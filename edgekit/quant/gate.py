@@ -1,0 +1,221 @@
+"""The accuracy gate: does the quantized model still behave like the floating-point one on held-out text?
+
+Three measurements, all against the unquantized model on the same tokens:
+
+- perplexity: exp(mean next-token negative log-likelihood) over the text cut
+  into non-overlapping windows of ``window_len`` tokens (each window scored on
+  its own, so it counts window_len - 1 predictions); the gate bounds the
+  relative increase, quant / fp - 1.
+- greedy agreement over ``new_tokens`` tokens, teacher-forced: the FP model
+  generates ``new_tokens`` tokens greedily (prefill + decode steps, as
+  ``edgekit generate`` does) from each prompt; then both models read prompt +
+  that FP continuation in one pass, and the agreement is the fraction of the
+  ``new_tokens`` positions where the quantized model's argmax equals the FP
+  model's argmax. Teacher forcing keeps one early disagreement from being
+  counted again at every later position; the first disagreement of each prompt
+  is reported too.
+- logits SNR over every scored position of the perplexity windows:
+  10 log10(sum fp^2 / sum (fp - quant)^2), in dB.
+
+The FP side is computed once (``Reference``) and kept as final hidden states,
+so re-evaluating candidates (mixed precision) only re-runs the quantized model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from edgekit.errors import QuantizationError
+from edgekit.model.decoder import Decoder
+from edgekit.quant.forward import KVTransform, embed, logits, run_blocks
+from edgekit.quant.progress import SILENT, Steps
+
+
+@dataclass
+class GateConfig:
+    """Thresholds (the pass/fail rule) and the evaluation budget (how much text is read)."""
+
+    max_ppl_increase: float = 0.01  # relative: 0.01 = perplexity at most 1% above FP
+    min_greedy_agreement: float = 0.95  # fraction of teacher-forced greedy positions that agree
+    min_logits_snr_db: float = 20.0  # 20 dB: error energy at most 1% of the logits' energy
+    ppl_tokens: int = 2048  # held-out tokens scored for perplexity and SNR (at most)
+    window_len: int = 256
+    n_prompts: int = 4
+    prompt_len: int = 32
+    new_tokens: int = 128
+
+    @classmethod
+    def for_mode(cls, mode: str, **overrides) -> "GateConfig":
+        """Defaults per mode; ``None`` overrides are ignored so CLI options can pass through."""
+        base = {"w8a16": {}, "w8a8": {"max_ppl_increase": 0.03, "min_greedy_agreement": 0.90, "min_logits_snr_db": 15.0}}
+        if mode not in base:
+            raise QuantizationError(f"unknown quantization mode {mode!r}; expected 'w8a16' or 'w8a8'")
+        cfg = cls(**base[mode], **{k: v for k, v in overrides.items() if v is not None})
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.max_ppl_increase < 0:
+            raise QuantizationError(f"max_ppl_increase must be >= 0 (a fraction, 0.01 = 1%), got {self.max_ppl_increase}")
+        if not 0 <= self.min_greedy_agreement <= 1:
+            raise QuantizationError(f"min_greedy_agreement must be in [0, 1], got {self.min_greedy_agreement}")
+        for k in ("ppl_tokens", "window_len", "new_tokens", "prompt_len"):
+            if getattr(self, k) < 2:
+                raise QuantizationError(f"{k} must be >= 2, got {getattr(self, k)}")
+        if self.n_prompts < 0:
+            raise QuantizationError(f"n_prompts must be >= 0, got {self.n_prompts}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EvalText:
+    """Token ids to evaluate on: perplexity windows (1, T) and greedy prompts."""
+
+    windows: list[torch.Tensor]
+    prompts: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class Reference:
+    """The floating-point side, computed once."""
+
+    decoder: Decoder
+    windows: list[torch.Tensor]  # (1, T) token ids
+    hidden: list[torch.Tensor]  # (1, T, C) FP final hidden states (before the final norm)
+    sequences: list[torch.Tensor]  # (1, P + N) prompt + FP greedy continuation
+    prompt_lens: list[int]
+    seq_hidden: list[torch.Tensor]  # (1, P + N, C)
+
+    @property
+    def n_scored(self) -> int:
+        return sum(w.shape[1] - 1 for w in self.windows)
+
+
+@torch.no_grad()
+def greedy_batch(decoder: Decoder, prompts: list[list[int]], new_tokens: int, steps: Steps = SILENT) -> list[list[int]]:
+    """Greedy continuations of ``new_tokens`` tokens (no stop tokens) for all prompts at once.
+
+    The same prefill + decode steps as ``edgekit generate``, with the prompts as
+    one padded batch: a decode step reads every weight once for all of them, so
+    four prompts cost about what one does on a memory-bound CPU.
+    """
+    B, P = len(prompts), max(len(p) for p in prompts)
+    dev = decoder.device
+    tokens = torch.zeros((B, P), dtype=torch.long, device=dev)  # (B, P) right-padded
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    seq_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)  # (B,)
+    cache = decoder.new_cache(B, P + new_tokens)
+    out = torch.empty((B, new_tokens), dtype=torch.long, device=dev)
+    with steps.task("FP greedy generation", new_tokens) as advance:
+        nxt = decoder.prefill(tokens, seq_lens, cache).argmax(-1)  # (B,)
+        out[:, 0] = nxt
+        advance()
+        pos = seq_lens.clone()  # (B,) position of the token being fed
+        for t in range(1, new_tokens):
+            nxt = decoder.decode(nxt, pos, cache).argmax(-1)
+            out[:, t] = nxt
+            pos = pos + 1
+            advance()
+    return out.tolist()
+
+
+@torch.no_grad()
+def build_reference(fp_decoder: Decoder, text: EvalText, new_tokens: int, steps: Steps = SILENT) -> Reference:
+    sequences, prompt_lens = [], []
+    if text.prompts:
+        for p, cont in zip(text.prompts, greedy_batch(fp_decoder, text.prompts, new_tokens, steps)):
+            sequences.append(torch.tensor([p + cont], dtype=torch.long))  # (1, P + N)
+            prompt_lens.append(len(p))
+    hidden, seq_hidden = [], []
+    with steps.task("FP reference pass", len(text.windows) + len(sequences)) as advance:
+        for w in text.windows:
+            hidden.append(run_blocks(fp_decoder, embed(fp_decoder, w)))
+            advance()
+        for s in sequences:
+            seq_hidden.append(run_blocks(fp_decoder, embed(fp_decoder, s)))
+            advance()
+    return Reference(fp_decoder, text.windows, hidden, sequences, prompt_lens, seq_hidden)
+
+
+def _nll_sum(lg: torch.Tensor, tokens: torch.Tensor) -> float:
+    """Sum of next-token NLL: logits (T, V) at positions 0..T-2 predict tokens 1..T-1."""
+    logp = torch.log_softmax(lg[:-1].to(torch.float64), dim=-1)  # (T-1, V)
+    return float(-logp.gather(1, tokens[1:, None]).sum())
+
+
+@torch.no_grad()
+def evaluate(
+    quant_decoder: Decoder,
+    ref: Reference,
+    kv_transform: KVTransform | None = None,
+    steps: Steps = SILENT,
+    label: str = "evaluating",
+) -> dict:
+    """Measure the quantized model against the reference. Returns the metrics as a plain dict."""
+    nll_fp = nll_q = 0.0
+    sig = err = 0.0
+    with steps.task(label, len(ref.windows) + len(ref.sequences)) as advance:
+        for w, h in zip(ref.windows, ref.hidden):
+            lf = logits(ref.decoder, h)[0]  # (T, V)
+            lq = logits(quant_decoder, run_blocks(quant_decoder, embed(quant_decoder, w), kv_transform=kv_transform))[0]
+            tok = w[0].to(lf.device)
+            nll_fp += _nll_sum(lf, tok)
+            nll_q += _nll_sum(lq, tok)
+            d = (lf[:-1] - lq[:-1]).to(torch.float64)  # scored positions only
+            sig += float(lf[:-1].to(torch.float64).pow(2).sum())
+            err += float(d.pow(2).sum())
+            advance()
+        agree = total = 0
+        first_div = []
+        for s, p, h in zip(ref.sequences, ref.prompt_lens, ref.seq_hidden):
+            lf = logits(ref.decoder, h)[0]  # (P+N, V)
+            lq = logits(quant_decoder, run_blocks(quant_decoder, embed(quant_decoder, s), kv_transform=kv_transform))[0]
+            # Positions P-1 .. P+N-2 predict the N generated tokens.
+            same = lf[p - 1 : -1].argmax(-1) == lq[p - 1 : -1].argmax(-1)  # (N,)
+            agree += int(same.sum())
+            total += same.numel()
+            miss = (~same).nonzero()
+            first_div.append(int(miss[0]) if miss.numel() else None)
+            advance()
+    n = ref.n_scored
+    ppl_fp, ppl_q = math.exp(nll_fp / n), math.exp(nll_q / n)
+    return {
+        "fp_perplexity": ppl_fp,
+        "quant_perplexity": ppl_q,
+        "perplexity_increase": ppl_q / ppl_fp - 1.0,
+        "greedy_agreement": agree / total if total else None,
+        "greedy_positions": total,
+        "first_disagreement": first_div,
+        "logits_snr_db": 10.0 * math.log10(sig / err) if err > 0 else math.inf,
+        "tokens_scored": n,
+    }
+
+
+def check(metrics: dict, cfg: GateConfig) -> list[str]:
+    """The reasons the gate fails (empty list: it passes)."""
+    fails = []
+    if metrics["perplexity_increase"] > cfg.max_ppl_increase:
+        fails.append(
+            f"perplexity {metrics['quant_perplexity']:.3f} is {100 * metrics['perplexity_increase']:+.2f}% vs FP "
+            f"{metrics['fp_perplexity']:.3f} (allowed +{100 * cfg.max_ppl_increase:.2f}%)"
+        )
+    ga = metrics["greedy_agreement"]
+    if ga is not None and ga < cfg.min_greedy_agreement:
+        fails.append(f"greedy agreement {100 * ga:.1f}% < {100 * cfg.min_greedy_agreement:.1f}%")
+    if metrics["logits_snr_db"] < cfg.min_logits_snr_db:
+        fails.append(f"logits SNR {metrics['logits_snr_db']:.1f} dB < {cfg.min_logits_snr_db:.1f} dB")
+    return fails
+
+
+class GateFailedError(QuantizationError):
+    """The quantized model failed the accuracy gate; ``report`` says by how much and which layers hurt most."""
+
+    def __init__(self, message: str, report: dict, *, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.report = report

@@ -1,0 +1,66 @@
+"""Names for the quantizable layers of a model, and copies of ModelWeights with some layers replaced.
+
+A layer is one ``LinearWeights`` record: ``blocks.{i}.wqkv``, ``blocks.{i}.wo``,
+``blocks.{i}.w_gate_up``, ``blocks.{i}.w_down`` and ``lm_head``. These names
+are used in calibration statistics, the sensitivity ranking, the report, the
+safetensors file and the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from edgekit.errors import QuantizationError
+from edgekit.kernels.linear import LinearWeights
+from edgekit.model.decoder import ModelWeights
+
+BLOCK_LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+HEAD = "lm_head"
+
+
+def layer_names(n_layers: int, include_head: bool = True) -> list[str]:
+    names = [f"blocks.{i}.{k}" for i in range(n_layers) for k in BLOCK_LINEARS]
+    return names + [HEAD] if include_head else names
+
+
+def block_index(name: str) -> int | None:
+    """The block a layer belongs to (None for the LM head)."""
+    if name == HEAD:
+        return None
+    return int(name.split(".")[1])
+
+
+def named_linears(weights: ModelWeights) -> dict[str, LinearWeights]:
+    out = {f"blocks.{i}.{k}": lw for i, b in enumerate(weights.blocks) for k, lw in b.linears().items()}
+    out[HEAD] = weights.lm_head
+    return out
+
+
+def with_layers(weights: ModelWeights, layers: dict[str, LinearWeights]) -> ModelWeights:
+    """A shallow copy of ``weights`` with the named layers replaced (tensors are shared, not copied)."""
+    known = set(layer_names(len(weights.blocks)))
+    unknown = sorted(set(layers) - known)
+    if unknown:
+        raise QuantizationError(f"unknown layer names {unknown}; expected names like blocks.0.wqkv or lm_head")
+    blocks = []
+    for i, b in enumerate(weights.blocks):
+        changes = {k: layers[f"blocks.{i}.{k}"] for k in BLOCK_LINEARS if f"blocks.{i}.{k}" in layers}
+        blocks.append(replace(b, **changes) if changes else b)
+    return ModelWeights(
+        tok_embeddings=weights.tok_embeddings, blocks=blocks, norm=weights.norm,
+        lm_head=layers.get(HEAD, weights.lm_head),
+    )
+
+
+def precision_of(lw: LinearWeights, float_name: str) -> str:
+    """The precision label written in the report and the plan."""
+    return {"linear_w8a16": "int8_w8a16", "linear_w8a8": "int8_w8a8"}.get(lw.op, float_name)
+
+
+def round_through(t: torch.Tensor | None, storage_dtype: torch.dtype) -> torch.Tensor | None:
+    """The value a floating-point tensor has after being stored as ``storage_dtype`` (kept in its own dtype)."""
+    if t is None or not t.is_floating_point():
+        return t
+    return t.to(storage_dtype).to(t.dtype)

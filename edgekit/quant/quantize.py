@@ -1,0 +1,286 @@
+"""The top-level quantization step that `edgekit quantize` and the build call.
+
+    result = quantize_model(loaded, mode="w8a16")      # or "w8a8", kv_int8=True, ...
+    write_quantized(out_dir, result)                    # edgekit.quant.io
+
+Steps: calibrate (only when W8A8 smoothing or the INT8 KV cache needs
+activation ranges) -> quantize every linear layer per output channel (W8A8:
+after SmoothQuant) -> run the accuracy gate on held-out text -> if it fails,
+rank the layers by sensitivity and either stop with a report
+(``GateFailedError``) or, with ``allow_mixed``, put the most sensitive layers
+back to floating point until the gate passes. Floating-point tensors of the
+result (embeddings, norms, biases, layers kept in FP) hold the values they
+will have once stored as ``storage_dtype`` (FP16), so the gate scores exactly
+what gets written.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from edgekit.errors import QuantizationError
+from edgekit.kernels.linear import LinearWeights
+from edgekit.model.config import ModelConfig
+from edgekit.model.decoder import Decoder, ModelWeights
+from edgekit.model.loader import LoadedModel
+from edgekit.quant import corpus
+from edgekit.quant.calibration import CalibrationStats, calibrate
+from edgekit.quant.exact_ops import evaluation_ops
+from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, Reference, build_reference, check, evaluate
+from edgekit.quant.kv_int8 import KVScales, make_decoder
+from edgekit.quant.layers import HEAD, named_linears, precision_of, round_through, with_layers
+from edgekit.quant.progress import SILENT, Steps
+from edgekit.quant.sensitivity import rank_layers
+from edgekit.quant.smoothquant import smoothing_factors
+from edgekit.quant.weights import quantize_linear
+
+MODES = ("w8a16", "w8a8")
+REPORT_FORMAT = "edgekit-quant-report"
+REPORT_VERSION = 1
+
+
+@dataclass
+class QuantizeOptions:
+    """Everything besides the model and the gate thresholds that changes the result."""
+
+    alpha: float = 0.5  # SmoothQuant migration strength (W8A8 only)
+    quantize_head: bool = True  # the LM head as its own INT8 layer; the embedding lookup stays FP
+    storage_dtype: torch.dtype = torch.float16  # of every tensor that stays floating point
+    calibration_tokens: int = 2048
+    calibration_window_len: int = 256
+    sensitivity_tokens: int = 128  # calibration tokens each layer's sensitivity is measured on
+    always_rank: bool = False  # rank layers even when the gate passes
+    max_fp_fraction: float = 0.25  # mixed precision gives up beyond this share of layers in FP
+
+
+@dataclass
+class QuantizationResult:
+    config: ModelConfig
+    weights: ModelWeights  # quantized; FP parts hold their storage-dtype values
+    kv_scales: KVScales | None
+    report: dict
+    layer_precisions: dict[str, str] = field(default_factory=dict)  # layer -> "int8_w8a16" | "int8_w8a8" | "fp16"
+
+    def decoder(self, ops=None) -> Decoder:
+        """A decoder running this model through ``ops`` (default: the reference dispatch table)."""
+        return make_decoder(self.config, self.weights, ops, self.kv_scales)
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.").replace("float", "fp")
+
+
+def heldout_eval_text(loaded: LoadedModel, cfg: GateConfig, text: str | None = None) -> EvalText:
+    """Perplexity windows and greedy prompts from the shipped held-out text (or ``text``)."""
+    text = corpus.shipped_text(corpus.HELDOUT_FILE) if text is None else text
+    ids = corpus.tokenize(text, loaded.tokenizer, loaded.config.vocab_size)
+    return EvalText(
+        windows=corpus.windows(ids, cfg.window_len, cfg.ppl_tokens),
+        prompts=corpus.prompts(text, loaded.tokenizer, loaded.config.vocab_size, cfg.n_prompts, cfg.prompt_len),
+    )
+
+
+def calibration_windows(loaded: LoadedModel, tokens: int, window_len: int) -> list[torch.Tensor]:
+    ids = corpus.tokenize(corpus.shipped_text(corpus.CALIBRATION_FILE), loaded.tokenizer, loaded.config.vocab_size)
+    return corpus.windows(ids, window_len, tokens)
+
+
+def quantize_layers(
+    fp_weights: ModelWeights, mode: str, stats: CalibrationStats | None, alpha: float, include_head: bool
+) -> dict[str, LinearWeights]:
+    """INT8 records for every linear layer (and the head when ``include_head``)."""
+    out = {}
+    for name, lw in named_linears(fp_weights).items():
+        if name == HEAD and not include_head:
+            continue
+        smooth = None
+        if mode == "w8a8":
+            if stats is None or name not in stats.act_absmax:
+                raise QuantizationError(f"{name}: W8A8 needs calibration statistics for this layer, found none")
+            smooth = smoothing_factors(stats.act_absmax[name], lw.weight, alpha)
+        out[name] = quantize_linear(lw, mode, name, smooth)
+    return out
+
+
+def _stored_fp(fp_weights: ModelWeights, dt: torch.dtype) -> ModelWeights:
+    """A copy of the FP model whose float tensors hold their values after storage as ``dt``."""
+
+    def lin(lw: LinearWeights) -> LinearWeights:
+        return LinearWeights(lw.op, round_through(lw.weight, dt), round_through(lw.bias, dt), lw.scale, lw.smooth)
+
+    emb = round_through(fp_weights.tok_embeddings, dt)
+    tied = fp_weights.lm_head.weight is fp_weights.tok_embeddings
+    head = LinearWeights("linear", emb, round_through(fp_weights.lm_head.bias, dt)) if tied else lin(fp_weights.lm_head)
+    blocks = [
+        type(b)(attn_norm=round_through(b.attn_norm, dt), wqkv=lin(b.wqkv), wo=lin(b.wo),
+                ffn_norm=round_through(b.ffn_norm, dt), w_gate_up=lin(b.w_gate_up), w_down=lin(b.w_down))
+        for b in fp_weights.blocks
+    ]
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=round_through(fp_weights.norm, dt), lm_head=head)
+
+
+def _assemble(stored_fp: ModelWeights, quantized: dict[str, LinearWeights], fp_layers: set[str], dt: torch.dtype) -> ModelWeights:
+    """The stored FP model with every quantized layer swapped in except ``fp_layers``; biases rounded like the rest."""
+    chosen = {}
+    for name, lw in quantized.items():
+        if name in fp_layers:
+            continue
+        chosen[name] = LinearWeights(lw.op, lw.weight, round_through(lw.bias, dt), lw.scale, lw.smooth)
+    return with_layers(stored_fp, chosen)
+
+
+def _layer_precisions(weights: ModelWeights, dt: torch.dtype) -> dict[str, str]:
+    return {name: precision_of(lw, _dtype_name(dt)) for name, lw in named_linears(weights).items()}
+
+
+def _fp_steps(n_ranked: int, limit: int) -> list[int]:
+    """How many of the most sensitive layers to keep in FP at each mixed-precision attempt: 1, 2, 4, ... up to limit."""
+    out, k = [], 1
+    while k < limit:
+        out.append(k)
+        k *= 2
+    out.append(limit)
+    return [k for k in dict.fromkeys(out) if 0 < k <= n_ranked]
+
+
+def quantize_model(
+    loaded: LoadedModel,
+    mode: str = "w8a16",
+    *,
+    kv_int8: bool = False,
+    gate: GateConfig | None = None,
+    allow_mixed: bool = False,
+    options: QuantizeOptions | None = None,
+    eval_text: EvalText | None = None,
+    steps: Steps = SILENT,
+) -> QuantizationResult:
+    """Quantize a loaded FP model, gate it on held-out text, and return the weights with a report.
+
+    Raises GateFailedError (a QuantizationError, with ``.report``) when the gate
+    fails and mixed precision is not allowed or cannot rescue it.
+    """
+    if mode not in MODES:
+        raise QuantizationError(f"unknown quantization mode {mode!r}; expected one of {', '.join(MODES)}")
+    if loaded.weights is None:
+        raise QuantizationError(f"{loaded.source.location}: the model was loaded without weights", hint="load it with weights=True")
+    opts = options or QuantizeOptions()
+    gate = gate or GateConfig.for_mode(mode)
+    gate.validate()
+    cfg, fp_weights = loaded.config, loaded.weights.to(dtype=torch.float32)
+    dt = opts.storage_dtype
+    timings: dict[str, float] = {}
+    report: dict = {
+        "format": REPORT_FORMAT,
+        "format_version": REPORT_VERSION,
+        "model": {"name": cfg.name, "source": loaded.source.to_dict()},
+        "mode": mode,
+        "kv_int8": kv_int8,
+        "options": {"alpha": opts.alpha if mode == "w8a8" else None, "quantize_head": opts.quantize_head,
+                    "storage_dtype": _dtype_name(dt), "allow_mixed": allow_mixed},
+        "measured_on": "cpu",
+        "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",
+    }
+
+    # 1. calibration (only what needs activation ranges)
+    stats = None
+    t = time.perf_counter()
+    calib = calibration_windows(loaded, opts.calibration_tokens, opts.calibration_window_len)
+    if mode == "w8a8" or kv_int8:
+        stats = calibrate(cfg, fp_weights, calib, steps)
+        report["calibration"] = {"text": f"edgekit/quant/data/{corpus.CALIBRATION_FILE}", **stats.summary()}
+    else:
+        report["calibration"] = {"text": None, "note": "weight-only INT8 with an FP KV cache needs no activation ranges"}
+    timings["calibration_s"] = time.perf_counter() - t
+
+    # 2. quantize every layer
+    t = time.perf_counter()
+    quantized = quantize_layers(fp_weights, mode, stats, opts.alpha, opts.quantize_head)
+    stored_fp = _stored_fp(fp_weights, dt)
+    kv_scales = KVScales.from_absmax(stats.k_absmax, stats.v_absmax) if kv_int8 else None
+    kv_transform = kv_scales.roundtrip if kv_scales is not None else None
+    timings["quantize_s"] = time.perf_counter() - t
+
+    # 3. the gate
+    t = time.perf_counter()
+    ops = evaluation_ops()
+    text = eval_text or heldout_eval_text(loaded, gate)
+    ref: Reference = build_reference(Decoder(cfg, fp_weights, ops), text, gate.new_tokens, steps)
+    report["gate"] = {"config": gate.to_dict(), "text": "edgekit/quant/data/heldout.txt" if eval_text is None else "caller-provided"}
+
+    def attempt(fp_layers: list[str], label: str) -> tuple[ModelWeights, dict, list[str]]:
+        w = _assemble(stored_fp, quantized, set(fp_layers), dt)
+        metrics = evaluate(Decoder(cfg, w, ops), ref, kv_transform, steps, label)
+        return w, metrics, check(metrics, gate)
+
+    weights, metrics, fails = attempt([], "gate: all layers INT8")
+    attempts = [{"fp_layers": [], "metrics": metrics, "failures": fails}]
+    timings["gate_s"] = time.perf_counter() - t
+
+    ranking = None
+    if fails or opts.always_rank:
+        t = time.perf_counter()
+        sens = calibration_windows(loaded, opts.sensitivity_tokens, opts.sensitivity_tokens)
+        ranking = rank_layers(cfg, stored_fp, quantized, sens, steps)
+        report["sensitivity"] = {"text": f"edgekit/quant/data/{corpus.CALIBRATION_FILE}",
+                                 "tokens": sum(w.shape[1] for w in sens), "metric": "mean KL(fp || quant), nats/token",
+                                 "layers": ranking}
+        timings["sensitivity_s"] = time.perf_counter() - t
+
+    if fails and allow_mixed:
+        t = time.perf_counter()
+        limit = max(1, int(opts.max_fp_fraction * len(quantized)))
+        for k in _fp_steps(len(ranking), limit):
+            fp_layers = [r["layer"] for r in ranking[:k]]
+            weights, metrics, fails = attempt(fp_layers, f"gate: {k} layer(s) in FP")
+            attempts.append({"fp_layers": fp_layers, "metrics": metrics, "failures": fails})
+            if not fails:
+                break
+        timings["mixed_precision_s"] = time.perf_counter() - t
+
+    final = attempts[-1]
+    report["gate"].update({"passed": not fails, "metrics": metrics, "failures": fails, "attempts": attempts})
+    precisions = _layer_precisions(weights, dt)
+    report["layers"] = precisions
+    report["fp_layers"] = final["fp_layers"]
+    report["mixed_precision"] = bool(final["fp_layers"])
+    report["weight_bytes"] = {"fp32_as_loaded": fp_weights.nbytes(), "quantized": _stored_nbytes(weights, dt)}
+    report["kv_cache"] = {"precision": "int8" if kv_int8 else _dtype_name(dt),
+                          "scales": "static per (block, KV head), from calibration" if kv_int8 else None}
+    report["timings_s"] = timings
+
+    if fails:
+        worst = ", ".join(f"{r['layer']} (KL {r['kl_nats']:.2e})" for r in ranking[:5])
+        why = "; ".join(fails)
+        if allow_mixed:
+            msg = (f"the {mode} model fails the accuracy gate even with the {len(final['fp_layers'])} most sensitive "
+                   f"layers in floating point: {why}; most sensitive layers: {worst}")
+            hint = "relax the gate thresholds, raise the mixed-precision limit, or use w8a16"
+        else:
+            msg = f"the {mode} model fails the accuracy gate: {why}; the layers that hurt most: {worst}"
+            hint = "pass --allow-mixed to keep the most sensitive layers in floating point, or use w8a16"
+        raise GateFailedError(msg, report, hint=hint)
+    return QuantizationResult(cfg, weights, kv_scales, report, precisions)
+
+
+def _stored_nbytes(weights: ModelWeights, dt: torch.dtype) -> int:
+    """Bytes the weights take once written: float tensors at ``dt``, int8 and FP32 scales as they are."""
+    size = torch.tensor([], dtype=dt).element_size()
+
+    def fbytes(t: torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        return t.numel() * (size if t.is_floating_point() else t.element_size())
+
+    n = fbytes(weights.tok_embeddings) + fbytes(weights.norm)
+    lins = list(named_linears(weights).items())
+    for name, lw in lins:
+        if name == HEAD and lw.weight is weights.tok_embeddings:
+            continue  # tied: stored once
+        n += fbytes(lw.weight) + fbytes(lw.bias)
+        n += sum(t.numel() * t.element_size() for t in (lw.scale, lw.smooth) if t is not None)
+    for b in weights.blocks:
+        n += fbytes(b.attn_norm) + fbytes(b.ffn_norm)
+    return n
