@@ -64,6 +64,13 @@ def _check(result, what: str):
     return rest[0] if len(rest) == 1 else rest
 
 
+def _cuda_device(device: torch.device | int | str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def device_arch(device: torch.device | int | None = None) -> int:
     major, minor = torch.cuda.get_device_capability(device)
     return major * 10 + minor
@@ -94,9 +101,7 @@ class LoadedKernel:
         self.hidden_args = hidden_args
         self.global_scratch_size = int(global_scratch_size)
         self.global_scratch_align = max(1, int(global_scratch_align))
-        self.device = torch.device("cuda", device if isinstance(device, int) else
-                                   (device.index if isinstance(device, torch.device) and device.index is not None
-                                    else torch.cuda.current_device()))
+        self.device = _cuda_device(device)
         self._lock = threading.Lock()
         self._module = None
         self._function = None
@@ -128,7 +133,6 @@ class LoadedKernel:
     # -- loading ------------------------------------------------------------
     def _load(self, cubin, ptx, arch, prefer) -> str:
         driver = _driver()
-        torch.empty(0, device=self.device)  # make torch's primary context current on this thread
         here = device_arch(self.device)
         if prefer not in ("auto", "cubin", "ptx"):
             raise KernelLoadError(f"prefer must be 'auto', 'cubin' or 'ptx', got {prefer!r}")
@@ -141,13 +145,16 @@ class LoadedKernel:
             if arch is not None and arch > here:
                 raise KernelLoadError(f"kernel {self.name}: PTX for sm_{arch} cannot JIT to the older sm_{here}")
         image = cubin if use_cubin else ptx.encode() + b"\0"
-        self._module = _check(driver.cuModuleLoadData(image), f"cuModuleLoadData({self.name})")
+        with torch.cuda.device(self.device):
+            torch.zeros(1, device=self.device)  # torch's primary context is current on this thread
+            self._module = _check(driver.cuModuleLoadData(image), f"cuModuleLoadData({self.name})")
         try:
             self._function = _check(driver.cuModuleGetFunction(self._module, self.name.encode()),
                                     f"cuModuleGetFunction({self.name})")
             if self.shared_bytes > MAX_STATIC_SHARED:
+                dev = _check(driver.cuDeviceGet(self.device.index), "cuDeviceGet")
                 limit = _check(driver.cuDeviceGetAttribute(
-                    driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.device.index),
+                    driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
                     "cuDeviceGetAttribute")
                 if self.shared_bytes > limit:
                     raise KernelLoadError(f"kernel {self.name} needs {self.shared_bytes} bytes of shared memory; "
@@ -195,7 +202,7 @@ class LoadedKernel:
             types.append(ctypes.c_void_p)
         if stream is None:
             stream = torch.cuda.current_stream(self.device).cuda_stream
-        with self._lock:
+        with self._lock, torch.cuda.device(self.device):
             _check(driver.cuLaunchKernel(
                 self._function, int(grid[0]), int(grid[1]), int(grid[2]), 32 * self.num_warps, 1, 1,
                 self.shared_bytes, driver.CUstream(int(stream)), (tuple(values), tuple(types)), 0),

@@ -1,7 +1,7 @@
 """Independent FP64 implementations of every operator (NumPy, written from the math, not from the references).
 
 Loops where the references vectorise (attention per batch and head with an
-explicit mask, GQA by h // G instead of a grouped view), so a shared mistake is
+explicit (T, T) mask, GQA by h // G instead of a grouped view), so a shared mistake is
 unlikely. Used by the CPU reference tests and the GPU kernel tests.
 """
 
@@ -58,14 +58,12 @@ def attention_prefill(q, k, v, seq_lens, scale=None):
     G = Hq // k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     out = np.zeros_like(q)
-    lens = [int(x) for x in seq_lens]
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     for b in range(B):
+        hidden = (j > i) | (j >= int(seq_lens[b]))  # (T, T): future keys and padding keys
         for h in range(Hq):
             s = q[b, h] @ k[b, h // G].T * scale  # (T, T)
-            for i in range(T):
-                for j in range(T):
-                    if j > i or j >= lens[b]:
-                        s[i, j] = -np.inf
+            s[hidden] = -np.inf
             out[b, h] = _softmax_rows(s) @ v[b, h // G]
     return out
 
