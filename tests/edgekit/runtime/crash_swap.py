@@ -1,6 +1,6 @@
 """Run one store action in this process and SIGKILL it right after a chosen step.
 
-    python crash_swap.py STORE ACTION STEP VERSION
+    python crash_swap.py STORE ACTION STEP VERSION [fake|real]
 
 Exit status: killed by SIGKILL (-9 seen by the parent) when the step was reached,
 3 when the action finished without reaching it.
@@ -24,17 +24,25 @@ AUTHOR = fakepkg.key_from_seed(1)
 
 def main() -> None:
     root, action, kill_step, version = sys.argv[1:5]
+    real = len(sys.argv) > 5 and sys.argv[5] == "real"
 
     def checkpoint(done_action: str, step: str) -> None:
         if done_action == action and step == kill_step:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no finally blocks, no flush
 
-    store = PluginStore.open(
-        root, policy=fakepkg.policy(), verify=fakepkg.verifier(AUTHOR),
-        golden_check=fakepkg.golden_check, checkpoint=checkpoint,
-    )
+    if real:
+        import realpkg
+
+        store = realpkg.open_store(root, checkpoint=checkpoint)
+        package = realpkg.pack(realpkg.key(1), int(version))
+    else:
+        store = PluginStore.open(
+            root, policy=fakepkg.policy(), verify=fakepkg.verifier(AUTHOR),
+            golden_check=fakepkg.golden_check, checkpoint=checkpoint,
+        )
+        package = fakepkg.pack(AUTHOR, version=int(version))
     if action == "install":
-        store.install(fakepkg.pack(AUTHOR, version=int(version)))
+        store.install(package)
     elif action == "rollback":
         store.rollback("rmsnorm", "crash test")
     elif action == "confirm":

@@ -57,3 +57,18 @@ def pack(signer: SigningKey, version: int, *, arch: int = 87, abi: int = 1) -> b
     # each version gets its own cubin bytes, so slots of different versions differ on disk
     files["kernel.cubin"] = builders.fake_cubin(b"v%d" % version)
     return pack_plugin(PluginMetadata.model_validate(meta), files, signer)
+
+
+def open_store(root, *, golden=None, max_bytes=1 << 20, checkpoint=None, author=None):
+    """A store for an sm_87 device trusting `author` (key 1), with the real verifier and golden check."""
+    from edgekit.runtime.plugin_checks import golden_checker, package_verifier
+    from edgekit.runtime.plugin_policy import DevicePolicy
+    from edgekit.runtime.plugin_store import PluginStore, default_known_abi
+
+    return PluginStore.open(
+        root,
+        policy=DevicePolicy(device_arch="sm_87", known_abi=default_known_abi(), triton_abis={"3.6"}, max_package_bytes=max_bytes),
+        verify=package_verifier(trusted(author or key(1))),
+        golden_check=golden or golden_checker(),
+        checkpoint=checkpoint,
+    )

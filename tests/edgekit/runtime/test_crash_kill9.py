@@ -27,16 +27,16 @@ def open_store(root):
     return PluginStore.open(root, policy=fakepkg.policy(), verify=fakepkg.verifier(AUTHOR), golden_check=fakepkg.golden_check)
 
 
-def crash(root: Path, action: str, step: str, version: int = 0) -> None:
+def crash(root: Path, action: str, step: str, version: int = 0, fmt: str = "fake") -> None:
     proc = subprocess.run(
-        [sys.executable, str(HERE / "crash_swap.py"), str(root), action, step, str(version)],
+        [sys.executable, str(HERE / "crash_swap.py"), str(root), action, step, str(version), fmt],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == -signal.SIGKILL, f"child did not die at {action}/{step}: rc={proc.returncode}\n{proc.stderr}"
 
 
-def assert_one_consistent_version(root: Path, expected: str | None, expected_previous: str | None) -> PluginStore:
-    store = open_store(root)
+def assert_one_consistent_version(root: Path, expected: str | None, expected_previous: str | None, opener=None) -> PluginStore:
+    store = (opener or open_store)(root)
     p = store.pointer("rmsnorm")
     assert (p.version, p.previous) == (expected, expected_previous), store.recovery
     if expected is not None:
@@ -118,3 +118,18 @@ def test_leftovers_of_a_crash_are_removed_and_the_pointer_kept(tmp_path):
     (op_dir / "7" / "slot.json").write_bytes(b"{}")
     store = assert_one_consistent_version(root, "1", None)
     assert len(store.recovery) == 4, store.recovery
+
+
+@pytest.mark.parametrize("step", ["staging_partial", "pointer_temp_written", "switched"])
+def test_kill_during_upgrade_with_real_signed_packages(tmp_path, step):
+    import realpkg
+
+    open_real = realpkg.open_store
+
+    root = tmp_path / "store"
+    s = open_real(root)
+    s.install(realpkg.pack(realpkg.key(1), 1))
+    crash(root, "install", step, version=2, fmt="real")
+    switched = INSTALL_STEPS.index(step) >= SWITCHED
+    store = assert_one_consistent_version(root, "2" if switched else "1", "1" if switched else None, opener=open_real)
+    assert store.load("rmsnorm").files["kernel.cubin"].endswith(b"v2" if switched else b"v1")

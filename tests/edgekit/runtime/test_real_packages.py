@@ -11,21 +11,14 @@ from conftest import tree_digest
 import realpkg
 from edgekit.bundle.golden import run_reference
 from edgekit.runtime.plugin_checks import golden_checker, package_verifier
-from edgekit.runtime.plugin_policy import DevicePolicy, SwapRefused
-from edgekit.runtime.plugin_store import PluginStore, default_known_abi
+from edgekit.runtime.plugin_policy import SwapRefused
 
 AUTHOR = realpkg.key(1)
 STRANGER = realpkg.key(2)
 realpkg_verify = package_verifier(realpkg.trusted(AUTHOR))
 
 
-def open_store(root, *, golden=None, max_bytes=1 << 20):
-    return PluginStore.open(
-        root,
-        policy=DevicePolicy(device_arch="sm_87", known_abi=default_known_abi(), triton_abis={"3.6"}, max_package_bytes=max_bytes),
-        verify=package_verifier(realpkg.trusted(AUTHOR)),
-        golden_check=golden or golden_checker(),
-    )
+open_store = realpkg.open_store
 
 
 @pytest.fixture
