@@ -1,1 +1,192 @@
-"""CLI commands for the quant area (registered on edgekit.cli.app when imported)."""
+"""`edgekit quantize` and `edgekit eval`: INT8 weights behind an accuracy gate, and measuring any model on any text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from edgekit.cli import app
+from edgekit.cli_common import console, err_console, fmt_bytes, print_json
+
+MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model (SmolLM2-135M-Instruct)."
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.2f}%"
+
+
+def _metrics_table(title: str, m: dict, gate: dict | None) -> Table:
+    t = Table(title=title)
+    for col in ("metric", "value", "threshold"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    t.add_row("perplexity (FP)", f"{m['fp_perplexity']:.3f}", "")
+    t.add_row("perplexity (quantized)", f"{m['quant_perplexity']:.3f}", "")
+    t.add_row("perplexity increase", _pct(m["perplexity_increase"]),
+              f"<= {_pct(gate['max_ppl_increase'])}" if gate else "")
+    if m.get("greedy_agreement") is not None:
+        t.add_row(f"greedy agreement ({m['greedy_positions']} positions)", f"{100 * m['greedy_agreement']:.1f}%",
+                  f">= {100 * gate['min_greedy_agreement']:.1f}%" if gate else "")
+    t.add_row("logits SNR", f"{m['logits_snr_db']:.1f} dB", f">= {gate['min_logits_snr_db']:.1f} dB" if gate else "")
+    t.add_row("tokens scored", str(m["tokens_scored"]), "")
+    return t
+
+
+def _sensitivity_table(ranking: list[dict], top: int, fp_layers: list[str]) -> Table:
+    t = Table(title=f"most sensitive layers (top {min(top, len(ranking))} of {len(ranking)}; quantized alone, rest FP)")
+    for col in ("rank", "layer", "KL nats/token", "logits SNR", "kept FP"):
+        t.add_column(col, justify="left" if col == "layer" else "right")
+    for r in ranking[:top]:
+        t.add_row(str(r["rank"]), r["layer"], f"{r['kl_nats']:.2e}", f"{r['logits_snr_db']:.1f} dB",
+                  "yes" if r["layer"] in fp_layers else "")
+    return t
+
+
+def _print_report(report: dict, top: int) -> None:
+    gate = report["gate"]
+    status = "[green]passed[/]" if gate.get("passed") else "[red]FAILED[/]"
+    console.print(_metrics_table(f"accuracy gate ({report['mode']}{', INT8 KV' if report['kv_int8'] else ''}): {status} "
+                                 f"(measured on CPU, held-out text)", gate["metrics"], gate["config"]))
+    for f in gate.get("failures", []):
+        console.print(f"[red]- {f}[/]")
+    if len(gate.get("attempts", [])) > 1:
+        for a in gate["attempts"][1:]:
+            m = a["metrics"]
+            console.print(f"mixed precision, {len(a['fp_layers'])} layer(s) in FP: perplexity {_pct(m['perplexity_increase'])}, "
+                          f"agreement {100 * (m['greedy_agreement'] or 0):.1f}%, SNR {m['logits_snr_db']:.1f} dB -> "
+                          + ("[green]pass[/]" if not a["failures"] else "[red]fail[/]"))
+    if "sensitivity" in report:
+        console.print(_sensitivity_table(report["sensitivity"]["layers"], top, report.get("fp_layers", [])))
+    if report.get("fp_layers"):
+        console.print(f"kept in FP: {', '.join(report['fp_layers'])}")
+    wb = report.get("weight_bytes", {})
+    if wb:
+        console.print(f"weights: {fmt_bytes(wb['quantized'])} stored (FP32 as loaded: {fmt_bytes(wb['fp32_as_loaded'])})")
+
+
+@app.command()
+def quantize(
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    mode: str = typer.Option("w8a16", "--mode", help="w8a16: INT8 weights, FP activations. w8a8: INT8 weights and per-token INT8 activations (SmoothQuant)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for model.safetensors and report.json (created)."),
+    kv_int8: bool = typer.Option(False, "--kv-int8", help="Also store the KV cache in INT8 (static per-head scales from calibration)."),
+    alpha: float = typer.Option(0.5, "--alpha", min=0.0, max=1.0, help="SmoothQuant migration strength for w8a8 (0: none, 1: all range moved to the weights)."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the gate fails, keep the most sensitive layers in FP16 until it passes instead of stopping."),
+    quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too (a separate INT8 copy when it is tied to the embedding)."),
+    max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 w8a16, 0.03 w8a8)."),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 w8a16, 0.90 w8a8)."),
+    min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 w8a16, 15 w8a8)."),
+    ppl_tokens: Optional[int] = typer.Option(None, "--ppl-tokens", min=2, help="Held-out tokens scored for perplexity and SNR (default 2048)."),
+    new_tokens: Optional[int] = typer.Option(None, "--new-tokens", min=2, help="Greedy tokens compared per prompt (default 128)."),
+    rank: bool = typer.Option(False, "--rank", help="Rank layer sensitivity even if the gate passes (it is always ranked when it fails)."),
+    top: int = typer.Option(10, "--top", min=1, help="Sensitive layers to show."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Quantize a model's linear layers to INT8, calibrated on edgekit's shipped text, and gate it on held-out text.
+
+    Writes DIR/model.safetensors (int8 weights, fp32 scales, smoothing factors, FP16 norms and embeddings)
+    and DIR/report.json. A failed gate writes only report.json and exits 2, naming the layers that hurt most.
+    """
+    from edgekit.model.loader import load_model
+    from edgekit.quant.gate import GateConfig, GateFailedError
+    from edgekit.quant.io import write_quantized, write_report
+    from edgekit.quant.progress import Steps, make_progress
+    from edgekit.quant.quantize import QuantizeOptions, quantize_model
+
+    gate = GateConfig.for_mode(mode, max_ppl_increase=max_ppl_increase, min_greedy_agreement=min_agreement,
+                               min_logits_snr_db=min_snr_db, ppl_tokens=ppl_tokens, new_tokens=new_tokens)
+    opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head, always_rank=rank)
+    m = load_model(model)
+    try:
+        with make_progress() as progress:
+            result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,
+                                    steps=Steps(progress))
+    except GateFailedError as e:
+        path = write_report(out, e.report)
+        if json_out:
+            print_json(e.report)
+        else:
+            _print_report(e.report, top)
+        err_console.print(f"report: {path} (no weights written)")
+        raise
+    paths = write_quantized(out, result)
+    if json_out:
+        print_json(result.report)
+        return
+    _print_report(result.report, top)
+    console.print("wrote " + ", ".join(f"{p} ({fmt_bytes(p.stat().st_size)})" for p in paths))
+
+
+@app.command(name="eval")
+def eval_cmd(
+    model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+    text: Path = typer.Option(..., "--text", help="A UTF-8 text file to score."),
+    quantized: Optional[Path] = typer.Option(None, "--quantized", help="A directory written by `edgekit quantize`: compare it with MODEL."),
+    max_tokens: int = typer.Option(2048, "--max-tokens", min=2, help="Score at most this many tokens of the text."),
+    window: int = typer.Option(256, "--window", min=2, help="Tokens per window; each window is scored on its own."),
+    prompts: int = typer.Option(4, "--prompts", min=0, help="Greedy prompts (passage openings) for the agreement check, with --quantized."),
+    new_tokens: int = typer.Option(128, "--new-tokens", min=2, help="Greedy tokens compared per prompt."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Perplexity of MODEL on a text file; with --quantized, also greedy agreement and logits SNR of the quantized model.
+
+    Runs on this machine's CPU with the reference operators (FP32 activations)."""
+    from edgekit.errors import QuantizationError
+    from edgekit.model.decoder import Decoder
+    from edgekit.model.loader import load_model
+    from edgekit.quant import corpus
+    from edgekit.quant.exact_ops import evaluation_ops
+    from edgekit.quant.gate import EvalText, GateConfig, build_reference, check, evaluate, perplexity
+    from edgekit.quant.io import REPORT_FILE, load_quantized
+    from edgekit.quant.progress import Steps, make_progress
+
+    m = load_model(model)
+    body = corpus.read_text_file(text)
+    ids = corpus.tokenize(body, m.tokenizer, m.config.vocab_size)
+    windows = corpus.windows(ids, window, max_tokens)
+    ops = evaluation_ops()
+    fp = Decoder(m.config, m.weights, ops)
+    out: dict = {"model": m.config.name, "text": str(text), "measured_on": "cpu", "window_len": window}
+    with make_progress() as progress:
+        steps = Steps(progress)
+        if quantized is None:
+            out.update(perplexity(fp, windows, steps=steps))
+        else:
+            q = load_quantized(quantized)
+            if q.config.to_dict() != m.config.to_dict():
+                raise QuantizationError(
+                    f"{quantized} was quantized from {q.config.name!r}, whose config differs from {m.config.name!r}",
+                    hint="pass the same MODEL that `edgekit quantize` was given",
+                )
+            src = (q.header.get("source") or {}).get("sha256")
+            if src and m.source.sha256 and src != m.source.sha256:
+                err_console.print(f"[yellow]warning:[/] {quantized} was quantized from a file with sha256 {src[:12]}..., "
+                                  f"MODEL has {m.source.sha256[:12]}...")
+            plist = corpus.prompts(body, m.tokenizer, m.config.vocab_size, prompts, 32)
+            ref = build_reference(fp, EvalText(windows, plist), new_tokens, steps)
+            kv = q.kv_scales.roundtrip if q.kv_scales is not None else None
+            metrics = evaluate(Decoder(q.config, q.weights, ops), ref, kv, steps, "quantized model")
+            out.update(metrics)
+            out["quantized"] = {"dir": str(quantized), "mode": q.header.get("mode"), "kv_int8": q.kv_scales is not None,
+                                "fp_layers": [n for n, d in q.header["layers"].items() if d["op"] == "linear"]}
+            report_path = Path(quantized) / REPORT_FILE
+            if report_path.exists():
+                import json
+
+                gate_cfg = json.loads(report_path.read_text()).get("gate", {}).get("config")
+                if gate_cfg:
+                    out["gate_config"] = gate_cfg
+                    out["gate_failures"] = check(metrics, GateConfig(**gate_cfg))
+    if json_out:
+        print_json(out)
+        return
+    if quantized is None:
+        console.print(f"perplexity {out['perplexity']:.3f} over {out['tokens_scored']} tokens of {text} "
+                      f"(windows of {window}; measured on CPU, FP32)")
+        return
+    console.print(_metrics_table(f"{quantized} vs {m.config.name} on {text} (measured on CPU)", out, out.get("gate_config")))
+    if "gate_failures" in out:
+        console.print("gate thresholds from report.json: " + ("[green]pass[/]" if not out["gate_failures"]
+                                                               else "[red]fail[/]: " + "; ".join(out["gate_failures"])))

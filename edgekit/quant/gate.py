@@ -219,3 +219,18 @@ class GateFailedError(QuantizationError):
     def __init__(self, message: str, report: dict, *, hint: str | None = None):
         super().__init__(message, hint=hint)
         self.report = report
+
+
+@torch.no_grad()
+def perplexity(decoder: Decoder, windows: list[torch.Tensor], kv_transform: KVTransform | None = None,
+               steps: Steps = SILENT) -> dict:
+    """Perplexity of one model over token windows (1, T), each scored on its own."""
+    nll = 0.0
+    n = 0
+    with steps.task("perplexity", len(windows)) as advance:
+        for w in windows:
+            lg = logits(decoder, run_blocks(decoder, embed(decoder, w), kv_transform=kv_transform))[0]  # (T, V)
+            nll += _nll_sum(lg, w[0].to(lg.device))
+            n += w.shape[1] - 1
+            advance()
+    return {"perplexity": math.exp(nll / n), "tokens_scored": n}

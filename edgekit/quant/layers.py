@@ -55,8 +55,8 @@ def with_layers(weights: ModelWeights, layers: dict[str, LinearWeights]) -> Mode
 
 
 def precision_of(lw: LinearWeights, float_name: str) -> str:
-    """The precision label written in the report and the plan."""
-    return {"linear_w8a16": "int8_w8a16", "linear_w8a8": "int8_w8a8"}.get(lw.op, float_name)
+    """The scheme name the plan uses (edgekit.plan.precision.LINEAR_SCHEMES): "w8a16", "w8a8" or the float name ("fp16")."""
+    return {"linear_w8a16": "w8a16", "linear_w8a8": "w8a8"}.get(lw.op, float_name)
 
 
 def round_through(t: torch.Tensor | None, storage_dtype: torch.dtype) -> torch.Tensor | None:
@@ -64,3 +64,20 @@ def round_through(t: torch.Tensor | None, storage_dtype: torch.dtype) -> torch.T
     if t is None or not t.is_floating_point():
         return t
     return t.to(storage_dtype).to(t.dtype)
+
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    """torch.float16 -> "fp16" (the names the plan and the manifest use)."""
+    for k, v in _DTYPES.items():
+        if v == dt:
+            return k
+    raise QuantizationError(f"unsupported floating-point storage dtype {dt}; expected one of {', '.join(_DTYPES)}")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise QuantizationError(f"unknown storage dtype {name!r}; expected one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]

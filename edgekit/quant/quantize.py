@@ -31,7 +31,7 @@ from edgekit.quant.calibration import CalibrationStats, calibrate
 from edgekit.quant.exact_ops import evaluation_ops
 from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, Reference, build_reference, check, evaluate
 from edgekit.quant.kv_int8 import KVScales, make_decoder
-from edgekit.quant.layers import HEAD, named_linears, precision_of, round_through, with_layers
+from edgekit.quant.layers import HEAD, dtype_name, named_linears, precision_of, round_through, with_layers
 from edgekit.quant.progress import SILENT, Steps
 from edgekit.quant.sensitivity import rank_layers
 from edgekit.quant.smoothquant import smoothing_factors
@@ -47,7 +47,11 @@ class QuantizeOptions:
     """Everything besides the model and the gate thresholds that changes the result."""
 
     alpha: float = 0.5  # SmoothQuant migration strength (W8A8 only)
-    quantize_head: bool = True  # the LM head as its own INT8 layer; the embedding lookup stays FP
+    # The LM head stays FP16 by default, as the planner assumes (PrecisionPlan.lm_head): it is
+    # the most sensitive layer of SmolLM2-135M under W8A16 (rank 1 of 121, measured on CPU), and
+    # in a tied model an INT8 head is a second copy beside the FP16 embedding the lookup needs
+    # (+28 MB for SmolLM2-135M). Set it for an untied model, or to trade memory for decode bytes.
+    quantize_head: bool = False
     storage_dtype: torch.dtype = torch.float16  # of every tensor that stays floating point
     calibration_tokens: int = 2048
     calibration_window_len: int = 256
@@ -62,15 +66,11 @@ class QuantizationResult:
     weights: ModelWeights  # quantized; FP parts hold their storage-dtype values
     kv_scales: KVScales | None
     report: dict
-    layer_precisions: dict[str, str] = field(default_factory=dict)  # layer -> "int8_w8a16" | "int8_w8a8" | "fp16"
+    layer_precisions: dict[str, str] = field(default_factory=dict)  # layer -> "w8a16" | "w8a8" | "fp16"
 
     def decoder(self, ops=None) -> Decoder:
         """A decoder running this model through ``ops`` (default: the reference dispatch table)."""
         return make_decoder(self.config, self.weights, ops, self.kv_scales)
-
-
-def _dtype_name(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.").replace("float", "fp")
 
 
 def heldout_eval_text(loaded: LoadedModel, cfg: GateConfig, text: str | None = None) -> EvalText:
@@ -133,7 +133,7 @@ def _assemble(stored_fp: ModelWeights, quantized: dict[str, LinearWeights], fp_l
 
 
 def _layer_precisions(weights: ModelWeights, dt: torch.dtype) -> dict[str, str]:
-    return {name: precision_of(lw, _dtype_name(dt)) for name, lw in named_linears(weights).items()}
+    return {name: precision_of(lw, dtype_name(dt)) for name, lw in named_linears(weights).items()}
 
 
 def _fp_steps(n_ranked: int, limit: int) -> list[int]:
@@ -179,7 +179,7 @@ def quantize_model(
         "mode": mode,
         "kv_int8": kv_int8,
         "options": {"alpha": opts.alpha if mode == "w8a8" else None, "quantize_head": opts.quantize_head,
-                    "storage_dtype": _dtype_name(dt), "allow_mixed": allow_mixed},
+                    "storage_dtype": dtype_name(dt), "allow_mixed": allow_mixed},
         "measured_on": "cpu",
         "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",
     }
@@ -247,7 +247,7 @@ def quantize_model(
     report["fp_layers"] = final["fp_layers"]
     report["mixed_precision"] = bool(final["fp_layers"])
     report["weight_bytes"] = {"fp32_as_loaded": fp_weights.nbytes(), "quantized": _stored_nbytes(weights, dt)}
-    report["kv_cache"] = {"precision": "int8" if kv_int8 else _dtype_name(dt),
+    report["kv_cache"] = {"precision": "int8" if kv_int8 else dtype_name(dt),
                           "scales": "static per (block, KV head), from calibration" if kv_int8 else None}
     report["timings_s"] = timings
 
@@ -263,6 +263,22 @@ def quantize_model(
             hint = "pass --allow-mixed to keep the most sensitive layers in floating point, or use w8a16"
         raise GateFailedError(msg, report, hint=hint)
     return QuantizationResult(cfg, weights, kv_scales, report, precisions)
+
+
+def to_precision_plan(result: QuantizationResult):
+    """The per-layer choice as the planner's PrecisionPlan (what the build records in the plan and manifest)."""
+    from edgekit.plan.precision import PROJECTIONS, PrecisionPlan
+
+    cfg, p = result.config, result.layer_precisions
+    plan = PrecisionPlan(
+        layers=[{proj: p[f"blocks.{i}.{proj}"] for proj in PROJECTIONS} for i in range(cfg.n_layers)],
+        lm_head=p[HEAD],
+        kv_cache="int8" if result.kv_scales is not None else "fp16",
+    )
+    fp_layers = result.report.get("fp_layers") or []
+    if fp_layers:
+        plan.notes.append(f"kept in FP16 by the accuracy gate (most sensitive first): {', '.join(fp_layers)}")
+    return plan
 
 
 def _stored_nbytes(weights: ModelWeights, dt: torch.dtype) -> int:

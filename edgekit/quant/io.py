@@ -1,0 +1,228 @@
+"""The quantized model on disk: one safetensors file plus report.json, and reading it back into ModelWeights.
+
+``model.safetensors`` holds, by name:
+
+    tok_embeddings, norm, blocks.{i}.attn_norm, blocks.{i}.ffn_norm   FP (storage dtype, FP16 by default)
+    {layer}.qweight int8 (N, K), {layer}.scale fp32 (N,)             an INT8 layer
+    {layer}.smooth fp32 (K,)                                         W8A8 with SmoothQuant
+    {layer}.weight (N, K)                                            a layer kept in floating point
+    {layer}.bias (N,)                                                when the layer has one
+    blocks.{i}.k_scale, blocks.{i}.v_scale fp32 (Hkv,)               INT8 KV cache only
+
+where {layer} is ``blocks.{i}.wqkv|wo|w_gate_up|w_down`` or ``lm_head``. A
+tied LM head kept in floating point has no tensors of its own. The safetensors
+header's metadata carries a small JSON description: the format and its
+version, the model config, the mode, and each layer's operator and precision.
+Files are written to a temp name, fsync'd and renamed, so a crash leaves the
+old file or the new one. Reading never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from edgekit.errors import QuantizationError
+from edgekit.kernels.linear import LinearWeights
+from edgekit.model.config import ModelConfig
+from edgekit.model.decoder import BlockWeights, Decoder, ModelWeights
+from edgekit.quant.kv_int8 import KVScales, make_decoder
+from edgekit.quant.layers import HEAD, dtype_from_name, dtype_name, layer_names, named_linears, precision_of
+from edgekit.runtime.durable import replace_atomically
+
+FORMAT = "edgekit-quant"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+REPORT_FILE = "report.json"
+_OPS = ("linear", "linear_w8a16", "linear_w8a8")
+
+
+@dataclass
+class QuantizedModel:
+    config: ModelConfig
+    weights: ModelWeights
+    kv_scales: KVScales | None
+    header: dict  # the JSON description from the file
+
+    def decoder(self, ops=None) -> Decoder:
+        return make_decoder(self.config, self.weights, ops, self.kv_scales)
+
+
+def _jsonable(x):
+    """report.json is strict JSON: infinities (an exact match has infinite SNR) become strings."""
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def report_bytes(report: dict) -> bytes:
+    return (json.dumps(_jsonable(report), indent=2, default=str, allow_nan=False) + "\n").encode()
+
+
+def serialize(config: ModelConfig, weights: ModelWeights, kv_scales: KVScales | None, storage_dtype: torch.dtype,
+              extra: dict | None = None) -> bytes:
+    """The safetensors bytes of a (possibly partly) quantized model."""
+    fdt = storage_dtype
+
+    def fp(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(device="cpu", dtype=fdt).contiguous()
+
+    tensors: dict[str, torch.Tensor] = {"tok_embeddings": fp(weights.tok_embeddings), "norm": fp(weights.norm)}
+    for i, b in enumerate(weights.blocks):
+        tensors[f"blocks.{i}.attn_norm"] = fp(b.attn_norm)
+        tensors[f"blocks.{i}.ffn_norm"] = fp(b.ffn_norm)
+    layers = {}
+    for name, lw in named_linears(weights).items():
+        if lw.op not in _OPS:
+            raise QuantizationError(f"{name}: unknown operator {lw.op!r}; expected one of {', '.join(_OPS)}")
+        tied = name == HEAD and lw.op == "linear" and lw.weight is weights.tok_embeddings
+        layers[name] = {"op": lw.op, "precision": precision_of(lw, dtype_name(fdt)), "tied": tied,
+                        "bias": lw.bias is not None, "smooth": lw.smooth is not None}
+        if tied:
+            continue
+        if lw.op == "linear":
+            tensors[f"{name}.weight"] = fp(lw.weight)
+        else:
+            tensors[f"{name}.qweight"] = lw.weight.detach().cpu().contiguous()
+            tensors[f"{name}.scale"] = lw.scale.detach().to("cpu", torch.float32).contiguous()
+            if lw.smooth is not None:
+                tensors[f"{name}.smooth"] = lw.smooth.detach().to("cpu", torch.float32).contiguous()
+        if lw.bias is not None:
+            tensors[f"{name}.bias"] = fp(lw.bias)
+    if kv_scales is not None:
+        kv_scales.check(config)
+        for i, (k, v) in enumerate(zip(kv_scales.k, kv_scales.v)):
+            tensors[f"blocks.{i}.k_scale"] = k.detach().to("cpu", torch.float32).contiguous()
+            tensors[f"blocks.{i}.v_scale"] = v.detach().to("cpu", torch.float32).contiguous()
+    header = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "config": config.to_dict(),
+        "storage_dtype": dtype_name(fdt), "kv_int8": kv_scales is not None, "layers": layers, **(extra or {}),
+    }
+    return st_save(tensors, metadata={"edgekit": json.dumps(header)})
+
+
+def write_quantized(directory: Path, result, storage_dtype: torch.dtype | None = None) -> list[Path]:
+    """Write ``model.safetensors`` and ``report.json`` of a QuantizationResult into ``directory`` (created)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    dt = storage_dtype or dtype_from_name(result.report.get("options", {}).get("storage_dtype", "fp16"))
+    extra = {"mode": result.report.get("mode"), "source": result.report.get("model", {}).get("source")}
+    weights_path, report_path = directory / WEIGHTS_FILE, directory / REPORT_FILE
+    replace_atomically(weights_path, serialize(result.config, result.weights, result.kv_scales, dt, extra))
+    replace_atomically(report_path, report_bytes(result.report))
+    return [weights_path, report_path]
+
+
+def write_report(directory: Path, report: dict) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / REPORT_FILE
+    replace_atomically(path, report_bytes(report))
+    return path
+
+
+class _Reader:
+    """Tensor lookups with shape and dtype checks that name the file and the tensor."""
+
+    def __init__(self, path: Path, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device):
+        self.path, self.tensors, self.dtype, self.device = path, tensors, dtype, device
+
+    def get(self, name: str, shape: tuple[int, ...], kind: str) -> torch.Tensor:
+        t = self.tensors.get(name)
+        if t is None:
+            raise QuantizationError(f"{self.path}: tensor {name!r} is missing", hint="the file is incomplete; quantize again")
+        if tuple(t.shape) != shape:
+            raise QuantizationError(f"{self.path}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+        if kind == "int8":
+            if t.dtype != torch.int8:
+                raise QuantizationError(f"{self.path}: tensor {name!r} is {t.dtype}, expected torch.int8")
+            return t.to(self.device)
+        if not t.is_floating_point():
+            raise QuantizationError(f"{self.path}: tensor {name!r} is {t.dtype}, expected a floating-point tensor")
+        if kind == "scale":
+            t = t.to(torch.float32)
+            if not bool(torch.isfinite(t).all() and (t > 0).all()):
+                raise QuantizationError(f"{self.path}: tensor {name!r} has zero, negative or non-finite entries; expected positive scales")
+            return t.to(self.device)
+        return t.to(device=self.device, dtype=self.dtype)
+
+
+def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="cpu") -> QuantizedModel:
+    """Read ``directory/model.safetensors`` back; floating-point tensors become ``dtype`` (activations' dtype)."""
+    path = Path(directory) / WEIGHTS_FILE
+    if not path.exists():
+        raise QuantizationError(f"{path}: no such file", hint="pass the directory `edgekit quantize -o DIR` wrote")
+    raw = path.read_bytes()
+    try:
+        tensors = st_load(raw)
+        meta = _metadata(raw)
+    except (SafetensorError, ValueError) as e:
+        raise QuantizationError(f"{path}: not a readable safetensors file ({e})", hint="the file is truncated or corrupt") from e
+    if "edgekit" not in meta:
+        raise QuantizationError(f"{path}: no edgekit header in the safetensors metadata", hint="it was not written by `edgekit quantize`")
+    header = json.loads(meta["edgekit"])
+    if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+        raise QuantizationError(
+            f"{path}: format {header.get('format')!r} version {header.get('format_version')!r}; "
+            f"expected {FORMAT!r} version {FORMAT_VERSION}",
+            hint="quantize the model again with this edgekit",
+        )
+    cfg = ModelConfig.from_dict(header["config"])
+    r = _Reader(path, tensors, dtype, device)
+    C, V = cfg.hidden_size, cfg.vocab_size
+    emb = r.get("tok_embeddings", (V, C), "fp")
+    shapes = dict(cfg.linear_shapes())
+    shapes[HEAD] = (V, C)
+    layers_meta = header.get("layers", {})
+    missing = [n for n in layer_names(cfg.n_layers) if n not in layers_meta]
+    if missing:
+        raise QuantizationError(f"{path}: the header describes no layer {missing[0]!r} ({len(missing)} missing)")
+
+    def layer(name: str) -> LinearWeights:
+        m = layers_meta[name]
+        N, K = shapes[name.rsplit(".", 1)[-1]] if name != HEAD else shapes[HEAD]
+        if m["op"] not in _OPS:
+            raise QuantizationError(f"{path}: layer {name} has unknown operator {m['op']!r}; expected one of {', '.join(_OPS)}")
+        bias = r.get(f"{name}.bias", (N,), "fp") if m.get("bias") else None
+        if m.get("tied"):
+            return LinearWeights("linear", emb, bias)
+        if m["op"] == "linear":
+            return LinearWeights("linear", r.get(f"{name}.weight", (N, K), "fp"), bias)
+        smooth = r.get(f"{name}.smooth", (K,), "scale") if m.get("smooth") else None
+        return LinearWeights(m["op"], r.get(f"{name}.qweight", (N, K), "int8"), bias, r.get(f"{name}.scale", (N,), "scale"), smooth)
+
+    blocks = [
+        BlockWeights(
+            attn_norm=r.get(f"blocks.{i}.attn_norm", (C,), "fp"), wqkv=layer(f"blocks.{i}.wqkv"), wo=layer(f"blocks.{i}.wo"),
+            ffn_norm=r.get(f"blocks.{i}.ffn_norm", (C,), "fp"), w_gate_up=layer(f"blocks.{i}.w_gate_up"),
+            w_down=layer(f"blocks.{i}.w_down"),
+        )
+        for i in range(cfg.n_layers)
+    ]
+    weights = ModelWeights(tok_embeddings=emb, blocks=blocks, norm=r.get("norm", (C,), "fp"), lm_head=layer(HEAD))
+    kv = None
+    if header.get("kv_int8"):
+        H = cfg.n_kv_heads
+        kv = KVScales([r.get(f"blocks.{i}.k_scale", (H,), "scale") for i in range(cfg.n_layers)],
+                      [r.get(f"blocks.{i}.v_scale", (H,), "scale") for i in range(cfg.n_layers)])
+    return QuantizedModel(cfg, weights, kv, header)
+
+
+def _metadata(raw: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file (the 8-byte length, then the JSON header)."""
+    if len(raw) < 8:
+        raise ValueError("shorter than the 8-byte header length")
+    n = int.from_bytes(raw[:8], "little")
+    if n > len(raw) - 8:
+        raise ValueError(f"header length {n} exceeds the file size {len(raw)}")
+    return json.loads(raw[8 : 8 + n]).get("__metadata__", {}) or {}
