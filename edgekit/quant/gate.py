@@ -53,7 +53,7 @@ class GateConfig:
         base = {"w8a16": {}, "w8a8": {"max_ppl_increase": 0.03, "min_greedy_agreement": 0.90, "min_logits_snr_db": 15.0}}
         if mode not in base:
             raise QuantizationError(f"unknown quantization mode {mode!r}; expected 'w8a16' or 'w8a8'")
-        cfg = cls(**base[mode], **{k: v for k, v in overrides.items() if v is not None})
+        cfg = cls(**{**base[mode], **{k: v for k, v in overrides.items() if v is not None}})
         cfg.validate()
         return cfg
 

@@ -26,8 +26,11 @@ MIN_SCALE = torch.finfo(torch.float32).tiny
 def per_channel_scales(w: torch.Tensor) -> torch.Tensor:
     """FP32 scales (N,) for a weight (N, K): max |w| of each row / 127, floored at MIN_SCALE; 1 for all-zero rows."""
     amax = w.detach().to(torch.float64).abs().amax(dim=1)  # (N,) in FP64 so a huge FP32 outlier cannot overflow
-    scale = torch.where(amax > 0, (amax / INT8_MAX).clamp(min=MIN_SCALE), torch.ones_like(amax))
-    return scale.to(torch.float32)
+    scale = torch.where(amax > 0, (amax / INT8_MAX).clamp(min=MIN_SCALE), torch.ones_like(amax)).to(torch.float32)
+    # Rounding to FP32 may round a scale up; near the top of the FP32 range 127 * scale would then
+    # overflow to inf when the kernel dequantizes. Step such scales down by one ulp.
+    over = scale.to(torch.float64) * INT8_MAX > torch.finfo(torch.float32).max
+    return torch.where(over, torch.nextafter(scale, torch.zeros_like(scale)), scale)
 
 
 def quantize_per_channel(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,53 @@
+"""`edgekit quantize` and `edgekit eval` as a user runs them: real subprocesses, files, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from edgekit.quant import corpus
+
+FAST = ["--ppl-tokens", "256", "--new-tokens", "16"]
+
+
+def edgekit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_quantize_then_eval(tmp_path):
+    out = tmp_path / "q"
+    r = edgekit("quantize", "preset:tiny", "--mode", "w8a8", "--kv-int8", "--alpha", "0.6", "-o", str(out), "--json", *FAST)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["gate"]["passed"] and report["options"]["alpha"] == 0.6 and report["kv_int8"]
+    assert (out / "model.safetensors").stat().st_size > 0
+    assert json.loads((out / "report.json").read_text())["mode"] == "w8a8"
+
+    text = tmp_path / "text.txt"
+    text.write_text(corpus.shipped_text(corpus.HELDOUT_FILE)[:3000])
+    r = edgekit("eval", "preset:tiny", "--quantized", str(out), "--text", str(text), "--json", "--new-tokens", "16")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["quantized"]["kv_int8"] and d["greedy_positions"] == 4 * 16
+    assert d["gate_failures"] == [] and d["perplexity_increase"] < 0.03
+
+    r = edgekit("eval", "preset:tiny", "--text", str(text), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["perplexity"] > 1.0
+
+
+def test_failed_gate_writes_the_report_but_no_weights(tmp_path):
+    out = tmp_path / "q"
+    r = edgekit("quantize", "preset:tiny", "-o", str(out), "--min-snr-db", "500", *FAST)
+    assert r.returncode == 2
+    assert "fails the accuracy gate" in r.stderr and "Traceback" not in r.stderr
+    assert (out / "report.json").exists() and not (out / "model.safetensors").exists()
+    assert json.loads((out / "report.json").read_text())["sensitivity"]["layers"]
+
+
+def test_eval_refuses_a_missing_quantized_dir(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("some text to score, long enough for a window")
+    r = edgekit("eval", "preset:tiny", "--quantized", str(tmp_path / "none"), "--text", str(text))
+    assert r.returncode == 2 and "no such file" in r.stderr
