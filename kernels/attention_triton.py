@@ -33,7 +33,7 @@ from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, p
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 
 LOG2E = 1.4426950408889634
-DECODE_PROGRAMS_PER_SM = 4  # split-KV target occupancy at batch 1
+DECODE_PROGRAMS_PER_SM = 1  # split-KV target: one (split, batch, KV head) program per SM (H200 sweep: best at ~1)
 
 
 @triton.jit

@@ -11,7 +11,7 @@ Every time is CUDA-graph replay (the host's ~20 us eager launch cost would hide 
 with many calls per graph. Memory-bound working sets cycle through enough weight / KV copies to exceed
 4x the L2 (H200: 60 MB), so the figures are HBM figures. Prints a table; --json PATH writes everything.
 
-    python scripts/bench_kernels.py --json $OUT/bench_kernels.json [--quick] [--no-sweep]
+    python scripts/bench_kernels.py --json $OUT/bench_kernels.json [--quick] [--sweep all|gemv|none]
 """
 
 from __future__ import annotations
@@ -67,11 +67,16 @@ def graph_time_us(calls: list, reps: int = 10, trials: int = 5, min_calls: int =
     return statistics.median(times)
 
 
-def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = graph_time_us([lambda: dst.copy_(src)], reps=5, min_calls=4)
-    return 2 * nbytes / (us * 1e-6) / 1e9  # read + write
+def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy (read + write bytes / time), best of fp32 and int64 element copies."""
+    best = 0.0
+    for dtype in (torch.float32, torch.int64):
+        src = torch.ones(nbytes // torch.tensor([], dtype=dtype).element_size(), dtype=dtype, device="cuda")
+        dst = torch.empty_like(src)
+        us = graph_time_us([lambda: dst.copy_(src)], reps=5, min_calls=4)
+        best = max(best, 2 * nbytes / (us * 1e-6) / 1e9)
+        del src, dst
+    return best
 
 
 def copies_for(nbytes_one: int, l2_bytes: int, cap: int = 64) -> int:
@@ -255,15 +260,17 @@ def gemv_candidates(sweep: bool) -> list[dict]:
         return [dv]
     out = [dv]
     for v in tile_space("linear_w8a16", rows=1):
-        if v.kernel == "w8a16_gemv" and v.constexprs["BLOCK_K"] >= 256 and v.num_warps in (4, 8):
+        c = v.constexprs
+        if (v.kernel == "w8a16_gemv" and c["BLOCK_K"] >= 512 and c["BLOCK_N"] in (4, 8, 16) and v.num_warps in (4, 8)
+                and v.num_stages == 1 and {"w8a16_gemv": v} != dv):
             out.append({"w8a16_gemv": v})
-    for bn, bk, st in ((32, 128, 4), (64, 128, 4), (64, 256, 3), (32, 256, 4)):
+    for bn, bk, st in ((32, 256, 4), (64, 256, 3)):
         out.append({"w8a16_gemm": KernelVariant("linear_w8a16", "w8a16_gemm",
                                                 {"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "W_INT8": 1}, 4, st)})
     return out
 
 
-def bench_gemv(copy_gbps, l2, sweep: bool, log) -> list[dict]:
+def bench_gemv(copy_gbps, l2, sweep: bool, log, sweep_log: list) -> list[dict]:
     rows = []
     best = None
     order = sorted(GEMV_SHAPES, key=lambda s: -s[1] * s[2])  # sweep on the largest shape first
@@ -289,6 +296,7 @@ def bench_gemv(copy_gbps, l2, sweep: bool, log) -> list[dict]:
         t_best, c_best = min(results, key=lambda r: r[0])
         if best is None:
             best = c_best
+            sweep_log.extend({"variant": " + ".join(v.label() for v in c.values()), "us": t} for t, c in results)
         dv = default_variants("linear_w8a16", rows=1)
         t_def = next((t for t, c in results if c == dv), None)
         bytes_moved = N * K + 4 * N + 2 * K + 2 * N
@@ -348,7 +356,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write all results to this path")
     ap.add_argument("--quick", action="store_true", help="fewer lengths and contexts")
-    ap.add_argument("--no-sweep", action="store_true", help="time the default variants only")
+    ap.add_argument("--sweep", choices=["all", "gemv", "none"], default="all",
+                    help="which sections also time a small tile sweep (default: all)")
     ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm"], action="append")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -361,7 +370,8 @@ def main() -> int:
 
     props = torch.cuda.get_device_properties(0)
     l2 = int(getattr(props, "L2_cache_size", 60 << 20) or (60 << 20))
-    sweep = not args.no_sweep
+    sweep = args.sweep == "all"
+    gemv_sweep = args.sweep in ("all", "gemv")
     only = set(args.only or ["prefill", "decode", "gemv", "gemm"])
     out = {"device": props.name, "sm_count": props.multi_processor_count, "l2_bytes": l2,
            "torch": torch.__version__, "triton": __import__("triton").__version__,
@@ -378,7 +388,9 @@ def main() -> int:
             with open(args.json, "w") as f:
                 json.dump({**out, **sections}, f, indent=1, default=str)
 
-    runners = {"gemv": lambda: bench_gemv(copy, l2, sweep, log), "decode": lambda: bench_decode(contexts, copy, l2, sweep, log),
+    gemv_sweep_log: list = []
+    out["gemv_sweep"] = gemv_sweep_log
+    runners = {"gemv": lambda: bench_gemv(copy, l2, gemv_sweep, log, gemv_sweep_log), "decode": lambda: bench_decode(contexts, copy, l2, sweep, log),
                "prefill": lambda: bench_prefill(lengths, sweep, log), "gemm": lambda: bench_gemm(log)}
     for name, run in runners.items():
         if name in only:

@@ -54,18 +54,18 @@ def main() -> None:
     gu = torch.randn(4, 2 * 80, dtype=h)
     record("swiglu (4,160)", swiglu.SPEC, ops["swiglu"](gu), oracle.swiglu(gu))
 
-    for m in (3, 37):  # decode rows take the GEMV kernel, prefill rows the GEMM kernel
+    for m in (1, 3, 37):  # decode rows take the GEMV kernel (one-row and multi-row paths), prefill the GEMM
         xx = torch.randn(m, 64, dtype=h)
         W = (torch.randn(40, 64) * 0.125).to(h)
         b = torch.randn(40, dtype=h)
         record(f"linear M={m}", linear.LINEAR_SPEC, ops["linear"](xx, W, b), oracle.linear(xx, W, b))
-        q8 = torch.randint(-127, 128, (40, 64), dtype=torch.int8)
+        q8 = torch.randint(-128, 128, (40, 64), dtype=torch.int8)
         sc = torch.rand(40) * 0.002
         record(f"linear_w8a16 M={m}", linear.W8A16_SPEC, ops["linear_w8a16"](xx, q8, sc, b), oracle.linear_w8a16(xx, q8, sc, b))
         sm = torch.rand(64) + 0.5
         # W8A8 is held to its reference in the kernel's own FP32 arithmetic (see test_references)
-        record(f"linear_w8a8 M={m}", linear.W8A8_SPEC, ops["linear_w8a8"](xx, q8, sc, None, sm),
-               linear.linear_w8a8_reference(xx.float(), q8, sc, None, sm))
+        record(f"linear_w8a8 M={m}", linear.W8A8_SPEC, ops["linear_w8a8"](xx, q8.clamp(-127), sc, None, sm),
+               linear.linear_w8a8_reference(xx.float(), q8.clamp(-127), sc, None, sm))
 
     for hq, hkv, d, t in ((4, 2, 16, 37), (3, 1, 64, 19)):
         q = torch.randn(2, hq, t, d, dtype=h)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import fp64_oracle as oracle  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 dts = st.sampled_from(["float16", "bfloat16", "float32"])
 gqa = st.sampled_from([1, 3, 4, 8])
@@ -108,7 +108,7 @@ def test_linear_w8a8(ops, m, n, k, bias, smooth, dt, seed):
     _close(linear.W8A8_SPEC, dt, ops["linear_w8a8"](x, q, s, b, sm), want)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 2), hkv=st.integers(1, 3), ratio=gqa, d=head_dims, t=st.integers(1, 300), dt=dts, data=st.data())
 def test_attention_prefill(ops, b, hkv, ratio, d, t, dt, data):
     g = _gen(data.draw(st.integers(0, 9999)))
@@ -118,7 +118,7 @@ def test_attention_prefill(ops, b, hkv, ratio, d, t, dt, data):
            oracle.attention_prefill(q, k, v, seq_lens.cpu()))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 3), hkv=st.integers(1, 3), ratio=gqa, d=head_dims, s=st.integers(1, 5000), dt=dts, data=st.data())
 def test_attention_decode(ops, b, hkv, ratio, d, s, dt, data):
     g = _gen(data.draw(st.integers(0, 9999)))
