@@ -5,6 +5,7 @@ Registered on edgekit.cli.app when imported.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -41,9 +42,107 @@ def keys_generate(
 
 
 # ---------------------------------------------------------------------------- build
-# `edgekit build` (load -> plan -> quantize -> compile -> golden -> ONNX -> BundleWriter)
-# is added here by the build orchestration; it signs with edgekit.bundle.keys.load_signing_key
-# (--key) or, only with an explicit flag, edgekit.bundle.keys.development_key().
+
+_STAGE_LABELS = {
+    "load": "load the model", "target": "read the target profile", "plan": "plan (tiles compiled for the target)",
+    "quantize": "quantize FP16 -> INT8 (accuracy gate)", "compile": "cross-compile every operator",
+    "golden": "golden vectors (FP64 reference)", "write": "write weights, tokenizer, plugins", "onnx": "export ONNX",
+    "sign": "manifest + ed25519 signature", "archive": "single-file archive",
+}
+
+
+@app.command()
+def build(
+    model: Optional[str] = typer.Argument(None, help="A .gguf file, a Hugging Face directory, preset:NAME, or omitted for the default model."),
+    target: str = typer.Option(..., "--target", "-t", help="Target profile (see `edgekit targets`), e.g. orin."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Bundle directory to write (default: bundles/<model>-<target>)."),
+    key: Optional[Path] = typer.Option(None, "--key", help="Ed25519 private key to sign with (make one: `edgekit keys generate DIR`)."),
+    dev_key: bool = typer.Option(False, "--dev-key", help="Sign with the public development key (local testing only; recorded in the manifest, refused by devices by default)."),
+    precision: str = typer.Option("int8", "--precision", help="int8 (INT8 weights, FP16 activations), w8a8 (INT8 x INT8), or fp16."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the accuracy gate fails, keep the most sensitive layers in FP16 instead of stopping."),
+    context: Optional[int] = typer.Option(None, "--context", help="KV cache length in tokens (default: the planner's)."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Static batch size."),
+    buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated prompt buckets, e.g. 64,256,1024."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="JSONL trace of request lengths to choose buckets from."),
+    archive: bool = typer.Option(False, "--archive", help="Also write the bundle as a single .tar file."),
+    tensorrt_onnx: bool = typer.Option(False, "--tensorrt-onnx", help="Also write a TensorRT-flavoured ONNX (no function bodies, plugin attributes)."),
+    no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip the ONNX export."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the content-addressed build cache (~/.cache/edgekit)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing bundle directory."),
+    targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help="Extra directory of target YAML files."),
+    json_out: bool = typer.Option(False, "--json", help="Print the build summary as JSON (progress goes to stderr)."),
+) -> None:
+    """Build a signed bundle for a target on this machine (no Jetson or GPU needed): load -> plan -> quantize ->
+    cross-compile every operator -> golden vectors -> ONNX -> manifest + signature."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.cli_common import err_console
+    from edgekit.quant.progress import Steps
+
+    bucket_list = None
+    if buckets:
+        try:
+            bucket_list = tuple(int(b) for b in buckets.split(","))
+        except ValueError as e:
+            raise BundleError(f"--buckets {buckets!r}: expected comma-separated integers, e.g. 64,256,1024") from e
+    if out is None:
+        stem = (model or "smollm2-135m-instruct").replace("preset:", "").replace("/", "_").removesuffix(".gguf")
+        out = Path("bundles") / f"{Path(stem).name}-{target}"
+    opts = BuildOptions(model=model, target=target, out=out, key=key, dev_key=dev_key, precision=precision, context=context,
+                        batch=batch, buckets=bucket_list, trace=trace, allow_mixed=allow_mixed, archive=archive,
+                        tensorrt_onnx=tensorrt_onnx, onnx=not no_onnx, force=force, targets_dir=targets_dir, use_cache=not no_cache)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=False) as progress:
+        tasks: dict[str, int] = {}
+
+        def report(stage: str, state: str) -> None:
+            if state == "start":
+                tasks[stage] = progress.add_task(_STAGE_LABELS.get(stage, stage), total=1)
+            else:
+                progress.update(tasks[stage], completed=1)
+
+        result = build_bundle(opts, report, quant_steps=Steps(progress))
+    s = result.summary
+    if json_out:
+        print_json(s)
+        return
+    _print_build_summary(s)
+
+
+def _print_build_summary(s: dict) -> None:
+    from edgekit.cli_common import fmt_bytes
+
+    t = Table(title=f"operators compiled for {s['target']['arch']} ({s['target']['name']}); shared memory read from the compiled kernels")
+    for col in ("op", "kernel", "tile", "warps/stages", "shared bytes", "budget", "registers"):
+        t.add_column(col)
+    for o in s["operators"]:
+        tile = ",".join(f"{k}={v}" for k, v in o["constexprs"].items())
+        t.add_row(o["op"], o["kernel"], tile, f"{o['num_warps']}/{o['num_stages']}", str(o["shared_bytes"]),
+                  str(o["budget_bytes"]), str(o["registers"] if o["registers"] is not None else "-"))
+    console.print(t)
+    console.print(f"precision: " + "; ".join(f"{k}: {v}" for k, v in s["precision"].items()))
+    console.print(f"buckets: {s['buckets']} (KV cache {s['context']} tokens)")
+    mem = s["memory"]
+    console.print(
+        f"memory plan (predicted, {mem['target']}): weights {fmt_bytes(mem['weights_bytes'])} + KV cache {fmt_bytes(mem['kv_cache_bytes'])}"
+        f" + activations {fmt_bytes(mem['activations_bytes'])} + workspace {fmt_bytes(mem['workspace_bytes'])}"
+        f" + OS headroom {fmt_bytes(mem['os_headroom_bytes'])} + runtime {fmt_bytes(mem['runtime_reserve_bytes'])};"
+        f" {fmt_bytes(mem['free_bytes'])} free of {fmt_bytes(mem['total_bytes'])}")
+    if s.get("quantization"):
+        q = s["quantization"]
+        console.print(f"quantization: {q['mode']}{' (cached)' if q['cached'] else ''}; gate: {json.dumps(q.get('gate'), default=str)[:300]}")
+    for r in s["predictions"]:
+        d, p = r["decode_short"], r["prefill"]
+        console.print(f"predicted (roofline, not measured) on {s['target']['name']} [{r['power_mode']}]: decode "
+                      f"{d['tokens_per_s']:.0f} tok/s at {d['kv_len']} ctx ({d['energy_per_token_mj']:.0f} mJ/token), "
+                      f"prefill {p['tokens_per_s']:.0f} tok/s at {p['bucket']} tokens" if "tokens_per_s" in p else "")
+    parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(s["bundle_bytes_by_part"].items()))
+    console.print(f"bundle {s['bundle']}: {fmt_bytes(s['bundle_bytes'])} ({parts})")
+    console.print("stages (s, measured on this CPU): " + ", ".join(f"{k} {v:.1f}" for k, v in s["stage_seconds"].items())
+                  + f"; total {s['build_seconds']:.1f} s")
+    if s["signed_with_dev_key"]:
+        console.print("[yellow]signed with the public development key: devices refuse it unless told --allow-dev-key[/]")
 
 
 # ---------------------------------------------------------------------------- verify

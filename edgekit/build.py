@@ -1,0 +1,318 @@
+"""`edgekit build`: load -> plan -> quantize (gated) -> cross-compile -> golden vectors -> ONNX -> signed bundle.
+
+Runs on any x86 or ARM host without a GPU: every kernel is cross-compiled for
+the target's arch by Triton. Stages that are expensive and deterministic
+(quantization, kernel compiles, the ONNX export) go through a content-addressed
+cache, so an unchanged rebuild is fast; the bundle itself is deterministic
+(same inputs -> same hashes).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from edgekit import __version__
+from edgekit.build_cache import BuildCache, cache_key
+from edgekit.errors import BundleError, EdgekitError
+
+PLUGIN_VERSION = 1
+PRECISIONS = {"int8": "w8a16", "w8a16": "w8a16", "w8a8": "w8a8", "fp16": None}
+
+
+@dataclass
+class BuildOptions:
+    model: str | None
+    target: str
+    out: Path
+    key: Path | None = None
+    dev_key: bool = False
+    precision: str = "int8"  # int8 (= W8A16) | w8a8 | fp16
+    context: int | None = None
+    batch: int = 1
+    buckets: tuple[int, ...] | None = None
+    trace: Path | None = None
+    allow_mixed: bool = False
+    archive: bool = False
+    tensorrt_onnx: bool = False
+    onnx: bool = True
+    force: bool = False
+    targets_dir: Path | None = None
+    cache_dir: Path | None = None
+    use_cache: bool = True
+
+
+@dataclass
+class BuildResult:
+    out: Path
+    manifest: object
+    summary: dict
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class _Stages:
+    """Times each stage and reports it to a progress callback."""
+
+    def __init__(self, report: Callable[[str, str], None] | None):
+        self.report = report or (lambda stage, state: None)
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, fn, *args, **kw):
+        self.report(name, "start")
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.seconds[name] = round(time.perf_counter() - t, 3)
+            self.report(name, "done")
+
+
+def _signing_key(opts: BuildOptions):
+    from edgekit.bundle.keys import development_key, load_signing_key
+
+    if opts.key is not None:
+        return load_signing_key(opts.key)
+    if opts.dev_key:
+        return development_key()
+    raise BundleError(
+        "no signing key: a bundle must be signed",
+        hint="make one with `edgekit keys generate keys/` and pass --key keys/edgekit.key "
+        "(or --dev-key for a local test build signed with the public development key, which devices refuse by default)",
+    )
+
+
+def _operators_used(weights) -> list[str]:
+    """The operators the model calls, read from its weights (the precision actually chosen per layer)."""
+    ops = {"rmsnorm", "attention_prefill", "attention_decode", "swiglu"}
+    for b in weights.blocks:
+        for lw in b.linears().values():
+            ops.add(lw.op)
+        ops.add("qkv_rope" if b.wqkv.op == "linear" else "rope")
+    ops.add(weights.lm_head.op)
+    return sorted(ops)
+
+
+def _variants_for(op: str, plan, cfg) -> dict:
+    from edgekit.kernels.variants import KernelVariant, default_variants
+
+    chosen = {t["kernel"]: KernelVariant.from_dict(t["variant"]) for t in plan.tiles if t["op"] == op}
+    if chosen:
+        return chosen
+    # an operator the plan did not solve (e.g. rope when the plan assumed fused qkv_rope): its default variants
+    return default_variants(op, head_dim=cfg.head_dim, dtype="fp16", hidden_size=cfg.hidden_size,
+                            n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, rows=plan.shapes["buckets"][-1])
+
+
+def _compile_op(op: str, variants: dict, arch: int, budget: int, cache: BuildCache):
+    """Compiled kernels for one operator, through the content-addressed cache."""
+    import triton
+
+    from edgekit.kernels.aot import compile_variant
+    from edgekit.kernels.compiled_io import compiled_from_json, compiled_to_json
+    from edgekit.kernels.variants import kernel_def
+
+    out = {}
+    for kname, v in variants.items():
+        src = kernel_def(op, kname).fn.src
+        key = cache_key(stage="compile", variant=v.to_dict(), arch=arch, triton=triton.__version__, source=src)
+        hit = cache.get("compile", key)
+        if hit is not None:
+            out[kname] = compiled_from_json(hit["kernel.json"])
+        else:
+            ck = compile_variant(v, arch, budget_bytes=budget)
+            cache.put("compile", key, {"kernel.json": compiled_to_json(ck)})
+            out[kname] = ck
+        if out[kname].shared_bytes > budget:
+            raise BundleError(f"{op}/{kname}: {out[kname].shared_bytes} bytes of shared memory exceed the budget {budget}")
+    return out
+
+
+def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
+    """(weights, report) of the quantized model, cached by model hash and options."""
+    from edgekit.quant.gate import GateConfig
+    from edgekit.quant.io import load_quantized, report_bytes, serialize
+    from edgekit.quant.quantize import QuantizeOptions, quantize_model
+
+    gate = GateConfig.for_mode(mode)
+    qopts = QuantizeOptions()
+    key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(),
+                    options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__)
+    hit = cache.get("quantize", key)
+    if hit is not None:
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "model.safetensors").write_bytes(hit["model.safetensors"])
+            q = load_quantized(Path(d), dtype=torch.float16)
+        return q.weights, json.loads(hit["report.json"]), True
+    result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps)
+    blob = serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode})
+    cache.put("quantize", key, {"model.safetensors": blob, "report.json": report_bytes(result.report)})
+    return result.weights.to(dtype=torch.float16), json.loads(report_bytes(result.report)), False
+
+
+def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None = None, quant_steps=None) -> BuildResult:
+    from edgekit.build_golden import golden_cases
+    from edgekit.bundle.golden import golden_to_bytes
+    from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
+    from edgekit.bundle.plugin import plugin_from_compiled
+    from edgekit.bundle.writer import BundleWriter
+    from edgekit.kernels.variants import op_program
+    from edgekit.model.loader import load_model
+    from edgekit.plan.planner import make_plan
+    from edgekit.plan.targets import load_target
+    from edgekit.quant.io import serialize
+    from edgekit.quant.progress import SILENT
+
+    if opts.precision not in PRECISIONS:
+        raise EdgekitError(f"unknown precision {opts.precision!r}; expected one of: {', '.join(PRECISIONS)}")
+    t_start = time.perf_counter()
+    key = _signing_key(opts)  # fail before any work
+    out = Path(opts.out)
+    if out.exists() and not opts.force:
+        raise BundleError(f"{out} already exists", hint="choose another -o DIR or pass --force to replace it")
+    cache = BuildCache(opts.cache_dir, enabled=opts.use_cache)
+    st = _Stages(report)
+    mode = PRECISIONS[opts.precision]
+
+    loaded = st.run("load", load_model, opts.model)
+    cfg = loaded.config
+    target = st.run("target", load_target, opts.target, opts.targets_dir)
+    plan = st.run("plan", make_plan, cfg, target, model_info={"name": cfg.name, "source": loaded.source.to_dict()},
+                  context=opts.context, batch=opts.batch, precision="int8" if mode else "fp16",
+                  trace=opts.trace, buckets=opts.buckets)
+
+    quant_report, quant_cached = None, False
+    if mode:
+        weights, quant_report, quant_cached = st.run("quantize", _quantize, loaded, mode, opts, cache, quant_steps or SILENT)
+    else:
+        weights = loaded.weights.to(dtype=torch.float16)
+    ops = _operators_used(weights)
+    arch, budget = target.gpu.compute_capability, target.smem_budget_bytes
+
+    def compile_all():
+        return {op: (_compile_op(op, (v := _variants_for(op, plan, cfg)), arch, budget, cache), op_program(op, v, aot=True))
+                for op in ops}
+
+    compiled = st.run("compile", compile_all)
+    shapes = plan.static_shapes
+
+    def goldens():
+        return {op: golden_to_bytes(op, golden_cases(op, cfg, shapes.buckets, shapes.max_seq_len)) for op in ops}
+
+    golden = st.run("golden", goldens)
+
+    with BundleWriter(out, overwrite=opts.force) as w:
+        def write_parts():
+            w.add_bytes("weights/model.safetensors", serialize(cfg, weights, None, torch.float16, {"mode": mode or "fp16"}))
+            if loaded.tokenizer is not None:
+                with tempfile.TemporaryDirectory() as d:
+                    loaded.tokenizer.save(Path(d))
+                    for p in sorted(Path(d).iterdir()):
+                        w.add_file(f"tokenizer/{p.name}", p)
+            w.add_json("plan.json", plan.to_dict())
+            if quant_report is not None:
+                w.add_json("quantization/report.json", quant_report)
+            for op in ops:
+                ck, program = compiled[op]
+                meta, files = plugin_from_compiled(op, PLUGIN_VERSION, ck, program, golden[op],
+                                                   description=f"{op} for {target.name} (sm_{arch}), built by edgekit {__version__}")
+                w.add_plugin(meta, files)
+
+        st.run("write", write_parts)
+        onnx_info = None
+        if opts.onnx:
+            onnx_info = st.run("onnx", _export_onnx, cfg, weights, shapes, w, cache, opts.tensorrt_onnx)
+        manifest = st.run("sign", w.finish, key=key, target=Target(name=target.name, arch=arch),
+                          model=ModelIdentity(name=cfg.name, source_kind=loaded.source.kind, sha256=loaded.source.sha256,
+                                              seed=loaded.source.seed),
+                          plan=plan.to_dict(), precision=_precision_by_op(weights, ops),
+                          buckets=Buckets(prompt_lengths=list(shapes.buckets), max_seq_len=shapes.max_seq_len, batch=shapes.batch))
+    archive_path = None
+    if opts.archive:
+        from edgekit.bundle.archive import write_archive
+
+        archive_path = st.run("archive", write_archive, out, out.with_suffix(".tar"))
+    summary = _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_report, quant_cached,
+                       onnx_info, key.is_dev, st.seconds, time.perf_counter() - t_start, cache, archive_path)
+    return BuildResult(out, manifest, summary, st.seconds)
+
+
+def _precision_by_op(weights, ops: list[str]) -> dict[str, str]:
+    # activations are fp16 everywhere, accumulation fp32 (int32 for int8 x int8); the plugins' metadata has the detail
+    names = {"linear_w8a16": "w8a16", "linear_w8a8": "w8a8"}
+    return {op: names.get(op, "fp16") for op in ops}
+
+
+def _export_onnx(cfg, weights, shapes, writer, cache: BuildCache, tensorrt: bool) -> dict:
+    """model.onnx for one bucket (the smallest >= 64: the portable fallback graph), via the cache."""
+    from edgekit.export import export_onnx
+
+    bucket = next((b for b in shapes.buckets if b >= 64), shapes.buckets[-1])
+    blob = serialize_weights_hash(cfg, weights)
+    key = cache_key(stage="onnx", weights=blob, bucket=bucket, tensorrt=tensorrt, edgekit=__version__)
+    hit = cache.get("onnx", key)
+    if hit is None:
+        with tempfile.TemporaryDirectory() as d:
+            res = export_onnx(cfg, weights, bucket, Path(d) / "model.onnx", dtype="float16", tensorrt_flavour=tensorrt,
+                              external_data=False)
+            files = {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
+            files["export.json"] = json.dumps({"seconds": res.seconds, "op_counts": res.op_counts, "n_nodes": res.n_nodes},
+                                              sort_keys=True).encode()
+        cache.put("onnx", key, files)
+        hit = files
+    info = json.loads(hit.pop("export.json"))
+    for name in sorted(hit):
+        writer.add_bytes(f"onnx/{name}", hit[name])
+    return {"bucket": bucket, "files": sorted(hit), **info}
+
+
+def serialize_weights_hash(cfg, weights) -> str:
+    """A hash of the exact weights the bundle ships (what every weight-dependent stage is keyed on)."""
+    import hashlib
+
+    from edgekit.quant.io import serialize
+
+    return hashlib.sha256(serialize(cfg, weights, None, torch.float16)).hexdigest()
+
+
+def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_report, quant_cached, onnx_info, dev_key,
+             seconds, total_s, cache: BuildCache, archive_path) -> dict:
+    ops = []
+    for op, (cks, _) in sorted(compiled.items()):
+        for kname, ck in sorted(cks.items()):
+            ops.append({"op": op, "kernel": kname, "shared_bytes": ck.shared_bytes, "budget_bytes": budget,
+                        "num_warps": ck.num_warps, "num_stages": ck.num_stages, "registers": ck.registers,
+                        "constexprs": dict(ck.variant.constexprs), "arch": f"sm_{ck.arch}",
+                        "shared_bytes_source": "compiled kernel metadata (Triton)"})
+    parts: dict[str, int] = {}
+    for rel, entry in manifest.files.items():
+        top = rel.split("/", 1)[0]
+        parts[top] = parts.get(top, 0) + entry.size
+    return {
+        "bundle": str(out),
+        "archive": str(archive_path) if archive_path else None,
+        "target": {"name": target.name, "arch": f"sm_{arch}", "shared_memory_budget_bytes": budget},
+        "model": {"name": cfg.name, "parameters": cfg.n_params},
+        "operators": ops,
+        "precision": manifest.precision,
+        "buckets": list(plan.shapes["buckets"]),
+        "context": plan.shapes["context"],
+        "memory": plan.memory.to_dict(),
+        "predictions": plan.roofline,
+        "quantization": None if quant_report is None else {
+            "mode": quant_report.get("mode"), "gate": quant_report.get("gate"), "cached": quant_cached},
+        "onnx": onnx_info,
+        "signed_with_dev_key": dev_key,
+        "bundle_bytes_by_part": parts,
+        "bundle_bytes": sum(parts.values()),
+        "stage_seconds": seconds,
+        "build_seconds": round(total_s, 3),
+        "build_measured_on": "cpu (this machine)",
+        "cache": {"hits": sorted(set(cache.hits)), "misses": sorted(set(cache.misses))},
+    }
