@@ -316,9 +316,10 @@ def _defs(op: str, prefix: str, w_type: str, w_int8: int, scale_value) -> tuple[
     gemv = KernelDef(
         op=op, kernel=f"{prefix}_gemv", fn=_gemv_kernel, params=_mm_params(w_type, scale_value),
         constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K", "W_INT8"), precision=prec,
-        # the cross-thread reduction over BLOCK_K goes through shared memory (measured 4-8 KB on sm_87)
+        # the cross-thread reduction over BLOCK_K goes through shared memory (measured 0.1-8 KB on sm_87/90)
         uses_shared_memory=True, space=_gemv_space, default=_gemv_default,
-        smem_estimate=lambda c, warps, stages, nbytes: max(4096, c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_K"]) * max(1, stages - 1),
+        smem_estimate=lambda c, warps, stages, nbytes: 4096 if c["BLOCK_M"] == 1 else
+        max(4096, c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_K"]) * max(1, stages - 1),
         fixed={"W_INT8": w_int8},
     )
     return gemv, gemm
