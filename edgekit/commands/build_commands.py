@@ -228,3 +228,59 @@ def _print_report(report, show_all: bool) -> None:
     else:
         warns = sum(c.status == "warn" for c in report.checks)
         console.print(f"[green]OK[/]: bundle verified" + (f" ({warns} warning(s))" if warns else ""))
+
+
+# ---------------------------------------------------------------------------- run
+
+@app.command()
+def run(
+    bundle: Path = typer.Argument(..., help="A bundle directory or .tar archive made by `edgekit build`."),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (or raw text with --raw)."),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help="A trusted public key (edgekit.pub). Repeat for several."),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help="Accept the public development key (local testing only)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", min=1, help="Tokens to generate at most."),
+    raw: bool = typer.Option(False, "--raw", help="Skip the chat template."),
+    truncate: bool = typer.Option(False, "--truncate", help="Keep the last tokens of a prompt that is too long instead of failing."),
+    skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only (skip the golden vectors)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available)."),
+    cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay the decode step as a CUDA graph (GPU only)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the answer, tokens and timings as JSON."),
+) -> None:
+    """Verify a bundle, then generate with it: its plugins on a GPU, the torch reference on a CPU."""
+    import sys
+
+    from edgekit.bundle.keys import load_public_key
+    from edgekit.cli_common import err_console
+    from edgekit.generate import GenerationStats, Generator
+    from edgekit.runtime.bundle_runtime import open_bundle
+
+    keys = [load_public_key(p) for p in (trust or [])]
+    if not keys and not allow_dev_key:
+        raise BundleError("no trusted key given: a bundle runs only if it is signed by a key you trust",
+                          hint="pass --trust DIR/edgekit.pub")
+    b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden, device=device)
+    dec = b.decoder()
+    cache = dec.new_cache(b.shapes.batch, b.shapes.max_seq_len)
+    step = None
+    if cuda_graphs and b.device.type == "cuda":
+        from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+
+        step = GraphedDecodeStep(dec, cache)
+    gen = Generator(dec, b.shapes, b.tokenizer.pad_token_id if b.tokenizer else 0, cache=cache, decode_step=step)
+    if b.tokenizer is not None:
+        ids = b.tokenizer.encode(prompt) if raw or not b.tokenizer.chat_template else b.tokenizer.encode_chat(prompt)
+    else:
+        ids = [c % b.config.vocab_size for c in prompt.encode()]
+    stats = GenerationStats()
+    out = list(gen.stream(ids, max_new_tokens, stop_ids=b.config.eos_token_ids, truncate=truncate, stats=stats))
+    text = b.tokenizer.decode(out) if b.tokenizer is not None else " ".join(map(str, out))
+    where = f"measured on the {'GPU' if b.device.type == 'cuda' else 'CPU'} ({b.backend})"
+    if json_out:
+        print_json({"text": text, "token_ids": out, "prompt_ids": ids, "backend": b.backend, "operators": dec.ops.sources(),
+                    "stats": {**stats.to_dict(), "measured_on": where}, "notes": b.notes})
+        return
+    sys.stdout.write(text + "\n")
+    err_console.print(f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; first token "
+                      f"{stats.prefill_s * 1000:.0f} ms, decode {stats.decode_tokens_per_s:.1f} tok/s, {where}[/]")
+    for note in b.notes:
+        err_console.print(f"[yellow]note:[/] {note}")
