@@ -284,3 +284,44 @@ def run(
                       f"{stats.prefill_s * 1000:.0f} ms, decode {stats.decode_tokens_per_s:.1f} tok/s, {where}[/]")
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")
+
+
+# ---------------------------------------------------------------------------- serve
+
+@app.command()
+def serve(
+    bundle: Path = typer.Argument(..., help="A bundle directory or .tar archive made by `edgekit build`."),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help="A trusted public key (edgekit.pub); bundles and plugins must be signed by one. Repeat for several."),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help="Accept the public development key (local testing only)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default; expose deliberately)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
+    admin_token_file: Optional[Path] = typer.Option(None, "--admin-token-file", help="File with the bearer token for the /v1/plugins admin routes (admin routes are off without it)."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Plugin store directory for over-the-air swaps (default: <bundle>.store)."),
+    max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for the device; more get HTTP 429."),
+    skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only at start-up."),
+) -> None:
+    """Serve a verified bundle over HTTP: OpenAI-style /v1/completions and /v1/chat/completions, /healthz,
+    /metrics (Prometheus), and token-guarded plugin admin (list, upload a signed plugin, rollback)."""
+    import uvicorn
+
+    from edgekit.bundle.keys import load_public_key
+    from edgekit.cli_common import err_console
+    from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.server import create_app
+    from edgekit.runtime.serving import ServingStack, open_store
+
+    keys = [load_public_key(p) for p in (trust or [])]
+    if not keys and not allow_dev_key:
+        raise BundleError("no trusted key given: a bundle is served only if it is signed by a key you trust",
+                          hint="pass --trust DIR/edgekit.pub")
+    b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden)
+    store_dir = store or Path(str(bundle).rstrip("/") + ".store")
+    st = open_store(store_dir, b, keys, allow_dev_key=allow_dev_key)
+    for line in st.recovery:
+        err_console.print(f"[yellow]store recovered:[/] {line}")
+    stack = ServingStack(b, st, max_waiting=max_waiting)
+    app = create_app(stack.engine, admin_token_file=str(admin_token_file) if admin_token_file else None, plugins=stack.admin)
+    err_console.print(f"serving {b.config.name} ({b.backend}) on http://{host}:{port}  store {store_dir}")
+    for note in b.notes:
+        err_console.print(f"[yellow]note:[/] {note}")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -40,7 +40,7 @@ class PluginAdmin(Protocol):
 
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    prompt: str
+    prompt: str | list[int]  # text, or token ids as the OpenAI API allows
     max_tokens: int = Field(default=64, ge=1)
     temperature: float = Field(default=0.0, ge=0.0)
     top_k: int = Field(default=0, ge=0)
@@ -131,7 +131,9 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, plugins: 
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
-        ids = engine.encode(prompt=req.prompt)
+        ids = list(req.prompt) if isinstance(req.prompt, list) else engine.encode(prompt=req.prompt)
+        if any(not 0 <= t < engine.decoder.config.vocab_size for t in ids):
+            raise HTTPException(400, f"token ids must be in [0, {engine.decoder.config.vocab_size})")
         r = await run_completion(ids, req.max_tokens, SamplingConfig(req.temperature, req.top_k, req.seed), "completions")
         return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
                 "model": engine.model_name,

@@ -1,0 +1,218 @@
+"""The serving stack on the device: bundle + engine + plugin store + fault isolation + probation.
+
+- Every operator implementation the engine calls is wrapped in a ``GuardedOp``:
+  a launch failure (or, while on probation or on a CPU, a non-finite output)
+  makes that one call fall back to the previous implementation, takes the
+  operator's plugin out of service (rollback in the store) and records an
+  event; the rest of the model keeps running and the request succeeds.
+- A new plugin starts on probation: its per-token decode latency over the next
+  requests is compared with the window before the swap; a slowdown beyond the
+  budget, extra jitter beyond the jitter budget, or a fault rolls it back,
+  otherwise it is confirmed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from edgekit.runtime.bundle_runtime import OpenedBundle
+from edgekit.runtime.engine import Engine
+
+
+def _all_finite(out) -> bool:
+    tensors = out if isinstance(out, (tuple, list)) else (out,)
+    return all(bool(torch.isfinite(t).all()) for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+class GuardedOp:
+    """An operator implementation that can fail without failing the request."""
+
+    def __init__(self, op: str, fn: Callable, fallback: Callable, on_fault: Callable[[str, str], None], check_finite: bool):
+        self.op, self.fn, self.fallback, self.on_fault = op, fn, fallback, on_fault
+        self.check_finite = check_finite
+        self.faulted = False
+
+    def __call__(self, *args):
+        if self.faulted:
+            return self.fallback(*args)
+        try:
+            out = self.fn(*args)
+        except Exception as e:  # a plugin's launch failure must not escape into the request
+            self._fault(f"launch failed: {type(e).__name__}: {e}")
+            return self.fallback(*args)
+        if self.check_finite and not _all_finite(out):
+            self._fault("non-finite output")
+            return self.fallback(*args)
+        return out
+
+    def _fault(self, reason: str) -> None:
+        self.faulted = True
+        self.on_fault(self.op, reason)
+
+
+@dataclass
+class ProbationPolicy:
+    requests: int = 8  # requests served by the new plugin before it is confirmed
+    max_slowdown: float = 0.5  # median per-token latency may grow by at most 50%
+    jitter_budget_ms: float = 5.0  # p99 - p50 of per-token latency may grow by at most this
+
+
+@dataclass
+class _Probation:
+    op: str
+    version: str
+    baseline_ms: list[float]
+    seen_ms: list[float] = field(default_factory=list)
+    requests: int = 0
+
+
+def _jitter(ms: list[float]) -> float:
+    s = sorted(ms)
+    return s[int(0.99 * (len(s) - 1))] - s[len(s) // 2]
+
+
+class ServingStack:
+    def __init__(self, bundle: OpenedBundle, store=None, *, max_waiting: int = 8, policy: ProbationPolicy | None = None,
+                 model_name: str | None = None):
+        from edgekit.runtime.plugin_admin import StoreAdmin
+
+        self.bundle = bundle
+        self.policy = policy or ProbationPolicy()
+        base = bundle.dispatch_table()
+        self._bundle_impls = {op: base.get(op) for op in base.sources()}
+        self._bundle_sources = base.sources()
+        dec = bundle.decoder(base)
+        self.engine = Engine(dec, bundle.tokenizer, bundle.shapes, max_waiting=max_waiting,
+                             stop_ids=bundle.config.eos_token_ids, model_name=model_name or bundle.config.name)
+        self.events: list[dict] = []
+        self._recent_ms: deque[float] = deque(maxlen=512)  # per-token decode latency of recent requests
+        self._probation: dict[str, _Probation] = {}
+        self._lock = threading.Lock()
+        self.store = store
+        self.admin = StoreAdmin(store, on_change=self._on_change) if store is not None else None
+        # wrap the bundle's own implementations too: a bundle plugin can fault like any other
+        for op in self._bundle_sources:
+            self._install(op, self._bundle_impls[op], self._bundle_sources[op], fallback=None, probation=False)
+        self.engine.observers.append(self._observe)
+        if self.admin is not None:
+            self.admin.sync()
+
+    # -- operator switching -----------------------------------------------------
+    def _install(self, op: str, fn: Callable, source: str, fallback: Callable | None, probation: bool) -> float:
+        from edgekit.kernels.registry import OPERATORS
+
+        fallback = fallback or OPERATORS[op].reference
+        check = probation or self.bundle.device.type == "cpu"
+        guarded = GuardedOp(op, fn, fallback, self._fault, check_finite=check)
+        return self.engine.switch_operator(op, guarded, source)
+
+    def _on_change(self, op: str, plugin) -> None:
+        """The store's decision -> the engine's dispatch entry (called after install, rollback and at start)."""
+        current = self.engine.table.get(op)
+        previous = current.fn if isinstance(current, GuardedOp) else current
+        if plugin is None:  # back to the bundle's own plugin (or the reference)
+            impl = self._bundle_impls.get(op)
+            if impl is None:
+                from edgekit.kernels.registry import OPERATORS
+
+                impl = OPERATORS[op].reference
+            self._probation.pop(op, None)
+            self._install(op, impl, self._bundle_sources.get(op, "reference"), fallback=None, probation=False)
+            return
+        impl, source = self._load(plugin)
+        with self._lock:
+            self._probation[op] = _Probation(op, str(plugin.version), list(self._recent_ms))
+        self._install(op, impl, source, fallback=previous, probation=True)
+
+    def _load(self, plugin) -> tuple[Callable, str]:
+        if self.bundle.device.type == "cuda":
+            from edgekit.bundle.gpu_runner import load_plugin_op
+
+            return load_plugin_op(plugin.metadata, plugin.files.__getitem__, self.bundle.device), f"plugin:v{plugin.version}"
+        from edgekit.kernels.registry import OPERATORS
+
+        # No GPU: the plugin's kernels cannot run here; the operator keeps the reference math and the
+        # label says so. Verification, golden check, staging and switching are the real ones.
+        return OPERATORS[plugin.op].reference, f"plugin:v{plugin.version} (reference on cpu)"
+
+    # -- faults and probation -----------------------------------------------------
+    def _event(self, kind: str, **data) -> None:
+        self.events.append({"time": time.time(), "kind": kind, **data})
+
+    def _fault(self, op: str, reason: str) -> None:
+        self._event("operator_fault", op=op, reason=reason)
+        if self.admin is not None and self.store.pointer(op).version is not None:
+            # off the request's thread: the request finishes on its fallback meanwhile
+            threading.Thread(target=self._rollback, args=(op, f"fault: {reason}"), daemon=True).start()
+
+    def _rollback(self, op: str, reason: str) -> None:
+        try:
+            self.admin.rollback(op, reason)
+            self._event("rollback", op=op, reason=reason)
+        except Exception as e:  # keep serving whatever is active; report why the rollback failed
+            self._event("rollback_failed", op=op, reason=f"{type(e).__name__}: {e}")
+
+    def _observe(self, stats) -> None:
+        ms = [t * 1000 for t in stats.token_times_s]
+        decisions = []
+        with self._lock:
+            for op, p in list(self._probation.items()):
+                p.seen_ms.extend(ms)
+                p.requests += 1
+                if p.requests >= self.policy.requests:
+                    decisions.append((op, self._verdict(p)))
+                    del self._probation[op]
+            self._recent_ms.extend(ms)
+        for op, (ok, why) in decisions:
+            if ok:
+                self.admin.confirm(op)
+                self._event("probation_passed", op=op, detail=why)
+            else:
+                self._event("probation_failed", op=op, detail=why)
+                self._rollback(op, f"probation: {why}")
+
+    def _verdict(self, p: _Probation) -> tuple[bool, str]:
+        if len(p.baseline_ms) < 8 or len(p.seen_ms) < 8:
+            return True, "not enough decode steps to compare; confirmed on golden vectors alone"
+        b50, n50 = statistics.median(p.baseline_ms), statistics.median(p.seen_ms)
+        if n50 > b50 * (1 + self.policy.max_slowdown):
+            return False, f"median token latency {n50:.2f} ms vs {b50:.2f} ms before (>{self.policy.max_slowdown:.0%} slower)"
+        bj, nj = _jitter(p.baseline_ms), _jitter(p.seen_ms)
+        if nj > bj + self.policy.jitter_budget_ms:
+            return False, f"jitter {nj:.2f} ms vs {bj:.2f} ms before (budget +{self.policy.jitter_budget_ms} ms)"
+        return True, f"median {n50:.2f} ms (was {b50:.2f}), jitter {nj:.2f} ms (was {bj:.2f})"
+
+
+def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key: bool):
+    """The device's plugin store for this bundle: the device's arch, the bundle's golden vectors as a second check."""
+    from edgekit.bundle.keys import trust
+    from edgekit.bundle.plugin import TRITON_HIDDEN_ARGS
+    from edgekit.runtime.plugin_checks import golden_checker, package_verifier, runner_factory
+    from edgekit.runtime.plugin_policy import DevicePolicy
+    from edgekit.runtime.plugin_store import PluginStore, default_known_abi
+
+    if bundle.device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(bundle.device)
+        arch = f"sm_{major}{minor}"
+    else:
+        arch = f"sm_{bundle.manifest.target.arch}"  # no GPU: accept what the bundle was built for
+    bundle_golden = {}
+    for ref in bundle.manifest.plugins:
+        g = bundle.root / ref.path / "golden.safetensors"
+        if g.exists():
+            bundle_golden[ref.op] = g.read_bytes()
+    policy = DevicePolicy(device_arch=arch, known_abi=default_known_abi(), triton_abis=set(TRITON_HIDDEN_ARGS))
+    return PluginStore.open(
+        path, policy=policy,
+        verify=package_verifier(trust(trusted_keys), allow_dev_key=allow_dev_key),
+        golden_check=golden_checker(runner_factory("auto"), bundle_golden=bundle_golden),
+        rollback_unconfirmed=True,
+    )
