@@ -110,28 +110,68 @@ def _variants_for(op: str, plan, cfg) -> dict:
                             n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, rows=plan.shapes["buckets"][-1])
 
 
-def _compile_op(op: str, variants: dict, arch: int, budget: int, cache: BuildCache):
-    """Compiled kernels for one operator, through the content-addressed cache."""
-    import triton
-
+def _compile_op(op: str, variants: dict, arch: int, budget: int) -> dict:
+    """Compiled kernels for one operator (kernels.aot caches them on disk by content, so a rebuild is fast)."""
     from edgekit.kernels.aot import compile_variant
-    from edgekit.kernels.compiled_io import compiled_from_json, compiled_to_json
-    from edgekit.kernels.variants import kernel_def
 
-    out = {}
-    for kname, v in variants.items():
-        src = kernel_def(op, kname).fn.src
-        key = cache_key(stage="compile", variant=v.to_dict(), arch=arch, triton=triton.__version__, source=src)
-        hit = cache.get("compile", key)
-        if hit is not None:
-            out[kname] = compiled_from_json(hit["kernel.json"])
-        else:
-            ck = compile_variant(v, arch, budget_bytes=budget)
-            cache.put("compile", key, {"kernel.json": compiled_to_json(ck)})
-            out[kname] = ck
-        if out[kname].shared_bytes > budget:
-            raise BundleError(f"{op}/{kname}: {out[kname].shared_bytes} bytes of shared memory exceed the budget {budget}")
-    return out
+    return {kname: compile_variant(v, arch, budget_bytes=budget) for kname, v in variants.items()}
+
+
+def _intake(spec: str | None, cache: BuildCache):
+    """The model's config and tokenizer, cached by the weights' hash; the weights themselves load on demand.
+
+    A GGUF needs ~10 s to parse and dequantize on this CPU; an unchanged rebuild whose quantized weights
+    are cached never needs them.
+    """
+    from edgekit.model.config import ModelConfig
+    from edgekit.model.loader import ModelSource, load_model, resolve_model_spec
+    from edgekit.model.tokenizer import tokenizer_from_directory
+
+    kind, location = resolve_model_spec(spec)
+    if kind == "preset":
+        return load_model(spec)
+    if not cache.enabled:
+        return load_model(spec)
+    from edgekit.model.loader import LoadedModel, file_sha256
+
+    path = Path(location)
+    digest = file_sha256(path) if kind == "gguf" else None
+    if digest is None:  # a directory: hashing it is the loader's job
+        return load_model(spec)
+    key = cache_key(stage="intake", kind=kind, sha256=digest, edgekit=__version__)
+    hit = cache.get("intake", key)
+    if hit is None:
+        loaded = load_model(spec)
+        loaded.tokenizer_files = _tokenizer_files(loaded.tokenizer)
+        cache.put("intake", key, {"config.json": json.dumps(loaded.config.to_dict()).encode(), **loaded.tokenizer_files})
+        return loaded
+    cfg = ModelConfig.from_dict(json.loads(hit.pop("config.json")))
+    tok = None
+    if "tokenizer.json" in hit:
+        with tempfile.TemporaryDirectory() as d:
+            for name, data in hit.items():
+                Path(d, name).write_bytes(data)
+            tok = tokenizer_from_directory(Path(d))
+    loaded = LoadedModel(cfg, ModelSource(kind, str(path), digest), None, tok)
+    loaded.tokenizer_files = hit  # the very bytes a cold build wrote: the bundle stays byte-identical
+    return loaded
+
+
+def _tokenizer_files(tokenizer) -> dict[str, bytes]:
+    if tokenizer is None:
+        return {}
+    with tempfile.TemporaryDirectory() as d:
+        tokenizer.save(Path(d))
+        return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir()) if p.is_file()}
+
+
+def _ensure_weights(loaded, spec: str | None):
+    """Fill in the weights of a model whose config and tokenizer came from the cache."""
+    if loaded.weights is None:
+        from edgekit.model.loader import load_model
+
+        loaded.weights = load_model(spec, tokenizer=False).weights
+    return loaded
 
 
 def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
@@ -150,6 +190,7 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
             Path(d, "model.safetensors").write_bytes(hit["model.safetensors"])
             q = load_quantized(Path(d), dtype=torch.float16)
         return q.weights, json.loads(hit["report.json"]), True
+    _ensure_weights(loaded, opts.model)
     result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps)
     blob = serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode})
     cache.put("quantize", key, {"model.safetensors": blob, "report.json": report_bytes(result.report)})
@@ -180,7 +221,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     st = _Stages(report)
     mode = PRECISIONS[opts.precision]
 
-    loaded = st.run("load", load_model, opts.model)
+    loaded = st.run("load", _intake, opts.model, cache)
     cfg = loaded.config
     target = st.run("target", load_target, opts.target, opts.targets_dir)
     plan = st.run("plan", make_plan, cfg, target, model_info={"name": cfg.name, "source": loaded.source.to_dict()},
@@ -191,30 +232,30 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     if mode:
         weights, quant_report, quant_cached = st.run("quantize", _quantize, loaded, mode, opts, cache, quant_steps or SILENT)
     else:
-        weights = loaded.weights.to(dtype=torch.float16)
+        weights = _ensure_weights(loaded, opts.model).weights.to(dtype=torch.float16)
     ops = _operators_used(weights)
     arch, budget = target.gpu.compute_capability, target.smem_budget_bytes
 
     def compile_all():
-        return {op: (_compile_op(op, (v := _variants_for(op, plan, cfg)), arch, budget, cache), op_program(op, v, aot=True))
+        return {op: (_compile_op(op, (v := _variants_for(op, plan, cfg)), arch, budget), op_program(op, v, aot=True))
                 for op in ops}
 
     compiled = st.run("compile", compile_all)
     shapes = plan.static_shapes
 
     def goldens():
-        return {op: golden_to_bytes(op, golden_cases(op, cfg, shapes.buckets, shapes.max_seq_len)) for op in ops}
+        return {op: _golden_bytes(op, cfg, shapes, cache) for op in ops}
 
     golden = st.run("golden", goldens)
 
     with BundleWriter(out, overwrite=opts.force) as w:
         def write_parts():
             w.add_bytes("weights/model.safetensors", serialize(cfg, weights, None, torch.float16, {"mode": mode or "fp16"}))
-            if loaded.tokenizer is not None:
-                with tempfile.TemporaryDirectory() as d:
-                    loaded.tokenizer.save(Path(d))
-                    for p in sorted(Path(d).iterdir()):
-                        w.add_file(f"tokenizer/{p.name}", p)
+            tok_files = getattr(loaded, "tokenizer_files", None)
+            if tok_files is None:
+                tok_files = _tokenizer_files(loaded.tokenizer)
+            for name in sorted(tok_files):
+                w.add_bytes(f"tokenizer/{name}", tok_files[name])
             w.add_json("plan.json", plan.to_dict())
             if quant_report is not None:
                 w.add_json("quantization/report.json", quant_report)
@@ -241,6 +282,27 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     summary = _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_report, quant_cached,
                        onnx_info, key.is_dev, st.seconds, time.perf_counter() - t_start, cache, archive_path)
     return BuildResult(out, manifest, summary, st.seconds)
+
+
+def _golden_bytes(op: str, cfg, shapes, cache: BuildCache) -> bytes:
+    """Golden vectors of one operator, cached by everything that determines them (incl. the reference's source)."""
+    import hashlib
+    import inspect
+
+    from edgekit import build_golden
+    from edgekit.bundle import golden as golden_mod
+    from edgekit.bundle.golden import golden_to_bytes
+    from edgekit.kernels.registry import OPERATORS
+
+    sources = "".join(inspect.getsource(m) for m in (build_golden, golden_mod, inspect.getmodule(OPERATORS[op].reference)))
+    key = cache_key(stage="golden", op=op, config=cfg.to_dict(), buckets=list(shapes.buckets), context=shapes.max_seq_len,
+                    torch=torch.__version__, source=hashlib.sha256(sources.encode()).hexdigest())
+    hit = cache.get("golden", key)
+    if hit is not None:
+        return hit["golden.safetensors"]
+    data = golden_to_bytes(op, build_golden.golden_cases(op, cfg, shapes.buckets, shapes.max_seq_len))
+    cache.put("golden", key, {"golden.safetensors": data})
+    return data
 
 
 def _precision_by_op(weights, ops: list[str]) -> dict[str, str]:

@@ -170,7 +170,10 @@ def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = N
     with _LOCK:
         ck = _CACHE.get(key)
     if ck is None:
-        ck = _compile(v, arch, ptx_version, with_ptxas_stats, triton, GPUTarget, ASTSource)
+        ck = _from_disk(v, arch, ptx_version, with_ptxas_stats, triton.__version__)
+        if ck is None:
+            ck = _compile(v, arch, ptx_version, with_ptxas_stats, triton, GPUTarget, ASTSource)
+            _to_disk(ck, ptx_version, with_ptxas_stats)
         with _LOCK:
             _CACHE[key] = ck
     if budget_bytes is not None and ck.shared_bytes > budget_bytes:
@@ -178,6 +181,40 @@ def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = N
             f"{v.label()} needs {ck.shared_bytes} bytes of shared memory on sm_{arch}; the budget is {budget_bytes}",
             hint="choose smaller tiles or fewer pipeline stages (kernels.variants.tile_space lists them)")
     return ck
+
+
+def _disk_key(v: KernelVariant, arch: int, ptx_version, with_stats: bool, triton_version: str) -> str:
+    """Content address of a compile: the variant, the target, the compiler and the kernel's own source."""
+    from edgekit.build_cache import cache_key
+
+    src = validate_variant(v).fn.src
+    return cache_key(stage="compile", variant=v.to_dict(), arch=arch, ptx_version=ptx_version, stats=with_stats,
+                     triton=triton_version, source=src)
+
+
+def _from_disk(v, arch, ptx_version, with_stats, triton_version) -> CompiledKernel | None:
+    """A compile this machine already did (the build cache, ~/.cache/edgekit); None when absent or disabled."""
+    import os
+
+    if os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
+        return None
+    from edgekit.build_cache import BuildCache
+    from edgekit.kernels.compiled_io import compiled_from_json
+
+    hit = BuildCache(None).get("compile", _disk_key(v, arch, ptx_version, with_stats, triton_version))
+    return compiled_from_json(hit["kernel.json"]) if hit else None
+
+
+def _to_disk(ck: CompiledKernel, ptx_version, with_stats) -> None:
+    import os
+
+    if os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
+        return
+    from edgekit.build_cache import BuildCache
+    from edgekit.kernels.compiled_io import compiled_to_json
+
+    key = _disk_key(ck.variant, ck.arch, ptx_version, with_stats, ck.triton_version)
+    BuildCache(None).put("compile", key, {"kernel.json": compiled_to_json(ck)})
 
 
 def _compile(v, arch, ptx_version, with_stats, triton, GPUTarget, ASTSource) -> CompiledKernel:

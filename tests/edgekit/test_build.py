@@ -47,7 +47,7 @@ def test_rebuild_is_deterministic_and_uses_the_cache(tiny_bundle, tmp_path):
     again = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "again"}))
     assert {k: v.sha256 for k, v in again.manifest.files.items()} == {k: v.sha256 for k, v in result.manifest.files.items()}
     assert (again.out / "manifest.json").read_bytes() == (result.out / "manifest.json").read_bytes()
-    assert "compile" in again.summary["cache"]["hits"] and "onnx" in again.summary["cache"]["hits"]
+    assert "onnx" in again.summary["cache"]["hits"]
 
 
 def test_bundle_runs_the_same_tokens_as_the_reference_model(tiny_bundle):
