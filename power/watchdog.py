@@ -1,8 +1,15 @@
 """The watchdog: a background thread that samples sensors and latency, applies policies, acts.
 
-Inference threads only call ``tracker.record`` (cheap). This thread wakes at
-the sampler's rate (1 kHz while something moves, 10 Hz while steady), and at
-once when ``record`` sees a value above the spike threshold. Each tick it
+Inference threads only call ``tracker.record`` (cheap). This thread runs at
+the sampler's rate (1 kHz while something moves, 10 Hz while steady) and wakes
+at once when ``record`` sees a value above the spike threshold.
+
+At the fast rate the loop does not poll 1000 times a second to find nothing
+due: it sleeps until the next thing that is (a sensor whose refresh interval
+has passed, the next percentile update), never shorter than one fast period
+(1 ms) and never longer than one slow period. Each wakeup costs the inference
+thread the GIL and a core for tens of microseconds, so wakeups with no work are
+pure overhead; spikes do not wait for a tick at all. Each tick it
 
 1. takes the new latency observations, checks them against the window's p50
    (spike rule) and, at most every ``stats_interval_s``, recomputes the window
@@ -65,13 +72,18 @@ class Watchdog:
         self.log_interval_s = log_interval_s
         self.stats_interval_s = stats_interval_s
         self.dry_run = dry_run
-        self.metrics = WatchdogMetrics(self.tracker.registry)
+        # one set of gauges per registry: a second watchdog on the same tracker shares them
+        if self.tracker.watchdog_metrics is None:
+            self.tracker.watchdog_metrics = WatchdogMetrics(self.tracker.registry)
+        self.metrics = self.tracker.watchdog_metrics
         self.registry = self.tracker.registry
 
         self.events: deque[Event] = deque(maxlen=1000)
         self.latest: PowerSample | None = None
         self.latest_stats: dict[str, WindowStats] = {}
         self.ticks = 0
+        self.cpu_s = 0.0  # CPU time the watchdog thread used, and for how long it ran (its cost)
+        self.run_s = 0.0
         self.errors: deque[str] = deque(maxlen=20)
         self._seq = {m: 0 for m in METRICS}
         self._stats_at = {m: -float("inf") for m in METRICS}
@@ -80,6 +92,8 @@ class Watchdog:
         self._last_sample_log = -float("inf")
         self._last_latency_log = -float("inf")
         self._stop = threading.Event()
+        self._active = threading.Event()
+        self._active.set()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -98,8 +112,16 @@ class Watchdog:
         self._thread.start()
         return self
 
+    def pause(self) -> None:
+        """Stop sampling until resume() (the thread stays, blocked); e.g. while a model loads."""
+        self._active.clear()
+
+    def resume(self) -> None:
+        self._active.set()
+
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
+        self._active.set()
         self.tracker.wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
@@ -117,8 +139,12 @@ class Watchdog:
 
     def _run(self) -> None:
         wake = self.tracker.wake
+        cpu0, wall0 = time.thread_time(), time.monotonic()
         while not self._stop.is_set():
-            wake.wait(self.sampler.period_s())
+            if not self._active.is_set():
+                self._active.wait()  # paused: blocked, no CPU, until resume() or stop()
+                continue
+            wake.wait(self.next_sleep_s(time.monotonic()))  # returns at once on a spike
             wake.clear()
             if self._stop.is_set():
                 break
@@ -126,6 +152,20 @@ class Watchdog:
                 self.tick()
             except Exception as e:  # noqa: BLE001 - keep watching; say what went wrong
                 self.errors.append(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+            self.cpu_s, self.run_s = time.thread_time() - cpu0, time.monotonic() - wall0
+
+    def next_sleep_s(self, mono: float) -> float:
+        """How long to sleep: one slow period when steady; when fast, until the next due item."""
+        slow = 1.0 / self.sampler.slow_hz
+        if self.sampler.mode(mono) == "slow":
+            return slow
+        fast = 1.0 / self.sampler.fast_hz
+        due = min(self._sensor_due, default=float("inf"))
+        if any(self.tracker.count(m) != self._seq[m] for m in METRICS):
+            due = min(due, min(self._stats_at.values()) + self.stats_interval_s)
+        else:
+            due = min(due, mono + self.stats_interval_s)
+        return min(max(due - mono, fast), slow)
 
     # -- one step -------------------------------------------------------------
     def tick(self, now_mono: float | None = None, now_wall: float | None = None) -> list[Event]:
@@ -175,8 +215,10 @@ class Watchdog:
             return []
         events: list[Event] = []
         read_any = False
+        # sensors due within one fast period are read now, so nearby due times share a wakeup
+        slack = 1.0 / self.sampler.fast_hz
         for i, s in enumerate(self.sensors):
-            if mono < self._sensor_due[i]:
+            if mono < self._sensor_due[i] - slack:
                 continue
             self._sensor_due[i] = mono + s.min_interval_s
             sample = s.read(wall)

@@ -18,18 +18,22 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.power.sample import PowerSample, total_from_rails
 from edgekit.power.sensors.base import Sensor
-from edgekit.power.sensors.sysfs import read_int, read_text, resolve_root
+from edgekit.power.sensors.sysfs import ValueFile, read_int, read_text, resolve_root
 
 _LABEL = re.compile(r"^in(\d+)_label$")
 # Each read of an INA3221 value is an I2C transaction, and the chip only refreshes
-# every conversion period (its `update_interval`, a few ms on Jetson): reading
-# faster returns the same number and costs CPU.
-_MIN_INTERVAL_S = 0.005
+# once per conversion period (its hwmon `update_interval`, in ms): reading faster
+# returns the same number and costs CPU. 20 ms (50 Hz) is the floor even where the
+# chip converts faster: it still resolves a transient of a few tens of ms, and
+# keeps power sampling near 0.1 % of a core (measured, scripts/bench_watchdog.py).
+_MIN_INTERVAL_S = 0.020
+_MAX_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -86,16 +90,30 @@ class Ina3221Sensor(Sensor):
 
     name = "ina3221"
 
-    def __init__(self, root: str | Path | None = None):
+    def __init__(self, root: str | Path | None = None, reopen_s: float = 1.0):
         self.root = resolve_root(root)
+        self.reopen_s = reopen_s
         self._channels: list[Channel] | None = None
+        self._files: dict[Path, ValueFile] = {}
         self.min_interval_s = _MIN_INTERVAL_S
 
     @property
     def channels(self) -> list[Channel]:
         if self._channels is None:
             self._channels = find_channels(self.root)
+            self.min_interval_s = _refresh_interval_s({c.voltage_path.parent for c in self._channels})
         return self._channels
+
+    def _value(self, path: Path, now: float) -> int:
+        f = self._files.get(path)
+        if f is None:
+            f = self._files[path] = ValueFile(path, self.reopen_s)
+        return f.read_int(now)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     def available(self) -> bool:
         return bool(self.channels)
@@ -105,16 +123,18 @@ class Ina3221Sensor(Sensor):
             return PowerSample.unavailable(self.name, f"no INA3221 power monitor under {self.root}", t)
         rails: dict[str, float] = {}
         bad: list[str] = []
+        now = time.monotonic()
         for ch in self.channels:
             try:
-                mv = read_int(ch.voltage_path)
-                ma = read_int(ch.current_path)
+                mv = self._value(ch.voltage_path, now)
+                ma = self._value(ch.current_path, now)
             except (OSError, ValueError):
                 bad.append(ch.rail)
                 continue
             rails[ch.rail] = mv * ma / 1000.0
         if not rails:
             self._channels = None  # the driver may have been rebound: look again next time
+            self.close()
             return PowerSample.unavailable(self.name, f"no rail could be read ({', '.join(bad)})", t)
         total, total_source = total_from_rails(rails)
         reason = f"unreadable rails: {', '.join(bad)}" if bad else None
@@ -124,6 +144,17 @@ class Ina3221Sensor(Sensor):
     def describe(self) -> str:
         chips = sorted({c.chip for c in self.channels})
         return f"ina3221 ({', '.join(chips) or 'none'}: {', '.join(c.rail for c in self.channels)})"
+
+
+def _refresh_interval_s(hwmon_dirs: set[Path]) -> float:
+    """The slowest chip's conversion period (hwmon `update_interval`, ms), clamped to [20 ms, 1 s]."""
+    worst = _MIN_INTERVAL_S
+    for d in hwmon_dirs:
+        try:
+            worst = max(worst, read_int(d / "update_interval") / 1000.0)
+        except (OSError, ValueError):
+            continue
+    return min(worst, _MAX_INTERVAL_S)
 
 
 def _chip_name(hwmon_dir: Path) -> str:

@@ -9,11 +9,12 @@ whose block is powered off (the CV engines on Orin) reads -256 C and is left out
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from edgekit.power.sample import PowerSample
 from edgekit.power.sensors.base import Sensor
-from edgekit.power.sensors.sysfs import read_int, read_text, resolve_root
+from edgekit.power.sensors.sysfs import ValueFile, read_text, resolve_root
 
 # Below this a reading is a "no value" marker, not a temperature (Tegra uses -256 C).
 _MIN_VALID_C = -40.0
@@ -34,12 +35,15 @@ class ThermalSensor(Sensor):
     """Every thermal zone's temperature in degrees C."""
 
     name = "thermal"
-    # Tegra thermal zones are polled by the kernel every ~100-1000 ms; faster reads see the same value.
-    min_interval_s = 0.1
+    # Tegra thermal zones are polled by the kernel every ~100-1000 ms and temperatures move
+    # over seconds: twice a second is enough to catch a limit, and cheap.
+    min_interval_s = 0.5
 
-    def __init__(self, root: str | Path | None = None):
+    def __init__(self, root: str | Path | None = None, reopen_s: float = 1.0):
         self.root = resolve_root(root)
+        self.reopen_s = reopen_s
         self._zones: list[tuple[str, Path]] | None = None
+        self._files: dict[Path, ValueFile] = {}
 
     @property
     def zones(self) -> list[tuple[str, Path]]:
@@ -66,9 +70,11 @@ class ThermalSensor(Sensor):
             return PowerSample.unavailable(self.name, f"no thermal zones under {self.root}", t)
         temps: dict[str, float] = {}
         bad: list[str] = []
+        now = time.monotonic()
         for name, path in self.zones:
+            f = self._files.get(path) or self._files.setdefault(path, ValueFile(path, self.reopen_s))
             try:
-                c = read_int(path) / 1000.0  # m°C -> °C
+                c = f.read_int(now) / 1000.0  # m°C -> °C
             except (OSError, ValueError):
                 bad.append(name)
                 continue
@@ -76,6 +82,11 @@ class ThermalSensor(Sensor):
                 temps[name] = c
         return PowerSample(t_s=t, source=self.name, temps_c=temps, unreadable=bad,
                            reason=f"unreadable zones: {', '.join(bad)}" if bad else None)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     def describe(self) -> str:
         return f"thermal ({', '.join(n for n, _ in self.zones) or 'none'})"

@@ -118,3 +118,16 @@ def test_forced_mode_and_bad_rates():
 )
 def test_moved_needs_both_relative_and_absolute_change(prev, cur, expected):
     assert moved(prev, cur, rel=0.1, abs_=0.5) is expected
+
+
+def test_window_quantiles_match_numpy_linear_percentiles():
+    import numpy as np
+
+    from edgekit.power.latency import window_stats
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 17, 1000):
+        a = rng.gamma(2.0, 3.0, size=n)
+        s = window_stats("token", a, 10.0)
+        assert [s.p50_ms, s.p95_ms, s.p99_ms] == pytest.approx(list(np.percentile(a, [50, 95, 99])))
+        assert (s.min_ms, s.max_ms) == (a.min(), a.max())
