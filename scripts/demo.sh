@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The main job on the default model: install, then generate an answer on this machine.
+# The main job on the default model (SmolLM2-135M-Instruct), on this machine, no Jetson or GPU needed:
+# install, make a signing key (once), build the signed bundle for the `orin` target, verify it, run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-edgekit info
-edgekit generate --prompt "What is the capital of France?" --max-new-tokens 32
+[ -f keys/edgekit.key ] || edgekit keys generate keys
+edgekit build --target orin --key keys/edgekit.key -o bundles/smollm2-135m-orin --force
+edgekit verify bundles/smollm2-135m-orin --trust keys/edgekit.pub
+edgekit run bundles/smollm2-135m-orin --trust keys/edgekit.pub --skip-golden \
+  --prompt "What is the capital of France?" --max-new-tokens 32
