@@ -33,7 +33,7 @@ from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, p
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 
 LOG2E = 1.4426950408889634
-DECODE_PROGRAMS_PER_SM = 1  # split-KV target: one (split, batch, KV head) program per SM (H200 sweep: best at ~1)
+DECODE_PROGRAMS_PER_SM = 4  # split-KV occupancy target at batch 1; MAX_SPLITS caps it (see _decode_default)
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_
             k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)  # (BN, D)
         else:
             k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :])
-        qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BM, BN), log2 units
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BM, BN), log2 units
         if MASKED:
             allowed = (cols[None, :] <= offs_m[:, None]) & (cols[None, :] < seq_len)
             qk = tl.where(allowed, qk, float("-inf"))
@@ -59,7 +59,7 @@ def _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_
         else:
             v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
         m_i = m_new
     return acc, l_i, m_i
 
@@ -132,7 +132,7 @@ def _attn_decode_split_kernel(
         cols = start_n + offs_n
         kv_mask = (cols < end)[:, None]
         k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)  # (BN, D)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BG, BN)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BG, BN)
         qk = tl.where((cols < end)[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
@@ -140,7 +140,7 @@ def _attn_decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
         m_i = m_new
     has_keys = l_i > 0
     l_safe = tl.where(has_keys, l_i, 1.0)
@@ -210,9 +210,16 @@ def _decode_space(s: dict) -> list:
     ]
 
 
+def _decode_max_splits(s: dict) -> int:
+    # H200 sweep (batch 1, 8k context): 16 splits best with 8 KV heads, 64 with 2: about 128 split programs.
+    # More splits only add partials for the reduce kernel to read.
+    return min(64, max(16, pow2_at_least(-(-128 // max(1, int(s.get("n_kv_heads", 8)))))))
+
+
 def _decode_default(s: dict):
     d = _head_dim(s)
-    return {"HEAD_DIM": d, "BLOCK_N": 64 if d >= 128 else 128, "BLOCK_G": _block_g(s), "MAX_SPLITS": 64}, 4, 3
+    ms = _decode_max_splits(s)
+    return {"HEAD_DIM": d, "BLOCK_N": 64 if d >= 128 else 128, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}, 4, 3
 
 
 def _decode_smem(c, warps, stages, nbytes):
@@ -281,7 +288,7 @@ ATTN_DECODE_REDUCE = KernelDef(
     precision={"input": "fp32 partials", "accumulate": "fp32", "output": "{act}"},
     uses_shared_memory=False,
     space=lambda s: [({"HEAD_DIM": _head_dim(s), "MAX_SPLITS": ms}, w, 1) for ms in (16, 32, 64, 128) for w in (1, 2, 4)],
-    default=lambda s: ({"HEAD_DIM": _head_dim(s), "MAX_SPLITS": 64}, 2, 1),
+    default=lambda s: ({"HEAD_DIM": _head_dim(s), "MAX_SPLITS": _decode_max_splits(s)}, 2, 1),
     smem_estimate=lambda c, warps, stages, nbytes: 8 * c["HEAD_DIM"],  # cross-warp reduction over the splits
 )
 

@@ -9,18 +9,21 @@ References: ``kernels/linear.py``. Four kernels:
   the accumulator, which is exact algebra: (x @ q.T) * s.
 - ``_gemv_kernel``: the decode path (M of a few rows). A GEMV is bound by
   reading the weights once; each program streams a (BLOCK_N, BLOCK_K) weight
-  slab and accumulates exact FP32 products with FMAs (no tensor cores); for
-  one row the cross-lane reduction happens once, after the loop.
+  slab and accumulates exact FP32 products with FMAs (no tensor cores).
 - ``_quantize_rows_kernel``: W8A8's per-token dynamic activation quantisation
   (optional SmoothQuant divisor), rounding half to even like ``torch.round``.
 - ``_w8a8_kernel``: INT8 x INT8 ``tl.dot`` into INT32, scaled by the token and
   channel scales in FP32.
 
-INT8 dequantisation uses the exponent trick instead of the int-to-float unit
-(a quarter-rate unit that would cap a GEMV below memory bandwidth): the FP16
-with bits 0x6400 + m is 1024 + m for an integer m < 1024 (tensor-core path),
-the FP32 with bits 0x4B000000 + m is 2^23 + m (GEMV path); so q + 128 placed
-in the mantissa, minus the constant, is q exactly.
+INT8 -> FP16 dequantisation uses the exponent trick instead of the
+int-to-float unit (a quarter-rate unit that would cap a GEMV below memory
+bandwidth): the FP16 with bits 0x6400 + m is 1024 + m for an integer m < 1024,
+so q + 128 placed in the mantissa, minus 1152, is q exactly.
+
+Measured on the H200 (scripts/bench_kernels.py, M=1, 117 MB of INT8 weights):
+this GEMV form ran at 46 us; keeping (BN, BK) FP32 partials across the loop
+with a PRMT-based FP32 dequantisation ran slower (58-60 us), and the
+tensor-core GEMM at BLOCK_M=16 (cp.async pipelined) at 47 us.
 """
 
 from __future__ import annotations
@@ -86,40 +89,6 @@ def _matmul_kernel(
 
 
 @triton.jit
-def _int8_to_f32_portable(w):
-    # exact: the FP32 with bits 0x4B000000 | (q ^ 0x80) is 2^23 + 128 + q; integer ops + one FADD
-    u = (w.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.int32)
-    return (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
-
-
-@triton.jit
-def _int8_to_f32_prmt(w):
-    # The same trick, four bytes at a time: one XOR flips the sign bits of a packed word, then one PRMT per
-    # byte places it under the exponent bits 0x4B (selector 0x754k: byte k of t, two zero bytes, 0x4B).
-    # Without it the integer pipe, not memory, limits the GEMV (2.75 vs 1.25 integer ops per weight).
-    bits = tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t;
-        xor.b32 t, $4, 0x80808080;
-        prmt.b32 $0, t, 0x4B000000, 0x7540;
-        prmt.b32 $1, t, 0x4B000000, 0x7541;
-        prmt.b32 $2, t, 0x4B000000, 0x7542;
-        prmt.b32 $3, t, 0x4B000000, 0x7543;
-        }""",
-        constraints="=r,=r,=r,=r,r",
-        args=[w],
-        dtype=tl.int32,
-        is_pure=True,
-        pack=4,
-    )
-    return bits.to(tl.float32, bitcast=True) - 8388736.0
-
-
-# Triton's CPU interpreter cannot run inline PTX: it gets the portable form (same values, bit for bit).
-_int8_to_f32 = _int8_to_f32_portable if hc.interpreting() else _int8_to_f32_prmt
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, has_bias,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
@@ -131,37 +100,16 @@ def _gemv_kernel(
     rk = tl.arange(0, BLOCK_K)
     rn_ld = rn % N
     rm_ld = rm % M
-    w_ptrs = w_ptr + rn_ld[:, None] * stride_wn + rk[None, :]  # (BN, BK)
-    x_ptrs = x_ptr + rm_ld[:, None] * stride_xm + rk[None, :]  # (BM, BK)
-    if BLOCK_M == 1:
-        # One row: keep per-lane partial sums (BN, BK) and reduce across lanes once, after the loop,
-        # so the loop body is only load -> dequantise -> FMA.
-        part = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, BLOCK_K)):
-            kmask = rk < K - kb * BLOCK_K
-            w = tl.load(w_ptrs, mask=kmask[None, :], other=0)
-            x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0).to(tl.float32)  # (1, BK)
-            if W_INT8:
-                wf = _int8_to_f32(w)
-            else:
-                wf = w.to(tl.float32)
-            part += wf * x
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
-        acc = tl.sum(part, axis=1)[None, :]  # (1, BN)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, BLOCK_K)):
-            kmask = rk < K - kb * BLOCK_K
-            w = tl.load(w_ptrs, mask=kmask[None, :], other=0)
-            if W_INT8:
-                wf = _int8_to_f32(w)
-            else:
-                wf = w.to(tl.float32)
-            x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(x[:, None, :] * wf[None, :, :], axis=2)  # (BM, BN)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kb * BLOCK_K
+        kmask = (k0 + rk) < K
+        w = tl.load(w_ptr + rn_ld[:, None] * stride_wn + (k0 + rk)[None, :], mask=kmask[None, :], other=0)  # (BN, BK)
+        if W_INT8:
+            w = _int8_to_act(w, x_ptr.dtype.element_ty)
+        x = tl.load(x_ptr + rm_ld[:, None] * stride_xm + (k0 + rk)[None, :], mask=kmask[None, :], other=0.0)  # (BM, BK)
+        # exact FP32 products (11-bit x 8-bit mantissas), FP32 sums
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (BM, BN)
     if W_INT8:
         acc = acc * tl.load(s_ptr + rn_ld)[None, :]
     if has_bias != 0:
@@ -180,17 +128,18 @@ def _quantize_rows_kernel(x_ptr, smooth_ptr, q_ptr, s_ptr, K, stride_xm, stride_
         mask = (k0 + rk) < K
         x = tl.load(x_ptr + row * stride_xm + k0 + rk, mask=mask, other=0.0).to(tl.float32)
         if has_smooth != 0:
-            x = x / tl.load(smooth_ptr + k0 + rk, mask=mask, other=1.0)
+            x = tl.math.div_rn(x, tl.load(smooth_ptr + k0 + rk, mask=mask, other=1.0))
         amax = tl.maximum(amax, tl.abs(x))
     row_max = tl.max(amax, axis=0)
-    scale = tl.where(row_max > 0, row_max / 127.0, 1.0)
+    # correctly rounded divisions (Triton's `/` is the approximate div.full.f32): the same int8 values as torch
+    scale = tl.where(row_max > 0, tl.math.div_rn(row_max, 127.0), 1.0)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
         k0 = kb * BLOCK_K
         mask = (k0 + rk) < K
         x = tl.load(x_ptr + row * stride_xm + k0 + rk, mask=mask, other=0.0).to(tl.float32)
         if has_smooth != 0:
-            x = x / tl.load(smooth_ptr + k0 + rk, mask=mask, other=1.0)
-        v = x / scale
+            x = tl.math.div_rn(x, tl.load(smooth_ptr + k0 + rk, mask=mask, other=1.0))
+        v = tl.math.div_rn(x, scale)
         v = (v + 12582912.0) - 12582912.0  # round half to even (|v| <= 127 << 2^22), as torch.round
         v = tl.minimum(tl.maximum(v, -127.0), 127.0)
         tl.store(q_ptr + row * stride_qm + k0 + rk, v.to(tl.int8), mask=mask)
@@ -286,8 +235,7 @@ def _gemv_block_m(s: dict) -> int:
 
 def _gemv_space(s: dict) -> list:
     bm = _gemv_block_m(s)
-    # one row: (BN, BK) FP32 partial sums live in registers -> at most 64 per thread;
-    # several rows: the (BM, BN, BK) product is reduced every step -> at most 64 per thread too
+    # the (BM, BN, BK) FP32 product is reduced every step: at most 64 values per thread
     return [
         ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, w, st)
         for bn in (2, 4, 8, 16, 32) for bk in (128, 256, 512, 1024, 2048) for w in (2, 4, 8) for st in (1, 3)
@@ -297,7 +245,7 @@ def _gemv_space(s: dict) -> list:
 
 def _gemv_default(s: dict):
     bm = _gemv_block_m(s)
-    if bm == 1:  # measured best on H200 (llama-3.1-8b shapes): 8 rows x 1024 columns, 4 warps
+    if bm == 1:  # measured best on the H200 (llama-3.1-8b w_gate_up, 1x4096 @ 4096x28672): 8 x 1024, 4 warps
         return {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024}, 4, 1
     bn = 8 if bm <= 2 else 4
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": max(128, min(1024, 8192 // (bm * bn)))}, 4, 1

@@ -62,51 +62,59 @@ def jit():
     return triton_ops()
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
+OPS = ["rmsnorm", "swiglu", "linear", "linear_w8a16", "linear_w8a8", "qkv_rope", "attention"]
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("rows", [1, 200])
-def test_sm87_ptx_plugins_match_fp64_and_jit(model, rows, jit):
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_sm87_ptx_plugin_matches_fp64_and_jit(model, rows, op, jit):
+    """One operator of one Orin model at a decode (1 row) or prefill (200 rows) bucket."""
     torch.manual_seed(rows)
     m = MODELS[model]
     d, hq, hkv, c, f = m["head_dim"], m["n_heads"], m["n_kv_heads"], m["hidden_size"], m["intermediate"]
     shape = dict(head_dim=d, n_heads=hq, n_kv_heads=hkv, hidden_size=c, rows=rows)
-
     x = _rand((rows, c))
-    w = _rand((c,))
-    out = _plugin("rmsnorm", shape)(x, w, 1e-6)
-    _close(rmsnorm.SPEC, out, oracle.rmsnorm(x, w, 1e-6))
-    torch.testing.assert_close(out, jit["rmsnorm"](x, w, 1e-6), atol=2e-3, rtol=2e-3)
-
-    gu = _rand((rows, 2 * f), 2.0)
-    _close(swiglu.SPEC, _plugin("swiglu", shape)(gu), oracle.swiglu(gu))
-
-    wf = _rand((f, c), c**-0.5)
-    bias = _rand((f,))
-    _close(linear.LINEAR_SPEC, _plugin("linear", shape)(x, wf, bias), oracle.linear(x, wf, bias))
-    q8 = torch.randint(-128, 128, (f, c), device="cuda", dtype=torch.int8)
-    s8 = torch.rand(f, device="cuda") / (100 * c**0.5)
-    got = _plugin("linear_w8a16", shape)(x, q8, s8, None)
-    _close(linear.W8A16_SPEC, got, oracle.linear_w8a16(x, q8, s8))
-    torch.testing.assert_close(got, jit["linear_w8a16"](x, q8, s8, None), atol=1e-2, rtol=1e-2)
-    sm = torch.rand(c, device="cuda") + 0.5
-    _close(linear.W8A8_SPEC, _plugin("linear_w8a8", shape)(x, q8.clone().clamp_(-127), s8, bias, sm),
-           linear.linear_w8a8_reference(x.float(), q8.clone().clamp_(-127), s8, bias.float(), sm))
-
-    B, T = (rows, 1) if rows == 1 else (2, rows // 2)
-    width = (hq + 2 * hkv) * d
-    wqkv, bqkv = _rand((width, c), c**-0.5), _rand((width,))
-    cos, sin = rope.rope_frequencies(d, 4096, 1e6)
-    pos = torch.randint(0, 4096, (B, T))
-    cos, sin = cos[pos].cuda(), sin[pos].cuda()
-    xb = _rand((B, T, c))
-    _close(rope.QKV_ROPE_SPEC, _plugin("qkv_rope", dict(shape, rows=B * T))(xb, wqkv, bqkv, cos, sin, hq, hkv),
-           oracle.qkv_rope(xb, wqkv, bqkv, cos, sin, hq, hkv))
-
-    if rows > 1:
-        q, k, v = _rand((B, hq, T, d)), _rand((B, hkv, T, d)), _rand((B, hkv, T, d))
+    if op == "rmsnorm":
+        w = _rand((c,))
+        out = _plugin("rmsnorm", shape)(x, w, 1e-6)
+        _close(rmsnorm.SPEC, out, oracle.rmsnorm(x, w, 1e-6))
+        torch.testing.assert_close(out, jit["rmsnorm"](x, w, 1e-6), atol=2e-3, rtol=2e-3)
+    elif op == "swiglu":
+        gu = _rand((rows, 2 * f), 2.0)
+        _close(swiglu.SPEC, _plugin("swiglu", shape)(gu), oracle.swiglu(gu))
+    elif op == "linear":
+        wf, bias = _rand((f, c), c**-0.5), _rand((f,))
+        _close(linear.LINEAR_SPEC, _plugin("linear", shape)(x, wf, bias), oracle.linear(x, wf, bias))
+    elif op == "linear_w8a16":
+        q8 = torch.randint(-128, 128, (f, c), device="cuda", dtype=torch.int8)
+        s8 = torch.rand(f, device="cuda") / (100 * c**0.5)
+        got = _plugin("linear_w8a16", shape)(x, q8, s8, None)
+        _close(linear.W8A16_SPEC, got, oracle.linear_w8a16(x, q8, s8))
+        torch.testing.assert_close(got, jit["linear_w8a16"](x, q8, s8, None), atol=1e-2, rtol=1e-2)
+    elif op == "linear_w8a8":
+        q8 = torch.randint(-127, 128, (f, c), device="cuda", dtype=torch.int8)
+        s8 = torch.rand(f, device="cuda") / (100 * c**0.5)
+        bias, sm = _rand((f,)), torch.rand(c, device="cuda") + 0.5
+        _close(linear.W8A8_SPEC, _plugin("linear_w8a8", shape)(x, q8, s8, bias, sm),
+               linear.linear_w8a8_reference(x.float(), q8, s8, bias.float(), sm))
+    elif op == "qkv_rope":
+        B, T = (rows, 1) if rows == 1 else (2, rows // 2)
+        width = (hq + 2 * hkv) * d
+        wqkv, bqkv = _rand((width, c), c**-0.5), _rand((width,))
+        cos, sin = rope.rope_frequencies(d, 4096, 1e6)
+        pos = torch.randint(0, 4096, (B, T))
+        cos, sin = cos[pos].cuda(), sin[pos].cuda()
+        xb = _rand((B, T, c))
+        _close(rope.QKV_ROPE_SPEC, _plugin("qkv_rope", dict(shape, rows=B * T))(xb, wqkv, bqkv, cos, sin, hq, hkv),
+               oracle.qkv_rope(xb, wqkv, bqkv, cos, sin, hq, hkv))
+    elif rows > 1:  # attention at a prefill bucket
+        T = rows // 2
+        q, k, v = _rand((2, hq, T, d)), _rand((2, hkv, T, d)), _rand((2, hkv, T, d))
         sl = torch.tensor([T, T - 37], device="cuda")
         _close(attention.PREFILL_SPEC, _plugin("attention_prefill", shape)(q, k, v, sl, None),
                oracle.attention_prefill(q, k, v, sl.cpu()))
-    else:
+    else:  # attention at a decode bucket
         S = 4096
         qd, kc, vc = _rand((2, hq, d)), _rand((2, hkv, S, d)), _rand((2, hkv, S, d))
         sl = torch.tensor([S, 1001], device="cuda")
@@ -120,7 +128,7 @@ def test_native_cubin_loads_and_foreign_cubin_is_refused():
 
     here = device_arch()
     v = default_variants("swiglu")["swiglu_fwd"]
-    gu = _rand((3, 2 * 1000))
+    gu = _rand((3, 2 * 1024))  # F a multiple of 16, as the compiled code assumes
     if here in (80, 86, 87, 89, 90):
         plugin = _plugin("swiglu", {}, arch=here, prefer="cubin")
         _close(swiglu.SPEC, plugin(gu), oracle.swiglu(gu))
