@@ -47,6 +47,7 @@ COMMAND_MODULES = (
     "edgekit.commands.build_commands",
     "edgekit.commands.power_commands",
     "edgekit.commands.ota_commands",
+    "edgekit.commands.bench_commands",
 )
 
 

@@ -70,3 +70,7 @@ class VerificationError(BundleError):
         self.file = file
         self.reason = reason
         super().__init__(f"{file}: {reason}", hint=hint)
+
+
+class BenchmarkError(EdgekitError):
+    """A benchmark cannot run as asked (no GPU, a bundle where a model is needed, settings out of range)."""

@@ -1,0 +1,227 @@
+"""The benchmark's JSON document: rows as measured, ratios between them, goals checked against them.
+
+Pure data: no GPU, no timing. The runner fills ``Row`` objects; ``finish``
+derives the ratios (edgekit's runtime over every baseline measured at the same
+model and context) and evaluates the issue's goals, which are tied to model
+*shapes* (the default model's shape, ``preset:qwen2.5-1.5b``), not to names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgekit.model.config import ModelConfig
+from edgekit.model.presets import PRESETS
+
+SCHEMA = "edgekit.bench/1"
+
+PRECISIONS = {
+    "fp16": "FP16 weights everywhere",
+    "int8": "INT8 weight-only (W8A16, per-channel FP32 scales) for every block linear; LM head FP16",
+    "int8-head": "INT8 weight-only (W8A16) for every block linear and the LM head",
+}
+INT8_PRECISIONS = ("int8", "int8-head")
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Roofline(_Doc):
+    bytes_per_token: int
+    weight_bytes: int
+    kv_bytes: int
+    attended_len: float
+    tokens_per_s: float  # the ceiling: copy bandwidth / bytes per token
+    fraction: Optional[float] = None  # measured decode tokens/s over the ceiling
+
+
+class Row(_Doc):
+    model: str
+    precision: str
+    engine: str
+    engine_label: str
+    context: int
+    status: Literal["ok", "failed", "skipped"] = "ok"
+    error: Optional[str] = None
+    measured_on: str = ""
+    new_tokens: Optional[int] = None
+    decode_tokens_per_s: Optional[float] = None
+    decode_ms_per_token: Optional[float] = None
+    decode_s_repeats: list[float] = Field(default_factory=list)
+    prefill_tokens_per_s: Optional[float] = None
+    ttft_ms: Optional[float] = None
+    prefill_s_repeats: list[float] = Field(default_factory=list)
+    prefill_note: str = ""
+    prefill_graphed_tokens_per_s: Optional[float] = None
+    prefill_graphed_ttft_ms: Optional[float] = None
+    prefill_graphed_error: Optional[str] = None
+    peak_memory_bytes: Optional[int] = None
+    resident_bytes_at_start: Optional[int] = None
+    power_w: Optional[float] = None
+    energy_mj_per_token: Optional[float] = None
+    energy_window_s: Optional[float] = None
+    energy_note: Optional[str] = None
+    tokens_checked: int = 0
+    tokens_match: Optional[bool] = None
+    first_mismatch: Optional[int] = None
+    tokens: list[int] = Field(default_factory=list)
+    reference_tokens: list[int] = Field(default_factory=list)
+    roofline: Optional[Roofline] = None
+
+
+class Ratio(_Doc):
+    model: str
+    context: int
+    precision: str  # edgekit runtime's
+    baseline: str
+    baseline_precision: str
+    decode_speedup: float  # edgekit decode tokens/s over the baseline's
+    ttft_speedup: Optional[float] = None  # baseline time to first token over edgekit's
+
+
+class GoalResult(_Doc):
+    goal: str
+    model: str
+    precision: str
+    context: int
+    target: float
+    measured: Optional[float] = None
+    met: Optional[bool] = None  # None: not measurable in this run (see detail)
+    detail: str = ""
+
+
+class BenchDocument(_Doc):
+    schema_: str = Field(SCHEMA, alias="schema")
+    measured_on: str
+    created: str
+    command: str = ""
+    device: dict
+    settings: dict
+    copy_bandwidth: Optional[dict] = None
+    models: dict[str, dict] = Field(default_factory=dict)
+    rows: list[Row] = Field(default_factory=list)
+    ratios: list[Ratio] = Field(default_factory=list)
+    goals: list[GoalResult] = Field(default_factory=list)
+    mismatches: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    elapsed_s: Optional[float] = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_json_dict(self) -> dict:
+        return self.model_dump(by_alias=True, mode="json")
+
+
+# --------------------------------------------------------------------------- ratios
+def ratios(rows: list[Row]) -> list[Ratio]:
+    """edgekit's runtime over every baseline measured at the same model and context (both rows ok)."""
+    ok = [r for r in rows if r.status == "ok" and r.decode_tokens_per_s]
+    out = []
+    for e in (r for r in ok if r.engine == "edgekit"):
+        for b in (r for r in ok if r.engine != "edgekit" and r.model == e.model and r.context == e.context):
+            ttft = b.ttft_ms / e.ttft_ms if (b.ttft_ms and e.ttft_ms) else None
+            out.append(Ratio(model=e.model, context=e.context, precision=e.precision, baseline=b.engine,
+                             baseline_precision=b.precision, decode_speedup=e.decode_tokens_per_s / b.decode_tokens_per_s,
+                             ttft_speedup=ttft))
+    return out
+
+
+# --------------------------------------------------------------------------- goals
+def shape_of(cfg: ModelConfig) -> Optional[str]:
+    """The preset whose shape ``cfg`` has (names, token ids and max length aside), else None."""
+    ignore = {"name", "bos_token_id", "eos_token_ids", "max_position_len"}
+
+    def key(c: ModelConfig) -> tuple:
+        return tuple((f.name, getattr(c, f.name)) for f in dataclasses.fields(c) if f.name not in ignore)
+
+    for name, preset in PRESETS.items():
+        if key(preset) == key(cfg):
+            return name
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    goal: str
+    shape: str  # preset whose shape the goal is about
+    kind: Literal["ratio", "roofline"]
+    target: float
+    baseline: Optional[str] = None
+    baseline_precision: Optional[str] = None  # None: the same precision as edgekit's row
+
+
+GOALS = (
+    Goal("edgekit INT8 decode >= 50x transformers eager generate (FP16), default model's shape",
+         "smollm2-135m", "ratio", 50.0, "hf-eager", "fp16"),
+    Goal("edgekit INT8 decode >= 60% of the INT8 bandwidth roofline", "qwen2.5-1.5b", "roofline", 0.60),
+    Goal("edgekit INT8 decode >= 1.6x torch.compile FP16", "qwen2.5-1.5b", "ratio", 1.6, "compile", "fp16"),
+    Goal("edgekit INT8 decode >= 1.1x torch.compile of the same INT8 model", "qwen2.5-1.5b", "ratio", 1.1, "compile", None),
+)
+
+
+def _find(rows: list[Row], model: str, engine: str, precision: str, context: int) -> Optional[Row]:
+    for r in rows:
+        if (r.model, r.engine, r.precision, r.context) == (model, engine, precision, context):
+            return r
+    return None
+
+
+def _why_missing(row: Optional[Row], what: str) -> str:
+    if row is None:
+        return f"{what} was not run"
+    return f"{what} {row.status}: {row.error or 'no decode rate'}"
+
+
+def evaluate_goals(rows: list[Row], shapes: dict[str, Optional[str]], goals=GOALS) -> list[GoalResult]:
+    """Each goal at each context of each INT8 edgekit row of a model with the goal's shape.
+
+    ``shapes`` maps a row's model name to its preset shape (``shape_of``).
+    """
+    out = []
+    for g in goals:
+        for e in rows:
+            if e.engine != "edgekit" or e.precision not in INT8_PRECISIONS or shapes.get(e.model) != g.shape:
+                continue
+            res = GoalResult(goal=g.goal, model=e.model, precision=e.precision, context=e.context, target=g.target)
+            if e.status != "ok" or not e.decode_tokens_per_s:
+                res.detail = _why_missing(e, "the edgekit row")
+            elif g.kind == "roofline":
+                if e.roofline is None or e.roofline.fraction is None:
+                    res.detail = "no roofline (copy bandwidth not measured)"
+                else:
+                    res.measured = e.roofline.fraction
+            else:
+                bp = g.baseline_precision or e.precision
+                b = _find(rows, e.model, g.baseline, bp, e.context)
+                if b is None or b.status != "ok" or not b.decode_tokens_per_s:
+                    res.detail = _why_missing(b, f"the {g.baseline} {bp} row")
+                else:
+                    res.measured = e.decode_tokens_per_s / b.decode_tokens_per_s
+                    res.detail = f"{e.decode_tokens_per_s:.1f} vs {b.decode_tokens_per_s:.1f} tok/s"
+            if res.measured is not None:
+                res.met = res.measured >= g.target
+                if not res.met:
+                    res.detail = (res.detail + "; " if res.detail else "") + f"missed by {g.target / res.measured:.2f}x"
+            out.append(res)
+    return out
+
+
+def mismatches(rows: list[Row]) -> list[str]:
+    """One line per row whose greedy tokens differ from the reference path's."""
+    out = []
+    for r in rows:
+        if r.tokens_match is False:
+            out.append(f"{r.model} {r.precision} {r.engine} ctx {r.context}: token {r.first_mismatch} differs "
+                       f"(got {r.tokens}, reference {r.reference_tokens})")
+    return out
+
+
+def finish(doc: BenchDocument, shapes: dict[str, Optional[str]]) -> BenchDocument:
+    doc.ratios = ratios(doc.rows)
+    doc.goals = evaluate_goals(doc.rows, shapes)
+    doc.mismatches = mismatches(doc.rows)
+    return doc

@@ -1,0 +1,127 @@
+"""edgekit's model as a transformers model with the same weights: the baselines' twin.
+
+edgekit packs Q, K and V into one ``wqkv`` projection (rows Q|K|V) and gate/up
+into one ``w_gate_up`` (gate rows, then up rows); transformers keeps them
+apart. Both use the "rotate half" RoPE layout, so splitting the rows back is
+the whole mapping (no Q/K permutation, unlike GGUF). INT8 layers map to their
+dequantized floating-point weight: transformers has no W8A16 linear of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.errors import ModelLoadError, UnsupportedModelError
+from edgekit.model.config import ModelConfig
+from edgekit.model.decoder import ModelWeights
+
+# edgekit architecture -> (transformers config class, causal-LM class)
+_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+}
+
+
+def _classes(cfg: ModelConfig):
+    import transformers
+
+    if cfg.architecture not in _CLASSES:
+        raise UnsupportedModelError(
+            f"{cfg.name}: architecture {cfg.architecture!r} has no transformers twin; expected one of {sorted(_CLASSES)}"
+        )
+    conf_name, model_name = _CLASSES[cfg.architecture]
+    return getattr(transformers, conf_name), getattr(transformers, model_name)
+
+
+def _tied(cfg: ModelConfig, weights: ModelWeights | None) -> bool:
+    # An INT8 LM head of a tied model is a second tensor beside the embedding: the twin is untied then.
+    if weights is None:
+        return cfg.tie_embeddings
+    return cfg.tie_embeddings and weights.lm_head.weight is weights.tok_embeddings
+
+
+def hf_config(cfg: ModelConfig, weights: ModelWeights | None = None):
+    """The transformers config of the same shape (eager SDPA attention, rotate-half RoPE)."""
+    conf_cls, _ = _classes(cfg)
+    kw = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        max_position_embeddings=cfg.max_position_len, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=_tied(cfg, weights), bos_token_id=cfg.bos_token_id,
+        eos_token_id=list(cfg.eos_token_ids) or None, pad_token_id=0,
+    )
+    if cfg.architecture == "qwen2":
+        # Qwen2 derives head_dim from hidden / heads and always has Q/K/V biases
+        if cfg.head_dim * cfg.n_heads != cfg.hidden_size:
+            raise UnsupportedModelError(
+                f"{cfg.name}: head_dim {cfg.head_dim} x {cfg.n_heads} heads != hidden {cfg.hidden_size}; "
+                "transformers' Qwen2 cannot express that shape"
+            )
+        if not cfg.qkv_bias:
+            raise UnsupportedModelError(f"{cfg.name}: a qwen2 model without Q/K/V bias has no transformers twin")
+    else:
+        kw["head_dim"] = cfg.head_dim
+        kw["attention_bias"] = cfg.qkv_bias
+        if cfg.qkv_bias:
+            # transformers' attention_bias also puts a bias on o_proj, which edgekit's models never have
+            raise UnsupportedModelError(f"{cfg.name}: a {cfg.architecture} model with Q/K/V bias has no transformers twin")
+    if cfg.architecture == "mistral":
+        kw["sliding_window"] = None
+    return conf_cls(**kw)
+
+
+def hf_state_dict(cfg: ModelConfig, weights: ModelWeights) -> dict[str, torch.Tensor]:
+    """transformers parameter names -> tensors (views of edgekit's, or dequantized copies for INT8 layers)."""
+    sd: dict[str, torch.Tensor] = {}
+    split_qkv = (cfg.q_size, cfg.kv_size, cfg.kv_size)
+    for i, b in enumerate(weights.blocks):
+        p = f"model.layers.{i}."
+        wqkv = b.wqkv.dequantized()  # ((Hq + 2 Hkv) D, C)
+        if wqkv.shape[0] != sum(split_qkv):
+            raise ModelLoadError(f"layer {i}: wqkv has {wqkv.shape[0]} rows, expected {sum(split_qkv)} from the config")
+        for name, t in zip(("q_proj", "k_proj", "v_proj"), wqkv.split(split_qkv)):
+            sd[p + f"self_attn.{name}.weight"] = t
+        if b.wqkv.bias is not None:
+            for name, t in zip(("q_proj", "k_proj", "v_proj"), b.wqkv.bias.split(split_qkv)):
+                sd[p + f"self_attn.{name}.bias"] = t
+        sd[p + "self_attn.o_proj.weight"] = b.wo.dequantized()
+        gate, up = b.w_gate_up.dequantized().split(cfg.intermediate_size)  # (F, C) each
+        sd[p + "mlp.gate_proj.weight"] = gate
+        sd[p + "mlp.up_proj.weight"] = up
+        sd[p + "mlp.down_proj.weight"] = b.w_down.dequantized()
+        sd[p + "input_layernorm.weight"] = b.attn_norm
+        sd[p + "post_attention_layernorm.weight"] = b.ffn_norm
+    sd["model.embed_tokens.weight"] = weights.tok_embeddings
+    sd["model.norm.weight"] = weights.norm
+    sd["lm_head.weight"] = weights.tok_embeddings if _tied(cfg, weights) else weights.lm_head.dequantized()
+    return sd
+
+
+@torch.no_grad()
+def build_hf_model(cfg: ModelConfig, weights: ModelWeights, device="cpu", dtype: torch.dtype = torch.float32):
+    """A transformers causal LM of the same shape holding copies of ``weights`` (eval mode, on ``device``)."""
+    _, model_cls = _classes(cfg)
+    hf_cfg = hf_config(cfg, weights)
+    prev = torch.get_default_dtype()
+    # Built directly on the device in the target dtype (as from_pretrained does): its random
+    # initialisation is overwritten below, and on a GPU it costs milliseconds, not a CPU pass.
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_cls(hf_cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    sd = hf_state_dict(cfg, weights)
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(sd))
+    if missing:
+        raise ModelLoadError(f"{cfg.name}: the transformers twin has parameters edgekit does not map: {missing[:4]}")
+    for name, p in params.items():
+        src = sd[name]
+        if tuple(src.shape) != tuple(p.shape):
+            raise ModelLoadError(f"{cfg.name}: {name} is {tuple(src.shape)} in edgekit, {tuple(p.shape)} in transformers")
+        p.copy_(src.to(device=p.device, dtype=p.dtype))
+    if _tied(cfg, weights) and model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
+        model.lm_head.weight = model.model.embed_tokens.weight  # keep one copy, as the real model does
+    return model.eval()

@@ -1,0 +1,88 @@
+"""The benchmark as rich tables: one row per (model, precision, engine, context), then ratios and goals."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from edgekit.bench.document import BenchDocument, Row
+
+SHORT_ENGINE = {"edgekit": "edgekit", "compile": "torch.compile", "hf-eager": "HF eager", "hf-compile": "HF static+compile"}
+
+
+def _f(x, fmt: str, none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _tokens_cell(r: Row) -> str:
+    if r.tokens_match is None:
+        return "-"
+    if r.tokens_match:
+        return f"[green]{r.tokens_checked}/{r.tokens_checked}[/]"
+    return f"[bold red]MISMATCH @{r.first_mismatch}[/]"
+
+
+def rows_table(doc: BenchDocument) -> Table:
+    t = Table(title=f"edgekit bench: batch-1 decode and prefill, measured on {doc.measured_on}", title_justify="left")
+    for name, just in (("model", "left"), ("prec", "left"), ("engine", "left"), ("ctx", "right"), ("decode tok/s", "right"),
+                       ("ms/tok", "right"), ("prefill tok/s", "right"), ("TTFT ms", "right"), ("peak MiB", "right"),
+                       ("W", "right"), ("mJ/tok", "right"), ("roofline", "right"), ("tokens", "left")):
+        t.add_column(name, justify=just)
+    for r in doc.rows:
+        model = r.model.removeprefix("preset:")
+        if r.status != "ok":
+            colour = "red" if r.status == "failed" else "yellow"
+            t.add_row(model, r.precision, SHORT_ENGINE.get(r.engine, r.engine), str(r.context),
+                      f"[{colour}]{r.status}[/]", "", "", "", "", "", "", "", f"[{colour}]{(r.error or '')[:60]}[/]")
+            continue
+        prefill = _f(r.prefill_tokens_per_s, ",.0f")
+        if r.prefill_graphed_tokens_per_s:
+            prefill += f" ({r.prefill_graphed_tokens_per_s:,.0f} graphed)"
+        t.add_row(
+            model, r.precision, SHORT_ENGINE.get(r.engine, r.engine), str(r.context),
+            _f(r.decode_tokens_per_s, ",.1f"), _f(r.decode_ms_per_token, ".3f"), prefill, _f(r.ttft_ms, ".2f"),
+            _f(None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20, ",.0f"),
+            _f(r.power_w, ".0f"), _f(r.energy_mj_per_token, ".2f"),
+            _f(None if r.roofline is None or r.roofline.fraction is None else 100 * r.roofline.fraction, ".0f") + ("%" if r.roofline else ""),
+            _tokens_cell(r),
+        )
+    return t
+
+
+def ratios_table(doc: BenchDocument) -> Table:
+    t = Table(title=f"edgekit runtime / baseline (same model, context and run; measured on {doc.measured_on})", title_justify="left")
+    for name in ("model", "ctx", "edgekit", "baseline", "decode speed-up", "TTFT speed-up"):
+        t.add_column(name, justify="right" if "speed" in name or name == "ctx" else "left")
+    for q in doc.ratios:
+        t.add_row(q.model.removeprefix("preset:"), str(q.context), q.precision,
+                  f"{SHORT_ENGINE.get(q.baseline, q.baseline)} {q.baseline_precision}",
+                  f"{q.decode_speedup:.2f}x", _f(q.ttft_speedup, ".2f") + ("x" if q.ttft_speedup else ""))
+    return t
+
+
+def goals_table(doc: BenchDocument) -> Table:
+    t = Table(title="goals (H200)", title_justify="left")
+    for name in ("goal", "model", "prec", "ctx", "target", "measured", "met", "detail"):
+        t.add_column(name)
+    for g in doc.goals:
+        roof = "roofline" in g.goal
+        fmt = (lambda v: f"{100 * v:.0f}%") if roof else (lambda v: f"{v:.2f}x")
+        met = "-" if g.met is None else ("[green]yes[/]" if g.met else "[bold red]no[/]")
+        t.add_row(g.goal, g.model.removeprefix("preset:"), g.precision, str(g.context), fmt(g.target),
+                  "-" if g.measured is None else fmt(g.measured), met, g.detail)
+    return t
+
+
+def print_report(doc: BenchDocument, console: Console) -> None:
+    console.print(rows_table(doc))
+    if doc.copy_bandwidth:
+        console.print(f"roofline = copy bandwidth {doc.copy_bandwidth['bytes_per_s'] / 1e9:,.0f} GB/s (measured on "
+                      f"{doc.measured_on}, same run) / bytes read per decoded token (weights at their precision + KV cache)")
+    if doc.ratios:
+        console.print(ratios_table(doc))
+    if doc.goals:
+        console.print(goals_table(doc))
+    for m in doc.mismatches:
+        console.print(f"[bold red]TOKEN MISMATCH:[/] {m}")
+    for n in doc.notes:
+        console.print(f"[dim]note: {n}[/]")

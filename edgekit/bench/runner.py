@@ -1,0 +1,443 @@
+"""Run the benchmark: every (model, precision, engine, context) in one process, in a fixed order.
+
+Order: for each model, for each precision, edgekit's runtime then the compiled
+reference; then transformers eager (FP16); transformers static cache + compile
+comes last for every model (the slowest to set up and the likeliest to fail).
+A failure is recorded in its row and the run goes on; with a time budget,
+work that would start after it is recorded as skipped. Weights are random for
+presets (speed does not depend on values) and identical for every engine of a
+model: one FP16 master copy on the host, from which each precision is made on
+the device and the transformers twin is filled.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Optional
+
+import torch
+
+from edgekit.bench import document as docm
+from edgekit.bench.document import PRECISIONS, BenchDocument, Roofline, Row
+from edgekit.bench.engines import (
+    BASELINES, ENGINE_LABELS, CompiledReferenceEngine, HFGenerateEngine, RuntimeEngine, apply_inductor_flags,
+)
+from edgekit.bench.measure import ENERGY_MIN_WINDOW_S, EnergyMeter, copy_bandwidth, device_info, median, sync, timed
+from edgekit.bench.roofline import decode_bytes, mean_attended_len, roofline_tokens_per_s
+from edgekit.errors import BenchmarkError
+from edgekit.kernels.dispatch import DispatchTable
+from edgekit.kernels.linear import LinearWeights
+from edgekit.model.config import ModelConfig
+from edgekit.model.decoder import BlockWeights, Decoder, ModelWeights
+
+KV_BYTES_PER_ELEMENT = 2.0  # the KV cache is FP16 in every engine here
+
+
+@dataclass
+class BenchSettings:
+    models: list[str]
+    precisions: tuple[str, ...] = ("fp16", "int8")
+    contexts: tuple[int, ...] = (128, 512, 2048)
+    new_tokens: int = 64  # decoded after the first token (stepped engines and transformers compiled)
+    hf_new_tokens: int = 16  # transformers eager is launch-bound (~20 tok/s): fewer tokens, same rate
+    repeats: int = 3
+    baselines: tuple[str, ...] = BASELINES
+    check_tokens: int = 8
+    seed: int = 0
+    energy: bool = True
+    prefill_graph: bool = True
+    time_budget_s: Optional[float] = None
+    device: str = "cuda"
+
+    def validate(self) -> None:
+        bad = [p for p in self.precisions if p not in PRECISIONS]
+        if bad:
+            raise BenchmarkError(f"unknown precision(s) {bad}; expected some of {list(PRECISIONS)}")
+        bad = [b for b in self.baselines if b not in BASELINES]
+        if bad:
+            raise BenchmarkError(f"unknown baseline(s) {bad}; expected some of {list(BASELINES)}")
+        if not self.models:
+            raise BenchmarkError("no model given", hint="pass MODEL, e.g. preset:smollm2-135m")
+        if not self.contexts or min(self.contexts) < 1:
+            raise BenchmarkError(f"contexts must be positive token counts, got {list(self.contexts)}")
+        for name, v in (("new tokens", self.new_tokens), ("transformers new tokens", self.hf_new_tokens), ("repeats", self.repeats)):
+            if v < 1:
+                raise BenchmarkError(f"{name} must be >= 1, got {v}")
+        if not 1 <= self.check_tokens <= min(self.new_tokens, self.hf_new_tokens) + 1:
+            raise BenchmarkError(f"check tokens must be in [1, {min(self.new_tokens, self.hf_new_tokens) + 1}] "
+                                 f"(the first token plus the decoded ones), got {self.check_tokens}")
+
+    @property
+    def max_seq_len(self) -> int:
+        need = max(self.contexts) + max(self.new_tokens, self.hf_new_tokens) + 1
+        return -(-need // 64) * 64  # one static cache length for every context (rounded to 64 positions)
+
+
+# --------------------------------------------------------------------------- weights
+def _cast(w: ModelWeights, device, dtype: torch.dtype) -> ModelWeights:
+    """ModelWeights.to, except that a tied head stays the embedding tensor (no second copy on the device)."""
+
+    def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+    emb = mv(w.tok_embeddings)
+    tied = w.lm_head.weight is w.tok_embeddings
+    head = LinearWeights("linear", emb, mv(w.lm_head.bias)) if tied else w.lm_head.to(device, dtype)
+    blocks = [
+        BlockWeights(attn_norm=mv(b.attn_norm), ffn_norm=mv(b.ffn_norm),
+                     **{name: lw.to(device, dtype) for name, lw in b.linears().items()})
+        for b in w.blocks
+    ]
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=mv(w.norm), lm_head=head)
+
+
+def quantized(w: ModelWeights, precision: str) -> ModelWeights:
+    """W8A16 records for every block linear (and the LM head for int8-head); norms and embedding shared."""
+    from edgekit.quant.weights import quantize_linear
+
+    if precision == "fp16":
+        return w
+    blocks = [
+        BlockWeights(
+            attn_norm=b.attn_norm, ffn_norm=b.ffn_norm,
+            **{name: quantize_linear(lw, "w8a16", f"blocks.{i}.{name}") for name, lw in b.linears().items()},
+        )
+        for i, b in enumerate(w.blocks)
+    ]
+    head = w.lm_head
+    if precision == "int8-head":
+        head = quantize_linear(LinearWeights("linear", head.weight, head.bias), "w8a16", "lm_head")
+    return ModelWeights(tok_embeddings=w.tok_embeddings, blocks=blocks, norm=w.norm, lm_head=head)
+
+
+class WeightStore:
+    """One FP16 master per model on the host; at most one (model, precision) on the device at a time."""
+
+    def __init__(self, seed: int, device: torch.device):
+        self.seed, self.device = seed, device
+        self._master: dict[str, tuple[ModelConfig, ModelWeights, dict]] = {}
+        self._on_device: tuple[tuple[str, str], ModelWeights] | None = None
+
+    def master(self, spec: str) -> tuple[ModelConfig, ModelWeights, dict]:
+        if spec not in self._master:
+            self._master[spec] = _load_master(spec, self.seed)
+        return self._master[spec]
+
+    def on_device(self, spec: str, precision: str) -> ModelWeights:
+        key = (spec, precision)
+        if self._on_device is None or self._on_device[0] != key:
+            self.drop()
+            _, w16, _ = self.master(spec)
+            self._on_device = (key, quantized(_cast(w16, self.device, torch.float16), precision))
+        return self._on_device[1]
+
+    def drop(self) -> None:
+        self._on_device = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _load_master(spec: str, seed: int) -> tuple[ModelConfig, ModelWeights, dict]:
+    from edgekit.model.loader import load_model, resolve_model_spec
+    from edgekit.model.presets import preset_config
+    from edgekit.model.weights import random_weights
+
+    kind, location = resolve_model_spec(spec)
+    if kind == "preset":
+        cfg = preset_config(location)
+        # straight to FP16 tensor by tensor: a 1.5B model never sits on the host in FP32
+        w = random_weights(cfg, seed=seed, dtype=torch.float16, device="cpu")
+        info = {"source": "preset", "weights": f"random (seed {seed}): speed does not depend on values"}
+    else:
+        m = load_model(spec, tokenizer=False)
+        cfg, w = m.config, _cast(m.weights, "cpu", torch.float16)
+        info = {"source": m.source.kind, "location": m.source.location, "sha256": m.source.sha256, "weights": "the model's own"}
+    return cfg, w, {**info, "config": cfg.to_dict(), "n_params": cfg.n_params, "shape_of": docm.shape_of(cfg)}
+
+
+# --------------------------------------------------------------------------- measurement
+def _prompt(cfg: ModelConfig, T: int, seed: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 100_003 + T)
+    return torch.randint(0, cfg.vocab_size, (1, T), generator=g).to(device)  # (1, T)
+
+
+@torch.no_grad()
+def reference_tokens(cfg: ModelConfig, weights: ModelWeights, prompt: torch.Tensor, k: int) -> list[int]:
+    """The first k greedy tokens of the eager torch reference path (prefill, then k - 1 decode steps)."""
+    dec = Decoder(cfg, weights, DispatchTable())
+    T = prompt.shape[1]
+    cache = dec.new_cache(1, T + k)
+    tok = dec.prefill(prompt, torch.tensor([T], device=prompt.device), cache).argmax(-1)  # (1,)
+    out = [int(tok[0])]
+    for i in range(k - 1):
+        tok = dec.decode(tok, torch.tensor([T + i], device=prompt.device), cache).argmax(-1)
+        out.append(int(tok[0]))
+    return out
+
+
+def _check_tokens(row: Row, got: list[int], ref: list[int]) -> None:
+    k = min(len(got), len(ref))
+    row.tokens, row.reference_tokens, row.tokens_checked = got[:k], ref[:k], k
+    diff = [i for i in range(k) if got[i] != ref[i]]
+    row.tokens_match = not diff
+    row.first_mismatch = diff[0] if diff else None
+
+
+def _energy(row: Row, window, tokens: int, note: str) -> None:
+    if window is None:
+        return
+    row.energy_mj_per_token = window.energy_mj / tokens
+    row.power_w = window.power_w
+    row.energy_window_s = window.seconds
+    row.energy_note = note
+
+
+@torch.no_grad()
+def measure_stepped(engine, prompt: torch.Tensor, s: BenchSettings, meter: Optional[EnergyMeter], row: Row) -> list[int]:
+    dev, T, n = engine.device, prompt.shape[1], s.new_tokens
+    first = engine.prefill(prompt)  # warm-up: JIT compiles, lazy loads, compile + CUDA-graph recording
+    engine.decode(first, T, n)
+    engine.decode(first, T, n)
+    sync(dev)
+    pre = [timed(lambda: engine.prefill(prompt), dev) for _ in range(s.repeats)]
+    first = pre[-1][0]
+    row.prefill_s_repeats = [t for _, t in pre]
+    dec = [timed(lambda: engine.decode(first, T, n), dev) for _ in range(s.repeats)]
+    row.decode_s_repeats = [t for _, t in dec]
+    tokens = [int(first[0])] + dec[-1][0].tolist()
+    t_dec, t_pre = median(row.decode_s_repeats), median(row.prefill_s_repeats)
+    row.new_tokens = n
+    row.decode_tokens_per_s, row.decode_ms_per_token = n / t_dec, 1000 * t_dec / n
+    row.ttft_ms, row.prefill_tokens_per_s = 1000 * t_pre, T / t_pre
+    row.prefill_note = engine.prefill_note
+    if s.prefill_graph and hasattr(engine, "prefill_graphed"):
+        try:
+            engine.prefill_graphed(prompt)
+            g = [timed(lambda: engine.prefill_graphed(prompt), dev)[1] for _ in range(s.repeats)]
+            row.prefill_graphed_ttft_ms, row.prefill_graphed_tokens_per_s = 1000 * median(g), T / median(g)
+        except Exception as e:  # noqa: BLE001 - an extra figure; its failure is data, not a crash
+            row.prefill_graphed_error = f"{type(e).__name__}: {e}"
+    if meter is not None:
+        loops = max(1, math.ceil(ENERGY_MIN_WINDOW_S / t_dec))
+        _, window, _ = meter.measure(lambda: [engine.decode(first, T, n) for _ in range(loops)], dev)
+        _energy(row, window, loops * n, f"decode loop only, {loops} x {n} tokens back to back")
+    return tokens
+
+
+@torch.no_grad()
+def measure_generate(engine: HFGenerateEngine, prompt: torch.Tensor, s: BenchSettings, meter: Optional[EnergyMeter], row: Row) -> list[int]:
+    dev, T = engine.device, prompt.shape[1]
+    n = s.hf_new_tokens if engine.name == "hf-eager" else s.new_tokens
+    # warm-up with the very calls that are timed: a static cache is sized by the call, so another
+    # length would compile (and record CUDA graphs) again
+    for _ in range(2 if engine.compiled else 1):
+        engine.generate(prompt, n + 1)
+    engine.generate(prompt, 1)
+    sync(dev)
+
+    def batch(k: int):
+        return [timed(lambda: engine.generate(prompt, k), dev) for _ in range(s.repeats)]
+
+    if meter is not None:
+        pre, w_pre, _ = meter.measure(lambda: batch(1), dev)
+        full, w_full, _ = meter.measure(lambda: batch(n + 1), dev)
+    else:
+        pre, full, w_pre, w_full = batch(1), batch(n + 1), None, None
+    row.prefill_s_repeats = [t for _, t in pre]
+    row.decode_s_repeats = [t for _, t in full]  # whole generate calls of n + 1 tokens
+    t_pre, t_full = median(row.prefill_s_repeats), median(row.decode_s_repeats)
+    t_dec = t_full - t_pre
+    row.new_tokens = n
+    row.ttft_ms, row.prefill_tokens_per_s = 1000 * t_pre, T / t_pre
+    row.prefill_note = "generate(max_new_tokens=1): transformers' own prefill, uncompiled"
+    if t_dec <= 0:
+        raise RuntimeError(f"generate of {n + 1} tokens ({t_full:.4f} s) was not slower than of 1 ({t_pre:.4f} s)")
+    row.decode_tokens_per_s, row.decode_ms_per_token = n / t_dec, 1000 * t_dec / n
+    if w_pre is not None and w_full is not None:
+        e_dec = (w_full.energy_mj - w_pre.energy_mj) / s.repeats  # one call's decode part
+        row.energy_mj_per_token = e_dec / n
+        row.power_w = e_dec / 1000 / t_dec
+        row.energy_window_s = w_full.seconds
+        row.energy_note = "(energy of generate(n+1) - energy of generate(1)) / n, per call, averaged over the repeats"
+    return [int(t) for t in full[-1][0].tolist()]
+
+
+def _roofline(cfg: ModelConfig, weights: ModelWeights, row: Row, T: int, bw: Optional[float]) -> None:
+    if bw is None or row.new_tokens is None:
+        return
+    b = decode_bytes(cfg, weights, mean_attended_len(T, row.new_tokens), KV_BYTES_PER_ELEMENT)
+    ceiling = roofline_tokens_per_s(b.total, bw)
+    row.roofline = Roofline(bytes_per_token=b.total, weight_bytes=b.weights, kv_bytes=b.kv_cache,
+                            attended_len=b.attended_len, tokens_per_s=ceiling,
+                            fraction=row.decode_tokens_per_s / ceiling if row.decode_tokens_per_s else None)
+
+
+def _short(e: BaseException) -> str:
+    msg = f"{type(e).__name__}: {e}".strip()
+    return msg if len(msg) <= 600 else msg[:600] + " ..."
+
+
+# --------------------------------------------------------------------------- the run
+@dataclass
+class _Task:
+    spec: str
+    precision: str
+    engine: str
+
+
+def plan_tasks(s: BenchSettings) -> list[_Task]:
+    tasks = []
+    for spec in s.models:
+        for p in s.precisions:
+            tasks.append(_Task(spec, p, "edgekit"))
+            if "compile" in s.baselines:
+                tasks.append(_Task(spec, p, "compile"))
+        if "hf-eager" in s.baselines:
+            tasks.append(_Task(spec, "fp16", "hf-eager"))
+    if "hf-compile" in s.baselines:
+        tasks += [_Task(spec, "fp16", "hf-compile") for spec in s.models]
+    return tasks
+
+
+@dataclass
+class BenchRun:
+    settings: BenchSettings
+    log: Callable[[str], None] = print
+    on_update: Callable[[BenchDocument], None] = lambda doc: None
+    command: str = ""
+    _shapes: dict = field(default_factory=dict)
+    _t_start: float = 0.0
+
+    def run(self) -> BenchDocument:
+        s = self.settings
+        s.validate()
+        if s.device == "cuda" and not torch.cuda.is_available():
+            raise BenchmarkError("edgekit bench measures on a CUDA GPU and this machine has none",
+                                 hint="run it on the GPU machine; the CPU tests cover the arithmetic and the weight mapping")
+        device = torch.device(s.device)
+        self._t_start = time.monotonic()
+        deadline = None if s.time_budget_s is None else self._t_start + s.time_budget_s
+        info = device_info(device)
+        where = f"GPU ({info.get('name')})" if device.type == "cuda" else f"CPU ({info.get('name')})"
+        doc = BenchDocument(
+            measured_on=where, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=self.command,
+            device=info, settings={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(s).items()},
+                                   "max_seq_len": s.max_seq_len, "precision_meaning": {p: PRECISIONS[p] for p in s.precisions},
+                                   "engines": {e: ENGINE_LABELS[e] for e in ("edgekit", *s.baselines)}},
+        )
+        doc.notes.append(f"every figure measured on {where} in this one process; medians of {s.repeats} repeats after warm-up")
+        doc.notes.append(f"one static KV cache of {s.max_seq_len} positions per engine; edgekit's decode attention reads "
+                         "only the filled positions, the torch reference (and so the compiled baseline) reads all of them")
+        meter = None
+        if s.energy:
+            meter = EnergyMeter(device_index=device.index or 0) if device.type == "cuda" else None
+            if meter is not None and not meter.available:
+                doc.notes.append(f"no energy figures: {meter.reason}")
+                meter = None
+        bw = None
+        if device.type == "cuda":
+            doc.copy_bandwidth = copy_bandwidth(device)
+            bw = doc.copy_bandwidth["bytes_per_s"]
+            self.log(f"copy bandwidth {bw / 1e9:.0f} GB/s (measured on {where})")
+        store = WeightStore(s.seed, device)
+        refs: dict[tuple[str, str, int], list[int]] = {}
+        for task in plan_tasks(s):
+            if deadline is not None and time.monotonic() > deadline:
+                for T in s.contexts:
+                    doc.rows.append(self._row(task, T, where, status="skipped",
+                                              error=f"time budget of {s.time_budget_s:.0f} s spent before this ran"))
+                continue
+            self._run_task(task, store, refs, doc, where, meter, bw, deadline)
+            self._publish(doc)
+        store.drop()
+        if meter is not None:
+            meter.close()
+        return self._publish(doc)
+
+    def _publish(self, doc: BenchDocument) -> BenchDocument:
+        doc.elapsed_s = time.monotonic() - self._t_start
+        docm.finish(doc, self._shapes)
+        self.on_update(doc)
+        return doc
+
+    def _row(self, task: _Task, T: int, where: str, **kw) -> Row:
+        return Row(model=task.spec, precision=task.precision, engine=task.engine, engine_label=ENGINE_LABELS[task.engine],
+                   context=T, measured_on=where, **kw)
+
+    def _run_task(self, task, store, refs, doc, where, meter, bw, deadline) -> None:
+        s, device = self.settings, store.device
+        self.log(f"{task.spec} {task.precision} {task.engine}: setting up")
+        engine = None
+        try:
+            cfg, _, info = store.master(task.spec)
+            doc.models.setdefault(task.spec, info)
+            self._shapes[task.spec] = info["shape_of"]
+            if s.max_seq_len > cfg.max_position_len:
+                raise BenchmarkError(f"{task.spec}: contexts up to {max(s.contexts)} + new tokens need {s.max_seq_len} "
+                                     f"positions; the model has {cfg.max_position_len}")
+            keys = [(task.spec, task.precision, T) for T in s.contexts]
+            weights = None
+            if task.engine in ("edgekit", "compile") or any(k not in refs for k in keys):
+                weights = store.on_device(task.spec, task.precision)
+            for k in keys:  # the reference path's tokens, computed before an engine holds memory
+                if k not in refs:
+                    refs[k] = reference_tokens(cfg, weights, _prompt(cfg, k[2], s.seed, device), s.check_tokens)
+            if task.engine == "edgekit":
+                engine = RuntimeEngine(cfg, weights, s.max_seq_len, s.new_tokens)
+            elif task.engine == "compile":
+                doc.settings["inductor_flags"] = apply_inductor_flags()
+                engine = CompiledReferenceEngine(cfg, weights, s.max_seq_len, s.new_tokens)
+            else:
+                from edgekit.bench.hf_twin import build_hf_model
+
+                store.drop()  # the twin holds its own copy: keep the device to one model's weights
+                if task.engine == "hf-compile":
+                    doc.settings["inductor_flags"] = apply_inductor_flags()
+                _, w16, _ = store.master(task.spec)
+                engine = HFGenerateEngine(build_hf_model(cfg, w16, device, torch.float16), compiled=task.engine == "hf-compile")
+                weights = w16  # the host master: same shapes and dtypes, for the roofline's byte count
+        except Exception as e:  # noqa: BLE001 - a failed setup is this task's result, not the run's end
+            self.log(f"  setup failed: {_short(e)}")
+            traceback.print_exc()
+            for T in s.contexts:
+                doc.rows.append(self._row(task, T, where, status="failed", error=f"setup: {_short(e)}"))
+            return
+        try:
+            for T in s.contexts:
+                if deadline is not None and time.monotonic() > deadline:
+                    doc.rows.append(self._row(task, T, where, status="skipped",
+                                              error=f"time budget of {s.time_budget_s:.0f} s spent before this ran"))
+                    continue
+                row = self._row(task, T, where)
+                if task.engine.startswith("hf"):
+                    row.engine_label = f"{ENGINE_LABELS[task.engine]} [{engine.how}]"
+                prompt = _prompt(cfg, T, s.seed, device)
+                try:
+                    if device.type == "cuda":
+                        sync(device)
+                        row.resident_bytes_at_start = torch.cuda.memory_allocated(device)
+                        torch.cuda.reset_peak_memory_stats(device)
+                    measure = measure_generate if task.engine.startswith("hf") else measure_stepped
+                    got = measure(engine, prompt, s, meter, row)
+                    if device.type == "cuda":
+                        row.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+                    _check_tokens(row, got, refs[(task.spec, task.precision, T)])
+                    _roofline(cfg, weights, row, T, bw)
+                    self.log(f"  ctx {T}: decode {row.decode_tokens_per_s:.1f} tok/s, TTFT {row.ttft_ms:.2f} ms"
+                             + ("" if row.tokens_match else f"  TOKENS DIFFER FROM THE REFERENCE at {row.first_mismatch}"))
+                except Exception as e:  # noqa: BLE001 - e.g. transformers' CUDA-graph failure: record it
+                    self.log(f"  ctx {T}: failed: {_short(e)}")
+                    traceback.print_exc()
+                    row.status, row.error = "failed", _short(e)
+                doc.rows.append(row)
+                self._publish(doc)
+        finally:
+            engine.close()
+            del engine
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()

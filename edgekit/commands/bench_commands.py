@@ -1,0 +1,99 @@
+"""`edgekit bench`: edgekit's runtime against torch.compile and transformers, on this machine's GPU."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from edgekit.cli import app
+from edgekit.cli_common import console, err_console
+
+DEFAULT_MODELS = ["preset:smollm2-135m", "preset:qwen2.5-1.5b"]
+
+
+def _csv(text: str, kind=str, what: str = "value") -> tuple:
+    from edgekit.errors import BenchmarkError
+
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        return tuple(kind(x) for x in items)
+    except ValueError as e:
+        raise BenchmarkError(f"--{what}: cannot read {text!r} ({e})", hint=f"give a comma-separated list, e.g. {what} 128,512") from e
+
+
+def _refuse_bundle(spec: str) -> None:
+    from edgekit.errors import BenchmarkError
+
+    p = Path(spec).expanduser()
+    if p.is_dir() and (p / "manifest.json").exists():
+        raise BenchmarkError(
+            f"{spec} is a bundle; benchmarking a bundle needs the bundle runtime, which edgekit does not have yet",
+            hint="pass the model it was built from instead (a .gguf file, a Hugging Face directory or preset:NAME)",
+        )
+
+
+@app.command()
+def bench(
+    models: Optional[List[str]] = typer.Argument(
+        None, metavar="MODEL",
+        help="Models to measure: a .gguf file, a Hugging Face directory or preset:NAME (random weights). "
+             "Default: preset:smollm2-135m (the default model's shape) and preset:qwen2.5-1.5b. Bundles are not accepted yet."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the full results here (rewritten after every step, atomically)."),
+    contexts: str = typer.Option("128,512,2048", "--contexts", help="Prompt lengths to measure, comma-separated."),
+    new_tokens: int = typer.Option(64, "--new-tokens", "-n", min=1, help="Tokens decoded after the first one, per timed loop."),
+    hf_new_tokens: int = typer.Option(16, "--hf-new-tokens", min=1, help="Tokens decoded by transformers' eager generate (it runs ~20 tok/s)."),
+    precision: str = typer.Option("fp16,int8", "--precision", help="fp16, int8 (W8A16 block linears, FP16 LM head), int8-head (LM head INT8 too)."),
+    baselines: str = typer.Option("compile,hf-eager,hf-compile", "--baselines",
+                                  help="compile (edgekit reference + torch.compile), hf-eager, hf-compile (static cache + compile), or none."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per figure (the median is reported)."),
+    check_tokens: Optional[int] = typer.Option(None, "--check-tokens", min=1,
+                                               help="Greedy tokens compared with the torch reference path [default: 8, at most the tokens generated]."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random preset weights and prompts."),
+    energy: bool = typer.Option(True, "--energy/--no-energy", help="Energy per token from the NVML energy counter."),
+    prefill_graph: bool = typer.Option(True, "--prefill-graph/--no-prefill-graph", help="Also time edgekit's prefill replayed as a CUDA graph."),
+    time_budget_s: Optional[float] = typer.Option(None, "--time-budget-s", min=1, help="Skip (and record as skipped) work that would start later than this."),
+    device: str = typer.Option("cuda", "--device", hidden=True, help="cuda; cpu only exercises the plumbing."),
+) -> None:
+    """Decode and prefill speed, time to first token, peak memory and energy per token, against the baselines.
+
+    Everything runs in one process on this machine's GPU: edgekit's runtime (Triton kernels, CUDA-graph
+    replay), edgekit's reference model under torch.compile(mode="reduce-overhead") (the gpt-fast recipe),
+    transformers' eager generate and transformers' static cache + compile, on the same weights and prompts.
+    Each configuration's greedy tokens are checked against the torch reference path. Prints tables
+    (ratios and the issue's goals included) and, with --json, writes every number.
+    """
+    from edgekit.bench.report import print_report
+    from edgekit.bench.runner import BenchRun, BenchSettings
+    from edgekit.bundle.canonical import atomic_write_bytes
+
+    specs = list(models) if models else list(DEFAULT_MODELS)
+    for spec in specs:
+        _refuse_bundle(spec)
+    chosen = () if baselines.strip() == "none" else _csv(baselines, str, "baselines")
+    settings = BenchSettings(
+        models=specs, precisions=_csv(precision, str, "precision"), contexts=_csv(contexts, int, "contexts"),
+        new_tokens=new_tokens, hf_new_tokens=hf_new_tokens, repeats=repeats, baselines=chosen,
+        check_tokens=check_tokens or min(8, min(new_tokens, hf_new_tokens) + 1), seed=seed, energy=energy, prefill_graph=prefill_graph,
+        time_budget_s=time_budget_s, device=device,
+    )
+
+    def write(doc) -> None:
+        if json_path is not None:
+            atomic_write_bytes(json_path, (json.dumps(doc.to_json_dict(), indent=2) + "\n").encode())
+
+    run = BenchRun(settings, log=lambda msg: err_console.print(f"[dim]{msg}[/]", highlight=False),
+                   on_update=write, command=" ".join(shlex.quote(a) for a in ["edgekit", *sys.argv[1:]]))
+    doc = run.run()
+    # a log file or a remote run is not a terminal: rich would wrap the wide table at 80 columns
+    print_report(doc, console if console.is_terminal else Console(width=240))
+    if json_path is not None:
+        err_console.print(f"wrote {json_path}")
+    if any(r.engine == "edgekit" and r.tokens_match is False for r in doc.rows):
+        err_console.print("[bold red]edgekit's runtime disagrees with the reference path (see TOKEN MISMATCH above)[/]")
+        raise typer.Exit(1)

@@ -1,0 +1,51 @@
+"""`edgekit bench` end to end on the CPU: the plumbing, the JSON file, and failures kept as rows.
+
+The CPU has no CUDA graphs, so edgekit's runtime rows must come back *failed* with the reason,
+while transformers' eager rows are measured and checked against the reference tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from edgekit.bench.document import BenchDocument
+from edgekit.cli import _register_commands, app
+
+
+def test_cpu_run_writes_a_valid_document_with_failed_and_measured_rows(tmp_path):
+    _register_commands()
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, [
+        "bench", "preset:tiny", "--device", "cpu", "--baselines", "hf-eager", "--precision", "fp16",
+        "--contexts", "16,24", "--new-tokens", "4", "--hf-new-tokens", "4", "--check-tokens", "5",
+        "--repeats", "1", "--json", str(out),
+    ])
+    assert res.exit_code == 0, res.output
+    doc = BenchDocument.model_validate(json.loads(out.read_text()))
+    assert doc.measured_on.startswith("CPU")
+    by = {(r.engine, r.context): r for r in doc.rows}
+    assert set(by) == {("edgekit", 16), ("edgekit", 24), ("hf-eager", 16), ("hf-eager", 24)}
+    for ctx in (16, 24):
+        e, h = by[("edgekit", ctx)], by[("hf-eager", ctx)]
+        assert e.status == "failed" and "CUDA" in e.error
+        assert h.status == "ok" and h.decode_tokens_per_s > 0 and h.ttft_ms > 0
+        assert h.tokens_checked == 5 and h.tokens_match is True
+    assert doc.ratios == []  # nothing to pair with a failed edgekit row
+    assert doc.models["preset:tiny"]["shape_of"] == "tiny"
+
+
+def test_bad_options_are_refused_with_the_expected_values():
+    _register_commands()
+    res = CliRunner().invoke(app, ["bench", "preset:tiny", "--device", "cpu", "--precision", "fp8"])
+    assert res.exit_code != 0
+    assert "fp8" in str(res.exception) and "int8" in str(res.exception)
+
+
+def test_a_bundle_is_refused_with_a_way_forward(tmp_path):
+    _register_commands()
+    (tmp_path / "manifest.json").write_text("{}")
+    res = CliRunner().invoke(app, ["bench", str(tmp_path), "--device", "cpu"])
+    assert res.exit_code != 0
+    assert "bundle" in str(res.exception) and "preset:NAME" in str(res.exception)

@@ -1,0 +1,73 @@
+"""The JSON document: ratios pair the right rows, goals read the right numbers, failures stay visible."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pydantic import ValidationError
+
+from edgekit.bench.document import (
+    BenchDocument, Roofline, Row, evaluate_goals, finish, mismatches, ratios, shape_of,
+)
+from edgekit.model.presets import PRESETS
+
+
+def _row(engine, precision, ctx, tps, model="preset:qwen2.5-1.5b", status="ok", **kw):
+    return Row(model=model, precision=precision, engine=engine, engine_label=engine, context=ctx,
+               status=status, decode_tokens_per_s=tps, **kw)
+
+
+def test_ratios_pair_rows_of_the_same_model_and_context_only():
+    rows = [
+        _row("edgekit", "int8", 128, 900.0, ttft_ms=2.0),
+        _row("compile", "fp16", 128, 450.0, ttft_ms=8.0),
+        _row("compile", "fp16", 512, 100.0),  # another context: no pair
+        _row("hf-eager", "fp16", 128, None, status="failed", error="boom"),  # failed: no ratio
+        _row("compile", "fp16", 128, 10.0, model="preset:smollm2-135m"),  # another model: no pair
+    ]
+    (r,) = ratios(rows)
+    assert (r.baseline, r.baseline_precision, r.decode_speedup, r.ttft_speedup) == ("compile", "fp16", 2.0, 4.0)
+
+
+def test_goals_use_the_shape_the_right_baseline_and_say_why_when_missing():
+    roof = Roofline(bytes_per_token=2_000_000_000, weight_bytes=1, kv_bytes=1, attended_len=1.0, tokens_per_s=2000.0, fraction=0.45)
+    rows = [
+        _row("edgekit", "int8", 128, 900.0, roofline=roof),
+        _row("compile", "fp16", 128, 500.0),
+        _row("compile", "int8", 128, None, status="failed", error="InductorError: x"),
+        _row("edgekit", "fp16", 128, 600.0),  # FP16 rows carry no goal
+    ]
+    res = {g.goal.split(" >= ")[1][:12]: g for g in evaluate_goals(rows, {"preset:qwen2.5-1.5b": "qwen2.5-1.5b"})}
+    assert len(res) == 3
+    roofline = res["60% of the I"]
+    assert (roofline.measured, roofline.met) == (0.45, False) and "missed by" in roofline.detail
+    vs_fp16 = res["1.6x torch.c"]
+    assert vs_fp16.measured == pytest.approx(1.8) and vs_fp16.met is True
+    vs_int8 = res["1.1x torch.c"]
+    assert vs_int8.met is None and "failed" in vs_int8.detail and "InductorError" in vs_int8.detail
+    # the same rows under another shape evaluate no goal at all
+    assert evaluate_goals(rows, {"preset:qwen2.5-1.5b": None}) == []
+
+
+def test_shape_of_ignores_names_and_token_ids_but_not_dimensions():
+    renamed = dataclasses.replace(PRESETS["smollm2-135m"], name="SmolLM2-135M-Instruct.Q4_1.gguf", eos_token_ids=(2, 7))
+    assert shape_of(renamed) == "smollm2-135m"
+    assert shape_of(dataclasses.replace(renamed, n_layers=29)) is None
+
+
+def test_mismatch_is_reported_with_both_token_lists():
+    r = _row("edgekit", "int8", 128, 1.0, tokens=[1, 2, 3], reference_tokens=[1, 2, 4], tokens_match=False, first_mismatch=2)
+    (line,) = mismatches([r, _row("compile", "int8", 128, 1.0, tokens_match=True)])
+    assert "token 2 differs" in line and "[1, 2, 3]" in line and "[1, 2, 4]" in line
+
+
+def test_document_round_trips_through_json_and_rejects_unknown_keys():
+    doc = BenchDocument(measured_on="GPU (test)", created="2026-01-01T00:00:00+00:00", device={"name": "x"}, settings={})
+    doc.rows = [_row("edgekit", "int8", 128, 900.0), _row("hf-eager", "fp16", 128, 18.0)]
+    finish(doc, {"preset:qwen2.5-1.5b": "qwen2.5-1.5b"})
+    d = doc.to_json_dict()
+    assert d["schema"] == "edgekit.bench/1"
+    assert BenchDocument.model_validate(d).to_json_dict() == d
+    with pytest.raises(ValidationError):
+        BenchDocument.model_validate({**d, "rows": [{**d["rows"][0], "tok_per_s": 1}]})
