@@ -187,7 +187,9 @@ def _disk_key(v: KernelVariant, arch: int, ptx_version, with_stats: bool, triton
     """Content address of a compile: the variant, the target, the compiler and the kernel's own source."""
     from edgekit.build_cache import cache_key
 
-    src = validate_variant(v).fn.src
+    # Triton's cache_key hashes the kernel's source *and* every @triton.jit helper it calls (and the global
+    # constexprs it reads); the kernel's own .src alone would serve a stale compile after a helper changes.
+    src = validate_variant(v).fn.cache_key
     return cache_key(stage="compile", variant=v.to_dict(), arch=arch, ptx_version=ptx_version, stats=with_stats,
                      triton=triton_version, source=src)
 
