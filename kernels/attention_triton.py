@@ -22,7 +22,6 @@ the device's SMs at batch 1.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
