@@ -9,15 +9,16 @@ set -uo pipefail
 stage=${1:?stage 1 or 2}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source scripts/gpu_setup.sh || exit 1
+cd "$EDGEKIT_RUN_DIR"   # outside the repo: ./edgekit must not shadow the mapped package
 ek() { python3 -m edgekit "$@"; }
 if [ "$stage" = 1 ]; then
-  mkdir -p /tmp/parts && cp .devcarry_a/part /tmp/parts/a
+  mkdir -p /tmp/parts && cp "$R/.devcarry_a/part" /tmp/parts/a
   nvidia-smi --query-gpu=name,driver_version,power.draw --format=csv | tee "$OUT/nvidia_smi.txt"
-  timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -60 > "$OUT/pytest_gpu.log"; tail -25 "$OUT/pytest_gpu.log"
-  [ -f scripts/gpu_power_check.py ] && timeout 90 python3 scripts/gpu_power_check.py --json "$OUT/power.json" 2>&1 | tail -25
+  timeout 330 python3 -m pytest -q -m gpu "$R/tests" -c "$R/pyproject.toml" --rootdir "$R" -p no:cacheprovider -rfE 2>&1 | tail -80 > "$OUT/pytest_gpu.log"; tail -30 "$OUT/pytest_gpu.log"
+  [ -f "$R/scripts/gpu_power_check.py" ] && timeout 90 python3 "$R/scripts/gpu_power_check.py" --json "$OUT/power.json" 2>&1 | tail -25
   exit 0
 fi
-cat /tmp/parts/a .devcarry_b/part > /tmp/model.gguf && sha256sum /tmp/model.gguf
+cat /tmp/parts/a "$R/.devcarry_b/part" > /tmp/model.gguf && sha256sum /tmp/model.gguf
 M=/tmp/model.gguf
 P="What is the capital of France?"
 ( time ek build $M --target h200 --dev-key -o /tmp/b-h200 --force --json > "$OUT/build_h200.json" ) 2>&1 | tail -3
@@ -39,4 +40,4 @@ print(f"greedy tokens gpu-plugins vs cpu-reference: {same}/{n} identical; first 
 PY
 ( time ek build $M --target orin --dev-key -o /tmp/b-orin --force --json > "$OUT/build_orin.json" ) 2>&1 | tail -3
 ek verify /tmp/b-orin --allow-dev-key --golden-backend gpu --json > "$OUT/verify_orin_ptx_on_gpu.json"; echo "verify orin (sm_87 PTX on the GPU) rc=$?"
-timeout 240 python3 scripts/load_test_swaps.py /tmp/b-h200 --swaps 100 --clients 4 --json "$OUT/swaps_gpu.json" 2>&1 | tail -5
+timeout 240 python3 "$R/scripts/load_test_swaps.py" /tmp/b-h200 --swaps 100 --clients 4 --json "$OUT/swaps_gpu.json" 2>&1 | tail -5
