@@ -14,7 +14,7 @@ ek() { python3 -m edgekit "$@"; }
 if [ "$stage" = 1 ]; then
   mkdir -p /tmp/parts && cp "$R/.devcarry_a/part" /tmp/parts/a
   nvidia-smi --query-gpu=name,driver_version,power.draw --format=csv | tee "$OUT/nvidia_smi.txt"
-  timeout 330 python3 -m pytest -q -m gpu "$R/tests" -c "$R/pyproject.toml" --rootdir "$R" -p no:cacheprovider -rfE 2>&1 | tail -80 > "$OUT/pytest_gpu.log"; tail -30 "$OUT/pytest_gpu.log"
+  timeout 220 python3 -m pytest -q -m gpu "$R/tests" -c "$R/pyproject.toml" --rootdir "$R" -p no:cacheprovider -rfE 2>&1 | tail -80 > "$OUT/pytest_gpu.log"; tail -30 "$OUT/pytest_gpu.log"
   [ -f "$R/scripts/gpu_power_check.py" ] && timeout 90 python3 "$R/scripts/gpu_power_check.py" --json "$OUT/power.json" 2>&1 | tail -25
   exit 0
 fi
