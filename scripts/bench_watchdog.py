@@ -98,6 +98,7 @@ def main() -> int:
         next(stream)
 
     times = {"off": [], "on": []}
+    cpu_times = {"off": [], "on": []}  # the inference thread's own CPU time per token
     blocks: list[tuple[str, float]] = []  # (arm, median token time of the block)
     on_cpu_s = on_wall_s = 0.0
     n_blocks = max(2, args.tokens // args.block)
@@ -109,15 +110,17 @@ def main() -> int:
             cpu0, wall0 = wd.cpu_s, time.monotonic()
         block_times = []
         last = time.perf_counter()
+        last_cpu = time.thread_time()
         for i in range(args.block):
             next(stream)
-            now = time.perf_counter()
-            dt = now - last
-            last = now
+            now, now_cpu = time.perf_counter(), time.thread_time()
+            dt, dcpu = now - last, now_cpu - last_cpu
+            last, last_cpu = now, now_cpu
             if arm == "on":
                 tracker.record("token", dt * 1000.0)
             if i > 0:  # the first token of a block straddles the switch
                 block_times.append(dt)
+                cpu_times[arm].append(dcpu)
         if arm == "on":
             wd.pause()
             on_cpu_s += wd.cpu_s - cpu0
@@ -147,6 +150,9 @@ def main() -> int:
         "ratio_on_over_off_medians": off_med / on_med,
         "ratio_on_over_off_trimmed_means": _trimmed_mean(times["off"]) / _trimmed_mean(times["on"]),
         "ratio_per_block_pair_median": statistics.median(pairs),
+        # CPU time of the inference thread per token: blind to time spent descheduled (other
+        # processes, GIL waits), sensitive to what the watchdog does to its caches
+        "ratio_inference_thread_cpu_medians": statistics.median(cpu_times["off"]) / statistics.median(cpu_times["on"]),
         "ratio_per_block_pair_iqr": [q[0], q[-1]],
         "noise_off_vs_off_block_ratio_iqr": (lambda qq: [qq[0], qq[-1]])(statistics.quantiles(noise, n=4)) if len(noise) >= 4 else None,
         "goal": "ratio >= 0.99 (<= 1 % throughput loss)",
@@ -160,7 +166,11 @@ def main() -> int:
     print(f"{'ON  (watchdog @ %g Hz + tracker)' % args.fast_hz:<36}{out['on_tok_s_from_median']:>32.2f}")
     print(f"throughput ratio ON/OFF: {out['ratio_on_over_off_medians']:.4f} (medians), {out['ratio_on_over_off_trimmed_means']:.4f} "
           f"(trimmed means), per block pair median {out['ratio_per_block_pair_median']:.4f} IQR "
-          f"[{out['ratio_per_block_pair_iqr'][0]:.3f}, {out['ratio_per_block_pair_iqr'][1]:.3f}]")
+          f"[{out['ratio_per_block_pair_iqr'][0]:.3f}, {out['ratio_per_block_pair_iqr'][1]:.3f}]; "
+          f"inference-thread CPU per token OFF/ON {out['ratio_inference_thread_cpu_medians']:.4f}")
+    if out["noise_off_vs_off_block_ratio_iqr"]:
+        lo, hi = out["noise_off_vs_off_block_ratio_iqr"]
+        print(f"noise floor: OFF-vs-next-OFF block ratio IQR [{lo:.3f}, {hi:.3f}]")
     print(f"loss {out['throughput_loss_pct']:.2f} % (goal <= 1 %); watchdog ran at {w['achieved_tick_hz']:.0f} ticks/s using "
           f"{w['thread_cpu_pct_of_one_core']:.2f} % of one core; {args.model}, measured on CPU ({os.cpu_count()} cores, "
           f"load {out['machine']['loadavg_1m_at_end']:.1f})")
