@@ -204,7 +204,8 @@ def summarise(c: LogContents) -> dict[str, Any]:
         "events": len(c.events),
         "events_by_kind": {k: sum(1 for e in c.events if e.get("kind") == k) for k in sorted({e.get("kind") for e in c.events})},
         "skipped_lines": len(c.skipped_lines),
-        "sensors": c.meta[0].get("sensors") if c.meta else None,
+        "source": c.meta[0].get("source") if c.meta else None,
+        "sensors": (c.meta[0].get("sensors") or None) if c.meta else None,
     }
     if totals:
         w = [x for _, x in totals]
@@ -259,7 +260,7 @@ img{{max-width:100%}}figure{{margin:1em 0}}</style></head><body>
 <p>Log: <code>{esc(str(log_path))}</code>. Times are seconds since the first record. Power and temperatures are as the
 board's sensors reported them; energy is integrated from the sampled total power.</p>
 <h2>Summary</h2><table>{rows}</table>
-<h2>Plots</h2>{figs or '<p>no plottable data</p>'}
+<h2>Plots</h2>{figs or '<p>no plottable data</p>'}{'' if c.latency else '<p>No latency records in this log (a power-only capture, e.g. a replayed tegrastats log).</p>'}
 <h2>Events</h2><table><tr><th>time (s)</th><th>kind</th><th>severity</th><th>message</th><th>actions</th></tr>{ev_rows}</table>
 </body></html>
 """

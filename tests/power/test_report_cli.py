@@ -152,3 +152,46 @@ def test_attached_mode_refuses_other_schemes():
 
     with pytest.raises(SensorError, match="not an http"):
         AttachedSource("file:///etc/passwd")
+
+
+def test_monitor_attached_to_a_server_prints_interval_percentiles_and_jitter_events():
+    from prometheus_client import start_http_server
+
+    from edgekit.cli import _register_commands, app
+    from edgekit.power.sample import PowerSample
+    from edgekit.power.watchdog import Watchdog
+
+    _register_commands()
+    tracker = LatencyTracker()
+    wd = Watchdog(tracker)
+    wd.observe_sample(PowerSample(t_s=0.0, source="x", rails_mw={"VDD_IN": 7000.0}, total_mw=7000.0, temps_c={"tj": 55.0}))
+    for v in [6.5] * 95 + [30.5] * 5:  # p99 - p50 = 24 ms: over the 5 ms budget
+        tracker.record("token", v)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=wd.registry)
+    try:
+        res = CliRunner().invoke(app, ["monitor", "--url", f"http://127.0.0.1:{server.server_port}/metrics", "--json", "--samples", "1"])
+    finally:
+        server.shutdown()
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(line) for line in res.stdout.splitlines()]
+    scrape = next(r for r in recs if r["type"] == "scrape")
+    assert scrape["rails_mw"] == {"VDD_IN": 7000.0} and scrape["total_mw"] == 7000.0 and scrape["temps_c"] == {"tj": 55.0}
+    assert scrape["latency"]["token"]["n"] == 100 and 6.0 <= scrape["latency"]["token"]["p50_ms"] <= 7.0
+    (event,) = [r for r in recs if r["type"] == "event"]
+    assert event["kind"] == "jitter" and event["evidence"]["budget_ms"] == 5.0
+
+
+def test_live_view_shows_rails_in_watts_latency_and_events():
+    from rich.console import Console
+
+    from edgekit.power.monitor_view import render
+
+    con = Console(record=True, width=120)
+    con.print(render({
+        "title": "t", "budget_ms": 5.0, "rails_mw": {"VDD_IN": 5716.48}, "total_mw": 5716.48, "total_source": "VDD_IN",
+        "temps_c": {"tj": 51.4}, "latency": {"token": {"n": 40, "p50_ms": 6.0, "p95_ms": 7.0, "p99_ms": 12.5, "jitter_ms": 6.5, "std_ms": 1.2}},
+        "events": [{"time": "2025-05-02T14:00:11Z", "kind": "jitter", "severity": "warning", "message": "spike", "actions": []}],
+    }))
+    text = con.export_text()
+    for needle in ("VDD_IN", "5.716", "total (VDD_IN)", "51.4", "12.50", "6.50", "jitter budget 5 ms", "spike", "°C"):
+        assert needle in text, needle
