@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """End-to-end benchmark on the GPU machine: the same code as `edgekit bench` (pass its options).
 
-    python scripts/bench_e2e.py --json $OUT/bench.json
-    python scripts/bench_e2e.py preset:qwen2.5-1.5b --precision fp16,int8 --baselines compile --json $OUT/qwen.json
+On the GPU machine (scripts/gpu_setup.sh makes edgekit importable; run outside the repo):
+
+    source scripts/gpu_setup.sh && cd $EDGEKIT_RUN_DIR && python3 $R/scripts/bench_e2e.py --json $OUT/bench.json
+    (same as: python3 -m edgekit bench --json $OUT/bench.json)
 """
 
 import sys

@@ -71,6 +71,7 @@ class Row(_Doc):
     tokens: list[int] = Field(default_factory=list)
     reference_tokens: list[int] = Field(default_factory=list)
     roofline: Optional[Roofline] = None
+    profile: Optional[dict] = None  # edgekit rows: kernels per token, kernel vs wall time, top kernels
 
 
 class Ratio(_Doc):

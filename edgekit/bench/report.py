@@ -73,8 +73,29 @@ def goals_table(doc: BenchDocument) -> Table:
     return t
 
 
+def profile_lines(doc: BenchDocument) -> list[str]:
+    """One line per profiled edgekit row: where the graphed decode step spends its time."""
+    out = []
+    for r in doc.rows:
+        p = r.profile
+        if r.status != "ok" or not p:
+            continue
+        if "error" in p:
+            out.append(f"{r.model.removeprefix('preset:')} {r.precision} ctx {r.context}: profile failed: {p['error']}")
+            continue
+        top = ", ".join(f"{k['name'].split('<')[0][:28]} {k['us_per_token']:.0f} us ({k['per_token']:.0f}x)" for k in p["top_kernels"][:3])
+        out.append(f"{r.model.removeprefix('preset:')} {r.precision} ctx {r.context}: {p['kernels_per_token']:.0f} kernels/token, "
+                   f"{p['kernel_ms_per_token']:.3f} ms in kernels of {p['wall_ms_per_token']:.3f} ms wall; top: {top}")
+    return out
+
+
 def print_report(doc: BenchDocument, console: Console) -> None:
     console.print(rows_table(doc))
+    lines = profile_lines(doc)
+    if lines:
+        console.print(f"edgekit decode step, CUDA-graph replay profiled with torch.profiler (measured on {doc.measured_on}):")
+        for line in lines:
+            console.print(f"  {line}", highlight=False)
     if doc.copy_bandwidth:
         console.print(f"roofline = copy bandwidth {doc.copy_bandwidth['bytes_per_s'] / 1e9:,.0f} GB/s (measured on "
                       f"{doc.measured_on}, same run) / bytes read per decoded token (weights at their precision + KV cache)")

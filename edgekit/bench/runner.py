@@ -50,6 +50,7 @@ class BenchSettings:
     seed: int = 0
     energy: bool = True
     prefill_graph: bool = True
+    profile: bool = True  # edgekit rows: where the decode step's time goes (torch.profiler over one loop)
     time_budget_s: Optional[float] = None
     device: str = "cuda"
 
@@ -221,6 +222,13 @@ def measure_stepped(engine, prompt: torch.Tensor, s: BenchSettings, meter: Optio
             row.prefill_graphed_ttft_ms, row.prefill_graphed_tokens_per_s = 1000 * median(g), T / median(g)
         except Exception as e:  # noqa: BLE001 - an extra figure; its failure is data, not a crash
             row.prefill_graphed_error = f"{type(e).__name__}: {e}"
+    if s.profile and isinstance(engine, RuntimeEngine):
+        try:
+            from edgekit.bench.profile import profile_decode
+
+            row.profile = profile_decode(engine, first, T, n)
+        except Exception as e:  # noqa: BLE001 - an explanation, not a figure the run depends on
+            row.profile = {"error": f"{type(e).__name__}: {e}"}
     if meter is not None:
         loops = max(1, math.ceil(ENERGY_MIN_WINDOW_S / t_dec))
         _, window, _ = meter.measure(lambda: [engine.decode(first, T, n) for _ in range(loops)], dev)

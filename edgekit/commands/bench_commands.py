@@ -57,6 +57,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed of the random preset weights and prompts."),
     energy: bool = typer.Option(True, "--energy/--no-energy", help="Energy per token from the NVML energy counter."),
     prefill_graph: bool = typer.Option(True, "--prefill-graph/--no-prefill-graph", help="Also time edgekit's prefill replayed as a CUDA graph."),
+    profile: bool = typer.Option(True, "--profile/--no-profile", help="Profile edgekit's decode step: kernels per token, time inside vs between kernels."),
     time_budget_s: Optional[float] = typer.Option(None, "--time-budget-s", min=1, help="Skip (and record as skipped) work that would start later than this."),
     device: str = typer.Option("cuda", "--device", hidden=True, help="cuda; cpu only exercises the plumbing."),
 ) -> None:
@@ -79,7 +80,7 @@ def bench(
     settings = BenchSettings(
         models=specs, precisions=_csv(precision, str, "precision"), contexts=_csv(contexts, int, "contexts"),
         new_tokens=new_tokens, hf_new_tokens=hf_new_tokens, repeats=repeats, baselines=chosen,
-        check_tokens=check_tokens or min(8, min(new_tokens, hf_new_tokens) + 1), seed=seed, energy=energy, prefill_graph=prefill_graph,
+        check_tokens=check_tokens or min(8, min(new_tokens, hf_new_tokens) + 1), seed=seed, energy=energy, prefill_graph=prefill_graph, profile=profile,
         time_budget_s=time_budget_s, device=device,
     )
 

@@ -31,6 +31,18 @@ def test_runtime_engine_decodes_the_reference_tokens(precision):
     assert [int(first[0])] + eng.decode(first, 40, 8).tolist() == ref  # a replayed loop starts over cleanly
 
 
+def test_profile_splits_the_graphed_step_into_its_kernels():
+    from edgekit.bench.profile import profile_decode
+
+    w, prompt, _ = _setup("int8")
+    eng = RuntimeEngine(TINY, w, 128, 16)
+    p = profile_decode(eng, eng.prefill(prompt), 40, 16)
+    # every block launches at least its norms, projections, attention and activation
+    assert p["kernels_per_token"] >= 6 * TINY.n_layers
+    assert 0 < p["kernel_ms_per_token"] <= 1.5 * p["wall_ms_per_token"]
+    assert any("gemv" in k["name"] for k in p["top_kernels"])
+
+
 def test_compiled_reference_engine_decodes_the_reference_tokens():
     apply_inductor_flags()
     w, prompt, ref = _setup("int8")
