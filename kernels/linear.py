@@ -156,8 +156,9 @@ def linear_w8a8_reference(
     if smooth is not None:
         xs = xs / smooth.to(acc)
     xq, sx = quantize_per_token(xs)
-    # Integer product in int64 on the CPU (exact, like the kernel's int32 accumulation for K < 2^17).
-    y_int = xq.to(torch.int64) @ qweight.to(torch.int64).T
+    # The integer product, exactly: |q| <= 127 so every partial sum is an integer below 2^31 for K < 2^17,
+    # which FP64 represents exactly (CUDA has no int64 matmul; this matches the kernel's int32 accumulation).
+    y_int = xq.to(torch.float64) @ qweight.to(torch.float64).T
     y = y_int.to(acc) * sx.to(acc) * scale.to(acc)
     if bias is not None:
         y = y + bias.to(acc)
