@@ -25,7 +25,7 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, N, eps, BLOCK_N: 
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_N,)
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=0), N.to(tl.float32)) + eps))  # IEEE, not approximate
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=0), N * 1.0) + eps))  # IEEE, not approximate
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_ym + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
 
