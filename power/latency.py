@@ -62,21 +62,34 @@ class WindowStats:
         return d
 
 
+# Below this many values plain Python beats numpy: each numpy call costs tens of
+# microseconds of dispatch, more when the watchdog wakes with cold caches.
+_NUMPY_FROM = 512
+
+
 def window_stats(metric: str, values_ms: Iterable[float] | np.ndarray, window_s: float) -> WindowStats | None:
-    a = values_ms if isinstance(values_ms, np.ndarray) else np.fromiter(values_ms, dtype=np.float64)
-    if a.size == 0:
+    """Percentiles with numpy's default (linear) method, mean, population std, min, max."""
+    if isinstance(values_ms, np.ndarray) and values_ms.size >= _NUMPY_FROM:
+        a = np.sort(values_ms)
+        mean, std = float(a.mean()), float(a.std())
+    else:
+        a = sorted(values_ms.tolist() if isinstance(values_ms, np.ndarray) else values_ms)
+        if not a:
+            return None
+        mean = math.fsum(a) / len(a)
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in a) / len(a))
+    n = len(a)
+    if n == 0:
         return None
-    a = np.sort(a)
-    # np.percentile's default (linear) method, by hand: np.percentile itself spends ~10x
-    # longer in argument handling than in the arithmetic for a window of a few thousand.
-    return WindowStats(metric, int(a.size), window_s, _linear_quantile(a, 0.50), _linear_quantile(a, 0.95),
-                       _linear_quantile(a, 0.99), float(a.mean()), float(a.std()), float(a[0]), float(a[-1]))
+    return WindowStats(metric, n, window_s, _linear_quantile(a, 0.50), _linear_quantile(a, 0.95),
+                       _linear_quantile(a, 0.99), mean, std, float(a[0]), float(a[-1]))
 
 
-def _linear_quantile(sorted_a: np.ndarray, q: float) -> float:
-    pos = q * (sorted_a.size - 1)
+def _linear_quantile(sorted_a, q: float) -> float:
+    n = len(sorted_a)
+    pos = q * (n - 1)
     lo = int(pos)
-    hi = min(lo + 1, sorted_a.size - 1)
+    hi = min(lo + 1, n - 1)
     return float(sorted_a[lo] + (sorted_a[hi] - sorted_a[lo]) * (pos - lo))
 
 
@@ -146,18 +159,21 @@ class LatencyTracker:
             n = len(ts)
             return [(ts[i], vs[i]) for i in range(n - min(n_new, n), n)]
 
-    def values(self, metric: str, now: float | None = None) -> list[float]:
-        return self._array(metric, now).tolist()
-
-    def _array(self, metric: str, now: float | None) -> np.ndarray:
+    def _window(self, metric: str, now: float | None) -> list[float] | np.ndarray:
         now = self.clock() if now is None else now
         with self._lock:
             ts, vs = self._t[metric], self._v[metric]
             self._prune(ts, vs, now)
-            return np.fromiter(vs, dtype=np.float64, count=len(vs))
+            if len(vs) >= _NUMPY_FROM:
+                return np.fromiter(vs, dtype=np.float64, count=len(vs))
+            return list(vs)
+
+    def values(self, metric: str, now: float | None = None) -> list[float]:
+        w = self._window(metric, now)
+        return w.tolist() if isinstance(w, np.ndarray) else w
 
     def stats(self, metric: str, now: float | None = None) -> WindowStats | None:
-        return window_stats(metric, self._array(metric, now), self.window_s)
+        return window_stats(metric, self._window(metric, now), self.window_s)
 
     def snapshot(self, now: float | None = None) -> dict[str, WindowStats]:
         out = {}

@@ -34,14 +34,23 @@ class WatchdogMetrics:
         self.jitter = Gauge(JITTER_GAUGE, "Latency jitter (p99 - p50) over the rolling window, ms.", ["metric"], registry=registry)
         self.events = Counter(EVENTS_COUNTER, "Watchdog events raised.", ["kind", "severity"], registry=registry)
         self.rate = Gauge(RATE_GAUGE, "The watchdog's current sampling rate, Hz.", registry=registry)
+        self._rails: dict = {}
+        self._zones: dict = {}
 
     def update_sample(self, s: PowerSample) -> None:
+        # labelled children are looked up once and kept: labels() costs a lock and a tuple each call
         for rail, mw in s.rails_mw.items():
-            self.rail.labels(rail=rail).set(mw)
+            child = self._rails.get(rail)
+            if child is None:
+                child = self._rails[rail] = self.rail.labels(rail=rail)
+            child.set(mw)
         if s.total_mw is not None:
             self.total.set(s.total_mw)
         for zone, c in s.temps_c.items():
-            self.temp.labels(zone=zone).set(c)
+            child = self._zones.get(zone)
+            if child is None:
+                child = self._zones[zone] = self.temp.labels(zone=zone)
+            child.set(c)
         if s.gpu_load_pct is not None:
             self.gpu_load.set(s.gpu_load_pct)
 

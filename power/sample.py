@@ -95,24 +95,35 @@ def merge(samples: list[PowerSample], t_s: float) -> PowerSample:
 
     The merged sample is available when any part is; the reasons of the
     unavailable parts are kept so the operator sees which sensor is missing.
+    Written out field by field: the watchdog calls this at its sensor rate.
     """
-    out = PowerSample(t_s=t_s, source="+".join(s.source for s in samples if s.available) or "none")
-    reasons = []
+    out = PowerSample(t_s=t_s, source="")
+    sources, reasons = [], []
     for s in samples:
         if not s.available:
             reasons.append(f"{s.source}: {s.reason}")
             continue
-        for k, v in s.rails_mw.items():
-            out.rails_mw.setdefault(k, v)
-        for k, v in s.temps_c.items():
-            out.temps_c.setdefault(k, v)
+        sources.append(s.source)
+        if s.rails_mw:
+            out.rails_mw = {**s.rails_mw, **out.rails_mw} if out.rails_mw else dict(s.rails_mw)
+        if s.temps_c:
+            out.temps_c = {**s.temps_c, **out.temps_c} if out.temps_c else dict(s.temps_c)
         if out.total_mw is None and s.total_mw is not None:
             out.total_mw, out.total_source = s.total_mw, s.total_source
-        for k in ("gpu_load_pct", "gpu_freq_mhz", "cpu_load_pct", "mem_used_mb", "mem_total_mb", "energy_mj"):
-            if getattr(out, k) is None and getattr(s, k) is not None:
-                setattr(out, k, getattr(s, k))
-        out.unreadable.extend(s.unreadable)
-    out.available = any(s.available for s in samples)
+        if out.gpu_load_pct is None:
+            out.gpu_load_pct = s.gpu_load_pct
+        if out.gpu_freq_mhz is None:
+            out.gpu_freq_mhz = s.gpu_freq_mhz
+        if out.cpu_load_pct is None:
+            out.cpu_load_pct = s.cpu_load_pct
+        if out.mem_used_mb is None:
+            out.mem_used_mb, out.mem_total_mb = s.mem_used_mb, s.mem_total_mb
+        if out.energy_mj is None:
+            out.energy_mj = s.energy_mj
+        if s.unreadable:
+            out.unreadable.extend(s.unreadable)
+    out.source = "+".join(sources) or "none"
+    out.available = bool(sources)
     out.reason = "; ".join(reasons) or None
     return out
 

@@ -161,10 +161,13 @@ class Watchdog:
             return slow
         fast = 1.0 / self.sampler.fast_hz
         due = min(self._sensor_due, default=float("inf"))
-        if any(self.tracker.count(m) != self._seq[m] for m in METRICS):
-            due = min(due, min(self._stats_at.values()) + self.stats_interval_s)
-        else:
-            due = min(due, mono + self.stats_interval_s)
+        pending = [self._stats_at[m] for m in METRICS if self.tracker.count(m) != self._seq[m]]
+        if pending:  # observations wait: update their percentiles on time (else they wait for the next wakeup)
+            stats_due = min(pending) + self.stats_interval_s
+            # A percentile update rides on a sensor read that comes within half an interval of
+            # it: one wakeup instead of two (spikes never wait: record() wakes the loop).
+            if stats_due + self.stats_interval_s / 2 < due:
+                due = stats_due
         return min(max(due - mono, fast), slow)
 
     # -- one step -------------------------------------------------------------
@@ -214,26 +217,32 @@ class Watchdog:
         if not self.sensors:
             return []
         events: list[Event] = []
-        read_any = False
-        # sensors due within one fast period are read now, so nearby due times share a wakeup
+        read_any = temps_read = False
+        # Due times advance by whole intervals from a common start (not from "now"), so sensors
+        # whose intervals divide each other (50 ms, 100 ms, 500 ms) stay in step and share
+        # wakeups; one fast period of slack absorbs the loop's own timing jitter.
         slack = 1.0 / self.sampler.fast_hz
         for i, s in enumerate(self.sensors):
             if mono < self._sensor_due[i] - slack:
                 continue
-            self._sensor_due[i] = mono + s.min_interval_s
+            nxt = self._sensor_due[i] + s.min_interval_s
+            self._sensor_due[i] = nxt if nxt > mono else mono + s.min_interval_s  # fell behind: restart the phase
             sample = s.read(wall)
             events += self.engine.check_sensor(sample)
             self._sensor_last[i] = sample
             read_any = True
+            temps_read = temps_read or bool(sample.temps_c)
         if not read_any:
             return events
         board = merge([x for x in self._sensor_last if x is not None], wall)
         prev = self.latest
         self.latest = board
-        events += self.engine.check_power(board) + self.engine.check_temperatures(board)
+        events += self.engine.check_power(board)
+        if temps_read:  # temperatures change only when a sensor that has them was read
+            events += self.engine.check_temperatures(board)
         if prev is not None and (
             moved(prev.total_mw, board.total_mw, rel=0.05, abs_=250.0)
-            or any(moved(prev.temps_c.get(z), c, rel=0.0, abs_=2.0) for z, c in board.temps_c.items())
+            or (temps_read and any(moved(prev.temps_c.get(z), c, rel=0.0, abs_=2.0) for z, c in board.temps_c.items()))
         ):
             self.sampler.note_activity(mono)
         if mono - self._last_sample_log >= self.log_interval_s:

@@ -35,7 +35,9 @@ def local_sensors(sysfs_root: str | Path | None = None, only: list[str] | None =
         "gpu_load": lambda: TegraGpuLoadSensor(sysfs_root),
         "nvml": lambda: NvmlSensor(),
         "rapl": lambda: RaplSensor(sysfs_root),
-        "system": lambda: SystemSensor(),
+        # psutil's temperatures walk /sys/class/hwmon and the thermal zones on every read
+        # (~0.5 ms); where the thermal sensor is present they would only repeat it
+        "system": lambda: SystemSensor(temperatures=not any(f.name == "thermal" for f in found)),
     }
     found: list[Sensor] = []
     notes: list[str] = []

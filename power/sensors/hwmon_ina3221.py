@@ -27,12 +27,13 @@ from edgekit.power.sensors.base import Sensor
 from edgekit.power.sensors.sysfs import ValueFile, read_int, read_text, resolve_root
 
 _LABEL = re.compile(r"^in(\d+)_label$")
-# Each read of an INA3221 value is an I2C transaction, and the chip only refreshes
-# once per conversion period (its hwmon `update_interval`, in ms): reading faster
-# returns the same number and costs CPU. 20 ms (50 Hz) is the floor even where the
-# chip converts faster: it still resolves a transient of a few tens of ms, and
-# keeps power sampling near 0.1 % of a core (measured, scripts/bench_watchdog.py).
-_MIN_INTERVAL_S = 0.020
+# Each read of an INA3221 value is an I2C transaction in the kernel (two per rail),
+# and the chip only refreshes once per conversion period (its hwmon
+# `update_interval`, in ms): reading faster returns the same number and costs CPU.
+# 50 ms (20 Hz) is the floor even where the chip converts faster: the chip averages
+# in hardware, so nothing is lost for energy, and at 20 Hz a power sample stays a
+# small part of the watchdog's budget (scripts/bench_watchdog.py measures the whole).
+_MIN_INTERVAL_S = 0.050
 _MAX_INTERVAL_S = 1.0
 
 
@@ -147,7 +148,7 @@ class Ina3221Sensor(Sensor):
 
 
 def _refresh_interval_s(hwmon_dirs: set[Path]) -> float:
-    """The slowest chip's conversion period (hwmon `update_interval`, ms), clamped to [20 ms, 1 s]."""
+    """The slowest chip's conversion period (hwmon `update_interval`, ms), clamped to [50 ms, 1 s]."""
     worst = _MIN_INTERVAL_S
     for d in hwmon_dirs:
         try:

@@ -126,8 +126,10 @@ def test_window_quantiles_match_numpy_linear_percentiles():
     from edgekit.power.latency import window_stats
 
     rng = np.random.default_rng(0)
-    for n in (1, 2, 3, 17, 1000):
+    for n in (1, 2, 3, 17, 511, 512, 3000):  # both the pure-Python and the numpy path
         a = rng.gamma(2.0, 3.0, size=n)
-        s = window_stats("token", a, 10.0)
-        assert [s.p50_ms, s.p95_ms, s.p99_ms] == pytest.approx(list(np.percentile(a, [50, 95, 99])))
-        assert (s.min_ms, s.max_ms) == (a.min(), a.max())
+        for values in (a, a.tolist()):
+            s = window_stats("token", values, 10.0)
+            assert [s.p50_ms, s.p95_ms, s.p99_ms] == pytest.approx(list(np.percentile(a, [50, 95, 99])))
+            assert (s.min_ms, s.max_ms) == (a.min(), a.max())
+            assert (s.mean_ms, s.std_ms) == (pytest.approx(a.mean()), pytest.approx(a.std()))
