@@ -3,7 +3,7 @@
 This is the sensor every machine has, so the monitor always shows something.
 ``psutil.cpu_percent(None)`` measures since its previous call, which is why the
 first read of a fresh sensor reports 0 % and the sensor is not read faster
-than every 500 ms (a read costs ~0.1-0.5 ms of CPU, and these numbers move slowly).
+than once a second (a read costs ~0.1-0.5 ms of CPU, and these numbers move slowly).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from edgekit.power.sensors.thermal import valid_temp_c, zone_name
 
 class SystemSensor(Sensor):
     name = "system"
-    min_interval_s = 0.5
+    min_interval_s = 1.0
 
     def __init__(self, temperatures: bool = True):
         self.temperatures = temperatures
