@@ -100,3 +100,17 @@ def test_cli_build_json_and_run(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
     assert len(d["token_ids"]) == 3 and d["backend"] == "reference"
+
+
+def test_the_bundled_onnx_matches_the_reference_logits(tiny_bundle):
+    """The bundle's own model.onnx (FP16, the bundle's weights) run by onnxruntime vs the torch reference."""
+    from edgekit.export import check_parity
+
+    result, _ = tiny_bundle
+    b = open_bundle(result.out, [], allow_dev_key=True, device="cpu", golden=False)
+    bucket = result.summary["onnx"]["bucket"]
+    tokens = torch.zeros(1, bucket, dtype=torch.long)
+    tokens[0, :10] = torch.arange(3, 13)
+    parity = check_parity(b.config, b.weights, result.out / "onnx" / "model.onnx", tokens, torch.tensor([10]), dtype="float16")
+    assert parity.max_abs_diff <= parity.tolerance, parity
+    assert parity.ok and parity.argmax_equal
