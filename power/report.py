@@ -112,9 +112,11 @@ def _latency_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     ax2.plot(t, [s["jitter_ms"] for _, s in rows], label="jitter p99 - p50", color="tab:red")
     ax2.plot(t, [s["std_ms"] for _, s in rows], label="standard deviation", color="tab:blue", linewidth=1.0)
     ax2.axhline(budget, color="black", linestyle="--", linewidth=1.0, label=f"budget {budget:g} ms")
+    top = max([budget] + [s["jitter_ms"] for _, s in rows] + [s["std_ms"] or 0.0 for _, s in rows])
+    ax2.set_ylim(0, top * 1.5)  # room above the budget line for the legend
     ax2.set_ylabel("jitter (ms)")
     ax2.set_xlabel("time since start of log (s)")
-    ax2.legend(loc="upper left", fontsize=8)
+    ax2.legend(loc="upper left", fontsize=8, ncol=3)
     ax2.grid(alpha=0.3)
     _mark_events(ax1, c.events, t0, label=True)
     _mark_events(ax2, c.events, t0, label=False)

@@ -36,7 +36,7 @@ def fetch(url: str, timeout_s: float = 2.0) -> str:
     try:
         r = httpx.get(check_url(url), timeout=timeout_s, follow_redirects=False)
     except httpx.HTTPError as e:
-        raise SensorError(f"cannot read {url}: {type(e).__name__}: {e}", hint="is the server running? `edgekit serve` exposes /metrics") from e
+        raise SensorError(f"cannot read {url}: {type(e).__name__}: {e}", hint="is the edgekit server running, and does it serve Prometheus text at that URL?") from e
     if r.status_code != 200:
         raise SensorError(f"{url} answered HTTP {r.status_code}", hint="point --url at the server's /metrics route")
     return r.text
