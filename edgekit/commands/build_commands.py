@@ -299,6 +299,8 @@ def serve(
     store: Optional[Path] = typer.Option(None, "--store", help="Plugin store directory for over-the-air swaps (default: <bundle>.store)."),
     max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for the device; more get HTTP 429."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only at start-up."),
+    watchdog: bool = typer.Option(True, "--watchdog/--no-watchdog", help="Run the latency/power watchdog (budgets from the bundle's target)."),
+    watchdog_log: Optional[Path] = typer.Option(None, "--watchdog-log", help="JSONL log of samples and events (for `edgekit report`)."),
 ) -> None:
     """Serve a verified bundle over HTTP: OpenAI-style /v1/completions and /v1/chat/completions, /healthz,
     /metrics (Prometheus), and token-guarded plugin admin (list, upload a signed plugin, rollback)."""
@@ -320,7 +322,16 @@ def serve(
     for line in st.recovery:
         err_console.print(f"[yellow]store recovered:[/] {line}")
     stack = ServingStack(b, st, max_waiting=max_waiting)
-    app = create_app(stack.engine, admin_token_file=str(admin_token_file) if admin_token_file else None, plugins=stack.admin)
+    extra = []
+    if watchdog:
+        from edgekit.plan.targets import load_target
+        from edgekit.power.policy import PolicyConfig
+
+        profile = load_target(b.manifest.target.name).model_dump() if b.manifest.target.name else None
+        wd = stack.start_watchdog(PolicyConfig.from_profile(profile), log_path=watchdog_log)
+        extra = [wd.registry]
+    app = create_app(stack.engine, admin_token_file=str(admin_token_file) if admin_token_file else None, plugins=stack.admin,
+                     extra_registries=extra)
     err_console.print(f"serving {b.config.name} ({b.backend}) on http://{host}:{port}  store {store_dir}")
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")

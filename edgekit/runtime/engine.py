@@ -48,6 +48,7 @@ class Engine:
         self._slots = threading.BoundedSemaphore(max_waiting + 1)
         self._cache = decoder.new_cache(shapes.batch, shapes.max_seq_len)
         self.swap_pauses_s: list[float] = []
+        self.shed_until = 0.0  # a watchdog action may ask to refuse new requests until then (monotonic s)
         self.observers: list[Callable[[GenerationStats], None]] = []
 
     # -- operators -------------------------------------------------------
@@ -83,6 +84,8 @@ class Engine:
                  truncate: bool = False) -> Completion:
         # reject what cannot fit before queueing (raises ShapeError with the limit)
         self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
+        if time.monotonic() < self.shed_until:
+            raise OverloadedError("shedding load on a watchdog budget breach", hint="retry shortly")
         if not self._slots.acquire(blocking=False):
             raise OverloadedError("the server is at capacity: every request slot is taken", hint="retry shortly")
         try:

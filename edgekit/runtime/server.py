@@ -84,12 +84,10 @@ def _read_token(path: str | None) -> str | None:
 
 
 def create_app(engine: Engine, *, admin_token_file: str | None = None, plugins: PluginAdmin | None = None,
-               extra_metrics: list[Any] | None = None) -> FastAPI:
+               extra_registries: list[Any] | None = None) -> FastAPI:
     app = FastAPI(title="edgekit", docs_url=None, redoc_url=None)
     token = _read_token(admin_token_file)
     metrics = _Metrics()
-    for collector in extra_metrics or []:
-        metrics.registry.register(collector)
     app.state.engine, app.state.metrics = engine, metrics
 
     def observe(stats) -> None:
@@ -156,7 +154,9 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, plugins: 
 
     @app.get("/metrics")
     async def prom():
-        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # the server's own metrics, then the watchdog's (latency histograms, power and jitter gauges)
+        body = b"".join(generate_latest(r) for r in [metrics.registry, *(extra_registries or [])])
+        return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/plugins")
     async def list_plugins(request: Request):

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections import deque
@@ -72,11 +71,7 @@ class _Probation:
     baseline_ms: list[float]
     seen_ms: list[float] = field(default_factory=list)
     requests: int = 0
-
-
-def _jitter(ms: list[float]) -> float:
-    s = sorted(ms)
-    return s[int(0.99 * (len(s) - 1))] - s[len(s) // 2]
+    faults: int = 0
 
 
 class ServingStack:
@@ -102,8 +97,31 @@ class ServingStack:
         for op in self._bundle_sources:
             self._install(op, self._bundle_impls[op], self._bundle_sources[op], fallback=None, probation=False)
         self.engine.observers.append(self._observe)
+        self.watchdog = None
         if self.admin is not None:
             self.admin.sync()
+
+    def start_watchdog(self, policy=None, sensors=None, log_path: Path | None = None):
+        """Latency tracker + power sensors + policies; breaches become events, and `rollback_probation`
+        (roll back every plugin still on probation) and `shed_load` are registered as its actions."""
+        from edgekit.power.jsonl import JsonlLogger
+        from edgekit.power.sensors.discover import local_sensors
+        from edgekit.power.watchdog import Watchdog
+
+        if sensors is None:
+            sensors, _ = local_sensors()
+        wd = Watchdog(sensors=sensors, policy=policy, logger=JsonlLogger(log_path) if log_path else None,
+                      on_event=lambda e: self._event("watchdog", detail=str(e.to_dict() if hasattr(e, "to_dict") else e)))
+        wd.actions.register("rollback_probation", lambda *a, **k: [self._rollback(op, "watchdog budget breach")
+                                                                    for op in list(self._probation)],
+                            "roll back every operator plugin still on probation")
+        wd.actions.register("shed_load", lambda *a, **k: self._shed_load(), "refuse new requests for a moment (HTTP 429)")
+        self.watchdog = wd.start()
+        return wd
+
+    def _shed_load(self) -> None:
+        self._event("shed_load")
+        self.engine.shed_until = time.monotonic() + 1.0
 
     # -- operator switching -----------------------------------------------------
     def _install(self, op: str, fn: Callable, source: str, fallback: Callable | None, probation: bool) -> float:
@@ -149,6 +167,9 @@ class ServingStack:
 
     def _fault(self, op: str, reason: str) -> None:
         self._event("operator_fault", op=op, reason=reason)
+        with self._lock:
+            if op in self._probation:
+                self._probation[op].faults += 1
         if self.admin is not None and self.store.pointer(op).version is not None:
             # off the request's thread: the request finishes on its fallback meanwhile
             threading.Thread(target=self._rollback, args=(op, f"fault: {reason}"), daemon=True).start()
@@ -162,6 +183,8 @@ class ServingStack:
 
     def _observe(self, stats) -> None:
         ms = [t * 1000 for t in stats.token_times_s]
+        if self.watchdog is not None:
+            self.watchdog.tracker.record_request(stats.prefill_s, stats.prefill_s + stats.decode_s, stats.token_times_s)
         decisions = []
         with self._lock:
             for op, p in list(self._probation.items()):
@@ -180,15 +203,19 @@ class ServingStack:
                 self._rollback(op, f"probation: {why}")
 
     def _verdict(self, p: _Probation) -> tuple[bool, str]:
-        if len(p.baseline_ms) < 8 or len(p.seen_ms) < 8:
-            return True, "not enough decode steps to compare; confirmed on golden vectors alone"
-        b50, n50 = statistics.median(p.baseline_ms), statistics.median(p.seen_ms)
-        if n50 > b50 * (1 + self.policy.max_slowdown):
-            return False, f"median token latency {n50:.2f} ms vs {b50:.2f} ms before (>{self.policy.max_slowdown:.0%} slower)"
-        bj, nj = _jitter(p.baseline_ms), _jitter(p.seen_ms)
-        if nj > bj + self.policy.jitter_budget_ms:
-            return False, f"jitter {nj:.2f} ms vs {bj:.2f} ms before (budget +{self.policy.jitter_budget_ms} ms)"
-        return True, f"median {n50:.2f} ms (was {b50:.2f}), jitter {nj:.2f} ms (was {bj:.2f})"
+        """The watchdog's before/after judgement (edgekit.power.probation) on per-token decode latency."""
+        from edgekit.power.latency import window_stats
+        from edgekit.power.probation import judge_probation
+
+        before = window_stats("token", p.baseline_ms, 0.0) if p.baseline_ms else None
+        after = window_stats("token", p.seen_ms, 0.0) if p.seen_ms else None
+        v = judge_probation(before, after, jitter_budget_ms=self.policy.jitter_budget_ms,
+                            p50_tolerance=self.policy.max_slowdown, jitter_tolerance_ms=self.policy.jitter_budget_ms,
+                            nonfinite_after=p.faults, min_samples=8)
+        if v.outcome == "undecided":
+            return True, "not enough decode steps to compare; confirmed on its golden vectors alone"
+        return (not v.regressed), "; ".join(v.reasons) or (
+            f"p50 {after.p50_ms:.2f} ms (was {before.p50_ms:.2f}), jitter {after.jitter_ms:.2f} ms (was {before.jitter_ms:.2f})")
 
 
 def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key: bool):

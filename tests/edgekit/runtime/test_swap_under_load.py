@@ -158,3 +158,24 @@ def test_probation_rolls_back_a_slower_plugin(server, bundle_dir):
     kinds = [e["kind"] for e in stack.events]
     assert "probation_failed" in kinds and "rollback" in kinds
     assert stack.store.pointer("rmsnorm").version is None  # back to the bundle's plugin
+
+
+def test_watchdog_sees_requests_and_its_actions_are_wired(bundle_dir, tmp_path):
+    from fastapi.testclient import TestClient
+
+    b = open_bundle(bundle_dir, [], allow_dev_key=True, device="cpu", golden=False)
+    stack = ServingStack(b, open_store(tmp_path / "store", b, [], allow_dev_key=True))
+    wd = stack.start_watchdog(sensors=[])
+    try:
+        c = TestClient(create_app(stack.engine, extra_registries=[wd.registry]))
+        assert c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4}).status_code == 200
+        assert wd.tracker.count("token") >= 3 and wd.tracker.count("ttft") == 1
+        assert "token_latency_seconds_bucket" in c.get("/metrics").text
+        from edgekit.power.events import Event
+
+        breach = Event(t_s=time.time(), kind="jitter", severity="critical", message="injected breach")
+        results = wd.actions.run(breach, ["shed_load"])
+        assert results and all(r.to_dict().get("ok", True) for r in results)
+        assert c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}).status_code == 429
+    finally:
+        wd.stop()
