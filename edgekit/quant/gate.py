@@ -7,13 +7,13 @@ Three measurements, all against the unquantized model on the same tokens:
   its own, so it counts window_len - 1 predictions); the gate bounds the
   relative increase, quant / fp - 1.
 - greedy agreement over ``new_tokens`` tokens, teacher-forced: the FP model
-  generates ``new_tokens`` tokens greedily (prefill + decode steps, as
-  ``edgekit generate`` does) from each prompt; then both models read prompt +
-  that FP continuation in one pass, and the agreement is the fraction of the
-  ``new_tokens`` positions where the quantized model's argmax equals the FP
-  model's argmax. Teacher forcing keeps one early disagreement from being
-  counted again at every later position; the first disagreement of each prompt
-  is reported too.
+  generates ``new_tokens`` tokens greedily from each prompt (prefill + decode
+  steps as ``edgekit generate`` runs them, no stop token); then the quantized
+  model reads prompt + that FP continuation in one pass, and the agreement is
+  the fraction of the ``new_tokens`` positions where its argmax is the token
+  the FP model generated there. Teacher forcing keeps one early disagreement
+  from being counted again at every later position; the first disagreement of
+  each prompt is reported too.
 - logits SNR over every scored position of the perplexity windows:
   10 log10(sum fp^2 / sum (fp - quant)^2), in dB.
 
@@ -89,7 +89,6 @@ class Reference:
     hidden: list[torch.Tensor]  # (1, T, C) FP final hidden states (before the final norm)
     sequences: list[torch.Tensor]  # (1, P + N) prompt + FP greedy continuation
     prompt_lens: list[int]
-    seq_hidden: list[torch.Tensor]  # (1, P + N, C)
 
     @property
     def n_scored(self) -> int:
@@ -132,21 +131,22 @@ def build_reference(fp_decoder: Decoder, text: EvalText, new_tokens: int, steps:
         for p, cont in zip(text.prompts, greedy_batch(fp_decoder, text.prompts, new_tokens, steps)):
             sequences.append(torch.tensor([p + cont], dtype=torch.long))  # (1, P + N)
             prompt_lens.append(len(p))
-    hidden, seq_hidden = [], []
-    with steps.task("FP reference pass", len(text.windows) + len(sequences)) as advance:
+    hidden = []
+    with steps.task("FP reference pass", len(text.windows)) as advance:
         for w in text.windows:
             hidden.append(run_blocks(fp_decoder, embed(fp_decoder, w)))
             advance()
-        for s in sequences:
-            seq_hidden.append(run_blocks(fp_decoder, embed(fp_decoder, s)))
-            advance()
-    return Reference(fp_decoder, text.windows, hidden, sequences, prompt_lens, seq_hidden)
+    return Reference(fp_decoder, text.windows, hidden, sequences, prompt_lens)
 
 
-def _nll_sum(lg: torch.Tensor, tokens: torch.Tensor) -> float:
-    """Sum of next-token NLL: logits (T, V) at positions 0..T-2 predict tokens 1..T-1."""
-    logp = torch.log_softmax(lg[:-1].to(torch.float64), dim=-1)  # (T-1, V)
-    return float(-logp.gather(1, tokens[1:, None]).sum())
+def _log_probs(lg: torch.Tensor) -> torch.Tensor:
+    """Next-token log-probabilities at the scored positions 0..T-2 of logits (T, V)."""
+    return torch.log_softmax(lg[:-1].to(torch.float32), dim=-1)  # (T-1, V)
+
+
+def _nll_sum(logp: torch.Tensor, tokens: torch.Tensor) -> float:
+    """Sum of the NLL of tokens 1..T-1 under log-probabilities (T-1, V)."""
+    return float(-logp.gather(1, tokens[1:, None]).to(torch.float64).sum())
 
 
 @torch.no_grad()
@@ -158,26 +158,27 @@ def evaluate(
     label: str = "evaluating",
 ) -> dict:
     """Measure the quantized model against the reference. Returns the metrics as a plain dict."""
-    nll_fp = nll_q = 0.0
+    nll_fp = nll_q = kl = 0.0
     sig = err = 0.0
     with steps.task(label, len(ref.windows) + len(ref.sequences)) as advance:
         for w, h in zip(ref.windows, ref.hidden):
             lf = logits(ref.decoder, h)[0]  # (T, V)
             lq = logits(quant_decoder, run_blocks(quant_decoder, embed(quant_decoder, w), kv_transform=kv_transform))[0]
             tok = w[0].to(lf.device)
-            nll_fp += _nll_sum(lf, tok)
-            nll_q += _nll_sum(lq, tok)
-            d = (lf[:-1] - lq[:-1]).to(torch.float64)  # scored positions only
-            sig += float(lf[:-1].to(torch.float64).pow(2).sum())
-            err += float(d.pow(2).sum())
+            lpf, lpq = _log_probs(lf), _log_probs(lq)  # (T-1, V)
+            nll_fp += _nll_sum(lpf, tok)
+            nll_q += _nll_sum(lpq, tok)
+            kl += float(torch.sum(lpf.exp() * (lpf - lpq), dtype=torch.float64))
+            d = lf[:-1].float() - lq[:-1].float()  # (T-1, V) scored positions only
+            sig += float(torch.sum(lf[:-1].float().pow(2), dtype=torch.float64))
+            err += float(torch.sum(d.pow(2), dtype=torch.float64))
             advance()
         agree = total = 0
         first_div = []
-        for s, p, h in zip(ref.sequences, ref.prompt_lens, ref.seq_hidden):
-            lf = logits(ref.decoder, h)[0]  # (P+N, V)
+        for s, p in zip(ref.sequences, ref.prompt_lens):
             lq = logits(quant_decoder, run_blocks(quant_decoder, embed(quant_decoder, s), kv_transform=kv_transform))[0]
             # Positions P-1 .. P+N-2 predict the N generated tokens.
-            same = lf[p - 1 : -1].argmax(-1) == lq[p - 1 : -1].argmax(-1)  # (N,)
+            same = lq[p - 1 : -1].argmax(-1) == s[0, p:].to(lq.device)  # (N,)
             agree += int(same.sum())
             total += same.numel()
             miss = (~same).nonzero()
@@ -193,6 +194,7 @@ def evaluate(
         "greedy_positions": total,
         "first_disagreement": first_div,
         "logits_snr_db": 10.0 * math.log10(sig / err) if err > 0 else math.inf,
+        "mean_kl_nats": kl / n,  # KL(fp || quant) per scored token: reported, not gated
         "tokens_scored": n,
     }
 
@@ -230,7 +232,7 @@ def perplexity(decoder: Decoder, windows: list[torch.Tensor], kv_transform: KVTr
     with steps.task("perplexity", len(windows)) as advance:
         for w in windows:
             lg = logits(decoder, run_blocks(decoder, embed(decoder, w), kv_transform=kv_transform))[0]  # (T, V)
-            nll += _nll_sum(lg, w[0].to(lg.device))
+            nll += _nll_sum(_log_probs(lg), w[0].to(lg.device))
             n += w.shape[1] - 1
             advance()
     return {"perplexity": math.exp(nll / n), "tokens_scored": n}

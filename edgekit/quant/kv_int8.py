@@ -5,9 +5,11 @@ bytes against FP16 (a quarter against FP32); the scales are FP32, 2 * Hkv per
 block. Static per-head scales (rather than a scale per token) keep the decode
 attention kernel's dequantization to one multiply per head, and cost no extra
 memory per token. Values beyond the calibrated range are clipped to +-127: the
-gate measures what that costs, since teacher-forced evaluation attends to the
+gate measures what that costs, since its teacher-forced pass attends to the
 same round trip (``KVScales.roundtrip``) that a decode step reads from this
-cache.
+cache. (A prefill attends to the unrounded K/V of its own chunk and only
+writes the rounded ones, so for prompt positions the gate is slightly
+pessimistic; for generated tokens it is exact, see test_kv_int8.py.)
 
 The decoder reaches the cache only through ``write_prefix``, ``write_token``
 and ``layer``; ``layer(i)`` returns dequantized (k, v) for the reference

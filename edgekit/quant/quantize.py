@@ -146,6 +146,48 @@ def _fp_steps(n_ranked: int, limit: int) -> list[int]:
     return [k for k in dict.fromkeys(out) if 0 < k <= n_ranked]
 
 
+@dataclass
+class PreparedQuantization:
+    """Every layer quantized, before the gate decides which of them to use."""
+
+    config: ModelConfig
+    layers: dict[str, LinearWeights]  # layer -> its INT8 record
+    stored_fp: ModelWeights  # the FP model with its float tensors rounded through the storage dtype
+    storage_dtype: torch.dtype
+    stats: CalibrationStats | None
+    kv_scales: KVScales | None
+
+    def assemble(self, fp_layers=()) -> ModelWeights:
+        """The quantized model with the named layers left in floating point."""
+        return _assemble(self.stored_fp, self.layers, set(fp_layers), self.storage_dtype)
+
+    def decoder(self, fp_layers=(), ops=None) -> Decoder:
+        return make_decoder(self.config, self.assemble(fp_layers), ops, self.kv_scales)
+
+
+def prepare_quantization(
+    loaded: LoadedModel, mode: str, *, kv_int8: bool = False, options: QuantizeOptions | None = None, steps: Steps = SILENT
+) -> PreparedQuantization:
+    """Calibrate (when W8A8 or the INT8 KV cache needs activation ranges) and quantize every layer; no gate."""
+    if mode not in MODES:
+        raise QuantizationError(f"unknown quantization mode {mode!r}; expected one of {', '.join(MODES)}")
+    if loaded.weights is None:
+        raise QuantizationError(f"{loaded.source.location}: the model was loaded without weights", hint="load it with weights=True")
+    opts = options or QuantizeOptions()
+    cfg, fp_weights = loaded.config, loaded.weights.to(dtype=torch.float32)
+    stats = None
+    if mode == "w8a8" or kv_int8:
+        stats = calibrate(cfg, fp_weights, calibration_windows(loaded, opts.calibration_tokens, opts.calibration_window_len), steps)
+    return PreparedQuantization(
+        config=cfg,
+        layers=quantize_layers(fp_weights, mode, stats, opts.alpha, opts.quantize_head),
+        stored_fp=_stored_fp(fp_weights, opts.storage_dtype),
+        storage_dtype=opts.storage_dtype,
+        stats=stats,
+        kv_scales=KVScales.from_absmax(stats.k_absmax, stats.v_absmax) if kv_int8 else None,
+    )
+
+
 def quantize_model(
     loaded: LoadedModel,
     mode: str = "w8a16",
@@ -162,10 +204,6 @@ def quantize_model(
     Raises GateFailedError (a QuantizationError, with ``.report``) when the gate
     fails and mixed precision is not allowed or cannot rescue it.
     """
-    if mode not in MODES:
-        raise QuantizationError(f"unknown quantization mode {mode!r}; expected one of {', '.join(MODES)}")
-    if loaded.weights is None:
-        raise QuantizationError(f"{loaded.source.location}: the model was loaded without weights", hint="load it with weights=True")
     opts = options or QuantizeOptions()
     gate = gate or GateConfig.for_mode(mode)
     gate.validate()
@@ -184,24 +222,16 @@ def quantize_model(
         "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",
     }
 
-    # 1. calibration (only what needs activation ranges)
-    stats = None
+    # 1-2. calibration (only what needs activation ranges), then every layer quantized
     t = time.perf_counter()
-    calib = calibration_windows(loaded, opts.calibration_tokens, opts.calibration_window_len)
-    if mode == "w8a8" or kv_int8:
-        stats = calibrate(cfg, fp_weights, calib, steps)
+    prepared = prepare_quantization(loaded, mode, kv_int8=kv_int8, options=opts, steps=steps)
+    stats, quantized, stored_fp, kv_scales = prepared.stats, prepared.layers, prepared.stored_fp, prepared.kv_scales
+    if stats is not None:
         report["calibration"] = {"text": f"edgekit/quant/data/{corpus.CALIBRATION_FILE}", **stats.summary()}
     else:
         report["calibration"] = {"text": None, "note": "weight-only INT8 with an FP KV cache needs no activation ranges"}
-    timings["calibration_s"] = time.perf_counter() - t
-
-    # 2. quantize every layer
-    t = time.perf_counter()
-    quantized = quantize_layers(fp_weights, mode, stats, opts.alpha, opts.quantize_head)
-    stored_fp = _stored_fp(fp_weights, dt)
-    kv_scales = KVScales.from_absmax(stats.k_absmax, stats.v_absmax) if kv_int8 else None
     kv_transform = kv_scales.roundtrip if kv_scales is not None else None
-    timings["quantize_s"] = time.perf_counter() - t
+    timings["calibrate_and_quantize_s"] = time.perf_counter() - t
 
     # 3. the gate
     t = time.perf_counter()
@@ -211,7 +241,7 @@ def quantize_model(
     report["gate"] = {"config": gate.to_dict(), "text": "edgekit/quant/data/heldout.txt" if eval_text is None else "caller-provided"}
 
     def attempt(fp_layers: list[str], label: str) -> tuple[ModelWeights, dict, list[str]]:
-        w = _assemble(stored_fp, quantized, set(fp_layers), dt)
+        w = prepared.assemble(fp_layers)
         metrics = evaluate(Decoder(cfg, w, ops), ref, kv_transform, steps, label)
         return w, metrics, check(metrics, gate)
 
@@ -228,6 +258,13 @@ def quantize_model(
                                  "tokens": sum(w.shape[1] for w in sens), "metric": "mean KL(fp || quant), nats/token",
                                  "layers": ranking}
         timings["sensitivity_s"] = time.perf_counter() - t
+
+    if fails and kv_int8:
+        # Mixed precision restores linear layers only; measure how much of the damage the INT8 KV cache does alone.
+        t = time.perf_counter()
+        kv_only = evaluate(Decoder(cfg, stored_fp, ops), ref, kv_transform, steps, "gate: only the KV cache INT8")
+        report["gate"]["kv_int8_alone"] = {"metrics": kv_only, "failures": check(kv_only, gate)}
+        timings["kv_int8_alone_s"] = time.perf_counter() - t
 
     if fails and allow_mixed:
         t = time.perf_counter()
@@ -261,6 +298,9 @@ def quantize_model(
         else:
             msg = f"the {mode} model fails the accuracy gate: {why}; the layers that hurt most: {worst}"
             hint = "pass --allow-mixed to keep the most sensitive layers in floating point, or use w8a16"
+        if kv_int8 and report["gate"]["kv_int8_alone"]["failures"]:
+            msg += "; the INT8 KV cache alone already fails the gate"
+            hint = "drop --kv-int8"
         raise GateFailedError(msg, report, hint=hint)
     return QuantizationResult(cfg, weights, kv_scales, report, precisions)
 

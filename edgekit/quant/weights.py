@@ -25,7 +25,7 @@ MIN_SCALE = torch.finfo(torch.float32).tiny
 
 def per_channel_scales(w: torch.Tensor) -> torch.Tensor:
     """FP32 scales (N,) for a weight (N, K): max |w| of each row / 127, floored at MIN_SCALE; 1 for all-zero rows."""
-    amax = w.detach().to(torch.float64).abs().amax(dim=1)  # (N,) in FP64 so a huge FP32 outlier cannot overflow
+    amax = w.detach().abs().amax(dim=1).to(torch.float64)  # (N,) the max of finite values is finite
     scale = torch.where(amax > 0, (amax / INT8_MAX).clamp(min=MIN_SCALE), torch.ones_like(amax)).to(torch.float32)
     # Rounding to FP32 may round a scale up; near the top of the FP32 range 127 * scale would then
     # overflow to inf when the kernel dequantizes. Step such scales down by one ulp.
@@ -47,8 +47,14 @@ def quantize_per_channel(w: torch.Tensor, name: str = "weight") -> tuple[torch.T
             "expected finite weights",
             hint="the source model file is corrupt or was saved after a diverged training step",
         )
+    fmax = torch.finfo(torch.float32).max
+    if float(w.detach().abs().max()) > fmax:
+        raise QuantizationError(f"{name}: values up to {float(w.detach().abs().max()):.3g} exceed the FP32 range of the scales "
+                                f"({fmax:.3g}); expected weights that fit FP32")
     scale = per_channel_scales(w)  # (N,)
-    # Divide in FP64 so q is the correctly rounded quotient even for huge values.
+    # Divide in FP64: the FP32 quotient of a weight that sits exactly half a step below a grid point
+    # (common for weights that come from a 4-bit GGUF grid) rounds up to the .5 tie and then to the
+    # wrong integer; FP64 keeps it below the tie, so every q is the nearest integer to w / scale.
     q = torch.round(w.detach().to(torch.float64) / scale.to(torch.float64)[:, None])  # (N, K)
     q = q.clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
