@@ -33,12 +33,23 @@ def test_round_trip_error_is_at_most_half_a_step(seed, n, k, log10_scale):
     assert q.dtype == torch.int8 and q.shape == w.shape and scale.shape == (n,)
     assert int(q.min()) >= -127  # symmetric: -128 is never used
     _check_scales(scale)
-    err = (dequantize_per_channel(q, scale).double() - w.double()).abs()  # (N, K)
-    # |w - q s| <= s/2, plus the FP32 rounding of the product q * s
-    bound = scale.double()[:, None] * (0.5 + 1e-6)
-    assert bool((err <= bound).all()), float((err / bound).max())
+    # q is the nearest integer to w / s: |w - q s| <= s/2 exactly (products in FP64 are exact here)
+    err = (q.double() * scale.double()[:, None] - w.double()).abs()  # (N, K)
+    assert bool((err <= scale.double()[:, None] / 2).all()), float((err / scale.double()[:, None]).max())
+    # and the FP32 dequantization adds only its own rounding
+    deq_err = (dequantize_per_channel(q, scale).double() - w.double()).abs()
+    assert bool((deq_err <= scale.double()[:, None] * (0.5 + 1e-6)).all())
     # the largest value of each row uses the full range
     assert bool((q.abs().amax(dim=1) == 127).all())
+
+
+def test_half_step_weights_round_to_the_nearest_integer():
+    """A 4-bit GGUF grid puts weights at exactly half the row maximum: w / s is then a hair below 63.5
+    (s is rounded to FP32), so the nearest integer is 63; an FP32 quotient rounds to the tie and gives 64."""
+    w = torch.tensor([[1.1875, 0.59375, -0.59375]])
+    q, scale = quantize_per_channel(w)
+    assert float(w[0, 1].double() / scale.double()) < 63.5
+    assert q.tolist() == [[127, 63, -63]]
 
 
 def test_all_zero_rows_get_scale_one_and_dequantize_to_zero():
