@@ -165,6 +165,18 @@ def _tokenizer_files(tokenizer) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir()) if p.is_file()}
 
 
+def _package_source_hash(package: str) -> str:
+    """sha256 over a package's .py files: a cached result is stale once the code that made it changes."""
+    import hashlib
+    import importlib
+
+    root = Path(importlib.import_module(package).__file__).parent
+    h = hashlib.sha256()
+    for f in sorted(root.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def _ensure_weights(loaded, spec: str | None):
     """Fill in the weights of a model whose config and tokenizer came from the cache."""
     if loaded.weights is None:
@@ -183,18 +195,23 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     gate = GateConfig.for_mode(mode)
     qopts = QuantizeOptions()
     key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(),
-                    options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__)
+                    options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__,
+                    source=_package_source_hash("edgekit.quant"))
     hit = cache.get("quantize", key)
-    if hit is not None:
-        with tempfile.TemporaryDirectory() as d:
-            Path(d, "model.safetensors").write_bytes(hit["model.safetensors"])
-            q = load_quantized(Path(d), dtype=torch.float16)
-        return q.weights, json.loads(hit["report.json"]), True
-    _ensure_weights(loaded, opts.model)
-    result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps)
-    blob = serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode})
-    cache.put("quantize", key, {"model.safetensors": blob, "report.json": report_bytes(result.report)})
-    return result.weights.to(dtype=torch.float16), json.loads(report_bytes(result.report)), False
+    if hit is None:
+        _ensure_weights(loaded, opts.model)
+        result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps)
+        hit = {"model.safetensors": serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode}),
+               "report.json": report_bytes(result.report)}
+        cache.put("quantize", key, hit)
+        cached = False
+    else:
+        cached = True
+    # Cold and warm builds read the weights back from the same bytes, so they ship identical bundles.
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "model.safetensors").write_bytes(hit["model.safetensors"])
+        q = load_quantized(Path(d), dtype=torch.float16)
+    return q.weights, json.loads(hit["report.json"]), cached
 
 
 def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None = None, quant_steps=None) -> BuildResult:

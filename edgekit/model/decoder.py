@@ -43,8 +43,12 @@ class ModelWeights:
         def mv(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype if dtype is not None else t.dtype)
 
+        emb = mv(self.tok_embeddings)
+        # a tied LM head stays tied: one tensor, not two copies (and serializers see the tie)
+        head = (LinearWeights("linear", emb, mv(self.lm_head.bias) if self.lm_head.bias is not None else None)
+                if self.lm_head.weight is self.tok_embeddings else self.lm_head.to(device, dtype))
         return ModelWeights(
-            tok_embeddings=mv(self.tok_embeddings),
+            tok_embeddings=emb,
             blocks=[
                 BlockWeights(
                     attn_norm=mv(b.attn_norm), wqkv=b.wqkv.to(device, dtype), wo=b.wo.to(device, dtype),
@@ -53,7 +57,7 @@ class ModelWeights:
                 for b in self.blocks
             ],
             norm=mv(self.norm),
-            lm_head=self.lm_head.to(device, dtype),
+            lm_head=head,
         )
 
     def nbytes(self) -> int:
