@@ -9,7 +9,6 @@ cache, so an unchanged rebuild is fast; the bundle itself is deterministic
 
 from __future__ import annotations
 
-import io
 import json
 import tempfile
 import time
@@ -215,13 +214,10 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
 
 
 def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None = None, quant_steps=None) -> BuildResult:
-    from edgekit.build_golden import golden_cases
-    from edgekit.bundle.golden import golden_to_bytes
     from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
     from edgekit.bundle.plugin import plugin_from_compiled
     from edgekit.bundle.writer import BundleWriter
     from edgekit.kernels.variants import op_program
-    from edgekit.model.loader import load_model
     from edgekit.plan.planner import make_plan
     from edgekit.plan.targets import load_target
     from edgekit.quant.io import serialize

@@ -47,17 +47,6 @@ class BuildCache:
         self.hits.append(stage)
         return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".complete"}
 
-    def path(self, stage: str, key: str, name: str) -> Path | None:
-        """The path of one file of a complete entry (for large files read in place)."""
-        if not self.enabled:
-            return None
-        d = self._entry(stage, key)
-        if not (d / ".complete").exists():
-            self.misses.append(stage)
-            return None
-        self.hits.append(stage)
-        return d / name
-
     def put(self, stage: str, key: str, files: dict[str, bytes | Path]) -> None:
         if not self.enabled:
             return

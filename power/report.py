@@ -10,8 +10,6 @@ Files are written atomically (temp file, fsync, rename).
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,18 +29,11 @@ class ReportResult:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """Atomic write (temp file, fsync, rename; the one implementation in edgekit.bundle.canonical)."""
+    from edgekit.bundle.canonical import atomic_write_bytes
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, data)
 
 
 def _save(fig, path: Path) -> None:
