@@ -40,10 +40,8 @@ class Steps:
             yield lambda n=1: None
             return
         tid = self.progress.add_task(description, total=total)
-        try:
-            yield lambda n=1: self.progress.advance(tid, n)
-        finally:
-            self.progress.update(tid, completed=total)
+        yield lambda n=1: self.progress.advance(tid, n)
+        self.progress.update(tid, completed=total)
 
 
 SILENT = Steps(None)
