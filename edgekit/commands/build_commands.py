@@ -161,7 +161,7 @@ def verify(
     backend: str = typer.Option(
         "auto", "--golden-backend", help="Where golden vectors run: cpu (torch reference), gpu (the plugins' own kernels), auto (gpu if CUDA is available)."
     ),
-    show_all: bool = typer.Option(False, "--all", help="List every file check instead of summarizing the passing ones."),
+    show_all: bool = typer.Option(False, "--all", help="List every passing file and golden-vector check instead of summarizing them."),
     json_out: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
 ) -> None:
     """Check a bundle: signature by a trusted key, every file's sha256 and size, schemas, format version,
@@ -212,13 +212,25 @@ def _print_report(report, show_all: bool) -> None:
     t.add_column("file", overflow="fold")
     t.add_column("status")
     t.add_column("reason", overflow="fold")
+    # Passing file and golden checks are summarized (one row for the files, one per golden file); --all lists each.
     passed_files = [c for c in report.checks if c.check == "file" and c.status == "pass"]
-    summarized = False
+    golden_cases: dict[str, int] = {}
     for c in report.checks:
-        if c.check == "file" and c.status == "pass" and not show_all:
-            if not summarized:  # one row where the file checks are, instead of one per file
-                t.add_row("file", f"{len(passed_files)} files", f"[{_STATUS_STYLE['pass']}]pass[/]", "sha256 and size match the signed manifest (--all lists them)")
-                summarized = True
+        if c.check == "golden" and c.status == "pass":
+            golden_cases[c.file.split("#")[0]] = golden_cases.get(c.file.split("#")[0], 0) + 1
+    shown: set[str] = set()
+    for c in report.checks:
+        if c.status == "pass" and not show_all and c.check in ("file", "golden"):
+            key = "files" if c.check == "file" else c.file.split("#")[0]
+            if key in shown:
+                continue
+            shown.add(key)
+            if c.check == "file":
+                t.add_row("file", f"{len(passed_files)} files", f"[{_STATUS_STYLE['pass']}]pass[/]",
+                          "sha256 and size match the signed manifest (--all lists them)")
+            else:
+                t.add_row("golden", key, f"[{_STATUS_STYLE['pass']}]pass[/]",
+                          f"{golden_cases[key]} case(s) within tolerance (--all shows each case's max error)")
             continue
         t.add_row(c.check, c.file, f"[{_STATUS_STYLE[c.status]}]{c.status}[/]", c.reason)
     console.print(t)
