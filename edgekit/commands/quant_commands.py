@@ -137,7 +137,7 @@ def eval_cmd(
     from edgekit.model.decoder import Decoder
     from edgekit.model.loader import load_model
     from edgekit.quant import corpus
-    from edgekit.quant.exact_ops import evaluation_ops
+    from edgekit.kernels.dispatch import DispatchTable
     from edgekit.quant.gate import EvalText, GateConfig, build_reference, check, evaluate, perplexity
     from edgekit.quant.io import REPORT_FILE, load_quantized
     from edgekit.quant.progress import Steps, make_progress
@@ -146,7 +146,7 @@ def eval_cmd(
     body = corpus.read_text_file(text)
     ids = corpus.tokenize(body, m.tokenizer, m.config.vocab_size)
     windows = corpus.windows(ids, window, max_tokens)
-    ops = evaluation_ops()
+    ops = DispatchTable()
     fp = Decoder(m.config, m.weights, ops)
     out: dict = {"model": m.config.name, "text": str(text), "measured_on": "cpu", "window_len": window}
     with make_progress() as progress:

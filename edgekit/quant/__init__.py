@@ -7,6 +7,6 @@ precision; what `edgekit quantize` and the build call), ``io.write_quantized``
 
 One concept per module: weights (per-channel INT8), smoothquant, kv_int8,
 calibration, sensitivity, gate, forward (all-position passes for evaluation),
-exact_ops (a faster bit-identical W8A8 reference), corpus (the shipped text),
+corpus (the shipped text),
 layers (layer names), progress (rich bars), io.
 """

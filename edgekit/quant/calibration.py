@@ -21,7 +21,7 @@ from edgekit.errors import QuantizationError
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
-from edgekit.quant.exact_ops import evaluation_ops
+from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.forward import embed, logits, run_blocks
 from edgekit.quant.layers import named_linears
 from edgekit.quant.progress import SILENT, Steps
@@ -82,7 +82,7 @@ def calibrate(
         raise QuantizationError("calibration needs at least one window of tokens, got none")
     stats = CalibrationStats()
     names = {id(lw): name for name, lw in named_linears(weights).items()}
-    decoder = Decoder(config, weights, evaluation_ops())
+    decoder = Decoder(config, weights, DispatchTable())
     decoder.ops = _RecordingOps(decoder.ops, names, stats.act_absmax)
     k_store: dict[int, torch.Tensor] = {}
     v_store: dict[int, torch.Tensor] = {}

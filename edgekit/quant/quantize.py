@@ -28,7 +28,7 @@ from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.model.loader import LoadedModel
 from edgekit.quant import corpus
 from edgekit.quant.calibration import CalibrationStats, calibrate
-from edgekit.quant.exact_ops import evaluation_ops
+from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, Reference, build_reference, check, evaluate
 from edgekit.quant.kv_int8 import KVScales, make_decoder
 from edgekit.quant.layers import HEAD, dtype_name, named_linears, precision_of, round_through, with_layers
@@ -235,7 +235,7 @@ def quantize_model(
 
     # 3. the gate
     t = time.perf_counter()
-    ops = evaluation_ops()
+    ops = DispatchTable()
     text = eval_text or heldout_eval_text(loaded, gate)
     ref: Reference = build_reference(Decoder(cfg, fp_weights, ops), text, gate.new_tokens, steps)
     report["gate"] = {"config": gate.to_dict(), "text": "edgekit/quant/data/heldout.txt" if eval_text is None else "caller-provided"}

@@ -24,7 +24,7 @@ import torch
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
-from edgekit.quant.exact_ops import evaluation_ops
+from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.forward import embed, logits, run_blocks
 from edgekit.quant.layers import block_index, with_layers
 from edgekit.quant.progress import SILENT, Steps
@@ -44,7 +44,7 @@ def rank_layers(
     the FP one (so a broken quantized layer shows up here, too). Returns
     [{"layer", "kl_nats", "logits_snr_db", "rank"}].
     """
-    ops = evaluation_ops()
+    ops = DispatchTable()
     fp = Decoder(config, fp_weights, ops)
     # FP hidden states at the input of every block, and the FP log-probabilities, per window.
     block_inputs: list[list[torch.Tensor]] = []  # [window][block] (1, T, C)

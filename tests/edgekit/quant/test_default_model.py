@@ -10,7 +10,6 @@ import torch
 
 from edgekit.generate import Generator
 from edgekit.kernels.dispatch import DispatchTable
-from edgekit.quant.exact_ops import evaluation_ops
 from edgekit.quant.forward import all_logits
 from edgekit.quant.gate import GateConfig
 from edgekit.quant.quantize import heldout_eval_text, quantize_model
@@ -34,5 +33,5 @@ def test_w8a16_passes_the_gate_and_generates_the_scored_tokens(default_model):
     out, _ = Generator(dec, StaticShapes.for_context(256)).generate(prompt, 24)
     # ... gives the tokens the gate's teacher-forced pass (evaluation table) ranks first along that sequence.
     seq = torch.tensor([prompt + out])
-    forced = all_logits(r.decoder(evaluation_ops()), seq)[0].argmax(-1)  # (T,)
+    forced = all_logits(r.decoder(DispatchTable()), seq)[0].argmax(-1)  # (T,)
     assert forced[len(prompt) - 1 : -1].tolist() == out

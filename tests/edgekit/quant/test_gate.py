@@ -11,7 +11,7 @@ import pytest
 
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.decoder import Decoder
-from edgekit.quant.exact_ops import evaluation_ops
+from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.gate import GateConfig, GateFailedError, build_reference, check, evaluate
 from edgekit.quant.layers import with_layers
 from edgekit.quant.quantize import heldout_eval_text, quantize_layers, quantize_model, to_precision_plan
@@ -66,7 +66,7 @@ def test_check_fails_a_quantized_model_with_one_corrupted_layer(tiny):
     """The gate's measurements, not only the ranking, see a quantizer bug in a single layer."""
     cfg = tiny.config
     q = quantize_layers(tiny.weights, "w8a16", None, 0.5, include_head=False)
-    ops = evaluation_ops()
+    ops = DispatchTable()
     ref = build_reference(Decoder(cfg, tiny.weights, ops), heldout_eval_text(tiny, GATE), GATE.new_tokens)
     good = evaluate(Decoder(cfg, with_layers(tiny.weights, q), ops), ref)
     assert check(good, GATE) == []
