@@ -14,6 +14,8 @@ loop is what a user runs, so it is timed as a whole (time to first token =
 
 from __future__ import annotations
 
+import abc
+
 import torch
 
 from edgekit.kernels.dispatch import DispatchTable
@@ -60,7 +62,7 @@ class GreedyFeedback:
         self.count.zero_()
 
 
-class SteppedEngine:
+class SteppedEngine(abc.ABC):
     name = "stepped"
     prefill_note = ""
 
@@ -86,8 +88,9 @@ class SteppedEngine:
         if n > self.max_tokens:
             raise ValueError(f"a decode loop of {n} tokens exceeds this engine's {self.max_tokens}")
 
+    @abc.abstractmethod
     def decode(self, first: torch.Tensor, start_pos: int, n: int) -> torch.Tensor:
-        raise NotImplementedError
+        """n greedy tokens after ``first`` at ``start_pos``, fed back on the device (no host sync)."""
 
     def close(self) -> None:
         pass
