@@ -7,26 +7,42 @@ References: ``kernels/linear.py``. Four kernels:
   ``W_INT8`` the weight tile is loaded as INT8 (half the bytes of FP16) and
   dequantised in registers; the per-output-channel scale is applied once to
   the accumulator, which is exact algebra: (x @ q.T) * s.
-- ``_gemv_kernel``: the decode path (M of a few rows). A GEMV is bound by
-  reading the weights once; each program streams a (BLOCK_N, BLOCK_K) weight
-  slab and accumulates exact FP32 products with FMAs (no tensor cores).
+- ``_gemv_kernel``: the decode path (one row per program). A GEMV is bound by
+  reading the weights once. Each thread keeps FP32 partial sums for its own
+  slice of the (BLOCK_N, BLOCK_K) product across the whole K loop
+  (exact FP32 products with FMAs, no tensor cores) and the threads reduce once
+  at the end. When the (N, row) tiles alone cannot fill the device, K is split
+  across programs (split-K): each writes its FP32 partials and a second launch
+  of the same kernel sums them in split order (deterministic) and applies the
+  epilogue.
 - ``_quantize_rows_kernel``: W8A8's per-token dynamic activation quantisation
   (optional SmoothQuant divisor), rounding half to even like ``torch.round``.
 - ``_w8a8_kernel``: INT8 x INT8 ``tl.dot`` into INT32, scaled by the token and
   channel scales in FP32.
 
-INT8 -> FP16 dequantisation uses the exponent trick instead of the
-int-to-float unit (a quarter-rate unit that would cap a GEMV below memory
+INT8 -> FP16 dequantisation (GEMM) uses the exponent trick instead of the
+int-to-float unit (a quarter-rate unit that would cap a kernel below memory
 bandwidth): the FP16 with bits 0x6400 + m is 1024 + m for an integer m < 1024,
-so q + 128 placed in the mantissa, minus 1152, is q exactly.
+so q + 128 placed in the mantissa, minus 1152, is q exactly. The GEMV converts
+straight to FP32 in inline PTX (``_int8_to_f32``: one XOR per 4 weights, then a
+PRMT and a subtraction per weight: 2^23 + q + 128 - (2^23 + 128) = q exactly).
 
-Measured on the H200 (scripts/bench_kernels.py, M=1, 117 MB of INT8 weights):
-this GEMV form ran at 46 us; keeping (BN, BK) FP32 partials across the loop
-with a PRMT-based FP32 dequantisation ran slower (58-60 us), and the
-tensor-core GEMM at BLOCK_M=16 (cp.async pipelined) at 47 us.
+Measured on the H200 (scripts/gemv_lab.py, M=1, llama-3.1-8b w_gate_up, 117 MB of
+INT8, CUDA-graph replay): the earlier GEMV that reduced its (BN, BK) product
+across threads every K step ran at 46 us (60% of copy bandwidth; its SASS spent
+~7.6 instructions a weight on shuffles, shared-memory round trips, barriers and
+conversions); per-thread partials with the PTX conversion: 32.4-33.3 us (83-86%
+of copy bandwidth over four runs), fp16 F.linear 55-58 us. Tensor cores (weights
+as the A operand, x padded to 16 rows) reached 32.4 us but lose accuracy at long
+K (relative error 7.6e-3 at K = 14336 vs 4.8e-4 for FMA), so the one-row GEMV
+stays on FMAs; decode batches of 2+ rows take the tensor-core GEMM (38 us for 4
+or 8 rows of that shape; max |err| / (|ref| + 0.01) up to 1.5e-2 at K = 14336, as
+FP32-accumulating MMAs give).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -34,10 +50,23 @@ import triton.language as tl
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
-from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride
+from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
+from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
 
-GEMV_MAX_ROWS = 8  # decode batches up to this many rows take the GEMV kernel when both are planned
+# Decode calls of this many rows take the GEMV kernel when both are planned; more rows take the tensor-core
+# GEMM. Measured on the H200 (scripts/gemv_lab.py --production): FP32-FMA GEMVs over 4-8 rows (per-row
+# accumulators) ran 3.6-8x slower than one row (3-D accumulators or per-row copies made Triton move x through
+# shared memory every step), slower than the GEMM, so the GEMV is a one-row kernel.
+GEMV_MAX_ROWS = 1
+# Split-K until the GEMV has this many programs per SM, with at least GEMV_SPLIT_MIN_BLOCKS K blocks per split
+# (a split's partials cost a second launch, ~2 us: more than a small GEMV saves). Measured on the H200
+# (scripts/gemv_lab.py --production): 4 per SM vs 8/16 was equal or up to 11% faster on 1.5B-8B shapes.
+GEMV_PROGRAMS_PER_SM = 4
+GEMV_SPLIT_MIN_BLOCKS = 4
+
+# Inline PTX is compiled code: Triton's CPU interpreter (TRITON_INTERPRET=1, read by Triton at import as here)
+# cannot run it and takes the plain conversion instead, which gives the same (exact) values.
+_PTX_DEQUANT = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 @triton.jit
@@ -89,33 +118,69 @@ def _matmul_kernel(
 
 
 @triton.jit
+def _int8_to_f32(w):
+    if _PTX_DEQUANT:
+        # 4 INT8 per register: q ^ 0x80 = q + 128 becomes the low byte of 0x4B000000 (2^23 + q + 128),
+        # minus 2^23 + 128 is q exactly. ~2.3 instructions a weight instead of the int-to-float unit's quarter rate.
+        return tl.inline_asm_elementwise(
+            asm="{ .reg .b32 u, e; xor.b32 u, $4, 0x80808080; mov.b32 e, 0x4B000000;"
+                " prmt.b32 $0, u, e, 0x7650; prmt.b32 $1, u, e, 0x7651;"
+                " prmt.b32 $2, u, e, 0x7652; prmt.b32 $3, u, e, 0x7653;"
+                " sub.f32 $0, $0, 0f4B000080; sub.f32 $1, $1, 0f4B000080;"
+                " sub.f32 $2, $2, 0f4B000080; sub.f32 $3, $3, 0f4B000080; }",
+            constraints="=f,=f,=f,=f,r", args=[w], dtype=tl.float32, is_pure=True, pack=4)
+    else:
+        return w.to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, has_bias,
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, M, N, K, stride_xm, stride_wn, stride_ym, has_bias,
+    num_splits, reduce_splits,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
 ):
+    # One activation row per program (BLOCK_M is 1; GEMV_MAX_ROWS says why).
+    tl.static_assert(BLOCK_M == 1)
     pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    row = tl.program_id(1)
+    pid_s = tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
     rn_ld = rn % N
-    rm_ld = rm % M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        k0 = kb * BLOCK_K
-        kmask = (k0 + rk) < K
-        w = tl.load(w_ptr + rn_ld[:, None] * stride_wn + (k0 + rk)[None, :], mask=kmask[None, :], other=0)  # (BN, BK)
+    mask = rn < N
+    if reduce_splits != 0:
+        # second launch of a split-K GEMV: sum the partials in split order (the same result every run)
+        y = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for sp in range(0, num_splits):
+            y += tl.load(part_ptr + (sp * M + row) * N + rn_ld)
+    else:
+        # this program's share of the K blocks: (BN, BK) FP32 partials per thread across the loop, exact FP32
+        # products (11-bit x 8-bit or 11-bit x 11-bit mantissas), reduced across threads once at the end
+        rk = tl.arange(0, BLOCK_K)
+        n_blocks = tl.cdiv(K, BLOCK_K)
+        per = tl.cdiv(n_blocks, num_splits)
+        first = pid_s * per
+        last = tl.minimum(n_blocks, first + per)
+        w_rows = w_ptr + rn_ld[:, None] * stride_wn
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for kb in range(first, last):
+            k = kb * BLOCK_K + rk
+            kmask = k < K
+            w = tl.load(w_rows + k[None, :], mask=kmask[None, :], other=0)  # (BN, BK)
+            x = tl.load(x_ptr + row * stride_xm + k, mask=kmask, other=0.0)  # (BK,)
+            if W_INT8:
+                wf = _int8_to_f32(w)
+            else:
+                wf = w.to(tl.float32)
+            acc += wf * x.to(tl.float32)[None, :]
+        y = tl.sum(acc, axis=1)
+    if (reduce_splits == 0) & (num_splits > 1):
+        tl.store(part_ptr + (pid_s * M + row) * N + rn, y, mask=mask)  # split-K partials: (splits, M, N) FP32
+    else:
         if W_INT8:
-            w = _int8_to_act(w, x_ptr.dtype.element_ty)
-        x = tl.load(x_ptr + rm_ld[:, None] * stride_xm + (k0 + rk)[None, :], mask=kmask[None, :], other=0.0)  # (BM, BK)
-        # exact FP32 products (11-bit x 8-bit mantissas), FP32 sums
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (BM, BN)
-    if W_INT8:
-        acc = acc * tl.load(s_ptr + rn_ld)[None, :]
-    if has_bias != 0:
-        acc = acc + tl.load(b_ptr + rn_ld).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+            y = y * tl.load(s_ptr + rn_ld)
+        if has_bias != 0:
+            y = y + tl.load(b_ptr + rn_ld).to(tl.float32)
+        tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -199,6 +264,13 @@ def _mm_params(w_type: str, scale_value) -> tuple[Param, ...]:
     )
 
 
+def _gemv_params(w_type: str, scale_value) -> tuple[Param, ...]:
+    # reduce_splits is 0 for the main launch; the split-K reduce launch passes 1 (_mm_launches)
+    mm = _mm_params(w_type, scale_value)
+    return (*mm[:5], Param("part_ptr", "*fp32", ptr("part")), *mm[5:],
+            Param("num_splits", "i32", sym("NUM_SPLITS")), Param("reduce_splits", "i32", 0))
+
+
 def _gemm_space(s: dict) -> list:
     m = int(s.get("rows", s.get("M", 256)))
     bms = (16, 32) if m <= 16 else (32, 64, 128)
@@ -229,26 +301,19 @@ def _gemm_smem(w_bytes: int):
     return est
 
 
-def _gemv_block_m(s: dict) -> int:
-    return pow2_at_least(max(1, min(GEMV_MAX_ROWS, int(s.get("rows", s.get("M", 1))))))
-
-
 def _gemv_space(s: dict) -> list:
-    bm = _gemv_block_m(s)
-    # the (BM, BN, BK) FP32 product is reduced every step: at most 64 values per thread
+    # each thread holds >= 16 weights a step (128-bit INT8 loads) and at most 64 FP32 partials
     return [
-        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, w, st)
-        for bn in (2, 4, 8, 16, 32) for bk in (128, 256, 512, 1024, 2048) for w in (2, 4, 8) for st in (1, 3)
-        if bm * bn * bk <= 64 * 32 * w and bn * bk >= 16 * 32 * w
+        ({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}, w, 1)
+        for bn in (2, 4, 8, 16, 32) for bk in (128, 256, 512, 1024, 2048) for w in (2, 4, 8)
+        if 16 * 32 * w <= bn * bk <= 64 * 32 * w
     ]
 
 
 def _gemv_default(s: dict):
-    bm = _gemv_block_m(s)
-    if bm == 1:  # measured best on the H200 (llama-3.1-8b w_gate_up, 1x4096 @ 4096x28672): 8 x 1024, 4 warps
-        return {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024}, 4, 1
-    bn = 8 if bm <= 2 else 4
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": max(128, min(1024, 8192 // (bm * bn)))}, 4, 1
+    # measured on the H200 (scripts/gemv_lab.py --production, M=1): 16 x 256 at 4 warps: 86% of copy
+    # bandwidth on 117 MB of weights
+    return {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 256}, 4, 1
 
 
 def _defs(op: str, prefix: str, w_type: str, w_int8: int, scale_value) -> tuple[KernelDef, KernelDef]:
@@ -262,12 +327,11 @@ def _defs(op: str, prefix: str, w_type: str, w_int8: int, scale_value) -> tuple[
         smem_estimate=_gemm_smem(1 if w_int8 else 2), fixed={"W_INT8": w_int8},
     )
     gemv = KernelDef(
-        op=op, kernel=f"{prefix}_gemv", fn=_gemv_kernel, params=_mm_params(w_type, scale_value),
+        op=op, kernel=f"{prefix}_gemv", fn=_gemv_kernel, params=_gemv_params(w_type, scale_value),
         constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K", "W_INT8"), precision=prec,
-        # the cross-thread reduction over BLOCK_K goes through shared memory (measured 0.1-8 KB on sm_87/90)
+        # only the final cross-thread reduction of the partials goes through shared memory
         uses_shared_memory=True, space=_gemv_space, default=_gemv_default,
-        smem_estimate=lambda c, warps, stages, nbytes: 4096 if c["BLOCK_M"] == 1 else
-        max(4096, c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_K"]) * max(1, stages - 1),
+        smem_estimate=lambda c, warps, stages, nbytes: max(4096, 4 * c["BLOCK_N"] * warps),
         fixed={"W_INT8": w_int8},
     )
     return gemv, gemm
@@ -323,15 +387,32 @@ W8A8_GEMM = KernelDef(
 
 
 # --------------------------------------------------------------------------- programs
+def _gemv_splits(c: dict, with_gemm: bool) -> dict:
+    """Split-K factor (launch-rule expression): enough programs to fill the device, never fewer than
+    GEMV_SPLIT_MIN_BLOCKS K blocks a split, and 1 when the call has more rows than the GEMV takes and a GEMM is planned (the GEMM runs it)."""
+    M, N, K = shape("x", 0), shape("weight", 0), shape("x", 1)
+    tiles = mul(cdiv(N, c["BLOCK_N"]), cdiv(M, c["BLOCK_M"]))
+    wanted = cdiv(mul(GEMV_PROGRAMS_PER_SM, {"device": "sm_count"}), tiles)
+    splits = {"min": [cdiv(K, c["BLOCK_K"] * GEMV_SPLIT_MIN_BLOCKS), wanted]}
+    if with_gemm:
+        splits = mul(splits, {"min": [1, {"floordiv": [c["BLOCK_M"], M]}]})  # x 0 when M > BLOCK_M
+    return {"max": [1, splits]}
+
+
 def _mm_launches(variants, gemv: KernelDef, gemm: KernelDef) -> list[dict]:
     v_gemv, v_gemm = variants.get(gemv.kernel), variants.get(gemm.kernel)
     M, N = shape("x", 0), shape("weight", 0)
     launches = []
     if v_gemv is not None:
         c = v_gemv.constexprs
-        grid = [cdiv(N, c["BLOCK_N"]), cdiv(M, c["BLOCK_M"]), 1]
+        tiles = [cdiv(N, c["BLOCK_N"]), cdiv(M, c["BLOCK_M"])]
         when = {"cmp": "le", "a": M, "b": c["BLOCK_M"]} if v_gemm is not None else None
-        launches.append(launch_of(gemv, grid, when))
+        launches.append(launch_of(gemv, [*tiles, sym("NUM_SPLITS")], when))
+        # the same kernel again, summing the split-K partials (NUM_SPLITS is 1 on the GEMM path)
+        reduce = launch_of(gemv, [*tiles, 1], {"cmp": "gt", "a": sym("NUM_SPLITS"), "b": 1})
+        assert gemv.params[-1].name == "reduce_splits"
+        reduce["args"][-1] = 1
+        launches.append(reduce)
     if v_gemm is not None:
         c = v_gemm.constexprs
         grid = [mul(cdiv(M, c["BLOCK_M"]), cdiv(N, c["BLOCK_N"])), 1, 1]
@@ -343,11 +424,16 @@ def _mm_launches(variants, gemv: KernelDef, gemm: KernelDef) -> list[dict]:
 
 
 def _mm_program(op: str, inputs: list[str], optional: list[str], variants, gemv: KernelDef, gemm: KernelDef) -> dict:
+    M, N = shape("x", 0), shape("weight", 0)
+    v_gemv = variants.get(gemv.kernel)
+    splits = _gemv_splits(v_gemv.constexprs, gemm.kernel in variants) if v_gemv is not None else 1
+    used = {"min": [1, {"sub": [sym("NUM_SPLITS"), 1]}]}  # 0 without split-K: an empty partials buffer
     return program_doc(
         op, inputs, optional, [],
         checks=[check("eq", shape("weight", 1), shape("x", 1), "weight (N, K) must match x (M, K)")],
-        let=[],
-        buffers=[{"name": "y", "shape": [shape("x", 0), shape("weight", 0)], "dtype": {"like": "x"}}],
+        let=[["NUM_SPLITS", splits]],
+        buffers=[{"name": "y", "shape": [M, N], "dtype": {"like": "x"}},
+                 {"name": "part", "shape": [mul(sym("NUM_SPLITS"), used), M, N], "dtype": "fp32"}],
         launches=_mm_launches(variants, gemv, gemm),
         outputs=["y"],
     )

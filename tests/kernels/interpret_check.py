@@ -33,7 +33,10 @@ import fp64_oracle as oracle  # noqa: E402
 
 from edgekit.kernels import attention, linear, rmsnorm, rope, swiglu  # noqa: E402
 from edgekit.kernels.rope import rope_frequencies  # noqa: E402
-from edgekit.kernels.triton_backend import triton_ops  # noqa: E402
+from edgekit.kernels.launch_rule import resolve_program  # noqa: E402
+from edgekit.kernels.program_runner import device_properties  # noqa: E402
+from edgekit.kernels.triton_backend import TritonOp, triton_ops  # noqa: E402
+from edgekit.kernels.variants import default_variants, op_program  # noqa: E402
 
 
 def main() -> None:
@@ -54,7 +57,7 @@ def main() -> None:
     gu = torch.randn(4, 2 * 80, dtype=h)
     record("swiglu (4,160)", swiglu.SPEC, ops["swiglu"](gu), oracle.swiglu(gu))
 
-    for m in (1, 3, 37):  # decode rows take the GEMV kernel (one-row and multi-row paths), prefill the GEMM
+    for m in (1, 3, 37):  # a one-row decode call takes the GEMV kernel, more rows the GEMM
         xx = torch.randn(m, 64, dtype=h)
         W = (torch.randn(40, 64) * 0.125).to(h)
         b = torch.randn(40, dtype=h)
@@ -66,6 +69,26 @@ def main() -> None:
         # W8A8 is held to its reference in the kernel's own FP32 arithmetic (see test_references)
         record(f"linear_w8a8 M={m}", linear.W8A8_SPEC, ops["linear_w8a8"](xx, q8.clamp(-127), sc, None, sm),
                linear.linear_w8a8_reference(xx.float(), q8.clamp(-127), sc, None, sm))
+
+    # split-K GEMV: on the interpreter's pretend 8-SM device a K of 2032 (8 blocks of 256, the last one partial)
+    # is split across programs whose FP32 partials a second launch of the same kernel sums
+    # (M=3: a GEMV-only program, as planned for a batch-1 LM head, runs one row per program)
+    for m in (1, 3):
+        xx = torch.randn(m, 2032, dtype=h)
+        q8 = torch.randint(-128, 128, (48, 2032), dtype=torch.int8)
+        sc = torch.rand(48) * 0.002
+        b = torch.randn(48, dtype=h)
+        W = (torch.randn(48, 2032) * 0.03).to(h)
+        gemv_only = {k: {f"{p}_gemv": default_variants(k, rows=1)[f"{p}_gemv"]}
+                     for k, p in (("linear_w8a16", "w8a16"), ("linear", "linear"))}
+        _, launches = resolve_program(op_program("linear_w8a16", gemv_only["linear_w8a16"]),
+                                      {"x": xx, "weight": q8, "scale": sc, "bias": b}, {},
+                                      device_properties(xx.device), lambda n, s, d: torch.empty(s))
+        assert [ln.grid[2] > 1 for ln in launches] == [True, False], [ln.grid for ln in launches]
+        record(f"linear_w8a16 split-K M={m}", linear.W8A16_SPEC,
+               TritonOp("linear_w8a16", gemv_only["linear_w8a16"])(xx, q8, sc, b), oracle.linear_w8a16(xx, q8, sc, b))
+        record(f"linear split-K M={m}", linear.LINEAR_SPEC, TritonOp("linear", gemv_only["linear"])(xx, W, None),
+               oracle.linear(xx, W, None))
 
     for hq, hkv, d, t in ((4, 2, 16, 37), (3, 1, 64, 19)):
         q = torch.randn(2, hq, t, d, dtype=h)
