@@ -8,10 +8,9 @@ References: ``kernels/linear.py``. Four kernels:
   dequantised in registers; the per-output-channel scale is applied once to
   the accumulator, which is exact algebra: (x @ q.T) * s.
 - ``_gemv_kernel``: the decode path (one row per program). A GEMV is bound by
-  reading the weights once. Each thread keeps FP32 partial sums for its own
-  slice of the (BLOCK_N, BLOCK_K) product across the whole K loop
-  (exact FP32 products with FMAs, no tensor cores) and the threads reduce once
-  at the end. When the (N, row) tiles alone cannot fill the device, K is split
+  reading the weights once. Each thread keeps FP32 partial sums (one per
+  16-weight run it owns) across the whole K loop (exact FP32 products with
+  FMAs, no tensor cores) and the threads reduce once at the end. When the (N, row) tiles alone cannot fill the device, K is split
   across programs (split-K): each writes its FP32 partials and a second launch
   of the same kernel sums them in split order (deterministic) and applies the
   epilogue.
@@ -32,7 +31,8 @@ INT8, CUDA-graph replay): the earlier GEMV that reduced its (BN, BK) product
 across threads every K step ran at 46 us (60% of copy bandwidth; its SASS spent
 ~7.6 instructions a weight on shuffles, shared-memory round trips, barriers and
 conversions); per-thread partials with the PTX conversion: 32.4-33.3 us (83-86%
-of copy bandwidth over four runs), fp16 F.linear 55-58 us. Tensor cores (weights
+of copy bandwidth over four runs); one partial per 16 weights (fewer registers,
+more loads in flight): 29.5 us (94%); fp16 F.linear 55-58 us. Tensor cores (weights
 as the A operand, x padded to 16 rows) reached 32.4 us but lose accuracy at long
 K (relative error 7.6e-3 at K = 14336 vs 4.8e-4 for FMA), so the one-row GEMV
 stays on FMAs; decode batches of 2+ rows take the tensor-core GEMM (38 us for 4
@@ -79,11 +79,13 @@ def _int8_to_act(w, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _matmul_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, has_bias,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, W_INT8: tl.constexpr,
-):
-    # Grouped launch order: GROUP_M row tiles share each weight column tile while it is in L2.
+def _grouped_tile(x_ptr, w_ptr, M, N, stride_xm, stride_wn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (BLOCK_M, BLOCK_N) output tile of x @ W^T and its first operand tiles.
+
+    Grouped launch order: GROUP_M row tiles share each weight column tile while it is in L2. Rows and columns
+    past M / N load valid memory (index modulo the size); their results are never stored.
+    """
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -95,10 +97,20 @@ def _matmul_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    rm_ld = rm % M  # out-of-range rows/cols read valid memory; their results are never stored
+    x_ptrs = x_ptr + (rm % M)[:, None] * stride_xm + rk[None, :]  # (BLOCK_M, BLOCK_K)
+    w_ptrs = w_ptr + (rn % N)[None, :] * stride_wn + rk[:, None]  # (BLOCK_K, BLOCK_N): W^T tile
+    return rm, rn, rk, x_ptrs, w_ptrs
+
+
+@triton.jit
+def _matmul_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, has_bias,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, W_INT8: tl.constexpr,
+):
+    rm, rn, rk, x_ptrs, w_ptrs = _grouped_tile(x_ptr, w_ptr, M, N, stride_xm, stride_wn,
+                                               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    rm_ld = rm % M
     rn_ld = rn % N
-    x_ptrs = x_ptr + rm_ld[:, None] * stride_xm + rk[None, :]  # (BLOCK_M, BLOCK_K)
-    w_ptrs = w_ptr + rn_ld[None, :] * stride_wn + rk[:, None]  # (BLOCK_K, BLOCK_N): W^T tile
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - k * BLOCK_K
@@ -153,15 +165,17 @@ def _gemv_kernel(
         for sp in range(0, num_splits):
             y += tl.load(part_ptr + (sp * M + row) * N + rn_ld)
     else:
-        # this program's share of the K blocks: (BN, BK) FP32 partials per thread across the loop, exact FP32
-        # products (11-bit x 8-bit or 11-bit x 11-bit mantissas), reduced across threads once at the end
+        # this program's share of the K blocks: FP32 partials per thread across the loop, exact FP32 products
+        # (11-bit x 8-bit or 11-bit x 11-bit mantissas), reduced across threads once at the end
         rk = tl.arange(0, BLOCK_K)
         n_blocks = tl.cdiv(K, BLOCK_K)
         per = tl.cdiv(n_blocks, num_splits)
         first = pid_s * per
         last = tl.minimum(n_blocks, first + per)
         w_rows = w_ptr + rn_ld[:, None] * stride_wn
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        # one FP32 partial per 16-weight run a thread owns (not per weight): 16x fewer accumulator registers,
+        # so more loads stay in flight (measured: 94% vs 85% of copy bandwidth)
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
         for kb in range(first, last):
             k = kb * BLOCK_K + rk
             kmask = k < K
@@ -171,7 +185,8 @@ def _gemv_kernel(
                 wf = _int8_to_f32(w)
             else:
                 wf = w.to(tl.float32)
-            acc += wf * x.to(tl.float32)[None, :]
+            prod = wf * x.to(tl.float32)[None, :]
+            acc += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 16, 16)), axis=2)
         y = tl.sum(acc, axis=1)
     if (reduce_splits == 0) & (num_splits > 1):
         tl.store(part_ptr + (pid_s * M + row) * N + rn, y, mask=mask)  # split-K partials: (splits, M, N) FP32
@@ -216,21 +231,10 @@ def _w8a8_kernel(
     xq_ptr, sx_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, has_bias,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    group_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rm, rn, rk, x_ptrs, w_ptrs = _grouped_tile(xq_ptr, w_ptr, M, N, stride_xm, stride_wn,
+                                               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)  # int8 operand tiles
     rm_ld = rm % M
     rn_ld = rn % N
-    x_ptrs = xq_ptr + rm_ld[:, None] * stride_xm + rk[None, :]  # (BLOCK_M, BLOCK_K) int8
-    w_ptrs = w_ptr + rn_ld[None, :] * stride_wn + rk[:, None]  # (BLOCK_K, BLOCK_N) int8
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - k * BLOCK_K
@@ -302,18 +306,17 @@ def _gemm_smem(w_bytes: int):
 
 
 def _gemv_space(s: dict) -> list:
-    # each thread holds >= 16 weights a step (128-bit INT8 loads) and at most 64 FP32 partials
+    # each thread streams 16-128 weights a step (128-bit INT8 loads); one FP32 partial per 16 of them
     return [
         ({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}, w, 1)
-        for bn in (2, 4, 8, 16, 32) for bk in (128, 256, 512, 1024, 2048) for w in (2, 4, 8)
-        if 16 * 32 * w <= bn * bk <= 64 * 32 * w
+        for bn in (2, 4, 8, 16, 32, 64) for bk in (128, 256, 512, 1024, 2048) for w in (2, 4, 8)
+        if 16 * 32 * w <= bn * bk <= 128 * 32 * w
     ]
 
 
 def _gemv_default(s: dict):
-    # measured on the H200 (scripts/gemv_lab.py --production, M=1): 16 x 256 at 4 warps: 86% of copy
-    # bandwidth on 117 MB of weights
-    return {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 256}, 4, 1
+    # measured on the H200 (scripts/gemv_lab.py, M=1): 32 x 256 at 4 warps: 94% of copy bandwidth on 117 MB
+    return {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 256}, 4, 1
 
 
 def _defs(op: str, prefix: str, w_type: str, w_int8: int, scale_value) -> tuple[KernelDef, KernelDef]:

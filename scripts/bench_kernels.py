@@ -274,8 +274,8 @@ def gemv_candidates(sweep: bool) -> list[dict]:
     out = [dv]
     for v in tile_space("linear_w8a16", rows=1):
         c = v.constexprs
-        if (v.kernel == "w8a16_gemv" and c["BLOCK_K"] >= 512 and c["BLOCK_N"] in (4, 8, 16) and v.num_warps in (4, 8)
-                and v.num_stages == 1 and {"w8a16_gemv": v} != dv):
+        if (v.kernel == "w8a16_gemv" and c["BLOCK_K"] >= 256 and c["BLOCK_N"] in (8, 16, 32) and v.num_warps in (4, 8)
+                and {"w8a16_gemv": v} != dv):
             out.append({"w8a16_gemv": v})
     for bn, bk, st in ((32, 256, 4), (64, 256, 3)):
         out.append({"w8a16_gemm": KernelVariant("linear_w8a16", "w8a16_gemm",

@@ -68,7 +68,7 @@ def _dq_f16(w, DQ: tl.constexpr):
 @triton.jit
 def _gemv_fma(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DQ: tl.constexpr, PREFETCH: tl.constexpr,
-              EVICT: tl.constexpr = ""):
+              EVICT: tl.constexpr = "", CHUNK: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -76,7 +76,20 @@ def _gemv_fma(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_
     rn_ld = rn % N
     w_ptrs = w_ptr + rn_ld[:, None] * stride_wn + rk[None, :]
     x_ptrs = x_ptr + row * stride_xm + rk
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if CHUNK:
+        # per-thread partials of CHUNK-long runs instead of one per weight: BK / CHUNK FP32 registers, not BK
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K // CHUNK), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            k_left = K - kb * BLOCK_K
+            w = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0)
+            x = tl.load(x_ptrs, mask=rk < k_left, other=0.0)
+            prod = _dq_f32(w, DQ) * x.to(tl.float32)[None, :]
+            acc2 += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // CHUNK, CHUNK)), axis=2)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+        acc = acc2
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     if PREFETCH:
         # the next tile's loads are issued before this tile's arithmetic: two tiles in flight per thread
         w = tl.load(w_ptrs, mask=rk[None, :] < K, other=0)
@@ -90,7 +103,7 @@ def _gemv_fma(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_
             acc += _dq_f32(w, DQ) * x.to(tl.float32)[None, :]
             w = w_nx
             x = x_nx
-    else:
+    elif not CHUNK:
         for kb in range(0, tl.cdiv(K, BLOCK_K)):
             k_left = K - kb * BLOCK_K
             w = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0, eviction_policy=EVICT)
@@ -141,6 +154,9 @@ def candidates() -> list[dict]:
                       (16, 128, 4)):
         for st in (3, 4, 6):
             out.append({"kind": "tc", "BLOCK_N": bn, "BLOCK_K": bk, "DQ": 1, "warps": w, "stages": st, "PREFETCH": 0})
+    out += [{"kind": "fma", "BLOCK_N": bn, "BLOCK_K": bk, "DQ": 2, "warps": w, "stages": 1, "PREFETCH": 0, "CHUNK": 16}
+            for bn, bk, w in ((16, 256, 4), (16, 512, 4), (32, 512, 4), (16, 1024, 4), (32, 256, 4), (8, 1024, 4),
+                              (16, 512, 8))]
     for ev in ("evict_first", "evict_last"):  # weights are read once: does an L2 eviction hint help?
         out += [{"kind": "fma", "BLOCK_N": bn, "BLOCK_K": bk, "DQ": 2, "warps": w, "stages": 1, "PREFETCH": 0, "EVICT": ev}
                 for bn, bk, w in ((16, 256, 4), (8, 256, 2), (8, 512, 4))]
@@ -149,6 +165,7 @@ def candidates() -> list[dict]:
 
 def label(c: dict) -> str:
     ev = f" {c['EVICT']}" if c.get("EVICT") else ""
+    ev += f" chunk{c['CHUNK']}" if c.get("CHUNK") else ""
     return f"{c['kind']} dq{c['DQ']}{' pf' if c['PREFETCH'] else ''}{ev} {c['BLOCK_N']}x{c['BLOCK_K']} w{c['warps']} s{c['stages']}"
 
 
@@ -158,7 +175,7 @@ def launch(c: dict, x, q, s, y):
     if c["kind"] == "fma":
         _gemv_fma[(triton.cdiv(N, c["BLOCK_N"]), M)](
             x, q, s, y, M, N, K, x.stride(0), q.stride(0), y.stride(0), BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
-            DQ=c["DQ"], PREFETCH=c["PREFETCH"], EVICT=c.get("EVICT", ""), num_warps=c["warps"], num_stages=c["stages"])
+            DQ=c["DQ"], PREFETCH=c["PREFETCH"], EVICT=c.get("EVICT", ""), CHUNK=c.get("CHUNK", 0), num_warps=c["warps"], num_stages=c["stages"])
     else:
         _gemv_tc[(triton.cdiv(N, c["BLOCK_N"]),)](
             x, q, s, y, M, N, K, x.stride(0), q.stride(0), y.stride(0), BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
@@ -172,10 +189,12 @@ def sass_mix(c: dict, arch: int) -> dict:
     fn = _gemv_fma if c["kind"] == "fma" else _gemv_tc
     sig = {"x_ptr": "*fp16", "w_ptr": "*i8", "s_ptr": "*fp32", "y_ptr": "*fp16", "M": "i32", "N": "i32", "K": "i32",
            "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-           "DQ": "constexpr", **({"PREFETCH": "constexpr"} if c["kind"] == "fma" else {})}
+           "DQ": "constexpr", **({"PREFETCH": "constexpr", "EVICT": "constexpr", "CHUNK": "constexpr"}
+                                 if c["kind"] == "fma" else {})}
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 6, 7, 8, 9)}
     src = ASTSource(fn, sig, constexprs={"BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"], "DQ": c["DQ"],
-                                            **({"PREFETCH": c["PREFETCH"]} if c["kind"] == "fma" else {})}, attrs=attrs)
+                                            **({"PREFETCH": c["PREFETCH"], "EVICT": c.get("EVICT", ""),
+                                                "CHUNK": c.get("CHUNK", 0)} if c["kind"] == "fma" else {})}, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": c["warps"], "num_stages": c["stages"]})
     import triton.backends.nvidia as nv
     nvdisasm = os.path.join(os.path.dirname(nv.__file__), "bin", "nvdisasm")
@@ -226,7 +245,7 @@ def production(json_path: str | None) -> int:
     copy = copy_bandwidth_gbps()["best"]
     print(f"{props.name}: copy {copy:.0f} GB/s (read+write), {props.multi_processor_count} SMs", flush=True)
     out = {"device": props.name, "copy_gbps": copy, "measured_on": "gpu", "rows": []}
-    tiles = [(16, 256, 4), (8, 512, 4), (8, 1024, 4), (32, 128, 4), (16, 512, 8), (8, 256, 2)]
+    tiles = [(32, 256, 4), (16, 512, 4), (16, 256, 4), (8, 1024, 4), (32, 512, 4), (16, 1024, 4)]
     pps_default = linear_triton.GEMV_PROGRAMS_PER_SM
     for name, N, K in SHAPES:
         for M in (1, 4, 8):
