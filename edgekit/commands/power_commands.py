@@ -165,9 +165,36 @@ def _until(duration, samples):
     return done
 
 
-def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_ms) -> None:
+def _run_paced(step, done, interval_ms: float, view=None) -> None:
+    """Call ``step(t_monotonic)`` once per interval until ``done(calls)`` or Ctrl-C.
+
+    With ``view`` (a callable returning a rich renderable) a live display is kept open and refreshed after
+    every step; the caller releases its own resources (watchdog, logger) afterwards.
+    """
     from rich.live import Live
 
+    live = Live(view(), console=console, refresh_per_second=4) if view is not None else None
+    n = 0
+    try:
+        if live:
+            live.start()
+        while not done(n):
+            t_start = time.monotonic()
+            step(t_start)
+            n += 1
+            if live:
+                live.update(view())
+            if done(n):
+                break
+            time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t_start)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live:
+            live.stop()
+
+
+def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_ms) -> None:
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.power.monitor_view import render
     from edgekit.power.sensors.discover import local_sensors
@@ -182,41 +209,28 @@ def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_
     title = f"edgekit monitor: {', '.join(s.describe() for s in found) or 'no sensors'}" + (f" ({sysfs_root})" if sysfs_root else "")
     state = {"title": title, "budget_ms": pol.jitter_budget_ms, "events": [], "latency": {},
              "notes": [f"absent: {n}" for n in notes] + ["no latency source here: attach to a server with --url to see latency"]}
-    n = 0
-    live = None if json_out else Live(render(state), console=console, refresh_per_second=4, transient=False)
+
+    def step(t_mono: float) -> None:
+        evs = wd.tick(now_mono=t_mono)
+        s = wd.latest
+        if json_out:
+            if s is not None:
+                _emit({"type": "sample", **s.to_dict()})
+            for e in evs:
+                _emit({"type": "event", **e.to_dict()})
+        else:
+            state["events"] = [e.to_dict() for e in wd.recent_events(8)]
+            if s is not None:
+                state.update(rails_mw=s.rails_mw, total_mw=s.total_mw, total_source=s.total_source,
+                             gpu_load_pct=s.gpu_load_pct, cpu_load_pct=s.cpu_load_pct, temps_c=s.temps_c)
+
     try:
-        if live:
-            live.start()
-        while not done(n):
-            t_start = time.monotonic()
-            evs = wd.tick(now_mono=t_start)
-            n += 1
-            s = wd.latest
-            if json_out:
-                if s is not None:
-                    _emit({"type": "sample", **s.to_dict()})
-                for e in evs:
-                    _emit({"type": "event", **e.to_dict()})
-            else:
-                state["events"] = [e.to_dict() for e in wd.recent_events(8)]
-                if s is not None:
-                    state.update(rails_mw=s.rails_mw, total_mw=s.total_mw, total_source=s.total_source,
-                                 gpu_load_pct=s.gpu_load_pct, cpu_load_pct=s.cpu_load_pct, temps_c=s.temps_c)
-                live.update(render(state))
-            if done(n):
-                break
-            time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t_start)))
-    except KeyboardInterrupt:
-        pass
+        _run_paced(step, done, interval_ms, None if json_out else (lambda: render(state)))
     finally:
-        if live:
-            live.stop()
         wd.stop()
 
 
 def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
-    from rich.live import Live
-
     from edgekit.errors import SensorError
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.power.monitor_view import render
@@ -229,54 +243,39 @@ def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
         logger.meta(source=url, policy=pol.model_dump())
     done = _until(duration, samples)
     state = {"title": f"edgekit monitor attached to {url}", "budget_ms": pol.jitter_budget_ms, "events": [], "notes": []}
-    n = 0
-    live = None if json_out else Live(render(state), console=console, refresh_per_second=4)
+    def step(_t_mono: float) -> None:
+        now = time.time()
+        try:
+            view = src.poll()
+            state["notes"] = []
+        except SensorError as e:
+            state["notes"] = [f"unreachable: {e}"]
+            if json_out:
+                _emit({"type": "error", "t_s": now, "message": str(e)})
+            return
+        rec = {"t_s": now, "time": iso_time(now), **view}
+        lat = {m: s for m, s in view["latency"].items() if s.get("n")}
+        breaches = {m: s["jitter_ms"] for m, s in lat.items() if m in pol.jitter_metrics and s["jitter_ms"] > pol.jitter_budget_ms}
+        if json_out:
+            _emit({"type": "scrape", **rec})
+            for m, j in breaches.items():
+                _emit({"type": "event", "t_s": now, "kind": "jitter", "severity": "warning",
+                       "message": f"{m} jitter {j:.2f} ms over the last interval exceeds {pol.jitter_budget_ms:g} ms",
+                       "evidence": {"rule": "p99-p50 (from histogram buckets)", **lat[m], "budget_ms": pol.jitter_budget_ms}})
+        else:
+            state.update(latency=view["latency"], rails_mw=view["rails_mw"], total_mw=view.get("total_mw"),
+                         total_source="server", gpu_load_pct=view.get("gpu_load_pct"), temps_c=view["temps_c"])
+            state["notes"] = [f"server events so far: {view['events_total'] or 'none'}"]
+        if logger:
+            if view["rails_mw"] or view.get("total_mw") is not None:
+                logger.write({"type": "sample", "t_s": now, "source": "scrape", "rails_mw": view["rails_mw"],
+                              "total_mw": view.get("total_mw"), "temps_c": view["temps_c"], "gpu_load_pct": view.get("gpu_load_pct")})
+            if lat:
+                logger.write({"type": "latency", "t_s": now, "metrics": {m: {"std_ms": None, **s} for m, s in lat.items()}})
+
     try:
-        if live:
-            live.start()
-        while not done(n):
-            t_start = time.monotonic()
-            now = time.time()
-            try:
-                view = src.poll()
-                state["notes"] = []
-            except SensorError as e:
-                view = None
-                state["notes"] = [f"unreachable: {e}"]
-                if json_out:
-                    _emit({"type": "error", "t_s": now, "message": str(e)})
-            n += 1
-            if view is not None:
-                rec = {"t_s": now, "time": iso_time(now), **view}
-                lat = {m: s for m, s in view["latency"].items() if s.get("n")}
-                breaches = {m: s["jitter_ms"] for m, s in lat.items() if m in pol.jitter_metrics and s["jitter_ms"] > pol.jitter_budget_ms}
-                if json_out:
-                    _emit({"type": "scrape", **rec})
-                    for m, j in breaches.items():
-                        _emit({"type": "event", "t_s": now, "kind": "jitter", "severity": "warning",
-                               "message": f"{m} jitter {j:.2f} ms over the last interval exceeds {pol.jitter_budget_ms:g} ms",
-                               "evidence": {"rule": "p99-p50 (from histogram buckets)", **lat[m], "budget_ms": pol.jitter_budget_ms}})
-                else:
-                    state.update(latency=view["latency"], rails_mw=view["rails_mw"], total_mw=view.get("total_mw"),
-                                 total_source="server", gpu_load_pct=view.get("gpu_load_pct"), temps_c=view["temps_c"])
-                    state["notes"] = [f"server events so far: {view['events_total'] or 'none'}"]
-                    live.update(render(state))
-                if logger:
-                    if view["rails_mw"] or view.get("total_mw") is not None:
-                        logger.write({"type": "sample", "t_s": now, "source": "scrape", "rails_mw": view["rails_mw"],
-                                      "total_mw": view.get("total_mw"), "temps_c": view["temps_c"], "gpu_load_pct": view.get("gpu_load_pct")})
-                    if lat:
-                        logger.write({"type": "latency", "t_s": now, "metrics": {m: {"std_ms": None, **s} for m, s in lat.items()}})
-            elif live:
-                live.update(render(state))
-            if done(n):
-                break
-            time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t_start)))
-    except KeyboardInterrupt:
-        pass
+        _run_paced(step, done, interval_ms, None if json_out else (lambda: render(state)))
     finally:
-        if live:
-            live.stop()
         if logger:
             logger.close()
 
