@@ -10,10 +10,10 @@ References: ``kernels/linear.py``. Four kernels:
 - ``_gemv_kernel``: the decode path (one row per program). A GEMV is bound by
   reading the weights once. Each thread keeps FP32 partial sums (one per
   16-weight run it owns) across the whole K loop (exact FP32 products with
-  FMAs, no tensor cores) and the threads reduce once at the end. When the (N, row) tiles alone cannot fill the device, K is split
-  across programs (split-K): each writes its FP32 partials and a second launch
-  of the same kernel sums them in split order (deterministic) and applies the
-  epilogue.
+  FMAs, no tensor cores) and the threads reduce once at the end. When the
+  (N, row) tiles alone cannot fill the device, K is split across programs
+  (split-K): each writes its FP32 partials and a second launch of the same
+  kernel sums them in split order (deterministic) and applies the epilogue.
 - ``_quantize_rows_kernel``: W8A8's per-token dynamic activation quantisation
   (optional SmoothQuant divisor), rounding half to even like ``torch.round``.
 - ``_w8a8_kernel``: INT8 x INT8 ``tl.dot`` into INT32, scaled by the token and
@@ -109,7 +109,6 @@ def _matmul_kernel(
 ):
     rm, rn, rk, x_ptrs, w_ptrs = _grouped_tile(x_ptr, w_ptr, M, N, stride_xm, stride_wn,
                                                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
-    rm_ld = rm % M
     rn_ld = rn % N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -256,12 +255,20 @@ def _mm_params(w_type: str, scale_value) -> tuple[Param, ...]:
         Param("x_ptr", "*act", ptr("x")),
         Param("w_ptr", w_type, ptr("weight")),
         Param("s_ptr", "*fp32", scale_value),
+        *_output_and_shape_params("x"),
+    )
+
+
+def _output_and_shape_params(x_rows: str) -> tuple[Param, ...]:
+    """The parameters after the operand pointers, shared by every linear kernel; ``x_rows`` is the tensor the
+    kernel reads activation rows from (W8A8 reads the quantised copy)."""
+    return (
         Param("b_ptr", "*act", ptr("bias")),
         Param("y_ptr", "*act", ptr("y")),
         Param("M", "i32", shape("x", 0)),
         Param("N", "i32", shape("weight", 0)),
         Param("K", "i32", shape("x", 1), div16=True),
-        Param("stride_xm", "i32", stride("x", 0), div16=True),
+        Param("stride_xm", "i32", stride(x_rows, 0), div16=True),
         Param("stride_wn", "i32", stride("weight", 0), div16=True),
         Param("stride_ym", "i32", stride("y", 0), div16=True),
         Param("has_bias", "i32", {"present": "bias"}),
@@ -370,15 +377,7 @@ W8A8_GEMM = KernelDef(
         Param("sx_ptr", "*fp32", ptr("sx")),
         Param("w_ptr", "*i8", ptr("weight")),
         Param("s_ptr", "*fp32", ptr("scale")),
-        Param("b_ptr", "*act", ptr("bias")),
-        Param("y_ptr", "*act", ptr("y")),
-        Param("M", "i32", shape("x", 0)),
-        Param("N", "i32", shape("weight", 0)),
-        Param("K", "i32", shape("x", 1), div16=True),
-        Param("stride_xm", "i32", stride("xq", 0), div16=True),
-        Param("stride_wn", "i32", stride("weight", 0), div16=True),
-        Param("stride_ym", "i32", stride("y", 0), div16=True),
-        Param("has_bias", "i32", {"present": "bias"}),
+        *_output_and_shape_params("xq"),
     ),
     constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"),
     precision={"input": "int8 x int8 (+ fp32 token and channel scales)", "accumulate": "int32", "output": "{act}"},
@@ -392,7 +391,8 @@ W8A8_GEMM = KernelDef(
 # --------------------------------------------------------------------------- programs
 def _gemv_splits(c: dict, with_gemm: bool) -> dict:
     """Split-K factor (launch-rule expression): enough programs to fill the device, never fewer than
-    GEMV_SPLIT_MIN_BLOCKS K blocks a split, and 1 when the call has more rows than the GEMV takes and a GEMM is planned (the GEMM runs it)."""
+    GEMV_SPLIT_MIN_BLOCKS K blocks a split, and 1 when the call has more rows than the GEMV takes and a
+    GEMM is planned (the GEMM runs it)."""
     M, N, K = shape("x", 0), shape("weight", 0), shape("x", 1)
     tiles = mul(cdiv(N, c["BLOCK_N"]), cdiv(M, c["BLOCK_M"]))
     wanted = cdiv(mul(GEMV_PROGRAMS_PER_SM, {"device": "sm_count"}), tiles)
@@ -451,9 +451,8 @@ def w8a16_program(variants) -> dict:
 
 
 def w8a8_program(variants) -> dict:
-    vq, vg = variants["w8a8_quantize"], variants["w8a8_gemm"]
     M, N, K = shape("x", 0), shape("weight", 0), shape("x", 1)
-    c = vg.constexprs
+    c = variants["w8a8_gemm"].constexprs
     return program_doc(
         "linear_w8a8", ["x", "weight", "scale", "bias", "smooth"], ["bias", "smooth"], [],
         checks=[check("eq", shape("weight", 1), K, "weight (N, K) must match x (M, K)")],
