@@ -23,7 +23,7 @@ class ActionResult:
 @dataclass
 class Event:
     t_s: float  # wall clock (or the replayed log's clock) when the breach was seen
-    kind: str  # "jitter", "power_band", "temperature", "sensor"
+    kind: str  # "jitter", "power_band", "temperature", "sensor", "over_current", "throttle"
     severity: Severity
     message: str
     # What a human needs to judge the event: the rule, the window, the values

@@ -25,6 +25,7 @@ from edgekit.errors import ConfigError
 from edgekit.power.events import Event
 from edgekit.power.latency import WindowStats
 from edgekit.power.sample import PowerSample
+from edgekit.power.sensors.soctherm_oc import OC_MEANING
 
 
 class TemperatureLimits(BaseModel):
@@ -54,6 +55,8 @@ class PolicyConfig(BaseModel):
     power_baseline_s: float = Field(5.0, ge=0, description="seconds of samples whose median becomes the centre when no target is given")
     power_sustain_s: float = Field(1.0, ge=0, description="a power breach must last this long before it is an event")
     temperature: TemperatureLimits = Field(default_factory=TemperatureLimits)
+    clock_busy_pct: float = Field(50.0, ge=0, le=100, description="GPU load at or above which a clock below the power mode's ceiling is throttling (below it, DVFS lowering an idle clock is normal)")
+    clock_drop_ratio: float = Field(0.9, gt=0, le=1, description="a busy GPU clocked below this fraction of its ceiling is throttled")
     cooldown_s: float = Field(5.0, ge=0, description="the same rule on the same metric is not raised again within this time")
     actions: dict[str, list[str]] = Field(
         default_factory=lambda: {"jitter": ["rollback_plugin"], "power_band": ["shed_load"]},
@@ -125,6 +128,7 @@ class PolicyEngine:
         self._breach_since: float | None = None
         self._breach_values: deque[tuple[float, float]] = deque(maxlen=64)
         self._sensor_ok: dict[str, bool] = {}
+        self._oc_last: dict[str, tuple[float, int]] = {}  # channel -> (t, count) at the previous reading
 
     # -- bookkeeping ----------------------------------------------------------
     def _cooled(self, kind: str, key: str, t: float) -> bool:
@@ -172,11 +176,16 @@ class PolicyEngine:
 
     # -- power ----------------------------------------------------------------
     def check_power(self, sample: PowerSample) -> list[Event]:
-        """Total power outside centre ± band for at least power_sustain_s."""
+        """Board power outside centre ± band for at least power_sustain_s.
+
+        The measured total where the board has one, else the labelled sum of its rails
+        (the same quantity every sample, so a band around it still means something).
+        """
         cfg = self.config
-        if not sample.available or sample.total_mw is None:
+        mw, what = sample.budget_power() if sample.available else (None, None)
+        if mw is None:
             return []
-        t, w = sample.t_s, sample.total_mw / 1000.0
+        t, w = sample.t_s, mw / 1000.0
         if self.power_centre_w is None:  # learn the centre from the first seconds
             if self._power_first_t is None:
                 self._power_first_t = t
@@ -197,14 +206,15 @@ class PolicyEngine:
             return []
         values = [round(v, 3) for _, v in self._breach_values]
         side = "above" if w > centre else "below"
+        label = "total power" if sample.total_mw is not None else what
         return [Event(
             t_s=t, kind="power_band", severity="warning",
-            message=f"total power {w:.2f} W is {side} the band {centre:.2f} ± {band:g} W for {lasted:.1f} s",
+            message=f"{label} {w:.2f} W is {side} the band {centre:.2f} ± {band:g} W for {lasted:.1f} s",
             evidence={
                 "rule": "band", "total_w": round(w, 3), "centre_w": round(centre, 3), "band_w": band,
                 "centre_source": "target" if cfg.power_target_w is not None else "baseline_median",
                 "breach_s": round(lasted, 3), "window_values_w": values[-32:],
-                "rails_mw": {k: round(v, 1) for k, v in sample.rails_mw.items()}, "total_source": sample.total_source,
+                "rails_mw": {k: round(v, 1) for k, v in sample.rails_mw.items()}, "total_source": what,
             },
         )]
 
@@ -241,8 +251,59 @@ class PolicyEngine:
                           evidence={"sensor": sample.source, "reason": sample.reason})]
         return []
 
+    # -- throttling -----------------------------------------------------------
+    def check_over_current(self, sample: PowerSample) -> list[Event]:
+        """An increase of a soctherm OC counter since the previous reading: the SoC throttled on that alarm."""
+        events = []
+        for ch, count in sample.oc_event_counts.items():
+            prev = self._oc_last.get(ch)
+            self._oc_last[ch] = (sample.t_s, count)
+            if prev is None or count <= prev[1]:
+                continue  # first reading, nothing new, or the counter was reset (reboot, driver reload)
+            delta, window_s = count - prev[1], sample.t_s - prev[0]
+            meaning = OC_MEANING.get(ch, "over-current alarm")
+            mw, what = sample.budget_power()
+            power = f"; board power {mw / 1000:.2f} W ({what})" if mw is not None else "; no power reading"
+            events.append(Event(
+                t_s=sample.t_s, kind="over_current", severity="warning",
+                message=f"{delta} {meaning} event(s) ({ch}) in {window_s:.1f} s" + power,
+                evidence={
+                    "rule": "oc_counter_increase", "channel": ch, "meaning": meaning, "events": delta, "count": count,
+                    "window_s": round(window_s, 3), "throttle_enabled": sample.oc_throttle_enabled.get(ch),
+                    "power_mw": None if mw is None else round(mw, 1), "power_source": what,
+                    "rails_mw": {k: round(v, 1) for k, v in sample.rails_mw.items()},
+                },
+            ))
+        return events
+
+    def check_throttle(self, sample: PowerSample) -> list[Event]:
+        """Thermal zones at a throttling trip point, and a busy GPU clocked below its power mode's ceiling."""
+        cfg = self.config
+        events = []
+        for zone, trip in sample.trips.items():
+            sev = "warning" if trip.get("type") == "passive" else "critical"
+            if not self._cooled("throttle", f"trip:{zone}", sample.t_s):
+                continue
+            events.append(Event(
+                t_s=sample.t_s, kind="throttle", severity=sev,
+                message=f"{zone} at {trip['temp_c']:.1f} °C reached its {trip['type']} trip point ({trip['trip_c']:g} °C)",
+                evidence={"rule": "thermal_trip", "reason": "thermal_trip", "zone": zone, **trip},
+            ))
+        f, ceiling, load = sample.gpu_freq_mhz, sample.gpu_max_freq_mhz, sample.gpu_load_pct
+        if (f is not None and ceiling and load is not None and load >= cfg.clock_busy_pct
+                and f < cfg.clock_drop_ratio * ceiling and self._cooled("throttle", "gpu_clock", sample.t_s)):
+            events.append(Event(
+                t_s=sample.t_s, kind="throttle", severity="warning",
+                message=f"GPU at {load:.0f} % load runs at {f:.0f} MHz, {100 * f / ceiling:.0f} % of the power mode's {ceiling:.0f} MHz",
+                evidence={"rule": "clock_drop", "reason": "gpu_clock", "gpu_freq_mhz": f, "gpu_max_freq_mhz": ceiling,
+                          "gpu_load_pct": load, "busy_pct": cfg.clock_busy_pct, "drop_ratio": cfg.clock_drop_ratio,
+                          "trips": dict(sample.trips), "oc_event_counts": dict(sample.oc_event_counts)},
+            ))
+        return events
+
     def check_sample(self, sample: PowerSample) -> list[Event]:
-        return self.check_sensor(sample) + self.check_power(sample) + self.check_temperatures(sample)
+        return (self.check_sensor(sample) + self.check_power(sample) + self.check_temperatures(sample)
+                + self.check_over_current(sample) + self.check_throttle(sample))
 
     def spike_threshold_ms(self, stats: WindowStats | None) -> float:
         """The value above which one observation is worth waking the watchdog for."""

@@ -1,8 +1,15 @@
-"""One reading of the board: power per rail, total, GPU load, temperatures.
+"""One reading of the board: power per rail, total, GPU load, temperatures, throttle signals.
 
 Every sensor returns a ``PowerSample``. A sensor that is absent or cannot be
 read returns a sample with ``available=False`` and a ``reason``; it never
 raises into the inference loop. Units are in the field names.
+
+Absent means absent: a field nobody measured stays ``None`` (or empty), never 0.
+``total_mw`` is set only where the board measures its input (a ``VDD_IN``-type
+rail) or the device reports its own figure (NVML, RAPL). A board without an
+input rail (AGX Orin) gets ``rails_sum_mw``, the sum of the rails it names in
+``rails_sum_of`` -- a different quantity (it includes e.g. the 5 V system rail
+and leaves out conversion losses), so it is labelled as such everywhere.
 """
 
 from __future__ import annotations
@@ -24,7 +31,20 @@ class PowerSample:
     reason: str | None = None  # why the sample is unavailable or partial
     rails_mw: dict[str, float] = field(default_factory=dict)
     total_mw: float | None = None
-    total_source: str | None = None  # the input rail's name, "sum_of_rails" or the device's own figure
+    total_source: str | None = None  # the input rail's name or the device's own figure ("nvml", "rapl")
+    rails_sum_mw: float | None = None  # where no input rail is measured: the sum of the rails in rails_sum_of
+    rails_sum_of: list[str] = field(default_factory=list)
+    rails_avg_mw: dict[str, float] = field(default_factory=dict)  # tegrastats' running average (its second value)
+    # JetPack 7 prints a third value per rail; NVIDIA's tegrastats documentation (R36) describes two
+    # (current/average) and the third is not documented in any source we have: kept as printed, unnamed.
+    rails_third_mw: dict[str, float] = field(default_factory=dict)
+    placeholder_temps_c: dict[str, float] = field(default_factory=dict)  # fixed readings that are not measurements
+    oc_event_counts: dict[str, int] = field(default_factory=dict)  # soctherm over-current counters (cumulative)
+    oc_throttle_enabled: dict[str, bool] = field(default_factory=dict)
+    trips: dict[str, dict[str, Any]] = field(default_factory=dict)  # zone -> the trip point it is at or above
+    gpu_max_freq_mhz: float | None = None  # the clock ceiling the power mode allows (devfreq max_freq)
+    emc_freq_mhz: float | None = None
+    emc_load_pct: float | None = None
     gpu_load_pct: float | None = None
     gpu_freq_mhz: float | None = None
     cpu_load_pct: float | None = None
@@ -50,7 +70,15 @@ class PowerSample:
             "gpu_load_pct": self.gpu_load_pct,
             "temps_c": {k: round(v, 3) for k, v in self.temps_c.items()},
         }
-        for k in ("gpu_freq_mhz", "cpu_load_pct", "mem_used_mb", "mem_total_mb", "energy_mj", "reason"):
+        if self.rails_sum_mw is not None:
+            d["rails_sum_mw"] = round(self.rails_sum_mw, 3)
+            d["rails_sum_of"] = list(self.rails_sum_of)
+        for k in ("rails_avg_mw", "rails_third_mw", "placeholder_temps_c", "oc_event_counts", "oc_throttle_enabled", "trips"):
+            v = getattr(self, k)
+            if v:
+                d[k] = dict(v)
+        for k in ("gpu_freq_mhz", "gpu_max_freq_mhz", "emc_freq_mhz", "emc_load_pct", "cpu_load_pct", "mem_used_mb",
+                  "mem_total_mb", "energy_mj", "reason"):
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
@@ -68,8 +96,19 @@ class PowerSample:
             rails_mw={str(k): float(v) for k, v in (d.get("rails_mw") or {}).items()},
             total_mw=None if d.get("total_mw") is None else float(d["total_mw"]),
             total_source=d.get("total_source"),
+            rails_sum_mw=None if d.get("rails_sum_mw") is None else float(d["rails_sum_mw"]),
+            rails_sum_of=list(d.get("rails_sum_of") or []),
+            rails_avg_mw={str(k): float(v) for k, v in (d.get("rails_avg_mw") or {}).items()},
+            rails_third_mw={str(k): float(v) for k, v in (d.get("rails_third_mw") or {}).items()},
+            placeholder_temps_c={str(k): float(v) for k, v in (d.get("placeholder_temps_c") or {}).items()},
+            oc_event_counts={str(k): int(v) for k, v in (d.get("oc_event_counts") or {}).items()},
+            oc_throttle_enabled={str(k): bool(v) for k, v in (d.get("oc_throttle_enabled") or {}).items()},
+            trips={str(k): dict(v) for k, v in (d.get("trips") or {}).items()},
             gpu_load_pct=d.get("gpu_load_pct"),
             gpu_freq_mhz=d.get("gpu_freq_mhz"),
+            gpu_max_freq_mhz=d.get("gpu_max_freq_mhz"),
+            emc_freq_mhz=d.get("emc_freq_mhz"),
+            emc_load_pct=d.get("emc_load_pct"),
             cpu_load_pct=d.get("cpu_load_pct"),
             mem_used_mb=d.get("mem_used_mb"),
             mem_total_mb=d.get("mem_total_mb"),
@@ -79,15 +118,45 @@ class PowerSample:
         )
 
 
-def total_from_rails(rails_mw: dict[str, float]) -> tuple[float | None, str | None]:
-    """The board's total: the input rail where there is one, else the sum of the rails."""
-    for name in INPUT_RAILS:
-        for rail, mw in rails_mw.items():
-            if rail.upper() == name:
-                return mw, rail
-    if not rails_mw:
+    @property
+    def has_power(self) -> bool:
+        """Whether any power figure was measured (a rail, a total, or a sum of rails)."""
+        return self.available and (bool(self.rails_mw) or self.total_mw is not None)
+
+    def budget_power(self) -> tuple[float | None, str | None]:
+        """(mW, what it is) for the power band: the measured total, else the labelled sum of rails."""
+        if self.total_mw is not None:
+            return self.total_mw, self.total_source
+        if self.rails_sum_mw is not None:
+            return self.rails_sum_mw, rails_sum_label(self.rails_sum_of)
         return None, None
-    return sum(rails_mw.values()), "sum_of_rails"
+
+
+def is_input_rail(name: str) -> bool:
+    return name.upper() in INPUT_RAILS
+
+
+def rails_sum_label(names: list[str]) -> str:
+    return "sum of " + " + ".join(names)
+
+
+def set_power_totals(s: PowerSample, unreadable: list[str] | None = None) -> PowerSample:
+    """Fill ``total_mw`` (the input rail, where measured) or ``rails_sum_mw`` (the named rails) from ``rails_mw``.
+
+    Where the board has an input rail that could not be read this time, neither is set: a sum of
+    the sub-rails would be a different quantity passed off under the same name.
+    """
+    s.total_mw = s.total_source = s.rails_sum_mw = None
+    s.rails_sum_of = []
+    for name in INPUT_RAILS:
+        for rail, mw in s.rails_mw.items():
+            if rail.upper() == name:
+                s.total_mw, s.total_source = mw, rail
+                return s
+    if s.rails_mw and not any(is_input_rail(r) for r in unreadable or []):
+        s.rails_sum_of = list(s.rails_mw)
+        s.rails_sum_mw = sum(s.rails_mw.values())
+    return s
 
 
 def merge(samples: list[PowerSample], t_s: float) -> PowerSample:
@@ -110,6 +179,16 @@ def merge(samples: list[PowerSample], t_s: float) -> PowerSample:
             out.temps_c = {**s.temps_c, **out.temps_c} if out.temps_c else dict(s.temps_c)
         if out.total_mw is None and s.total_mw is not None:
             out.total_mw, out.total_source = s.total_mw, s.total_source
+        if out.rails_sum_mw is None and s.rails_sum_mw is not None:
+            out.rails_sum_mw, out.rails_sum_of = s.rails_sum_mw, s.rails_sum_of
+        for name in ("rails_avg_mw", "rails_third_mw", "placeholder_temps_c", "oc_event_counts", "oc_throttle_enabled", "trips"):
+            mine, theirs = getattr(out, name), getattr(s, name)
+            if theirs:
+                setattr(out, name, {**theirs, **mine} if mine else dict(theirs))
+        if out.gpu_max_freq_mhz is None:
+            out.gpu_max_freq_mhz = s.gpu_max_freq_mhz
+        if out.emc_freq_mhz is None:
+            out.emc_freq_mhz, out.emc_load_pct = s.emc_freq_mhz, s.emc_load_pct
         if out.gpu_load_pct is None:
             out.gpu_load_pct = s.gpu_load_pct
         if out.gpu_freq_mhz is None:

@@ -15,7 +15,8 @@ pure overhead; spikes do not wait for a tick at all. Each tick it
    (spike rule) and, at most every ``stats_interval_s`` (longer for big windows),
    recomputes the window percentiles (jitter rule) and the next spike threshold;
 2. reads every sensor whose own refresh interval has passed, merges the
-   latest readings into one board sample, and checks power and temperature;
+   latest readings into one board sample, and checks power, temperature,
+   over-current counters and throttling (trip points, GPU clock drops);
 3. runs the actions of every event, logs samples/latency/events as JSONL and
    updates the Prometheus gauges.
 
@@ -56,6 +57,7 @@ class Watchdog:
         log_interval_s: float = 0.1,
         stats_interval_s: float = 0.05,
         dry_run: bool = False,
+        absent_sensors: list[str] | None = None,
     ):
         self.policy = policy or PolicyConfig()
         self.tracker = tracker or LatencyTracker(window_s=self.policy.window_s)
@@ -77,6 +79,9 @@ class Watchdog:
             self.tracker.watchdog_metrics = WatchdogMetrics(self.tracker.registry)
         self.metrics = self.tracker.watchdog_metrics
         self.registry = self.tracker.registry
+        # sensors probed and not found (names): exported as edgekit_sensor_available 0
+        self.absent_sensors = list(absent_sensors or [])
+        self.metrics.update_sources({name: False for name in self.absent_sensors})
 
         self.events: deque[Event] = deque(maxlen=1000)
         self.latest: PowerSample | None = None
@@ -172,12 +177,14 @@ class Watchdog:
         return min(max(due - mono, fast), slow)
 
     # -- one step -------------------------------------------------------------
-    def tick(self, now_mono: float | None = None, now_wall: float | None = None) -> list[Event]:
+    def tick(self, now_mono: float | None = None, now_wall: float | None = None, read_all: bool = False) -> list[Event]:
+        """One step. ``read_all`` reads every sensor now, whatever its refresh interval (a caller such
+        as `edgekit monitor` that paces the ticks itself wants one fresh sample per tick)."""
         mono = time.monotonic() if now_mono is None else now_mono
         wall = time.time() if now_wall is None else now_wall
         self.ticks += 1
         events = self._check_latency(mono, wall)
-        events += self._check_sensors(mono, wall)
+        events += self._check_sensors(mono, wall, force=read_all)
         for e in events:
             self._raise(e, mono)
         return events
@@ -218,8 +225,12 @@ class Watchdog:
             self.metrics.rate.set(self.sampler.rate_hz(mono))
         return events
 
-    def _check_sensors(self, mono: float, wall: float) -> list[Event]:
+    def _check_sensors(self, mono: float, wall: float, force: bool = False) -> list[Event]:
+        """Read the sensors that are due (all of them with ``force``) and apply the sensor policies."""
         if not self.sensors:
+            if force:  # a caller pacing the reads itself still gets a sample per tick: an unavailable one
+                absent = ", ".join(self.absent_sensors) or "none probed"
+                self.latest = PowerSample.unavailable("none", f"no sensors on this machine (absent: {absent})", wall)
             return []
         events: list[Event] = []
         read_any = temps_read = False
@@ -228,12 +239,14 @@ class Watchdog:
         # wakeups; one fast period of slack absorbs the loop's own timing jitter.
         slack = 1.0 / self.sampler.fast_hz
         for i, s in enumerate(self.sensors):
-            if mono < self._sensor_due[i] - slack:
+            if not force and mono < self._sensor_due[i] - slack:
                 continue
             nxt = self._sensor_due[i] + s.min_interval_s
             self._sensor_due[i] = nxt if nxt > mono else mono + s.min_interval_s  # fell behind: restart the phase
             sample = s.read(wall)
             events += self.engine.check_sensor(sample)
+            if self._sensor_last[i] is None or self._sensor_last[i].available != sample.available:
+                self.metrics.update_sources({s.name: sample.available})
             self._sensor_last[i] = sample
             read_any = True
             temps_read = temps_read or bool(sample.temps_c)
@@ -245,8 +258,12 @@ class Watchdog:
         events += self.engine.check_power(board)
         if temps_read:  # temperatures change only when a sensor that has them was read
             events += self.engine.check_temperatures(board)
+        if board.oc_event_counts:
+            events += self.engine.check_over_current(board)
+        if board.trips or board.gpu_max_freq_mhz is not None:
+            events += self.engine.check_throttle(board)
         if prev is not None and (
-            moved(prev.total_mw, board.total_mw, rel=0.05, abs_=250.0)
+            moved(prev.budget_power()[0], board.budget_power()[0], rel=0.05, abs_=250.0)
             or (temps_read and any(moved(prev.temps_c.get(z), c, rel=0.0, abs_=2.0) for z, c in board.temps_c.items()))
         ):
             self.sampler.note_activity(mono)

@@ -9,17 +9,28 @@ from edgekit.power.sensors.gpu_load import TegraGpuLoadSensor
 from edgekit.power.sensors.hwmon_ina3221 import Ina3221Sensor
 from edgekit.power.sensors.nvml import NvmlSensor
 from edgekit.power.sensors.rapl import RaplSensor
+from edgekit.power.sensors.soctherm_oc import SocthermOcSensor
 from edgekit.power.sensors.system import SystemSensor
+from edgekit.power.sensors.tegrastats_live import TegrastatsSensor
 from edgekit.power.sensors.thermal import ThermalSensor
 
-SENSOR_NAMES = ("ina3221", "thermal", "gpu_load", "nvml", "rapl", "system")
+SENSOR_NAMES = ("ina3221", "tegrastats", "thermal", "gpu_load", "soctherm_oc", "nvml", "rapl", "system")
+SYSFS_SENSORS = ("ina3221", "thermal", "gpu_load", "soctherm_oc", "rapl")
 
 
-def local_sensors(sysfs_root: str | Path | None = None, only: list[str] | None = None) -> tuple[list[Sensor], list[str]]:
+def absent_names(notes: list[str]) -> list[str]:
+    """The sensor names in ``local_sensors``' notes ("name: reason")."""
+    return [n.split(":", 1)[0] for n in notes]
+
+
+def local_sensors(sysfs_root: str | Path | None = None, only: list[str] | None = None,
+                  tegrastats_interval_ms: int = 500) -> tuple[list[Sensor], list[str]]:
     """(available sensors, notes on the absent ones).
 
     With a ``sysfs_root`` (a recorded or mounted tree) only the sysfs sensors
     are considered: NVML and psutil describe this machine, not that tree.
+    ``tegrastats`` (a live process) is used where no INA3221 rail is readable,
+    or when named in ``only``; it is never started just to be probed.
     """
     wanted = list(only) if only else list(SENSOR_NAMES)
     unknown = [n for n in wanted if n not in SENSOR_NAMES]
@@ -28,9 +39,11 @@ def local_sensors(sysfs_root: str | Path | None = None, only: list[str] | None =
 
         raise SensorError(f"unknown sensor(s) {', '.join(unknown)}", hint=f"choose from {', '.join(SENSOR_NAMES)}")
     if sysfs_root is not None:
-        wanted = [n for n in wanted if n in ("ina3221", "thermal", "gpu_load", "rapl")]
+        wanted = [n for n in wanted if n in SYSFS_SENSORS or (only and n in only)]
     makers = {
         "ina3221": lambda: Ina3221Sensor(sysfs_root),
+        "tegrastats": lambda: TegrastatsSensor(tegrastats_interval_ms),
+        "soctherm_oc": lambda: SocthermOcSensor(sysfs_root),
         "thermal": lambda: ThermalSensor(sysfs_root),
         "gpu_load": lambda: TegraGpuLoadSensor(sysfs_root),
         "nvml": lambda: NvmlSensor(),
@@ -42,6 +55,8 @@ def local_sensors(sysfs_root: str | Path | None = None, only: list[str] | None =
     found: list[Sensor] = []
     notes: list[str] = []
     for name in wanted:
+        if name == "tegrastats" and not (only and "tegrastats" in only) and any(f.name == "ina3221" for f in found):
+            continue  # sysfs rails are readable: no process needed
         s = makers[name]()
         if s.available():
             found.append(s)

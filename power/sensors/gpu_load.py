@@ -2,7 +2,9 @@
 
 The load file holds per-mille (0-1000). Its path moved between JetPack
 releases, so several known places are tried in order; the first that exists
-wins. The clock comes from the GPU's devfreq node (Hz).
+wins. The clock comes from the GPU's devfreq node (Hz), and so does its ceiling
+(``max_freq``, which nvpmodel sets for the power mode): a busy GPU clocked below
+that ceiling is being throttled (the policy's clock rule).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class TegraGpuLoadSensor(Sensor):
         self.freq_path = _first_existing(self.root, FREQ_PATHS)
         self._load = ValueFile(self.load_path, reopen_s) if self.load_path else None
         self._freq = ValueFile(self.freq_path, reopen_s) if self.freq_path else None
+        max_path = self.freq_path.with_name("max_freq") if self.freq_path else None
+        self._max_freq = ValueFile(max_path, reopen_s) if max_path is not None and max_path.exists() else None
 
     def available(self) -> bool:
         return self.load_path is not None
@@ -58,18 +62,22 @@ class TegraGpuLoadSensor(Sensor):
             return PowerSample.unavailable(self.name, f"no Tegra GPU load file under {self.root}", t)
         now = time.monotonic()
         load_pct = self._load.read_int(now) / 10.0  # per-mille -> %
-        freq = None
-        if self._freq is not None:
-            try:
-                freq = self._freq.read_int(now) / 1e6  # Hz -> MHz
-            except (OSError, ValueError):
-                freq = None
-        return PowerSample(t_s=t, source=self.name, gpu_load_pct=load_pct, gpu_freq_mhz=freq)
+        freq, max_freq = _mhz(self._freq, now), _mhz(self._max_freq, now)
+        return PowerSample(t_s=t, source=self.name, gpu_load_pct=load_pct, gpu_freq_mhz=freq, gpu_max_freq_mhz=max_freq)
 
     def close(self) -> None:
-        for f in (self._load, self._freq):
+        for f in (self._load, self._freq, self._max_freq):
             if f is not None:
                 f.close()
 
     def describe(self) -> str:
         return f"gpu_load ({self.load_path})" if self.load_path else "gpu_load (absent)"
+
+
+def _mhz(f: ValueFile | None, now: float) -> float | None:
+    if f is None:
+        return None
+    try:
+        return f.read_int(now) / 1e6  # Hz -> MHz
+    except (OSError, ValueError):
+        return None

@@ -11,7 +11,10 @@ Layout (Linux ``ina3221`` driver, JetPack 5 and later)::
 The hwmon number differs between boards and boots, so it is globbed. Chips are
 also found through ``bus/i2c/devices/*/name`` and ``class/hwmon/*/name``. Power
 is mV x mA / 1000 = mW. The total is VDD_IN where the board has it (Orin NX and
-Nano); AGX Orin has no input rail, so its total is the sum of its rails.
+Nano); AGX Orin has no input rail, so it gets a labelled sum of its rails instead
+(``rails_sum_mw``), never a "total". JetPack 4 boards (Nano, TX2, Xavier) expose
+the same chips through the older ``ina3221x`` IIO driver (``iio_ina3221x.py``);
+both layouts are read by this one sensor.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgekit.power.sample import PowerSample, total_from_rails
+from edgekit.power.sample import PowerSample, set_power_totals
 from edgekit.power.sensors.base import Sensor
 from edgekit.power.sensors.sysfs import ValueFile, read_int, read_text, resolve_root
 
@@ -64,7 +67,12 @@ def find_chips(root: str | Path | None = None) -> list[Path]:
 
 
 def find_channels(root: str | Path | None = None) -> list[Channel]:
-    """Connected rails of every chip: labelled, not "NC", with a current file, not disabled."""
+    """Connected rails of every chip: labelled, not "NC", with a current file, not disabled.
+
+    The hwmon layout (JetPack 5 and later) first, then the JetPack 4 ``ina3221x`` IIO layout.
+    """
+    from edgekit.power.sensors.iio_ina3221x import find_iio_channels
+
     channels: list[Channel] = []
     seen: set[str] = set()
     for hw in find_chips(root):
@@ -83,6 +91,10 @@ def find_channels(root: str | Path | None = None) -> list[Channel]:
             rail = label if label not in seen else f"{label}@{chip}"
             seen.add(rail)
             channels.append(Channel(rail, chip, hw / f"in{n}_input", current))
+    for ch in find_iio_channels(root):
+        rail = ch.rail if ch.rail not in seen else f"{ch.rail}@{ch.chip}"
+        seen.add(rail)
+        channels.append(Channel(rail, ch.chip, ch.voltage_path, ch.current_path))
     return channels
 
 
@@ -137,10 +149,8 @@ class Ina3221Sensor(Sensor):
             self._channels = None  # the driver may have been rebound: look again next time
             self.close()
             return PowerSample.unavailable(self.name, f"no rail could be read ({', '.join(bad)})", t)
-        total, total_source = total_from_rails(rails)
         reason = f"unreadable rails: {', '.join(bad)}" if bad else None
-        return PowerSample(t_s=t, source=self.name, rails_mw=rails, total_mw=total, total_source=total_source,
-                           unreadable=bad, reason=reason)
+        return set_power_totals(PowerSample(t_s=t, source=self.name, rails_mw=rails, unreadable=bad, reason=reason), bad)
 
     def describe(self) -> str:
         chips = sorted({c.chip for c in self.channels})

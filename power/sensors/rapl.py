@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from edgekit.power.sample import PowerSample
+from edgekit.power.sample import PowerSample, set_power_totals
 from edgekit.power.sensors.base import Sensor
 from edgekit.power.sensors.sysfs import read_int, read_text, resolve_root
 
@@ -74,5 +74,5 @@ class RaplSensor(Sensor):
         if not rails:
             return PowerSample(t_s=t, source=self.name, reason="priming the energy counter (power needs two reads)",
                                energy_mj=self._energy_mj, unreadable=bad)
-        return PowerSample(t_s=t, source=self.name, rails_mw=rails, total_mw=sum(rails.values()),
-                           total_source="sum_of_rails", energy_mj=self._energy_mj, unreadable=bad)
+        # CPU package zones, not the machine's input: a labelled sum of rails, never a "total"
+        return set_power_totals(PowerSample(t_s=t, source=self.name, rails_mw=rails, energy_mj=self._energy_mj, unreadable=bad))

@@ -7,9 +7,15 @@ One line per interval, e.g. (AGX Orin, JetPack 5.1)::
     tj@77.281C CV0@-256C ... VDD_GPU_SOC 3150mW/2971mW VDD_CPU_CV 14312mW/12415mW ...
 
 What drifts between releases and is handled here: the leading timestamp (absent
-before JetPack 5.1), GR3D as ``14%@[407,407]``, ``10%@1300`` or a bare ``0%``,
-upper- or lower-case temperature names, rails printed as ``now/avg`` in mW, as
-three values (JetPack 7) or without units (JetPack 4: ``POM_5V_IN 2027/2027``).
+before JetPack 5.1), GR3D as ``14%@[407,407]``, ``10%@1300``, a bare ``0%`` or a
+clock without a load (``@[1000,1000]``), upper- or lower-case temperature names,
+temperatures as ``cpu@52.968C/52.968C`` (JetPack 7: the first value is used),
+rails printed as ``now/avg`` in mW, as three values (JetPack 7: ``now/avg/third``,
+the third kept as printed because no source we have documents it) or without
+units (JetPack 4: ``POM_5V_IN 2027/2027``). Zones that print a fixed placeholder
+(``PMIC@100C`` on JetPack 4 boards) go to ``placeholder_temps_c``, not to the
+temperatures the policy watches. The total is the input rail where the board
+measures one; otherwise a labelled sum of the named rails (``rails_sum_mw``).
 Every field is matched on its own, so an unknown or truncated token costs that
 field only; a line with no recognisable field is reported as skipped.
 """
@@ -23,15 +29,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgekit.power.sample import PowerSample, total_from_rails
-from edgekit.power.sensors.thermal import valid_temp_c, zone_name
+from edgekit.power.sample import PowerSample, set_power_totals
+from edgekit.power.sensors.thermal import is_placeholder_temp, valid_temp_c, zone_name
 
 _TIMESTAMP = re.compile(r"^\s*(\d{2})-(\d{2})-(\d{4}) (\d{2}):(\d{2}):(\d{2})\b")
 _RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
 _CPU = re.compile(r"\bCPU \[([^\]]*)\]")
 _CPU_CORE = re.compile(r"^(\d+)%")
-_GR3D = re.compile(r"\bGR3D(?:_FREQ)? (\d+)%(?:@\[?(\d+))?")
-_TEMP = re.compile(r"(?<![\w%])([A-Za-z][A-Za-z0-9_]*)@(-?\d+(?:\.\d+)?)C(?=\s|$)")
+_GR3D = re.compile(r"\bGR3D(?:_FREQ)? (?:(\d+)%)?(?:@\[?(\d+))?")
+_EMC = re.compile(r"\bEMC(?:_FREQ)? (\d+)%(?:@(\d+))?")
+_TEMP = re.compile(r"(?<![\w%])([A-Za-z][A-Za-z0-9_]*)@(-?\d+(?:\.\d+)?)C(?:/-?\d+(?:\.\d+)?C)*(?=\s|$)")
 # NAME now[mW][/avg[mW]][/max[mW]]: a rail needs the mW unit or a slash, so that
 # "APE 174" or "VIC_FREQ 729" are not taken for rails; RAM/SWAP end in MB and fail.
 _RAIL = re.compile(r"(?<![\w@%/])([A-Za-z][A-Za-z0-9_]*) (\d+)(mW)?((?:/\d*(?:mW)?)*)(?=\s|$)")
@@ -60,25 +67,40 @@ def parse_line(line: str, t_s: float | None = None) -> PowerSample | None:
             s.cpu_load_pct = sum(loads) / len(loads)
             found = True
     m = _GR3D.search(line)
-    if m:
-        s.gpu_load_pct = float(m.group(1))
+    if m and (m.group(1) or m.group(2)):
+        if m.group(1):
+            s.gpu_load_pct = float(m.group(1))
         if m.group(2):
             s.gpu_freq_mhz = float(m.group(2))
         found = True
+    m = _EMC.search(line)
+    if m:
+        s.emc_load_pct = float(m.group(1))
+        if m.group(2):
+            s.emc_freq_mhz = float(m.group(2))
+        found = True
     for m in _TEMP.finditer(line):
-        c = float(m.group(2))
-        if valid_temp_c(c):  # -256 C: the zone's block is powered off
-            s.temps_c.setdefault(zone_name(m.group(1)), c)
+        c, zone = float(m.group(2)), zone_name(m.group(1))
+        if is_placeholder_temp(zone, c):
+            s.placeholder_temps_c.setdefault(zone, c)
+        elif valid_temp_c(c):  # -256 C: the zone's block is powered off
+            s.temps_c.setdefault(zone, c)
         found = True
     for m in _RAIL.finditer(line):
         name, now, unit, rest = m.group(1), m.group(2), m.group(3), m.group(4)
         if name.upper() in _NOT_RAILS or not (unit or any(ch.isdigit() for ch in rest)):
             continue
-        s.rails_mw.setdefault(name, float(now))
+        if name not in s.rails_mw:
+            s.rails_mw[name] = float(now)
+            more = [float(v.removesuffix("mW")) for v in rest.split("/")[1:] if v.removesuffix("mW").isdigit()]
+            if more:
+                s.rails_avg_mw[name] = more[0]
+            if len(more) > 1:
+                s.rails_third_mw[name] = more[1]
         found = True
     if not found:
         return None
-    s.total_mw, s.total_source = total_from_rails(s.rails_mw)
+    set_power_totals(s)
     if not s.rails_mw:
         s.reason = "no power rails in this line"
     return s

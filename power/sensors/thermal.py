@@ -4,6 +4,12 @@ Zones are matched by their ``type`` (cpu-thermal, gpu-thermal, tj-thermal, ...),
 never by index: the numbering differs between boards and JetPack releases.
 Names are shortened to what tegrastats prints (``cpu``, ``gpu``, ``tj``). A zone
 whose block is powered off (the CV engines on Orin) reads -256 C and is left out.
+
+Each zone's throttling trip points (``trip_point_N_type`` passive, hot or
+critical, ``trip_point_N_temp`` in m°C) are read once; a zone at or above one is
+reported in ``trips`` with the trip's type and temperature -- the kernel is
+throttling (passive) or about to shut down (critical) there. ``active`` trips
+only start a fan and are not throttling, so they are not reported.
 """
 
 from __future__ import annotations
@@ -31,6 +37,17 @@ def valid_temp_c(value_c: float) -> bool:
     return value_c > _MIN_VALID_C
 
 
+# Zones that report a fixed number, not a measurement. On JetPack 4 boards (Nano, TX1/TX2,
+# Xavier) the PMIC zone ("PMIC-Die" in sysfs, "PMIC@100C" in tegrastats) reads 100 C at idle
+# while every real zone sits at 25-45 C: alarming on it would raise a critical event on every
+# sample. Matched by name prefix and exact value, so a real reading of another value still counts.
+PLACEHOLDER_TEMPS_C = {"pmic": 100.0}
+
+
+def is_placeholder_temp(zone: str, value_c: float) -> bool:
+    return any(zone.startswith(prefix) and value_c == v for prefix, v in PLACEHOLDER_TEMPS_C.items())
+
+
 class ThermalSensor(Sensor):
     """Every thermal zone's temperature in degrees C."""
 
@@ -43,6 +60,7 @@ class ThermalSensor(Sensor):
         self.root = resolve_root(root)
         self.reopen_s = reopen_s
         self._zones: list[tuple[str, Path]] | None = None
+        self._trips: dict[str, list[tuple[str, float]]] = {}  # zone -> [(type, °C)], lowest first
         self._files: dict[Path, ValueFile] = {}
 
     @property
@@ -59,6 +77,9 @@ class ThermalSensor(Sensor):
                     name = f"{name}{_zone_index(d)}"
                 seen.add(name)
                 zones.append((name, d / "temp"))
+                trips = _throttle_trips(d)
+                if trips:
+                    self._trips[name] = trips
             self._zones = zones
         return self._zones
 
@@ -69,6 +90,8 @@ class ThermalSensor(Sensor):
         if not self.zones:
             return PowerSample.unavailable(self.name, f"no thermal zones under {self.root}", t)
         temps: dict[str, float] = {}
+        placeholders: dict[str, float] = {}
+        trips: dict[str, dict] = {}
         bad: list[str] = []
         now = time.monotonic()
         for name, path in self.zones:
@@ -78,9 +101,15 @@ class ThermalSensor(Sensor):
             except (OSError, ValueError):
                 bad.append(name)
                 continue
-            if valid_temp_c(c):
+            if is_placeholder_temp(name, c):
+                placeholders[name] = c
+            elif valid_temp_c(c):
                 temps[name] = c
-        return PowerSample(t_s=t, source=self.name, temps_c=temps, unreadable=bad,
+                for kind, trip_c in reversed(self._trips.get(name, ())):
+                    if c >= trip_c:  # the highest trip reached
+                        trips[name] = {"type": kind, "trip_c": trip_c, "temp_c": c}
+                        break
+        return PowerSample(t_s=t, source=self.name, temps_c=temps, placeholder_temps_c=placeholders, trips=trips, unreadable=bad,
                            reason=f"unreadable zones: {', '.join(bad)}" if bad else None)
 
     def close(self) -> None:
@@ -90,6 +119,23 @@ class ThermalSensor(Sensor):
 
     def describe(self) -> str:
         return f"thermal ({', '.join(n for n, _ in self.zones) or 'none'})"
+
+
+_THROTTLE_TRIP_TYPES = ("passive", "hot", "critical")
+
+
+def _throttle_trips(zone_dir: Path) -> list[tuple[str, float]]:
+    """[(type, °C)] of a zone's passive/hot/critical trip points, lowest temperature first."""
+    out = []
+    for type_file in zone_dir.glob("trip_point_*_type"):
+        try:
+            kind = read_text(type_file).lower()
+            if kind in _THROTTLE_TRIP_TYPES:
+                temp_file = type_file.with_name(type_file.name.replace("_type", "_temp"))
+                out.append((kind, int(read_text(temp_file)) / 1000.0))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda x: x[1])
 
 
 def _zone_index(p: Path) -> int:

@@ -15,13 +15,16 @@ from edgekit.power.sensors.thermal import ThermalSensor
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 
 
-def test_agx_orin_has_no_input_rail_so_total_is_sum_and_nc_is_skipped():
+def test_agx_orin_has_no_input_rail_so_no_total_only_a_labelled_sum_and_nc_is_skipped():
     s = Ina3221Sensor(SYSFS / "agx-orin-64gb").read(0.0)
     assert s.available
     # mV * mA / 1000 per channel, worked out by hand from the fixture files
     assert s.rails_mw == {"VDD_GPU_SOC": 3150.0, "VDD_CPU_CV": 14310.0, "VIN_SYS_5V0": 4970.0, "VDDQ_VDD2_1V8AO": 1090.0}
-    assert s.total_mw == pytest.approx(3150 + 14310 + 4970 + 1090)
-    assert s.total_source == "sum_of_rails"
+    # the board measures no input: no "total", a sum that names what it adds (5 V system rail included)
+    assert s.total_mw is None and s.total_source is None
+    assert s.rails_sum_mw == pytest.approx(3150 + 14310 + 4970 + 1090)
+    assert s.rails_sum_of == ["VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO"]
+    assert s.budget_power() == (pytest.approx(23520.0), "sum of VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0 + VDDQ_VDD2_1V8AO")
     chips = {c.chip for c in find_channels(SYSFS / "agx-orin-64gb")}
     assert chips == {"1-0040", "1-0041"}  # both hwmon3 and hwmon4 were found by globbing
 
@@ -45,13 +48,14 @@ def test_summation_and_unlabelled_shunt_channels_are_not_rails():
     assert names == ["VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"]  # in7 "sum of shunt voltages" has no current file
 
 
-def test_partial_tree_reports_unreadable_rails_and_falls_back_to_sum(tmp_path):
+def test_partial_tree_reports_unreadable_rails_and_no_total_when_the_input_rail_is_unreadable(tmp_path):
     # the fixture is a recorded rootfs (DIR/sys/...): the root resolves to DIR/sys
     s = Ina3221Sensor(SYSFS / "orin-nx-partial").read(0.0)
     assert s.available
     assert s.rails_mw == pytest.approx({"VDD_CPU_GPU_CV": 5072 * 102 / 1000})
     assert sorted(s.unreadable) == ["VDD_IN", "VDD_SOC"]
-    assert s.total_source == "sum_of_rails"
+    # VDD_IN exists but failed: a sum of the sub-rails would be passed off as the total
+    assert s.total_mw is None and s.rails_sum_mw is None and s.budget_power() == (None, None)
     assert "VDD_IN" in s.reason
 
 
@@ -93,7 +97,8 @@ def test_a_directory_where_a_value_file_should_be_is_unreadable_not_fatal(tmp_pa
     f.mkdir()  # reading it raises IsADirectoryError
     s = Ina3221Sensor(board).read(0.0)
     assert s.unreadable == ["VDD_CPU_CV"]
-    assert s.total_mw == pytest.approx(3150 + 4970 + 1090)
+    assert s.total_mw is None and s.rails_sum_mw == pytest.approx(3150 + 4970 + 1090)
+    assert s.rails_sum_of == ["VDD_GPU_SOC", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO"]
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,8 @@ def test_monitor_replays_tegrastats_as_json_lines_with_events(tmp_path):
 def test_monitor_reads_a_recorded_sysfs_tree(tmp_path):
     (s,) = _monitor("--sysfs-root", str(FIX / "sysfs/agx-orin-64gb"), "--json")
     assert s["rails_mw"] == {"VDD_GPU_SOC": 3150.0, "VDD_CPU_CV": 14310.0, "VIN_SYS_5V0": 4970.0, "VDDQ_VDD2_1V8AO": 1090.0}
-    assert s["total_mw"] == 23520.0 and s["total_source"] == "sum_of_rails"
+    assert s["total_mw"] is None and s["rails_sum_mw"] == 23520.0  # AGX Orin measures no input rail
+    assert s["rails_sum_of"] == ["VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO"]
     assert s["gpu_load_pct"] == 14.0 and s["temps_c"]["tj"] == 77.281
     two = _monitor("--sysfs-root", str(FIX / "sysfs/orin-nx-partial"), "--json", "--samples", "2", "--interval-ms", "20")
     assert len(two) == 2 and two[0]["unreadable"] == ["VDD_IN", "VDD_SOC", "gpu"]

@@ -18,7 +18,9 @@ def test_agx_orin_jetpack51_rails_sum_and_timestamps():
     assert len(r.samples) == 3 and r.skipped_lines == []
     s = r.samples[1]
     assert s.rails_mw == {"VDD_GPU_SOC": 3150.0, "VDD_CPU_CV": 14312.0, "VIN_SYS_5V0": 4968.0, "VDDQ_VDD2_1V8AO": 1091.0}
-    assert s.total_mw == 3150 + 14312 + 4968 + 1091 and s.total_source == "sum_of_rails"
+    assert s.total_mw is None and s.rails_sum_mw == 3150 + 14312 + 4968 + 1091  # AGX Orin has no VDD_IN
+    assert s.rails_avg_mw["VDD_GPU_SOC"] == 2971.0 and s.rails_third_mw == {}
+    assert s.emc_load_pct == 1 and s.emc_freq_mhz == 2133
     assert s.gpu_load_pct == 14 and s.gpu_freq_mhz == 407
     assert s.temps_c["gpu"] == 69.125 and s.temps_c["tj"] == 77.281 and "cv0" not in s.temps_c
     assert s.mem_used_mb == 13983 and s.mem_total_mb == 62780
@@ -48,14 +50,18 @@ def test_orin_nano_jetpack6_lowercase_zones_and_bare_gr3d():
 def test_jetpack7_style_three_values_lowercase_names():
     (s,) = replay_log(LOGS / "jp7-style.log").samples
     assert s.rails_mw == {"vdd_gpu": 3012.0, "vdd_cpu_soc_mss": 7410.0, "vin": 21500.0}
-    # "vin" is not a known input rail name: the total is the sum, and says so
-    assert s.total_mw == 3012 + 7410 + 21500 and s.total_source == "sum_of_rails"
+    assert s.rails_avg_mw == {"vdd_gpu": 2980.0, "vdd_cpu_soc_mss": 7388.0, "vin": 21340.0}
+    assert s.rails_third_mw == {"vdd_gpu": 3200.0, "vdd_cpu_soc_mss": 7702.0, "vin": 22100.0}
+    # "vin" is not a known input rail name: no total, a sum that says what it adds
+    assert s.total_mw is None and s.rails_sum_mw == 3012 + 7410 + 21500 and s.rails_sum_of == ["vdd_gpu", "vdd_cpu_soc_mss", "vin"]
 
 
 def test_jetpack4_rails_without_units_and_pom_input_rail():
     (s,) = replay_log(LOGS / "xavier-nx-jp4.log").samples
     assert s.rails_mw == {"POM_5V_IN": 2027.0, "POM_5V_GPU": 0.0, "POM_5V_CPU": 321.0}
-    assert s.total_mw == 2027 and s.total_source == "POM_5V_IN"
+    assert s.total_mw == 2027 and s.total_source == "POM_5V_IN" and s.rails_sum_mw is None
+    # PMIC@100C is a fixed placeholder on these boards (every real zone is at 24-31 C): not a temperature
+    assert s.placeholder_temps_c == {"pmic": 100.0} and "pmic" not in s.temps_c and s.temps_c["thermal"] == 24.75
     assert "ram" not in s.rails_mw and "IRAM" not in s.rails_mw
 
 
@@ -65,10 +71,10 @@ def test_malformed_and_partial_lines():
     assert r.skipped_lines == [2, 5]
     by_line = r.samples
     full, truncated, ram_only, no_ts, bad_ts, temps_only, binary = by_line
-    assert full.total_mw == 9000 + 12000 + 5000 + 1200
+    assert full.rails_sum_mw == 9000 + 12000 + 5000 + 1200 and full.total_mw is None
     # the line ends inside VIN_SYS_5V0's value and before VDDQ: those rails are missing, the rest kept
     assert truncated.rails_mw == {"VDD_GPU_SOC": 9100.0, "VDD_CPU_CV": 12000.0}
-    assert truncated.total_source == "sum_of_rails"
+    assert truncated.rails_sum_of == ["VDD_GPU_SOC", "VDD_CPU_CV"]
     assert ram_only.rails_mw == {} and ram_only.total_mw is None and ram_only.mem_used_mb == 2448
     assert ram_only.cpu_load_pct is None  # the CPU list was cut off
     assert no_ts.total_mw == 4286 and no_ts.t_s == truncated.t_s + 2.0  # placed after the previous sample
@@ -100,6 +106,6 @@ def test_rails_round_trip_through_a_printed_line(rails):
     assert s.rails_mw == {k: float(v) for k, v in rails.items()}
     inputs = [k for k in ("VDD_IN", "POM_5V_IN") if k in rails]
     if inputs:
-        assert s.total_mw == rails[inputs[0]]
+        assert s.total_mw == rails[inputs[0]] and s.rails_sum_mw is None
     elif rails:
-        assert s.total_mw == sum(rails.values())
+        assert s.total_mw is None and s.rails_sum_mw == sum(rails.values())
