@@ -9,13 +9,17 @@ from rich.table import Table
 from rich.text import Text
 
 
+ABSENT = "—"  # a reading nobody took: never shown as 0
+
+
 def _f(v: Any, fmt: str = "{:.2f}") -> str:
-    return "-" if v is None else fmt.format(v)
+    return ABSENT if v is None else fmt.format(v)
 
 
 def render(state: dict[str, Any]) -> Group:
     """state: title, latency {metric: {n, p50_ms, p95_ms, p99_ms, jitter_ms, std_ms}}, budget_ms,
-    rails_mw, total_mw, total_source, gpu_load_pct, temps_c, events [dict], notes [str]."""
+    rails_mw, total_mw, total_source, rails_sum_mw, rails_sum_of, gpu_load_pct, cpu_load_pct, temps_c,
+    placeholder_temps_c, events [dict], notes [str]. Missing values are shown as "—"."""
     parts: list[Any] = [Text(state.get("title", "edgekit monitor"), style="bold")]
     budget = state.get("budget_ms")
     lat = Table(title="latency (rolling window, ms)", expand=False)
@@ -28,7 +32,7 @@ def render(state: dict[str, Any]) -> Group:
             lat.add_row(m, str(s.get("n", 0)), _f(s.get("p50_ms")), _f(s.get("p95_ms")), _f(s.get("p99_ms")),
                         Text(_f(j), style=style), _f(s.get("std_ms")))
     else:
-        lat.add_row("-", "0", "-", "-", "-", "-", "-")
+        lat.add_row(ABSENT, ABSENT, ABSENT, ABSENT, ABSENT, ABSENT, ABSENT)
     if budget is not None:
         lat.caption = f"jitter budget {budget:g} ms"
     parts.append(lat)
@@ -36,19 +40,29 @@ def render(state: dict[str, Any]) -> Group:
     pw = Table(title="power per rail", expand=False)
     pw.add_column("rail")
     pw.add_column("W", justify="right")
-    for rail, mw in (state.get("rails_mw") or {}).items():
+    rails = state.get("rails_mw") or {}
+    for rail, mw in rails.items():
         pw.add_row(rail, f"{mw / 1000:.3f}")
-    total = state.get("total_mw")
-    pw.add_row(Text(f"total ({state.get('total_source') or '-'})", style="bold"), Text(_f(None if total is None else total / 1000, "{:.3f}"), style="bold"))
-    if state.get("gpu_load_pct") is not None:
-        pw.add_row("GPU load", f"{state['gpu_load_pct']:.1f} %")
-    if state.get("cpu_load_pct") is not None:
-        pw.add_row("CPU load", f"{state['cpu_load_pct']:.1f} %")
+    total, rails_sum = state.get("total_mw"), state.get("rails_sum_mw")
+    if total is not None:
+        pw.add_row(Text(f"total ({state.get('total_source') or 'measured'})", style="bold"), Text(f"{total / 1000:.3f}", style="bold"))
+    elif rails_sum is not None:  # the board measures no input: say what the figure adds up
+        pw.add_row(Text("sum of rails (no input rail measured)", style="bold"), Text(f"{rails_sum / 1000:.3f}", style="bold"))
+    elif not rails:
+        pw.add_row(Text("no power sensor", style="dim"), ABSENT)
+    else:
+        pw.add_row(Text("total (input rail unreadable)", style="bold"), ABSENT)
+    pw.add_row("GPU load", _f(state.get("gpu_load_pct"), "{:.1f} %"))
+    pw.add_row("CPU load", _f(state.get("cpu_load_pct"), "{:.1f} %"))
     temps = Table(title="temperature (°C)", expand=False)
     temps.add_column("zone")
     temps.add_column("°C", justify="right")
     for z, c in (state.get("temps_c") or {}).items():
         temps.add_row(z, f"{c:.1f}")
+    for z, c in (state.get("placeholder_temps_c") or {}).items():
+        temps.add_row(Text(f"{z} (placeholder)", style="dim"), Text(f"{c:.0f}", style="dim"))
+    if not state.get("temps_c") and not state.get("placeholder_temps_c"):
+        temps.add_row(Text("no temperature sensor", style="dim"), ABSENT)
     side = Table.grid(padding=(0, 4))
     side.add_row(pw, temps)
     parts.append(side)
@@ -58,9 +72,9 @@ def render(state: dict[str, Any]) -> Group:
         ev.add_column(col, overflow="fold")
     for e in (state.get("events") or [])[-8:]:
         acts = "; ".join(f"{a['action']}: {a['status']}" for a in e.get("actions", []))
-        ev.add_row(str(e.get("time") or round(e.get("t_s", 0), 3)), e.get("kind", ""), e.get("severity", ""), e.get("message", ""), acts)
+        ev.add_row(str(e.get("time") or round(e.get("t_s", 0), 3)), e.get("kind", ""), e.get("severity", ""), e.get("message", ""), acts or ABSENT)
     if not state.get("events"):
-        ev.add_row("-", "-", "-", "no events", "-")
+        ev.add_row(ABSENT, ABSENT, ABSENT, "no events", ABSENT)
     parts.append(ev)
     for n in state.get("notes") or []:
         parts.append(Text(n, style="dim"))

@@ -3,8 +3,15 @@
 Figures (each only when the log has the data): latency percentiles and jitter
 over time with the budget, power per rail with the total and the band, and
 temperature per zone with the limits. Events are drawn as vertical lines on
-every figure. Time is seconds since the first record; every axis has its unit.
-Files are written atomically (temp file, fsync, rename).
+every figure. Time is seconds since the first record and every figure spans the
+whole log, so figures line up; every axis has its unit. Files are written
+atomically (temp file, fsync, rename).
+
+Absent means absent: a log without power readings says "no power sensor" and
+gets no power figures; power and energy come only from samples that carry a
+measured total (or, on boards without an input rail, the labelled sum of rails,
+named as such), and energy is integrated only between neighbouring samples that
+both have a value, never across a gap.
 """
 
 from __future__ import annotations
@@ -14,10 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgekit.atomic_files import atomic_write_bytes
 from edgekit.errors import EdgekitError
 from edgekit.power.jsonl import LogContents, read_log
+from edgekit.power.sample import rails_sum_label
+from edgekit.power.sensors.power_mode import describe_power_mode
 
-EVENT_COLOURS = {"jitter": "tab:red", "power_band": "tab:orange", "temperature": "tab:purple", "sensor": "tab:gray"}
+EVENT_COLOURS = {"jitter": "tab:red", "power_band": "tab:orange", "temperature": "tab:purple", "sensor": "tab:gray",
+                 "over_current": "tab:brown", "throttle": "tab:pink"}
+NO_POWER = "no power sensor"
 
 
 @dataclass
@@ -29,9 +41,7 @@ class ReportResult:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Atomic write (temp file, fsync, rename; the one implementation in edgekit.bundle.canonical)."""
-    from edgekit.bundle.canonical import atomic_write_bytes
-
+    """Atomic write (temp file, fsync, rename; the one implementation in edgekit.atomic_files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, data)
 
@@ -44,9 +54,31 @@ def _save(fig, path: Path) -> None:
     write_atomic(path, buf.getvalue())
 
 
+def _times(c: LogContents) -> list[float]:
+    return [r["t_s"] for recs in (c.samples, c.latency, c.events) for r in recs if isinstance(r.get("t_s"), (int, float))]
+
+
 def _t0(c: LogContents) -> float:
-    ts = [r["t_s"] for recs in (c.samples, c.latency, c.events) for r in recs if isinstance(r.get("t_s"), (int, float))]
+    ts = _times(c)
     return min(ts) if ts else 0.0
+
+
+def _span_s(c: LogContents) -> float:
+    ts = _times(c)
+    return max(ts) - min(ts) if ts else 0.0
+
+
+def sample_power(s: dict) -> tuple[float | None, str | None]:
+    """(mW, what it is) of one logged sample: its measured total, else its labelled sum of rails, else nothing."""
+    if s.get("total_mw") is not None:
+        return float(s["total_mw"]), s.get("total_source") or "measured total"
+    if s.get("rails_sum_mw") is not None:
+        return float(s["rails_sum_mw"]), rails_sum_label(list(s.get("rails_sum_of") or []))
+    return None, None
+
+
+def _whole_log(ax, span_s: float) -> None:
+    ax.set_xlim(0.0, max(span_s, 1e-3))
 
 
 def _event_label(e: dict) -> str:
@@ -101,7 +133,7 @@ def _latency_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     ax1.legend(loc="upper left", fontsize=8)
     ax1.grid(alpha=0.3)
     ax2.plot(t, [s["jitter_ms"] for _, s in rows], label="jitter p99 - p50", color="tab:red")
-    ax2.plot(t, [s["std_ms"] for _, s in rows], label="standard deviation", color="tab:blue", linewidth=1.0)
+    ax2.plot(t, [s["std_ms"] if s.get("std_ms") is not None else float("nan") for _, s in rows], label="standard deviation", color="tab:blue", linewidth=1.0)
     ax2.axhline(budget, color="black", linestyle="--", linewidth=1.0, label=f"budget {budget:g} ms")
     top = max([budget] + [s["jitter_ms"] for _, s in rows] + [s["std_ms"] or 0.0 for _, s in rows])
     ax2.set_ylim(0, top * 1.5)  # room above the budget line for the legend
@@ -111,6 +143,7 @@ def _latency_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     ax2.grid(alpha=0.3)
     _mark_events(ax1, c.events, t0, label=True)
     _mark_events(ax2, c.events, t0, label=False)
+    _whole_log(ax2, _span_s(c))
     _save(fig, path)
     return path
 
@@ -118,18 +151,21 @@ def _latency_figure(c: LogContents, t0: float, path: Path) -> Path | None:
 def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     from matplotlib.figure import Figure
 
-    samples = [s for s in c.samples if s.get("rails_mw") or s.get("total_mw") is not None]
+    samples = [s for s in c.samples if s.get("rails_mw") or sample_power(s)[0] is not None]
     if not samples:
         return None
     t = [s["t_s"] - t0 for s in samples]
     rails = sorted({r for s in samples for r in (s.get("rails_mw") or {})})
+    powers = [sample_power(s) for s in samples]
     loads = any(s.get("gpu_load_pct") is not None or s.get("cpu_load_pct") is not None for s in c.samples)
     fig = Figure(figsize=(10, 6.2 if loads else 4.4), dpi=110, layout="constrained")
     axes = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1]) if loads else [fig.subplots(1, 1)]
     ax = axes[0]
     total_src = next((s.get("total_source") for s in samples if s.get("total_source")), None)
-    ax.plot(t, [(s.get("total_mw") if s.get("total_mw") is not None else float("nan")) / 1000.0 for s in samples],
-            color="black", linewidth=2.0, label=f"total = {total_src}" if total_src else "total")
+    what = next((w for _, w in powers if w), None)
+    if what is not None:
+        ax.plot(t, [(mw if mw is not None else float("nan")) / 1000.0 for mw, _ in powers], color="black", linewidth=2.0,
+                label=f"total = {what}" if _has_measured_total(samples) else what)
     for r in rails:
         if r == total_src:
             continue  # the input rail is the total line itself
@@ -157,8 +193,13 @@ def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
         ax2.grid(alpha=0.3)
         _mark_events(ax2, c.events, t0, label=False)
     axes[-1].set_xlabel("time since start of log (s)")
+    _whole_log(axes[-1], _span_s(c))
     _save(fig, path)
     return path
+
+
+def _has_measured_total(samples: list[dict]) -> bool:
+    return any(s.get("total_mw") is not None for s in samples)
 
 
 def _temperature_figure(c: LogContents, t0: float, path: Path) -> Path | None:
@@ -178,6 +219,7 @@ def _temperature_figure(c: LogContents, t0: float, path: Path) -> Path | None:
             ax.axhline(lim[key], color="tab:red", linestyle=style, linewidth=1.0, label=f"{key.replace('_c', '')} {lim[key]:g} °C")
     ax.set_ylabel("temperature (°C)")
     ax.set_xlabel("time since start of log (s)")
+    _whole_log(ax, _span_s(c))
     ax.set_title("temperature per thermal zone")
     ax.legend(loc="upper left", fontsize=8, ncol=3)
     ax.grid(alpha=0.3)
@@ -186,30 +228,82 @@ def _temperature_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     return path
 
 
+def _energy(points: list[tuple[float, float | None]]) -> tuple[float, float] | None:
+    """(J, seconds covered): trapezoids between neighbouring samples that both have power, skipping gaps
+    longer than 5 typical intervals (the watchdog was paused, or samples were lost)."""
+    gaps = [b[0] - a[0] for a, b in zip(points, points[1:]) if b[0] > a[0]]
+    if not gaps:
+        return None
+    longest = 5 * sorted(gaps)[len(gaps) // 2]
+    joules = covered = 0.0
+    for (ta, wa), (tb, wb) in zip(points, points[1:]):
+        if wa is None or wb is None or not 0 < tb - ta <= longest:
+            continue
+        joules += (tb - ta) * (wa + wb) / 2
+        covered += tb - ta
+    return (joules, covered) if covered > 0 else None
+
+
 def summarise(c: LogContents) -> dict[str, Any]:
-    t0 = _t0(c)
-    ts = [r["t_s"] for recs in (c.samples, c.latency, c.events) for r in recs]
-    totals = [(s["t_s"], s["total_mw"] / 1000.0) for s in c.samples if s.get("total_mw") is not None]
+    meta = c.meta[0] if c.meta else {}
     out: dict[str, Any] = {
-        "duration_s": round(max(ts) - t0, 3) if ts else 0.0,
+        "duration_s": round(_span_s(c), 3),
         "samples": len(c.samples),
         "latency_records": len(c.latency),
         "events": len(c.events),
         "events_by_kind": {k: sum(1 for e in c.events if e.get("kind") == k) for k in sorted({e.get("kind") for e in c.events})},
         "skipped_lines": len(c.skipped_lines),
-        "source": c.meta[0].get("source") if c.meta else None,
-        "sensors": (c.meta[0].get("sensors") or None) if c.meta else None,
+        "source": meta.get("source"),
+        "sensors": meta.get("sensors") or None,
+        "power_mode": meta.get("power_mode"),
     }
-    if totals:
-        w = [x for _, x in totals]
-        out["power_mean_w"] = round(sum(w) / len(w), 3)
-        out["power_peak_w"] = round(max(w), 3)
-        # trapezoid over the sampled total: an estimate that is only as good as the sampling rate
-        out["energy_j_from_samples"] = round(sum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in zip(totals, totals[1:])), 3)
+    points = [(s["t_s"], None if mw is None else mw / 1000.0) for s in c.samples for mw, _ in [sample_power(s)]]
+    watts = [w for _, w in points if w is not None]
+    if not watts:
+        out["power"] = NO_POWER
+    else:
+        out["power_source"] = ", ".join(dict.fromkeys(w for s in c.samples for _, w in [sample_power(s)] if w))
+        out["power_mean_w"] = round(sum(watts) / len(watts), 3)
+        out["power_peak_w"] = round(max(watts), 3)
+        out["power_samples"] = len(watts)
+        e = _energy(points)
+        if e is not None:  # only as good as the sampling rate: an estimate, and labelled so
+            out["energy_j_from_samples"] = round(e[0], 3)
+            out["energy_covers_s"] = round(e[1], 3)
     if c.latency:
         last = c.latency[-1].get("metrics") or {}
         out["latency_last_window"] = {m: {k: s.get(k) for k in ("n", "p50_ms", "p99_ms", "jitter_ms", "std_ms")} for m, s in last.items()}
     return out
+
+
+def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary as (label, text) rows with units and rounded numbers, for the terminal and the HTML page."""
+    rows = [("duration", f"{summary['duration_s']:.1f} s"),
+            ("records", f"{summary['samples']} samples, {summary['latency_records']} latency windows, {summary['events']} events")]
+    if summary.get("source"):
+        rows.append(("source", str(summary["source"])))
+    if "power_mode" in summary:
+        rows.append(("power mode", describe_power_mode(summary.get("power_mode"))))
+    if summary.get("sensors"):
+        rows.append(("sensors", ", ".join(map(str, summary["sensors"]))))
+    if summary.get("power") == NO_POWER:
+        rows.append(("power", NO_POWER))
+    elif "power_mean_w" in summary:
+        rows.append(("power", f"mean {summary['power_mean_w']:.2f} W, peak {summary['power_peak_w']:.2f} W "
+                              f"({summary['power_source']}; {summary['power_samples']} of {summary['samples']} samples)"))
+        if "energy_j_from_samples" in summary:
+            rows.append(("energy", f"{summary['energy_j_from_samples']:.1f} J over {summary['energy_covers_s']:.1f} s "
+                                   "(integrated from the sampled power)"))
+    by_kind = summary.get("events_by_kind") or {}
+    rows.append(("events", ", ".join(f"{k} {n}" for k, n in by_kind.items()) or "none"))
+    for m, st in (summary.get("latency_last_window") or {}).items():
+        def ms(k: str) -> str:
+            return "—" if st.get(k) is None else f"{st[k]:.2f} ms"
+        rows.append((f"{m} latency, last window", f"n={st.get('n')}, p50 {ms('p50_ms')}, p99 {ms('p99_ms')}, "
+                                                   f"jitter {ms('jitter_ms')}, std {ms('std_ms')}"))
+    if summary.get("skipped_lines"):
+        rows.append(("lines skipped", str(summary["skipped_lines"])))
+    return rows
 
 
 def render_report(log_path: str | Path, out_dir: str | Path) -> ReportResult:
@@ -236,7 +330,11 @@ def render_report(log_path: str | Path, out_dir: str | Path) -> ReportResult:
 
 def _html(log_path: Path, c: LogContents, images: list[Path], summary: dict, t0: float) -> str:
     esc = html.escape
-    rows = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>" for k, v in summary.items() if v not in (None, {}))
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in summary_rows(summary))
+    power_note = ("This log holds no power readings (no power sensor); nothing is shown as 0 W."
+                  if summary.get("power") == NO_POWER else
+                  "Power and temperatures are as the board's sensors reported them; energy is integrated from the sampled power "
+                  "between neighbouring samples that both have a reading.")
     figs = "".join(f'<figure><img src="{esc(p.name)}" alt="{esc(p.stem)}"><figcaption>{esc(p.stem)}</figcaption></figure>' for p in images)
     ev_rows = "".join(
         f"<tr><td>{e['t_s'] - t0:.3f}</td><td>{esc(str(e.get('kind')))}</td><td>{esc(str(e.get('severity')))}</td>"
@@ -250,8 +348,7 @@ def _html(log_path: Path, c: LogContents, images: list[Path], summary: dict, t0:
 table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:left;font-size:.9em}}
 img{{max-width:100%}}figure{{margin:1em 0}}</style></head><body>
 <h1>Watchdog report</h1>
-<p>Log: <code>{esc(str(log_path))}</code>. Times are seconds since the first record. Power and temperatures are as the
-board's sensors reported them; energy is integrated from the sampled total power.</p>
+<p>Log: <code>{esc(str(log_path))}</code>. Times are seconds since the first record. {esc(power_note)}</p>
 <h2>Summary</h2><table>{rows}</table>
 <h2>Plots</h2>{figs or '<p>no plottable data</p>'}{'' if c.latency else '<p>No latency records in this log (a power-only capture, e.g. a replayed tegrastats log).</p>'}
 <h2>Events</h2><table><tr><th>time (s)</th><th>kind</th><th>severity</th><th>message</th><th>actions</th></tr>{ev_rows}</table>

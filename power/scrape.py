@@ -2,15 +2,20 @@
 
 Only the given URL is fetched (http or https, no redirects followed). Latency
 percentiles come from the histogram buckets the tracker exports: the bucket
-counts added since the previous scrape give that interval's distribution, and
-quantiles are interpolated inside a bucket the way Prometheus'
-``histogram_quantile`` does, so their resolution is the bucket width (1 ms up
-to 30 ms). Power, temperatures and event counts come from the gauges.
+counts added over the last ``window_s`` (the watchdog's rolling window: the
+difference from the oldest scrape still inside it) give the window's
+distribution, and quantiles are interpolated inside a bucket the way
+Prometheus' ``histogram_quantile`` does, so their resolution is the bucket
+width (1 ms up to 30 ms). Power, temperatures and event counts come from the
+gauges; a family the server does not export (an absent sensor) stays absent
+(None), and ``sensors`` gives each source's ``edgekit_sensor_available``.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -18,7 +23,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgekit.errors import SensorError
 from edgekit.power.latency import _PROM_NAMES
-from edgekit.power.metrics import EVENTS_COUNTER, GPU_LOAD_GAUGE, RAIL_GAUGE, TEMP_GAUGE, TOTAL_GAUGE
+from edgekit.power.metrics import (
+    EVENTS_COUNTER,
+    GPU_LOAD_GAUGE,
+    RAIL_GAUGE,
+    RAILS_SUM_GAUGE,
+    SENSOR_AVAILABLE_GAUGE,
+    TEMP_GAUGE,
+    TOTAL_GAUGE,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000/metrics"
 
@@ -103,21 +116,35 @@ def delta(now: Histogram, before: Histogram | None) -> list[tuple[float, float]]
 
 
 class AttachedSource:
-    """Polls one URL; each poll returns the interval's latency percentiles and the current gauges."""
+    """Polls one URL; each poll returns the rolling window's latency percentiles and the current gauges."""
 
-    def __init__(self, url: str = DEFAULT_URL, timeout_s: float = 2.0):
+    def __init__(self, url: str = DEFAULT_URL, timeout_s: float = 2.0, window_s: float = 10.0, clock=time.monotonic):
         self.url = check_url(url)
         self.timeout_s = timeout_s
+        self.window_s = window_s
+        self.clock = clock
         self._prev: Scrape | None = None
+        self._history: deque[tuple[float, Scrape]] = deque()
+
+    def _window_base(self, now: float) -> tuple[float, Scrape] | None:
+        """The oldest scrape inside the rolling window (older ones are dropped)."""
+        while len(self._history) > 1 and now - self._history[0][0] > self.window_s:
+            self._history.popleft()
+        if self._history and now - self._history[0][0] > self.window_s:
+            self._history.popleft()
+        return self._history[0] if self._history else None
 
     def poll(self) -> dict:
         scrape = parse(fetch(self.url, self.timeout_s))
-        view: dict = {"url": self.url, "latency": {}, "rails_mw": {}, "temps_c": {}, "events_total": {}}
+        now = self.clock()
+        base = self._window_base(now) or ((now, self._prev) if self._prev is not None else None)
+        view: dict = {"url": self.url, "latency": {}, "rails_mw": {}, "temps_c": {}, "events_total": {}, "events_new": {},
+                      "sensors": {}, "window_s": None if base is None else round(now - base[0], 3)}
         for metric, (name, _) in _PROM_NAMES.items():
             h = scrape.histograms.get(f"edgekit_{name}")
             if h is None:
                 continue
-            buckets = delta(h, self._prev.histograms.get(f"edgekit_{name}") if self._prev else None)
+            buckets = delta(h, base[1].histograms.get(f"edgekit_{name}") if base else None)
             n = buckets[-1][1] if buckets else 0
             if n <= 0:
                 view["latency"][metric] = {"n": 0}
@@ -127,13 +154,25 @@ class AttachedSource:
             view["latency"][metric] = {"n": int(n), **qs}
         for labels, v in scrape.gauges.get(RAIL_GAUGE, {}).items():
             view["rails_mw"][dict(labels)["rail"]] = v
-        total = scrape.gauges.get(TOTAL_GAUGE, {}).get(())
-        view["total_mw"] = total
+        view["total_mw"] = scrape.gauges.get(TOTAL_GAUGE, {}).get(())
+        view["rails_sum_mw"], view["rails_sum_of"] = None, []
+        for labels, v in scrape.gauges.get(RAILS_SUM_GAUGE, {}).items():
+            label = dict(labels).get("rails", "")
+            view["rails_sum_mw"] = v
+            view["rails_sum_of"] = label.removeprefix("sum of ").split(" + ") if label else []
         for labels, v in scrape.gauges.get(TEMP_GAUGE, {}).items():
             view["temps_c"][dict(labels)["zone"]] = v
         view["gpu_load_pct"] = scrape.gauges.get(GPU_LOAD_GAUGE, {}).get(())
+        for labels, v in scrape.gauges.get(SENSOR_AVAILABLE_GAUGE, {}).items():
+            view["sensors"][dict(labels).get("sensor", "?")] = bool(v)
+        before = self._prev.gauges.get(f"{EVENTS_COUNTER}_total", {}) if self._prev else {}
         for labels, v in scrape.gauges.get(f"{EVENTS_COUNTER}_total", {}).items():
             d = dict(labels)
-            view["events_total"][f"{d.get('kind')}/{d.get('severity')}"] = v
+            key = f"{d.get('kind')}/{d.get('severity')}"
+            view["events_total"][key] = v
+            new = v - before.get(labels, 0.0) if v >= before.get(labels, 0.0) else v  # a restart resets counters
+            if new > 0:
+                view["events_new"][key] = new
         self._prev = scrape
+        self._history.append((now, scrape))
         return view

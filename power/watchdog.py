@@ -105,6 +105,7 @@ class Watchdog:
 
     # -- lifecycle ------------------------------------------------------------
     def write_meta(self, **extra) -> None:
+        """The log's first record: sensors, policy, rates and (``start``) this board's power mode."""
         if self.logger is not None:
             self.logger.meta(sensors=[s.describe() for s in self.sensors], policy=self.policy.model_dump(),
                              fast_hz=self.sampler.fast_hz, slow_hz=self.sampler.slow_hz, **extra)
@@ -112,7 +113,10 @@ class Watchdog:
     def start(self) -> "Watchdog":
         if self._thread is not None:
             return self
-        self.write_meta()
+        if self.logger is not None:
+            from edgekit.power.sensors.power_mode import read_power_mode
+
+            self.write_meta(power_mode=read_power_mode())
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="edgekit-watchdog", daemon=True)
         self._thread.start()
@@ -231,6 +235,7 @@ class Watchdog:
             if force:  # a caller pacing the reads itself still gets a sample per tick: an unavailable one
                 absent = ", ".join(self.absent_sensors) or "none probed"
                 self.latest = PowerSample.unavailable("none", f"no sensors on this machine (absent: {absent})", wall)
+                self._log_sample(self.latest, mono)
             return []
         events: list[Event] = []
         read_any = temps_read = False
@@ -267,12 +272,15 @@ class Watchdog:
             or (temps_read and any(moved(prev.temps_c.get(z), c, rel=0.0, abs_=2.0) for z, c in board.temps_c.items()))
         ):
             self.sampler.note_activity(mono)
+        self._log_sample(board, mono)
+        return events
+
+    def _log_sample(self, board: PowerSample, mono: float) -> None:
         if mono - self._last_sample_log >= self.log_interval_s:
             self._last_sample_log = mono
             self.metrics.update_sample(board)
             if self.logger is not None:
                 self.logger.write({"type": "sample", **board.to_dict()})
-        return events
 
     def _raise(self, e: Event, mono: float) -> None:
         e.detected_mono_s = mono

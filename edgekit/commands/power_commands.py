@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -168,25 +169,33 @@ def _until(duration, samples):
 def _run_paced(step, done, interval_ms: float, view=None) -> None:
     """Call ``step(t_monotonic)`` once per interval until ``done(calls)`` or Ctrl-C.
 
+    Steps are due on a fixed grid (start + n x interval), not "interval after the last step
+    ended", so the time a step takes does not stretch the spacing; a step that overruns a
+    whole interval moves the grid on instead of firing a burst to catch up.
     With ``view`` (a callable returning a rich renderable) a live display is kept open and refreshed after
     every step; the caller releases its own resources (watchdog, logger) afterwards.
     """
     from rich.live import Live
 
     live = Live(view(), console=console, refresh_per_second=4) if view is not None else None
+    period = interval_ms / 1000.0
     n = 0
     try:
         if live:
             live.start()
+        due = time.monotonic()
         while not done(n):
-            t_start = time.monotonic()
-            step(t_start)
+            step(due)
             n += 1
             if live:
                 live.update(view())
             if done(n):
                 break
-            time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t_start)))
+            due += period
+            now = time.monotonic()
+            if now > due:  # overran: keep the spacing, drop the missed slot
+                due += period * math.ceil((now - due) / period)
+            time.sleep(max(0.0, due - time.monotonic()))
     except KeyboardInterrupt:
         pass
     finally:
@@ -197,21 +206,25 @@ def _run_paced(step, done, interval_ms: float, view=None) -> None:
 def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_ms) -> None:
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.power.monitor_view import render
-    from edgekit.power.sensors.discover import local_sensors
+    from edgekit.power.sensors.discover import absent_names, local_sensors
+    from edgekit.power.sensors.power_mode import read_power_mode
     from edgekit.power.watchdog import Watchdog
 
     only = [s.strip() for s in sensors.split(",") if s.strip()] if sensors else None
-    found, notes = local_sensors(sysfs_root, only)
-    # no thread here: the monitor ticks the watchdog itself, once per interval, and logs every tick
-    wd = Watchdog(sensors=found, policy=pol, logger=JsonlLogger(log) if log else None, log_interval_s=0.0, dry_run=True)
-    wd.write_meta(source=str(sysfs_root) if sysfs_root else "local")
+    found, notes = local_sensors(sysfs_root, only, tegrastats_interval_ms=max(10, int(interval_ms)))
+    # No thread here: the monitor ticks the watchdog itself, once per interval, reads every sensor on
+    # each tick (one fresh sample per line, whatever a sensor's own refresh interval) and logs every tick.
+    wd = Watchdog(sensors=found, policy=pol, logger=JsonlLogger(log) if log else None, log_interval_s=0.0, dry_run=True,
+                  absent_sensors=absent_names(notes))
+    # the power mode of this machine; a recorded tree's is unknown (its boards' nvpmodel is not here)
+    wd.write_meta(source=str(sysfs_root) if sysfs_root else "local", power_mode=None if sysfs_root else read_power_mode())
     done = _until(duration, samples)
     title = f"edgekit monitor: {', '.join(s.describe() for s in found) or 'no sensors'}" + (f" ({sysfs_root})" if sysfs_root else "")
     state = {"title": title, "budget_ms": pol.jitter_budget_ms, "events": [], "latency": {},
              "notes": [f"absent: {n}" for n in notes] + ["no latency source here: attach to a server with --url to see latency"]}
 
     def step(t_mono: float) -> None:
-        evs = wd.tick(now_mono=t_mono)
+        evs = wd.tick(now_mono=t_mono, read_all=True)
         s = wd.latest
         if json_out:
             if s is not None:
@@ -222,7 +235,9 @@ def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_
             state["events"] = [e.to_dict() for e in wd.recent_events(8)]
             if s is not None:
                 state.update(rails_mw=s.rails_mw, total_mw=s.total_mw, total_source=s.total_source,
-                             gpu_load_pct=s.gpu_load_pct, cpu_load_pct=s.cpu_load_pct, temps_c=s.temps_c)
+                             rails_sum_mw=s.rails_sum_mw, rails_sum_of=s.rails_sum_of,
+                             gpu_load_pct=s.gpu_load_pct, cpu_load_pct=s.cpu_load_pct, temps_c=s.temps_c,
+                             placeholder_temps_c=s.placeholder_temps_c)
 
     try:
         _run_paced(step, done, interval_ms, None if json_out else (lambda: render(state)))
@@ -232,17 +247,22 @@ def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_
 
 def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
     from edgekit.errors import SensorError
+    from edgekit.power.events import Event
     from edgekit.power.jsonl import JsonlLogger
+    from edgekit.power.latency import WindowStats
     from edgekit.power.monitor_view import render
+    from edgekit.power.policy import PolicyEngine
     from edgekit.power.sample import iso_time
     from edgekit.power.scrape import AttachedSource
 
-    src = AttachedSource(url)
+    src = AttachedSource(url, window_s=pol.window_s)
+    engine = PolicyEngine(pol)  # the same jitter rule (and cooldown) as the in-process watchdog
     logger = JsonlLogger(log) if log else None
     if logger:
         logger.meta(source=url, policy=pol.model_dump())
     done = _until(duration, samples)
     state = {"title": f"edgekit monitor attached to {url}", "budget_ms": pol.jitter_budget_ms, "events": [], "notes": []}
+
     def step(_t_mono: float) -> None:
         now = time.time()
         try:
@@ -255,23 +275,40 @@ def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
             return
         rec = {"t_s": now, "time": iso_time(now), **view}
         lat = {m: s for m, s in view["latency"].items() if s.get("n")}
-        breaches = {m: s["jitter_ms"] for m, s in lat.items() if m in pol.jitter_metrics and s["jitter_ms"] > pol.jitter_budget_ms}
+        events: list[Event] = []
+        for m, st in lat.items():
+            stats = WindowStats(m, st["n"], view["window_s"] or 0.0, st["p50_ms"], st["p95_ms"], st["p99_ms"],
+                                float("nan"), float("nan"), float("nan"), float("nan"))
+            for e in engine.check_window(stats, now):
+                e.evidence["rule"] = "p99-p50 (from histogram buckets)"
+                events.append(e)
+        for key, n in view["events_new"].items():
+            kind, severity = key.split("/", 1)
+            events.append(Event(t_s=now, kind=kind, severity=severity if severity in ("info", "warning", "critical") else "warning",
+                                message=f"{n:g} {kind} event(s) raised by the server's watchdog since the last poll",
+                                evidence={"rule": "server counter", "events": n, "source": url}))
+        event_dicts = [e.to_dict() for e in events]
         if json_out:
             _emit({"type": "scrape", **rec})
-            for m, j in breaches.items():
-                _emit({"type": "event", "t_s": now, "kind": "jitter", "severity": "warning",
-                       "message": f"{m} jitter {j:.2f} ms over the last interval exceeds {pol.jitter_budget_ms:g} ms",
-                       "evidence": {"rule": "p99-p50 (from histogram buckets)", **lat[m], "budget_ms": pol.jitter_budget_ms}})
+            for e in event_dicts:
+                _emit({"type": "event", **e})
         else:
             state.update(latency=view["latency"], rails_mw=view["rails_mw"], total_mw=view.get("total_mw"),
-                         total_source="server", gpu_load_pct=view.get("gpu_load_pct"), temps_c=view["temps_c"])
-            state["notes"] = [f"server events so far: {view['events_total'] or 'none'}"]
+                         total_source="server", rails_sum_mw=view.get("rails_sum_mw"), rails_sum_of=view.get("rails_sum_of"),
+                         gpu_load_pct=view.get("gpu_load_pct"), temps_c=view["temps_c"])
+            state["events"] = (state["events"] + event_dicts)[-8:]
+            absent = sorted(k for k, ok in view["sensors"].items() if not ok)
+            state["notes"] = [f"sensors unavailable on the server: {', '.join(absent)}"] if absent else []
         if logger:
             if view["rails_mw"] or view.get("total_mw") is not None:
                 logger.write({"type": "sample", "t_s": now, "source": "scrape", "rails_mw": view["rails_mw"],
-                              "total_mw": view.get("total_mw"), "temps_c": view["temps_c"], "gpu_load_pct": view.get("gpu_load_pct")})
+                              "total_mw": view.get("total_mw"), "rails_sum_mw": view.get("rails_sum_mw"),
+                              "rails_sum_of": view.get("rails_sum_of"), "temps_c": view["temps_c"],
+                              "gpu_load_pct": view.get("gpu_load_pct")})
             if lat:
                 logger.write({"type": "latency", "t_s": now, "metrics": {m: {"std_ms": None, **s} for m, s in lat.items()}})
+            for e in event_dicts:
+                logger.write({"type": "event", **e})
 
     try:
         _run_paced(step, done, interval_ms, None if json_out else (lambda: render(state)))
@@ -287,14 +324,15 @@ def report(
     json_out: bool = typer.Option(False, "--json", help="Print the summary and file list as JSON."),
 ) -> None:
     """Render latency/jitter, power-per-rail and temperature plots (events marked) and an HTML page."""
+    from rich.markup import escape
+
     from edgekit.cli_common import print_json
-    from edgekit.power.report import render_report
+    from edgekit.power.report import render_report, summary_rows
 
     r = render_report(log, out_dir)
     if json_out:
         print_json({"html": str(r.html), "images": [str(p) for p in r.images], "summary": r.summary})
         return
-    console.print(f"wrote [bold]{r.html}[/] and {', '.join(p.name for p in r.images) or 'no plots (no data)'}")
-    for k, v in r.summary.items():
-        if v not in (None, {}):
-            err_console.print(f"[dim]{k}: {v}[/]")
+    console.print(f"wrote [bold]{escape(str(r.html))}[/] and {', '.join(p.name for p in r.images) or 'no plots (no data)'}")
+    for label, text in summary_rows(r.summary):
+        err_console.print(f"[dim]{escape(label)}:[/] {escape(text)}")

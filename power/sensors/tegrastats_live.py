@@ -42,6 +42,7 @@ class TegrastatsSensor(Sensor):
         self._lock = threading.Lock()
         self.lines = 0  # lines read, and how many of them carried nothing recognisable
         self.skipped = 0
+        self._closed = False
 
     def available(self) -> bool:
         return self.path is not None
@@ -76,6 +77,8 @@ class TegrastatsSensor(Sensor):
     def _read(self, t: float) -> PowerSample:
         if self.path is None:
             return PowerSample.unavailable(self.name, f"no {self.executable!r} executable on PATH", t)
+        if self._closed:
+            return PowerSample.unavailable(self.name, "closed (the tegrastats process was stopped)", t)
         if self._proc is None:
             self._start()
         assert self._proc is not None
@@ -93,6 +96,7 @@ class TegrastatsSensor(Sensor):
         return latest[1]
 
     def close(self) -> None:
+        self._closed = True
         proc, self._proc = self._proc, None
         if proc is None:
             return

@@ -27,9 +27,9 @@ _MIN_VALID_C = -40.0
 
 
 def zone_name(zone_type: str) -> str:
-    """'cpu-thermal' -> 'cpu', 'Tboard_tegra' -> 'tboard_tegra', 'GPU' -> 'gpu'."""
+    """'cpu-thermal' -> 'cpu', 'CPU-therm' -> 'cpu', 'Tboard_tegra' -> 'tboard_tegra', 'GPU' -> 'gpu'."""
     name = zone_type.strip().lower()
-    name = re.sub(r"[-_]thermal$", "", name)
+    name = re.sub(r"[-_]therm(?:al)?$", "", name)  # "cpu-thermal" (JetPack 5+), "CPU-therm" (JetPack 4)
     return name or "zone"
 
 
