@@ -8,7 +8,9 @@ blocks of --block tokens (OFF, ON, OFF, ON, ...):
   OFF  plain generation; the watchdog thread exists but is paused (blocked, no CPU)
   ON   every token is timed into a LatencyTracker and the watchdog thread runs
        at its fast rate (forced, default 1 kHz), reading the local sensors and,
-       by default, a recorded Orin NX INA3221/thermal/GPU-load tree
+       by default, a recorded Orin Nano tree with INA3221 rails, thermal zones with
+       trip points, GPU load and clock ceiling and the soctherm_oc counters (every
+       sysfs sensor and throttle rule the watchdog has)
 
 Alternating every few tokens (A/B/A/B at fine grain) puts both arms under the
 same machine load, which on a shared machine drifts far more than 1 % between
@@ -50,7 +52,7 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=8, help="tokens per OFF/ON block")
     ap.add_argument("--context", type=int, default=256, help="KV cache length; the stream restarts when it is full")
     ap.add_argument("--fast-hz", type=float, default=1000.0)
-    ap.add_argument("--sysfs-root", default=str(Path(__file__).resolve().parents[1] / "tests/power/fixtures/sysfs/orin-nx-16gb"),
+    ap.add_argument("--sysfs-root", default=str(Path(__file__).resolve().parents[1] / "tests/power/fixtures/sysfs/orin-nano-super-oc"),
                     help="a sysfs tree for the INA3221/thermal/GPU-load sensors ('' for this machine's own sensors only)")
     ap.add_argument("--sensors", default="all", help="'all' (the tree's sensors + this machine's), 'none' (latency only), or a comma list")
     ap.add_argument("--threads", type=int, default=1,
@@ -67,6 +69,7 @@ def main() -> int:
     from edgekit.power.policy import PolicyConfig
     from edgekit.power.sampler import AdaptiveSampler
     from edgekit.power.sensors.discover import local_sensors
+    from edgekit.power.sensors.power_mode import describe_power_mode, read_power_mode
     from edgekit.power.watchdog import Watchdog
     from edgekit.shapes import StaticShapes
 
@@ -77,6 +80,8 @@ def main() -> int:
     prompt = [(i * 7919) % m.config.vocab_size for i in range(1, 17)]
     per_stream = args.context - 32 - 1  # prompt bucket 32 + new tokens fit the cache
 
+    load_at_start = os.getloadavg()[0]
+    power_mode = read_power_mode()  # this machine's nvpmodel mode where it has one (a Jetson), else None
     sensors, absent = local_sensors()
     if args.sysfs_root:
         tree, _ = local_sensors(args.sysfs_root)
@@ -141,7 +146,8 @@ def main() -> int:
     out = {
         "measured_on": "cpu",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "python": sys.version.split()[0], "torch": torch.__version__, "loadavg_1m_at_end": os.getloadavg()[0]},
+                    "python": sys.version.split()[0], "torch": torch.__version__, "loadavg_1m_at_start": load_at_start,
+                    "loadavg_1m_at_end": os.getloadavg()[0], "power_mode": power_mode},
         "model": args.model,
         "tokens_timed": {"off": len(times["off"]), "on": len(times["on"])},
         "block_tokens": args.block,
@@ -182,7 +188,8 @@ def main() -> int:
         print(f"noise floor: OFF-vs-next-OFF block ratio IQR [{lo:.3f}, {hi:.3f}]")
     print(f"loss {out['throughput_loss_pct']:.2f} % (goal <= 1 %); watchdog ran at {w['achieved_tick_hz']:.0f} ticks/s using "
           f"{w['thread_cpu_pct_of_one_core']:.2f} % of one core; {args.model}, measured on CPU ({os.cpu_count()} cores, "
-          f"load {out['machine']['loadavg_1m_at_end']:.1f})")
+          f"load {load_at_start:.1f} at start, {out['machine']['loadavg_1m_at_end']:.1f} at end; "
+          f"power mode {describe_power_mode(power_mode)})")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
     return 0

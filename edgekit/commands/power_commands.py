@@ -69,12 +69,12 @@ def monitor(
     sysfs_root: Optional[Path] = typer.Option(None, "--sysfs-root", help="Read a recorded or mounted sysfs tree (the directory that stands for /sys, or one holding sys/)."),
     url: Optional[str] = typer.Option(None, "--url", help="Attach to a server's Prometheus /metrics URL (http only to that URL), e.g. http://127.0.0.1:8000/metrics."),
     attach: bool = typer.Option(False, "--attach", help="Attach to the local server at http://127.0.0.1:8000/metrics."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object per line: samples (time, rails in mW, total, GPU load, temperatures) and events."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object per line: samples (time, rails in mW, measured total or labelled sum of rails, GPU load, temperatures, over-current counters; absent readings are null, never 0) and events."),
     log: Optional[Path] = typer.Option(None, "--log", help="Also append every sample and event to this JSONL file (input of `edgekit report`)."),
     duration: Optional[float] = typer.Option(None, "--duration", min=0.0, help="Stop after this many seconds."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Stop after this many samples."),
     interval_ms: Optional[float] = typer.Option(None, "--interval-ms", min=1.0, help="Sampling interval (default 500 ms); for a tegrastats log without timestamps, the interval it was recorded at (default 1000 ms)."),
-    sensors: Optional[str] = typer.Option(None, "--sensors", help="Comma-separated sensors to use (ina3221, thermal, gpu_load, nvml, rapl, system); default: all present."),
+    sensors: Optional[str] = typer.Option(None, "--sensors", help="Comma-separated sensors to use (ina3221, tegrastats, thermal, gpu_load, soctherm_oc, nvml, rapl, system); default: all present, with a live tegrastats only where no INA3221 rail is readable."),
     target: Optional[str] = typer.Option(None, "--target", help="Take the budgets from this target profile (a name such as orin-nano-8gb, or a YAML file)."),
     policy_file: Optional[Path] = typer.Option(None, "--policy", help="Per-deployment overrides of the watchdog policy (YAML/JSON mapping)."),
     jitter_budget_ms: Optional[float] = typer.Option(None, "--jitter-budget-ms", help="Override the jitter budget (default 5 ms)."),
@@ -119,7 +119,7 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
         raise EdgekitError(f"--tegrastats-log {path}: no such file", hint="record one on the board with `tegrastats --interval 1000 --logfile FILE`")
     wd = Watchdog(policy=pol, logger=JsonlLogger(log) if log else None, dry_run=True)
     wd.write_meta(source=f"tegrastats:{path}")
-    n, skipped, events, totals = 0, [], [], []
+    n, skipped, events, totals, power_label = 0, [], [], [], None
     with open(path, encoding="utf-8", errors="replace") as f:
         for line_no, s in parse_lines(f, interval_ms / 1000.0):
             if s is None:
@@ -127,8 +127,10 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
                 continue
             evs = wd.observe_sample(s)
             n += 1
-            if s.total_mw is not None:
-                totals.append(s.total_mw)
+            mw, what = s.budget_power()
+            if mw is not None:  # the measured total, else the labelled sum of rails
+                totals.append(mw)
+                power_label = power_label or what
             events += evs
             if json_out:
                 _emit({"type": "sample", "line": line_no, **s.to_dict()})
@@ -147,7 +149,9 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
     t.add_row("samples", str(n))
     t.add_row("lines skipped", ", ".join(map(str, skipped)) or "none")
     if totals:
-        t.add_row("total power mean / peak", f"{sum(totals) / len(totals) / 1000:.3f} / {max(totals) / 1000:.3f} W")
+        t.add_row(f"power mean / peak ({power_label})", f"{sum(totals) / len(totals) / 1000:.3f} / {max(totals) / 1000:.3f} W")
+    else:
+        t.add_row("power", "no power rails in this log")
     if wd.latest is not None:
         for rail, mw in wd.latest.rails_mw.items():
             t.add_row(f"last {rail}", f"{mw / 1000:.3f} W")

@@ -105,12 +105,14 @@ class ServingStack:
         """Latency tracker + power sensors + policies; breaches become events, and `rollback_probation`
         (roll back every plugin still on probation) and `shed_load` are registered as its actions."""
         from edgekit.power.jsonl import JsonlLogger
-        from edgekit.power.sensors.discover import local_sensors
+        from edgekit.power.sensors.discover import absent_names, local_sensors
         from edgekit.power.watchdog import Watchdog
 
+        absent: list[str] = []
         if sensors is None:
-            sensors, _ = local_sensors()
-        wd = Watchdog(sensors=sensors, policy=policy, logger=JsonlLogger(log_path) if log_path else None,
+            sensors, notes = local_sensors()
+            absent = absent_names(notes)  # exported as edgekit_sensor_available 0, so /metrics says what is missing
+        wd = Watchdog(sensors=sensors, policy=policy, logger=JsonlLogger(log_path) if log_path else None, absent_sensors=absent,
                       on_event=lambda e: self._event("watchdog", detail=str(e.to_dict() if hasattr(e, "to_dict") else e)))
         wd.actions.register("rollback_probation", lambda *a, **k: [self._rollback(op, "watchdog budget breach")
                                                                     for op in list(self._probation)],

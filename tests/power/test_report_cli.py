@@ -196,3 +196,66 @@ def test_live_view_shows_rails_in_watts_latency_and_events():
     text = con.export_text()
     for needle in ("VDD_IN", "5.716", "total (VDD_IN)", "51.4", "12.50", "6.50", "jitter budget 5 ms", "spike", "°C"):
         assert needle in text, needle
+
+
+def test_attached_latency_is_a_rolling_window_not_the_last_interval():
+    from prometheus_client import start_http_server
+
+    from edgekit.power.watchdog import Watchdog
+
+    tracker = LatencyTracker()
+    wd = Watchdog(tracker)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=wd.registry)
+    now = [0.0]
+    try:
+        src = AttachedSource(f"http://127.0.0.1:{server.server_port}/metrics", window_s=10.0, clock=lambda: now[0])
+        for _ in range(50):
+            tracker.record("token", 4.5)
+        assert src.poll()["latency"]["token"]["n"] == 50  # first poll: everything so far
+        now[0] = 5.0
+        for _ in range(100):
+            tracker.record("token", 8.5)
+        assert src.poll()["latency"]["token"]["n"] == 100
+        now[0] = 8.0  # nothing new in this interval: the window still holds the 100 (no "n=0" while tokens flow)
+        mid = src.poll()
+        assert mid["latency"]["token"]["n"] == 100 and mid["window_s"] == 8.0
+        now[0] = 16.0  # the t=0 and t=5 scrapes have left the 10 s window
+        for _ in range(10):
+            tracker.record("token", 6.5)
+        late = src.poll()
+    finally:
+        server.shutdown()
+    assert late["latency"]["token"]["n"] == 10 and late["window_s"] == 8.0
+
+
+def test_attached_monitor_lists_server_events_once_in_the_event_format():
+    from prometheus_client import start_http_server
+
+    from edgekit.cli import _register_commands, app
+    from edgekit.power.events import Event
+    from edgekit.power.watchdog import Watchdog
+
+    _register_commands()
+    tracker = LatencyTracker()
+    wd = Watchdog(tracker)
+    for _ in range(6):
+        wd.metrics.count_event(Event(t_s=0.0, kind="jitter", severity="warning", message="spike"))
+    for v in [6.5] * 95 + [30.5] * 5:
+        tracker.record("token", v)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=wd.registry)
+    try:
+        res = CliRunner().invoke(app, ["monitor", "--url", f"http://127.0.0.1:{server.server_port}/metrics", "--json",
+                                       "--samples", "3", "--interval-ms", "20"])
+    finally:
+        server.shutdown()
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(line) for line in res.stdout.splitlines()]
+    events = [r for r in recs if r["type"] == "event"]
+    # the server's six jitter warnings once (not again on later polls), and the window's own breach once (cooldown)
+    server_ev = [e for e in events if e["evidence"]["rule"] == "server counter"]
+    assert len(server_ev) == 1 and server_ev[0]["evidence"]["events"] == 6 and server_ev[0]["kind"] == "jitter"
+    assert len([e for e in events if e["evidence"]["rule"].startswith("p99-p50")]) == 1
+    for e in events:  # one format: the watchdog's own event records
+        assert set(e) >= {"t_s", "time", "kind", "severity", "message", "evidence", "actions"}
+    scrape = next(r for r in recs if r["type"] == "scrape")
+    assert scrape["total_mw"] is None and scrape["rails_mw"] == {}  # this server has no sensors: nothing, not 0
