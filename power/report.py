@@ -151,9 +151,9 @@ def _latency_figure(c: LogContents, t0: float, path: Path) -> Path | None:
 def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     from matplotlib.figure import Figure
 
-    samples = [s for s in c.samples if s.get("rails_mw") or sample_power(s)[0] is not None]
-    if not samples:
+    if not any(s.get("rails_mw") or sample_power(s)[0] is not None for s in c.samples):
         return None
+    samples = c.samples  # all of them: a sample without power is a gap in the lines, not joined over
     t = [s["t_s"] - t0 for s in samples]
     rails = sorted({r for s in samples for r in (s.get("rails_mw") or {})})
     powers = [sample_power(s) for s in samples]
@@ -177,7 +177,7 @@ def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     if centre is not None:
         ax.axhspan(centre - band, centre + band, color="tab:green", alpha=0.12, label=f"band {centre:g} ± {band:g} W")
     ax.set_ylabel("power (W)")
-    ax.set_title("power per rail and total")
+    ax.set_title("power per rail and total" if _has_measured_total(samples) else "power per rail and their sum (no input rail measured)")
     ax.legend(loc="upper left", fontsize=8, ncol=2)
     ax.grid(alpha=0.3)
     _mark_events(ax, c.events, t0, label=True)
@@ -255,8 +255,9 @@ def summarise(c: LogContents) -> dict[str, Any]:
         "skipped_lines": len(c.skipped_lines),
         "source": meta.get("source"),
         "sensors": meta.get("sensors") or None,
-        "power_mode": meta.get("power_mode"),
     }
+    if "power_mode" in meta:  # None: the logging machine had no readable nvpmodel; absent: not recorded (replays)
+        out["power_mode"] = meta["power_mode"]
     points = [(s["t_s"], None if mw is None else mw / 1000.0) for s in c.samples for mw, _ in [sample_power(s)]]
     watts = [w for _, w in points if w is not None]
     if not watts:

@@ -6,10 +6,11 @@ raises into the inference loop. Units are in the field names.
 
 Absent means absent: a field nobody measured stays ``None`` (or empty), never 0.
 ``total_mw`` is set only where the board measures its input (a ``VDD_IN``-type
-rail) or the device reports its own figure (NVML, RAPL). A board without an
+rail) or the device reports its own figure (NVML). A board without an
 input rail (AGX Orin) gets ``rails_sum_mw``, the sum of the rails it names in
 ``rails_sum_of`` -- a different quantity (it includes e.g. the 5 V system rail
-and leaves out conversion losses), so it is labelled as such everywhere.
+and leaves out conversion losses), so it is labelled as such everywhere; RAPL's
+CPU package zones are such a sum too.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class PowerSample:
     reason: str | None = None  # why the sample is unavailable or partial
     rails_mw: dict[str, float] = field(default_factory=dict)
     total_mw: float | None = None
-    total_source: str | None = None  # the input rail's name or the device's own figure ("nvml", "rapl")
+    total_source: str | None = None  # the input rail's name, or the device's own figure ("nvml_power_usage")
     rails_sum_mw: float | None = None  # where no input rail is measured: the sum of the rails in rails_sum_of
     rails_sum_of: list[str] = field(default_factory=list)
     rails_avg_mw: dict[str, float] = field(default_factory=dict)  # tegrastats' running average (its second value)
@@ -117,11 +118,6 @@ class PowerSample:
             unreadable=list(d.get("unreadable") or []),
         )
 
-
-    @property
-    def has_power(self) -> bool:
-        """Whether any power figure was measured (a rail, a total, or a sum of rails)."""
-        return self.available and (bool(self.rails_mw) or self.total_mw is not None)
 
     def budget_power(self) -> tuple[float | None, str | None]:
         """(mW, what it is) for the power band: the measured total, else the labelled sum of rails."""

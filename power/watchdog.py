@@ -238,7 +238,7 @@ class Watchdog:
                 self._log_sample(self.latest, mono)
             return []
         events: list[Event] = []
-        read_any = temps_read = False
+        read_any = temps_read = oc_read = False
         # Due times advance by whole intervals from a common start (not from "now"), so sensors
         # whose intervals divide each other (50 ms, 100 ms, 500 ms) stay in step and share
         # wakeups; one fast period of slack absorbs the loop's own timing jitter.
@@ -255,6 +255,7 @@ class Watchdog:
             self._sensor_last[i] = sample
             read_any = True
             temps_read = temps_read or bool(sample.temps_c)
+            oc_read = oc_read or bool(sample.oc_event_counts)
         if not read_any:
             return events
         board = merge([x for x in self._sensor_last if x is not None], wall)
@@ -263,7 +264,7 @@ class Watchdog:
         events += self.engine.check_power(board)
         if temps_read:  # temperatures change only when a sensor that has them was read
             events += self.engine.check_temperatures(board)
-        if board.oc_event_counts:
+        if oc_read:  # counters change only when read (once a second); the rule measures its window between reads
             events += self.engine.check_over_current(board)
         if board.trips or board.gpu_max_freq_mhz is not None:
             events += self.engine.check_throttle(board)

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from edgekit.cli import app
-from edgekit.cli_common import console, err_console
+from edgekit.cli_common import console
 
 
 def _emit(record: dict) -> None:
@@ -339,4 +339,4 @@ def report(
         return
     console.print(f"wrote [bold]{escape(str(r.html))}[/] and {', '.join(p.name for p in r.images) or 'no plots (no data)'}")
     for label, text in summary_rows(r.summary):
-        err_console.print(f"[dim]{escape(label)}:[/] {escape(text)}")
+        console.print(f"[dim]{escape(label)}:[/] {escape(text)}")

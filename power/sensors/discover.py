@@ -39,7 +39,8 @@ def local_sensors(sysfs_root: str | Path | None = None, only: list[str] | None =
 
         raise SensorError(f"unknown sensor(s) {', '.join(unknown)}", hint=f"choose from {', '.join(SENSOR_NAMES)}")
     if sysfs_root is not None:
-        wanted = [n for n in wanted if n in SYSFS_SENSORS or (only and n in only)]
+        # a live tegrastats describes this machine too, so a tree gets one only when it is asked for
+        wanted = [n for n in wanted if n in SYSFS_SENSORS or (n == "tegrastats" and only and n in only)]
     makers = {
         "ina3221": lambda: Ina3221Sensor(sysfs_root),
         "tegrastats": lambda: TegrastatsSensor(tegrastats_interval_ms),
@@ -58,9 +59,10 @@ def local_sensors(sysfs_root: str | Path | None = None, only: list[str] | None =
         if name == "tegrastats" and not (only and "tegrastats" in only) and any(f.name == "ina3221" for f in found):
             continue  # sysfs rails are readable: no process needed
         s = makers[name]()
-        if s.available():
+        probe = s.read() if name == "ina3221" and s.available() else None  # rails listed but unreadable (root-only)?
+        if s.available() and (probe is None or probe.available):
             found.append(s)
         else:
-            notes.append(f"{name}: {s.read().reason}")
+            notes.append(f"{name}: {(probe or s.read()).reason}")
             s.close()
     return found, notes

@@ -82,13 +82,36 @@ def test_no_tegrastats_on_path_is_unavailable_without_spawning(monkeypatch, tmp_
     assert sensor._proc is None
 
 
-def test_discovery_starts_tegrastats_only_where_no_sysfs_rail_is_readable(fake_tools, tmp_path):
-    with_rails, _ = local_sensors(FIX / "sysfs/orin-nx-16gb", only=["ina3221", "tegrastats"])
-    assert [s.name for s in with_rails] == ["ina3221", "tegrastats"]  # named explicitly: used
-    found, notes = local_sensors(tmp_path, only=["ina3221", "tegrastats", "thermal"])
-    assert [s.name for s in found] == ["tegrastats"] and any(n.startswith("ina3221:") for n in notes)
-    for s in found + with_rails:
+def test_discovery_starts_tegrastats_only_where_no_sysfs_rail_is_readable(fake_tools, tmp_path, monkeypatch):
+    import edgekit.power.sensors.sysfs as sysfs
+
+    monkeypatch.setattr(sysfs, "DEFAULT_SYSFS_ROOT", FIX / "sysfs/orin-nx-16gb")  # "this machine" is an Orin NX
+    with_rails, _ = local_sensors(only=["ina3221", "tegrastats", "thermal"])
+    assert [s.name for s in with_rails] == ["ina3221", "tegrastats", "thermal"]  # named explicitly: used
+    default, _ = local_sensors()
+    assert "ina3221" in [s.name for s in default] and "tegrastats" not in [s.name for s in default]  # rails readable
+    monkeypatch.setattr(sysfs, "DEFAULT_SYSFS_ROOT", tmp_path)  # a board whose rails sysfs does not show
+    fallback, notes = local_sensors()
+    assert "tegrastats" in [s.name for s in fallback] and any(n.startswith("ina3221:") for n in notes)
+    for s in with_rails + default + fallback:
         s.close()
+
+
+def test_rails_listed_but_unreadable_fall_back_to_tegrastats(fake_tools, tmp_path, monkeypatch):
+    import shutil
+
+    board = tmp_path / "nx"
+    shutil.copytree(FIX / "sysfs/orin-nx-16gb", board)
+    for f in board.glob("bus/i2c/drivers/ina3221/*/hwmon/hwmon*/curr*_input"):
+        f.unlink()
+        f.mkdir()  # every current read fails (as a root-only file does for a user)
+    found, notes = local_sensors(board, only=["ina3221", "tegrastats"])
+    try:
+        assert [s.name for s in found] == ["tegrastats"]
+        assert any(n.startswith("ina3221: no rail could be read") for n in notes), notes
+    finally:
+        for s in found:
+            s.close()
 
 
 def test_monitor_reads_a_live_tegrastats_as_json(fake_tools):

@@ -46,6 +46,7 @@ def test_increasing_oc_counters_become_events_with_the_power_at_the_time(board):
     assert [s.name for s in sensors] == ["ina3221", "thermal", "gpu_load", "soctherm_oc"]
     wd = Watchdog(sensors=sensors, policy=PolicyConfig(power_target_w=6.0, clock_busy_pct=100))  # 98.7 % load: clock rule off here
     assert [e.kind for e in wd.tick(now_mono=10.0, now_wall=1000.0)] == []  # the first reading is the baseline
+    wd.tick(now_mono=10.5, now_wall=1000.5)  # rails are read (50 ms floor), the OC counters (1 s) are not due
     _bump(board, "oc3", 42)
     _bump(board, "oc1", 2)
     events = wd.tick(now_mono=11.0, now_wall=1001.0)
