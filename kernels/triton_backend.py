@@ -35,6 +35,8 @@ def _shape_facts(op: str, tensors: Mapping[str, torch.Tensor | None], attrs: Map
                 "rows": (tensors.get("x") if op == "qkv_rope" else tensors["qkv"]).shape[0]}
     if op == "rmsnorm":
         return {"hidden_size": tensors["x"].shape[1]}
+    if op == "fused_norm_qkv_rope":
+        return {"head_dim": tensors["cos"].shape[-1] * 2}
     if op in ("linear", "linear_w8a16", "linear_w8a8"):
         return {"rows": tensors["x"].shape[0]}
     return {}

@@ -274,10 +274,15 @@ def run(
     dec = b.decoder()
     cache = dec.new_cache(b.shapes.batch, b.shapes.max_seq_len)
     step = None
+    decode_path = {"path": "per-operator", "launches_per_token": None,
+                   "reason": "eager decode: the fused path is a CUDA graph" + (" (no GPU)" if b.device.type != "cuda" else " (--no-cuda-graphs)")}
     if cuda_graphs and b.device.type == "cuda":
         from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+        from edgekit.runtime.fused_decode import select_decode_path
 
-        step = GraphedDecodeStep(dec, cache)
+        step_decoder, path = select_decode_path(dec, cache)  # fused super-operators unless one is ruled out
+        step = GraphedDecodeStep(step_decoder, cache)
+        decode_path = path.to_dict()
     gen = Generator(dec, b.shapes, b.tokenizer.pad_token_id if b.tokenizer else 0, cache=cache, decode_step=step)
     if b.tokenizer is not None:
         ids = b.tokenizer.encode(prompt) if raw or not b.tokenizer.chat_template else b.tokenizer.encode_chat(prompt)
@@ -289,7 +294,7 @@ def run(
     where = f"measured on the {'GPU' if b.device.type == 'cuda' else 'CPU'} ({b.backend})"
     if json_out:
         print_json({"text": text, "token_ids": out, "prompt_ids": ids, "backend": b.backend, "operators": dec.ops.sources(),
-                    "stats": {**stats.to_dict(), "measured_on": where}, "notes": b.notes})
+                    "decode_path": decode_path, "stats": {**stats.to_dict(), "measured_on": where}, "notes": b.notes})
         return
     sys.stdout.write(text + "\n")
     err_console.print(f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; first token "
