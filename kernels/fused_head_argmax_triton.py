@@ -17,13 +17,13 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, precision_launches, weight_kernel_pair, weight_operands,
+    _epilogue, _gemv_rows, _row_rstd, gemv_tile, precision_launches, weight_kernel_pair, weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride, sym
 
 OP_NAME = "fused_head_argmax"
-REDUCE_BLOCK = 1024
+REDUCE_BLOCK = 2048
 
 
 @triton.jit
@@ -87,19 +87,25 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
 
 
 def _space(s: dict) -> list:
-    return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (16, 32, 64) for bk in (64, 128, 256) for w in (2, 4, 8)]
+    return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (16, 32, 64) for bk in (256, 512, 1024, 2048) for w in (4, 8, 16)]
+
+
+def _default(s: dict):
+    # 16+ rows a program: a 128K vocabulary in 1 x 2048 tiles would leave 64K partials to the reduce
+    rows, block_k, warps = gemv_tile(s, min_rows=16)
+    return {"BLOCK_N": rows, "BLOCK_K": block_k}, warps, 1
 
 
 FP, W8 = weight_kernel_pair(OP_NAME, "head_logits", _head_logits_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, lambda s: ({"BLOCK_N": 32, "BLOCK_K": 128}, 4, 1))
+                            _space, _default)
 
 REDUCE = KernelDef(
     op=OP_NAME, kernel="head_argmax_reduce", fn=_argmax_reduce_kernel,
     params=(Param("pv_ptr", "*fp32", ptr("part_max")), Param("pi_ptr", "*i32", ptr("part_idx")),
             Param("tok_ptr", "*i64", ptr("token")), Param("n_parts", "i32", sym("PARTS"))),
     constexpr_names=("BLOCK_P",), precision={"input": "fp32", "accumulate": "fp32", "output": "int64"},
-    uses_shared_memory=False, space=lambda s: [({"BLOCK_P": REDUCE_BLOCK}, 4, 1)],
-    default=lambda s: ({"BLOCK_P": REDUCE_BLOCK}, 4, 1), smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
+    uses_shared_memory=False, space=lambda s: [({"BLOCK_P": REDUCE_BLOCK}, 8, 1)],
+    default=lambda s: ({"BLOCK_P": REDUCE_BLOCK}, 8, 1), smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
 )
 
 

@@ -17,7 +17,7 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, precision_launches, weight_kernel_pair, weight_operands,
+    _epilogue, _gemv_rows, _row_rstd, gemv_tile, precision_launches, weight_kernel_pair, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, check, mul, ptr, shape, stride
@@ -90,12 +90,13 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
 def _space(s: dict) -> list:
     half = int(s.get("head_dim") or 64) // 2
     return [({"HALF": half, "PAIRS": p, "BLOCK_K": bk}, w, 1)
-            for p in (4, 8, 16) for bk in (64, 128, 256) for w in (1, 2, 4) if p <= half]
+            for p in (2, 4, 8, 16) for bk in (128, 256, 512, 1024, 2048) for w in (4, 8) if p <= half]
 
 
 def _default(s: dict):
     half = int(s.get("head_dim") or 64) // 2
-    return {"HALF": half, "PAIRS": min(8, half), "BLOCK_K": 128}, 4, 1
+    rows, block_k, warps = gemv_tile(s)
+    return {"HALF": half, "PAIRS": max(1, min(rows // 2, half)), "BLOCK_K": block_k}, warps, 1
 
 
 FP, W8 = weight_kernel_pair(OP_NAME, "norm_qkv_rope", _norm_qkv_rope_kernel, _params, ("HALF", "PAIRS", "BLOCK_K"),

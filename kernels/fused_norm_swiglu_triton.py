@@ -14,7 +14,7 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, precision_launches, weight_kernel_pair, weight_operands,
+    _epilogue, _gemv_rows, _row_rstd, gemv_tile, precision_launches, weight_kernel_pair, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride
@@ -57,11 +57,16 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
 
 
 def _space(s: dict) -> list:
-    return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (4, 8, 16) for bk in (64, 128, 256) for w in (2, 4, 8)]
+    return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048) for w in (4, 8)]
+
+
+def _default(s: dict):
+    rows, block_k, warps = gemv_tile(s)  # rows counts gate and up rows: BLOCK_N columns of the hidden layer each
+    return {"BLOCK_N": rows // 2, "BLOCK_K": block_k}, warps, 1
 
 
 FP, W8 = weight_kernel_pair(OP_NAME, "norm_swiglu", _norm_swiglu_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, lambda s: ({"BLOCK_N": 8, "BLOCK_K": 128}, 4, 1))
+                            _space, _default)
 
 
 def program(variants) -> dict:

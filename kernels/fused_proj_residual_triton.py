@@ -11,7 +11,9 @@ import triton
 import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.fused_gemv_triton import _epilogue, _gemv_rows, precision_launches, weight_kernel_pair, weight_operands
+from edgekit.kernels.fused_gemv_triton import (
+    _epilogue, _gemv_rows, gemv_tile, precision_launches, weight_kernel_pair, weight_operands,
+)
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
 
@@ -52,11 +54,16 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
 
 
 def _space(s: dict) -> list:
-    return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (128, 256, 512) for w in (2, 4, 8)]
+    return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048) for w in (4, 8)]
+
+
+def _default(s: dict):
+    rows, block_k, warps = gemv_tile(s)
+    return {"BLOCK_N": rows, "BLOCK_K": block_k}, warps, 1
 
 
 FP, W8 = weight_kernel_pair(OP_NAME, "proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, lambda s: ({"BLOCK_N": 8, "BLOCK_K": 256}, 4, 1))
+                            _space, _default)
 
 
 def program(variants) -> dict:
