@@ -123,6 +123,28 @@ def weight_kernel_pair(op: str, name: str, fn, params, constexpr_names: tuple[st
     return make(f"{name}_fp", "*act", 0, 0), make(f"{name}_w8", "*i8", ptr("scale"), 1)
 
 
+def operand_params(w_type: str, scale_value, *, norm: bool, bias: bool) -> tuple:
+    """The leading parameters of every fused GEMV kernel: x, [norm weight], weight, scale, [bias]."""
+    from edgekit.kernels.kernel_def import Param
+    from edgekit.kernels.launch_rule import ptr
+
+    return (Param("x_ptr", "*act", ptr("x")),
+            *((Param("nw_ptr", "*act", ptr("norm_weight")),) if norm else ()),
+            Param("w_ptr", w_type, ptr("weight")),
+            Param("s_ptr", "*fp32", scale_value),
+            *((Param("b_ptr", "*act", ptr("bias")),) if bias else ()))
+
+
+def reduction_params(k_name: str) -> tuple:
+    """The reduction length and the row strides of x and the weight, as every fused GEMV kernel takes them."""
+    from edgekit.kernels.kernel_def import Param
+    from edgekit.kernels.launch_rule import shape, stride
+
+    return (Param(k_name, "i32", shape("x", 1), div16=True),
+            Param("stride_xm", "i32", stride("x", 0), div16=True),
+            Param("stride_wn", "i32", stride("weight", 0), div16=True))
+
+
 def precision_launches(op: str, pair, variants, grid_of) -> tuple[list[dict], list[dict]]:
     """Launches of whichever of the pair was compiled (float weights: no scale; INT8: a scale), plus checks
     that refuse a call whose weights the compiled variants cannot take."""

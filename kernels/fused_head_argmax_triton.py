@@ -11,13 +11,13 @@ logic, for ~1 µs saved.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, gemv_tile, precision_launches, weight_kernel_pair, weight_operands,
+    _epilogue, _gemv_rows, _row_rstd, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair,
+    weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride, sym
@@ -67,18 +67,12 @@ def _argmax_reduce_kernel(pv_ptr, pi_ptr, tok_ptr, n_parts, BLOCK_P: tl.constexp
 
 def _params(w_type: str, scale_value) -> tuple[Param, ...]:
     return (
-        Param("x_ptr", "*act", ptr("x")),
-        Param("nw_ptr", "*act", ptr("norm_weight")),
-        Param("w_ptr", w_type, ptr("weight")),
-        Param("s_ptr", "*fp32", scale_value),
-        Param("b_ptr", "*act", ptr("bias")),
+        *operand_params(w_type, scale_value, norm=True, bias=True),
         Param("logit_ptr", "*act", ptr("logits")),
         Param("pv_ptr", "*fp32", ptr("part_max")),
         Param("pi_ptr", "*i32", ptr("part_idx")),
         Param("V", "i32", shape("weight", 0)),
-        Param("C", "i32", shape("x", 1), div16=True),
-        Param("stride_xm", "i32", stride("x", 0), div16=True),
-        Param("stride_wn", "i32", stride("weight", 0), div16=True),
+        *reduction_params("C"),
         Param("stride_lm", "i32", stride("logits", 0)),
         Param("n_parts", "i32", sym("PARTS")),
         Param("has_bias", "i32", {"present": "bias"}),

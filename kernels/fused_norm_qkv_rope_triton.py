@@ -17,7 +17,8 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, gemv_tile, precision_launches, weight_kernel_pair, weight_operands,
+    _epilogue, _gemv_rows, _row_rstd, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair,
+    weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, check, mul, ptr, shape, stride
@@ -61,20 +62,14 @@ def _norm_qkv_rope_kernel(
 
 def _params(w_type: str, scale_value) -> tuple[Param, ...]:
     return (
-        Param("x_ptr", "*act", ptr("x")),
-        Param("nw_ptr", "*act", ptr("norm_weight")),
-        Param("w_ptr", w_type, ptr("weight")),
-        Param("s_ptr", "*fp32", scale_value),
-        Param("b_ptr", "*act", ptr("bias")),
+        *operand_params(w_type, scale_value, norm=True, bias=True),
         Param("cos_ptr", "*fp32", ptr("cos")),
         Param("sin_ptr", "*fp32", ptr("sin")),
         Param("pos_ptr", "*i64", ptr("positions")),
         Param("kc_ptr", "*act", ptr("k_cache")),
         Param("vc_ptr", "*act", ptr("v_cache")),
         Param("q_ptr", "*act", ptr("q")),
-        Param("C", "i32", shape("x", 1), div16=True),
-        Param("stride_xm", "i32", stride("x", 0), div16=True),
-        Param("stride_wn", "i32", stride("weight", 0), div16=True),
+        *reduction_params("C"),
         Param("stride_cs", "i32", stride("cos", 0)),
         Param("stride_kb", "i32", stride("k_cache", 0), div16=True),
         Param("stride_kh", "i32", stride("k_cache", 1), div16=True),

@@ -14,7 +14,8 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, gemv_tile, precision_launches, weight_kernel_pair, weight_operands,
+    _epilogue, _gemv_rows, _row_rstd, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair,
+    weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride
@@ -42,15 +43,10 @@ def _norm_swiglu_kernel(
 
 def _params(w_type: str, scale_value) -> tuple[Param, ...]:
     return (
-        Param("x_ptr", "*act", ptr("x")),
-        Param("nw_ptr", "*act", ptr("norm_weight")),
-        Param("w_ptr", w_type, ptr("weight")),
-        Param("s_ptr", "*fp32", scale_value),
+        *operand_params(w_type, scale_value, norm=True, bias=False),
         Param("y_ptr", "*act", ptr("y")),
         Param("F", "i32", shape("y", 1)),
-        Param("C", "i32", shape("x", 1), div16=True),
-        Param("stride_xm", "i32", stride("x", 0), div16=True),
-        Param("stride_wn", "i32", stride("weight", 0), div16=True),
+        *reduction_params("C"),
         Param("stride_ym", "i32", stride("y", 0), div16=True),
         Param("eps", "fp32", attr("eps")),
     )

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, gemv_tile, precision_launches, weight_kernel_pair, weight_operands,
+    _epilogue, _gemv_rows, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
@@ -37,16 +37,11 @@ def _proj_residual_kernel(
 
 def _params(w_type: str, scale_value) -> tuple[Param, ...]:
     return (
-        Param("x_ptr", "*act", ptr("x")),
-        Param("w_ptr", w_type, ptr("weight")),
-        Param("s_ptr", "*fp32", scale_value),
-        Param("b_ptr", "*act", ptr("bias")),
+        *operand_params(w_type, scale_value, norm=False, bias=True),
         Param("r_ptr", "*act", ptr("residual")),
         Param("y_ptr", "*act", ptr("y")),
         Param("N", "i32", shape("weight", 0)),
-        Param("K", "i32", shape("x", 1), div16=True),
-        Param("stride_xm", "i32", stride("x", 0), div16=True),
-        Param("stride_wn", "i32", stride("weight", 0), div16=True),
+        *reduction_params("K"),
         Param("stride_rm", "i32", stride("residual", 0), div16=True),
         Param("stride_ym", "i32", stride("y", 0), div16=True),
         Param("has_bias", "i32", {"present": "bias"}),
