@@ -16,7 +16,7 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair,
+    _epilogue, _gemv_rows, _row_rstd, operand_params, precision_launches, reduction_params, weight_kernel_pair,
     weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
@@ -37,7 +37,7 @@ def _head_logits_kernel(
     mask = rows < V
     rows_ld = rows % V
     x_row = x_ptr + b * stride_xm
-    rstd = _row_rstd(x_row, C, eps, BLOCK_K)
+    rstd = _row_rstd(x_row, C, eps, 1024)  # the norm in 1-2 wide steps, not C / BLOCK_K narrow ones
     acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows_ld, C, stride_wn, True, W_INT8, BLOCK_N, BLOCK_K)
     y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_INT8, logit_ptr.dtype.element_ty)  # logits as rounded
     tl.store(logit_ptr + b * stride_lm + rows, y.to(logit_ptr.dtype.element_ty), mask=mask)
@@ -85,9 +85,11 @@ def _space(s: dict) -> list:
 
 
 def _default(s: dict):
-    # 16+ rows a program: a 128K vocabulary in 1 x 2048 tiles would leave 64K partials to the reduce
-    rows, block_k, warps = gemv_tile(s, min_rows=16)
-    return {"BLOCK_N": rows, "BLOCK_K": block_k}, warps, 1
+    # The LM head is the one GEMV whose grid is always thousands of programs (V / BLOCK_N), so occupancy hides the
+    # per-step latency: the per-operator GEMV's tile (32 x 256 at 4 warps, 94% of copy bandwidth on 117 MB in
+    # scripts/gemv_lab.py). The whole-K tile of the other fused GEMVs (16 x 2048 at 16 warps, one block an SM)
+    # read the 1B head at ~60% of copy bandwidth (209 us for 525 MB, H200). 32 rows also keep the partials few.
+    return {"BLOCK_N": 32, "BLOCK_K": 256}, 4, 1
 
 
 FP, W8 = weight_kernel_pair(OP_NAME, "head_logits", _head_logits_kernel, _params, ("BLOCK_N", "BLOCK_K"),

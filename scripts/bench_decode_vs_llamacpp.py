@@ -84,12 +84,19 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
     from edgekit.model.weights import weights_from_hf_state_dict
 
     t = time.perf_counter()
-    cfg, sd, _ = load_gguf(f16)
-    w = _cast(weights_from_hf_state_dict(cfg, sd, str(f16)), "cpu", torch.float16)
-    del sd
-    w16 = _cast(w, dev, torch.float16)
-    del w
-    _log(f"{preset}: loaded {f16.name} in {time.perf_counter() - t:.1f}s")
+    if f16 is None:  # --random-weights: the preset's shape, weights made here (no file, no llama.cpp rows)
+        from edgekit.model.presets import preset_config
+        from edgekit.model.weights import random_weights
+
+        cfg = preset_config(preset)
+        w16 = random_weights(cfg, seed=0, dtype=torch.float16, device=dev)
+    else:
+        cfg, sd, _ = load_gguf(f16)
+        w = _cast(weights_from_hf_state_dict(cfg, sd, str(f16)), "cpu", torch.float16)
+        del sd
+        w16 = _cast(w, dev, torch.float16)
+        del w
+    _log(f"{preset}: weights ready in {time.perf_counter() - t:.1f}s ({f16.name if f16 else 'random, no file'})")
     depth, n = args.depth, args.tokens
     max_seq = -(-(depth + n + 32) // 64) * 64
     prompt = torch.randint(0, cfg.vocab_size, (1, depth), generator=torch.Generator().manual_seed(1)).to(dev)
@@ -100,7 +107,7 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
         nbytes = decode_bytes(cfg, wp, attended, 2.0).total
         tokens = {}
         for cls in (RuntimeEngine, FusedRuntimeEngine):
-            row = {"model": preset, "file": f16.name, "engine": cls.name, "precision": precision, "depth": depth,
+            row = {"model": preset, "file": f16.name if f16 else None, "engine": cls.name, "precision": precision, "depth": depth,
                    "new_tokens": n, "measured_on": f"GPU ({torch.cuda.get_device_name(dev)})"}
             try:
                 t = time.perf_counter()
@@ -175,6 +182,8 @@ def main() -> int:
     ap.add_argument("--llama-quantize", type=Path)
     ap.add_argument("--wait-llama-s", type=float, default=0.0, help="wait this long for the llama.cpp binaries to appear")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--random-weights", action="store_true",
+                    help="edgekit only: the presets' random weights made in memory (no GGUF file, no llama.cpp rows)")
     args = ap.parse_args()
     args.precisions = tuple(args.precisions.split(","))
     from edgekit.bench.gguf_preset import write_random_gguf
@@ -194,16 +203,18 @@ def main() -> int:
 
     files = {}
     for preset in args.presets.split(","):
-        f16 = args.workdir / f"{preset}-f16.gguf"
-        t = time.perf_counter()
-        write_random_gguf(preset_config(preset), f16, seed=0)
-        _log(f"{preset}: wrote {f16.name} ({f16.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.1f}s")
-        files[preset] = f16
-        doc["files"][preset] = {"F16": f16.name}
+        f16 = None
+        if not args.random_weights:
+            f16 = args.workdir / f"{preset}-f16.gguf"
+            t = time.perf_counter()
+            write_random_gguf(preset_config(preset), f16, seed=0)
+            _log(f"{preset}: wrote {f16.name} ({f16.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.1f}s")
+            files[preset] = f16
+            doc["files"][preset] = {"F16": f16.name}
         doc["edgekit"].extend(bench_edgekit(preset, f16, args, dev, bw))
         save()
         print(table(doc), flush=True)
-    if _wait_for(args.llama_bench, args.wait_llama_s) and _wait_for(args.llama_quantize, 5):
+    if files and _wait_for(args.llama_bench, args.wait_llama_s) and _wait_for(args.llama_quantize, 5):
         from edgekit.bench.llamacpp import quantize_gguf, run_llama_bench
 
         for preset, f16 in files.items():
