@@ -25,6 +25,7 @@ from typing import Mapping
 
 import torch
 
+from edgekit.errors import EdgekitError
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.decoder import Decoder
@@ -105,8 +106,9 @@ class FusedDecoder:
 def with_fused_kernels(table: DispatchTable) -> DispatchTable:
     """A copy of ``table`` whose fused operators that are still on the torch reference run their Triton kernels.
 
-    Bundles do not ship fused-operator plugins yet, so on a GPU their Triton kernels are JIT-compiled here
-    (source "triton"); an entry that already holds a plugin is kept.
+    Bundles do not ship fused-operator plugins yet (the build compiles the plan's per-operator variants), so on a
+    GPU the fused kernels are JIT-compiled here (source "triton"), which needs Triton on the device; an entry that
+    already holds a plugin is kept.
     """
     from edgekit.kernels.triton_backend import triton_ops
 
@@ -157,7 +159,10 @@ def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | No
     """
     table = decoder.ops
     if decoder.device.type == "cuda":
-        table = with_fused_kernels(table)
+        try:
+            table = with_fused_kernels(table)
+        except (ImportError, EdgekitError) as e:  # no Triton JIT on this device: the plugins still run per operator
+            return decoder, DecodePath("per-operator", f"the fused operators' Triton kernels are unavailable here ({e})")
     why_not = fused_path_blocker(decoder, cache, table, baseline if baseline is not None else decoder.ops.sources())
     if why_not is not None:
         return decoder, DecodePath("per-operator", why_not)

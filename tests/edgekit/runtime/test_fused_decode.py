@@ -86,3 +86,19 @@ def test_the_path_falls_back_and_says_why():
     table_ref = table.copy()
     table_ref.reset("fused_head_argmax")
     assert "fused_head_argmax" in fused_path_blocker(cuda_like, cache, table_ref, baseline)
+
+
+def test_a_device_without_triton_decodes_per_operator(monkeypatch):
+    import edgekit.runtime.fused_decode as fd
+
+    cfg = preset_config("tiny")
+    dec = Decoder(cfg, random_weights(cfg, seed=1), DispatchTable())
+    cuda_like = dec.with_ops(dec.ops)
+    cuda_like.device = torch.device("cuda")  # only the path selection reads it
+
+    def no_triton(table):
+        raise ImportError("No module named 'triton'")
+
+    monkeypatch.setattr(fd, "with_fused_kernels", no_triton)
+    step, path = fd.select_decode_path(cuda_like, dec.new_cache(1, 16))
+    assert step is cuda_like and path.name == "per-operator" and "triton" in path.reason
