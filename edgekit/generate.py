@@ -57,10 +57,13 @@ def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator |
 
 
 class Generator:
-    def __init__(self, decoder: Decoder, shapes: StaticShapes, pad_token_id: int = 0, cache=None, decode_step=None):
+    def __init__(self, decoder: Decoder, shapes: StaticShapes, pad_token_id: int = 0, cache=None, decode_step=None,
+                 prefill_step=None):
         self.decoder = decoder
         # decode_step(tokens (B,), positions (B,)) -> logits (B, V); e.g. a CUDA-graph replay of decoder.decode
         self.decode_step = decode_step
+        # prefill_step(tokens (B, T), seq_lens (B,), cache) -> logits (B, V); e.g. GraphedPrefill (one graph per bucket)
+        self.prefill_step = prefill_step
         self.shapes = shapes
         self.pad_token_id = pad_token_id
         # the cache is preallocated once and may be shared by generators that never run concurrently
@@ -87,7 +90,7 @@ class Generator:
         stats.prompt_tokens, stats.bucket = len(ids), bucket
 
         t0 = time.perf_counter()
-        logits = self.decoder.prefill(tokens, seq_lens, self.cache)
+        logits = (self.prefill_step or self.decoder.prefill)(tokens, seq_lens, self.cache)
         nxt = _pick(logits, sampling, gen)
         tok = int(nxt[0])
         stats.prefill_s = time.perf_counter() - t0

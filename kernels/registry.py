@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from edgekit.kernels import attention, linear, rmsnorm, rope, swiglu
+from edgekit.kernels import fused_head_argmax, fused_norm_qkv_rope, fused_norm_swiglu, fused_proj_residual
 from edgekit.kernels.spec import OpSpec
 
 
@@ -27,5 +28,10 @@ OPERATORS: dict[str, Operator] = {
         Operator(linear.W8A16_SPEC, linear.linear_w8a16_reference),
         Operator(linear.W8A8_SPEC, linear.linear_w8a8_reference),
         Operator(swiglu.SPEC, swiglu.swiglu_reference),
+        # fused decode super-operators (edgekit/runtime/fused_decode.py runs them)
+        Operator(fused_norm_qkv_rope.SPEC, fused_norm_qkv_rope.fused_norm_qkv_rope_reference),
+        Operator(fused_proj_residual.SPEC, fused_proj_residual.fused_proj_residual_reference),
+        Operator(fused_norm_swiglu.SPEC, fused_norm_swiglu.fused_norm_swiglu_reference),
+        Operator(fused_head_argmax.SPEC, fused_head_argmax.fused_head_argmax_reference),
     )
 }

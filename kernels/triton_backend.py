@@ -35,6 +35,9 @@ def _shape_facts(op: str, tensors: Mapping[str, torch.Tensor | None], attrs: Map
                 "rows": (tensors.get("x") if op == "qkv_rope" else tensors["qkv"]).shape[0]}
     if op == "rmsnorm":
         return {"hidden_size": tensors["x"].shape[1]}
+    if op.startswith("fused_"):  # fused decode GEMVs: tiles follow the weight's shape (fused_gemv_triton.gemv_tile)
+        facts = {"n_out": tensors["weight"].shape[0], "k_in": tensors["weight"].shape[1]}
+        return {**facts, "head_dim": tensors["cos"].shape[-1] * 2} if op == "fused_norm_qkv_rope" else facts
     if op in ("linear", "linear_w8a16", "linear_w8a8"):
         return {"rows": tensors["x"].shape[0]}
     return {}

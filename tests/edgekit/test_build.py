@@ -100,6 +100,7 @@ def test_cli_build_json_and_run(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
     assert len(d["token_ids"]) == 3 and d["backend"] == "reference"
+    assert d["decode_path"]["path"] == "per-operator" and "no GPU" in d["decode_path"]["reason"]
 
 
 def test_the_bundled_onnx_matches_the_reference_logits(tiny_bundle):

@@ -66,3 +66,19 @@ def test_sampling_is_seeded():
     a, _ = gen.generate([5, 9], 10, sampling=SamplingConfig(temperature=1.0, seed=1))
     b, _ = gen.generate([5, 9], 10, sampling=SamplingConfig(temperature=1.0, seed=1))
     assert a == b
+
+
+def test_a_prefill_step_replaces_the_decoder_prefill():
+    """The Generator prefills through ``prefill_step`` when given one (how `run` plugs in GraphedPrefill)."""
+    m = load_model("preset:tiny", seed=7)
+    dec = m.decoder()
+    shapes = StaticShapes(buckets=(16,), max_seq_len=64)
+    calls = []
+
+    def prefill_step(tokens, seq_lens, cache):
+        calls.append(tuple(tokens.shape))
+        return dec.prefill(tokens, seq_lens, cache)
+
+    a, _ = Generator(dec, shapes, pad_token_id=0).generate([3, 4, 5], 6)
+    b, _ = Generator(dec, shapes, pad_token_id=0, prefill_step=prefill_step).generate([3, 4, 5], 6)
+    assert a == b and calls == [(1, 16)]

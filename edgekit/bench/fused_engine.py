@@ -1,0 +1,49 @@
+"""edgekit's runtime on the fused decode path, as a stepped bench engine beside the per-operator one.
+
+Same contract as ``RuntimeEngine`` (prefill, decode fed back on the device,
+graphed prefill); the decode step is ``FusedDecoder``'s: the greedy token comes
+from the fused head's on-device argmax, so the step has no separate argmax.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.bench.engines import GreedyFeedback, RuntimeEngine, SteppedEngine
+from edgekit.errors import BenchmarkError
+from edgekit.kernels.dispatch import DispatchTable
+from edgekit.model.config import ModelConfig
+from edgekit.model.decoder import Decoder, ModelWeights
+from edgekit.model.kv_cache import StaticKVCache
+
+FUSED_ENGINE_LABEL = "edgekit runtime, fused decode super-operators + CUDA-graph replay (FusedDecoder)"
+
+
+class FusedGreedyFeedback(GreedyFeedback):
+    """GreedyFeedback whose token comes from the fused head (no argmax over the logits)."""
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        nxt, _ = self.decoder.decode_token(tokens, positions, cache)  # (1,)
+        self.out.index_copy_(0, self.count % self.out.numel(), nxt)
+        tokens.copy_(nxt)
+        positions.add_(1)
+        self.count.add_(1)
+        return nxt
+
+
+class FusedRuntimeEngine(RuntimeEngine):
+    name = "edgekit-fused"
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_seq_len: int, max_tokens: int,
+                 ops: DispatchTable | None = None):
+        from edgekit.kernels.triton_backend import triton_dispatch_table
+        from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+        from edgekit.runtime.fused_decode import select_decode_path
+
+        SteppedEngine.__init__(self, cfg, Decoder(cfg, weights, ops or triton_dispatch_table()), max_seq_len, max_tokens)
+        step_decoder, self.path = select_decode_path(self.decoder, self.cache)
+        if self.path.name != "fused":
+            raise BenchmarkError(f"the fused decode path cannot run here: {self.path.reason}")
+        self.feedback = FusedGreedyFeedback(step_decoder, max_tokens)
+        self.step = GraphedDecodeStep(self.feedback, self.cache)
+        self._prefill_graphs = {}

@@ -1,0 +1,170 @@
+"""The fused decode path: a decode step of a few super-operators per layer instead of ~16 operator kernels.
+
+Per layer the step runs ``fused_norm_qkv_rope`` (RMSNorm -> QKV -> RoPE ->
+KV-cache write), the table's ``attention_decode`` (split-KV + combine), then
+``fused_proj_residual`` (output projection + residual), ``fused_norm_swiglu``
+(RMSNorm -> gate/up -> SwiGLU) and ``fused_proj_residual`` again (down
+projection + residual); after the last layer ``fused_head_argmax`` (final
+norm -> LM head -> greedy token on the device). With the Triton kernels that is
+6 launches per layer plus 5 per token (embedding gather, sequence lengths,
+head + argmax reduce), replayed as one CUDA graph (``GraphedDecodeStep``).
+
+Every operator is still an entry of the dispatch table, so each one is a
+swappable plugin. The fused operators subsume the per-operator entries
+``rmsnorm``, ``qkv_rope``/``rope``, ``linear``/``linear_w8a16`` and ``swiglu``:
+once one of those is replaced (an over-the-air swap), the fused kernels no
+longer run what the table says, so ``select_decode_path`` falls back to the
+per-operator path until fused operators built with the new operator arrive.
+The chosen path and the reason are reported (``edgekit run --json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from edgekit.errors import EdgekitError
+from edgekit.kernels.dispatch import DispatchTable
+from edgekit.kernels.linear import LinearWeights
+from edgekit.model.decoder import Decoder
+from edgekit.model.kv_cache import StaticKVCache
+
+FUSED_OPERATORS = ("fused_norm_qkv_rope", "fused_proj_residual", "fused_norm_swiglu", "fused_head_argmax")
+# per-operator entries whose work the fused operators do (a swap of one of them disables the fused path)
+SUBSUMED_OPERATORS = ("rmsnorm", "qkv_rope", "rope", "linear", "linear_w8a16", "swiglu")
+FUSED_WEIGHT_OPS = ("linear", "linear_w8a16")  # float and W8A16 projections; W8A8 stays per-operator
+# Triton launches of the fused step: per layer qkv, attention split + combine, o-proj, gate/up, down-proj;
+# per token the embedding gather, positions + 1 and its int32 cast, the head GEMV and the argmax reduce
+LAUNCHES_PER_LAYER = 6
+LAUNCHES_PER_TOKEN = 5
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """Which decode path runs and why (what ``run --json`` and the benchmarks report)."""
+
+    name: str  # "fused" | "per-operator"
+    reason: str
+    launches_per_token: int | None = None  # the fused step's kernel launches (Triton kernels); None if not counted
+
+    def to_dict(self) -> dict:
+        return {"path": self.name, "reason": self.reason, "launches_per_token": self.launches_per_token}
+
+
+def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(weight, scale, bias) as the fused operators take them: scale None for float weights."""
+    return lw.weight, (lw.scale if lw.op == "linear_w8a16" else None), lw.bias
+
+
+class FusedDecoder:
+    """A decode step made of the fused super-operators; quacks like a Decoder for ``GraphedDecodeStep``.
+
+    Shares the decoder's weights, RoPE tables and config; calls every operator through ``ops``.
+    """
+
+    def __init__(self, decoder: Decoder, ops: DispatchTable | None = None):
+        self.decoder = decoder
+        self.ops = ops or decoder.ops
+        self.config = decoder.config
+        self.device = decoder.device
+        self.dtype = decoder.dtype
+        self.last_token: torch.Tensor | None = None  # (B,) greedy tokens of the last step, on the device
+
+    def new_cache(self, batch: int, max_seq_len: int) -> StaticKVCache:
+        return self.decoder.new_cache(batch, max_seq_len)
+
+    @torch.no_grad()
+    def decode_token(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache):
+        """tokens (B,) at positions (B,): one step. Returns (greedy token (B,), logits (B, V)), both on the device."""
+        cfg, w, get = self.config, self.decoder.weights, self.ops.get
+        qkv_rope, proj_residual, norm_swiglu = get("fused_norm_qkv_rope"), get("fused_proj_residual"), get("fused_norm_swiglu")
+        eps = cfg.rms_norm_eps
+        B = tokens.shape[0]
+        x = w.tok_embeddings[tokens]  # (B, C)
+        seq_lens = (positions + 1).to(torch.int32)  # (B,): once per step, not a cast per layer
+        cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2): indexed by position inside the operator
+        for i, b in enumerate(w.blocks):
+            k_cache, v_cache = cache.k[i], cache.v[i]  # (B, Hkv, S, D)
+            q = qkv_rope(x, b.attn_norm, *_weights(b.wqkv), cos, sin, positions, k_cache, v_cache,
+                         eps, cfg.n_heads, cfg.n_kv_heads)  # (B, Hq, D); K and V written at positions
+            o = self.ops.attention_decode(q, k_cache, v_cache, seq_lens)  # (B, Hq, D)
+            x = proj_residual(o.reshape(B, cfg.q_size), *_weights(b.wo), x)  # (B, C)
+            gw, gs, _ = _weights(b.w_gate_up)
+            h = norm_swiglu(x, b.ffn_norm, gw, gs, eps)  # (B, F)
+            x = proj_residual(h, *_weights(b.w_down), x)  # (B, C)
+        token, logits = get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), eps)
+        self.last_token = token
+        return token, logits
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """Decoder.decode's contract: logits (B, V). The greedy token is in ``last_token``."""
+        return self.decode_token(tokens, positions, cache)[1]
+
+
+def with_fused_kernels(table: DispatchTable) -> DispatchTable:
+    """A copy of ``table`` whose fused operators that are still on the torch reference run their Triton kernels.
+
+    Bundles do not ship fused-operator plugins yet (the build compiles the plan's per-operator variants), so on a
+    GPU the fused kernels are JIT-compiled here (source "triton"), which needs Triton on the device; an entry that
+    already holds a plugin is kept.
+    """
+    from edgekit.kernels.triton_backend import triton_ops
+
+    out = table.copy()
+    sources = out.sources()
+    missing = [op for op in FUSED_OPERATORS if sources.get(op) == "reference"]
+    if missing:
+        kernels = triton_ops()
+        for op in missing:
+            out.set(op, kernels[op], source="triton")
+    return out
+
+
+def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: Mapping[str, str] | None) -> str | None:
+    """Why the fused path cannot run this decoder (None: it can).
+
+    ``baseline`` holds the table's sources when the fused operators were set up (e.g. at bundle open); an
+    entry of SUBSUMED_OPERATORS (or attention_decode) whose source changed since then was swapped.
+    """
+    if decoder.device.type != "cuda":
+        return f"the fused path runs on a CUDA GPU; this decoder is on {decoder.device.type}"
+    if type(cache) is not StaticKVCache:
+        return f"the fused operators write a plain FP16/BF16 KV cache; this one is a {type(cache).__name__}"
+    for i, b in enumerate(decoder.weights.blocks):
+        for name, lw in b.linears().items():
+            if lw.op not in FUSED_WEIGHT_OPS:
+                return f"layer {i} {name} uses {lw.op}; the fused operators take float or W8A16 weights"
+        if b.w_gate_up.bias is not None:
+            return f"layer {i} w_gate_up has a bias; the fused gate/up operator takes none"
+    if decoder.weights.lm_head.op not in FUSED_WEIGHT_OPS:
+        return f"the LM head uses {decoder.weights.lm_head.op}; the fused head takes float or W8A16 weights"
+    sources = table.sources()
+    for op in FUSED_OPERATORS:
+        if sources.get(op) == "reference":
+            return f"{op} has no GPU implementation in the table (torch reference)"
+    if baseline is not None:
+        for op in SUBSUMED_OPERATORS + ("attention_decode",):
+            if op in baseline and sources.get(op) != baseline[op]:
+                return (f"operator {op} was swapped ({baseline[op]} -> {sources.get(op)}); the fused operators still "
+                        f"hold the previous version, so decode runs per operator until fused operators with it arrive")
+    return None
+
+
+def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None):
+    """(the object whose ``decode`` a graphed step should capture, the DecodePath that says which one it is).
+
+    ``baseline``: the sources of the operators the fused kernels were built with (None: the decoder's table now).
+    """
+    table = decoder.ops
+    if decoder.device.type == "cuda":
+        try:
+            table = with_fused_kernels(table)
+        except (ImportError, EdgekitError) as e:  # no Triton JIT on this device: the plugins still run per operator
+            return decoder, DecodePath("per-operator", f"the fused operators' Triton kernels are unavailable here ({e})")
+    why_not = fused_path_blocker(decoder, cache, table, baseline if baseline is not None else decoder.ops.sources())
+    if why_not is not None:
+        return decoder, DecodePath("per-operator", why_not)
+    n = LAUNCHES_PER_LAYER * decoder.config.n_layers + LAUNCHES_PER_TOKEN
+    return FusedDecoder(decoder, table), DecodePath("fused", "fused super-operators (Triton kernels) replayed as a CUDA graph", n)

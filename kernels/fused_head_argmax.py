@@ -1,0 +1,30 @@
+"""Fused decode operator: final RMSNorm -> LM head -> greedy argmax on the device.
+
+Returns the greedy token of each row (no full-vocabulary copy to the host)
+and the logits (in the activation dtype, for sampling and checks). Ties go to
+the lowest token id, as ``torch.argmax``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, project, weight_inputs
+from edgekit.kernels.rmsnorm import rmsnorm_reference
+from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
+
+SPEC = OpSpec(
+    name="fused_head_argmax",
+    abi_version=1,
+    inputs=(TensorSpec("x", "(B, C)", FLOAT_DTYPES), TensorSpec("norm_weight", "(C,)", FLOAT_DTYPES),
+            *weight_inputs("V", "C")),
+    outputs=(TensorSpec("token", "(B,)", ("int64",)), TensorSpec("logits", "(B, V)", FLOAT_DTYPES)),
+    attributes=("eps",),
+    tolerance=REDUCTION_TOLERANCE,
+    doc="logits = rmsnorm(x) @ W.T + bias; token = argmax(logits) (first maximum).",
+)
+
+
+def fused_head_argmax_reference(x, norm_weight, weight, scale, bias, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = project(rmsnorm_reference(x, norm_weight, eps), weight, scale, bias)  # (B, V)
+    return logits.argmax(dim=-1), logits

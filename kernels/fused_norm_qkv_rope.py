@@ -1,0 +1,47 @@
+"""Fused decode operator: RMSNorm -> QKV projection (+bias) -> RoPE -> KV-cache write.
+
+One decode token per sequence. Q comes back (B, Hq, D); K and V are written
+into the layer's cache at each sequence's position and not returned. The
+RoPE tables are the model's whole (S, D/2) tables, indexed by position inside
+the operator (no per-token gather launch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, project, weight_inputs
+from edgekit.kernels.rmsnorm import rmsnorm_reference
+from edgekit.kernels.rope import rope_reference
+from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
+
+SPEC = OpSpec(
+    name="fused_norm_qkv_rope",
+    abi_version=1,
+    inputs=(
+        TensorSpec("x", "(B, C)", FLOAT_DTYPES),
+        TensorSpec("norm_weight", "(C,)", FLOAT_DTYPES),
+        *weight_inputs("(Hq + 2*Hkv) * D", "C"),
+        TensorSpec("cos", "(S, D/2)", ("float32", "float64")),
+        TensorSpec("sin", "(S, D/2)", ("float32", "float64")),
+        TensorSpec("positions", "(B,)", ("int64",)),
+        TensorSpec("k_cache", "(B, Hkv, S, D)", FLOAT_DTYPES),
+        TensorSpec("v_cache", "(B, Hkv, S, D)", FLOAT_DTYPES),
+    ),
+    outputs=(TensorSpec("q", "(B, Hq, D)", FLOAT_DTYPES),),
+    attributes=("eps", "n_heads", "n_kv_heads"),
+    tolerance=REDUCTION_TOLERANCE,
+    doc="q = rope(rmsnorm(x) @ Wq.T); k_cache[b, :, pos[b]] = rope(... Wk ...); v_cache[b, :, pos[b]] = ... Wv ...",
+)
+
+
+def fused_norm_qkv_rope_reference(x, norm_weight, weight, scale, bias, cos, sin, positions, k_cache, v_cache,
+                                  eps: float, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    B = x.shape[0]
+    qkv = project(rmsnorm_reference(x, norm_weight, eps), weight, scale, bias)  # (B, (Hq + 2 Hkv) D)
+    c, s = cos[positions][:, None], sin[positions][:, None]  # (B, 1, D/2)
+    q, k, v = rope_reference(qkv[:, None], c, s, n_heads, n_kv_heads)  # (B, H*, 1, D)
+    rows = torch.arange(B, device=positions.device)
+    k_cache[rows, :, positions] = k[:, :, 0].to(k_cache.dtype)
+    v_cache[rows, :, positions] = v[:, :, 0].to(v_cache.dtype)
+    return q[:, :, 0]  # (B, Hq, D)

@@ -1,0 +1,162 @@
+"""RMSNorm -> QKV GEMV (+bias) -> RoPE -> KV-cache write, as one Triton kernel per decode step and layer.
+
+Reference: ``kernels/fused_norm_qkv_rope.py``. A program owns PAIRS rotation
+pairs of one head: the weight rows j and j + D/2 for j in [j0, j0 + PAIRS),
+loaded interleaved so one pass over K yields both halves of each pair, and the
+rotation needs no data exchange. Q heads go to the q buffer; K heads (rotated)
+and V heads (not rotated) are written straight into the cache at the
+sequence's position. Grid: ((Hq + 2 Hkv) * D / (2 PAIRS), B).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
+from edgekit.kernels.fused_gemv_triton import (
+    _epilogue, _gemv_rows, _row_rstd, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair,
+    weight_operands,
+)
+from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
+from edgekit.kernels.launch_rule import attr, check, mul, ptr, shape, stride
+
+OP_NAME = "fused_norm_qkv_rope"
+
+
+@triton.jit
+def _norm_qkv_rope_kernel(
+    x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr,
+    C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks, stride_qb, has_bias, eps, n_heads, n_kv_heads,
+    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    head = pid // (HALF // PAIRS)
+    j0 = (pid % (HALF // PAIRS)) * PAIRS
+    r = tl.arange(0, 2 * PAIRS)
+    rows = head * (2 * HALF) + j0 + r // 2 + (r % 2) * HALF  # interleaved: (j, j + D/2) for each pair j
+    x_row = x_ptr + b * stride_xm
+    rstd = _row_rstd(x_row, C, eps, BLOCK_K)
+    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_INT8, 2 * PAIRS, BLOCK_K)
+    y = _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_INT8, x_ptr.dtype.element_ty)  # (2 PAIRS,) qkv as rounded
+    x1, x2 = tl.split(tl.reshape(y, (PAIRS, 2)))  # first and second half of each pair
+    pos = tl.load(pos_ptr + b)
+    j = j0 + tl.arange(0, PAIRS)
+    c = tl.load(cos_ptr + pos * stride_cs + j)
+    s = tl.load(sin_ptr + pos * stride_cs + j)
+    rotated = head < n_heads + n_kv_heads  # Q and K heads rotate, V heads do not
+    o1 = tl.where(rotated, x1 * c - x2 * s, x1).to(q_ptr.dtype.element_ty)
+    o2 = tl.where(rotated, x2 * c + x1 * s, x2).to(q_ptr.dtype.element_ty)
+    if head < n_heads:
+        dst = q_ptr + b * stride_qb + head * (2 * HALF) + j
+    elif head < n_heads + n_kv_heads:
+        dst = kc_ptr + b * stride_kb + (head - n_heads) * stride_kh + pos * stride_ks + j
+    else:
+        dst = vc_ptr + b * stride_kb + (head - n_heads - n_kv_heads) * stride_kh + pos * stride_ks + j
+    tl.store(dst, o1)
+    tl.store(dst + HALF, o2)
+
+
+def _params(w_type: str, scale_value) -> tuple[Param, ...]:
+    return (
+        *operand_params(w_type, scale_value, norm=True, bias=True),
+        Param("cos_ptr", "*fp32", ptr("cos")),
+        Param("sin_ptr", "*fp32", ptr("sin")),
+        Param("pos_ptr", "*i64", ptr("positions")),
+        Param("kc_ptr", "*act", ptr("k_cache")),
+        Param("vc_ptr", "*act", ptr("v_cache")),
+        Param("q_ptr", "*act", ptr("q")),
+        *reduction_params("C"),
+        Param("stride_cs", "i32", stride("cos", 0)),
+        Param("stride_kb", "i32", stride("k_cache", 0), div16=True),
+        Param("stride_kh", "i32", stride("k_cache", 1), div16=True),
+        Param("stride_ks", "i32", stride("k_cache", 2), div16=True),
+        Param("stride_qb", "i32", stride("q", 0), div16=True),
+        Param("has_bias", "i32", {"present": "bias"}),
+        Param("eps", "fp32", attr("eps")),
+        Param("n_heads", "i32", attr("n_heads")),
+        Param("n_kv_heads", "i32", attr("n_kv_heads")),
+    )
+
+
+def _space(s: dict) -> list:
+    half = int(s.get("head_dim") or 64) // 2
+    return [({"HALF": half, "PAIRS": p, "BLOCK_K": bk}, w, 1)
+            for p in (2, 4, 8, 16) for bk in (128, 256, 512, 1024, 2048) for w in (4, 8) if p <= half]
+
+
+def _default(s: dict):
+    half = int(s.get("head_dim") or 64) // 2
+    rows, block_k, warps = gemv_tile(s)
+    return {"HALF": half, "PAIRS": max(1, min(rows // 2, half)), "BLOCK_K": block_k}, warps, 1
+
+
+FP, W8 = weight_kernel_pair(OP_NAME, "norm_qkv_rope", _norm_qkv_rope_kernel, _params, ("HALF", "PAIRS", "BLOCK_K"),
+                            _space, _default)
+
+
+def program(variants) -> dict:
+    heads = {"add": [attr("n_heads"), mul(2, attr("n_kv_heads"))]}
+
+    def grid(v):
+        return [mul(heads, v.constexprs["HALF"] // v.constexprs["PAIRS"]), shape("x", 0), 1]
+
+    launches, checks = precision_launches(OP_NAME, (FP, W8), variants, grid)
+    half = next(iter(variants.values())).constexprs["HALF"]
+    return program_doc(
+        OP_NAME, ["x", "norm_weight", "weight", "scale", "bias", "cos", "sin", "positions", "k_cache", "v_cache"],
+        ["scale", "bias"], ["eps", "n_heads", "n_kv_heads"],
+        checks=checks + [
+            check("eq", shape("cos", 1), half, "the kernel was compiled for another head_dim (cos is (S, D/2))"),
+            check("eq", shape("weight", 0), mul(heads, 2 * half), "weight rows must be (n_heads + 2 n_kv_heads) * head_dim"),
+            check("eq", shape("k_cache", 3), 2 * half, "the cache's head_dim must match the compiled one"),
+        ],
+        let=[],
+        buffers=[{"name": "q", "shape": [shape("x", 0), attr("n_heads"), 2 * half], "dtype": {"like": "x"}}],
+        launches=launches,
+        outputs=["q"],
+    )
+
+
+def prepare(x, norm_weight, weight, scale, bias, cos, sin, positions, k_cache, v_cache, eps, n_heads, n_kv_heads):
+    op = OP_NAME
+    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("bias", bias),
+               ("cos", cos), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache))
+    hc.act_dtype(op, x, "x")
+    hc.ndim(op, x, "x", 2, "(B, C)")
+    hc.unit_last_stride(op, x, "x")
+    B, C = x.shape
+    D = 2 * cos.shape[-1]
+    hc.head_dim_ok(op, D)
+    weight_operands(op, x, weight, scale, (n_heads + 2 * n_kv_heads) * D, C)
+    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
+    hc.vector(op, norm_weight, "norm_weight", C)
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", weight.shape[0])
+    for name, t in (("cos", cos), ("sin", sin)):
+        hc.dtype_is(op, t, name, torch.float32)
+        hc.ndim(op, t, name, 2, "(S, D/2)")
+        hc.unit_last_stride(op, t, name)
+    if sin.shape != cos.shape or sin.stride() != cos.stride():
+        raise OperatorError(f"{op}: sin {tuple(sin.shape)} and cos {tuple(cos.shape)} must have one layout")
+    hc.dtype_is(op, positions, "positions", torch.int64)
+    hc.vector(op, positions, "positions", B)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        hc.ndim(op, t, name, 4, "(B, Hkv, S, D)")
+        hc.same_dtype(op, t, name, x, "x")
+        hc.unit_last_stride(op, t, name)
+    if tuple(k_cache.shape) != (B, n_kv_heads, k_cache.shape[2], D) or v_cache.shape != k_cache.shape \
+            or v_cache.stride() != k_cache.stride():
+        raise OperatorError(f"{op}: caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected two caches of one "
+                            f"layout ({B}, {n_kv_heads}, S, {D})")
+    tensors = {"x": x, "norm_weight": norm_weight, "weight": weight, "scale": scale, "bias": bias, "cos": cos,
+               "sin": sin, "positions": positions, "k_cache": k_cache, "v_cache": v_cache}
+    attrs = {"eps": float(eps), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads)}
+    return tensors, attrs, lambda bufs: bufs["q"]
+
+
+OP = OpKernels(op=OP_NAME, kernels=(FP, W8), program=program, prepare=prepare, required=((FP.kernel, W8.kernel),))

@@ -1,0 +1,97 @@
+"""RMSNorm -> gate/up GEMV -> SwiGLU as one Triton kernel.
+
+Reference: ``kernels/fused_norm_swiglu.py``. A program owns BLOCK_N columns of
+the MLP's hidden layer: gate row n and up row F + n, loaded interleaved so one
+pass over K yields both factors. Gate and up are rounded to the activation
+dtype before SwiGLU, as the per-operator path. Grid: (cdiv(F, BLOCK_N), B).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
+from edgekit.kernels.fused_gemv_triton import (
+    _epilogue, _gemv_rows, _row_rstd, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair,
+    weight_operands,
+)
+from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
+from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride
+
+OP_NAME = "fused_norm_swiglu"
+
+
+@triton.jit
+def _norm_swiglu_kernel(
+    x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn, stride_ym, eps,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+):
+    b = tl.program_id(1).to(tl.int64)
+    n0 = tl.program_id(0) * BLOCK_N
+    r = tl.arange(0, 2 * BLOCK_N)
+    rows = (n0 + r // 2) % F + (r % 2) * F  # interleaved: gate row n, up row F + n
+    x_row = x_ptr + b * stride_xm
+    rstd = _row_rstd(x_row, C, eps, BLOCK_K)
+    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_INT8, 2 * BLOCK_N, BLOCK_K)
+    gu = _epilogue(acc, s_ptr, s_ptr, rows, 0, W_INT8, y_ptr.dtype.element_ty)
+    g, u = tl.split(tl.reshape(gu, (BLOCK_N, 2)))
+    cols = n0 + tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + b * stride_ym + cols, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=cols < F)
+
+
+def _params(w_type: str, scale_value) -> tuple[Param, ...]:
+    return (
+        *operand_params(w_type, scale_value, norm=True, bias=False),
+        Param("y_ptr", "*act", ptr("y")),
+        Param("F", "i32", shape("y", 1)),
+        *reduction_params("C"),
+        Param("stride_ym", "i32", stride("y", 0), div16=True),
+        Param("eps", "fp32", attr("eps")),
+    )
+
+
+def _space(s: dict) -> list:
+    return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048) for w in (4, 8)]
+
+
+def _default(s: dict):
+    rows, block_k, warps = gemv_tile(s)  # rows counts gate and up rows: BLOCK_N columns of the hidden layer each
+    return {"BLOCK_N": rows // 2, "BLOCK_K": block_k}, warps, 1
+
+
+FP, W8 = weight_kernel_pair(OP_NAME, "norm_swiglu", _norm_swiglu_kernel, _params, ("BLOCK_N", "BLOCK_K"),
+                            _space, _default)
+
+
+def program(variants) -> dict:
+    F = {"floordiv": [shape("weight", 0), 2]}
+    launches, checks = precision_launches(OP_NAME, (FP, W8), variants,
+                                          lambda v: [cdiv(F, v.constexprs["BLOCK_N"]), shape("x", 0), 1])
+    return program_doc(
+        OP_NAME, ["x", "norm_weight", "weight", "scale"], ["scale"], ["eps"],
+        checks=checks + [check("eq", shape("weight", 1), shape("x", 1), "weight columns must equal x's width"),
+                         check("multiple_of", shape("weight", 0), 2, "weight packs gate and up rows: an even count")],
+        let=[],
+        buffers=[{"name": "y", "shape": [shape("x", 0), F], "dtype": {"like": "x"}}],
+        launches=launches,
+        outputs=["y"],
+    )
+
+
+def prepare(x, norm_weight, weight, scale, eps):
+    op = OP_NAME
+    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale))
+    hc.act_dtype(op, x, "x")
+    hc.ndim(op, x, "x", 2, "(B, C)")
+    hc.unit_last_stride(op, x, "x")
+    if weight.dim() != 2 or weight.shape[0] % 2:
+        raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected (2F, C) with gate rows then up rows")
+    weight_operands(op, x, weight, scale, weight.shape[0], x.shape[1])
+    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
+    hc.vector(op, norm_weight, "norm_weight", x.shape[1])
+    return {"x": x, "norm_weight": norm_weight, "weight": weight, "scale": scale}, {"eps": float(eps)}, lambda bufs: bufs["y"]
+
+
+OP = OpKernels(op=OP_NAME, kernels=(FP, W8), program=program, prepare=prepare, required=((FP.kernel, W8.kernel),))

@@ -1,0 +1,98 @@
+"""Projection + residual add as one Triton GEMV (the attention output projection and the MLP down projection).
+
+Reference: ``kernels/fused_proj_residual.py``. One program owns BLOCK_N output
+rows of one sequence; the projection is rounded to the activation dtype before
+the add, as the per-operator path. Grid: (cdiv(N, BLOCK_N), B).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from edgekit.kernels import host_checks as hc
+from edgekit.kernels.fused_gemv_triton import (
+    _epilogue, _gemv_rows, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair, weight_operands,
+)
+from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
+from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
+
+OP_NAME = "fused_proj_residual"
+
+
+@triton.jit
+def _proj_residual_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_rm, stride_ym, has_bias,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+):
+    b = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = rows < N
+    rows_ld = rows % N  # rows past N read valid memory; never stored
+    acc = _gemv_rows(x_ptr + b * stride_xm, x_ptr, 1.0, w_ptr, rows_ld, K, stride_wn, False, W_INT8, BLOCK_N, BLOCK_K)
+    y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_INT8, y_ptr.dtype.element_ty)
+    res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + b * stride_ym + rows, (res + y).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _params(w_type: str, scale_value) -> tuple[Param, ...]:
+    return (
+        *operand_params(w_type, scale_value, norm=False, bias=True),
+        Param("r_ptr", "*act", ptr("residual")),
+        Param("y_ptr", "*act", ptr("y")),
+        Param("N", "i32", shape("weight", 0)),
+        *reduction_params("K"),
+        Param("stride_rm", "i32", stride("residual", 0), div16=True),
+        Param("stride_ym", "i32", stride("y", 0), div16=True),
+        Param("has_bias", "i32", {"present": "bias"}),
+    )
+
+
+def _space(s: dict) -> list:
+    return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048) for w in (4, 8)]
+
+
+def _default(s: dict):
+    rows, block_k, warps = gemv_tile(s)
+    return {"BLOCK_N": rows, "BLOCK_K": block_k}, warps, 1
+
+
+FP, W8 = weight_kernel_pair(OP_NAME, "proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),
+                            _space, _default)
+
+
+def program(variants) -> dict:
+    launches, checks = precision_launches(OP_NAME, (FP, W8), variants,
+                                          lambda v: [cdiv(shape("weight", 0), v.constexprs["BLOCK_N"]), shape("x", 0), 1])
+    return program_doc(
+        OP_NAME, ["x", "weight", "scale", "bias", "residual"], ["scale", "bias"], [],
+        checks=checks + [check("eq", shape("weight", 1), shape("x", 1), "weight columns must equal x's width"),
+                         check("eq", shape("residual", 1), shape("weight", 0), "residual width must equal weight rows")],
+        let=[],
+        buffers=[{"name": "y", "shape": [shape("x", 0), shape("weight", 0)], "dtype": {"like": "x"}}],
+        launches=launches,
+        outputs=["y"],
+    )
+
+
+def prepare(x, weight, scale, bias, residual):
+    op = OP_NAME
+    hc.on_cuda(op, ("x", x), ("weight", weight), ("scale", scale), ("bias", bias), ("residual", residual))
+    hc.act_dtype(op, x, "x")
+    hc.ndim(op, x, "x", 2, "(B, K)")
+    hc.unit_last_stride(op, x, "x")
+    N = weight.shape[0]
+    weight_operands(op, x, weight, scale, N, x.shape[1])
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", N)
+    hc.same_dtype(op, residual, "residual", x, "x")
+    if tuple(residual.shape) != (x.shape[0], N):
+        from edgekit.errors import OperatorError
+
+        raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({x.shape[0]}, {N})")
+    hc.unit_last_stride(op, residual, "residual")
+    return {"x": x, "weight": weight, "scale": scale, "bias": bias, "residual": residual}, {}, lambda bufs: bufs["y"]
+
+
+OP = OpKernels(op=OP_NAME, kernels=(FP, W8), program=program, prepare=prepare, required=((FP.kernel, W8.kernel),))

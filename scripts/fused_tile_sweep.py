@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Time candidate tiles of the fused decode GEMVs at the presets' shapes on the GPU (CUDA-graph replay).
+
+Each candidate runs over enough copies of the weight to exceed the 60 MB L2 (decode streams every weight from
+HBM once a token), replayed as one CUDA graph; the time per call and the fraction of the copy bandwidth are
+printed (JSON + table), with the default tile (fused_gemv_triton.gemv_tile) marked. Measured on the GPU.
+
+  python scripts/fused_tile_sweep.py [--json out.json] [--budget-s 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from edgekit.kernels.triton_backend import TritonOp
+from edgekit.kernels.variants import KernelVariant, default_variants
+from edgekit.model.presets import preset_config
+
+SHAPES = {"smollm2-135m": preset_config("smollm2-135m"), "llama-3.2-1b": preset_config("llama-3.2-1b")}
+WORKING_SET = 256 << 20
+
+
+def _cases(cfg):
+    C, F, qkv = cfg.hidden_size, cfg.intermediate_size, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    return [("fused_norm_qkv_rope", qkv, C), ("fused_proj_residual", C, cfg.q_size),
+            ("fused_norm_swiglu", 2 * F, C), ("fused_proj_residual", C, F)]
+
+
+def _args(op, cfg, w, dev):
+    h = torch.float16
+    C = w.shape[1]
+    x = torch.randn(1, C, device=dev, dtype=h)
+    if op == "fused_norm_qkv_rope":
+        from edgekit.kernels.rope import rope_frequencies
+
+        cos, sin = (t.to(dev) for t in rope_frequencies(cfg.head_dim, 1024, 10000.0))
+        kc = torch.zeros(1, cfg.n_kv_heads, 1024, cfg.head_dim, device=dev, dtype=h)
+        return (x, torch.ones(C, device=dev, dtype=h), w, None, None, cos, sin, torch.tensor([5], device=dev), kc, kc.clone(),
+                1e-5, cfg.n_heads, cfg.n_kv_heads)
+    if op == "fused_proj_residual":
+        return (x, w, None, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
+    return (x, torch.ones(C, device=dev, dtype=h), w, None, 1e-5)
+
+
+def _candidates(op, n, k, head_dim):
+    base = default_variants(op, head_dim=head_dim, n_out=n, k_in=k)
+    fp = next(v for name, v in base.items() if name.endswith("_fp"))
+    rows_key = "PAIRS" if op == "fused_norm_qkv_rope" else "BLOCK_N"
+    out = [(fp, True)]
+    for rows in (1, 2, 4, 8):
+        for bk in (512, 1024, 2048):
+            warps = max(4, min(8, rows * bk * 2 // 2048))
+            c = {**fp.constexprs, rows_key: rows, "BLOCK_K": bk}
+            v = KernelVariant(op, fp.kernel, c, warps, 1, "fp16")
+            if v != fp and 2048 <= rows * bk * (2 if op in ("fused_norm_qkv_rope", "fused_norm_swiglu") else 1) <= 32768:
+                out.append((v, False))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json")
+    ap.add_argument("--budget-s", type=float, default=120)
+    args = ap.parse_args()
+    from triton.testing import do_bench_cudagraph
+
+    dev = torch.device("cuda")
+    end = time.time() + args.budget_s
+    bw = None
+    rows = []
+    src = torch.empty(1 << 28, dtype=torch.int8, device=dev)
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
+    del src, dst
+    for preset, cfg in SHAPES.items():
+        for op, n, k in _cases(cfg):
+            nbytes = n * k * 2
+            copies = max(1, min(64, WORKING_SET // nbytes))
+            ws = [torch.randn(n, k, device=dev).to(torch.float16) / k ** 0.5 for _ in range(copies)]
+            for v, is_default in _candidates(op, n, k, cfg.head_dim):
+                if time.time() > end:
+                    break
+                fn = TritonOp(op, {v.kernel: v})
+                calls = [_args(op, cfg, w, dev) for w in ws]
+
+                def run():
+                    for a in calls:
+                        fn(*a)
+
+                try:
+                    ms = do_bench_cudagraph(run) / copies
+                except Exception as e:  # noqa: BLE001 - a candidate that does not compile is recorded
+                    rows.append({"preset": preset, "op": op, "n": n, "k": k, "variant": v.label(), "error": str(e)[:200]})
+                    continue
+                rows.append({"preset": preset, "op": op, "n": n, "k": k, "variant": v.label(), "default": is_default,
+                             "us": 1000 * ms, "bandwidth_fraction": nbytes / (ms * 1e-3) / bw})
+            del ws
+            torch.cuda.empty_cache()
+    doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(dev)})", "copy_bytes_per_s": bw, "rows": rows}
+    for (preset, op, n, k) in dict.fromkeys((r["preset"], r["op"], r["n"], r["k"]) for r in rows):
+        rs = [r for r in rows if (r["preset"], r["op"], r["n"], r["k"]) == (preset, op, n, k) and "us" in r]
+        if not rs:
+            continue
+        best = min(rs, key=lambda r: r["us"])
+        d = next((r for r in rs if r.get("default")), None)
+        print(f"{preset:13} {op:20} {n:6}x{k:<5} default {d['us'] if d else float('nan'):6.2f} us  best {best['us']:6.2f} us "
+              f"({100 * best['bandwidth_fraction']:.0f}% of copy bw) {best['variant']}")
+    if args.json:
+        open(args.json, "w").write(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

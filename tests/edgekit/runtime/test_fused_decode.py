@@ -1,0 +1,104 @@
+"""The fused decode path computes what the per-operator decoder computes, and says when it cannot run.
+
+On the CPU the fused operators run their torch references (the composition of
+the per-operator references), so a fused step must give the same logits and
+write the same KV cache as ``Decoder.decode``; the GPU test does the same
+through the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgekit.kernels.dispatch import DispatchTable
+from edgekit.model.decoder import Decoder
+from edgekit.model.kv_cache import StaticKVCache
+from edgekit.model.presets import preset_config
+from edgekit.model.weights import random_weights
+from edgekit.runtime.fused_decode import FusedDecoder, fused_path_blocker, select_decode_path
+
+
+def _w8a16(weights):
+    """Every block projection as INT8 per-channel (W8A16)."""
+    from edgekit.kernels.linear import LinearWeights
+
+    def q(lw):
+        w = lw.weight.float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0
+        return LinearWeights("linear_w8a16", torch.round(w / scale[:, None]).to(torch.int8), lw.bias, scale)
+
+    for b in weights.blocks:
+        b.wqkv, b.wo, b.w_gate_up, b.w_down = q(b.wqkv), q(b.wo), q(b.w_gate_up), q(b.w_down)
+    return weights
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_fused_steps_match_the_per_operator_decoder(int8):
+    cfg = preset_config("tiny")
+    w = random_weights(cfg, seed=3)
+    if int8:
+        w = _w8a16(w)
+    dec = Decoder(cfg, w, DispatchTable())
+    fused = FusedDecoder(dec)
+    cache_a, cache_b = dec.new_cache(2, 32), dec.new_cache(2, 32)
+    tokens = torch.tensor([5, 17])
+    prompt = torch.randint(0, cfg.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    lens = torch.tensor([6, 4])
+    dec.prefill(prompt, lens, cache_a)
+    dec.prefill(prompt, lens, cache_b)
+    positions = lens.clone()
+    for _ in range(4):
+        want = dec.decode(tokens, positions, cache_a)  # (B, V)
+        token, got = fused.decode_token(tokens, positions, cache_b)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(token, want.argmax(-1))
+        for ka, kb in zip(cache_a.k + cache_a.v, cache_b.k + cache_b.v):
+            torch.testing.assert_close(kb, ka, rtol=1e-5, atol=1e-5)
+        tokens, positions = token, positions + 1
+
+
+def test_the_path_falls_back_and_says_why():
+    cfg = preset_config("tiny")
+    dec = Decoder(cfg, random_weights(cfg, seed=1), DispatchTable())
+    cache = dec.new_cache(1, 16)
+    step, path = select_decode_path(dec, cache)
+    assert step is dec and path.name == "per-operator" and "CUDA" in path.reason
+
+    # the checks after the device one, with a table whose fused entries are set (as on a GPU)
+    table = DispatchTable()
+    for op in ("fused_norm_qkv_rope", "fused_proj_residual", "fused_norm_swiglu", "fused_head_argmax"):
+        table.set(op, table.get(op), source="triton")
+    baseline = table.sources()
+    cuda_like = dec.with_ops(table)
+    cuda_like.device = torch.device("cuda")  # only the blocker's device check reads it
+    assert fused_path_blocker(cuda_like, cache, table, baseline) is None
+    swapped = table.copy()
+    swapped.set("swiglu", table.get("swiglu"), source="plugin:v2")
+    why = fused_path_blocker(cuda_like, cache, swapped, baseline)
+    assert why is not None and "swiglu" in why and "plugin:v2" in why
+
+    class QuantizedCache(StaticKVCache):
+        pass
+
+    qcache = QuantizedCache(cfg, 1, 16, torch.float32)
+    assert "QuantizedCache" in fused_path_blocker(cuda_like, qcache, table, baseline)
+    table_ref = table.copy()
+    table_ref.reset("fused_head_argmax")
+    assert "fused_head_argmax" in fused_path_blocker(cuda_like, cache, table_ref, baseline)
+
+
+def test_a_device_without_triton_decodes_per_operator(monkeypatch):
+    import edgekit.runtime.fused_decode as fd
+
+    cfg = preset_config("tiny")
+    dec = Decoder(cfg, random_weights(cfg, seed=1), DispatchTable())
+    cuda_like = dec.with_ops(dec.ops)
+    cuda_like.device = torch.device("cuda")  # only the path selection reads it
+
+    def no_triton(table):
+        raise ImportError("No module named 'triton'")
+
+    monkeypatch.setattr(fd, "with_fused_kernels", no_triton)
+    step, path = fd.select_decode_path(cuda_like, dec.new_cache(1, 16))
+    assert step is cuda_like and path.name == "per-operator" and "triton" in path.reason

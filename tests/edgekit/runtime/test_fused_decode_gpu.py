@@ -1,0 +1,75 @@
+"""On the GPU: the graphed fused decode step gives the per-operator step's tokens and logits (Triton kernels,
+FP16 and W8A16), falls back after a swap, and the graphed prefill replays the eager prefill exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from edgekit.model.presets import preset_config
+from edgekit.model.weights import random_weights
+
+pytestmark = pytest.mark.gpu
+
+
+def _decoder(precision: str):
+    from edgekit.bench.runner import _cast, quantized
+    from edgekit.kernels.triton_backend import triton_dispatch_table
+    from edgekit.model.decoder import Decoder
+
+    cfg = dataclasses.replace(preset_config("smollm2-135m"), n_layers=4)
+    w = quantized(_cast(random_weights(cfg, seed=2, dtype=torch.float16), "cuda", torch.float16), precision)
+    return Decoder(cfg, w, triton_dispatch_table())
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_graphed_fused_step_matches_the_per_operator_step(precision):
+    from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    dec = _decoder(precision)
+    caches = [dec.new_cache(1, 256), dec.new_cache(1, 256)]
+    prompt = torch.randint(0, dec.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0)).cuda()
+    lens = torch.tensor([37], device="cuda")
+    step_decoder, path = select_decode_path(dec, caches[1])
+    assert path.name == "fused" and path.launches_per_token == 6 * 4 + 5
+    per_op, fused = GraphedDecodeStep(dec, caches[0]), GraphedDecodeStep(step_decoder, caches[1])
+    first = [dec.prefill(prompt, lens, c).argmax(-1) for c in caches]
+    tok_a, tok_b, pos = first[0], first[1], lens.clone()
+    for _ in range(8):
+        want, got = per_op(tok_a, pos).float(), fused(tok_b, pos).float()
+        assert float((got - want).abs().max()) <= 2e-2 * float(want.abs().max())
+        tok_a, tok_b = want.argmax(-1), step_decoder.last_token.clone()
+        assert torch.equal(tok_a, tok_b) and torch.equal(tok_b, got.argmax(-1))
+        pos = pos + 1
+
+
+def test_a_swapped_operator_takes_decode_back_to_the_per_operator_path():
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    dec = _decoder("fp16")
+    cache = dec.new_cache(1, 64)
+    baseline = dec.ops.sources()
+    swapped = dec.ops.copy()
+    swapped.set("swiglu", swapped.get("swiglu"), source="plugin:v2")
+    step, path = select_decode_path(dec.with_ops(swapped), cache, baseline)
+    assert path.name == "per-operator" and "swiglu" in path.reason and step.ops is swapped
+
+
+def test_graphed_prefill_replays_the_eager_prefill():
+    from edgekit.runtime.graphed_prefill import GraphedPrefill
+
+    dec = _decoder("fp16")
+    eager_cache, graph_cache = dec.new_cache(1, 128), dec.new_cache(1, 128)
+    g = GraphedPrefill(dec, graph_cache)
+    g.capture(1, 64)
+    for seed in (0, 1):
+        tokens = torch.randint(0, dec.config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(seed)).cuda()
+        lens = torch.tensor([50 + seed], device="cuda")
+        want = dec.prefill(tokens, lens, eager_cache)
+        got = g(tokens, lens, graph_cache)
+        assert torch.equal(got, want)
+        assert all(torch.equal(a[:, :, :64], b[:, :, :64]) for a, b in zip(eager_cache.k + eager_cache.v, graph_cache.k + graph_cache.v))
+    assert g.buckets() == [(1, 64)]

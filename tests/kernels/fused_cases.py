@@ -1,0 +1,95 @@
+"""Random cases for the fused decode operators and their FP64 oracles (NumPy, composed from fp64_oracle).
+
+``check_case`` runs one fused operator through its Triton kernels (the JIT path
+the runtime uses) and returns the worst error / allowance ratio of each output
+against the FP64 oracle (<= 1 passes). Used under Triton's CPU interpreter
+(fused_interpret_check.py) and on the GPU (test_fused_gpu.py, hypothesis).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import fp64_oracle as oracle
+from edgekit.kernels.registry import OPERATORS
+from edgekit.kernels.rope import rope_frequencies
+
+FUSED_OPS = ("fused_norm_qkv_rope", "fused_proj_residual", "fused_norm_swiglu", "fused_head_argmax")
+
+
+def _weights(g, n, k, int8: bool, dtype, device):
+    """A weight of shape (n, k) with outputs O(1) for O(1) inputs: float, or INT8 + FP32 scale."""
+    if int8:
+        q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        scale = torch.rand(n, generator=g) * (2.0 / (127 * k ** 0.5)) + 1e-4
+        return q.to(device), scale.to(device), oracle.f64(q) * oracle.f64(scale)[:, None]
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
+    return w.to(device), None, oracle.f64(w)
+
+
+def _ratio(op: str, got, want) -> float:
+    tol = OPERATORS[op].spec.tolerance_for("float16")
+    return oracle.within(got, want, tol.atol, tol.rtol)[1]
+
+
+def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int, device="cuda",
+               n_heads=4, n_kv_heads=2, head_dim=32, F=96, N=80, V=300, S=24, eps=1e-5) -> dict[str, float]:
+    """Run ``fn`` (the operator's implementation) on one random case; {output: worst error ratio}."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.float16
+    x = torch.randn(B, C, generator=g).to(h).to(device)
+    nw = (1.0 + 0.1 * torch.randn(C, generator=g)).to(h).to(device)
+    xn = oracle.rmsnorm(x, nw, eps)
+
+    def maybe_bias(n):
+        return (0.1 * torch.randn(n, generator=g)).to(h).to(device) if bias else None
+
+    def lin(x64, w64, b):
+        return x64 @ w64.T + (0.0 if b is None else oracle.f64(b))
+
+    if op == "fused_norm_qkv_rope":
+        D, H = head_dim, n_heads + 2 * n_kv_heads
+        w, s, w64 = _weights(g, H * D, C, int8, h, device)
+        b = maybe_bias(H * D)
+        cos, sin = rope_frequencies(D, S, 10000.0)
+        cos, sin = cos.to(device), sin.to(device)
+        positions = torch.randint(0, S, (B,), generator=g).to(device)
+        kc = torch.randn(B, n_kv_heads, S, D, generator=g).to(h).to(device)
+        vc = torch.randn(B, n_kv_heads, S, D, generator=g).to(h).to(device)
+        k_before, v_before = kc.clone(), vc.clone()
+        q = fn(x, nw, w, s, b, cos, sin, positions, kc, vc, eps, n_heads, n_kv_heads)
+        qkv = lin(xn, w64, b)[:, None]  # (B, 1, H D)
+        pos = positions.cpu()
+        wq, wk, wv = oracle.rope(qkv, cos.cpu()[pos][:, None], sin.cpu()[pos][:, None], n_heads, n_kv_heads)
+        rows = torch.arange(B)
+        kc_c, vc_c, kb, vb = kc.cpu(), vc.cpu(), k_before.cpu(), v_before.cpu()
+        kb[rows, :, pos], vb[rows, :, pos] = kc_c[rows, :, pos], vc_c[rows, :, pos]
+        others = float(not (torch.equal(kb, kc_c) and torch.equal(vb, vc_c)))  # only each sequence's position written
+        return {"q": _ratio(op, q, wq[:, :, 0]), "k_cache[pos]": _ratio(op, kc_c[rows, :, pos], wk[:, :, 0]),
+                "v_cache[pos]": _ratio(op, vc_c[rows, :, pos], wv[:, :, 0]), "other cache rows changed": others}
+    if op == "fused_proj_residual":
+        w, s, w64 = _weights(g, N, C, int8, h, device)
+        b = maybe_bias(N)
+        res = torch.randn(B, N, generator=g).to(h).to(device)
+        y = fn(x, w, s, b, res)
+        return {"y": _ratio(op, y, oracle.f64(res) + lin(oracle.f64(x), w64, b))}
+    if op == "fused_norm_swiglu":
+        w, s, w64 = _weights(g, 2 * F, C, int8, h, device)
+        y = fn(x, nw, w, s, eps)
+        return {"y": _ratio(op, y, oracle.swiglu(lin(xn, w64, None)))}
+    if op == "fused_head_argmax":
+        w, s, w64 = _weights(g, V, C, int8, h, device)
+        b = maybe_bias(V)
+        token, logits = fn(x, nw, w, s, b, eps)
+        want = lin(xn, w64, b)  # (B, V)
+        got = oracle.f64(logits)
+        first_max = got.argmax(axis=-1)  # NumPy: first maximum, as torch.argmax
+        tol = OPERATORS[op].spec.tolerance_for("float16")
+        picked = want[np.arange(B), oracle.f64(token).astype(np.int64)]
+        # the token is the first maximum of the kernel's own logits, and a maximum of the FP64 logits within tolerance
+        slack = float(((want.max(axis=-1) - picked) / (tol.atol + tol.rtol * np.abs(want.max(axis=-1)))).max())
+        return {"logits": _ratio(op, logits, want),
+                "token is first max of logits": float(not np.array_equal(oracle.f64(token).astype(np.int64), first_max)),
+                "token near FP64 max": slack}
+    raise ValueError(op)

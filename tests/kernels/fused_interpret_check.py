@@ -1,0 +1,36 @@
+"""Run the fused decode operators' Triton kernels under Triton's CPU interpreter; print error ratios (JSON).
+
+Run by test_fused_interpreter.py in a subprocess with TRITON_INTERPRET=1 (set
+before Triton is imported). Not a test module itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+sys.path.insert(0, str(Path(__file__).parent))
+import interpret_check  # noqa: E402,F401  (installs the interpreter shim for NumPy >= 2.4)
+from fused_cases import FUSED_OPS, check_case  # noqa: E402
+
+from edgekit.kernels.triton_backend import triton_ops  # noqa: E402
+
+
+def main() -> None:
+    ops = triton_ops()
+    results = []
+    for op in FUSED_OPS:
+        for int8 in (False, True):
+            for B, C, bias in ((1, 64, True), (2, 48, False)):  # C=48: a K loop with a partial block
+                ratios = check_case(op, ops[op], B=B, C=C, int8=int8, bias=bias, seed=len(results), device="cpu")
+                results.append({"case": f"{op} {'w8a16' if int8 else 'fp16'} B={B} C={C} bias={bias}",
+                                "ratios": ratios})
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""Every fused decode kernel cross-compiles (no GPU) for the Orin (sm_87) and the H200 (sm_90) within 128 KB of
+shared memory and without register spills, at the head dims the presets use."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgekit.kernels.aot import compile_variant
+from edgekit.kernels.variants import default_variants
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fused_cases import FUSED_OPS  # noqa: E402
+
+ORIN_SMEM_BUDGET = 128 * 1024
+
+
+@pytest.mark.parametrize("arch", [87, 90])
+@pytest.mark.parametrize("op", FUSED_OPS)
+def test_fused_kernels_compile_for_orin_and_hopper(op, arch):
+    for head_dim in ((64, 128) if op == "fused_norm_qkv_rope" else (64,)):
+        for dtype in ("fp16", "bf16"):
+            for kernel, v in default_variants(op, head_dim=head_dim, dtype=dtype).items():
+                ck = compile_variant(v, arch, budget_bytes=ORIN_SMEM_BUDGET)
+                assert ck.shared_bytes <= ORIN_SMEM_BUDGET, (kernel, ck.shared_bytes)
+                if ck.registers is not None:  # the bundled ptxas reports them (absent only without ptxas)
+                    assert ck.registers <= 255, (kernel, ck.registers)
+                    assert ck.spills in (None, {"stores": 0, "loads": 0}), (kernel, ck.spills)
