@@ -284,3 +284,197 @@ def test_verified_plugin_satisfies_the_runtime_admission_protocol(package, publi
     assert isinstance(vp, policy.VerifiedPluginLike)
     dp = policy.DevicePolicy(device_arch=f"sm_{ARCH}", known_abi={"rmsnorm": 1}, triton_abis={"3.6"})
     assert policy.admit(vp, dp, policy.OpState(active="1")) == "2"
+
+
+# ---- issue 19: kernel files, limits at their edge ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cubin", [b"", b"ELF\x7f" + fake_cubin()[4:], b"\x7fEL", b"// PTX text\n.target sm_87\n"])
+def test_attack_cubin_without_an_elf_header_is_refused(signing_key, cubin):
+    files = {**rmsnorm_plugin_files(), "kernel.cubin": cubin}
+    with pytest.raises(VerificationError, match="not a cubin \\(no ELF header\\)") as e:
+        pack_plugin(_meta(), files, signing_key)
+    assert e.value.file == "kernel.cubin"
+
+
+def test_attack_signed_package_with_a_non_elf_cubin_is_refused(signing_key, public_key):
+    """A trusted signer's build that shipped the wrong file as the cubin (checked again at verify time)."""
+    files = _members(pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key))
+    files["kernel.cubin"] = b"garbage, not ELF"
+    index = json.loads(files["index.json"])
+    index["files"]["kernel.cubin"] = {"sha256": __import__("hashlib").sha256(files["kernel.cubin"]).hexdigest(),
+                                      "size": len(files["kernel.cubin"])}
+    files["index.json"] = canonical_json(index)
+    files["package.sig"] = signing_key.sign(files["index.json"])
+    with pytest.raises(VerificationError, match="no ELF header") as e:
+        verify_plugin_package(tar_bytes(files), [public_key])
+    assert e.value.file == "package:kernel.cubin"
+
+
+@pytest.mark.parametrize("ptx, message", [
+    (b"// no target here\n.visible .entry rmsnorm_fwd_kernel(\n", "no .target directive"),
+    (fake_ptx().replace(b".target sm_87", b".target sm_87a"), None),  # arch-specific suffix is the same arch
+    (fake_ptx().replace(b".entry rmsnorm_fwd_kernel(", b".entry rmsnorm_fwd_kernel_2("), "no entry point"),
+    (fake_ptx().replace(b".entry rmsnorm_fwd_kernel(", b".func rmsnorm_fwd_kernel("), "no entry point"),
+])
+def test_ptx_must_target_the_arch_and_define_the_entry(signing_key, ptx, message):
+    files = {**rmsnorm_plugin_files(), "kernel.ptx": ptx}
+    if message is None:
+        pack_plugin(_meta(), files, signing_key)
+        return
+    with pytest.raises(VerificationError, match=message):
+        pack_plugin(_meta(), files, signing_key)
+
+
+def test_package_size_limit_holds_at_its_edge(package, public_key):
+    assert verify_plugin_package(package, [public_key], max_bytes=len(package)).version == 2
+    with pytest.raises(VerificationError, match=f"{len(package)} bytes exceeds the {len(package) - 1}-byte limit"):
+        verify_plugin_package(package, [public_key], max_bytes=len(package) - 1)
+
+
+def test_default_package_size_limit_is_64_mib(public_key):
+    from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
+
+    assert MAX_PACKAGE_BYTES == 64 << 20
+    with pytest.raises(VerificationError, match="exceeds the 67108864-byte limit"):
+        verify_plugin_package(b"\0" * (MAX_PACKAGE_BYTES + 1), [public_key])
+    with pytest.raises(VerificationError, match="not a readable tar"):  # at the limit: the size check lets it by
+        verify_plugin_package(b"\1" * MAX_PACKAGE_BYTES, [public_key])
+
+
+def test_package_member_count_limit_holds_at_its_edge(package, public_key):
+    files = _members(package)
+    padding = {f"pad{i:02}": b"" for i in range(64 - len(files))}
+    with pytest.raises(VerificationError, match="not listed in the signed index"):  # 64 members: read, then refused
+        verify_plugin_package(tar_bytes({**files, **padding}), [public_key])
+    with pytest.raises(VerificationError, match="more than 64 members"):
+        verify_plugin_package(tar_bytes({**files, **padding, "pad_one_more": b""}), [public_key])
+
+
+def test_attack_package_without_plugin_json_is_refused(signing_key, public_key):
+    files = _members(pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key))
+    del files["plugin.json"]
+    index = json.loads(files["index.json"])
+    del index["files"]["plugin.json"]
+    files["index.json"] = canonical_json(index)
+    files["package.sig"] = signing_key.sign(files["index.json"])
+    with pytest.raises(VerificationError, match="missing") as e:
+        verify_plugin_package(tar_bytes(files), [public_key])
+    assert e.value.file == "package:plugin.json"
+
+
+def test_attack_signed_index_that_does_not_follow_its_schema_is_refused(signing_key, public_key):
+    files = _members(pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key))
+    for mutate in (lambda i: i.update(version="2"), lambda i: i["files"].update({"../x": i["files"]["plugin.json"]}),
+                   lambda i: i["files"].update({"index.json": i["files"]["plugin.json"]})):
+        index = json.loads(files["index.json"])
+        mutate(index)
+        doc = dict(files, **{"index.json": canonical_json(index)})
+        doc["package.sig"] = signing_key.sign(doc["index.json"])
+        with pytest.raises(VerificationError, match="schema") as e:
+            verify_plugin_package(tar_bytes(doc), [public_key])
+        assert e.value.file == "package:index.json"
+
+
+def test_attack_signed_member_of_the_wrong_size_is_refused(signing_key, public_key):
+    files = _members(pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key))
+    index = json.loads(files["index.json"])
+    index["files"]["kernel.cubin"]["size"] += 1
+    files["index.json"] = canonical_json(index)
+    files["package.sig"] = signing_key.sign(files["index.json"])
+    with pytest.raises(VerificationError, match="the signed index says"):
+        verify_plugin_package(tar_bytes(files), [public_key])
+
+
+@pytest.mark.parametrize("field", ["op", "arch"])
+def test_attack_index_and_metadata_disagree_on_op_or_arch(signing_key, public_key, field):
+    files = _members(pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key))
+    index = json.loads(files["index.json"])
+    index[field] = {"op": "swiglu", "arch": 90}[field]
+    files["index.json"] = canonical_json(index)
+    files["package.sig"] = signing_key.sign(files["index.json"])
+    with pytest.raises(VerificationError, match=f"{field} .* differs from the signed index"):
+        verify_plugin_package(tar_bytes(files), [public_key])
+
+
+def test_pack_refuses_files_that_do_not_match_the_metadata(signing_key):
+    with pytest.raises(VerificationError, match=r"files missing \['kernel.ptx'\], unexpected \['other.bin'\]"):
+        files = {**rmsnorm_plugin_files(), "other.bin": b"x"}
+        del files["kernel.ptx"]
+        pack_plugin(_meta(), files, signing_key)
+    with pytest.raises(VerificationError, match="differs from the metadata object"):
+        pack_plugin(_meta(), {**rmsnorm_plugin_files(), "plugin.json": _meta(version=5).to_bytes()}, signing_key)
+    same = pack_plugin(_meta(), {**rmsnorm_plugin_files(), "plugin.json": _meta().to_bytes()}, signing_key)
+    assert same == pack_plugin(_meta(), rmsnorm_plugin_files(), signing_key)
+
+
+@pytest.mark.parametrize("doc, field", [
+    (_with_kernel(num_warps=1), None), (_with_kernel(num_warps=16), None),
+    (_with_kernel(num_stages=1), None), (_with_kernel(num_stages=8), None), (_with_kernel(num_stages=9), "num_stages"),
+    (_with_kernel(shared_bytes=0), None), (_with_kernel(shared_bytes=166912), None),
+    (_with_kernel(shared_bytes=166913), "exceeds sm_87's 166912"),
+    (_with_kernel(global_scratch_size=0), None), (_with_kernel(global_scratch_size=1 << 30), None),
+    (_with_kernel(global_scratch_size=(1 << 30) + 1), "global_scratch_size"),
+    (_with_kernel(global_scratch_size=-1), "global_scratch_size"),
+    (_with_kernel(global_scratch_align=1), None), (_with_kernel(global_scratch_align=4096), None),
+    (_with_kernel(global_scratch_align=8192), "global_scratch_align"), (_with_kernel(global_scratch_align=0), "global_scratch_align"),
+    (_with_kernel(registers=0), None), (_with_kernel(registers=255), None), (_with_kernel(registers=256), "registers"),
+    (_with_kernel(registers=-1), "registers"),
+    (_with_kernel(ptx_version=60), None), (_with_kernel(ptx_version=200), None),
+    (_with_kernel(ptx_version=59), "ptx_version"), (_with_kernel(ptx_version=201), "ptx_version"),
+    (_with_kernel(kernel="k" * 64), "is not in the plugin"), (_with_kernel(kernel="k" * 65), "kernel"),
+    (_with_kernel(name="n" * 256), None), (_with_kernel(name="n" * 257), "name"),
+    (_with_kernel(cubin="c" * 74 + ".cubin"), None), (_with_kernel(cubin="c" * 75 + ".cubin"), "cubin"),
+    (_with_kernel(ptx="p" * 76 + ".ptx"), None), (_with_kernel(ptx="p" * 77 + ".ptx"), "ptx"),
+    (_with_kernel(constexprs={"BLOCK_C": 1024, "1bad": 2}), "not an identifier"),
+    (_with_kernel(precision={"in put": "fp16"}), "not an identifier"),
+    (_with_kernel(spills={"stores": 0, "loads": 0}), None),
+    (_with_kernel(signature=[["1x", "*fp16"]] + rmsnorm_metadata()["kernels"][0]["signature"][1:]), "not an identifier"),
+    ({**rmsnorm_metadata(), "hidden_args": 0, "triton_version": "3.4.0"}, "does not match Triton 3.4"),
+    ({**rmsnorm_metadata(), "hidden_args": -1}, "hidden_args"),
+    ({**rmsnorm_metadata(), "version": 1}, None), ({**rmsnorm_metadata(), "abi_version": 1}, None),
+    ({**rmsnorm_metadata(), "op": "r" * 64}, "launch program is for op"), ({**rmsnorm_metadata(), "op": "r" * 65}, "op"),
+    ({**rmsnorm_metadata(), "description": "d" * 500}, None), ({**rmsnorm_metadata(), "description": "d" * 501}, "description"),
+    ({**rmsnorm_metadata(), "triton_version": "3." + "6" * 62}, "no known kernel ABI"),
+    ({**rmsnorm_metadata(), "triton_version": "3.6." + "0" * 61}, "triton_version"),
+    ({**rmsnorm_metadata(), "kernels": [dict(rmsnorm_metadata()["kernels"][0], kernel=f"k{i}", cubin=f"k{i}.cubin",
+                                              ptx=f"k{i}.ptx") for i in range(17)]}, "kernels"),
+    ({**rmsnorm_metadata(), "format": "edgekit-bundle"}, "not edgekit plugin metadata"),
+])
+def test_plugin_metadata_bounds_hold_at_their_edges(doc, field):
+    if field is None:
+        _parse(doc)
+        return
+    with pytest.raises(VerificationError) as e:
+        _parse(doc)
+    assert field in str(e.value)
+
+
+def test_signature_of_at_most_64_parameters_is_accepted():
+    from edgekit.bundle.plugin import KernelEntry
+
+    base = rmsnorm_metadata()["kernels"][0]
+    KernelEntry.model_validate(dict(base, signature=[[f"p{i}", "i32"] for i in range(64)]))
+    with pytest.raises(Exception, match="signature"):
+        KernelEntry.model_validate(dict(base, signature=[[f"p{i}", "i32"] for i in range(65)]))
+
+
+def test_plugin_metadata_that_is_not_json_or_not_an_object_is_refused():
+    with pytest.raises(VerificationError, match="not valid JSON"):
+        parse_plugin_metadata(b"{nope")
+    with pytest.raises(VerificationError, match="format is 'list'"):
+        parse_plugin_metadata(b"[1, 2]")
+
+
+def test_loader_metadata_is_what_the_launcher_reads():
+    m = _meta()
+    md = m.loader_metadata("rmsnorm_fwd")
+    assert md["name"] == "rmsnorm_fwd_kernel" and md["hidden_args"] == 2 and md["arch"] == 87
+    assert md["signature"][0] == ["x_ptr", "*fp16"] and md["num_warps"] == 4
+    with pytest.raises(KeyError):
+        m.kernel_entry("nope")
+
+
+def test_operator_compat_refuses_an_unknown_operator():
+    with pytest.raises(VerificationError, match="operator 'rmsnorm' is not one of this edgekit's: swiglu"):
+        check_operator_compat(_meta(), operators={"swiglu": object()})

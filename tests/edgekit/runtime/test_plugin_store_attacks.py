@@ -1,0 +1,296 @@
+"""The plugin store under attack: swapped slots, re-installs of the active version, size limits at their
+edge, and the store's own errors (unreadable pointer, a slot that no longer verifies, a busy lock)."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import shutil
+
+import pytest
+from conftest import tree_digest
+
+import fakepkg
+from edgekit.runtime import plugin_store
+from edgekit.runtime.plugin_policy import SwapRefused
+from edgekit.runtime.plugin_store import PluginStore, StoreError
+
+AUTHOR = fakepkg.key_from_seed(1)
+
+
+def open_store(root, **kw):
+    kw.setdefault("policy", fakepkg.policy())
+    kw.setdefault("verify", fakepkg.verifier(AUTHOR))
+    kw.setdefault("golden_check", fakepkg.golden_check)
+    return PluginStore.open(root, **kw)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store(tmp_path / "store")
+
+
+def _versions_1_and_2(root):
+    s = open_store(root)
+    s.install(fakepkg.pack(AUTHOR, version=1))
+    s.confirm("rmsnorm")
+    s.install(fakepkg.pack(AUTHOR, version=2))
+    return s
+
+
+# -- item 1: a slot folder holding a complete copy of another version's slot ------------------------------------------
+
+def test_attack_slot_swapped_for_an_older_version_is_not_served_under_the_newer_name(tmp_path):
+    """Every file of slot 2 replaced by slot 1's (a restored backup, or an attacker replaying a signed
+    older plugin): each file still verifies on its own, but the slot is not what the pointer names."""
+    root = tmp_path / "s"
+    _versions_1_and_2(root)
+    shutil.rmtree(root / "ops/rmsnorm/2")
+    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/2")
+    s = open_store(root)
+    p = s.pointer("rmsnorm")
+    assert (p.version, p.previous, p.blocked) == ("1", None, ("2",))
+    assert any("slot holds rmsnorm 1, not rmsnorm 2" in line for line in s.recovery), s.recovery
+    assert s.load("rmsnorm").version == 1
+
+
+def test_attack_slot_swapped_after_start_up_is_refused_when_loaded(tmp_path):
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    shutil.rmtree(root / "ops/rmsnorm/2")
+    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/2")
+    with pytest.raises(StoreError, match="slot rmsnorm/2 failed verification: slot holds rmsnorm 1, not rmsnorm 2"):
+        s.load("rmsnorm")
+
+
+def test_attack_slot_record_relabelled_as_the_active_version_is_refused(tmp_path):
+    """slot.json of slot 1 rewritten to say version 2 (package unchanged) and moved into slot 2's place."""
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    shutil.rmtree(root / "ops/rmsnorm/2")
+    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/2")
+    record = json.loads((root / "ops/rmsnorm/2/slot.json").read_bytes())
+    record["version"] = "2"
+    (root / "ops/rmsnorm/2/slot.json").write_text(json.dumps(record))
+    with pytest.raises(StoreError, match="slot holds rmsnorm 1, not rmsnorm 2"):
+        s.load("rmsnorm")
+
+
+def test_attack_slot_of_another_operator_is_refused(tmp_path):
+    root = tmp_path / "s"
+    s = open_store(root)
+    s.install(fakepkg.pack(AUTHOR, op="swiglu", version=2))
+    s.install(fakepkg.pack(AUTHOR, op="rmsnorm", version=2))
+    shutil.rmtree(root / "ops/rmsnorm/2")
+    shutil.copytree(root / "ops/swiglu/2", root / "ops/rmsnorm/2")
+    with pytest.raises(StoreError, match="slot holds swiglu 2, not rmsnorm 2"):
+        s.load("rmsnorm")
+    record = json.loads((root / "ops/rmsnorm/2/slot.json").read_bytes())
+    record["op"] = "rmsnorm"  # relabel the record too: the signed package still says swiglu
+    (root / "ops/rmsnorm/2/slot.json").write_text(json.dumps(record))
+    with pytest.raises(StoreError, match="slot holds swiglu 2, not rmsnorm 2"):
+        s.load("rmsnorm")
+
+
+def test_attack_slot_record_naming_another_version_than_its_folder_is_refused(tmp_path):
+    """The package in slot 2 is version 2, but its record claims another slot: not a consistent slot."""
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    record = json.loads((root / "ops/rmsnorm/2/slot.json").read_bytes())
+    for key, value in (("version", "1"), ("op", "swiglu")):
+        (root / "ops/rmsnorm/2/slot.json").write_text(json.dumps({**record, key: value}))
+        with pytest.raises(StoreError, match="slot holds rmsnorm 2, not rmsnorm 2"):
+            s.load("rmsnorm")
+
+
+# -- item 2: re-installing the active version ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("spelling", [2, "2", "2.0", "2.0.0", "2.0.0.0"])
+def test_attack_reinstalling_the_active_version_in_any_spelling_is_a_downgrade(store, spelling):
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    before = tree_digest(store.root)
+    with pytest.raises(SwapRefused) as e:
+        store.install(fakepkg.pack(AUTHOR, version=spelling))
+    assert e.value.reason == "downgrade", str(e.value)
+    assert "is not newer than the active version 2" in str(e.value)
+    assert tree_digest(store.root) == before
+
+
+def test_reinstalling_the_active_version_with_allow_downgrade_is_already_installed(store):
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    with pytest.raises(SwapRefused) as e:
+        store.install(fakepkg.pack(AUTHOR, version=2), allow_downgrade=True)
+    assert e.value.reason == "already_installed" and "already the active version" in str(e.value)
+
+
+def test_the_next_version_up_is_admitted(store):
+    store.install(fakepkg.pack(AUTHOR, version="2.0"))
+    store.install(fakepkg.pack(AUTHOR, version="2.0.1"))
+    assert store.pointer("rmsnorm").version == "2.0.1"
+
+
+# -- item 6: the receive limit at its edge --------------------------------------------------------------------------
+
+def _package_of_exactly(n_bytes: int) -> bytes:
+    base = len(fakepkg.pack(AUTHOR, version=2, extra_files={"p": b""}))
+    raw = (n_bytes - base) * 3 // 4 - 6  # base64 grows by 4/3, in steps of 4 bytes ...
+    for name_len in range(1, 16):  # ... and the pad file's name closes the gap one byte at a time
+        data = fakepkg.pack(AUTHOR, version=2, extra_files={"p" * name_len: b"\0" * raw})
+        if len(data) == n_bytes:
+            return data
+    pytest.fail(f"no package of exactly {n_bytes} bytes")
+
+
+@pytest.mark.parametrize("as_stream", [False, True])
+def test_package_of_exactly_the_limit_is_received_and_one_byte_more_is_oversized(tmp_path, as_stream):
+    limit = 8192
+    store = open_store(tmp_path / "s", policy=fakepkg.policy(max_package_bytes=limit))
+    wrap = io.BytesIO if as_stream else (lambda b: b)
+    assert store.install(wrap(_package_of_exactly(limit))).version == "2"
+    store.rollback("rmsnorm")
+    with pytest.raises(SwapRefused) as e:
+        store.install(wrap(_package_of_exactly(limit + 1)))
+    assert e.value.reason == "oversized"
+    assert list((store.root / "tmp").iterdir()) == []
+
+
+def test_package_read_from_a_path_is_received(store, tmp_path):
+    path = tmp_path / "pkg.bin"
+    path.write_bytes(fakepkg.pack(AUTHOR, version=2))
+    assert store.install(path).version == "2"
+    with pytest.raises(StoreError, match="cannot read plugin package"):
+        store.install(tmp_path / "missing.bin")
+
+
+# -- item 7: the store's own errors ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", [
+    b'{"version": ',  # torn write
+    b'{"format": 1, "op": "rmsnorm", "version": "2", "surprise": 1}',  # not the pointer schema
+    b"\xff\xfe not utf-8",
+])
+def test_unreadable_pointer_is_an_error_until_recovery_repairs_it(tmp_path, damage):
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    (root / "ops/rmsnorm/active").write_bytes(damage)
+    for call in (lambda: s.pointer("rmsnorm"), lambda: s.load("rmsnorm"), lambda: s.status(),
+                 lambda: s.install(fakepkg.pack(AUTHOR, version=3)), lambda: s.confirm("rmsnorm"),
+                 lambda: s.rollback("rmsnorm")):
+        with pytest.raises(StoreError, match="pointer of rmsnorm is unreadable") as e:
+            call()
+        assert "restart the runtime" in (e.value.hint or "")
+    s2 = open_store(root)
+    assert s2.pointer("rmsnorm").version is None
+    assert any("pointer unreadable" in line for line in s2.recovery)
+
+
+def test_attack_pointer_copied_from_another_operator_is_unreadable(tmp_path):
+    root = tmp_path / "s"
+    s = open_store(root)
+    s.install(fakepkg.pack(AUTHOR, op="swiglu", version=2))
+    s.install(fakepkg.pack(AUTHOR, op="rmsnorm", version=3))
+    shutil.copy(root / "ops/swiglu/active", root / "ops/rmsnorm/active")
+    with pytest.raises(StoreError, match="pointer names operator 'swiglu' but lives under 'rmsnorm'"):
+        s.pointer("rmsnorm")
+    s2 = open_store(root)
+    assert s2.pointer("rmsnorm").version is None and s2.pointer("swiglu").version == "2"
+
+
+def test_slot_failing_verification_after_start_up_is_refused_when_loaded(tmp_path):
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    (root / "ops/rmsnorm/2/kernel.txt").write_bytes(b"scale=2.5\n")
+    with pytest.raises(StoreError, match="slot rmsnorm/2 failed verification: kernel.txt does not match") as e:
+        s.load("rmsnorm")
+    assert "restart" in (e.value.hint or "")
+    assert s.load("rmsnorm", "1").version == 1  # the untouched previous slot still loads
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda slot: (slot / "slot.json").unlink(), "slot record or package unreadable"),
+    (lambda slot: (slot / "package.bin").unlink(), "slot record or package unreadable"),
+    (lambda slot: (slot / "slot.json").write_text("{}"), "slot record or package unreadable"),
+    (lambda slot: (slot / "package.bin").write_bytes(b"garbage"), "package.bin does not match its recorded sha256"),
+    (lambda slot: (slot / "extra.txt").write_bytes(b"x"), "slot files differ from the package (extra/missing: ['extra.txt'])"),
+    (lambda slot: (slot / "golden.json").unlink(), "slot files differ from the package (extra/missing: ['golden.json'])"),
+    (lambda slot: shutil.rmtree(slot), "slot directory missing"),
+])
+def test_damaged_slot_is_refused_with_its_problem(tmp_path, damage, problem):
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    damage(root / "ops/rmsnorm/2")
+    with pytest.raises(StoreError) as e:
+        s.load("rmsnorm")
+    assert problem in str(e.value)
+    s2 = open_store(root)  # recovery falls back to the previous version and says why
+    assert s2.pointer("rmsnorm").version == "1"
+    assert any(problem in line for line in s2.recovery), s2.recovery
+
+
+def test_slot_record_listing_other_files_than_the_package_is_refused(tmp_path):
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    slot = root / "ops/rmsnorm/2"
+    record = json.loads((slot / "slot.json").read_bytes())
+    record["files"]["kernel.txt"] = "0" * 64
+    (slot / "slot.json").write_text(json.dumps(record))
+    with pytest.raises(StoreError, match="slot record lists other files than the signed package"):
+        s.load("rmsnorm")
+
+
+def test_slot_whose_signer_is_revoked_is_refused_with_the_reason(tmp_path):
+    root = tmp_path / "s"
+    _versions_1_and_2(root)
+    s = open_store(root, verify=fakepkg.verifier(fakepkg.key_from_seed(2)))
+    assert s.pointer("rmsnorm").version is None
+    assert any("no longer verifies or no longer fits this runtime (untrusted_key)" in line for line in s.recovery)
+
+
+def test_slot_for_an_abi_this_runtime_no_longer_speaks_is_dropped_at_start_up(tmp_path):
+    """An edgekit upgrade moved rmsnorm to ABI 2: the installed ABI-1 slots must not be served."""
+    root = tmp_path / "s"
+    _versions_1_and_2(root)
+    policy = plugin_store.DevicePolicy(device_arch="sm_87", known_abi={"rmsnorm": 2, "swiglu": 1})
+    s = open_store(root, policy=policy)
+    assert s.pointer("rmsnorm").version is None
+    assert any("(unknown_abi)" in line for line in s.recovery)
+
+
+def test_busy_store_lock_times_out_with_a_clear_error(store, monkeypatch):
+    monkeypatch.setattr(plugin_store, "LOCK_TIMEOUT_S", 0.3)
+    fd = os.open(store.root / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process in the middle of a swap
+    try:
+        with pytest.raises(StoreError, match="stayed locked") as e:
+            store.install(fakepkg.pack(AUTHOR, version=2))
+        assert "retry later" in e.value.hint
+    finally:
+        os.close(fd)
+    assert store.install(fakepkg.pack(AUTHOR, version=2)).version == "2"  # free again: the swap goes through
+
+
+def test_store_that_cannot_be_created_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StoreError, match="cannot create the plugin store") as e:
+        open_store(tmp_path / "file" / "store")
+    assert "--store" in e.value.hint
+
+
+def test_status_lists_every_operator_with_its_pointer(store):
+    store.install(fakepkg.pack(AUTHOR, op="swiglu", version=1))
+    store.install(fakepkg.pack(AUTHOR, op="rmsnorm", version=2))
+    store.rollback("rmsnorm", "test")
+    rows = {r["op"]: r for r in store.status()}
+    assert set(rows) == {"rmsnorm", "swiglu"}
+    assert (rows["rmsnorm"]["version"], rows["rmsnorm"]["blocked"]) == (None, ["2"])
+    assert (rows["swiglu"]["version"], rows["swiglu"]["state"]) == ("1", "probation")
+
+
+def test_confirm_of_a_confirmed_version_changes_nothing(store):
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    store.confirm("rmsnorm")
+    before = tree_digest(store.root)
+    assert store.confirm("rmsnorm").state == "confirmed"
+    assert tree_digest(store.root) == before
