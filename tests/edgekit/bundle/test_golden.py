@@ -176,3 +176,13 @@ def test_attack_non_fp64_expectation_is_refused():
 def test_attack_malformed_safetensors_header_is_refused(blob):
     with pytest.raises(VerificationError):
         read_golden(blob)
+
+
+def test_attack_tensor_name_with_a_trailing_newline_is_refused():
+    from edgekit.bundle.golden import CaseMeta
+
+    base = dict(name="c", seed=0, dtype="float32", atol=0.0, rtol=0.0, inputs=["x"], outputs=["y"])
+    CaseMeta.model_validate(base)
+    for over in ({"inputs": ["x\n"]}, {"outputs": ["y\n"]}, {"attributes": {"eps\n": 1.0}}):
+        with pytest.raises(Exception, match="must match"):
+            CaseMeta.model_validate({**base, **over})

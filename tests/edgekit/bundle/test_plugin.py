@@ -478,3 +478,22 @@ def test_loader_metadata_is_what_the_launcher_reads():
 def test_operator_compat_refuses_an_unknown_operator():
     with pytest.raises(VerificationError, match="operator 'rmsnorm' is not one of this edgekit's: swiglu"):
         check_operator_compat(_meta(), operators={"swiglu": object()})
+
+
+@pytest.mark.parametrize("doc", [
+    _with_kernel(signature=[["x_ptr\n", "*fp16"]] + rmsnorm_metadata()["kernels"][0]["signature"][1:]),
+    _with_kernel(signature=[["x_ptr", "*fp16\n"]] + rmsnorm_metadata()["kernels"][0]["signature"][1:]),
+    _with_kernel(constexprs={"BLOCK_C\n": 1024}),
+])
+def test_attack_metadata_names_with_a_trailing_newline_are_refused(doc):
+    with pytest.raises(VerificationError, match="schema"):
+        _parse(doc)
+
+
+def test_attack_index_file_name_with_a_trailing_newline_is_refused():
+    from edgekit.bundle.plugin import PackageIndex
+
+    entry = {"sha256": "0" * 64, "size": 1}
+    with pytest.raises(Exception, match="not allowed in a package index"):
+        PackageIndex.model_validate({"format": "edgekit-plugin-package", "format_version": 1, "op": "rmsnorm",
+                                     "version": 1, "arch": 87, "files": {"kernel.cubin\n": entry}})

@@ -11,6 +11,7 @@ from edgekit.runtime.plugin_policy import (
     admit,
     canonical_version,
     check_file_name,
+    check_name,
     normalize_arch,
     version_key,
 )
@@ -72,3 +73,15 @@ def test_announced_metadata_must_match_the_package():
         admit(plugin(), fakepkg.policy(), OpState(), expect={"op": "rmsnorm", "version": "3", "target_arch": "sm_90"})
     assert e.value.reason == "metadata_mismatch" and "target_arch" in str(e.value)
     assert admit(plugin(), fakepkg.policy(), OpState(), expect={"op": "rmsnorm", "version": 3, "target_arch": "87"}) == "3"
+
+
+# ---- issue 19: names that become path components match completely (Python's `$` accepts a final newline) ---------
+
+@pytest.mark.parametrize("check", [
+    lambda: check_name("operator", "rmsnorm\n"),
+    lambda: check_file_name("kernel.txt\n"),
+])
+def test_attack_name_with_a_trailing_newline_is_refused(check):
+    with pytest.raises(SwapRefused) as e:
+        check()
+    assert e.value.reason == "schema"
