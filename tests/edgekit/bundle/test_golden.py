@@ -186,3 +186,113 @@ def test_attack_tensor_name_with_a_trailing_newline_is_refused():
     for over in ({"inputs": ["x\n"]}, {"outputs": ["y\n"]}, {"attributes": {"eps\n": 1.0}}):
         with pytest.raises(Exception, match="must match"):
             CaseMeta.model_validate({**base, **over})
+
+
+# ---- issue 19: every refusal of the golden file format, limits at their edges --------------------------------------
+
+from edgekit.bundle.golden import MAX_HEADER_BYTES, CaseMeta, GoldenMeta  # noqa: E402
+
+_CASE = dict(name="c", seed=0, dtype="float32", atol=0.0, rtol=0.0, inputs=["x"], outputs=["y"])
+
+
+@pytest.mark.parametrize("over, ok", [
+    ({"name": "n" * 64}, True), ({"name": "n" * 65}, False), ({"name": "a-b"}, False),
+    ({"bucket": 1}, True), ({"bucket": 0}, False),
+    ({"atol": 1.0, "rtol": 1.0}, True), ({"atol": 1.0000001}, False), ({"rtol": -0.0000001}, False),
+    ({"outputs": []}, False), ({"inputs": []}, True),
+    ({"inputs": ["x", "x"]}, False), ({"outputs": ["y", "y"]}, False),
+    ({"attributes": {"eps": float("nan")}}, False), ({"attributes": {"eps": float("inf")}}, False),
+    ({"attributes": {"eps": 1e-5, "causal": True, "mode": "a", "none": None}}, True),
+])
+def test_case_metadata_bounds_hold_at_their_edges(over, ok):
+    doc = {**_CASE, **over}
+    if ok:
+        CaseMeta.model_validate(doc)
+    else:
+        with pytest.raises(ValueError):
+            CaseMeta.model_validate(doc)
+
+
+@pytest.mark.parametrize("n_cases, ok", [(1, True), (256, True), (0, False), (257, False)])
+def test_a_golden_file_holds_1_to_256_cases(n_cases, ok):
+    doc = {"format": "edgekit-golden", "format_version": 1, "op": "rmsnorm",
+           "cases": [dict(_CASE, name=f"c{i}") for i in range(n_cases)]}
+    if ok:
+        assert len(GoldenMeta.model_validate(doc).cases) == n_cases
+    else:
+        with pytest.raises(ValueError, match="cases"):
+            GoldenMeta.model_validate(doc)
+
+
+def test_attack_duplicate_case_names_are_refused():
+    doc = {"format": "edgekit-golden", "format_version": 1, "op": "rmsnorm", "cases": [_CASE, _CASE]}
+    with pytest.raises(ValueError, match="duplicate case names"):
+        GoldenMeta.model_validate(doc)
+    with pytest.raises(ValueError, match="op"):
+        GoldenMeta.model_validate({**doc, "cases": [_CASE], "op": "o" * 65})
+    GoldenMeta.model_validate({**doc, "cases": [_CASE], "op": "o" * 64})
+
+
+def test_attack_safetensors_file_without_golden_metadata_is_refused():
+    from safetensors.torch import save
+
+    with pytest.raises(VerificationError, match="no 'edgekit_golden' metadata"):
+        read_golden_meta(save({"t": torch.zeros(1)}))
+    with pytest.raises(VerificationError, match="no 'edgekit_golden' metadata"):
+        read_golden_meta(save({"t": torch.zeros(1)}, metadata={"other": "x"}))
+
+
+def test_attack_extra_tensor_beside_the_declared_ones_is_refused():
+    data = golden_to_bytes("rmsnorm", [_rmsnorm_case()])
+    from safetensors.torch import load, save
+
+    tensors = load(data)
+    header = json.loads(data[8: 8 + struct.unpack("<Q", data[:8])[0]])
+    tensors["t8.in.smuggled"] = torch.zeros(3)
+    with pytest.raises(VerificationError, match="tensor 't8.in.smuggled' is not declared in the metadata"):
+        read_golden(save(tensors, metadata=header["__metadata__"]))
+
+
+def _header_only(header: bytes, declared: int | None = None, tail: bytes = b"") -> bytes:
+    return struct.pack("<Q", len(header) if declared is None else declared) + header + tail
+
+
+def test_header_length_bounds_hold_at_their_edges():
+    meta = json.loads(golden_to_bytes("rmsnorm", [_rmsnorm_case()])[8:].split(b"}}", 1)[0] + b"}}")["__metadata__"]
+    header = json.dumps({"__metadata__": meta}).encode()
+    assert read_golden_meta(_header_only(header)).op == "rmsnorm"  # the header may be the whole file
+    with pytest.raises(VerificationError, match="out of range"):
+        read_golden_meta(_header_only(header, declared=len(header) + 1))  # one byte past the end
+    big = b" " * MAX_HEADER_BYTES
+    with pytest.raises(VerificationError, match="not JSON"):  # exactly the largest header: read, then parsed
+        read_golden_meta(_header_only(big))
+    with pytest.raises(VerificationError, match=f"header length {MAX_HEADER_BYTES + 1} is out of range"):
+        read_golden_meta(_header_only(big + b" "))
+    with pytest.raises(VerificationError, match="7 bytes is too short"):
+        read_golden_meta(b"\0" * 7)
+
+
+def test_attack_header_that_is_json_but_not_an_object_is_refused():
+    with pytest.raises(VerificationError, match="not a JSON object"):
+        read_golden_meta(_header_only(b"[1]"))
+
+
+def test_reference_for_an_unknown_operator_is_refused():
+    with pytest.raises(VerificationError, match="no reference for unknown operator"):
+        run_reference("conv2d", {}, {})
+
+
+def test_wrong_shape_is_a_failed_verdict():
+    v = compare({"y": torch.zeros(3, 2)}, {"y": torch.zeros(2, 3, dtype=torch.float64)}, 1e-3, 1e-3)
+    assert not v.ok and v.where == "y"
+    v = compare({}, {"y": torch.zeros(2, dtype=torch.float64)}, 1e-3, 1e-3)
+    assert not v.ok
+
+
+def test_verdicts_and_cases_cannot_be_altered_after_the_fact():
+    import dataclasses
+
+    v = compare({"y": torch.ones(2)}, {"y": torch.zeros(2, dtype=torch.float64)}, 1e-3, 1e-3)
+    for obj, field in ((v, "ok"), (_rmsnorm_case(), "meta"), (read_golden(golden_to_bytes("rmsnorm", [_rmsnorm_case()])), "op")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, field, None)
