@@ -294,3 +294,225 @@ def test_confirm_of_a_confirmed_version_changes_nothing(store):
     before = tree_digest(store.root)
     assert store.confirm("rmsnorm").state == "confirmed"
     assert tree_digest(store.root) == before
+
+
+# -- the verifier's and the golden check's failures become the right refusals ----------------------------------------
+
+from edgekit.errors import EdgekitError, VerificationError  # noqa: E402
+from edgekit.runtime import durable  # noqa: E402
+from edgekit.runtime.plugin_store import _reason_for  # noqa: E402
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("signed by a key that is not trusted", "untrusted_key"), ("untrusted signer", "untrusted_key"),
+    ("bad signature", "bad_signature"), ("schema: field required", "schema"), ("plugin.json is odd", "schema"),
+    ("hash differs", "corrupted"), ("sha256 differs", "corrupted"), ("not a tar", "corrupted"),
+    ("corrupt member", "corrupted"), ("truncated", "corrupted"), ("something else", "verification_failed"),
+])
+def test_verifier_error_wording_maps_to_a_reason(text, reason):
+    assert _reason_for(EdgekitError(text)) == reason
+
+
+def test_verifier_error_with_its_own_reason_code_keeps_it():
+    e = EdgekitError("signature")
+    e.reason_code = "wrong_arch"
+    assert _reason_for(e) == "wrong_arch"
+    e.reason_code = "not_a_reason"
+    assert _reason_for(e) == "bad_signature"
+
+
+@pytest.mark.parametrize("raised, reason", [
+    (SwapRefused("oversized", "too big for the verifier"), "oversized"),  # passed through, not re-read from its text
+    (VerificationError("package.sig", "signed by key ab..., which is not trusted"), "untrusted_key"),
+    (ValueError("unexpected end of data"), "corrupted"),  # untrusted bytes that do not even parse
+])
+def test_whatever_the_verifier_raises_is_a_refusal_that_changes_nothing(store, raised, reason):
+    def verify(data):
+        raise raised
+
+    s = open_store(store.root, verify=verify)
+    before = tree_digest(s.root)
+    with pytest.raises(SwapRefused) as e:
+        s.install(fakepkg.pack(AUTHOR, version=2))
+    assert e.value.reason == reason
+    assert tree_digest(s.root) == before and s.events[-1].kind == "refused"
+
+
+def test_a_golden_check_refusal_keeps_its_own_reason(store):
+    def cannot_load(plugin):
+        raise SwapRefused("load_failed", "cuModuleLoadData failed")
+
+    with pytest.raises(SwapRefused) as e:
+        store.install(fakepkg.pack(AUTHOR, version=2), golden_check=cannot_load)
+    assert e.value.reason == "load_failed"
+
+
+def test_without_a_golden_check_the_plugin_is_staged_unchecked(tmp_path):
+    s = open_store(tmp_path / "s", golden_check=None)
+    assert s.install(fakepkg.pack(AUTHOR, version=2, scale=2.001)).version == "2"
+
+
+def test_the_per_install_golden_check_replaces_the_store_default(store):
+    calls = []
+    store.install(fakepkg.pack(AUTHOR, version=2, scale=2.001), golden_check=calls.append)  # its own check passes
+    assert [p.version for p in calls] == [2]
+
+
+# -- the swap's steps and its failures --------------------------------------------------------------------------------
+
+def test_staging_partial_means_exactly_one_file_written(tmp_path):
+    seen = []
+
+    def checkpoint(action, step):
+        if step == "staging_partial":
+            staging = tmp_path / "s/ops/rmsnorm/2.staging"
+            seen.append(sorted(p.name for p in staging.iterdir()))
+
+    s = open_store(tmp_path / "s", checkpoint=checkpoint)
+    s.install(fakepkg.pack(AUTHOR, version=2, extra_files={"a.bin": b"a", "b.bin": b"b"}))
+    assert seen == [["a.bin"]]
+
+
+def test_a_failure_while_writing_the_slot_leaves_nothing_behind(store, monkeypatch):
+    store.install(fakepkg.pack(AUTHOR, version=1))
+    before = tree_digest(store.root)
+    real = durable.write_new_file
+
+    def disk_full(path, data, *a, **kw):
+        if path.name == "kernel.txt":
+            raise OSError(28, "No space left on device")
+        return real(path, data, *a, **kw)
+
+    monkeypatch.setattr(durable, "write_new_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        store.install(fakepkg.pack(AUTHOR, version=2))
+    assert tree_digest(store.root) == before
+
+
+def test_a_failure_before_the_switch_removes_the_staged_slot(tmp_path):
+    def fail_at(action, step):
+        if step == "pointer_temp_written":
+            raise RuntimeError("power cut simulated as an exception")
+
+    s = open_store(tmp_path / "s")
+    s.install(fakepkg.pack(AUTHOR, version=1))
+    before = tree_digest(s.root)
+    s2 = open_store(tmp_path / "s", checkpoint=fail_at)
+    with pytest.raises(RuntimeError):
+        s2.install(fakepkg.pack(AUTHOR, version=2))
+    assert not (s.root / "ops/rmsnorm/2").exists()
+    assert {k: v for k, v in tree_digest(s.root).items() if not durable.is_temp_name(k.rsplit("/", 1)[-1])} == before
+
+
+def test_an_unreferenced_slot_left_by_a_failed_install_is_replaced(store):
+    store.install(fakepkg.pack(AUTHOR, version=1))
+    (store.root / "ops/rmsnorm/2").mkdir()
+    (store.root / "ops/rmsnorm/2/junk").write_bytes(b"from an install that failed after staging")
+    (store.root / "ops/rmsnorm/2.staging").mkdir()
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    assert not (store.root / "ops/rmsnorm/2/junk").exists() and store.load("rmsnorm").version == 2
+
+
+def test_a_caller_s_stream_is_not_closed_by_the_store(store):
+    stream = io.BytesIO(fakepkg.pack(AUTHOR, version=2))
+    store.install(stream)
+    assert not stream.closed
+
+
+def test_results_and_events_report_what_happened(store):
+    r = store.install(fakepkg.pack(AUTHOR, version=2)).to_dict()
+    assert (r["op"], r["version"], r["previous"], r["state"]) == ("rmsnorm", "2", None, "probation")
+    assert all(v == round(v, 3) for v in r["step_ms"].values()) and list(r["step_ms"])[0] == "received"
+    store.rollback("rmsnorm", "watchdog")
+    kinds = [(e.kind, e.detail) for e in store.events]
+    assert kinds == [("installed", "2 on probation (previous reference)"), ("rolled_back", "2 -> reference: watchdog")]
+    d = store.events[0].to_dict()
+    assert (d["kind"], d["op"]) == ("installed", "rmsnorm") and d["at"]
+
+
+def test_records_and_pointers_cannot_be_changed_in_memory(store):
+    import dataclasses
+
+    from pydantic import ValidationError
+
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    with pytest.raises(ValidationError):
+        store.pointer("rmsnorm").version = "9"  # type: ignore[misc]
+    active = store.active("rmsnorm")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        active.version = "9"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        store.events[0].kind = "x"  # type: ignore[misc]
+    record = plugin_store.SlotRecord.model_validate_json((active.slot_dir / "slot.json").read_bytes())
+    with pytest.raises(ValidationError):
+        record.version = "9"  # type: ignore[misc]
+
+
+def test_rolling_back_a_blocked_version_again_does_not_list_it_twice(store):
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    store.rollback("rmsnorm")
+    store.install(fakepkg.pack(AUTHOR, version=2), allow_blocked=True)
+    assert store.rollback("rmsnorm").blocked == ("2",)
+
+
+def test_the_lock_file_is_not_writable_by_others(tmp_path):
+    old = os.umask(0)
+    try:
+        s = open_store(tmp_path / "s")
+    finally:
+        os.umask(old)
+    assert os.stat(s.root / ".lock").st_mode & 0o777 == 0o644
+
+
+def test_store_root_is_created_with_its_parents(tmp_path):
+    s = open_store(tmp_path / "a" / "b" / "store")
+    assert s.ops() == [] and (s.root / "tmp").is_dir()
+
+
+# -- start-up recovery, each repair on its own -------------------------------------------------------------------------
+
+def test_open_removes_interrupted_staging_and_temp_leftovers(tmp_path):
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    (root / "ops/rmsnorm/3.staging").mkdir()
+    leftover = durable.temp_name(root / "ops/rmsnorm/active")
+    leftover.write_bytes(b"half a pointer")
+    op_leftover = durable.temp_name(root / "ops/conv")
+    op_leftover.mkdir()
+    (root / "tmp/received.partial").write_bytes(b"x")
+    (root / "ops/README").write_bytes(b"a stray file is not an operator")
+    s = open_store(root)
+    assert sorted(p.name for p in (root / "ops/rmsnorm").iterdir()) == ["1", "2", "active"]
+    assert not op_leftover.exists() and list((root / "tmp").iterdir()) == []
+    assert any("removed interrupted 3.staging" in line for line in s.recovery)
+    assert any(f"removed interrupted {leftover.name}" in line for line in s.recovery)
+    assert s.ops() == ["rmsnorm"] and [r["op"] for r in s.status()] == ["rmsnorm"]
+    assert [e.kind for e in s.events] == ["recovered"] * len(s.recovery)
+
+
+def test_open_drops_a_previous_version_that_no_longer_verifies(tmp_path):
+    root = tmp_path / "s"
+    _versions_1_and_2(root)
+    (root / "ops/rmsnorm/1/kernel.txt").write_bytes(b"scale=9\n")
+    s = open_store(root)
+    p = s.pointer("rmsnorm")
+    assert (p.version, p.previous, p.state) == ("2", None, "probation")
+    assert any("previous 1 failed verification" in line and "dropped it" in line for line in s.recovery)
+    assert not (root / "ops/rmsnorm/1").exists()
+
+
+def test_open_with_rollback_unconfirmed_keeps_a_confirmed_version(tmp_path):
+    root = tmp_path / "s"
+    s = _versions_1_and_2(root)
+    s.confirm("rmsnorm")
+    s = open_store(root, rollback_unconfirmed=True)
+    assert (s.pointer("rmsnorm").version, s.recovery) == ("2", [])
+
+
+def test_open_removes_slots_no_pointer_names(tmp_path):
+    root = tmp_path / "s"
+    _versions_1_and_2(root)
+    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/0")
+    s = open_store(root)
+    assert not (root / "ops/rmsnorm/0").exists()
+    assert any("removed slot 0, which no pointer names" in line for line in s.recovery)
