@@ -439,3 +439,20 @@ def test_dtype_names_cover_the_kernel_dtypes_and_refuse_others():
     assert dtype_name(torch.float16) == "fp16" and dtype_name(torch.int8) == "i8"
     with pytest.raises(OperatorError, match="no kernel dtype name"):
         dtype_name(torch.complex64)
+
+
+def test_python_helpers_write_exactly_the_documented_json():
+    from edgekit.kernels import launch_rule as lr
+
+    assert lr.shape("x", -1) == {"shape": ["x", -1]} and lr.stride("x", 0) == {"stride": ["x", 0]}
+    assert lr.ptr("x") == {"ptr": "x"} and lr.attr("eps") == {"attr": "eps"} and lr.sym("N") == {"sym": "N"}
+    assert lr.cdiv(1, 2) == {"cdiv": [1, 2]} and lr.mul(1, 2, 3) == {"mul": [1, 2, 3]}
+    assert lr.check("eq", 1, 2, "w") == {"cmp": "eq", "a": 1, "b": 2, "what": "w"}
+
+
+def test_argument_names_describe_each_argument_for_error_messages():
+    doc = _program()
+    doc["launches"][0]["args"] += [2.5, {"sym": "TILES"}]
+    _, (ln,) = _resolve(validate_program(doc), {"x": torch.zeros(4, 8, dtype=torch.float16), "b": None})
+    assert ln.arg_names == ["ptr:x", "ptr:b", "ptr:y", "stride(...)", "attr:eps", "present:b", "2.5", "sym:TILES"]
+    assert ln.args[-2:] == [2.5, 1]

@@ -210,3 +210,12 @@ def test_untrusted_signature_lists_the_trusted_key_ids(other_key, public_key):
 def test_trust_rekeys_a_mapping_by_the_real_key_ids(public_key, signing_key):
     """A mapping that files a key under a wrong id must not let that id's signatures verify with it."""
     assert trust({"0" * 64: public_key}) == {signing_key.key_id: public_key}
+
+
+@pytest.mark.parametrize("signature, ok", [("", False), ("A" * 200, True), ("A" * 201, False)])
+def test_signature_field_length_bounds(signature, ok, public_key):
+    doc = b'{"key_id": "' + b"0" * 64 + b'", "algorithm": "ed25519", "signature": "' + signature.encode() + b'"}'
+    with pytest.raises(VerificationError) as e:
+        verify_signature(b"m", doc, trust([public_key]), subject="m", sig_name="m.sig")
+    # a document of the right shape gets as far as the key lookup; a wrong one is refused as a document
+    assert ("not trusted" in e.value.reason) is ok, e.value.reason
