@@ -497,3 +497,108 @@ def test_attack_index_file_name_with_a_trailing_newline_is_refused():
     with pytest.raises(Exception, match="not allowed in a package index"):
         PackageIndex.model_validate({"format": "edgekit-plugin-package", "format_version": 1, "op": "rmsnorm",
                                      "version": 1, "arch": 87, "files": {"kernel.cubin\n": entry}})
+
+
+# ---- plugin_from_compiled: the bridge from the compiler (stand-in compiled kernels, no Triton run) -------------------
+
+class _Compiled:
+    """What plugin_from_compiled reads from kernels/aot.py's CompiledKernel."""
+
+    def __init__(self, symbol="rmsnorm_fwd_kernel", arch=ARCH, triton_version="3.6.0", hidden_args=2, ptx_str=True):
+        self.arch, self.triton_version, self.hidden_args = arch, triton_version, hidden_args
+        self.cubin = bytearray(fake_cubin(symbol.encode()))
+        ptx = fake_ptx(arch, symbol)
+        self.ptx = ptx.decode() if ptx_str else ptx
+        self._symbol = symbol
+
+    def metadata(self):
+        return {
+            "name": self._symbol, "num_warps": 4, "num_stages": 1, "shared_bytes": 0, "global_scratch_size": 0,
+            "global_scratch_align": 1, "signature": rmsnorm_metadata()["kernels"][0]["signature"],
+            "variant": {"constexprs": {"BLOCK_C": 1024}, "dtype": "fp16"},
+            "precision": {"input": "fp16", "accumulate": "fp32", "output": "fp16"},
+            "registers": 40, "spills": {"stores": 0, "loads": 0}, "ptx_version": 84,
+        }
+
+
+def _two_kernel_program():
+    prog = copy.deepcopy(rmsnorm_metadata()["launch"])
+    first = prog["launches"][0]
+    prog["launches"] = [dict(first, kernel="k_a"), dict(first, kernel="k_b")]
+    return prog
+
+
+def test_plugin_from_one_compiled_kernel_packs_and_verifies(signing_key, public_key):
+    from edgekit.bundle.plugin import plugin_from_compiled
+
+    meta, files = plugin_from_compiled("rmsnorm", 3, {"rmsnorm_fwd": _Compiled()}, rmsnorm_metadata()["launch"],
+                                       rmsnorm_plugin_files()["golden.safetensors"], description="d")
+    assert sorted(files) == ["golden.safetensors", "kernel.cubin", "kernel.ptx"]
+    assert isinstance(files["kernel.cubin"], bytes) and isinstance(files["kernel.ptx"], bytes)
+    (k,) = meta.kernels
+    assert (meta.version, meta.abi_version, meta.arch, meta.hidden_args, meta.description) == (3, 1, ARCH, 2, "d")
+    assert (k.kernel, k.name, k.cubin, k.registers, k.dtype, k.constexprs) == (
+        "rmsnorm_fwd", "rmsnorm_fwd_kernel", "kernel.cubin", 40, "fp16", {"BLOCK_C": 1024})
+    assert verify_plugin_package(pack_plugin(meta, files, signing_key), [public_key]).version == 3
+
+
+def test_plugin_from_several_compiled_kernels_names_files_after_them():
+    from edgekit.bundle.plugin import plugin_from_compiled
+
+    compiled = {"k_b": _Compiled("kb_kernel", ptx_str=False), "k_a": _Compiled("ka_kernel")}
+    meta, files = plugin_from_compiled("rmsnorm", 1, compiled, _two_kernel_program(), b"golden")
+    assert sorted(files) == ["golden.safetensors", "k_a.cubin", "k_a.ptx", "k_b.cubin", "k_b.ptx"]
+    assert [(k.kernel, k.name, k.ptx) for k in meta.kernels] == [("k_a", "ka_kernel", "k_a.ptx"), ("k_b", "kb_kernel", "k_b.ptx")]
+
+
+@pytest.mark.parametrize("op, compiled, message", [
+    ("conv2d", {"rmsnorm_fwd": _Compiled()}, "unknown operator"),
+    ("rmsnorm", {}, "at least one compiled kernel"),
+    ("rmsnorm", {"k_a": _Compiled("ka"), "k_b": _Compiled("kb", arch=90)}, "kernels disagree on arch"),
+    ("rmsnorm", {"k_a": _Compiled("ka"), "k_b": _Compiled("kb", triton_version="3.5.0")}, "disagree on triton_version"),
+    ("rmsnorm", {"k_a": _Compiled("ka"), "k_b": _Compiled("kb", hidden_args=1)}, "disagree on hidden_args"),
+])
+def test_plugin_from_compiled_refuses_inconsistent_input(op, compiled, message):
+    from edgekit.bundle.plugin import plugin_from_compiled
+
+    with pytest.raises(VerificationError, match=message):
+        plugin_from_compiled(op, 1, compiled, _two_kernel_program(), b"golden")
+
+
+def test_plugin_from_compiled_checks_the_kernel_files():
+    from edgekit.bundle.plugin import plugin_from_compiled
+
+    bad = _Compiled()
+    bad.cubin = b"not an ELF"
+    with pytest.raises(VerificationError, match="no ELF header"):
+        plugin_from_compiled("rmsnorm", 1, {"rmsnorm_fwd": bad}, rmsnorm_metadata()["launch"], b"golden")
+
+
+def test_plugin_files_are_read_back_from_a_plugin_directory(tmp_path):
+    from edgekit.bundle.plugin import plugin_files_from_dir
+
+    files = {**rmsnorm_plugin_files(), "plugin.json": _meta().to_bytes()}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "unrelated.txt").write_bytes(b"not part of the plugin")
+    assert plugin_files_from_dir(tmp_path) == files
+
+
+def test_attack_signed_index_with_version_0_is_refused_as_an_index_error(signing_key, public_key):
+    files = _members(pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key))
+    index = json.loads(files["index.json"])
+    index["version"] = 0
+    files["index.json"] = canonical_json(index)
+    files["package.sig"] = signing_key.sign(files["index.json"])
+    with pytest.raises(VerificationError, match="schema") as e:
+        verify_plugin_package(tar_bytes(files), [public_key])
+    assert e.value.file == "package:index.json"
+
+
+def test_a_verified_plugin_cannot_be_altered(package, public_key):
+    import dataclasses
+
+    vp = verify_plugin_package(package, [public_key])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        vp.key_id = "0" * 64
+    assert vp.golden == vp.files["golden.safetensors"] and not vp.dev_key

@@ -392,3 +392,70 @@ def test_attack_truncated_archive_is_refused_by_verify(bundle, tmp_path, public_
     r = verify_bundle(tmp_path / "cut.tar", [public_key], local_arch=None)
     (fail,) = r.failures
     assert fail.check == "archive" and ("not a readable tar archive" in fail.reason or "truncated" in fail.reason)
+
+
+def test_a_single_failure_is_raised_without_a_count(bundle, public_key):
+    os.remove(bundle / "model.onnx")
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    with pytest.raises(VerificationError) as e:
+        r.raise_if_failed()
+    assert "more failed checks" not in str(e.value)
+
+
+def test_attack_dev_key_manifest_is_refused_by_default_in_the_pure_checks(tmp_path):
+    b = write_bundle(tmp_path / "b", development_key())
+    with pytest.raises(VerificationError, match="public development key"):
+        verify_manifest((b / "manifest.json").read_bytes(), (b / "manifest.sig").read_bytes(), [])
+    files = {rel: (b / rel).read_bytes() for rel in list_tree(b)}
+    assert _fails(verify_bundle_bytes(files, []))[0][:2] == ("signature", "manifest.sig")
+    assert verify_bundle_bytes(files, [], allow_dev_key=True).ok
+
+
+def test_the_first_disagreement_with_the_manifest_is_named(bundle, signing_key, public_key):
+    meta = rmsnorm_metadata()
+    meta["version"], meta["abi_version"] = 2, 2
+    (bundle / "plugins/rmsnorm/1/plugin.json").write_bytes(canonical_json(meta))
+    resign(bundle, signing_key)
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    assert _fails(r) == [("plugin", "plugins/rmsnorm/1/plugin.json", "version 2 differs from the manifest's 1")]
+
+
+def test_a_runner_returning_the_wrong_shape_is_a_failed_check_not_a_crash(bundle, public_key):
+    def wrong_shape(op, inputs, attrs, plugin):
+        return run_reference(op, inputs, attrs)[:1]
+
+    r = verify_bundle(bundle, [public_key], run_golden=wrong_shape, local_arch=None)
+    assert {f for _, f, _ in _fails(r)} == {"plugins/rmsnorm/1/golden.safetensors#t4", "golden/rmsnorm.safetensors#t4"}
+    assert all("has shape" in reason for _, _, reason in _fails(r))
+
+
+def test_only_safetensors_under_golden_are_golden_vectors(bundle, signing_key, public_key):
+    (bundle / "golden/README.txt").write_bytes(b"how these vectors were made")
+    resign(bundle, signing_key)
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert r.ok and not [c for c in r.checks if c.check == "golden" and "README" in c.file]
+
+
+def test_local_arch_is_the_first_gpu_s_compute_capability(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: {0: (8, 7)}[index])
+    assert verify_module.detect_local_arch() == 87
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (_ for _ in ()).throw(RuntimeError("no driver")))
+    assert verify_module.detect_local_arch() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert verify_module.detect_local_arch() is None
+
+
+def test_checks_cannot_be_altered_after_the_fact(bundle, public_key):
+    import dataclasses
+
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.checks[0].status = "pass"
+    v = verify_manifest((bundle / "manifest.json").read_bytes(), (bundle / "manifest.sig").read_bytes(), [public_key])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.key_id = "x"
+    assert r.checks[0].to_dict() == {"check": "signature", "file": "manifest.sig", "status": "pass",
+                                     "reason": r.checks[0].reason}
