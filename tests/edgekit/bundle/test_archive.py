@@ -255,3 +255,36 @@ def test_archive_may_be_replaced_on_request(tmp_path):
     write_archive(tmp_path / "src", tmp_path / "x.tar", overwrite=True)
     with tarfile.open(tmp_path / "x.tar") as tf:
         assert "extra" in tf.getnames()
+
+
+def test_a_single_problem_is_raised_without_a_count(tmp_path):
+    evil = _evil_tar(tmp_path / "evil.tar", [OK, ("../a", tarfile.REGTYPE, b"x", "")])
+    with pytest.raises(VerificationError) as e:
+        safe_extract(evil, tmp_path / "dest")
+    assert "more problems" not in str(e.value)
+
+
+def test_archive_writer_failing_midway_raises_and_leaves_no_file(tmp_path):
+    _tree(tmp_path / "src", {"ok.bin": b"1", "bad name.bin": b"2"})  # a name no archive may carry
+    with pytest.raises(BundleError, match="cannot archive 'bad name.bin'"):
+        write_archive(tmp_path / "src", tmp_path / "x.tar")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_extracted_tree_has_fixed_modes(tmp_path):
+    write_archive(_tree(tmp_path / "src", FILES), tmp_path / "x.tar")
+    old = os.umask(0o022)
+    try:
+        out = safe_extract(tmp_path / "x.tar", tmp_path / "dest")
+    finally:
+        os.umask(old)
+    assert os.stat(out).st_mode & 0o777 == 0o755
+    assert {os.stat(out / rel).st_mode & 0o777 for rel in FILES} == {0o644}
+
+
+def test_member_problems_cannot_be_altered():
+    import dataclasses
+
+    _, (problem,) = scan_members(_infos(2, names=["../x"]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        problem.reason = "fine"

@@ -219,3 +219,42 @@ def test_signature_field_length_bounds(signature, ok, public_key):
         verify_signature(b"m", doc, trust([public_key]), subject="m", sig_name="m.sig")
     # a document of the right shape gets as far as the key lookup; a wrong one is refused as a document
     assert ("not trusted" in e.value.reason) is ok, e.value.reason
+
+
+def test_one_character_signature_is_a_well_formed_document(public_key):
+    doc = b'{"key_id": "' + b"0" * 64 + b'", "algorithm": "ed25519", "signature": "A"}'
+    with pytest.raises(VerificationError, match="not trusted"):
+        verify_signature(b"m", doc, trust([public_key]), subject="m", sig_name="m.sig")
+
+
+def test_malformed_signature_document_names_its_first_problem(public_key):
+    doc = b'{"key_id": "00", "algorithm": "rsa", "signature": "AA=="}'
+    with pytest.raises(VerificationError, match=r"not a valid signature document \(key_id: "):
+        verify_signature(b"m", doc, trust([public_key]), subject="m", sig_name="m.sig")
+    with pytest.raises(VerificationError, match=r"not a valid signature document \(document: "):
+        verify_signature(b"m", b"[]", trust([public_key]), subject="m", sig_name="m.sig")
+
+
+def test_keypair_is_written_into_new_nested_directories_with_fixed_modes(tmp_path):
+    old = os.umask(0)
+    try:
+        key_path, pub_path = generate_keypair(tmp_path / "a" / "b")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600 and stat.S_IMODE(pub_path.stat().st_mode) == 0o644
+    assert load_signing_key(key_path).is_dev is False
+
+
+def test_keys_and_signature_documents_cannot_be_altered(signing_key):
+    import dataclasses
+    import json
+
+    from pydantic import ValidationError
+
+    from edgekit.bundle.keys import SignatureDoc
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        signing_key.is_dev = True
+    doc = SignatureDoc.model_validate(json.loads(signing_key.sign(b"m")))
+    with pytest.raises(ValidationError):
+        doc.key_id = "0" * 64
