@@ -221,3 +221,25 @@ def test_leaving_without_finish_discards_the_partial_bundle(tmp_path):
     with BundleWriter(tmp_path / "b") as w:
         w.add_bytes("a", b"1")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_unsigned_json_files_are_written_in_one_exact_readable_form():
+    from edgekit.bundle.writer import pretty_json
+
+    assert pretty_json({"b": [1], "a": "é"}) == '{\n  "a": "é",\n  "b": [\n    1\n  ]\n}\n'.encode("utf-8")
+    with pytest.raises(ValueError):
+        pretty_json({"x": float("nan")})
+
+
+def test_given_versions_are_recorded_as_given(tmp_path, signing_key):
+    fields = dict(_manifest_fields(), triton_version="3.5.0")
+    with BundleWriter(tmp_path / "a" / "b") as w:  # parent directories are created
+        m = w.finish(key=signing_key, **fields, edgekit_version="9.9.9")
+    assert (m.triton_version, m.edgekit_version, m.created_by) == ("3.5.0", "9.9.9", "edgekit 9.9.9")
+
+
+def test_abort_twice_is_harmless(tmp_path):
+    w = BundleWriter(tmp_path / "b")
+    w.abort()
+    w.abort()
+    assert list(tmp_path.iterdir()) == []

@@ -146,3 +146,37 @@ def test_reference_runner_checks_the_vectors_with_the_torch_reference(plugin):
     case = read_golden(plugin.golden).cases[0]
     out = run("rmsnorm", dict(case.inputs), dict(case.meta.attributes), None)
     assert out.shape == case.expected["y"].shape
+
+
+def test_gpu_runner_loads_the_plugin_from_its_verified_bytes_and_unloads_it(plugin, monkeypatch):
+    """The wiring around the launcher (which needs a GPU; tests/edgekit/runtime/test_store_gpu.py runs it there):
+    the kernels come from the verified in-memory files, and the module is unloaded after the check."""
+    import torch
+
+    from edgekit.bundle import gpu_runner as gr
+    from edgekit.runtime.plugin_checks import gpu_runner
+
+    loaded, unloaded = [], []
+
+    class FakeOp:
+        def unload(self):
+            unloaded.append(True)
+
+    def fake_load(meta, read, device):
+        loaded.append((meta, read("kernel.cubin"), device))
+        return FakeOp()
+
+    monkeypatch.setattr(gr, "load_plugin_op", fake_load)
+    monkeypatch.setattr(gr, "call_with_spec_order", lambda op, name, inputs, attrs: run_reference(name, inputs, attrs))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    runner_for = gpu_runner("cpu")
+    assert callable(runner_for)
+    golden_checker(runner_for)(plugin)  # the reference stands in for the kernel: the vectors pass
+    assert loaded == [(plugin.metadata, plugin.files["kernel.cubin"], torch.device("cpu"))] and unloaded == [True]
+
+
+def test_auto_backend_with_a_gpu_gives_a_runner_factory(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert callable(runner_factory("auto")) and callable(runner_factory("gpu"))
