@@ -216,3 +216,35 @@ def test_validation_errors_are_described_field_by_field_with_a_count():
         Manifest.model_validate(_doc(dev_key="yes"), strict=True)
     except ValidationError as e:
         assert describe_validation_error(e) == "dev_key: Input should be a valid boolean (got 'yes')"
+
+
+def test_largest_bucket_is_the_last_one():
+    with pytest.raises(VerificationError, match="largest bucket 129 exceeds max_seq_len 128"):
+        parse_manifest(canonical_json(_doc(buckets={"prompt_lengths": [32, 129], "max_seq_len": 128, "batch": 1})))
+
+
+def test_document_level_errors_are_located_at_the_document():
+    ref = {"op": "rmsnorm", "version": 1, "abi_version": 1, "path": "plugins/rmsnorm/1"}
+    with pytest.raises(VerificationError, match=r"schema: \(document\): Value error, plugin rmsnorm version 1"):
+        parse_manifest(canonical_json(_doc(plugins=[ref, ref], files=_plugin_files())))
+
+
+@pytest.mark.parametrize("n_errors, suffix", [(3, ""), (4, "; and 1 more"), (5, "; and 2 more")])
+def test_the_first_three_errors_are_described_and_the_rest_counted(n_errors, suffix):
+    from pydantic import ValidationError
+
+    bad = {"format": 1, "format_version": "x", "edgekit_version": 2, "triton_version": 3, "created_by": 4}
+    doc = _doc(**dict(list(bad.items())[:n_errors]))
+    with pytest.raises(ValidationError) as e:
+        Manifest.model_validate(doc, strict=True)
+    assert e.value.error_count() == n_errors
+    text = describe_validation_error(e.value)
+    assert text.count(": ") == 3 + suffix.count(": ") and text.endswith(suffix or ")")
+
+
+def test_manifest_model_cannot_be_altered():
+    from pydantic import ValidationError
+
+    m = parse_manifest(canonical_json(_doc()))
+    with pytest.raises(ValidationError):
+        m.dev_key = True
