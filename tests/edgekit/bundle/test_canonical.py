@@ -101,3 +101,19 @@ def test_atomic_write_that_fails_leaves_no_temp_file(tmp_path):
     with pytest.raises(TypeError):
         atomic_write_bytes(tmp_path / "f", "not bytes")  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
+
+
+class _Recording(io.BytesIO):
+    def __init__(self, data):
+        super().__init__(data)
+        self.sizes = []
+
+    def read(self, n=-1):
+        self.sizes.append(n)
+        return super().read(n)
+
+
+def test_files_are_hashed_in_1_mib_reads_so_weights_never_sit_in_memory_whole():
+    f = _Recording(b"x" * ((2 << 20) + 1))
+    assert sha256_stream(f)[1] == (2 << 20) + 1
+    assert set(f.sizes) == {1 << 20} and len(f.sizes) == 4  # 1 MiB, 1 MiB, 1 byte, end

@@ -516,3 +516,30 @@ def test_open_removes_slots_no_pointer_names(tmp_path):
     s = open_store(root)
     assert not (root / "ops/rmsnorm/0").exists()
     assert any("removed slot 0, which no pointer names" in line for line in s.recovery)
+
+
+def test_a_received_stream_is_read_in_1_mib_chunks(store):
+    class Recording(io.BytesIO):
+        sizes: list = []
+
+        def read(self, n=-1):
+            self.sizes.append(n)
+            return super().read(n)
+
+    stream = Recording(fakepkg.pack(AUTHOR, version=2))
+    store.install(stream)
+    assert set(stream.sizes) == {1 << 20}
+
+
+def test_pointer_files_are_sorted_indented_json_a_person_can_read_on_the_device():
+    p = plugin_store.Pointer(op="rmsnorm", version="2", previous="1", changed_at="2026-12-01T00:00:00+00:00")
+    assert p.to_bytes() == (
+        b'{\n  "blocked": [],\n  "changed_at": "2026-12-01T00:00:00+00:00",\n  "format": 1,\n  "note": "",\n'
+        b'  "op": "rmsnorm",\n  "previous": "1",\n  "state": "confirmed",\n  "version": "2"\n}\n'
+    )
+
+
+def test_slot_records_are_indented_json(store):
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    text = (store.root / "ops/rmsnorm/2/slot.json").read_text()
+    assert text.startswith('{\n  "format": 1,\n  "op": "rmsnorm",\n  "version": "2",')
