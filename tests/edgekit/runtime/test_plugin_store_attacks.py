@@ -15,29 +15,23 @@ from conftest import tree_digest
 import fakepkg
 from edgekit.runtime import plugin_store
 from edgekit.runtime.plugin_policy import SwapRefused
-from edgekit.runtime.plugin_store import PluginStore, StoreError
+from edgekit.runtime.plugin_store import StoreError
 
-AUTHOR = fakepkg.key_from_seed(1)
-
-
-def open_store(root, **kw):
-    kw.setdefault("policy", fakepkg.policy())
-    kw.setdefault("verify", fakepkg.verifier(AUTHOR))
-    kw.setdefault("golden_check", fakepkg.golden_check)
-    return PluginStore.open(root, **kw)
+from test_plugin_store import AUTHOR, open_store, store  # noqa: F401  (store is a fixture)
+from test_plugin_store import _two_versions as _versions_1_and_2
 
 
-@pytest.fixture
-def store(tmp_path):
-    return open_store(tmp_path / "store")
+def _replace_slot(root, op, version, with_copy_of):
+    """Every file of slot `version` replaced by a complete copy of another slot (a restored backup, a replay)."""
+    shutil.rmtree(root / "ops" / op / version)
+    shutil.copytree(root / "ops" / with_copy_of[0] / with_copy_of[1], root / "ops" / op / version)
 
 
-def _versions_1_and_2(root):
-    s = open_store(root)
-    s.install(fakepkg.pack(AUTHOR, version=1))
-    s.confirm("rmsnorm")
-    s.install(fakepkg.pack(AUTHOR, version=2))
-    return s
+def _edit_record(slot_dir, **changes):
+    """Rewrite a slot's slot.json (not signed: the store must not trust it alone)."""
+    record = json.loads((slot_dir / "slot.json").read_bytes())
+    record.update(changes)
+    (slot_dir / "slot.json").write_text(json.dumps(record))
 
 
 # -- item 1: a slot folder holding a complete copy of another version's slot ------------------------------------------
@@ -47,8 +41,7 @@ def test_attack_slot_swapped_for_an_older_version_is_not_served_under_the_newer_
     older plugin): each file still verifies on its own, but the slot is not what the pointer names."""
     root = tmp_path / "s"
     _versions_1_and_2(root)
-    shutil.rmtree(root / "ops/rmsnorm/2")
-    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/2")
+    _replace_slot(root, "rmsnorm", "2", with_copy_of=("rmsnorm", "1"))
     s = open_store(root)
     p = s.pointer("rmsnorm")
     assert (p.version, p.previous, p.blocked) == ("1", None, ("2",))
@@ -59,8 +52,7 @@ def test_attack_slot_swapped_for_an_older_version_is_not_served_under_the_newer_
 def test_attack_slot_swapped_after_start_up_is_refused_when_loaded(tmp_path):
     root = tmp_path / "s"
     s = _versions_1_and_2(root)
-    shutil.rmtree(root / "ops/rmsnorm/2")
-    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/2")
+    _replace_slot(root, "rmsnorm", "2", with_copy_of=("rmsnorm", "1"))
     with pytest.raises(StoreError, match="slot rmsnorm/2 failed verification: slot holds rmsnorm 1, not rmsnorm 2"):
         s.load("rmsnorm")
 
@@ -69,11 +61,8 @@ def test_attack_slot_record_relabelled_as_the_active_version_is_refused(tmp_path
     """slot.json of slot 1 rewritten to say version 2 (package unchanged) and moved into slot 2's place."""
     root = tmp_path / "s"
     s = _versions_1_and_2(root)
-    shutil.rmtree(root / "ops/rmsnorm/2")
-    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/2")
-    record = json.loads((root / "ops/rmsnorm/2/slot.json").read_bytes())
-    record["version"] = "2"
-    (root / "ops/rmsnorm/2/slot.json").write_text(json.dumps(record))
+    _replace_slot(root, "rmsnorm", "2", with_copy_of=("rmsnorm", "1"))
+    _edit_record(root / "ops/rmsnorm/2", version="2")
     with pytest.raises(StoreError, match="slot holds rmsnorm 1, not rmsnorm 2"):
         s.load("rmsnorm")
 
@@ -83,13 +72,10 @@ def test_attack_slot_of_another_operator_is_refused(tmp_path):
     s = open_store(root)
     s.install(fakepkg.pack(AUTHOR, op="swiglu", version=2))
     s.install(fakepkg.pack(AUTHOR, op="rmsnorm", version=2))
-    shutil.rmtree(root / "ops/rmsnorm/2")
-    shutil.copytree(root / "ops/swiglu/2", root / "ops/rmsnorm/2")
+    _replace_slot(root, "rmsnorm", "2", with_copy_of=("swiglu", "2"))
     with pytest.raises(StoreError, match="slot holds swiglu 2, not rmsnorm 2"):
         s.load("rmsnorm")
-    record = json.loads((root / "ops/rmsnorm/2/slot.json").read_bytes())
-    record["op"] = "rmsnorm"  # relabel the record too: the signed package still says swiglu
-    (root / "ops/rmsnorm/2/slot.json").write_text(json.dumps(record))
+    _edit_record(root / "ops/rmsnorm/2", op="rmsnorm")  # relabel the record too: the signed package still says swiglu
     with pytest.raises(StoreError, match="slot holds swiglu 2, not rmsnorm 2"):
         s.load("rmsnorm")
 
@@ -98,9 +84,8 @@ def test_attack_slot_record_naming_another_version_than_its_folder_is_refused(tm
     """The package in slot 2 is version 2, but its record claims another slot: not a consistent slot."""
     root = tmp_path / "s"
     s = _versions_1_and_2(root)
-    record = json.loads((root / "ops/rmsnorm/2/slot.json").read_bytes())
     for key, value in (("version", "1"), ("op", "swiglu")):
-        (root / "ops/rmsnorm/2/slot.json").write_text(json.dumps({**record, key: value}))
+        _edit_record(root / "ops/rmsnorm/2", **{"version": "2", "op": "rmsnorm", key: value})
         with pytest.raises(StoreError, match="slot holds rmsnorm 2, not rmsnorm 2"):
             s.load("rmsnorm")
 
@@ -233,9 +218,8 @@ def test_slot_record_listing_other_files_than_the_package_is_refused(tmp_path):
     root = tmp_path / "s"
     s = _versions_1_and_2(root)
     slot = root / "ops/rmsnorm/2"
-    record = json.loads((slot / "slot.json").read_bytes())
-    record["files"]["kernel.txt"] = "0" * 64
-    (slot / "slot.json").write_text(json.dumps(record))
+    files = json.loads((slot / "slot.json").read_bytes())["files"]
+    _edit_record(slot, files={**files, "kernel.txt": "0" * 64})
     with pytest.raises(StoreError, match="slot record lists other files than the signed package"):
         s.load("rmsnorm")
 
@@ -512,7 +496,7 @@ def test_open_with_rollback_unconfirmed_keeps_a_confirmed_version(tmp_path):
 def test_open_removes_slots_no_pointer_names(tmp_path):
     root = tmp_path / "s"
     _versions_1_and_2(root)
-    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/0")
+    shutil.copytree(root / "ops/rmsnorm/1", root / "ops/rmsnorm/0")  # a slot no pointer names
     s = open_store(root)
     assert not (root / "ops/rmsnorm/0").exists()
     assert any("removed slot 0, which no pointer names" in line for line in s.recovery)
