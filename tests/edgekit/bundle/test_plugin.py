@@ -417,19 +417,21 @@ def test_pack_refuses_files_that_do_not_match_the_metadata(signing_key):
     (_with_kernel(registers=-1), "registers"),
     (_with_kernel(ptx_version=60), None), (_with_kernel(ptx_version=200), None),
     (_with_kernel(ptx_version=59), "ptx_version"), (_with_kernel(ptx_version=201), "ptx_version"),
-    (_with_kernel(kernel="k" * 64), "is not in the plugin"), (_with_kernel(kernel="k" * 65), "kernel"),
-    (_with_kernel(name="n" * 256), None), (_with_kernel(name="n" * 257), "name"),
-    (_with_kernel(cubin="c" * 74 + ".cubin"), None), (_with_kernel(cubin="c" * 75 + ".cubin"), "cubin"),
-    (_with_kernel(ptx="p" * 76 + ".ptx"), None), (_with_kernel(ptx="p" * 77 + ".ptx"), "ptx"),
+    (_with_kernel(kernel="k" * 64), "is not in the plugin"), (_with_kernel(kernel="k" * 65), "at most 64 characters"),
+    (_with_kernel(name="n" * 256), None), (_with_kernel(name="n" * 257), "at most 256 characters"),
+    (_with_kernel(cubin="c" * 74 + ".cubin"), None), (_with_kernel(cubin="c" * 75 + ".cubin"), "at most 80 characters"),
+    (_with_kernel(ptx="p" * 76 + ".ptx"), None), (_with_kernel(ptx="p" * 77 + ".ptx"), "at most 80 characters"),
     (_with_kernel(constexprs={"BLOCK_C": 1024, "1bad": 2}), "not an identifier"),
     (_with_kernel(precision={"in put": "fp16"}), "not an identifier"),
     (_with_kernel(spills={"stores": 0, "loads": 0}), None),
     (_with_kernel(signature=[["1x", "*fp16"]] + rmsnorm_metadata()["kernels"][0]["signature"][1:]), "not an identifier"),
     ({**rmsnorm_metadata(), "hidden_args": 0, "triton_version": "3.4.0"}, "does not match Triton 3.4"),
-    ({**rmsnorm_metadata(), "hidden_args": -1}, "hidden_args"),
+    ({**rmsnorm_metadata(), "hidden_args": -1}, "greater than or equal to 0"),
+    ({**rmsnorm_metadata(), "hidden_args": 4}, "hidden_args 4 does not match Triton 3.6"),
+    ({**rmsnorm_metadata(), "hidden_args": 5}, "less than or equal to 4"),
     ({**rmsnorm_metadata(), "version": 1}, None), ({**rmsnorm_metadata(), "abi_version": 1}, None),
-    ({**rmsnorm_metadata(), "op": "r" * 64}, "launch program is for op"), ({**rmsnorm_metadata(), "op": "r" * 65}, "op"),
-    ({**rmsnorm_metadata(), "description": "d" * 500}, None), ({**rmsnorm_metadata(), "description": "d" * 501}, "description"),
+    ({**rmsnorm_metadata(), "op": "r" * 64}, "launch program is for op"), ({**rmsnorm_metadata(), "op": "r" * 65}, "at most 64 characters"),
+    ({**rmsnorm_metadata(), "description": "d" * 500}, None), ({**rmsnorm_metadata(), "description": "d" * 501}, "at most 500 characters"),
     ({**rmsnorm_metadata(), "triton_version": "3." + "6" * 62}, "no known kernel ABI"),
     ({**rmsnorm_metadata(), "triton_version": "3.6." + "0" * 61}, "triton_version"),
     ({**rmsnorm_metadata(), "kernels": [dict(rmsnorm_metadata()["kernels"][0], kernel=f"k{i}", cubin=f"k{i}.cubin",
@@ -443,6 +445,15 @@ def test_plugin_metadata_bounds_hold_at_their_edges(doc, field):
     with pytest.raises(VerificationError) as e:
         _parse(doc)
     assert field in str(e.value)
+
+
+def test_optional_kernel_fields_default_to_no_scratch_and_no_statistics():
+    kernel = {k: v for k, v in rmsnorm_metadata()["kernels"][0].items() if k not in ("global_scratch_size", "global_scratch_align")}
+    m = _parse({**rmsnorm_metadata(), "kernels": [kernel]})
+    k = m.kernels[0]
+    assert (k.global_scratch_size, k.global_scratch_align, k.registers, k.spills, k.dtype) == (0, 1, None, None, None)
+    with pytest.raises(Exception):
+        k.num_warps = 8  # frozen: what was verified is what is launched
 
 
 def test_signature_of_at_most_64_parameters_is_accepted():
