@@ -210,9 +210,17 @@ def test_all_problems_are_reported_and_the_first_is_raised(tmp_path):
 
 def test_attack_truncated_member_stops_with_an_error_instead_of_looping():
     """A member whose data ends early (a cut download): the copy must stop, not spin on empty reads."""
-    src, dst = io.BytesIO(b"x" * 10), io.BytesIO()
+    class EndsEarly(io.BytesIO):
+        empty_reads = 0
+
+        def read(self, n=-1):
+            chunk = super().read(n)
+            self.empty_reads += not chunk
+            assert self.empty_reads < 100, "kept reading past the end of the data"  # a hang, made a failure
+            return chunk
+
     with pytest.raises(VerificationError, match="ends 90 bytes early \\(truncated\\)"):
-        _copy_exact(src, dst, 100)
+        _copy_exact(EndsEarly(b"x" * 10), io.BytesIO(), 100)
     _copy_exact(io.BytesIO(b"y" * 10), dst := io.BytesIO(), 10)
     assert dst.getvalue() == b"y" * 10
 
