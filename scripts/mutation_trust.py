@@ -391,8 +391,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.rerun:
         previous = json.loads(args.rerun.read_text())["mutants"]
-        wanted = {p["id"] for p in previous if not args.only_survivors or p["status"] == "survived"}
+        wanted = {p["id"]: p for p in previous if not args.only_survivors or p["status"] == "survived"}
         todo = [m for m in every if m.id in wanted]
+        # ids are positions in a file's mutants: after an edit of that file they name other mutants
+        moved = [m.id for m in todo if (m.line, m.description) != (wanted[m.id]["line"], wanted[m.id]["description"])]
+        if moved:
+            sys.exit(f"{len(moved)} mutants changed since {args.rerun} (the source was edited), e.g. {moved[:3]}; "
+                     "run a fresh sample instead")
         sampled_from = f"rerun of {args.rerun}"
     else:
         todo = sample(every, args.sample, args.seed) if args.sample else every
