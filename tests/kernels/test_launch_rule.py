@@ -456,3 +456,30 @@ def test_argument_names_describe_each_argument_for_error_messages():
     _, (ln,) = _resolve(validate_program(doc), {"x": torch.zeros(4, 8, dtype=torch.float16), "b": None})
     assert ln.arg_names == ["ptr:x", "ptr:b", "ptr:y", "stride(...)", "attr:eps", "present:b", "2.5", "sym:TILES"]
     assert ln.args[-2:] == [2.5, 1]
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
+def test_attack_non_finite_number_is_refused(number):
+    """plugin.json may spell NaN/Infinity (Python's and pydantic's JSON readers accept them); a rule built on one
+    would crash at launch (int(nan)) or pass every `ne` check. JSON numbers are finite: so are the rule's."""
+    for place in ("grid", "args"):
+        doc = _program()
+        doc["launches"][0][place][0] = number
+        with pytest.raises(LaunchRuleError, match="not a finite number"):
+            validate_program(doc)
+    doc = _program(checks=[{"cmp": "ne", "a": {"shape": ["x", 0]}, "b": number, "what": "w"}])
+    with pytest.raises(LaunchRuleError, match="not a finite number"):
+        validate_program(doc)
+
+
+@pytest.mark.parametrize("fmt", [True, 1.0, "1"])
+def test_attack_format_that_only_compares_equal_to_1_is_refused(fmt):
+    with pytest.raises(LaunchRuleError, match="format"):
+        validate_program(_program(format=fmt))
+
+
+def test_a_huge_integer_is_a_number_and_its_grid_is_refused_at_launch():
+    doc = _program(let=[["TILES", 10**400]])
+    validate_program(doc)  # exact integers of any size are valid JSON numbers ...
+    with pytest.raises(LaunchCheckError, match="is empty or too large"):  # ... the grid limit refuses this one
+        _resolve(doc, {"x": torch.zeros(4, 8, dtype=torch.float16), "b": None})
