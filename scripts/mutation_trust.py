@@ -49,6 +49,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -414,31 +415,38 @@ def main(argv: list[str] | None = None) -> int:
             baseline_ok(hook_dir, python)
         started = time.monotonic()
         done = 0
+        lock = threading.Lock()
+
+        def write(results: list[Mutant]) -> None:
+            doc = {
+                "what": "mutation testing of edgekit's trust code (scripts/mutation_trust.py), measured on the CPU",
+                "sample": sampled_from,
+                "operators": ["cmp", "boolop", "not", "bool", "const", "raise", "call", "return"],
+                "timeout_s": args.timeout,
+                "jobs": args.jobs,
+                "wall_s": round(time.monotonic() - started, 1),
+                "complete": all(m.status != "pending" for m in results),
+                "summary": summarize(results),
+                "mutants": [asdict(m) for m in results],
+            }
+            tmp = args.out.with_name(f".{args.out.name}.tmp")
+            tmp.write_text(json.dumps(doc, indent=2) + "\n")
+            os.replace(tmp, args.out)
 
         def one(m: Mutant) -> Mutant:
             nonlocal done
             run_mutant(m, hook_dir, args.timeout, python)
-            done += 1
-            print(f"[{done}/{len(todo)}] {m.status:8} {m.seconds:5.1f}s {m.file}:{m.line} [{m.op}] {m.description}",
-                  flush=True)
+            with lock:  # progress is on disk after every mutant: a stopped run loses nothing
+                done += 1
+                print(f"[{done}/{len(todo)}] {m.status:8} {m.seconds:5.1f}s {m.file}:{m.line} [{m.op}] {m.description}",
+                      flush=True)
+                write(todo)
             return m
 
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             results = list(pool.map(one, todo))
+        write(results)
     summary = summarize(results)
-    doc = {
-        "what": "mutation testing of edgekit's trust code (scripts/mutation_trust.py), measured on the CPU",
-        "sample": sampled_from,
-        "operators": ["cmp", "boolop", "not", "bool", "const", "raise", "call", "return"],
-        "timeout_s": args.timeout,
-        "jobs": args.jobs,
-        "wall_s": round(time.monotonic() - started, 1),
-        "summary": summary,
-        "mutants": [asdict(m) for m in results],
-    }
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, args.out)
     print_table(results, summary)
     print(f"\nwrote {args.out}")
     return 0
