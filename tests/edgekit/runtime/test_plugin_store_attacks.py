@@ -244,13 +244,18 @@ def test_slot_for_an_abi_this_runtime_no_longer_speaks_is_dropped_at_start_up(tm
 
 def test_busy_store_lock_times_out_with_a_clear_error(store, monkeypatch):
     monkeypatch.setattr(plugin_store, "LOCK_TIMEOUT_S", 0.3)
+    import threading
+
     fd = os.open(store.root / ".lock", os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # another process in the middle of a swap
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process in the middle of a swap ...
+    release = threading.Timer(5.0, fcntl.flock, (fd, fcntl.LOCK_UN))  # ... for 5 s: a store that waited on
+    release.start()  # past its timeout gets the lock then, and the test fails instead of hanging
     try:
         with pytest.raises(StoreError, match="stayed locked") as e:
             store.install(fakepkg.pack(AUTHOR, version=2))
         assert "retry later" in e.value.hint
     finally:
+        release.cancel()
         os.close(fd)
     assert store.install(fakepkg.pack(AUTHOR, version=2)).version == "2"  # free again: the swap goes through
 
