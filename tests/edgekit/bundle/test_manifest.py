@@ -139,6 +139,7 @@ def _plugin_files(path="plugins/rmsnorm/1"):
     ({"buckets": {"prompt_lengths": [], "max_seq_len": 128, "batch": 1}}, False),
     ({"buckets": {"prompt_lengths": [32], "max_seq_len": 0, "batch": 1}}, False),
     ({"buckets": {"prompt_lengths": [32], "max_seq_len": 128, "batch": 0}}, False),
+    ({"edgekit_version": "1"}, True), ({"created_by": "c"}, True),
     ({"edgekit_version": "v" * 64}, True), ({"edgekit_version": "v" * 65}, False), ({"edgekit_version": ""}, False),
     ({"created_by": "c" * 200}, True), ({"created_by": "c" * 201}, False), ({"created_by": ""}, False),
     ({"triton_version": "3.6"}, True), ({"triton_version": "3"}, False), ({"triton_version": "3.6.0\n"}, False),
