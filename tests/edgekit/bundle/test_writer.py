@@ -243,3 +243,11 @@ def test_abort_twice_is_harmless(tmp_path):
     w.abort()
     w.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_add_plugin_returns_the_manifest_reference_it_will_write(tmp_path, signing_key):
+    with BundleWriter(tmp_path / "b") as w:
+        ref = w.add_plugin(PluginMetadata.model_validate(rmsnorm_metadata(3)), rmsnorm_plugin_files())
+        m = w.finish(key=signing_key, **_manifest_fields())
+    assert (ref.op, ref.version, ref.abi_version, ref.path) == ("rmsnorm", 3, 1, "plugins/rmsnorm/3")
+    assert m.plugins == [ref]
