@@ -339,7 +339,7 @@ def test_axis_inside_the_tensor_reads_that_dimension(axis, expected):
 def test_attack_axis_beyond_the_tensor_dimensions_is_refused_not_wrapped(key, axis):
     """A rule written for 3-D tensors must not silently read axis 2 % 2 == 0 of a 2-D one."""
     env = Env(tensors={"x": torch.zeros(3, 5)}, attrs={}, device={}, syms={})
-    with pytest.raises(LaunchCheckError, match=f"has 2 dimensions; the rule reads axis {axis}"):
+    with pytest.raises(LaunchCheckError, match=f"tensor 'x' has 2 dimensions; the rule reads axis {axis}"):
         eval_expr({key: ["x", axis]}, env)
 
 
