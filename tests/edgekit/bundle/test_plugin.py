@@ -597,3 +597,18 @@ def test_a_verified_plugin_cannot_be_altered(package, public_key):
     with pytest.raises(dataclasses.FrozenInstanceError):
         vp.key_id = "0" * 64
     assert vp.golden == vp.files["golden.safetensors"] and not vp.dev_key
+
+
+def test_attack_signed_extra_member_that_plugin_json_does_not_name_is_refused(signing_key, public_key):
+    """A signer lists an unreferenced payload in the index: every hash checks out, but plugin.json does not
+    name the file, so it must not reach the device (the store would write it into the slot)."""
+    import hashlib
+
+    payload = b"\x7fELF not a kernel"
+
+    def list_payload(index, files):
+        index["files"]["payload.so"] = {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+
+    data = _resigned(signing_key, list_payload, lambda files: files.update({"payload.so": payload}))
+    with pytest.raises(VerificationError, match=r"members do not match plugin.json: missing \[\], unexpected \['payload.so'\]"):
+        verify_plugin_package(data, [public_key])
