@@ -483,3 +483,10 @@ def test_a_huge_integer_is_a_number_and_its_grid_is_refused_at_launch():
     validate_program(doc)  # exact integers of any size are valid JSON numbers ...
     with pytest.raises(LaunchCheckError, match="is empty or too large"):  # ... the grid limit refuses this one
         _resolve(doc, {"x": torch.zeros(4, 8, dtype=torch.float16), "b": None})
+
+
+def test_every_input_may_be_optional():
+    doc = _program(optional=["x", "b"])
+    assert validate_program(doc) is doc
+    with pytest.raises(LaunchCheckError, match="tensor 'x' is required by this kernel but was not given"):
+        _resolve(doc, {"b": None})  # optional in the signature, yet the rule reads its shape
