@@ -10,7 +10,7 @@ verify is what a plugin runs.
 
 Expressions (``expr``), all JSON:
 
-- ``7``, ``1e-5``                      a number (``true``/``false`` are refused)
+- ``7``, ``1e-5``                      a finite number (``true``/``false``, NaN and infinities are refused)
 - ``{"attr": "eps"}``                  a scalar attribute of the call
 - ``{"shape": ["x", 1]}``              a tensor's size along an axis (negative counts from the end)
 - ``{"stride": ["x", 0]}``             a tensor's stride along an axis, in elements
@@ -39,6 +39,7 @@ argument's type.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -79,6 +80,8 @@ def validate_expr(e: Any, where: str, *, names: "_Names", allow_ptr: bool = Fals
     if isinstance(e, bool):
         _fail(where, "booleans are not numbers here; use 0 or 1")
     if isinstance(e, (int, float)):
+        if isinstance(e, float) and not math.isfinite(e):  # JSON readers accept NaN/Infinity; int(nan) fails at launch
+            _fail(where, f"{e!r} is not a finite number")
         return
     if not isinstance(e, dict) or len(e) != 1:
         _fail(where, f"expected a number or a one-key object, got {e!r:.80}")
@@ -159,7 +162,7 @@ def validate_program(doc: Any, kernel_arity: Mapping[str, int] | None = None) ->
     if set(doc) != required:
         _fail("program", f"keys must be exactly {sorted(required)}; missing {sorted(required - set(doc))}, "
                          f"unexpected {sorted(set(doc) - required)}")
-    if doc["format"] != PROGRAM_FORMAT:
+    if type(doc["format"]) is not int or doc["format"] != PROGRAM_FORMAT:  # True == 1.0 == 1
         _fail("program.format", f"this edgekit reads format {PROGRAM_FORMAT}, got {doc['format']!r}")
     _name(doc["op"], "program.op")
     for key in ("inputs", "optional", "attrs", "outputs"):

@@ -69,7 +69,7 @@ class CaseMeta(_Strict):
     @model_validator(mode="after")
     def _names(self) -> "CaseMeta":
         for n in (*self.inputs, *self.outputs, *self.attributes):
-            if not re.match(NAME, n):
+            if not re.fullmatch(NAME, n):
                 raise ValueError(f"name {n!r} must match {NAME}")
         for group in (self.inputs, self.outputs):
             if len(set(group)) != len(group):

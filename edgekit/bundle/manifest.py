@@ -133,7 +133,7 @@ class Manifest(_Strict):
     @classmethod
     def _precision_names(cls, v: dict[str, str]) -> dict[str, str]:
         for op, p in v.items():
-            if not re.match(NAME, op) or not re.match(r"^[a-z0-9_]+$", p):
+            if not re.fullmatch(NAME, op) or not re.fullmatch(r"^[a-z0-9_]+$", p):
                 raise ValueError(f"precision entry {op!r}: {p!r} must be lower-case names")
         return v
 

@@ -132,9 +132,9 @@ class KernelEntry(_Strict):
     def _types(cls, v: list[tuple[str, str]]) -> list[tuple[str, str]]:
         names = [n for n, _ in v]
         for i, (n, t) in enumerate(v):
-            if not re.match(IDENT, n):
+            if not re.fullmatch(IDENT, n):
                 raise ValueError(f"signature[{i}] parameter name {n!r} is not an identifier")
-            if not _ARG_TYPE.match(t):
+            if not _ARG_TYPE.fullmatch(t):
                 raise ValueError(f"signature[{i}] ({n}) type {t!r} is not one the launcher passes ('*fp16', 'i32', 'fp32', ...)")
         if len(set(names)) != len(names):
             raise ValueError(f"signature has duplicate parameter names {names}")
@@ -144,7 +144,7 @@ class KernelEntry(_Strict):
     @classmethod
     def _identifier_keys(cls, v):
         for k in v or {}:
-            if not re.match(IDENT, k):
+            if not re.fullmatch(IDENT, k):
                 raise ValueError(f"key {k!r} is not an identifier")
         return v
 
@@ -294,7 +294,7 @@ class PackageIndex(_Strict):
     @classmethod
     def _flat(cls, v: dict[str, FileEntry]) -> dict[str, FileEntry]:
         for n in v:
-            if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$", n) or n in (INDEX_FILE, PACKAGE_SIG_FILE):
+            if not re.fullmatch(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$", n) or n in (INDEX_FILE, PACKAGE_SIG_FILE):
                 raise ValueError(f"file name {n!r} is not allowed in a package index")
         return v
 

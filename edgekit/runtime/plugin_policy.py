@@ -39,6 +39,7 @@ REASONS = {
 
 # Versions are a non-negative integer or dotted integers ("3", "1.4.2"); the
 # canonical string doubles as the slot directory name, so it must stay this narrow.
+# These patterns are applied with .fullmatch: with .match, `$` also accepts a final "\n".
 _VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,8})(\.(0|[1-9][0-9]{0,8})){0,3}$")
 # Operator and architecture names also become path components.
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,63}$")
@@ -90,7 +91,7 @@ def canonical_version(value: Any) -> str:
         text = value.strip()
     else:
         raise SwapRefused("schema", f"version {value!r} has type {type(value).__name__}; expected an int or a string like '1.2.0'")
-    if not _VERSION_RE.match(text):
+    if not _VERSION_RE.fullmatch(text):
         raise SwapRefused(
             "schema", f"version {value!r} is not a non-negative integer or dotted integers (e.g. 3 or '1.2.0')"
         )
@@ -109,13 +110,13 @@ def normalize_arch(value: Any) -> str:
         if text.startswith(prefix):
             text = text[len(prefix):]
     candidate = f"sm_{text}"
-    if not _ARCH_RE.match(candidate):
+    if not _ARCH_RE.fullmatch(candidate):
         raise SwapRefused("schema", f"target architecture {value!r} is not a CUDA SM name; expected e.g. 'sm_87' or 'sm_90'")
     return candidate
 
 
 def check_name(kind: str, value: Any) -> str:
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise SwapRefused("schema", f"{kind} {value!r} is not a lower-case identifier ([a-z0-9_], at most 64 characters)")
     return value
 
@@ -126,7 +127,7 @@ _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
 def check_file_name(name: Any) -> str:
     """Slot files are flat: one safe component, never a path, never a store-owned name."""
-    if not isinstance(name, str) or not _FILE_RE.match(name) or name in RESERVED_FILE_NAMES:
+    if not isinstance(name, str) or not _FILE_RE.fullmatch(name) or name in RESERVED_FILE_NAMES:
         raise SwapRefused(
             "schema",
             f"file name {name!r} in the package is not a plain file name ([A-Za-z0-9_.-], no '/', not {sorted(RESERVED_FILE_NAMES)})",

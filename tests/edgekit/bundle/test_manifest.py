@@ -111,3 +111,141 @@ def test_relpath_problem_accepts_ordinary_bundle_paths():
 def test_not_json_is_refused():
     with pytest.raises(VerificationError, match="not valid JSON"):
         parse_manifest(b"\xff\xfe")
+
+
+# ---- issue 19: bounds at their edges, each consistency refusal ------------------------------------------------------
+
+from edgekit.bundle.manifest import MAX_MANIFEST_BYTES, Manifest, describe_validation_error  # noqa: E402
+
+
+def _plugin_files(path="plugins/rmsnorm/1"):
+    return {f"{path}/plugin.json": {"sha256": "c" * 64, "size": 1}, f"{path}/golden.safetensors": {"sha256": "d" * 64, "size": 1}}
+
+
+@pytest.mark.parametrize("over, ok", [
+    ({"target": {"name": "orin", "arch": 50}}, True), ({"target": {"name": "orin", "arch": 49}}, False),
+    ({"target": {"name": "orin", "arch": 200}}, True), ({"target": {"name": "orin", "arch": 201}}, False),
+    ({"target": {"name": "o" * 64, "arch": 87}}, True), ({"target": {"name": "o" * 65, "arch": 87}}, False),
+    ({"model": {"name": "m" * 200, "source_kind": "preset", "sha256": None, "seed": 0}}, True),
+    ({"model": {"name": "m" * 201, "source_kind": "preset", "sha256": None, "seed": 0}}, False),
+    ({"model": {"name": "", "source_kind": "preset", "sha256": None, "seed": 0}}, False),
+    ({"model": {"name": "m", "source_kind": "hf", "sha256": None, "seed": None}}, False),
+    ({"files": {"w": {"sha256": "b" * 64, "size": 0}}}, True),
+    ({"buckets": {"prompt_lengths": [1], "max_seq_len": 1, "batch": 1}}, True),
+    ({"buckets": {"prompt_lengths": [128], "max_seq_len": 128, "batch": 1}}, True),
+    ({"buckets": {"prompt_lengths": [129], "max_seq_len": 128, "batch": 1}}, False),
+    ({"buckets": {"prompt_lengths": [0, 32], "max_seq_len": 128, "batch": 1}}, False),
+    ({"buckets": {"prompt_lengths": [32, 32], "max_seq_len": 128, "batch": 1}}, False),
+    ({"buckets": {"prompt_lengths": [], "max_seq_len": 128, "batch": 1}}, False),
+    ({"buckets": {"prompt_lengths": [32], "max_seq_len": 0, "batch": 1}}, False),
+    ({"buckets": {"prompt_lengths": [32], "max_seq_len": 128, "batch": 0}}, False),
+    ({"edgekit_version": "1"}, True), ({"created_by": "c"}, True),
+    ({"edgekit_version": "v" * 64}, True), ({"edgekit_version": "v" * 65}, False), ({"edgekit_version": ""}, False),
+    ({"created_by": "c" * 200}, True), ({"created_by": "c" * 201}, False), ({"created_by": ""}, False),
+    ({"triton_version": "3.6"}, True), ({"triton_version": "3"}, False), ({"triton_version": "3.6.0\n"}, False),
+    ({"precision": {"rmsnorm": "FP16"}}, False), ({"precision": {"rmsnorm\n": "fp16"}}, False),
+    ({"precision": {"rmsnorm": "fp16\n"}}, False),
+    ({"plugins": [{"op": "rmsnorm", "version": 1, "abi_version": 1, "path": "plugins/rmsnorm/1"}],
+      "files": _plugin_files()}, True),
+    ({"plugins": [{"op": "r" * 65, "version": 1, "abi_version": 1, "path": f"plugins/{'r' * 65}/1"}],
+      "files": _plugin_files(f"plugins/{'r' * 65}/1")}, False),
+    ({"plugins": [{"op": "rmsnorm", "version": 0, "abi_version": 1, "path": "plugins/rmsnorm/0"}],
+      "files": _plugin_files("plugins/rmsnorm/0")}, False),
+    ({"plugins": [{"op": "rmsnorm", "version": 1, "abi_version": 0, "path": "plugins/rmsnorm/1"}],
+      "files": _plugin_files()}, False),
+])
+def test_manifest_bounds_hold_at_their_edges(over, ok):
+    data = canonical_json(_doc(**over))
+    if ok:
+        parse_manifest(data)
+    else:
+        with pytest.raises(VerificationError, match="schema"):
+            parse_manifest(data)
+
+
+def test_attack_plugin_listed_twice_is_refused():
+    ref = {"op": "rmsnorm", "version": 1, "abi_version": 1, "path": "plugins/rmsnorm/1"}
+    with pytest.raises(VerificationError, match="plugin rmsnorm version 1 is listed twice"):
+        parse_manifest(canonical_json(_doc(plugins=[ref, ref], files=_plugin_files())))
+
+
+@pytest.mark.parametrize("missing", ["plugin.json", "golden.safetensors"])
+def test_attack_plugin_without_its_metadata_or_golden_file_is_refused(missing):
+    files = {k: v for k, v in _plugin_files().items() if not k.endswith(missing)}
+    ref = {"op": "rmsnorm", "version": 1, "abi_version": 1, "path": "plugins/rmsnorm/1"}
+    with pytest.raises(VerificationError, match=f"plugins/rmsnorm/1/{missing} is not in files"):
+        parse_manifest(canonical_json(_doc(plugins=[ref], files=files)))
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "manifest.sig"])
+def test_attack_manifest_listing_its_own_files_is_refused(name):
+    with pytest.raises(VerificationError, match=f"{name} cannot list itself"):
+        parse_manifest(canonical_json(_doc(files={name: {"sha256": "b" * 64, "size": 1}})))
+
+
+def test_manifest_size_limit_holds_at_its_edge():
+    data = canonical_json(_doc())
+    at_limit = data + b" " * (MAX_MANIFEST_BYTES - len(data))
+    assert parse_manifest(at_limit).to_bytes() == data  # trailing whitespace is still the same JSON
+    with pytest.raises(VerificationError, match=f"more than the {MAX_MANIFEST_BYTES} a manifest may have"):
+        parse_manifest(at_limit + b" ")
+
+
+@pytest.mark.parametrize("data, message", [(b"[1, 2]", "expected a JSON object, got list"), (b"\xff\xfe", "not valid JSON")])
+def test_attack_manifest_that_is_not_an_object_is_refused(data, message):
+    with pytest.raises(VerificationError, match=message):
+        parse_manifest(data)
+
+
+def test_plugin_files_are_those_under_the_plugin_directory():
+    files = {**_plugin_files(), "plugins/rmsnorm/10/plugin.json": {"sha256": "e" * 64, "size": 1},
+             **_plugin_files("plugins/rmsnorm/10"), "weights/w": {"sha256": "b" * 64, "size": 1}}
+    refs = [{"op": "rmsnorm", "version": v, "abi_version": 1, "path": f"plugins/rmsnorm/{v}"} for v in (1, 10)]
+    m = parse_manifest(canonical_json(_doc(plugins=refs, files=files)))
+    assert sorted(m.plugin_files(m.plugins[0])) == ["golden.safetensors", "plugin.json"]  # not plugins/rmsnorm/10/...
+
+
+def test_validation_errors_are_described_field_by_field_with_a_count():
+    from pydantic import ValidationError
+
+    try:
+        Manifest.model_validate({})
+    except ValidationError as e:
+        text = describe_validation_error(e, limit=2)
+    assert text.count("Field required") == 2 and text.endswith(f"; and {13 - 2} more")
+    try:
+        Manifest.model_validate(_doc(dev_key="yes"), strict=True)
+    except ValidationError as e:
+        assert describe_validation_error(e) == "dev_key: Input should be a valid boolean (got 'yes')"
+
+
+def test_largest_bucket_is_the_last_one():
+    with pytest.raises(VerificationError, match="largest bucket 129 exceeds max_seq_len 128"):
+        parse_manifest(canonical_json(_doc(buckets={"prompt_lengths": [32, 129], "max_seq_len": 128, "batch": 1})))
+
+
+def test_document_level_errors_are_located_at_the_document():
+    ref = {"op": "rmsnorm", "version": 1, "abi_version": 1, "path": "plugins/rmsnorm/1"}
+    with pytest.raises(VerificationError, match=r"schema: \(document\): Value error, plugin rmsnorm version 1"):
+        parse_manifest(canonical_json(_doc(plugins=[ref, ref], files=_plugin_files())))
+
+
+@pytest.mark.parametrize("n_errors, suffix", [(3, ""), (4, "; and 1 more"), (5, "; and 2 more")])
+def test_the_first_three_errors_are_described_and_the_rest_counted(n_errors, suffix):
+    from pydantic import ValidationError
+
+    bad = {"format": 1, "format_version": "x", "edgekit_version": 2, "triton_version": 3, "created_by": 4}
+    doc = _doc(**dict(list(bad.items())[:n_errors]))
+    with pytest.raises(ValidationError) as e:
+        Manifest.model_validate(doc, strict=True)
+    assert e.value.error_count() == n_errors
+    text = describe_validation_error(e.value)
+    assert text.count(": ") == 3 + suffix.count(": ") and text.endswith(suffix or ")")
+
+
+def test_manifest_model_cannot_be_altered():
+    from pydantic import ValidationError
+
+    m = parse_manifest(canonical_json(_doc()))
+    with pytest.raises(ValidationError):
+        m.dev_key = True

@@ -243,15 +243,24 @@ def test_attack_garbage_is_refused(public_key):
         verify_plugin_package(b"\x00garbage" * 100, [public_key])
 
 
-def test_attack_index_and_metadata_disagree(signing_key, public_key):
-    """A validly signed package whose signed index says version 3 but plugin.json says 2."""
+def _resigned(signing_key, mutate_index, mutate_files=None) -> bytes:
+    """A version-2 package changed by a signer (an attacker holding a trusted key, or a buggy builder): the
+    index is edited and signed again, so only the checks after the signature can refuse it."""
     files = _members(pack_plugin(_meta(version=2), rmsnorm_plugin_files(), signing_key))
+    if mutate_files is not None:
+        mutate_files(files)
     index = json.loads(files["index.json"])
-    index["version"] = 3
+    mutate_index(index, files)
     files["index.json"] = canonical_json(index)
     files["package.sig"] = signing_key.sign(files["index.json"])
+    return tar_bytes(files)
+
+
+def test_attack_index_and_metadata_disagree(signing_key, public_key):
+    """A validly signed package whose signed index says version 3 but plugin.json says 2."""
+    data = _resigned(signing_key, lambda index, files: index.update(version=3))
     with pytest.raises(VerificationError, match="version 2 differs from the signed index's 3"):
-        verify_plugin_package(tar_bytes(files), [public_key])
+        verify_plugin_package(data, [public_key])
 
 
 def test_ptx_for_another_arch_is_refused_at_pack_time(signing_key):
@@ -284,3 +293,322 @@ def test_verified_plugin_satisfies_the_runtime_admission_protocol(package, publi
     assert isinstance(vp, policy.VerifiedPluginLike)
     dp = policy.DevicePolicy(device_arch=f"sm_{ARCH}", known_abi={"rmsnorm": 1}, triton_abis={"3.6"})
     assert policy.admit(vp, dp, policy.OpState(active="1")) == "2"
+
+
+# ---- issue 19: kernel files, limits at their edge ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cubin", [b"", b"ELF\x7f" + fake_cubin()[4:], b"\x7fEL", b"// PTX text\n.target sm_87\n"])
+def test_attack_cubin_without_an_elf_header_is_refused(signing_key, cubin):
+    files = {**rmsnorm_plugin_files(), "kernel.cubin": cubin}
+    with pytest.raises(VerificationError, match="not a cubin \\(no ELF header\\)") as e:
+        pack_plugin(_meta(), files, signing_key)
+    assert e.value.file == "kernel.cubin"
+
+
+def test_attack_signed_package_with_a_non_elf_cubin_is_refused(signing_key, public_key):
+    """A trusted signer's build that shipped the wrong file as the cubin (checked again at verify time)."""
+    import hashlib
+
+    def list_the_new_cubin(index, files):
+        cubin = files["kernel.cubin"]
+        index["files"]["kernel.cubin"] = {"sha256": hashlib.sha256(cubin).hexdigest(), "size": len(cubin)}
+
+    data = _resigned(signing_key, list_the_new_cubin, lambda files: files.update({"kernel.cubin": b"garbage, not ELF"}))
+    with pytest.raises(VerificationError, match="no ELF header") as e:
+        verify_plugin_package(data, [public_key])
+    assert e.value.file == "package:kernel.cubin"
+
+
+@pytest.mark.parametrize("ptx, message", [
+    (b"// no target here\n.visible .entry rmsnorm_fwd_kernel(\n", "no .target directive"),
+    (fake_ptx().replace(b".target sm_87", b".target sm_87a"), None),  # arch-specific suffix is the same arch
+    (fake_ptx().replace(b".entry rmsnorm_fwd_kernel(", b".entry rmsnorm_fwd_kernel_2("), "no entry point"),
+    (fake_ptx().replace(b".entry rmsnorm_fwd_kernel(", b".func rmsnorm_fwd_kernel("), "no entry point"),
+])
+def test_ptx_must_target_the_arch_and_define_the_entry(signing_key, ptx, message):
+    files = {**rmsnorm_plugin_files(), "kernel.ptx": ptx}
+    if message is None:
+        pack_plugin(_meta(), files, signing_key)
+        return
+    with pytest.raises(VerificationError, match=message):
+        pack_plugin(_meta(), files, signing_key)
+
+
+def test_package_size_limit_holds_at_its_edge(package, public_key):
+    assert verify_plugin_package(package, [public_key], max_bytes=len(package)).version == 2
+    with pytest.raises(VerificationError, match=f"{len(package)} bytes exceeds the {len(package) - 1}-byte limit"):
+        verify_plugin_package(package, [public_key], max_bytes=len(package) - 1)
+
+
+def test_default_package_size_limit_is_64_mib(public_key):
+    from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
+
+    assert MAX_PACKAGE_BYTES == 64 << 20
+    with pytest.raises(VerificationError, match="exceeds the 67108864-byte limit"):
+        verify_plugin_package(b"\0" * (MAX_PACKAGE_BYTES + 1), [public_key])
+    with pytest.raises(VerificationError, match="not a readable tar"):  # at the limit: the size check lets it by
+        verify_plugin_package(b"\1" * MAX_PACKAGE_BYTES, [public_key])
+
+
+def test_package_member_count_limit_holds_at_its_edge(package, public_key):
+    files = _members(package)
+    padding = {f"pad{i:02}": b"" for i in range(64 - len(files))}
+    with pytest.raises(VerificationError, match="not listed in the signed index"):  # 64 members: read, then refused
+        verify_plugin_package(tar_bytes({**files, **padding}), [public_key])
+    with pytest.raises(VerificationError, match="more than 64 members"):
+        verify_plugin_package(tar_bytes({**files, **padding, "pad_one_more": b""}), [public_key])
+
+
+def test_attack_package_without_plugin_json_is_refused(signing_key, public_key):
+    data = _resigned(signing_key, lambda index, files: index["files"].pop("plugin.json"),
+                     lambda files: files.pop("plugin.json"))
+    with pytest.raises(VerificationError, match="missing") as e:
+        verify_plugin_package(data, [public_key])
+    assert e.value.file == "package:plugin.json"
+
+
+def test_attack_signed_index_that_does_not_follow_its_schema_is_refused(signing_key, public_key):
+    for mutate in (lambda i, f: i.update(version="2"), lambda i, f: i["files"].update({"../x": i["files"]["plugin.json"]}),
+                   lambda i, f: i["files"].update({"index.json": i["files"]["plugin.json"]}),
+                   lambda i, f: i.update(version=0)):
+        with pytest.raises(VerificationError, match="schema") as e:
+            verify_plugin_package(_resigned(signing_key, mutate), [public_key])
+        assert e.value.file == "package:index.json"
+
+
+def test_attack_signed_member_of_the_wrong_size_is_refused(signing_key, public_key):
+    def one_byte_more(index, files):
+        index["files"]["kernel.cubin"]["size"] += 1
+
+    with pytest.raises(VerificationError, match="the signed index says"):
+        verify_plugin_package(_resigned(signing_key, one_byte_more), [public_key])
+
+
+@pytest.mark.parametrize("field", ["op", "arch"])
+def test_attack_index_and_metadata_disagree_on_op_or_arch(signing_key, public_key, field):
+    data = _resigned(signing_key, lambda index, files: index.update({field: {"op": "swiglu", "arch": 90}[field]}))
+    with pytest.raises(VerificationError, match=f"{field} .* differs from the signed index"):
+        verify_plugin_package(data, [public_key])
+
+
+def test_pack_refuses_files_that_do_not_match_the_metadata(signing_key):
+    with pytest.raises(VerificationError, match=r"files missing \['kernel.ptx'\], unexpected \['other.bin'\]"):
+        files = {**rmsnorm_plugin_files(), "other.bin": b"x"}
+        del files["kernel.ptx"]
+        pack_plugin(_meta(), files, signing_key)
+    with pytest.raises(VerificationError, match="differs from the metadata object"):
+        pack_plugin(_meta(), {**rmsnorm_plugin_files(), "plugin.json": _meta(version=5).to_bytes()}, signing_key)
+    same = pack_plugin(_meta(), {**rmsnorm_plugin_files(), "plugin.json": _meta().to_bytes()}, signing_key)
+    assert same == pack_plugin(_meta(), rmsnorm_plugin_files(), signing_key)
+
+
+@pytest.mark.parametrize("doc, field", [
+    (_with_kernel(num_warps=1), None), (_with_kernel(num_warps=16), None),
+    (_with_kernel(num_stages=1), None), (_with_kernel(num_stages=8), None), (_with_kernel(num_stages=9), "num_stages"),
+    (_with_kernel(shared_bytes=0), None), (_with_kernel(shared_bytes=166912), None),
+    (_with_kernel(shared_bytes=166913), "exceeds sm_87's 166912"),
+    (_with_kernel(global_scratch_size=0), None), (_with_kernel(global_scratch_size=1 << 30), None),
+    (_with_kernel(global_scratch_size=(1 << 30) + 1), "global_scratch_size"),
+    (_with_kernel(global_scratch_size=-1), "global_scratch_size"),
+    (_with_kernel(global_scratch_align=1), None), (_with_kernel(global_scratch_align=4096), None),
+    (_with_kernel(global_scratch_align=8192), "global_scratch_align"), (_with_kernel(global_scratch_align=0), "global_scratch_align"),
+    (_with_kernel(registers=0), None), (_with_kernel(registers=255), None), (_with_kernel(registers=256), "registers"),
+    (_with_kernel(registers=-1), "registers"),
+    (_with_kernel(ptx_version=60), None), (_with_kernel(ptx_version=200), None),
+    (_with_kernel(ptx_version=59), "ptx_version"), (_with_kernel(ptx_version=201), "ptx_version"),
+    (_with_kernel(kernel="k" * 64), "is not in the plugin"), (_with_kernel(kernel="k" * 65), "at most 64 characters"),
+    (_with_kernel(name="n" * 256), None), (_with_kernel(name="n" * 257), "at most 256 characters"),
+    (_with_kernel(cubin="c" * 74 + ".cubin"), None), (_with_kernel(cubin="c" * 75 + ".cubin"), "at most 80 characters"),
+    (_with_kernel(ptx="p" * 76 + ".ptx"), None), (_with_kernel(ptx="p" * 77 + ".ptx"), "at most 80 characters"),
+    (_with_kernel(constexprs={"BLOCK_C": 1024, "1bad": 2}), "not an identifier"),
+    (_with_kernel(precision={"in put": "fp16"}), "not an identifier"),
+    (_with_kernel(spills={"stores": 0, "loads": 0}), None),
+    (_with_kernel(signature=[["1x", "*fp16"]] + rmsnorm_metadata()["kernels"][0]["signature"][1:]), "not an identifier"),
+    ({**rmsnorm_metadata(), "hidden_args": 0, "triton_version": "3.4.0"}, "does not match Triton 3.4"),
+    ({**rmsnorm_metadata(), "hidden_args": -1}, "greater than or equal to 0"),
+    ({**rmsnorm_metadata(), "hidden_args": 4}, "hidden_args 4 does not match Triton 3.6"),
+    ({**rmsnorm_metadata(), "hidden_args": 5}, "less than or equal to 4"),
+    ({**rmsnorm_metadata(), "version": 1}, None), ({**rmsnorm_metadata(), "abi_version": 1}, None),
+    ({**rmsnorm_metadata(), "op": "r" * 64}, "launch program is for op"), ({**rmsnorm_metadata(), "op": "r" * 65}, "at most 64 characters"),
+    ({**rmsnorm_metadata(), "description": "d" * 500}, None), ({**rmsnorm_metadata(), "description": "d" * 501}, "at most 500 characters"),
+    ({**rmsnorm_metadata(), "triton_version": "3." + "6" * 62}, "no known kernel ABI"),
+    ({**rmsnorm_metadata(), "triton_version": "3.6." + "0" * 61}, "triton_version"),
+    ({**rmsnorm_metadata(), "kernels": [dict(rmsnorm_metadata()["kernels"][0], kernel=f"k{i}", cubin=f"k{i}.cubin",
+                                              ptx=f"k{i}.ptx") for i in range(17)]}, "kernels"),
+    ({**rmsnorm_metadata(), "format": "edgekit-bundle"}, "not edgekit plugin metadata"),
+])
+def test_plugin_metadata_bounds_hold_at_their_edges(doc, field):
+    if field is None:
+        _parse(doc)
+        return
+    with pytest.raises(VerificationError) as e:
+        _parse(doc)
+    assert field in str(e.value)
+
+
+def test_optional_kernel_fields_default_to_no_scratch_and_no_statistics():
+    kernel = {k: v for k, v in rmsnorm_metadata()["kernels"][0].items() if k not in ("global_scratch_size", "global_scratch_align")}
+    m = _parse({**rmsnorm_metadata(), "kernels": [kernel]})
+    k = m.kernels[0]
+    assert (k.global_scratch_size, k.global_scratch_align, k.registers, k.spills, k.dtype) == (0, 1, None, None, None)
+    with pytest.raises(Exception):
+        k.num_warps = 8  # frozen: what was verified is what is launched
+
+
+def test_signature_of_at_most_64_parameters_is_accepted():
+    from edgekit.bundle.plugin import KernelEntry
+
+    base = rmsnorm_metadata()["kernels"][0]
+    KernelEntry.model_validate(dict(base, signature=[[f"p{i}", "i32"] for i in range(64)]))
+    with pytest.raises(Exception, match="signature"):
+        KernelEntry.model_validate(dict(base, signature=[[f"p{i}", "i32"] for i in range(65)]))
+
+
+def test_plugin_metadata_that_is_not_json_or_not_an_object_is_refused():
+    with pytest.raises(VerificationError, match="not valid JSON"):
+        parse_plugin_metadata(b"{nope")
+    with pytest.raises(VerificationError, match="format is 'list'"):
+        parse_plugin_metadata(b"[1, 2]")
+
+
+def test_loader_metadata_is_what_the_launcher_reads():
+    m = _meta()
+    md = m.loader_metadata("rmsnorm_fwd")
+    assert md["name"] == "rmsnorm_fwd_kernel" and md["hidden_args"] == 2 and md["arch"] == 87
+    assert md["signature"][0] == ["x_ptr", "*fp16"] and md["num_warps"] == 4
+    with pytest.raises(KeyError):
+        m.kernel_entry("nope")
+
+
+def test_operator_compat_refuses_an_unknown_operator():
+    with pytest.raises(VerificationError, match="operator 'rmsnorm' is not one of this edgekit's: swiglu"):
+        check_operator_compat(_meta(), operators={"swiglu": object()})
+
+
+@pytest.mark.parametrize("doc", [
+    _with_kernel(signature=[["x_ptr\n", "*fp16"]] + rmsnorm_metadata()["kernels"][0]["signature"][1:]),
+    _with_kernel(signature=[["x_ptr", "*fp16\n"]] + rmsnorm_metadata()["kernels"][0]["signature"][1:]),
+    _with_kernel(constexprs={"BLOCK_C\n": 1024}),
+])
+def test_attack_metadata_names_with_a_trailing_newline_are_refused(doc):
+    with pytest.raises(VerificationError, match="schema"):
+        _parse(doc)
+
+
+def test_attack_index_file_name_with_a_trailing_newline_is_refused():
+    from edgekit.bundle.plugin import PackageIndex
+
+    entry = {"sha256": "0" * 64, "size": 1}
+    with pytest.raises(Exception, match="not allowed in a package index"):
+        PackageIndex.model_validate({"format": "edgekit-plugin-package", "format_version": 1, "op": "rmsnorm",
+                                     "version": 1, "arch": 87, "files": {"kernel.cubin\n": entry}})
+
+
+# ---- plugin_from_compiled: the bridge from the compiler (stand-in compiled kernels, no Triton run) -------------------
+
+class _Compiled:
+    """What plugin_from_compiled reads from kernels/aot.py's CompiledKernel."""
+
+    def __init__(self, symbol="rmsnorm_fwd_kernel", arch=ARCH, triton_version="3.6.0", hidden_args=2, ptx_str=True):
+        self.arch, self.triton_version, self.hidden_args = arch, triton_version, hidden_args
+        self.cubin = bytearray(fake_cubin(symbol.encode()))
+        ptx = fake_ptx(arch, symbol)
+        self.ptx = ptx.decode() if ptx_str else ptx
+        self._symbol = symbol
+
+    def metadata(self):
+        return {
+            "name": self._symbol, "num_warps": 4, "num_stages": 1, "shared_bytes": 0, "global_scratch_size": 0,
+            "global_scratch_align": 1, "signature": rmsnorm_metadata()["kernels"][0]["signature"],
+            "variant": {"constexprs": {"BLOCK_C": 1024}, "dtype": "fp16"},
+            "precision": {"input": "fp16", "accumulate": "fp32", "output": "fp16"},
+            "registers": 40, "spills": {"stores": 0, "loads": 0}, "ptx_version": 84,
+        }
+
+
+def _two_kernel_program():
+    prog = copy.deepcopy(rmsnorm_metadata()["launch"])
+    first = prog["launches"][0]
+    prog["launches"] = [dict(first, kernel="k_a"), dict(first, kernel="k_b")]
+    return prog
+
+
+def test_plugin_from_one_compiled_kernel_packs_and_verifies(signing_key, public_key):
+    from edgekit.bundle.plugin import plugin_from_compiled
+
+    meta, files = plugin_from_compiled("rmsnorm", 3, {"rmsnorm_fwd": _Compiled()}, rmsnorm_metadata()["launch"],
+                                       rmsnorm_plugin_files()["golden.safetensors"], description="d")
+    assert sorted(files) == ["golden.safetensors", "kernel.cubin", "kernel.ptx"]
+    assert isinstance(files["kernel.cubin"], bytes) and isinstance(files["kernel.ptx"], bytes)
+    (k,) = meta.kernels
+    assert (meta.version, meta.abi_version, meta.arch, meta.hidden_args, meta.description) == (3, 1, ARCH, 2, "d")
+    assert (k.kernel, k.name, k.cubin, k.registers, k.dtype, k.constexprs) == (
+        "rmsnorm_fwd", "rmsnorm_fwd_kernel", "kernel.cubin", 40, "fp16", {"BLOCK_C": 1024})
+    assert verify_plugin_package(pack_plugin(meta, files, signing_key), [public_key]).version == 3
+
+
+def test_plugin_from_several_compiled_kernels_names_files_after_them():
+    from edgekit.bundle.plugin import plugin_from_compiled
+
+    compiled = {"k_b": _Compiled("kb_kernel", ptx_str=False), "k_a": _Compiled("ka_kernel")}
+    meta, files = plugin_from_compiled("rmsnorm", 1, compiled, _two_kernel_program(), b"golden")
+    assert sorted(files) == ["golden.safetensors", "k_a.cubin", "k_a.ptx", "k_b.cubin", "k_b.ptx"]
+    assert [(k.kernel, k.name, k.ptx) for k in meta.kernels] == [("k_a", "ka_kernel", "k_a.ptx"), ("k_b", "kb_kernel", "k_b.ptx")]
+
+
+@pytest.mark.parametrize("op, compiled, message", [
+    ("conv2d", {"rmsnorm_fwd": _Compiled()}, "unknown operator"),
+    ("rmsnorm", {}, "at least one compiled kernel"),
+    ("rmsnorm", {"k_a": _Compiled("ka"), "k_b": _Compiled("kb", arch=90)}, "kernels disagree on arch"),
+    ("rmsnorm", {"k_a": _Compiled("ka"), "k_b": _Compiled("kb", triton_version="3.5.0")}, "disagree on triton_version"),
+    ("rmsnorm", {"k_a": _Compiled("ka"), "k_b": _Compiled("kb", hidden_args=1)}, "disagree on hidden_args"),
+])
+def test_plugin_from_compiled_refuses_inconsistent_input(op, compiled, message):
+    from edgekit.bundle.plugin import plugin_from_compiled
+
+    with pytest.raises(VerificationError, match=message):
+        plugin_from_compiled(op, 1, compiled, _two_kernel_program(), b"golden")
+
+
+def test_plugin_from_compiled_checks_the_kernel_files():
+    from edgekit.bundle.plugin import plugin_from_compiled
+
+    bad = _Compiled()
+    bad.cubin = b"not an ELF"
+    with pytest.raises(VerificationError, match="no ELF header"):
+        plugin_from_compiled("rmsnorm", 1, {"rmsnorm_fwd": bad}, rmsnorm_metadata()["launch"], b"golden")
+
+
+def test_plugin_files_are_read_back_from_a_plugin_directory(tmp_path):
+    from edgekit.bundle.plugin import plugin_files_from_dir
+
+    files = {**rmsnorm_plugin_files(), "plugin.json": _meta().to_bytes()}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "unrelated.txt").write_bytes(b"not part of the plugin")
+    assert plugin_files_from_dir(tmp_path) == files
+
+
+def test_a_verified_plugin_cannot_be_altered(package, public_key):
+    import dataclasses
+
+    vp = verify_plugin_package(package, [public_key])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        vp.key_id = "0" * 64
+    assert vp.golden == vp.files["golden.safetensors"] and not vp.dev_key
+
+
+def test_attack_signed_extra_member_that_plugin_json_does_not_name_is_refused(signing_key, public_key):
+    """A signer lists an unreferenced payload in the index: every hash checks out, but plugin.json does not
+    name the file, so it must not reach the device (the store would write it into the slot)."""
+    import hashlib
+
+    payload = b"\x7fELF not a kernel"
+
+    def list_payload(index, files):
+        index["files"]["payload.so"] = {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+
+    data = _resigned(signing_key, list_payload, lambda files: files.update({"payload.so": payload}))
+    with pytest.raises(VerificationError, match=r"members do not match plugin.json: missing \[\], unexpected \['payload.so'\]"):
+        verify_plugin_package(data, [public_key])

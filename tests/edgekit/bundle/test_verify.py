@@ -220,3 +220,242 @@ def test_verify_never_modifies_the_bundle(bundle, public_key):
     before = {rel: (bundle / rel).read_bytes() for rel in list_tree(bundle)}
     verify_bundle(bundle, [public_key], local_arch=None)
     assert {rel: (bundle / rel).read_bytes() for rel in list_tree(bundle)} == before
+
+
+# ---- issue 19: a file changed while being verified, special files, each refusal on its own -------------------------
+
+import threading  # noqa: E402
+
+from bundle_builders import rmsnorm_golden  # noqa: E402
+
+from edgekit.bundle import verify as verify_module  # noqa: E402
+
+
+def _swap_after_hashing(monkeypatch, bundle, rel, new_bytes):
+    """The attacker replaces `rel` right after the verifier hashed it (time of check / time of use)."""
+    real = verify_module.sha256_file
+
+    def hash_then_swap(path):
+        digest = real(path)
+        if str(path).endswith(rel):
+            (bundle / rel).write_bytes(new_bytes)
+        return digest
+
+    monkeypatch.setattr(verify_module, "sha256_file", hash_then_swap)
+
+
+def test_attack_plugin_metadata_swapped_after_hashing_is_refused(bundle, public_key, monkeypatch):
+    swapped = rmsnorm_metadata()
+    swapped["kernels"][0]["num_warps"] = 8  # a valid plugin.json, just not the signed one
+    _swap_after_hashing(monkeypatch, bundle, "plugins/rmsnorm/1/plugin.json", canonical_json(swapped))
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert ("plugin", "plugins/rmsnorm/1/plugin.json", "changed while the bundle was being verified") in _fails(r)
+
+
+def test_attack_golden_file_swapped_after_hashing_is_refused(bundle, public_key, monkeypatch):
+    _swap_after_hashing(monkeypatch, bundle, "golden/rmsnorm.safetensors", rmsnorm_golden(seed=7))  # valid, unsigned
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert _fails(r) == [("golden", "golden/rmsnorm.safetensors", "changed while the bundle was being verified")]
+
+
+def test_attack_fifo_inside_a_bundle_is_refused_without_hanging(bundle, public_key):
+    """Opening a FIFO to hash it would block forever: it must be refused from its directory entry."""
+    os.mkfifo(bundle / "weights" / "pipe")
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(r=verify_bundle(bundle, [public_key], local_arch=None)),
+                              daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    if worker.is_alive():  # unblock the reader so the thread ends, then fail
+        fd = os.open(bundle / "weights" / "pipe", os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        worker.join(timeout=10)
+        pytest.fail("verification hung opening a FIFO inside the bundle")
+    assert _fails(result["r"]) == [("file", "weights/pipe", "is not a regular file (device, FIFO or socket)")]
+
+
+def test_attack_manifest_or_signature_that_is_a_symlink_counts_as_missing(bundle, public_key, tmp_path):
+    os.rename(bundle / "manifest.sig", tmp_path / "elsewhere.sig")
+    os.symlink(tmp_path / "elsewhere.sig", bundle / "manifest.sig")
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert _fails(r)[0][:2] == ("signature", "manifest.sig") and "missing" in _fails(r)[0][2]
+
+
+def test_missing_manifest_is_refused_and_nothing_else_is_checked(bundle, public_key):
+    os.remove(bundle / "manifest.json")
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert [(c.check, c.file, c.status) for c in r.checks] == [("manifest", "manifest.json", "fail")]
+    assert r.manifest is None and r.to_dict()["plugins"] == [] and r.to_dict()["target"] is None
+
+
+def test_nonexistent_bundle_path_is_a_clear_error(tmp_path, public_key):
+    with pytest.raises(VerificationError, match="no such bundle directory or archive"):
+        verify_bundle(tmp_path / "nope", [public_key], local_arch=None)
+
+
+def test_attack_file_of_the_right_hash_but_wrong_size_is_refused(bundle, signing_key, public_key):
+    resign(bundle, signing_key, lambda d: d["files"]["model.onnx"].update(size=d["files"]["model.onnx"]["size"] + 1))
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert _fails(r) == [("file", "model.onnx", "size 13 bytes, the manifest says 14")]
+
+
+def test_attack_plugin_metadata_disagreeing_with_the_manifest_is_refused(bundle, signing_key, public_key):
+    for key, value, message in (("version", 2, "version 2 differs from the manifest's 1"),
+                                ("abi_version", 2, "abi_version 2 differs from the manifest's 1")):
+        meta = rmsnorm_metadata()
+        meta[key] = value
+        (bundle / "plugins/rmsnorm/1/plugin.json").write_bytes(canonical_json(meta))
+        resign(bundle, signing_key)
+        r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+        assert _fails(r) == [("plugin", "plugins/rmsnorm/1/plugin.json", message)]
+
+
+def test_attack_plugin_directory_with_a_file_plugin_json_does_not_name_is_refused(bundle, signing_key, public_key):
+    (bundle / "plugins/rmsnorm/1/payload.so").write_bytes(b"\x7fELF")
+    resign(bundle, signing_key)  # a signer who lists the extra file: the plugin still does not need it
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    (fail,) = _fails(r)
+    assert fail[:2] == ("plugin", "plugins/rmsnorm/1/plugin.json") and "unexpected ['payload.so']" in fail[2]
+
+
+def test_attack_plugin_for_an_unknown_abi_or_with_a_non_elf_cubin_is_refused(bundle, signing_key, public_key):
+    (bundle / "plugins/rmsnorm/1/kernel.cubin").write_bytes(b"not ELF")
+    resign(bundle, signing_key)
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert _fails(r) == [("plugin", "plugins/rmsnorm/1/kernel.cubin", "not a cubin (no ELF header)")]
+    (skipped,) = [c for c in r.checks if c.check == "golden" and c.file == "plugins/rmsnorm/1/golden.safetensors"]
+    assert skipped.status == "skip" and "failed its plugin checks" in skipped.reason
+
+
+def test_golden_file_that_failed_its_hash_is_not_run(bundle, public_key):
+    (bundle / "golden/rmsnorm.safetensors").write_bytes(rmsnorm_golden(seed=9))
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    (g,) = [c for c in r.checks if c.check == "golden" and c.file.startswith("golden/")]
+    assert (g.status, g.reason) == ("skip", "not run: the file failed its hash check")
+
+
+def test_attack_unreadable_golden_file_is_a_failed_check(bundle, signing_key, public_key):
+    (bundle / "golden/rmsnorm.safetensors").write_bytes(b"\0" * 16)
+    resign(bundle, signing_key)
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    (fail,) = _fails(r)
+    assert fail[:2] == ("golden", "golden/rmsnorm.safetensors") and "safetensors" in fail[2]
+
+
+def test_golden_vectors_can_be_skipped_and_the_report_says_so(bundle, public_key):
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    assert r.ok and [(c.status, c.reason) for c in r.checks if c.check == "golden"] == [
+        ("skip", "golden vectors not run (disabled)")]
+
+
+def test_report_json_and_raise_name_the_first_failure(bundle, public_key):
+    os.remove(bundle / "model.onnx")
+    (bundle / "extra.bin").write_bytes(b"x")
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    d = r.to_dict()
+    assert d["ok"] is False and d["failures"] == 2 and d["target"] == {"name": "orin", "arch": 87}
+    assert d["plugins"][0]["op"] == "rmsnorm" and d["dev_key"] is False and d["format_version"] == 1
+    with pytest.raises(VerificationError, match=r"file: missing.*\(and 1 more failed checks\)") as e:
+        r.raise_if_failed()
+    assert e.value.file == "model.onnx"
+
+
+def test_runner_for_root_is_given_the_bundle_root(bundle, tmp_path, public_key):
+    roots = []
+
+    def runner_for_root(root):
+        roots.append(root)
+        return run_reference
+
+    assert verify_bundle(bundle, [public_key], runner_for_root=runner_for_root, local_arch=None).ok
+    tar = write_archive(bundle, tmp_path / "b.tar")
+    assert verify_bundle(tar, [public_key], runner_for_root=runner_for_root, local_arch=None).ok
+    assert roots[0] == bundle and roots[1].name == "bundle" and not roots[1].exists()  # temp dir removed
+
+
+def test_arch_older_than_the_target_is_reported(bundle, public_key):
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=80)
+    (c,) = [c for c in r.checks if c.check == "arch"]
+    assert r.ok and c.status == "warn" and "plugins cannot run here" in c.reason
+
+
+def test_local_arch_is_detected_when_not_given(bundle, public_key, monkeypatch):
+    monkeypatch.setattr(verify_module, "detect_local_arch", lambda: 87)
+    r = verify_bundle(bundle, [public_key], run_golden=None)
+    assert [c.status for c in r.checks if c.check == "arch"] == ["pass"]
+
+
+def test_attack_truncated_archive_is_refused_by_verify(bundle, tmp_path, public_key):
+    tar = write_archive(bundle, tmp_path / "b.tar")
+    data = tar.read_bytes()
+    (tmp_path / "cut.tar").write_bytes(data[: data.index(b"stand-in onnx") + 5])  # inside a member's data
+    r = verify_bundle(tmp_path / "cut.tar", [public_key], local_arch=None)
+    (fail,) = r.failures
+    assert fail.check == "archive" and ("not a readable tar archive" in fail.reason or "truncated" in fail.reason)
+
+
+def test_a_single_failure_is_raised_without_a_count(bundle, public_key):
+    os.remove(bundle / "model.onnx")
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    with pytest.raises(VerificationError) as e:
+        r.raise_if_failed()
+    assert "more failed checks" not in str(e.value)
+
+
+def test_attack_dev_key_manifest_is_refused_by_default_in_the_pure_checks(tmp_path):
+    b = write_bundle(tmp_path / "b", development_key())
+    with pytest.raises(VerificationError, match="public development key"):
+        verify_manifest((b / "manifest.json").read_bytes(), (b / "manifest.sig").read_bytes(), [])
+    files = {rel: (b / rel).read_bytes() for rel in list_tree(b)}
+    assert _fails(verify_bundle_bytes(files, []))[0][:2] == ("signature", "manifest.sig")
+    assert verify_bundle_bytes(files, [], allow_dev_key=True).ok
+
+
+def test_the_first_disagreement_with_the_manifest_is_named(bundle, signing_key, public_key):
+    meta = rmsnorm_metadata()
+    meta["version"], meta["abi_version"] = 2, 2
+    (bundle / "plugins/rmsnorm/1/plugin.json").write_bytes(canonical_json(meta))
+    resign(bundle, signing_key)
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    assert _fails(r) == [("plugin", "plugins/rmsnorm/1/plugin.json", "version 2 differs from the manifest's 1")]
+
+
+def test_a_runner_returning_the_wrong_shape_is_a_failed_check_not_a_crash(bundle, public_key):
+    def wrong_shape(op, inputs, attrs, plugin):
+        return run_reference(op, inputs, attrs)[:1]
+
+    r = verify_bundle(bundle, [public_key], run_golden=wrong_shape, local_arch=None)
+    assert {f for _, f, _ in _fails(r)} == {"plugins/rmsnorm/1/golden.safetensors#t4", "golden/rmsnorm.safetensors#t4"}
+    assert all("has shape" in reason for _, _, reason in _fails(r))
+
+
+def test_only_safetensors_under_golden_are_golden_vectors(bundle, signing_key, public_key):
+    (bundle / "golden/README.txt").write_bytes(b"how these vectors were made")
+    resign(bundle, signing_key)
+    r = verify_bundle(bundle, [public_key], local_arch=None)
+    assert r.ok and not [c for c in r.checks if c.check == "golden" and "README" in c.file]
+
+
+def test_local_arch_is_the_first_gpu_s_compute_capability(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: {0: (8, 7)}[index])
+    assert verify_module.detect_local_arch() == 87
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (_ for _ in ()).throw(RuntimeError("no driver")))
+    assert verify_module.detect_local_arch() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert verify_module.detect_local_arch() is None
+
+
+def test_checks_cannot_be_altered_after_the_fact(bundle, public_key):
+    import dataclasses
+
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.checks[0].status = "pass"
+    v = verify_manifest((bundle / "manifest.json").read_bytes(), (bundle / "manifest.sig").read_bytes(), [public_key])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.key_id = "x"
+    assert r.checks[0].to_dict() == {"check": "signature", "file": "manifest.sig", "status": "pass",
+                                     "reason": r.checks[0].reason}

@@ -131,3 +131,123 @@ def test_add_tree_copies_a_directory_and_refuses_links(tmp_path):
         os.symlink("/etc/passwd", src / "evil")
         with pytest.raises(BundleError, match="symbolic link"):
             w.add_tree("tokenizer2", src)
+
+
+# ---- issue 19: what the writer writes, and each refusal --------------------------------------------------------------
+
+import json  # noqa: E402
+import stat  # noqa: E402
+
+from edgekit.bundle.verify import verify_bundle  # noqa: E402
+
+
+def test_written_files_are_0644_and_the_manifest_lists_them_sorted(tmp_path, signing_key, public_key):
+    old = os.umask(0o077)
+    try:
+        src = tmp_path / "w.bin"
+        src.write_bytes(b"w" * 10)
+        with BundleWriter(tmp_path / "b") as w:
+            w.add_bytes("z.bin", b"z")
+            w.add_file("a/w.bin", src)
+            w.add_plugin(PluginMetadata.model_validate(rmsnorm_metadata(2)), rmsnorm_plugin_files())
+            w.add_plugin(PluginMetadata.model_validate(rmsnorm_metadata(1)), rmsnorm_plugin_files())
+            m = w.finish(key=signing_key, **_manifest_fields())
+    finally:
+        os.umask(old)
+    b = tmp_path / "b"
+    assert {stat.S_IMODE((b / rel).stat().st_mode) for rel in list_tree(b)} == {0o644}
+    assert list(json.loads((b / "manifest.json").read_bytes())["files"]) == sorted(m.files)
+    assert [(p.op, p.version) for p in m.plugins] == [("rmsnorm", 1), ("rmsnorm", 2)]
+    assert m.created_by == f"edgekit {m.edgekit_version}"
+    assert verify_bundle(b, [public_key], run_golden=None, local_arch=None).ok
+
+
+def test_versions_default_to_the_running_ones(tmp_path, signing_key):
+    import triton
+
+    from edgekit import __version__
+
+    fields = _manifest_fields()
+    fields.pop("triton_version")
+    with BundleWriter(tmp_path / "b") as w:
+        m = w.finish(key=signing_key, **fields, created_by="ci build 42")
+    assert (m.triton_version, m.edgekit_version, m.created_by) == (triton.__version__, __version__, "ci build 42")
+
+
+def test_the_same_plugin_cannot_be_added_twice(tmp_path):
+    meta = PluginMetadata.model_validate(rmsnorm_metadata())
+    with BundleWriter(tmp_path / "b") as w:
+        w.add_plugin(meta, rmsnorm_plugin_files())
+        with pytest.raises(BundleError, match="rmsnorm v1 was already added"):
+            w.add_plugin(meta, rmsnorm_plugin_files())
+
+
+def test_plugin_json_given_with_the_files_must_be_the_metadata(tmp_path, signing_key, public_key):
+    meta = PluginMetadata.model_validate(rmsnorm_metadata())
+    with BundleWriter(tmp_path / "b") as w:
+        with pytest.raises(BundleError, match="differs from the metadata object"):
+            w.add_plugin(meta, {**rmsnorm_plugin_files(), "plugin.json": PluginMetadata.model_validate(rmsnorm_metadata(3)).to_bytes()})
+        w.add_plugin(meta, {**rmsnorm_plugin_files(), "plugin.json": meta.to_bytes()})
+        w.finish(key=signing_key, **_manifest_fields())
+    assert (tmp_path / "b/plugins/rmsnorm/1/plugin.json").read_bytes() == meta.to_bytes()
+
+
+def test_an_output_that_appears_during_the_build_is_not_replaced(tmp_path, signing_key):
+    w = BundleWriter(tmp_path / "b")
+    (tmp_path / "b").mkdir()  # another build finished first
+    with pytest.raises(BundleError, match="appeared while building"):
+        w.finish(key=signing_key, **_manifest_fields())
+    w.abort()
+    assert list((tmp_path / "b").iterdir()) == []
+
+
+def test_a_stale_partial_directory_of_this_process_is_replaced(tmp_path, signing_key):
+    stale = tmp_path / f".b.partial-{os.getpid()}"
+    stale.mkdir()
+    (stale / "junk").write_bytes(b"x")
+    with BundleWriter(tmp_path / "b") as w:
+        w.finish(key=signing_key, **_manifest_fields())
+    assert list_tree(tmp_path / "b") == ["manifest.json", "manifest.sig"]
+
+
+def test_files_property_is_a_copy(tmp_path):
+    with BundleWriter(tmp_path / "b") as w:
+        w.add_bytes("a", b"1")
+        w.files["b"] = None  # type: ignore[index]
+        assert list(w.files) == ["a"]
+
+
+def test_leaving_without_finish_discards_the_partial_bundle(tmp_path):
+    with BundleWriter(tmp_path / "b") as w:
+        w.add_bytes("a", b"1")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unsigned_json_files_are_written_in_one_exact_readable_form():
+    from edgekit.bundle.writer import pretty_json
+
+    assert pretty_json({"b": [1], "a": "é"}) == '{\n  "a": "é",\n  "b": [\n    1\n  ]\n}\n'.encode("utf-8")
+    with pytest.raises(ValueError):
+        pretty_json({"x": float("nan")})
+
+
+def test_given_versions_are_recorded_as_given(tmp_path, signing_key):
+    fields = dict(_manifest_fields(), triton_version="3.5.0")
+    with BundleWriter(tmp_path / "a" / "b") as w:  # parent directories are created
+        m = w.finish(key=signing_key, **fields, edgekit_version="9.9.9")
+    assert (m.triton_version, m.edgekit_version, m.created_by) == ("3.5.0", "9.9.9", "edgekit 9.9.9")
+
+
+def test_abort_twice_is_harmless(tmp_path):
+    w = BundleWriter(tmp_path / "b")
+    w.abort()
+    w.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_add_plugin_returns_the_manifest_reference_it_will_write(tmp_path, signing_key):
+    with BundleWriter(tmp_path / "b") as w:
+        ref = w.add_plugin(PluginMetadata.model_validate(rmsnorm_metadata(3)), rmsnorm_plugin_files())
+        m = w.finish(key=signing_key, **_manifest_fields())
+    assert (ref.op, ref.version, ref.abi_version, ref.path) == ("rmsnorm", 3, 1, "plugins/rmsnorm/3")
+    assert m.plugins == [ref]
