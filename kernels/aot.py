@@ -185,7 +185,7 @@ def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = N
 
 def _disk_key(v: KernelVariant, arch: int, ptx_version, with_stats: bool, triton_version: str) -> str:
     """Content address of a compile: the variant, the target, the compiler and the kernel's own source."""
-    from edgekit.build_cache import cache_key
+    from edgekit.build.cache import cache_key
 
     # Triton's cache_key hashes the kernel's source *and* every @triton.jit helper it calls (and the global
     # constexprs it reads); the kernel's own .src alone would serve a stale compile after a helper changes.
@@ -200,7 +200,7 @@ def _from_disk(v, arch, ptx_version, with_stats, triton_version) -> CompiledKern
 
     if os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
         return None
-    from edgekit.build_cache import BuildCache
+    from edgekit.build.cache import BuildCache
     from edgekit.kernels.compiled_io import compiled_from_json
 
     hit = BuildCache(None).get("compile", _disk_key(v, arch, ptx_version, with_stats, triton_version))
@@ -212,7 +212,7 @@ def _to_disk(ck: CompiledKernel, ptx_version, with_stats) -> None:
 
     if os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
         return
-    from edgekit.build_cache import BuildCache
+    from edgekit.build.cache import BuildCache
     from edgekit.kernels.compiled_io import compiled_to_json
 
     key = _disk_key(ck.variant, ck.arch, ptx_version, with_stats, ck.triton_version)

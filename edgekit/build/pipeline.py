@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from edgekit import __version__
-from edgekit.build_cache import BuildCache, cache_key
+from edgekit.build.cache import BuildCache, cache_key
 from edgekit.errors import BundleError, EdgekitError
 
 PLUGIN_VERSION = 1
@@ -302,7 +302,7 @@ def _golden_bytes(op: str, cfg, shapes, cache: BuildCache) -> bytes:
     import hashlib
     import inspect
 
-    from edgekit import build_golden
+    from edgekit.build import golden as build_golden
     from edgekit.bundle import golden as golden_mod
     from edgekit.bundle.golden import golden_to_bytes
     from edgekit.kernels.registry import OPERATORS
