@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edgekit.kernels.operator import DECODE, GOLDEN_MAX_N, PREFILL, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
 
@@ -174,3 +175,60 @@ def linear_w8a8_reference(
     if bias is not None:
         y = y + bias.to(acc)
     return y.to(x.dtype)
+
+
+# -- registry records ---------------------------------------------------------------------------------
+
+
+def _int8_weight(g: torch.Generator, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = (torch.rand(n, generator=g) * 0.01 + 1e-3).to(torch.float32)  # (N,) never zero
+    return q, scale
+
+
+def linear_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C, n = cfg.hidden_size, min(GOLDEN_MAX_N, cfg.hidden_size)
+    inp = {"x": golden_rand(g, rows, C), "weight": golden_rand(g, n, C, std=C ** -0.5)}
+    if cfg.qkv_bias:
+        inp["bias"] = golden_rand(g, n, std=0.1)
+    return inp, {}
+
+
+def w8a16_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C = cfg.hidden_size
+    q, s = _int8_weight(g, min(GOLDEN_MAX_N, C), C)
+    return {"x": golden_rand(g, rows, C), "qweight": q, "scale": s}, {}
+
+
+def w8a8_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C = cfg.hidden_size
+    q, s = _int8_weight(g, min(GOLDEN_MAX_N, C), C)
+    smooth = (torch.rand(C, generator=g) + 0.5).to(torch.float32)  # (K,) positive divisors
+    return {"x": golden_rand(g, rows, C), "qweight": q, "scale": s, "smooth": smooth}, {}
+
+
+def _gemm_grid(kernel: str, at: PlannedShape):
+    """Programs of a GEMM tile at the prefill shape, on the narrowest projection the operator runs."""
+    if not kernel.endswith("_gemm"):
+        return None, None
+    op = {"linear_gemm": "linear", "w8a16_gemm": "linear_w8a16", "w8a8_gemm": "linear_w8a8"}[kernel]
+    n, rows = at.out_features(op), at.prefill_rows
+    return (lambda v: cdiv(rows, v.constexprs["BLOCK_M"]) * cdiv(n, v.constexprs["BLOCK_N"])), at.sms
+
+
+def _rows(tensors, attrs) -> dict:
+    return {"rows": tensors["x"].shape[0]}
+
+
+_LINEAR = dict(call_shape=_rows, grid=_gemm_grid, rowwise=True, decode_case=True)
+OPERATORS = (
+    Operator(LINEAR_SPEC, linear_reference, OpPrecision("linear", "fp16", "fp16", "fp32", "fp16"), linear_golden_inputs,
+             triton="linear_triton:LINEAR_OP", tiles_at={"linear_gemv": DECODE, "linear_gemm": PREFILL}, scheme="fp16",
+             **_LINEAR),
+    Operator(W8A16_SPEC, linear_w8a16_reference, OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
+             w8a16_golden_inputs, triton="linear_triton:W8A16_OP", tiles_at={"w8a16_gemv": DECODE, "w8a16_gemm": PREFILL},
+             scheme="w8a16", **_LINEAR),
+    Operator(W8A8_SPEC, linear_w8a8_reference, OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
+             w8a8_golden_inputs, triton="linear_triton:W8A8_OP", tiles_at={"w8a8_quantize": PREFILL, "w8a8_gemm": PREFILL},
+             scheme="w8a8", **_LINEAR),
+)

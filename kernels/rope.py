@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.linear import linear_reference
+from edgekit.kernels.operator import PREFILL, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -83,3 +84,56 @@ def qkv_rope_reference(
     n_kv_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return rope_reference(linear_reference(x, wqkv, bqkv), cos, sin, n_heads, n_kv_heads)
+
+
+# -- registry records ---------------------------------------------------------------------------------
+
+
+def _rope_tables(cfg, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = rope_frequencies(cfg.head_dim, T, cfg.rope_theta, torch.float32)
+    return cos[None], sin[None]  # (1, T, D/2)
+
+
+def _qkv_width(cfg) -> int:
+    return (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+
+
+def rope_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    cos, sin = _rope_tables(cfg, rows)
+    return {"qkv": golden_rand(g, 1, rows, _qkv_width(cfg)), "cos": cos, "sin": sin}, \
+        {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads}
+
+
+def qkv_rope_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C, width = cfg.hidden_size, _qkv_width(cfg)
+    cos, sin = _rope_tables(cfg, rows)
+    inp = {"x": golden_rand(g, 1, rows, C), "wqkv": golden_rand(g, width, C, std=C ** -0.5)}
+    if cfg.qkv_bias:
+        inp["bqkv"] = golden_rand(g, width, std=0.1)
+    inp.update(cos=cos, sin=sin)
+    return inp, {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads}
+
+
+def _call_shape(rows_from: str):
+    def shape(tensors, attrs) -> dict:
+        return {"head_dim": tensors["cos"].shape[-1] * 2, "n_heads": attrs["n_heads"], "n_kv_heads": attrs["n_kv_heads"],
+                "rows": tensors[rows_from].shape[0]}
+
+    return shape
+
+
+def _qkv_rope_grid(kernel: str, at: PlannedShape):
+    if kernel != "qkv_rope_fwd":
+        return None, None
+    rows, heads = at.prefill_rows, at.cfg.n_heads + 2 * at.cfg.n_kv_heads
+    return (lambda v: cdiv(rows, v.constexprs["BLOCK_M"]) * heads), at.sms
+
+
+# one fused kernel serves decode and prefill: tiled for prefill, where its compute is
+OPERATORS = (
+    Operator(ROPE_SPEC, rope_reference, OpPrecision("rope", "none", "fp16", "fp32", "fp16"), rope_golden_inputs,
+             call_shape=_call_shape("qkv"), triton="rope_triton:ROPE_OP", tiles_at={"rope_fwd": PREFILL}, rowwise=True),
+    Operator(QKV_ROPE_SPEC, qkv_rope_reference, OpPrecision("qkv_rope", "fp16", "fp16", "fp32", "fp16"),
+             qkv_rope_golden_inputs, call_shape=_call_shape("x"), triton="rope_triton:QKV_ROPE_OP",
+             tiles_at={"qkv_rope_fwd": PREFILL}, grid=_qkv_rope_grid, rowwise=True),
+)

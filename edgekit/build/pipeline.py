@@ -305,9 +305,11 @@ def _golden_bytes(op: str, cfg, shapes, cache: BuildCache) -> bytes:
     from edgekit.build import golden as build_golden
     from edgekit.bundle import golden as golden_mod
     from edgekit.bundle.golden import golden_to_bytes
+    from edgekit.kernels import operator as operator_mod
     from edgekit.kernels.registry import OPERATORS
 
-    sources = "".join(inspect.getsource(m) for m in (build_golden, golden_mod, inspect.getmodule(OPERATORS[op].reference)))
+    sources = "".join(inspect.getsource(m) for m in (build_golden, golden_mod, operator_mod,
+                                                     inspect.getmodule(OPERATORS[op].reference)))
     key = cache_key(stage="golden", op=op, config=cfg.to_dict(), buckets=list(shapes.buckets), context=shapes.max_seq_len,
                     torch=torch.__version__, source=hashlib.sha256(sources.encode()).hexdigest())
     hit = cache.get("golden", key)

@@ -15,13 +15,14 @@ manifest; ``Plan.from_dict`` reads it back.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from edgekit import __version__
 from edgekit.errors import PlanError
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM
+from edgekit.kernels.attention import decode_splits as attention_decode_splits
 from edgekit.model.config import ModelConfig
 from edgekit.plan import buckets as bk
 from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memory
@@ -33,15 +34,6 @@ from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
 PLAN_FORMAT = "edgekit-plan"
 PLAN_FORMAT_VERSION = 1
 
-# Decode attention runs one program per (split, sequence, KV head). The kernels'
-# launch rule (kernels/attention_triton.py) asks for DECODE_PROGRAMS_PER_SM
-# programs per SM, so a second and third block can run while the first waits
-# on memory; the plan uses the same rule, so the split it records is the split
-# the device computes for itself (sm_count = the target's SMs).
-try:
-    from edgekit.kernels.attention_triton import DECODE_PROGRAMS_PER_SM
-except Exception:  # a host without triton can still read and check plans
-    DECODE_PROGRAMS_PER_SM = 4
 DEFAULT_DECODE_BLOCK_N = 32  # the smallest decode BLOCK_N: the most splits, before the solver has chosen
 DEFAULT_DECODE_MAX_SPLITS = 128  # the largest workspace any decode variant allocates
 
@@ -50,11 +42,8 @@ def decode_splits(
     target: Target, batch: int, n_kv_heads: int, context: int, block_n: int, max_splits: int | None = None,
     programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
 ) -> int:
-    """KV splits so a decode step fills the SMs: ceil(SMs x programs per SM / (batch x KV heads)),
-    at most one split per BLOCK_N keys of the cache and at most the kernel's MAX_SPLITS."""
-    want = math.ceil(target.gpu.sms * programs_per_sm / (batch * n_kv_heads))
-    bound = math.ceil(context / block_n)
-    return max(1, min(want, bound, max_splits or want))
+    """The decode launch rule's split count (kernels.attention.decode_splits) on ``target``'s SMs."""
+    return attention_decode_splits(target.gpu.sms, batch, n_kv_heads, context, block_n, max_splits, programs_per_sm)
 
 
 @dataclass

@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from edgekit.errors import EdgekitError, PlanError
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits
+from edgekit.kernels.operator import DECODE, PREFILL, PlannedShape
+from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
-from edgekit.plan.precision import LINEAR_SCHEMES, PrecisionPlan
+from edgekit.plan.precision import PrecisionPlan
 from edgekit.plan.targets import Target
 
 MAX_COMPILES = 8  # per kernel: candidates compiled before giving up (each ~0.3-2 s on a CPU)
@@ -235,7 +238,7 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
 
 
 def needed_ops(precision: PrecisionPlan) -> list[str]:
-    """Operators the decoder calls with this precision (see DispatchTable)."""
+    """Operators the decoder calls with this precision (see DispatchTable), in the order the plan lists them."""
     ops = ["rmsnorm", "attention_prefill", "attention_decode", "swiglu", "linear"]  # linear: fp16 projections, LM head
     schemes = set(precision.schemes_used())
     if "fp16" in {layer["wqkv"] for layer in precision.layers}:
@@ -243,12 +246,8 @@ def needed_ops(precision: PrecisionPlan) -> list[str]:
     if any(layer["wqkv"] != "fp16" for layer in precision.layers):
         ops.append("rope")  # INT8 QKV: linear, then RoPE
     for s in sorted(schemes - {"fp16"}):
-        ops.append(LINEAR_SCHEMES[s].op)
+        ops.append(operator_for_scheme(s).name)
     return ops
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -272,7 +271,8 @@ class ShapeFacts:
     def min_out_features(self, op: str) -> int:
         """The narrowest projection (fewest output columns) run by a linear op: its grid is the smallest."""
         shapes = self.cfg.linear_shapes()
-        outs = [shapes[p][0] for layer in self.precision.layers for p, s in layer.items() if LINEAR_SCHEMES[s].op == op]
+        outs = [shapes[p][0] for layer in self.precision.layers for p, s in layer.items()
+                if operator_for_scheme(s).name == op]
         if op == "linear":
             outs.append(self.cfg.vocab_size)
         return min(outs) if outs else self.cfg.hidden_size
@@ -286,50 +286,27 @@ def gemv_max_rows() -> int:
 
 
 def kernel_shapes(op: str, facts: ShapeFacts) -> dict[str, dict]:
-    """kernel -> the shape facts it is solved at. The linear ops have a decode (GEMV) and a prefill (GEMM) kernel."""
+    """kernel -> the shape facts it is solved at: the operator's decode kernels at the decode rows (the batch),
+    its prefill kernels at the largest bucket (``Operator.tiles_at``)."""
     base = facts.base()
-    decode = {**base, "rows": facts.batch}
-    prefill = {**base, "rows": facts.prefill_rows}
-    linear = {"linear_gemv": decode, "linear_gemm": prefill}
-    if not any(s == "fp16" for layer in facts.precision.layers for s in layer.values()) and facts.batch <= gemv_max_rows():
-        linear = {"linear_gemv": decode}  # only the LM head is fp16, and it runs on the last token: GEMV rows only
-    table = {
-        "attention_prefill": {"attention_prefill_fwd": prefill},
-        "attention_decode": {"attention_decode_split": decode, "attention_decode_reduce": decode},
-        "linear": linear,
-        "linear_w8a16": {"w8a16_gemv": decode, "w8a16_gemm": prefill},
-        "linear_w8a8": {"w8a8_quantize": prefill, "w8a8_gemm": prefill},
-        # one fused kernel serves decode and prefill: tiled for prefill, where its compute is
-        "qkv_rope": {"qkv_rope_fwd": prefill},
-        "rope": {"rope_fwd": prefill},
-        "rmsnorm": {"rmsnorm_fwd": prefill},
-        "swiglu": {"swiglu_fwd": prefill},
-    }
-    return table.get(op, {})
+    at = {DECODE: {**base, "rows": facts.batch}, PREFILL: {**base, "rows": facts.prefill_rows}}
+    record = operator(op)
+    kernels = {kernel: at[role] for kernel, role in record.tiles_at.items()}
+    only_last_token = record.scheme == "fp16" and not any(s == "fp16" for layer in facts.precision.layers for s in layer.values())
+    if only_last_token and facts.batch <= gemv_max_rows():
+        # only the LM head runs this operator, on the last token: its decode kernels only
+        kernels = {kernel: shape for kernel, shape in kernels.items() if record.tiles_at[kernel] == DECODE}
+    return kernels
 
 
-def programs_fn(kernel: str, facts: ShapeFacts, target: Target, want_splits: int) -> tuple[Callable | None, int | None]:
-    """(grid size of a variant at the planned shape, programs wanted) for rule 3a; (None, None) if unknown."""
-    c, sms = facts.cfg, target.gpu.sms
-    rows = facts.prefill_rows
-    if kernel == "attention_prefill_fwd":
-        return (lambda v: _cdiv(facts.max_bucket, v.constexprs["BLOCK_M"]) * facts.batch * c.n_heads), sms
-    if kernel == "attention_decode_split":
-        from edgekit.plan.planner import DECODE_PROGRAMS_PER_SM, decode_splits
-
-        def grid(v):
-            s = decode_splits(target, facts.batch, c.n_kv_heads, facts.context, v.constexprs["BLOCK_N"],
-                              v.constexprs.get("MAX_SPLITS"))
-            return s * facts.batch * c.n_kv_heads
-
-        return grid, min(sms * DECODE_PROGRAMS_PER_SM, want_splits * facts.batch * c.n_kv_heads)
-    if kernel.endswith("_gemm"):
-        op = {"linear_gemm": "linear", "w8a16_gemm": "linear_w8a16", "w8a8_gemm": "linear_w8a8"}[kernel]
-        n = facts.min_out_features(op)
-        return (lambda v: _cdiv(rows, v.constexprs["BLOCK_M"]) * _cdiv(n, v.constexprs["BLOCK_N"])), sms
-    if kernel == "qkv_rope_fwd":
-        return (lambda v: _cdiv(rows, v.constexprs["BLOCK_M"]) * (c.n_heads + 2 * c.n_kv_heads)), sms
-    return None, None
+def planned_shape(facts: ShapeFacts, target: Target, want_splits: int) -> PlannedShape:
+    c = facts.cfg
+    return PlannedShape(
+        cfg=c, batch=facts.batch, max_bucket=facts.max_bucket, context=facts.context, sms=target.gpu.sms,
+        want_splits=want_splits, out_features=facts.min_out_features,
+        decode_splits=lambda block_n, max_splits: decode_splits(target.gpu.sms, facts.batch, c.n_kv_heads, facts.context,
+                                                                block_n, max_splits),
+    )
 
 
 def solve_all(
@@ -347,7 +324,6 @@ def solve_all(
     """A confirmed variant for every kernel of every operator the plan needs."""
     from edgekit.kernels import variants as kv
     from edgekit.kernels.aot import compile_variant
-    from edgekit.plan.planner import DECODE_PROGRAMS_PER_SM
 
     budget = target.smem_budget_bytes
     arch_num = target.gpu.compute_capability
@@ -370,7 +346,7 @@ def solve_all(
             if progress:
                 progress(f"{op}/{kernel}: {len(space)} candidates, compiling for {target.arch}")
             if kdef.uses_shared_memory and op in smem_ops and space:
-                grid, wanted = programs_fn(kernel, facts, target, want_splits)
+                grid, wanted = operator(op).grid(kernel, planned_shape(facts, target, want_splits))
                 choice = solve_kernel(
                     space, budget_bytes=budget, per_sm_bytes=target.gpu.shared_memory.per_sm_bytes, arch=target.arch,
                     estimate=kv.estimate_shared_bytes, compile_fn=compile_fn, registers_per_sm=target.gpu.registers_per_sm,
