@@ -29,6 +29,7 @@ from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memo
 from edgekit.plan.precision import KV_PRECISIONS, PrecisionPlan, scheme_for_cli
 from edgekit.plan.roofline import roofline_assumptions, roofline_table
 from edgekit.plan.targets import Target
+from edgekit.plan.tiles import TileChoice, needed_ops, solve_all
 from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
 
 PLAN_FORMAT = "edgekit-plan"
@@ -56,11 +57,19 @@ class Plan:
     precision: PrecisionPlan
     decode: dict  # split-K factor and the rule that chose it
     memory: MemoryPlan
-    tiles: list[dict]  # one per shared-memory kernel (see edgekit.plan.tiles.TileChoice.to_dict)
+    tiles: list[TileChoice]  # one per kernel the build compiles, in the order it compiles them
     roofline: list[dict]  # per power mode, all predicted
     roofline_assumptions: dict
     versions: dict
     notes: list[str] = field(default_factory=list)
+
+    def operators(self) -> list[str]:
+        """The operators this plan runs (decided by its precision), in plan order."""
+        return needed_ops(self.precision)
+
+    def variants(self, op: str) -> dict:
+        """kernel -> KernelVariant the plan chose for ``op``: exactly what the build compiles."""
+        return {t.kernel: t.variant for t in self.tiles if t.op == op}
 
     @property
     def static_shapes(self) -> StaticShapes:
@@ -79,7 +88,7 @@ class Plan:
             "operators": self.precision.operators(),
             "decode": self.decode,
             "memory": self.memory.to_dict(),
-            "tiles": self.tiles,
+            "tiles": [t.to_dict() for t in self.tiles],
             "roofline": self.roofline,
             "roofline_assumptions": self.roofline_assumptions,
             "versions": self.versions,
@@ -97,7 +106,7 @@ class Plan:
         return cls(
             model=d["model"], target=d["target"], power_mode=d["power_mode"], shapes=d["shapes"], buckets=d["buckets"],
             precision=PrecisionPlan.from_dict(d["precision"]), decode=d["decode"], memory=MemoryPlan.from_dict(d["memory"]),
-            tiles=d["tiles"], roofline=d["roofline"], roofline_assumptions=d["roofline_assumptions"],
+            tiles=[TileChoice.from_dict(t) for t in d["tiles"]], roofline=d["roofline"], roofline_assumptions=d["roofline_assumptions"],
             versions=d["versions"], notes=list(d.get("notes", [])),
         )
 
@@ -143,7 +152,7 @@ def make_plan(
     model_info: dict | None = None,
     context: int | None = None,
     batch: int = 1,
-    precision: str = "fp16",
+    precision: str | PrecisionPlan = "fp16",
     kv_precision: str = "fp16",
     trace: Path | str | None = None,
     buckets: tuple[int, ...] | None = None,
@@ -151,8 +160,14 @@ def make_plan(
     power_mode: str | None = None,
     solve_tiles: bool = True,
     progress: Callable[[str], None] | None = None,
+    compile_fn: Callable | None = None,
 ) -> Plan:
-    """Plan ``cfg`` for ``target``. Raises PlanError when it cannot fit (with what would)."""
+    """Plan ``cfg`` for ``target``. Raises PlanError when it cannot fit (with what would).
+
+    ``precision`` is a --precision value (every projection in that scheme: a plan made before quantization)
+    or the PrecisionPlan quantization decided, per layer (what the build plans with). ``compile_fn(variant)``
+    overrides how the tile solver compiles (the build passes one that uses its cache).
+    """
     if batch < 1:
         raise PlanError(f"batch must be >= 1, got {batch}")
     if context is None:
@@ -167,12 +182,20 @@ def make_plan(
     if kv_precision not in KV_PRECISIONS:
         raise PlanError(f"unknown KV cache precision {kv_precision!r}; expected one of: {', '.join(KV_PRECISIONS)}")
     mode = target.power_mode(power_mode)
-    scheme = scheme_for_cli(precision)
-    pp = PrecisionPlan.uniform(cfg, scheme, kv_precision)
-    if scheme != "fp16":
-        pp.notes.append(
-            f"--precision {precision}: every block projection uses {scheme}; quantization may keep sensitive layers in fp16"
-        )
+    if isinstance(precision, PrecisionPlan):
+        pp = precision
+        if len(pp.layers) != cfg.n_layers:
+            raise PlanError(f"the precision plan has {len(pp.layers)} layers; {cfg.name} has {cfg.n_layers}")
+        used = [s for s in pp.schemes_used() if s != "fp16"]
+        scheme = used[0] if used else "fp16"  # the scheme a misfit's alternatives start from
+        kv_precision = pp.kv_cache
+    else:
+        scheme = scheme_for_cli(precision)
+        pp = PrecisionPlan.uniform(cfg, scheme, kv_precision)
+        if scheme != "fp16":
+            pp.notes.append(
+                f"--precision {precision}: every block projection uses {scheme}; quantization may keep sensitive layers in fp16"
+            )
 
     chosen, bucket_info = _choose_shapes(cfg, context, batch, trace, buckets, max_buckets)
     shapes = StaticShapes(chosen, context, batch)  # validates the combination
@@ -187,15 +210,13 @@ def make_plan(
                            max_bucket=chosen[-1], decode_slots=DEFAULT_DECODE_MAX_SPLITS)
         raise misfit_error(cfg, target, mem, opts)
 
-    tiles: list[dict] = []
+    tiles: list[TileChoice] = []
     block_n, max_splits = DEFAULT_DECODE_BLOCK_N, DEFAULT_DECODE_MAX_SPLITS
     notes: list[str] = []
     if solve_tiles:
-        from edgekit.plan.tiles import solve_all
-
-        choices = solve_all(cfg, target, pp, batch=batch, buckets=chosen, context=context, dtype="fp16", progress=progress)
-        tiles = [c.to_dict() for c in choices]
-        for c in choices:
+        tiles = solve_all(cfg, target, pp, batch=batch, buckets=chosen, context=context, dtype="fp16", progress=progress,
+                          compile_fn=compile_fn)
+        for c in tiles:
             if c.kernel == "attention_decode_split":
                 block_n = int(c.constexprs["BLOCK_N"])
                 max_splits = int(c.constexprs.get("MAX_SPLITS", max_splits))

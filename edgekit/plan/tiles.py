@@ -76,6 +76,8 @@ class TileChoice:
     within_estimate: int = 0
     rejected: list[Rejection] = field(default_factory=list)
     reason: str = ""
+    # the compiled kernel this choice was confirmed with (not serialized): the build ships it, compiling nothing twice
+    compiled: Any = field(default=None, compare=False, repr=False)
 
     @property
     def constexprs(self) -> dict:
@@ -108,6 +110,27 @@ class TileChoice:
             "rejected": [r.to_dict() for r in self.rejected],
             "reason": self.reason,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TileChoice":
+        """A choice read back from a plan document (``compiled`` is None: the build compiles it)."""
+        from edgekit.kernels.variants import KernelVariant
+
+        try:
+            triton_version = d["shared_bytes_source"].split(" by triton ", 1)[1].split(" ", 1)[0]
+            return cls(
+                op=d["op"], kernel=d["kernel"], variant=KernelVariant.from_dict(d["variant"]), arch=d["arch"],
+                budget_bytes=int(d["budget_bytes"]), estimated_shared_bytes=int(d["estimated_shared_bytes"]),
+                shared_bytes=int(d["shared_bytes"]), compiled_name=d["compiled_name"], triton_version=triton_version,
+                registers=d["registers"], spill_bytes=d["spill_bytes"], searched=bool(d["searched"]), shape=dict(d["shape"]),
+                programs=d["programs"], programs_target=d["programs_target"], candidates=int(d["candidates"]),
+                within_estimate=int(d["within_estimate"]),
+                rejected=[Rejection(r["variant"], r["estimated_bytes"], r["compiled_bytes"], r["reason"]) for r in d["rejected"]],
+                reason=d["reason"],
+            )
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise PlanError(f"invalid tile choice in plan: {type(e).__name__}: {e} (in {str(d)[:200]})",
+                            hint="re-plan with this edgekit version") from e
 
 
 # -- the solver core (pure: candidates in, choice out) ---------------------------------
@@ -178,7 +201,7 @@ def solve_kernel(
             shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
             registers=ck.registers, spill_bytes=spill, searched=True, shape=dict(shape or {}), programs=n_prog,
             programs_target=programs_target, candidates=len(cands), within_estimate=len(fitting), rejected=rejected,
-            reason="; ".join(why),
+            reason="; ".join(why), compiled=ck,
         )
 
     for rank, (v, est) in enumerate(fitting[:max_compiles], 1):
@@ -230,7 +253,7 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
         op=v.op, kernel=v.kernel, variant=v, arch=arch, budget_bytes=budget_bytes, estimated_shared_bytes=estimate(v),
         shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
         registers=ck.registers, spill_bytes=spill, searched=False, shape=dict(shape), candidates=1, within_estimate=1,
-        reason="no shared-memory tiles: default variant, compiled to record its real bytes",
+        reason="no shared-memory tiles: default variant, compiled to record its real bytes", compiled=ck,
     )
 
 
@@ -328,8 +351,12 @@ def solve_all(
     budget = target.smem_budget_bytes
     arch_num = target.gpu.compute_capability
     if compile_fn is None:
+        from edgekit.build.cache import BuildCache
+
+        store = BuildCache(None)  # the default on-disk cache: replanning the same model compiles nothing again
+
         def compile_fn(v):
-            return compile_variant(v, arch_num, budget_bytes=budget)
+            return compile_variant(v, arch_num, budget_bytes=budget, store=store)
 
     facts = ShapeFacts(cfg, batch, buckets[-1], context or buckets[-1], precision)
     want_splits = math.ceil(target.gpu.sms * DECODE_PROGRAMS_PER_SM / (batch * cfg.n_kv_heads))
