@@ -32,6 +32,7 @@ from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, p
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 
 LOG2E = 1.4426950408889634
+# DECODE_PROGRAMS_PER_SM (split-KV occupancy target) is kernels/attention.py's: the planner reads it there
 
 
 @triton.jit

@@ -29,7 +29,8 @@ from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memo
 from edgekit.plan.precision import KV_PRECISIONS, PrecisionPlan, scheme_for_cli
 from edgekit.plan.roofline import roofline_assumptions, roofline_table
 from edgekit.plan.targets import Target
-from edgekit.plan.tiles import TileChoice, needed_ops, solve_all
+from edgekit.plan.launches import count_launches
+from edgekit.plan.tiles import ShapeFacts, TileChoice, kernel_shapes, needed_ops, solve_all
 from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
 
 PLAN_FORMAT = "edgekit-plan"
@@ -109,6 +110,22 @@ class Plan:
             tiles=[TileChoice.from_dict(t) for t in d["tiles"]], roofline=d["roofline"], roofline_assumptions=d["roofline_assumptions"],
             versions=d["versions"], notes=list(d.get("notes", [])),
         )
+
+
+def _planned_variants(tiles: list[TileChoice], cfg: ModelConfig, target: Target, pp: PrecisionPlan, *, batch: int,
+                      max_bucket: int, context: int) -> Callable[[str], dict]:
+    """op -> {kernel: variant}: the solved tiles, else (--no-tiles) each kernel's default at the shape it would be solved at."""
+    from edgekit.kernels.variants import default_variants
+
+    facts = ShapeFacts(cfg, batch, max_bucket, context, pp)
+
+    def variants(op: str) -> dict:
+        chosen = {t.kernel: t.variant for t in tiles if t.op == op}
+        if chosen:
+            return chosen
+        return {kernel: default_variants(op, dtype="fp16", **shape)[kernel] for kernel, shape in kernel_shapes(op, facts).items()}
+
+    return variants
 
 
 def _versions() -> dict:
@@ -226,7 +243,17 @@ def make_plan(
     splits = decode_splits(target, batch, cfg.n_kv_heads, context, block_n, max_splits)
     mem = memory(max_splits)
 
-    roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1], decode_splits=splits)
+    variants = _planned_variants(tiles, cfg, target, pp, batch=batch, max_bucket=chosen[-1], context=context)
+
+    def kernel_counts(mode) -> tuple[int, int]:
+        def count(tokens: int) -> int:
+            return count_launches(cfg, pp, variants, batch=batch, tokens=tokens, context=context, sm_count=mode.active_sms,
+                                  max_shared_bytes=target.gpu.shared_memory.per_block_optin_bytes)["total"]
+
+        return count(1), count(chosen[-1])
+
+    roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1],
+                          kernel_counts=kernel_counts)
     return Plan(
         model=model_info or {"name": cfg.name, "config": cfg.to_dict()},
         target=target.summary(),
