@@ -1,7 +1,7 @@
 """`edgekit build`, host side: intake -> quantize -> plan -> compile -> golden vectors -> ONNX -> signed bundle.
 
-``pipeline`` runs the stages, ``cache`` keeps their deterministic results by
-content, ``golden`` makes the golden vectors every plugin carries.
+``pipeline`` runs the stages (their deterministic results are kept by content in
+``edgekit.cache``), ``golden`` makes the golden vectors every plugin carries.
 """
 
 from edgekit.build.pipeline import BuildOptions, BuildResult, build_bundle

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from edgekit import __version__
-from edgekit.build.cache import BuildCache, cache_key
+from edgekit.cache import BuildCache, cache_key
 from edgekit.errors import BundleError
 
 PLUGIN_VERSION = 1

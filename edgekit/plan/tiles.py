@@ -351,7 +351,7 @@ def solve_all(
     budget = target.smem_budget_bytes
     arch_num = target.gpu.compute_capability
     if compile_fn is None:
-        from edgekit.build.cache import BuildCache
+        from edgekit.cache import BuildCache
 
         store = BuildCache(None)  # the default on-disk cache: replanning the same model compiles nothing again
 

@@ -34,7 +34,7 @@ from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import BlockWeights, Decoder, ModelWeights
 from edgekit.quant.kv_int8 import KVScales, make_decoder
 from edgekit.quant.layers import HEAD, dtype_from_name, dtype_name, layer_names, named_linears, precision_of
-from edgekit.runtime.durable import replace_atomically
+from edgekit.durable import replace_atomically
 
 FORMAT = "edgekit-quant"
 FORMAT_VERSION = 1

@@ -35,7 +35,7 @@ from tuf.api.metadata import MetaFile, Metadata, Root, Snapshot, TargetFile, Tar
 from tuf.api.serialization.json import JSONSerializer
 
 from edgekit.errors import EdgekitError
-from edgekit.runtime import durable
+from edgekit import durable
 from edgekit.runtime.plugin_policy import VerifiedPluginLike, canonical_version, check_name, normalize_arch
 
 ROLES = ("root", "targets", "snapshot", "timestamp")

@@ -1,4 +1,4 @@
-"""Durable file operations for the plugin store: fsync'd writes, atomic replace, directory sync.
+"""Durable file operations: fsync'd writes, atomic replace, directory sync (plugin store, bundles, caches).
 
 POSIX gives one atomic primitive, rename(2) within a file system: a reader sees
 the old name or the new one, never a half-written file. Durability needs more:
