@@ -87,21 +87,6 @@ def _signing_key(opts: BuildOptions):
     )
 
 
-def precision_of_weights(cfg, weights, quant_report: dict | None):
-    """The precision every projection actually got (after quantization's gate and fallbacks), as a PrecisionPlan."""
-    from edgekit.kernels.registry import operator
-    from edgekit.plan.precision import PrecisionPlan
-
-    pp = PrecisionPlan(layers=[{proj: operator(lw.op).scheme for proj, lw in b.linears().items()} for b in weights.blocks],
-                       lm_head=operator(weights.lm_head.op).scheme)
-    if quant_report is not None:
-        label = pp.label()
-        pp.notes.append(f"decided by quantization ({quant_report.get('mode')}, accuracy gate passed): {label}")
-        if quant_report.get("fp_layers"):
-            pp.notes.append(f"kept in FP16 by the accuracy gate (most sensitive first): {', '.join(quant_report['fp_layers'])}")
-    return pp
-
-
 def _operators_of_weights(weights) -> list[str]:
     """The operators the model calls, read from its weights (what the plan must cover)."""
     ops = {"rmsnorm", "attention_prefill", "attention_decode", "swiglu"}
@@ -236,6 +221,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.bundle.writer import BundleWriter
     from edgekit.kernels.aot import compile_variant
     from edgekit.plan.planner import make_plan
+    from edgekit.plan.precision import PrecisionPlan
     from edgekit.plan.targets import load_target
     from edgekit.quant.io import serialize
     from edgekit.quant.progress import SILENT
@@ -277,7 +263,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
 
     # The plan is made once every layer's precision is decided, and the rest of the build executes it verbatim.
     plan = st.run("plan", make_plan, cfg, target, model_info=model_info, context=opts.context, batch=opts.batch,
-                  precision=precision_of_weights(cfg, weights, quant_report), trace=opts.trace, buckets=opts.buckets,
+                  precision=PrecisionPlan.from_weights(weights, quant_report=quant_report), trace=opts.trace, buckets=opts.buckets,
                   compile_fn=compile_cached)
     ops = sorted(plan.operators())
     if ops != _operators_of_weights(weights):

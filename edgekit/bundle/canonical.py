@@ -11,8 +11,11 @@ import hashlib
 import json
 import os
 import re
-from pathlib import Path
 from typing import Any, BinaryIO
+
+# Writing files is not this module's job (edgekit.durable holds the one atomic-write helper); the name stays
+# importable from here for callers written before it moved.
+from edgekit.durable import replace_atomically as atomic_write_bytes  # noqa: F401
 
 HEX64 = r"^[0-9a-f]{64}$"
 _HEX64_RE = re.compile(HEX64)
@@ -78,31 +81,3 @@ def relpath_problem(path: str) -> str | None:
         if not _COMPONENT_RE.match(part):
             return f"component {part!r} has characters outside [A-Za-z0-9_.-] or starts with '.' or '-'"
     return None
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename inside `path` durable (POSIX: the directory entry lives in the directory)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` to `path` so a reader sees the old file or the new one, never half of it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)  # a stale temp file from a crash could carry a wider mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)  # the umask may have narrowed it; the mode is part of the contract
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)

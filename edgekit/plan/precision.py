@@ -72,6 +72,25 @@ class PrecisionPlan:
             raise ConfigError(f"unknown KV cache precision {kv_cache!r}; expected one of: {', '.join(KV_PRECISIONS)}")
         return cls(layers=[{p: scheme for p in PROJECTIONS} for _ in range(cfg.n_layers)], kv_cache=kv_cache)
 
+    @classmethod
+    def from_weights(cls, weights, *, kv_cache: str = "fp16", quant_report: dict | None = None) -> "PrecisionPlan":
+        """The precision every projection of ``weights`` (model.decoder.ModelWeights) actually has: what the
+        accuracy gate and its fallbacks decided, read from the operator each projection names."""
+        plan = cls(layers=[{proj: OPERATORS[lw.op].scheme for proj, lw in b.linears().items()} for b in weights.blocks],
+                   lm_head=OPERATORS[weights.lm_head.op].scheme, kv_cache=kv_cache)
+        if quant_report is not None:
+            plan.notes.append(f"decided by quantization ({quant_report.get('mode')}, accuracy gate passed): {plan.label()}")
+            if quant_report.get("fp_layers"):
+                plan.notes.append("kept in FP16 by the accuracy gate (most sensitive first): "
+                                  + ", ".join(quant_report["fp_layers"]))
+        return plan
+
+    @classmethod
+    def from_quantization(cls, result) -> "PrecisionPlan":
+        """The per-layer choice of a quant.quantize.QuantizationResult, as the planner records it."""
+        return cls.from_weights(result.weights, kv_cache="int8" if result.kv_scales is not None else "fp16",
+                                quant_report=result.report)
+
     def set(self, layer: int, projection: str, scheme: str) -> None:
         """Per-layer override (quantization keeps a sensitive layer in FP16 this way)."""
         if projection not in PROJECTIONS:
