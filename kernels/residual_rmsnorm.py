@@ -1,0 +1,51 @@
+"""Residual add + RMSNorm in one operator: s = x + residual; y = rmsnorm(s) * weight.
+
+The decoder adds each block's projection into the residual stream and then
+normalises it for the next stage (``x = x + wo(...)``; ``h = rmsnorm(x)``).
+Fused, the stream is read once instead of three times and one launch goes
+away per use. Both results are returned: ``s`` is the new residual stream.
+``s`` is rounded to the activation dtype before the norm, exactly as the
+unfused ``x + ...`` followed by ``rmsnorm`` does, so the two paths agree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.kernels.operator import PREFILL, OpPrecision, Operator, golden_rand
+from edgekit.kernels.rmsnorm import rmsnorm_reference
+from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
+
+SPEC = OpSpec(
+    name="residual_rmsnorm",
+    abi_version=1,
+    inputs=(
+        TensorSpec("x", "(..., C)", FLOAT_DTYPES),
+        TensorSpec("residual", "(..., C)", FLOAT_DTYPES),
+        TensorSpec("weight", "(C,)", FLOAT_DTYPES),
+    ),
+    outputs=(TensorSpec("y", "(..., C)", FLOAT_DTYPES), TensorSpec("s", "(..., C)", FLOAT_DTYPES)),
+    attributes=("eps",),
+    tolerance=ELEMENTWISE_TOLERANCE,
+    doc="s = x + residual (rounded to the input dtype); y = rmsnorm(s, eps) * weight. Accumulates in FP32 (FP64 for FP64).",
+)
+
+
+def residual_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    s = (x.to(torch.float64 if x.dtype == torch.float64 else torch.float32) + residual).to(x.dtype)
+    return rmsnorm_reference(s, weight, eps), s
+
+
+def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C = cfg.hidden_size
+    return ({"x": golden_rand(g, rows, C), "residual": golden_rand(g, rows, C),
+             "weight": (1 + 0.1 * torch.randn(C, generator=g)).to(torch.float16)}, {"eps": cfg.rms_norm_eps})
+
+
+OPERATORS = (
+    Operator(
+        SPEC, residual_rmsnorm_reference, OpPrecision("residual_rmsnorm", "fp16", "fp16", "fp32", "fp16"), golden_inputs,
+        call_shape=lambda t, a: {"hidden_size": t["x"].shape[1]},
+        triton="residual_rmsnorm_triton:OP", tiles_at={"residual_rmsnorm_fwd": PREFILL}, rowwise=True,
+    ),
+)
