@@ -68,6 +68,9 @@ W8A8_SPEC = OpSpec(
 )
 
 
+_SPECS = {s.name: s for s in (LINEAR_SPEC, W8A16_SPEC, W8A8_SPEC)}
+
+
 @dataclass
 class LinearWeights:
     """One projection's weights and the operator that applies them."""
@@ -85,6 +88,11 @@ class LinearWeights:
     @property
     def in_features(self) -> int:
         return self.weight.shape[1]
+
+    def operator_args(self) -> tuple:
+        """The tensors after ``x`` that the record's operator takes, in its spec's order."""
+        by_name = {"weight": self.weight, "qweight": self.weight, "scale": self.scale, "bias": self.bias, "smooth": self.smooth}
+        return tuple(by_name[t.name] for t in _SPECS[self.op].inputs[1:])
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.weight, self.bias, self.scale, self.smooth) if t is not None)
