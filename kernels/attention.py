@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from edgekit.kernels.operator import DECODE, PREFILL, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
+from edgekit.kernels.operator import DECODE, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -121,6 +122,29 @@ def decode_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tu
              "seq_lens": torch.tensor([min(rows, context)], dtype=torch.int32)}, {"scale": D ** -0.5})
 
 
+# -- ONNX fallback body: standard ONNX ops that follow the reference step by step (export/onnx_functions.py
+#    builds the model-local FunctionProto from it; ``b`` is its Body builder)
+
+
+def onnx_attention_prefill(b, i: dict, out: list[str]) -> None:
+    q, k, v = b.f32(i["q"]), b.f32(i["k"]), b.f32(i["v"])
+    axis2 = b.const([2], np.int64)
+    # Group query heads by the KV head they read, like the reference: K and V are never repeated.
+    group_shape = b("Concat", b("Shape", i["k"], end=2), b.const([-1], np.int64), b("Shape", i["k"], start=2), axis=0)
+    qg = b("Reshape", q, group_shape)  # (B, Hkv, G, T, D)
+    k5, v5 = b("Unsqueeze", k, axis2), b("Unsqueeze", v, axis2)  # (B, Hkv, 1, T, D)
+    scores = b("Mul", b("MatMul", qg, b("Transpose", k5, perm=[0, 1, 2, 4, 3])), b.attr_const("scale", "float"))  # (B, Hkv, G, T, T)
+    T = b("Squeeze", b("Shape", i["q"], start=2, end=3))
+    pos = b("Range", b.const(0, np.int64), T, b.const(1, np.int64))  # (T,)
+    key = b("Unsqueeze", pos, b.const([0], np.int64))  # (1, T): key j
+    causal = b("LessOrEqual", key, b("Unsqueeze", pos, b.const([1], np.int64)))  # (T, T): j <= i
+    lens = b("Unsqueeze", b("Cast", i["seq_lens"], to=b.INT64), b.const([1], np.int64))  # (B, 1)
+    valid = b("Unsqueeze", b("Less", key, lens), b.const([1, 2, 3], np.int64))  # (B, 1, 1, 1, T): j < seq_lens[b]
+    masked = b("Where", b("And", causal, valid), scores, b.const(-np.inf))
+    probs = b("Softmax", masked, axis=-1)
+    o = b("Reshape", b("MatMul", probs, v5), b("Shape", i["q"]))  # (B, Hq, T, D)
+    b.like(o, i["q"], out[0])
+
 def _heads(kv_name: str):
     def shape(tensors, attrs) -> dict:
         q = tensors["q"]
@@ -147,7 +171,8 @@ def _decode_grid(kernel: str, at: PlannedShape):
 OPERATORS = (
     Operator(PREFILL_SPEC, attention_prefill_reference, OpPrecision("attention_prefill", "none", "fp16", "fp32", "fp16"),
              prefill_golden_inputs, call_shape=_heads("k"), triton="attention_triton:PREFILL_OP",
-             tiles_at={"attention_prefill_fwd": PREFILL}, grid=_prefill_grid),
+             tiles_at={"attention_prefill_fwd": PREFILL}, grid=_prefill_grid,
+             onnx=OnnxFunction("AttentionPrefill", ("scale",), onnx_attention_prefill)),
     Operator(DECODE_SPEC, attention_decode_reference, OpPrecision("attention_decode", "none", "fp16", "fp32", "fp16"),
              decode_golden_inputs, call_shape=_heads("k_cache"), triton="attention_triton:DECODE_OP",
              tiles_at={"attention_decode_split": DECODE, "attention_decode_reduce": DECODE}, grid=_decode_grid),

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from edgekit.kernels.operator import DECODE, GOLDEN_MAX_N, PREFILL, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
+from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv,
+                                      golden_rand)
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
 
@@ -215,6 +216,47 @@ def w8a8_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tupl
     return {"x": golden_rand(g, rows, C), "qweight": q, "scale": s, "smooth": smooth}, {}
 
 
+# -- ONNX fallback body: standard ONNX ops that follow the reference step by step (export/onnx_functions.py
+#    builds the model-local FunctionProto from it; ``b`` is its Body builder)
+
+
+def onnx_matmul_nt(b, x: str, w: str, bias: str | None) -> str:
+    """x (..., K) @ w.T (N, K) [+ bias], FP32 in and out, as a Gemm on the flattened rows."""
+    rows = b("Flatten", x, axis=-1)  # (M, K)
+    y = b("Gemm", rows, w, *([bias] if bias else []), transB=1)  # (M, N)
+    shape = b("Concat", b("Shape", x, end=-1), b("Shape", w, start=0, end=1), axis=0)  # [..., N]
+    return b("Reshape", y, shape)  # (..., N)
+
+
+def onnx_linear(b, i: dict, out: list[str]) -> None:
+    bias = b.f32(i["bias"]) if i["bias"] else None
+    b.like(onnx_matmul_nt(b, b.f32(i["x"]), b.f32(i["weight"]), bias), i["x"], out[0])
+
+
+def onnx_linear_w8a16(b, i: dict, out: list[str]) -> None:
+    # x @ (q * s).T instead of the reference's (x @ q.T) * s: equal up to FP32 rounding,
+    # and the DequantizeLinear -> Gemm pattern is the one runtimes recognise as weight-only INT8.
+    w = b("DequantizeLinear", i["qweight"], i["scale"], axis=0)  # (N, K) fp32
+    bias = b.f32(i["bias"]) if i["bias"] else None
+    b.like(onnx_matmul_nt(b, b.f32(i["x"]), w, bias), i["x"], out[0])
+
+
+def onnx_linear_w8a8(b, i: dict, out: list[str]) -> None:
+    x = b.f32(i["x"])
+    if i["smooth"]:
+        x = b("Div", x, i["smooth"])  # SmoothQuant: x' = x / smooth
+    # Per-token symmetric INT8, exactly as quantize_per_token: an all-zero row gets scale 1.
+    amax = b("ReduceMax", b("Abs", x), axes=[-1], keepdims=1)  # (..., 1)
+    sx = b("Where", b("Greater", amax, b.const(0.0)), b("Div", amax, b.const(INT8_MAX)), b.const(1.0))
+    xq = b("Clip", b("Round", b("Div", x, sx)), b.const(-INT8_MAX), b.const(INT8_MAX))  # Round: half to even, like torch
+    xq = b("Cast", xq, to=b.INT8)
+    # Integer product with int32 accumulation (exact for K < 2^17), then the two scales.
+    y_int = b("MatMulInteger", xq, b("Transpose", i["qweight"], perm=[1, 0]))  # (..., N) int32
+    y = b("Mul", b("Mul", b("Cast", y_int, to=b.FLOAT), sx), i["scale"])
+    if i["bias"]:
+        y = b("Add", y, b.f32(i["bias"]))
+    b.like(y, i["x"], out[0])
+
 def _gemm_grid(kernel: str, at: PlannedShape):
     """Programs of a GEMM tile at the prefill shape, on the narrowest projection the operator runs."""
     if not kernel.endswith("_gemm"):
@@ -232,11 +274,11 @@ _LINEAR = dict(call_shape=_rows, grid=_gemm_grid, rowwise=True, decode_case=True
 OPERATORS = (
     Operator(LINEAR_SPEC, linear_reference, OpPrecision("linear", "fp16", "fp16", "fp32", "fp16"), linear_golden_inputs,
              triton="linear_triton:LINEAR_OP", tiles_at={"linear_gemv": DECODE, "linear_gemm": PREFILL}, scheme="fp16",
-             **_LINEAR),
+             onnx=OnnxFunction("Linear", (), onnx_linear), **_LINEAR),
     Operator(W8A16_SPEC, linear_w8a16_reference, OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
              w8a16_golden_inputs, triton="linear_triton:W8A16_OP", tiles_at={"w8a16_gemv": DECODE, "w8a16_gemm": PREFILL},
-             scheme="w8a16", **_LINEAR),
+             scheme="w8a16", onnx=OnnxFunction("LinearW8A16", (), onnx_linear_w8a16), **_LINEAR),
     Operator(W8A8_SPEC, linear_w8a8_reference, OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
              w8a8_golden_inputs, triton="linear_triton:W8A8_OP", tiles_at={"w8a8_quantize": PREFILL, "w8a8_gemm": PREFILL},
-             scheme="w8a8", **_LINEAR),
+             scheme="w8a8", onnx=OnnxFunction("LinearW8A8", (), onnx_linear_w8a8), **_LINEAR),
 )

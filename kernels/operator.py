@@ -68,6 +68,17 @@ def no_grid_rule(kernel: str, at: PlannedShape) -> tuple[None, None]:
 
 
 @dataclass(frozen=True)
+class OnnxFunction:
+    """How the operator appears in ONNX: a node ``op_type`` in the edgekit domain (TensorRT plugins match it)
+    whose portable fallback is ``body(b, inputs, outputs)``, built from standard ONNX ops with the export's
+    Body builder ``b`` (so this module needs no onnx import)."""
+
+    op_type: str
+    attributes: tuple[str, ...]  # node attributes the body reads, besides plugin_version/plugin_namespace
+    body: Callable[[Any, dict, list[str]], None]
+
+
+@dataclass(frozen=True)
 class Operator:
     spec: OpSpec
     reference: Callable  # the torch reference (CPU, and FP64 for golden vectors)
@@ -82,6 +93,7 @@ class Operator:
     rowwise: bool = False  # each token independent: golden cases cap the rows (more rows repeat the same program)
     decode_case: bool = False  # golden cases add a one-row call (the decode path takes other kernels)
     scheme: str | None = None  # the linear scheme it runs ("fp16", "w8a16", "w8a8"); None for other operators
+    onnx: OnnxFunction | None = None  # None: not exportable to ONNX (the exported graph never calls it)
 
     @property
     def name(self) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.operator import PREFILL, OpPrecision, Operator, golden_rand
-from edgekit.kernels.rmsnorm import rmsnorm_reference
+from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, golden_rand
+from edgekit.kernels.rmsnorm import onnx_rmsnorm, rmsnorm_reference
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
 
 SPEC = OpSpec(
@@ -42,10 +42,17 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
              "weight": (1 + 0.1 * torch.randn(C, generator=g)).to(torch.float16)}, {"eps": cfg.rms_norm_eps})
 
 
+def onnx_residual_rmsnorm(b, i: dict, out: list[str]) -> None:
+    """ONNX fallback body: the add rounded to the input dtype (output s), then RMSNorm's own body on it."""
+    b.like(b("Add", b.f32(i["x"]), b.f32(i["residual"])), i["x"], out[1])
+    onnx_rmsnorm(b, {"x": out[1], "weight": i["weight"]}, [out[0]])
+
+
 OPERATORS = (
     Operator(
         SPEC, residual_rmsnorm_reference, OpPrecision("residual_rmsnorm", "fp16", "fp16", "fp32", "fp16"), golden_inputs,
         call_shape=lambda t, a: {"hidden_size": t["x"].shape[1]},
         triton="residual_rmsnorm_triton:OP", tiles_at={"residual_rmsnorm_fwd": PREFILL}, rowwise=True,
+        onnx=OnnxFunction("ResidualRMSNorm", ("eps",), onnx_residual_rmsnorm),
     ),
 )

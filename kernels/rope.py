@@ -6,10 +6,11 @@ RoPE uses the "rotate half" layout of Hugging Face Llama: a head vector
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from edgekit.kernels.linear import linear_reference
-from edgekit.kernels.operator import PREFILL, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
+from edgekit.kernels.linear import linear_reference, onnx_linear
+from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -129,11 +130,46 @@ def _qkv_rope_grid(kernel: str, at: PlannedShape):
     return (lambda v: cdiv(rows, v.constexprs["BLOCK_M"]) * heads), at.sms
 
 
+# -- ONNX fallback body: standard ONNX ops that follow the reference step by step (export/onnx_functions.py
+#    builds the model-local FunctionProto from it; ``b`` is its Body builder)
+
+
+def onnx_rotate(b, t: str, cos: str, sin: str) -> str:
+    # [t1 | t2] -> [t1*cos - t2*sin | t2*cos + t1*sin]  (Hugging Face "rotate half")
+    t1, t2 = b("Split", t, axis=-1, n_out=2)
+    return b("Concat", b("Sub", b("Mul", t1, cos), b("Mul", t2, sin)), b("Add", b("Mul", t2, cos), b("Mul", t1, sin)), axis=-1)
+
+
+def onnx_rope(b, i: dict, out: list[str]) -> None:
+    qkv = i["qkv"]
+    x = b.f32(qkv)  # (B, T, (Hq + 2 Hkv) D)
+    head_dim = b("Mul", b("Shape", i["cos"], start=-1), b.const([2], np.int64))  # [D]
+    shape = b("Concat", b("Shape", qkv, end=-1), b.const([-1], np.int64), head_dim, axis=0)
+    x = b("Transpose", b("Reshape", x, shape), perm=[0, 2, 1, 3])  # (B, Hq + 2 Hkv, T, D)
+    n_q = b("Reshape", b.attr_const("n_heads", "int"), b.const([1], np.int64))
+    n_kv = b("Reshape", b.attr_const("n_kv_heads", "int"), b.const([1], np.int64))
+    q, k, v = b("Split", x, b("Concat", n_q, n_kv, n_kv, axis=0), axis=1, n_out=3)
+    axis1 = b.const([1], np.int64)
+    cos = b("Unsqueeze", b.f32(i["cos"]), axis1)  # (B, 1, T, D/2)
+    sin = b("Unsqueeze", b.f32(i["sin"]), axis1)
+    b.like(onnx_rotate(b, q, cos, sin), qkv, out[0])
+    b.like(onnx_rotate(b, k, cos, sin), qkv, out[1])
+    b.like(v, qkv, out[2])
+
+
+def onnx_qkv_rope(b, i: dict, out: list[str]) -> None:
+    # Exactly the reference's composition: the projection is rounded to the activation dtype before RoPE.
+    qkv = f"_qkv{len(b.nodes)}"
+    onnx_linear(b, {"x": i["x"], "weight": i["wqkv"], "bias": i["bqkv"]}, [qkv])
+    onnx_rope(b, {"qkv": qkv, "cos": i["cos"], "sin": i["sin"]}, out)
+
 # one fused kernel serves decode and prefill: tiled for prefill, where its compute is
 OPERATORS = (
     Operator(ROPE_SPEC, rope_reference, OpPrecision("rope", "none", "fp16", "fp32", "fp16"), rope_golden_inputs,
-             call_shape=_call_shape("qkv"), triton="rope_triton:ROPE_OP", tiles_at={"rope_fwd": PREFILL}, rowwise=True),
+             call_shape=_call_shape("qkv"), triton="rope_triton:ROPE_OP", tiles_at={"rope_fwd": PREFILL}, rowwise=True,
+             onnx=OnnxFunction("Rope", ("n_heads", "n_kv_heads"), onnx_rope)),
     Operator(QKV_ROPE_SPEC, qkv_rope_reference, OpPrecision("qkv_rope", "fp16", "fp16", "fp32", "fp16"),
              qkv_rope_golden_inputs, call_shape=_call_shape("x"), triton="rope_triton:QKV_ROPE_OP",
-             tiles_at={"qkv_rope_fwd": PREFILL}, grid=_qkv_rope_grid, rowwise=True),
+             tiles_at={"qkv_rope_fwd": PREFILL}, grid=_qkv_rope_grid, rowwise=True,
+             onnx=OnnxFunction("QKVRoPE", ("n_heads", "n_kv_heads"), onnx_qkv_rope)),
 )

@@ -90,3 +90,17 @@ def test_triton_kernel_under_the_interpreter_matches_fp64():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     tol = SPEC.tolerance_for("float16")
     assert out["s_equal"] and out["y_err"] <= tol.atol + tol.rtol * out["y_scale"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_onnx_function_matches_the_reference_in_onnxruntime(dtype):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
+    from test_onnx_functions import assert_matches, run_op
+
+    g = torch.Generator().manual_seed(2)
+    x, r = torch.randn(2, 3, 64, generator=g).to(dtype), torch.randn(2, 3, 64, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(64, generator=g)).to(dtype)
+    y, s = run_op("residual_rmsnorm", {"x": x, "residual": r, "weight": w}, eps=1e-5)
+    want_y, want_s = residual_rmsnorm_reference(x, r, w, 1e-5)
+    assert_matches("residual_rmsnorm", s, want_s)
+    assert_matches("residual_rmsnorm", y, want_y)
