@@ -120,6 +120,9 @@ def check_name(kind: str, value: Any) -> str:
     return value
 
 
+# The key of edgekit's fields in a TUF target's "custom" metadata (written by edgekit.publish, read by the agent).
+CUSTOM_KEY = "edgekit"
+
 RESERVED_FILE_NAMES = frozenset({"slot.json", "package.bin"})
 _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
