@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, golden_rand
+from edgekit.kernels.rmsnorm import golden_inputs as rmsnorm_golden_inputs
 from edgekit.kernels.rmsnorm import onnx_rmsnorm, rmsnorm_reference
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
 
@@ -37,9 +38,8 @@ def residual_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: 
 
 
 def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
-    C = cfg.hidden_size
-    return ({"x": golden_rand(g, rows, C), "residual": golden_rand(g, rows, C),
-             "weight": (1 + 0.1 * torch.randn(C, generator=g)).to(torch.float16)}, {"eps": cfg.rms_norm_eps})
+    inputs, attrs = rmsnorm_golden_inputs(cfg, rows, context, g)
+    return {**inputs, "residual": golden_rand(g, rows, cfg.hidden_size)}, attrs
 
 
 def onnx_residual_rmsnorm(b, i: dict, out: list[str]) -> None:

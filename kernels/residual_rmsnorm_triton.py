@@ -13,9 +13,9 @@ import triton.language as tl
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
+from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, check, ptr, shape, stride
-from edgekit.kernels.rmsnorm_triton import MAX_ROW
+from edgekit.kernels.rmsnorm_triton import MAX_ROW, row_default, row_space
 
 
 @triton.jit
@@ -32,16 +32,6 @@ def _residual_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, stride_xm, strid
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(sf * sf, axis=0), N * 1.0) + eps))  # IEEE
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_ym + cols, (sf * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def _space(s: dict) -> list:
-    block = pow2_at_least(int(s.get("hidden_size", 4096)), 16)
-    return [({"BLOCK_N": block}, w, 1) for w in (1, 2, 4, 8, 16) if block >= 32 * w]
-
-
-def _default(s: dict):
-    block = pow2_at_least(int(s.get("hidden_size", 4096)), 16)
-    return {"BLOCK_N": block}, max(1, min(8, block // 512)), 1
 
 
 RESIDUAL_RMSNORM_FWD = KernelDef(
@@ -64,8 +54,8 @@ RESIDUAL_RMSNORM_FWD = KernelDef(
     constexpr_names=("BLOCK_N",),
     precision={"input": "{act}", "accumulate": "fp32", "output": "{act}"},
     uses_shared_memory=False,
-    space=_space,
-    default=_default,
+    space=row_space,
+    default=row_default,
     smem_estimate=lambda c, warps, stages, nbytes: 4 * warps,  # cross-warp partial sums
 )
 
