@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import torch
 
 from edgekit.kernels.launch_count import launched_kernels
-from edgekit.kernels.registry import operator_for_scheme
+from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
 from edgekit.plan.precision import PrecisionPlan
 
@@ -42,12 +42,12 @@ def _meta(*shape: int, dtype=torch.float16) -> torch.Tensor:
 
 
 def _linear_args(op: str, rows: int, out_features: int, in_features: int, bias: bool) -> tuple:
-    x = _meta(rows, 1, in_features)
-    b = _meta(out_features) if bias else None
-    if op == "linear":
-        return x, _meta(out_features, in_features), b
-    q, s = _meta(out_features, in_features, dtype=torch.int8), _meta(out_features, dtype=torch.float32)
-    return (x, q, s, b) if op == "linear_w8a16" else (x, q, s, b, _meta(in_features, dtype=torch.float32))
+    """A projection call's arguments, built from the names its operator's spec lists."""
+    N, K = out_features, in_features
+    by_name = {"weight": lambda: _meta(N, K), "qweight": lambda: _meta(N, K, dtype=torch.int8),
+               "scale": lambda: _meta(N, dtype=torch.float32), "bias": lambda: _meta(N) if bias else None,
+               "smooth": lambda: _meta(K, dtype=torch.float32)}
+    return (_meta(rows, 1, K), *(by_name[t.name]() for t in operator(op).spec.inputs[1:]))
 
 
 def forward_calls(cfg: ModelConfig, precision: PrecisionPlan, *, batch: int, tokens: int, context: int) -> list[tuple[str, tuple]]:
