@@ -8,6 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
+from edgekit.units import fmt_bytes  # noqa: F401  (re-exported for the commands)
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -15,11 +17,3 @@ err_console = Console(stderr=True)
 def print_json(data: Any) -> None:
     """Machine-readable output on stdout (nothing else is printed there when --json is given)."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

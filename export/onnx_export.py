@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import onnx
 from onnx import ModelProto, TensorProto
 from onnx.external_data_helper import set_external_data
 
+from edgekit.durable import replace_atomically
 from edgekit.errors import ExportError
 from edgekit.export.onnx_graph import build_prefill_model
 from edgekit.export.tensorrt import make_tensorrt_flavour
@@ -75,20 +75,15 @@ def tensorrt_path_for(path: Path) -> Path:
 
 
 def _atomic_write(path: Path, chunks) -> str:
-    """Write byte chunks to ``path`` atomically; returns the sha256 of what was written."""
+    """Write byte chunks to ``path`` atomically (edgekit.durable); returns the sha256 of what was written."""
     digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                digest.update(chunk)
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    def hashed():
+        for chunk in chunks:
+            digest.update(chunk)
+            yield chunk
+
+    replace_atomically(path, hashed())
     return digest.hexdigest()
 
 

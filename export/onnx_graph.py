@@ -26,6 +26,7 @@ import edgekit
 from edgekit.errors import OperatorError, ShapeError
 from edgekit.kernels.attention import default_scale
 from edgekit.kernels.linear import LinearWeights
+from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.rope import rope_frequencies
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import ModelWeights
@@ -85,8 +86,9 @@ class _GraphBuilder:
         if lw.op == "linear":
             w = self.weight(f"{prefix}.weight", lw.weight, activation_dtype=True)
             return self.custom("linear", {"x": x, "weight": w, "bias": bias}, [out], prefix)
-        if lw.op not in ("linear_w8a16", "linear_w8a8"):
-            raise OperatorError(f"{prefix}: unknown linear operator {lw.op!r}; expected linear, linear_w8a16 or linear_w8a8")
+        if lw.op not in OPERATORS or OPERATORS[lw.op].scheme in (None, "fp16"):
+            known = ", ".join(name for name, op in OPERATORS.items() if op.scheme)
+            raise OperatorError(f"{prefix}: unknown linear operator {lw.op!r}; expected one of: {known}")
         if lw.weight.dtype != torch.int8 or lw.scale is None:
             raise OperatorError(
                 f"{prefix}: {lw.op} needs an int8 weight and an fp32 per-channel scale, got weight {lw.weight.dtype} "

@@ -15,13 +15,15 @@ chosen ones without paying twice (~1 s a variant on the CPU).
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import os
 import re
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from edgekit.errors import OperatorError, PlanError
 from edgekit.kernels.abi import hidden_args_for
@@ -160,9 +162,21 @@ def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
             {"stores": int(spill.group(1)), "loads": int(spill.group(2))} if spill else None)
 
 
+class CompileStore(Protocol):
+    """Where compiles persist between processes (the build's content-addressed cache); ``get`` None on a miss."""
+
+    def get(self, stage: str, key: str) -> dict[str, bytes] | None: ...
+
+    def put(self, stage: str, key: str, files: dict[str, bytes]) -> None: ...
+
+
 def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = None, ptx_version: int | None = None,
-                    with_ptxas_stats: bool = True) -> CompiledKernel:
-    """Cross-compile one variant for ``sm_<arch>``; raise SharedMemoryBudgetError above ``budget_bytes``."""
+                    with_ptxas_stats: bool = True, store: CompileStore | None = None) -> CompiledKernel:
+    """Cross-compile one variant for ``sm_<arch>``; raise SharedMemoryBudgetError above ``budget_bytes``.
+
+    Compiles are kept in this process; with a ``store`` they are also read from and written to it
+    (the caller decides where, and whether: a build with --no-cache passes a disabled one).
+    """
     if arch not in SUPPORTED_ARCHS:
         raise KernelCompileError(f"arch sm_{arch} is not supported; expected one of {SUPPORTED_ARCHS}")
     triton, GPUTarget, ASTSource = _triton()
@@ -170,10 +184,10 @@ def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = N
     with _LOCK:
         ck = _CACHE.get(key)
     if ck is None:
-        ck = _from_disk(v, arch, ptx_version, with_ptxas_stats, triton.__version__)
+        ck = _from_store(store, v, arch, ptx_version, with_ptxas_stats, triton.__version__)
         if ck is None:
             ck = _compile(v, arch, ptx_version, with_ptxas_stats, triton, GPUTarget, ASTSource)
-            _to_disk(ck, ptx_version, with_ptxas_stats)
+            _to_store(store, ck, ptx_version, with_ptxas_stats)
         with _LOCK:
             _CACHE[key] = ck
     if budget_bytes is not None and ck.shared_bytes > budget_bytes:
@@ -183,40 +197,50 @@ def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = N
     return ck
 
 
-def _disk_key(v: KernelVariant, arch: int, ptx_version, with_stats: bool, triton_version: str) -> str:
-    """Content address of a compile: the variant, the target, the compiler and the kernel's own source."""
-    from edgekit.build_cache import cache_key
+def content_key(**parts) -> str:
+    """sha256 of a canonical JSON description: same inputs, same key (the build cache keys every stage so)."""
+    doc = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()
 
+
+def compiled_to_json(ck: CompiledKernel) -> bytes:
+    return json.dumps(ck.to_json_dict(), sort_keys=True).encode()
+
+
+def compiled_from_json(data: bytes) -> CompiledKernel:
+    d = json.loads(data)
+    return CompiledKernel(
+        name=d["name"], shared_bytes=d["shared_bytes"], num_warps=d["num_warps"], num_stages=d["num_stages"],
+        cubin=base64.b64decode(d["cubin_b64"]), ptx=d["ptx"], arch=d["arch"], triton_version=d["triton_version"],
+        hidden_args=d["hidden_args"], global_scratch_size=d["global_scratch_size"], registers=d["registers"],
+        spills=d["spills"], signature=[tuple(p) for p in d["signature"]], precision=d["precision"],
+        launch_rule=d["launch_rule"], variant=KernelVariant.from_dict(d["variant"]), ptx_version=d["ptx_version"],
+        global_scratch_align=d["global_scratch_align"],
+    )
+
+
+def _store_key(v: KernelVariant, arch: int, ptx_version, with_stats: bool, triton_version: str) -> str:
+    """Content address of a compile: the variant, the target, the compiler and the kernel's own source."""
     # Triton's cache_key hashes the kernel's source *and* every @triton.jit helper it calls (and the global
     # constexprs it reads); the kernel's own .src alone would serve a stale compile after a helper changes.
     src = validate_variant(v).fn.cache_key
-    return cache_key(stage="compile", variant=v.to_dict(), arch=arch, ptx_version=ptx_version, stats=with_stats,
-                     triton=triton_version, source=src)
+    return content_key(stage="compile", variant=v.to_dict(), arch=arch, ptx_version=ptx_version, stats=with_stats,
+                       triton=triton_version, source=src)
 
 
-def _from_disk(v, arch, ptx_version, with_stats, triton_version) -> CompiledKernel | None:
-    """A compile this machine already did (the build cache, ~/.cache/edgekit); None when absent or disabled."""
-    import os
-
-    if os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
+def _from_store(store, v, arch, ptx_version, with_stats, triton_version) -> CompiledKernel | None:
+    """A compile this machine already did; None when absent, without a store or with EDGEKIT_NO_COMPILE_CACHE."""
+    if store is None or os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
         return None
-    from edgekit.build_cache import BuildCache
-    from edgekit.kernels.compiled_io import compiled_from_json
-
-    hit = BuildCache(None).get("compile", _disk_key(v, arch, ptx_version, with_stats, triton_version))
+    hit = store.get("compile", _store_key(v, arch, ptx_version, with_stats, triton_version))
     return compiled_from_json(hit["kernel.json"]) if hit else None
 
 
-def _to_disk(ck: CompiledKernel, ptx_version, with_stats) -> None:
-    import os
-
-    if os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
+def _to_store(store, ck: CompiledKernel, ptx_version, with_stats) -> None:
+    if store is None or os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
         return
-    from edgekit.build_cache import BuildCache
-    from edgekit.kernels.compiled_io import compiled_to_json
-
-    key = _disk_key(ck.variant, ck.arch, ptx_version, with_stats, ck.triton_version)
-    BuildCache(None).put("compile", key, {"kernel.json": compiled_to_json(ck)})
+    key = _store_key(ck.variant, ck.arch, ptx_version, with_stats, ck.triton_version)
+    store.put("compile", key, {"kernel.json": compiled_to_json(ck)})
 
 
 def _compile(v, arch, ptx_version, with_stats, triton, GPUTarget, ASTSource) -> CompiledKernel:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
+from edgekit.kernels.operator import DECODE, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -44,6 +46,21 @@ DECODE_SPEC = OpSpec(
     tolerance=REDUCTION_TOLERANCE,
     doc="One query token per sequence against cache positions [0, seq_lens[b]).",
 )
+
+
+# Split-KV decode asks for this many programs per SM (occupancy target at batch 1; MAX_SPLITS caps it), so a
+# second and third block can run while the first waits on memory. The launch rule (attention_triton) and the
+# planner both use decode_splits, so the split a plan records is the split the device computes for itself.
+DECODE_PROGRAMS_PER_SM = 4
+
+
+def decode_splits(sms: int, batch: int, n_kv_heads: int, context: int, block_n: int, max_splits: int | None = None,
+                  programs_per_sm: int = DECODE_PROGRAMS_PER_SM) -> int:
+    """KV splits so a decode step fills the SMs: ceil(SMs x programs per SM / (batch x KV heads)),
+    at most one split per BLOCK_N keys of the cache and at most the kernel's MAX_SPLITS."""
+    want = math.ceil(sms * programs_per_sm / (batch * n_kv_heads))
+    bound = math.ceil(context / block_n)
+    return max(1, min(want, bound, max_splits or want))
 
 
 def default_scale(head_dim: int) -> float:
@@ -86,3 +103,77 @@ def attention_decode_reference(
     valid = torch.arange(S, device=q.device)[None, :] < seq_lens.to(q.device)[:, None]  # (B, S)
     probs = torch.softmax(scores.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1)
     return (probs @ vf).view(B, Hq, D).to(q.dtype)
+
+
+# -- registry records ---------------------------------------------------------------------------------
+
+
+def prefill_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    D, Hq, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    real = max(1, rows - rows // 7)  # a padded bucket: the last rows are padding
+    return ({"q": golden_rand(g, 1, Hq, rows, D), "k": golden_rand(g, 1, Hkv, rows, D), "v": golden_rand(g, 1, Hkv, rows, D),
+             "seq_lens": torch.tensor([real], dtype=torch.int32)}, {"scale": D ** -0.5})
+
+
+def decode_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    D, Hq, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    return ({"q": golden_rand(g, 1, Hq, D), "k_cache": golden_rand(g, 1, Hkv, context, D),
+             "v_cache": golden_rand(g, 1, Hkv, context, D),
+             "seq_lens": torch.tensor([min(rows, context)], dtype=torch.int32)}, {"scale": D ** -0.5})
+
+
+# -- ONNX fallback body: standard ONNX ops that follow the reference step by step (export/onnx_functions.py
+#    builds the model-local FunctionProto from it; ``b`` is its Body builder)
+
+
+def onnx_attention_prefill(b, i: dict, out: list[str]) -> None:
+    q, k, v = b.f32(i["q"]), b.f32(i["k"]), b.f32(i["v"])
+    axis2 = b.const([2], np.int64)
+    # Group query heads by the KV head they read, like the reference: K and V are never repeated.
+    group_shape = b("Concat", b("Shape", i["k"], end=2), b.const([-1], np.int64), b("Shape", i["k"], start=2), axis=0)
+    qg = b("Reshape", q, group_shape)  # (B, Hkv, G, T, D)
+    k5, v5 = b("Unsqueeze", k, axis2), b("Unsqueeze", v, axis2)  # (B, Hkv, 1, T, D)
+    scores = b("Mul", b("MatMul", qg, b("Transpose", k5, perm=[0, 1, 2, 4, 3])), b.attr_const("scale", "float"))  # (B, Hkv, G, T, T)
+    T = b("Squeeze", b("Shape", i["q"], start=2, end=3))
+    pos = b("Range", b.const(0, np.int64), T, b.const(1, np.int64))  # (T,)
+    key = b("Unsqueeze", pos, b.const([0], np.int64))  # (1, T): key j
+    causal = b("LessOrEqual", key, b("Unsqueeze", pos, b.const([1], np.int64)))  # (T, T): j <= i
+    lens = b("Unsqueeze", b("Cast", i["seq_lens"], to=b.INT64), b.const([1], np.int64))  # (B, 1)
+    valid = b("Unsqueeze", b("Less", key, lens), b.const([1, 2, 3], np.int64))  # (B, 1, 1, 1, T): j < seq_lens[b]
+    masked = b("Where", b("And", causal, valid), scores, b.const(-np.inf))
+    probs = b("Softmax", masked, axis=-1)
+    o = b("Reshape", b("MatMul", probs, v5), b("Shape", i["q"]))  # (B, Hq, T, D)
+    b.like(o, i["q"], out[0])
+
+def _heads(kv_name: str):
+    def shape(tensors, attrs) -> dict:
+        q = tensors["q"]
+        return {"head_dim": q.shape[-1], "n_heads": q.shape[1], "n_kv_heads": tensors[kv_name].shape[1]}
+
+    return shape
+
+
+def _prefill_grid(kernel: str, at: PlannedShape):
+    return (lambda v: cdiv(at.max_bucket, v.constexprs["BLOCK_M"]) * at.batch * at.cfg.n_heads), at.sms
+
+
+def _decode_grid(kernel: str, at: PlannedShape):
+    if kernel != "attention_decode_split":
+        return None, None
+    kv = at.batch * at.cfg.n_kv_heads
+
+    def grid(v):
+        return at.decode_splits(v.constexprs["BLOCK_N"], v.constexprs.get("MAX_SPLITS")) * kv
+
+    return grid, min(at.sms * DECODE_PROGRAMS_PER_SM, at.want_splits * kv)
+
+
+OPERATORS = (
+    Operator(PREFILL_SPEC, attention_prefill_reference, OpPrecision("attention_prefill", "none", "fp16", "fp32", "fp16"),
+             prefill_golden_inputs, call_shape=_heads("k"), triton="attention_triton:PREFILL_OP",
+             tiles_at={"attention_prefill_fwd": PREFILL}, grid=_prefill_grid,
+             onnx=OnnxFunction("AttentionPrefill", ("scale",), onnx_attention_prefill)),
+    Operator(DECODE_SPEC, attention_decode_reference, OpPrecision("attention_decode", "none", "fp16", "fp32", "fp16"),
+             decode_golden_inputs, call_shape=_heads("k_cache"), triton="attention_triton:DECODE_OP",
+             tiles_at={"attention_decode_split": DECODE, "attention_decode_reduce": DECODE}, grid=_decode_grid),
+)

@@ -27,12 +27,12 @@ import triton.language as tl
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.attention import default_scale
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, default_scale
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 
 LOG2E = 1.4426950408889634
-DECODE_PROGRAMS_PER_SM = 4  # split-KV occupancy target at batch 1; MAX_SPLITS caps it (see _decode_default)
+# DECODE_PROGRAMS_PER_SM (split-KV occupancy target) is kernels/attention.py's: the planner reads it there
 
 
 @triton.jit

@@ -64,13 +64,8 @@ class DispatchTable:
         return self._impls["attention_decode"](q, k_cache, v_cache, seq_lens, scale)
 
     def linear(self, x: torch.Tensor, w: LinearWeights) -> torch.Tensor:
-        """Route a projection to the operator its weights ask for."""
-        fn = self._impls[w.op]
-        if w.op == "linear":
-            return fn(x, w.weight, w.bias)
-        if w.op == "linear_w8a16":
-            return fn(x, w.weight, w.scale, w.bias)
-        return fn(x, w.weight, w.scale, w.bias, w.smooth)
+        """Route a projection to the operator its weights ask for, with the arguments its spec lists."""
+        return self._impls[w.op](x, *w.operator_args())
 
     def qkv_rope(self, x, w: LinearWeights, cos, sin, n_heads: int, n_kv_heads: int):
         """QKV projection + RoPE: the fused operator for float weights, linear then rope otherwise."""

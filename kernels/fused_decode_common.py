@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.linear import linear_reference, linear_w8a16_reference
+from edgekit.kernels.operator import GOLDEN_MAX_N, OpPrecision, golden_rand
 from edgekit.kernels.spec import FLOAT_DTYPES, TensorSpec
 
 WEIGHT_DTYPES = FLOAT_DTYPES + ("int8",)
@@ -29,3 +30,28 @@ def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, b
     if scale is None:
         return linear_reference(x, weight, bias)
     return linear_w8a16_reference(x, weight, scale, bias)
+
+
+def fused_precision(op: str) -> OpPrecision:
+    """FP16 activations and output, FP32 accumulation; weights FP16 or INT8 with a per-channel FP32 scale (W8A16)."""
+    return OpPrecision(op, "fp16|int8", "fp16", "fp32", "fp16")
+
+
+def weight_shape(t) -> dict:
+    """The shape keywords the fused GEMVs' tiles follow (``fused_gemv_triton.gemv_tile``)."""
+    return {"n_out": t["weight"].shape[0], "k_in": t["weight"].shape[1]}
+
+
+def golden_norm_input(cfg, rows: int, g: torch.Generator) -> dict:
+    """The activation row(s) and the RMSNorm weight of one golden decode call."""
+    C = cfg.hidden_size
+    return {"x": golden_rand(g, rows, C), "norm_weight": (1 + 0.1 * torch.randn(C, generator=g)).to(torch.float16)}
+
+
+def golden_weight(g: torch.Generator, n: int, k: int, bias: bool) -> dict:
+    """An FP16 weight with O(1) outputs for O(1) inputs (rows capped like the linear operators' golden calls)."""
+    n = min(n, GOLDEN_MAX_N)
+    out = {"weight": golden_rand(g, n, k, std=k ** -0.5)}
+    if bias:
+        out["bias"] = golden_rand(g, n, std=0.1)
+    return out

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, project, weight_inputs
+from edgekit.kernels.fused_decode_common import (
+    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
+)
+from edgekit.kernels.operator import DECODE, Operator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -28,3 +31,16 @@ SPEC = OpSpec(
 def fused_head_argmax_reference(x, norm_weight, weight, scale, bias, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     logits = project(rmsnorm_reference(x, norm_weight, eps), weight, scale, bias)  # (B, V)
     return logits.argmax(dim=-1), logits
+
+
+def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    """One decode call of the final norm and LM head (vocabulary rows capped like the linear golden calls)."""
+    return ({**golden_norm_input(cfg, rows, g), **golden_weight(g, cfg.vocab_size, cfg.hidden_size, bias=False)},
+            {"eps": cfg.rms_norm_eps})
+
+
+OPERATORS = (
+    Operator(SPEC, fused_head_argmax_reference, fused_precision(SPEC.name), golden_inputs,
+             call_shape=lambda t, a: weight_shape(t), triton="fused_head_argmax_triton:OP",
+             tiles_at={"head_logits_fp": DECODE, "head_logits_w8": DECODE, "head_argmax_reduce": DECODE}),
+)

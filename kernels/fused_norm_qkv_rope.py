@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, project, weight_inputs
+from edgekit.kernels.fused_decode_common import (
+    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
+)
+from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.rmsnorm import rmsnorm_reference
-from edgekit.kernels.rope import rope_reference
+from edgekit.kernels.rope import rope_frequencies, rope_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
 SPEC = OpSpec(
@@ -45,3 +48,23 @@ def fused_norm_qkv_rope_reference(x, norm_weight, weight, scale, bias, cos, sin,
     k_cache[rows, :, positions] = k[:, :, 0].to(k_cache.dtype)
     v_cache[rows, :, positions] = v[:, :, 0].to(v_cache.dtype)
     return q[:, :, 0]  # (B, Hq, D)
+
+
+def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    """One decode call: each row's token at a random position of a random cache of ``context`` positions."""
+    D, Hq, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    cos, sin = rope_frequencies(D, context, cfg.rope_theta, torch.float32)
+    inputs = {**golden_norm_input(cfg, rows, g), **golden_weight(g, (Hq + 2 * Hkv) * D, cfg.hidden_size, bias=False),
+              "cos": cos, "sin": sin, "positions": torch.randint(0, context, (rows,), generator=g),
+              "k_cache": golden_rand(g, rows, Hkv, context, D), "v_cache": golden_rand(g, rows, Hkv, context, D)}
+    return inputs, {"eps": cfg.rms_norm_eps, "n_heads": Hq, "n_kv_heads": Hkv}
+
+
+def _shape(t, a) -> dict:
+    return {**weight_shape(t), "head_dim": t["cos"].shape[-1] * 2}
+
+
+OPERATORS = (
+    Operator(SPEC, fused_norm_qkv_rope_reference, fused_precision(SPEC.name), golden_inputs,
+             call_shape=_shape, triton="fused_norm_qkv_rope_triton:OP", tiles_at={"norm_qkv_rope_fp": DECODE, "norm_qkv_rope_w8": DECODE}),
+)

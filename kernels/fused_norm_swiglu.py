@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, project, weight_inputs
+from edgekit.kernels.fused_decode_common import (
+    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
+)
+from edgekit.kernels.operator import DECODE, Operator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 from edgekit.kernels.swiglu import swiglu_reference
@@ -23,3 +26,19 @@ SPEC = OpSpec(
 
 def fused_norm_swiglu_reference(x, norm_weight, weight, scale, eps: float) -> torch.Tensor:
     return swiglu_reference(project(rmsnorm_reference(x, norm_weight, eps), weight, scale, None))
+
+
+GOLDEN_HALF = 128  # gate rows = up rows; 2 x 128 stays within the golden cap on output rows
+
+
+def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    """One decode call: the gate and up rows of W packed as the decoder packs them."""
+    C, F = cfg.hidden_size, min(cfg.intermediate_size, GOLDEN_HALF)
+    return {**golden_norm_input(cfg, rows, g), **golden_weight(g, 2 * F, C, bias=False)}, {"eps": cfg.rms_norm_eps}
+
+
+OPERATORS = (
+    Operator(SPEC, fused_norm_swiglu_reference, fused_precision(SPEC.name), golden_inputs,
+             call_shape=lambda t, a: weight_shape(t), triton="fused_norm_swiglu_triton:OP",
+             tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE}),
+)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, project, weight_inputs
+from edgekit.kernels.fused_decode_common import (
+    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_shape,
+)
+from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
 SPEC = OpSpec(
@@ -19,3 +22,16 @@ SPEC = OpSpec(
 
 def fused_proj_residual_reference(x, weight, scale, bias, residual) -> torch.Tensor:
     return residual + project(x, weight, scale, bias)
+
+
+def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    """One decode call of the attention output projection (C -> C) with its residual."""
+    C = cfg.hidden_size
+    return {"x": golden_rand(g, rows, C), **golden_weight(g, C, C, bias=False), "residual": golden_rand(g, rows, C)}, {}
+
+
+OPERATORS = (
+    Operator(SPEC, fused_proj_residual_reference, fused_precision(SPEC.name), golden_inputs,
+             call_shape=lambda t, a: weight_shape(t), triton="fused_proj_residual_triton:OP",
+             tiles_at={"proj_residual_fp": DECODE, "proj_residual_w8": DECODE}),
+)

@@ -38,7 +38,8 @@ def interpreting() -> bool:
 
 def on_cuda(op: str, *tensors: tuple[str, torch.Tensor | None]) -> None:
     devices = {t.device for _, t in tensors if t is not None}
-    allowed = ("cuda", "cpu") if interpreting() else ("cuda",)
+    # "meta" tensors are shape-only stand-ins: launch_count resolves programs on them and never launches
+    allowed = ("cuda", "cpu", "meta") if interpreting() else ("cuda", "meta")
     for name, t in tensors:
         if t is not None and t.device.type not in allowed:
             raise OperatorError(f"{op}: {name} is on {t.device}; the Triton kernels run on a CUDA device",

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv,
+                                      golden_rand)
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
 
@@ -67,6 +69,9 @@ W8A8_SPEC = OpSpec(
 )
 
 
+_SPECS = {s.name: s for s in (LINEAR_SPEC, W8A16_SPEC, W8A8_SPEC)}
+
+
 @dataclass
 class LinearWeights:
     """One projection's weights and the operator that applies them."""
@@ -84,6 +89,11 @@ class LinearWeights:
     @property
     def in_features(self) -> int:
         return self.weight.shape[1]
+
+    def operator_args(self) -> tuple:
+        """The tensors after ``x`` that the record's operator takes, in its spec's order."""
+        by_name = {"weight": self.weight, "qweight": self.weight, "scale": self.scale, "bias": self.bias, "smooth": self.smooth}
+        return tuple(by_name[t.name] for t in _SPECS[self.op].inputs[1:])
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.weight, self.bias, self.scale, self.smooth) if t is not None)
@@ -174,3 +184,101 @@ def linear_w8a8_reference(
     if bias is not None:
         y = y + bias.to(acc)
     return y.to(x.dtype)
+
+
+# -- registry records ---------------------------------------------------------------------------------
+
+
+def _int8_weight(g: torch.Generator, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = (torch.rand(n, generator=g) * 0.01 + 1e-3).to(torch.float32)  # (N,) never zero
+    return q, scale
+
+
+def linear_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C, n = cfg.hidden_size, min(GOLDEN_MAX_N, cfg.hidden_size)
+    inp = {"x": golden_rand(g, rows, C), "weight": golden_rand(g, n, C, std=C ** -0.5)}
+    if cfg.qkv_bias:
+        inp["bias"] = golden_rand(g, n, std=0.1)
+    return inp, {}
+
+
+def w8a16_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C = cfg.hidden_size
+    q, s = _int8_weight(g, min(GOLDEN_MAX_N, C), C)
+    return {"x": golden_rand(g, rows, C), "qweight": q, "scale": s}, {}
+
+
+def w8a8_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C = cfg.hidden_size
+    q, s = _int8_weight(g, min(GOLDEN_MAX_N, C), C)
+    smooth = (torch.rand(C, generator=g) + 0.5).to(torch.float32)  # (K,) positive divisors
+    return {"x": golden_rand(g, rows, C), "qweight": q, "scale": s, "smooth": smooth}, {}
+
+
+# -- ONNX fallback body: standard ONNX ops that follow the reference step by step (export/onnx_functions.py
+#    builds the model-local FunctionProto from it; ``b`` is its Body builder)
+
+
+def onnx_matmul_nt(b, x: str, w: str, bias: str | None) -> str:
+    """x (..., K) @ w.T (N, K) [+ bias], FP32 in and out, as a Gemm on the flattened rows."""
+    rows = b("Flatten", x, axis=-1)  # (M, K)
+    y = b("Gemm", rows, w, *([bias] if bias else []), transB=1)  # (M, N)
+    shape = b("Concat", b("Shape", x, end=-1), b("Shape", w, start=0, end=1), axis=0)  # [..., N]
+    return b("Reshape", y, shape)  # (..., N)
+
+
+def onnx_linear(b, i: dict, out: list[str]) -> None:
+    bias = b.f32(i["bias"]) if i["bias"] else None
+    b.like(onnx_matmul_nt(b, b.f32(i["x"]), b.f32(i["weight"]), bias), i["x"], out[0])
+
+
+def onnx_linear_w8a16(b, i: dict, out: list[str]) -> None:
+    # x @ (q * s).T instead of the reference's (x @ q.T) * s: equal up to FP32 rounding,
+    # and the DequantizeLinear -> Gemm pattern is the one runtimes recognise as weight-only INT8.
+    w = b("DequantizeLinear", i["qweight"], i["scale"], axis=0)  # (N, K) fp32
+    bias = b.f32(i["bias"]) if i["bias"] else None
+    b.like(onnx_matmul_nt(b, b.f32(i["x"]), w, bias), i["x"], out[0])
+
+
+def onnx_linear_w8a8(b, i: dict, out: list[str]) -> None:
+    x = b.f32(i["x"])
+    if i["smooth"]:
+        x = b("Div", x, i["smooth"])  # SmoothQuant: x' = x / smooth
+    # Per-token symmetric INT8, exactly as quantize_per_token: an all-zero row gets scale 1.
+    amax = b("ReduceMax", b("Abs", x), axes=[-1], keepdims=1)  # (..., 1)
+    sx = b("Where", b("Greater", amax, b.const(0.0)), b("Div", amax, b.const(INT8_MAX)), b.const(1.0))
+    xq = b("Clip", b("Round", b("Div", x, sx)), b.const(-INT8_MAX), b.const(INT8_MAX))  # Round: half to even, like torch
+    xq = b("Cast", xq, to=b.INT8)
+    # Integer product with int32 accumulation (exact for K < 2^17), then the two scales.
+    y_int = b("MatMulInteger", xq, b("Transpose", i["qweight"], perm=[1, 0]))  # (..., N) int32
+    y = b("Mul", b("Mul", b("Cast", y_int, to=b.FLOAT), sx), i["scale"])
+    if i["bias"]:
+        y = b("Add", y, b.f32(i["bias"]))
+    b.like(y, i["x"], out[0])
+
+def _gemm_grid(kernel: str, at: PlannedShape):
+    """Programs of a GEMM tile at the prefill shape, on the narrowest projection the operator runs."""
+    if not kernel.endswith("_gemm"):
+        return None, None
+    op = {"linear_gemm": "linear", "w8a16_gemm": "linear_w8a16", "w8a8_gemm": "linear_w8a8"}[kernel]
+    n, rows = at.out_features(op), at.prefill_rows
+    return (lambda v: cdiv(rows, v.constexprs["BLOCK_M"]) * cdiv(n, v.constexprs["BLOCK_N"])), at.sms
+
+
+def _rows(tensors, attrs) -> dict:
+    return {"rows": tensors["x"].shape[0]}
+
+
+_LINEAR = dict(call_shape=_rows, grid=_gemm_grid, rowwise=True, decode_case=True)
+OPERATORS = (
+    Operator(LINEAR_SPEC, linear_reference, OpPrecision("linear", "fp16", "fp16", "fp32", "fp16"), linear_golden_inputs,
+             triton="linear_triton:LINEAR_OP", tiles_at={"linear_gemv": DECODE, "linear_gemm": PREFILL}, scheme="fp16",
+             onnx=OnnxFunction("Linear", (), onnx_linear), **_LINEAR),
+    Operator(W8A16_SPEC, linear_w8a16_reference, OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
+             w8a16_golden_inputs, triton="linear_triton:W8A16_OP", tiles_at={"w8a16_gemv": DECODE, "w8a16_gemm": PREFILL},
+             scheme="w8a16", onnx=OnnxFunction("LinearW8A16", (), onnx_linear_w8a16), **_LINEAR),
+    Operator(W8A8_SPEC, linear_w8a8_reference, OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
+             w8a8_golden_inputs, triton="linear_triton:W8A8_OP", tiles_at={"w8a8_quantize": PREFILL, "w8a8_gemm": PREFILL},
+             scheme="w8a8", onnx=OnnxFunction("LinearW8A8", (), onnx_linear_w8a8), **_LINEAR),
+)

@@ -1,37 +1,66 @@
-"""Every operator edgekit knows: its spec and its torch reference."""
+"""Every operator edgekit knows, collected from the operator modules of this package.
+
+An operator module declares ``OPERATORS = (Operator(...), ...)`` (see
+``kernels.operator``); this module imports every module of the package that is
+not infrastructure (``INFRASTRUCTURE``) or a Triton companion (``*_triton``,
+loaded only when its kernels are needed) and files its operators by name.
+A new operator is therefore its module plus its tests: nothing here changes.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import importlib
+import pkgutil
+from pathlib import Path
 
-from edgekit.kernels import attention, linear, rmsnorm, rope, swiglu
-from edgekit.kernels import fused_head_argmax, fused_norm_qkv_rope, fused_norm_swiglu, fused_proj_residual
-from edgekit.kernels.spec import OpSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels.operator import Operator
+
+# Modules of edgekit.kernels that hold machinery, not operators (tests check every other module declares some).
+INFRASTRUCTURE = frozenset({
+    "abi", "aot", "dispatch", "fused_decode_common", "host_checks", "kernel_def", "launch_rule", "launch_count", "launcher",
+    "operator", "precision", "program_runner", "registry", "spec", "triton_backend", "variants",
+})
 
 
-@dataclass(frozen=True)
-class Operator:
-    spec: OpSpec
-    reference: Callable
+def operator_modules() -> list[str]:
+    """Names of the modules of edgekit.kernels that declare operators, sorted."""
+    here = [Path(__file__).parent]
+    return sorted(m.name for m in pkgutil.iter_modules([str(p) for p in here])
+                  if m.name not in INFRASTRUCTURE and not m.name.endswith("_triton") and not m.name.startswith("_"))
 
 
-OPERATORS: dict[str, Operator] = {
-    op.spec.name: op
-    for op in (
-        Operator(rmsnorm.SPEC, rmsnorm.rmsnorm_reference),
-        Operator(rope.ROPE_SPEC, rope.rope_reference),
-        Operator(rope.QKV_ROPE_SPEC, rope.qkv_rope_reference),
-        Operator(attention.PREFILL_SPEC, attention.attention_prefill_reference),
-        Operator(attention.DECODE_SPEC, attention.attention_decode_reference),
-        Operator(linear.LINEAR_SPEC, linear.linear_reference),
-        Operator(linear.W8A16_SPEC, linear.linear_w8a16_reference),
-        Operator(linear.W8A8_SPEC, linear.linear_w8a8_reference),
-        Operator(swiglu.SPEC, swiglu.swiglu_reference),
-        # fused decode super-operators (edgekit/runtime/fused_decode.py runs them)
-        Operator(fused_norm_qkv_rope.SPEC, fused_norm_qkv_rope.fused_norm_qkv_rope_reference),
-        Operator(fused_proj_residual.SPEC, fused_proj_residual.fused_proj_residual_reference),
-        Operator(fused_norm_swiglu.SPEC, fused_norm_swiglu.fused_norm_swiglu_reference),
-        Operator(fused_head_argmax.SPEC, fused_head_argmax.fused_head_argmax_reference),
-    )
-}
+def _collect() -> dict[str, Operator]:
+    found: dict[str, Operator] = {}
+    for name in operator_modules():
+        module = importlib.import_module(f"edgekit.kernels.{name}")
+        for op in getattr(module, "OPERATORS", ()):
+            if op.name in found:
+                raise OperatorError(f"operator {op.name!r} is declared twice (again in edgekit.kernels.{name})")
+            found[op.name] = op
+    return found
+
+
+OPERATORS: dict[str, Operator] = _collect()
+
+
+def operator(name: str) -> Operator:
+    """The registry record of ``name``; OperatorError naming the known operators otherwise."""
+    try:
+        return OPERATORS[name]
+    except KeyError:
+        raise OperatorError(f"unknown operator {name!r}; expected one of: {', '.join(sorted(OPERATORS))}") from None
+
+
+def operator_for_scheme(scheme: str) -> Operator:
+    """The linear operator that runs projections stored in ``scheme`` ("fp16", "w8a16", "w8a8")."""
+    for op in OPERATORS.values():
+        if op.scheme == scheme:
+            return op
+    known = sorted(op.scheme for op in OPERATORS.values() if op.scheme)
+    raise OperatorError(f"no linear operator runs scheme {scheme!r}; expected one of: {', '.join(known)}")
+
+
+def with_kernels() -> dict[str, Operator]:
+    """Operators that have Triton kernels (the rest run their torch reference everywhere)."""
+    return {name: op for name, op in OPERATORS.items() if op.triton is not None}

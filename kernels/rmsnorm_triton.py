@@ -30,12 +30,13 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, N, eps, BLOCK_N: 
     tl.store(y_ptr + row * stride_ym + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _space(s: dict) -> list:
+def row_space(s: dict) -> list:
+    """Whole-row tiles (one program per row) for a row of ``hidden_size``: shared by the row-wise norms."""
     block = pow2_at_least(int(s.get("hidden_size", 4096)), 16)
     return [({"BLOCK_N": block}, w, 1) for w in (1, 2, 4, 8, 16) if block >= 32 * w]
 
 
-def _default(s: dict):
+def row_default(s: dict):
     block = pow2_at_least(int(s.get("hidden_size", 4096)), 16)
     return {"BLOCK_N": block}, max(1, min(8, block // 512)), 1
 
@@ -56,8 +57,8 @@ RMSNORM_FWD = KernelDef(
     constexpr_names=("BLOCK_N",),
     precision={"input": "{act}", "accumulate": "fp32", "output": "{act}"},
     uses_shared_memory=False,
-    space=_space,
-    default=_default,
+    space=row_space,
+    default=row_default,
     smem_estimate=lambda c, warps, stages, nbytes: 4 * warps,  # cross-warp partial sums
 )
 

@@ -6,9 +6,11 @@ RoPE uses the "rotate half" layout of Hugging Face Llama: a head vector
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from edgekit.kernels.linear import linear_reference
+from edgekit.kernels.linear import linear_reference, onnx_linear
+from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -83,3 +85,91 @@ def qkv_rope_reference(
     n_kv_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return rope_reference(linear_reference(x, wqkv, bqkv), cos, sin, n_heads, n_kv_heads)
+
+
+# -- registry records ---------------------------------------------------------------------------------
+
+
+def _rope_tables(cfg, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = rope_frequencies(cfg.head_dim, T, cfg.rope_theta, torch.float32)
+    return cos[None], sin[None]  # (1, T, D/2)
+
+
+def _qkv_width(cfg) -> int:
+    return (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+
+
+def rope_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    cos, sin = _rope_tables(cfg, rows)
+    return {"qkv": golden_rand(g, 1, rows, _qkv_width(cfg)), "cos": cos, "sin": sin}, \
+        {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads}
+
+
+def qkv_rope_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C, width = cfg.hidden_size, _qkv_width(cfg)
+    cos, sin = _rope_tables(cfg, rows)
+    inp = {"x": golden_rand(g, 1, rows, C), "wqkv": golden_rand(g, width, C, std=C ** -0.5)}
+    if cfg.qkv_bias:
+        inp["bqkv"] = golden_rand(g, width, std=0.1)
+    inp.update(cos=cos, sin=sin)
+    return inp, {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads}
+
+
+def _call_shape(rows_from: str):
+    def shape(tensors, attrs) -> dict:
+        return {"head_dim": tensors["cos"].shape[-1] * 2, "n_heads": attrs["n_heads"], "n_kv_heads": attrs["n_kv_heads"],
+                "rows": tensors[rows_from].shape[0]}
+
+    return shape
+
+
+def _qkv_rope_grid(kernel: str, at: PlannedShape):
+    if kernel != "qkv_rope_fwd":
+        return None, None
+    rows, heads = at.prefill_rows, at.cfg.n_heads + 2 * at.cfg.n_kv_heads
+    return (lambda v: cdiv(rows, v.constexprs["BLOCK_M"]) * heads), at.sms
+
+
+# -- ONNX fallback body: standard ONNX ops that follow the reference step by step (export/onnx_functions.py
+#    builds the model-local FunctionProto from it; ``b`` is its Body builder)
+
+
+def onnx_rotate(b, t: str, cos: str, sin: str) -> str:
+    # [t1 | t2] -> [t1*cos - t2*sin | t2*cos + t1*sin]  (Hugging Face "rotate half")
+    t1, t2 = b("Split", t, axis=-1, n_out=2)
+    return b("Concat", b("Sub", b("Mul", t1, cos), b("Mul", t2, sin)), b("Add", b("Mul", t2, cos), b("Mul", t1, sin)), axis=-1)
+
+
+def onnx_rope(b, i: dict, out: list[str]) -> None:
+    qkv = i["qkv"]
+    x = b.f32(qkv)  # (B, T, (Hq + 2 Hkv) D)
+    head_dim = b("Mul", b("Shape", i["cos"], start=-1), b.const([2], np.int64))  # [D]
+    shape = b("Concat", b("Shape", qkv, end=-1), b.const([-1], np.int64), head_dim, axis=0)
+    x = b("Transpose", b("Reshape", x, shape), perm=[0, 2, 1, 3])  # (B, Hq + 2 Hkv, T, D)
+    n_q = b("Reshape", b.attr_const("n_heads", "int"), b.const([1], np.int64))
+    n_kv = b("Reshape", b.attr_const("n_kv_heads", "int"), b.const([1], np.int64))
+    q, k, v = b("Split", x, b("Concat", n_q, n_kv, n_kv, axis=0), axis=1, n_out=3)
+    axis1 = b.const([1], np.int64)
+    cos = b("Unsqueeze", b.f32(i["cos"]), axis1)  # (B, 1, T, D/2)
+    sin = b("Unsqueeze", b.f32(i["sin"]), axis1)
+    b.like(onnx_rotate(b, q, cos, sin), qkv, out[0])
+    b.like(onnx_rotate(b, k, cos, sin), qkv, out[1])
+    b.like(v, qkv, out[2])
+
+
+def onnx_qkv_rope(b, i: dict, out: list[str]) -> None:
+    # Exactly the reference's composition: the projection is rounded to the activation dtype before RoPE.
+    qkv = f"_qkv{len(b.nodes)}"
+    onnx_linear(b, {"x": i["x"], "weight": i["wqkv"], "bias": i["bqkv"]}, [qkv])
+    onnx_rope(b, {"qkv": qkv, "cos": i["cos"], "sin": i["sin"]}, out)
+
+# one fused kernel serves decode and prefill: tiled for prefill, where its compute is
+OPERATORS = (
+    Operator(ROPE_SPEC, rope_reference, OpPrecision("rope", "none", "fp16", "fp32", "fp16"), rope_golden_inputs,
+             call_shape=_call_shape("qkv"), triton="rope_triton:ROPE_OP", tiles_at={"rope_fwd": PREFILL}, rowwise=True,
+             onnx=OnnxFunction("Rope", ("n_heads", "n_kv_heads"), onnx_rope)),
+    Operator(QKV_ROPE_SPEC, qkv_rope_reference, OpPrecision("qkv_rope", "fp16", "fp16", "fp32", "fp16"),
+             qkv_rope_golden_inputs, call_shape=_call_shape("x"), triton="rope_triton:QKV_ROPE_OP",
+             tiles_at={"qkv_rope_fwd": PREFILL}, grid=_qkv_rope_grid, rowwise=True,
+             onnx=OnnxFunction("QKVRoPE", ("n_heads", "n_kv_heads"), onnx_qkv_rope)),
+)

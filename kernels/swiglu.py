@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
 
@@ -22,3 +23,24 @@ def swiglu_reference(gate_up: torch.Tensor) -> torch.Tensor:
     acc = accumulate_dtype(gate_up.dtype)
     gate, up = gate_up.to(acc).chunk(2, dim=-1)
     return (F.silu(gate) * up).to(gate_up.dtype)
+
+
+def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    return {"gate_up": golden_rand(g, rows, 2 * cfg.intermediate_size)}, {}
+
+
+# -- ONNX fallback body: standard ONNX ops that follow the reference step by step (export/onnx_functions.py
+#    builds the model-local FunctionProto from it; ``b`` is its Body builder)
+
+
+def onnx_swiglu(b, i: dict, out: list[str]) -> None:
+    gate, up = b("Split", b.f32(i["gate_up"]), axis=-1, n_out=2)  # gate first
+    b.like(b("Mul", b("Mul", gate, b("Sigmoid", gate)), up), i["gate_up"], out[0])
+
+OPERATORS = (
+    Operator(
+        SPEC, swiglu_reference, OpPrecision("swiglu", "none", "fp16", "fp32", "fp16"), golden_inputs,
+        triton="swiglu_triton:OP", tiles_at={"swiglu_fwd": PREFILL}, rowwise=True,
+        onnx=OnnxFunction("SwiGLU", (), onnx_swiglu),
+    ),
+)

@@ -12,41 +12,23 @@ exercises the very launch rules shipped to devices.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import torch
 
 from edgekit.errors import OperatorError
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.program_runner import JitLauncher, run_program
+from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.variants import KernelVariant, default_variants, kernels_of, op_kernels, op_program
 
 VariantChoice = KernelVariant | Mapping[str, KernelVariant] | Iterable[KernelVariant]
 
 
-def _shape_facts(op: str, tensors: Mapping[str, torch.Tensor | None], attrs: Mapping[str, Any]) -> dict:
-    """The shape keywords tile_space/default_variants take, read off one call's canonical tensors."""
-    if op in ("attention_prefill", "attention_decode"):
-        q = tensors["q"]
-        kv = tensors.get("k") if op == "attention_prefill" else tensors["k_cache"]
-        return {"head_dim": q.shape[-1], "n_heads": q.shape[1], "n_kv_heads": kv.shape[1]}
-    if op in ("qkv_rope", "rope"):
-        return {"head_dim": tensors["cos"].shape[-1] * 2, "n_heads": attrs["n_heads"], "n_kv_heads": attrs["n_kv_heads"],
-                "rows": (tensors.get("x") if op == "qkv_rope" else tensors["qkv"]).shape[0]}
-    if op == "rmsnorm":
-        return {"hidden_size": tensors["x"].shape[1]}
-    if op.startswith("fused_"):  # fused decode GEMVs: tiles follow the weight's shape (fused_gemv_triton.gemv_tile)
-        facts = {"n_out": tensors["weight"].shape[0], "k_in": tensors["weight"].shape[1]}
-        return {**facts, "head_dim": tensors["cos"].shape[-1] * 2} if op == "fused_norm_qkv_rope" else facts
-    if op in ("linear", "linear_w8a16", "linear_w8a8"):
-        return {"rows": tensors["x"].shape[0]}
-    return {}
-
-
-def _facts_key(op: str, facts: dict) -> tuple:
-    if op in ("linear", "linear_w8a16", "linear_w8a8", "qkv_rope", "rope"):
+def _facts_key(facts: dict) -> tuple:
+    if "rows" in facts:
         # rows only matter through the tile choice: bucket them so each decode/prefill size compiles once
-        rows = facts.get("rows", 1)
+        rows = facts["rows"]
         facts = {**facts, "rows": rows if rows <= 16 else (64 if rows <= 64 else 1 << 20)}
     return tuple(sorted(facts.items()))
 
@@ -75,8 +57,8 @@ class TritonOp:
         self._lock = threading.Lock()
 
     def _program_for(self, dtype: str, tensors, attrs) -> tuple[dict, dict[str, JitLauncher]]:
-        facts = _shape_facts(self.op, tensors, attrs)
-        key = (dtype, None) if self._fixed is not None else (dtype, _facts_key(self.op, facts))
+        facts = OPERATORS[self.op].call_shape(tensors, attrs)
+        key = (dtype, None) if self._fixed is not None else (dtype, _facts_key(facts))
         entry = self._programs.get(key)
         if entry is None:
             if self._fixed is not None:

@@ -98,16 +98,9 @@ def op_kernels() -> dict[str, OpKernels]:
     """Every operator with Triton kernels -> its OpKernels (imports the Triton modules on first use)."""
     global _OPS
     if _OPS is None:
-        from edgekit.kernels import attention_triton, linear_triton, rmsnorm_triton, rope_triton, swiglu_triton
-        from edgekit.kernels import (fused_head_argmax_triton, fused_norm_qkv_rope_triton, fused_norm_swiglu_triton,
-                                     fused_proj_residual_triton)
+        from edgekit.kernels.registry import with_kernels
 
-        ops = (rmsnorm_triton.OP, swiglu_triton.OP, rope_triton.QKV_ROPE_OP, rope_triton.ROPE_OP,
-               attention_triton.PREFILL_OP, attention_triton.DECODE_OP,
-               linear_triton.LINEAR_OP, linear_triton.W8A16_OP, linear_triton.W8A8_OP,
-               fused_norm_qkv_rope_triton.OP, fused_proj_residual_triton.OP, fused_norm_swiglu_triton.OP,
-               fused_head_argmax_triton.OP)
-        _OPS = {o.op: o for o in ops}
+        _OPS = {name: op.kernels for name, op in with_kernels().items()}
     return _OPS
 
 

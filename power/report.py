@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.atomic_files import atomic_write_bytes
+from edgekit.durable import replace_atomically
 from edgekit.errors import EdgekitError
 from edgekit.power.jsonl import LogContents, read_log
 from edgekit.power.sample import rails_sum_label
@@ -41,9 +41,9 @@ class ReportResult:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Atomic write (temp file, fsync, rename; the one implementation in edgekit.atomic_files)."""
+    """Atomic write (temp file, fsync, rename; the one implementation in edgekit.durable)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, data)
+    replace_atomically(path, data)
 
 
 def _save(fig, path: Path) -> None:

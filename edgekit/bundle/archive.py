@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping
 
-from edgekit.bundle.canonical import fsync_dir, relpath_problem
+from edgekit.bundle.canonical import relpath_problem
+from edgekit.durable import fsync_dir
 from edgekit.errors import BundleError, VerificationError
 
 FILE_MODE = 0o644

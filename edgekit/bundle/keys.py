@@ -28,7 +28,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from edgekit.bundle.canonical import HEX64, atomic_write_bytes, canonical_json, fsync_dir
+from edgekit.bundle.canonical import HEX64, canonical_json
+from edgekit.durable import fsync_dir
+from edgekit.durable import replace_atomically as atomic_write_bytes
 from edgekit.errors import BundleError, VerificationError
 
 PRIVATE_KEY_FILE = "edgekit.key"

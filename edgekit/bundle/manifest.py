@@ -42,6 +42,9 @@ SIGNATURE_FILE = "manifest.sig"
 RESERVED_FILES = frozenset({MANIFEST_FILE, SIGNATURE_FILE})
 
 NAME = r"^[a-z0-9_]+$"
+# A target profile's name: the planner's profiles (plan.targets) and the manifest's record use this one rule,
+# so a name the manifest would refuse fails when the profile loads, not at signing.
+TARGET_NAME = r"^[a-z0-9_\-]+$"
 # The files every plugin directory holds (plugins/<op>/<version>/...), besides its kernels.
 PLUGIN_METADATA_FILE = "plugin.json"
 PLUGIN_GOLDEN_FILE = "golden.safetensors"
@@ -56,7 +59,7 @@ class _Strict(BaseModel):
 
 
 class Target(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9_\-]+$", max_length=64)
+    name: str = Field(pattern=TARGET_NAME, max_length=64)
     arch: int = Field(ge=50, le=200)  # compute capability as sm number: 87 = Orin, 90 = H100/H200
 
 

@@ -27,7 +27,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from edgekit.bundle.canonical import atomic_write_bytes, fsync_dir, relpath_problem, sha256_hex
+from edgekit.bundle.canonical import relpath_problem, sha256_hex
+from edgekit.durable import fsync_dir
+from edgekit.durable import replace_atomically as atomic_write_bytes
 from edgekit.bundle.keys import SigningKey
 from edgekit.bundle.manifest import (
     FORMAT_NAME,

@@ -185,7 +185,7 @@ def verify(
         import torch
 
         if torch.cuda.is_available():
-            from edgekit.bundle.gpu_runner import plugin_runner
+            from edgekit.runtime.gpu_runner import plugin_runner
 
             runner_for_root = plugin_runner
         elif backend == "gpu":

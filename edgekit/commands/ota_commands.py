@@ -104,7 +104,7 @@ def publish(
     Devices run `edgekit agent --repo URL --trusted-root REPO/metadata/1.root.json` to pick them up.
     """
     from edgekit.runtime.plugin_checks import package_verifier
-    from edgekit.runtime.tuf_repo import publish_plugins
+    from edgekit.publish import publish_plugins
 
     packages = []
     for p in plugins or []:

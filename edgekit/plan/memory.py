@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgekit.cli_common import fmt_bytes
 from edgekit.errors import PlanError
 from edgekit.model.config import ModelConfig
 from edgekit.plan.precision import PrecisionPlan
 from edgekit.plan.targets import GIB, Target
+from edgekit.units import fmt_bytes
 
 FP16 = 2
 FP32 = 4

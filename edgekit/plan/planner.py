@@ -15,33 +15,27 @@ manifest; ``Plan.from_dict`` reads it back.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from edgekit import __version__
 from edgekit.errors import PlanError
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM
+from edgekit.kernels.attention import decode_splits as attention_decode_splits
 from edgekit.model.config import ModelConfig
 from edgekit.plan import buckets as bk
 from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memory
 from edgekit.plan.precision import KV_PRECISIONS, PrecisionPlan, scheme_for_cli
 from edgekit.plan.roofline import roofline_assumptions, roofline_table
 from edgekit.plan.targets import Target
+from edgekit.plan.launches import count_launches
+from edgekit.plan.tiles import ShapeFacts, TileChoice, kernel_shapes, needed_ops, solve_all
 from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
 
 PLAN_FORMAT = "edgekit-plan"
 PLAN_FORMAT_VERSION = 1
 
-# Decode attention runs one program per (split, sequence, KV head). The kernels'
-# launch rule (kernels/attention_triton.py) asks for DECODE_PROGRAMS_PER_SM
-# programs per SM, so a second and third block can run while the first waits
-# on memory; the plan uses the same rule, so the split it records is the split
-# the device computes for itself (sm_count = the target's SMs).
-try:
-    from edgekit.kernels.attention_triton import DECODE_PROGRAMS_PER_SM
-except Exception:  # a host without triton can still read and check plans
-    DECODE_PROGRAMS_PER_SM = 4
 DEFAULT_DECODE_BLOCK_N = 32  # the smallest decode BLOCK_N: the most splits, before the solver has chosen
 DEFAULT_DECODE_MAX_SPLITS = 128  # the largest workspace any decode variant allocates
 
@@ -50,11 +44,8 @@ def decode_splits(
     target: Target, batch: int, n_kv_heads: int, context: int, block_n: int, max_splits: int | None = None,
     programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
 ) -> int:
-    """KV splits so a decode step fills the SMs: ceil(SMs x programs per SM / (batch x KV heads)),
-    at most one split per BLOCK_N keys of the cache and at most the kernel's MAX_SPLITS."""
-    want = math.ceil(target.gpu.sms * programs_per_sm / (batch * n_kv_heads))
-    bound = math.ceil(context / block_n)
-    return max(1, min(want, bound, max_splits or want))
+    """The decode launch rule's split count (kernels.attention.decode_splits) on ``target``'s SMs."""
+    return attention_decode_splits(target.gpu.sms, batch, n_kv_heads, context, block_n, max_splits, programs_per_sm)
 
 
 @dataclass
@@ -67,11 +58,19 @@ class Plan:
     precision: PrecisionPlan
     decode: dict  # split-K factor and the rule that chose it
     memory: MemoryPlan
-    tiles: list[dict]  # one per shared-memory kernel (see edgekit.plan.tiles.TileChoice.to_dict)
+    tiles: list[TileChoice]  # one per kernel the build compiles, in the order it compiles them
     roofline: list[dict]  # per power mode, all predicted
     roofline_assumptions: dict
     versions: dict
     notes: list[str] = field(default_factory=list)
+
+    def operators(self) -> list[str]:
+        """The operators this plan runs (decided by its precision), in plan order."""
+        return needed_ops(self.precision)
+
+    def variants(self, op: str) -> dict:
+        """kernel -> KernelVariant the plan chose for ``op``: exactly what the build compiles."""
+        return {t.kernel: t.variant for t in self.tiles if t.op == op}
 
     @property
     def static_shapes(self) -> StaticShapes:
@@ -90,7 +89,7 @@ class Plan:
             "operators": self.precision.operators(),
             "decode": self.decode,
             "memory": self.memory.to_dict(),
-            "tiles": self.tiles,
+            "tiles": [t.to_dict() for t in self.tiles],
             "roofline": self.roofline,
             "roofline_assumptions": self.roofline_assumptions,
             "versions": self.versions,
@@ -108,9 +107,25 @@ class Plan:
         return cls(
             model=d["model"], target=d["target"], power_mode=d["power_mode"], shapes=d["shapes"], buckets=d["buckets"],
             precision=PrecisionPlan.from_dict(d["precision"]), decode=d["decode"], memory=MemoryPlan.from_dict(d["memory"]),
-            tiles=d["tiles"], roofline=d["roofline"], roofline_assumptions=d["roofline_assumptions"],
+            tiles=[TileChoice.from_dict(t) for t in d["tiles"]], roofline=d["roofline"], roofline_assumptions=d["roofline_assumptions"],
             versions=d["versions"], notes=list(d.get("notes", [])),
         )
+
+
+def _planned_variants(tiles: list[TileChoice], cfg: ModelConfig, target: Target, pp: PrecisionPlan, *, batch: int,
+                      max_bucket: int, context: int) -> Callable[[str], dict]:
+    """op -> {kernel: variant}: the solved tiles, else (--no-tiles) each kernel's default at the shape it would be solved at."""
+    from edgekit.kernels.variants import default_variants
+
+    facts = ShapeFacts(cfg, batch, max_bucket, context, pp)
+
+    def variants(op: str) -> dict:
+        chosen = {t.kernel: t.variant for t in tiles if t.op == op}
+        if chosen:
+            return chosen
+        return {kernel: default_variants(op, dtype="fp16", **shape)[kernel] for kernel, shape in kernel_shapes(op, facts).items()}
+
+    return variants
 
 
 def _versions() -> dict:
@@ -154,7 +169,7 @@ def make_plan(
     model_info: dict | None = None,
     context: int | None = None,
     batch: int = 1,
-    precision: str = "fp16",
+    precision: str | PrecisionPlan = "fp16",
     kv_precision: str = "fp16",
     trace: Path | str | None = None,
     buckets: tuple[int, ...] | None = None,
@@ -162,8 +177,14 @@ def make_plan(
     power_mode: str | None = None,
     solve_tiles: bool = True,
     progress: Callable[[str], None] | None = None,
+    compile_fn: Callable | None = None,
 ) -> Plan:
-    """Plan ``cfg`` for ``target``. Raises PlanError when it cannot fit (with what would)."""
+    """Plan ``cfg`` for ``target``. Raises PlanError when it cannot fit (with what would).
+
+    ``precision`` is a --precision value (every projection in that scheme: a plan made before quantization)
+    or the PrecisionPlan quantization decided, per layer (what the build plans with). ``compile_fn(variant)``
+    overrides how the tile solver compiles (the build passes one that uses its cache).
+    """
     if batch < 1:
         raise PlanError(f"batch must be >= 1, got {batch}")
     if context is None:
@@ -178,12 +199,20 @@ def make_plan(
     if kv_precision not in KV_PRECISIONS:
         raise PlanError(f"unknown KV cache precision {kv_precision!r}; expected one of: {', '.join(KV_PRECISIONS)}")
     mode = target.power_mode(power_mode)
-    scheme = scheme_for_cli(precision)
-    pp = PrecisionPlan.uniform(cfg, scheme, kv_precision)
-    if scheme != "fp16":
-        pp.notes.append(
-            f"--precision {precision}: every block projection uses {scheme}; quantization may keep sensitive layers in fp16"
-        )
+    if isinstance(precision, PrecisionPlan):
+        pp = precision
+        if len(pp.layers) != cfg.n_layers:
+            raise PlanError(f"the precision plan has {len(pp.layers)} layers; {cfg.name} has {cfg.n_layers}")
+        used = [s for s in pp.schemes_used() if s != "fp16"]
+        scheme = used[0] if used else "fp16"  # the scheme a misfit's alternatives start from
+        kv_precision = pp.kv_cache
+    else:
+        scheme = scheme_for_cli(precision)
+        pp = PrecisionPlan.uniform(cfg, scheme, kv_precision)
+        if scheme != "fp16":
+            pp.notes.append(
+                f"--precision {precision}: every block projection uses {scheme}; quantization may keep sensitive layers in fp16"
+            )
 
     chosen, bucket_info = _choose_shapes(cfg, context, batch, trace, buckets, max_buckets)
     shapes = StaticShapes(chosen, context, batch)  # validates the combination
@@ -198,15 +227,13 @@ def make_plan(
                            max_bucket=chosen[-1], decode_slots=DEFAULT_DECODE_MAX_SPLITS)
         raise misfit_error(cfg, target, mem, opts)
 
-    tiles: list[dict] = []
+    tiles: list[TileChoice] = []
     block_n, max_splits = DEFAULT_DECODE_BLOCK_N, DEFAULT_DECODE_MAX_SPLITS
     notes: list[str] = []
     if solve_tiles:
-        from edgekit.plan.tiles import solve_all
-
-        choices = solve_all(cfg, target, pp, batch=batch, buckets=chosen, context=context, dtype="fp16", progress=progress)
-        tiles = [c.to_dict() for c in choices]
-        for c in choices:
+        tiles = solve_all(cfg, target, pp, batch=batch, buckets=chosen, context=context, dtype="fp16", progress=progress,
+                          compile_fn=compile_fn)
+        for c in tiles:
             if c.kernel == "attention_decode_split":
                 block_n = int(c.constexprs["BLOCK_N"])
                 max_splits = int(c.constexprs.get("MAX_SPLITS", max_splits))
@@ -216,7 +243,17 @@ def make_plan(
     splits = decode_splits(target, batch, cfg.n_kv_heads, context, block_n, max_splits)
     mem = memory(max_splits)
 
-    roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1], decode_splits=splits)
+    variants = _planned_variants(tiles, cfg, target, pp, batch=batch, max_bucket=chosen[-1], context=context)
+
+    def kernel_counts(mode) -> tuple[int, int]:
+        def count(tokens: int) -> int:
+            return count_launches(cfg, pp, variants, batch=batch, tokens=tokens, context=context, sm_count=mode.active_sms,
+                                  max_shared_bytes=target.gpu.shared_memory.per_block_optin_bytes)["total"]
+
+        return count(1), count(chosen[-1])
+
+    roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1],
+                          kernel_counts=kernel_counts)
     return Plan(
         model=model_info or {"name": cfg.name, "config": cfg.to_dict()},
         target=target.summary(),

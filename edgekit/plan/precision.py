@@ -14,47 +14,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edgekit.errors import ConfigError
+from edgekit.kernels.operator import OpPrecision
+from edgekit.kernels.registry import OPERATORS
 from edgekit.model.config import ModelConfig
 
 PROJECTIONS = ("wqkv", "wo", "w_gate_up", "w_down")
 
 
-@dataclass(frozen=True)
-class OpPrecision:
-    op: str  # the operator (kernel) that runs it
-    weights: str
-    activations: str
-    accumulate: str
-    output: str
-
-    def to_dict(self) -> dict:
-        return {"op": self.op, "weights": self.weights, "activations": self.activations,
-                "accumulate": self.accumulate, "output": self.output}
-
-
-# Schemes a projection may use. "int8" on the command line means weight-only
-# INT8 (w8a16): it halves the bytes a decode step streams, which is what bounds
-# decode; w8a8 also uses the INT8 tensor cores in prefill and is chosen per
-# layer by quantization when its accuracy gate allows.
-LINEAR_SCHEMES: dict[str, OpPrecision] = {
-    "fp16": OpPrecision("linear", "fp16", "fp16", "fp32", "fp16"),
-    "w8a16": OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
-    "w8a8": OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
-}
-CLI_PRECISIONS = {"fp16": "fp16", "int8": "w8a16"}
+# Schemes a projection may use, each run by the registry's linear operator of that scheme. "int8" on the
+# command line means weight-only INT8 (w8a16): it halves the bytes a decode step streams, which is what
+# bounds decode; w8a8 also uses the INT8 tensor cores in prefill.
+LINEAR_SCHEMES: dict[str, OpPrecision] = {op.scheme: op.precision for op in OPERATORS.values() if op.scheme}
+CLI_PRECISIONS = {"fp16": "fp16", "int8": "w8a16", "w8a8": "w8a8"}
+RESERVED_PRECISIONS = {"int4": "W4A16 (INT4 weights, FP16 activations)"}  # named in the vocabulary, not implemented yet
 KV_PRECISIONS = ("fp16", "int8")
 
 # Operators whose precision does not depend on the scheme (FP16 in and out, FP32 inside).
-FIXED_OPS: dict[str, OpPrecision] = {
-    "rmsnorm": OpPrecision("rmsnorm", "fp16", "fp16", "fp32", "fp16"),
-    "qkv_rope": OpPrecision("qkv_rope", "fp16", "fp16", "fp32", "fp16"),
-    "attention_prefill": OpPrecision("attention_prefill", "none", "fp16", "fp32", "fp16"),
-    "attention_decode": OpPrecision("attention_decode", "none", "fp16", "fp32", "fp16"),
-    "swiglu": OpPrecision("swiglu", "none", "fp16", "fp32", "fp16"),
-}
+FIXED_OPS: dict[str, OpPrecision] = {name: op.precision for name, op in OPERATORS.items() if not op.scheme}
 
 
 def scheme_for_cli(precision: str) -> str:
+    """The linear scheme of a --precision value: fp16, int8 (= w8a16, the default), w8a8."""
+    if precision in RESERVED_PRECISIONS:
+        raise ConfigError(f"precision {precision!r} ({RESERVED_PRECISIONS[precision]}) is reserved but not implemented yet",
+                          hint=f"use one of: {', '.join(CLI_PRECISIONS)}")
     if precision not in CLI_PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; expected one of: {', '.join(CLI_PRECISIONS)}")
     return CLI_PRECISIONS[precision]
@@ -88,6 +71,25 @@ class PrecisionPlan:
         if kv_cache not in KV_PRECISIONS:
             raise ConfigError(f"unknown KV cache precision {kv_cache!r}; expected one of: {', '.join(KV_PRECISIONS)}")
         return cls(layers=[{p: scheme for p in PROJECTIONS} for _ in range(cfg.n_layers)], kv_cache=kv_cache)
+
+    @classmethod
+    def from_weights(cls, weights, *, kv_cache: str = "fp16", quant_report: dict | None = None) -> "PrecisionPlan":
+        """The precision every projection of ``weights`` (model.decoder.ModelWeights) actually has: what the
+        accuracy gate and its fallbacks decided, read from the operator each projection names."""
+        plan = cls(layers=[{proj: OPERATORS[lw.op].scheme for proj, lw in b.linears().items()} for b in weights.blocks],
+                   lm_head=OPERATORS[weights.lm_head.op].scheme, kv_cache=kv_cache)
+        if quant_report is not None:
+            plan.notes.append(f"decided by quantization ({quant_report.get('mode')}, accuracy gate passed): {plan.label()}")
+            if quant_report.get("fp_layers"):
+                plan.notes.append("kept in FP16 by the accuracy gate (most sensitive first): "
+                                  + ", ".join(quant_report["fp_layers"]))
+        return plan
+
+    @classmethod
+    def from_quantization(cls, result) -> "PrecisionPlan":
+        """The per-layer choice of a quant.quantize.QuantizationResult, as the planner records it."""
+        return cls.from_weights(result.weights, kv_cache="int8" if result.kv_scales is not None else "fp16",
+                                quant_report=result.report)
 
     def set(self, layer: int, projection: str, scheme: str) -> None:
         """Per-layer override (quantization keeps a sensitive layer in FP16 this way)."""

@@ -30,27 +30,13 @@ long bucket is compute-bound.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from edgekit.model.config import ModelConfig
 from edgekit.plan.precision import LINEAR_SCHEMES, PrecisionPlan
 from edgekit.plan.targets import PowerMode, Target
 
 PREDICTED = "predicted (roofline model; not measured)"
-
-# Kernels one block launches, following the decoder's operator calls:
-# rmsnorm, qkv_rope (writes the KV cache), attention, wo, rmsnorm, gate_up, swiglu, down.
-KERNELS_PER_BLOCK = 8
-KERNELS_OUTSIDE_BLOCKS = 4  # embedding gather, final rmsnorm, LM head, sampling
-
-
-def decode_kernels(cfg: ModelConfig, decode_splits: int) -> int:
-    # A split-K decode attention needs a second kernel to combine the partial results.
-    return cfg.n_layers * (KERNELS_PER_BLOCK + (1 if decode_splits > 1 else 0)) + KERNELS_OUTSIDE_BLOCKS
-
-
-def prefill_kernels(cfg: ModelConfig) -> int:
-    return cfg.n_layers * KERNELS_PER_BLOCK + KERNELS_OUTSIDE_BLOCKS
-
 
 def _matmul_params(cfg: ModelConfig, precision: PrecisionPlan) -> tuple[float, float]:
     """(params run on fp16 tensor cores, params run on int8 tensor cores) per token, LM head included.
@@ -125,19 +111,20 @@ def _times(target: Target, mode: PowerMode, bytes_: float, fp16_flops: float, in
 
 
 def decode_estimate(
-    cfg: ModelConfig, precision: PrecisionPlan, target: Target, mode: PowerMode, *, batch: int, kv_len: int, decode_splits: int
+    cfg: ModelConfig, precision: PrecisionPlan, target: Target, mode: PowerMode, *, batch: int, kv_len: int, n_kernels: int
 ) -> PassEstimate:
+    """One decode step; ``n_kernels`` (edgekit.plan.launches) each add the target's fixed kernel overhead."""
     p16, p8 = _matmul_params(cfg, precision)
     kv_read = batch * 2 * cfg.n_layers * cfg.n_kv_heads * kv_len * cfg.head_dim * precision.kv_bytes_per_element
     bytes_ = _streamed_weight_bytes(cfg, precision) + kv_read
     attn_flops = 4.0 * batch * cfg.n_layers * cfg.n_heads * kv_len * cfg.head_dim
     t_mem, t_cmp = _times(target, mode, bytes_, 2 * batch * p16 + attn_flops, 2 * batch * p8)
-    n = decode_kernels(cfg, decode_splits)
+    n = n_kernels
     return PassEstimate(batch, bytes_, 2 * batch * (p16 + p8) + attn_flops, t_mem, t_cmp, n, n * target.roofline.kernel_overhead_us * 1e-6)
 
 
 def prefill_estimate(
-    cfg: ModelConfig, precision: PrecisionPlan, target: Target, mode: PowerMode, *, batch: int, bucket: int
+    cfg: ModelConfig, precision: PrecisionPlan, target: Target, mode: PowerMode, *, batch: int, bucket: int, n_kernels: int
 ) -> PassEstimate:
     p16, p8 = _matmul_params(cfg, precision)
     lm = cfg.vocab_size * cfg.hidden_size
@@ -151,20 +138,24 @@ def prefill_estimate(
     act_traffic = 2 * 2 * bt * per_token_act * cfg.n_layers  # fp16, written once and read once per layer
     bytes_ = _streamed_weight_bytes(cfg, precision) + kv_write + act_traffic
     t_mem, t_cmp = _times(target, mode, bytes_, lin16 + attn + head, lin8)
-    n = prefill_kernels(cfg)
+    n = n_kernels
     return PassEstimate(bt, bytes_, lin16 + lin8 + attn + head, t_mem, t_cmp, n, n * target.roofline.kernel_overhead_us * 1e-6)
 
 
 def roofline_table(
     cfg: ModelConfig, precision: PrecisionPlan, target: Target, *, batch: int, context: int, prefill_bucket: int,
-    decode_splits: int, short_kv_len: int = 128,
+    kernel_counts: Callable[[PowerMode], tuple[int, int]], short_kv_len: int = 128,
 ) -> list[dict]:
-    """One row per power mode: decode at a short and at a full cache, prefill of one bucket. All predicted."""
+    """One row per power mode: decode at a short and at a full cache, prefill of one bucket. All predicted.
+
+    ``kernel_counts(mode)`` is (kernels per decode step, kernels per prefill) with the SMs the mode leaves on.
+    """
     rows = []
     for mode in target.power_modes:
-        short = decode_estimate(cfg, precision, target, mode, batch=batch, kv_len=min(short_kv_len, context), decode_splits=decode_splits)
-        full = decode_estimate(cfg, precision, target, mode, batch=batch, kv_len=context, decode_splits=decode_splits)
-        pre = prefill_estimate(cfg, precision, target, mode, batch=batch, bucket=prefill_bucket)
+        n_decode, n_prefill = kernel_counts(mode)
+        short = decode_estimate(cfg, precision, target, mode, batch=batch, kv_len=min(short_kv_len, context), n_kernels=n_decode)
+        full = decode_estimate(cfg, precision, target, mode, batch=batch, kv_len=context, n_kernels=n_decode)
+        pre = prefill_estimate(cfg, precision, target, mode, batch=batch, bucket=prefill_bucket, n_kernels=n_prefill)
         rows.append({
             "power_mode": mode.name,
             "default": mode.name == target.default_power_mode,

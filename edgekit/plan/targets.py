@@ -22,6 +22,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from edgekit.bundle.manifest import TARGET_NAME
 from edgekit.errors import ConfigError
 
 TARGET_FORMAT_VERSION = 1
@@ -139,7 +140,7 @@ class RooflineAssumptions(_Strict):
 
 class Target(_Strict):
     format_version: Literal[1]
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=TARGET_NAME, max_length=64)  # the bundle manifest's rule
     description: str
     family: Literal["jetson-orin", "datacenter"]
     gpu: Gpu

@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from edgekit.errors import EdgekitError, PlanError
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits
+from edgekit.kernels.operator import DECODE, PREFILL, PlannedShape
+from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
-from edgekit.plan.precision import LINEAR_SCHEMES, PrecisionPlan
+from edgekit.plan.precision import PrecisionPlan
 from edgekit.plan.targets import Target
 
 MAX_COMPILES = 8  # per kernel: candidates compiled before giving up (each ~0.3-2 s on a CPU)
@@ -73,6 +76,8 @@ class TileChoice:
     within_estimate: int = 0
     rejected: list[Rejection] = field(default_factory=list)
     reason: str = ""
+    # the compiled kernel this choice was confirmed with (not serialized): the build ships it, compiling nothing twice
+    compiled: Any = field(default=None, compare=False, repr=False)
 
     @property
     def constexprs(self) -> dict:
@@ -105,6 +110,27 @@ class TileChoice:
             "rejected": [r.to_dict() for r in self.rejected],
             "reason": self.reason,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TileChoice":
+        """A choice read back from a plan document (``compiled`` is None: the build compiles it)."""
+        from edgekit.kernels.variants import KernelVariant
+
+        try:
+            triton_version = d["shared_bytes_source"].split(" by triton ", 1)[1].split(" ", 1)[0]
+            return cls(
+                op=d["op"], kernel=d["kernel"], variant=KernelVariant.from_dict(d["variant"]), arch=d["arch"],
+                budget_bytes=int(d["budget_bytes"]), estimated_shared_bytes=int(d["estimated_shared_bytes"]),
+                shared_bytes=int(d["shared_bytes"]), compiled_name=d["compiled_name"], triton_version=triton_version,
+                registers=d["registers"], spill_bytes=d["spill_bytes"], searched=bool(d["searched"]), shape=dict(d["shape"]),
+                programs=d["programs"], programs_target=d["programs_target"], candidates=int(d["candidates"]),
+                within_estimate=int(d["within_estimate"]),
+                rejected=[Rejection(r["variant"], r["estimated_bytes"], r["compiled_bytes"], r["reason"]) for r in d["rejected"]],
+                reason=d["reason"],
+            )
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise PlanError(f"invalid tile choice in plan: {type(e).__name__}: {e} (in {str(d)[:200]})",
+                            hint="re-plan with this edgekit version") from e
 
 
 # -- the solver core (pure: candidates in, choice out) ---------------------------------
@@ -175,7 +201,7 @@ def solve_kernel(
             shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
             registers=ck.registers, spill_bytes=spill, searched=True, shape=dict(shape or {}), programs=n_prog,
             programs_target=programs_target, candidates=len(cands), within_estimate=len(fitting), rejected=rejected,
-            reason="; ".join(why),
+            reason="; ".join(why), compiled=ck,
         )
 
     for rank, (v, est) in enumerate(fitting[:max_compiles], 1):
@@ -227,7 +253,7 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
         op=v.op, kernel=v.kernel, variant=v, arch=arch, budget_bytes=budget_bytes, estimated_shared_bytes=estimate(v),
         shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
         registers=ck.registers, spill_bytes=spill, searched=False, shape=dict(shape), candidates=1, within_estimate=1,
-        reason="no shared-memory tiles: default variant, compiled to record its real bytes",
+        reason="no shared-memory tiles: default variant, compiled to record its real bytes", compiled=ck,
     )
 
 
@@ -235,7 +261,7 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
 
 
 def needed_ops(precision: PrecisionPlan) -> list[str]:
-    """Operators the decoder calls with this precision (see DispatchTable)."""
+    """Operators the decoder calls with this precision (see DispatchTable), in the order the plan lists them."""
     ops = ["rmsnorm", "attention_prefill", "attention_decode", "swiglu", "linear"]  # linear: fp16 projections, LM head
     schemes = set(precision.schemes_used())
     if "fp16" in {layer["wqkv"] for layer in precision.layers}:
@@ -243,12 +269,8 @@ def needed_ops(precision: PrecisionPlan) -> list[str]:
     if any(layer["wqkv"] != "fp16" for layer in precision.layers):
         ops.append("rope")  # INT8 QKV: linear, then RoPE
     for s in sorted(schemes - {"fp16"}):
-        ops.append(LINEAR_SCHEMES[s].op)
+        ops.append(operator_for_scheme(s).name)
     return ops
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -272,7 +294,8 @@ class ShapeFacts:
     def min_out_features(self, op: str) -> int:
         """The narrowest projection (fewest output columns) run by a linear op: its grid is the smallest."""
         shapes = self.cfg.linear_shapes()
-        outs = [shapes[p][0] for layer in self.precision.layers for p, s in layer.items() if LINEAR_SCHEMES[s].op == op]
+        outs = [shapes[p][0] for layer in self.precision.layers for p, s in layer.items()
+                if operator_for_scheme(s).name == op]
         if op == "linear":
             outs.append(self.cfg.vocab_size)
         return min(outs) if outs else self.cfg.hidden_size
@@ -286,50 +309,27 @@ def gemv_max_rows() -> int:
 
 
 def kernel_shapes(op: str, facts: ShapeFacts) -> dict[str, dict]:
-    """kernel -> the shape facts it is solved at. The linear ops have a decode (GEMV) and a prefill (GEMM) kernel."""
+    """kernel -> the shape facts it is solved at: the operator's decode kernels at the decode rows (the batch),
+    its prefill kernels at the largest bucket (``Operator.tiles_at``)."""
     base = facts.base()
-    decode = {**base, "rows": facts.batch}
-    prefill = {**base, "rows": facts.prefill_rows}
-    linear = {"linear_gemv": decode, "linear_gemm": prefill}
-    if not any(s == "fp16" for layer in facts.precision.layers for s in layer.values()) and facts.batch <= gemv_max_rows():
-        linear = {"linear_gemv": decode}  # only the LM head is fp16, and it runs on the last token: GEMV rows only
-    table = {
-        "attention_prefill": {"attention_prefill_fwd": prefill},
-        "attention_decode": {"attention_decode_split": decode, "attention_decode_reduce": decode},
-        "linear": linear,
-        "linear_w8a16": {"w8a16_gemv": decode, "w8a16_gemm": prefill},
-        "linear_w8a8": {"w8a8_quantize": prefill, "w8a8_gemm": prefill},
-        # one fused kernel serves decode and prefill: tiled for prefill, where its compute is
-        "qkv_rope": {"qkv_rope_fwd": prefill},
-        "rope": {"rope_fwd": prefill},
-        "rmsnorm": {"rmsnorm_fwd": prefill},
-        "swiglu": {"swiglu_fwd": prefill},
-    }
-    return table.get(op, {})
+    at = {DECODE: {**base, "rows": facts.batch}, PREFILL: {**base, "rows": facts.prefill_rows}}
+    record = operator(op)
+    kernels = {kernel: at[role] for kernel, role in record.tiles_at.items()}
+    only_last_token = record.scheme == "fp16" and not any(s == "fp16" for layer in facts.precision.layers for s in layer.values())
+    if only_last_token and facts.batch <= gemv_max_rows():
+        # only the LM head runs this operator, on the last token: its decode kernels only
+        kernels = {kernel: shape for kernel, shape in kernels.items() if record.tiles_at[kernel] == DECODE}
+    return kernels
 
 
-def programs_fn(kernel: str, facts: ShapeFacts, target: Target, want_splits: int) -> tuple[Callable | None, int | None]:
-    """(grid size of a variant at the planned shape, programs wanted) for rule 3a; (None, None) if unknown."""
-    c, sms = facts.cfg, target.gpu.sms
-    rows = facts.prefill_rows
-    if kernel == "attention_prefill_fwd":
-        return (lambda v: _cdiv(facts.max_bucket, v.constexprs["BLOCK_M"]) * facts.batch * c.n_heads), sms
-    if kernel == "attention_decode_split":
-        from edgekit.plan.planner import DECODE_PROGRAMS_PER_SM, decode_splits
-
-        def grid(v):
-            s = decode_splits(target, facts.batch, c.n_kv_heads, facts.context, v.constexprs["BLOCK_N"],
-                              v.constexprs.get("MAX_SPLITS"))
-            return s * facts.batch * c.n_kv_heads
-
-        return grid, min(sms * DECODE_PROGRAMS_PER_SM, want_splits * facts.batch * c.n_kv_heads)
-    if kernel.endswith("_gemm"):
-        op = {"linear_gemm": "linear", "w8a16_gemm": "linear_w8a16", "w8a8_gemm": "linear_w8a8"}[kernel]
-        n = facts.min_out_features(op)
-        return (lambda v: _cdiv(rows, v.constexprs["BLOCK_M"]) * _cdiv(n, v.constexprs["BLOCK_N"])), sms
-    if kernel == "qkv_rope_fwd":
-        return (lambda v: _cdiv(rows, v.constexprs["BLOCK_M"]) * (c.n_heads + 2 * c.n_kv_heads)), sms
-    return None, None
+def planned_shape(facts: ShapeFacts, target: Target, want_splits: int) -> PlannedShape:
+    c = facts.cfg
+    return PlannedShape(
+        cfg=c, batch=facts.batch, max_bucket=facts.max_bucket, context=facts.context, sms=target.gpu.sms,
+        want_splits=want_splits, out_features=facts.min_out_features,
+        decode_splits=lambda block_n, max_splits: decode_splits(target.gpu.sms, facts.batch, c.n_kv_heads, facts.context,
+                                                                block_n, max_splits),
+    )
 
 
 def solve_all(
@@ -347,13 +347,16 @@ def solve_all(
     """A confirmed variant for every kernel of every operator the plan needs."""
     from edgekit.kernels import variants as kv
     from edgekit.kernels.aot import compile_variant
-    from edgekit.plan.planner import DECODE_PROGRAMS_PER_SM
 
     budget = target.smem_budget_bytes
     arch_num = target.gpu.compute_capability
     if compile_fn is None:
+        from edgekit.cache import BuildCache
+
+        store = BuildCache(None)  # the default on-disk cache: replanning the same model compiles nothing again
+
         def compile_fn(v):
-            return compile_variant(v, arch_num, budget_bytes=budget)
+            return compile_variant(v, arch_num, budget_bytes=budget, store=store)
 
     facts = ShapeFacts(cfg, batch, buckets[-1], context or buckets[-1], precision)
     want_splits = math.ceil(target.gpu.sms * DECODE_PROGRAMS_PER_SM / (batch * cfg.n_kv_heads))
@@ -370,7 +373,7 @@ def solve_all(
             if progress:
                 progress(f"{op}/{kernel}: {len(space)} candidates, compiling for {target.arch}")
             if kdef.uses_shared_memory and op in smem_ops and space:
-                grid, wanted = programs_fn(kernel, facts, target, want_splits)
+                grid, wanted = operator(op).grid(kernel, planned_shape(facts, target, want_splits))
                 choice = solve_kernel(
                     space, budget_bytes=budget, per_sm_bytes=target.gpu.shared_memory.per_sm_bytes, arch=target.arch,
                     estimate=kv.estimate_shared_bytes, compile_fn=compile_fn, registers_per_sm=target.gpu.registers_per_sm,

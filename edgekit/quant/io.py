@@ -28,19 +28,20 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from edgekit.durable import replace_atomically
 from edgekit.errors import QuantizationError
 from edgekit.kernels.linear import LinearWeights
+from edgekit.kernels.registry import OPERATORS
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import BlockWeights, Decoder, ModelWeights
 from edgekit.quant.kv_int8 import KVScales, make_decoder
 from edgekit.quant.layers import HEAD, dtype_from_name, dtype_name, layer_names, named_linears, precision_of
-from edgekit.runtime.durable import replace_atomically
 
 FORMAT = "edgekit-quant"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 REPORT_FILE = "report.json"
-_OPS = ("linear", "linear_w8a16", "linear_w8a8")
+_OPS = tuple(name for name, op in OPERATORS.items() if op.scheme)  # the linear operators, one per scheme
 
 
 @dataclass

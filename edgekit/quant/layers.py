@@ -14,6 +14,7 @@ import torch
 
 from edgekit.errors import QuantizationError
 from edgekit.kernels.linear import LinearWeights
+from edgekit.kernels.registry import OPERATORS
 from edgekit.model.decoder import ModelWeights
 
 BLOCK_LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -56,7 +57,8 @@ def with_layers(weights: ModelWeights, layers: dict[str, LinearWeights]) -> Mode
 
 def precision_of(lw: LinearWeights, float_name: str) -> str:
     """The scheme name the plan uses (edgekit.plan.precision.LINEAR_SCHEMES): "w8a16", "w8a8" or the float name ("fp16")."""
-    return {"linear_w8a16": "w8a16", "linear_w8a8": "w8a8"}.get(lw.op, float_name)
+    scheme = OPERATORS[lw.op].scheme
+    return float_name if scheme == "fp16" else scheme
 
 
 def round_through(t: torch.Tensor | None, storage_dtype: torch.dtype) -> torch.Tensor | None:

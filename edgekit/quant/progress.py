@@ -9,20 +9,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
-def make_progress() -> Progress:
-    """A progress display on stderr (stdout stays clean for --json)."""
-    from edgekit.cli_common import err_console
-
+def make_progress(console: Console | None = None) -> Progress:
+    """A progress display on ``console``, by default stderr (stdout stays clean for --json)."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=err_console,
+        console=console if console is not None else Console(stderr=True),
         transient=False,
     )
 

@@ -305,22 +305,6 @@ def quantize_model(
     return QuantizationResult(cfg, weights, kv_scales, report, precisions)
 
 
-def to_precision_plan(result: QuantizationResult):
-    """The per-layer choice as the planner's PrecisionPlan (what the build records in the plan and manifest)."""
-    from edgekit.plan.precision import PROJECTIONS, PrecisionPlan
-
-    cfg, p = result.config, result.layer_precisions
-    plan = PrecisionPlan(
-        layers=[{proj: p[f"blocks.{i}.{proj}"] for proj in PROJECTIONS} for i in range(cfg.n_layers)],
-        lm_head=p[HEAD],
-        kv_cache="int8" if result.kv_scales is not None else "fp16",
-    )
-    fp_layers = result.report.get("fp_layers") or []
-    if fp_layers:
-        plan.notes.append(f"kept in FP16 by the accuracy gate (most sensitive first): {', '.join(fp_layers)}")
-    return plan
-
-
 def _stored_nbytes(weights: ModelWeights, dt: torch.dtype) -> int:
     """Bytes the weights take once written: float tensors at ``dt``, int8 and FP32 scales as they are."""
     size = torch.tensor([], dtype=dt).element_size()

@@ -30,9 +30,8 @@ from tuf.api.metadata import Metadata, TargetFile, Targets
 from tuf.ngclient import Updater, Urllib3Fetcher
 
 from edgekit.errors import EdgekitError
-from edgekit.runtime.plugin_policy import SwapRefused, canonical_version, normalize_arch, version_key
+from edgekit.runtime.plugin_policy import CUSTOM_KEY, SwapRefused, canonical_version, normalize_arch, version_key
 from edgekit.runtime.plugin_store import PluginStore
-from edgekit.runtime.tuf_repo import CUSTOM_KEY
 
 SOCKET_TIMEOUT_S = 10
 

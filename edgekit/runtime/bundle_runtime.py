@@ -51,7 +51,7 @@ class OpenedBundle:
         table = DispatchTable()
         if self.device.type != "cuda":
             return table
-        from edgekit.bundle.gpu_runner import load_plugin_op
+        from edgekit.runtime.gpu_runner import load_plugin_op
         from edgekit.bundle.plugin import parse_plugin_metadata
 
         for ref in self.manifest.plugins:
@@ -89,7 +89,7 @@ def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, 
         root = path
     runner_for_root = None
     if golden and dev.type == "cuda":
-        from edgekit.bundle.gpu_runner import plugin_runner
+        from edgekit.runtime.gpu_runner import plugin_runner
 
         runner_for_root = plugin_runner
     report = verify_bundle(root, trusted_keys, allow_dev_key=allow_dev_key,

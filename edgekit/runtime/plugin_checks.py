@@ -74,7 +74,7 @@ def gpu_runner(device: str = "cuda") -> RunnerFactory:
     def runner_for(plugin: VerifiedPlugin) -> GoldenRunner:
         import torch
 
-        from edgekit.bundle.gpu_runner import call_with_spec_order, load_plugin_op
+        from edgekit.runtime.gpu_runner import call_with_spec_order, load_plugin_op
 
         dev = torch.device(device)
         op = load_plugin_op(plugin.metadata, plugin.files.__getitem__, dev)

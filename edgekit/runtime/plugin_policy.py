@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping, Protocol, runtime_checkable
 
+from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
 from edgekit.errors import BundleError
 
 # Stable refusal codes. The HTTP server and the agent report these verbatim.
@@ -121,6 +122,9 @@ def check_name(kind: str, value: Any) -> str:
     return value
 
 
+# The key of edgekit's fields in a TUF target's "custom" metadata (written by edgekit.publish, read by the agent).
+CUSTOM_KEY = "edgekit"
+
 RESERVED_FILE_NAMES = frozenset({"slot.json", "package.bin"})
 _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
@@ -144,7 +148,7 @@ class DevicePolicy:
     # Triton kernel-ABI tags the launcher understands (e.g. {"3"} for Triton 3.x);
     # None means the verifier does not report one and the check is skipped.
     triton_abis: Collection[str] | None = None
-    max_package_bytes: int = 64 * 1024 * 1024
+    max_package_bytes: int = MAX_PACKAGE_BYTES  # the package format's own cap (bundle.plugin)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgekit.errors import BundleError, EdgekitError
-from edgekit.runtime import durable
+from edgekit import durable
 from edgekit.runtime.plugin_policy import (
     DevicePolicy,
     OpState,

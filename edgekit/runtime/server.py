@@ -19,11 +19,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
 from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
 from edgekit.runtime.engine import Engine, OverloadedError
 
-MAX_PLUGIN_UPLOAD_BYTES = 64 * 1024 * 1024
+MAX_PLUGIN_UPLOAD_BYTES = MAX_PACKAGE_BYTES  # an upload is one signed plugin package: the format's cap
 # Millisecond-resolving buckets: a 5 ms jitter budget must be visible in the histogram.
 LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 

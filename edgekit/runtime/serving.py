@@ -154,7 +154,7 @@ class ServingStack:
 
     def _load(self, plugin) -> tuple[Callable, str]:
         if self.bundle.device.type == "cuda":
-            from edgekit.bundle.gpu_runner import load_plugin_op
+            from edgekit.runtime.gpu_runner import load_plugin_op
 
             return load_plugin_op(plugin.metadata, plugin.files.__getitem__, self.bundle.device), f"plugin:v{plugin.version}"
         from edgekit.kernels.registry import OPERATORS

@@ -185,3 +185,14 @@ def test_cli_refuses_a_bad_user_target_in_one_line(tmp_path):
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "broken.yaml" in lines[0] and "gpu.arch" in lines[0]
+
+
+def test_a_name_the_bundle_manifest_would_refuse_fails_when_the_profile_loads(tmp_path):
+    # one name rule for the profile and the manifest's target record: "orin.v2" used to pass here and
+    # fail only when the bundle was signed
+    from edgekit.bundle.manifest import Target as ManifestTarget
+
+    with pytest.raises(ConfigError, match="name"):
+        load_target_file(_write(tmp_path, _orin_doc(), name="orin.v2"))
+    t = load_target("orin-nano-8gb")
+    assert ManifestTarget(name=t.name, arch=t.gpu.compute_capability).name == t.name

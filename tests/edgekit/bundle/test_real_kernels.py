@@ -67,7 +67,7 @@ def test_loader_metadata_is_what_the_launcher_reads(orin_rmsnorm):
 @pytest.mark.parametrize("build_arch", ["local", 87])
 def test_plugin_golden_vectors_pass_on_the_gpu(build_arch, signing_key, public_key):
     """Cubin for this GPU's arch, and the Orin (sm_87) plugin through its PTX: both meet the FP64 golden tolerance."""
-    from edgekit.bundle.gpu_runner import call_with_spec_order, load_plugin_op
+    from edgekit.runtime.gpu_runner import call_with_spec_order, load_plugin_op
     from edgekit.kernels.launcher import device_arch
 
     arch = device_arch() if build_arch == "local" else build_arch
@@ -90,7 +90,7 @@ def test_plugin_golden_vectors_pass_on_the_gpu(build_arch, signing_key, public_k
 
 @pytest.mark.gpu
 def test_verify_bundle_runs_plugins_on_the_gpu(tmp_path, signing_key, public_key):
-    from edgekit.bundle.gpu_runner import plugin_runner
+    from edgekit.runtime.gpu_runner import plugin_runner
     from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
     from edgekit.bundle.verify import verify_bundle
     from edgekit.bundle.writer import BundleWriter

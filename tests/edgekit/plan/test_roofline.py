@@ -6,7 +6,7 @@ import pytest
 
 from edgekit.model.presets import preset_config
 from edgekit.plan.precision import PrecisionPlan
-from edgekit.plan.roofline import PREDICTED, decode_estimate, decode_kernels, prefill_estimate, roofline_table
+from edgekit.plan.roofline import PREDICTED, decode_estimate, prefill_estimate, roofline_table
 from edgekit.plan.targets import load_target
 
 
@@ -15,22 +15,24 @@ def test_decode_step_streams_every_weight_once():
     t = load_target("orin-nano-8gb")
     mode = t.power_mode("25W")
     pp = PrecisionPlan.uniform(cfg)
-    est = decode_estimate(cfg, pp, t, mode, batch=1, kv_len=128, decode_splits=8)
+    est = decode_estimate(cfg, pp, t, mode, batch=1, kv_len=128, n_kernels=450)
     # tied embeddings: the LM head reads the embedding matrix, so every parameter is read once (fp16)
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * 128 * cfg.head_dim * 2
     assert est.bytes == 2 * cfg.n_params + kv
     assert est.bound == "memory"
     expected = est.bytes / (mode.dram_bandwidth_gbps * 1e9 * t.roofline.bandwidth_efficiency)
     assert est.t_bound_s == pytest.approx(expected)
-    assert est.n_kernels == decode_kernels(cfg, 8) == cfg.n_layers * 9 + 4
+    assert est.n_kernels == 450
     assert est.t_s == pytest.approx(expected + est.n_kernels * t.roofline.kernel_overhead_us * 1e-6)
 
 
 def test_int8_weights_speed_up_decode_and_energy_is_power_times_time():
     cfg = preset_config("qwen2.5-1.5b")
     t = load_target("agx-orin-64gb")
-    r16 = roofline_table(cfg, PrecisionPlan.uniform(cfg, "fp16"), t, batch=1, context=2048, prefill_bucket=512, decode_splits=16)
-    r8 = roofline_table(cfg, PrecisionPlan.uniform(cfg, "w8a16"), t, batch=1, context=2048, prefill_bucket=512, decode_splits=16)
+    r16 = roofline_table(cfg, PrecisionPlan.uniform(cfg, "fp16"), t, batch=1, context=2048, prefill_bucket=512,
+                         kernel_counts=lambda mode: (400, 400))
+    r8 = roofline_table(cfg, PrecisionPlan.uniform(cfg, "w8a16"), t, batch=1, context=2048, prefill_bucket=512,
+                         kernel_counts=lambda mode: (400, 400))
     for a, b in zip(r16, r8):
         assert b["decode_short"]["tokens_per_s"] > 1.5 * a["decode_short"]["tokens_per_s"]
         d = a["decode_short"]
@@ -43,11 +45,11 @@ def test_modes_order_by_bandwidth_for_decode_and_by_compute_for_prefill():
     t = load_target("agx-orin-64gb")
     pp = PrecisionPlan.uniform(cfg)
     m15, m30, m50 = (t.power_mode(n) for n in ("15W", "30W", "50W"))
-    d15 = decode_estimate(cfg, pp, t, m15, batch=1, kv_len=512, decode_splits=16)
-    d30 = decode_estimate(cfg, pp, t, m30, batch=1, kv_len=512, decode_splits=16)
+    d15 = decode_estimate(cfg, pp, t, m15, batch=1, kv_len=512, n_kernels=400)
+    d30 = decode_estimate(cfg, pp, t, m30, batch=1, kv_len=512, n_kernels=400)
     assert d30.t_memory_s == pytest.approx(d15.t_memory_s * m15.dram_bandwidth_gbps / m30.dram_bandwidth_gbps)
-    p30 = prefill_estimate(cfg, pp, t, m30, batch=1, bucket=2048)
-    p50 = prefill_estimate(cfg, pp, t, m50, batch=1, bucket=2048)
+    p30 = prefill_estimate(cfg, pp, t, m30, batch=1, bucket=2048, n_kernels=400)
+    p50 = prefill_estimate(cfg, pp, t, m50, batch=1, bucket=2048, n_kernels=400)
     assert p30.bound == p50.bound == "compute"
     assert p30.t_compute_s / p50.t_compute_s == pytest.approx(t.mode_scale(m50) / t.mode_scale(m30))
 
@@ -55,6 +57,38 @@ def test_modes_order_by_bandwidth_for_decode_and_by_compute_for_prefill():
 def test_longer_cache_slows_decode():
     cfg = preset_config("llama-3.2-1b")
     t = load_target("orin")
-    rows = roofline_table(cfg, PrecisionPlan.uniform(cfg), t, batch=4, context=8192, prefill_bucket=1024, decode_splits=4)
+    rows = roofline_table(cfg, PrecisionPlan.uniform(cfg), t, batch=4, context=8192, prefill_bucket=1024,
+                          kernel_counts=lambda mode: (400, 400))
     for r in rows:
         assert r["decode_full"]["tokens_per_s"] < r["decode_short"]["tokens_per_s"]
+
+
+def test_kernel_count_comes_from_the_operators_launch_programs():
+    from edgekit.kernels.variants import default_variants
+    from edgekit.plan.launches import GLUE_OUTSIDE_BLOCKS, GLUE_PER_BLOCK, count_launches
+
+    cfg = preset_config("smollm2-135m")
+
+    def variants(op):
+        return default_variants(op, head_dim=cfg.head_dim, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                                hidden_size=cfg.hidden_size, rows=1)
+
+    fp16 = count_launches(cfg, PrecisionPlan.uniform(cfg, "fp16"), variants, batch=1, tokens=1, context=2048,
+                          sm_count=16, max_shared_bytes=166912)
+    n = cfg.n_layers
+    # per block: 2 rmsnorm, fused qkv_rope, attention split + reduce (the split count is > 1 here), swiglu
+    assert {k: v for k, v in fp16["operators"].items() if k != "linear"} == {
+        "rmsnorm": 2 * n + 1, "qkv_rope": n, "attention_decode": 2 * n, "swiglu": n}
+    # 3 GEMVs a block + the LM head, each a second launch when its program splits K (a 16-SM device: it does)
+    assert 3 * n + 1 < fp16["operators"]["linear"] <= 2 * (3 * n + 1)
+    assert fp16["glue"] == n * GLUE_PER_BLOCK["decode"] + GLUE_OUTSIDE_BLOCKS["decode"]
+    assert fp16["total"] == sum(fp16["operators"].values()) + fp16["glue"]
+    # a device with many SMs wants split-K for the same shapes at least as often
+    big = count_launches(cfg, PrecisionPlan.uniform(cfg, "fp16"), variants, batch=1, tokens=1, context=2048,
+                         sm_count=132, max_shared_bytes=232448)
+    assert big["operators"]["linear"] >= fp16["operators"]["linear"]
+    w8 = count_launches(cfg, PrecisionPlan.uniform(cfg, "w8a16"), variants, batch=1, tokens=1, context=2048,
+                        sm_count=16, max_shared_bytes=166912)
+    # INT8 QKV cannot use the fused projection: a separate GEMV (and rope) per block
+    assert w8["operators"]["rope"] == n and "qkv_rope" not in w8["operators"]
+    assert w8["operators"]["linear_w8a16"] >= 4 * n and w8["operators"]["linear"] in (1, 2)

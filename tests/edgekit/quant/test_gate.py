@@ -14,7 +14,8 @@ from edgekit.model.decoder import Decoder
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.gate import GateConfig, GateFailedError, build_reference, check, evaluate
 from edgekit.quant.layers import with_layers
-from edgekit.quant.quantize import heldout_eval_text, quantize_layers, quantize_model, to_precision_plan
+from edgekit.plan.precision import PrecisionPlan
+from edgekit.quant.quantize import heldout_eval_text, quantize_layers, quantize_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 from planting import plant_sensitive_ffn  # noqa: E402
@@ -57,9 +58,9 @@ def test_mixed_precision_keeps_the_broken_layer_in_fp(planted):
     assert r.layer_precisions["blocks.1.w_down"] == "w8a16"
     attempts = r.report["gate"]["attempts"]
     assert attempts[0]["failures"] and not attempts[-1]["failures"]
-    plan = to_precision_plan(r)  # the choice as the planner records it
+    plan = PrecisionPlan.from_quantization(r)  # the choice as the planner records it
     assert plan.layers[1]["w_gate_up"] == "fp16" and plan.layers[1]["w_down"] == "w8a16"
-    assert plan.label() == "mixed (w8a16 x7, fp16 x1)" and "blocks.1.w_gate_up" in plan.notes[0]
+    assert plan.label() == "mixed (w8a16 x7, fp16 x1)" and "blocks.1.w_gate_up" in plan.notes[-1]
 
 
 def test_check_fails_a_quantized_model_with_one_corrupted_layer(tiny):

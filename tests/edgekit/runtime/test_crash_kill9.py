@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import fakepkg
-from edgekit.runtime import durable
+from edgekit import durable
 from edgekit.runtime.plugin_store import INSTALL_STEPS, POINTER_STEPS, PluginStore
 
 HERE = Path(__file__).resolve().parent

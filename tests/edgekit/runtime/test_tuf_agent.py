@@ -13,7 +13,7 @@ from conftest import tree_digest
 import fakepkg
 from edgekit.runtime.agent import choose_offers, run_once
 from edgekit.runtime.plugin_store import PluginStore
-from edgekit.runtime.tuf_repo import PublishError, publish_plugins
+from edgekit.publish import PublishError, publish_plugins
 
 AUTHOR = fakepkg.key_from_seed(1)
 describe = fakepkg.verifier(AUTHOR)

@@ -19,11 +19,11 @@ from typing import Callable
 import torch
 
 from edgekit import __version__
-from edgekit.build_cache import BuildCache, cache_key
-from edgekit.errors import BundleError, EdgekitError
+from edgekit.cache import BuildCache, cache_key
+from edgekit.errors import BundleError
 
 PLUGIN_VERSION = 1
-PRECISIONS = {"int8": "w8a16", "w8a16": "w8a16", "w8a8": "w8a8", "fp16": None}
+PRECISIONS = {"int8": "w8a16", "w8a8": "w8a8", "fp16": None}  # --precision -> quantization mode (None: no quantization)
 
 
 @dataclass
@@ -87,8 +87,8 @@ def _signing_key(opts: BuildOptions):
     )
 
 
-def _operators_used(weights) -> list[str]:
-    """The operators the model calls, read from its weights (the precision actually chosen per layer)."""
+def _operators_of_weights(weights) -> list[str]:
+    """The operators the model calls, read from its weights (what the plan must cover)."""
     ops = {"rmsnorm", "attention_prefill", "attention_decode", "swiglu"}
     for b in weights.blocks:
         for lw in b.linears().values():
@@ -98,22 +98,24 @@ def _operators_used(weights) -> list[str]:
     return sorted(ops)
 
 
-def _variants_for(op: str, plan, cfg) -> dict:
-    from edgekit.kernels.variants import KernelVariant, default_variants
+def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[dict, dict]]:
+    """op -> (kernel -> CompiledKernel, launch program) for exactly the plan's variants.
 
-    chosen = {t["kernel"]: KernelVariant.from_dict(t["variant"]) for t in plan.tiles if t["op"] == op}
-    if chosen:
-        return chosen
-    # an operator the plan did not solve (e.g. rope when the plan assumed fused qkv_rope): its default variants
-    return default_variants(op, head_dim=cfg.head_dim, dtype="fp16", hidden_size=cfg.hidden_size,
-                            n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, rows=plan.shapes["buckets"][-1])
-
-
-def _compile_op(op: str, variants: dict, arch: int, budget: int) -> dict:
-    """Compiled kernels for one operator (kernels.aot caches them on disk by content, so a rebuild is fast)."""
+    A choice the planner already compiled is shipped as it is; only a plan read back from a document
+    compiles here (each variant once).
+    """
     from edgekit.kernels.aot import compile_variant
+    from edgekit.kernels.variants import op_program
 
-    return {kname: compile_variant(v, arch, budget_bytes=budget) for kname, v in variants.items()}
+    compiled = {}
+    for op in plan.operators():
+        chosen = [t for t in plan.tiles if t.op == op]
+        if not chosen:
+            raise BundleError(f"the plan chose no kernel variant for {op}, which the model runs",
+                              hint="re-plan: a plan made with --no-tiles cannot be built")
+        kernels = {t.kernel: t.compiled or compile_variant(t.variant, arch, budget_bytes=budget, store=store) for t in chosen}
+        compiled[op] = (kernels, op_program(op, plan.variants(op), aot=True))
+    return compiled
 
 
 def _intake(spec: str | None, cache: BuildCache):
@@ -217,14 +219,16 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
     from edgekit.bundle.plugin import plugin_from_compiled
     from edgekit.bundle.writer import BundleWriter
-    from edgekit.kernels.variants import op_program
+    from edgekit.kernels.aot import compile_variant
     from edgekit.plan.planner import make_plan
+    from edgekit.plan.precision import PrecisionPlan
     from edgekit.plan.targets import load_target
     from edgekit.quant.io import serialize
     from edgekit.quant.progress import SILENT
 
-    if opts.precision not in PRECISIONS:
-        raise EdgekitError(f"unknown precision {opts.precision!r}; expected one of: {', '.join(PRECISIONS)}")
+    from edgekit.plan.precision import scheme_for_cli
+
+    scheme_for_cli(opts.precision)  # refuses an unknown or reserved precision, naming the valid ones
     t_start = time.perf_counter()
     key = _signing_key(opts)  # fail before any work
     out = Path(opts.out)
@@ -236,24 +240,36 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
 
     loaded = st.run("load", _intake, opts.model, cache)
     cfg = loaded.config
-    target = st.run("target", load_target, opts.target, opts.targets_dir)
-    plan = st.run("plan", make_plan, cfg, target, model_info={"name": cfg.name, "source": loaded.source.to_dict()},
-                  context=opts.context, batch=opts.batch, precision="int8" if mode else "fp16",
-                  trace=opts.trace, buckets=opts.buckets)
+    model_info = {"name": cfg.name, "source": loaded.source.to_dict()}
+
+    def target_that_fits():
+        # the memory check needs no compile and no quantization: a model that cannot fit fails in milliseconds
+        target = load_target(opts.target, opts.targets_dir)
+        make_plan(cfg, target, model_info=model_info, context=opts.context, batch=opts.batch, precision=opts.precision,
+                  trace=opts.trace, buckets=opts.buckets, solve_tiles=False)
+        return target
+
+    target = st.run("target", target_that_fits)
+    arch, budget = target.gpu.compute_capability, target.smem_budget_bytes
 
     quant_report, quant_cached = None, False
     if mode:
         weights, quant_report, quant_cached = st.run("quantize", _quantize, loaded, mode, opts, cache, quant_steps or SILENT)
     else:
         weights = _ensure_weights(loaded, opts.model).weights.to(dtype=torch.float16)
-    ops = _operators_used(weights)
-    arch, budget = target.gpu.compute_capability, target.smem_budget_bytes
 
-    def compile_all():
-        return {op: (_compile_op(op, (v := _variants_for(op, plan, cfg)), arch, budget), op_program(op, v, aot=True))
-                for op in ops}
+    def compile_cached(v):
+        return compile_variant(v, arch, budget_bytes=budget, store=cache)
 
-    compiled = st.run("compile", compile_all)
+    # The plan is made once every layer's precision is decided, and the rest of the build executes it verbatim.
+    plan = st.run("plan", make_plan, cfg, target, model_info=model_info, context=opts.context, batch=opts.batch,
+                  precision=PrecisionPlan.from_weights(weights, quant_report=quant_report), trace=opts.trace, buckets=opts.buckets,
+                  compile_fn=compile_cached)
+    ops = sorted(plan.operators())
+    if ops != _operators_of_weights(weights):
+        raise BundleError(f"the plan runs operators {ops} but the weights need {_operators_of_weights(weights)}",
+                          hint="this is a bug in edgekit: please report it with the model and options used")
+    compiled = st.run("compile", compile_plan, plan, arch, budget, cache)
     shapes = plan.static_shapes
 
     def goldens():
@@ -302,12 +318,14 @@ def _golden_bytes(op: str, cfg, shapes, cache: BuildCache) -> bytes:
     import hashlib
     import inspect
 
-    from edgekit import build_golden
+    from edgekit.build import golden as build_golden
     from edgekit.bundle import golden as golden_mod
     from edgekit.bundle.golden import golden_to_bytes
+    from edgekit.kernels import operator as operator_mod
     from edgekit.kernels.registry import OPERATORS
 
-    sources = "".join(inspect.getsource(m) for m in (build_golden, golden_mod, inspect.getmodule(OPERATORS[op].reference)))
+    sources = "".join(inspect.getsource(m) for m in (build_golden, golden_mod, operator_mod,
+                                                     inspect.getmodule(OPERATORS[op].reference)))
     key = cache_key(stage="golden", op=op, config=cfg.to_dict(), buckets=list(shapes.buckets), context=shapes.max_seq_len,
                     torch=torch.__version__, source=hashlib.sha256(sources.encode()).hexdigest())
     hit = cache.get("golden", key)
@@ -320,8 +338,9 @@ def _golden_bytes(op: str, cfg, shapes, cache: BuildCache) -> bytes:
 
 def _precision_by_op(weights, ops: list[str]) -> dict[str, str]:
     # activations are fp16 everywhere, accumulation fp32 (int32 for int8 x int8); the plugins' metadata has the detail
-    names = {"linear_w8a16": "w8a16", "linear_w8a8": "w8a8"}
-    return {op: names.get(op, "fp16") for op in ops}
+    from edgekit.kernels.registry import operator
+
+    return {op: operator(op).scheme or "fp16" for op in sorted(ops)}
 
 
 def _export_onnx(cfg, weights, shapes, writer, cache: BuildCache, tensorrt: bool) -> dict:

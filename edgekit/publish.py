@@ -35,8 +35,8 @@ from tuf.api.metadata import MetaFile, Metadata, Root, Snapshot, TargetFile, Tar
 from tuf.api.serialization.json import JSONSerializer
 
 from edgekit.errors import EdgekitError
-from edgekit.runtime import durable
-from edgekit.runtime.plugin_policy import VerifiedPluginLike, canonical_version, check_name, normalize_arch
+from edgekit import durable
+from edgekit.runtime.plugin_policy import CUSTOM_KEY, VerifiedPluginLike, canonical_version, check_name, normalize_arch
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
 # How long each role's signature stays valid. The timestamp is short on purpose:
@@ -47,7 +47,6 @@ DEFAULT_EXPIRY = {
     "snapshot": dt.timedelta(days=7),
     "timestamp": dt.timedelta(days=1),
 }
-CUSTOM_KEY = "edgekit"
 
 Describe = Callable[[bytes], VerifiedPluginLike]
 

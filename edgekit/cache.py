@@ -9,21 +9,19 @@ holds only what this machine produced; it is never shared or downloaded.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from edgekit.kernels.aot import content_key
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("EDGEKIT_CACHE_DIR") or Path.home() / ".cache" / "edgekit")
 
 
-def cache_key(**parts) -> str:
-    doc = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(doc.encode()).hexdigest()
+cache_key = content_key  # one canonical-JSON sha256 for every stage (kernels.aot keys its compiles the same way)
 
 
 class BuildCache:

@@ -1,4 +1,4 @@
-"""Durable file operations for the plugin store: fsync'd writes, atomic replace, directory sync.
+"""Durable file operations: fsync'd writes, atomic replace, directory sync (plugin store, bundles, caches).
 
 POSIX gives one atomic primitive, rename(2) within a file system: a reader sees
 the old name or the new one, never a half-written file. Durability needs more:
@@ -15,7 +15,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -27,14 +27,19 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_new_file(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
-    """Create `path` (must not exist) with `data`, fsync'd. Used inside staging directories."""
+def write_new_file(path: str | os.PathLike, data: bytes | Iterable[bytes], mode: int = 0o644) -> None:
+    """Create `path` (must not exist) with `data` (bytes, or chunks of bytes), fsync'd, with exactly `mode`.
+
+    Used inside staging directories, and for the temp file of every atomic replace.
+    """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        os.fchmod(fd, mode)  # the umask may have narrowed it; the mode is part of the contract (keys: 0o600)
+        for chunk in ((data,) if isinstance(data, (bytes, bytearray, memoryview)) else data):
+            view = memoryview(chunk)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -53,7 +58,7 @@ def is_temp_name(name: str) -> bool:
 
 
 def replace_atomically(
-    path: str | os.PathLike, data: bytes, *, between: Callable[[], None] | None = None, mode: int = 0o644
+    path: str | os.PathLike, data: bytes | Iterable[bytes], *, between: Callable[[], None] | None = None, mode: int = 0o644
 ) -> None:
     """Replace `path` with `data`: temp file in the same dir, fsync file, rename, fsync dir.
 

@@ -1,0 +1,45 @@
+"""Golden vectors for the build: seeded inputs at the model's shapes, one case per operator and bucket.
+
+Expected outputs are the FP64 reference (edgekit.bundle.golden.make_case).
+The inputs of one call come from the operator's own module (``Operator.golden_inputs``:
+FP16 activations, as the plugins run them; linear layers at the model's input
+width but at most ``kernels.operator.GOLDEN_MAX_N`` output rows).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.bundle.golden import GoldenCase, make_case
+from edgekit.kernels.registry import operator
+from edgekit.model.config import ModelConfig
+
+# Row-wise operators (each token independent) are checked on at most this many rows per bucket: more
+# rows only repeat the same program over a longer grid, and full 2048-row FP64 outputs would make the
+# bundle hundreds of MB. Attention keeps the full bucket length, where the length changes the math.
+MAX_ROWWISE_ROWS = 256
+
+
+def op_inputs(op: str, cfg: ModelConfig, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    """(inputs, attributes) of one call of ``op`` at ``rows`` tokens (the operator module's golden inputs)."""
+    return operator(op).golden_inputs(cfg, rows, context, g)
+
+
+def golden_cases(op: str, cfg: ModelConfig, buckets: tuple[int, ...], context: int, seed: int = 0) -> list[GoldenCase]:
+    """One case per bucket (a decode case per context length for attention_decode, and M=1 for linears)."""
+    record = operator(op)
+    cases = []
+    plan = [(b, b) for b in buckets]  # (bucket, rows)
+    if record.decode_case:
+        plan = [(1, 1)] + plan  # the decode path (GEMV kernels)
+    seen = set()
+    for i, (bucket, rows) in enumerate(plan):
+        if record.rowwise:
+            rows = min(rows, MAX_ROWWISE_ROWS)
+        if record.rowwise and rows in seen:
+            continue  # the same row count again adds nothing
+        seen.add(rows)
+        g = torch.Generator().manual_seed(seed * 1000 + i)
+        inputs, attrs = op_inputs(op, cfg, rows, context, g)
+        cases.append(make_case(op, inputs, attrs, name=f"{op}_b{bucket}_r{rows}", seed=seed * 1000 + i, bucket=bucket))
+    return cases
