@@ -12,9 +12,11 @@ import os
 import sys
 
 import typer
+from rich.markup import escape
 
 from edgekit import __version__
 from edgekit.cli_common import err_console
+from edgekit.cli_usage import ClickException, show_usage_error
 from edgekit.errors import EdgekitError
 
 app = typer.Typer(
@@ -62,23 +64,18 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _register_commands()
     try:
-        app(standalone_mode=False)
+        app(standalone_mode=False, prog_name="edgekit")
     except EdgekitError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
+    except ClickException as e:  # usage errors: unknown flag or command, missing argument, bad value
+        sys.exit(show_usage_error(e, err_console))
     except (typer.Exit, SystemExit) as e:
         code = getattr(e, "exit_code", getattr(e, "code", 0))
         sys.exit(code or 0)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         err_console.print("aborted")
         sys.exit(130)
-    except Exception as e:  # click usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
 
 
 if __name__ == "__main__":  # run as `python -m edgekit` instead: this module must be imported as edgekit.cli
