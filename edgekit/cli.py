@@ -12,6 +12,7 @@ import os
 import sys
 
 import typer
+import typer.main
 from rich.markup import escape
 
 from edgekit import __version__
@@ -49,6 +50,7 @@ COMMAND_MODULES = (
     "edgekit.commands.build_commands",
     "edgekit.commands.power_commands",
     "edgekit.commands.ota_commands",
+    "edgekit.commands.plugin_commands",
     "edgekit.commands.bench_commands",
 )
 
@@ -60,11 +62,29 @@ def _register_commands() -> None:
         importlib.import_module(name)
 
 
+def _hide_flag_placeholders(command) -> None:
+    """Flags take no value, but typer 0.2x's help shows a `<bool>` type column for each; blank it."""
+    help_option = command.get_help_option(typer.Context(command))  # made (and cached) on first use
+    for param in [*getattr(command, "params", []), *([help_option] if help_option is not None else [])]:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _hide_flag_placeholders(sub)
+
+
+def cli_command():
+    """The click command tree of `edgekit`, every command registered and help cleaned up."""
+    _register_commands()
+    command = typer.main.get_command(app)
+    _hide_flag_placeholders(command)
+    return command
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _register_commands()
+    command = cli_command()
     try:
-        app(standalone_mode=False, prog_name="edgekit")
+        command.main(prog_name="edgekit", standalone_mode=False)
     except EdgekitError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)

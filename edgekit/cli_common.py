@@ -8,8 +8,19 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped or redirected output is read by people and scripts in full: rich would cut it to 80 columns
+# (or to an inherited COLUMNS) and shorten cells ("attentio…"), so off a terminal lines and tables
+# take the width they need.
+UNBOUNDED_WIDTH = 100_000
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=UNBOUNDED_WIDTH)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 def print_json(data: Any) -> None:
@@ -23,3 +34,15 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def note(text: str) -> None:
+    """A non-fatal remark for the user (deprecations, fallbacks) on stderr, never on stdout."""
+    err_console.print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def cli_precision(value: str, allowed) -> str:
+    """--precision in the one vocabulary (edgekit.precision_names); old spellings print a note."""
+    from edgekit.precision_names import parse_precision
+
+    return parse_precision(value, allowed, warn=note)

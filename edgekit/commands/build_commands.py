@@ -13,7 +13,9 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import console, print_json
+from edgekit.cli_common import cli_precision, console, print_json
+from edgekit.precision_names import DEFAULT_PRECISION
+from edgekit.precision_names import help_text as precision_help
 from edgekit.errors import BundleError
 
 # ---------------------------------------------------------------------------- keys
@@ -51,6 +53,9 @@ _STAGE_LABELS = {
 }
 
 
+BUILD_PRECISIONS = ("int8", "w8a8", "fp16", "int4")
+
+
 @app.command()
 def build(
     model: Optional[str] = typer.Argument(None, help="A .gguf file, a Hugging Face directory, preset:NAME, or omitted for the default model."),
@@ -58,7 +63,7 @@ def build(
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Bundle directory to write (default: bundles/<model>-<target>)."),
     key: Optional[Path] = typer.Option(None, "--key", help="Ed25519 private key to sign with (make one: `edgekit keys generate DIR`)."),
     dev_key: bool = typer.Option(False, "--dev-key", help="Sign with the public development key (local testing only; recorded in the manifest, refused by devices by default)."),
-    precision: str = typer.Option("int8", "--precision", help="int8 (INT8 weights, FP16 activations), w8a8 (INT8 x INT8), or fp16."),
+    precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help=precision_help(BUILD_PRECISIONS)),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the accuracy gate fails, keep the most sensitive layers in FP16 instead of stopping."),
     context: Optional[int] = typer.Option(None, "--context", help="KV cache length in tokens (default: the planner's)."),
     batch: int = typer.Option(1, "--batch", min=1, help="Static batch size."),
@@ -80,6 +85,7 @@ def build(
     from edgekit.cli_common import err_console
     from edgekit.quant.progress import Steps
 
+    precision = cli_precision(precision, BUILD_PRECISIONS)
     bucket_list = None
     if buckets:
         try:

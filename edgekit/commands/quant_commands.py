@@ -9,8 +9,11 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import console, err_console, fmt_bytes, print_json
+from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, note, print_json
+from edgekit.precision_names import DEFAULT_PRECISION, QUANT_MODE, name_of_quant_mode
+from edgekit.precision_names import help_text as precision_help
 
+QUANT_PRECISIONS = ("int8", "w8a8", "int4")
 MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model (SmolLM2-135M-Instruct)."
 
 
@@ -47,7 +50,7 @@ def _sensitivity_table(ranking: list[dict], top: int, fp_layers: list[str]) -> T
 def _print_report(report: dict, top: int) -> None:
     gate = report["gate"]
     status = "[green]passed[/]" if gate.get("passed") else "[red]FAILED[/]"
-    console.print(_metrics_table(f"accuracy gate ({report['mode']}{', INT8 KV' if report['kv_int8'] else ''}): {status} "
+    console.print(_metrics_table(f"accuracy gate ({name_of_quant_mode(report['mode'])}{', INT8 KV' if report['kv_int8'] else ''}): {status} "
                                  f"(measured on CPU, held-out text)", gate["metrics"], gate["config"]))
     for f in gate.get("failures", []):
         console.print(f"[red]- {f}[/]")
@@ -69,15 +72,16 @@ def _print_report(report: dict, top: int) -> None:
 @app.command()
 def quantize(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
-    mode: str = typer.Option("w8a16", "--mode", help="w8a16: INT8 weights, FP activations. w8a8: INT8 weights and per-token INT8 activations (SmoothQuant)."),
+    precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help=precision_help(QUANT_PRECISIONS)),
+    mode: Optional[str] = typer.Option(None, "--mode", hidden=True, help="Old name of --precision (w8a16 = int8, w8a8)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for model.safetensors and report.json (created)."),
     kv_int8: bool = typer.Option(False, "--kv-int8", help="Also store the KV cache in INT8 (static per-head scales from calibration)."),
     alpha: float = typer.Option(0.5, "--alpha", min=0.0, max=1.0, help="SmoothQuant migration strength for w8a8 (0: none, 1: all range moved to the weights)."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the gate fails, keep the most sensitive layers in FP16 until it passes instead of stopping."),
     quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too (a separate INT8 copy when it is tied to the embedding)."),
-    max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 w8a16, 0.03 w8a8)."),
-    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 w8a16, 0.90 w8a8)."),
-    min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 w8a16, 15 w8a8)."),
+    max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 int8, 0.03 w8a8)."),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 int8, 0.90 w8a8)."),
+    min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 int8, 15 w8a8)."),
     ppl_tokens: Optional[int] = typer.Option(None, "--ppl-tokens", min=2, help="Held-out tokens scored for perplexity and SNR (default 2048)."),
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", min=2, help="Greedy tokens compared per prompt (default 128)."),
     rank: bool = typer.Option(False, "--rank", help="Rank layer sensitivity even if the gate passes (it is always ranked when it fails)."),
@@ -95,6 +99,11 @@ def quantize(
     from edgekit.quant.progress import Steps, make_progress
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
+    if mode is not None:
+        note("--mode is the old name of --precision; use --precision")
+        precision = mode
+    precision = cli_precision(precision, QUANT_PRECISIONS)
+    mode = QUANT_MODE[precision]
     gate = GateConfig.for_mode(mode, max_ppl_increase=max_ppl_increase, min_greedy_agreement=min_agreement,
                                min_logits_snr_db=min_snr_db, ppl_tokens=ppl_tokens, new_tokens=new_tokens)
     opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head, always_rank=rank)

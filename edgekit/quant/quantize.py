@@ -29,6 +29,7 @@ from edgekit.model.loader import LoadedModel
 from edgekit.quant import corpus
 from edgekit.quant.calibration import CalibrationStats, calibrate
 from edgekit.kernels.dispatch import DispatchTable
+from edgekit.precision_names import name_of_quant_mode
 from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, Reference, build_reference, check, evaluate
 from edgekit.quant.kv_int8 import KVScales, make_decoder
 from edgekit.quant.layers import HEAD, dtype_name, named_linears, precision_of, round_through, with_layers
@@ -292,12 +293,12 @@ def quantize_model(
         worst = ", ".join(f"{r['layer']} (KL {r['kl_nats']:.2e})" for r in ranking[:5])
         why = "; ".join(fails)
         if allow_mixed:
-            msg = (f"the {mode} model fails the accuracy gate even with the {len(final['fp_layers'])} most sensitive "
+            msg = (f"the {name_of_quant_mode(mode)} model fails the accuracy gate even with the {len(final['fp_layers'])} most sensitive "
                    f"layers in floating point: {why}; most sensitive layers: {worst}")
-            hint = "relax the gate thresholds, raise the mixed-precision limit, or use w8a16"
+            hint = "relax the gate thresholds, raise the mixed-precision limit, or use --precision int8 (W8A16)"
         else:
-            msg = f"the {mode} model fails the accuracy gate: {why}; the layers that hurt most: {worst}"
-            hint = "pass --allow-mixed to keep the most sensitive layers in floating point, or use w8a16"
+            msg = f"the {name_of_quant_mode(mode)} model fails the accuracy gate: {why}; the layers that hurt most: {worst}"
+            hint = "pass --allow-mixed to keep the most sensitive layers in floating point, or use --precision int8 (W8A16)"
         if kv_int8 and report["gate"]["kv_int8_alone"]["failures"]:
             msg += "; the INT8 KV cache alone already fails the gate"
             hint = "drop --kv-int8"

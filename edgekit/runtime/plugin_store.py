@@ -312,11 +312,7 @@ class PluginStore:
 
     def serving(self, p: Pointer) -> tuple[str | None, str]:
         """(version, source) of what serves under pointer `p`: source is "store", "bundle" or "reference"."""
-        if p.version is not None:
-            return p.version, "store"
-        if p.base == "bundle" and p.op in self.bundle_plugins:
-            return self.bundle_plugins[p.op], "bundle"
-        return None, "reference"
+        return serving_of(p, self.bundle_plugins)
 
     def pointer(self, op: str) -> Pointer:
         """The operator's pointer; an operator never touched is on the reference."""
@@ -655,6 +651,15 @@ class PluginStore:
             yield
         finally:
             os.close(fd)  # closing releases the flock
+
+
+def serving_of(p: Pointer, bundle_plugins: Mapping[str, str]) -> tuple[str | None, str]:
+    """(version, source) of what serves under pointer `p`, given the bundle's op -> version."""
+    if p.version is not None:
+        return p.version, "store"
+    if p.base == "bundle" and p.op in bundle_plugins:
+        return bundle_plugins[p.op], "bundle"
+    return None, "reference"
 
 
 def _add(items: tuple[str, ...], version: str | None) -> tuple[str, ...]:

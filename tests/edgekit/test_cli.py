@@ -74,3 +74,12 @@ def test_generate_default_model_answers():
     r = edgekit("generate", "--prompt", "What is the capital of France?", "-n", "16")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
+
+
+@pytest.mark.slow
+def test_info_says_the_default_model_is_a_q4_1_file():
+    r = edgekit("info")
+    assert r.returncode == 0, r.stderr
+    assert "Q4_1 GGUF" in r.stdout and "default model" in r.stdout
+    d = json.loads(edgekit("info", "--json").stdout)
+    assert d["stored_as"]["main_type"] == "Q4_1" and d["stored_as"]["tensor_types"]["Q4_1"] > 100

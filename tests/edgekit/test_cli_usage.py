@@ -10,13 +10,10 @@ import subprocess
 import sys
 
 import pytest
-import typer.main
-
 from edgekit import cli
 
 
 def _commands():
-    cli._register_commands()
     out = []
 
     def walk(cmd, path):
@@ -24,7 +21,7 @@ def _commands():
         for name, sub in sorted((getattr(cmd, "commands", None) or {}).items()):
             walk(sub, path + [name])
 
-    walk(typer.main.get_command(cli.app), [])
+    walk(cli.cli_command(), [])
     return out
 
 
