@@ -86,6 +86,7 @@ def quantize(
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", min=2, help="Greedy tokens compared per prompt (default 128)."),
     rank: bool = typer.Option(False, "--rank", help="Rank layer sensitivity even if the gate passes (it is always ranked when it fails)."),
     top: int = typer.Option(10, "--top", min=1, help="Sensitive layers to show."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompute the gate's FP reference instead of reading it from the build cache (~/.cache/edgekit)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Quantize a model's linear layers to INT8, calibrated on edgekit's shipped text, and gate it on held-out text.
@@ -93,6 +94,7 @@ def quantize(
     Writes DIR/model.safetensors (int8 weights, fp32 scales, smoothing factors, FP16 norms and embeddings)
     and DIR/report.json. A failed gate writes only report.json and exits 2, naming the layers that hurt most.
     """
+    from edgekit.build_cache import BuildCache
     from edgekit.model.loader import load_model
     from edgekit.quant.gate import GateConfig, GateFailedError
     from edgekit.quant.io import write_quantized, write_report
@@ -111,7 +113,7 @@ def quantize(
     try:
         with make_progress() as progress:
             result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,
-                                    steps=Steps(progress))
+                                    steps=Steps(progress), reference_cache=BuildCache(None, enabled=not no_cache))
     except GateFailedError as e:
         path = write_report(out, e.report)
         if json_out:
@@ -137,6 +139,7 @@ def eval_cmd(
     window: int = typer.Option(256, "--window", min=2, help="Tokens per window; each window is scored on its own."),
     prompts: int = typer.Option(4, "--prompts", min=0, help="Greedy prompts (passage openings) for the agreement check, with --quantized."),
     new_tokens: int = typer.Option(128, "--new-tokens", min=2, help="Greedy tokens compared per prompt."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompute MODEL's reference results instead of reading them from the build cache."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Perplexity of MODEL on a text file; with --quantized, also greedy agreement and logits SNR of the quantized model.
@@ -147,7 +150,9 @@ def eval_cmd(
     from edgekit.model.loader import load_model
     from edgekit.quant import corpus
     from edgekit.kernels.dispatch import DispatchTable
-    from edgekit.quant.gate import EvalText, GateConfig, build_reference, check, evaluate, perplexity
+    from edgekit.build_cache import BuildCache
+    from edgekit.quant.gate import EvalText, GateConfig, check, evaluate, perplexity
+    from edgekit.quant.reference_cache import cached_reference
     from edgekit.quant.io import REPORT_FILE, load_quantized
     from edgekit.quant.progress import Steps, make_progress
 
@@ -174,7 +179,9 @@ def eval_cmd(
                 err_console.print(f"[yellow]warning:[/] {quantized} was quantized from a file with sha256 {src[:12]}..., "
                                   f"MODEL has {m.source.sha256[:12]}...")
             plist = corpus.prompts(body, m.tokenizer, m.config.vocab_size, prompts, 32)
-            ref = build_reference(fp, EvalText(windows, plist), new_tokens, steps)
+            ref, ref_cached = cached_reference(fp, EvalText(windows, plist), new_tokens, model_identity=m.source.to_dict(),
+                                               cache=BuildCache(None, enabled=not no_cache), steps=steps)
+            out["fp_reference"] = "read from the cache" if ref_cached else "computed"
             kv = q.kv_scales.roundtrip if q.kv_scales is not None else None
             metrics = evaluate(Decoder(q.config, q.weights, ops), ref, kv, steps, "quantized model")
             out.update(metrics)
