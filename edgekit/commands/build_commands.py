@@ -86,6 +86,8 @@ def build(
     from edgekit.quant.progress import Steps
 
     precision = cli_precision(precision, BUILD_PRECISIONS)
+    if key is None and not dev_key:
+        raise BundleError("no signing key: a bundle must be signed", hint=_missing_key_hint())
     bucket_list = None
     if buckets:
         try:
@@ -114,6 +116,17 @@ def build(
         print_json(s)
         return
     _print_build_summary(s)
+
+
+def _missing_key_hint() -> str:
+    """Point at a key that already exists before suggesting to make one."""
+    from edgekit.bundle.keys import PRIVATE_KEY_FILE
+
+    found = sorted({p for p in (Path("keys") / PRIVATE_KEY_FILE, Path(PRIVATE_KEY_FILE)) if p.is_file()})
+    if found:
+        return f"pass --key {found[0]} (found here); or --dev-key for a local test build devices refuse by default"
+    return ("make one with `edgekit keys generate keys/` and pass --key keys/edgekit.key; "
+            "or --dev-key for a local test build devices refuse by default")
 
 
 def _print_build_summary(s: dict) -> None:
@@ -299,7 +312,7 @@ def run(
         return
     sys.stdout.write(text + "\n")
     err_console.print(f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; first token "
-                      f"{stats.prefill_s * 1000:.0f} ms, decode {stats.decode_tokens_per_s:.1f} tok/s, {where}[/]")
+                      f"{stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()}, {where}[/]")
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")
 
