@@ -77,3 +77,14 @@ def test_a_bare_group_prints_its_help_and_exits_2():
         r = edgekit(*path)
         assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
         assert "Usage: edgekit" in r.stdout + r.stderr
+
+
+INTERNAL_WORDS = ("the issue", "issue's", "GPU machine", "product card", "<bool>")
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=lambda p: " ".join(p) or "edgekit")
+def test_help_has_no_placeholders_or_internal_words(path):
+    r = edgekit(*path, "--help")
+    assert r.returncode == 0, r.stderr
+    for word in INTERNAL_WORDS:
+        assert word.lower() not in r.stdout.lower(), (word, path)
