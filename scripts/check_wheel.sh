@@ -13,6 +13,10 @@ ROOT=$(pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
+# The build backend pyproject.toml asks for (SPDX license string: setuptools >= 77); torch usually brought it.
+python -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
+  || python -m pip install -q "setuptools>=77"
+
 echo "== building the wheel (from a copy of the files git would ship: no stale build/ folder, no .venv)"
 mkdir "$WORK/src"
 git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - | tar -xf - -C "$WORK/src"
