@@ -24,6 +24,18 @@ def default_cache_dir() -> Path:
 cache_key = content_key  # one canonical-JSON sha256 for every stage (kernels.aot keys its compiles the same way)
 
 
+def package_source_hash(*packages: str) -> str:
+    """sha256 over the .py files of packages: a cached result is stale once the code that made it changes."""
+    import importlib
+
+    h = hashlib.sha256()
+    for package in packages:
+        root = Path(importlib.import_module(package).__file__).parent
+        for f in sorted(root.glob("*.py")):
+            h.update(package.encode() + b"/" + f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 class BuildCache:
     def __init__(self, root: Path | None, enabled: bool = True):
         self.root = (root or default_cache_dir()) / "v1"

@@ -10,10 +10,33 @@ from rich.console import Console
 
 from edgekit.units import fmt_bytes  # noqa: F401  (re-exported for the commands)
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped or redirected output is read by people and scripts in full: rich would cut it to 80 columns
+# (or to an inherited COLUMNS) and shorten cells ("attentio…"), so off a terminal lines and tables
+# take the width they need.
+UNBOUNDED_WIDTH = 100_000
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=UNBOUNDED_WIDTH)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 def print_json(data: Any) -> None:
     """Machine-readable output on stdout (nothing else is printed there when --json is given)."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def note(text: str) -> None:
+    """A non-fatal remark for the user (deprecations, fallbacks) on stderr, never on stdout."""
+    err_console.print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def cli_precision(value: str, allowed) -> str:
+    """--precision in the one vocabulary (edgekit.precision_names); old spellings print a note."""
+    from edgekit.precision_names import parse_precision
+
+    return parse_precision(value, allowed, warn=note)

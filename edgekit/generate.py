@@ -22,10 +22,14 @@ class GenerationStats:
     token_times_s: list[float] = field(default_factory=list)
 
     @property
-    def decode_tokens_per_s(self) -> float:
-        # the first new token comes from the prefill; the rest from decode steps
+    def decode_tokens_per_s(self) -> float | None:
+        """Decode speed, or None when no decode step ran (one new token comes from the prefill alone)."""
         steps = max(self.new_tokens - 1, 0)
-        return steps / self.decode_s if self.decode_s > 0 else 0.0
+        return steps / self.decode_s if steps and self.decode_s > 0 else None
+
+    def decode_summary(self) -> str:
+        tps = self.decode_tokens_per_s
+        return f"decode {tps:.1f} tok/s" if tps is not None else "no decode step (the one new token came from the prefill)"
 
     def to_dict(self) -> dict:
         return {

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 
 from edgekit import __version__
-from edgekit.cache import BuildCache, cache_key
-from edgekit.errors import BundleError
+from edgekit.cache import BuildCache, cache_key, package_source_hash
+from edgekit.errors import BundleError, EdgekitError
 
 PLUGIN_VERSION = 1
 PRECISIONS = {"int8": "w8a16", "w8a8": "w8a8", "fp16": None}  # --precision -> quantization mode (None: no quantization)
@@ -166,18 +166,6 @@ def _tokenizer_files(tokenizer) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir()) if p.is_file()}
 
 
-def _package_source_hash(package: str) -> str:
-    """sha256 over a package's .py files: a cached result is stale once the code that made it changes."""
-    import hashlib
-    import importlib
-
-    root = Path(importlib.import_module(package).__file__).parent
-    h = hashlib.sha256()
-    for f in sorted(root.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
 def _ensure_weights(loaded, spec: str | None):
     """Fill in the weights of a model whose config and tokenizer came from the cache."""
     if loaded.weights is None:
@@ -197,11 +185,12 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     qopts = QuantizeOptions()
     key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(),
                     options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__,
-                    source=_package_source_hash("edgekit.quant"))
+                    source=package_source_hash("edgekit.quant"))
     hit = cache.get("quantize", key)
     if hit is None:
         _ensure_weights(loaded, opts.model)
-        result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps)
+        result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps,
+                                reference_cache=cache)
         hit = {"model.safetensors": serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode}),
                "report.json": report_bytes(result.report)}
         cache.put("quantize", key, hit)

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from edgekit.cli import app
-from edgekit.cli_common import console, err_console
+from edgekit.cli_common import cli_precision, console, err_console, note
 
 DEFAULT_MODELS = ["preset:smollm2-135m", "preset:qwen2.5-1.5b"]
 
@@ -25,6 +24,20 @@ def _csv(text: str, kind=str, what: str = "value") -> tuple:
         return tuple(kind(x) for x in items)
     except ValueError as e:
         raise BenchmarkError(f"--{what}: cannot read {text!r} ({e})", hint=f"give a comma-separated list, e.g. {what} 128,512") from e
+
+
+def _bench_precisions(text: str, quantize_head: bool) -> tuple[str, ...]:
+    """--precision in the one vocabulary; the old `int8-head` item becomes --quantize-head (with a note)."""
+    chosen = []
+    for item in _csv(text, str, "precision"):
+        if item == "int8-head":
+            note("--precision int8-head is the old spelling of --precision int8 --quantize-head")
+            quantize_head = True
+            continue
+        chosen.append(cli_precision(item, ("fp16", "int8", "int4")))
+    if quantize_head:
+        chosen.append("int8-head")
+    return tuple(dict.fromkeys(chosen))
 
 
 def _refuse_bundle(spec: str) -> None:
@@ -48,7 +61,8 @@ def bench(
     contexts: str = typer.Option("128,512,2048", "--contexts", help="Prompt lengths to measure, comma-separated."),
     new_tokens: int = typer.Option(64, "--new-tokens", "-n", min=1, help="Tokens decoded after the first one, per timed loop."),
     hf_new_tokens: int = typer.Option(16, "--hf-new-tokens", min=1, help="Tokens decoded by transformers' eager generate (it runs ~20 tok/s)."),
-    precision: str = typer.Option("fp16,int8", "--precision", help="fp16, int8 (W8A16 block linears, FP16 LM head), int8-head (LM head INT8 too)."),
+    precision: str = typer.Option("fp16,int8", "--precision", help="Comma-separated: fp16, int8 (W8A16 block linears, FP16 LM head)."),
+    quantize_head: bool = typer.Option(False, "--quantize-head", help="Also measure int8 with the LM head in INT8 too (rows labelled int8-head)."),
     baselines: str = typer.Option("compile,hf-eager,hf-compile", "--baselines",
                                   help="compile (edgekit reference + torch.compile), hf-eager, hf-compile (static cache + compile), or none."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per figure (the median is reported)."),
@@ -67,7 +81,7 @@ def bench(
     replay), edgekit's reference model under torch.compile(mode="reduce-overhead") (the gpt-fast recipe),
     transformers' eager generate and transformers' static cache + compile, on the same weights and prompts.
     Each configuration's greedy tokens are checked against the torch reference path. Prints tables
-    (ratios and the issue's goals included) and, with --json, writes every number.
+    (ratios and the speed goals included) and, with --json, writes every number.
     """
     from edgekit.bench.report import print_report
     from edgekit.bench.runner import BenchRun, BenchSettings
@@ -78,7 +92,7 @@ def bench(
         _refuse_bundle(spec)
     chosen = () if baselines.strip() == "none" else _csv(baselines, str, "baselines")
     settings = BenchSettings(
-        models=specs, precisions=_csv(precision, str, "precision"), contexts=_csv(contexts, int, "contexts"),
+        models=specs, precisions=_bench_precisions(precision, quantize_head), contexts=_csv(contexts, int, "contexts"),
         new_tokens=new_tokens, hf_new_tokens=hf_new_tokens, repeats=repeats, baselines=chosen,
         check_tokens=check_tokens or min(8, min(new_tokens, hf_new_tokens) + 1), seed=seed, energy=energy, prefill_graph=prefill_graph, profile=profile,
         time_budget_s=time_budget_s, device=device,
@@ -92,7 +106,7 @@ def bench(
                    on_update=write, command=" ".join(shlex.quote(a) for a in ["edgekit", *sys.argv[1:]]))
     doc = run.run()
     # a log file or a remote run is not a terminal: rich would wrap the wide table at 80 columns
-    print_report(doc, console if console.is_terminal else Console(width=240))
+    print_report(doc, console)
     if json_path is not None:
         err_console.print(f"wrote {json_path}")
     if any(r.engine == "edgekit" and r.tokens_match is False for r in doc.rows):

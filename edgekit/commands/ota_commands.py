@@ -76,10 +76,14 @@ def _print_recovery(store) -> None:
 
 def _status_table(rows: list[dict]) -> Table:
     t = Table(title="operator plugins")
-    for col in ("op", "active", "previous", "state", "blocked", "changed"):
+    for col in ("op", "serving", "from", "rollback steps to", "state", "blocked", "changed"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["op"], r["version"] or "reference", r["previous"] or "-", r["state"], ", ".join(r["blocked"]) or "-", r["changed_at"])
+        older = [*reversed(r.get("history", [])), *([r["bundle_version"] + " (bundle)"] if r.get("bundle_version") and r["source"] == "store" else [])]
+        below = ([r["previous"]] if r["previous"] else []) + older
+        t.add_row(r["op"], r["version"] or "reference", r.get("source", "store" if r["version"] else "reference"),
+                  " -> ".join(below + (["reference"] if r.get("source") != "reference" else [])) or "-",
+                  r["state"], ", ".join(r["blocked"]) or "-", r["changed_at"])
     return t
 
 

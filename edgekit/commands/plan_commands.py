@@ -10,9 +10,12 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import console, err_console, fmt_bytes, print_json
+from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, print_json
+from edgekit.precision_names import DEFAULT_PRECISION
+from edgekit.precision_names import help_text as precision_help
 
 TARGETS_DIR_HELP = "A directory of extra target YAML files (also: EDGEKIT_TARGETS_DIR); a file there replaces a built-in of the same name."
+PLAN_PRECISIONS = ("int8", "fp16", "int4")
 MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME, or omitted for the default model (SmolLM2-135M-Instruct)."
 
 targets_app = typer.Typer(
@@ -54,6 +57,8 @@ def targets_list(
             f"{len(tg.power_modes)} ({tg.default_power_mode})", *((("built-in" if tf.builtin else str(tf.path)),) if user else ()),
         )
     console.print(t)
+    for name, tf in sorted(found.items()):
+        console.print(f"[bold]{name}[/]: {tf.target.description}", highlight=False)
     console.print("[dim]U: unified memory (shared with the CPU). modes: count (default). INT8 TOPS: dense, all SMs at the top clock, derived. "
                   "`edgekit targets show NAME` for the power modes.[/]")
 
@@ -122,7 +127,7 @@ def plan(
     trace: Optional[Path] = typer.Option(None, "--trace", help='JSONL of real requests, one {"prompt_tokens": N, "completion_tokens": M} per line: buckets are chosen to minimise padding on it.'),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Prompt buckets to use, e.g. 64,128,512 (overrides the choice; a --trace still reports coverage and waste)."),
     max_buckets: int = typer.Option(6, "--max-buckets", min=1, max=32, help="At most this many buckets when choosing from a trace."),
-    precision: str = typer.Option("fp16", "--precision", help="Weights of the block projections: fp16, or int8 (weight-only INT8, w8a16)."),
+    precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help="Block projections: " + precision_help(PLAN_PRECISIONS) + " The same default as `edgekit build`."),
     kv_precision: str = typer.Option("fp16", "--kv-precision", help="KV cache precision: fp16 or int8."),
     power_mode: Optional[str] = typer.Option(None, "--power-mode", help="Power mode to headline (all modes are predicted)."),
     targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help=TARGETS_DIR_HELP),
@@ -138,6 +143,7 @@ def plan(
     from edgekit.plan.planner import make_plan
     from edgekit.plan.targets import load_target
 
+    precision = cli_precision(precision, PLAN_PRECISIONS)
     tg = load_target(target, targets_dir)
     m = load_model(model, weights=False, tokenizer=False)
     given = parse_bucket_list(buckets) if buckets else None

@@ -266,14 +266,18 @@ def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
         logger.meta(source=url, policy=pol.model_dump())
     done = _until(duration, samples)
     state = {"title": f"edgekit monitor attached to {url}", "budget_ms": pol.jitter_budget_ms, "events": [], "notes": []}
+    polls = {"ok": 0, "failed": 0, "last_error": ""}
 
     def step(_t_mono: float) -> None:
         now = time.time()
         try:
             view = src.poll()
             state["notes"] = []
+            polls["ok"] += 1
         except SensorError as e:
             state["notes"] = [f"unreachable: {e}"]
+            polls["failed"] += 1
+            polls["last_error"] = str(e)
             if json_out:
                 _emit({"type": "error", "t_s": now, "message": str(e)})
             return
@@ -319,6 +323,9 @@ def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
     finally:
         if logger:
             logger.close()
+    if polls["ok"] == 0 and polls["failed"]:  # nothing was ever read: a failure, not an empty success
+        raise SensorError(f"{url}: no answer in {polls['failed']} attempt(s) ({polls['last_error']})",
+                          hint="start the server (edgekit serve BUNDLE ...) or pass --url of a running one")
 
 
 @app.command()

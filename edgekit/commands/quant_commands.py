@@ -9,8 +9,11 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import console, err_console, fmt_bytes, print_json
+from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, note, print_json
+from edgekit.precision_names import DEFAULT_PRECISION, QUANT_MODE, name_of_quant_mode
+from edgekit.precision_names import help_text as precision_help
 
+QUANT_PRECISIONS = ("int8", "w8a8", "int4")
 MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model (SmolLM2-135M-Instruct)."
 
 
@@ -47,7 +50,7 @@ def _sensitivity_table(ranking: list[dict], top: int, fp_layers: list[str]) -> T
 def _print_report(report: dict, top: int) -> None:
     gate = report["gate"]
     status = "[green]passed[/]" if gate.get("passed") else "[red]FAILED[/]"
-    console.print(_metrics_table(f"accuracy gate ({report['mode']}{', INT8 KV' if report['kv_int8'] else ''}): {status} "
+    console.print(_metrics_table(f"accuracy gate ({name_of_quant_mode(report['mode'])}{', INT8 KV' if report['kv_int8'] else ''}): {status} "
                                  f"(measured on CPU, held-out text)", gate["metrics"], gate["config"]))
     for f in gate.get("failures", []):
         console.print(f"[red]- {f}[/]")
@@ -69,19 +72,21 @@ def _print_report(report: dict, top: int) -> None:
 @app.command()
 def quantize(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
-    mode: str = typer.Option("w8a16", "--mode", help="w8a16: INT8 weights, FP activations. w8a8: INT8 weights and per-token INT8 activations (SmoothQuant)."),
+    precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help=precision_help(QUANT_PRECISIONS)),
+    mode: Optional[str] = typer.Option(None, "--mode", hidden=True, help="Old name of --precision (w8a16 = int8, w8a8)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for model.safetensors and report.json (created)."),
     kv_int8: bool = typer.Option(False, "--kv-int8", help="Also store the KV cache in INT8 (static per-head scales from calibration)."),
     alpha: float = typer.Option(0.5, "--alpha", min=0.0, max=1.0, help="SmoothQuant migration strength for w8a8 (0: none, 1: all range moved to the weights)."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the gate fails, keep the most sensitive layers in FP16 until it passes instead of stopping."),
     quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too (a separate INT8 copy when it is tied to the embedding)."),
-    max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 w8a16, 0.03 w8a8)."),
-    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 w8a16, 0.90 w8a8)."),
-    min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 w8a16, 15 w8a8)."),
+    max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 int8, 0.03 w8a8)."),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 int8, 0.90 w8a8)."),
+    min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 int8, 15 w8a8)."),
     ppl_tokens: Optional[int] = typer.Option(None, "--ppl-tokens", min=2, help="Held-out tokens scored for perplexity and SNR (default 2048)."),
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", min=2, help="Greedy tokens compared per prompt (default 128)."),
     rank: bool = typer.Option(False, "--rank", help="Rank layer sensitivity even if the gate passes (it is always ranked when it fails)."),
     top: int = typer.Option(10, "--top", min=1, help="Sensitive layers to show."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompute the gate's FP reference instead of reading it from the build cache (~/.cache/edgekit)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Quantize a model's linear layers to INT8, calibrated on edgekit's shipped text, and gate it on held-out text.
@@ -89,12 +94,18 @@ def quantize(
     Writes DIR/model.safetensors (int8 weights, fp32 scales, smoothing factors, FP16 norms and embeddings)
     and DIR/report.json. A failed gate writes only report.json and exits 2, naming the layers that hurt most.
     """
+    from edgekit.build_cache import BuildCache
     from edgekit.model.loader import load_model
     from edgekit.quant.gate import GateConfig, GateFailedError
     from edgekit.quant.io import write_quantized, write_report
     from edgekit.quant.progress import Steps, make_progress
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
+    if mode is not None:
+        note("--mode is the old name of --precision; use --precision")
+        precision = mode
+    precision = cli_precision(precision, QUANT_PRECISIONS)
+    mode = QUANT_MODE[precision]
     gate = GateConfig.for_mode(mode, max_ppl_increase=max_ppl_increase, min_greedy_agreement=min_agreement,
                                min_logits_snr_db=min_snr_db, ppl_tokens=ppl_tokens, new_tokens=new_tokens)
     opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head, always_rank=rank)
@@ -102,7 +113,7 @@ def quantize(
     try:
         with make_progress() as progress:
             result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,
-                                    steps=Steps(progress))
+                                    steps=Steps(progress), reference_cache=BuildCache(None, enabled=not no_cache))
     except GateFailedError as e:
         path = write_report(out, e.report)
         if json_out:
@@ -128,6 +139,7 @@ def eval_cmd(
     window: int = typer.Option(256, "--window", min=2, help="Tokens per window; each window is scored on its own."),
     prompts: int = typer.Option(4, "--prompts", min=0, help="Greedy prompts (passage openings) for the agreement check, with --quantized."),
     new_tokens: int = typer.Option(128, "--new-tokens", min=2, help="Greedy tokens compared per prompt."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompute MODEL's reference results instead of reading them from the build cache."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Perplexity of MODEL on a text file; with --quantized, also greedy agreement and logits SNR of the quantized model.
@@ -138,7 +150,9 @@ def eval_cmd(
     from edgekit.model.loader import load_model
     from edgekit.quant import corpus
     from edgekit.kernels.dispatch import DispatchTable
-    from edgekit.quant.gate import EvalText, GateConfig, build_reference, check, evaluate, perplexity
+    from edgekit.build_cache import BuildCache
+    from edgekit.quant.gate import EvalText, GateConfig, check, evaluate, perplexity
+    from edgekit.quant.reference_cache import cached_reference
     from edgekit.quant.io import REPORT_FILE, load_quantized
     from edgekit.quant.progress import Steps, make_progress
 
@@ -165,7 +179,9 @@ def eval_cmd(
                 err_console.print(f"[yellow]warning:[/] {quantized} was quantized from a file with sha256 {src[:12]}..., "
                                   f"MODEL has {m.source.sha256[:12]}...")
             plist = corpus.prompts(body, m.tokenizer, m.config.vocab_size, prompts, 32)
-            ref = build_reference(fp, EvalText(windows, plist), new_tokens, steps)
+            ref, ref_cached = cached_reference(fp, EvalText(windows, plist), new_tokens, model_identity=m.source.to_dict(),
+                                               cache=BuildCache(None, enabled=not no_cache), steps=steps)
+            out["fp_reference"] = "read from the cache" if ref_cached else "computed"
             kv = q.kv_scales.roundtrip if q.kv_scales is not None else None
             metrics = evaluate(Decoder(q.config, q.weights, ops), ref, kv, steps, "quantized model")
             out.update(metrics)

@@ -40,6 +40,14 @@ def _open(path: Path):
         ) from e
 
 
+def stored_tensor_types(path: Path) -> dict[str, int]:
+    """How the file stores its tensors, e.g. {"Q4_1": 210, "F32": 61, "Q8_0": 1} (read from the header only)."""
+    from collections import Counter
+
+    counts = Counter(t.tensor_type.name for t in _open(path).tensors)
+    return dict(counts.most_common())
+
+
 def _field(reader, key: str, default=None):
     f = reader.fields.get(key)
     if f is None:

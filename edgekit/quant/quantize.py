@@ -29,7 +29,10 @@ from edgekit.model.loader import LoadedModel
 from edgekit.quant import corpus
 from edgekit.quant.calibration import CalibrationStats, calibrate
 from edgekit.kernels.dispatch import DispatchTable
-from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, Reference, build_reference, check, evaluate
+from edgekit.precision_names import name_of_quant_mode
+from edgekit.build_cache import BuildCache
+from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, build_reference, check, evaluate
+from edgekit.quant.reference_cache import cached_reference
 from edgekit.quant.kv_int8 import KVScales, make_decoder
 from edgekit.quant.layers import HEAD, dtype_name, named_linears, precision_of, round_through, with_layers
 from edgekit.quant.progress import SILENT, Steps
@@ -198,11 +201,15 @@ def quantize_model(
     options: QuantizeOptions | None = None,
     eval_text: EvalText | None = None,
     steps: Steps = SILENT,
+    reference_cache: BuildCache | None = None,
 ) -> QuantizationResult:
     """Quantize a loaded FP model, gate it on held-out text, and return the weights with a report.
 
     Raises GateFailedError (a QuantizationError, with ``.report``) when the gate
     fails and mixed precision is not allowed or cannot rescue it.
+
+    ``reference_cache``: keep the gate's FP reference there by content (edgekit.quant.reference_cache),
+    keyed by ``loaded.source``; pass it only for a model loaded unchanged from its source.
     """
     opts = options or QuantizeOptions()
     gate = gate or GateConfig.for_mode(mode)
@@ -237,8 +244,15 @@ def quantize_model(
     t = time.perf_counter()
     ops = DispatchTable()
     text = eval_text or heldout_eval_text(loaded, gate)
-    ref: Reference = build_reference(Decoder(cfg, fp_weights, ops), text, gate.new_tokens, steps)
-    report["gate"] = {"config": gate.to_dict(), "text": "edgekit/quant/data/heldout.txt" if eval_text is None else "caller-provided"}
+    fp_decoder = Decoder(cfg, fp_weights, ops)
+    if reference_cache is not None:
+        ref, ref_cached = cached_reference(fp_decoder, text, gate.new_tokens, model_identity=loaded.source.to_dict(),
+                                           cache=reference_cache, steps=steps)
+    else:
+        ref, ref_cached = build_reference(fp_decoder, text, gate.new_tokens, steps), False
+    report["gate"] = {"config": gate.to_dict(), "text": "edgekit/quant/data/heldout.txt" if eval_text is None else "caller-provided",
+                      "fp_reference": "read from the cache" if ref_cached else "computed"}
+    timings["fp_reference_s"] = time.perf_counter() - t
 
     def attempt(fp_layers: list[str], label: str) -> tuple[ModelWeights, dict, list[str]]:
         w = prepared.assemble(fp_layers)
@@ -292,12 +306,12 @@ def quantize_model(
         worst = ", ".join(f"{r['layer']} (KL {r['kl_nats']:.2e})" for r in ranking[:5])
         why = "; ".join(fails)
         if allow_mixed:
-            msg = (f"the {mode} model fails the accuracy gate even with the {len(final['fp_layers'])} most sensitive "
+            msg = (f"the {name_of_quant_mode(mode)} model fails the accuracy gate even with the {len(final['fp_layers'])} most sensitive "
                    f"layers in floating point: {why}; most sensitive layers: {worst}")
-            hint = "relax the gate thresholds, raise the mixed-precision limit, or use w8a16"
+            hint = "relax the gate thresholds, raise the mixed-precision limit, or use --precision int8 (W8A16)"
         else:
-            msg = f"the {mode} model fails the accuracy gate: {why}; the layers that hurt most: {worst}"
-            hint = "pass --allow-mixed to keep the most sensitive layers in floating point, or use w8a16"
+            msg = f"the {name_of_quant_mode(mode)} model fails the accuracy gate: {why}; the layers that hurt most: {worst}"
+            hint = "pass --allow-mixed to keep the most sensitive layers in floating point, or use --precision int8 (W8A16)"
         if kv_int8 and report["gate"]["kv_int8_alone"]["failures"]:
             msg += "; the INT8 KV cache alone already fails the gate"
             hint = "drop --kv-int8"

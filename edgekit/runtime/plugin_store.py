@@ -4,7 +4,7 @@ Layout under the store root::
 
     .lock                          flock'd by every mutation (server and agent may share a store)
     tmp/                           received packages (receive step); emptied at start-up
-    ops/<op>/active                pointer: {"version", "previous", "state", "blocked", ...}
+    ops/<op>/active                pointer: {"version", "previous", "history", "base", "state", "blocked", ...}
     ops/<op>/<version>/            one slot per kept version: the plugin's files,
                                    package.bin (the signed bytes) and slot.json (written last)
     ops/<op>/<version>.staging/    a slot being written; removed at start-up
@@ -20,6 +20,14 @@ slots no pointer names, then re-verifies the active slot from its signed
 package; if that fails it falls back to the previous version, else to the torch
 reference. So the device always comes back on exactly one consistent, verified
 version per operator.
+
+Versions below the active one: ``previous``, then ``history`` (older first, at most
+``KEPT_VERSIONS`` slots in all), then the *base*: the bundle's own plugin when the
+store was opened with ``bundle_plugins`` naming one for the operator, else the
+torch reference. A rollback steps down one rung at a time: newest store version ->
+older store versions -> the bundle's own -> the reference. The store never holds
+the bundle's files (the bundle is verified on its own); it lists them as installed
+versions so a device reports everything that serves.
 
 Verification and the golden-vector check are injected callables (the trust logic
 lives in ``edgekit.bundle.plugin``; this module only moves bytes and pointers).
@@ -73,6 +81,7 @@ SLOT_RECORD = "slot.json"
 PACKAGE_FILE = "package.bin"
 STAGING_SUFFIX = ".staging"
 FORMAT_VERSION = 1
+KEPT_VERSIONS = 4  # slots kept per operator (active + previous + history): the rungs a rollback can step down
 LOCK_TIMEOUT_S = 30.0
 
 Verifier = Callable[[bytes], VerifiedPluginLike]
@@ -101,7 +110,8 @@ def _sha256(data: bytes) -> str:
 
 
 class Pointer(BaseModel):
-    """ops/<op>/active. ``version`` None means the torch reference serves the operator."""
+    """ops/<op>/active. ``version`` None means the base serves the operator: the bundle's own plugin
+    (``base == "bundle"`` and the bundle ships one), else the torch reference."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -109,6 +119,8 @@ class Pointer(BaseModel):
     op: str
     version: str | None
     previous: str | None = None
+    history: tuple[str, ...] = ()  # store versions older than previous, oldest first
+    base: Literal["bundle", "reference"] = "bundle"  # what serves once no store version is left
     state: Literal["confirmed", "probation"] = "confirmed"
     blocked: tuple[str, ...] = ()
     changed_at: str = Field(default_factory=_now)
@@ -187,8 +199,11 @@ class PluginStore:
         verify: Verifier,
         golden_check: GoldenCheck | None,
         checkpoint: Checkpoint | None,
+        bundle_plugins: Mapping[str, Any] | None = None,
     ):
         self.root = root
+        # op -> version of the plugin the bundle itself ships (the base below every store version)
+        self.bundle_plugins = {op: canonical_version(v) for op, v in (bundle_plugins or {}).items()}
         self.policy = policy
         self._verify_fn = verify
         self._golden_check = golden_check
@@ -207,8 +222,12 @@ class PluginStore:
         golden_check: GoldenCheck | None = None,
         checkpoint: Checkpoint | None = None,
         rollback_unconfirmed: bool = False,
+        bundle_plugins: Mapping[str, Any] | None = None,
     ) -> "PluginStore":
         """Open (creating if needed) and recover the store at `root`.
+
+        ``bundle_plugins``: op -> version of the plugins the served bundle ships; listed as
+        installed versions and used as the last rung before the reference on rollback.
 
         ``rollback_unconfirmed``: a version still on probation at start-up is rolled
         back (boot-count style: a restart before confirmation counts against it).
@@ -219,7 +238,8 @@ class PluginStore:
             (root / "ops").mkdir(exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create the plugin store at {root}: {e}", hint="pass a writable --store directory") from e
-        store = cls(root, policy=policy, verify=verify, golden_check=golden_check, checkpoint=checkpoint)
+        store = cls(root, policy=policy, verify=verify, golden_check=golden_check, checkpoint=checkpoint,
+                    bundle_plugins=bundle_plugins)
         with store._locked():
             store._recover(rollback_unconfirmed)
         return store
@@ -262,14 +282,20 @@ class PluginStore:
                     + (f"fell back to previous {fallback}" if fallback else f"serving the reference ({prev_bad})")
                 )
                 pointer = Pointer(
-                    op=op, version=fallback, previous=None, blocked=_add(pointer.blocked, pointer.version),
-                    note=f"recovered: {pointer.version} failed verification",
+                    op=op, version=fallback, previous=pointer.history[-1] if fallback and pointer.history else None,
+                    history=pointer.history[:-1] if fallback else (), base=pointer.base,
+                    blocked=_add(pointer.blocked, pointer.version), note=f"recovered: {pointer.version} failed verification",
                 )
         if pointer.previous is not None:
             bad = self._slot_problem(op, pointer.previous)
             if bad:
                 self.recovery.append(f"{op}: previous {pointer.previous} failed verification ({bad}); dropped it")
                 pointer = pointer.model_copy(update={"previous": None})
+        for old in pointer.history:
+            bad = self._slot_problem(op, old)
+            if bad:
+                self.recovery.append(f"{op}: older version {old} failed verification ({bad}); dropped it")
+                pointer = pointer.model_copy(update={"history": tuple(v for v in pointer.history if v != old)})
         if rollback_unconfirmed and pointer.state == "probation":
             self.recovery.append(f"{op}: {pointer.version} was still on probation at start-up; rolled back")
             pointer = _rolled_back(pointer, "restart during probation")
@@ -281,7 +307,12 @@ class PluginStore:
 
     # -- reading ---------------------------------------------------------------
     def ops(self) -> list[str]:
+        """Operators with a pointer in the store (the bundle's other plugins are listed by ``status``)."""
         return sorted(p.name for p in (self.root / "ops").iterdir() if p.is_dir() and not durable.is_temp_name(p.name))
+
+    def serving(self, p: Pointer) -> tuple[str | None, str]:
+        """(version, source) of what serves under pointer `p`: source is "store", "bundle" or "reference"."""
+        return serving_of(p, self.bundle_plugins)
 
     def pointer(self, op: str) -> Pointer:
         """The operator's pointer; an operator never touched is on the reference."""
@@ -313,12 +344,16 @@ class PluginStore:
         return plugin
 
     def status(self) -> list[dict[str, Any]]:
+        """One row per operator of the store or the bundle: what serves (``version``, ``source``) and the
+        rungs a rollback steps down (``previous``, ``history``, then the bundle's ``bundle_version``)."""
         rows = []
-        for op in self.ops():
+        for op in sorted(set(self.ops()) | set(self.bundle_plugins)):
             p = self.pointer(op)
+            version, source = self.serving(p)
             rows.append(
-                {"op": op, "version": p.version, "previous": p.previous, "state": p.state,
-                 "blocked": list(p.blocked), "changed_at": p.changed_at}
+                {"op": op, "version": version, "source": source, "previous": p.previous, "history": list(p.history),
+                 "bundle_version": self.bundle_plugins.get(op), "state": p.state, "blocked": list(p.blocked),
+                 "changed_at": p.changed_at}
             )
         return rows
 
@@ -364,8 +399,10 @@ class PluginStore:
                 self._run_golden(plugin, golden_check or self._golden_check)
                 step("golden_checked")
                 slot_made = self._stage(op, version, plugin, data, step)
+                history = current.history + ((current.previous,) if current.previous else ())
                 new = Pointer(
-                    op=op, version=version, previous=current.version, state="probation", blocked=current.blocked
+                    op=op, version=version, previous=current.version, history=history[max(0, len(history) - (KEPT_VERSIONS - 2)):],
+                    base=current.base, state="probation", blocked=current.blocked,
                 )
                 self._write_pointer(new, between=lambda: step("pointer_temp_written"))
                 slot_made = None  # the pointer names it now
@@ -396,19 +433,21 @@ class PluginStore:
         return new
 
     def rollback(self, op: str, reason: str = "manual rollback") -> Pointer:
-        """Flip the pointer back to the previous version (or the reference) in one atomic write.
+        """Step one rung down in one atomic write: the previous store version, an older one, the bundle's
+        own plugin, then the reference.
 
-        The rolled-back version is blocked so an agent does not re-install it; its slot is deleted.
+        A rolled-back store version is blocked so an agent does not re-install it; its slot is deleted.
         """
         with self._locked():
             p = self._current_pointer(check_name("operator", op))
-            if p.version is None:
+            _, source = self.serving(p)
+            if source == "reference":
                 raise StoreError(f"{op} already runs on the reference; there is nothing to roll back")
             new = _rolled_back(p, reason)
             self._write_pointer(new, between=lambda: self._step("rollback", "pointer_temp_written"))
             self._step("rollback", "switched")
             self._collect_quietly(op, new)
-        self.events.append(Event("rolled_back", op, f"{p.version} -> {new.version or 'reference'}: {reason}"))
+        self.events.append(Event("rolled_back", op, f"{_label(self.serving(p))} -> {_label(self.serving(new))}: {reason}"))
         return new
 
     # -- steps -----------------------------------------------------------------
@@ -513,7 +552,7 @@ class PluginStore:
             self.events.append(Event("cleanup_failed", op, f"old slots stay until the next start-up: {e}"))
 
     def _collect(self, op: str, pointer: Pointer) -> None:
-        """Delete slots the pointer no longer names (kept: active and previous)."""
+        """Delete slots the pointer no longer names (kept: active, previous and history)."""
         op_dir = self.root / "ops" / op
         for name in self._orphan_slots(op_dir, pointer):
             durable.remove_tree_atomically(op_dir / name)
@@ -523,7 +562,7 @@ class PluginStore:
         return self.root / "ops" / op / canonical_version(version)
 
     def _orphan_slots(self, op_dir: Path, pointer: Pointer) -> list[str]:
-        keep = {pointer.version, pointer.previous}
+        keep = {pointer.version, pointer.previous, *pointer.history}
         return sorted(
             e.name for e in op_dir.iterdir()
             if e.is_dir() and e.name not in keep and not durable.is_temp_name(e.name)
@@ -614,6 +653,15 @@ class PluginStore:
             os.close(fd)  # closing releases the flock
 
 
+def serving_of(p: Pointer, bundle_plugins: Mapping[str, str]) -> tuple[str | None, str]:
+    """(version, source) of what serves under pointer `p`, given the bundle's op -> version."""
+    if p.version is not None:
+        return p.version, "store"
+    if p.base == "bundle" and p.op in bundle_plugins:
+        return bundle_plugins[p.op], "bundle"
+    return None, "reference"
+
+
 def _add(items: tuple[str, ...], version: str | None) -> tuple[str, ...]:
     if version is None or version in items:
         return items
@@ -621,10 +669,20 @@ def _add(items: tuple[str, ...], version: str | None) -> tuple[str, ...]:
 
 
 def _rolled_back(p: Pointer, reason: str) -> Pointer:
+    """One rung down. From a store version: the previous one (older ones move up); from the base
+    (no store version left): the bundle's own plugin gives way to the reference."""
+    if p.version is None:
+        return p.model_copy(update={"base": "reference", "state": "confirmed", "changed_at": _now(),
+                                    "note": f"rolled back the bundle's own plugin: {reason}"})
     return Pointer(
-        op=p.op, version=p.previous, previous=None, state="confirmed",
-        blocked=_add(p.blocked, p.version), note=f"rolled back {p.version}: {reason}",
+        op=p.op, version=p.previous, previous=p.history[-1] if p.history else None, history=p.history[:-1],
+        base=p.base, state="confirmed", blocked=_add(p.blocked, p.version), note=f"rolled back {p.version}: {reason}",
     )
+
+
+def _label(serving: tuple[str | None, str]) -> str:
+    version, source = serving
+    return "reference" if source == "reference" else f"{version} ({source})"
 
 
 def _reason_for(e: EdgekitError) -> str:

@@ -138,14 +138,16 @@ class ServingStack:
         """The store's decision -> the engine's dispatch entry (called after install, rollback and at start)."""
         current = self.engine.table.get(op)
         previous = current.fn if isinstance(current, GuardedOp) else current
-        if plugin is None:  # back to the bundle's own plugin (or the reference)
-            impl = self._bundle_impls.get(op)
+        if plugin is None:  # the base: the bundle's own plugin, unless it was rolled back too; else the reference
+            on_bundle = self.store is None or self.store.serving(self.store.pointer(op))[1] == "bundle"
+            impl = self._bundle_impls.get(op) if on_bundle else None
             if impl is None:
                 from edgekit.kernels.registry import OPERATORS
 
                 impl = OPERATORS[op].reference
             self._probation.pop(op, None)
-            self._install(op, impl, self._bundle_sources.get(op, "reference"), fallback=None, probation=False)
+            self._install(op, impl, self._bundle_sources.get(op, "reference") if on_bundle else "reference",
+                          fallback=None, probation=False)
             return
         impl, source = self._load(plugin)
         with self._lock:
@@ -244,4 +246,5 @@ def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key:
         verify=package_verifier(trust(trusted_keys), allow_dev_key=allow_dev_key),
         golden_check=golden_checker(runner_factory("auto"), bundle_golden=bundle_golden),
         rollback_unconfirmed=True,
+        bundle_plugins={ref.op: ref.version for ref in bundle.manifest.plugins},
     )

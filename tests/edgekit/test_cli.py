@@ -74,3 +74,46 @@ def test_generate_default_model_answers():
     r = edgekit("generate", "--prompt", "What is the capital of France?", "-n", "16")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
+
+
+@pytest.mark.slow
+def test_info_says_the_default_model_is_a_q4_1_file():
+    r = edgekit("info")
+    assert r.returncode == 0, r.stderr
+    assert "Q4_1 GGUF" in r.stdout and "default model" in r.stdout
+    d = json.loads(edgekit("info", "--json").stdout)
+    assert d["stored_as"]["main_type"] == "Q4_1" and d["stored_as"]["tensor_types"]["Q4_1"] > 100
+
+
+def test_build_without_key_points_at_the_key_that_exists(tmp_path):
+    def build_in(cwd):
+        return subprocess.run([sys.executable, "-m", "edgekit", "build", "preset:tiny", "--target", "orin"],
+                              capture_output=True, text=True, timeout=120, cwd=cwd)
+
+    r = build_in(tmp_path)
+    assert r.returncode == 2 and "edgekit keys generate" in r.stderr
+    assert subprocess.run([sys.executable, "-m", "edgekit", "keys", "generate", "keys"], cwd=tmp_path,
+                          capture_output=True, timeout=120).returncode == 0
+    r = build_in(tmp_path)
+    assert r.returncode == 2 and "--key keys/edgekit.key (found here)" in r.stderr
+    assert "keys generate" not in r.stderr  # no advice to make a key that already exists
+
+
+def test_monitor_attached_to_a_dead_server_fails():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    r = edgekit("monitor", "--url", f"http://127.0.0.1:{port}/metrics", "--samples", "2", "--interval-ms", "100", "--json")
+    assert r.returncode != 0 and "no answer in 2 attempt(s)" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_generate_one_token_reports_no_decode_speed():
+    r = edgekit("generate", "preset:tiny", "--prompt", "hello", "-n", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["new_tokens"] == 1 and stats["decode_tokens_per_s"] is None  # not 0.0 tok/s
+    r = edgekit("generate", "preset:tiny", "--prompt", "hello", "-n", "1")
+    assert "no decode step" in r.stderr

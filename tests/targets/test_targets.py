@@ -196,3 +196,18 @@ def test_a_name_the_bundle_manifest_would_refuse_fails_when_the_profile_loads(tm
         load_target_file(_write(tmp_path, _orin_doc(), name="orin.v2"))
     t = load_target("orin-nano-8gb")
     assert ManifestTarget(name=t.name, arch=t.gpu.compute_capability).name == t.name
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_each_profile_says_what_board_it_models_and_where_its_figures_come_from(name):
+    d = load_target(name).description
+    assert "Jetson" in d or "NVIDIA" in d, d  # a board a user can place
+    assert "Figures:" in d, d  # and the source of its numbers
+    assert "product card" not in d.lower()  # no internal words
+
+
+def test_the_target_list_prints_every_description_in_full_when_piped():
+    r = subprocess.run([sys.executable, "-m", "edgekit", "targets"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for name in REQUIRED:
+        assert load_target(name).description in r.stdout  # not cut at 80 columns

@@ -59,7 +59,7 @@ def test_context_over_model_positions_is_refused():
 def test_cli_refuses_a_misfit_in_one_line():
     r = subprocess.run(
         [sys.executable, "-m", "edgekit", "plan", "preset:qwen2.5-1.5b", "--target", "orin-nano-4gb",
-         "--context", "32768", "--batch", "8"],
+         "--context", "32768", "--batch", "8", "--precision", "fp16"],  # int8 is the default: ask for fp16 to be told about it
         capture_output=True, text=True,
     )
     assert r.returncode == 2

@@ -43,12 +43,12 @@ def assert_one_consistent_version(root: Path, expected: str | None, expected_pre
         plugin = store.load("rmsnorm")  # re-verifies the signed package and every loose file
         assert str(plugin.version) == expected
     # nothing half-done is left: no received temp files, no staging dirs, no temp pointers,
-    # and exactly the slots the pointer names
+    # and exactly the slots the pointer names (active, previous and the older versions a rollback can reach)
     assert list((root / "tmp").iterdir()) == []
     op_dir = root / "ops" / "rmsnorm"
     entries = {e.name for e in op_dir.iterdir()} if op_dir.exists() else set()
     assert not any(n.endswith(".staging") or durable.is_temp_name(n) for n in entries), entries
-    assert entries - {"active"} == {v for v in (expected, expected_previous) if v is not None}
+    assert entries - {"active"} == {v for v in (expected, expected_previous, *p.history) if v is not None}
     return store
 
 
@@ -75,7 +75,7 @@ def test_kill_during_upgrade(tmp_path, step):
     crash(root, "install", step, version=3)
     if INSTALL_STEPS.index(step) >= SWITCHED:
         store = assert_one_consistent_version(root, "3", "2")
-        assert store.pointer("rmsnorm").state == "probation"
+        assert store.pointer("rmsnorm").state == "probation" and store.pointer("rmsnorm").history == ("1",)
     else:
         store = assert_one_consistent_version(root, "2", "1")
     store.install(fakepkg.pack(AUTHOR, version=9))

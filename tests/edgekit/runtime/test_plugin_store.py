@@ -10,7 +10,7 @@ from conftest import tree_digest
 
 import fakepkg
 from edgekit.runtime.plugin_policy import SwapRefused
-from edgekit.runtime.plugin_store import INSTALL_STEPS, PluginStore, StoreError
+from edgekit.runtime.plugin_store import INSTALL_STEPS, KEPT_VERSIONS, PluginStore, StoreError
 
 AUTHOR = fakepkg.key_from_seed(1)
 STRANGER = fakepkg.key_from_seed(2)
@@ -38,13 +38,50 @@ def test_first_install_goes_active_on_probation_with_reference_as_previous(store
     assert store.load("rmsnorm").version == 2
 
 
-def test_upgrade_keeps_previous_and_collects_older_slots(store):
-    for v in (1, 2, 3):
+def test_upgrade_keeps_the_last_versions_and_collects_older_slots(store):
+    for v in range(1, KEPT_VERSIONS + 3):
         store.install(fakepkg.pack(AUTHOR, version=v))
+    newest = KEPT_VERSIONS + 2
     p = store.pointer("rmsnorm")
-    assert (p.version, p.previous) == ("3", "2")
-    slots = sorted(d.name for d in (store.root / "ops" / "rmsnorm").iterdir() if d.is_dir())
-    assert slots == ["2", "3"]
+    assert (p.version, p.previous) == (str(newest), str(newest - 1))
+    assert p.history == tuple(str(v) for v in range(newest - KEPT_VERSIONS + 1, newest - 1))
+    slots = sorted((d.name for d in (store.root / "ops" / "rmsnorm").iterdir() if d.is_dir()), key=int)
+    assert slots == [str(v) for v in range(newest - KEPT_VERSIONS + 1, newest + 1)]
+
+
+def test_rollback_walks_back_through_versions_then_the_bundle_then_the_reference(tmp_path):
+    store = open_store(tmp_path / "store", bundle_plugins={"rmsnorm": 1, "swiglu": 1})
+    for v in (2, 3, 4):
+        store.install(fakepkg.pack(AUTHOR, version=v))
+    walked = []
+    while True:
+        row = next(r for r in store.status() if r["op"] == "rmsnorm")
+        walked.append((row["version"], row["source"]))
+        if row["source"] == "reference":
+            break
+        store.rollback("rmsnorm", "test")
+    assert walked == [("4", "store"), ("3", "store"), ("2", "store"), ("1", "bundle"), (None, "reference")]
+    assert store.active("rmsnorm") is None and store.pointer("rmsnorm").blocked == ("4", "3", "2")
+    with pytest.raises(StoreError, match="nothing to roll back"):
+        store.rollback("rmsnorm")
+    # the untouched operator still lists the bundle's own plugin, and a reopened store keeps the rung it is on
+    reopened = open_store(tmp_path / "store", bundle_plugins={"rmsnorm": 1, "swiglu": 1})
+    rows = {r["op"]: (r["version"], r["source"]) for r in reopened.status()}
+    assert rows == {"rmsnorm": (None, "reference"), "swiglu": ("1", "bundle")}
+
+
+def test_status_lists_the_bundles_plugins_before_any_swap(tmp_path):
+    store = open_store(tmp_path / "store", bundle_plugins={"rmsnorm": 1, "attention_decode": 2})
+    rows = store.status()
+    assert [(r["op"], r["version"], r["source"], r["bundle_version"]) for r in rows] == [
+        ("attention_decode", "2", "bundle", "2"), ("rmsnorm", "1", "bundle", "1")]
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    row = next(r for r in store.status() if r["op"] == "rmsnorm")
+    assert (row["version"], row["source"], row["previous"], row["bundle_version"]) == ("2", "store", None, "1")
+    # the first rollback after the first swap goes to the bundle's own version, not the reference
+    store.rollback("rmsnorm")
+    row = next(r for r in store.status() if r["op"] == "rmsnorm")
+    assert (row["version"], row["source"]) == ("1", "bundle")
 
 
 def test_dotted_versions_compare_numerically(store):

@@ -1,0 +1,67 @@
+"""The one precision vocabulary of every command, help text and report.
+
+``fp16``   FP16 weights and activations (FP32 accumulation).
+``int8``   W8A16: weight-only INT8 (per-channel scales), FP16 activations. The default of `plan` and `build`.
+``w8a8``   INT8 weights and per-token INT8 activations (SmoothQuant), INT32 accumulation.
+``int4``   W4A16: reserved, not implemented yet; refused with the names that exist.
+
+Older spellings are accepted with a deprecation note on stderr (``w8a16`` -> ``int8``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from edgekit.errors import ConfigError
+
+PRECISIONS = {
+    "fp16": "FP16 weights and activations",
+    "int8": "W8A16: INT8 weights, FP16 activations",
+    "w8a8": "INT8 weights and INT8 activations (SmoothQuant)",
+    "int4": "W4A16: INT4 weights, FP16 activations",
+}
+NOT_IMPLEMENTED = frozenset({"int4"})
+DEPRECATED_ALIASES = {"w8a16": "int8"}
+DEFAULT_PRECISION = "int8"
+# The quantizer's own name for each precision it produces (edgekit.quant: mode "w8a16" | "w8a8").
+QUANT_MODE = {"int8": "w8a16", "w8a8": "w8a8"}
+
+
+def name_of_quant_mode(mode: str) -> str:
+    """The quantizer's mode ("w8a16") as the vocabulary's name ("int8")."""
+    return {m: p for p, m in QUANT_MODE.items()}.get(mode, mode)
+
+
+def _ignore(note: str) -> None:
+    return None
+
+
+def help_text(allowed: Iterable[str], default: str | None = DEFAULT_PRECISION) -> str:
+    """One help sentence naming each accepted precision; used by every --precision option."""
+    names = [n for n in allowed]
+    parts = [f"{n} ({PRECISIONS[n]}{', reserved: not implemented yet' if n in NOT_IMPLEMENTED else ''})" for n in names]
+    tail = f" Default: {default}." if default else ""
+    return "; ".join(parts) + "." + tail
+
+
+def parse_precision(value: str, allowed: Iterable[str], *, option: str = "--precision",
+                    warn: Callable[[str], None] = _ignore) -> str:
+    """The canonical name of `value`, or a ConfigError naming what is accepted here.
+
+    An old spelling is accepted; ``warn`` receives the deprecation note (the CLI prints it on stderr)."""
+    allowed = tuple(allowed)
+    name = value.strip().lower()
+    if name in DEPRECATED_ALIASES:
+        new = DEPRECATED_ALIASES[name]
+        warn(f"{option} {name} is the old name of {new}; use {new}")
+        name = new
+    if name in NOT_IMPLEMENTED:
+        raise ConfigError(
+            f"{option} {name} ({PRECISIONS[name]}) is not implemented yet",
+            hint=f"use one of: {', '.join(n for n in allowed if n not in NOT_IMPLEMENTED)}",
+        )
+    if name not in allowed:
+        known = f" ({PRECISIONS[name]})" if name in PRECISIONS else ""
+        raise ConfigError(f"{option} {value!r}{known} is not accepted here",
+                          hint=f"expected one of: {', '.join(n for n in allowed if n not in NOT_IMPLEMENTED)}")
+    return name

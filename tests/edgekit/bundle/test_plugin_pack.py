@@ -1,0 +1,90 @@
+"""`edgekit plugin pack|list|show`: a bundle's compiled plugin becomes a signed package a device accepts;
+bytes the bundle did not sign, or kernels for another GPU, are refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgekit.build import BuildOptions, build_bundle
+from edgekit.bundle.keys import development_key, generate_keypair, load_public_key, load_signing_key
+from edgekit.bundle.plugin import verify_plugin_package
+from edgekit.bundle.plugin_pack import describe_bundle, describe_package, pack_from_bundle
+from edgekit.errors import BundleError, VerificationError
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pack")
+    opts = BuildOptions(model="preset:tiny", target="orin", out=d / "bundle", dev_key=True, precision="fp16",
+                        context=128, buckets=(16, 64), cache_dir=d / "cache")
+    return build_bundle(opts).out
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    priv, pub = generate_keypair(tmp_path_factory.mktemp("keys"))
+    return load_signing_key(priv), load_public_key(pub)
+
+
+def edgekit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_packed_plugin_verifies_with_the_new_version_and_the_bundles_kernels(bundle, keys):
+    signer, public = keys
+    meta, data = pack_from_bundle(bundle, "rmsnorm", version=7, key=signer, description="renumbered")
+    vp = verify_plugin_package(data, [public])
+    assert (vp.op, vp.version, vp.target_arch, vp.metadata.description) == ("rmsnorm", 7, "sm_87", "renumbered")
+    ptx = (bundle / "plugins" / "rmsnorm" / "1" / "kernel.ptx").read_bytes()
+    assert vp.files["kernel.ptx"] == ptx  # the bundle's own compiled code, unchanged
+    row = describe_package(data, name="p.tar", trusted_keys=[public])
+    assert row["signature"].startswith("verified") and row["version"] == 7
+    assert describe_package(data, name="p.tar")["signature"].startswith("not checked")
+
+
+def test_a_file_changed_after_the_build_is_refused(bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    ptx = copy / "plugins" / "rmsnorm" / "1" / "kernel.ptx"
+    ptx.write_bytes(ptx.read_bytes().replace(b".version", b".version ", 1))
+    with pytest.raises(VerificationError, match="does not match the bundle's manifest"):
+        pack_from_bundle(copy, "rmsnorm", version=2, key=development_key())
+
+
+def test_kernels_for_another_gpu_and_unknown_operators_are_refused(bundle):
+    with pytest.raises(BundleError, match="compiled for sm_87, the target is sm_90"):
+        pack_from_bundle(bundle, "rmsnorm", version=2, key=development_key(), target_arch=90)
+    with pytest.raises(BundleError, match="no plugin nope"):
+        pack_from_bundle(bundle, "nope", version=2, key=development_key())
+
+
+def test_list_and_show_a_bundle(bundle):
+    ops = {r["op"] for r in describe_bundle(bundle)}
+    assert {"rmsnorm", "swiglu", "linear", "attention_decode"} <= ops
+    r = edgekit("plugin", "list", str(bundle), "--json")
+    assert r.returncode == 0, r.stderr
+    assert {row["op"] for row in json.loads(r.stdout)} == ops
+    r = edgekit("plugin", "show", str(bundle), "rmsnorm")
+    shown = json.loads(r.stdout)
+    assert shown["version"] == 1 and shown["metadata"]["kernels"][0]["kernel"] == "rmsnorm_fwd"
+    r = edgekit("plugin", "show", str(bundle))
+    assert r.returncode == 2 and "which operator" in r.stderr and "rmsnorm" in r.stderr
+
+
+def test_pack_command_writes_a_package_and_refuses_to_overwrite(bundle, tmp_path):
+    out = tmp_path / "rmsnorm-v2.tar"
+    r = edgekit("plugin", "pack", "rmsnorm", "--bundle", str(bundle), "--version", "2", "--dev-key", "-o", str(out),
+                "--target", "orin", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert (info["op"], info["version"], info["arch"]) == ("rmsnorm", 2, "sm_87") and out.stat().st_size == info["bytes"]
+    r = edgekit("plugin", "pack", "rmsnorm", "--bundle", str(bundle), "--version", "3", "--dev-key", "-o", str(out))
+    assert r.returncode == 2 and "already exists" in r.stderr
+    r = edgekit("plugin", "pack", "rmsnorm", "--bundle", str(bundle), "--version", "3", "-o", str(tmp_path / "x.tar"))
+    assert r.returncode == 2 and "no signing key" in r.stderr

@@ -1,0 +1,58 @@
+"""One precision vocabulary for every command: fp16, int8 (= W8A16, the default of plan and build), w8a8,
+int4 (reserved, refused with the names that exist); old spellings accepted with a note."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgekit import cli
+from edgekit.errors import ConfigError
+from edgekit.precision_names import DEFAULT_PRECISION, PRECISIONS, parse_precision
+
+
+def edgekit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_names_and_aliases():
+    assert set(PRECISIONS) == {"fp16", "int8", "w8a8", "int4"}
+    notes = []
+    assert parse_precision("W8A16", ("int8", "fp16"), warn=notes.append) == "int8"
+    assert notes and "old name of int8" in notes[0]
+    with pytest.raises(ConfigError, match="int4 .* is not implemented yet") as e:
+        parse_precision("int4", ("int8", "fp16", "int4"))
+    assert "int8, fp16" in str(e.value)
+    with pytest.raises(ConfigError, match="not accepted here"):
+        parse_precision("w8a8", ("int8", "fp16"))
+
+
+def _precision_default(command: str) -> str:
+    for p in cli.cli_command().commands[command].params:
+        if p.name == "precision":
+            return p.default
+    raise AssertionError(f"{command} has no --precision")
+
+
+def test_plan_build_and_quantize_share_the_default():
+    assert _precision_default("plan") == _precision_default("build") == _precision_default("quantize") == DEFAULT_PRECISION == "int8"
+
+
+@pytest.mark.parametrize("command", ["plan", "build", "quantize", "bench"])
+def test_every_precision_option_refuses_int4_naming_what_exists(command):
+    args = {"plan": ["plan", "preset:tiny", "--target", "orin"], "build": ["build", "preset:tiny", "--target", "orin", "--dev-key"],
+            "quantize": ["quantize", "preset:tiny", "-o", "unused"], "bench": ["bench", "preset:tiny", "--device", "cpu"]}[command]
+    r = edgekit(*args, "--precision", "int4")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "int4 (W4A16" in r.stderr and "not implemented yet" in r.stderr and "int8" in r.stderr
+
+
+def test_the_old_quantize_mode_spelling_still_works_with_a_note(tmp_path):
+    r = edgekit("quantize", "preset:tiny", "--mode", "w8a16", "-o", str(tmp_path / "q"), "--ppl-tokens", "64",
+                "--new-tokens", "4", "--no-cache", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "--mode is the old name of --precision" in r.stderr and "w8a16 is the old name of int8" in r.stderr
+    assert json.loads(r.stdout)["mode"] == "w8a16"  # the quantizer's own record of what it did
