@@ -87,7 +87,7 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     "kernels/launch_rule.py": ("edgekit.kernels.launch_rule", [
         "tests/kernels/test_launch_rule.py", "tests/edgekit/bundle/test_plugin.py"]),
 }
-# bundle/gpu_runner.py is left out: it only runs on a CUDA GPU, and its tests skip here.
+# runtime/gpu_runner.py is left out: it only runs on a CUDA GPU, and its tests skip here.
 
 _CMP_SWAPS: dict[type, list[type]] = {
     ast.Lt: [ast.LtE, ast.GtE], ast.LtE: [ast.Lt, ast.Gt], ast.Gt: [ast.GtE, ast.LtE], ast.GtE: [ast.Gt, ast.Lt],

@@ -94,7 +94,7 @@ def quantize(
     Writes DIR/model.safetensors (int8 weights, fp32 scales, smoothing factors, FP16 norms and embeddings)
     and DIR/report.json. A failed gate writes only report.json and exits 2, naming the layers that hurt most.
     """
-    from edgekit.build_cache import BuildCache
+    from edgekit.cache import BuildCache
     from edgekit.model.loader import load_model
     from edgekit.quant.gate import GateConfig, GateFailedError
     from edgekit.quant.io import write_quantized, write_report
@@ -150,7 +150,7 @@ def eval_cmd(
     from edgekit.model.loader import load_model
     from edgekit.quant import corpus
     from edgekit.kernels.dispatch import DispatchTable
-    from edgekit.build_cache import BuildCache
+    from edgekit.cache import BuildCache
     from edgekit.quant.gate import EvalText, GateConfig, check, evaluate, perplexity
     from edgekit.quant.reference_cache import cached_reference
     from edgekit.quant.io import REPORT_FILE, load_quantized

@@ -30,7 +30,7 @@ from edgekit.quant import corpus
 from edgekit.quant.calibration import CalibrationStats, calibrate
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.precision_names import name_of_quant_mode
-from edgekit.build_cache import BuildCache
+from edgekit.cache import BuildCache
 from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, build_reference, check, evaluate
 from edgekit.quant.reference_cache import cached_reference
 from edgekit.quant.kv_int8 import KVScales, make_decoder

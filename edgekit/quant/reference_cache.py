@@ -12,7 +12,7 @@ of the code that computes it (quantization, model, operator references).
 A w8a8 build after an int8 build, or `edgekit quantize` / `edgekit eval` on the
 same model and text after a build, reads it back instead of recomputing it.
 
-The cache holds only what this machine computed (build_cache.py); entries are
+The cache holds only what this machine computed (edgekit/cache.py); entries are
 safetensors and JSON, never pickles.
 """
 
@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from edgekit.build_cache import BuildCache, cache_key, package_source_hash
+from edgekit.cache import BuildCache, cache_key, package_source_hash
 from edgekit.model.decoder import Decoder
 from edgekit.quant.gate import EvalText, Reference, build_reference
 from edgekit.quant.progress import SILENT, Steps

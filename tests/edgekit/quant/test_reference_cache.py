@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from edgekit.build_cache import BuildCache
+from edgekit.cache import BuildCache
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.quant import gate as gate_mod

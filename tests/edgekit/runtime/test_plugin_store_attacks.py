@@ -288,7 +288,7 @@ def test_confirm_of_a_confirmed_version_changes_nothing(store):
 # -- the verifier's and the golden check's failures become the right refusals ----------------------------------------
 
 from edgekit.errors import EdgekitError, VerificationError  # noqa: E402
-from edgekit.runtime import durable  # noqa: E402
+from edgekit import durable  # noqa: E402
 from edgekit.runtime.plugin_store import _reason_for  # noqa: E402
 
 
