@@ -9,6 +9,7 @@ holds only what this machine produced; it is never shared or downloaded.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile

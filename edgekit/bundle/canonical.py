@@ -23,6 +23,7 @@ _HEX64_RE = re.compile(HEX64)
 # Names in bundles and packages: lower-case letters, digits, underscores, dots and
 # dashes per path component. Deliberately narrow: no spaces, no backslashes, no
 # Unicode look-alikes, nothing a shell or a case-insensitive file system mangles.
+# Always .fullmatch: with .match, `$` also accepts a final "\n" ("model.onnx\n").
 _COMPONENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 MAX_PATH_CHARS = 255
 MAX_PATH_DEPTH = 8
@@ -53,7 +54,7 @@ def sha256_file(path: str | os.PathLike) -> tuple[str, int]:
 
 
 def is_sha256_hex(s: str) -> bool:
-    return bool(_HEX64_RE.match(s))
+    return bool(_HEX64_RE.fullmatch(s))
 
 
 def relpath_problem(path: str) -> str | None:
@@ -78,6 +79,6 @@ def relpath_problem(path: str) -> str | None:
     for part in parts:
         if part in ("", "."):
             return "empty or '.' path component"
-        if not _COMPONENT_RE.match(part):
+        if not _COMPONENT_RE.fullmatch(part):
             return f"component {part!r} has characters outside [A-Za-z0-9_.-] or starts with '.' or '-'"
     return None

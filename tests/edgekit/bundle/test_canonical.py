@@ -89,12 +89,18 @@ def test_atomic_write_default_mode_is_0644_and_replaces_the_old_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # no temp file left
 
 
-def test_atomic_write_replaces_a_stale_temp_file_of_a_wider_mode(tmp_path):
-    stale = tmp_path / f".k.tmp-{os.getpid()}"
+def test_atomic_write_never_writes_through_a_stale_temp_file_of_a_wider_mode(tmp_path):
+    # a crash can leave a temp file (of any mode) next to the target: the next write must not reuse it, and the
+    # leftover must carry the name start-up recovery deletes (edgekit.durable.is_temp_name)
+    from edgekit.durable import is_temp_name
+
+    stale = tmp_path / ".k.deadbeef.tmp"
     stale.write_bytes(b"left by a crash")
     os.chmod(stale, 0o666)
     atomic_write_bytes(tmp_path / "k", b"secret", mode=0o600)
-    assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o600 and not stale.exists()
+    assert (tmp_path / "k").read_bytes() == b"secret"
+    assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o600
+    assert stale.read_bytes() == b"left by a crash" and is_temp_name(stale.name)
 
 
 def test_atomic_write_that_fails_leaves_no_temp_file(tmp_path):

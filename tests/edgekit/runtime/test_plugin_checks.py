@@ -153,7 +153,7 @@ def test_gpu_runner_loads_the_plugin_from_its_verified_bytes_and_unloads_it(plug
     the kernels come from the verified in-memory files, and the module is unloaded after the check."""
     import torch
 
-    from edgekit.bundle import gpu_runner as gr
+    from edgekit.runtime import gpu_runner as gr
     from edgekit.runtime.plugin_checks import gpu_runner
 
     loaded, unloaded = [], []

@@ -414,7 +414,7 @@ def test_results_and_events_report_what_happened(store):
     assert all(v == round(v, 3) for v in r["step_ms"].values()) and list(r["step_ms"])[0] == "received"
     store.rollback("rmsnorm", "watchdog")
     kinds = [(e.kind, e.detail) for e in store.events]
-    assert kinds == [("installed", "2 on probation (previous reference)"), ("rolled_back", "2 -> reference: watchdog")]
+    assert kinds == [("installed", "2 on probation (previous reference)"), ("rolled_back", "2 (store) -> reference: watchdog")]
     d = store.events[0].to_dict()
     assert (d["kind"], d["op"]) == ("installed", "rmsnorm") and d["at"]
 
@@ -523,8 +523,8 @@ def test_a_received_stream_is_read_in_1_mib_chunks(store):
 def test_pointer_files_are_sorted_indented_json_a_person_can_read_on_the_device():
     p = plugin_store.Pointer(op="rmsnorm", version="2", previous="1", changed_at="2026-12-01T00:00:00+00:00")
     assert p.to_bytes() == (
-        b'{\n  "blocked": [],\n  "changed_at": "2026-12-01T00:00:00+00:00",\n  "format": 1,\n  "note": "",\n'
-        b'  "op": "rmsnorm",\n  "previous": "1",\n  "state": "confirmed",\n  "version": "2"\n}\n'
+        b'{\n  "base": "bundle",\n  "blocked": [],\n  "changed_at": "2026-12-01T00:00:00+00:00",\n  "format": 1,\n'
+        b'  "history": [],\n  "note": "",\n  "op": "rmsnorm",\n  "previous": "1",\n  "state": "confirmed",\n  "version": "2"\n}\n'
     )
 
 
