@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import http.server
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,41 @@ def served(tmp_path):
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def write_admin_token(path: Path, token: str) -> Path:
+    """An admin token file as the server requires it: owner-only (0600)."""
+    path.write_text(token)
+    path.chmod(0o600)
+    return path
+
+
+@contextlib.contextmanager
+def live_server(app, **kw):
+    """The app on 127.0.0.1 (ephemeral port) with the production uvicorn settings; yields the base URL."""
+    from edgekit.runtime.http_guard import make_uvicorn_server
+
+    srv = make_uvicorn_server(app, "127.0.0.1", 0, **kw)
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    for _ in range(400):
+        if srv.started:
+            break
+        time.sleep(0.025)
+    assert srv.started, "the test server did not start"
+    try:
+        yield f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        srv.should_exit = True
+        th.join(10)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory):
+    """A signed fp16 bundle of the tiny preset (dev key), built once per session."""
+    from edgekit.build import BuildOptions, build_bundle
+
+    d = tmp_path_factory.mktemp("tiny-bundle")
+    opts = BuildOptions(model="preset:tiny", target="orin", out=d / "bundle", dev_key=True, precision="fp16",
+                        context=64, buckets=(16, 32), onnx=False, cache_dir=d / "cache")
+    return build_bundle(opts).out

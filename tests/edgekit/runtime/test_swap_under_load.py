@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from edgekit.build import BuildOptions, build_bundle
+from conftest import live_server, write_admin_token
+
 from edgekit.bundle.keys import development_key
 from edgekit.bundle.plugin import pack_plugin, parse_plugin_metadata, plugin_files_from_dir
 from edgekit.runtime.bundle_runtime import open_bundle
@@ -20,11 +21,8 @@ TOKEN = "load-test-admin-token-0123456789"
 
 
 @pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("swapload")
-    opts = BuildOptions(model="preset:tiny", target="orin", out=d / "bundle", dev_key=True, precision="fp16",
-                        context=64, buckets=(16, 32), onnx=False, cache_dir=d / "cache")
-    return build_bundle(opts).out
+def bundle_dir(tiny_bundle):
+    return tiny_bundle
 
 
 def _packages(bundle_dir, op: str, versions) -> list[bytes]:
@@ -36,25 +34,14 @@ def _packages(bundle_dir, op: str, versions) -> list[bytes]:
 
 @pytest.fixture()
 def server(bundle_dir, tmp_path):
-    import uvicorn
-
     b = open_bundle(bundle_dir, [], allow_dev_key=True, device="cpu", golden=False)
     store = open_store(tmp_path / "store", b, [], allow_dev_key=True)
     stack = ServingStack(b, store, max_waiting=8)
-    tok = tmp_path / "token"
-    tok.write_text(TOKEN)
+    tok = write_admin_token(tmp_path / "token", TOKEN)
     app = create_app(stack.engine, admin_token_file=str(tok), plugins=stack.admin)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", stack
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as url:
+        yield url, stack
+    stack.close()
 
 
 def test_swaps_under_load_drop_no_request(server, bundle_dir):
