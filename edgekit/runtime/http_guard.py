@@ -16,9 +16,12 @@ streams in, a body deadline, a header deadline per connection, and the admin tok
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
+import signal
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -190,6 +193,22 @@ def make_uvicorn_server(app, host: str = "127.0.0.1", port: int = 0, *, header_t
     deadline, idle keep-alive deadline, and a cap on open connections (more get 503)."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            """SIGINT/SIGTERM end `run()` after the graceful shutdown. (uvicorn's own version re-raises the
+            signal afterwards, which kills the process before the caller's clean-up, saving probation
+            progress, can run.)"""
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=protocol_with_header_timeout(header_timeout_s),
                             timeout_keep_alive=keep_alive_s, limit_concurrency=max_connections, lifespan="off")
-    return uvicorn.Server(config)
+    return Server(config)

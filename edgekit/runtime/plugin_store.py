@@ -86,6 +86,10 @@ class StoreError(BundleError):
     """The store directory itself is unusable (permissions, busy lock, bad layout)."""
 
 
+class StoreBusyError(StoreError):
+    """Another process held the store's lock for longer than LOCK_TIMEOUT_S: retry later."""
+
+
 def default_known_abi() -> dict[str, int]:
     """operator -> ABI version of this runtime, from the operator registry."""
     from edgekit.kernels.registry import OPERATORS
@@ -627,7 +631,7 @@ class PluginStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise StoreError(
+                        raise StoreBusyError(
                             f"plugin store {self.root} stayed locked for {LOCK_TIMEOUT_S:.0f} s",
                             hint="another edgekit process (server or agent) is installing; retry later",
                         ) from None

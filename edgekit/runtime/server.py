@@ -27,6 +27,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
@@ -34,6 +35,7 @@ from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.engine import Engine, EngineClosedError, Job, OverloadedError
 from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
 from edgekit.runtime.openai_schema import ChatRequest, CompletionRequest, validation_message
+from edgekit.runtime.plugin_store import StoreBusyError
 from edgekit.runtime.text_stream import TextStream
 
 MAX_PLUGIN_UPLOAD_BYTES = 64 * 1024 * 1024
@@ -301,23 +303,39 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                 "waiting": engine.queue_depth(), "decoding": engine.active_rows()}
 
     @app.get("/metrics")
-    async def prom():
+    async def prom(request: Request):
         metrics.collect_swap_pauses()
-        seen, body = set(), b""
-        for r in [metrics.registry, *(extra_registries or [])]:
-            if id(r) not in seen:  # the watchdog shares the engine's registry: expose each family once
-                seen.add(id(r))
-                body += generate_latest(r)
-        return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
+        registries = list({id(r): r for r in [metrics.registry, *(extra_registries or [])]}.values())
+        if "application/openmetrics-text" in request.headers.get("accept", ""):  # what strict scrapers ask for
+            from prometheus_client.openmetrics import exposition as om
+
+            body = b"".join(om.generate_latest(r)[: -len(b"# EOF\n")] for r in registries) + b"# EOF\n"
+            return PlainTextResponse(body, media_type=om.CONTENT_TYPE_LATEST)
+        # the watchdog shares the engine's registry: each family is exposed once
+        return PlainTextResponse(b"".join(generate_latest(r) for r in registries), media_type=CONTENT_TYPE_LATEST)
 
     # -- admin (never behind inference: its own thread, no device lock) -----------
+    store_root = str(getattr(getattr(plugins, "store", None), "root", "")) or None
+
+    def public(e: Exception) -> str:
+        """An admin error as the client sees it: what went wrong, not where the store lives on disk."""
+        text = str(e)
+        return text.replace(store_root, "<store>") if store_root else text
+
     async def admin_call(fn, *args, **kw):
-        return await asyncio.get_running_loop().run_in_executor(admin_pool, lambda: fn(*args, **kw))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(admin_pool, lambda: fn(*args, **kw))
+        except StoreBusyError as e:
+            raise _Refused(503, "the plugin store is busy: another edgekit process (server or agent) holds its lock; "
+                                "retry later", headers={"Retry-After": str(RETRY_AFTER_S * 5)}) from e
 
     @app.get(ADMIN_PREFIX)
     async def list_plugins(request: Request):
         require_admin(request)
-        return {"operators": engine.table.sources(), "plugins": await admin_call(require_plugins().list)}
+        try:
+            return {"operators": engine.table.sources(), "plugins": await admin_call(require_plugins().list)}
+        except _Refused as e:
+            return _error(e.status, e.message, headers=e.headers)
 
     @app.post(ADMIN_PREFIX)
     async def upload_plugin(request: Request, allow_downgrade: bool = False):
@@ -327,9 +345,12 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         t0 = time.perf_counter()
         try:
             result = await admin_call(store.install, package, allow_downgrade=allow_downgrade)
+        except _Refused as e:
+            record("plugins", e.status, t0, action="install", error=e.message)
+            return _error(e.status, e.message, headers=e.headers)
         except BundleError as e:
-            record("plugins", 422, t0, action="install", error=str(e))
-            return _error(422, str(e), "file")
+            record("plugins", 422, t0, action="install", error=public(e))
+            return _error(422, public(e), "file")
         metrics.swaps.labels(result.get("op", "?"), "install").inc()
         record("plugins", 200, t0, action="install", op=result.get("op"), version=result.get("version"))
         return result
@@ -340,9 +361,12 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         t0 = time.perf_counter()
         try:
             result = await admin_call(require_plugins().rollback, op)
+        except _Refused as e:
+            record("plugins", e.status, t0, action="rollback", op=op, error=e.message)
+            return _error(e.status, e.message, headers=e.headers)
         except EdgekitError as e:
-            record("plugins", 409, t0, action="rollback", op=op, error=str(e))
-            return _error(409, str(e))
+            record("plugins", 409, t0, action="rollback", op=op, error=public(e))
+            return _error(409, public(e))
         metrics.swaps.labels(op, "rollback").inc()
         record("plugins", 200, t0, action="rollback", op=op)
         return result
@@ -353,8 +377,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         param, message = validation_message(list(e.errors()))
         return _error(400, message, param)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, e: HTTPException):
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException):
         return _error(e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(EdgekitError)
@@ -375,7 +399,7 @@ async def _package_from(request: Request) -> bytes:
         return await request.body()
     try:
         form = await request.form(max_files=1, max_fields=1)
-    except HTTPException as e:  # starlette raises 400 for too many parts
+    except StarletteHTTPException as e:  # starlette's parser raises 400 for too many parts
         raise HTTPException(400, f"plugin upload: {e.detail}; send exactly one file part named 'file'") from e
     try:
         part = form.get("file")

@@ -115,6 +115,8 @@ class ServingStack:
         # store work triggered by inference runs here, in order, off the device thread
         self.admin_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin")
         self.store = store
+        for line in getattr(store, "recovery", []):
+            self._event("store_recovered", detail=line)
         self.admin = StoreAdmin(store, on_change=self._on_change) if store is not None else None
         self.engine.observers.append(self._observe)
         self.engine.on_nonfinite = self._on_nonfinite

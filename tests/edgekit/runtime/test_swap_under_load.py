@@ -8,10 +8,8 @@ import time
 
 import pytest
 
-from conftest import live_server, write_admin_token
+from conftest import live_server, plugin_packages, write_admin_token
 
-from edgekit.bundle.keys import development_key
-from edgekit.bundle.plugin import pack_plugin, parse_plugin_metadata, plugin_files_from_dir
 from edgekit.runtime.bundle_runtime import open_bundle
 from edgekit.runtime.server import create_app
 from edgekit.runtime.serving import ServingStack, open_store
@@ -26,10 +24,7 @@ def bundle_dir(tiny_bundle):
 
 
 def _packages(bundle_dir, op: str, versions) -> list[bytes]:
-    d = bundle_dir / "plugins" / op / "1"
-    meta = parse_plugin_metadata((d / "plugin.json").read_bytes())
-    files = {k: v for k, v in plugin_files_from_dir(d).items() if k != "plugin.json"}
-    return [pack_plugin(meta.model_copy(update={"version": v}), files, development_key()) for v in versions]
+    return plugin_packages(bundle_dir, op, versions)
 
 
 @pytest.fixture()
