@@ -97,27 +97,37 @@ class AdminAuth:
 
 class RequestGuard:
     def __init__(self, app, *, auth: AdminAuth, is_admin: Callable[[str], bool], body_limit: Callable[[str], int],
-                 body_timeout_s: float = 10.0):
+                 body_timeout_s: float = 10.0, on_refusal: Callable[[str, int, str], None] | None = None):
         self.app, self.auth, self.is_admin, self.body_limit = app, auth, is_admin, body_limit
         self.body_timeout_s = body_timeout_s
+        self.on_refusal = on_refusal  # (path, status, message): counted and logged like any answer
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+
+        async def refuse(status: int, message: str, headers: dict[str, str] | None = None) -> None:
+            if self.on_refusal is not None:
+                self.on_refusal(scope.get("path", ""), status, message)
+            await send_error(send, status, message, headers)
+
+        return await self._guard(scope, receive, send, refuse)
+
+    async def _guard(self, scope, receive, send, refuse):
         path = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if self.is_admin(path):
             refused = self.auth.refusal(headers.get("authorization", ""))
             if refused is not None:
-                return await send_error(send, refused[0], refused[1], refused[2])
+                return await refuse(refused[0], refused[1], refused[2])
         limit = self.body_limit(path)
         declared = headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
-                return await send_error(send, 400, f"Content-Length {declared[:40]!r} is not a byte count")
+                return await refuse(400, f"Content-Length {declared[:40]!r} is not a byte count")
             if int(declared) > limit:
-                return await send_error(send, 413, f"request body of {int(declared)} bytes is over this route's "
-                                                   f"limit of {limit} bytes")
+                return await refuse(413, f"request body of {int(declared)} bytes is over this route's "
+                                         f"limit of {limit} bytes")
         body = bytearray()
         deadline = time.monotonic() + self.body_timeout_s
         more = True
@@ -125,12 +135,12 @@ class RequestGuard:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
             except asyncio.TimeoutError:
-                return await send_error(send, 408, f"the request body did not arrive within {self.body_timeout_s:.0f} s")
+                return await refuse(408, f"the request body did not arrive within {self.body_timeout_s:.0f} s")
             if message["type"] == "http.disconnect":
                 return None
             body += message.get("body", b"")
             if len(body) > limit:
-                return await send_error(send, 413, f"request body is over this route's limit of {limit} bytes")
+                return await refuse(413, f"request body is over this route's limit of {limit} bytes")
             more = message.get("more_body", False)
         replayed = False
 

@@ -111,9 +111,17 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     def upload_limit() -> int:  # read at request time: tests lower it
         return MAX_PLUGIN_UPLOAD_BYTES
 
+    def route_of(path: str) -> str:
+        """A fixed set of labels: a client must not be able to mint metric series with made-up paths."""
+        if path.startswith(ADMIN_PREFIX):
+            return "plugins"
+        return {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/models": "models",
+                "/healthz": "healthz", "/metrics": "metrics"}.get(path, "other")
+
     app.add_middleware(RequestGuard, auth=auth, is_admin=lambda p: p.startswith(ADMIN_PREFIX),
                        body_limit=lambda p: upload_limit() if p.startswith(ADMIN_PREFIX) else max_body_bytes,
-                       body_timeout_s=body_timeout_s)
+                       body_timeout_s=body_timeout_s,
+                       on_refusal=lambda path, status, msg: record(route_of(path), status, time.perf_counter(), error=msg))
 
     def record(route: str, status: int, t0: float, **fields) -> None:
         metrics.requests.labels(route, str(status)).inc()
@@ -373,12 +381,14 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
 
     # -- errors --------------------------------------------------------------------
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, e: RequestValidationError):
+    async def invalid(request: Request, e: RequestValidationError):
         param, message = validation_message(list(e.errors()))
+        record(route_of(request.url.path), 400, time.perf_counter(), param=param, error=message)
         return _error(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException):
+    async def http_error(request: Request, e: StarletteHTTPException):
+        record(route_of(request.url.path), e.status_code, time.perf_counter(), error=str(e.detail))
         return _error(e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(EdgekitError)
