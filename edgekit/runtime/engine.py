@@ -94,7 +94,7 @@ class _Row:
 class Engine:
     def __init__(self, decoder: Decoder, tokenizer, shapes: StaticShapes, *, max_waiting: int = 8,
                  stop_ids: tuple[int, ...] = (), model_name: str = "edgekit",
-                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = 1.0,
+                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = 0.5,
                  cuda_graphs: bool = True, tracker: LatencyTracker | None = None):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
             raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
@@ -278,7 +278,7 @@ class Engine:
                 self._finish(job, "cancelled")
             elif now - job.enqueued_s > self.max_queue_wait_s:
                 job.error = OverloadedError(f"waited {now - job.enqueued_s:.1f} s for a free decode row "
-                                            f"(limit {self.max_queue_wait_s:.1f} s)", hint="retry shortly")
+                                            f"(limit {self.max_queue_wait_s:.2f} s)", hint="retry shortly")
                 self._finish(job, "error")
             else:
                 kept.append(job)

@@ -48,6 +48,7 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
+    ignore_eos: bool = False  # an extension (vLLM's name): generate max_tokens even past end-of-sequence; benchmarks
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None

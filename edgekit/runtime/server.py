@@ -169,7 +169,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                            req.new_tokens_field())
         sampling = SamplingConfig(req.temperature, min(req.top_k, vocab), req.seed, req.top_p)
         try:
-            return engine.submit(ids, max_tokens, sampling, on_token=on_token, on_done=on_done)
+            return engine.submit(ids, max_tokens, sampling, stop_ids=() if req.ignore_eos else None,
+                                 on_token=on_token, on_done=on_done)
         except OverloadedError as e:
             raise _Refused(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from e
         except ShapeError as e:
@@ -225,24 +226,33 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             record(route, 500, t0, error=str(err))
             return _error(500, str(err))
 
+        def push_all(toks: list[int]) -> str:
+            return "".join(text.push(t) for t in toks)
+
         async def tokens() -> AsyncIterator[str]:
-            """Text deltas as tokens arrive; the engine job is cancelled on a stop string or a client gone."""
+            """Text deltas as tokens arrive: one per batch of tokens that arrived together (possibly "" while
+            text is held back, so a stream shows progress per step). The engine job is cancelled on a stop
+            string or when the client goes away."""
             pending = [first_event]
             try:
                 while True:
-                    kind, value = pending.pop() if pending else await events.get()
-                    if kind == "done":
-                        if value.error is not None:
-                            raise value.error
+                    batch = [pending.pop() if pending else await events.get()]
+                    while not events.empty():
+                        batch.append(events.get_nowait())
+                    toks = [v for k, v in batch if k == "token"]
+                    done = next((v for k, v in batch if k == "done"), None)
+                    if toks:
+                        delta = await loop.run_in_executor(tokenize_pool, push_all, toks)
+                        if text.stopped:
+                            job.cancel()
+                        yield delta
+                    if done is not None:
+                        if done.error is not None:
+                            raise done.error
                         tail = text.finish()
                         if tail:
                             yield tail
                         return
-                    delta = await loop.run_in_executor(tokenize_pool, text.push, value)
-                    if text.stopped:
-                        job.cancel()
-                    if delta:
-                        yield delta
             finally:
                 job.cancel()  # no-op when finished; frees the row when the client went away
 

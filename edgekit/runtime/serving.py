@@ -88,7 +88,7 @@ class ServingStack:
 
     def __init__(self, bundle: OpenedBundle, store=None, *, max_waiting: int = 8, policy: ProbationPolicy | None = None,
                  model_name: str | None = None, cuda_graphs: bool = True, batch_buckets: tuple[int, ...] | None = None,
-                 max_queue_wait_s: float = 1.0, log: JsonlLogger | None = None):
+                 max_queue_wait_s: float = 0.5, log: JsonlLogger | None = None):
         from edgekit.runtime.engine import DEFAULT_BATCH_BUCKETS
         from edgekit.runtime.plugin_admin import StoreAdmin
 
