@@ -24,33 +24,37 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_harness import ADMIN_TOKEN, build_tiny_bundle, client_process, plugin_packages, serving, where  # noqa: E402
+from serve_harness import ADMIN_TOKEN, add_bundle_args, client_process, open_bench_bundle, plugin_packages, serving, where  # noqa: E402
 
 
-def run_decode_tokens_per_s(bundle, prompt: list[int], new_tokens: int, repeats: int) -> float:
+class RunBaseline:
     """What `edgekit run` does: Generator over the bundle's decoder, CUDA-graph decode step on a GPU."""
-    from edgekit.generate import GenerationStats, Generator
 
-    dec = bundle.decoder()
-    cache = dec.new_cache(1, bundle.shapes.max_seq_len)
-    step = None
-    if bundle.device.type == "cuda":
-        from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+    def __init__(self, bundle, prompt: list[int], new_tokens: int):
+        from edgekit.generate import Generator
 
-        step = GraphedDecodeStep(dec, cache)
-    gen = Generator(dec, bundle.shapes, 0, cache=cache, decode_step=step)
-    rates = []
-    for _ in range(repeats + 1):  # the first one warms up
+        dec = bundle.decoder()
+        cache = dec.new_cache(1, bundle.shapes.max_seq_len)
+        step = None
+        if bundle.device.type == "cuda":
+            from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+
+            step = GraphedDecodeStep(dec, cache)
+        self.gen = Generator(dec, bundle.shapes, 0, cache=cache, decode_step=step)
+        self.prompt, self.new_tokens = prompt, new_tokens
+        self.once()  # warm-up
+
+    def once(self) -> float:
+        from edgekit.generate import GenerationStats
+
         stats = GenerationStats()
-        list(gen.stream(prompt, new_tokens, stop_ids=(), stats=stats))
-        rates.append(stats.decode_tokens_per_s)
-    return statistics.median(rates[1:])
+        list(self.gen.stream(self.prompt, self.new_tokens, stop_ids=(), stats=stats))
+        return stats.decode_tokens_per_s
 
 
 def summarize(records: list[dict], seconds: float) -> dict:
@@ -69,6 +73,14 @@ def summarize(records: list[dict], seconds: float) -> dict:
             "failures": [r["error"] for r in records if r["status"] != 200 or r["error"]][:5]}
 
 
+def _merge(phases: list[dict]) -> dict:
+    seconds = sum(p["seconds"] for p in phases)
+    tokens = sum(p["tokens"] for p in phases)
+    return {**phases[-1], "requests": sum(p["requests"] for p in phases), "ok": sum(p["ok"] for p in phases),
+            "failed": sum(p["failed"] for p in phases), "tokens": tokens, "seconds": round(seconds, 3),
+            "aggregate_tokens_per_s": tokens / seconds if seconds else 0}
+
+
 def load_phase(pool, url: str, body: dict, clients: int, seconds: float) -> dict:
     from edgekit.runtime.swap_load import run_clients
 
@@ -79,43 +91,51 @@ def load_phase(pool, url: str, body: dict, clients: int, seconds: float) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bundle", type=Path, nargs="?", help="a bundle made by `edgekit build` (signed; see --allow-dev-key)")
-    ap.add_argument("--tiny", action="store_true", help="build a tiny-preset bundle in a temp dir (CPU smoke run)")
-    ap.add_argument("--allow-dev-key", action="store_true", help="accept the development key (swap packages are signed with it)")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    add_bundle_args(ap)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each load phase")
     ap.add_argument("--swaps", type=int, default=100)
     ap.add_argument("--op", default="rmsnorm")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="serve/run turns for the batch-1 comparison")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
-    if args.bundle is None and not args.tiny:
-        ap.error("pass a BUNDLE or --tiny")
 
-    from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.swap_load import run_swap_load
 
-    path = args.bundle or build_tiny_bundle(Path(tempfile.mkdtemp(prefix="edgekit-bench-serve-")))
-    b = open_bundle(path, [], allow_dev_key=args.allow_dev_key or args.tiny, golden=False, device=args.device)
+    b = open_bench_bundle(ap, args)
+    path = b.root
     prompt = [(7 * i + 3) % b.config.vocab_size for i in range(args.prompt_len)]
     body = {"prompt": prompt, "max_tokens": args.new_tokens, "ignore_eos": True}
     out: dict = {"bundle": str(path), "model": b.config.name, "backend": b.backend, "new_tokens": args.new_tokens,
                  "prompt_tokens": args.prompt_len, "clients": args.clients}
 
-    out["run_decode_tokens_per_s"] = run_decode_tokens_per_s(b, prompt, args.new_tokens, args.repeats)
+    run = RunBaseline(b, prompt, args.new_tokens)
     with serving(b, max_waiting=2 * args.clients, batch_buckets=tuple(x for x in (1, 2, 4, 8, 16) if x < args.clients) + (args.clients,),
                  max_queue_wait_s=30.0, cuda_graphs=not args.no_cuda_graphs) as (url, stack), client_process() as pool:
+        from edgekit.runtime.swap_load import run_clients
+
         out["serve_graphed"] = stack.engine.graphed
         load_phase(pool, url, body, 1, min(args.seconds, 5))  # warm-up
-        one = load_phase(pool, url, body, 1, args.seconds)
-        many = load_phase(pool, url, body, args.clients, args.seconds)
+        # serve and run take turns, request by request, so a busy machine weighs on both alike
+        run_rates, serve_rates = [], []
+        for _ in range(args.repeats):
+            run_rates.append(run.once())
+            rec = pool.submit(run_clients, url, body, clients=1, seconds=600, stream=True, max_requests_per_client=1).result()
+            serve_rates.append(summarize(rec, 1.0)["client_decode_tokens_per_s_median"] or 0.0)
+        out["run_decode_tokens_per_s"] = statistics.median(run_rates)
+        out["serve_decode_tokens_per_s"] = statistics.median(serve_rates)
+        out["serve_vs_run"] = out["serve_decode_tokens_per_s"] / out["run_decode_tokens_per_s"]
+        out["rounds"] = {"run": run_rates, "serve": serve_rates}
+        # one client, then N, twice over: aggregate tokens/s of each kind over both of its phases
+        phases = {1: [], args.clients: []}
+        for _ in range(2):
+            for n in phases:
+                phases[n].append(load_phase(pool, url, body, n, args.seconds / 2))
+        one, many = (_merge(phases[1]), _merge(phases[args.clients]))
         out["one_client"], out["n_clients"] = one, many
-        out["serve_decode_tokens_per_s"] = one["client_decode_tokens_per_s_median"]
-        out["serve_vs_run"] = (one["client_decode_tokens_per_s_median"] or 0) / out["run_decode_tokens_per_s"]
         out["n_vs_one_aggregate"] = many["aggregate_tokens_per_s"] / one["aggregate_tokens_per_s"] if one["aggregate_tokens_per_s"] else None
         out["decode_steps_per_batch_bucket"] = dict(stack.engine.step_batches)
 

@@ -17,22 +17,18 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_harness import ADMIN_TOKEN, build_tiny_bundle, client_process, plugin_packages, serving, where  # noqa: E402
+from serve_harness import ADMIN_TOKEN, add_bundle_args, client_process, open_bench_bundle, plugin_packages, serving, where  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bundle", type=Path, nargs="?")
-    ap.add_argument("--tiny", action="store_true", help="build a tiny-preset bundle in a temp dir")
-    ap.add_argument("--allow-dev-key", action="store_true")
-    ap.add_argument("--device", default=None)
+    add_bundle_args(ap)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -44,16 +40,13 @@ def main() -> None:
     ap.add_argument("--polite", action="store_true", help="clients wait as Retry-After asks (default: retry a 429 at once)")
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
-    if args.bundle is None and not args.tiny:
-        ap.error("pass a BUNDLE or --tiny")
 
     import httpx
 
-    from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.swap_load import quantile, run_clients
 
-    path = args.bundle or build_tiny_bundle(Path(tempfile.mkdtemp(prefix="edgekit-load-serve-")))
-    b = open_bundle(path, [], allow_dev_key=args.allow_dev_key or args.tiny, golden=False, device=args.device)
+    b = open_bench_bundle(ap, args)
+    path = b.root
     prompt = [(5 * i + 1) % b.config.vocab_size for i in range(8)]
     body = {"prompt": prompt, "max_tokens": args.max_tokens}
     packages = plugin_packages(b, args.op, range(2, args.cycles + 2))

@@ -18,6 +18,23 @@ from pathlib import Path
 ADMIN_TOKEN = "serve-bench-admin-token-0123456789"
 
 
+def add_bundle_args(ap) -> None:
+    ap.add_argument("bundle", type=Path, nargs="?", help="a bundle made by `edgekit build` (signed; see --allow-dev-key)")
+    ap.add_argument("--tiny", action="store_true", help="build a tiny-preset bundle in a temp dir (CPU runs)")
+    ap.add_argument("--allow-dev-key", action="store_true", help="accept the development key (swap packages are signed with it)")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+
+
+def open_bench_bundle(ap, args):
+    """The bundle the arguments name (or a freshly built tiny one), opened for serving."""
+    from edgekit.runtime.bundle_runtime import open_bundle
+
+    if args.bundle is None and not args.tiny:
+        ap.error("pass a BUNDLE or --tiny")
+    path = args.bundle or build_tiny_bundle(Path(tempfile.mkdtemp(prefix="edgekit-serve-bench-")))
+    return open_bundle(path, [], allow_dev_key=args.allow_dev_key or args.tiny, golden=False, device=args.device)
+
+
 def build_tiny_bundle(out: Path) -> Path:
     """A small fp16 bundle of the tiny preset, signed with the development key (CPU smoke runs)."""
     from edgekit.build import BuildOptions, build_bundle

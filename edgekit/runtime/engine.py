@@ -310,23 +310,28 @@ class Engine:
         self._emit(slot, tok)
 
     def _decode_step(self) -> None:
-        occupied = [i for i, r in enumerate(self._rows) if r is not None]
+        rows = self._rows
+        occupied = [i for i, r in enumerate(rows) if r is not None]
         b = next(x for x in self.batch_buckets if x > occupied[-1])
-        tokens = torch.full((b,), self._pad_id(), dtype=torch.long)  # (b,)
-        positions = torch.zeros(b, dtype=torch.long)  # (b,) free rows decode a pad at position 0: never read
-        for i in occupied:
-            tokens[i], positions[i] = self._rows[i].last, self._rows[i].position
+        pad = self._pad_id()
+        # free rows below b decode a pad at position 0: never read (a prefill rewrites the row first)
+        tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
+        positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
         dev = self.decoder.device
-        logits = self._runner.decode(b, tokens.to(dev), positions.to(dev))  # (b, V)
-        if self._runner.graphed and not bool(torch.isfinite(logits[occupied]).all()):
-            # graphed plugins cannot be checked per operator inside a graph: judge the step's output instead
-            if self.on_nonfinite is not None:
+        logits = self._runner.decode(b, torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))  # (b, V)
+        if self._runner.graphed:
+            # graphed plugins cannot be checked per operator inside a graph: judge the step's output instead,
+            # fetched with the greedy picks in one transfer
+            both = torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()]).tolist()
+            greedy, finite = both[:b], both[b:]
+            if not all(finite[i] for i in occupied) and self.on_nonfinite is not None:
                 self.on_nonfinite()
+        else:
+            greedy = logits.argmax(dim=-1).tolist()
         self.step_batches[b] += 1
-        greedy = logits.argmax(dim=-1).tolist()
         now = time.perf_counter()
         for i in occupied:
-            row = self._rows[i]
+            row = rows[i]
             s = row.job.sampling
             tok = greedy[i] if s.temperature <= 0 else int(_pick(logits[i : i + 1], s, row.job._generator)[0])
             row.job.stats.token_times_s.append(now - row.t_last)

@@ -242,7 +242,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                     toks = [v for k, v in batch if k == "token"]
                     done = next((v for k, v in batch if k == "done"), None)
                     if toks:
-                        delta = await loop.run_in_executor(tokenize_pool, push_all, toks)
+                        delta = push_all(toks)  # incremental: a few tokens' worth of decoding, whatever the length
                         if text.stopped:
                             job.cancel()
                         yield delta

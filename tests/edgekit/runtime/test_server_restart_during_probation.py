@@ -19,6 +19,16 @@ def _stack(bundle_dir, store_dir):
     return ServingStack(b, open_store(store_dir, b, [], allow_dev_key=True))
 
 
+def _left_on_probation(bundle_dir, store_dir, requests: int):
+    """A stack that installed swiglu v2 and served `requests` requests on it, then stopped without a clean stop
+    (as after kill -9); returns it (its engine is closed)."""
+    stack = _stack(bundle_dir, store_dir)
+    stack.admin.install(plugin_packages(bundle_dir, "swiglu", [2])[0])
+    _serve_requests(stack, requests)
+    stack.engine.close()
+    return stack
+
+
 def _serve_requests(stack, n: int) -> None:
     for _ in range(n):
         stack.engine.complete([1, 2, 3], 3)
@@ -52,10 +62,7 @@ def test_clean_restart_resumes_probation_where_it_stopped(tiny_bundle, tmp_path)
 
 def test_a_runtime_that_died_during_probation_rolls_the_plugin_back(tiny_bundle, tmp_path):
     store_dir = tmp_path / "store"
-    stack = _stack(tiny_bundle, store_dir)
-    stack.admin.install(plugin_packages(tiny_bundle, "swiglu", [2])[0])
-    _serve_requests(stack, 2)
-    stack.engine.close()  # no stack.close(): as after kill -9 or a crash, nothing marks a clean stop
+    _left_on_probation(tiny_bundle, store_dir, 2)
     again = _stack(tiny_bundle, store_dir)
     try:
         p = again.store.pointer("swiglu")
@@ -69,9 +76,7 @@ def test_token_file_typo_fails_before_the_store_is_touched(tiny_bundle, tmp_path
     import sys
 
     store_dir = tmp_path / "store"
-    stack = _stack(tiny_bundle, store_dir)
-    stack.admin.install(plugin_packages(tiny_bundle, "swiglu", [2])[0])
-    stack.engine.close()  # left on probation without a clean stop: a start would roll it back
+    _left_on_probation(tiny_bundle, store_dir, 0)  # a start would roll it back
     before = (store_dir / "ops" / "swiglu" / "active").read_bytes()
     r = subprocess.run([sys.executable, "-m", "edgekit", "serve", str(tiny_bundle), "--allow-dev-key", "--store",
                         str(store_dir), "--admin-token-file", str(tmp_path / "admin.tokn"), "--port", "0"],

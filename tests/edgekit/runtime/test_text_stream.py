@@ -36,3 +36,19 @@ def test_incomplete_utf8_is_held_until_its_last_byte():
     euro = "€".encode()  # 3 bytes
     assert s.push(euro[0]) == "" and s.push(euro[1]) == ""
     assert s.push(euro[2]) == "€"
+
+
+def test_incremental_text_equals_a_full_decode_with_a_real_tokenizer(default_model):
+    tok = default_model.tokenizer
+    ids = tok.encode("Héllo, wörld! Ünïcode — and spaces   here. 東京は日本の首都です。")
+    s = TextStream(tok.decode, [])
+    out = "".join(s.push(i) for i in ids) + s.finish()
+    assert out == tok.decode(ids)
+
+
+def test_stop_string_with_a_real_tokenizer(default_model):
+    tok = default_model.tokenizer
+    ids = tok.encode("The answer is 42. The end.")
+    s = TextStream(tok.decode, [". The"])
+    out = "".join(s.push(i) for i in ids if not s.stopped) + s.finish()
+    assert out == "The answer is 42" and s.stopped
