@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import pytest
