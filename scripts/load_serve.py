@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--limit-s", type=float, default=1.0, help="the answer deadline every request must meet")
     ap.add_argument("--queue-deadline-s", type=float, default=0.5, help="serve's --max-queue-wait-ms, in seconds")
     ap.add_argument("--ramp-s", type=float, default=1.0, help="start the clients over this many seconds (0: all at once)")
-    ap.add_argument("--polite", action="store_true", help="clients wait as Retry-After asks (default: retry a 429 at once)")
+    ap.add_argument("--polite", action="store_true", help="clients wait as Retry-After asks, with jitter (default: retry a 429 at once)")
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
 
@@ -69,9 +69,10 @@ def main() -> None:
                         admin_log.append({"action": action, "status": r.status_code, "s": time.perf_counter() - t, "at": time.time()})
 
         # warm-up, not measured: first-call costs (validation schemas, torch's first kernels, the client process)
-        warm = pool.submit(run_clients, url, body, clients=4, seconds=2.0).result()
+        warm = pool.submit(run_clients, url, body, clients=8, seconds=3.0).result()
         th = threading.Thread(target=admin, daemon=True)
         th.start()
+        t_start = time.time()
         fut = pool.submit(run_clients, url, body, clients=args.clients, seconds=args.seconds, honor_retry_after=args.polite,
                           ramp_s=args.ramp_s)
         start.set()
@@ -95,6 +96,7 @@ def main() -> None:
                       for k, v in sorted(by_status.items())},
         "answered_within_limit": len(records) - len(late), "late": len(late), "not_200_or_429": len(other),
         "late_examples": late[:3], "other_examples": other[:3],
+        "late_at_s": sorted(round(r["start_s"] - t_start, 1) for r in late),  # when in the run they were sent
         "admin": admin_log, "rollback_s_max": max(rollbacks) if rollbacks else None,
         "load_average_before": load_before, "load_average_after": load_after, "measured_on": where(b),
     }
@@ -104,7 +106,8 @@ def main() -> None:
     print(f"  load average before / after: {load_before[0]:.1f} / {load_after[0]:.1f}")
     for k, v in out["by_status"].items():
         print(f"  HTTP {k}: {v['n']:>6} requests   p50 {v['p50_s']*1000:7.1f} ms   p99 {v['p99_s']*1000:7.1f} ms   max {v['max_s']*1000:7.1f} ms")
-    print(f"  answered within {args.limit_s:.1f} s: {out['answered_within_limit']} / {len(records)}; other statuses: {len(other)}")
+    print(f"  answered within {args.limit_s:.1f} s: {out['answered_within_limit']} / {len(records)}; other statuses: {len(other)}"
+          + (f"; the late ones were sent at {out['late_at_s'][:12]} s" if late else ""))
     print(f"  rollbacks under load: {len(rollbacks)}, max {1000 * (out['rollback_s_max'] or 0):.1f} ms (goal < 1000); "
           f"installs: {[round(a['s'] * 1000) for a in admin_log if a['action'] == 'install']} ms")
     print(f"  {'PASS' if ok else 'FAIL'}")

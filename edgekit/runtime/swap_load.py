@@ -9,6 +9,7 @@ process (no GIL shared with the server) and summarize them afterwards.
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import threading
 import time
@@ -93,16 +94,16 @@ def run_clients(base_url: str, body: dict, *, clients: int, seconds: float, stre
     deadline = time.monotonic() + seconds
 
     def client(i: int) -> None:
-        time.sleep(ramp_s * i / max(clients, 1))
-        with httpx.Client(base_url=base_url, timeout=max(seconds, 30)) as c:
+        with httpx.Client(base_url=base_url, timeout=max(seconds, 30)) as c:  # made first: it costs CPU (TLS context)
+            time.sleep(ramp_s * i / max(clients, 1))
             for _ in range(max_requests_per_client):
                 if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                     return
                 rec = one_request(c, body, stream)
                 with lock:
                     records.append(rec)
-                if honor_retry_after and rec.status == 429:
-                    time.sleep(min(rec.retry_after_s or 1.0, 5.0))
+                if honor_retry_after and rec.status == 429:  # with jitter, as client libraries do
+                    time.sleep(min(rec.retry_after_s or 1.0, 5.0) * random.uniform(1.0, 1.5))
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
