@@ -146,7 +146,9 @@ class Engine:
 
     def switch_operator(self, op: str, fn: Callable | None, source: str) -> float:
         """Point `op` at `fn` (None: back to the torch reference). Prepared here; the device thread switches
-        between two steps. Returns once the new table is published (the switch itself is not waited for)."""
+        between two steps (that pause is recorded in `swap_pauses_s`). Returns the seconds spent preparing
+        (on a GPU: warming up and capturing the new graphs), all of it off the serving path."""
+        t = time.perf_counter()
         with self._switch_lock:
             new = self._table.copy()
             if fn is None:
@@ -158,15 +160,7 @@ class Engine:
                 self._table = new
                 self._next_runner = runner
                 self._cv.notify_all()
-        return 0.0
-
-    def _take_next_runner(self) -> None:
-        t = time.perf_counter()
-        with self._cv:
-            runner, self._next_runner = self._next_runner, None
-        if runner is not None:
-            self._runner = runner
-            self.swap_pauses_s.append(time.perf_counter() - t)
+        return time.perf_counter() - t
 
     # -- requests --------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
@@ -232,7 +226,11 @@ class Engine:
                 if self._closed:
                     break
                 admitted = self._admit()
-            self._take_next_runner()
+                runner, self._next_runner = self._next_runner, None
+            if runner is not None:  # a swap: the only pause it causes is this hand-over between two steps
+                t = time.perf_counter()
+                self._runner = runner
+                self.swap_pauses_s.append(time.perf_counter() - t)
             # A failure of the model itself (plugins fall back inside GuardedOp) fails the requests it
             # touched, never the device thread.
             for slot, job in admitted:
