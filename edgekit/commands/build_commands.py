@@ -321,6 +321,8 @@ def serve(
 ) -> None:
     """Serve a verified bundle over HTTP: OpenAI-compatible /v1/completions and /v1/chat/completions (streaming
     with "stream": true), /v1/models, /healthz, /metrics (Prometheus), and token-guarded plugin admin."""
+    import gc
+
     from edgekit.bundle.keys import load_public_key
     from edgekit.cli_common import err_console
     from edgekit.power.jsonl import JsonlLogger
@@ -353,6 +355,9 @@ def serve(
         stack.start_watchdog(PolicyConfig.from_profile(profile), log_path=watchdog_log or store_dir / "watchdog.jsonl")
     app = create_app(stack.engine, admin_token=token, plugins=stack.admin, log=server_log)
     server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s)
+    # Everything loaded so far lives as long as the server: keep it out of the collector's way, so a gen-2
+    # collection under load does not stall the device thread for hundreds of milliseconds.
+    gc.freeze()
     err_console.print(f"serving {b.config.name} ({b.backend}, {'CUDA graphs' if stack.engine.graphed else 'eager'}, "
                       f"batch buckets {list(buckets)}) on http://{host}:{port}  store {store_dir}")
     for note in b.notes:
