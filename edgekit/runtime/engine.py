@@ -184,8 +184,7 @@ class Engine:
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the server is shutting down", hint="retry against a running server")
-            free_rows = sum(r is None and i not in self._prefilling for i, r in enumerate(self._rows))
-            if len(self._waiting) >= self.max_waiting + free_rows:
+            if self._full():
                 raise OverloadedError(f"the server is at capacity: {len(self._waiting)} requests wait for "
                                       f"{len(self._rows)} decode rows", hint="retry shortly")
             self._waiting.append(job)
@@ -203,6 +202,15 @@ class Engine:
 
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    def _full(self) -> bool:
+        free_rows = sum(r is None and i not in self._prefilling for i, r in enumerate(self._rows))
+        return len(self._waiting) >= self.max_waiting + free_rows
+
+    def full(self) -> bool:
+        """Whether a request submitted now would be refused for capacity (a hint, without the lock: the HTTP
+        layer uses it to refuse a flood before parsing bodies; `submit` decides for real)."""
+        return self._full() or time.monotonic() < self.shed_until
 
     def queue_depth(self) -> int:
         return len(self._waiting)

@@ -46,6 +46,7 @@ MAX_CHARS_PER_TOKEN = 32
 DEFAULT_MAX_TOKENS = 64
 RETRY_AFTER_S = 1
 ADMIN_PREFIX = "/v1/plugins"
+INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions")
 SWAP_PAUSE_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 1.0)
 
 
@@ -121,7 +122,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     app.add_middleware(RequestGuard, auth=auth, is_admin=lambda p: p.startswith(ADMIN_PREFIX),
                        body_limit=lambda p: upload_limit() if p.startswith(ADMIN_PREFIX) else max_body_bytes,
                        body_timeout_s=body_timeout_s,
-                       on_refusal=lambda path, status, msg: record(route_of(path), status, time.perf_counter(), error=msg))
+                       on_refusal=lambda path, status, msg: record(route_of(path), status, time.perf_counter(), error=msg),
+                       overloaded=lambda p: p in INFERENCE_PATHS and engine.full(), retry_after_s=RETRY_AFTER_S)
 
     def record(route: str, status: int, t0: float, **fields) -> None:
         metrics.requests.labels(route, str(status)).inc()

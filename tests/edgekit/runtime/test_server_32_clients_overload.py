@@ -62,3 +62,12 @@ def test_32_clients_get_an_answer_or_a_429_fast_and_a_rollback_does_not_wait(tin
     # within its deadline, with Retry-After
     assert len(refused) >= 32 - len(stack.engine._rows)
     assert all(ra == "1" and dt < 3.0 for _, dt, ra in refused), refused
+
+
+def test_a_flood_is_refused_before_its_bodies_are_parsed(tiny_server, monkeypatch):
+    url, stack, _ = tiny_server
+    monkeypatch.setattr(stack.engine, "max_waiting", -len(stack.engine._rows))  # as full as it gets
+    r = httpx.post(url + "/v1/completions", content=b"{not json at all", headers={"Content-Type": "application/json"},
+                   timeout=10)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"  # not a 400: the body was never read
+    assert httpx.get(url + "/healthz", timeout=10).status_code == 200  # only inference routes are refused
