@@ -203,9 +203,11 @@ class Engine:
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
+    def _free_rows(self) -> int:
+        return sum(r is None and i not in self._prefilling for i, r in enumerate(self._rows))
+
     def _full(self) -> bool:
-        free_rows = sum(r is None and i not in self._prefilling for i, r in enumerate(self._rows))
-        return len(self._waiting) >= self.max_waiting + free_rows
+        return len(self._waiting) >= self.max_waiting + self._free_rows()
 
     def full(self) -> bool:
         """Whether a request submitted now would be refused for capacity (a hint, without the lock: the HTTP
@@ -274,15 +276,19 @@ class Engine:
                 self._cv.wait(min(wait, 1.0))
 
     def _expire_waiting(self) -> None:
-        """Under the lock: finish cancelled waiters and refuse expired ones (429)."""
+        """Under the lock: finish cancelled waiters and refuse (429) those that waited too long for a row.
+
+        A waiter with a free row already there for it is never refused: the device thread takes it at the end
+        of its current step, however long that step is."""
         now = time.monotonic()
         if not any(j.cancelled or now - j.enqueued_s > self.max_queue_wait_s for j in self._waiting):
             return
+        free = self._free_rows()
         kept: deque[Job] = deque()
         for job in self._waiting:
             if job.cancelled:
                 self._finish(job, "cancelled")
-            elif now - job.enqueued_s > self.max_queue_wait_s:
+            elif len(kept) >= free and now - job.enqueued_s > self.max_queue_wait_s:
                 job.error = OverloadedError(f"waited {now - job.enqueued_s:.1f} s for a free decode row "
                                             f"(limit {self.max_queue_wait_s:.2f} s)", hint="retry shortly")
                 self._finish(job, "error")

@@ -127,3 +127,18 @@ def test_switch_back_to_reference(engine):
     engine.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:1")
     engine.switch_operator("rmsnorm", None, "reference")
     assert engine.table.sources()["rmsnorm"] == "reference"
+
+
+def test_a_waiter_with_a_free_row_is_not_refused_during_a_long_step(model):
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=2, batch_buckets=(1, 2), max_queue_wait_s=0.2)
+    hold = threading.Event()
+    try:
+        e.switch_operator("rmsnorm", lambda x, w, eps: (hold.wait(0.3), rmsnorm_reference(x, w, eps))[1], "plugin:slow")
+        first = e.submit([1, 2], 2)  # the device thread is inside its (slow) prefill
+        time.sleep(0.05)
+        second = e.submit([3, 4], 2)  # row 1 is free: it only waits for the step to end
+        assert second.done.wait(30) and first.done.wait(30)
+        assert second.error is None and first.error is None
+    finally:
+        hold.set()
+        e.close()
