@@ -45,18 +45,24 @@ class GenerationStats:
 @dataclass
 class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0
+    top_k: int = 0  # 0 = all tokens
     seed: int = 0
+    top_p: float = 1.0  # nucleus: keep the smallest set of tokens whose probability reaches top_p
 
 
 def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator | None) -> torch.Tensor:
     if sampling.temperature <= 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / sampling.temperature
-    if sampling.top_k > 0:
+    if 0 < sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1, None]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # drop a token when the tokens ranked above it already reach top_p (the first token always stays)
+        drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= sampling.top_p
+        probs = probs.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), 0.0)
     return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
 
 

@@ -3,7 +3,7 @@
 # .devcarry_a/part then .devcarry_b/part; see README "GPU machine").
 #   stage 1: setup, every @pytest.mark.gpu test, the NVML power check
 #   stage 2: join the GGUF; build for h200 and orin; verify (golden vectors on the GPU, sm_87 PTX JIT);
-#            run the h200 bundle on the plugins vs the CPU reference; 100 swaps under load
+#            run the h200 bundle on the plugins vs the CPU reference; serve vs run, 8 streaming clients, 100 swaps under load
 # Results go to $OUT (JSON + logs).
 set -uo pipefail
 stage=${1:?stage 1 or 2}
@@ -40,4 +40,4 @@ print(f"greedy tokens gpu-plugins vs cpu-reference: {same}/{n} identical; first 
 PY
 ( time ek build $M --target orin --dev-key -o /tmp/b-orin --force --json > "$OUT/build_orin.json" ) 2>&1 | tail -3
 ek verify /tmp/b-orin --allow-dev-key --golden-backend gpu --json > "$OUT/verify_orin_ptx_on_gpu.json"; echo "verify orin (sm_87 PTX on the GPU) rc=$?"
-timeout 240 python3 "$R/scripts/load_test_swaps.py" /tmp/b-h200 --swaps 100 --clients 4 --json "$OUT/swaps_gpu.json" 2>&1 | tail -5
+timeout 540 python3 "$R/scripts/bench_serve.py" /tmp/b-h200 --allow-dev-key --swaps 100 --clients 8 --new-tokens 128 --seconds 15 --json "$OUT/bench_serve_gpu.json" 2>&1 | grep -v '^{' | tail -14

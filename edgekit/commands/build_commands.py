@@ -338,44 +338,62 @@ def serve(
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help="Accept the public development key (local testing only)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default; expose deliberately)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
-    admin_token_file: Optional[Path] = typer.Option(None, "--admin-token-file", help="File with the bearer token for the /v1/plugins admin routes (admin routes are off without it)."),
+    admin_token_file: Optional[Path] = typer.Option(None, "--admin-token-file", help="File (mode 0600) with the bearer token for the /v1/plugins admin routes (admin routes are off without it)."),
     store: Optional[Path] = typer.Option(None, "--store", help="Plugin store directory for over-the-air swaps (default: <bundle>.store)."),
-    max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for the device; more get HTTP 429."),
+    max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for a decode row; more get HTTP 429 at once."),
+    max_queue_wait_ms: float = typer.Option(500, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429."),
+    batch: int = typer.Option(4, "--batch", min=1, max=64, help="Sequences decoded together at most (static batch buckets 1, 2, 4, ... up to this)."),
+    cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay prefill and decode as CUDA graphs (GPU only), as `edgekit run` does."),
+    header_timeout_s: float = typer.Option(5.0, "--header-timeout-s", min=0.1, help="Close a connection whose request headers take longer than this."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only at start-up."),
     watchdog: bool = typer.Option(True, "--watchdog/--no-watchdog", help="Run the latency/power watchdog (budgets from the bundle's target)."),
-    watchdog_log: Optional[Path] = typer.Option(None, "--watchdog-log", help="JSONL log of samples and events (for `edgekit report`)."),
+    watchdog_log: Optional[Path] = typer.Option(None, "--watchdog-log", help="JSONL log of samples and events for `edgekit report` (default: STORE/watchdog.jsonl)."),
+    log: Optional[Path] = typer.Option(None, "--log", help="JSON-lines log of requests, swaps, rollbacks and watchdog events (default: STORE/server.jsonl)."),
 ) -> None:
-    """Serve a verified bundle over HTTP: OpenAI-style /v1/completions and /v1/chat/completions, /healthz,
-    /metrics (Prometheus), and token-guarded plugin admin (list, upload a signed plugin, rollback)."""
-    import uvicorn
+    """Serve a verified bundle over HTTP: OpenAI-compatible /v1/completions and /v1/chat/completions (streaming
+    with "stream": true), /v1/models, /healthz, /metrics (Prometheus), and token-guarded plugin admin."""
+    import gc
 
     from edgekit.bundle.keys import load_public_key
     from edgekit.cli_common import err_console
+    from edgekit.power.jsonl import JsonlLogger
     from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.http_guard import make_uvicorn_server, read_admin_token
     from edgekit.runtime.server import create_app
     from edgekit.runtime.serving import ServingStack, open_store
 
+    # Everything the operator can get wrong is checked before the bundle loads and before the store's
+    # start-up recovery runs: a typo must not cost a plugin its probation.
+    token = read_admin_token(admin_token_file)
     keys = [load_public_key(p) for p in (trust or [])]
     if not keys and not allow_dev_key:
         raise BundleError("no trusted key given: a bundle is served only if it is signed by a key you trust",
                           hint="pass --trust DIR/edgekit.pub")
+    buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
     b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden)
     store_dir = store or Path(str(bundle).rstrip("/") + ".store")
     st = open_store(store_dir, b, keys, allow_dev_key=allow_dev_key)
     for line in st.recovery:
         err_console.print(f"[yellow]store recovered:[/] {line}")
-    stack = ServingStack(b, st, max_waiting=max_waiting)
-    extra = []
+    server_log = JsonlLogger(log or store_dir / "server.jsonl")
+    stack = ServingStack(b, st, max_waiting=max_waiting, cuda_graphs=cuda_graphs, batch_buckets=buckets,
+                         max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log)
     if watchdog:
         from edgekit.plan.targets import load_target
         from edgekit.power.policy import PolicyConfig
 
         profile = load_target(b.manifest.target.name).model_dump() if b.manifest.target.name else None
-        wd = stack.start_watchdog(PolicyConfig.from_profile(profile), log_path=watchdog_log)
-        extra = [wd.registry]
-    app = create_app(stack.engine, admin_token_file=str(admin_token_file) if admin_token_file else None, plugins=stack.admin,
-                     extra_registries=extra)
-    err_console.print(f"serving {b.config.name} ({b.backend}) on http://{host}:{port}  store {store_dir}")
+        stack.start_watchdog(PolicyConfig.from_profile(profile), log_path=watchdog_log or store_dir / "watchdog.jsonl")
+    app = create_app(stack.engine, admin_token=token, plugins=stack.admin, log=server_log)
+    server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s)
+    # Everything loaded so far lives as long as the server: keep it out of the collector's way, so a gen-2
+    # collection under load does not stall the device thread for hundreds of milliseconds.
+    gc.freeze()
+    err_console.print(f"serving {b.config.name} ({b.backend}, {'CUDA graphs' if stack.engine.graphed else 'eager'}, "
+                      f"batch buckets {list(buckets)}) on http://{host}:{port}  store {store_dir}")
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    try:
+        server.run()  # SIGINT/SIGTERM end this cleanly
+    finally:
+        stack.close()  # probation progress saved with a clean-stop mark: the next start resumes it

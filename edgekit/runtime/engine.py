@@ -1,28 +1,48 @@
-"""The serving engine: one model, one device, a bounded queue, and an operator table that can change under it.
+"""The serving engine: one model, one device thread, a bounded admission queue, small-batch decode.
 
-Requests run one at a time on the device (batch-1 decode; the KV cache is
-preallocated once). Each request takes a snapshot of the dispatch table when it
-starts, so an operator swap never changes the kernels of a request in flight:
-requests that start after the switch use the new table. The switch itself is
-one reference assignment under a lock, which is the only pause a swap causes.
+- Admission is its own bounded queue, not a thread pool: ``submit`` either
+  queues a request at once or raises ``OverloadedError`` (HTTP 429) at once.
+  A request that waits longer than ``max_queue_wait_s`` for a free row is
+  refused the same way, so a client hears back quickly either way.
+- One thread owns the device. Up to ``max(batch_buckets)`` sequences are in
+  flight, one per KV-cache row. A request that arrives is prefilled into a free
+  row between two decode steps; the rows then decode together, the step padded
+  to the smallest batch bucket (1/2/4...) that covers every occupied row.
+- Operators change between steps: ``switch_operator`` prepares the new table
+  (and, on a GPU, captures its CUDA graphs) on the caller's thread; the device
+  thread picks the new runner up before its next step. That hand-over is the
+  only pause a swap causes, and it is measured (``swap_pauses_s``).
+- Nothing here takes a file lock or waits for the plugin store.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from edgekit.errors import EdgekitError
-from edgekit.generate import GenerationStats, Generator, SamplingConfig
+from edgekit.generate import GenerationStats, SamplingConfig, _pick
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
+from edgekit.power.latency import LatencyTracker
+from edgekit.runtime.step_runner import make_runner
 from edgekit.shapes import StaticShapes
+
+DEFAULT_BATCH_BUCKETS = (1, 2, 4)
 
 
 class OverloadedError(EdgekitError):
     """More requests are waiting than the engine accepts; the client should retry later (HTTP 429)."""
+
+
+class EngineClosedError(EdgekitError):
+    """The engine was shut down while the request waited or ran."""
 
 
 @dataclass
@@ -33,42 +53,114 @@ class Completion:
     stats: GenerationStats
 
 
+@dataclass
+class Job:
+    """One request in the engine. Callbacks run on the device thread and must be quick."""
+
+    prompt_ids: list[int]
+    bucket: int
+    max_new_tokens: int
+    sampling: SamplingConfig
+    stop_ids: tuple[int, ...]
+    on_token: Callable[[int], None] | None = None
+    on_done: Callable[["Job"], None] | None = None
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    error: Exception | None = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    enqueued_s: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    _cancelled: bool = False
+    _generator: torch.Generator | None = None
+
+    def cancel(self) -> None:
+        """Stop at the next step (a client went away, or a stop string was seen); the row is freed."""
+        self._cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+
+@dataclass
+class _Row:
+    job: Job
+    position: int  # position of the next token fed
+    last: int  # the token fed at `position`
+    t_start: float
+    t_last: float
+
+
 class Engine:
     def __init__(self, decoder: Decoder, tokenizer, shapes: StaticShapes, *, max_waiting: int = 8,
-                 stop_ids: tuple[int, ...] = (), model_name: str = "edgekit"):
+                 stop_ids: tuple[int, ...] = (), model_name: str = "edgekit",
+                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = 0.5,
+                 cuda_graphs: bool = True, tracker: LatencyTracker | None = None):
+        if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
+            raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
         self.decoder = decoder
         self.tokenizer = tokenizer
         self.shapes = shapes
         self.stop_ids = stop_ids
         self.model_name = model_name
+        self.batch_buckets = tuple(batch_buckets)
+        self.max_waiting = max_waiting
+        self.max_queue_wait_s = max_queue_wait_s
+        self.graphs = cuda_graphs and decoder.device.type == "cuda"
+        # the one latency tracker: its histograms are the server's /metrics latency families, and the watchdog reads it
+        self.tracker = tracker or LatencyTracker()
+        self._cache = decoder.new_cache(self.batch_buckets[-1], shapes.max_seq_len)
         self._table = decoder.ops
-        self._switch_lock = threading.Lock()
-        self._device_lock = threading.Lock()
-        # admission: at most one running + max_waiting queued; beyond that, refuse at once
-        self._slots = threading.BoundedSemaphore(max_waiting + 1)
-        self._cache = decoder.new_cache(shapes.batch, shapes.max_seq_len)
+        self._runner = self._make_runner(self._table)
+        self._next_runner = None  # set by switch_operator, taken by the device thread between steps
+        self._switch_lock = threading.Lock()  # serializes swaps (prepare + publish), never held by the device thread
+        self._cv = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._rows: list[_Row | None] = [None] * self.batch_buckets[-1]
+        self._prefilling: set[int] = set()  # rows handed to a request whose prefill has not finished
+        self._closed = False
         self.swap_pauses_s: list[float] = []
+        self.step_batches: dict[int, int] = {b: 0 for b in self.batch_buckets}  # decode steps per batch bucket
         self.shed_until = 0.0  # a watchdog action may ask to refuse new requests until then (monotonic s)
         self.observers: list[Callable[[GenerationStats], None]] = []
+        self.observer_errors: list[str] = []
+        self.on_nonfinite: Callable[[], None] | None = None  # graphed steps: non-finite logits (see _decode_step)
+        self._thread = threading.Thread(target=self._serve, name="edgekit-device", daemon=True)
+        self._thread.start()
+        self._reaper = threading.Thread(target=self._reap, name="edgekit-admission", daemon=True)
+        self._reaper.start()
+        # stop the device thread before the interpreter tears torch down under it
+        atexit.register(self.close, 1.0)
 
     # -- operators -------------------------------------------------------
     @property
     def table(self) -> DispatchTable:
         return self._table
 
+    @property
+    def graphed(self) -> bool:
+        return self._runner.graphed
+
+    def _make_runner(self, table: DispatchTable):
+        return make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs)
+
     def switch_operator(self, op: str, fn: Callable | None, source: str) -> float:
-        """Point `op` at `fn` (None: back to the torch reference). Returns the pause in seconds."""
-        new = self._table.copy()  # prepared off the serving path
-        if fn is None:
-            new.reset(op)
-        else:
-            new.set(op, fn, source=source)
+        """Point `op` at `fn` (None: back to the torch reference). Prepared here; the device thread switches
+        between two steps (that pause is recorded in `swap_pauses_s`). Returns the seconds spent preparing
+        (on a GPU: warming up and capturing the new graphs), all of it off the serving path."""
         t = time.perf_counter()
         with self._switch_lock:
-            self._table = new
-        pause = time.perf_counter() - t
-        self.swap_pauses_s.append(pause)
-        return pause
+            new = self._table.copy()
+            if fn is None:
+                new.reset(op)
+            else:
+                new.set(op, fn, source=source)
+            runner = self._make_runner(new)  # graphs captured here, off the serving path
+            with self._cv:
+                self._table = new
+                self._next_runner = runner
+                self._cv.notify_all()
+        return time.perf_counter() - t
 
     # -- requests --------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
@@ -80,29 +172,228 @@ class Engine:
             return self.tokenizer.encode_chat(user, system)
         return self.tokenizer.encode(prompt or "")
 
-    def complete(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
-                 truncate: bool = False) -> Completion:
-        # reject what cannot fit before queueing (raises ShapeError with the limit)
-        self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
+    def submit(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None, *,
+               truncate: bool = False, stop_ids: tuple[int, ...] | None = None,
+               on_token: Callable[[int], None] | None = None, on_done: Callable[[Job], None] | None = None) -> Job:
+        """Queue a request or refuse it at once (ShapeError: cannot fit; OverloadedError: no room)."""
+        ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
         if time.monotonic() < self.shed_until:
             raise OverloadedError("shedding load on a watchdog budget breach", hint="retry shortly")
-        if not self._slots.acquire(blocking=False):
-            raise OverloadedError("the server is at capacity: every request slot is taken", hint="retry shortly")
-        try:
-            with self._device_lock:
-                with self._switch_lock:
-                    table = self._table  # this request's operators, fixed for its whole life
-                gen = Generator(self.decoder.with_ops(table), self.shapes, self._pad_id(), cache=self._cache)
-                stats = GenerationStats()
-                out = list(gen.stream(prompt_ids, max_new_tokens, stop_ids=self.stop_ids,
-                                      sampling=sampling, truncate=truncate, stats=stats))
-        finally:
-            self._slots.release()
-        for obs in self.observers:
-            obs(stats)
-        finish = "stop" if out and out[-1] in self.stop_ids else "length"
-        text = self.tokenizer.decode(out) if self.tokenizer is not None else ""
-        return Completion(out, text, finish, stats)
+        job = Job(ids, bucket, max_new_tokens, sampling or SamplingConfig(),
+                  self.stop_ids if stop_ids is None else stop_ids, on_token, on_done)
+        with self._cv:
+            if self._closed:
+                raise EngineClosedError("the server is shutting down", hint="retry against a running server")
+            if self._full():
+                raise OverloadedError(f"the server is at capacity: {len(self._waiting)} requests wait for "
+                                      f"{len(self._rows)} decode rows", hint="retry shortly")
+            self._waiting.append(job)
+            self._cv.notify_all()
+        return job
+
+    def complete(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
+                 truncate: bool = False) -> Completion:
+        """Submit and wait (for callers on their own thread)."""
+        job = self.submit(prompt_ids, max_new_tokens, sampling, truncate=truncate)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return Completion(job.tokens, self.decode_text(job.tokens), job.finish_reason or "length", job.stats)
+
+    def decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    def _free_rows(self) -> int:
+        return sum(r is None and i not in self._prefilling for i, r in enumerate(self._rows))
+
+    def _full(self) -> bool:
+        return len(self._waiting) >= self.max_waiting + self._free_rows()
+
+    def full(self) -> bool:
+        """Whether a request submitted now would be refused for capacity (a hint, without the lock: the HTTP
+        layer uses it to refuse a flood before parsing bodies; `submit` decides for real)."""
+        return self._full() or time.monotonic() < self.shed_until
+
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    def active_rows(self) -> int:
+        return sum(r is not None for r in self._rows)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Refuse new work, fail what waits, let the device thread finish its step and stop."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout_s)
+
+    # -- the device thread -------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._waiting and not any(self._rows) and self._next_runner is None:
+                    self._cv.wait()
+                if self._closed:
+                    break
+                admitted = self._admit()
+                runner, self._next_runner = self._next_runner, None
+            if runner is not None:  # a swap: the only pause it causes is this hand-over between two steps
+                t = time.perf_counter()
+                self._runner = runner
+                self.swap_pauses_s.append(time.perf_counter() - t)
+            # A failure of the model itself (plugins fall back inside GuardedOp) fails the requests it
+            # touched, never the device thread.
+            for slot, job in admitted:
+                try:
+                    self._prefill(slot, job)
+                except Exception as e:
+                    self._fail_rows([slot], job, e)
+                finally:
+                    with self._cv:
+                        self._prefilling.discard(slot)
+            if any(self._rows):
+                try:
+                    self._decode_step()
+                except Exception as e:
+                    self._fail_rows([i for i, r in enumerate(self._rows) if r is not None], None, e)
+        self._fail_all(EngineClosedError("the server shut down before this request finished"))
+
+    def _fail_rows(self, slots: list[int], job: Job | None, e: Exception) -> None:
+        jobs = [self._rows[i].job for i in slots if self._rows[i] is not None] or ([job] if job else [])
+        for i in slots:
+            self._rows[i] = None
+        for j in jobs:
+            j.error = EdgekitError(f"generation failed: {type(e).__name__}: {e}")
+            self._finish(j, "error")
+
+    def _reap(self) -> None:
+        """Refuse waiters past their deadline even while the device thread is inside a long step."""
+        with self._cv:
+            while not self._closed:
+                self._expire_waiting()
+                oldest = self._waiting[0].enqueued_s if self._waiting else None
+                wait = 1.0 if oldest is None else max(oldest + self.max_queue_wait_s - time.monotonic(), 0.0) + 0.005
+                self._cv.wait(min(wait, 1.0))
+
+    def _expire_waiting(self) -> None:
+        """Under the lock: finish cancelled waiters and refuse (429) those that waited too long for a row.
+
+        A waiter with a free row already there for it is never refused: the device thread takes it at the end
+        of its current step, however long that step is."""
+        now = time.monotonic()
+        if not any(j.cancelled or now - j.enqueued_s > self.max_queue_wait_s for j in self._waiting):
+            return
+        free = self._free_rows()
+        kept: deque[Job] = deque()
+        for job in self._waiting:
+            if job.cancelled:
+                self._finish(job, "cancelled")
+            elif len(kept) >= free and now - job.enqueued_s > self.max_queue_wait_s:
+                job.error = OverloadedError(f"waited {now - job.enqueued_s:.1f} s for a free decode row "
+                                            f"(limit {self.max_queue_wait_s:.2f} s)", hint="retry shortly")
+                self._finish(job, "error")
+            else:
+                kept.append(job)
+        self._waiting = kept
+
+    def _admit(self) -> list[tuple[int, Job]]:
+        """Under the lock: drop cancelled and expired waiters, give free rows to the oldest waiters."""
+        self._expire_waiting()
+        admitted = []
+        for slot, row in enumerate(self._rows):
+            if row is None and self._waiting:
+                admitted.append((slot, self._waiting.popleft()))
+                self._prefilling.add(slot)
+        return admitted
+
+    def _prefill(self, slot: int, job: Job) -> None:
+        dev = self.decoder.device
+        tokens = torch.full((1, job.bucket), self._pad_id(), dtype=torch.long)  # (1, T)
+        tokens[0, : len(job.prompt_ids)] = torch.tensor(job.prompt_ids, dtype=torch.long)
+        seq_lens = torch.tensor([len(job.prompt_ids)], dtype=torch.long)  # (1,)
+        logits = self._runner.prefill(slot, tokens.to(dev), seq_lens.to(dev))  # (1, V)
+        if job.sampling.temperature > 0:
+            job._generator = torch.Generator().manual_seed(job.sampling.seed)
+        tok = int(_pick(logits, job.sampling, job._generator)[0])
+        now = time.perf_counter()
+        job.stats.prompt_tokens, job.stats.bucket = len(job.prompt_ids), job.bucket
+        job.stats.prefill_s = time.monotonic() - job.enqueued_s  # time to first token, queue wait included
+        self._rows[slot] = _Row(job, len(job.prompt_ids), tok, now, now)
+        self._emit(slot, tok)
+
+    def _decode_step(self) -> None:
+        rows = self._rows
+        occupied = [i for i, r in enumerate(rows) if r is not None]
+        b = next(x for x in self.batch_buckets if x > occupied[-1])
+        pad = self._pad_id()
+        # free rows below b decode a pad at position 0: never read (a prefill rewrites the row first)
+        tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
+        positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
+        dev = self.decoder.device
+        logits = self._runner.decode(b, torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))  # (b, V)
+        if self._runner.graphed:
+            # graphed plugins cannot be checked per operator inside a graph: judge the step's output instead,
+            # fetched with the greedy picks in one transfer
+            both = torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()]).tolist()
+            greedy, finite = both[:b], both[b:]
+            if not all(finite[i] for i in occupied) and self.on_nonfinite is not None:
+                self.on_nonfinite()
+        else:
+            greedy = logits.argmax(dim=-1).tolist()
+        self.step_batches[b] += 1
+        now = time.perf_counter()
+        for i in occupied:
+            row = rows[i]
+            s = row.job.sampling
+            tok = greedy[i] if s.temperature <= 0 else int(_pick(logits[i : i + 1], s, row.job._generator)[0])
+            row.job.stats.token_times_s.append(now - row.t_last)
+            row.job.stats.decode_s = now - row.t_start
+            row.t_last = now
+            row.position += 1
+            row.last = tok
+            self._emit(i, tok)
+
+    def _emit(self, slot: int, tok: int) -> None:
+        row = self._rows[slot]
+        job = row.job
+        job.tokens.append(tok)
+        job.stats.new_tokens = len(job.tokens)
+        if job.on_token is not None:
+            job.on_token(tok)
+        reason = None
+        if job.cancelled:
+            reason = "cancelled"
+        elif tok in job.stop_ids:
+            reason = "stop"
+        elif len(job.tokens) >= job.max_new_tokens:
+            reason = "length"
+        if reason is not None:
+            self._rows[slot] = None
+            self._finish(job, reason)
+
+    def _finish(self, job: Job, reason: str) -> None:
+        job.finish_reason = reason
+        if reason in ("stop", "length"):
+            st = job.stats
+            self.tracker.record_request(st.prefill_s, st.prefill_s + st.decode_s, st.token_times_s)
+            self.tracker.record("request", (time.monotonic() - job.enqueued_s) * 1000.0)
+            for obs in self.observers:
+                try:
+                    obs(st)
+                except Exception as e:  # an observer's failure must not stop the device thread; keep why
+                    self.observer_errors.append(f"{type(e).__name__}: {e}")
+        job.done.set()
+        if job.on_done is not None:
+            job.on_done(job)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._cv:
+            jobs = list(self._waiting) + [r.job for r in self._rows if r is not None]
+            self._waiting.clear()
+            self._rows = [None] * len(self._rows)
+        for job in jobs:
+            job.error = error
+            self._finish(job, "error")
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer is not None else 0

@@ -158,6 +158,7 @@ class OpState:
     active: str | None = None  # canonical version, None = torch reference
     previous: str | None = None
     blocked: tuple[str, ...] = field(default_factory=tuple)
+    floor: str | None = None  # the highest version ever installed: rollbacks do not lower it
 
 
 def check_compatible(plugin: VerifiedPluginLike, policy: DevicePolicy) -> tuple[str, str]:
@@ -225,6 +226,13 @@ def admit(
         raise SwapRefused(
             "downgrade",
             f"{op} {version} is not newer than the active version {state.active}",
+            hint="pass allow_downgrade (--allow-downgrade) to install an older version on purpose",
+        )
+    if state.floor is not None and version_key(version) < version_key(state.floor) and not allow_downgrade:
+        # after a rollback (even to the reference) an older signed package must not slip back in
+        raise SwapRefused(
+            "downgrade",
+            f"{op} {version} is older than {state.floor}, the newest version this device has installed",
             hint="pass allow_downgrade (--allow-downgrade) to install an older version on purpose",
         )
     if version in (state.active, state.previous):

@@ -60,6 +60,7 @@ from edgekit.runtime.plugin_policy import (
     check_compatible,
     canonical_version,
     check_name,
+    version_key,
 )
 
 INSTALL_STEPS = (
@@ -94,6 +95,10 @@ class StoreError(BundleError):
     """The store directory itself is unusable (permissions, busy lock, bad layout)."""
 
 
+class StoreBusyError(StoreError):
+    """Another process held the store's lock for longer than LOCK_TIMEOUT_S: retry later."""
+
+
 def default_known_abi() -> dict[str, int]:
     """operator -> ABI version of this runtime, from the operator registry."""
     from edgekit.kernels.registry import OPERATORS
@@ -125,9 +130,12 @@ class Pointer(BaseModel):
     blocked: tuple[str, ...] = ()
     changed_at: str = Field(default_factory=_now)
     note: str = ""
+    floor: str | None = None  # the newest version ever installed; survives rollbacks (downgrade check)
+    probation_requests: int = 0  # requests the version on probation has served so far (survives restarts)
+    clean_stop: bool = False  # the runtime stopped cleanly while this version was on probation
 
     def op_state(self) -> OpState:
-        return OpState(active=self.version, previous=self.previous, blocked=self.blocked)
+        return OpState(active=self.version, previous=self.previous, blocked=self.blocked, floor=self.floor)
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.model_dump(), indent=2, sort_keys=True) + "\n").encode()
@@ -285,6 +293,7 @@ class PluginStore:
                     op=op, version=fallback, previous=pointer.history[-1] if fallback and pointer.history else None,
                     history=pointer.history[:-1] if fallback else (), base=pointer.base,
                     blocked=_add(pointer.blocked, pointer.version), note=f"recovered: {pointer.version} failed verification",
+                    floor=_newest(pointer.floor, pointer.version),
                 )
         if pointer.previous is not None:
             bad = self._slot_problem(op, pointer.previous)
@@ -297,8 +306,14 @@ class PluginStore:
                 self.recovery.append(f"{op}: older version {old} failed verification ({bad}); dropped it")
                 pointer = pointer.model_copy(update={"history": tuple(v for v in pointer.history if v != old)})
         if rollback_unconfirmed and pointer.state == "probation":
-            self.recovery.append(f"{op}: {pointer.version} was still on probation at start-up; rolled back")
-            pointer = _rolled_back(pointer, "restart during probation")
+            if pointer.clean_stop:
+                # a clean stop (SIGTERM, upgrade) says nothing against the plugin: probation resumes
+                self.recovery.append(f"{op}: {pointer.version} resumes probation after {pointer.probation_requests} "
+                                     "request(s) (the runtime had stopped cleanly)")
+                pointer = pointer.model_copy(update={"clean_stop": False})
+            else:
+                self.recovery.append(f"{op}: {pointer.version} was on probation when the runtime died; rolled back")
+                pointer = _rolled_back(pointer, "the runtime died during probation")
         if pointer != original:
             self._write_pointer(pointer)
         for name in self._orphan_slots(op_dir, pointer):
@@ -402,7 +417,7 @@ class PluginStore:
                 history = current.history + ((current.previous,) if current.previous else ())
                 new = Pointer(
                     op=op, version=version, previous=current.version, history=history[max(0, len(history) - (KEPT_VERSIONS - 2)):],
-                    base=current.base, state="probation", blocked=current.blocked,
+                    base=current.base, state="probation", blocked=current.blocked, floor=_newest(current.floor, version),
                 )
                 self._write_pointer(new, between=lambda: step("pointer_temp_written"))
                 slot_made = None  # the pointer names it now
@@ -430,6 +445,18 @@ class PluginStore:
             self._write_pointer(new, between=lambda: self._step("confirm", "pointer_temp_written"))
             self._step("confirm", "switched")
         self.events.append(Event("confirmed", op, f"{new.version} confirmed"))
+        return new
+
+    def record_probation(self, op: str, version: str, requests: int, *, clean_stop: bool = False) -> Pointer:
+        """Persist how far `version` of `op` got on probation (and whether the runtime is stopping cleanly),
+        so a restart resumes its probation instead of rolling a healthy plugin back."""
+        with self._locked():
+            p = self._current_pointer(check_name("operator", op))
+            if p.state != "probation" or p.version != version:
+                return p  # confirmed or rolled back meanwhile: nothing to record
+            new = p.model_copy(update={"probation_requests": requests, "clean_stop": clean_stop})
+            if new != p:
+                self._write_pointer(new)
         return new
 
     def rollback(self, op: str, reason: str = "manual rollback") -> Pointer:
@@ -643,7 +670,7 @@ class PluginStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise StoreError(
+                        raise StoreBusyError(
                             f"plugin store {self.root} stayed locked for {LOCK_TIMEOUT_S:.0f} s",
                             hint="another edgekit process (server or agent) is installing; retry later",
                         ) from None
@@ -668,6 +695,10 @@ def _add(items: tuple[str, ...], version: str | None) -> tuple[str, ...]:
     return items + (version,)
 
 
+def _newest(a: str | None, b: str | None) -> str | None:
+    return max((v for v in (a, b) if v is not None), key=version_key, default=None)
+
+
 def _rolled_back(p: Pointer, reason: str) -> Pointer:
     """One rung down. From a store version: the previous one (older ones move up); from the base
     (no store version left): the bundle's own plugin gives way to the reference."""
@@ -677,6 +708,7 @@ def _rolled_back(p: Pointer, reason: str) -> Pointer:
     return Pointer(
         op=p.op, version=p.previous, previous=p.history[-1] if p.history else None, history=p.history[:-1],
         base=p.base, state="confirmed", blocked=_add(p.blocked, p.version), note=f"rolled back {p.version}: {reason}",
+        floor=_newest(p.floor, p.version),
     )
 
 

@@ -1,32 +1,54 @@
-"""The on-device HTTP server: OpenAI-style completions, health, Prometheus metrics, plugin admin.
+"""The on-device HTTP server: OpenAI-compatible completions (streamed or not), models, health, metrics, plugin admin.
 
-Binds to 127.0.0.1 unless told otherwise. Admin routes need a bearer token
-read from a file (compared in constant time). A request that cannot fit the
-static shapes gets 413 with the limit; one that finds every slot taken gets
-429; neither crashes the server.
+Binds to 127.0.0.1 unless told otherwise. What holds it up under hostile or careless clients:
+- admin routes check the bearer token from the headers before a byte of body is
+  read; every body has a size limit enforced while it streams in, and a deadline
+  (``http_guard``); connections that dribble their headers are closed;
+- the event loop never tokenizes, decodes or waits for the device or the store:
+  tokenization runs on its own small pool, admin operations on their own thread,
+  inference on the engine's device thread behind a bounded admission queue that
+  answers 429 + Retry-After at once when full;
+- requests are validated (finite numbers, ranges, UTF-8, unknown fields) with a
+  400 that names the field as the client sent it;
+- one Prometheus registry: the engine's latency tracker (which the watchdog
+  reads) plus the server's counters, each family defined once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import json
 import time
 import uuid
-from typing import Any, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Protocol
 
-from fastapi import FastAPI, HTTPException, Request, UploadFile
-from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
 from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
-from edgekit.runtime.engine import Engine, OverloadedError
+from edgekit.power.jsonl import JsonlLogger
+from edgekit.runtime.engine import Engine, EngineClosedError, Job, OverloadedError
+from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
+from edgekit.runtime.openai_schema import ChatRequest, CompletionRequest, validation_message
+from edgekit.runtime.plugin_store import StoreBusyError
+from edgekit.runtime.text_stream import TextStream
 
 MAX_PLUGIN_UPLOAD_BYTES = MAX_PACKAGE_BYTES  # an upload is one signed plugin package: the format's cap
-# Millisecond-resolving buckets: a 5 ms jitter budget must be visible in the histogram.
-LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+MAX_REQUEST_BODY_BYTES = 1024 * 1024
+# A token is rarely longer than this many characters: text longer than (largest bucket x this) cannot fit and is
+# refused before it is tokenized.
+MAX_CHARS_PER_TOKEN = 32
+DEFAULT_MAX_TOKENS = 64
+RETRY_AFTER_S = 1
+ADMIN_PREFIX = "/v1/plugins"
+INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions")
+SWAP_PAUSE_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 1.0)
 
 
 class PluginAdmin(Protocol):
@@ -39,159 +61,373 @@ class PluginAdmin(Protocol):
     def rollback(self, op: str) -> dict: ...
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    prompt: str | list[int]  # text, or token ids as the OpenAI API allows
-    max_tokens: int = Field(default=64, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
-    top_k: int = Field(default=0, ge=0)
-    seed: int = 0
-
-
-class ChatMessage(BaseModel):
-    role: str
-    content: str
-
-
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int = Field(default=64, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
-    top_k: int = Field(default=0, ge=0)
-    seed: int = 0
-
-
 class _Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("edgekit_requests_total", "HTTP requests by route and status", ["route", "status"], registry=self.registry)
-        self.latency = Histogram("edgekit_request_seconds", "Request latency (measured)", buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.ttft = Histogram("edgekit_time_to_first_token_seconds", "Time to first token (measured)", buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.token = Histogram("edgekit_token_seconds", "Per-token decode latency (measured)", buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.swaps = Counter("edgekit_plugin_swaps_total", "Operator plugin swaps and rollbacks", ["op", "kind"], registry=self.registry)
+    """The server's own families; latency histograms come from the engine's tracker, on the same registry."""
+
+    def __init__(self, engine: Engine) -> None:
+        reg = self.registry = engine.tracker.registry
+        self.requests = Counter("edgekit_requests", "HTTP requests by route and status", ["route", "status"], registry=reg)
+        self.tokens = Counter("edgekit_generated_tokens", "Tokens generated (measured)", registry=reg)
+        self.swaps = Counter("edgekit_plugin_swaps", "Operator plugin installs and rollbacks", ["op", "kind"], registry=reg)
+        self.swap_pause = Histogram("edgekit_swap_pause_seconds", "Serving pause when the device thread switches to a "
+                                    "new operator table (measured)", buckets=SWAP_PAUSE_BUCKETS_S, registry=reg)
+        waiting = Gauge("edgekit_requests_waiting", "Requests in the admission queue", registry=reg)
+        waiting.set_function(engine.queue_depth)
+        rows = Gauge("edgekit_sequences_decoding", "Sequences in the decode batch", registry=reg)
+        rows.set_function(engine.active_rows)
+        self._pauses_seen = 0
+        self._engine = engine
+
+    def collect_swap_pauses(self) -> None:
+        pauses = self._engine.swap_pauses_s
+        for p in pauses[self._pauses_seen:]:
+            self.swap_pause.observe(p)
+        self._pauses_seen = len(pauses)
 
 
-def _read_token(path: str | None) -> str | None:
-    if path is None:
-        return None
-    from pathlib import Path
-
-    token = Path(path).read_text().strip()
-    if len(token) < 16:
-        raise EdgekitError(f"{path}: the admin token is {len(token)} characters; expected at least 16",
-                           hint="write a long random token, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE`")
-    return token
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
 
 
-def create_app(engine: Engine, *, admin_token_file: str | None = None, plugins: PluginAdmin | None = None,
-               extra_registries: list[Any] | None = None) -> FastAPI:
-    app = FastAPI(title="edgekit", docs_url=None, redoc_url=None)
-    token = _read_token(admin_token_file)
-    metrics = _Metrics()
+def _error(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=json.loads(error_body(status, message, param)), headers=headers)
+
+
+def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_token: str | None = None,
+               plugins: PluginAdmin | None = None, extra_registries: list[Any] | None = None,
+               log: JsonlLogger | None = None, max_body_bytes: int = MAX_REQUEST_BODY_BYTES,
+               body_timeout_s: float = 10.0) -> FastAPI:
+    app = FastAPI(title="edgekit", docs_url=None, redoc_url=None, openapi_url=None)
+    token = admin_token if admin_token is not None else read_admin_token(admin_token_file)
+    auth = AdminAuth(token)
+    metrics = getattr(engine, "server_metrics", None) or _Metrics(engine)  # families register once per registry
+    engine.server_metrics = metrics
+    tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgekit-tokenize")
+    admin_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin-http")
     app.state.engine, app.state.metrics = engine, metrics
+    vocab = engine.decoder.config.vocab_size
+    max_prompt_chars = engine.shapes.buckets[-1] * MAX_CHARS_PER_TOKEN
 
-    def observe(stats) -> None:
-        metrics.ttft.observe(stats.prefill_s)
-        for dt in stats.token_times_s:
-            metrics.token.observe(dt)
+    def upload_limit() -> int:  # read at request time: tests lower it
+        return MAX_PLUGIN_UPLOAD_BYTES
 
-    engine.observers.append(observe)
+    def route_of(path: str) -> str:
+        """A fixed set of labels: a client must not be able to mint metric series with made-up paths."""
+        if path.startswith(ADMIN_PREFIX):
+            return "plugins"
+        return {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/models": "models",
+                "/healthz": "healthz", "/metrics": "metrics"}.get(path, "other")
 
-    def require_admin(request: Request) -> None:
-        if token is None:
-            raise HTTPException(403, "admin routes are disabled: start the server with --admin-token-file")
-        got = request.headers.get("authorization", "")
-        if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].encode(), token.encode()):
-            raise HTTPException(401, "missing or wrong admin bearer token", headers={"WWW-Authenticate": "Bearer"})
+    app.add_middleware(RequestGuard, auth=auth, is_admin=lambda p: p.startswith(ADMIN_PREFIX),
+                       body_limit=lambda p: upload_limit() if p.startswith(ADMIN_PREFIX) else max_body_bytes,
+                       body_timeout_s=body_timeout_s,
+                       on_refusal=lambda path, status, msg: record(route_of(path), status, time.perf_counter(), error=msg),
+                       overloaded=lambda p: p in INFERENCE_PATHS and engine.full(), retry_after_s=RETRY_AFTER_S)
+
+    def record(route: str, status: int, t0: float, **fields) -> None:
+        metrics.requests.labels(route, str(status)).inc()
+        if log is not None:
+            log.write({"type": "request", "t_s": time.time(), "route": route, "status": status,
+                       "ms": round((time.perf_counter() - t0) * 1000, 3), **fields})
+
+    def require_admin(request: Request) -> None:  # the middleware already refused; kept so no route depends on it
+        refused = auth.refusal(request.headers.get("authorization", ""))
+        if refused is not None:
+            raise HTTPException(refused[0], refused[1], headers=refused[2])
 
     def require_plugins() -> PluginAdmin:
         if plugins is None:
             raise HTTPException(409, "this server runs without a plugin store (serve a bundle to enable swaps)")
         return plugins
 
-    async def run_completion(ids: list[int], max_tokens: int, sampling: SamplingConfig, route: str):
-        t = time.perf_counter()
-        try:
-            result = await asyncio.to_thread(engine.complete, ids, max_tokens, sampling)
-        except OverloadedError as e:
-            metrics.requests.labels(route, "429").inc()
-            raise HTTPException(429, str(e), headers={"Retry-After": "1"}) from e
-        except ShapeError as e:
-            metrics.requests.labels(route, "413").inc()
-            raise HTTPException(413, str(e)) from e
-        metrics.latency.observe(time.perf_counter() - t)
-        metrics.requests.labels(route, "200").inc()
-        return result
+    # -- inference ---------------------------------------------------------------
+    async def prompt_ids(req) -> list[int]:
+        loop = asyncio.get_running_loop()
+        if isinstance(req, ChatRequest):
+            chars = sum(len(m.content) for m in req.messages)
+            if chars > max_prompt_chars:
+                raise _Refused(413, f"messages hold {chars} characters; at most {max_prompt_chars} can fit the largest "
+                                    f"prompt bucket ({engine.shapes.buckets[-1]} tokens)", "messages")
+            msgs = [m.model_dump() for m in req.messages]
+            return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(messages=msgs))
+        if isinstance(req.prompt, list):
+            bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise _Refused(400, f"prompt: token id {bad} is out of range; token ids must be in [0, {vocab})", "prompt")
+            return list(req.prompt)
+        if len(req.prompt) > max_prompt_chars:
+            raise _Refused(413, f"prompt of {len(req.prompt)} characters cannot fit the largest prompt bucket "
+                                f"({engine.shapes.buckets[-1]} tokens); send at most {max_prompt_chars} characters",
+                           "prompt")
+        text = req.prompt
+        return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(prompt=text))
 
-    def usage(n_prompt: int, result) -> dict:
-        return {"prompt_tokens": n_prompt, "completion_tokens": len(result.token_ids),
-                "total_tokens": n_prompt + len(result.token_ids)}
+    def start(req, ids: list[int], on_token, on_done) -> Job:
+        max_tokens = req.new_tokens(DEFAULT_MAX_TOKENS)
+        if max_tokens >= engine.shapes.max_seq_len:
+            raise _Refused(400, f"{req.new_tokens_field()}: {max_tokens} new tokens do not fit the KV cache of "
+                                f"{engine.shapes.max_seq_len} tokens; ask for at most {engine.shapes.max_seq_len - 1}",
+                           req.new_tokens_field())
+        sampling = SamplingConfig(req.temperature, min(req.top_k, vocab), req.seed, req.top_p)
+        try:
+            return engine.submit(ids, max_tokens, sampling, stop_ids=() if req.ignore_eos else None,
+                                 on_token=on_token, on_done=on_done)
+        except OverloadedError as e:
+            raise _Refused(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from e
+        except ShapeError as e:
+            raise _Refused(413, str(e), "prompt") from e
+        except EngineClosedError as e:
+            raise _Refused(503, str(e)) from e
+
+    def finish_reason(job: Job, stream: TextStream) -> str:
+        return "stop" if stream.stopped or job.finish_reason == "stop" else "length"
+
+    def usage(n_prompt: int, n_out: int) -> dict:
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+    async def handle(req, route: str, chat: bool):
+        t0 = time.perf_counter()
+        try:
+            ids = await prompt_ids(req)
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue = asyncio.Queue()
+
+            def on_token(tok: int) -> None:  # device thread -> event loop
+                loop.call_soon_threadsafe(events.put_nowait, ("token", tok))
+
+            def on_done(job: Job) -> None:
+                loop.call_soon_threadsafe(events.put_nowait, ("done", job))
+
+            job = start(req, ids, on_token, on_done)
+        except _Refused as e:
+            record(route, e.status, t0, param=e.param)
+            return _error(e.status, e.message, e.param, e.headers)
+        text = TextStream(engine.decode_text, req.stop_strings())
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+
+        def choice(delta_text: str | None, reason: str | None, stream: bool) -> dict:
+            if not chat:
+                return {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": reason}
+            if stream:
+                delta = {"content": delta_text} if delta_text else {}
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            return {"index": 0, "message": {"role": "assistant", "content": delta_text}, "logprobs": None,
+                    "finish_reason": reason}
+
+        # The first event decides the status: a request that expires in the queue (429) or fails at prefill
+        # gets a real status code, also when it asked to stream (headers are sent after the first token).
+        first_event = await events.get()
+        if first_event[0] == "done" and first_event[1].error is not None:
+            err = first_event[1].error
+            if isinstance(err, OverloadedError):
+                record(route, 429, t0, error=str(err))
+                return _error(429, str(err), headers={"Retry-After": str(RETRY_AFTER_S)})
+            record(route, 500, t0, error=str(err))
+            return _error(500, str(err))
+
+        def push_all(toks: list[int]) -> str:
+            return "".join(text.push(t) for t in toks)
+
+        async def tokens() -> AsyncIterator[str]:
+            """Text deltas as tokens arrive: one per batch of tokens that arrived together (possibly "" while
+            text is held back, so a stream shows progress per step). The engine job is cancelled on a stop
+            string or when the client goes away."""
+            pending = [first_event]
+            try:
+                while True:
+                    batch = [pending.pop() if pending else await events.get()]
+                    while not events.empty():
+                        batch.append(events.get_nowait())
+                    toks = [v for k, v in batch if k == "token"]
+                    done = next((v for k, v in batch if k == "done"), None)
+                    if toks:
+                        delta = push_all(toks)  # incremental: a few tokens' worth of decoding, whatever the length
+                        if text.stopped:
+                            job.cancel()
+                        yield delta
+                    if done is not None:
+                        if done.error is not None:
+                            raise done.error
+                        tail = text.finish()
+                        if tail:
+                            yield tail
+                        return
+            finally:
+                job.cancel()  # no-op when finished; frees the row when the client went away
+
+        if req.stream:
+            async def sse() -> AsyncIterator[bytes]:
+                status = 200
+                try:
+                    if chat:
+                        first = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": engine.model_name,
+                                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                              "finish_reason": None}]}
+                        yield b"data: " + json.dumps(first).encode() + b"\n\n"
+                    async for delta in tokens():
+                        chunk = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
+                                 "model": engine.model_name, "choices": [choice(delta, None, True)]}
+                        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                    last = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
+                            "model": engine.model_name, "choices": [choice("", finish_reason(job, text), True)]}
+                    yield b"data: " + json.dumps(last).encode() + b"\n\n"
+                    if req.include_usage_in_stream():
+                        u = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
+                             "model": engine.model_name, "choices": [], "usage": usage(len(ids), len(job.tokens))}
+                        yield b"data: " + json.dumps(u).encode() + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                except EdgekitError as e:  # headers are sent: report in-band, as OpenAI's servers do
+                    status = 500
+                    yield b"data: " + error_body(500, str(e)) + b"\n\n"
+                finally:
+                    metrics.tokens.inc(len(job.tokens))
+                    record(route, status, t0, stream=True, prompt_tokens=len(ids), completion_tokens=len(job.tokens),
+                           finish_reason=job.finish_reason)
+
+            return StreamingResponse(sse(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            async for _ in tokens():
+                pass
+        except EdgekitError as e:
+            record(route, 500, t0, error=str(e))
+            return _error(500, str(e))
+        metrics.tokens.inc(len(job.tokens))
+        reason = finish_reason(job, text)
+        record(route, 200, t0, prompt_tokens=len(ids), completion_tokens=len(job.tokens), finish_reason=reason,
+               ttft_ms=round(job.stats.prefill_s * 1000, 3))
+        return {"id": rid, "object": obj, "created": created, "model": engine.model_name,
+                "choices": [choice(text.text, reason, False)], "usage": usage(len(ids), len(job.tokens))}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
-        ids = list(req.prompt) if isinstance(req.prompt, list) else engine.encode(prompt=req.prompt)
-        if any(not 0 <= t < engine.decoder.config.vocab_size for t in ids):
-            raise HTTPException(400, f"token ids must be in [0, {engine.decoder.config.vocab_size})")
-        r = await run_completion(ids, req.max_tokens, SamplingConfig(req.temperature, req.top_k, req.seed), "completions")
-        return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
-                "model": engine.model_name,
-                "choices": [{"index": 0, "text": r.text, "finish_reason": r.finish_reason}],
-                "usage": usage(len(ids), r)}
+        return await handle(req, "completions", chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
-        ids = engine.encode(messages=[m.model_dump() for m in req.messages])
-        r = await run_completion(ids, req.max_tokens, SamplingConfig(req.temperature, req.top_k, req.seed), "chat")
-        return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
-                "model": engine.model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text}, "finish_reason": r.finish_reason}],
-                "usage": usage(len(ids), r)}
+        return await handle(req, "chat", chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": 0,
+                                            "owned_by": "edgekit"}]}
 
     @app.get("/healthz")
     async def healthz():
         return {"status": "ok", "model": engine.model_name, "operators": engine.table.sources(),
-                "buckets": list(engine.shapes.buckets), "max_seq_len": engine.shapes.max_seq_len}
+                "graphed": engine.graphed, "batch_buckets": list(engine.batch_buckets),
+                "buckets": list(engine.shapes.buckets), "max_seq_len": engine.shapes.max_seq_len,
+                "waiting": engine.queue_depth(), "decoding": engine.active_rows()}
 
     @app.get("/metrics")
-    async def prom():
-        # the server's own metrics, then the watchdog's (latency histograms, power and jitter gauges)
-        body = b"".join(generate_latest(r) for r in [metrics.registry, *(extra_registries or [])])
-        return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
+    async def prom(request: Request):
+        metrics.collect_swap_pauses()
+        registries = list({id(r): r for r in [metrics.registry, *(extra_registries or [])]}.values())
+        if "application/openmetrics-text" in request.headers.get("accept", ""):  # what strict scrapers ask for
+            from prometheus_client.openmetrics import exposition as om
 
-    @app.get("/v1/plugins")
+            body = b"".join(om.generate_latest(r)[: -len(b"# EOF\n")] for r in registries) + b"# EOF\n"
+            return PlainTextResponse(body, media_type=om.CONTENT_TYPE_LATEST)
+        # the watchdog shares the engine's registry: each family is exposed once
+        return PlainTextResponse(b"".join(generate_latest(r) for r in registries), media_type=CONTENT_TYPE_LATEST)
+
+    # -- admin (never behind inference: its own thread, no device lock) -----------
+    store_root = str(getattr(getattr(plugins, "store", None), "root", "")) or None
+
+    def public(e: Exception) -> str:
+        """An admin error as the client sees it: what went wrong, not where the store lives on disk."""
+        text = str(e)
+        return text.replace(store_root, "<store>") if store_root else text
+
+    async def admin_call(fn, *args, **kw):
+        try:
+            return await asyncio.get_running_loop().run_in_executor(admin_pool, lambda: fn(*args, **kw))
+        except StoreBusyError as e:
+            raise _Refused(503, "the plugin store is busy: another edgekit process (server or agent) holds its lock; "
+                                "retry later", headers={"Retry-After": str(RETRY_AFTER_S * 5)}) from e
+
+    @app.get(ADMIN_PREFIX)
     async def list_plugins(request: Request):
         require_admin(request)
-        return {"operators": engine.table.sources(), "plugins": require_plugins().list()}
+        try:
+            return {"operators": engine.table.sources(), "plugins": await admin_call(require_plugins().list)}
+        except _Refused as e:
+            return _error(e.status, e.message, headers=e.headers)
 
-    @app.post("/v1/plugins")
-    async def upload_plugin(request: Request, file: UploadFile, allow_downgrade: bool = False):
+    @app.post(ADMIN_PREFIX)
+    async def upload_plugin(request: Request, allow_downgrade: bool = False):
         require_admin(request)
         store = require_plugins()
-        data = bytearray()
-        while chunk := await file.read(1 << 20):
-            data += chunk
-            if len(data) > MAX_PLUGIN_UPLOAD_BYTES:
-                raise HTTPException(413, f"plugin package larger than {MAX_PLUGIN_UPLOAD_BYTES} bytes")
+        package = await _package_from(request)
+        t0 = time.perf_counter()
         try:
-            result = await asyncio.to_thread(store.install, bytes(data), allow_downgrade=allow_downgrade)
+            result = await admin_call(store.install, package, allow_downgrade=allow_downgrade)
+        except _Refused as e:
+            record("plugins", e.status, t0, action="install", error=e.message)
+            return _error(e.status, e.message, headers=e.headers)
         except BundleError as e:
-            raise HTTPException(422, str(e)) from e
+            record("plugins", 422, t0, action="install", error=public(e))
+            return _error(422, public(e), "file")
         metrics.swaps.labels(result.get("op", "?"), "install").inc()
+        record("plugins", 200, t0, action="install", op=result.get("op"), version=result.get("version"))
         return result
 
-    @app.post("/v1/plugins/{op}/rollback")
+    @app.post(ADMIN_PREFIX + "/{op}/rollback")
     async def rollback(request: Request, op: str):
         require_admin(request)
+        t0 = time.perf_counter()
         try:
-            result = await asyncio.to_thread(require_plugins().rollback, op)
+            result = await admin_call(require_plugins().rollback, op)
+        except _Refused as e:
+            record("plugins", e.status, t0, action="rollback", op=op, error=e.message)
+            return _error(e.status, e.message, headers=e.headers)
         except EdgekitError as e:
-            raise HTTPException(409, str(e)) from e
+            record("plugins", 409, t0, action="rollback", op=op, error=public(e))
+            return _error(409, public(e))
         metrics.swaps.labels(op, "rollback").inc()
+        record("plugins", 200, t0, action="rollback", op=op)
         return result
+
+    # -- errors --------------------------------------------------------------------
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        param, message = validation_message(list(e.errors()))
+        record(route_of(request.url.path), 400, time.perf_counter(), param=param, error=message)
+        return _error(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        record(route_of(request.url.path), e.status_code, time.perf_counter(), error=str(e.detail))
+        return _error(e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(EdgekitError)
     async def edgekit_error(_: Request, e: EdgekitError):
-        return JSONResponse(status_code=400, content={"detail": str(e)})
+        # an internal failure: say what failed, never where the store lives on disk
+        return _error(500, f"{type(e).__name__}: the server could not complete the request")
 
     return app
+
+
+async def _package_from(request: Request) -> bytes:
+    """The plugin package: a raw body (application/octet-stream) or one multipart file part.
+
+    The body is already in memory and within the upload limit (RequestGuard); the multipart parser
+    accepts one file and no other fields, so a body of 900 parts is refused before it is parsed through."""
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith("multipart/form-data"):
+        return await request.body()
+    try:
+        form = await request.form(max_files=1, max_fields=1)
+    except StarletteHTTPException as e:  # starlette's parser raises 400 for too many parts
+        raise HTTPException(400, f"plugin upload: {e.detail}; send exactly one file part named 'file'") from e
+    try:
+        part = form.get("file")
+        if part is None or isinstance(part, str):
+            raise HTTPException(400, "plugin upload: expected one file part named 'file'")
+        return await part.read()
+    finally:
+        await form.close()

@@ -16,12 +16,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from edgekit.errors import EdgekitError
+from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.bundle_runtime import OpenedBundle
 from edgekit.runtime.engine import Engine
 
@@ -29,6 +32,10 @@ from edgekit.runtime.engine import Engine
 def _all_finite(out) -> bool:
     tensors = out if isinstance(out, (tuple, list)) else (out,)
     return all(bool(torch.isfinite(t).all()) for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class GuardedOp:
@@ -47,7 +54,8 @@ class GuardedOp:
         except Exception as e:  # a plugin's launch failure must not escape into the request
             self._fault(f"launch failed: {type(e).__name__}: {e}")
             return self.fallback(*args)
-        if self.check_finite and not _all_finite(out):
+        # inside a CUDA-graph capture nothing may sync: the engine checks the graphed step's logits instead
+        if self.check_finite and not _capturing() and not _all_finite(out):
             self._fault("non-finite output")
             return self.fallback(*args)
         return out
@@ -75,35 +83,51 @@ class _Probation:
 
 
 class ServingStack:
+    """Bundle + engine + store. Inference (the device thread) never waits for the store: every store
+    decision it triggers (confirm, rollback, probation progress) runs on the one admin worker thread."""
+
     def __init__(self, bundle: OpenedBundle, store=None, *, max_waiting: int = 8, policy: ProbationPolicy | None = None,
-                 model_name: str | None = None):
+                 model_name: str | None = None, cuda_graphs: bool = True, batch_buckets: tuple[int, ...] | None = None,
+                 max_queue_wait_s: float = 0.5, log: JsonlLogger | None = None):
+        from edgekit.runtime.engine import DEFAULT_BATCH_BUCKETS
         from edgekit.runtime.plugin_admin import StoreAdmin
 
         self.bundle = bundle
         self.policy = policy or ProbationPolicy()
+        self.log = log
         base = bundle.dispatch_table()
         self._bundle_impls = {op: base.get(op) for op in base.sources()}
         self._bundle_sources = base.sources()
+        # wrap the bundle's own implementations too (a bundle plugin can fault like any other), before the
+        # engine captures its graphs, so start-up captures them once
+        for op in self._bundle_sources:
+            base.set(op, self._guarded(op, self._bundle_impls[op], fallback=None, probation=False),
+                     source=self._bundle_sources[op])
         dec = bundle.decoder(base)
         self.engine = Engine(dec, bundle.tokenizer, bundle.shapes, max_waiting=max_waiting,
-                             stop_ids=bundle.config.eos_token_ids, model_name=model_name or bundle.config.name)
+                             stop_ids=bundle.config.eos_token_ids, model_name=model_name or bundle.config.name,
+                             cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or DEFAULT_BATCH_BUCKETS,
+                             max_queue_wait_s=max_queue_wait_s)
         self.events: list[dict] = []
         self._recent_ms: deque[float] = deque(maxlen=512)  # per-token decode latency of recent requests
         self._probation: dict[str, _Probation] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the probation records only (held for microseconds)
+        # store work triggered by inference runs here, in order, off the device thread
+        self.admin_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin")
         self.store = store
+        for line in getattr(store, "recovery", []):
+            self._event("store_recovered", detail=line)
         self.admin = StoreAdmin(store, on_change=self._on_change) if store is not None else None
-        # wrap the bundle's own implementations too: a bundle plugin can fault like any other
-        for op in self._bundle_sources:
-            self._install(op, self._bundle_impls[op], self._bundle_sources[op], fallback=None, probation=False)
         self.engine.observers.append(self._observe)
+        self.engine.on_nonfinite = self._on_nonfinite
         self.watchdog = None
         if self.admin is not None:
             self.admin.sync()
 
     def start_watchdog(self, policy=None, sensors=None, log_path: Path | None = None):
         """Latency tracker + power sensors + policies; breaches become events, and `rollback_probation`
-        (roll back every plugin still on probation) and `shed_load` are registered as its actions."""
+        (roll back every plugin still on probation) and `shed_load` are registered as its actions.
+        The watchdog reads the engine's tracker: one set of latency histograms in /metrics."""
         from edgekit.power.jsonl import JsonlLogger
         from edgekit.power.sensors.discover import absent_names, local_sensors
         from edgekit.power.watchdog import Watchdog
@@ -112,27 +136,47 @@ class ServingStack:
         if sensors is None:
             sensors, notes = local_sensors()
             absent = absent_names(notes)  # exported as edgekit_sensor_available 0, so /metrics says what is missing
-        wd = Watchdog(sensors=sensors, policy=policy, logger=JsonlLogger(log_path) if log_path else None, absent_sensors=absent,
-                      on_event=lambda e: self._event("watchdog", detail=str(e.to_dict() if hasattr(e, "to_dict") else e)))
-        wd.actions.register("rollback_probation", lambda *a, **k: [self._rollback(op, "watchdog budget breach")
+        wd = Watchdog(sensors=sensors, policy=policy, tracker=self.engine.tracker, absent_sensors=absent,
+                      logger=JsonlLogger(log_path) if log_path else None,
+                      on_event=lambda e: self._event("watchdog", detail=e.to_dict() if hasattr(e, "to_dict") else str(e)))
+        wd.actions.register("rollback_probation", lambda *a, **k: [self.admin_worker.submit(self._rollback, op, "watchdog budget breach")
                                                                     for op in list(self._probation)],
                             "roll back every operator plugin still on probation")
         wd.actions.register("shed_load", lambda *a, **k: self._shed_load(), "refuse new requests for a moment (HTTP 429)")
         self.watchdog = wd.start()
         return wd
 
+    def close(self) -> None:
+        """A clean stop (SIGTERM): stop the engine and the watchdog, and record every probation's progress
+        with ``clean_stop`` so the next start resumes it instead of rolling a healthy plugin back."""
+        self.engine.close()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self.admin_worker.shutdown(wait=True)
+        if self.store is not None:
+            with self._lock:
+                pending = [(p.op, p.version, p.requests) for p in self._probation.values()]
+            for op, version, requests in pending:
+                try:
+                    self.store.record_probation(op, version, requests, clean_stop=True)
+                except EdgekitError as e:  # the next start treats it as a crash: rolls it back, safely
+                    self._event("probation_not_saved", op=op, reason=str(e))
+        if self.log is not None:
+            self.log.close()
+
     def _shed_load(self) -> None:
         self._event("shed_load")
         self.engine.shed_until = time.monotonic() + 1.0
 
     # -- operator switching -----------------------------------------------------
-    def _install(self, op: str, fn: Callable, source: str, fallback: Callable | None, probation: bool) -> float:
+    def _guarded(self, op: str, fn: Callable, fallback: Callable | None, probation: bool) -> GuardedOp:
         from edgekit.kernels.registry import OPERATORS
 
-        fallback = fallback or OPERATORS[op].reference
         check = probation or self.bundle.device.type == "cpu"
-        guarded = GuardedOp(op, fn, fallback, self._fault, check_finite=check)
-        return self.engine.switch_operator(op, guarded, source)
+        return GuardedOp(op, fn, fallback or OPERATORS[op].reference, self._fault, check_finite=check)
+
+    def _install(self, op: str, fn: Callable, source: str, fallback: Callable | None, probation: bool) -> float:
+        return self.engine.switch_operator(op, self._guarded(op, fn, fallback, probation), source)
 
     def _on_change(self, op: str, plugin) -> None:
         """The store's decision -> the engine's dispatch entry (called after install, rollback and at start)."""
@@ -145,14 +189,22 @@ class ServingStack:
                 from edgekit.kernels.registry import OPERATORS
 
                 impl = OPERATORS[op].reference
-            self._probation.pop(op, None)
+            with self._lock:
+                self._probation.pop(op, None)
             self._install(op, impl, self._bundle_sources.get(op, "reference") if on_bundle else "reference",
                           fallback=None, probation=False)
             return
         impl, source = self._load(plugin)
-        with self._lock:
-            self._probation[op] = _Probation(op, str(plugin.version), list(self._recent_ms))
-        self._install(op, impl, source, fallback=previous, probation=True)
+        pointer = self.store.pointer(op)
+        on_probation = pointer.state == "probation"
+        if on_probation:  # a new install, or one resumed after a clean restart (with the requests it had served)
+            with self._lock:
+                self._probation[op] = _Probation(op, str(plugin.version), list(self._recent_ms),
+                                                 requests=pointer.probation_requests)
+        else:
+            with self._lock:
+                self._probation.pop(op, None)
+        self._install(op, impl, source, fallback=previous, probation=on_probation)
 
     def _load(self, plugin) -> tuple[Callable, str]:
         if self.bundle.device.type == "cuda":
@@ -167,16 +219,32 @@ class ServingStack:
 
     # -- faults and probation -----------------------------------------------------
     def _event(self, kind: str, **data) -> None:
-        self.events.append({"time": time.time(), "kind": kind, **data})
+        record = {"time": time.time(), "kind": kind, **data}
+        self.events.append(record)
+        if self.log is not None:
+            self.log.write({"type": "event", "t_s": record["time"], **{k: v for k, v in record.items() if k != "time"}},
+                           flush=True)
+
+    def _on_nonfinite(self) -> None:
+        """A graphed step produced non-finite logits: the operators on probation are the suspects."""
+        with self._lock:
+            suspects = list(self._probation)
+        self._event("nonfinite_logits", suspects=suspects)
+        for op in suspects:
+            self.admin_worker.submit(self._rollback, op, "non-finite logits in a graphed step")
 
     def _fault(self, op: str, reason: str) -> None:
         self._event("operator_fault", op=op, reason=reason)
         with self._lock:
             if op in self._probation:
                 self._probation[op].faults += 1
-        if self.admin is not None and self.store.pointer(op).version is not None:
+        if self.admin is not None:
             # off the request's thread: the request finishes on its fallback meanwhile
-            threading.Thread(target=self._rollback, args=(op, f"fault: {reason}"), daemon=True).start()
+            self.admin_worker.submit(self._rollback_if_plugin, op, f"fault: {reason}")
+
+    def _rollback_if_plugin(self, op: str, reason: str) -> None:
+        if self.store.pointer(op).version is not None:
+            self._rollback(op, reason)
 
     def _rollback(self, op: str, reason: str) -> None:
         try:
@@ -186,25 +254,43 @@ class ServingStack:
             self._event("rollback_failed", op=op, reason=f"{type(e).__name__}: {e}")
 
     def _observe(self, stats) -> None:
+        """On the device thread: count the request for every probation; decide and write on the admin worker."""
         ms = [t * 1000 for t in stats.token_times_s]
-        if self.watchdog is not None:
-            self.watchdog.tracker.record_request(stats.prefill_s, stats.prefill_s + stats.decode_s, stats.token_times_s)
-        decisions = []
+        finished, progress = [], []
         with self._lock:
             for op, p in list(self._probation.items()):
                 p.seen_ms.extend(ms)
                 p.requests += 1
                 if p.requests >= self.policy.requests:
-                    decisions.append((op, self._verdict(p)))
+                    finished.append(p)
                     del self._probation[op]
+                else:
+                    progress.append((op, p.version, p.requests))
             self._recent_ms.extend(ms)
-        for op, (ok, why) in decisions:
-            if ok:
-                self.admin.confirm(op)
-                self._event("probation_passed", op=op, detail=why)
-            else:
-                self._event("probation_failed", op=op, detail=why)
-                self._rollback(op, f"probation: {why}")
+        if self.admin is None:
+            return
+        for op, version, requests in progress:
+            self.admin_worker.submit(self._save_progress, op, version, requests)
+        for p in finished:
+            self.admin_worker.submit(self._decide, p)
+
+    def _save_progress(self, op: str, version: str, requests: int) -> None:
+        try:
+            self.store.record_probation(op, version, requests)
+        except EdgekitError as e:  # the store is busy: the count is re-saved with the next request
+            self._event("probation_not_saved", op=op, reason=str(e))
+
+    def _decide(self, p: _Probation) -> None:
+        ok, why = self._verdict(p)
+        if ok:
+            try:
+                self.admin.confirm(p.op)
+                self._event("probation_passed", op=p.op, detail=why)
+            except EdgekitError as e:  # stays on probation in the store; a restart resumes it
+                self._event("confirm_failed", op=p.op, reason=str(e))
+        else:
+            self._event("probation_failed", op=p.op, detail=why)
+            self._rollback(p.op, f"probation: {why}")
 
     def _verdict(self, p: _Probation) -> tuple[bool, str]:
         """The watchdog's before/after judgement (edgekit.power.probation) on per-token decode latency."""

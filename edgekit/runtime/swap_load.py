@@ -1,17 +1,116 @@
-"""A bounded load test on loopback: concurrent completion clients while signed plugins are swapped in.
+"""Bounded load on loopback: completion clients (streaming or not), optionally while signed plugins are swapped in.
 
-Only talks to the base URL it is given (tests and the script use a server on
-127.0.0.1). Every loop is bounded by a request count and a deadline.
+Only talks to the base URL it is given (tests and scripts use a server on
+127.0.0.1). Every loop is bounded by a request count and a deadline. The
+functions return plain records so a script can run the clients in another
+process (no GIL shared with the server) and summarize them afterwards.
 """
 
 from __future__ import annotations
 
+import json
+import random
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import httpx
+
+
+@dataclass
+class RequestRecord:
+    status: int  # HTTP status; 0 when the connection failed
+    start_s: float  # time.time() when sent
+    total_s: float
+    first_s: float | None = None  # first streamed chunk, from the start
+    last_s: float | None = None  # last streamed chunk, from the start
+    completion_tokens: int = 0
+    gaps_s: list[float] = field(default_factory=list)  # between consecutive streamed chunks
+    error: str | None = None
+    retry_after_s: float | None = None  # the server's Retry-After on a 429
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """The client's view of decode speed: tokens after the first over the time after the first chunk."""
+        if self.first_s is None or self.last_s is None or self.last_s <= self.first_s or self.completion_tokens < 2:
+            return None
+        return (self.completion_tokens - 1) / (self.last_s - self.first_s)
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    v = sorted(values)
+    return v[min(int(q * len(v)), len(v) - 1)] if v else None
+
+
+def one_request(c: httpx.Client, body: dict, stream: bool) -> RequestRecord:
+    t0, wall = time.perf_counter(), time.time()
+    try:
+        if not stream:
+            r = c.post("/v1/completions", json=body)
+            rec = RequestRecord(r.status_code, wall, time.perf_counter() - t0)
+            if r.headers.get("retry-after", "").isdigit():
+                rec.retry_after_s = float(r.headers["retry-after"])
+            if r.status_code == 200:
+                rec.completion_tokens = r.json()["usage"]["completion_tokens"]
+            else:
+                rec.error = r.text[:200]
+            return rec
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            rec = RequestRecord(r.status_code, wall, 0.0)
+            if r.status_code != 200:
+                rec.error = r.read().decode(errors="replace")[:200]
+            else:
+                prev = None
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    now = time.perf_counter() - t0
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        rec.error = chunk["error"].get("message", "error")[:200]
+                    if chunk.get("usage"):
+                        rec.completion_tokens = chunk["usage"]["completion_tokens"]
+                        continue
+                    rec.first_s = now if rec.first_s is None else rec.first_s
+                    if prev is not None:
+                        rec.gaps_s.append(now - prev)
+                    rec.last_s = prev = now
+        rec.total_s = time.perf_counter() - t0
+        return rec
+    except httpx.HTTPError as e:
+        return RequestRecord(0, wall, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
+
+
+def run_clients(base_url: str, body: dict, *, clients: int, seconds: float, stream: bool = False,
+                max_requests_per_client: int = 10_000, stop: threading.Event | None = None,
+                honor_retry_after: bool = False, ramp_s: float = 0.0) -> list[dict]:
+    """`clients` threads send requests back to back for `seconds` (or until `stop`); one record per request.
+    A careless client retries a 429 at once; a polite one (`honor_retry_after`) waits as the server asks.
+    With `ramp_s` the clients start one after another over that many seconds instead of all at once."""
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=base_url, timeout=max(seconds, 30)) as c:  # made first: it costs CPU (TLS context)
+            time.sleep(ramp_s * i / max(clients, 1))
+            for _ in range(max_requests_per_client):
+                if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+                    return
+                rec = one_request(c, body, stream)
+                with lock:
+                    records.append(rec)
+                if honor_retry_after and rec.status == 429:  # with jitter, as client libraries do
+                    time.sleep(min(rec.retry_after_s or 1.0, 5.0) * random.uniform(1.0, 1.5))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 120)
+    return [asdict(r) for r in records]
 
 
 @dataclass
@@ -23,47 +122,31 @@ class LoadResult:
     swaps_failed: list[str] = field(default_factory=list)
     swap_request_s: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    records: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        q = sorted(self.swap_request_s)
+        q = self.swap_request_s
         return {
             "requests_ok": self.requests_ok, "requests_failed": self.requests_failed, "failures": self.failures[:10],
             "swaps_ok": self.swaps_ok, "swaps_failed": self.swaps_failed[:10], "seconds": round(self.seconds, 2),
             "swap_request_ms_p50": 1000 * statistics.median(q) if q else None,
-            "swap_request_ms_p99": 1000 * q[int(0.99 * (len(q) - 1))] if q else None,
+            "swap_request_ms_p99": 1000 * quantile(q, 0.99) if q else None,
         }
 
 
 def run_swap_load(base_url: str, admin_token: str, packages: list[bytes], *, clients: int = 4, prompt=None,
-                  max_tokens: int = 4, max_seconds: float = 300.0, max_requests_per_client: int = 10_000) -> LoadResult:
+                  max_tokens: int = 4, max_seconds: float = 300.0, stream: bool = False,
+                  extra_body: dict | None = None) -> LoadResult:
     """Clients post completions until every package has been uploaded (or the deadline passes)."""
     res = LoadResult()
-    lock = threading.Lock()
     done = threading.Event()
-    deadline = time.monotonic() + max_seconds
-    body = {"prompt": prompt if prompt is not None else [1, 2, 3, 4, 5], "max_tokens": max_tokens}
-
-    def client() -> None:
-        with httpx.Client(base_url=base_url, timeout=60) as c:
-            for _ in range(max_requests_per_client):
-                if done.is_set() or time.monotonic() > deadline:
-                    return
-                try:
-                    r = c.post("/v1/completions", json=body)
-                    ok, why = r.status_code == 200, f"{r.status_code} {r.text[:200]}"
-                except httpx.HTTPError as e:
-                    ok, why = False, f"{type(e).__name__}: {e}"
-                with lock:
-                    if ok:
-                        res.requests_ok += 1
-                    else:
-                        res.requests_failed += 1
-                        res.failures.append(why)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    body = {"prompt": prompt if prompt is not None else [1, 2, 3, 4, 5], "max_tokens": max_tokens, **(extra_body or {})}
+    out: list[list[dict]] = []
+    load = threading.Thread(target=lambda: out.append(run_clients(base_url, body, clients=clients, seconds=max_seconds,
+                                                                  stream=stream, stop=done)), daemon=True)
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
+    deadline = time.monotonic() + max_seconds
+    load.start()
     with httpx.Client(base_url=base_url, timeout=120, headers={"Authorization": f"Bearer {admin_token}"}) as admin:
         for pkg in packages:
             if time.monotonic() > deadline:
@@ -77,7 +160,13 @@ def run_swap_load(base_url: str, admin_token: str, packages: list[bytes], *, cli
             else:
                 res.swaps_failed.append(f"{r.status_code} {r.text[:200]}")
     done.set()
-    for t in threads:
-        t.join(timeout=120)
+    load.join(max_seconds + 180)
     res.seconds = time.perf_counter() - t0
+    res.records = out[0] if out else []
+    for r in res.records:
+        if r["status"] == 200 and not r["error"]:
+            res.requests_ok += 1
+        else:
+            res.requests_failed += 1
+            res.failures.append(f"{r['status']} {r['error']}")
     return res

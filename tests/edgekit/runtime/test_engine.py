@@ -1,24 +1,35 @@
-"""Engine semantics: a swap never changes the operators of a request in flight; capacity is bounded."""
+"""Engine semantics: swaps switch between steps; requests that wait together decode together (and give the same
+tokens as alone); admission is bounded in count and in waiting time."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
+from edgekit.generate import Generator, SamplingConfig
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.model.loader import load_model
 from edgekit.runtime.engine import Engine, OverloadedError
 from edgekit.shapes import StaticShapes
 
+SHAPES = StaticShapes(buckets=(16, 32), max_seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("preset:tiny", seed=5)
+
 
 @pytest.fixture()
-def engine():
-    m = load_model("preset:tiny", seed=5)
-    return Engine(m.decoder(), None, StaticShapes(buckets=(16,), max_seq_len=48), max_waiting=0)
+def engine(model):
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=4)
+    yield e
+    e.close()
 
 
-def test_request_in_flight_keeps_its_operators_and_the_next_one_uses_the_new(engine):
+def test_a_swap_lands_between_steps_never_inside_one(engine):
     calls = {"old": 0, "new": 0}
     inside, release = threading.Event(), threading.Event()
 
@@ -33,19 +44,83 @@ def test_request_in_flight_keeps_its_operators_and_the_next_one_uses_the_new(eng
         return rmsnorm_reference(x, w, eps)
 
     engine.switch_operator("rmsnorm", old, "plugin:1")
-    baseline = calls["old"]
-    results = {}
-    t = threading.Thread(target=lambda: results.setdefault("a", engine.complete([3, 4, 5], 4)))
-    t.start()
-    assert inside.wait(5)
-    pause = engine.switch_operator("rmsnorm", new, "plugin:2")  # while request A is inside the old kernel
+    job = engine.submit([3, 4, 5], 6)
+    assert inside.wait(5)  # the prefill step is inside the old kernel
+    engine.switch_operator("rmsnorm", new, "plugin:2")
+    assert calls["new"] == 0  # the step in flight is not touched
     release.set()
-    t.join(10)
-    assert calls["new"] == 0 and calls["old"] > baseline  # A finished entirely on the old kernel
-    b = engine.complete([3, 4, 5], 4)
-    assert calls["new"] > 0
-    assert results["a"].token_ids == b.token_ids  # both kernels compute the same thing
-    assert pause < 0.05 and engine.table.sources()["rmsnorm"] == "plugin:2"
+    assert job.done.wait(10) and job.error is None
+    assert calls["new"] > 0  # later steps of the same request run the new kernel
+    assert engine.table.sources()["rmsnorm"] == "plugin:2" and len(engine.swap_pauses_s) >= 2
+    assert max(engine.swap_pauses_s) < 0.05
+
+
+def test_requests_waiting_together_decode_together_with_the_tokens_they_get_alone(engine, model):
+    prompts = [[3, 4, 5], [7, 8, 9, 10, 11], [1], list(range(20, 38))]
+    alone = [Generator(model.decoder(), SHAPES).generate(p, 8)[0] for p in prompts]
+    gate = threading.Event()
+
+    def gated(x, w, eps):  # holds the first prefill until every request has queued
+        gate.wait(5)
+        return rmsnorm_reference(x, w, eps)
+
+    engine.switch_operator("rmsnorm", gated, "plugin:gate")
+    jobs = [engine.submit(p, 8) for p in prompts]  # all four wait while the first prefill is held
+    gate.set()
+    for j in jobs:
+        assert j.done.wait(20) and j.error is None
+    assert [j.tokens for j in jobs] == alone
+    assert engine.step_batches[4] > 0  # the four rows shared decode steps
+
+
+def test_sampling_rows_keep_their_own_seed_in_a_batch(engine, model):
+    s = SamplingConfig(temperature=1.0, top_k=50, seed=7, top_p=0.9)
+    alone = Generator(model.decoder(), SHAPES).generate([5, 9], 8, sampling=s)[0]
+    jobs = [engine.submit([5, 9], 8, s), engine.submit([1, 2, 3], 8, SamplingConfig())]
+    for j in jobs:
+        assert j.done.wait(20)
+    assert jobs[0].tokens == alone
+
+
+def test_a_full_queue_refuses_at_once(model):
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=0, batch_buckets=(1,))
+    hold = threading.Event()
+    try:
+        e.switch_operator("rmsnorm", lambda x, w, eps: (hold.wait(5), rmsnorm_reference(x, w, eps))[1], "plugin:slow")
+        first = e.submit([1, 2], 2)  # takes the only row
+        time.sleep(0.2)
+        t = time.perf_counter()
+        with pytest.raises(OverloadedError, match="capacity"):
+            e.submit([1, 2], 2)
+        assert time.perf_counter() - t < 0.1
+        hold.set()
+        assert first.done.wait(10) and first.error is None
+    finally:
+        hold.set()
+        e.close()
+
+
+def test_a_request_that_waits_too_long_is_refused_not_left_hanging(model):
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=2, batch_buckets=(1,), max_queue_wait_s=0.2)
+    hold = threading.Event()
+    try:
+        e.switch_operator("rmsnorm", lambda x, w, eps: (hold.wait(1.0), rmsnorm_reference(x, w, eps))[1], "plugin:slow")
+        first = e.submit([1, 2], 2)
+        waiting = e.submit([1, 2], 2)
+        assert waiting.done.wait(10)
+        assert isinstance(waiting.error, OverloadedError) and "waited" in str(waiting.error)
+        hold.set()
+        assert first.done.wait(10)
+    finally:
+        hold.set()
+        e.close()
+
+
+def test_a_cancelled_request_frees_its_row(engine):
+    job = engine.submit([1, 2, 3], 40)
+    job.cancel()
+    assert job.done.wait(10) and job.finish_reason == "cancelled" and len(job.tokens) < 40
+    assert engine.active_rows() == 0
 
 
 def test_switch_back_to_reference(engine):
@@ -54,10 +129,16 @@ def test_switch_back_to_reference(engine):
     assert engine.table.sources()["rmsnorm"] == "reference"
 
 
-def test_no_free_slot_is_overloaded(engine):
-    assert engine._slots.acquire(blocking=False)  # the only slot (max_waiting=0)
+def test_a_waiter_with_a_free_row_is_not_refused_during_a_long_step(model):
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=2, batch_buckets=(1, 2), max_queue_wait_s=0.2)
+    hold = threading.Event()
     try:
-        with pytest.raises(OverloadedError):
-            engine.complete([1, 2], 2)
+        e.switch_operator("rmsnorm", lambda x, w, eps: (hold.wait(0.3), rmsnorm_reference(x, w, eps))[1], "plugin:slow")
+        first = e.submit([1, 2], 2)  # the device thread is inside its (slow) prefill
+        time.sleep(0.05)
+        second = e.submit([3, 4], 2)  # row 1 is free: it only waits for the step to end
+        assert second.done.wait(30) and first.done.wait(30)
+        assert second.error is None and first.error is None
     finally:
-        engine._slots.release()
+        hold.set()
+        e.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from conftest import write_admin_token
+
 from edgekit.runtime.engine import Engine
 from edgekit.runtime.server import create_app
 from edgekit.shapes import StaticShapes
@@ -38,8 +40,7 @@ def engine(default_model):
 
 @pytest.fixture()
 def client(engine, tmp_path):
-    tok = tmp_path / "admin.token"
-    tok.write_text(TOKEN)
+    tok = write_admin_token(tmp_path / "admin.token", TOKEN)
     plugins = RecordingPlugins()
     c = TestClient(create_app(engine, admin_token_file=str(tok), plugins=plugins))
     c.plugins = plugins
@@ -67,9 +68,11 @@ def test_over_length_prompt_is_413_with_the_limit(client):
     assert "at most 64 fit" in r.json()["detail"]
 
 
-def test_bad_request_body_is_422(client):
-    assert client.post("/v1/completions", json={"max_tokens": 4}).status_code == 422
-    assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0}).status_code == 422
+def test_bad_request_body_is_400_naming_the_field(client):
+    r = client.post("/v1/completions", json={"max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens" and "max_tokens" in r.json()["detail"]
 
 
 def test_health_and_metrics(client):
@@ -77,7 +80,7 @@ def test_health_and_metrics(client):
     assert h["status"] == "ok" and h["operators"]["rmsnorm"] == "reference"
     client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
     m = client.get("/metrics").text
-    assert "edgekit_request_seconds_bucket" in m and 'le="0.005"' in m
+    assert "edgekit_request_latency_seconds_bucket" in m and 'le="0.005"' in m
     assert 'edgekit_requests_total{route="completions",status="200"}' in m
 
 
@@ -105,24 +108,18 @@ def test_oversized_upload_is_413(client, monkeypatch):
     assert r.status_code == 413 and client.plugins.installed == []
 
 
-def test_capacity_is_429(engine, client):
-    # take every admission slot, as concurrent requests would
-    taken = 0
-    while engine._slots.acquire(blocking=False):
-        taken += 1
-    try:
-        r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
-        assert r.status_code == 429 and r.headers["retry-after"] == "1"
-    finally:
-        for _ in range(taken):
-            engine._slots.release()
+def test_capacity_is_429(engine, client, monkeypatch):
+    # no room in the admission queue, as when every row decodes and max_waiting requests wait
+    monkeypatch.setattr(engine, "max_waiting", -len(engine._rows))
+    r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    monkeypatch.undo()
     assert client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
 
 
 def test_short_admin_token_is_refused(engine, tmp_path):
     from edgekit.errors import EdgekitError
 
-    tok = tmp_path / "t"
-    tok.write_text("short")
+    tok = write_admin_token(tmp_path / "t", "short")
     with pytest.raises(EdgekitError, match="at least 16"):
         create_app(engine, admin_token_file=str(tok))

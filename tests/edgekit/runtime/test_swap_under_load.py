@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import pytest
 
-from edgekit.build import BuildOptions, build_bundle
-from edgekit.bundle.keys import development_key
-from edgekit.bundle.plugin import pack_plugin, parse_plugin_metadata, plugin_files_from_dir
+from conftest import live_server, plugin_packages, write_admin_token
+
 from edgekit.runtime.bundle_runtime import open_bundle
 from edgekit.runtime.server import create_app
 from edgekit.runtime.serving import ServingStack, open_store
@@ -20,41 +18,24 @@ TOKEN = "load-test-admin-token-0123456789"
 
 
 @pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("swapload")
-    opts = BuildOptions(model="preset:tiny", target="orin", out=d / "bundle", dev_key=True, precision="fp16",
-                        context=64, buckets=(16, 32), onnx=False, cache_dir=d / "cache")
-    return build_bundle(opts).out
+def bundle_dir(tiny_bundle):
+    return tiny_bundle
 
 
 def _packages(bundle_dir, op: str, versions) -> list[bytes]:
-    d = bundle_dir / "plugins" / op / "1"
-    meta = parse_plugin_metadata((d / "plugin.json").read_bytes())
-    files = {k: v for k, v in plugin_files_from_dir(d).items() if k != "plugin.json"}
-    return [pack_plugin(meta.model_copy(update={"version": v}), files, development_key()) for v in versions]
+    return plugin_packages(bundle_dir, op, versions)
 
 
 @pytest.fixture()
 def server(bundle_dir, tmp_path):
-    import uvicorn
-
     b = open_bundle(bundle_dir, [], allow_dev_key=True, device="cpu", golden=False)
     store = open_store(tmp_path / "store", b, [], allow_dev_key=True)
     stack = ServingStack(b, store, max_waiting=8)
-    tok = tmp_path / "token"
-    tok.write_text(TOKEN)
+    tok = write_admin_token(tmp_path / "token", TOKEN)
     app = create_app(stack.engine, admin_token_file=str(tok), plugins=stack.admin)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", stack
-    srv.should_exit = True
-    th.join(10)
+    with live_server(app) as url:
+        yield url, stack
+    stack.close()
 
 
 def test_swaps_under_load_drop_no_request(server, bundle_dir):

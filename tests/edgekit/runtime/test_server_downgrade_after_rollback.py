@@ -1,0 +1,45 @@
+"""Attack 7: after a rollback to the reference, an older signed version installed without allow_downgrade.
+
+Before: with nothing active there was nothing to compare with. Now: the store keeps a version floor (the newest
+version ever installed) that rollbacks do not lower."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from conftest import plugin_packages
+
+
+def test_older_version_after_rollback_to_the_reference_is_a_downgrade(tiny_server, tiny_bundle):
+    url, stack, auth = tiny_server
+    v5, v3, v7 = plugin_packages(tiny_bundle, "swiglu", [5, 3, 7])
+    with httpx.Client(base_url=url, headers=auth, timeout=60) as c:
+        assert c.post("/v1/plugins", files={"file": ("p.tar", v5)}).status_code == 200
+        assert c.post("/v1/plugins/swiglu/rollback").status_code == 200
+        assert stack.store.pointer("swiglu").version is None  # the reference (the bundle's own) serves again
+        r = c.post("/v1/plugins", files={"file": ("p.tar", v3)})
+        assert r.status_code == 422 and "older than 5" in r.json()["error"]["message"], r.text
+        assert stack.store.pointer("swiglu").version is None
+        assert c.post("/v1/plugins", files={"file": ("p.tar", v7)}).status_code == 200  # newer still installs
+        assert c.post("/v1/plugins/swiglu/rollback").status_code == 200
+        r = c.post("/v1/plugins", params={"allow_downgrade": "true"}, files={"file": ("p.tar", v3)})
+        assert r.status_code == 200, r.text  # on purpose, it still can
+    assert stack.store.pointer("swiglu").floor == "7"
+
+
+def test_the_floor_survives_a_restart(tiny_bundle, tmp_path):
+    from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.plugin_policy import SwapRefused
+    from edgekit.runtime.serving import open_store
+
+    b = open_bundle(tiny_bundle, [], allow_dev_key=True, device="cpu", golden=False)
+    store = open_store(tmp_path / "store", b, [], allow_dev_key=True)
+    v4, v2 = plugin_packages(tiny_bundle, "rmsnorm", [4, 2])
+    store.install(v4)
+    store.confirm("rmsnorm")
+    store.rollback("rmsnorm")
+    reopened = open_store(tmp_path / "store", b, [], allow_dev_key=True)
+    with pytest.raises(SwapRefused) as refused:
+        reopened.install(v2)
+    assert refused.value.reason == "downgrade"

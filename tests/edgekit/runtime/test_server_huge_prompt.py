@@ -1,0 +1,63 @@
+"""Attack 2: an 8 MB prompt. Before: tokenized inside the async handler, blocking every client for ~16 s.
+
+Now: the body limit refuses it while it streams in; a prompt under the body limit that cannot fit the largest
+bucket is refused before tokenization; and tokenization runs off the event loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from conftest import live_server
+
+from edgekit.runtime.server import MAX_REQUEST_BODY_BYTES, create_app
+
+
+@pytest.fixture()
+def url(smol_engine):
+    with live_server(create_app(smol_engine)) as u:
+        yield u
+
+
+def test_8mb_prompt_is_refused_by_the_body_limit(url):
+    t = time.perf_counter()
+    r = httpx.post(url + "/v1/completions", json={"prompt": "a" * (8 << 20), "max_tokens": 4}, timeout=30)
+    assert r.status_code == 413 and str(MAX_REQUEST_BODY_BYTES) in r.json()["error"]["message"]
+    assert time.perf_counter() - t < 10
+
+
+def test_prompt_that_cannot_fit_is_refused_before_tokenization(smol_engine, monkeypatch):
+    calls = []
+    monkeypatch.setattr(smol_engine, "encode", lambda *a, **k: calls.append(1) or [1])
+    c = TestClient(create_app(smol_engine))
+    r = c.post("/v1/completions", json={"prompt": "word " * 100_000, "max_tokens": 4})  # 500 KB: under the body limit
+    assert r.status_code == 413 and r.json()["error"]["param"] == "prompt" and calls == []
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 100_000}]})
+    assert r.status_code == 413 and r.json()["error"]["param"] == "messages" and calls == []
+
+
+def test_tokenization_does_not_block_other_clients(smol_engine, monkeypatch):
+    real = smol_engine.encode
+    inside = threading.Event()
+
+    def slow_encode(*a, **k):  # a tokenizer stuck for 3 s, as on a huge input
+        inside.set()
+        time.sleep(3)
+        return real(*a, **k)
+
+    monkeypatch.setattr(smol_engine, "encode", slow_encode)
+    with live_server(create_app(smol_engine)) as u:
+        slow = threading.Thread(target=lambda: httpx.post(u + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1},
+                                                          timeout=30))
+        slow.start()
+        assert inside.wait(10)
+        t = time.perf_counter()
+        r = httpx.get(u + "/healthz", timeout=10)
+        waited = time.perf_counter() - t
+        slow.join(30)
+    assert r.status_code == 200
+    assert waited < 1.5, f"/healthz waited {waited:.2f} s behind a tokenization"

@@ -1,0 +1,33 @@
+"""Structured logs: every request, install, rollback and runtime event is one JSON line in the store's server.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from conftest import plugin_packages
+
+from edgekit.kernels.rmsnorm import rmsnorm_reference
+
+
+def test_requests_swaps_rollbacks_and_faults_are_json_lines(tiny_server, tiny_bundle):
+    url, stack, auth = tiny_server
+    with httpx.Client(base_url=url, timeout=60) as c:
+        assert c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3}).status_code == 200
+        assert c.post("/v1/completions", json={"prompt": [1], "temperature": -1}).status_code == 400
+        assert c.post("/v1/plugins", headers=auth, files={"file": ("p.tar", plugin_packages(tiny_bundle, "rmsnorm", [2])[0])}).status_code == 200
+        # the new plugin faults (non-finite output on probation): it falls back, and the stack rolls it back
+        g = stack.engine.table.get("rmsnorm")
+        g.fn = lambda x, w, eps: rmsnorm_reference(x, w, eps) * float("nan")
+        assert c.post("/v1/completions", json={"prompt": [4, 5], "max_tokens": 2}).status_code == 200
+    stack.admin_worker.submit(lambda: None).result(30)
+    stack.log.close()
+    records = [json.loads(line) for line in (stack.store.root / "server.jsonl").read_text().splitlines()]
+    requests = [r for r in records if r["type"] == "request"]
+    assert {(r["route"], r["status"]) for r in requests} >= {("completions", 200), ("completions", 400), ("plugins", 200)}
+    ok = next(r for r in requests if r["route"] == "completions" and r["status"] == 200)
+    assert ok["completion_tokens"] == 3 and ok["prompt_tokens"] == 3 and ok["ms"] > 0 and "prompt" not in ok
+    kinds = [r["kind"] for r in records if r["type"] == "event"]
+    assert "operator_fault" in kinds and "rollback" in kinds
+    assert stack.store.pointer("rmsnorm").version is None

@@ -1,0 +1,69 @@
+"""Attack 6: a lone surrogate in the prompt, NaN/inf temperature, max_tokens 1e400, a huge top_k or seed.
+
+Before: each was a 500. Now: a 400 that names the field as the client sent it; the server keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from edgekit.runtime.server import create_app
+
+
+@pytest.fixture(scope="module")
+def client(smol_engine):
+    return TestClient(create_app(smol_engine))
+
+
+def _post(client, route: str, raw_json: str):
+    return client.post(route, content=raw_json.encode(), headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("body, field", [
+    ('{"prompt": "caf\\ud800", "max_tokens": 2}', "prompt"),
+    ('{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 2}', "messages[0].content"),
+    ('{"prompt": "x", "temperature": NaN}', "temperature"),
+    ('{"prompt": "x", "temperature": Infinity}', "temperature"),
+    ('{"prompt": "x", "temperature": -Infinity}', "temperature"),
+    ('{"prompt": "x", "temperature": 9.5}', "temperature"),
+    ('{"prompt": "x", "top_p": 0}', "top_p"),
+    ('{"prompt": "x", "top_p": NaN}', "top_p"),
+    ('{"prompt": "x", "max_tokens": 1e400}', "max_tokens"),
+    ('{"prompt": "x", "max_tokens": 100000}', "max_tokens"),
+    ('{"prompt": "x", "max_completion_tokens": 5000}', "max_completion_tokens"),
+    ('{"prompt": "x", "max_tokens": -1}', "max_tokens"),
+    ('{"prompt": "x", "seed": 99999999999999999999999999}', "seed"),
+    ('{"prompt": "x", "seed": -5}', "seed"),
+    ('{"prompt": "x", "top_k": -1}', "top_k"),
+    ('{"prompt": "x", "n": 3}', "n"),
+    ('{"prompt": "x", "logprobs": 5}', "body"),
+    ('{"prompt": "x", "frobnicate": 1}', "frobnicate"),
+    ('{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', "stop"),
+    ('{"prompt": [1, 99999999]}', "prompt"),
+    ('{"prompt": "x"', "body"),
+])
+def test_malformed_value_is_a_400_naming_the_field(client, body, field):
+    route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = _post(client, route, body)
+    assert r.status_code == 400, (body, r.status_code, r.text)
+    err = r.json()["error"]
+    assert err["param"] == field, err
+    assert field.split("[")[0] in err["message"] or field == "body", err
+
+
+def test_unsupported_field_is_named_in_the_message(client):
+    r = _post(client, "/v1/completions", '{"prompt": "x", "logprobs": 5}')
+    assert "logprobs" in r.json()["error"]["message"]
+    r = _post(client, "/v1/completions", '{"prompt": "x", "n": 2}')
+    assert "n=2" in r.json()["error"]["message"]
+
+
+def test_huge_top_k_is_clamped_to_the_vocabulary_and_served(client):
+    r = _post(client, "/v1/completions", '{"prompt": "Hi", "max_tokens": 2, "temperature": 0.7, "top_k": 10000000000, "seed": 9223372036854775807}')
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_the_server_still_serves_after_every_malformed_request(client):
+    r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 200
