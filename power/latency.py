@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, Histogram
 
 METRICS = ("ttft", "token", "request")
 _PROM_NAMES = {
-    # not "time_to_first_token_seconds": the server exports that name from its own registry, and /metrics
-    # serves both registries -- one family name twice is an invalid exposition (strict parsers reject it)
-    "ttft": ("first_token_latency_seconds", "Time from request start to its first token."),
+    # the one TTFT family of /metrics: the server keeps no latency histograms of its own (it records into this
+    # tracker), so the name is defined once -- a family twice is an invalid exposition (strict parsers reject it)
+    "ttft": ("time_to_first_token_seconds", "Time from request start to its first token."),
     "token": ("token_latency_seconds", "Time between two consecutive tokens of one stream."),
     "request": ("request_latency_seconds", "Time for a whole request."),
 }

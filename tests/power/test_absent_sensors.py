@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest as text_exposition
@@ -27,20 +28,9 @@ POWER_FAMILIES = {"edgekit_power_rail_milliwatts", "edgekit_power_total_milliwat
                   "edgekit_gpu_clock_max_megahertz", "edgekit_overcurrent_events"}
 
 
-class _Registries:
-    """Several registries exposed as one, as the server's /metrics concatenates them."""
-
-    def __init__(self, *registries):
-        self.registries = registries
-
-    def collect(self):
-        for r in self.registries:
-            yield from r.collect()
-
-
-def _watchdog(tree: Path) -> Watchdog:
+def _watchdog(tree: Path, tracker: LatencyTracker | None = None) -> Watchdog:
     found, notes = local_sensors(tree)
-    wd = Watchdog(LatencyTracker(), sensors=found, absent_sensors=absent_names(notes), log_interval_s=0.0)
+    wd = Watchdog(tracker or LatencyTracker(), sensors=found, absent_sensors=absent_names(notes), log_interval_s=0.0)
     for v in (5.0, 6.0, 7.0):
         wd.tracker.record("token", v)
     wd.tick(now_mono=1.0, now_wall=1000.0, read_all=True)
@@ -60,8 +50,11 @@ def _strict(registry) -> dict:
 def test_metrics_parse_strictly_with_and_without_sensors_alongside_the_server_metrics(tree, tmp_path):
     from edgekit.runtime.server import _Metrics
 
-    wd = _watchdog(OC_TREE if tree == "with sensors" else tmp_path)
-    fams = _strict(_Registries(_Metrics().registry, wd.registry))
+    # as serve wires them: the server's families and the watchdog's share the engine's latency tracker registry
+    engine = SimpleNamespace(tracker=LatencyTracker(), queue_depth=lambda: 0, active_rows=lambda: 0, swap_pauses_s=[])
+    wd = _watchdog(OC_TREE if tree == "with sensors" else tmp_path, engine.tracker)
+    assert wd.registry is _Metrics(engine).registry
+    fams = _strict(wd.registry)
     avail = {s.labels["sensor"]: s.value for s in fams["edgekit_sensor_available"].samples}
     if tree == "with sensors":
         assert avail == {"ina3221": 1.0, "thermal": 1.0, "gpu_load": 1.0, "soctherm_oc": 1.0, "rapl": 0.0}
@@ -72,7 +65,7 @@ def test_metrics_parse_strictly_with_and_without_sensors_alongside_the_server_me
     else:
         assert avail == {"ina3221": 0.0, "thermal": 0.0, "gpu_load": 0.0, "soctherm_oc": 0.0, "rapl": 0.0}
         assert not POWER_FAMILIES & set(fams)  # nothing exported for what was not read: no 0 W, no 0 % load
-    assert "edgekit_token_latency_seconds" in fams and "edgekit_token_seconds" in fams  # watchdog's and server's
+    assert "edgekit_token_latency_seconds" in fams and "edgekit_requests" in fams  # latency (tracker) and the server's own
 
 
 def test_agx_without_input_rail_exports_a_labelled_sum_and_no_total():
