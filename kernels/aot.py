@@ -190,9 +190,28 @@ def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = N
             _to_store(store, ck, ptx_version, with_ptxas_stats)
         with _LOCK:
             _CACHE[key] = ck
+    return _within_budget(ck, budget_bytes)
+
+
+def compile_kernel(kernel: KernelDef, v: KernelVariant, arch: int, *, budget_bytes: int | None = None,
+                   ptx_version: int | None = None, with_ptxas_stats: bool = True) -> CompiledKernel:
+    """Cross-compile ``v`` with the given kernel definition instead of the shipped one (e.g. a developer's edited
+    copy of ``kernels/<op>_triton.py``, see edgekit.bundle.kernel_source).
+
+    Never cached: the in-process and on-disk caches are keyed by variant and the shipped source, so an edited
+    kernel would otherwise be served the shipped kernel's compile, or poison it.
+    """
+    if arch not in SUPPORTED_ARCHS:
+        raise KernelCompileError(f"arch sm_{arch} is not supported; expected one of {SUPPORTED_ARCHS}")
+    triton, GPUTarget, ASTSource = _triton()
+    ck = _compile(v, arch, ptx_version, with_ptxas_stats, triton, GPUTarget, ASTSource, kernel=kernel)
+    return _within_budget(ck, budget_bytes)
+
+
+def _within_budget(ck: CompiledKernel, budget_bytes: int | None) -> CompiledKernel:
     if budget_bytes is not None and ck.shared_bytes > budget_bytes:
         raise SharedMemoryBudgetError(
-            f"{v.label()} needs {ck.shared_bytes} bytes of shared memory on sm_{arch}; the budget is {budget_bytes}",
+            f"{ck.variant.label()} needs {ck.shared_bytes} bytes of shared memory on sm_{ck.arch}; the budget is {budget_bytes}",
             hint="choose smaller tiles or fewer pipeline stages (kernels.variants.tile_space lists them)")
     return ck
 
@@ -243,8 +262,8 @@ def _to_store(store, ck: CompiledKernel, ptx_version, with_stats) -> None:
     store.put("compile", key, {"kernel.json": compiled_to_json(ck)})
 
 
-def _compile(v, arch, ptx_version, with_stats, triton, GPUTarget, ASTSource) -> CompiledKernel:
-    k = validate_variant(v)
+def _compile(v, arch, ptx_version, with_stats, triton, GPUTarget, ASTSource, kernel: KernelDef | None = None) -> CompiledKernel:
+    k = validate_variant(v, kernel)
     options: dict[str, Any] = {"num_warps": v.num_warps, "num_stages": v.num_stages}
     if ptx_version is not None:
         options["ptx_version"] = ptx_version
@@ -254,7 +273,7 @@ def _compile(v, arch, ptx_version, with_stats, triton, GPUTarget, ASTSource) -> 
         raise
     except Exception as e:  # Triton raises many types (CompilationError, RuntimeError, ...)
         raise KernelCompileError(f"Triton failed to compile {v.label()} for sm_{arch}: {type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''}") from e
+                                 f"{_compile_message(e)}") from e
     md = compiled.metadata
     ptx = compiled.asm["ptx"]
     regs, spills = _ptxas_stats(ptx) if with_stats else (None, None)
@@ -267,6 +286,14 @@ def _compile(v, arch, ptx_version, with_stats, triton, GPUTarget, ASTSource) -> 
         launch_rule=launch_rule_of(v), variant=v, ptx_version=getattr(md, "ptx_version", None),
         global_scratch_align=int(getattr(md, "global_scratch_align", 1) or 1),
     )
+
+
+def _compile_message(e: Exception) -> str:
+    """One line of a Triton error: a CompilationError reads "at L:C:", the source excerpt, then the error itself."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
 
 
 def clear_cache() -> None:

@@ -173,9 +173,9 @@ def precision_of(v: KernelVariant) -> dict[str, str]:
     return kernel_def(v.op, v.kernel).precision_for(v.dtype)
 
 
-def validate_variant(v: KernelVariant) -> KernelDef:
-    """The variant's KernelDef, after checking its constexprs are exactly the kernel's."""
-    k = kernel_def(v.op, v.kernel)
+def validate_variant(v: KernelVariant, kernel: KernelDef | None = None) -> KernelDef:
+    """The variant's KernelDef (the shipped one unless ``kernel`` is given), after checking its constexprs are exactly the kernel's."""
+    k = kernel if kernel is not None else kernel_def(v.op, v.kernel)
     if set(v.constexprs) != set(k.constexpr_names):
         raise OperatorError(f"variant {v.label()}: constexprs {sorted(v.constexprs)} do not match the kernel's "
                             f"{sorted(k.constexpr_names)}")

@@ -262,7 +262,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     shapes = plan.static_shapes
 
     def goldens():
-        return {op: _golden_bytes(op, cfg, shapes, cache) for op in ops}
+        return {op: golden_bytes(op, cfg, shapes, cache) for op in ops}
 
     golden = st.run("golden", goldens)
 
@@ -302,8 +302,11 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     return BuildResult(out, manifest, summary, st.seconds)
 
 
-def _golden_bytes(op: str, cfg, shapes, cache: BuildCache) -> bytes:
-    """Golden vectors of one operator, cached by everything that determines them (incl. the reference's source)."""
+def golden_bytes(op: str, cfg, shapes, cache: BuildCache | None = None) -> bytes:
+    """Golden vectors of one operator, cached by everything that determines them (incl. the reference's source).
+
+    Also what `edgekit plugin pack --kernel-source` ships (no cache there: it computes them once).
+    """
     import hashlib
     import inspect
 
@@ -313,6 +316,7 @@ def _golden_bytes(op: str, cfg, shapes, cache: BuildCache) -> bytes:
     from edgekit.kernels import operator as operator_mod
     from edgekit.kernels.registry import OPERATORS
 
+    cache = BuildCache(None, enabled=False) if cache is None else cache
     sources = "".join(inspect.getsource(m) for m in (build_golden, golden_mod, operator_mod,
                                                      inspect.getmodule(OPERATORS[op].reference)))
     key = cache_key(stage="golden", op=op, config=cfg.to_dict(), buckets=list(shapes.buckets), context=shapes.max_seq_len,

@@ -68,7 +68,8 @@ def _rows(path: Path, bundle: Optional[Path], trust: Optional[List[Path]], allow
 @plugin_app.command("pack")
 def pack(
     op: str = typer.Argument(..., help="The operator, e.g. rmsnorm (`edgekit plugin list BUNDLE` lists them)."),
-    bundle: Path = typer.Option(..., "--bundle", "-b", help="A bundle built by `edgekit build`: the plugin's compiled kernels come from it."),
+    bundle: Path = typer.Option(..., "--bundle", "-b", help="A bundle built by `edgekit build`: the plugin's compiled kernels come from it (with --kernel-source: its tiles, arch, model shapes)."),
+    kernel_source: Optional[Path] = typer.Option(None, "--kernel-source", help="Compile OP from this .py file instead (a copy of edgekit's kernels/<op>_triton.py with changed kernel bodies) for the bundle's target."),
     version: int = typer.Option(..., "--version", min=1, help="The new plugin version; a device installs only versions above the one it runs."),
     out: Path = typer.Option(..., "--out", "-o", help="The package file to write, e.g. rmsnorm-v2.tar."),
     key: Optional[Path] = typer.Option(None, "--key", help="Ed25519 private key to sign with (`edgekit keys generate DIR` makes DIR/edgekit.key)."),
@@ -79,18 +80,28 @@ def pack(
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON (op, version, arch, sha256, bytes, path)."),
 ) -> None:
-    """Sign one operator's compiled plugin from a bundle as a package for an over-the-air swap.
+    """Sign one operator's compiled plugin as a package for an over-the-air swap.
 
+    The kernels come from a bundle (checked against its manifest first) or, with --kernel-source, are
+    compiled from your edited kernel file at the tiles the bundle's plan chose, for the bundle's GPU.
     The package goes to a device with `curl -F file=@OUT .../v1/plugins`, `edgekit store install`
-    or `edgekit publish` + `edgekit agent`. The kernels are checked against the bundle's manifest first."""
+    or `edgekit publish` + `edgekit agent`."""
     from edgekit.bundle.canonical import atomic_write_bytes, sha256_hex
-    from edgekit.bundle.plugin_pack import pack_from_bundle
+    from edgekit.bundle.plugin_pack import pack_from_bundle, pack_from_kernel_source
 
     if out.exists() and not force:
         raise BundleError(f"{out} already exists", hint="pass --force to replace it, or another --out")
+    if kernel_source is not None and from_version is not None:
+        raise BundleError("--from-version picks a bundle's compiled plugin; --kernel-source compiles a new one",
+                          hint="pass one of them, not both")
     target_arch = int(_device_arch(target)[3:]) if target else None
-    meta, data = pack_from_bundle(bundle, op, version=version, key=_signing_key(key, dev_key), from_version=from_version,
-                                  target_arch=target_arch, description=description)
+    signer = _signing_key(key, dev_key)
+    if kernel_source is not None:
+        meta, data = pack_from_kernel_source(bundle, op, kernel_source, version=version, key=signer,
+                                             target_arch=target_arch, description=description)
+    else:
+        meta, data = pack_from_bundle(bundle, op, version=version, key=signer, from_version=from_version,
+                                      target_arch=target_arch, description=description)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, data)
     info = {"path": str(out), "op": meta.op, "version": meta.version, "arch": meta.target_arch,

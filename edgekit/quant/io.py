@@ -169,15 +169,7 @@ def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="
         meta = _metadata(raw)
     except (SafetensorError, ValueError) as e:
         raise QuantizationError(f"{path}: not a readable safetensors file ({e})", hint="the file is truncated or corrupt") from e
-    if "edgekit" not in meta:
-        raise QuantizationError(f"{path}: no edgekit header in the safetensors metadata", hint="it was not written by `edgekit quantize`")
-    header = json.loads(meta["edgekit"])
-    if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
-        raise QuantizationError(
-            f"{path}: format {header.get('format')!r} version {header.get('format_version')!r}; "
-            f"expected {FORMAT!r} version {FORMAT_VERSION}",
-            hint="quantize the model again with this edgekit",
-        )
+    header = _edgekit_header(path, meta)
     cfg = ModelConfig.from_dict(header["config"])
     r = _Reader(path, tensors, dtype, device)
     C, V = cfg.hidden_size, cfg.vocab_size
@@ -217,6 +209,33 @@ def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="
         kv = KVScales([r.get(f"blocks.{i}.k_scale", (H,), "scale") for i in range(cfg.n_layers)],
                       [r.get(f"blocks.{i}.v_scale", (H,), "scale") for i in range(cfg.n_layers)])
     return QuantizedModel(cfg, weights, kv, header)
+
+
+def _edgekit_header(path: Path, meta: dict[str, str]) -> dict:
+    """The edgekit header of a weights file's safetensors metadata, checked for format and version."""
+    if "edgekit" not in meta:
+        raise QuantizationError(f"{path}: no edgekit header in the safetensors metadata", hint="it was not written by `edgekit quantize`")
+    header = json.loads(meta["edgekit"])
+    if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+        raise QuantizationError(
+            f"{path}: format {header.get('format')!r} version {header.get('format_version')!r}; "
+            f"expected {FORMAT!r} version {FORMAT_VERSION}",
+            hint="quantize the model again with this edgekit",
+        )
+    return header
+
+
+def read_config(directory: Path) -> ModelConfig:
+    """The model config stored in ``directory/model.safetensors``, read from its header alone (not the weights)."""
+    path = Path(directory) / WEIGHTS_FILE
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            head += f.read(int.from_bytes(head, "little")) if len(head) == 8 else b""
+        meta = _metadata(head)
+    except (OSError, ValueError) as e:
+        raise QuantizationError(f"{path}: no readable safetensors header ({e})", hint="the file is missing, truncated or corrupt") from e
+    return ModelConfig.from_dict(_edgekit_header(path, meta)["config"])
 
 
 def _metadata(raw: bytes) -> dict[str, str]:

@@ -77,6 +77,27 @@ def test_compile_cache_returns_the_same_result():
     assert compile_variant(v, 90).arch == 90 and compile_variant(v, 90) is not compile_variant(v, 87)
 
 
+def test_compile_kernel_compiles_a_given_definition_and_leaves_the_shipped_compile_alone(tmp_path):
+    from pathlib import Path
+
+    from edgekit.bundle.kernel_source import load_kernel_source
+    from edgekit.kernels.aot import compile_kernel
+    from edgekit.kernels.variants import kernel_def
+
+    shipped = kernel_def("rmsnorm", "rmsnorm_fwd")
+    text = Path(shipped.fn.fn.__code__.co_filename).read_text()
+    assert "(x * rstd * w)" in text
+    (tmp_path / "edited.py").write_text(text.replace("(x * rstd * w)", "(x * w * rstd)", 1))
+    edited = load_kernel_source(tmp_path / "edited.py", "rmsnorm").kernels[0]
+    v = default_variants("rmsnorm", hidden_size=576)["rmsnorm_fwd"]
+    before = compile_variant(v, 87)
+    mine = compile_kernel(edited, v, 87)
+    assert mine.ptx != before.ptx and mine.variant == v and mine.signature == before.signature
+    assert compile_variant(v, 87) is before  # an edited kernel never enters the cache of the shipped one
+    with pytest.raises(SharedMemoryBudgetError, match=f"budget is {mine.shared_bytes - 1}"):
+        compile_kernel(edited, v, 87, budget_bytes=mine.shared_bytes - 1)
+
+
 def test_bigger_tiles_need_more_shared_memory():
     base = dict(head_dim=64)
     small = KernelVariant("attention_prefill", "attention_prefill_fwd", {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 32}, 4, 2)

@@ -88,3 +88,72 @@ def test_pack_command_writes_a_package_and_refuses_to_overwrite(bundle, tmp_path
     assert r.returncode == 2 and "already exists" in r.stderr
     r = edgekit("plugin", "pack", "rmsnorm", "--bundle", str(bundle), "--version", "3", "-o", str(tmp_path / "x.tar"))
     assert r.returncode == 2 and "no signing key" in r.stderr
+
+
+# ---- --kernel-source: the operator compiled from a developer's edited kernel file ------------------------
+
+def kernel_file(tmp_path, name: str, old: str = "", new: str = "", op: str = "rmsnorm"):
+    """A copy of the shipped kernels/<op>_triton.py, with one edit (``old`` must occur in it)."""
+    from pathlib import Path
+
+    from edgekit.kernels.registry import operator
+
+    text = Path(operator(op).kernels.kernels[0].fn.fn.__code__.co_filename).read_text()
+    if old:
+        assert old in text
+        text = text.replace(old, new, 1)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_kernel_source_packs_at_the_bundles_tiles_verifies_and_installs(bundle, keys, tmp_path):
+    from edgekit.bundle.plugin_pack import pack_from_kernel_source
+    from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.serving import open_store
+
+    signer, public = keys
+    # An edit that changes the generated code, not the math: the package must carry this file's compile.
+    source = kernel_file(tmp_path, "rmsnorm_fast.py", "(x * rstd * w)", "(x * w * rstd)")
+    meta, data = pack_from_kernel_source(bundle, "rmsnorm", source, version=2, key=signer)
+    vp = verify_plugin_package(data, [public])
+    shipped = json.loads((bundle / "plugins" / "rmsnorm" / "1" / "plugin.json").read_bytes())
+    assert (vp.op, vp.version, vp.target_arch) == ("rmsnorm", 2, "sm_87")
+    assert [(k.kernel, dict(k.constexprs), k.num_warps, k.num_stages) for k in vp.metadata.kernels] == [
+        (k["kernel"], k["constexprs"], k["num_warps"], k["num_stages"]) for k in shipped["kernels"]]  # the plan's tiles
+    assert vp.metadata.model_dump(mode="json")["launch"] == shipped["launch"]
+    assert vp.files["kernel.ptx"] != (bundle / "plugins" / "rmsnorm" / "1" / "kernel.ptx").read_bytes()
+    # golden vectors: the FP64 reference at the bundle's config and shapes, exactly as the build wrote them
+    assert vp.files["golden.safetensors"] == (bundle / "plugins" / "rmsnorm" / "1" / "golden.safetensors").read_bytes()
+
+    opened = open_bundle(bundle, [], allow_dev_key=True, device="cpu")
+    store = open_store(tmp_path / "store", opened, [public], allow_dev_key=False)
+    store.install(data)
+    assert store.pointer("rmsnorm").version == "2"
+
+
+def test_pack_command_from_a_kernel_source_and_show_the_package(bundle, tmp_path):
+    out = tmp_path / "rmsnorm-v2.tar"
+    r = edgekit("plugin", "pack", "rmsnorm", "--kernel-source", str(kernel_file(tmp_path, "k.py")), "--bundle", str(bundle),
+                "--version", "2", "--dev-key", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert (json.loads(r.stdout)["op"], json.loads(r.stdout)["version"]) == ("rmsnorm", 2)
+    r = edgekit("plugin", "show", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["metadata"]["description"].startswith("rmsnorm from k.py for sm_87")
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"old": "OP = OpKernels(", "new": "NOT_AN_OP = dict("}, "declares no OpKernels for operator 'rmsnorm' (it declares: none)"),
+    ({"op": "swiglu"}, "declares no OpKernels for operator 'rmsnorm' (it declares: swiglu)"),
+    ({"old": "tl.sum(x * x, axis=0)", "new": "tl.sum(x * not_defined, axis=0)"},
+     "Triton failed to compile rmsnorm_fwd"),
+])
+def test_pack_command_refuses_a_bad_kernel_source_in_one_line(bundle, tmp_path, edit, message):
+    source = kernel_file(tmp_path, "bad.py", **edit)
+    r = edgekit("plugin", "pack", "rmsnorm", "--kernel-source", str(source), "--bundle", str(bundle), "--version", "2",
+                "--dev-key", "-o", str(tmp_path / "x.tar"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line = " ".join(r.stderr.split())  # rich may wrap the one line on a narrow terminal
+    assert f"--kernel-source {source}" in line and message in line, r.stderr
+    assert not (tmp_path / "x.tar").exists()
