@@ -5,7 +5,7 @@
   for an over-the-air swap. The files are checked against the bundle's manifest
   (sha256 and size) first, so a package never carries bytes the bundle did not sign.
 - ``pack_from_kernel_source``: the same operator compiled from a developer's edited
-  kernel file (edgekit.bundle.kernel_source) at the bundle's tiles and arch; signed
+  kernel file (edgekit.build.kernel_source) at the bundle's tiles and arch; signed
   by the same code as a bundle's plugin.
 - ``describe_bundle`` / ``describe_package``: the plugins a bundle directory or a
   package file holds, as plain rows (a store: edgekit.runtime.store_view).
@@ -19,7 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from edgekit import __version__
 from edgekit.bundle.archive import read_tar_bytes
 from edgekit.bundle.canonical import sha256_hex
 from edgekit.bundle.keys import SigningKey, TrustedKeys
@@ -29,14 +28,13 @@ from edgekit.bundle.plugin import (
     MAX_PACKAGE_BYTES,
     PluginMetadata,
     pack_plugin,
-    plugin_from_compiled,
     parse_plugin_metadata,
     verify_plugin_package,
 )
 from edgekit.errors import BundleError, VerificationError
 
 
-def _read_manifest(bundle: Path) -> Manifest:
+def read_bundle_manifest(bundle: Path) -> Manifest:
     path = Path(bundle) / MANIFEST_FILE
     if not path.is_file():
         raise BundleError(f"{bundle} is not a bundle (no {MANIFEST_FILE})", hint="pass the directory `edgekit build` wrote")
@@ -45,7 +43,7 @@ def _read_manifest(bundle: Path) -> Manifest:
 
 def bundle_plugin_files(bundle: Path, op: str, version: Optional[int] = None) -> tuple[PluginMetadata, dict[str, bytes]]:
     """The metadata and files of one plugin of a bundle, each file checked against the manifest."""
-    manifest = _read_manifest(bundle)
+    manifest = read_bundle_manifest(bundle)
     refs = [r for r in manifest.plugins if r.op == op and (version is None or r.version == version)]
     if not refs:
         have = ", ".join(f"{r.op} v{r.version}" for r in manifest.plugins) or "none"
@@ -76,50 +74,11 @@ def pack_from_bundle(
     (a plugin's cubin runs on one arch only; build a bundle for that target instead).
     """
     meta, files = bundle_plugin_files(bundle, op, from_version)
-    _check_arch(bundle, meta, target_arch)
-    return _sign(meta, files, version=version, description=description, key=key)
+    check_arch(bundle, meta, target_arch)
+    return sign_package(meta, files, version=version, description=description, key=key)
 
 
-def pack_from_kernel_source(
-    bundle: Path, op: str, source: Path, *, version: int, key: SigningKey, target_arch: Optional[int] = None,
-    description: Optional[str] = None,
-) -> tuple[PluginMetadata, bytes]:
-    """A signed package of `op` compiled from a developer's kernel source file, for the device `bundle` serves.
-
-    The tiles are the ones the bundle's (signed) plan chose for `op`, the arch the bundle's, the golden
-    vectors the FP64 reference at the bundle's model config and shapes, as the build computes them.
-    """
-    from edgekit.build.pipeline import golden_bytes
-    from edgekit.bundle.kernel_source import check_same_abi, load_kernel_source
-    from edgekit.kernels.aot import KernelCompileError, SharedMemoryBudgetError, compile_kernel
-    from edgekit.kernels.registry import operator
-    from edgekit.kernels.variants import op_program
-    from edgekit.plan.planner import Plan
-    from edgekit.quant.io import read_config
-
-    shipped_meta, _ = bundle_plugin_files(bundle, op)  # the bundle ships this op, and its files are intact
-    _check_arch(bundle, shipped_meta, target_arch)
-    plan = Plan.from_dict(_read_manifest(bundle).plan)
-    variants = plan.variants(op)
-    if not variants:
-        raise BundleError(f"{bundle}'s plan chose no kernel variant for {op}", hint="pack from a bundle built with tiles (not --no-tiles)")
-    candidate = load_kernel_source(source, op)
-    check_same_abi(candidate, operator(op).kernels, variants, source=source)
-    by_name = {k.kernel: k for k in candidate.kernels}
-    budget = plan.target.get("smem_budget_bytes")
-    try:
-        compiled = {name: compile_kernel(by_name[name], v, shipped_meta.arch, budget_bytes=budget)
-                    for name, v in variants.items()}
-    except (KernelCompileError, SharedMemoryBudgetError) as e:  # the kernel, or its tiles on the bundle's target
-        raise type(e)(f"--kernel-source {source}: {e.message}", hint=e.hint or "fix the kernel and pack again") from e
-    golden = golden_bytes(op, read_config(Path(bundle) / "weights"), plan.static_shapes)
-    meta, files = plugin_from_compiled(
-        op, version, compiled, op_program(op, variants, aot=True), golden,
-        description=f"{op} from {Path(source).name} for sm_{shipped_meta.arch}, packed by edgekit {__version__}")
-    return _sign(meta, files, version=version, description=description, key=key)
-
-
-def _check_arch(bundle: Path, meta: PluginMetadata, target_arch: Optional[int]) -> None:
+def check_arch(bundle: Path, meta: PluginMetadata, target_arch: Optional[int]) -> None:
     if target_arch is not None and meta.arch != target_arch:
         raise BundleError(
             f"{bundle}'s {meta.op} plugin is compiled for sm_{meta.arch}, the target is sm_{target_arch}",
@@ -127,7 +86,7 @@ def _check_arch(bundle: Path, meta: PluginMetadata, target_arch: Optional[int]) 
         )
 
 
-def _sign(meta: PluginMetadata, files: Mapping[str, bytes], *, version: int, description: Optional[str],
+def sign_package(meta: PluginMetadata, files: Mapping[str, bytes], *, version: int, description: Optional[str],
           key: SigningKey) -> tuple[PluginMetadata, bytes]:
     """The one packing path of both sources: metadata at `version`, re-validated, signed with the files."""
     if version < 1:
@@ -169,7 +128,7 @@ def describe_package(data: bytes, *, name: str = "package", trusted_keys: Option
 
 
 def describe_bundle(bundle: Path) -> list[dict[str, Any]]:
-    manifest = _read_manifest(bundle)
+    manifest = read_bundle_manifest(bundle)
     rows = []
     for ref in sorted(manifest.plugins, key=lambda r: (r.op, r.version)):
         meta = parse_plugin_metadata((Path(bundle) / ref.path / PLUGIN_METADATA_FILE).read_bytes(),
@@ -180,5 +139,5 @@ def describe_bundle(bundle: Path) -> list[dict[str, Any]]:
 
 def bundle_plugin_versions(bundle: Path) -> dict[str, int]:
     """op -> version of the plugins a bundle ships (the base of a store that serves it)."""
-    return {r.op: r.version for r in _read_manifest(bundle).plugins}
+    return {r.op: r.version for r in read_bundle_manifest(bundle).plugins}
 

@@ -108,7 +108,7 @@ def kernel_file(tmp_path, name: str, old: str = "", new: str = "", op: str = "rm
 
 
 def test_a_kernel_source_packs_at_the_bundles_tiles_verifies_and_installs(bundle, keys, tmp_path):
-    from edgekit.bundle.plugin_pack import pack_from_kernel_source
+    from edgekit.build.kernel_source import pack_from_kernel_source
     from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.serving import open_store
 

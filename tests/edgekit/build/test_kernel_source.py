@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.bundle.kernel_source import check_same_abi, load_kernel_source
+from edgekit.build.kernel_source import check_same_abi, load_kernel_source
 from edgekit.errors import OperatorError
 from edgekit.kernels.registry import operator
 from edgekit.kernels.variants import default_variants

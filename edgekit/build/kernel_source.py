@@ -17,9 +17,13 @@ import hashlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
-from edgekit.errors import OperatorError
+from edgekit.bundle.keys import SigningKey
+from edgekit import __version__
+from edgekit.bundle.plugin import PluginMetadata, plugin_from_compiled
+from edgekit.bundle.plugin_pack import bundle_plugin_files, check_arch, read_bundle_manifest, sign_package
+from edgekit.errors import BundleError, OperatorError
 from edgekit.kernels.kernel_def import KernelDef, OpKernels
 
 HOW_TO_START = "start from a copy of edgekit's kernels/{op}_triton.py and change only the kernel bodies"
@@ -101,3 +105,41 @@ def _first_line(e: BaseException) -> str:
 def _refuse(source: Path, op: str, what: str, got, expected) -> None:
     raise OperatorError(f"--kernel-source {source}: {op}'s {what} differ from edgekit's: got {got!r}, expected {expected!r}",
                         hint="a plugin must keep the operator's ABI (only kernel bodies may change); " + HOW_TO_START.format(op=op))
+
+
+def pack_from_kernel_source(
+    bundle: Path, op: str, source: Path, *, version: int, key: SigningKey, target_arch: Optional[int] = None,
+    description: Optional[str] = None,
+) -> tuple[PluginMetadata, bytes]:
+    """A signed package of `op` compiled from a developer's kernel source file, for the device `bundle` serves.
+
+    The tiles are the ones the bundle's (signed) plan chose for `op`, the arch the bundle's, the golden
+    vectors the FP64 reference at the bundle's model config and shapes, as the build computes them.
+    """
+    from edgekit.build.pipeline import golden_bytes  # the build's own golden vectors (pipeline imports heavy stages)
+    from edgekit.kernels.aot import KernelCompileError, SharedMemoryBudgetError, compile_kernel
+    from edgekit.kernels.registry import operator
+    from edgekit.kernels.variants import op_program
+    from edgekit.plan.planner import Plan
+    from edgekit.quant.io import read_config
+
+    shipped_meta, _ = bundle_plugin_files(bundle, op)  # the bundle ships this op, and its files are intact
+    check_arch(bundle, shipped_meta, target_arch)
+    plan = Plan.from_dict(read_bundle_manifest(bundle).plan)
+    variants = plan.variants(op)
+    if not variants:
+        raise BundleError(f"{bundle}'s plan chose no kernel variant for {op}", hint="pack from a bundle built with tiles (not --no-tiles)")
+    candidate = load_kernel_source(source, op)
+    check_same_abi(candidate, operator(op).kernels, variants, source=source)
+    by_name = {k.kernel: k for k in candidate.kernels}
+    budget = plan.target.get("smem_budget_bytes")
+    try:
+        compiled = {name: compile_kernel(by_name[name], v, shipped_meta.arch, budget_bytes=budget)
+                    for name, v in variants.items()}
+    except (KernelCompileError, SharedMemoryBudgetError) as e:  # the kernel, or its tiles on the bundle's target
+        raise type(e)(f"--kernel-source {source}: {e.message}", hint=e.hint or "fix the kernel and pack again") from e
+    golden = golden_bytes(op, read_config(Path(bundle) / "weights"), plan.static_shapes)
+    meta, files = plugin_from_compiled(
+        op, version, compiled, op_program(op, variants, aot=True), golden,
+        description=f"{op} from {Path(source).name} for sm_{shipped_meta.arch}, packed by edgekit {__version__}")
+    return sign_package(meta, files, version=version, description=description, key=key)
