@@ -13,6 +13,7 @@ import torch
 
 from edgekit.kernels.linear import linear_reference, linear_w8a16_reference
 from edgekit.kernels.operator import GOLDEN_MAX_N, OpPrecision, golden_rand
+from edgekit.kernels.rmsnorm import golden_inputs as rmsnorm_golden_inputs
 from edgekit.kernels.spec import FLOAT_DTYPES, TensorSpec
 
 WEIGHT_DTYPES = FLOAT_DTYPES + ("int8",)
@@ -43,9 +44,9 @@ def weight_shape(t) -> dict:
 
 
 def golden_norm_input(cfg, rows: int, g: torch.Generator) -> dict:
-    """The activation row(s) and the RMSNorm weight of one golden decode call."""
-    C = cfg.hidden_size
-    return {"x": golden_rand(g, rows, C), "norm_weight": (1 + 0.1 * torch.randn(C, generator=g)).to(torch.float16)}
+    """The activation row(s) and the RMSNorm weight of one golden decode call: rmsnorm's own golden inputs."""
+    inputs, _ = rmsnorm_golden_inputs(cfg, rows, 0, g)
+    return {"x": inputs["x"], "norm_weight": inputs["weight"]}
 
 
 def golden_weight(g: torch.Generator, n: int, k: int, bias: bool) -> dict:
