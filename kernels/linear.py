@@ -1,4 +1,4 @@
-"""Linear layers: floating point, INT8 weight-only (W8A16) and INT8xINT8 (W8A8).
+"""Linear layers: floating point, INT8 weight-only (W8A16), INT4 weight-only (W4A16) and INT8xINT8 (W8A8).
 
 The model holds each projection as a ``LinearWeights`` record that names the
 operator it needs; ``DispatchTable.linear`` routes it, so the model code is the
@@ -13,6 +13,7 @@ import torch
 
 from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv,
                                       golden_rand)
+from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, dequantize_int4, pack_int4
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
 
@@ -69,18 +70,38 @@ W8A8_SPEC = OpSpec(
 )
 
 
-_SPECS = {s.name: s for s in (LINEAR_SPEC, W8A16_SPEC, W8A8_SPEC)}
+W4A16_SPEC = OpSpec(
+    name="linear_w4a16",
+    abi_version=1,
+    inputs=(
+        TensorSpec("x", "(..., K)", FLOAT_DTYPES),
+        TensorSpec("qweight", "(N, K/2)", ("uint8",)),
+        TensorSpec("scale", "(N, K/G)", ("float16", "float32")),
+        TensorSpec("offset", "(N, K/G)", ("float16", "float32"), optional=True),
+        TensorSpec("bias", "(N,)", FLOAT_DTYPES, optional=True),
+    ),
+    outputs=(TensorSpec("y", "(..., N)", FLOAT_DTYPES),),
+    tolerance=REDUCTION_TOLERANCE,
+    doc=(
+        "Weight-only group-wise INT4 (kernels/int4_layout.py): w = q * scale + offset, or (q - 8) * scale without "
+        "offset, G = K / scale.shape[1]; y = x @ w.T + bias. The FP64 reference dequantizes exactly."
+    ),
+)
+
+
+_SPECS = {s.name: s for s in (LINEAR_SPEC, W8A16_SPEC, W4A16_SPEC, W8A8_SPEC)}
 
 
 @dataclass
 class LinearWeights:
     """One projection's weights and the operator that applies them."""
 
-    op: str  # "linear" | "linear_w8a16" | "linear_w8a8"
-    weight: torch.Tensor  # (N, K) float, or int8 for the INT8 ops
+    op: str  # "linear" | "linear_w8a16" | "linear_w4a16" | "linear_w8a8"
+    weight: torch.Tensor  # (N, K) float, int8 for the INT8 ops, packed uint8 (N, K/2) for W4A16
     bias: torch.Tensor | None = None  # (N,)
-    scale: torch.Tensor | None = None  # (N,) fp32, INT8 ops only
+    scale: torch.Tensor | None = None  # (N,) fp32 for the INT8 ops; (N, K/G) fp16/fp32 group scales for W4A16
     smooth: torch.Tensor | None = None  # (K,) fp32, SmoothQuant divisor for W8A8
+    offset: torch.Tensor | None = None  # (N, K/G) W4A16 asymmetric group offsets (None: symmetric)
 
     @property
     def out_features(self) -> int:
@@ -88,20 +109,24 @@ class LinearWeights:
 
     @property
     def in_features(self) -> int:
-        return self.weight.shape[1]
+        return self.weight.shape[1] * (2 if self.op == "linear_w4a16" else 1)
 
     def operator_args(self) -> tuple:
         """The tensors after ``x`` that the record's operator takes, in its spec's order."""
-        by_name = {"weight": self.weight, "qweight": self.weight, "scale": self.scale, "bias": self.bias, "smooth": self.smooth}
+        by_name = {"weight": self.weight, "qweight": self.weight, "scale": self.scale, "bias": self.bias,
+                   "smooth": self.smooth, "offset": self.offset}
         return tuple(by_name[t.name] for t in _SPECS[self.op].inputs[1:])
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.bias, self.scale, self.smooth) if t is not None)
+        parts = (self.weight, self.bias, self.scale, self.smooth, self.offset)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
     def dequantized(self) -> torch.Tensor:
         """The floating-point weight this record stands for (with SmoothQuant folded back)."""
         if self.op == "linear":
             return self.weight
+        if self.op == "linear_w4a16":
+            return dequantize_int4(self.weight, self.scale, self.offset)
         w = self.weight.to(torch.float32) * self.scale.to(torch.float32)[:, None]
         if self.smooth is not None:
             w = w / self.smooth.to(torch.float32)[None, :]
@@ -121,6 +146,7 @@ class LinearWeights:
             bias=move(self.bias, True),
             scale=move(self.scale, False),
             smooth=move(self.smooth, False),
+            offset=move(self.offset, False),
         )
 
 
@@ -137,6 +163,17 @@ def linear_w8a16_reference(
 ) -> torch.Tensor:
     acc = accumulate_dtype(x.dtype)
     y = (x.to(acc) @ qweight.to(acc).T) * scale.to(acc)
+    if bias is not None:
+        y = y + bias.to(acc)
+    return y.to(x.dtype)
+
+
+def linear_w4a16_reference(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    acc = accumulate_dtype(x.dtype)
+    y = x.to(acc) @ dequantize_int4(qweight, scale, offset, dtype=acc).T
     if bias is not None:
         y = y + bias.to(acc)
     return y.to(x.dtype)
@@ -209,6 +246,15 @@ def w8a16_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tup
     return {"x": golden_rand(g, rows, C), "qweight": q, "scale": s}, {}
 
 
+def w4a16_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    C, n = cfg.hidden_size, min(GOLDEN_MAX_N, cfg.hidden_size)
+    group = max(gs for gs in GROUP_SIZES if C % gs == 0)
+    q = torch.randint(0, Q_MAX + 1, (n, C), generator=g, dtype=torch.uint8)
+    scale = (torch.rand(n, C // group, generator=g) * 0.01 + 1e-3).to(torch.float16)  # never zero
+    offset = (-8 * scale.to(torch.float32) * (0.5 + torch.rand(n, C // group, generator=g))).to(torch.float16)
+    return {"x": golden_rand(g, rows, C), "qweight": pack_int4(q), "scale": scale, "offset": offset}, {}
+
+
 def w8a8_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
     C = cfg.hidden_size
     q, s = _int8_weight(g, min(GOLDEN_MAX_N, C), C)
@@ -278,6 +324,9 @@ OPERATORS = (
     Operator(W8A16_SPEC, linear_w8a16_reference, OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
              w8a16_golden_inputs, triton="linear_triton:W8A16_OP", tiles_at={"w8a16_gemv": DECODE, "w8a16_gemm": PREFILL},
              scheme="w8a16", onnx=OnnxFunction("LinearW8A16", (), onnx_linear_w8a16), **_LINEAR),
+    # W4A16: the torch reference only for now (GPU kernels and ONNX export follow: issue #14)
+    Operator(W4A16_SPEC, linear_w4a16_reference, OpPrecision("linear_w4a16", "int4", "fp16", "fp32", "fp16"),
+             w4a16_golden_inputs, scheme="w4a16", **_LINEAR),
     Operator(W8A8_SPEC, linear_w8a8_reference, OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
              w8a8_golden_inputs, triton="linear_triton:W8A8_OP", tiles_at={"w8a8_quantize": PREFILL, "w8a8_gemm": PREFILL},
              scheme="w8a8", onnx=OnnxFunction("LinearW8A8", (), onnx_linear_w8a8), **_LINEAR),

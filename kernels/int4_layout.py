@@ -1,0 +1,109 @@
+"""The W4A16 weight layout: group-wise 4-bit weights, packed two per byte in GGML's nibble order.
+
+One projection's INT4 weights are three tensors:
+
+- ``qweight`` uint8 (N, K/2): 4-bit codes q in 0..15, two per byte. Within every
+  32-element sub-block of a row, byte j (0..15) holds element j in its low nibble
+  and element j + 16 in its high nibble. This is the order of GGML's Q4_0 / Q4_1
+  blocks, so a GGUF file's 4-bit tensors are taken in with a byte copy (no
+  dequantize-requantize), and a GEMV loads a sub-block's 16 bytes with one load
+  and multiplies the two nibble halves with two contiguous halves of x.
+- ``scale`` (N, K/G), float16 or float32: one scale per group of G = 32, 64 or 128
+  consecutive elements of a row (G is a multiple of the sub-block).
+- ``offset`` (N, K/G) of the scale's dtype, or None:
+    asymmetric (``offset`` given):  w = q * scale + offset        (GGML Q4_1: d * q + m)
+    symmetric  (``offset`` None):   w = (q - 8) * scale           (GGML Q4_0: d * (q - 8))
+
+The group size is not stored: G = K / scale.shape[1]. With FP16 scales the
+product q * scale (at most 15 significant bits) is exact in FP32, so the symmetric
+form dequantizes bit for bit the same in every kernel, reference and exporter;
+the asymmetric sum adds one FP32 rounding at most (FMA or not), inside every
+operator tolerance.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SUBBLOCK = 32  # elements per nibble-order block (GGML's QK4_0 / QK4_1)
+GROUP_SIZES = (32, 64, 128)
+SYMMETRIC_ZERO = 8  # the code that stands for 0.0 in the symmetric form
+Q_MAX = 15
+
+
+def check_group(k: int, group: int) -> None:
+    """Refuse a (K, group) pair the layout cannot hold, saying what would."""
+    if group not in GROUP_SIZES:
+        raise ValueError(f"INT4 group size {group} is not supported; expected one of {GROUP_SIZES}")
+    if k % group:
+        raise ValueError(f"INT4 weights need K divisible by the group size: K={k}, group={group}")
+
+
+def group_size(qweight: torch.Tensor, scale: torch.Tensor) -> int:
+    """G of a packed weight and its scales: K / scale.shape[1]."""
+    k = qweight.shape[-1] * 2
+    if scale.shape[-1] == 0 or k % scale.shape[-1]:
+        raise ValueError(f"INT4 scales of shape {tuple(scale.shape)} do not divide K={k} into groups")
+    return k // scale.shape[-1]
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Codes (N, K) in 0..15 (any integer dtype) -> packed uint8 (N, K/2) in GGML nibble order. K % 32 == 0."""
+    n, k = q.shape
+    if k % SUBBLOCK:
+        raise ValueError(f"INT4 packing needs K divisible by {SUBBLOCK}, got K={k}")
+    if q.numel() and (int(q.min()) < 0 or int(q.max()) > Q_MAX):
+        raise ValueError(f"INT4 codes must lie in 0..{Q_MAX}, got {int(q.min())}..{int(q.max())}")
+    blocks = q.to(torch.uint8).reshape(n, k // SUBBLOCK, 2, SUBBLOCK // 2)  # [.., 0, j] = elem j, [.., 1, j] = elem j+16
+    packed = blocks[:, :, 0, :] | (blocks[:, :, 1, :] << 4)
+    return packed.reshape(n, k // 2).contiguous()
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """Packed uint8 (N, K/2) -> codes uint8 (N, K) in 0..15 (inverse of ``pack_int4``)."""
+    n, half = qweight.shape
+    if half % (SUBBLOCK // 2):
+        raise ValueError(f"packed INT4 rows must hold whole {SUBBLOCK}-element sub-blocks, got {half} bytes")
+    b = qweight.reshape(n, half // (SUBBLOCK // 2), 1, SUBBLOCK // 2)
+    codes = torch.cat((b & 0x0F, b >> 4), dim=2)  # (N, blocks, 2, 16)
+    return codes.reshape(n, half * 2)
+
+
+def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weights (N, K) the packed tensors stand for, computed in FP32 (FP64 if ``dtype`` is float64)."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    g = group_size(qweight, scale)
+    q = unpack_int4(qweight).to(acc)
+    s = scale.to(acc).repeat_interleave(g, dim=-1)
+    if offset is None:
+        w = (q - SYMMETRIC_ZERO) * s
+    else:
+        w = q * s + offset.to(acc).repeat_interleave(g, dim=-1)
+    return w.to(dtype)
+
+
+def quantize_int4_rtn(w: torch.Tensor, group: int, *, symmetric: bool = False,
+                      scale_dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Round-to-nearest group-wise INT4 of a float (N, K) weight: (qweight, scale, offset or None).
+
+    The plain baseline every calibrated method (GPTQ, AWQ-style scaling) must beat; codes are chosen against the
+    scale and offset as stored (rounded to ``scale_dtype``), so dequantizing reproduces what was optimised.
+    Symmetric: scale = max|w| / 7 (codes 1..15, 8 = zero). Asymmetric: scale = (max - min) / 15, offset = min.
+    """
+    n, k = w.shape
+    check_group(k, group)
+    wf = w.to(torch.float32).reshape(n, k // group, group)
+    if symmetric:
+        amax = wf.abs().amax(dim=-1)
+        s = torch.where(amax > 0, amax / 7.0, torch.ones_like(amax)).to(scale_dtype).to(torch.float32)
+        q = torch.clamp(torch.round(wf / s[..., None]) + SYMMETRIC_ZERO, 0, Q_MAX)
+        off = None
+    else:
+        lo, hi = wf.amin(dim=-1), wf.amax(dim=-1)
+        s = torch.where(hi > lo, (hi - lo) / Q_MAX, torch.ones_like(hi)).to(scale_dtype).to(torch.float32)
+        m = lo.to(scale_dtype).to(torch.float32)
+        q = torch.clamp(torch.round((wf - m[..., None]) / s[..., None]), 0, Q_MAX)
+        off = m.to(scale_dtype)
+    packed = pack_int4(q.reshape(n, k).to(torch.uint8))
+    return packed, s.to(scale_dtype), off
