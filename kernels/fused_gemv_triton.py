@@ -13,6 +13,10 @@ shared by all of them live here:
   pass over K serves both halves of their epilogue). Accumulation follows
   ``linear_triton._gemv_kernel``: per-thread FP32 partials, one per 16-weight
   run, reduced once after the K loop, INT8 converted with the same inline PTX.
+  One K step is ``_load_weight_tile`` then ``_gemv_fma`` (kernels whose
+  activation is not a plain row, e.g. the split-KV combine of
+  fused_attn_proj_residual, run their own loop around them); the weight decode
+  is ``_weight_tile_f32``.
   The normalised activation is rounded to the activation dtype before the
   product, as the per-operator path (rmsnorm writes its output in that dtype),
   so both paths compute the same products.
@@ -37,6 +41,27 @@ def _row_rstd(x_row, K, eps, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _weight_tile_f32(w, W_INT8: tl.constexpr):
+    """A loaded weight tile in FP32: the weight decode (the branch point of every fused GEMV; INT4 adds a case)."""
+    if W_INT8:
+        return _int8_to_f32(w)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _load_weight_tile(w_rows, k, kmask):
+    """W[rows, k] for one K step, as stored (issued before the activation's loads: more bytes in flight)."""
+    return tl.load(w_rows + k[None, :], mask=kmask[None, :], other=0)  # (BLOCK_R, BLOCK_K)
+
+
+@triton.jit
+def _gemv_fma(acc, w, x, W_INT8: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc (BLOCK_R, BLOCK_K // 16) += W[rows, k] * x[k] in FP32 for one K step; x (BLOCK_K,) in the act dtype."""
+    prod = _weight_tile_f32(w, W_INT8) * x.to(tl.float32)[None, :]
+    return acc + tl.sum(tl.reshape(prod, (BLOCK_R, BLOCK_K // 16, 16)), axis=2)
+
+
+@triton.jit
 def _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, K, stride_wn,
                NORM: tl.constexpr, W_INT8: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """sum_k W[rows, k] * h[k] in FP32, h = x (NORM false) or act(x * rstd * nw) (NORM true). rows: (BLOCK_R,)."""
@@ -46,17 +71,12 @@ def _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, K, stride_wn,
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
         kmask = k < K
-        w = tl.load(w_rows + k[None, :], mask=kmask[None, :], other=0)  # (BLOCK_R, BLOCK_K)
+        w = _load_weight_tile(w_rows, k, kmask)
         x = tl.load(x_row + k, mask=kmask, other=0.0)  # (BLOCK_K,)
         if NORM:
             nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) * rstd * nw).to(x_row.dtype.element_ty)
-        if W_INT8:
-            wf = _int8_to_f32(w)
-        else:
-            wf = w.to(tl.float32)
-        prod = wf * x.to(tl.float32)[None, :]
-        acc += tl.sum(tl.reshape(prod, (BLOCK_R, BLOCK_K // 16, 16)), axis=2)
+        acc = _gemv_fma(acc, w, x, W_INT8, BLOCK_R, BLOCK_K)
     return tl.sum(acc, axis=1)
 
 

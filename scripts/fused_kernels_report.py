@@ -21,7 +21,8 @@ ORIN_SMEM_BUDGET = 128 * 1024
 def shapes(cfg) -> list[tuple[str, str, dict]]:
     qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
     return [("fused_norm_qkv_rope", "wqkv", {"n_out": qkv, "k_in": cfg.hidden_size, "head_dim": cfg.head_dim}),
-            ("fused_proj_residual", "wo", {"n_out": cfg.hidden_size, "k_in": cfg.q_size}),
+            ("fused_attn_proj_residual", "wo", {"n_out": cfg.hidden_size, "k_in": cfg.q_size, "head_dim": cfg.head_dim,
+                                                "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads}),
             ("fused_norm_swiglu", "w_gate_up", {"n_out": 2 * cfg.intermediate_size, "k_in": cfg.hidden_size}),
             ("fused_proj_residual", "w_down", {"n_out": cfg.hidden_size, "k_in": cfg.intermediate_size}),
             ("fused_head_argmax", "lm_head", {"n_out": cfg.vocab_size, "k_in": cfg.hidden_size})]

@@ -1,17 +1,17 @@
 """The fused decode path: a decode step of a few super-operators per layer instead of ~16 operator kernels.
 
 Per layer the step runs ``fused_norm_qkv_rope`` (RMSNorm -> QKV -> RoPE ->
-KV-cache write), the table's ``attention_decode`` (split-KV + combine), then
-``fused_proj_residual`` (output projection + residual), ``fused_norm_swiglu``
-(RMSNorm -> gate/up -> SwiGLU) and ``fused_proj_residual`` again (down
-projection + residual); after the last layer ``fused_head_argmax`` (final
-norm -> LM head -> greedy token on the device). With the Triton kernels that is
-6 launches per layer plus 5 per token (embedding gather, sequence lengths,
-head + argmax reduce), replayed as one CUDA graph (``GraphedDecodeStep``).
+KV-cache write), ``fused_attn_proj_residual`` (split-KV attention, then its
+combine inside the output projection + residual), ``fused_norm_swiglu``
+(RMSNorm -> gate/up -> SwiGLU) and ``fused_proj_residual`` (down projection +
+residual); after the last layer ``fused_head_argmax`` (final norm -> LM head ->
+greedy token on the device). With the Triton kernels that is 5 launches per
+layer plus 5 per token (embedding gather, sequence lengths, head + argmax
+reduce), replayed as one CUDA graph (``GraphedDecodeStep``).
 
 Every operator is still an entry of the dispatch table, so each one is a
 swappable plugin. The fused operators subsume the per-operator entries
-``rmsnorm``, ``qkv_rope``/``rope``, ``linear``/``linear_w8a16`` and ``swiglu``:
+``rmsnorm``, ``qkv_rope``/``rope``, ``attention_decode``, ``linear``/``linear_w8a16`` and ``swiglu``:
 once one of those is replaced (an over-the-air swap), the fused kernels no
 longer run what the table says, so ``select_decode_path`` falls back to the
 per-operator path until fused operators built with the new operator arrive.
@@ -26,18 +26,20 @@ from typing import Mapping
 import torch
 
 from edgekit.errors import EdgekitError
+from edgekit.kernels.attention import default_scale
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 
-FUSED_OPERATORS = ("fused_norm_qkv_rope", "fused_proj_residual", "fused_norm_swiglu", "fused_head_argmax")
+FUSED_OPERATORS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_proj_residual", "fused_norm_swiglu",
+                   "fused_head_argmax")
 # per-operator entries whose work the fused operators do (a swap of one of them disables the fused path)
-SUBSUMED_OPERATORS = ("rmsnorm", "qkv_rope", "rope", "linear", "linear_w8a16", "swiglu")
+SUBSUMED_OPERATORS = ("rmsnorm", "qkv_rope", "rope", "attention_decode", "linear", "linear_w8a16", "swiglu")
 FUSED_WEIGHT_OPS = ("linear", "linear_w8a16")  # float and W8A16 projections; W8A8 stays per-operator
-# Triton launches of the fused step: per layer qkv, attention split + combine, o-proj, gate/up, down-proj;
+# Triton launches of the fused step: per layer qkv, attention split, combine + o-proj, gate/up, down-proj;
 # per token the embedding gather, positions + 1 and its int32 cast, the head GEMV and the argmax reduce
-LAUNCHES_PER_LAYER = 6
+LAUNCHES_PER_LAYER = 5
 LAUNCHES_PER_TOKEN = 5
 
 
@@ -79,9 +81,9 @@ class FusedDecoder:
     def decode_token(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache):
         """tokens (B,) at positions (B,): one step. Returns (greedy token (B,), logits (B, V)), both on the device."""
         cfg, w, get = self.config, self.decoder.weights, self.ops.get
-        qkv_rope, proj_residual, norm_swiglu = get("fused_norm_qkv_rope"), get("fused_proj_residual"), get("fused_norm_swiglu")
-        eps = cfg.rms_norm_eps
-        B = tokens.shape[0]
+        qkv_rope, attn_proj_residual = get("fused_norm_qkv_rope"), get("fused_attn_proj_residual")
+        proj_residual, norm_swiglu = get("fused_proj_residual"), get("fused_norm_swiglu")
+        eps, sm_scale = cfg.rms_norm_eps, default_scale(cfg.head_dim)
         x = w.tok_embeddings[tokens]  # (B, C)
         seq_lens = (positions + 1).to(torch.int32)  # (B,): once per step, not a cast per layer
         cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2): indexed by position inside the operator
@@ -89,8 +91,7 @@ class FusedDecoder:
             k_cache, v_cache = cache.k[i], cache.v[i]  # (B, Hkv, S, D)
             q = qkv_rope(x, b.attn_norm, *_weights(b.wqkv), cos, sin, positions, k_cache, v_cache,
                          eps, cfg.n_heads, cfg.n_kv_heads)  # (B, Hq, D); K and V written at positions
-            o = self.ops.attention_decode(q, k_cache, v_cache, seq_lens)  # (B, Hq, D)
-            x = proj_residual(o.reshape(B, cfg.q_size), *_weights(b.wo), x)  # (B, C)
+            x = attn_proj_residual(q, k_cache, v_cache, seq_lens, *_weights(b.wo), x, sm_scale)  # (B, C)
             gw, gs, _ = _weights(b.w_gate_up)
             h = norm_swiglu(x, b.ffn_norm, gw, gs, eps)  # (B, F)
             x = proj_residual(h, *_weights(b.w_down), x)  # (B, C)
@@ -126,7 +127,7 @@ def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: 
     """Why the fused path cannot run this decoder (None: it can).
 
     ``baseline`` holds the table's sources when the fused operators were set up (e.g. at bundle open); an
-    entry of SUBSUMED_OPERATORS (or attention_decode) whose source changed since then was swapped.
+    entry of SUBSUMED_OPERATORS whose source changed since then was swapped.
     """
     if decoder.device.type != "cuda":
         return f"the fused path runs on a CUDA GPU; this decoder is on {decoder.device.type}"
@@ -145,7 +146,7 @@ def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: 
         if sources.get(op) == "reference":
             return f"{op} has no GPU implementation in the table (torch reference)"
     if baseline is not None:
-        for op in SUBSUMED_OPERATORS + ("attention_decode",):
+        for op in SUBSUMED_OPERATORS:
             if op in baseline and sources.get(op) != baseline[op]:
                 return (f"operator {op} was swapped ({baseline[op]} -> {sources.get(op)}); the fused operators still "
                         f"hold the previous version, so decode runs per operator until fused operators with it arrive")

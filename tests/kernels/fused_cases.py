@@ -15,7 +15,8 @@ import fp64_oracle as oracle
 from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.rope import rope_frequencies
 
-FUSED_OPS = ("fused_norm_qkv_rope", "fused_proj_residual", "fused_norm_swiglu", "fused_head_argmax")
+FUSED_OPS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_proj_residual", "fused_norm_swiglu",
+             "fused_head_argmax")
 
 
 def _weights(g, n, k, int8: bool, dtype, device):
@@ -68,6 +69,18 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         others = float(not (torch.equal(kb, kc_c) and torch.equal(vb, vc_c)))  # only each sequence's position written
         return {"q": _ratio(op, q, wq[:, :, 0]), "k_cache[pos]": _ratio(op, kc_c[rows, :, pos], wk[:, :, 0]),
                 "v_cache[pos]": _ratio(op, vc_c[rows, :, pos], wv[:, :, 0]), "other cache rows changed": others}
+    if op == "fused_attn_proj_residual":
+        D, Hq, Hkv = head_dim, n_heads, n_kv_heads
+        q = torch.randn(B, Hq, D, generator=g).to(h).to(device)
+        kc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
+        vc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
+        seq_lens = torch.randint(1, S + 1, (B,), generator=g, dtype=torch.int32).to(device)  # ragged, >= 1 key
+        w, s, w64 = _weights(g, N, Hq * D, int8, h, device)
+        b = maybe_bias(N)
+        res = torch.randn(B, N, generator=g).to(h).to(device)
+        y = fn(q, kc, vc, seq_lens, w, s, b, res, D ** -0.5)
+        o = oracle.attention_decode(q, kc, vc, seq_lens, D ** -0.5).reshape(B, Hq * D)
+        return {"y": _ratio(op, y, oracle.f64(res) + lin(o, w64, b))}
     if op == "fused_proj_residual":
         w, s, w64 = _weights(g, N, C, int8, h, device)
         b = maybe_bias(N)

@@ -16,7 +16,7 @@ from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
-from edgekit.runtime.fused_decode import FusedDecoder, fused_path_blocker, select_decode_path
+from edgekit.runtime.fused_decode import FUSED_OPERATORS, FusedDecoder, fused_path_blocker, select_decode_path
 
 
 def _w8a16(weights):
@@ -67,7 +67,7 @@ def test_the_path_falls_back_and_says_why():
 
     # the checks after the device one, with a table whose fused entries are set (as on a GPU)
     table = DispatchTable()
-    for op in ("fused_norm_qkv_rope", "fused_proj_residual", "fused_norm_swiglu", "fused_head_argmax"):
+    for op in FUSED_OPERATORS:
         table.set(op, table.get(op), source="triton")
     baseline = table.sources()
     cuda_like = dec.with_ops(table)
@@ -77,6 +77,9 @@ def test_the_path_falls_back_and_says_why():
     swapped.set("swiglu", table.get("swiglu"), source="plugin:v2")
     why = fused_path_blocker(cuda_like, cache, swapped, baseline)
     assert why is not None and "swiglu" in why and "plugin:v2" in why
+    swapped = table.copy()  # the attention the fused attention + o-proj operator subsumes
+    swapped.set("attention_decode", table.get("attention_decode"), source="plugin:v3")
+    assert "attention_decode" in (fused_path_blocker(cuda_like, cache, swapped, baseline) or "")
 
     class QuantizedCache(StaticKVCache):
         pass

@@ -1,0 +1,66 @@
+"""Fused decode operator: split-KV decode attention -> combine -> output projection -> residual add.
+
+The attention half of a decode layer after QKV: one query token per sequence
+against cache positions [0, seq_lens[b]), the heads' outputs flattened to a
+row of Hq * D, projected by the output weight (FP16 or W8A16) and added to the
+residual. Its kernels never write the attention output ``o``: every program of
+the projection recombines the split-KV partials it reads (they are a few KB),
+so the separate combine launch of ``attention_decode`` disappears.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.kernels.attention import attention_decode_reference, default_scale
+from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs
+from edgekit.kernels.operator import DECODE, Operator, golden_rand
+from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
+
+SPEC = OpSpec(
+    name="fused_attn_proj_residual",
+    abi_version=1,
+    inputs=(
+        TensorSpec("q", "(B, Hq, D)", FLOAT_DTYPES),
+        TensorSpec("k_cache", "(B, Hkv, S, D)", FLOAT_DTYPES),
+        TensorSpec("v_cache", "(B, Hkv, S, D)", FLOAT_DTYPES),
+        TensorSpec("seq_lens", "(B,)", ("int32", "int64")),
+        *weight_inputs("N", "Hq * D"),
+        TensorSpec("residual", "(B, N)", FLOAT_DTYPES),
+    ),
+    outputs=(TensorSpec("y", "(B, N)", FLOAT_DTYPES),),
+    attributes=("sm_scale",),
+    tolerance=REDUCTION_TOLERANCE,
+    doc="y = residual + attention_decode(q, k_cache, v_cache, seq_lens).reshape(B, Hq*D) @ W.T (+ bias); "
+        "attention output and projection rounded to the activation dtype as the per-operator path.",
+)
+
+
+def fused_attn_proj_residual_reference(q, k_cache, v_cache, seq_lens, weight, scale, bias, residual,
+                                       sm_scale: float | None = None) -> torch.Tensor:
+    B = q.shape[0]
+    o = attention_decode_reference(q, k_cache, v_cache, seq_lens, sm_scale)  # (B, Hq, D)
+    return residual + project(o.reshape(B, -1), weight, scale, bias)
+
+
+def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
+    """One decode call (one sequence, ``rows`` positions filled of a ``context`` cache) and the C x Hq*D projection."""
+    D, Hq, Hkv, C = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_size
+    inputs = {"q": golden_rand(g, 1, Hq, D), "k_cache": golden_rand(g, 1, Hkv, context, D),
+              "v_cache": golden_rand(g, 1, Hkv, context, D), "seq_lens": torch.tensor([min(rows, context)], dtype=torch.int32),
+              **golden_weight(g, C, Hq * D, bias=False)}
+    inputs["residual"] = golden_rand(g, 1, inputs["weight"].shape[0])
+    return inputs, {"sm_scale": default_scale(D)}
+
+
+def _shape(t, a) -> dict:
+    q, kc = t["q"], t["k_cache"]
+    return {"n_out": t["weight"].shape[0], "k_in": t["weight"].shape[1], "head_dim": q.shape[-1], "n_heads": q.shape[1],
+            "n_kv_heads": kc.shape[1]}
+
+
+OPERATORS = (
+    Operator(SPEC, fused_attn_proj_residual_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
+             triton="fused_attn_proj_residual_triton:OP",
+             tiles_at={"attn_proj_split": DECODE, "attn_proj_residual_fp": DECODE, "attn_proj_residual_w8": DECODE}),
+)
