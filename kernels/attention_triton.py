@@ -107,11 +107,24 @@ def _attn_decode_split_kernel(
     Hkv, GROUP, S, NUM_SPLITS,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MAX_SPLITS: tl.constexpr,
 ):
-    split = tl.program_id(0)
-    bh = tl.program_id(1)
+    _attn_decode_split_program(
+        tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, Hkv, GROUP, S, NUM_SPLITS,
+        HEAD_DIM, BLOCK_N, BLOCK_G, MAX_SPLITS)
+
+
+@triton.jit
+def _attn_decode_split_program(
+    split, bh, q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    Hkv, GROUP, S, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MAX_SPLITS: tl.constexpr,
+):
+    """One (split, batch x KV head) program of the split-KV decode (also a stage of the persistent decode kernel:
+    q and the newest K/V row may come from other programs of the same launch, so they are read through L2, .cg)."""
     b = (bh // Hkv).to(tl.int64)
     hk = (bh % Hkv).to(tl.int64)
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), S)  # never read past the cache
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)  # never read past the cache
     chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # balanced per sequence, on the device
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
@@ -120,7 +133,8 @@ def _attn_decode_split_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     heads = hk * GROUP + offs_g  # (BG,) query heads served by this KV head
     g_mask = offs_g < GROUP
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=g_mask[:, None], other=0.0,
+                cache_modifier=".cg")
     k_base = k_ptr + b * stride_kb + hk * stride_kh
     v_base = v_ptr + b * stride_vb + hk * stride_vh
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
@@ -130,14 +144,15 @@ def _attn_decode_split_kernel(
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         kv_mask = (cols < end)[:, None]
-        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)  # (BN, D)
+        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0,
+                    cache_modifier=".cg")  # (BN, D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BG, BN)
         qk = tl.where((cols < end)[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0, cache_modifier=".cg")
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
         m_i = m_new

@@ -45,7 +45,7 @@ def _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_splits,
     row = (b * n_heads + heads) * MAX_SPLITS  # (HB,) first workspace row of each head
     s_all = tl.arange(0, MAX_SPLITS)
     lse = tl.load(lse_ptr + row[:, None] + s_all[None, :], mask=hmask[:, None] & (s_all < n_splits)[None, :],
-                  other=float("-inf"))  # (HB, MAX_SPLITS), log2 units; -inf: empty split
+                  other=float("-inf"), cache_modifier=".cg")  # (HB, MAX_SPLITS), log2 units; -inf: empty split
     m = tl.max(lse, axis=1)
     m = tl.where(m == float("-inf"), 0.0, m)  # padding heads: no NaN (never used)
     den = tl.sum(tl.exp2(lse - m[:, None]), axis=1)  # (HB,)
@@ -54,10 +54,10 @@ def _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_splits,
     for s0 in range(0, n_splits, SPLIT_STEP):
         s = s0 + tl.arange(0, SPLIT_STEP)
         smask = hmask[:, None] & (s < n_splits)[None, :]  # (HB, SPLIT_STEP)
-        ls = tl.load(lse_ptr + row[:, None] + s[None, :], mask=smask, other=float("-inf"))
+        ls = tl.load(lse_ptr + row[:, None] + s[None, :], mask=smask, other=float("-inf"), cache_modifier=".cg")
         w = tl.exp2(ls - m[:, None])  # (HB, SPLIT_STEP)
         o = tl.load(part_ptr + (row[:, None, None] + s[None, :, None]) * HEAD_DIM + d[None, None, :],
-                    mask=smask[:, :, None], other=0.0)  # (HB, SPLIT_STEP, D)
+                    mask=smask[:, :, None], other=0.0, cache_modifier=".cg")  # (HB, SPLIT_STEP, D)
         num += tl.sum(w[:, :, None] * o, axis=1)
     den = tl.where(hmask, den, 1.0)
     out = (num / den[:, None]).to(DTYPE)  # rounded as the combine kernel writes o
@@ -71,8 +71,22 @@ def _attn_proj_residual_kernel(
     HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
 ):
-    b = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    _attn_proj_residual_program(
+        tl.program_id(0), tl.program_id(1).to(tl.int64), part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads,
+        n_splits, stride_wn, stride_rm, stride_ym, has_bias, HEAD_DIM, MAX_SPLITS, SPLIT_STEP, BLOCK_N, BLOCK_K,
+        W_INT8)
+
+
+@triton.jit
+def _attn_proj_residual_program(
+    pid, b,
+    part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads, n_splits, stride_wn, stride_rm, stride_ym,
+    has_bias,
+    HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+):
+    """Program for BLOCK_N output rows of sequence ``b``; also stage 3 of the persistent decode kernel."""
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < N
     rows_ld = rows % N  # rows past N read valid memory; never stored
     w_rows = w_ptr + rows_ld.to(tl.int64)[:, None] * stride_wn
@@ -86,7 +100,7 @@ def _attn_proj_residual_kernel(
                                 BLOCK_K, y_ptr.dtype.element_ty)
         acc = _gemv_fma(acc, w, x, W_INT8, BLOCK_N, BLOCK_K)
     y = _epilogue(tl.sum(acc, axis=1), s_ptr, b_ptr, rows_ld, has_bias, W_INT8, y_ptr.dtype.element_ty)
-    res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0).to(tl.float32)
+    res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     tl.store(y_ptr + b * stride_ym + rows, (res + y).to(y_ptr.dtype.element_ty), mask=mask)
 
 

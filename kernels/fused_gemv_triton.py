@@ -20,6 +20,11 @@ shared by all of them live here:
   The normalised activation is rounded to the activation dtype before the
   product, as the per-operator path (rmsnorm writes its output in that dtype),
   so both paths compute the same products.
+
+Activations are read with ``cache_modifier=".cg"`` (through L2, not L1): in
+the persistent decode kernel (persistent_decode_triton.py) they were written
+by other programs of the same launch, after this SM may have cached the old
+row in L1. Weights, written once at load time, are read normally.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def _row_rstd(x_row, K, eps, BLOCK_K: tl.constexpr):
     rk = tl.arange(0, BLOCK_K)
     ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_row + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32)
+        x = tl.load(x_row + k0 + rk, mask=(k0 + rk) < K, other=0.0, cache_modifier=".cg").to(tl.float32)
         ss += x * x
     return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(ss, axis=0), K * 1.0) + eps))
 
@@ -72,7 +77,7 @@ def _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, K, stride_wn,
         k = k0 + rk
         kmask = k < K
         w = _load_weight_tile(w_rows, k, kmask)
-        x = tl.load(x_row + k, mask=kmask, other=0.0)  # (BLOCK_K,)
+        x = tl.load(x_row + k, mask=kmask, other=0.0, cache_modifier=".cg")  # (BLOCK_K,)
         if NORM:
             nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) * rstd * nw).to(x_row.dtype.element_ty)

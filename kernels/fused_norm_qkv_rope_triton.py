@@ -32,8 +32,20 @@ def _norm_qkv_rope_kernel(
     C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks, stride_qb, has_bias, eps, n_heads, n_kv_heads,
     HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    _norm_qkv_rope_program(
+        tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr,
+        pos_ptr, kc_ptr, vc_ptr, q_ptr, C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks,
+        stride_qb, has_bias, eps, n_heads, n_kv_heads, HALF, PAIRS, BLOCK_K, W_INT8)
+
+
+@triton.jit
+def _norm_qkv_rope_program(
+    pid, b,
+    x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr,
+    C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks, stride_qb, has_bias, eps, n_heads, n_kv_heads,
+    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+):
+    """Program ``pid`` (PAIRS rotation pairs of one head) of sequence ``b``; also stage 1 of the persistent decode kernel."""
     head = pid // (HALF // PAIRS)
     j0 = (pid % (HALF // PAIRS)) * PAIRS
     r = tl.arange(0, 2 * PAIRS)

@@ -28,8 +28,19 @@ def _norm_swiglu_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn, stride_ym, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
 ):
-    b = tl.program_id(1).to(tl.int64)
-    n0 = tl.program_id(0) * BLOCK_N
+    _norm_swiglu_program(
+        tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn,
+        stride_ym, eps, BLOCK_N, BLOCK_K, W_INT8)
+
+
+@triton.jit
+def _norm_swiglu_program(
+    pid, b,
+    x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn, stride_ym, eps,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+):
+    """Program for BLOCK_N hidden columns of sequence ``b``; also stage 4 of the persistent decode kernel."""
+    n0 = pid * BLOCK_N
     r = tl.arange(0, 2 * BLOCK_N)
     rows = (n0 + r // 2) % F + (r % 2) * F  # interleaved: gate row n, up row F + n
     x_row = x_ptr + b * stride_xm

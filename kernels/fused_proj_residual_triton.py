@@ -25,13 +25,24 @@ def _proj_residual_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_rm, stride_ym, has_bias,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
 ):
-    b = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    _proj_residual_program(
+        tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn,
+        stride_rm, stride_ym, has_bias, BLOCK_N, BLOCK_K, W_INT8)
+
+
+@triton.jit
+def _proj_residual_program(
+    pid, b,
+    x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_rm, stride_ym, has_bias,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+):
+    """Program for BLOCK_N output rows of sequence ``b``; also stage 5 of the persistent decode kernel."""
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < N
     rows_ld = rows % N  # rows past N read valid memory; never stored
     acc = _gemv_rows(x_ptr + b * stride_xm, x_ptr, 1.0, w_ptr, rows_ld, K, stride_wn, False, W_INT8, BLOCK_N, BLOCK_K)
     y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_INT8, y_ptr.dtype.element_ty)
-    res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0).to(tl.float32)
+    res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     tl.store(y_ptr + b * stride_ym + rows, (res + y).to(y_ptr.dtype.element_ty), mask=mask)
 
 

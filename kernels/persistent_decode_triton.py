@@ -1,0 +1,284 @@
+"""A persistent decode kernel: one launch runs a whole decoder layer's five fused stages, with grid-wide barriers.
+
+Stages (the program functions of the fused super-operators, called unchanged):
+
+1. ``_norm_qkv_rope_program``        RMSNorm -> QKV -> RoPE -> q and the KV-cache row
+2. ``_attn_decode_split_program``    split-KV attention partials (reads q and the new K/V row)
+3. ``_attn_proj_residual_program``   combine + output projection + residual -> x_mid
+4. ``_norm_swiglu_program``          RMSNorm -> gate/up -> SwiGLU -> h
+5. ``_proj_residual_program``        down projection + residual -> y
+
+With ``STAGE == 0`` the grid is one program per SM (all resident, so a spin
+barrier cannot deadlock); program p runs the work items p, p + P, ... of each
+stage and waits at a grid barrier between stages (``_grid_barrier``, the
+recipe of notes/gpu-apis.md: release add, acquire spin, ~1.25 us on the H200).
+Before waiting, a program asks L2 for the first weight tile of its first item
+of the next stage (``_prefetch_rows``): weights do not depend on activations,
+so their memory latency overlaps the barrier.
+
+With ``STAGE == s`` (1..5) the same kernel runs stage s alone, one program per
+work item and no barrier: the staged launches that the GPU test compares the
+persistent launch with, and what Triton's CPU interpreter can run (it runs
+programs one after another, so a spin barrier would never be released).
+
+The barrier counter (``sync``: two int32, zero before the first launch) is left
+at zero by every launch: after the last barrier each program adds one to an exit
+count, and the last one out resets both (nobody reads the counter any more).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import triton
+import triton.language as tl
+
+from edgekit.errors import OperatorError
+from edgekit.kernels.attention_triton import _attn_decode_split_program
+from edgekit.kernels.fused_attn_proj_residual_triton import _attn_proj_residual_program
+from edgekit.kernels.fused_norm_qkv_rope_triton import _norm_qkv_rope_program
+from edgekit.kernels.fused_norm_swiglu_triton import _norm_swiglu_program
+from edgekit.kernels.fused_proj_residual_triton import _proj_residual_program
+
+# Prefetch is inline PTX: compiled code only (the CPU interpreter runs the staged launches without it).
+PREFETCH = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+LINE_BYTES = tl.constexpr(128)  # one prefetch per L2 line
+
+
+@triton.jit
+def _grid_barrier(sync_ptr, target):
+    """Wait until every program of the grid has arrived here (the counter reaches ``target``)."""
+    tl.debug_barrier()  # the whole CTA's writes happen before the release below
+    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+    while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < target:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def _grid_exit(sync_ptr, n_programs):
+    """After the last barrier: the last program out leaves the counter and the exit count at zero."""
+    if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == n_programs - 1:
+        tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, rows, stride_wn, K, ELEM_BYTES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Ask L2 for W[rows, :BLOCK_K] (one ``prefetch.global.L2`` per 128-byte line); the result is not waited for."""
+    PER_LINE: tl.constexpr = LINE_BYTES // ELEM_BYTES
+    LINES: tl.constexpr = (BLOCK_K + PER_LINE - 1) // PER_LINE
+    k = tl.arange(0, LINES) * PER_LINE
+    addr = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + tl.minimum(k, K - 1)[None, :]  # (BLOCK_R, LINES)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [addr], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _persistent_layer_kernel(
+    # activations and caches
+    x_ptr, q_ptr, part_ptr, lse_ptr, xmid_ptr, h_ptr, y_ptr, kc_ptr, vc_ptr,
+    cos_ptr, sin_ptr, pos_ptr, seq_lens_ptr, sync_ptr,
+    # weights (float, or INT8 with per-channel scales); biases of qkv, o and down
+    attn_norm_ptr, wqkv_ptr, sqkv_ptr, bqkv_ptr, wo_ptr, so_ptr, bo_ptr,
+    ffn_norm_ptr, wgu_ptr, sgu_ptr, wd_ptr, sd_ptr, bd_ptr,
+    # shapes, strides, attributes
+    B, C, F, S, n_heads, n_kv_heads, n_splits,
+    stride_wqkv, stride_wo, stride_wgu, stride_wd, stride_cs, stride_kb, stride_kh, stride_ks,
+    has_bqkv, has_bo, has_bd, eps, sm_scale,
+    HEAD_DIM: tl.constexpr, STAGE: tl.constexpr,
+    QKV_PAIRS: tl.constexpr, QKV_BLOCK_K: tl.constexpr, QKV_INT8: tl.constexpr,
+    ATTN_BLOCK_N: tl.constexpr, ATTN_BLOCK_G: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    O_SPLIT_STEP: tl.constexpr, O_BLOCK_N: tl.constexpr, O_BLOCK_K: tl.constexpr, O_INT8: tl.constexpr,
+    GU_BLOCK_N: tl.constexpr, GU_BLOCK_K: tl.constexpr, GU_INT8: tl.constexpr,
+    D_BLOCK_N: tl.constexpr, D_BLOCK_K: tl.constexpr, D_INT8: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    QD = n_heads * HEAD_DIM
+    # work items of each stage per sequence
+    n1 = (n_heads + 2 * n_kv_heads) * (HALF // QKV_PAIRS)
+    n2 = n_splits * n_kv_heads
+    n3 = tl.cdiv(C, O_BLOCK_N)
+    n4 = tl.cdiv(F, GU_BLOCK_N)
+    n5 = tl.cdiv(C, D_BLOCK_N)
+
+    if STAGE == 0 or STAGE == 1:
+        for item in range(pid, n1 * B, P):
+            _norm_qkv_rope_program(
+                item % n1, (item // n1).to(tl.int64), x_ptr, attn_norm_ptr, wqkv_ptr, sqkv_ptr, bqkv_ptr, cos_ptr,
+                sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr, C, C, stride_wqkv, stride_cs, stride_kb, stride_kh, stride_ks,
+                QD, has_bqkv, eps, n_heads, n_kv_heads, HALF, QKV_PAIRS, QKV_BLOCK_K, QKV_INT8)
+    if STAGE == 0:
+        if PREFETCH:  # stage 3's weights (stage 2 reads the cache)
+            r3 = (pid % n3) * O_BLOCK_N + tl.arange(0, O_BLOCK_N)
+            _prefetch_rows(wo_ptr, r3 % C, stride_wo, QD, 1 if O_INT8 else 2, O_BLOCK_N, O_BLOCK_K)
+        _grid_barrier(sync_ptr, P)
+    if STAGE == 0 or STAGE == 2:
+        for item in range(pid, n2 * B, P):
+            _attn_decode_split_program(
+                item % n_splits, item // n_splits, q_ptr, kc_ptr, vc_ptr, seq_lens_ptr, part_ptr, lse_ptr, sm_scale,
+                QD, HEAD_DIM, stride_kb, stride_kh, stride_ks, stride_kb, stride_kh, stride_ks,
+                n_kv_heads, n_heads // n_kv_heads, S, n_splits, HEAD_DIM, ATTN_BLOCK_N, ATTN_BLOCK_G, MAX_SPLITS)
+    if STAGE == 0:
+        _grid_barrier(sync_ptr, 2 * P)
+    if STAGE == 0 or STAGE == 3:
+        for item in range(pid, n3 * B, P):
+            _attn_proj_residual_program(
+                item % n3, (item // n3).to(tl.int64), part_ptr, lse_ptr, wo_ptr, so_ptr, bo_ptr, x_ptr, xmid_ptr, C,
+                QD, n_heads, n_splits, stride_wo, C, C, has_bo, HEAD_DIM, MAX_SPLITS, O_SPLIT_STEP, O_BLOCK_N,
+                O_BLOCK_K, O_INT8)
+    if STAGE == 0:
+        if PREFETCH:
+            c4 = ((pid % n4) * GU_BLOCK_N + tl.arange(0, 2 * GU_BLOCK_N) // 2) % F
+            r4 = c4 + (tl.arange(0, 2 * GU_BLOCK_N) % 2) * F  # gate and up rows, as stage 4 reads them
+            _prefetch_rows(wgu_ptr, r4, stride_wgu, C, 1 if GU_INT8 else 2, 2 * GU_BLOCK_N, GU_BLOCK_K)
+        _grid_barrier(sync_ptr, 3 * P)
+    if STAGE == 0 or STAGE == 4:
+        for item in range(pid, n4 * B, P):
+            _norm_swiglu_program(
+                item % n4, (item // n4).to(tl.int64), xmid_ptr, ffn_norm_ptr, wgu_ptr, sgu_ptr, h_ptr, F, C, C,
+                stride_wgu, F, eps, GU_BLOCK_N, GU_BLOCK_K, GU_INT8)
+    if STAGE == 0:
+        if PREFETCH:
+            r5 = (pid % n5) * D_BLOCK_N + tl.arange(0, D_BLOCK_N)
+            _prefetch_rows(wd_ptr, r5 % C, stride_wd, F, 1 if D_INT8 else 2, D_BLOCK_N, D_BLOCK_K)
+        _grid_barrier(sync_ptr, 4 * P)
+        _grid_exit(sync_ptr, P)
+    if STAGE == 0 or STAGE == 5:
+        for item in range(pid, n5 * B, P):
+            _proj_residual_program(
+                item % n5, (item // n5).to(tl.int64), h_ptr, wd_ptr, sd_ptr, bd_ptr, xmid_ptr, y_ptr, C, F, F,
+                stride_wd, C, C, has_bd, D_BLOCK_N, D_BLOCK_K, D_INT8)
+
+
+# --------------------------------------------------------------------------- host side
+STAGES = 5
+
+
+@dataclass(frozen=True)
+class LayerTiles:
+    """Each stage's tile: the default variant of its fused operator at the model's shapes (same arithmetic)."""
+
+    constexprs: Mapping[str, int]  # the kernel's constexprs except STAGE and the INT8 flags
+    num_warps: int
+
+
+def layer_tiles(cfg) -> LayerTiles:
+    """Tiles of the persistent layer kernel for ``cfg`` (a ModelConfig): those the fused operators use."""
+    from edgekit.kernels.variants import default_variants
+
+    D, Hq, Hkv, C, F = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_size, cfg.intermediate_size
+    heads = {"head_dim": D, "n_heads": Hq, "n_kv_heads": Hkv}
+
+    def fp(op: str, **facts):
+        return next(v for k, v in default_variants(op, **facts).items() if k.endswith("_fp")).constexprs
+
+    qkv = fp("fused_norm_qkv_rope", n_out=(Hq + 2 * Hkv) * D, k_in=C, head_dim=D)
+    attn = default_variants("fused_attn_proj_residual", n_out=C, k_in=Hq * D, **heads)
+    split, o = attn["attn_proj_split"].constexprs, attn["attn_proj_residual_fp"].constexprs
+    gu = fp("fused_norm_swiglu", n_out=2 * F, k_in=C, head_dim=D)
+    down = fp("fused_proj_residual", n_out=C, k_in=F, head_dim=D)
+    return LayerTiles({
+        "HEAD_DIM": D, "QKV_PAIRS": qkv["PAIRS"], "QKV_BLOCK_K": qkv["BLOCK_K"],
+        "ATTN_BLOCK_N": split["BLOCK_N"], "ATTN_BLOCK_G": split["BLOCK_G"], "MAX_SPLITS": split["MAX_SPLITS"],
+        "O_SPLIT_STEP": o["SPLIT_STEP"], "O_BLOCK_N": o["BLOCK_N"], "O_BLOCK_K": o["BLOCK_K"],
+        "GU_BLOCK_N": gu["BLOCK_N"], "GU_BLOCK_K": gu["BLOCK_K"], "D_BLOCK_N": down["BLOCK_N"], "D_BLOCK_K": down["BLOCK_K"],
+    }, num_warps=8)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's weights as the fused operators take them (scale None: float weights)."""
+
+    attn_norm: "torch.Tensor"
+    wqkv: "torch.Tensor"
+    sqkv: "torch.Tensor | None"
+    bqkv: "torch.Tensor | None"
+    wo: "torch.Tensor"
+    so: "torch.Tensor | None"
+    bo: "torch.Tensor | None"
+    ffn_norm: "torch.Tensor"
+    wgu: "torch.Tensor"
+    sgu: "torch.Tensor | None"
+    wd: "torch.Tensor"
+    sd: "torch.Tensor | None"
+    bd: "torch.Tensor | None"
+
+
+def new_sync(device) -> "torch.Tensor":
+    """The grid barrier's counter and exit count (zero; every persistent launch leaves them zero)."""
+    import torch
+
+    return torch.zeros(2, dtype=torch.int32, device=device)
+
+
+def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache, v_cache, sync, *, eps: float,
+                     sm_scale: float, n_heads: int, n_kv_heads: int, tiles: LayerTiles, staged: bool = False):
+    """One decoder layer for x (B, C) at ``positions``: returns y (B, C) and writes K/V at the positions.
+
+    ``staged`` False: one launch, one program per SM, grid barriers between the stages. True: five launches (one
+    per stage, one program per work item, no barrier): the reference launches of the GPU test and the only mode
+    the CPU interpreter can run. The operands are checked by the fused operators' own host checks.
+    """
+    import torch
+
+    from edgekit.kernels import fused_attn_proj_residual_triton as attn_op
+    from edgekit.kernels import fused_norm_qkv_rope_triton as qkv_op
+    from edgekit.kernels import fused_norm_swiglu_triton as swiglu_op
+    from edgekit.kernels import fused_proj_residual_triton as down_op
+    from edgekit.kernels.attention import decode_splits
+    from edgekit.kernels.program_runner import device_properties
+
+    B, C = x.shape
+    Hq, D = n_heads, 2 * cos.shape[-1]
+    F = w.wgu.shape[0] // 2
+    t = dict(tiles.constexprs)
+    if t["HEAD_DIM"] != D:
+        raise OperatorError(f"persistent decode: tiles were made for head_dim {t['HEAD_DIM']}; this layer has {D}")
+    q = torch.empty(B, Hq, D, dtype=x.dtype, device=x.device)
+    xmid, h, y = torch.empty_like(x), torch.empty(B, F, dtype=x.dtype, device=x.device), torch.empty_like(x)
+    ms = t["MAX_SPLITS"]
+    part = torch.empty(B, Hq, ms, D, dtype=torch.float32, device=x.device)
+    lse = torch.empty(B, Hq, ms, dtype=torch.float32, device=x.device)
+    qkv_op.prepare(x, w.attn_norm, w.wqkv, w.sqkv, w.bqkv, cos, sin, positions, k_cache, v_cache, eps, n_heads, n_kv_heads)
+    tensors, _, _ = attn_op.prepare(q, k_cache, v_cache, seq_lens, w.wo, w.so, w.bo, x, sm_scale)
+    swiglu_op.prepare(xmid, w.ffn_norm, w.wgu, w.sgu, eps)
+    down_op.prepare(h, w.wd, w.sd, w.bd, xmid)
+    if w.wgu.shape[1] != C or w.wd.shape[1] != F or tuple(sync.shape) != (2,) or sync.dtype != torch.int32:
+        raise OperatorError(f"persistent decode: gate/up {tuple(w.wgu.shape)}, down {tuple(w.wd.shape)} and sync "
+                            f"{tuple(sync.shape)} {sync.dtype}; expected (2F, {C}), ({C}, F) and a (2,) int32 counter")
+    sms = device_properties(x.device)["sm_count"]
+    S = k_cache.shape[2]
+    n_splits = decode_splits(sms, B, n_kv_heads, S, t["ATTN_BLOCK_N"], ms)  # as attention_decode's launch rule
+    dummy = w.wqkv  # never read: a null-like pointer for absent scales and biases (has_* flags are 0)
+    args = (x, q, part, lse, xmid, h, y, k_cache, v_cache, cos, sin, positions, tensors["seq_lens"], sync,
+            w.attn_norm, w.wqkv, _or(w.sqkv, dummy), _or(w.bqkv, dummy), w.wo, _or(w.so, dummy), _or(w.bo, dummy),
+            w.ffn_norm, w.wgu, _or(w.sgu, dummy), w.wd, _or(w.sd, dummy), _or(w.bd, dummy),
+            B, C, F, S, n_heads, n_kv_heads, n_splits,
+            w.wqkv.stride(0), w.wo.stride(0), w.wgu.stride(0), w.wd.stride(0), cos.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            int(w.bqkv is not None), int(w.bo is not None), int(w.bd is not None), float(eps), float(sm_scale))
+    flags = {"QKV_INT8": int(w.sqkv is not None), "O_INT8": int(w.so is not None), "GU_INT8": int(w.sgu is not None),
+             "D_INT8": int(w.sd is not None)}
+    if not staged:
+        _persistent_layer_kernel[(sms,)](*args, STAGE=0, **t, **flags, num_warps=tiles.num_warps, num_stages=1)
+        return y
+    items = stage_items(t, B=B, C=C, F=F, n_heads=n_heads, n_kv_heads=n_kv_heads, n_splits=n_splits)
+    for stage, n in enumerate(items, start=1):
+        _persistent_layer_kernel[(n,)](*args, STAGE=stage, **t, **flags, num_warps=tiles.num_warps, num_stages=1)
+    return y
+
+
+def stage_items(t: Mapping[str, int], *, B: int, C: int, F: int, n_heads: int, n_kv_heads: int, n_splits: int) -> list[int]:
+    """Work items of the five stages (what a staged launch's grid is)."""
+    half = t["HEAD_DIM"] // 2
+    return [B * (n_heads + 2 * n_kv_heads) * (half // t["QKV_PAIRS"]), B * n_splits * n_kv_heads,
+            B * -(-C // t["O_BLOCK_N"]), B * -(-F // t["GU_BLOCK_N"]), B * -(-C // t["D_BLOCK_N"])]
+
+
+def _or(t, default):
+    return default if t is None else t
