@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Batch-1 decode of edgekit (per-operator and fused paths) against llama.cpp, on the same GGUF files (GPU).
+"""Batch-1 decode of edgekit (fused, persistent and optionally per-operator paths) against llama.cpp, on the same GGUF files (GPU).
 
 For each preset: write a random-weight F16 GGUF of its shape (edgekit), make
 llama.cpp's Q8_0 copy with llama-quantize, load the F16 file back with
 edgekit's GGUF loader, and measure in one process:
 
 - edgekit fp16 and int8 (W8A16 blocks, made from the same F16 file), each on
-  the per-operator graphed decode step and on the fused one: decode tokens/s
+  the graphed decode steps of ``--engines`` (default: the fused super-operators
+  and the persistent kernel; ``edgekit`` adds the per-operator step): decode tokens/s
   at depth D (prefill D tokens, then N greedy tokens fed back on the device,
   median of R loops), graphed prefill time for D tokens (TTFT), kernels per
   token (torch.profiler), the bandwidth roofline (device copy bandwidth
   measured in the same run);
-- agreement of the two paths on one step from the same cache: logits
-  difference, argmax, the cache rows written;
+- agreement of the fused path with the per-operator one on one step from the
+  same cache (when the per-operator engine runs): logits difference, argmax,
+  the cache rows written; first greedy tokens of every engine compared;
 - llama.cpp: ``llama-bench -p D -n N -d D -fa 1 -ngl 99`` on F16 and Q8_0.
 
 Prints a table with ratios and writes JSON. All figures are measured on the
@@ -77,7 +79,7 @@ def _measure_engine(engine, prompt, depth: int, n: int, repeats: int, dev) -> di
 
 def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
     from edgekit.bench.engines import RuntimeEngine
-    from edgekit.bench.fused_engine import FusedRuntimeEngine
+    from edgekit.bench.fused_engine import FusedRuntimeEngine, PersistentRuntimeEngine
     from edgekit.bench.roofline import decode_bytes, mean_attended_len, roofline_tokens_per_s
     from edgekit.bench.runner import _cast, quantized
     from edgekit.model.gguf_loader import load_gguf
@@ -106,7 +108,9 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
         attended = mean_attended_len(depth, n)
         nbytes = decode_bytes(cfg, wp, attended, 2.0).total
         tokens = {}
-        for cls in (RuntimeEngine, FusedRuntimeEngine):
+        engines = {c.name: c for c in (RuntimeEngine, FusedRuntimeEngine, PersistentRuntimeEngine)}
+        row_agree = None
+        for cls in (engines[e] for e in args.engines):
             row = {"model": preset, "file": f16.name if f16 else None, "engine": cls.name, "precision": precision, "depth": depth,
                    "new_tokens": n, "measured_on": f"GPU ({torch.cuda.get_device_name(dev)})"}
             try:
@@ -132,8 +136,14 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
             torch.cuda.empty_cache()
             _log(f"{preset} {precision} {row['engine']}: {row.get('decode_tokens_per_s', float('nan')):.0f} tok/s "
                  f"{row.get('kernels_per_token', float('nan')):.0f} kernels/token {row.get('error', '')}")
-        if len(tokens) == 2:
-            rows[-1]["agreement_with_per_operator"] = {**row_agree, "first_8_tokens_equal": tokens["edgekit"] == tokens["edgekit-fused"]}
+        if row_agree is not None and "edgekit-fused" in tokens:
+            fused_row = next(r for r in rows[::-1] if r["engine"] == "edgekit-fused")
+            fused_row["agreement_with_per_operator"] = {**row_agree, "first_8_tokens_equal": tokens["edgekit"] == tokens["edgekit-fused"]}
+        if len(tokens) > 1:  # every engine's first greedy tokens against the first engine's
+            first_engine, first_tokens = next(iter(tokens.items()))
+            for r in rows[-len(args.engines):]:
+                if r["engine"] in tokens and r["engine"] != first_engine:
+                    r[f"first_8_tokens_equal_to_{first_engine}"] = tokens[r["engine"]] == first_tokens
         del wp
     del w16
     torch.cuda.empty_cache()
@@ -153,7 +163,7 @@ def table(doc: dict) -> str:
     llama = {(r["model"], r["file_kind"], r["test"]): r["tokens_per_s"] for r in doc.get("llama_cpp", [])}
     lines = [f"decode tokens/s, batch 1, depth {doc['depth']}, {doc['tokens']} new tokens; measured on the GPU "
              f"({doc['device']}); copy bandwidth {doc['bandwidth']['bytes_per_s'] / 1e9:.0f} GB/s",
-             f"{'model':14} {'prec':5} {'engine':14} {'tok/s':>7} {'kern/tok':>8} {'roofline':>8} {'llama.cpp':>9} "
+             f"{'model':14} {'prec':5} {'engine':18} {'tok/s':>7} {'kern/tok':>8} {'roofline':>8} {'llama.cpp':>9} "
              f"{'ratio':>6} {'TTFT ms':>8} {'llama pp ms':>11}"]
     for r in doc["edgekit"]:
         kind = "F16" if r["precision"] == "fp16" else "Q8_0"
@@ -161,9 +171,9 @@ def table(doc: dict) -> str:
         pp = llama.get((r["model"], kind, "pp"))
         tps = r.get("decode_tokens_per_s")
         if tps is None:
-            lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:14} error: {r.get('error', '')[:80]}")
+            lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:18} error: {r.get('error', '')[:80]}")
             continue
-        lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:14} {tps:7.0f} {r['kernels_per_token']:8.0f} "
+        lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:18} {tps:7.0f} {r['kernels_per_token']:8.0f} "
                      f"{100 * r['roofline_fraction']:7.1f}% {base or float('nan'):9.0f} "
                      f"{(tps / base) if base else float('nan'):6.2f} {r['ttft_graphed_ms']:8.2f} "
                      f"{(1000 * doc['depth'] / pp) if pp else float('nan'):11.2f}")
@@ -174,6 +184,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--precisions", default="fp16,int8")
+    ap.add_argument("--engines", default="edgekit-fused,edgekit-persistent",
+                    help="comma list of edgekit engines: edgekit (per-operator), edgekit-fused, edgekit-persistent")
     ap.add_argument("--depth", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
@@ -186,6 +198,10 @@ def main() -> int:
                     help="edgekit only: the presets' random weights made in memory (no GGUF file, no llama.cpp rows)")
     args = ap.parse_args()
     args.precisions = tuple(args.precisions.split(","))
+    args.engines = tuple(args.engines.split(","))
+    known = ("edgekit", "edgekit-fused", "edgekit-persistent")
+    if not args.engines or any(e not in known for e in args.engines):
+        ap.error(f"--engines {','.join(args.engines)}: expected a comma list of {', '.join(known)}")
     from edgekit.bench.gguf_preset import write_random_gguf
     from edgekit.bench.measure import copy_bandwidth
     from edgekit.model.presets import preset_config

@@ -32,7 +32,9 @@ def _cases(cfg):
 
 
 def _args(op, cfg, w, dev):
+    """One call's arguments; ``w`` is a float weight or (INT8 weight, FP32 scale)."""
     h = torch.float16
+    w, scale = w if isinstance(w, tuple) else (w, None)
     C = w.shape[1]
     x = torch.randn(1, C, device=dev, dtype=h)
     if op == "fused_norm_qkv_rope":
@@ -40,25 +42,26 @@ def _args(op, cfg, w, dev):
 
         cos, sin = (t.to(dev) for t in rope_frequencies(cfg.head_dim, 1024, 10000.0))
         kc = torch.zeros(1, cfg.n_kv_heads, 1024, cfg.head_dim, device=dev, dtype=h)
-        return (x, torch.ones(C, device=dev, dtype=h), w, None, None, cos, sin, torch.tensor([5], device=dev), kc, kc.clone(),
-                1e-5, cfg.n_heads, cfg.n_kv_heads)
+        return (x, torch.ones(C, device=dev, dtype=h), w, scale, None, cos, sin, torch.tensor([5], device=dev), kc,
+                kc.clone(), 1e-5, cfg.n_heads, cfg.n_kv_heads)
     if op == "fused_proj_residual":
-        return (x, w, None, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
-    return (x, torch.ones(C, device=dev, dtype=h), w, None, 1e-5)
+        return (x, w, scale, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
+    return (x, torch.ones(C, device=dev, dtype=h), w, scale, 1e-5)
 
 
-def _candidates(op, n, k, head_dim):
+def _candidates(op, n, k, head_dim, int8: bool):
     base = default_variants(op, head_dim=head_dim, n_out=n, k_in=k)
-    fp = next(v for name, v in base.items() if name.endswith("_fp"))
+    dflt = next(v for name, v in base.items() if name.endswith("_w8" if int8 else "_fp"))
     rows_key = "PAIRS" if op == "fused_norm_qkv_rope" else "BLOCK_N"
-    out = [(fp, True)]
-    for rows in (1, 2, 4, 8):
+    out = [(dflt, True)]
+    for rows in (1, 2, 4, 8, 16):
         for bk in (512, 1024, 2048):
-            warps = max(4, min(8, rows * bk * 2 // 2048))
-            c = {**fp.constexprs, rows_key: rows, "BLOCK_K": bk}
-            v = KernelVariant(op, fp.kernel, c, warps, 1, "fp16")
-            if v != fp and 2048 <= rows * bk * (2 if op in ("fused_norm_qkv_rope", "fused_norm_swiglu") else 1) <= 32768:
-                out.append((v, False))
+            for warps in (4, 8, 16):
+                c = {**dflt.constexprs, rows_key: rows, "BLOCK_K": bk}
+                v = KernelVariant(op, dflt.kernel, c, warps, 1, "fp16")
+                weights = rows * bk * (2 if op in ("fused_norm_qkv_rope", "fused_norm_swiglu") else 1)
+                if v != dflt and 2048 <= weights <= (65536 if int8 else 32768) and 32 <= weights // (32 * warps) <= 128:
+                    out.append((v, False))
     return out
 
 
@@ -66,6 +69,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json")
     ap.add_argument("--budget-s", type=float, default=120)
+    ap.add_argument("--precisions", default="fp16,int8")
+    ap.add_argument("--presets", default=",".join(SHAPES))
     args = ap.parse_args()
     from triton.testing import do_bench_cudagraph
 
@@ -77,38 +82,46 @@ def main() -> int:
     dst = torch.empty_like(src)
     bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
     del src, dst
-    for preset, cfg in SHAPES.items():
-        for op, n, k in _cases(cfg):
-            nbytes = n * k * 2
-            copies = max(1, min(64, WORKING_SET // nbytes))
+    for preset, cfg, op, n, k, precision in ((p, SHAPES[p], op, n, k, prec) for prec in args.precisions.split(",")
+                                         for p in args.presets.split(",") for op, n, k in _cases(SHAPES[p])):
+        int8 = precision == "int8"
+        nbytes = n * k * (1 if int8 else 2)
+        copies = max(1, min(64, WORKING_SET // nbytes))
+        if int8:
+            ws = [(torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8),
+                   torch.rand(n, device=dev) / (127 * k ** 0.5)) for _ in range(copies)]
+        else:
             ws = [torch.randn(n, k, device=dev).to(torch.float16) / k ** 0.5 for _ in range(copies)]
-            for v, is_default in _candidates(op, n, k, cfg.head_dim):
-                if time.time() > end:
-                    break
-                fn = TritonOp(op, {v.kernel: v})
-                calls = [_args(op, cfg, w, dev) for w in ws]
+        for v, is_default in _candidates(op, n, k, cfg.head_dim, int8):
+            if time.time() > end:
+                break
+            fn = TritonOp(op, {v.kernel: v})
+            calls = [_args(op, cfg, w, dev) for w in ws]
 
-                def run():
-                    for a in calls:
-                        fn(*a)
+            def run():
+                for a in calls:
+                    fn(*a)
 
-                try:
-                    ms = do_bench_cudagraph(run) / copies
-                except Exception as e:  # noqa: BLE001 - a candidate that does not compile is recorded
-                    rows.append({"preset": preset, "op": op, "n": n, "k": k, "variant": v.label(), "error": str(e)[:200]})
-                    continue
-                rows.append({"preset": preset, "op": op, "n": n, "k": k, "variant": v.label(), "default": is_default,
-                             "us": 1000 * ms, "bandwidth_fraction": nbytes / (ms * 1e-3) / bw})
-            del ws
-            torch.cuda.empty_cache()
+            try:
+                ms = do_bench_cudagraph(run) / copies
+            except Exception as e:  # noqa: BLE001 - a candidate that does not compile is recorded
+                rows.append({"preset": preset, "op": op, "n": n, "k": k, "precision": precision, "variant": v.label(),
+                             "error": str(e)[:200]})
+                continue
+            rows.append({"preset": preset, "op": op, "n": n, "k": k, "precision": precision, "variant": v.label(),
+                         "default": is_default,
+                         "us": 1000 * ms, "bandwidth_fraction": nbytes / (ms * 1e-3) / bw})
+        del ws
+        torch.cuda.empty_cache()
     doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(dev)})", "copy_bytes_per_s": bw, "rows": rows}
-    for (preset, op, n, k) in dict.fromkeys((r["preset"], r["op"], r["n"], r["k"]) for r in rows):
-        rs = [r for r in rows if (r["preset"], r["op"], r["n"], r["k"]) == (preset, op, n, k) and "us" in r]
+    for key in dict.fromkeys((r["preset"], r["op"], r["n"], r["k"], r["precision"]) for r in rows):
+        preset, op, n, k, precision = key
+        rs = [r for r in rows if (r["preset"], r["op"], r["n"], r["k"], r["precision"]) == key and "us" in r]
         if not rs:
             continue
         best = min(rs, key=lambda r: r["us"])
         d = next((r for r in rs if r.get("default")), None)
-        print(f"{preset:13} {op:20} {n:6}x{k:<5} default {d['us'] if d else float('nan'):6.2f} us  best {best['us']:6.2f} us "
+        print(f"{preset:13} {op:20} {precision:5} {n:6}x{k:<5} default {d['us'] if d else float('nan'):6.2f} us  best {best['us']:6.2f} us "
               f"({100 * best['bandwidth_fraction']:.0f}% of copy bw) {best['variant']}")
     if args.json:
         open(args.json, "w").write(json.dumps(doc, indent=1))

@@ -1,4 +1,4 @@
-"""edgekit's runtime on the fused decode path, as a stepped bench engine beside the per-operator one.
+"""edgekit's runtime on the fused and persistent decode paths, as stepped bench engines beside the per-operator one.
 
 Same contract as ``RuntimeEngine`` (prefill, decode fed back on the device,
 graphed prefill); the decode step is ``FusedDecoder``'s: the greedy token comes
@@ -33,6 +33,7 @@ class FusedGreedyFeedback(GreedyFeedback):
 
 class FusedRuntimeEngine(RuntimeEngine):
     name = "edgekit-fused"
+    decode_path = "fused"  # the path select_decode_path must give (else the engine refuses to run)
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_seq_len: int, max_tokens: int,
                  ops: DispatchTable | None = None):
@@ -41,9 +42,16 @@ class FusedRuntimeEngine(RuntimeEngine):
         from edgekit.runtime.fused_decode import select_decode_path
 
         SteppedEngine.__init__(self, cfg, Decoder(cfg, weights, ops or triton_dispatch_table()), max_seq_len, max_tokens)
-        step_decoder, self.path = select_decode_path(self.decoder, self.cache)
-        if self.path.name != "fused":
-            raise BenchmarkError(f"the fused decode path cannot run here: {self.path.reason}")
+        step_decoder, self.path = select_decode_path(self.decoder, self.cache, prefer=self.decode_path)
+        if self.path.name != self.decode_path:
+            raise BenchmarkError(f"the {self.decode_path} decode path cannot run here: {self.path.reason}")
         self.feedback = FusedGreedyFeedback(step_decoder, max_tokens)
         self.step = GraphedDecodeStep(self.feedback, self.cache)
         self._prefill_graphs = {}
+
+
+class PersistentRuntimeEngine(FusedRuntimeEngine):
+    """The persistent decode path: one kernel launch per layer (grid barriers) + the fused head."""
+
+    name = "edgekit-persistent"
+    decode_path = "persistent"

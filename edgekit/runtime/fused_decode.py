@@ -41,13 +41,14 @@ FUSED_WEIGHT_OPS = ("linear", "linear_w8a16")  # float and W8A16 projections; W8
 # per token the embedding gather, positions + 1 and its int32 cast, the head GEMV and the argmax reduce
 LAUNCHES_PER_LAYER = 5
 LAUNCHES_PER_TOKEN = 5
+DECODE_PATHS = ("persistent", "fused", "per-operator")
 
 
 @dataclass(frozen=True)
 class DecodePath:
     """Which decode path runs and why (what ``run --json`` and the benchmarks report)."""
 
-    name: str  # "fused" | "per-operator"
+    name: str  # "persistent" | "fused" | "per-operator"
     reason: str
     launches_per_token: int | None = None  # the fused step's kernel launches (Triton kernels); None if not counted
 
@@ -153,19 +154,37 @@ def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: 
     return None
 
 
-def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None):
+def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None, prefer: str = "persistent"):
     """(the object whose ``decode`` a graphed step should capture, the DecodePath that says which one it is).
 
     ``baseline``: the sources of the operators the fused kernels were built with (None: the decoder's table now).
+    ``prefer``: "persistent" (the default: one launch per layer when it can run, else the fused path), "fused" or
+    "per-operator" (the fastest path is taken only down to what is preferred).
     """
+    if prefer not in DECODE_PATHS:
+        raise EdgekitError(f"unknown decode path {prefer!r}; expected one of: {', '.join(DECODE_PATHS)}")
+    if prefer == "per-operator":
+        return decoder, DecodePath("per-operator", "asked for (decode path per-operator)")
     table = decoder.ops
     if decoder.device.type == "cuda":
         try:
             table = with_fused_kernels(table)
         except (ImportError, EdgekitError) as e:  # no Triton JIT on this device: the plugins still run per operator
             return decoder, DecodePath("per-operator", f"the fused operators' Triton kernels are unavailable here ({e})")
-    why_not = fused_path_blocker(decoder, cache, table, baseline if baseline is not None else decoder.ops.sources())
+    base = baseline if baseline is not None else decoder.ops.sources()
+    why_not = fused_path_blocker(decoder, cache, table, base)
     if why_not is not None:
         return decoder, DecodePath("per-operator", why_not)
-    n = LAUNCHES_PER_LAYER * decoder.config.n_layers + LAUNCHES_PER_TOKEN
-    return FusedDecoder(decoder, table), DecodePath("fused", "fused super-operators (Triton kernels) replayed as a CUDA graph", n)
+    fused_n = LAUNCHES_PER_LAYER * decoder.config.n_layers + LAUNCHES_PER_TOKEN
+    fused = DecodePath("fused", "fused super-operators (Triton kernels) replayed as a CUDA graph", fused_n)
+    if prefer == "fused":
+        return FusedDecoder(decoder, table), fused
+    from edgekit.runtime import persistent_decode as pd
+
+    why_not = pd.persistent_path_blocker(table, base)
+    if why_not is not None:
+        return FusedDecoder(decoder, table), DecodePath("fused", why_not, fused_n)
+    n = pd.LAUNCHES_PER_LAYER * decoder.config.n_layers + pd.LAUNCHES_PER_TOKEN
+    return (pd.PersistentDecoder(decoder, table),
+            DecodePath("persistent", "persistent decode kernel (one launch per layer, grid barriers) + fused head, "
+                                     "replayed as a CUDA graph", n))

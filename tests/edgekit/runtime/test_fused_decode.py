@@ -105,3 +105,28 @@ def test_a_device_without_triton_decodes_per_operator(monkeypatch):
     monkeypatch.setattr(fd, "with_fused_kernels", no_triton)
     step, path = fd.select_decode_path(cuda_like, dec.new_cache(1, 16))
     assert step is cuda_like and path.name == "per-operator" and "triton" in path.reason
+
+
+def test_the_persistent_kernel_stands_in_only_for_edgekits_own_fused_kernels():
+    from edgekit.runtime.persistent_decode import persistent_path_blocker
+
+    table = DispatchTable()
+    for op in FUSED_OPERATORS:
+        table.set(op, table.get(op), source="triton")
+    assert persistent_path_blocker(table, table.sources()) is None
+    swapped = table.copy()
+    swapped.set("fused_attn_proj_residual", table.get("fused_attn_proj_residual"), source="plugin:v7")
+    why = persistent_path_blocker(swapped, table.sources())
+    assert why is not None and "fused_attn_proj_residual" in why and "plugin:v7" in why
+
+
+def test_select_decode_path_takes_only_known_paths():
+    from edgekit.errors import EdgekitError
+
+    cfg = preset_config("tiny")
+    dec = Decoder(cfg, random_weights(cfg, seed=1), DispatchTable())
+    cache = dec.new_cache(1, 16)
+    with pytest.raises(EdgekitError, match="unknown decode path 'giant'"):
+        select_decode_path(dec, cache, prefer="giant")
+    step, path = select_decode_path(dec, cache, prefer="per-operator")
+    assert step is dec and path.name == "per-operator"

@@ -1,5 +1,6 @@
-"""On the GPU: the graphed fused decode step gives the per-operator step's tokens and logits (Triton kernels,
-FP16 and W8A16), falls back after a swap, and the graphed prefill replays the eager prefill exactly."""
+"""On the GPU: the graphed fused and persistent decode steps give the per-operator step's tokens and logits (Triton
+kernels, FP16 and W8A16), the persistent step the fused step's exactly; a swap falls back (persistent -> fused ->
+per-operator), and the graphed prefill replays the eager prefill exactly."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def _decoder(precision: str):
     return Decoder(cfg, w, triton_dispatch_table())
 
 
+@pytest.mark.parametrize("path_name,launches", [("fused", 5 * 4 + 5), ("persistent", 1 * 4 + 5)])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_graphed_fused_step_matches_the_per_operator_step(precision):
+def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, launches):
     from edgekit.runtime.cuda_graphs import GraphedDecodeStep
     from edgekit.runtime.fused_decode import select_decode_path
 
@@ -33,17 +35,39 @@ def test_graphed_fused_step_matches_the_per_operator_step(precision):
     caches = [dec.new_cache(1, 256), dec.new_cache(1, 256)]
     prompt = torch.randint(0, dec.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0)).cuda()
     lens = torch.tensor([37], device="cuda")
-    step_decoder, path = select_decode_path(dec, caches[1])
-    assert path.name == "fused" and path.launches_per_token == 6 * 4 + 5
-    per_op, fused = GraphedDecodeStep(dec, caches[0]), GraphedDecodeStep(step_decoder, caches[1])
+    step_decoder, path = select_decode_path(dec, caches[1], prefer=path_name)
+    assert path.name == path_name and path.launches_per_token == launches
+    per_op, fast = GraphedDecodeStep(dec, caches[0]), GraphedDecodeStep(step_decoder, caches[1])
     first = [dec.prefill(prompt, lens, c).argmax(-1) for c in caches]
     tok_a, tok_b, pos = first[0], first[1], lens.clone()
     for _ in range(8):
-        want, got = per_op(tok_a, pos).float(), fused(tok_b, pos).float()
+        want, got = per_op(tok_a, pos).float(), fast(tok_b, pos).float()
         assert float((got - want).abs().max()) <= 2e-2 * float(want.abs().max())
         tok_a, tok_b = want.argmax(-1), step_decoder.last_token.clone()
         assert torch.equal(tok_a, tok_b) and torch.equal(tok_b, got.argmax(-1))
         pos = pos + 1
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_persistent_step_equals_the_fused_step(precision):
+    """Same stage functions, same tiles: the graphed persistent step's logits and cache equal the fused step's."""
+    from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    dec = _decoder(precision)
+    caches = [dec.new_cache(1, 256), dec.new_cache(1, 256)]
+    prompt = torch.randint(0, dec.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(1)).cuda()
+    lens = torch.tensor([190], device="cuda")
+    (fused_dec, _), (pers_dec, _) = (select_decode_path(dec, c, prefer=p) for c, p in zip(caches, ("fused", "persistent")))
+    fused, pers = GraphedDecodeStep(fused_dec, caches[0]), GraphedDecodeStep(pers_dec, caches[1])
+    tok = dec.prefill(prompt, lens, caches[0]).argmax(-1)
+    dec.prefill(prompt, lens, caches[1])
+    pos = lens.clone()
+    for _ in range(6):
+        a, b = fused(tok, pos), pers(tok, pos)
+        assert torch.equal(a, b)
+        tok, pos = a.float().argmax(-1), pos + 1
+    assert all(torch.equal(x, y) for x, y in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))
 
 
 def test_a_swapped_operator_takes_decode_back_to_the_per_operator_path():
@@ -56,6 +80,21 @@ def test_a_swapped_operator_takes_decode_back_to_the_per_operator_path():
     swapped.set("swiglu", swapped.get("swiglu"), source="plugin:v2")
     step, path = select_decode_path(dec.with_ops(swapped), cache, baseline)
     assert path.name == "per-operator" and "swiglu" in path.reason and step.ops is swapped
+
+
+def test_a_swapped_fused_operator_takes_decode_back_to_the_fused_path():
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    dec = _decoder("fp16")
+    cache = dec.new_cache(1, 64)
+    assert select_decode_path(dec, cache)[1].name == "persistent"
+    baseline = dec.ops.sources()
+    swapped = dec.ops.copy()
+    from edgekit.kernels.triton_backend import triton_ops
+
+    swapped.set("fused_norm_swiglu", triton_ops()["fused_norm_swiglu"], source="plugin:v2")
+    step, path = select_decode_path(dec.with_ops(swapped), cache, baseline)
+    assert path.name == "fused" and "fused_norm_swiglu" in path.reason and path.launches_per_token == 5 * 4 + 5
 
 
 def test_graphed_prefill_replays_the_eager_prefill():

@@ -1,0 +1,80 @@
+"""The persistent decode path: one kernel launch per decoder layer (kernels/persistent_decode_triton.py).
+
+Each layer's five fused stages (QKV + RoPE + cache write, split-KV attention,
+combine + o-proj + residual, norm + gate/up + SwiGLU, down + residual) run in
+one launch of one program per SM with grid barriers between them; the token's
+head is still ``fused_head_argmax``. So a token costs n_layers + 5 launches
+(embedding gather, sequence lengths, head + argmax reduce), replayed as one CUDA
+graph like the fused path.
+
+The kernel is built from edgekit's own fused kernels (their stage functions),
+so it stands in for the fused operators only while the table runs exactly
+those: once any fused operator, or an operator they subsume, is swapped (an
+over-the-air plugin), ``persistent_path_blocker`` says why and the runtime
+falls back to the fused super-operators (still graphed) until a persistent
+kernel built with the new operator is delivered.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from edgekit.kernels.dispatch import DispatchTable
+from edgekit.model.decoder import Decoder
+from edgekit.model.kv_cache import StaticKVCache
+from edgekit.runtime.fused_decode import FUSED_OPERATORS, FusedDecoder, _weights
+
+LAUNCHES_PER_LAYER = 1
+LAUNCHES_PER_TOKEN = 5  # as the fused path: embedding gather, positions + 1 and its cast, head GEMV, argmax reduce
+
+
+def persistent_path_blocker(table: DispatchTable, baseline: Mapping[str, str] | None) -> str | None:
+    """Why the persistent kernel cannot stand in for the fused operators of ``table`` (None: it can).
+
+    ``table`` is the fused path's table (fused entries resolved). A swap of an operator the fused operators
+    subsume is already ruled out by ``fused_path_blocker`` against ``baseline``; a swapped fused operator is a
+    plugin here, no longer edgekit's own kernel.
+    """
+    sources = table.sources()
+    for op in FUSED_OPERATORS:
+        if sources.get(op) != "triton":
+            return (f"{op} runs {sources.get(op)}; the persistent kernel is built from edgekit's own fused kernels, so "
+                    f"decode runs on the fused super-operators until a persistent kernel with that operator arrives")
+    return None
+
+
+class PersistentDecoder(FusedDecoder):
+    """A decode step of one persistent launch per layer plus the fused head; quacks like a Decoder."""
+
+    def __init__(self, decoder: Decoder, ops: DispatchTable | None = None):
+        from edgekit.kernels.persistent_decode_triton import LayerWeights, layer_tiles, new_sync
+
+        super().__init__(decoder, ops)
+        self.tiles = layer_tiles(self.config)
+        self.sync = new_sync(self.device)  # the grid barrier's counter: every launch leaves it at zero
+        self.layers = []
+        for b in decoder.weights.blocks:
+            wqkv, sqkv, bqkv = _weights(b.wqkv)
+            wo, so, bo = _weights(b.wo)
+            wgu, sgu, _ = _weights(b.w_gate_up)
+            wd, sd, bd = _weights(b.w_down)
+            self.layers.append(LayerWeights(b.attn_norm, wqkv, sqkv, bqkv, wo, so, bo, b.ffn_norm, wgu, sgu, wd, sd, bd))
+
+    @torch.no_grad()
+    def decode_token(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache):
+        from edgekit.kernels.attention import default_scale
+        from edgekit.kernels.persistent_decode_triton import persistent_layer
+
+        cfg, w = self.config, self.decoder.weights
+        x = w.tok_embeddings[tokens]  # (B, C)
+        seq_lens = (positions + 1).to(torch.int32)  # (B,)
+        cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2)
+        for i, lw in enumerate(self.layers):
+            x = persistent_layer(x, lw, cos, sin, positions, seq_lens, cache.k[i], cache.v[i], self.sync,
+                                 eps=cfg.rms_norm_eps, sm_scale=default_scale(cfg.head_dim), n_heads=cfg.n_heads,
+                                 n_kv_heads=cfg.n_kv_heads, tiles=self.tiles)  # (B, C)
+        token, logits = self.ops.get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), cfg.rms_norm_eps)
+        self.last_token = token
+        return token, logits
