@@ -124,23 +124,26 @@ def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32) -> tuple[int, i
 
 
 # --------------------------------------------------------------------------- host side: kernel definitions
-def weight_kernel_pair(op: str, name: str, fn, params, constexpr_names: tuple[str, ...], space, default):
+def weight_kernel_pair(op: str, name: str, fn, params, constexpr_names: tuple[str, ...], space, default,
+                       default_w8=None):
     """The float-weight and INT8-weight (W8A16) KernelDefs of one fused kernel.
 
     ``params(w_type, scale_value)`` lists the kernel's parameters; the INT8 kernel reads ``scale``, the float
     kernel gets a null scale pointer. ``W_INT8`` is fixed by the kernel's identity (as in linear_triton).
+    ``default_w8``: the INT8 kernel's own default tile where measurements say it differs (else ``default``).
     """
     from edgekit.kernels.kernel_def import KernelDef
     from edgekit.kernels.launch_rule import ptr
 
     def make(kernel: str, w_type: str, scale_value, w_int8: int):
+        dflt = default_w8 if (w_int8 and default_w8 is not None) else default
         return KernelDef(
             op=op, kernel=kernel, fn=fn, params=params(w_type, scale_value),
             constexpr_names=constexpr_names + ("W_INT8",),
             precision={"input": "{act} x int8 weights (+ fp32 channel scales)" if w_int8 else "{act}",
                        "accumulate": "fp32", "output": "{act}"},
             uses_shared_memory=False,  # register tiles only; cross-warp reductions use a few hundred bytes
-            space=space, default=default,
+            space=space, default=dflt,
             smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
             fixed={"W_INT8": w_int8},
         )

@@ -167,27 +167,30 @@ class LayerTiles:
     num_warps: int
 
 
-def layer_tiles(cfg) -> LayerTiles:
-    """Tiles of the persistent layer kernel for ``cfg`` (a ModelConfig): those the fused operators use."""
+def layer_tiles(cfg, int8: Mapping[str, bool] | None = None) -> LayerTiles:
+    """Tiles of the persistent layer kernel for ``cfg`` (a ModelConfig): those the fused operators use, per weight
+    for its precision (``int8``: {"qkv", "o", "gate_up", "down"} -> INT8 weights; absent: float)."""
     from edgekit.kernels.variants import default_variants
 
+    int8 = int8 or {}
     D, Hq, Hkv, C, F = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_size, cfg.intermediate_size
     heads = {"head_dim": D, "n_heads": Hq, "n_kv_heads": Hkv}
 
-    def fp(op: str, **facts):
-        return next(v for k, v in default_variants(op, **facts).items() if k.endswith("_fp")).constexprs
+    def tile(op: str, weight: str, **facts):
+        suffix = "_w8" if int8.get(weight) else "_fp"
+        return next(v for k, v in default_variants(op, **facts).items() if k.endswith(suffix)).constexprs
 
-    qkv = fp("fused_norm_qkv_rope", n_out=(Hq + 2 * Hkv) * D, k_in=C, head_dim=D)
-    attn = default_variants("fused_attn_proj_residual", n_out=C, k_in=Hq * D, **heads)
-    split, o = attn["attn_proj_split"].constexprs, attn["attn_proj_residual_fp"].constexprs
-    gu = fp("fused_norm_swiglu", n_out=2 * F, k_in=C, head_dim=D)
-    down = fp("fused_proj_residual", n_out=C, k_in=F, head_dim=D)
+    qkv = tile("fused_norm_qkv_rope", "qkv", n_out=(Hq + 2 * Hkv) * D, k_in=C, head_dim=D)
+    split = default_variants("fused_attn_proj_residual", n_out=C, k_in=Hq * D, **heads)["attn_proj_split"].constexprs
+    o = tile("fused_attn_proj_residual", "o", n_out=C, k_in=Hq * D, **heads)
+    gu = tile("fused_norm_swiglu", "gate_up", n_out=2 * F, k_in=C, head_dim=D)
+    down = tile("fused_proj_residual", "down", n_out=C, k_in=F, head_dim=D)
     return LayerTiles({
         "HEAD_DIM": D, "QKV_PAIRS": qkv["PAIRS"], "QKV_BLOCK_K": qkv["BLOCK_K"],
         "ATTN_BLOCK_N": split["BLOCK_N"], "ATTN_BLOCK_G": split["BLOCK_G"], "MAX_SPLITS": split["MAX_SPLITS"],
         "O_SPLIT_STEP": o["SPLIT_STEP"], "O_BLOCK_N": o["BLOCK_N"], "O_BLOCK_K": o["BLOCK_K"],
         "GU_BLOCK_N": gu["BLOCK_N"], "GU_BLOCK_K": gu["BLOCK_K"], "D_BLOCK_N": down["BLOCK_N"], "D_BLOCK_K": down["BLOCK_K"],
-    }, num_warps=8)
+    }, num_warps=4)
 
 
 @dataclass(frozen=True)
@@ -265,7 +268,8 @@ def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache,
     flags = {"QKV_INT8": int(w.sqkv is not None), "O_INT8": int(w.so is not None), "GU_INT8": int(w.sgu is not None),
              "D_INT8": int(w.sd is not None)}
     if not staged:
-        _persistent_layer_kernel[(sms,)](*args, STAGE=0, **t, **flags, num_warps=tiles.num_warps, num_stages=1)
+        meta = {**t, **flags, "num_warps": tiles.num_warps, "num_stages": 1}
+        _persistent_layer_kernel[(resident_programs(args, meta, x.device),)](*args, STAGE=0, **meta)
         return y
     items = stage_items(t, B=B, C=C, F=F, n_heads=n_heads, n_kv_heads=n_kv_heads, n_splits=n_splits)
     for stage, n in enumerate(items, start=1):
@@ -278,6 +282,48 @@ def stage_items(t: Mapping[str, int], *, B: int, C: int, F: int, n_heads: int, n
     half = t["HEAD_DIM"] // 2
     return [B * (n_heads + 2 * n_kv_heads) * (half // t["QKV_PAIRS"]), B * n_splits * n_kv_heads,
             B * -(-C // t["O_BLOCK_N"]), B * -(-F // t["GU_BLOCK_N"]), B * -(-C // t["D_BLOCK_N"])]
+
+
+# Programs a persistent launch asks for per SM, at most: several resident programs per SM hide each other's memory
+# latency as the fused kernels' many small programs do (one program per SM ran the 1B layer at half the fused speed,
+# H200); more make the barrier's single counter busier.
+MAX_PROGRAMS_PER_SM = 4
+_PROGRAMS: dict = {}
+
+
+def resident_programs(args: tuple, meta: Mapping[str, int], device) -> int:
+    """The grid of a persistent launch: SMs x the programs of this compiled kernel that fit on one SM at once
+    (registers, shared memory, warps: the driver's occupancy answer), at most MAX_PROGRAMS_PER_SM. Every program
+    must be resident, or the grid barrier would wait forever for one that cannot start."""
+    from edgekit.kernels.program_runner import device_properties
+
+    key = (str(device), str(args[0].dtype), tuple(sorted(meta.items())))
+    if key not in _PROGRAMS:
+        sms = device_properties(device)["sm_count"]
+        k = _persistent_layer_kernel.warmup(*args, grid=(1,), STAGE=0, **meta)
+        k._init_handles()  # loads the module: registers and the function handle
+        _PROGRAMS[key] = sms * max(1, min(MAX_PROGRAMS_PER_SM, _blocks_per_sm(k, meta["num_warps"], device)))
+    return _PROGRAMS[key]
+
+
+def _blocks_per_sm(k, num_warps: int, device) -> int:
+    """Resident programs per SM of compiled kernel ``k``: the driver's occupancy query, else from its registers."""
+    try:
+        from cuda.bindings import driver as cu
+
+        err, n = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(cu.CUfunction(k.function), 32 * num_warps,
+                                                                 k.metadata.shared)
+        if err == cu.CUresult.CUDA_SUCCESS:
+            return int(n)
+    except Exception:  # noqa: BLE001 - no cuda-python: the register count decides
+        pass
+    import torch
+
+    p = torch.cuda.get_device_properties(device)
+    regs = getattr(p, "regs_per_multiprocessor", 65536)
+    threads = getattr(p, "max_threads_per_multi_processor", 1536)
+    per_warp = -(-max(1, k.n_regs) * 32 // 256) * 256  # registers are allocated per warp in units of 256
+    return max(1, min(regs // (per_warp * num_warps), threads // (32 * num_warps)))
 
 
 def _or(t, default):

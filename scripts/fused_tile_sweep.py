@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=120)
     ap.add_argument("--precisions", default="fp16,int8")
     ap.add_argument("--presets", default=",".join(SHAPES))
+    ap.add_argument("--ops", default="", help="comma list of fused operators to sweep (default: all four GEMVs)")
     args = ap.parse_args()
     from triton.testing import do_bench_cudagraph
 

@@ -52,10 +52,14 @@ class PersistentDecoder(FusedDecoder):
         from edgekit.kernels.persistent_decode_triton import LayerWeights, layer_tiles, new_sync
 
         super().__init__(decoder, ops)
-        self.tiles = layer_tiles(self.config)
         self.sync = new_sync(self.device)  # the grid barrier's counter: every launch leaves it at zero
-        self.layers = []
+        self.layers, self.tiles, made = [], [], {}
         for b in decoder.weights.blocks:
+            int8 = tuple((name, lw.op == "linear_w8a16")
+                         for name, lw in (("qkv", b.wqkv), ("o", b.wo), ("gate_up", b.w_gate_up), ("down", b.w_down)))
+            if int8 not in made:  # the fused operators' tiles for this layer's weight precisions
+                made[int8] = layer_tiles(self.config, dict(int8))
+            self.tiles.append(made[int8])
             wqkv, sqkv, bqkv = _weights(b.wqkv)
             wo, so, bo = _weights(b.wo)
             wgu, sgu, _ = _weights(b.w_gate_up)
@@ -71,10 +75,10 @@ class PersistentDecoder(FusedDecoder):
         x = w.tok_embeddings[tokens]  # (B, C)
         seq_lens = (positions + 1).to(torch.int32)  # (B,)
         cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2)
-        for i, lw in enumerate(self.layers):
+        for i, (lw, tiles) in enumerate(zip(self.layers, self.tiles)):
             x = persistent_layer(x, lw, cos, sin, positions, seq_lens, cache.k[i], cache.v[i], self.sync,
                                  eps=cfg.rms_norm_eps, sm_scale=default_scale(cfg.head_dim), n_heads=cfg.n_heads,
-                                 n_kv_heads=cfg.n_kv_heads, tiles=self.tiles)  # (B, C)
+                                 n_kv_heads=cfg.n_kv_heads, tiles=tiles)  # (B, C)
         token, logits = self.ops.get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), cfg.rms_norm_eps)
         self.last_token = token
         return token, logits

@@ -5,8 +5,10 @@
 - the persistent kernel (``staged`` True: five launches, one per stage; False:
   one launch with grid barriers, GPU only);
 - the fused super-operators one after another (their Triton kernels: the
-  fused decode path), which run the same stage functions with the same tiles,
-  so the outputs must be bit for bit equal;
+  fused decode path), which run the same stage functions with the same tiles:
+  bit for bit equal under the interpreter; on a GPU the persistent kernel's one
+  num_warps changes the reduction trees of stages whose operator kernel uses
+  another, so there only the staged launches must equal it bit for bit;
 - the FP64 oracle of the layer (fp64_oracle's rmsnorm, RoPE, attention,
   SwiGLU), as an error / allowance ratio (<= 1 passes).
 
@@ -63,11 +65,17 @@ def random_layer(*, B: int, C: int, F: int, n_heads: int, n_kv_heads: int, head_
     return inputs
 
 
-def run_persistent(c, staged: bool):
+def tiles_of(c):
+    """The fused operators' tiles for this layer's weights (all INT8 or all float here)."""
+    int8 = c.w.sqkv is not None
+    return layer_tiles(c.cfg, {"qkv": int8, "o": int8, "gate_up": int8, "down": int8})
+
+
+def run_persistent(c, staged: bool, sync=None):
     kc, vc = c.k_cache.clone(), c.v_cache.clone()
-    y = persistent_layer(c.x, c.w, c.cos, c.sin, c.positions, c.seq_lens, kc, vc, new_sync(c.x.device), eps=c.eps,
-                         sm_scale=c.sm_scale, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, tiles=layer_tiles(c.cfg),
-                         staged=staged)
+    y = persistent_layer(c.x, c.w, c.cos, c.sin, c.positions, c.seq_lens, kc, vc,
+                         new_sync(c.x.device) if sync is None else sync, eps=c.eps, sm_scale=c.sm_scale,
+                         n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, tiles=tiles_of(c), staged=staged)
     return y, kc, vc
 
 
