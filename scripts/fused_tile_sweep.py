@@ -83,8 +83,9 @@ def main() -> int:
     dst = torch.empty_like(src)
     bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
     del src, dst
-    for preset, cfg, op, n, k, precision in ((p, SHAPES[p], op, n, k, prec) for prec in args.precisions.split(",")
-                                         for p in args.presets.split(",") for op, n, k in _cases(SHAPES[p])):
+    cases = [(p, SHAPES[p], op, n, k, prec) for prec in args.precisions.split(",") for p in args.presets.split(",")
+             for op, n, k in _cases(SHAPES[p]) if not args.ops or op in args.ops.split(",")]
+    for preset, cfg, op, n, k, precision in cases:
         int8 = precision == "int8"
         nbytes = n * k * (1 if int8 else 2)
         copies = max(1, min(64, WORKING_SET // nbytes))

@@ -26,7 +26,7 @@ else
 fi
 pt() { timeout "$1" python3 -m pytest -q "${@:2}" -c "$R/pyproject.toml" --rootdir "$R" -p no:cacheprovider -p no:randomly -rfE; }
 if [ "${TESTS:-1}" = 1 ]; then
-  pt 150 "$R/tests/kernels/test_persistent_gpu.py" "$R/tests/kernels/test_fused_gpu.py" > "$OUT/pytest_kernels_gpu.log" 2>&1
+  pt 170 "$R/tests/kernels/test_persistent_gpu.py" "$R/tests/kernels/test_fused_gpu.py" > "$OUT/pytest_kernels_gpu.log" 2>&1
   echo "kernel tests: $(tail -1 "$OUT/pytest_kernels_gpu.log")"
   pt 90 "$R/tests/edgekit/runtime/test_fused_decode_gpu.py" > "$OUT/pytest_runtime_gpu.log" 2>&1
   echo "runtime tests: $(tail -1 "$OUT/pytest_runtime_gpu.log")"

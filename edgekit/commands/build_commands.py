@@ -275,10 +275,17 @@ def run(
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only (skip the golden vectors)."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay the decode step as a CUDA graph (GPU only)."),
+    preferred_path: str = typer.Option("fused", "--decode-path", help="Graphed decode path to try first: persistent, fused or per-operator (one that cannot run falls back and says why in --json)."),
     json_out: bool = typer.Option(False, "--json", help="Print the answer, tokens and timings as JSON."),
 ) -> None:
     """Verify a bundle, then generate with it: its plugins on a GPU, the torch reference on a CPU."""
     import sys
+
+    from edgekit.runtime.fused_decode import DECODE_PATHS
+
+    if preferred_path not in DECODE_PATHS:
+        raise typer.BadParameter(f"got {preferred_path!r}; expected one of: {', '.join(DECODE_PATHS)}",
+                                 param_hint="--decode-path")
 
     from edgekit.bundle.keys import load_public_key
     from edgekit.cli_common import err_console
@@ -305,7 +312,7 @@ def run(
         from edgekit.runtime.fused_decode import select_decode_path
         from edgekit.runtime.graphed_prefill import GraphedPrefill
 
-        step_decoder, path = select_decode_path(dec, cache)  # fused super-operators unless one is ruled out
+        step_decoder, path = select_decode_path(dec, cache, prefer=preferred_path)  # says why when it falls back
         step = GraphedDecodeStep(step_decoder, cache)
         decode_path = path.to_dict()
         prefill_step = GraphedPrefill(dec, cache)

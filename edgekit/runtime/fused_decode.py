@@ -42,6 +42,11 @@ FUSED_WEIGHT_OPS = ("linear", "linear_w8a16")  # float and W8A16 projections; W8
 LAUNCHES_PER_LAYER = 5
 LAUNCHES_PER_TOKEN = 5
 DECODE_PATHS = ("persistent", "fused", "per-operator")
+# The path taken unless asked otherwise. Measured on the H200 (scripts/bench_decode_vs_llamacpp.py, random weights,
+# batch 1, depth 512, 2026-12-01): the persistent kernel is slower than the fused super-operators so far (smollm2-135m
+# fp16 1574 vs 1741 tok/s, llama-3.2-1b fp16 806 vs 1097, int8 1038 vs 1411), so the fused path stays the default;
+# "persistent" is taken on request (run --decode-path persistent, the benchmark's edgekit-persistent engine).
+DEFAULT_DECODE_PATH = "fused"
 
 
 @dataclass(frozen=True)
@@ -154,12 +159,13 @@ def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: 
     return None
 
 
-def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None, prefer: str = "persistent"):
+def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None,
+                       prefer: str = DEFAULT_DECODE_PATH):
     """(the object whose ``decode`` a graphed step should capture, the DecodePath that says which one it is).
 
     ``baseline``: the sources of the operators the fused kernels were built with (None: the decoder's table now).
-    ``prefer``: "persistent" (the default: one launch per layer when it can run, else the fused path), "fused" or
-    "per-operator" (the fastest path is taken only down to what is preferred).
+    ``prefer``: "persistent" (one launch per layer when it can run, else the fused path), "fused" (the default,
+    DEFAULT_DECODE_PATH) or "per-operator"; a path that cannot run falls back to the next one and says why.
     """
     if prefer not in DECODE_PATHS:
         raise EdgekitError(f"unknown decode path {prefer!r}; expected one of: {', '.join(DECODE_PATHS)}")

@@ -26,7 +26,20 @@ def ops():
     return triton_ops()
 
 
-@settings(max_examples=6, deadline=None)
+def test_the_barrier_counter_is_left_at_zero_and_reused():
+    """Many launches in a row on one counter (as a decode step replays them): each equals the staged result."""
+    c = random_layer(B=1, C=576, F=1536, n_heads=9, n_kv_heads=3, head_dim=64, S=700, int8=False, bias=False, seed=1,
+                     device="cuda")
+    from edgekit.kernels.persistent_decode_triton import new_sync
+
+    sync = new_sync("cuda")
+    want, _, _ = run_persistent(c, staged=True)
+    for _ in range(50):
+        assert (run_persistent(c, staged=False, sync=sync)[0] == want).all()
+    assert sync.tolist() == [0, 0]
+
+
+@settings(max_examples=4, deadline=None)  # each new shape compiles six kernel variants
 @given(B=st.integers(1, 3), C=st.sampled_from([64, 576, 2048]), int8=st.booleans(), bias=st.booleans(),
        heads=st.sampled_from([(4, 2, 32), (9, 3, 64), (32, 8, 64)]), S=st.sampled_from([40, 700, 3000]),
        seed=st.integers(0, 2**16))
@@ -40,16 +53,3 @@ def test_persistent_layer_equals_staged_and_fused(ops, B, C, int8, bias, heads, 
     assert (y == y_s).all() and (kc == kc_s).all() and (vc == vc_s).all()
     assert layer_ratio(c, y, kc) <= 1.0
     assert oracle.within(y, oracle.f64(y_f), 1e-2, 1e-2)[0]  # the fused path's layer, up to FP16 rounding
-
-
-def test_the_barrier_counter_is_left_at_zero_and_reused():
-    """Many launches in a row on one counter (as a decode step replays them): each equals the staged result."""
-    c = random_layer(B=1, C=576, F=1536, n_heads=9, n_kv_heads=3, head_dim=64, S=700, int8=False, bias=False, seed=1,
-                     device="cuda")
-    from edgekit.kernels.persistent_decode_triton import new_sync
-
-    sync = new_sync("cuda")
-    want, _, _ = run_persistent(c, staged=True)
-    for _ in range(50):
-        assert (run_persistent(c, staged=False, sync=sync)[0] == want).all()
-    assert sync.tolist() == [0, 0]

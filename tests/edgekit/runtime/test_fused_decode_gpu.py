@@ -90,13 +90,13 @@ def test_a_swapped_fused_operator_takes_decode_back_to_the_fused_path():
 
     dec = _decoder("fp16")
     cache = dec.new_cache(1, 64)
-    assert select_decode_path(dec, cache)[1].name == "persistent"
+    assert select_decode_path(dec, cache, prefer="persistent")[1].name == "persistent"
     baseline = dec.ops.sources()
     swapped = dec.ops.copy()
     from edgekit.kernels.triton_backend import triton_ops
 
     swapped.set("fused_norm_swiglu", triton_ops()["fused_norm_swiglu"], source="plugin:v2")
-    step, path = select_decode_path(dec.with_ops(swapped), cache, baseline)
+    step, path = select_decode_path(dec.with_ops(swapped), cache, baseline, prefer="persistent")
     assert path.name == "fused" and "fused_norm_swiglu" in path.reason and path.launches_per_token == 5 * 4 + 5
 
 
