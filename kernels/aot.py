@@ -162,6 +162,9 @@ def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
             {"stores": int(spill.group(1)), "loads": int(spill.group(2))} if spill else None)
 
 
+ptxas_stats = _ptxas_stats  # (registers, spills) of PTX from the bundled ptxas, for kernels outside the registry
+
+
 class CompileStore(Protocol):
     """Where compiles persist between processes (the build's content-addressed cache); ``get`` None on a miss."""
 
