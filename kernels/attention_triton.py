@@ -324,23 +324,29 @@ def prefill_program(variants) -> dict:
     )
 
 
+def num_splits_rule(split_constexprs) -> dict:
+    """NUM_SPLITS of a split-KV launch over q (B, Hq, D) and k_cache (B, Hkv, S, D): enough (split, batch, KV head)
+    programs to fill the device, never more splits than key blocks nor MAX_SPLITS (attention.decode_splits)."""
+    B, Hkv, S = shape("q", 0), shape("k_cache", 1), shape("k_cache", 2)
+    return {"max": [1, {"min": [split_constexprs["MAX_SPLITS"],
+                                cdiv(mul(DECODE_PROGRAMS_PER_SM, {"device": "sm_count"}), mul(B, Hkv)),
+                                cdiv(S, split_constexprs["BLOCK_N"])]}]}
+
+
 def decode_program(variants) -> dict:
     cs = variants["attention_decode_split"].constexprs
     cr = variants["attention_decode_reduce"].constexprs
     if cs["MAX_SPLITS"] != cr["MAX_SPLITS"] or cs["HEAD_DIM"] != cr["HEAD_DIM"]:
         raise OperatorError("attention_decode: the split and reduce variants must agree on MAX_SPLITS and HEAD_DIM; "
                             f"got {dict(cs)} and {dict(cr)}")
-    B, Hq, Hkv, S = shape("q", 0), shape("q", 1), shape("k_cache", 1), shape("k_cache", 2)
+    B, Hq, Hkv = shape("q", 0), shape("q", 1), shape("k_cache", 1)
     D, MS = cs["HEAD_DIM"], cs["MAX_SPLITS"]
-    # Enough (split, batch, KV head) programs to fill the device; never more splits than key blocks.
-    num_splits = {"max": [1, {"min": [MS, cdiv(mul(DECODE_PROGRAMS_PER_SM, {"device": "sm_count"}), mul(B, Hkv)),
-                                       cdiv(S, cs["BLOCK_N"])]}]}
     return program_doc(
         "attention_decode", ["q", "k_cache", "v_cache", "seq_lens"], [], ["scale"],
         checks=_head_checks("q", 2, D) + [
             check("le", {"floordiv": [Hq, Hkv]}, cs["BLOCK_G"], f"query heads per KV head must fit BLOCK_G {cs['BLOCK_G']}"),
         ],
-        let=[["NUM_SPLITS", num_splits]],
+        let=[["NUM_SPLITS", num_splits_rule(cs)]],
         buffers=[
             {"name": "o_part", "shape": [B, Hq, MS, D], "dtype": "fp32"},
             {"name": "lse", "shape": [B, Hq, MS], "dtype": "fp32"},

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.attention import attention_decode_reference, default_scale
+from edgekit.kernels.attention import DECODE_SPEC, attention_decode_reference, default_scale
 from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
@@ -21,10 +21,7 @@ SPEC = OpSpec(
     name="fused_attn_proj_residual",
     abi_version=1,
     inputs=(
-        TensorSpec("q", "(B, Hq, D)", FLOAT_DTYPES),
-        TensorSpec("k_cache", "(B, Hkv, S, D)", FLOAT_DTYPES),
-        TensorSpec("v_cache", "(B, Hkv, S, D)", FLOAT_DTYPES),
-        TensorSpec("seq_lens", "(B,)", ("int32", "int64")),
+        *DECODE_SPEC.inputs,  # q, k_cache, v_cache, seq_lens: attention_decode's
         *weight_inputs("N", "Hq * D"),
         TensorSpec("residual", "(B, N)", FLOAT_DTYPES),
     ),

@@ -23,12 +23,13 @@ import triton.language as tl
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM
-from edgekit.kernels.attention_triton import ATTN_DECODE_SPLIT, _decode_default, _decode_max_splits, _decode_space
+from edgekit.kernels.attention_triton import (
+    ATTN_DECODE_SPLIT, _decode_default, _decode_max_splits, _decode_space, num_splits_rule,
+)
 from edgekit.kernels.fused_gemv_triton import (
     TARGET_PROGRAMS, _epilogue, _gemv_fma, _load_weight_tile, precision_launches, weight_kernel_pair, weight_operands,
 )
-from edgekit.kernels.kernel_def import OpKernels, Param, pow2_at_least, program_doc
+from edgekit.kernels.kernel_def import OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 
 OP_NAME = "fused_attn_proj_residual"
@@ -168,12 +169,8 @@ def program(variants) -> dict:
         if name != SPLIT.kernel and (v.constexprs["MAX_SPLITS"], v.constexprs["HEAD_DIM"]) != (cs["MAX_SPLITS"], cs["HEAD_DIM"]):
             raise OperatorError(f"{OP_NAME}: the split and projection variants must agree on MAX_SPLITS and HEAD_DIM; "
                                 f"got {dict(cs)} and {dict(v.constexprs)}")
-    B, Hq, Hkv, S = shape("q", 0), shape("q", 1), shape("k_cache", 1), shape("k_cache", 2)
+    B, Hq, Hkv = shape("q", 0), shape("q", 1), shape("k_cache", 1)
     D, MS = cs["HEAD_DIM"], cs["MAX_SPLITS"]
-    # as attention_decode: enough (split, batch, KV head) programs to fill the device; never more splits than key blocks
-    num_splits = {"max": [1, {"min": [MS, cdiv(mul(DECODE_PROGRAMS_PER_SM, {"device": "sm_count"}), mul(B, Hkv)),
-                                       cdiv(S, cs["BLOCK_N"])]}]}
-    from edgekit.kernels.kernel_def import launch_of
 
     launches, checks = precision_launches(OP_NAME, (FP, W8), variants,
                                           lambda v: [cdiv(shape("weight", 0), v.constexprs["BLOCK_N"]), B, 1])
@@ -186,7 +183,7 @@ def program(variants) -> dict:
             check("eq", shape("weight", 1), mul(Hq, D), "weight columns must equal n_heads * head_dim"),
             check("eq", shape("residual", 1), shape("weight", 0), "residual width must equal weight rows"),
         ],
-        let=[["NUM_SPLITS", num_splits]],
+        let=[["NUM_SPLITS", num_splits_rule(cs)]],  # attention_decode's split count
         buffers=[
             {"name": "o_part", "shape": [B, Hq, MS, D], "dtype": "fp32"},
             {"name": "lse", "shape": [B, Hq, MS], "dtype": "fp32"},
