@@ -8,8 +8,9 @@ Stages (the program functions of the fused super-operators, called unchanged):
 4. ``_norm_swiglu_program``          RMSNorm -> gate/up -> SwiGLU -> h
 5. ``_proj_residual_program``        down projection + residual -> y
 
-With ``STAGE == 0`` the grid is one program per SM (all resident, so a spin
-barrier cannot deadlock); program p runs the work items p, p + P, ... of each
+With ``STAGE == 0`` the grid is the SM count times the programs of the
+compiled kernel that fit on one SM at once (``resident_programs``: all
+resident, so a spin barrier cannot deadlock); program p of P runs the work items p, p + P, ... of each
 stage and waits at a grid barrier between stages (``_grid_barrier``, the
 recipe of notes/gpu-apis.md: release add, acquire spin, ~1.25 us on the H200).
 Before waiting, a program asks L2 for the first weight tile of its first item
@@ -188,8 +189,9 @@ def layer_tiles(cfg, int8: Mapping[str, bool] | None = None) -> LayerTiles:
     gu = tile("fused_norm_swiglu", "gate_up", n_out=2 * F, k_in=C, head_dim=D)
     down = tile("fused_proj_residual", "down", n_out=C, k_in=F, head_dim=D)
     # The o-proj tile of fused_attn_proj_residual is made for 8 warps (about one program per SM); inside the 4-warp
-    # persistent kernel it would take 255 registers and spill at 1B (ptxas, sm_87/sm_90): at most 4 rows a program
-    # and 2 splits a combine step keep the kernel near 128 registers, so 4 programs fit on an SM.
+    # persistent kernel it spilled 1.3 KB at 1B (ptxas, sm_90). At most 4 rows a program and 2 splits a combine step
+    # cut that to 16 bytes; the kernel still takes 255 registers (every stage alone takes 224-255 at 1B), so two
+    # 4-warp programs fit on an SM: the register diet of the stages is the next step for this kernel's speed.
     return LayerTiles({
         "HEAD_DIM": D, "QKV_PAIRS": qkv["PAIRS"], "QKV_BLOCK_K": qkv["BLOCK_K"],
         "ATTN_BLOCK_N": split["BLOCK_N"], "ATTN_BLOCK_G": split["BLOCK_G"], "MAX_SPLITS": split["MAX_SPLITS"],
@@ -228,7 +230,8 @@ def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache,
                      sm_scale: float, n_heads: int, n_kv_heads: int, tiles: LayerTiles, staged: bool = False):
     """One decoder layer for x (B, C) at ``positions``: returns y (B, C) and writes K/V at the positions.
 
-    ``staged`` False: one launch, one program per SM, grid barriers between the stages. True: five launches (one
+    ``staged`` False: one launch of as many programs as can be resident at once (``resident_programs``), grid
+    barriers between the stages. True: five launches (one
     per stage, one program per work item, no barrier): the reference launches of the GPU test and the only mode
     the CPU interpreter can run. The operands are checked by the fused operators' own host checks.
     """
