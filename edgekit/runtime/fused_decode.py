@@ -16,6 +16,11 @@ once one of those is replaced (an over-the-air swap), the fused kernels no
 longer run what the table says, so ``select_decode_path`` falls back to the
 per-operator path until fused operators built with the new operator arrive.
 The chosen path and the reason are reported (``edgekit run --json``).
+
+Above this path sits the persistent decode kernel (``runtime/persistent_decode.py``:
+one launch per layer, built from the same stage functions); ``select_decode_path``
+takes it when asked (``prefer="persistent"``) and it can run, and falls back to
+this path, saying why, when it cannot.
 """
 
 from __future__ import annotations
