@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable
 
 from edgekit.errors import EdgekitError, PlanError
 from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits
+from edgekit.kernels.decode_paths import DECODE_STEPS, DecodeStep, step_operators, weights_blocker
 from edgekit.kernels.operator import DECODE, PREFILL, PlannedShape
 from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
@@ -261,7 +262,8 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
 
 
 def needed_ops(precision: PrecisionPlan) -> list[str]:
-    """Operators the decoder calls with this precision (see DispatchTable), in the order the plan lists them."""
+    """Operators the decoder calls with this precision (see DispatchTable), in the order the plan lists them:
+    the per-operator path's, then those of every fused decode path these weights can run (``decode_steps``)."""
     ops = ["rmsnorm", "attention_prefill", "attention_decode", "swiglu", "linear"]  # linear: fp16 projections, LM head
     schemes = set(precision.schemes_used())
     if "fp16" in {layer["wqkv"] for layer in precision.layers}:
@@ -270,7 +272,21 @@ def needed_ops(precision: PrecisionPlan) -> list[str]:
         ops.append("rope")  # INT8 QKV: linear, then RoPE
     for s in sorted(schemes - {"fp16"}):
         ops.append(operator_for_scheme(s).name)
+    steps, _ = decode_steps(precision)
+    ops.extend(op for op in step_operators(steps) if op not in ops)
     return ops
+
+
+def decode_steps(precision: PrecisionPlan) -> tuple[list[DecodeStep], str | None]:
+    """(the fused decode paths a bundle with this precision can run, fastest first; why none can, or None).
+
+    The rule is the runtime's (``kernels.decode_paths.weights_blocker``), applied to the planned schemes.
+    """
+    projections = {f"layer {i} {p}": operator_for_scheme(s).name for i, layer in enumerate(precision.layers)
+                   for p, s in layer.items()}
+    projections["the LM head"] = operator_for_scheme(precision.lm_head).name
+    why_not = weights_blocker(projections, kv_cache=precision.kv_cache)
+    return ([] if why_not else list(DECODE_STEPS)), why_not
 
 
 @dataclass(frozen=True)
@@ -308,10 +324,22 @@ def gemv_max_rows() -> int:
     return GEMV_MAX_ROWS
 
 
+def step_weight_shape(op: str, cfg: ModelConfig) -> dict:
+    """{"n_out", "k_in"} of the largest projection a fused decode step multiplies by in ``op`` (the one that takes
+    longest: its tiles are chosen for it, and the same kernel runs the smaller ones); {} for other operators."""
+    shapes = {**cfg.linear_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
+    weights = [shapes[c.weight] for step in DECODE_STEPS for c in step.per_layer + step.per_token
+               if c.op == op and c.weight is not None]
+    if not weights:
+        return {}
+    n, k = max(weights, key=lambda nk: nk[0] * nk[1])
+    return {"n_out": n, "k_in": k}
+
+
 def kernel_shapes(op: str, facts: ShapeFacts) -> dict[str, dict]:
     """kernel -> the shape facts it is solved at: the operator's decode kernels at the decode rows (the batch),
     its prefill kernels at the largest bucket (``Operator.tiles_at``)."""
-    base = facts.base()
+    base = {**facts.base(), **step_weight_shape(op, facts.cfg)}
     at = {DECODE: {**base, "rows": facts.batch}, PREFILL: {**base, "rows": facts.prefill_rows}}
     record = operator(op)
     kernels = {kernel: at[role] for kernel, role in record.tiles_at.items()}

@@ -102,3 +102,52 @@ def test_a_device_without_triton_decodes_per_operator(monkeypatch):
     monkeypatch.setattr(fd, "with_fused_kernels", no_triton)
     step, path = fd.select_decode_path(cuda_like, dec.new_cache(1, 16))
     assert step is cuda_like and path.name == "per-operator" and "triton" in path.reason
+
+
+def test_the_step_description_is_what_the_fused_decoder_calls():
+    """kernels.decode_paths.FUSED_STEP (what the planner ships and counts) lists the calls FusedDecoder makes, in order."""
+    from edgekit.runtime.fused_decode import STEP
+
+    cfg = preset_config("tiny")
+    dec = Decoder(cfg, random_weights(cfg, seed=2), DispatchTable())
+    calls: list[str] = []
+    table = DispatchTable()
+    for op in STEP.operators():
+        table.set(op, lambda *a, _op=op, _fn=table.get(op): (calls.append(_op), _fn(*a))[1], source="plugin:v1")
+    cache = dec.new_cache(1, 16)
+    FusedDecoder(dec, table).decode_token(torch.tensor([3]), torch.tensor([0]), cache)
+    want = [c.op for c in STEP.per_layer] * cfg.n_layers + [c.op for c in STEP.per_token]
+    assert calls == want
+
+
+def test_shipped_fused_plugins_are_kept_and_reported_as_the_source():
+    """A bundle's fused plugins run as they are: nothing is JIT-compiled, and the path names each plugin."""
+    import edgekit.runtime.fused_decode as fd
+
+    cfg = preset_config("tiny")
+    table = DispatchTable()
+    for op in fd.STEP.own_operators():
+        table.set(op, table.get(op), source="plugin:v1")
+    kept = fd.with_fused_kernels(table)
+    assert {op: kept.sources()[op] for op in fd.STEP.own_operators()} == {op: "plugin:v1" for op in fd.STEP.own_operators()}
+
+    dec = Decoder(cfg, random_weights(cfg, seed=1), table)
+    cuda_like = dec.with_ops(table)
+    cuda_like.device = torch.device("cuda")  # only the path selection reads it
+    step, path = fd.select_decode_path(cuda_like, dec.new_cache(1, 16))
+    assert isinstance(step, FusedDecoder) and path.name == "fused"
+    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in fd.STEP.own_operators()}
+    assert "signed plugins" in path.reason
+
+
+def test_a_bundle_without_fused_plugins_jit_compiles_only_the_missing_ones(monkeypatch):
+    import edgekit.kernels.triton_backend as tb
+    import edgekit.runtime.fused_decode as fd
+
+    table = DispatchTable()
+    shipped, missing = fd.STEP.own_operators()[0], fd.STEP.own_operators()[1:]
+    table.set(shipped, table.get(shipped), source="plugin:v1")
+    monkeypatch.setattr(tb, "triton_ops", lambda: {op: (lambda *a: None) for op in missing})
+    out = fd.with_fused_kernels(table)
+    assert out.sources()[shipped] == "plugin:v1"
+    assert all(out.sources()[op] == "triton" for op in missing)
