@@ -103,6 +103,15 @@ def model_weights_blocker(weights, *, kv_cache: str = "fp16") -> str | None:
                            gate_up_bias=any(b.w_gate_up.bias is not None for b in weights.blocks))
 
 
+def decode_only_operators(steps: Iterable[DecodeStep] = DECODE_STEPS) -> list[str]:
+    """The steps' own operators: each runs one token per sequence, so its golden vectors are decode calls."""
+    seen: dict[str, None] = {}
+    for step in steps:
+        for op in step.own_operators():
+            seen.setdefault(op, None)
+    return list(seen)
+
+
 def step_operators(steps: Iterable[DecodeStep] = DECODE_STEPS) -> list[str]:
     """The operators of these steps, in first-call order, each once."""
     seen: dict[str, None] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgekit.errors import PlanError
@@ -72,3 +74,17 @@ def test_the_fused_step_predicts_fewer_kernels_and_more_tokens_than_the_per_oper
     step = count_step_launches(cfg, pp, variants, FUSED_STEP, **kw)
     assert step["total"] < per_op
     assert sum(step["operators"].values()) + step["glue"] == step["total"]
+
+
+def test_edgekit_plan_says_which_decode_path_its_predictions_count():
+    from typer.testing import CliRunner
+
+    from edgekit.cli import _register_commands, app
+
+    _register_commands()
+    res = CliRunner().invoke(app, ["plan", "preset:smollm2-135m", "--target", "orin", "--no-tiles"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "decode path: fused, 185 kernels per token (6 per layer + 5 per token), PREDICTED" in res.output
+    assert "decode with the fused step's kernel count" in res.output
+    res = CliRunner().invoke(app, ["plan", "preset:smollm2-135m", "--target", "orin", "--no-tiles", "--json"])
+    assert json.loads(res.output)["decode"]["path"]["kernels_per_token"] == 185
