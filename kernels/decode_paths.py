@@ -105,17 +105,13 @@ def model_weights_blocker(weights, *, kv_cache: str = "fp16") -> str | None:
 
 def decode_only_operators(steps: Iterable[DecodeStep] = DECODE_STEPS) -> list[str]:
     """The steps' own operators: each runs one token per sequence, so its golden vectors are decode calls."""
-    seen: dict[str, None] = {}
-    for step in steps:
-        for op in step.own_operators():
-            seen.setdefault(op, None)
-    return list(seen)
+    return step_operators(steps, own_only=True)
 
 
-def step_operators(steps: Iterable[DecodeStep] = DECODE_STEPS) -> list[str]:
-    """The operators of these steps, in first-call order, each once."""
+def step_operators(steps: Iterable[DecodeStep] = DECODE_STEPS, *, own_only: bool = False) -> list[str]:
+    """The operators of these steps (only their own ones with ``own_only``), in first-call order, each once."""
     seen: dict[str, None] = {}
     for step in steps:
-        for op in step.operators():
+        for op in (step.own_operators() if own_only else step.operators()):
             seen.setdefault(op, None)
     return list(seen)

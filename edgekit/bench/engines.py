@@ -28,8 +28,10 @@ ENGINE_LABELS = {
     "compile": "edgekit reference ops + torch.compile(mode='reduce-overhead'), gpt-fast style",
     "hf-eager": "transformers generate, eager (dynamic cache, SDPA)",
     "hf-compile": "transformers generate, static cache + torch.compile(mode='reduce-overhead')",
+    "llama.cpp": "llama.cpp llama-bench (CUDA, -ngl 99 -fa 1) on the same GGUF file, a subprocess",
 }
-BASELINES = ("compile", "hf-eager", "hf-compile")
+BASELINES = ("compile", "hf-eager", "hf-compile")  # the default set (in-process engines)
+KNOWN_BASELINES = BASELINES + ("llama.cpp",)  # llama.cpp needs --llama-bench PATH
 
 
 class GreedyFeedback:

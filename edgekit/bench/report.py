@@ -7,7 +7,8 @@ from rich.table import Table
 
 from edgekit.bench.document import BenchDocument, Row
 
-SHORT_ENGINE = {"edgekit": "edgekit", "compile": "torch.compile", "hf-eager": "HF eager", "hf-compile": "HF static+compile"}
+SHORT_ENGINE = {"edgekit": "edgekit", "compile": "torch.compile", "hf-eager": "HF eager", "hf-compile": "HF static+compile",
+                "llama.cpp": "llama.cpp"}
 
 
 def _f(x, fmt: str, none: str = "-") -> str:
