@@ -25,6 +25,7 @@ from edgekit.model.kv_cache import StaticKVCache
 
 ENGINE_LABELS = {
     "edgekit": "edgekit runtime: Triton kernels + CUDA-graph replay (GraphedDecodeStep)",
+    "edgekit-fused": "edgekit runtime, fused decode super-operators + CUDA-graph replay (FusedDecoder)",
     "compile": "edgekit reference ops + torch.compile(mode='reduce-overhead'), gpt-fast style",
     "hf-eager": "transformers generate, eager (dynamic cache, SDPA)",
     "hf-compile": "transformers generate, static cache + torch.compile(mode='reduce-overhead')",

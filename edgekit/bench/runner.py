@@ -60,6 +60,7 @@ class BenchSettings:
     llama_bench: Optional[str] = None  # llama.cpp's llama-bench (a path or a command on PATH): the llama.cpp baseline
     llama_quantize: Optional[str] = None  # llama-quantize: Q8_0 / Q4_K_M copies of a preset's F16 GGUF
     gguf_dir: Optional[str] = None  # where a preset's GGUF files are written (default: a temporary folder)
+    fused: bool = True  # also measure edgekit's fused decode path (the one `edgekit run` takes when it can)
 
     def validate(self) -> None:
         bad = [p for p in self.precisions if p not in PRECISIONS]
@@ -349,6 +350,8 @@ def plan_tasks(s: BenchSettings) -> list[_Task]:
     for spec in s.models:
         for p in s.precisions:
             tasks.append(_Task(spec, p, "edgekit"))
+            if s.fused:
+                tasks.append(_Task(spec, p, "edgekit-fused"))
             if "compile" in s.baselines:
                 tasks.append(_Task(spec, p, "compile"))
         if "hf-eager" in s.baselines:
@@ -385,7 +388,8 @@ class BenchRun:
             measured_on=where, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=self.command,
             device=info, settings={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(s).items()},
                                    "max_seq_len": s.max_seq_len, "precision_meaning": {p: PRECISIONS[p] for p in s.precisions},
-                                   "engines": {e: ENGINE_LABELS[e] for e in ("edgekit", *s.baselines)}},
+                                   "engines": {e: ENGINE_LABELS[e] for e in ("edgekit", *(("edgekit-fused",) if s.fused else ()),
+                                                                               *s.baselines)}},
         )
         doc.notes.append(f"every figure measured on {where} in this one process; medians of {s.repeats} repeats after warm-up")
         doc.notes.append(f"one static KV cache of {s.max_seq_len} positions per engine; edgekit's decode attention reads "
@@ -450,13 +454,17 @@ class BenchRun:
                                      f"positions; the model has {cfg.max_position_len}")
             keys = [(task.spec, task.precision, T) for T in s.contexts]
             weights = None
-            if task.engine in ("edgekit", "compile") or any(k not in refs for k in keys):
+            if task.engine in ("edgekit", "edgekit-fused", "compile") or any(k not in refs for k in keys):
                 weights = store.on_device(task.spec, task.precision)
             for k in keys:  # the reference path's tokens, computed before an engine holds memory
                 if k not in refs:
                     refs[k] = reference_tokens(cfg, weights, _prompt(cfg, k[2], s.seed, device), s.check_tokens)
             if task.engine == "edgekit":
                 engine = RuntimeEngine(cfg, weights, s.max_seq_len, s.new_tokens)
+            elif task.engine == "edgekit-fused":
+                from edgekit.bench.fused_engine import FusedRuntimeEngine
+
+                engine = FusedRuntimeEngine(cfg, weights, s.max_seq_len, s.new_tokens)
             elif task.engine == "compile":
                 doc.settings["inductor_flags"] = apply_inductor_flags()
                 engine = CompiledReferenceEngine(cfg, weights, s.max_seq_len, s.new_tokens)

@@ -124,6 +124,10 @@ def test_ratios_pair_each_llama_cpp_file_with_its_precision(tmp_path, fake_tools
     assert q8.ttft_ms == pytest.approx(1000 * 512 / fake_llama_cpp.rate("Q8_0", "pp", 0))
     edgekit = [docm.Row(model="preset:smollm2-135m", precision=p, engine="edgekit", engine_label="e", context=512,
                         decode_tokens_per_s=tps, ttft_ms=2.0) for p, tps in (("fp16", 1800.0), ("int8", 1500.0))]
+    fused = docm.Row(model="preset:smollm2-135m", precision="fp16", engine="edgekit-fused", engine_label="f", context=512,
+                     decode_tokens_per_s=2700.0)
+    both = {(q.engine, q.precision, q.baseline_precision): q.decode_speedup for q in docm.ratios(edgekit + [fused] + rows)}
+    assert both[("edgekit-fused", "fp16", "F16")] == pytest.approx(2700.0 / fake_llama_cpp.rate("F16", "tg", 512))
     ratios = {(q.precision, q.baseline_precision): q for q in docm.ratios(edgekit + rows)}
     assert set(ratios) == {("fp16", "F16"), ("int8", "Q8_0")}  # no fp16-vs-Q8_0 or anything vs Q4_K_M (no int4 row)
     assert ratios[("fp16", "F16")].decode_speedup == pytest.approx(1800.0 / fake_llama_cpp.rate("F16", "tg", 512))
