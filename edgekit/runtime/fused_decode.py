@@ -127,13 +127,16 @@ def with_fused_kernels(table: DispatchTable) -> DispatchTable:
     return out
 
 
-def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: Mapping[str, str] | None) -> str | None:
+def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: Mapping[str, str] | None,
+                       allow_cpu: bool = False) -> str | None:
     """Why the fused path cannot run this decoder (None: it can).
 
+    ``allow_cpu``: a CPU decoder may take the path too (its operators are the torch references: the same
+    arithmetic, used to test path selection and swaps without a GPU).
     ``baseline`` holds the table's sources when the fused operators were set up (e.g. at bundle open); an
     entry of ``STEP.swap_sensitive()`` whose source changed since then was swapped.
     """
-    if decoder.device.type != "cuda":
+    if decoder.device.type != "cuda" and not allow_cpu:
         return f"the fused path runs on a CUDA GPU; this decoder is on {decoder.device.type}"
     if type(cache) is not StaticKVCache:
         return f"the fused operators write a plain FP16/BF16 KV cache; this one is a {type(cache).__name__}"
@@ -152,18 +155,22 @@ def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: 
     return None
 
 
-def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None):
+def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None, allow_cpu: bool = False,
+                       jit: bool = True):
     """(the object whose ``decode`` a graphed step should capture, the DecodePath that says which one it is).
 
     ``baseline``: the sources of the operators the fused kernels were built with (None: the decoder's table now).
+    ``allow_cpu``: see ``fused_path_blocker``. ``jit``: JIT-compile with Triton the fused operators the table lacks
+    (``with_fused_kernels``); without it the path runs only on operators the table already holds (a bundle's plugins).
     """
     table = decoder.ops
-    if decoder.device.type == "cuda":
+    if decoder.device.type == "cuda" and jit:
         try:
             table = with_fused_kernels(table)
         except (ImportError, EdgekitError) as e:  # no Triton JIT on this device: the plugins still run per operator
             return decoder, DecodePath("per-operator", f"the fused operators' Triton kernels are unavailable here ({e})")
-    why_not = fused_path_blocker(decoder, cache, table, baseline if baseline is not None else decoder.ops.sources())
+    why_not = fused_path_blocker(decoder, cache, table, baseline if baseline is not None else decoder.ops.sources(),
+                                 allow_cpu)
     if why_not is not None:
         return decoder, DecodePath("per-operator", why_not)
     n = LAUNCHES_PER_LAYER * decoder.config.n_layers + LAUNCHES_PER_TOKEN
