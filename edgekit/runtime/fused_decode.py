@@ -177,6 +177,5 @@ def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | No
     sources = {op: src for op, src in table.sources().items() if op in STEP.own_operators()}
     shipped = all(src.startswith("plugin:") for src in sources.values())
     how = "the bundle's signed plugins" if shipped else "JIT-compiled Triton kernels for the operators the bundle lacks"
-    return FusedDecoder(decoder, table), DecodePath("fused", f"fused super-operators ({how}) replayed as a CUDA graph", n,
-                                                    sources)
+    return FusedDecoder(decoder, table), DecodePath("fused", f"fused super-operators ({how})", n, sources)
 
