@@ -49,9 +49,10 @@ def golden_norm_input(cfg, rows: int, g: torch.Generator) -> dict:
     return {"x": inputs["x"], "norm_weight": inputs["weight"]}
 
 
-def golden_weight(g: torch.Generator, n: int, k: int, bias: bool) -> dict:
-    """An FP16 weight with O(1) outputs for O(1) inputs (rows capped like the linear operators' golden calls)."""
-    n = min(n, GOLDEN_MAX_N)
+def golden_weight(g: torch.Generator, n: int, k: int, bias: bool, capped: bool = True) -> dict:
+    """An FP16 weight with O(1) outputs for O(1) inputs (rows capped like the linear operators' golden calls, unless
+    ``capped`` is False: an operator whose math depends on every row, like QKV + RoPE, takes them all)."""
+    n = min(n, GOLDEN_MAX_N) if capped else n
     out = {"weight": golden_rand(g, n, k, std=k ** -0.5)}
     if bias:
         out["bias"] = golden_rand(g, n, std=0.1)

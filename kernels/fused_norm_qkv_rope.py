@@ -54,7 +54,7 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
     """One decode call: each row's token at a random position of a random cache of ``context`` positions."""
     D, Hq, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     cos, sin = rope_frequencies(D, context, cfg.rope_theta, torch.float32)
-    inputs = {**golden_norm_input(cfg, rows, g), **golden_weight(g, (Hq + 2 * Hkv) * D, cfg.hidden_size, bias=False),
+    inputs = {**golden_norm_input(cfg, rows, g), **golden_weight(g, (Hq + 2 * Hkv) * D, cfg.hidden_size, bias=False, capped=False),
               "cos": cos, "sin": sin, "positions": torch.randint(0, context, (rows,), generator=g),
               "k_cache": golden_rand(g, rows, Hkv, context, D), "v_cache": golden_rand(g, rows, Hkv, context, D)}
     return inputs, {"eps": cfg.rms_norm_eps, "n_heads": Hq, "n_kv_heads": Hkv}

@@ -27,7 +27,8 @@ def fused_proj_residual_reference(x, weight, scale, bias, residual) -> torch.Ten
 def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
     """One decode call of the attention output projection (C -> C) with its residual."""
     C = cfg.hidden_size
-    return {"x": golden_rand(g, rows, C), **golden_weight(g, C, C, bias=False), "residual": golden_rand(g, rows, C)}, {}
+    x, w = golden_rand(g, rows, C), golden_weight(g, C, C, bias=False)
+    return {"x": x, **w, "residual": golden_rand(g, rows, w["weight"].shape[0])}, {}  # residual: the (capped) N outputs
 
 
 OPERATORS = (

@@ -24,6 +24,10 @@ PRECISIONS = {
     "int8-head": "INT8 weight-only (W8A16) for every block linear and the LM head",
 }
 INT8_PRECISIONS = ("int8", "int8-head")
+EDGEKIT_ENGINES = ("edgekit", "edgekit-fused")  # edgekit's per-operator and fused decode paths: the left side of a ratio
+# llama.cpp's file types and the edgekit precisions each is compared with (same bits per weight class);
+# a llama.cpp row of another type is shown but has no ratio
+LLAMA_CPP_MATCH = {"F16": ("fp16",), "Q8_0": INT8_PRECISIONS, "Q4_K_M": ("int4",)}
 
 
 class _Doc(BaseModel):
@@ -72,12 +76,14 @@ class Row(_Doc):
     reference_tokens: list[int] = Field(default_factory=list)
     roofline: Optional[Roofline] = None
     profile: Optional[dict] = None  # edgekit rows: kernels per token, kernel vs wall time, top kernels
+    baseline_detail: Optional[dict] = None  # llama.cpp rows: file, stdev, build, the command that ran
 
 
 class Ratio(_Doc):
     model: str
     context: int
     precision: str  # edgekit runtime's
+    engine: str = "edgekit"  # which edgekit path (EDGEKIT_ENGINES)
     baseline: str
     baseline_precision: str
     decode_speedup: float  # edgekit decode tokens/s over the baseline's
@@ -119,13 +125,16 @@ class BenchDocument(_Doc):
 
 # --------------------------------------------------------------------------- ratios
 def ratios(rows: list[Row]) -> list[Ratio]:
-    """edgekit's runtime over every baseline measured at the same model and context (both rows ok)."""
+    """edgekit's runtime over every baseline measured at the same model and context (both rows ok); llama.cpp's
+    rows only at the precision their file type matches (``LLAMA_CPP_MATCH``)."""
     ok = [r for r in rows if r.status == "ok" and r.decode_tokens_per_s]
     out = []
-    for e in (r for r in ok if r.engine == "edgekit"):
-        for b in (r for r in ok if r.engine != "edgekit" and r.model == e.model and r.context == e.context):
+    for e in (r for r in ok if r.engine in EDGEKIT_ENGINES):
+        for b in (r for r in ok if r.engine not in EDGEKIT_ENGINES and r.model == e.model and r.context == e.context):
+            if b.engine == "llama.cpp" and e.precision not in LLAMA_CPP_MATCH.get(b.precision, ()):
+                continue  # F16 with fp16, Q8_0 with int8: not every file with every precision
             ttft = b.ttft_ms / e.ttft_ms if (b.ttft_ms and e.ttft_ms) else None
-            out.append(Ratio(model=e.model, context=e.context, precision=e.precision, baseline=b.engine,
+            out.append(Ratio(model=e.model, context=e.context, precision=e.precision, engine=e.engine, baseline=b.engine,
                              baseline_precision=b.precision, decode_speedup=e.decode_tokens_per_s / b.decode_tokens_per_s,
                              ttft_speedup=ttft))
     return out

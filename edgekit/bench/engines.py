@@ -25,11 +25,14 @@ from edgekit.model.kv_cache import StaticKVCache
 
 ENGINE_LABELS = {
     "edgekit": "edgekit runtime: Triton kernels + CUDA-graph replay (GraphedDecodeStep)",
+    "edgekit-fused": "edgekit runtime, fused decode super-operators + CUDA-graph replay (FusedDecoder)",
     "compile": "edgekit reference ops + torch.compile(mode='reduce-overhead'), gpt-fast style",
     "hf-eager": "transformers generate, eager (dynamic cache, SDPA)",
     "hf-compile": "transformers generate, static cache + torch.compile(mode='reduce-overhead')",
+    "llama.cpp": "llama.cpp llama-bench (CUDA, -ngl 99 -fa 1) on the same GGUF file, a subprocess",
 }
-BASELINES = ("compile", "hf-eager", "hf-compile")
+BASELINES = ("compile", "hf-eager", "hf-compile")  # the default set (in-process engines)
+KNOWN_BASELINES = BASELINES + ("llama.cpp",)  # llama.cpp needs --llama-bench PATH
 
 
 class GreedyFeedback:

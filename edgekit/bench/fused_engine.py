@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.bench.engines import GreedyFeedback, RuntimeEngine, SteppedEngine
+from edgekit.bench.engines import ENGINE_LABELS, GreedyFeedback, RuntimeEngine, SteppedEngine
 from edgekit.errors import BenchmarkError
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.model.kv_cache import StaticKVCache
 
-FUSED_ENGINE_LABEL = "edgekit runtime, fused decode super-operators + CUDA-graph replay (FusedDecoder)"
+FUSED_ENGINE_LABEL = ENGINE_LABELS["edgekit-fused"]
 
 
 class FusedGreedyFeedback(GreedyFeedback):

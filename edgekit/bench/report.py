@@ -7,7 +7,8 @@ from rich.table import Table
 
 from edgekit.bench.document import BenchDocument, Row
 
-SHORT_ENGINE = {"edgekit": "edgekit", "compile": "torch.compile", "hf-eager": "HF eager", "hf-compile": "HF static+compile"}
+SHORT_ENGINE = {"edgekit": "edgekit", "edgekit-fused": "edgekit fused", "compile": "torch.compile", "hf-eager": "HF eager", "hf-compile": "HF static+compile",
+                "llama.cpp": "llama.cpp"}
 
 
 def _f(x, fmt: str, none: str = "-") -> str:
@@ -54,7 +55,7 @@ def ratios_table(doc: BenchDocument) -> Table:
     for name in ("model", "ctx", "edgekit", "baseline", "decode speed-up", "TTFT speed-up"):
         t.add_column(name, justify="right" if "speed" in name or name == "ctx" else "left")
     for q in doc.ratios:
-        t.add_row(q.model.removeprefix("preset:"), str(q.context), q.precision,
+        t.add_row(q.model.removeprefix("preset:"), str(q.context), f"{SHORT_ENGINE.get(q.engine, q.engine)} {q.precision}",
                   f"{SHORT_ENGINE.get(q.baseline, q.baseline)} {q.baseline_precision}",
                   f"{q.decode_speedup:.2f}x", _f(q.ttft_speedup, ".2f") + ("x" if q.ttft_speedup else ""))
     return t

@@ -13,9 +13,12 @@ the device and the transformers twin is filled.
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
@@ -24,11 +27,12 @@ import torch
 from edgekit.bench import document as docm
 from edgekit.bench.document import PRECISIONS, BenchDocument, Roofline, Row
 from edgekit.bench.engines import (
-    BASELINES, ENGINE_LABELS, CompiledReferenceEngine, HFGenerateEngine, RuntimeEngine, apply_inductor_flags,
+    BASELINES, ENGINE_LABELS, KNOWN_BASELINES, CompiledReferenceEngine, HFGenerateEngine, RuntimeEngine,
+    apply_inductor_flags,
 )
 from edgekit.bench.measure import ENERGY_MIN_WINDOW_S, EnergyMeter, copy_bandwidth, device_info, median, sync, timed
 from edgekit.bench.roofline import decode_bytes, mean_attended_len, roofline_tokens_per_s
-from edgekit.errors import BenchmarkError
+from edgekit.errors import BenchmarkError, EdgekitError
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
@@ -53,14 +57,19 @@ class BenchSettings:
     profile: bool = True  # edgekit rows: where the decode step's time goes (torch.profiler over one loop)
     time_budget_s: Optional[float] = None
     device: str = "cuda"
+    llama_bench: Optional[str] = None  # llama.cpp's llama-bench (a path or a command on PATH): the llama.cpp baseline
+    llama_quantize: Optional[str] = None  # llama-quantize: Q8_0 / Q4_K_M copies of a preset's F16 GGUF
+    gguf_dir: Optional[str] = None  # where a preset's GGUF files are written (default: a temporary folder)
+    fused: bool = True  # also measure edgekit's fused decode path (the one `edgekit run` takes when it can)
 
     def validate(self) -> None:
         bad = [p for p in self.precisions if p not in PRECISIONS]
         if bad:
             raise BenchmarkError(f"unknown precision(s) {bad}; expected some of {list(PRECISIONS)}")
-        bad = [b for b in self.baselines if b not in BASELINES]
+        bad = [b for b in self.baselines if b not in KNOWN_BASELINES]
         if bad:
-            raise BenchmarkError(f"unknown baseline(s) {bad}; expected some of {list(BASELINES)}")
+            raise BenchmarkError(f"unknown baseline(s) {bad}; expected some of {list(KNOWN_BASELINES)}")
+        self._validate_llama_cpp()
         if not self.models:
             raise BenchmarkError("no model given", hint="pass MODEL, e.g. preset:smollm2-135m")
         if not self.contexts or min(self.contexts) < 1:
@@ -71,6 +80,34 @@ class BenchSettings:
         if not 1 <= self.check_tokens <= min(self.new_tokens, self.hf_new_tokens) + 1:
             raise BenchmarkError(f"check tokens must be in [1, {min(self.new_tokens, self.hf_new_tokens) + 1}] "
                                  f"(the first token plus the decoded ones), got {self.check_tokens}")
+
+    def _validate_llama_cpp(self) -> None:
+        """Everything the llama.cpp baseline needs, checked before any GPU work: binaries, and GGUF-able models."""
+        from edgekit.bench.llamacpp import resolve_binary
+        from edgekit.model.loader import resolve_model_spec
+        from edgekit.model.presets import preset_config
+
+        if "llama.cpp" not in self.baselines:
+            if self.llama_bench or self.llama_quantize:
+                raise BenchmarkError("--llama-bench / --llama-quantize given without the llama.cpp baseline",
+                                     hint="add llama.cpp to --baselines, e.g. --baselines compile,llama.cpp")
+            return
+        if not self.llama_bench:
+            raise BenchmarkError("--baselines llama.cpp needs --llama-bench PATH (llama.cpp's llama-bench binary)",
+                                 hint="pass --llama-bench build/bin/llama-bench (and --llama-quantize build/bin/llama-quantize "
+                                      "for the Q8_0 / Q4_K_M copies of a preset)")
+        resolve_binary(self.llama_bench, "llama-bench", "--llama-bench")
+        if self.llama_quantize:
+            resolve_binary(self.llama_quantize, "llama-quantize", "--llama-quantize")
+        for spec in self.models:
+            kind, location = resolve_model_spec(spec)
+            if kind == "hf":
+                raise BenchmarkError(f"{spec}: llama.cpp reads GGUF files and this is a Hugging Face directory",
+                                     hint="pass the model as a .gguf file, or drop llama.cpp from --baselines")
+            if kind == "preset" and preset_config(location).architecture != "llama":
+                raise BenchmarkError(f"{spec}: edgekit writes llama-architecture GGUF files for llama.cpp; this preset is "
+                                     f"{preset_config(location).architecture}",
+                                     hint="use a llama-architecture preset (smollm2-135m, llama-3.2-1b, ...) or a .gguf file")
 
     @property
     def max_seq_len(self) -> int:
@@ -116,16 +153,21 @@ def quantized(w: ModelWeights, precision: str) -> ModelWeights:
 
 
 class WeightStore:
-    """One FP16 master per model on the host; at most one (model, precision) on the device at a time."""
+    """One FP16 master per model on the host; at most one (model, precision) on the device at a time.
 
-    def __init__(self, seed: int, device: torch.device):
+    ``files`` maps a preset to the F16 GGUF written for it (the llama.cpp baseline): edgekit then loads that file,
+    so both engines read identical weights.
+    """
+
+    def __init__(self, seed: int, device: torch.device, files: dict[str, Path] | None = None):
         self.seed, self.device = seed, device
+        self.files = dict(files or {})
         self._master: dict[str, tuple[ModelConfig, ModelWeights, dict]] = {}
         self._on_device: tuple[tuple[str, str], ModelWeights] | None = None
 
     def master(self, spec: str) -> tuple[ModelConfig, ModelWeights, dict]:
         if spec not in self._master:
-            self._master[spec] = _load_master(spec, self.seed)
+            self._master[spec] = _load_master(spec, self.seed, self.files.get(spec))
         return self._master[spec]
 
     def on_device(self, spec: str, precision: str) -> ModelWeights:
@@ -142,13 +184,18 @@ class WeightStore:
             torch.cuda.empty_cache()
 
 
-def _load_master(spec: str, seed: int) -> tuple[ModelConfig, ModelWeights, dict]:
+def _load_master(spec: str, seed: int, gguf: Path | None = None) -> tuple[ModelConfig, ModelWeights, dict]:
     from edgekit.model.loader import load_model, resolve_model_spec
     from edgekit.model.presets import preset_config
     from edgekit.model.weights import random_weights
 
     kind, location = resolve_model_spec(spec)
-    if kind == "preset":
+    if kind == "preset" and gguf is not None:
+        m = load_model(str(gguf), tokenizer=False)
+        cfg, w = m.config, _cast(m.weights, "cpu", torch.float16)
+        info = {"source": "preset", "location": str(gguf), "sha256": m.source.sha256,
+                "weights": f"random (seed {seed}) written as an F16 GGUF and loaded back: the file llama.cpp reads"}
+    elif kind == "preset":
         cfg = preset_config(location)
         # straight to FP16 tensor by tensor: a 1.5B model never sits on the host in FP32
         w = random_weights(cfg, seed=seed, dtype=torch.float16, device="cpu")
@@ -298,16 +345,21 @@ class _Task:
 
 
 def plan_tasks(s: BenchSettings) -> list[_Task]:
+    """In-process engines first; llama.cpp (a subprocess that needs the GPU's memory) last, once per model."""
     tasks = []
     for spec in s.models:
         for p in s.precisions:
             tasks.append(_Task(spec, p, "edgekit"))
+            if s.fused:
+                tasks.append(_Task(spec, p, "edgekit-fused"))
             if "compile" in s.baselines:
                 tasks.append(_Task(spec, p, "compile"))
         if "hf-eager" in s.baselines:
             tasks.append(_Task(spec, "fp16", "hf-eager"))
     if "hf-compile" in s.baselines:
         tasks += [_Task(spec, "fp16", "hf-compile") for spec in s.models]
+    if "llama.cpp" in s.baselines:
+        tasks += [_Task(spec, "gguf", "llama.cpp") for spec in s.models]
     return tasks
 
 
@@ -319,6 +371,7 @@ class BenchRun:
     command: str = ""
     _shapes: dict = field(default_factory=dict)
     _t_start: float = 0.0
+    _llama_files: dict = field(default_factory=dict)  # spec -> {file type: GGUF path} (the llama.cpp baseline)
 
     def run(self) -> BenchDocument:
         s = self.settings
@@ -335,7 +388,8 @@ class BenchRun:
             measured_on=where, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=self.command,
             device=info, settings={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(s).items()},
                                    "max_seq_len": s.max_seq_len, "precision_meaning": {p: PRECISIONS[p] for p in s.precisions},
-                                   "engines": {e: ENGINE_LABELS[e] for e in ("edgekit", *s.baselines)}},
+                                   "engines": {e: ENGINE_LABELS[e] for e in ("edgekit", *(("edgekit-fused",) if s.fused else ()),
+                                                                               *s.baselines)}},
         )
         doc.notes.append(f"every figure measured on {where} in this one process; medians of {s.repeats} repeats after warm-up")
         doc.notes.append(f"one static KV cache of {s.max_seq_len} positions per engine; edgekit's decode attention reads "
@@ -351,7 +405,12 @@ class BenchRun:
             doc.copy_bandwidth = copy_bandwidth(device)
             bw = doc.copy_bandwidth["bytes_per_s"]
             self.log(f"copy bandwidth {bw / 1e9:.0f} GB/s (measured on {where})")
-        store = WeightStore(s.seed, device)
+        with llama_files(s, self.log) as files:
+            return self._run_all(s, doc, device, where, deadline, meter, bw, files)
+
+    def _run_all(self, s, doc, device, where, deadline, meter, bw, files) -> BenchDocument:
+        store = WeightStore(s.seed, device, {spec: f[_F16] for spec, f in files.items() if _F16 in f})
+        self._llama_files = files
         refs: dict[tuple[str, str, int], list[int]] = {}
         for task in plan_tasks(s):
             if deadline is not None and time.monotonic() > deadline:
@@ -378,6 +437,12 @@ class BenchRun:
 
     def _run_task(self, task, store, refs, doc, where, meter, bw, deadline) -> None:
         s, device = self.settings, store.device
+        if task.engine == "llama.cpp":
+            store.drop()  # llama.cpp is another process: leave it the GPU's memory
+            for row in llama_rows(s, task.spec, self._llama_files[task.spec], where, self.log):
+                doc.rows.append(row)
+            doc.models.setdefault(task.spec, {})["gguf_files"] = {k: str(p) for k, p in self._llama_files[task.spec].items()}
+            return
         self.log(f"{task.spec} {task.precision} {task.engine}: setting up")
         engine = None
         try:
@@ -389,13 +454,17 @@ class BenchRun:
                                      f"positions; the model has {cfg.max_position_len}")
             keys = [(task.spec, task.precision, T) for T in s.contexts]
             weights = None
-            if task.engine in ("edgekit", "compile") or any(k not in refs for k in keys):
+            if task.engine in ("edgekit", "edgekit-fused", "compile") or any(k not in refs for k in keys):
                 weights = store.on_device(task.spec, task.precision)
             for k in keys:  # the reference path's tokens, computed before an engine holds memory
                 if k not in refs:
                     refs[k] = reference_tokens(cfg, weights, _prompt(cfg, k[2], s.seed, device), s.check_tokens)
             if task.engine == "edgekit":
                 engine = RuntimeEngine(cfg, weights, s.max_seq_len, s.new_tokens)
+            elif task.engine == "edgekit-fused":
+                from edgekit.bench.fused_engine import FusedRuntimeEngine
+
+                engine = FusedRuntimeEngine(cfg, weights, s.max_seq_len, s.new_tokens)
             elif task.engine == "compile":
                 doc.settings["inductor_flags"] = apply_inductor_flags()
                 engine = CompiledReferenceEngine(cfg, weights, s.max_seq_len, s.new_tokens)
@@ -449,3 +518,72 @@ class BenchRun:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- llama.cpp (a subprocess on the same files)
+_F16 = "F16"
+
+
+@contextmanager
+def llama_files(s: BenchSettings, log: Callable[[str], None]):
+    """spec -> {file type: GGUF path} for the llama.cpp baseline ({} without it), alive for the run.
+
+    A preset's files are written here (F16, then llama-quantize's copies); a .gguf model is its own file.
+    """
+    from edgekit.bench.llamacpp import USER_FILE, preset_files, resolve_binary
+    from edgekit.model.loader import resolve_model_spec
+    from edgekit.model.presets import preset_config
+
+    if "llama.cpp" not in s.baselines:
+        yield {}
+        return
+    tmp = None
+    if s.gguf_dir:
+        workdir = Path(s.gguf_dir)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="edgekit-bench-gguf-")
+        workdir = Path(tmp.name)
+    quantize = resolve_binary(s.llama_quantize, "llama-quantize", "--llama-quantize") if s.llama_quantize else None
+    try:
+        files = {}
+        for spec in s.models:
+            kind, location = resolve_model_spec(spec)
+            if kind == "preset":
+                t = time.monotonic()
+                files[spec] = preset_files(preset_config(location), spec, workdir, s.seed, quantize)
+                log(f"{spec}: wrote {', '.join(p.name for p in files[spec].values())} in {time.monotonic() - t:.1f} s")
+            else:
+                files[spec] = {USER_FILE: Path(location)}
+        yield files
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def llama_rows(s: BenchSettings, spec: str, files: dict[str, Path], where: str, log: Callable[[str], None]) -> list[Row]:
+    """llama.cpp's rows for one model: every file at every context, or failed rows that say why."""
+    from edgekit.bench.llamacpp import measure_files, resolve_binary
+
+    def row(kind: str, T: int, **kw) -> Row:
+        return Row(model=spec, precision=kind, engine="llama.cpp", engine_label=ENGINE_LABELS["llama.cpp"], context=T,
+                   measured_on=f"{where}, llama-bench subprocess", **kw)
+
+    log(f"{spec} llama.cpp: llama-bench on {', '.join(p.name for p in files.values())}")
+    try:
+        binary = resolve_binary(s.llama_bench, "llama-bench", "--llama-bench")
+        found, commands = measure_files(binary, files, s.contexts, s.new_tokens, s.repeats)
+    except EdgekitError as e:
+        log(f"  llama.cpp failed: {e.message}")
+        return [row(kind, T, status="failed", error=_short(e)) for kind in files for T in s.contexts]
+    out = []
+    for m in found:
+        r = row(m.kind, m.context, new_tokens=s.new_tokens, decode_tokens_per_s=m.decode_tokens_per_s,
+                decode_ms_per_token=1000 / m.decode_tokens_per_s,
+                baseline_detail={"file": m.file, "decode_stdev_tokens_per_s": m.decode_stdev, "build": m.build, "gpu": m.gpu,
+                                 "commands": commands})
+        if m.prefill_tokens_per_s:
+            r.prefill_tokens_per_s, r.ttft_ms = m.prefill_tokens_per_s, 1000 * m.context / m.prefill_tokens_per_s
+            r.prefill_note = f"llama-bench pp{m.context} at depth 0 (its prompt-processing time, not a full request)"
+        log(f"  {m.kind} ctx {m.context}: decode {m.decode_tokens_per_s:.1f} tok/s")
+        out.append(r)
+    return out

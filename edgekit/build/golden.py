@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from edgekit.bundle.golden import GoldenCase, make_case
+from edgekit.kernels.decode_paths import decode_only_operators
 from edgekit.kernels.registry import operator
 from edgekit.model.config import ModelConfig
 
@@ -18,6 +19,9 @@ from edgekit.model.config import ModelConfig
 # rows only repeat the same program over a longer grid, and full 2048-row FP64 outputs would make the
 # bundle hundreds of MB. Attention keeps the full bucket length, where the length changes the math.
 MAX_ROWWISE_ROWS = 256
+# A fused decode operator runs one token per sequence: its cases are decode calls of 1 and of a few sequences
+# (each at its own cache position), not prefill buckets (a 2048-row call would carry 2048 KV caches).
+DECODE_GOLDEN_ROWS = (1, 4)
 
 
 def op_inputs(op: str, cfg: ModelConfig, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
@@ -32,6 +36,8 @@ def golden_cases(op: str, cfg: ModelConfig, buckets: tuple[int, ...], context: i
     plan = [(b, b) for b in buckets]  # (bucket, rows)
     if record.decode_case:
         plan = [(1, 1)] + plan  # the decode path (GEMV kernels)
+    if op in decode_only_operators():
+        plan = [(1, rows) for rows in DECODE_GOLDEN_ROWS]
     seen = set()
     for i, (bucket, rows) in enumerate(plan):
         if record.rowwise:

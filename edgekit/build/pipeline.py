@@ -88,13 +88,18 @@ def _signing_key(opts: BuildOptions):
 
 
 def _operators_of_weights(weights) -> list[str]:
-    """The operators the model calls, read from its weights (what the plan must cover)."""
+    """The operators the model calls, read from its weights (what the plan must cover): the per-operator path's,
+    and the fused decode paths' when the weights allow them (the runtime's rule, applied to the weights)."""
+    from edgekit.kernels.decode_paths import DECODE_STEPS, model_weights_blocker, step_operators
+
     ops = {"rmsnorm", "attention_prefill", "attention_decode", "swiglu"}
     for b in weights.blocks:
         for lw in b.linears().values():
             ops.add(lw.op)
         ops.add("qkv_rope" if b.wqkv.op == "linear" else "rope")
     ops.add(weights.lm_head.op)
+    if model_weights_blocker(weights) is None:
+        ops.update(step_operators(DECODE_STEPS))
     return sorted(ops)
 
 

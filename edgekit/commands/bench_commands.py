@@ -64,7 +64,12 @@ def bench(
     precision: str = typer.Option("fp16,int8", "--precision", help="Comma-separated: fp16, int8 (W8A16 block linears, FP16 LM head)."),
     quantize_head: bool = typer.Option(False, "--quantize-head", help="Also measure int8 with the LM head in INT8 too (rows labelled int8-head)."),
     baselines: str = typer.Option("compile,hf-eager,hf-compile", "--baselines",
-                                  help="compile (edgekit reference + torch.compile), hf-eager, hf-compile (static cache + compile), or none."),
+                                  help="compile (edgekit reference + torch.compile), hf-eager, hf-compile (static cache + compile), "
+                                       "llama.cpp (llama-bench on the same GGUF file; needs --llama-bench), or none."),
+    llama_bench: Optional[str] = typer.Option(None, "--llama-bench", help="llama.cpp's llama-bench binary (a path or a command on PATH), for --baselines llama.cpp."),
+    llama_quantize: Optional[str] = typer.Option(None, "--llama-quantize", help="llama.cpp's llama-quantize: also measure llama.cpp on Q8_0 and Q4_K_M copies of a preset's F16 GGUF."),
+    gguf_dir: Optional[Path] = typer.Option(None, "--gguf-dir", help="Keep the GGUF files written for presets here (default: a temporary folder, removed after the run)."),
+    fused: bool = typer.Option(True, "--fused/--no-fused", help="Also measure edgekit's fused decode path (rows edgekit-fused), the one `edgekit run` takes."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per figure (the median is reported)."),
     check_tokens: Optional[int] = typer.Option(None, "--check-tokens", min=1,
                                                help="Greedy tokens compared with the torch reference path [default: 8, at most the tokens generated]."),
@@ -80,6 +85,9 @@ def bench(
     Everything runs in one process on this machine's GPU: edgekit's runtime (Triton kernels, CUDA-graph
     replay), edgekit's reference model under torch.compile(mode="reduce-overhead") (the gpt-fast recipe),
     transformers' eager generate and transformers' static cache + compile, on the same weights and prompts.
+    With --baselines llama.cpp, llama-bench runs last on the same GGUF file edgekit loaded (for a preset, the
+    random-weight F16 file edgekit writes, and llama-quantize's Q8_0 / Q4_K_M copies): decode at depth = context,
+    batch 1, prefill of context tokens; ratios pair F16 with fp16 and Q8_0 with int8.
     Each configuration's greedy tokens are checked against the torch reference path. Prints tables
     (ratios and the speed goals included) and, with --json, writes every number.
     """
@@ -95,7 +103,8 @@ def bench(
         models=specs, precisions=_bench_precisions(precision, quantize_head), contexts=_csv(contexts, int, "contexts"),
         new_tokens=new_tokens, hf_new_tokens=hf_new_tokens, repeats=repeats, baselines=chosen,
         check_tokens=check_tokens or min(8, min(new_tokens, hf_new_tokens) + 1), seed=seed, energy=energy, prefill_graph=prefill_graph, profile=profile,
-        time_budget_s=time_budget_s, device=device,
+        time_budget_s=time_budget_s, device=device, llama_bench=llama_bench, llama_quantize=llama_quantize,
+        gguf_dir=str(gguf_dir) if gguf_dir else None, fused=fused,
     )
 
     def write(doc) -> None:
@@ -109,6 +118,8 @@ def bench(
     print_report(doc, console)
     if json_path is not None:
         err_console.print(f"wrote {json_path}")
-    if any(r.engine == "edgekit" and r.tokens_match is False for r in doc.rows):
+    from edgekit.bench.document import EDGEKIT_ENGINES
+
+    if any(r.engine in EDGEKIT_ENGINES and r.tokens_match is False for r in doc.rows):
         err_console.print("[bold red]edgekit's runtime disagrees with the reference path (see TOKEN MISMATCH above)[/]")
         raise typer.Exit(1)

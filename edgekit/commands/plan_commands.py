@@ -204,6 +204,12 @@ def print_plan(d: dict) -> None:
                       "candidates within the estimate, rej.: compiled and rejected; dflt: no shared-memory tiles.[/]")
     dec = d["decode"]
     console.print(f"decode attention: {dec['splits']} KV splits — {dec['rule']}; grid {dec['grid']}")
+    path = dec.get("path")
+    if path:  # plans written before the fused path was planned have none
+        per_layer = (f" ({path['kernels_per_layer']} per layer + {path['kernels_outside_layers']} per token)"
+                     if path.get("kernels_per_layer") is not None else "")
+        console.print(f"decode path: [bold]{path['path']}[/], {path['kernels_per_token']} kernels per token{per_layer}, "
+                      f"PREDICTED from the launch programs at {path['power_mode']}'s SMs — {path['reason']}")
 
     t = Table(title="Operators and precision")
     for col in ("operator", "projection", "where", "weights", "activations", "accumulate", "output"):
@@ -230,7 +236,8 @@ def print_plan(d: dict) -> None:
     console.print(t)
 
     r0 = d["roofline"][0]
-    t = Table(title="PREDICTED per power mode (roofline model, not measured)")
+    t = Table(title="PREDICTED per power mode (roofline model, not measured)"
+                    + (f"; decode with the {d['decode']['path']['path']} step's kernel count" if d["decode"].get("path") else ""))
     for col in ("mode", "W", "SMs@MHz", "GB/s", f"decode tok/s ctx {r0['decode_short']['kv_len']}",
                 f"ctx {r0['decode_full']['kv_len']}", "bound only", "mJ/tok", f"prefill tok/s ({r0['prefill']['bucket']})"):
         t.add_column(col, justify="left" if col == "mode" else "right", no_wrap=col == "mode")

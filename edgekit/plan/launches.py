@@ -14,10 +14,15 @@ counted from the decoder's code in ``GLUE_*`` below.
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Callable, Mapping
 
 import torch
 
+from edgekit.errors import PlanError
+from edgekit.kernels.attention import default_scale
+from edgekit.kernels.decode_paths import DecodeStep, StepCall
 from edgekit.kernels.launch_count import launched_kernels
 from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
@@ -104,3 +109,92 @@ def count_launches(cfg: ModelConfig, precision: PrecisionPlan, variants: Variant
     glue = cfg.n_layers * GLUE_PER_BLOCK[phase] + GLUE_OUTSIDE_BLOCKS[phase]
     return {"total": sum(by_op.values()) + glue, "operators": dict(sorted(by_op.items())), "glue": glue}
 
+
+
+# -- a fused decode step (kernels.decode_paths): the same launch programs, called as the step calls them ----------
+
+# Attributes of the fused path's operators, from the model's config (attention's softmax scale: the default)
+_STEP_ATTRIBUTES: dict[str, Callable[[ModelConfig], object]] = {
+    "eps": lambda c: c.rms_norm_eps, "n_heads": lambda c: c.n_heads, "n_kv_heads": lambda c: c.n_kv_heads,
+    "scale": lambda c: None, "sm_scale": lambda c: default_scale(c.head_dim),
+}
+_IMPLICIT_PRODUCT = re.compile(r"(\d)([A-Za-z])")  # "2F" in a spec's shape is 2 * F
+
+
+def spec_dims(shape: str, symbols: Mapping[str, int]) -> tuple[int, ...]:
+    """The sizes of a TensorSpec shape such as "((Hq + 2*Hkv) * D, C)" with ``symbols`` bound (integer arithmetic only)."""
+    inner, depth, parts, cur = shape.strip()[1:-1], 0, [], ""
+    for ch in inner:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return tuple(_eval_dim(ast.parse(_IMPLICIT_PRODUCT.sub(r"\1*\2", p.strip()), mode="eval").body, symbols, shape)
+                 for p in parts if p.strip())
+
+
+def _eval_dim(node, symbols: Mapping[str, int], shape: str) -> int:
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a // b, ast.FloorDiv: lambda a, b: a // b}
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in symbols:
+        return int(symbols[node.id])
+    if isinstance(node, ast.BinOp) and type(node.op) in ops:
+        return ops[type(node.op)](_eval_dim(node.left, symbols, shape), _eval_dim(node.right, symbols, shape))
+    raise PlanError(f"cannot size the spec shape {shape!r} (at {ast.dump(node)}); known symbols: {sorted(symbols)}",
+                    hint="this is a bug in edgekit: an operator spec uses a symbol the launch count does not bind")
+
+
+def step_call_args(cfg: ModelConfig, precision: PrecisionPlan, call: StepCall, *, batch: int, context: int) -> tuple:
+    """Meta-tensor arguments of one call of a fused step, built from its operator's spec (inputs, then attributes).
+
+    The weight is INT8 with a scale when the projection it takes is W8A16 in ``precision`` (the last layer's
+    scheme stands for all: the count is per layer), else FP16; a bias only on a QKV projection with one.
+    """
+    spec = operator(call.op).spec
+    n = k = 0
+    scheme = "fp16"
+    if call.weight is not None:
+        n, k = {**cfg.linear_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}[call.weight]
+        scheme = precision.lm_head if call.weight == "lm_head" else precision.layers[-1][call.weight]
+    symbols = {"B": batch, "T": 1, "C": cfg.hidden_size, "D": cfg.head_dim, "Hq": cfg.n_heads, "Hkv": cfg.n_kv_heads,
+               "S": context, "F": cfg.intermediate_size, "V": cfg.vocab_size, "N": n, "K": k}
+    int8 = operator_for_scheme(scheme).name == "linear_w8a16"
+    present = {"scale": int8, "bias": bool(cfg.qkv_bias and call.weight == "wqkv")}
+    args: list = []
+    for t in spec.inputs:
+        if t.optional and not present.get(t.name, False):
+            args.append(None)
+            continue
+        dtype = "int8" if (t.name == "weight" and int8) else ("float16" if "float16" in t.dtypes else t.dtypes[0])
+        args.append(_meta(*spec_dims(t.shape, symbols), dtype=getattr(torch, dtype)))
+    for a in spec.attributes:
+        if a not in _STEP_ATTRIBUTES:
+            raise PlanError(f"{call.op}: attribute {a!r} has no value from the model's config (known: {sorted(_STEP_ATTRIBUTES)})",
+                            hint="this is a bug in edgekit: bind the attribute in plan.launches._STEP_ATTRIBUTES")
+        args.append(_STEP_ATTRIBUTES[a](cfg))
+    return tuple(args)
+
+
+def count_step_launches(cfg: ModelConfig, precision: PrecisionPlan, variants: Variants, step: DecodeStep, *, batch: int,
+                        context: int, sm_count: int, max_shared_bytes: int) -> dict:
+    """Kernels of one decode step of a fused path: {"total", "per_layer", "per_token", "operators", "glue", "path"}."""
+    device = {"sm_count": sm_count, "max_shared_bytes": max_shared_bytes}
+
+    def launches(calls) -> tuple[int, dict[str, int]]:
+        by_op: dict[str, int] = {}
+        for call in calls:
+            args = step_call_args(cfg, precision, call, batch=batch, context=context)
+            by_op[call.op] = by_op.get(call.op, 0) + len(launched_kernels(call.op, variants(call.op), args, device))
+        return sum(by_op.values()), by_op
+
+    layer, layer_ops = launches(step.per_layer)
+    token, token_ops = launches(step.per_token)
+    per_layer, per_token = layer + step.glue_per_layer, token + step.glue_per_token
+    ops = {op: cfg.n_layers * layer_ops.get(op, 0) + token_ops.get(op, 0) for op in sorted({*layer_ops, *token_ops})}
+    return {"path": step.name, "total": cfg.n_layers * per_layer + per_token, "per_layer": per_layer, "per_token": per_token,
+            "operators": ops, "glue": cfg.n_layers * step.glue_per_layer + step.glue_per_token, "glue_note": step.glue_note}

@@ -29,8 +29,9 @@ from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memo
 from edgekit.plan.precision import KV_PRECISIONS, PrecisionPlan, scheme_for_cli
 from edgekit.plan.roofline import roofline_assumptions, roofline_table
 from edgekit.plan.targets import Target
-from edgekit.plan.launches import count_launches
-from edgekit.plan.tiles import ShapeFacts, TileChoice, kernel_shapes, needed_ops, solve_all
+from edgekit.kernels.decode_paths import step_operators
+from edgekit.plan.launches import count_launches, count_step_launches
+from edgekit.plan.tiles import ShapeFacts, TileChoice, decode_steps, kernel_shapes, needed_ops, solve_all
 from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
 
 PLAN_FORMAT = "edgekit-plan"
@@ -245,15 +246,41 @@ def make_plan(
 
     variants = _planned_variants(tiles, cfg, target, pp, batch=batch, max_bucket=chosen[-1], context=context)
 
-    def kernel_counts(mode) -> tuple[int, int]:
-        def count(tokens: int) -> int:
-            return count_launches(cfg, pp, variants, batch=batch, tokens=tokens, context=context, sm_count=mode.active_sms,
-                                  max_shared_bytes=target.gpu.shared_memory.per_block_optin_bytes)["total"]
+    steps, no_step = decode_steps(pp)
+    smem = target.gpu.shared_memory.per_block_optin_bytes
 
-        return count(1), count(chosen[-1])
+    def decode_kernels(sms: int) -> dict:
+        """The decode step the bundle will run (the fastest fused path its weights allow, else per operator), counted."""
+        if steps:
+            return count_step_launches(cfg, pp, variants, steps[0], batch=batch, context=context, sm_count=sms,
+                                       max_shared_bytes=smem)
+        counted = count_launches(cfg, pp, variants, batch=batch, tokens=1, context=context, sm_count=sms, max_shared_bytes=smem)
+        return {"path": "per-operator", **counted}
+
+    def kernel_counts(mode) -> tuple[int, int]:
+        prefill = count_launches(cfg, pp, variants, batch=batch, tokens=chosen[-1], context=context, sm_count=mode.active_sms,
+                                 max_shared_bytes=smem)["total"]
+        return decode_kernels(mode.active_sms)["total"], prefill
 
     roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1],
                           kernel_counts=kernel_counts)
+    counted = decode_kernels(mode.active_sms)
+    decode_path = {
+        "path": counted["path"],
+        "reason": (f"the weights take the fused operators: decode runs the {counted['path']} path's super-operators "
+                   "(the per-operator plugins are the fallback after a swap)") if steps else
+                  f"decode runs per operator: {no_step}",
+        "operators": step_operators(steps),
+        "kernels_per_token": counted["total"],
+        "kernels_per_layer": counted.get("per_layer"),
+        "kernels_outside_layers": counted.get("per_token"),
+        "kernels_by_operator": counted["operators"],
+        "glue_kernels": counted["glue"],
+        "power_mode": mode.name,
+        "label": "predicted: counted from the operators' launch programs at the planned shapes, not profiled",
+    }
+    for row in roof:
+        row["decode_kernels_from"] = f"{counted['path']} decode step"
     return Plan(
         model=model_info or {"name": cfg.name, "config": cfg.to_dict()},
         target=target.summary(),
@@ -272,6 +299,7 @@ def make_plan(
                     f"{splits * batch * cfg.n_kv_heads} programs for {target.gpu.sms} SMs",
             "note": "the kernels' launch rule recomputes this on the device from the SM count it reports "
                     "(a power mode that gates SMs may report fewer)",
+            "path": decode_path,
         },
         memory=mem,
         tiles=tiles,

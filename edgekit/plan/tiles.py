@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from edgekit.errors import EdgekitError, PlanError
 from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits
+from edgekit.kernels.decode_paths import DECODE_STEPS, DecodeStep, step_operators, weights_blocker
 from edgekit.kernels.operator import DECODE, PREFILL, PlannedShape
 from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
@@ -135,6 +136,17 @@ class TileChoice:
 
 # -- the solver core (pure: candidates in, choice out) ---------------------------------
 
+
+
+# Split-KV decode attention kernels (attention_decode's, and the one inside fused_attn_proj_residual): the planner
+# sizes their split count, and every other kernel of the operator reads their workspace, so it takes the same
+# values of these constexprs (the operators' launch programs refuse a mismatch).
+SPLIT_KV_KERNELS = ("attention_decode_split", "attn_proj_split")
+SPLIT_SHARED_CONSTEXPRS = ("HEAD_DIM", "MAX_SPLITS")
+
+
+def _agrees_with_split(constexprs: Mapping, split: Mapping | None) -> bool:
+    return split is None or all(constexprs[k] == split[k] for k in SPLIT_SHARED_CONSTEXPRS if k in constexprs and k in split)
 
 def tile_work(v) -> int:
     return math.prod(v.constexprs[d] for d in TILE_DIMS if d in v.constexprs)
@@ -261,7 +273,8 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
 
 
 def needed_ops(precision: PrecisionPlan) -> list[str]:
-    """Operators the decoder calls with this precision (see DispatchTable), in the order the plan lists them."""
+    """Operators the decoder calls with this precision (see DispatchTable), in the order the plan lists them:
+    the per-operator path's, then those of every fused decode path these weights can run (``decode_steps``)."""
     ops = ["rmsnorm", "attention_prefill", "attention_decode", "swiglu", "linear"]  # linear: fp16 projections, LM head
     schemes = set(precision.schemes_used())
     if "fp16" in {layer["wqkv"] for layer in precision.layers}:
@@ -270,7 +283,21 @@ def needed_ops(precision: PrecisionPlan) -> list[str]:
         ops.append("rope")  # INT8 QKV: linear, then RoPE
     for s in sorted(schemes - {"fp16"}):
         ops.append(operator_for_scheme(s).name)
+    steps, _ = decode_steps(precision)
+    ops.extend(op for op in step_operators(steps) if op not in ops)
     return ops
+
+
+def decode_steps(precision: PrecisionPlan) -> tuple[list[DecodeStep], str | None]:
+    """(the fused decode paths a bundle with this precision can run, fastest first; why none can, or None).
+
+    The rule is the runtime's (``kernels.decode_paths.weights_blocker``), applied to the planned schemes.
+    """
+    projections = {f"layer {i} {p}": operator_for_scheme(s).name for i, layer in enumerate(precision.layers)
+                   for p, s in layer.items()}
+    projections["the LM head"] = operator_for_scheme(precision.lm_head).name
+    why_not = weights_blocker(projections, kv_cache=precision.kv_cache)
+    return ([] if why_not else list(DECODE_STEPS)), why_not
 
 
 @dataclass(frozen=True)
@@ -308,10 +335,22 @@ def gemv_max_rows() -> int:
     return GEMV_MAX_ROWS
 
 
+def step_weight_shape(op: str, cfg: ModelConfig) -> dict:
+    """{"n_out", "k_in"} of the largest projection a fused decode step multiplies by in ``op`` (the one that takes
+    longest: its tiles are chosen for it, and the same kernel runs the smaller ones); {} for other operators."""
+    shapes = {**cfg.linear_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
+    weights = [shapes[c.weight] for step in DECODE_STEPS for c in step.per_layer + step.per_token
+               if c.op == op and c.weight is not None]
+    if not weights:
+        return {}
+    n, k = max(weights, key=lambda nk: nk[0] * nk[1])
+    return {"n_out": n, "k_in": k}
+
+
 def kernel_shapes(op: str, facts: ShapeFacts) -> dict[str, dict]:
     """kernel -> the shape facts it is solved at: the operator's decode kernels at the decode rows (the batch),
     its prefill kernels at the largest bucket (``Operator.tiles_at``)."""
-    base = facts.base()
+    base = {**facts.base(), **step_weight_shape(op, facts.cfg)}
     at = {DECODE: {**base, "rows": facts.batch}, PREFILL: {**base, "rows": facts.prefill_rows}}
     record = operator(op)
     kernels = {kernel: at[role] for kernel, role in record.tiles_at.items()}
@@ -368,7 +407,10 @@ def solve_all(
         chosen: dict[str, TileChoice] = {}
         for kernel, shape in kernel_shapes(op, facts).items():
             kdef = kv.kernel_def(op, kernel)
-            space = [v for v in kv.tile_space(op, dtype=dtype, **shape) if v.kernel == kernel]
+            # kernels that read a split-KV kernel's workspace must agree with it on these (the programs check it)
+            partner = next((c.variant.constexprs for k, c in chosen.items() if k in SPLIT_KV_KERNELS), None)
+            space = [v for v in kv.tile_space(op, dtype=dtype, **shape)
+                     if v.kernel == kernel and _agrees_with_split(v.constexprs, partner)]
             defaults = kv.default_variants(op, dtype=dtype, **shape)
             if progress:
                 progress(f"{op}/{kernel}: {len(space)} candidates, compiling for {target.arch}")
@@ -378,14 +420,12 @@ def solve_all(
                     space, budget_bytes=budget, per_sm_bytes=target.gpu.shared_memory.per_sm_bytes, arch=target.arch,
                     estimate=kv.estimate_shared_bytes, compile_fn=compile_fn, registers_per_sm=target.gpu.registers_per_sm,
                     programs=grid, programs_target=wanted, default_warps=defaults[kernel].num_warps,
-                    want_splits=want_splits if kernel == "attention_decode_split" else None, shape=shape,
+                    want_splits=want_splits if kernel in SPLIT_KV_KERNELS else None, shape=shape,
                 )
             else:
                 v = defaults[kernel]
-                partner = chosen.get("attention_decode_split")
-                if kernel == "attention_decode_reduce" and partner is not None:
-                    # the reduce kernel must agree with the split kernel on these (decode_program checks it)
-                    shared = {k: partner.variant.constexprs[k] for k in ("HEAD_DIM", "MAX_SPLITS") if k in v.constexprs}
+                if partner is not None:
+                    shared = {k: partner[k] for k in SPLIT_SHARED_CONSTEXPRS if k in v.constexprs and k in partner}
                     v = type(v)(v.op, v.kernel, {**v.constexprs, **shared}, v.num_warps, v.num_stages, v.dtype)
                 choice = confirm_default(v, budget_bytes=budget, arch=target.arch, estimate=kv.estimate_shared_bytes,
                                          compile_fn=compile_fn, shape=shape)

@@ -12,6 +12,11 @@
   (and, on a GPU, captures its CUDA graphs) on the caller's thread; the device
   thread picks the new runner up before its next step. That hand-over is the
   only pause a swap causes, and it is measured (``swap_pauses_s``).
+- Decode takes the fused path (a few super-operators per layer) when the table holds the fused operators (a
+  bundle ships them as plugins) and the weights allow it (``runtime.fused_decode.select_decode_path``). The sources of the table at start are the baseline the fused
+  operators were built against: a swap of an operator they subsume (or share) falls back to the per-operator
+  path, a swap of a fused operator itself keeps the fused path with the new plugin. ``decode_path`` says which
+  path runs and why.
 - Nothing here takes a file lock or waits for the plugin store.
 """
 
@@ -95,7 +100,8 @@ class Engine:
     def __init__(self, decoder: Decoder, tokenizer, shapes: StaticShapes, *, max_waiting: int = 8,
                  stop_ids: tuple[int, ...] = (), model_name: str = "edgekit",
                  batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = 0.5,
-                 cuda_graphs: bool = True, tracker: LatencyTracker | None = None):
+                 cuda_graphs: bool = True, tracker: LatencyTracker | None = None, fused_decode: bool = True,
+                 fused_on_cpu: bool = False):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
             raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
         self.decoder = decoder
@@ -111,6 +117,8 @@ class Engine:
         self.tracker = tracker or LatencyTracker()
         self._cache = decoder.new_cache(self.batch_buckets[-1], shapes.max_seq_len)
         self._table = decoder.ops
+        self.fused_decode, self._fused_on_cpu = fused_decode, fused_on_cpu
+        self._baseline = decoder.ops.sources()  # what the fused operators were built against (see the module doc)
         self._runner = self._make_runner(self._table)
         self._next_runner = None  # set by switch_operator, taken by the device thread between steps
         self._switch_lock = threading.Lock()  # serializes swaps (prepare + publish), never held by the device thread
@@ -141,8 +149,27 @@ class Engine:
     def graphed(self) -> bool:
         return self._runner.graphed
 
+    @property
+    def decode_path(self) -> dict:
+        """Which decode path runs from the next step on (a swapped-in runner counts once published), why, and
+        (fused) where each fused operator comes from."""
+        with self._cv:
+            runner = self._next_runner or self._runner
+        return runner.path.to_dict()
+
     def _make_runner(self, table: DispatchTable):
-        return make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs)
+        from edgekit.runtime.fused_decode import DecodePath, select_decode_path
+
+        step, path = None, DecodePath("per-operator", "the fused decode path is off (fused_decode=False)")
+        if self.fused_decode:
+            # no JIT here: the server runs what its bundle ships (a bundle without fused plugins decodes per operator)
+            chosen, path = select_decode_path(self.decoder.with_ops(table), self._cache, self._baseline,
+                                              allow_cpu=self._fused_on_cpu, jit=False)
+            step = chosen if path.name == "fused" else None
+        runner = make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs,
+                             step=step)
+        runner.path = path
+        return runner
 
     def switch_operator(self, op: str, fn: Callable | None, source: str) -> float:
         """Point `op` at `fn` (None: back to the torch reference). Prepared here; the device thread switches

@@ -25,25 +25,24 @@ this path, saying why, when it cannot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
 
 from edgekit.errors import EdgekitError
 from edgekit.kernels.attention import default_scale
+from edgekit.kernels.decode_paths import FUSED_STEP, model_weights_blocker
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 
-FUSED_OPERATORS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_proj_residual", "fused_norm_swiglu",
-                   "fused_head_argmax")
-# per-operator entries whose work the fused operators do (a swap of one of them disables the fused path)
-SUBSUMED_OPERATORS = ("rmsnorm", "qkv_rope", "rope", "attention_decode", "linear", "linear_w8a16", "swiglu")
-FUSED_WEIGHT_OPS = ("linear", "linear_w8a16")  # float and W8A16 projections; W8A8 stays per-operator
+# The step this module runs, described as data (the planner ships and counts the same operators)
+STEP = FUSED_STEP
 # Triton launches of the fused step: per layer qkv, attention split, combine + o-proj, gate/up, down-proj;
 # per token the embedding gather, positions + 1 and its int32 cast, the head GEMV and the argmax reduce
+# (the planner's count from the launch programs, edgekit.plan.launches.count_step_launches; a test holds them equal)
 LAUNCHES_PER_LAYER = 5
 LAUNCHES_PER_TOKEN = 5
 DECODE_PATHS = ("persistent", "fused", "per-operator")
@@ -61,9 +60,13 @@ class DecodePath:
     name: str  # "persistent" | "fused" | "per-operator"
     reason: str
     launches_per_token: int | None = None  # the fused step's kernel launches (Triton kernels); None if not counted
+    # op -> where the fused step's implementation of it comes from: "plugin:vN" (shipped in the bundle) or
+    # "triton" (JIT-compiled on the device, the fallback for bundles without them); empty on the per-operator path
+    sources: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"path": self.name, "reason": self.reason, "launches_per_token": self.launches_per_token}
+        return {"path": self.name, "reason": self.reason, "launches_per_token": self.launches_per_token,
+                "operator_sources": dict(self.sources)}
 
 
 def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -116,48 +119,47 @@ class FusedDecoder:
 
 
 def with_fused_kernels(table: DispatchTable) -> DispatchTable:
-    """A copy of ``table`` whose fused operators that are still on the torch reference run their Triton kernels.
+    """A copy of ``table`` in which every operator of the fused step runs GPU code.
 
-    Bundles do not ship fused-operator plugins yet (the build compiles the plan's per-operator variants), so on a
-    GPU the fused kernels are JIT-compiled here (source "triton"), which needs Triton on the device; an entry that
-    already holds a plugin is kept.
+    A bundle ships the step's operators as signed plugins (the planner lists them, the build compiles them), and
+    those are kept. Only an operator still on the torch reference (a bundle built before they were shipped, or a
+    decoder made without a bundle) is JIT-compiled here with Triton (source "triton"), which needs Triton on the
+    device; without it this raises ImportError and decode stays per operator.
     """
-    from edgekit.kernels.triton_backend import triton_ops
-
     out = table.copy()
     sources = out.sources()
-    missing = [op for op in FUSED_OPERATORS if sources.get(op) == "reference"]
+    missing = [op for op in STEP.own_operators() if sources.get(op, "reference") == "reference"]
     if missing:
+        from edgekit.kernels.triton_backend import triton_ops
+
         kernels = triton_ops()
         for op in missing:
             out.set(op, kernels[op], source="triton")
     return out
 
 
-def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: Mapping[str, str] | None) -> str | None:
+def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: Mapping[str, str] | None,
+                       allow_cpu: bool = False) -> str | None:
     """Why the fused path cannot run this decoder (None: it can).
 
+    ``allow_cpu``: a CPU decoder may take the path too (its operators are the torch references: the same
+    arithmetic, used to test path selection and swaps without a GPU).
     ``baseline`` holds the table's sources when the fused operators were set up (e.g. at bundle open); an
-    entry of SUBSUMED_OPERATORS whose source changed since then was swapped.
+    entry of ``STEP.swap_sensitive()`` whose source changed since then was swapped.
     """
-    if decoder.device.type != "cuda":
+    if decoder.device.type != "cuda" and not allow_cpu:
         return f"the fused path runs on a CUDA GPU; this decoder is on {decoder.device.type}"
     if type(cache) is not StaticKVCache:
         return f"the fused operators write a plain FP16/BF16 KV cache; this one is a {type(cache).__name__}"
-    for i, b in enumerate(decoder.weights.blocks):
-        for name, lw in b.linears().items():
-            if lw.op not in FUSED_WEIGHT_OPS:
-                return f"layer {i} {name} uses {lw.op}; the fused operators take float or W8A16 weights"
-        if b.w_gate_up.bias is not None:
-            return f"layer {i} w_gate_up has a bias; the fused gate/up operator takes none"
-    if decoder.weights.lm_head.op not in FUSED_WEIGHT_OPS:
-        return f"the LM head uses {decoder.weights.lm_head.op}; the fused head takes float or W8A16 weights"
+    why_not = model_weights_blocker(decoder.weights)
+    if why_not is not None:
+        return why_not
     sources = table.sources()
-    for op in FUSED_OPERATORS:
-        if sources.get(op) == "reference":
+    for op in STEP.own_operators():
+        if sources.get(op, "reference") == "reference":
             return f"{op} has no GPU implementation in the table (torch reference)"
     if baseline is not None:
-        for op in SUBSUMED_OPERATORS:
+        for op in STEP.swap_sensitive():
             if op in baseline and sources.get(op) != baseline[op]:
                 return (f"operator {op} was swapped ({baseline[op]} -> {sources.get(op)}); the fused operators still "
                         f"hold the previous version, so decode runs per operator until fused operators with it arrive")
@@ -165,37 +167,43 @@ def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: 
 
 
 def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None,
-                       prefer: str = DEFAULT_DECODE_PATH):
+                       prefer: str = DEFAULT_DECODE_PATH, allow_cpu: bool = False, jit: bool = True):
     """(the object whose ``decode`` a graphed step should capture, the DecodePath that says which one it is).
 
     ``baseline``: the sources of the operators the fused kernels were built with (None: the decoder's table now).
     ``prefer``: "persistent" (one launch per layer when it can run, else the fused path), "fused" (the default,
     DEFAULT_DECODE_PATH) or "per-operator"; a path that cannot run falls back to the next one and says why.
+    ``allow_cpu``: see ``fused_path_blocker``. ``jit``: JIT-compile with Triton the fused operators the table lacks
+    (``with_fused_kernels``); without it the path runs only on operators the table already holds (a bundle's plugins).
     """
     if prefer not in DECODE_PATHS:
         raise EdgekitError(f"unknown decode path {prefer!r}; expected one of: {', '.join(DECODE_PATHS)}")
     if prefer == "per-operator":
         return decoder, DecodePath("per-operator", "asked for (decode path per-operator)")
     table = decoder.ops
-    if decoder.device.type == "cuda":
+    if decoder.device.type == "cuda" and jit:
         try:
             table = with_fused_kernels(table)
         except (ImportError, EdgekitError) as e:  # no Triton JIT on this device: the plugins still run per operator
             return decoder, DecodePath("per-operator", f"the fused operators' Triton kernels are unavailable here ({e})")
     base = baseline if baseline is not None else decoder.ops.sources()
-    why_not = fused_path_blocker(decoder, cache, table, base)
+    why_not = fused_path_blocker(decoder, cache, table, base, allow_cpu)
     if why_not is not None:
         return decoder, DecodePath("per-operator", why_not)
     fused_n = LAUNCHES_PER_LAYER * decoder.config.n_layers + LAUNCHES_PER_TOKEN
-    fused = DecodePath("fused", "fused super-operators (Triton kernels) replayed as a CUDA graph", fused_n)
+    sources = {op: src for op, src in table.sources().items() if op in STEP.own_operators()}
+    shipped = all(src.startswith("plugin:") for src in sources.values())
+    how = "the bundle's signed plugins" if shipped else "JIT-compiled Triton kernels for the operators the bundle lacks"
+    fused = DecodePath("fused", f"fused super-operators ({how}) replayed as a CUDA graph", fused_n, sources)
     if prefer == "fused":
         return FusedDecoder(decoder, table), fused
     from edgekit.runtime import persistent_decode as pd
 
     why_not = pd.persistent_path_blocker(table, base)
     if why_not is not None:
-        return FusedDecoder(decoder, table), DecodePath("fused", why_not, fused_n)
+        return FusedDecoder(decoder, table), DecodePath("fused", why_not, fused_n, sources)
     n = pd.LAUNCHES_PER_LAYER * decoder.config.n_layers + pd.LAUNCHES_PER_TOKEN
     return (pd.PersistentDecoder(decoder, table),
             DecodePath("persistent", "persistent decode kernel (one launch per layer, grid barriers) + fused head, "
-                                     "replayed as a CUDA graph", n))
+                                     "replayed as a CUDA graph", n, sources))
+

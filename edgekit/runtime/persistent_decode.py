@@ -24,7 +24,7 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
-from edgekit.runtime.fused_decode import FUSED_OPERATORS, FusedDecoder, _weights
+from edgekit.runtime.fused_decode import STEP, FusedDecoder, _weights
 
 LAUNCHES_PER_LAYER = 1
 LAUNCHES_PER_TOKEN = 5  # as the fused path: embedding gather, positions + 1 and its cast, head GEMV, argmax reduce
@@ -34,12 +34,15 @@ def persistent_path_blocker(table: DispatchTable, baseline: Mapping[str, str] | 
     """Why the persistent kernel cannot stand in for the fused operators of ``table`` (None: it can).
 
     ``table`` is the fused path's table (fused entries resolved). A swap of an operator the fused operators
-    subsume is already ruled out by ``fused_path_blocker`` against ``baseline``; a swapped fused operator is a
-    plugin here, no longer edgekit's own kernel.
+    subsume is already ruled out by ``fused_path_blocker`` against ``baseline``; a fused operator swapped since
+    ``baseline`` (a plugin version the bundle did not ship) is no longer the kernel the persistent launch contains.
     """
     sources = table.sources()
-    for op in FUSED_OPERATORS:
-        if sources.get(op) != "triton":
+    for op in STEP.own_operators():
+        # edgekit's own kernels: JIT-compiled here, or the bundle's shipped plugin as it was at open (not swapped)
+        own = sources.get(op) == "triton" or (baseline is not None and sources.get(op) == baseline.get(op)
+                                              and str(sources.get(op)).startswith("plugin:"))
+        if not own:
             return (f"{op} runs {sources.get(op)}; the persistent kernel is built from edgekit's own fused kernels, so "
                     f"decode runs on the fused super-operators until a persistent kernel with that operator arrives")
     return None

@@ -61,6 +61,9 @@ class PluginAdmin(Protocol):
     def rollback(self, op: str) -> dict: ...
 
 
+DECODE_PATHS = ("fused", "per-operator")  # the values of edgekit_decode_path{path}
+
+
 class _Metrics:
     """The server's own families; latency histograms come from the engine's tracker, on the same registry."""
 
@@ -75,8 +78,15 @@ class _Metrics:
         waiting.set_function(engine.queue_depth)
         rows = Gauge("edgekit_sequences_decoding", "Sequences in the decode batch", registry=reg)
         rows.set_function(engine.active_rows)
+        self.decode_path = Gauge("edgekit_decode_path", "1 for the decode path the engine runs (fused super-operators "
+                                 "or per operator after a swap), 0 for the other", ["path"], registry=reg)
         self._pauses_seen = 0
         self._engine = engine
+
+    def collect_decode_path(self) -> None:
+        current = self._engine.decode_path["path"]
+        for path in DECODE_PATHS:
+            self.decode_path.labels(path=path).set(1 if path == current else 0)
 
     def collect_swap_pauses(self) -> None:
         pauses = self._engine.swap_pauses_s
@@ -321,11 +331,12 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         return {"status": "ok", "model": engine.model_name, "operators": engine.table.sources(),
                 "graphed": engine.graphed, "batch_buckets": list(engine.batch_buckets),
                 "buckets": list(engine.shapes.buckets), "max_seq_len": engine.shapes.max_seq_len,
-                "waiting": engine.queue_depth(), "decoding": engine.active_rows()}
+                "waiting": engine.queue_depth(), "decoding": engine.active_rows(), "decode_path": engine.decode_path}
 
     @app.get("/metrics")
     async def prom(request: Request):
         metrics.collect_swap_pauses()
+        metrics.collect_decode_path()
         registries = list({id(r): r for r in [metrics.registry, *(extra_registries or [])]}.values())
         if "application/openmetrics-text" in request.headers.get("accept", ""):  # what strict scrapers ask for
             from prometheus_client.openmetrics import exposition as om

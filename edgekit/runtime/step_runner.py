@@ -50,9 +50,11 @@ class RowPrefillCache:
 
 
 class EagerRunner:
-    def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...]):
+    def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
+                 step=None):
         self.table = table
         self.decoder = decoder.with_ops(table)
+        self.step = step or self.decoder  # what a decode step calls: the decoder, or the fused path's FusedDecoder
         self.cache = cache
         self.views = {b: rows_view(cache, b) for b in batch_buckets}
         self.graphed = False
@@ -64,7 +66,7 @@ class EagerRunner:
 
     def decode(self, batch: int, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (b,), positions (b,) for rows [0, b) -> logits (b, V)."""
-        return self.decoder.decode(tokens, positions, self.views[batch])
+        return self.step.decode(tokens, positions, self.views[batch])
 
 
 class _Graph:
@@ -84,11 +86,12 @@ class GraphedRunner:
     """CUDA-graph replay of every decode batch bucket and every prefill prompt bucket for one table."""
 
     def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
-                 prompt_buckets: tuple[int, ...], warmup: int = 2):
+                 prompt_buckets: tuple[int, ...], warmup: int = 2, step=None):
         if decoder.device.type != "cuda":
             raise ValueError("CUDA graphs need the decoder on a CUDA device")
         self.table, self.cache, self.graphed = table, cache, True
         dec = decoder.with_ops(table)
+        step = step or dec  # the decode graphs capture the fused path's FusedDecoder when it runs
         dev = decoder.device
         scratch = decoder.new_cache(cache.batch, cache.max_seq_len)  # warm-up never writes the live rows
         side = torch.cuda.Stream(device=dev)
@@ -100,8 +103,8 @@ class GraphedRunner:
                 tokens = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
                 positions = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
                 for _ in range(warmup):
-                    dec.decode(tokens, positions, rows_view(scratch, b))
-                self.decode_graphs[b] = self._capture(side, lambda: dec.decode(tokens, positions, rows_view(cache, b)),
+                    step.decode(tokens, positions, rows_view(scratch, b))
+                self.decode_graphs[b] = self._capture(side, lambda: step.decode(tokens, positions, rows_view(cache, b)),
                                                       (tokens, positions))
             for T in prompt_buckets:
                 tokens = torch.zeros(1, T, dtype=torch.long, device=dev)  # (1, T)
@@ -131,7 +134,8 @@ class GraphedRunner:
 
 
 def make_runner(decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
-                prompt_buckets: tuple[int, ...], graphs: bool):
+                prompt_buckets: tuple[int, ...], graphs: bool, step=None):
+    """A runner for ``table``; ``step`` is what its decode steps call (default: the decoder on ``table``)."""
     if graphs:
-        return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets)
-    return EagerRunner(decoder, table, cache, batch_buckets)
+        return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets, step=step)
+    return EagerRunner(decoder, table, cache, batch_buckets, step=step)

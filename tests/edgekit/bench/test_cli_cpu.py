@@ -26,10 +26,11 @@ def test_cpu_run_writes_a_valid_document_with_failed_and_measured_rows(tmp_path)
     doc = BenchDocument.model_validate(json.loads(out.read_text()))
     assert doc.measured_on.startswith("CPU")
     by = {(r.engine, r.context): r for r in doc.rows}
-    assert set(by) == {("edgekit", 16), ("edgekit", 24), ("hf-eager", 16), ("hf-eager", 24)}
+    assert set(by) == {(e, ctx) for e in ("edgekit", "edgekit-fused", "hf-eager") for ctx in (16, 24)}
     for ctx in (16, 24):
-        e, h = by[("edgekit", ctx)], by[("hf-eager", ctx)]
+        e, f, h = by[("edgekit", ctx)], by[("edgekit-fused", ctx)], by[("hf-eager", ctx)]
         assert e.status == "failed" and "CUDA" in e.error
+        assert f.status == "failed" and "fused decode path cannot run here" in f.error and "CUDA" in f.error
         assert h.status == "ok" and h.decode_tokens_per_s > 0 and h.ttft_ms > 0
         assert h.tokens_checked == 5 and h.tokens_match is True
     assert doc.ratios == []  # nothing to pair with a failed edgekit row

@@ -16,7 +16,7 @@ from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
-from edgekit.runtime.fused_decode import FUSED_OPERATORS, FusedDecoder, fused_path_blocker, select_decode_path
+from edgekit.runtime.fused_decode import STEP, FusedDecoder, fused_path_blocker, select_decode_path
 
 
 def _w8a16(weights):
@@ -67,7 +67,7 @@ def test_the_path_falls_back_and_says_why():
 
     # the checks after the device one, with a table whose fused entries are set (as on a GPU)
     table = DispatchTable()
-    for op in FUSED_OPERATORS:
+    for op in STEP.own_operators():
         table.set(op, table.get(op), source="triton")
     baseline = table.sources()
     cuda_like = dec.with_ops(table)
@@ -111,7 +111,7 @@ def test_the_persistent_kernel_stands_in_only_for_edgekits_own_fused_kernels():
     from edgekit.runtime.persistent_decode import persistent_path_blocker
 
     table = DispatchTable()
-    for op in FUSED_OPERATORS:
+    for op in STEP.own_operators():
         table.set(op, table.get(op), source="triton")
     assert persistent_path_blocker(table, table.sources()) is None
     swapped = table.copy()
@@ -130,3 +130,52 @@ def test_select_decode_path_takes_only_known_paths():
         select_decode_path(dec, cache, prefer="giant")
     step, path = select_decode_path(dec, cache, prefer="per-operator")
     assert step is dec and path.name == "per-operator"
+
+
+def test_the_step_description_is_what_the_fused_decoder_calls():
+    """kernels.decode_paths.FUSED_STEP (what the planner ships and counts) lists the calls FusedDecoder makes, in order."""
+    from edgekit.runtime.fused_decode import STEP
+
+    cfg = preset_config("tiny")
+    dec = Decoder(cfg, random_weights(cfg, seed=2), DispatchTable())
+    calls: list[str] = []
+    table = DispatchTable()
+    for op in STEP.operators():
+        table.set(op, lambda *a, _op=op, _fn=table.get(op): (calls.append(_op), _fn(*a))[1], source="plugin:v1")
+    cache = dec.new_cache(1, 16)
+    FusedDecoder(dec, table).decode_token(torch.tensor([3]), torch.tensor([0]), cache)
+    want = [c.op for c in STEP.per_layer] * cfg.n_layers + [c.op for c in STEP.per_token]
+    assert calls == want
+
+
+def test_shipped_fused_plugins_are_kept_and_reported_as_the_source():
+    """A bundle's fused plugins run as they are: nothing is JIT-compiled, and the path names each plugin."""
+    import edgekit.runtime.fused_decode as fd
+
+    cfg = preset_config("tiny")
+    table = DispatchTable()
+    for op in fd.STEP.own_operators():
+        table.set(op, table.get(op), source="plugin:v1")
+    kept = fd.with_fused_kernels(table)
+    assert {op: kept.sources()[op] for op in fd.STEP.own_operators()} == {op: "plugin:v1" for op in fd.STEP.own_operators()}
+
+    dec = Decoder(cfg, random_weights(cfg, seed=1), table)
+    cuda_like = dec.with_ops(table)
+    cuda_like.device = torch.device("cuda")  # only the path selection reads it
+    step, path = fd.select_decode_path(cuda_like, dec.new_cache(1, 16))
+    assert isinstance(step, FusedDecoder) and path.name == "fused"
+    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in fd.STEP.own_operators()}
+    assert "signed plugins" in path.reason
+
+
+def test_a_bundle_without_fused_plugins_jit_compiles_only_the_missing_ones(monkeypatch):
+    import edgekit.kernels.triton_backend as tb
+    import edgekit.runtime.fused_decode as fd
+
+    table = DispatchTable()
+    shipped, missing = fd.STEP.own_operators()[0], fd.STEP.own_operators()[1:]
+    table.set(shipped, table.get(shipped), source="plugin:v1")
+    monkeypatch.setattr(tb, "triton_ops", lambda: {op: (lambda *a: None) for op in missing})
+    out = fd.with_fused_kernels(table)
+    assert out.sources()[shipped] == "plugin:v1"
+    assert all(out.sources()[op] == "triton" for op in missing)

@@ -115,3 +115,39 @@ def test_graphed_prefill_replays_the_eager_prefill():
         assert torch.equal(got, want)
         assert all(torch.equal(a[:, :, :64], b[:, :, :64]) for a, b in zip(eager_cache.k + eager_cache.v, graph_cache.k + graph_cache.v))
     assert g.buckets() == [(1, 64)]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_bundle_runs_its_shipped_fused_plugins_with_no_jit(tmp_path, precision):
+    """An h200 bundle carries the fused operators as signed plugins: the graphed fused step runs them (source
+    plugin:v1, nothing JIT-compiled), their golden vectors pass on the GPU at open, and the greedy tokens equal
+    the per-operator step's."""
+    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.kernels.decode_paths import FUSED_STEP
+    from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    opts = BuildOptions(model="preset:tiny", target="h200", out=tmp_path / "b", dev_key=True, precision=precision,
+                        context=128, buckets=(16, 64), cache_dir=tmp_path / "cache", allow_mixed=True, onnx=False)
+    build_bundle(opts)
+    b = open_bundle(opts.out, [], allow_dev_key=True, device="cuda")  # golden vectors run through the plugins
+    dec = b.decoder()
+    assert all(dec.ops.sources()[op] == "plugin:v1" for op in FUSED_STEP.own_operators())
+    cache = dec.new_cache(1, b.shapes.max_seq_len)
+    step_decoder, path = select_decode_path(dec, cache)
+    assert path.name == "fused", path.reason
+    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in FUSED_STEP.own_operators()}
+    prompt = torch.tensor([[5, 9, 200, 31]], device="cuda")
+    lens = torch.tensor([4], device="cuda")
+    per_op_cache = dec.new_cache(1, b.shapes.max_seq_len)
+    dec.prefill(prompt, lens, cache)
+    dec.prefill(prompt, lens, per_op_cache)
+    fused = GraphedDecodeStep(step_decoder, cache)
+    tok = tok_ref = torch.tensor([7], device="cuda")
+    pos = lens.clone()
+    for _ in range(8):
+        tok = fused(tok, pos).argmax(-1)
+        tok_ref = dec.decode(tok_ref, pos, per_op_cache).argmax(-1)
+        assert int(tok) == int(tok_ref)
+        pos = pos + 1
