@@ -31,6 +31,7 @@ from edgekit.generate import GenerationStats, SamplingConfig, _pick
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.power.latency import LatencyTracker
+from edgekit.runtime.fused_decode import DecodePath
 from edgekit.runtime.step_runner import make_runner
 from edgekit.shapes import StaticShapes
 
@@ -111,6 +112,9 @@ class Engine:
         self.tracker = tracker or LatencyTracker()
         self._cache = decoder.new_cache(self.batch_buckets[-1], shapes.max_seq_len)
         self._table = decoder.ops
+        # the operators the fused decode path was set up with: a later swap of one it subsumes falls back to the
+        # per-operator path until fused operators with it arrive (select_decode_path)
+        self._baseline_sources = decoder.ops.sources()
         self._runner = self._make_runner(self._table)
         self._next_runner = None  # set by switch_operator, taken by the device thread between steps
         self._switch_lock = threading.Lock()  # serializes swaps (prepare + publish), never held by the device thread
@@ -141,8 +145,14 @@ class Engine:
     def graphed(self) -> bool:
         return self._runner.graphed
 
+    @property
+    def decode_path(self) -> DecodePath:
+        """The decode path the device thread runs now (the one a pending swap brings, once it is picked up)."""
+        return self._runner.decode_path
+
     def _make_runner(self, table: DispatchTable):
-        return make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs)
+        return make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs,
+                           baseline=self._baseline_sources)
 
     def switch_operator(self, op: str, fn: Callable | None, source: str) -> float:
         """Point `op` at `fn` (None: back to the torch reference). Prepared here; the device thread switches
@@ -329,17 +339,10 @@ class Engine:
         # free rows below b decode a pad at position 0: never read (a prefill rewrites the row first)
         tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
         positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
-        dev = self.decoder.device
-        logits = self._runner.decode(b, torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))  # (b, V)
-        if self._runner.graphed:
-            # graphed plugins cannot be checked per operator inside a graph: judge the step's output instead,
-            # fetched with the greedy picks in one transfer
-            both = torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()]).tolist()
-            greedy, finite = both[:b], both[b:]
-            if not all(finite[i] for i in occupied) and self.on_nonfinite is not None:
-                self.on_nonfinite()
-        else:
-            greedy = logits.argmax(dim=-1).tolist()
+        step = self._runner.step(b, tokens, positions)
+        if step.finite is not None and not all(step.finite[i] for i in occupied) and self.on_nonfinite is not None:
+            self.on_nonfinite()
+        greedy, logits = step.greedy, step.logits
         self.step_batches[b] += 1
         now = time.perf_counter()
         for i in occupied:

@@ -27,6 +27,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
@@ -37,7 +38,9 @@ from edgekit.runtime.engine import Engine, EngineClosedError, Job, OverloadedErr
 from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
 from edgekit.runtime.openai_schema import ChatRequest, CompletionRequest, validation_message
 from edgekit.runtime.plugin_store import StoreBusyError
+from edgekit.runtime.sse_chunks import ChunkEncoder
 from edgekit.runtime.text_stream import TextStream
+from edgekit.runtime.token_feed import TokenFeed
 
 MAX_PLUGIN_UPLOAD_BYTES = MAX_PACKAGE_BYTES  # an upload is one signed plugin package: the format's cap
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
@@ -75,6 +78,7 @@ class _Metrics:
         waiting.set_function(engine.queue_depth)
         rows = Gauge("edgekit_sequences_decoding", "Sequences in the decode batch", registry=reg)
         rows.set_function(engine.active_rows)
+        reg.register(_DecodePathCollector(engine))
         self._pauses_seen = 0
         self._engine = engine
 
@@ -83,6 +87,27 @@ class _Metrics:
         for p in pauses[self._pauses_seen:]:
             self.swap_pause.observe(p)
         self._pauses_seen = len(pauses)
+
+
+class _DecodePathCollector:
+    """``edgekit_decode_path{path="fused",graphed="true"} 1``: the path the device thread runs now (a swap of an
+    operator the fused kernels subsume moves it to per-operator until fused kernels with it arrive)."""
+
+    NAME = "edgekit_decode_path"
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+
+    def _family(self, path: str, graphed: bool) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(self.NAME, "Active decode path (1 for the one running now)", labels=["path", "graphed"])
+        g.add_metric([path, "true" if graphed else "false"], 1)
+        return g
+
+    def describe(self):
+        yield GaugeMetricFamily(self.NAME, "Active decode path", labels=["path", "graphed"])
+
+    def collect(self):
+        yield self._family(self._engine.decode_path.name, self._engine.graphed)
 
 
 class _Refused(Exception):
@@ -106,7 +131,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     engine.server_metrics = metrics
     tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgekit-tokenize")
     admin_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin-http")
-    app.state.engine, app.state.metrics = engine, metrics
+    app.state.engine, app.state.metrics, app.state.token_feed = engine, metrics, None
     vocab = engine.decoder.config.vocab_size
     max_prompt_chars = engine.shapes.buckets[-1] * MAX_CHARS_PER_TOKEN
 
@@ -187,65 +212,50 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     def usage(n_prompt: int, n_out: int) -> dict:
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
-    async def handle(req, route: str, chat: bool):
+    def feed() -> TokenFeed:
+        """The loop's token feed, made on first use (the app is created before uvicorn starts its loop)."""
+        loop = asyncio.get_running_loop()
+        f = app.state.token_feed
+        if f is None or f._loop is not loop:
+            f = app.state.token_feed = TokenFeed(loop)
+        return f
+
+    async def handle(req, route: str, chat: bool, request: Request):
         t0 = time.perf_counter()
         try:
             ids = await prompt_ids(req)
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue = asyncio.Queue()
-
-            def on_token(tok: int) -> None:  # device thread -> event loop
-                loop.call_soon_threadsafe(events.put_nowait, ("token", tok))
-
-            def on_done(job: Job) -> None:
-                loop.call_soon_threadsafe(events.put_nowait, ("done", job))
-
-            job = start(req, ids, on_token, on_done)
+            events = feed().channel()
+            job = start(req, ids, lambda tok: events.put("token", tok), lambda j: events.put("done", j))
         except _Refused as e:
             record(route, e.status, t0, param=e.param)
             return _error(e.status, e.message, e.param, e.headers)
         text = TextStream(engine.decode_text, req.stop_strings())
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
-
-        def choice(delta_text: str | None, reason: str | None, stream: bool) -> dict:
-            if not chat:
-                return {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": reason}
-            if stream:
-                delta = {"content": delta_text} if delta_text else {}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-            return {"index": 0, "message": {"role": "assistant", "content": delta_text}, "logprobs": None,
-                    "finish_reason": reason}
 
         # The first event decides the status: a request that expires in the queue (429) or fails at prefill
         # gets a real status code, also when it asked to stream (headers are sent after the first token).
-        first_event = await events.get()
-        if first_event[0] == "done" and first_event[1].error is not None:
-            err = first_event[1].error
+        first_batch = await events.get_batch()
+        first_done = next((v for k, v in first_batch if k == "done"), None)
+        if first_done is not None and first_done.error is not None and not any(k == "token" for k, _ in first_batch):
+            err = first_done.error
             if isinstance(err, OverloadedError):
                 record(route, 429, t0, error=str(err))
                 return _error(429, str(err), headers={"Retry-After": str(RETRY_AFTER_S)})
             record(route, 500, t0, error=str(err))
             return _error(500, str(err))
 
-        def push_all(toks: list[int]) -> str:
-            return "".join(text.push(t) for t in toks)
-
-        async def tokens() -> AsyncIterator[str]:
+        async def deltas() -> AsyncIterator[str]:
             """Text deltas as tokens arrive: one per batch of tokens that arrived together (possibly "" while
             text is held back, so a stream shows progress per step). The engine job is cancelled on a stop
             string or when the client goes away."""
-            pending = [first_event]
+            batch = first_batch
             try:
                 while True:
-                    batch = [pending.pop() if pending else await events.get()]
-                    while not events.empty():
-                        batch.append(events.get_nowait())
                     toks = [v for k, v in batch if k == "token"]
                     done = next((v for k, v in batch if k == "done"), None)
                     if toks:
-                        delta = push_all(toks)  # incremental: a few tokens' worth of decoding, whatever the length
+                        delta = "".join(text.push(t) for t in toks)  # incremental: constant work per token
                         if text.stopped:
                             job.cancel()
                         yield delta
@@ -256,30 +266,24 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                         if tail:
                             yield tail
                         return
+                    batch = await events.get_batch()
             finally:
                 job.cancel()  # no-op when finished; frees the row when the client went away
 
         if req.stream:
+            enc = ChunkEncoder(rid, created, engine.model_name, chat)
+
             async def sse() -> AsyncIterator[bytes]:
                 status = 200
                 try:
                     if chat:
-                        first = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": engine.model_name,
-                                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                              "finish_reason": None}]}
-                        yield b"data: " + json.dumps(first).encode() + b"\n\n"
-                    async for delta in tokens():
-                        chunk = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
-                                 "model": engine.model_name, "choices": [choice(delta, None, True)]}
-                        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-                    last = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
-                            "model": engine.model_name, "choices": [choice("", finish_reason(job, text), True)]}
-                    yield b"data: " + json.dumps(last).encode() + b"\n\n"
+                        yield enc.role()
+                    async for delta in deltas():
+                        yield enc.delta(delta)
+                    yield enc.finish(finish_reason(job, text))
                     if req.include_usage_in_stream():
-                        u = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
-                             "model": engine.model_name, "choices": [], "usage": usage(len(ids), len(job.tokens))}
-                        yield b"data: " + json.dumps(u).encode() + b"\n\n"
-                    yield b"data: [DONE]\n\n"
+                        yield enc.usage(usage(len(ids), len(job.tokens)))
+                    yield enc.done()
                 except EdgekitError as e:  # headers are sent: report in-band, as OpenAI's servers do
                     status = 500
                     yield b"data: " + error_body(500, str(e)) + b"\n\n"
@@ -290,36 +294,47 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # not streamed: nothing tells the client's hang-up to this coroutine unless it listens for it
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, job))
         try:
-            async for _ in tokens():
+            async for _ in deltas():
                 pass
         except EdgekitError as e:
             record(route, 500, t0, error=str(e))
             return _error(500, str(e))
+        finally:
+            watcher.cancel()
         metrics.tokens.inc(len(job.tokens))
+        if job.finish_reason == "cancelled" and not text.stopped:  # the client hung up: its row was freed
+            record(route, 499, t0, prompt_tokens=len(ids), completion_tokens=len(job.tokens), finish_reason="cancelled")
+            return _error(499, "the client closed the connection before the answer was ready")
         reason = finish_reason(job, text)
         record(route, 200, t0, prompt_tokens=len(ids), completion_tokens=len(job.tokens), finish_reason=reason,
                ttft_ms=round(job.stats.prefill_s * 1000, 3))
-        return {"id": rid, "object": obj, "created": created, "model": engine.model_name,
-                "choices": [choice(text.text, reason, False)], "usage": usage(len(ids), len(job.tokens))}
+        message = ({"role": "assistant", "content": text.text} if chat else None)
+        choice = ({"index": 0, "message": message, "logprobs": None, "finish_reason": reason} if chat else
+                  {"index": 0, "text": text.text, "logprobs": None, "finish_reason": reason})
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": engine.model_name, "choices": [choice], "usage": usage(len(ids), len(job.tokens))}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        return await handle(req, "completions", chat=False)
+    async def completions(req: CompletionRequest, request: Request):
+        return await handle(req, "completions", False, request)
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
-        return await handle(req, "chat", chat=True)
+    async def chat(req: ChatRequest, request: Request):
+        return await handle(req, "chat", True, request)
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": 0,
-                                            "owned_by": "edgekit"}]}
+                                            "owned_by": "edgekit", "decode_path": engine.decode_path.to_dict(),
+                                            "graphed": engine.graphed}]}
 
     @app.get("/healthz")
     async def healthz():
         return {"status": "ok", "model": engine.model_name, "operators": engine.table.sources(),
-                "graphed": engine.graphed, "batch_buckets": list(engine.batch_buckets),
+                "graphed": engine.graphed, "decode_path": engine.decode_path.to_dict(), "batch_buckets": list(engine.batch_buckets),
                 "buckets": list(engine.shapes.buckets), "max_seq_len": engine.shapes.max_seq_len,
                 "waiting": engine.queue_depth(), "decoding": engine.active_rows()}
 
@@ -410,6 +425,16 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         return _error(500, f"{type(e).__name__}: the server could not complete the request")
 
     return app
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Cancel `job` when the client hangs up (its decode row is freed at the next step). The body was read
+    already, so the next ASGI message is the disconnect."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
 
 
 async def _package_from(request: Request) -> bytes:

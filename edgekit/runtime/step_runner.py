@@ -16,11 +16,15 @@ Two runners with one interface, each bound to one dispatch table:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Mapping
+
 import torch
 
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
+from edgekit.runtime.fused_decode import DecodePath, select_decode_path
 
 
 def rows_view(cache: StaticKVCache, rows: int) -> StaticKVCache:
@@ -49,6 +53,16 @@ class RowPrefillCache:
         self.cache.v[layer][self.slot, :, :T] = v
 
 
+@dataclass
+class StepResult:
+    """One decode step: logits (b, V) for sampled rows, greedy picks, and (graphed) whether each row's logits are
+    all finite (None where operators were checked one by one)."""
+
+    logits: torch.Tensor
+    greedy: list[int]
+    finite: list[bool] | None
+
+
 class EagerRunner:
     def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...]):
         self.table = table
@@ -56,15 +70,21 @@ class EagerRunner:
         self.cache = cache
         self.views = {b: rows_view(cache, b) for b in batch_buckets}
         self.graphed = False
+        why = "no GPU" if self.cache.k[0].device.type != "cuda" else "CUDA graphs are off"
+        self.decode_path = DecodePath("per-operator", f"eager decode ({why}): the fused path is a CUDA graph")
 
     def prefill(self, slot: int, tokens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         """tokens (1, T), seq_lens (1,) -> logits (1, V); keys and values land in row `slot`."""
         row = torch.tensor([slot], dtype=torch.long, device=self.cache.k[0].device)
         return self.decoder.prefill(tokens, seq_lens, RowPrefillCache(self.cache, row))
 
-    def decode(self, batch: int, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens (b,), positions (b,) for rows [0, b) -> logits (b, V)."""
-        return self.decoder.decode(tokens, positions, self.views[batch])
+    def step(self, batch: int, tokens: list[int], positions: list[int]) -> StepResult:
+        """One decode step of rows [0, b): their logits (b, V) and greedy picks (GuardedOp checks every operator
+        here, so no finiteness flags)."""
+        dev = self.cache.k[0].device
+        logits = self.decoder.decode(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
+                                     self.views[batch])  # (b, V)
+        return StepResult(logits, logits.argmax(dim=-1).tolist(), None)
 
 
 class _Graph:
@@ -81,28 +101,36 @@ class _Graph:
 
 
 class GraphedRunner:
-    """CUDA-graph replay of every decode batch bucket and every prefill prompt bucket for one table."""
+    """CUDA-graph replay of every decode batch bucket and every prefill prompt bucket for one table.
+
+    Decode runs on the path ``edgekit run`` takes (``select_decode_path``: the fused super-operators unless one
+    is ruled out, e.g. by a swap of an operator they subsume since ``baseline``), and each decode graph also
+    computes the greedy picks and a finiteness flag per row, so a step costs the host one input copy, one
+    replay and one transfer back (``step``)."""
 
     def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
-                 prompt_buckets: tuple[int, ...], warmup: int = 2):
+                 prompt_buckets: tuple[int, ...], warmup: int = 2, baseline: Mapping[str, str] | None = None):
         if decoder.device.type != "cuda":
             raise ValueError("CUDA graphs need the decoder on a CUDA device")
         self.table, self.cache, self.graphed = table, cache, True
         dec = decoder.with_ops(table)
+        step_decoder, self.decode_path = select_decode_path(dec, cache, baseline)
         dev = decoder.device
         scratch = decoder.new_cache(cache.batch, cache.max_seq_len)  # warm-up never writes the live rows
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         self.decode_graphs: dict[int, _Graph] = {}
         self.prefill_graphs: dict[int, _Graph] = {}
+        # per batch bucket: a pinned host buffer (tokens; positions) and its device twin, one copy per step
+        self._host_inputs: dict[int, torch.Tensor] = {}
         with torch.cuda.stream(side):
             for b in batch_buckets:
-                tokens = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
-                positions = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
+                inputs = torch.zeros(2, b, dtype=torch.long, device=dev)  # (2, b): tokens; positions
+                self._host_inputs[b] = torch.zeros(2, b, dtype=torch.long, pin_memory=True)
                 for _ in range(warmup):
-                    dec.decode(tokens, positions, rows_view(scratch, b))
-                self.decode_graphs[b] = self._capture(side, lambda: dec.decode(tokens, positions, rows_view(cache, b)),
-                                                      (tokens, positions))
+                    step_decoder.decode(inputs[0], inputs[1], rows_view(scratch, b))
+                self.decode_graphs[b] = self._capture(
+                    side, lambda: _with_picks(step_decoder.decode(inputs[0], inputs[1], rows_view(cache, b))), (inputs,))
             for T in prompt_buckets:
                 tokens = torch.zeros(1, T, dtype=torch.long, device=dev)  # (1, T)
                 seq_lens = torch.ones(1, dtype=torch.long, device=dev)  # (1,)
@@ -126,12 +154,27 @@ class GraphedRunner:
         row = torch.tensor([slot], dtype=torch.long, device=tokens.device)
         return self.prefill_graphs[tokens.shape[1]](tokens, seq_lens, row)
 
-    def decode(self, batch: int, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.decode_graphs[batch](tokens, positions)
+    def step(self, batch: int, tokens: list[int], positions: list[int]) -> StepResult:
+        host = self._host_inputs[batch]
+        host[0] = torch.as_tensor(tokens)
+        host[1] = torch.as_tensor(positions)
+        graph = self.decode_graphs[batch]
+        graph.inputs[0].copy_(host, non_blocking=True)  # the host buffer is rewritten only after .tolist() below synced
+        graph.graph.replay()
+        logits, picks = graph.output
+        both = picks.tolist()  # the one device -> host transfer of the step
+        return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
+
+
+def _with_picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits (b, V), greedy picks and per-row finiteness packed as one (2b,) long tensor), inside the graph.
+
+    Graphed plugins cannot be checked per operator inside a graph: the step's output is judged instead."""
+    return logits, torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()])
 
 
 def make_runner(decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
-                prompt_buckets: tuple[int, ...], graphs: bool):
+                prompt_buckets: tuple[int, ...], graphs: bool, baseline: Mapping[str, str] | None = None):
     if graphs:
-        return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets)
+        return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets, baseline=baseline)
     return EagerRunner(decoder, table, cache, batch_buckets)

@@ -1,0 +1,52 @@
+"""Server-sent-event frames of one OpenAI completion stream, encoded once per request.
+
+Every chunk of a stream repeats the same envelope (id, object, created, model)
+around a small delta. The envelope is encoded when the stream starts; a chunk
+then costs one ``json.dumps`` of its delta text, not a dict build and a
+re-encoding of the whole object per token (the event loop's share of the
+per-token work: see token_feed.py for the device thread's).
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class ChunkEncoder:
+    def __init__(self, rid: str, created: int, model: str, chat: bool):
+        self.chat = chat
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = {"id": rid, "object": obj, "created": created, "model": model}
+        self._head = b"data: " + json.dumps(head).encode()[:-1]  # the envelope without its closing brace
+        # a delta chunk, split around the delta text (json.dumps(...) of the text goes in between)
+        if chat:
+            self._delta_open = self._head + b', "choices": [{"index": 0, "delta": {"content": '
+            self._delta_close = b'}, "logprobs": null, "finish_reason": null}]}\n\n'
+        else:
+            self._delta_open = self._head + b', "choices": [{"index": 0, "text": '
+            self._delta_close = b', "logprobs": null, "finish_reason": null}]}\n\n'
+
+    def _frame(self, rest: dict) -> bytes:
+        return self._head + b", " + json.dumps(rest).encode()[1:] + b"\n\n"
+
+    def role(self) -> bytes:
+        """The chat stream's first chunk: the assistant role, no content yet."""
+        return self._frame({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                         "finish_reason": None}]})
+
+    def delta(self, text: str) -> bytes:
+        """A chunk of new text (an empty text still shows progress: a chat delta then carries no content)."""
+        if self.chat and not text:
+            return self._frame({"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": None}]})
+        return self._delta_open + json.dumps(text).encode() + self._delta_close
+
+    def finish(self, reason: str) -> bytes:
+        choice = {"index": 0, "delta": {}} if self.chat else {"index": 0, "text": ""}
+        return self._frame({"choices": [{**choice, "logprobs": None, "finish_reason": reason}]})
+
+    def usage(self, usage: dict) -> bytes:
+        return self._frame({"choices": [], "usage": usage})
+
+    @staticmethod
+    def done() -> bytes:
+        return b"data: [DONE]\n\n"
