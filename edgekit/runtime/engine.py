@@ -128,7 +128,7 @@ class Engine:
         self.shed_until = 0.0  # a watchdog action may ask to refuse new requests until then (monotonic s)
         self.observers: list[Callable[[GenerationStats], None]] = []
         self.observer_errors: list[str] = []
-        self.on_nonfinite: Callable[[], None] | None = None  # graphed steps: non-finite logits (see _decode_step)
+        self.on_nonfinite: Callable[[], None] | None = None  # a decode step gave non-finite logits (see _decode_step)
         self._thread = threading.Thread(target=self._serve, name="edgekit-device", daemon=True)
         self._thread.start()
         self._reaper = threading.Thread(target=self._reap, name="edgekit-admission", daemon=True)
@@ -340,7 +340,7 @@ class Engine:
         tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
         positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
         step = self._runner.step(b, tokens, positions)
-        if step.finite is not None and not all(step.finite[i] for i in occupied) and self.on_nonfinite is not None:
+        if not all(step.finite[i] for i in occupied) and self.on_nonfinite is not None:
             self.on_nonfinite()
         greedy, logits = step.greedy, step.logits
         self.step_batches[b] += 1

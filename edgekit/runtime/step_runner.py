@@ -55,12 +55,11 @@ class RowPrefillCache:
 
 @dataclass
 class StepResult:
-    """One decode step: logits (b, V) for sampled rows, greedy picks, and (graphed) whether each row's logits are
-    all finite (None where operators were checked one by one)."""
+    """One decode step: logits (b, V) for sampled rows, greedy picks, and whether each row's logits are all finite."""
 
     logits: torch.Tensor
     greedy: list[int]
-    finite: list[bool] | None
+    finite: list[bool]
 
 
 class EagerRunner:
@@ -79,12 +78,12 @@ class EagerRunner:
         return self.decoder.prefill(tokens, seq_lens, RowPrefillCache(self.cache, row))
 
     def step(self, batch: int, tokens: list[int], positions: list[int]) -> StepResult:
-        """One decode step of rows [0, b): their logits (b, V) and greedy picks (GuardedOp checks every operator
-        here, so no finiteness flags)."""
+        """One decode step of rows [0, b): their logits (b, V), greedy picks and finiteness flags."""
         dev = self.cache.k[0].device
         logits = self.decoder.decode(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
                                      self.views[batch])  # (b, V)
-        return StepResult(logits, logits.argmax(dim=-1).tolist(), None)
+        both = _picks(logits).tolist()
+        return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
 
 
 class _Graph:
@@ -166,11 +165,17 @@ class GraphedRunner:
         return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
 
 
-def _with_picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits (b, V), greedy picks and per-row finiteness packed as one (2b,) long tensor), inside the graph.
+def _picks(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy picks and per-row finiteness of logits (b, V), packed as one (2b,) long tensor (one transfer).
 
-    Graphed plugins cannot be checked per operator inside a graph: the step's output is judged instead."""
-    return logits, torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()])
+    Plugins inside a graph cannot be checked per operator, nor can the ones that are not on probation: every
+    step's output is judged instead (the engine reports a non-finite row)."""
+    return torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()])
+
+
+def _with_picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, _picks(logits)), computed inside the decode graph."""
+    return logits, _picks(logits)
 
 
 def make_runner(decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],

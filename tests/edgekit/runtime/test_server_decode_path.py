@@ -1,0 +1,35 @@
+"""serve says which decode path its device thread runs, in /v1/models, /healthz and /metrics, and a swap of an
+operator moves the report with the path (checked here on the CPU, where the path is the eager per-operator one)."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as strict_parse
+
+from edgekit.kernels.rmsnorm import rmsnorm_reference
+
+
+def _metric(url: str) -> list[dict]:
+    om = httpx.get(url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}, timeout=30)
+    fam = {f.name: f for f in strict_parse(om.text)}["edgekit_decode_path"]
+    return [dict(s.labels, value=s.value) for s in fam.samples]
+
+
+def test_the_active_decode_path_is_reported(tiny_server):
+    url, stack, _ = tiny_server
+    models = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+    health = httpx.get(url + "/healthz", timeout=30).json()
+    want = stack.engine.decode_path.to_dict()
+    assert want["path"] == "per-operator" and "no GPU" in want["reason"]
+    assert models["decode_path"] == want and health["decode_path"] == want and models["graphed"] is False
+    assert _metric(url) == [{"path": "per-operator", "graphed": "false", "value": 1.0}]
+
+
+def test_the_report_follows_the_runner_a_swap_installs(tiny_server):
+    url, stack, _ = tiny_server
+    before = stack.engine.decode_path
+    stack.engine.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:test")
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}, timeout=30)  # a step picks it up
+    assert r.status_code == 200
+    assert stack.engine.decode_path is not before  # a new runner, with its own path record
+    assert httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["decode_path"] == stack.engine.decode_path.to_dict()
