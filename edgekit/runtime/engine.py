@@ -186,20 +186,34 @@ class Engine:
                truncate: bool = False, stop_ids: tuple[int, ...] | None = None,
                on_token: Callable[[int], None] | None = None, on_done: Callable[[Job], None] | None = None) -> Job:
         """Queue a request or refuse it at once (ShapeError: cannot fit; OverloadedError: no room)."""
+        return self.submit_group(prompt_ids, max_new_tokens, [sampling or SamplingConfig()], truncate=truncate,
+                                 stop_ids=stop_ids, on_token=(lambda _, tok: on_token(tok)) if on_token else None,
+                                 on_done=on_done)[0]
+
+    def submit_group(self, prompt_ids: list[int], max_new_tokens: int, samplings: list[SamplingConfig], *,
+                     truncate: bool = False, stop_ids: tuple[int, ...] | None = None,
+                     on_token: Callable[[int, int], None] | None = None,
+                     on_done: Callable[[Job], None] | None = None) -> list[Job]:
+        """One sequence per sampling config for the same prompt (OpenAI's ``n``), queued together or refused together:
+        they decode as parallel rows of the batch. ``on_token(index, token)`` says which sequence a token is for."""
         ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
         if time.monotonic() < self.shed_until:
             raise OverloadedError("shedding load on a watchdog budget breach", hint="retry shortly")
-        job = Job(ids, bucket, max_new_tokens, sampling or SamplingConfig(),
-                  self.stop_ids if stop_ids is None else stop_ids, on_token, on_done)
+        stops = self.stop_ids if stop_ids is None else stop_ids
+        jobs = [Job(ids, bucket, max_new_tokens, s, stops,
+                    (lambda tok, i=i: on_token(i, tok)) if on_token is not None else None, on_done)
+                for i, s in enumerate(samplings)]
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the server is shutting down", hint="retry against a running server")
-            if self._full():
+            if len(self._waiting) + len(jobs) > self.max_waiting + self._free_rows():
                 raise OverloadedError(f"the server is at capacity: {len(self._waiting)} requests wait for "
-                                      f"{len(self._rows)} decode rows", hint="retry shortly")
-            self._waiting.append(job)
+                                      f"{len(self._rows)} decode rows" + (f" ({len(jobs)} sequences asked for)"
+                                                                          if len(jobs) > 1 else ""),
+                                      hint="retry shortly")
+            self._waiting.extend(jobs)
             self._cv.notify_all()
-        return job
+        return jobs
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
                  truncate: bool = False) -> Completion:

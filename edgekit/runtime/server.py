@@ -34,7 +34,8 @@ from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
 from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
 from edgekit.power.jsonl import JsonlLogger
-from edgekit.runtime.engine import Engine, EngineClosedError, Job, OverloadedError
+from edgekit.runtime.choices import Choices
+from edgekit.runtime.engine import Engine, EngineClosedError, OverloadedError
 from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
 from edgekit.runtime.openai_schema import ChatRequest, CompletionRequest, validation_message
 from edgekit.runtime.plugin_store import StoreBusyError
@@ -189,25 +190,22 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         text = req.prompt
         return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(prompt=text))
 
-    def start(req, ids: list[int], on_token, on_done) -> Job:
+    def start(req, ids: list[int], choices: Choices) -> None:
         max_tokens = req.new_tokens(DEFAULT_MAX_TOKENS)
         if max_tokens >= engine.shapes.max_seq_len:
             raise _Refused(400, f"{req.new_tokens_field()}: {max_tokens} new tokens do not fit the KV cache of "
                                 f"{engine.shapes.max_seq_len} tokens; ask for at most {engine.shapes.max_seq_len - 1}",
                            req.new_tokens_field())
-        sampling = SamplingConfig(req.temperature, min(req.top_k, vocab), req.seed, req.top_p)
+        samplings = [SamplingConfig(req.temperature, min(req.top_k, vocab), seed, req.top_p) for seed in req.seeds()]
         try:
-            return engine.submit(ids, max_tokens, sampling, stop_ids=() if req.ignore_eos else None,
-                                 on_token=on_token, on_done=on_done)
+            choices.started(engine.submit_group(ids, max_tokens, samplings, stop_ids=() if req.ignore_eos else None,
+                                                on_token=choices.on_token, on_done=choices.on_done))
         except OverloadedError as e:
             raise _Refused(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from e
         except ShapeError as e:
             raise _Refused(413, str(e), "prompt") from e
         except EngineClosedError as e:
             raise _Refused(503, str(e)) from e
-
-    def finish_reason(job: Job, stream: TextStream) -> str:
-        return "stop" if stream.stopped or job.finish_reason == "stop" else "length"
 
     def usage(n_prompt: int, n_out: int) -> dict:
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
@@ -222,53 +220,27 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
 
     async def handle(req, route: str, chat: bool, request: Request):
         t0 = time.perf_counter()
+        choices = Choices(feed().channel(), lambda: TextStream(engine.decode_text, req.stop_strings()))
         try:
             ids = await prompt_ids(req)
-            events = feed().channel()
-            job = start(req, ids, lambda tok: events.put("token", tok), lambda j: events.put("done", j))
+            start(req, ids, choices)
         except _Refused as e:
             record(route, e.status, t0, param=e.param)
             return _error(e.status, e.message, e.param, e.headers)
-        text = TextStream(engine.decode_text, req.stop_strings())
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
 
-        # The first event decides the status: a request that expires in the queue (429) or fails at prefill
+        # The first news decides the status: a request that expires in the queue (429) or fails at prefill
         # gets a real status code, also when it asked to stream (headers are sent after the first token).
-        first_batch = await events.get_batch()
-        first_done = next((v for k, v in first_batch if k == "done"), None)
-        if first_done is not None and first_done.error is not None and not any(k == "token" for k, _ in first_batch):
-            err = first_done.error
+        err = await choices.refusal()
+        if err is not None:
+            choices.cancel()
             if isinstance(err, OverloadedError):
                 record(route, 429, t0, error=str(err))
                 return _error(429, str(err), headers={"Retry-After": str(RETRY_AFTER_S)})
             record(route, 500, t0, error=str(err))
             return _error(500, str(err))
-
-        async def deltas() -> AsyncIterator[str]:
-            """Text deltas as tokens arrive: one per batch of tokens that arrived together (possibly "" while
-            text is held back, so a stream shows progress per step). The engine job is cancelled on a stop
-            string or when the client goes away."""
-            batch = first_batch
-            try:
-                while True:
-                    toks = [v for k, v in batch if k == "token"]
-                    done = next((v for k, v in batch if k == "done"), None)
-                    if toks:
-                        delta = "".join(text.push(t) for t in toks)  # incremental: constant work per token
-                        if text.stopped:
-                            job.cancel()
-                        yield delta
-                    if done is not None:
-                        if done.error is not None:
-                            raise done.error
-                        tail = text.finish()
-                        if tail:
-                            yield tail
-                        return
-                    batch = await events.get_batch()
-            finally:
-                job.cancel()  # no-op when finished; frees the row when the client went away
+        n = len(choices.jobs)
 
         if req.stream:
             enc = ChunkEncoder(rid, created, engine.model_name, chat)
@@ -277,45 +249,49 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                 status = 200
                 try:
                     if chat:
-                        yield enc.role()
-                    async for delta in deltas():
-                        yield enc.delta(delta)
-                    yield enc.finish(finish_reason(job, text))
+                        for i in range(n):
+                            yield enc.role(i)
+                    async for i, delta in choices.deltas():
+                        yield enc.delta(delta, i)
+                    for i in range(n):
+                        yield enc.finish(choices.finish_reason(i), i)
                     if req.include_usage_in_stream():
-                        yield enc.usage(usage(len(ids), len(job.tokens)))
+                        yield enc.usage(usage(len(ids), choices.completion_tokens()))
                     yield enc.done()
                 except EdgekitError as e:  # headers are sent: report in-band, as OpenAI's servers do
-                    status = 500
-                    yield b"data: " + error_body(500, str(e)) + b"\n\n"
+                    status = 429 if isinstance(e, OverloadedError) else 500
+                    yield b"data: " + error_body(status, str(e)) + b"\n\n"
                 finally:
-                    metrics.tokens.inc(len(job.tokens))
-                    record(route, status, t0, stream=True, prompt_tokens=len(ids), completion_tokens=len(job.tokens),
-                           finish_reason=job.finish_reason)
+                    metrics.tokens.inc(choices.completion_tokens())
+                    record(route, status, t0, stream=True, prompt_tokens=len(ids), completion_tokens=choices.completion_tokens(),
+                           finish_reason=[j.finish_reason for j in choices.jobs] if n > 1 else choices.jobs[0].finish_reason)
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         # not streamed: nothing tells the client's hang-up to this coroutine unless it listens for it
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, job))
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
         try:
-            async for _ in deltas():
+            async for _ in choices.deltas():
                 pass
         except EdgekitError as e:
-            record(route, 500, t0, error=str(e))
-            return _error(500, str(e))
+            status = 429 if isinstance(e, OverloadedError) else 500
+            record(route, status, t0, error=str(e))
+            return _error(status, str(e), headers={"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None)
         finally:
             watcher.cancel()
-        metrics.tokens.inc(len(job.tokens))
-        if job.finish_reason == "cancelled" and not text.stopped:  # the client hung up: its row was freed
-            record(route, 499, t0, prompt_tokens=len(ids), completion_tokens=len(job.tokens), finish_reason="cancelled")
+        n_out = choices.completion_tokens()
+        metrics.tokens.inc(n_out)
+        if choices.hung_up():  # the client went away: its rows were freed
+            record(route, 499, t0, prompt_tokens=len(ids), completion_tokens=n_out, finish_reason="cancelled")
             return _error(499, "the client closed the connection before the answer was ready")
-        reason = finish_reason(job, text)
-        record(route, 200, t0, prompt_tokens=len(ids), completion_tokens=len(job.tokens), finish_reason=reason,
-               ttft_ms=round(job.stats.prefill_s * 1000, 3))
-        message = ({"role": "assistant", "content": text.text} if chat else None)
-        choice = ({"index": 0, "message": message, "logprobs": None, "finish_reason": reason} if chat else
-                  {"index": 0, "text": text.text, "logprobs": None, "finish_reason": reason})
+        reasons = [choices.finish_reason(i) for i in range(n)]
+        record(route, 200, t0, prompt_tokens=len(ids), completion_tokens=n_out,
+               finish_reason=reasons if n > 1 else reasons[0], ttft_ms=round(choices.jobs[0].stats.prefill_s * 1000, 3))
+        out = [({"index": i, "message": {"role": "assistant", "content": t.text}, "logprobs": None, "finish_reason": r}
+                if chat else {"index": i, "text": t.text, "logprobs": None, "finish_reason": r})
+               for i, (t, r) in enumerate(zip(choices.texts, reasons))]
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": engine.model_name, "choices": [choice], "usage": usage(len(ids), len(job.tokens))}
+                "model": engine.model_name, "choices": out, "usage": usage(len(ids), n_out)}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -427,13 +403,13 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     return app
 
 
-async def _cancel_on_disconnect(request: Request, job: Job) -> None:
-    """Cancel `job` when the client hangs up (its decode row is freed at the next step). The body was read
-    already, so the next ASGI message is the disconnect."""
+async def _cancel_on_disconnect(request: Request, choices: Choices) -> None:
+    """Cancel the request's sequences when the client hangs up (their decode rows are freed at the next step).
+    The body was read already, so the next ASGI message is the disconnect."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            job.cancel()
+            choices.cancel()
             return
 
 

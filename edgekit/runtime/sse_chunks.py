@@ -18,30 +18,31 @@ class ChunkEncoder:
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = {"id": rid, "object": obj, "created": created, "model": model}
         self._head = b"data: " + json.dumps(head).encode()[:-1]  # the envelope without its closing brace
-        # a delta chunk, split around the delta text (json.dumps(...) of the text goes in between)
-        if chat:
-            self._delta_open = self._head + b', "choices": [{"index": 0, "delta": {"content": '
-            self._delta_close = b'}, "logprobs": null, "finish_reason": null}]}\n\n'
-        else:
-            self._delta_open = self._head + b', "choices": [{"index": 0, "text": '
-            self._delta_close = b', "logprobs": null, "finish_reason": null}]}\n\n'
+        # a delta chunk, split around the delta text (json.dumps(...) of the text goes in between), per choice
+        self._delta_open: dict[int, bytes] = {}
+        self._delta_close = (b'}, "logprobs": null, "finish_reason": null}]}\n\n' if chat
+                             else b', "logprobs": null, "finish_reason": null}]}\n\n')
 
     def _frame(self, rest: dict) -> bytes:
         return self._head + b", " + json.dumps(rest).encode()[1:] + b"\n\n"
 
-    def role(self) -> bytes:
-        """The chat stream's first chunk: the assistant role, no content yet."""
-        return self._frame({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+    def role(self, index: int = 0) -> bytes:
+        """A chat choice's first chunk: the assistant role, no content yet."""
+        return self._frame({"choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                          "finish_reason": None}]})
 
-    def delta(self, text: str) -> bytes:
+    def delta(self, text: str, index: int = 0) -> bytes:
         """A chunk of new text (an empty text still shows progress: a chat delta then carries no content)."""
         if self.chat and not text:
-            return self._frame({"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": None}]})
-        return self._delta_open + json.dumps(text).encode() + self._delta_close
+            return self._frame({"choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": None}]})
+        opening = self._delta_open.get(index)
+        if opening is None:
+            field = b'"delta": {"content": ' if self.chat else b'"text": '
+            opening = self._delta_open[index] = self._head + b', "choices": [{"index": %d, ' % index + field
+        return opening + json.dumps(text).encode() + self._delta_close
 
-    def finish(self, reason: str) -> bytes:
-        choice = {"index": 0, "delta": {}} if self.chat else {"index": 0, "text": ""}
+    def finish(self, reason: str, index: int = 0) -> bytes:
+        choice = {"index": index, "delta": {}} if self.chat else {"index": index, "text": ""}
         return self._frame({"choices": [{**choice, "logprobs": None, "finish_reason": reason}]})
 
     def usage(self, usage: dict) -> bytes:
