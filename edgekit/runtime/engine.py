@@ -117,6 +117,7 @@ class Engine:
         self._baseline_sources = decoder.ops.sources()
         self._runner = self._make_runner(self._table)
         self._next_runner = None  # set by switch_operator, taken by the device thread between steps
+        self._retired: list = []  # runners switched away from, waiting to be freed off the device thread
         self._switch_lock = threading.Lock()  # serializes swaps (prepare + publish), never held by the device thread
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -160,6 +161,7 @@ class Engine:
         (on a GPU: warming up and capturing the new graphs), all of it off the serving path."""
         t = time.perf_counter()
         with self._switch_lock:
+            self._retired.clear()  # runners the device thread has left: freed here, off the serving path
             new = self._table.copy()
             if fn is None:
                 new.reset(op)
@@ -263,6 +265,9 @@ class Engine:
                 runner, self._next_runner = self._next_runner, None
             if runner is not None:  # a swap: the only pause it causes is this hand-over between two steps
                 t = time.perf_counter()
+                # the old runner (its CUDA graphs and their memory) is released by the next switch_operator, on
+                # the admin thread: dropping the last reference here would free it inside the pause
+                self._retired.append(self._runner)
                 self._runner = runner
                 self.swap_pauses_s.append(time.perf_counter() - t)
             # A failure of the model itself (plugins fall back inside GuardedOp) fails the requests it

@@ -171,3 +171,16 @@ def test_group_tokens_say_which_sequence_they_belong_to(engine):
     for j in jobs:
         assert j.done.wait(10) and j.error is None
     assert [t for i, t in seen if i == 0] == jobs[0].tokens and [t for i, t in seen if i == 1] == jobs[1].tokens
+
+
+def test_the_runner_switched_away_from_is_freed_off_the_device_thread(engine):
+    """Freeing a runner (on a GPU: its CUDA graphs and their memory) inside the hand-over would lengthen the swap
+    pause: the device thread only parks it, and the next switch_operator frees it on its caller's thread."""
+    import weakref
+
+    first = weakref.ref(engine._runner)
+    engine.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:a")
+    assert engine.submit([1, 2], 2).done.wait(10)  # a step: the device thread has switched
+    assert first() is not None and first() in engine._retired  # parked, not freed, by the device thread
+    engine.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:b")
+    assert first() is None  # freed by the caller of the next switch
