@@ -9,7 +9,9 @@ Two runners with one interface, each bound to one dispatch table:
 - ``EagerRunner`` calls the decoder (CPU, or a GPU with graphs off);
 - ``GraphedRunner`` replays CUDA graphs: one decode graph per batch bucket and
   one prefill graph per prompt bucket, the same static shapes ``edgekit run``
-  replays. An operator swap builds a new runner off the serving path (warm-up
+  replays, and the decode step ``edgekit run`` takes (``select_decode_path``:
+  the fused super-operators unless something rules them out; ``decode_path``
+  says which and why). An operator swap builds a new runner off the serving path (warm-up
   on a scratch cache, so the live rows are never written; capture only records
   kernels) and the engine switches to it between two steps.
 """
