@@ -6,7 +6,9 @@
 #      depend on weight values; no ONNX; prompt buckets 16,64; built in 17-20 s on a loaded 2-core CPU)      <= 50 s
 #   3. bench_serve.py: start-up (CUDA, bundle open, graph capture), batch-1 turns <= 15 s, 1-vs-8 phases 12 s,
 #      swaps of attention_prefill (a swap that keeps the fused decode path) <= 55 s                        <= 130 s
-# SWAPS and CLIENTS in the environment override 100 and 8.
+# SWAPS and CLIENTS in the environment override 100 and 8. GPU_TESTS=1 first runs the engine's GPU tests
+# (tests/edgekit/runtime/test_engine_gpu.py: graphed engine vs eager, swap between steps, decode path as `run`'s;
+# <= 60 s, so the whole call may then pass 200 s).
 # Every phase has its own timeout; $OUT gets serve_bench.json (rewritten after every bench phase, so a timeout or
 # a failed phase still leaves what was measured), the logs, and summary.json with each phase's rc and seconds.
 # Usage, from the repo copy root on the GPU machine:  bash scripts/gpu_serve_bench.sh [BUNDLE]
@@ -41,6 +43,13 @@ if [ -z "$BUNDLE" ]; then
     --context 512 --buckets 16,64 -o "$BUNDLE" --force --json > "$OUT/build.json" 2> "$OUT/build.log"
   rc=$?; phase build $rc "$t"; echo "build rc=$rc in $(( $(date +%s) - t )) s"
   [ $rc -eq 0 ] || { tail -5 "$OUT/build.log"; exit 1; }
+fi
+
+if [ "${GPU_TESTS:-0}" = 1 ]; then
+  t=$(date +%s)
+  timeout 60 python3 -m pytest -q "$R/tests/edgekit/runtime/test_engine_gpu.py" -c "$R/pyproject.toml" --rootdir "$R" \
+    -p no:cacheprovider -p no:randomly -rfE > "$OUT/pytest_engine_gpu.log" 2>&1
+  rc=$?; phase gpu_tests $rc "$t"; tail -5 "$OUT/pytest_engine_gpu.log"
 fi
 
 t=$(date +%s)

@@ -60,3 +60,24 @@ def test_swap_captured_while_decoding_lands_between_steps(decoder):
         torch.cuda.synchronize()
     finally:
         e.close()
+
+
+def test_graphed_engine_decodes_on_the_path_run_takes(decoder):
+    """serve's engine goes through select_decode_path as `edgekit run` does; a swap of an operator the fused kernels
+    subsume moves it to the per-operator path (with the reason), and swapping the original back restores it."""
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    run_path = select_decode_path(decoder, decoder.new_cache(1, SHAPES.max_seq_len))[1]
+    e = Engine(decoder, None, SHAPES, cuda_graphs=True)
+    try:
+        assert e.decode_path.name == run_path.name, (e.decode_path, run_path)
+        original, source = e.table.get("rmsnorm"), e.table.sources()["rmsnorm"]
+        e.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:test")
+        assert e.submit([1, 2, 3], 4, stop_ids=()).done.wait(60)  # a step: the new runner is in use
+        if run_path.name == "fused":
+            assert e.decode_path.name == "per-operator" and "rmsnorm" in e.decode_path.reason
+        e.switch_operator("rmsnorm", original, source)
+        assert e.submit([1, 2, 3], 4, stop_ids=()).done.wait(60)
+        assert e.decode_path.name == run_path.name
+    finally:
+        e.close()
