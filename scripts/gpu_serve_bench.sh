@@ -58,3 +58,15 @@ timeout -k 5 130 python3 "$R/scripts/bench_serve.py" "$BUNDLE" --allow-dev-key -
   --json "$OUT/serve_bench.json" > "$OUT/bench.log" 2>&1
 rc=$?; phase bench $rc "$t"; echo "bench rc=$rc in $(( $(date +%s) - t )) s"
 grep -v '^{' "$OUT/bench.log" | tail -25
+if [ $rc -ne 0 ] && [ -f "$OUT/serve_bench.json" ]; then  # cut short or a phase failed: what was measured so far
+  python3 - "$OUT/serve_bench.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = ("phases_done", "errors", "phase_seconds", "startup_s", "serve_decode_path", "serve_vs_run",
+        "run_decode_tokens_per_s", "serve_decode_tokens_per_s", "n_vs_one_aggregate")
+print(json.dumps({k: d.get(k) for k in keys}, indent=1))
+sw = d.get("swaps") or {}
+print("swaps:", {k: sw.get(k) for k in ("swaps_ok", "swaps_failed", "swaps_not_attempted", "switch_pause_ms_p99")},
+      "requests failed during swaps:", (sw.get("load") or {}).get("failed"))
+PY
+fi
