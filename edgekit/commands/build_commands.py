@@ -289,44 +289,28 @@ def run(
 
     from edgekit.bundle.keys import load_public_key
     from edgekit.cli_common import err_console
-    from edgekit.generate import GenerationStats, Generator
+    from edgekit.generate import GenerationStats
     from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.run_generator import run_generator
 
     keys = [load_public_key(p) for p in (trust or [])]
     if not keys and not allow_dev_key:
         raise BundleError("no trusted key given: a bundle runs only if it is signed by a key you trust",
                           hint="pass --trust DIR/edgekit.pub")
     b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden, device=device)
-    dec = b.decoder()
-    cache = dec.new_cache(b.shapes.batch, b.shapes.max_seq_len)
     if b.tokenizer is not None:
         ids = b.tokenizer.encode(prompt) if raw or not b.tokenizer.chat_template else b.tokenizer.encode_chat(prompt)
     else:
         ids = [c % b.config.vocab_size for c in prompt.encode()]
-    step = prefill_step = None
-    prefill_path = "eager"
-    decode_path = {"path": "per-operator", "launches_per_token": None,
-                   "reason": "eager decode: the fused path is a CUDA graph" + (" (no GPU)" if b.device.type != "cuda" else " (--no-cuda-graphs)")}
-    if cuda_graphs and b.device.type == "cuda":
-        from edgekit.runtime.cuda_graphs import GraphedDecodeStep
-        from edgekit.runtime.fused_decode import select_decode_path
-        from edgekit.runtime.graphed_prefill import GraphedPrefill
-
-        step_decoder, path = select_decode_path(dec, cache, prefer=preferred_path)  # says why when it falls back
-        step = GraphedDecodeStep(step_decoder, cache)
-        decode_path = path.to_dict()
-        prefill_step = GraphedPrefill(dec, cache)
-        bucket = b.shapes.fit_prompt(ids, max_new_tokens, truncate)[1]
-        prefill_step.capture(1, bucket)  # the Generator prefills one sequence; captured before the clock starts
-        prefill_path = f"cuda-graph (bucket {bucket})"
-    gen = Generator(dec, b.shapes, b.tokenizer.pad_token_id if b.tokenizer else 0, cache=cache, decode_step=step,
-                    prefill_step=prefill_step)
+    setup = run_generator(b, ids, max_new_tokens, cuda_graphs=cuda_graphs, truncate=truncate,
+                          prefer=preferred_path)
+    gen, decode_path, prefill_path = setup.generator, setup.decode_path, setup.prefill_path
     stats = GenerationStats()
     out = list(gen.stream(ids, max_new_tokens, stop_ids=b.config.eos_token_ids, truncate=truncate, stats=stats))
     text = b.tokenizer.decode(out) if b.tokenizer is not None else " ".join(map(str, out))
     where = f"measured on the {'GPU' if b.device.type == 'cuda' else 'CPU'} ({b.backend})"
     if json_out:
-        print_json({"text": text, "token_ids": out, "prompt_ids": ids, "backend": b.backend, "operators": dec.ops.sources(),
+        print_json({"text": text, "token_ids": out, "prompt_ids": ids, "backend": b.backend, "operators": gen.decoder.ops.sources(),
                     "decode_path": decode_path, "prefill_path": prefill_path, "stats": {**stats.to_dict(), "measured_on": where}, "notes": b.notes})
         return
     sys.stdout.write(text + "\n")

@@ -36,6 +36,7 @@ from edgekit.generate import GenerationStats, SamplingConfig, _pick
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.power.latency import LatencyTracker
+from edgekit.runtime.fused_decode import DecodePath
 from edgekit.runtime.step_runner import make_runner
 from edgekit.shapes import StaticShapes
 
@@ -118,9 +119,12 @@ class Engine:
         self._cache = decoder.new_cache(self.batch_buckets[-1], shapes.max_seq_len)
         self._table = decoder.ops
         self.fused_decode, self._fused_on_cpu = fused_decode, fused_on_cpu
-        self._baseline = decoder.ops.sources()  # what the fused operators were built against (see the module doc)
+        # the operators the fused decode path was set up with: a later swap of one it subsumes falls back to the
+        # per-operator path until fused operators with it arrive (select_decode_path)
+        self._baseline_sources = decoder.ops.sources()
         self._runner = self._make_runner(self._table)
         self._next_runner = None  # set by switch_operator, taken by the device thread between steps
+        self._retired: list = []  # runners switched away from, waiting to be freed off the device thread
         self._switch_lock = threading.Lock()  # serializes swaps (prepare + publish), never held by the device thread
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -132,7 +136,7 @@ class Engine:
         self.shed_until = 0.0  # a watchdog action may ask to refuse new requests until then (monotonic s)
         self.observers: list[Callable[[GenerationStats], None]] = []
         self.observer_errors: list[str] = []
-        self.on_nonfinite: Callable[[], None] | None = None  # graphed steps: non-finite logits (see _decode_step)
+        self.on_nonfinite: Callable[[], None] | None = None  # a decode step gave non-finite logits (see _decode_step)
         self._thread = threading.Thread(target=self._serve, name="edgekit-device", daemon=True)
         self._thread.start()
         self._reaper = threading.Thread(target=self._reap, name="edgekit-admission", daemon=True)
@@ -150,26 +154,16 @@ class Engine:
         return self._runner.graphed
 
     @property
-    def decode_path(self) -> dict:
-        """Which decode path runs from the next step on (a swapped-in runner counts once published), why, and
-        (fused) where each fused operator comes from."""
+    def decode_path(self) -> DecodePath:
+        """The decode path from the next step on: a swapped-in runner counts once published (the device thread
+        takes it before its next step), so a report read right after a swap already says where decode goes."""
         with self._cv:
             runner = self._next_runner or self._runner
-        return runner.path.to_dict()
+        return runner.decode_path
 
     def _make_runner(self, table: DispatchTable):
-        from edgekit.runtime.fused_decode import DecodePath, select_decode_path
-
-        step, path = None, DecodePath("per-operator", "the fused decode path is off (fused_decode=False)")
-        if self.fused_decode:
-            # no JIT here: the server runs what its bundle ships (a bundle without fused plugins decodes per operator)
-            chosen, path = select_decode_path(self.decoder.with_ops(table), self._cache, self._baseline,
-                                              allow_cpu=self._fused_on_cpu, jit=False)
-            step = chosen if path.name == "fused" else None
-        runner = make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs,
-                             step=step)
-        runner.path = path
-        return runner
+        return make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs,
+                           baseline=self._baseline_sources, fused=self.fused_decode, fused_on_cpu=self._fused_on_cpu)
 
     def switch_operator(self, op: str, fn: Callable | None, source: str) -> float:
         """Point `op` at `fn` (None: back to the torch reference). Prepared here; the device thread switches
@@ -177,6 +171,7 @@ class Engine:
         (on a GPU: warming up and capturing the new graphs), all of it off the serving path."""
         t = time.perf_counter()
         with self._switch_lock:
+            self._retired.clear()  # runners the device thread has left: freed here, off the serving path
             new = self._table.copy()
             if fn is None:
                 new.reset(op)
@@ -203,20 +198,34 @@ class Engine:
                truncate: bool = False, stop_ids: tuple[int, ...] | None = None,
                on_token: Callable[[int], None] | None = None, on_done: Callable[[Job], None] | None = None) -> Job:
         """Queue a request or refuse it at once (ShapeError: cannot fit; OverloadedError: no room)."""
+        return self.submit_group(prompt_ids, max_new_tokens, [sampling or SamplingConfig()], truncate=truncate,
+                                 stop_ids=stop_ids, on_token=(lambda _, tok: on_token(tok)) if on_token else None,
+                                 on_done=on_done)[0]
+
+    def submit_group(self, prompt_ids: list[int], max_new_tokens: int, samplings: list[SamplingConfig], *,
+                     truncate: bool = False, stop_ids: tuple[int, ...] | None = None,
+                     on_token: Callable[[int, int], None] | None = None,
+                     on_done: Callable[[Job], None] | None = None) -> list[Job]:
+        """One sequence per sampling config for the same prompt (OpenAI's ``n``), queued together or refused together:
+        they decode as parallel rows of the batch. ``on_token(index, token)`` says which sequence a token is for."""
         ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
         if time.monotonic() < self.shed_until:
             raise OverloadedError("shedding load on a watchdog budget breach", hint="retry shortly")
-        job = Job(ids, bucket, max_new_tokens, sampling or SamplingConfig(),
-                  self.stop_ids if stop_ids is None else stop_ids, on_token, on_done)
+        stops = self.stop_ids if stop_ids is None else stop_ids
+        jobs = [Job(ids, bucket, max_new_tokens, s, stops,
+                    (lambda tok, i=i: on_token(i, tok)) if on_token is not None else None, on_done)
+                for i, s in enumerate(samplings)]
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the server is shutting down", hint="retry against a running server")
-            if self._full():
+            if len(self._waiting) + len(jobs) > self.max_waiting + self._free_rows():
                 raise OverloadedError(f"the server is at capacity: {len(self._waiting)} requests wait for "
-                                      f"{len(self._rows)} decode rows", hint="retry shortly")
-            self._waiting.append(job)
+                                      f"{len(self._rows)} decode rows" + (f" ({len(jobs)} sequences asked for)"
+                                                                          if len(jobs) > 1 else ""),
+                                      hint="retry shortly")
+            self._waiting.extend(jobs)
             self._cv.notify_all()
-        return job
+        return jobs
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
                  truncate: bool = False) -> Completion:
@@ -266,6 +275,9 @@ class Engine:
                 runner, self._next_runner = self._next_runner, None
             if runner is not None:  # a swap: the only pause it causes is this hand-over between two steps
                 t = time.perf_counter()
+                # the old runner (its CUDA graphs and their memory) is released by the next switch_operator, on
+                # the admin thread: dropping the last reference here would free it inside the pause
+                self._retired.append(self._runner)
                 self._runner = runner
                 self.swap_pauses_s.append(time.perf_counter() - t)
             # A failure of the model itself (plugins fall back inside GuardedOp) fails the requests it
@@ -356,17 +368,10 @@ class Engine:
         # free rows below b decode a pad at position 0: never read (a prefill rewrites the row first)
         tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
         positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
-        dev = self.decoder.device
-        logits = self._runner.decode(b, torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))  # (b, V)
-        if self._runner.graphed:
-            # graphed plugins cannot be checked per operator inside a graph: judge the step's output instead,
-            # fetched with the greedy picks in one transfer
-            both = torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()]).tolist()
-            greedy, finite = both[:b], both[b:]
-            if not all(finite[i] for i in occupied) and self.on_nonfinite is not None:
-                self.on_nonfinite()
-        else:
-            greedy = logits.argmax(dim=-1).tolist()
+        step = self._runner.step(b, tokens, positions)
+        if not all(step.finite[i] for i in occupied) and self.on_nonfinite is not None:
+            self.on_nonfinite()
+        greedy, logits = step.greedy, step.logits
         self.step_batches[b] += 1
         now = time.perf_counter()
         for i in occupied:

@@ -3,7 +3,8 @@
 Every number must be finite and in range, every string valid UTF-8 (JSON can
 carry a lone surrogate, ``"\\ud800"``, which no tokenizer can encode). A field
 of the OpenAI API this server does not implement is refused by name rather than
-silently ignored; ``n`` is accepted only as 1.
+silently ignored. ``n`` (choices per request) is bounded by ``MAX_CHOICES``: the
+choices decode as parallel rows of one batch, and the batch is small.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+MAX_CHOICES = 4  # n: each choice is one decode row, and serve's default batch is 4 rows
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 
@@ -65,11 +67,15 @@ class _Common(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"n={v} is not supported: this server returns one choice per request; send n=1 "
-                             "or several requests")
+    def _choices(cls, v: int) -> int:
+        if not 1 <= v <= MAX_CHOICES:
+            raise ValueError(f"n={v} is out of range: this server returns 1 to {MAX_CHOICES} choices per request "
+                             f"(each is a decode row of a small batch); send n<={MAX_CHOICES} or several requests")
         return v
+
+    def seeds(self) -> list[int]:
+        """One seed per choice: seed, seed+1, ... (so sampled choices differ; greedy ones are alike)."""
+        return [(self.seed + i) % (MAX_SEED + 1) for i in range(self.n)]
 
     @field_validator("stop")
     @classmethod

@@ -27,17 +27,21 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
 from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
 from edgekit.power.jsonl import JsonlLogger
-from edgekit.runtime.engine import Engine, EngineClosedError, Job, OverloadedError
+from edgekit.runtime.choices import Choices
+from edgekit.runtime.engine import Engine, EngineClosedError, OverloadedError
 from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
 from edgekit.runtime.openai_schema import ChatRequest, CompletionRequest, validation_message
 from edgekit.runtime.plugin_store import StoreBusyError
+from edgekit.runtime.sse_chunks import ChunkEncoder
 from edgekit.runtime.text_stream import TextStream
+from edgekit.runtime.token_feed import TokenFeed
 
 MAX_PLUGIN_UPLOAD_BYTES = MAX_PACKAGE_BYTES  # an upload is one signed plugin package: the format's cap
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
@@ -61,9 +65,6 @@ class PluginAdmin(Protocol):
     def rollback(self, op: str) -> dict: ...
 
 
-DECODE_PATHS = ("fused", "per-operator")  # the values of edgekit_decode_path{path}
-
-
 class _Metrics:
     """The server's own families; latency histograms come from the engine's tracker, on the same registry."""
 
@@ -78,21 +79,36 @@ class _Metrics:
         waiting.set_function(engine.queue_depth)
         rows = Gauge("edgekit_sequences_decoding", "Sequences in the decode batch", registry=reg)
         rows.set_function(engine.active_rows)
-        self.decode_path = Gauge("edgekit_decode_path", "1 for the decode path the engine runs (fused super-operators "
-                                 "or per operator after a swap), 0 for the other", ["path"], registry=reg)
+        reg.register(_DecodePathCollector(engine))
         self._pauses_seen = 0
         self._engine = engine
-
-    def collect_decode_path(self) -> None:
-        current = self._engine.decode_path["path"]
-        for path in DECODE_PATHS:
-            self.decode_path.labels(path=path).set(1 if path == current else 0)
 
     def collect_swap_pauses(self) -> None:
         pauses = self._engine.swap_pauses_s
         for p in pauses[self._pauses_seen:]:
             self.swap_pause.observe(p)
         self._pauses_seen = len(pauses)
+
+
+class _DecodePathCollector:
+    """``edgekit_decode_path{path="fused",graphed="true"} 1``: the path the device thread runs now (a swap of an
+    operator the fused kernels subsume moves it to per-operator until fused kernels with it arrive)."""
+
+    NAME = "edgekit_decode_path"
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+
+    def _family(self, path: str, graphed: bool) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(self.NAME, "Active decode path (1 for the one running now)", labels=["path", "graphed"])
+        g.add_metric([path, "true" if graphed else "false"], 1)
+        return g
+
+    def describe(self):
+        yield GaugeMetricFamily(self.NAME, "Active decode path", labels=["path", "graphed"])
+
+    def collect(self):
+        yield self._family(self._engine.decode_path.name, self._engine.graphed)
 
 
 class _Refused(Exception):
@@ -116,7 +132,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     engine.server_metrics = metrics
     tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgekit-tokenize")
     admin_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin-http")
-    app.state.engine, app.state.metrics = engine, metrics
+    app.state.engine, app.state.metrics, app.state.token_feed = engine, metrics, None
     vocab = engine.decoder.config.vocab_size
     max_prompt_chars = engine.shapes.buckets[-1] * MAX_CHARS_PER_TOKEN
 
@@ -174,16 +190,16 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         text = req.prompt
         return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(prompt=text))
 
-    def start(req, ids: list[int], on_token, on_done) -> Job:
+    def start(req, ids: list[int], choices: Choices) -> None:
         max_tokens = req.new_tokens(DEFAULT_MAX_TOKENS)
         if max_tokens >= engine.shapes.max_seq_len:
             raise _Refused(400, f"{req.new_tokens_field()}: {max_tokens} new tokens do not fit the KV cache of "
                                 f"{engine.shapes.max_seq_len} tokens; ask for at most {engine.shapes.max_seq_len - 1}",
                            req.new_tokens_field())
-        sampling = SamplingConfig(req.temperature, min(req.top_k, vocab), req.seed, req.top_p)
+        samplings = [SamplingConfig(req.temperature, min(req.top_k, vocab), seed, req.top_p) for seed in req.seeds()]
         try:
-            return engine.submit(ids, max_tokens, sampling, stop_ids=() if req.ignore_eos else None,
-                                 on_token=on_token, on_done=on_done)
+            choices.started(engine.submit_group(ids, max_tokens, samplings, stop_ids=() if req.ignore_eos else None,
+                                                on_token=choices.on_token, on_done=choices.on_done))
         except OverloadedError as e:
             raise _Refused(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from e
         except ShapeError as e:
@@ -191,152 +207,116 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         except EngineClosedError as e:
             raise _Refused(503, str(e)) from e
 
-    def finish_reason(job: Job, stream: TextStream) -> str:
-        return "stop" if stream.stopped or job.finish_reason == "stop" else "length"
-
     def usage(n_prompt: int, n_out: int) -> dict:
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
-    async def handle(req, route: str, chat: bool):
+    def feed() -> TokenFeed:
+        """The loop's token feed, made on first use (the app is created before uvicorn starts its loop)."""
+        loop = asyncio.get_running_loop()
+        f = app.state.token_feed
+        if f is None or f._loop is not loop:
+            f = app.state.token_feed = TokenFeed(loop)
+        return f
+
+    async def handle(req, route: str, chat: bool, request: Request):
         t0 = time.perf_counter()
+        choices = Choices(feed().channel(), lambda: TextStream(engine.decode_text, req.stop_strings()))
         try:
             ids = await prompt_ids(req)
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue = asyncio.Queue()
-
-            def on_token(tok: int) -> None:  # device thread -> event loop
-                loop.call_soon_threadsafe(events.put_nowait, ("token", tok))
-
-            def on_done(job: Job) -> None:
-                loop.call_soon_threadsafe(events.put_nowait, ("done", job))
-
-            job = start(req, ids, on_token, on_done)
+            start(req, ids, choices)
         except _Refused as e:
             record(route, e.status, t0, param=e.param)
             return _error(e.status, e.message, e.param, e.headers)
-        text = TextStream(engine.decode_text, req.stop_strings())
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
 
-        def choice(delta_text: str | None, reason: str | None, stream: bool) -> dict:
-            if not chat:
-                return {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": reason}
-            if stream:
-                delta = {"content": delta_text} if delta_text else {}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-            return {"index": 0, "message": {"role": "assistant", "content": delta_text}, "logprobs": None,
-                    "finish_reason": reason}
-
-        # The first event decides the status: a request that expires in the queue (429) or fails at prefill
+        # The first news decides the status: a request that expires in the queue (429) or fails at prefill
         # gets a real status code, also when it asked to stream (headers are sent after the first token).
-        first_event = await events.get()
-        if first_event[0] == "done" and first_event[1].error is not None:
-            err = first_event[1].error
+        err = await choices.refusal()
+        if err is not None:
+            choices.cancel()
             if isinstance(err, OverloadedError):
                 record(route, 429, t0, error=str(err))
                 return _error(429, str(err), headers={"Retry-After": str(RETRY_AFTER_S)})
             record(route, 500, t0, error=str(err))
             return _error(500, str(err))
-
-        def push_all(toks: list[int]) -> str:
-            return "".join(text.push(t) for t in toks)
-
-        async def tokens() -> AsyncIterator[str]:
-            """Text deltas as tokens arrive: one per batch of tokens that arrived together (possibly "" while
-            text is held back, so a stream shows progress per step). The engine job is cancelled on a stop
-            string or when the client goes away."""
-            pending = [first_event]
-            try:
-                while True:
-                    batch = [pending.pop() if pending else await events.get()]
-                    while not events.empty():
-                        batch.append(events.get_nowait())
-                    toks = [v for k, v in batch if k == "token"]
-                    done = next((v for k, v in batch if k == "done"), None)
-                    if toks:
-                        delta = push_all(toks)  # incremental: a few tokens' worth of decoding, whatever the length
-                        if text.stopped:
-                            job.cancel()
-                        yield delta
-                    if done is not None:
-                        if done.error is not None:
-                            raise done.error
-                        tail = text.finish()
-                        if tail:
-                            yield tail
-                        return
-            finally:
-                job.cancel()  # no-op when finished; frees the row when the client went away
+        n = len(choices.jobs)
 
         if req.stream:
+            enc = ChunkEncoder(rid, created, engine.model_name, chat)
+
             async def sse() -> AsyncIterator[bytes]:
                 status = 200
                 try:
                     if chat:
-                        first = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": engine.model_name,
-                                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                              "finish_reason": None}]}
-                        yield b"data: " + json.dumps(first).encode() + b"\n\n"
-                    async for delta in tokens():
-                        chunk = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
-                                 "model": engine.model_name, "choices": [choice(delta, None, True)]}
-                        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-                    last = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
-                            "model": engine.model_name, "choices": [choice("", finish_reason(job, text), True)]}
-                    yield b"data: " + json.dumps(last).encode() + b"\n\n"
+                        for i in range(n):
+                            yield enc.role(i)
+                    async for i, delta in choices.deltas():
+                        yield enc.delta(delta, i)
+                    for i in range(n):
+                        yield enc.finish(choices.finish_reason(i), i)
                     if req.include_usage_in_stream():
-                        u = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created,
-                             "model": engine.model_name, "choices": [], "usage": usage(len(ids), len(job.tokens))}
-                        yield b"data: " + json.dumps(u).encode() + b"\n\n"
-                    yield b"data: [DONE]\n\n"
+                        yield enc.usage(usage(len(ids), choices.completion_tokens()))
+                    yield enc.done()
                 except EdgekitError as e:  # headers are sent: report in-band, as OpenAI's servers do
-                    status = 500
-                    yield b"data: " + error_body(500, str(e)) + b"\n\n"
+                    status = 429 if isinstance(e, OverloadedError) else 500
+                    yield b"data: " + error_body(status, str(e)) + b"\n\n"
                 finally:
-                    metrics.tokens.inc(len(job.tokens))
-                    record(route, status, t0, stream=True, prompt_tokens=len(ids), completion_tokens=len(job.tokens),
-                           finish_reason=job.finish_reason)
+                    metrics.tokens.inc(choices.completion_tokens())
+                    record(route, status, t0, stream=True, prompt_tokens=len(ids), completion_tokens=choices.completion_tokens(),
+                           finish_reason=[j.finish_reason for j in choices.jobs] if n > 1 else choices.jobs[0].finish_reason)
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # not streamed: nothing tells the client's hang-up to this coroutine unless it listens for it
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
         try:
-            async for _ in tokens():
+            async for _ in choices.deltas():
                 pass
         except EdgekitError as e:
-            record(route, 500, t0, error=str(e))
-            return _error(500, str(e))
-        metrics.tokens.inc(len(job.tokens))
-        reason = finish_reason(job, text)
-        record(route, 200, t0, prompt_tokens=len(ids), completion_tokens=len(job.tokens), finish_reason=reason,
-               ttft_ms=round(job.stats.prefill_s * 1000, 3))
-        return {"id": rid, "object": obj, "created": created, "model": engine.model_name,
-                "choices": [choice(text.text, reason, False)], "usage": usage(len(ids), len(job.tokens))}
+            status = 429 if isinstance(e, OverloadedError) else 500
+            record(route, status, t0, error=str(e))
+            return _error(status, str(e), headers={"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None)
+        finally:
+            watcher.cancel()
+        n_out = choices.completion_tokens()
+        metrics.tokens.inc(n_out)
+        if choices.hung_up():  # the client went away: its rows were freed
+            record(route, 499, t0, prompt_tokens=len(ids), completion_tokens=n_out, finish_reason="cancelled")
+            return _error(499, "the client closed the connection before the answer was ready")
+        reasons = [choices.finish_reason(i) for i in range(n)]
+        record(route, 200, t0, prompt_tokens=len(ids), completion_tokens=n_out,
+               finish_reason=reasons if n > 1 else reasons[0], ttft_ms=round(choices.jobs[0].stats.prefill_s * 1000, 3))
+        out = [({"index": i, "message": {"role": "assistant", "content": t.text}, "logprobs": None, "finish_reason": r}
+                if chat else {"index": i, "text": t.text, "logprobs": None, "finish_reason": r})
+               for i, (t, r) in enumerate(zip(choices.texts, reasons))]
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": engine.model_name, "choices": out, "usage": usage(len(ids), n_out)}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        return await handle(req, "completions", chat=False)
+    async def completions(req: CompletionRequest, request: Request):
+        return await handle(req, "completions", False, request)
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
-        return await handle(req, "chat", chat=True)
+    async def chat(req: ChatRequest, request: Request):
+        return await handle(req, "chat", True, request)
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": 0,
-                                            "owned_by": "edgekit"}]}
+                                            "owned_by": "edgekit", "decode_path": engine.decode_path.to_dict(),
+                                            "graphed": engine.graphed}]}
 
     @app.get("/healthz")
     async def healthz():
         return {"status": "ok", "model": engine.model_name, "operators": engine.table.sources(),
-                "graphed": engine.graphed, "batch_buckets": list(engine.batch_buckets),
+                "graphed": engine.graphed, "decode_path": engine.decode_path.to_dict(), "batch_buckets": list(engine.batch_buckets),
                 "buckets": list(engine.shapes.buckets), "max_seq_len": engine.shapes.max_seq_len,
-                "waiting": engine.queue_depth(), "decoding": engine.active_rows(), "decode_path": engine.decode_path}
+                "waiting": engine.queue_depth(), "decoding": engine.active_rows()}
 
     @app.get("/metrics")
     async def prom(request: Request):
         metrics.collect_swap_pauses()
-        metrics.collect_decode_path()
         registries = list({id(r): r for r in [metrics.registry, *(extra_registries or [])]}.values())
         if "application/openmetrics-text" in request.headers.get("accept", ""):  # what strict scrapers ask for
             from prometheus_client.openmetrics import exposition as om
@@ -421,6 +401,16 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         return _error(500, f"{type(e).__name__}: the server could not complete the request")
 
     return app
+
+
+async def _cancel_on_disconnect(request: Request, choices: Choices) -> None:
+    """Cancel the request's sequences when the client hangs up (their decode rows are freed at the next step).
+    The body was read already, so the next ASGI message is the disconnect."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            choices.cancel()
+            return
 
 
 async def _package_from(request: Request) -> bytes:

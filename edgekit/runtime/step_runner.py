@@ -9,18 +9,24 @@ Two runners with one interface, each bound to one dispatch table:
 - ``EagerRunner`` calls the decoder (CPU, or a GPU with graphs off);
 - ``GraphedRunner`` replays CUDA graphs: one decode graph per batch bucket and
   one prefill graph per prompt bucket, the same static shapes ``edgekit run``
-  replays. An operator swap builds a new runner off the serving path (warm-up
+  replays, and the decode step ``edgekit run`` takes (``select_decode_path``:
+  the fused super-operators unless something rules them out; ``decode_path``
+  says which and why). An operator swap builds a new runner off the serving path (warm-up
   on a scratch cache, so the live rows are never written; capture only records
   kernels) and the engine switches to it between two steps.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Mapping
+
 import torch
 
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
+from edgekit.runtime.fused_decode import DecodePath, select_decode_path
 
 
 def rows_view(cache: StaticKVCache, rows: int) -> StaticKVCache:
@@ -49,24 +55,43 @@ class RowPrefillCache:
         self.cache.v[layer][self.slot, :, :T] = v
 
 
+@dataclass
+class StepResult:
+    """One decode step: logits (b, V) for sampled rows, greedy picks, and whether each row's logits are all finite."""
+
+    logits: torch.Tensor
+    greedy: list[int]
+    finite: list[bool]
+
+
 class EagerRunner:
     def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
-                 step=None):
+                 baseline: Mapping[str, str] | None = None, fused_on_cpu: bool = False):
         self.table = table
         self.decoder = decoder.with_ops(table)
-        self.step = step or self.decoder  # what a decode step calls: the decoder, or the fused path's FusedDecoder
         self.cache = cache
         self.views = {b: rows_view(cache, b) for b in batch_buckets}
         self.graphed = False
+        self.step_decoder = self.decoder  # what a decode step calls: the decoder, or the fused path's FusedDecoder
+        if fused_on_cpu:  # the fused path on the references (tests of path selection and swaps without a GPU)
+            self.step_decoder, self.decode_path = select_decode_path(self.decoder, cache, baseline, allow_cpu=True,
+                                                                     jit=False)
+        else:
+            why = "no GPU" if self.cache.k[0].device.type != "cuda" else "CUDA graphs are off"
+            self.decode_path = DecodePath("per-operator", f"eager decode ({why}): the fused path is a CUDA graph")
 
     def prefill(self, slot: int, tokens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         """tokens (1, T), seq_lens (1,) -> logits (1, V); keys and values land in row `slot`."""
         row = torch.tensor([slot], dtype=torch.long, device=self.cache.k[0].device)
         return self.decoder.prefill(tokens, seq_lens, RowPrefillCache(self.cache, row))
 
-    def decode(self, batch: int, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens (b,), positions (b,) for rows [0, b) -> logits (b, V)."""
-        return self.step.decode(tokens, positions, self.views[batch])
+    def step(self, batch: int, tokens: list[int], positions: list[int]) -> StepResult:
+        """One decode step of rows [0, b): their logits (b, V), greedy picks and finiteness flags."""
+        dev = self.cache.k[0].device
+        logits = self.step_decoder.decode(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
+                                     self.views[batch])  # (b, V)
+        both = _picks(logits).tolist()
+        return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
 
 
 class _Graph:
@@ -83,29 +108,40 @@ class _Graph:
 
 
 class GraphedRunner:
-    """CUDA-graph replay of every decode batch bucket and every prefill prompt bucket for one table."""
+    """CUDA-graph replay of every decode batch bucket and every prefill prompt bucket for one table.
+
+    Decode runs on the path ``edgekit run`` takes (``select_decode_path``: the fused super-operators unless one
+    is ruled out, e.g. by a swap of an operator they subsume since ``baseline``), and each decode graph also
+    computes the greedy picks and a finiteness flag per row, so a step costs the host one input copy, one
+    replay and one transfer back (``step``)."""
 
     def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
-                 prompt_buckets: tuple[int, ...], warmup: int = 2, step=None):
+                 prompt_buckets: tuple[int, ...], warmup: int = 2, baseline: Mapping[str, str] | None = None,
+                 fused: bool = True):
         if decoder.device.type != "cuda":
             raise ValueError("CUDA graphs need the decoder on a CUDA device")
         self.table, self.cache, self.graphed = table, cache, True
         dec = decoder.with_ops(table)
-        step = step or dec  # the decode graphs capture the fused path's FusedDecoder when it runs
+        if fused:
+            step_decoder, self.decode_path = select_decode_path(dec, cache, baseline)
+        else:
+            step_decoder, self.decode_path = dec, DecodePath("per-operator", "the fused decode path is off (fused_decode=False)")
         dev = decoder.device
         scratch = decoder.new_cache(cache.batch, cache.max_seq_len)  # warm-up never writes the live rows
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         self.decode_graphs: dict[int, _Graph] = {}
         self.prefill_graphs: dict[int, _Graph] = {}
+        # per batch bucket: a pinned host buffer (tokens; positions) and its device twin, one copy per step
+        self._host_inputs: dict[int, torch.Tensor] = {}
         with torch.cuda.stream(side):
             for b in batch_buckets:
-                tokens = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
-                positions = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
+                inputs = torch.zeros(2, b, dtype=torch.long, device=dev)  # (2, b): tokens; positions
+                self._host_inputs[b] = torch.zeros(2, b, dtype=torch.long, pin_memory=True)
                 for _ in range(warmup):
-                    step.decode(tokens, positions, rows_view(scratch, b))
-                self.decode_graphs[b] = self._capture(side, lambda: step.decode(tokens, positions, rows_view(cache, b)),
-                                                      (tokens, positions))
+                    step_decoder.decode(inputs[0], inputs[1], rows_view(scratch, b))
+                self.decode_graphs[b] = self._capture(
+                    side, lambda: _with_picks(step_decoder.decode(inputs[0], inputs[1], rows_view(cache, b))), (inputs,))
             for T in prompt_buckets:
                 tokens = torch.zeros(1, T, dtype=torch.long, device=dev)  # (1, T)
                 seq_lens = torch.ones(1, dtype=torch.long, device=dev)  # (1,)
@@ -129,13 +165,36 @@ class GraphedRunner:
         row = torch.tensor([slot], dtype=torch.long, device=tokens.device)
         return self.prefill_graphs[tokens.shape[1]](tokens, seq_lens, row)
 
-    def decode(self, batch: int, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.decode_graphs[batch](tokens, positions)
+    def step(self, batch: int, tokens: list[int], positions: list[int]) -> StepResult:
+        host = self._host_inputs[batch]
+        host[0] = torch.as_tensor(tokens)
+        host[1] = torch.as_tensor(positions)
+        graph = self.decode_graphs[batch]
+        graph.inputs[0].copy_(host, non_blocking=True)  # the host buffer is rewritten only after .tolist() below synced
+        graph.graph.replay()
+        logits, picks = graph.output
+        both = picks.tolist()  # the one device -> host transfer of the step
+        return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
+
+
+def _picks(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy picks and per-row finiteness of logits (b, V), packed as one (2b,) long tensor (one transfer).
+
+    Plugins inside a graph cannot be checked per operator, nor can the ones that are not on probation: every
+    step's output is judged instead (the engine reports a non-finite row)."""
+    return torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()])
+
+
+def _with_picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, _picks(logits)), computed inside the decode graph."""
+    return logits, _picks(logits)
 
 
 def make_runner(decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
-                prompt_buckets: tuple[int, ...], graphs: bool, step=None):
-    """A runner for ``table``; ``step`` is what its decode steps call (default: the decoder on ``table``)."""
+                prompt_buckets: tuple[int, ...], graphs: bool, baseline: Mapping[str, str] | None = None,
+                fused: bool = True, fused_on_cpu: bool = False):
+    """A runner for ``table``: CUDA graphs (decode on the path ``select_decode_path`` picks against ``baseline``
+    unless ``fused`` is off) or eager steps (per operator; the fused path on the references with ``fused_on_cpu``)."""
     if graphs:
-        return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets, step=step)
-    return EagerRunner(decoder, table, cache, batch_buckets, step=step)
+        return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets, baseline=baseline, fused=fused)
+    return EagerRunner(decoder, table, cache, batch_buckets, baseline=baseline, fused_on_cpu=fused and fused_on_cpu)

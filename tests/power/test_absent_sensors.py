@@ -20,6 +20,7 @@ from edgekit.power.latency import LatencyTracker
 from edgekit.power.report import render_report, summarise, summary_rows
 from edgekit.power.sensors.discover import absent_names, local_sensors
 from edgekit.power.watchdog import Watchdog
+from edgekit.runtime.fused_decode import DecodePath
 
 FIX = Path(__file__).parent / "fixtures"
 OC_TREE = FIX / "sysfs/orin-nano-super-oc"
@@ -51,7 +52,8 @@ def test_metrics_parse_strictly_with_and_without_sensors_alongside_the_server_me
     from edgekit.runtime.server import _Metrics
 
     # as serve wires them: the server's families and the watchdog's share the engine's latency tracker registry
-    engine = SimpleNamespace(tracker=LatencyTracker(), queue_depth=lambda: 0, active_rows=lambda: 0, swap_pauses_s=[])
+    engine = SimpleNamespace(tracker=LatencyTracker(), queue_depth=lambda: 0, active_rows=lambda: 0, swap_pauses_s=[],
+                             decode_path=DecodePath("per-operator", "no GPU"), graphed=False)
     wd = _watchdog(OC_TREE if tree == "with sensors" else tmp_path, engine.tracker)
     assert wd.registry is _Metrics(engine).registry
     fams = _strict(wd.registry)

@@ -142,3 +142,45 @@ def test_a_waiter_with_a_free_row_is_not_refused_during_a_long_step(model):
     finally:
         hold.set()
         e.close()
+
+
+def test_a_group_is_queued_whole_or_refused_whole(model):
+    """OpenAI's n: the choices of one request get rows together or a 429 together, never half a group."""
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=1, batch_buckets=(1, 2))
+    hold = threading.Event()
+    try:
+        e.switch_operator("rmsnorm", lambda x, w, eps: (hold.wait(5), rmsnorm_reference(x, w, eps))[1], "plugin:slow")
+        first = e.submit([1, 2], 2)  # one row busy: room for one more row and one waiter
+        time.sleep(0.2)
+        with pytest.raises(OverloadedError, match="3 sequences"):
+            e.submit_group([3, 4], 2, [SamplingConfig()] * 3)
+        assert e.queue_depth() == 0  # nothing of the refused group stayed behind
+        group = e.submit_group([3, 4], 2, [SamplingConfig(temperature=1.0, seed=s) for s in (1, 2)])
+        hold.set()
+        for job in [first, *group]:
+            assert job.done.wait(10) and job.error is None and len(job.tokens) == 2
+    finally:
+        hold.set()
+        e.close()
+
+
+def test_group_tokens_say_which_sequence_they_belong_to(engine):
+    seen: list[tuple[int, int]] = []
+    jobs = engine.submit_group([5, 6, 7], 4, [SamplingConfig(temperature=1.0, seed=s) for s in (3, 4)],
+                               stop_ids=(), on_token=lambda i, tok: seen.append((i, tok)))
+    for j in jobs:
+        assert j.done.wait(10) and j.error is None
+    assert [t for i, t in seen if i == 0] == jobs[0].tokens and [t for i, t in seen if i == 1] == jobs[1].tokens
+
+
+def test_the_runner_switched_away_from_is_freed_off_the_device_thread(engine):
+    """Freeing a runner (on a GPU: its CUDA graphs and their memory) inside the hand-over would lengthen the swap
+    pause: the device thread only parks it, and the next switch_operator frees it on its caller's thread."""
+    import weakref
+
+    first = weakref.ref(engine._runner)
+    engine.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:a")
+    assert engine.submit([1, 2], 2).done.wait(10)  # a step: the device thread has switched
+    assert first() is not None and first() in engine._retired  # parked, not freed, by the device thread
+    engine.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:b")
+    assert first() is None  # freed by the caller of the next switch

@@ -47,7 +47,7 @@ def test_swap_under_load_falls_back_visibly_and_fails_no_request(model):
     calls: Counter = Counter()
     engine = Engine(model.decoder().with_ops(_counting_table(calls)), None, SHAPES, max_waiting=8, fused_on_cpu=True)
     try:
-        before = engine.decode_path
+        before = engine.decode_path.to_dict()
         assert before["path"] == "fused" and before["operator_sources"] == {op: "plugin:v1" for op in STEP.own_operators()}
         prompts = [[3 + i, 4, 5 + i % 7] for i in range(REQUESTS)]
         want = {tuple(p): Generator(model.decoder(), SHAPES).generate(p, 6)[0] for p in prompts}  # per-operator reference
@@ -85,7 +85,7 @@ def test_swap_under_load_falls_back_visibly_and_fails_no_request(model):
         for t in threads:
             t.join(DEADLINE_S)
         assert errors == [] and len(results) == REQUESTS  # 0 failed requests
-        after = engine.decode_path
+        after = engine.decode_path.to_dict()
         assert after["path"] == "per-operator" and "swiglu" in after["reason"] and "plugin:v2" in after["reason"]
         assert calls["swiglu@decode"] > 0  # decode now runs the per-operator path with the new swiglu
         for p, got in results:  # both paths are the same arithmetic: every answer is the reference's
@@ -100,7 +100,7 @@ def test_swapping_a_fused_operator_itself_keeps_the_fused_path_with_the_new_plug
     try:
         op = "fused_proj_residual"
         engine.switch_operator(op, engine.table.get(op), "plugin:v2")
-        path = engine.decode_path
+        path = engine.decode_path.to_dict()
         assert path["path"] == "fused" and path["operator_sources"][op] == "plugin:v2"
         assert engine.complete([3, 4, 5], 4).token_ids == Generator(model.decoder(), SHAPES).generate([3, 4, 5], 4)[0]
     finally:
@@ -110,6 +110,6 @@ def test_swapping_a_fused_operator_itself_keeps_the_fused_path_with_the_new_plug
 def test_without_fused_plugins_on_a_cpu_the_engine_decodes_per_operator(model):
     engine = Engine(model.decoder(), None, SHAPES, max_waiting=4)
     try:
-        assert engine.decode_path["path"] == "per-operator" and "CUDA" in engine.decode_path["reason"]
+        assert engine.decode_path.name == "per-operator" and "CUDA" in engine.decode_path.reason
     finally:
         engine.close()

@@ -77,8 +77,8 @@ def test_a_bundles_fused_plugins_serve_and_a_swap_falls_back_without_failing_a_r
     e = Engine(b.decoder(), None, b.shapes, cuda_graphs=True)
     try:
         path = e.decode_path
-        assert path["path"] == "fused", path["reason"]
-        assert path["operator_sources"] == {op: "plugin:v1" for op in FUSED_STEP.own_operators()}
+        assert path.name == "fused", path.reason
+        assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in FUSED_STEP.own_operators()}
         jobs = [e.submit(p, 48, stop_ids=()) for p in PROMPTS * 3]
         swiglu = e.table.get("swiglu")
         swaps = threading.Thread(target=lambda: [e.switch_operator("swiglu", swiglu, f"plugin:v{i}") for i in range(2, 6)])
@@ -87,8 +87,29 @@ def test_a_bundles_fused_plugins_serve_and_a_swap_falls_back_without_failing_a_r
         for j in jobs:
             assert j.done.wait(120) and j.error is None, j.error  # 0 failed requests
         after = e.decode_path
-        assert after["path"] == "per-operator" and "swiglu" in after["reason"]
+        assert after.name == "per-operator" and "swiglu" in after.reason
         pauses = sorted(e.swap_pauses_s)
         assert pauses and pauses[max(0, int(0.99 * len(pauses)) - 1)] <= 0.005, pauses
+    finally:
+        e.close()
+
+
+def test_graphed_engine_decodes_on_the_path_run_takes(decoder):
+    """serve's engine goes through select_decode_path as `edgekit run` does; a swap of an operator the fused kernels
+    subsume moves it to the per-operator path (with the reason), and swapping the original back restores it."""
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    run_path = select_decode_path(decoder, decoder.new_cache(1, SHAPES.max_seq_len))[1]
+    e = Engine(decoder, None, SHAPES, cuda_graphs=True)
+    try:
+        assert e.decode_path.name == run_path.name, (e.decode_path, run_path)
+        original, source = e.table.get("rmsnorm"), e.table.sources()["rmsnorm"]
+        e.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:test")
+        assert e.submit([1, 2, 3], 4, stop_ids=()).done.wait(60)  # a step: the new runner is in use
+        if run_path.name == "fused":
+            assert e.decode_path.name == "per-operator" and "rmsnorm" in e.decode_path.reason
+        e.switch_operator("rmsnorm", original, source)
+        assert e.submit([1, 2, 3], 4, stop_ids=()).done.wait(60)
+        assert e.decode_path.name == run_path.name
     finally:
         e.close()

@@ -1,27 +1,43 @@
-"""The server says which decode path runs: /metrics (edgekit_decode_path{path}) and /healthz, and follows a swap."""
+"""serve says which decode path its device thread runs, in /v1/models, /healthz and /metrics, and a swap of an
+operator moves the report with the path (checked here on the CPU, where the path is the eager per-operator one)."""
 
 from __future__ import annotations
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as strict_parse
+
+from edgekit.kernels.rmsnorm import rmsnorm_reference
 
 
-def _paths(text: str) -> dict[str, float]:
-    fam = next(f for f in text_string_to_metric_families(text) if f.name == "edgekit_decode_path")
-    return {s.labels["path"]: s.value for s in fam.samples}
+def _metric(url: str) -> list[dict]:
+    om = httpx.get(url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}, timeout=30)
+    fam = {f.name: f for f in strict_parse(om.text)}["edgekit_decode_path"]
+    return [dict(s.labels, value=s.value) for s in fam.samples]
 
 
-def test_metrics_and_healthz_report_the_decode_path(tiny_server):
+def test_the_active_decode_path_is_reported(tiny_server):
     url, stack, _ = tiny_server
-    with httpx.Client(base_url=url, timeout=30) as c:
-        health = c.get("/healthz").json()
-        metrics = _paths(c.get("/metrics").text)
-    # this stack runs on the CPU (no fused plugins can run there): per operator, and it says why
-    assert health["decode_path"]["path"] == "per-operator" and "CUDA" in health["decode_path"]["reason"]
-    assert metrics == {"fused": 0.0, "per-operator": 1.0}
+    models = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+    health = httpx.get(url + "/healthz", timeout=30).json()
+    want = stack.engine.decode_path.to_dict()
+    assert want["path"] == "per-operator" and "no GPU" in want["reason"]
+    assert models["decode_path"] == want and health["decode_path"] == want and models["graphed"] is False
+    assert _metric(url) == [{"path": "per-operator", "graphed": "false", "value": 1.0}]
+
+
+def test_the_report_follows_the_runner_a_swap_installs(tiny_server):
+    url, stack, _ = tiny_server
+    before = stack.engine.decode_path
+    stack.engine.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:test")
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}, timeout=30)  # a step picks it up
+    assert r.status_code == 200
+    assert stack.engine.decode_path is not before  # a new runner, with its own path record
+    assert httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["decode_path"] == stack.engine.decode_path.to_dict()
 
 
 def test_the_metric_flips_to_per_operator_when_a_subsumed_operator_is_swapped():
+    """A bundle's fused plugins (the reference math on the CPU) run the fused path; a swap of an operator they
+    subsume moves decode, /metrics and /healthz to per-operator, with the operator named in the reason."""
     from conftest import live_server
 
     from edgekit.kernels.dispatch import DispatchTable
@@ -32,16 +48,17 @@ def test_the_metric_flips_to_per_operator_when_a_subsumed_operator_is_swapped():
     from edgekit.shapes import StaticShapes
 
     table = DispatchTable()
-    for op in STEP.own_operators():  # filed as a bundle's plugins would be (the reference math on the CPU)
+    for op in STEP.own_operators():  # filed as a bundle's plugins would be
         table.set(op, table.get(op), source="plugin:v1")
     engine = Engine(load_model("preset:tiny", seed=5).decoder().with_ops(table), None,
                     StaticShapes(buckets=(16,), max_seq_len=32), fused_on_cpu=True)
     try:
         with live_server(create_app(engine)) as url, httpx.Client(base_url=url, timeout=30) as c:
-            assert _paths(c.get("/metrics").text) == {"fused": 1.0, "per-operator": 0.0}
+            assert _metric(url) == [{"path": "fused", "graphed": "false", "value": 1.0}]
             assert c.get("/healthz").json()["decode_path"]["operator_sources"]["fused_norm_swiglu"] == "plugin:v1"
             engine.switch_operator("rmsnorm", engine.table.get("rmsnorm"), "plugin:v2")
-            assert _paths(c.get("/metrics").text) == {"fused": 0.0, "per-operator": 1.0}
+            assert c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}).status_code == 200
+            assert _metric(url) == [{"path": "per-operator", "graphed": "false", "value": 1.0}]
             assert "rmsnorm" in c.get("/healthz").json()["decode_path"]["reason"]
     finally:
         engine.close()

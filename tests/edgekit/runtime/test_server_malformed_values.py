@@ -35,7 +35,8 @@ def _post(client, route: str, raw_json: str):
     ('{"prompt": "x", "seed": 99999999999999999999999999}', "seed"),
     ('{"prompt": "x", "seed": -5}', "seed"),
     ('{"prompt": "x", "top_k": -1}', "top_k"),
-    ('{"prompt": "x", "n": 3}', "n"),
+    ('{"prompt": "x", "n": 5}', "n"),
+    ('{"prompt": "x", "n": 0}', "n"),
     ('{"prompt": "x", "logprobs": 5}', "body"),
     ('{"prompt": "x", "frobnicate": 1}', "frobnicate"),
     ('{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', "stop"),
@@ -54,8 +55,8 @@ def test_malformed_value_is_a_400_naming_the_field(client, body, field):
 def test_unsupported_field_is_named_in_the_message(client):
     r = _post(client, "/v1/completions", '{"prompt": "x", "logprobs": 5}')
     assert "logprobs" in r.json()["error"]["message"]
-    r = _post(client, "/v1/completions", '{"prompt": "x", "n": 2}')
-    assert "n=2" in r.json()["error"]["message"]
+    r = _post(client, "/v1/completions", '{"prompt": "x", "n": 9}')
+    assert "n=9" in r.json()["error"]["message"] and "n<=4" in r.json()["error"]["message"]
 
 
 def test_huge_top_k_is_clamped_to_the_vocabulary_and_served(client):

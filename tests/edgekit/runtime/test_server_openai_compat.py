@@ -51,10 +51,38 @@ def test_stock_client_lists_the_model(client):
     assert [m.id for m in client.models.list()] == ["smollm2-135m"]
 
 
-def test_stock_client_sees_a_400_for_n(client):
+def test_stock_client_gets_n_choices_decoded_together(client, smol_engine):
+    steps_before = dict(smol_engine.step_batches)
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Name a colour."}], n=3,
+                                       max_tokens=6, temperature=1.0, seed=11)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content and c.finish_reason in ("stop", "length") for c in r.choices)
+    assert len({c.message.content for c in r.choices}) > 1  # seeds 11, 12, 13: different samples
+    assert 3 <= r.usage.completion_tokens <= 18
+    # the three sequences were rows of one batch (bucket 4), not three requests one after another
+    assert smol_engine.step_batches[4] > steps_before[4]
+
+
+def test_stock_client_streams_n_choices(client):
+    stream = client.completions.create(model="x", prompt="The capital of France is", n=2, max_tokens=5, stream=True,
+                                       stream_options={"include_usage": True})
+    texts, finals, usage = {0: "", 1: ""}, {}, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finals[c.index] = c.finish_reason
+    assert texts[0] and texts[0] == texts[1]  # greedy: both choices alike
+    assert set(finals) == {0, 1}
+    assert usage is not None and 2 <= usage.completion_tokens <= 10
+
+
+def test_stock_client_sees_a_400_for_n_above_the_bound(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], n=2, max_tokens=2)
-    assert "n=2" in str(e.value)
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], n=5, max_tokens=2)
+    assert "n=5" in str(e.value)
 
 
 def test_stop_string_ends_the_answer_before_it(client):
