@@ -256,9 +256,9 @@ def quantize_model(
         "mode": mode,
         "kv_int8": kv_int8,
         "options": {"alpha": opts.alpha if mode == "w8a8" else None, "quantize_head": opts.quantize_head,
-                    "storage_dtype": dtype_name(dt), "allow_mixed": allow_mixed},
-        **({"int4": {"group": opts.int4_group, "symmetric": opts.int4_symmetric, "method": opts.int4_method,
-                     "scale_dtype": "fp16"}} if mode == "w4a16" else {}),
+                    "storage_dtype": dtype_name(dt), "allow_mixed": allow_mixed,
+                    **({"int4": {"group": opts.int4_group, "symmetric": opts.int4_symmetric, "method": opts.int4_method,
+                                 "scale_dtype": "fp16"}} if mode == "w4a16" else {})},
         "measured_on": "cpu",
         "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",
     }
