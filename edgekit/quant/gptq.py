@@ -39,16 +39,18 @@ BLOCK = 128  # columns per lazy-update block; a multiple of every group size
 
 
 def _inverse_cholesky(h: torch.Tensor, damp: float, name: str) -> torch.Tensor:
-    """Upper Cholesky factor of (H + damp * mean(diag H) I)^-1, in FP64."""
+    """Upper Cholesky factor of (H + damp * mean(diag H) I)^-1: FP32 (as GPTQ's own code), FP64 if FP32 fails."""
     k = h.shape[0]
     h = h.to(torch.float64).clone()
     h += damp * float(torch.diag(h).mean()) * torch.eye(k, dtype=torch.float64)
-    try:
-        lower = torch.linalg.cholesky(h)
-        return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
-    except RuntimeError as e:  # torch raises linalg errors as RuntimeError subclasses
-        raise QuantizationError(f"{name}: the calibration Hessian is not positive definite even with damping {damp}",
-                                hint="raise the damping or use more calibration tokens") from e
+    for dt in (torch.float32, torch.float64):
+        lower, info = torch.linalg.cholesky_ex(h.to(dt))
+        if int(info) == 0:
+            u, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+            if int(info) == 0:
+                return u.to(torch.float32)
+    raise QuantizationError(f"{name}: the calibration Hessian is not positive definite even with damping {damp}",
+                            hint="raise the damping or use more calibration tokens")
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, group: int, *, symmetric: bool = False,
@@ -77,7 +79,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, group: int, *, symmetric: bo
     W[:, dead] = 0.0
     perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k)
     W, h = W[:, perm], h[perm][:, perm]
-    u = _inverse_cholesky(h, damp, name).to(torch.float32)  # (K, K) upper
+    u = _inverse_cholesky(h, damp, name)  # (K, K) upper
     hf = h.to(torch.float32)
     codes = torch.empty((n, k))
     for i1 in range(0, k, BLOCK):
