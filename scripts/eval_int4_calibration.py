@@ -19,6 +19,33 @@ import json
 import time
 
 
+def run_mixed(method, loaded, prepared, ref, gate, opts, m, fails) -> dict:
+    """quantize_model's --allow-mixed path (sensitivity ranking, then fallback_attempts) on this result."""
+    from edgekit.kernels.dispatch import DispatchTable
+    from edgekit.model.decoder import Decoder
+    from edgekit.quant.gate import check, evaluate
+    from edgekit.quant.mixed import fallback_attempts
+    from edgekit.quant.quantize import calibration_windows
+    from edgekit.quant.sensitivity import rank_layers
+
+    t = time.perf_counter()
+    sens = calibration_windows(loaded, opts.sensitivity_tokens, opts.sensitivity_tokens)
+    ranking = rank_layers(loaded.config, prepared.stored_fp, prepared.candidates(), sens)
+    tried = [{"int8_layers": 0, "fp_layers": 0, "metrics": m, "failures": fails}]
+    limit = max(1, int(opts.max_fp_fraction * len(prepared.candidates())))
+    for a in fallback_attempts([r["layer"] for r in ranking], limit, int4=True) if fails else []:
+        m = evaluate(Decoder(loaded.config, prepared.assemble(a.fp_layers, a.int8_layers), DispatchTable()), ref)
+        fails = check(m, gate)
+        tried.append({"int8_layers": len(a.int8_layers), "fp_layers": len(a.fp_layers), "metrics": m,
+                      "failures": fails, "layers_int8": a.int8_layers, "layers_fp": a.fp_layers})
+        print(f"mixed: {a.label}: ppl +{100 * m['perplexity_increase']:.2f}%, "
+              f"greedy {m['greedy_agreement']:.3f}, {'pass' if not fails else 'fail'}", flush=True)
+        if not fails:
+            break
+    return {"method": method, "passed": not fails, "attempts": tried, "most_sensitive": ranking[:10],
+            "cpu_s": round(time.perf_counter() - t, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", default="rtn,gptq,awq,awq_gptq")
@@ -27,6 +54,9 @@ def main() -> None:
     ap.add_argument("--quantize-head", action="store_true")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's 2048)")
     ap.add_argument("--prompts", type=int, default=None, help="greedy prompts (default: the gate's 4)")
+    ap.add_argument("--mixed", default=None, metavar="METHOD",
+                    help="also run --allow-mixed's fallback (INT8, then FP16, for the most sensitive layers) on METHOD's "
+                         "result, as quantize_model does, and report where it stops")
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
 
@@ -48,8 +78,11 @@ def main() -> None:
     ref = build_reference(fp, text, gate.new_tokens)
     ref_s = time.perf_counter() - t
 
-    rows = []
-    for method in args.methods.split(","):
+    rows, mixed = [], None
+    methods = args.methods.split(",")
+    if args.mixed and args.mixed not in methods:
+        methods.append(args.mixed)
+    for method in methods:
         opts = QuantizeOptions(int4_group=args.group, int4_symmetric=args.symmetric, int4_method=method,
                                quantize_head=args.quantize_head)
         t = time.perf_counter()
@@ -72,13 +105,15 @@ def main() -> None:
             "calibrate_and_quantize_cpu_s": round(cal_s, 1), "gate_eval_cpu_s": round(eval_s, 1),
         })
         print(f"{method}: done in {cal_s:.0f} s + {eval_s:.0f} s", flush=True)
+        if method == args.mixed:
+            mixed = run_mixed(method, loaded, prepared, ref, gate, opts, m, fails)
 
     out = {
         "model": loaded.config.name, "source": loaded.source.to_dict(), "measured_on": "cpu",
         "activations": "fp32", "reference": "the model as loaded (Q4_1 GGUF dequantized to FP32)",
         "gate": gate.to_dict(), "heldout_text": "edgekit/quant/data/heldout.txt",
         "cpu_threads": torch.get_num_threads(), "fp_reference_cpu_s": round(ref_s, 1),
-        "total_cpu_s": round(time.perf_counter() - t0, 1), "results": rows,
+        "total_cpu_s": round(time.perf_counter() - t0, 1), "results": rows, "allow_mixed": mixed,
     }
     print(f"\n{'method':<10} {'groups':<8} {'ppl':>8} {'ppl +%':>7} {'greedy':>7} {'SNR dB':>7} {'err/RTN':>8} "
           f"{'gate':>5} {'calib s':>8}")
@@ -89,6 +124,11 @@ def main() -> None:
               f"{r['calibrate_and_quantize_cpu_s']:>8.1f}")
     print(f"(FP perplexity {rows[0]['perplexity_fp']:.3f}; measured on the CPU, FP32 activations, "
           f"{rows[0]['greedy_positions']} greedy positions)" if rows else "")
+    if mixed:
+        last = mixed["attempts"][-1]
+        print(f"--allow-mixed on {mixed['method']}: {last['int8_layers']} layer(s) INT8, {last['fp_layers']} FP16 -> "
+              f"ppl +{100 * last['metrics']['perplexity_increase']:.2f}%, greedy "
+              f"{last['metrics']['greedy_agreement']:.3f}, gate {'pass' if mixed['passed'] else 'FAIL'}")
     print(json.dumps(out, indent=2))
     if args.json_path:
         with open(args.json_path, "w") as f:
