@@ -52,6 +52,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--symmetric", action="store_true")
     ap.add_argument("--quantize-head", action="store_true")
+    ap.add_argument("--damp", type=float, default=None, help="GPTQ dampening (default: QuantizeOptions.int4_damp)")
+    ap.add_argument("--calibration-tokens", type=int, default=None,
+                    help="calibration tokens (default: QuantizeOptions.calibration_tokens)")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's 2048)")
     ap.add_argument("--prompts", type=int, default=None, help="greedy prompts (default: the gate's 4)")
     ap.add_argument("--mixed", default=None, metavar="METHOD",
@@ -85,6 +88,10 @@ def main() -> None:
     for method in methods:
         opts = QuantizeOptions(int4_group=args.group, int4_symmetric=args.symmetric, int4_method=method,
                                quantize_head=args.quantize_head)
+        if args.damp is not None:
+            opts.int4_damp = args.damp
+        if args.calibration_tokens is not None:
+            opts.calibration_tokens = args.calibration_tokens
         t = time.perf_counter()
         prepared = prepare_quantization(loaded, "w4a16", options=opts)
         cal_s = time.perf_counter() - t
@@ -94,7 +101,7 @@ def main() -> None:
         fails = check(m, gate)
         errs = prepared.int4.errors
         rows.append({
-            "method": method, "group_requested": args.group, "groups_used": sorted(set(prepared.int4.groups.values())),
+            "method": method, "gptq_damp": opts.int4_damp, "calibration_tokens": prepared.int4.n_tokens, "group_requested": args.group, "groups_used": sorted(set(prepared.int4.groups.values())),
             "symmetric": args.symmetric, "int4_layers": len(prepared.int4.layers),
             "perplexity_fp": m["fp_perplexity"], "perplexity": m["quant_perplexity"],
             "perplexity_increase": m["perplexity_increase"], "greedy_agreement": m["greedy_agreement"],

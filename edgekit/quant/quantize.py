@@ -69,9 +69,11 @@ class QuantizeOptions:
     int4_group: int = 128
     int4_symmetric: bool = False
     int4_method: str = "gptq"
+    int4_damp: float = 0.01  # GPTQ dampening, a fraction of mean(diag H)
 
     def int4_options(self) -> Int4Options:
-        return Int4Options(group=self.int4_group, symmetric=self.int4_symmetric, method=self.int4_method)
+        return Int4Options(group=self.int4_group, symmetric=self.int4_symmetric, method=self.int4_method,
+                           damp=self.int4_damp)
 
 
 @dataclass
