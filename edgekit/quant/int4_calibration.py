@@ -40,7 +40,7 @@ from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.quant.awq import scaled_hessian, search_scales
 from edgekit.quant.awq_fold import can_fold, fold_scales, wo_expand
 from edgekit.quant.calibration import RecordingOps
-from edgekit.quant.forward import embed, run_blocks
+from edgekit.quant.forward import embed, logits, run_blocks
 from edgekit.quant.gptq import gptq_quantize
 from edgekit.quant.int4_rounding import output_error, rtn_record, search_clip
 from edgekit.quant.layers import BLOCK_LINEARS, HEAD
@@ -211,7 +211,7 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
                 stats = _InputStats()
                 rec = dec.with_ops(RecordingOps(ops, {id(lw): HEAD}, stats.record))
                 for x in xs:
-                    rec._logits(x)
+                    logits(rec, x)
                 cal.layers[HEAD] = _round_layer(lw, stats.h[HEAD], g, opts, HEAD)
                 cal.groups[HEAD] = g
             advance()
