@@ -83,6 +83,33 @@ def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Te
     return w.to(dtype)
 
 
+def int4_group_params(wg: torch.Tensor, symmetric: bool, scale_dtype: torch.dtype = torch.float16,
+                      clip: torch.Tensor | float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Round-to-nearest scale and offset for groups ``wg`` (..., G): FP32 tensors (...) holding their stored values.
+
+    Symmetric: scale = max|w| / 7 (codes 1..15, 8 = zero), offset None. Asymmetric: scale = (max - min) / 15,
+    offset = min. ``clip`` (a ratio in (0, 1], or one per group) clips the group to +-clip * max|w| first:
+    calibrated methods trade clipping a few outliers for a finer grid. Values are rounded through ``scale_dtype``, so codes chosen
+    against them reproduce what is stored.
+    """
+    wf = wg.to(torch.float32)
+    amax = wf.abs().amax(dim=-1) * clip  # values beyond +-amax are clipped (AWQ's rule)
+    if symmetric:
+        s = torch.where(amax > 0, amax / 7.0, torch.ones_like(amax)).to(scale_dtype).to(torch.float32)
+        return s, None
+    lo, hi = torch.maximum(wf.amin(dim=-1), -amax), torch.minimum(wf.amax(dim=-1), amax)
+    s = torch.where(hi > lo, (hi - lo) / Q_MAX, torch.ones_like(hi)).to(scale_dtype).to(torch.float32)
+    return s, lo.to(scale_dtype).to(torch.float32)
+
+
+def int4_codes(wg: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """Nearest codes (..., G) in 0..15 of groups ``wg`` (..., G) for FP32 ``scale`` / ``offset`` (...)."""
+    wf = wg.to(torch.float32)
+    if offset is None:
+        return torch.clamp(torch.round(wf / scale[..., None]) + SYMMETRIC_ZERO, 0, Q_MAX)
+    return torch.clamp(torch.round((wf - offset[..., None]) / scale[..., None]), 0, Q_MAX)
+
+
 def quantize_int4_rtn(w: torch.Tensor, group: int, *, symmetric: bool = False,
                       scale_dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Round-to-nearest group-wise INT4 of a float (N, K) weight: (qweight, scale, offset or None).
@@ -94,16 +121,7 @@ def quantize_int4_rtn(w: torch.Tensor, group: int, *, symmetric: bool = False,
     n, k = w.shape
     check_group(k, group)
     wf = w.to(torch.float32).reshape(n, k // group, group)
-    if symmetric:
-        amax = wf.abs().amax(dim=-1)
-        s = torch.where(amax > 0, amax / 7.0, torch.ones_like(amax)).to(scale_dtype).to(torch.float32)
-        q = torch.clamp(torch.round(wf / s[..., None]) + SYMMETRIC_ZERO, 0, Q_MAX)
-        off = None
-    else:
-        lo, hi = wf.amin(dim=-1), wf.amax(dim=-1)
-        s = torch.where(hi > lo, (hi - lo) / Q_MAX, torch.ones_like(hi)).to(scale_dtype).to(torch.float32)
-        m = lo.to(scale_dtype).to(torch.float32)
-        q = torch.clamp(torch.round((wf - m[..., None]) / s[..., None]), 0, Q_MAX)
-        off = m.to(scale_dtype)
+    s, m = int4_group_params(wf, symmetric, scale_dtype)
+    q = int4_codes(wf, s, m)
     packed = pack_int4(q.reshape(n, k).to(torch.uint8))
-    return packed, s.to(scale_dtype), off
+    return packed, s.to(scale_dtype), None if m is None else m.to(scale_dtype)

@@ -1,4 +1,4 @@
-"""FP16 -> INT8 quantization: calibration, SmoothQuant, sensitivity, accuracy gate.
+"""FP16 -> INT8 / INT4 quantization: calibration, SmoothQuant, GPTQ, AWQ, sensitivity, accuracy gate.
 
 Entry points: ``quantize.quantize_model`` (calibrate, quantize, gate, mixed
 precision; what `edgekit quantize` and the build call), ``io.write_quantized``
@@ -9,5 +9,9 @@ before planning and imports nothing of it.
 One concept per module: weights (per-channel INT8), smoothquant, kv_int8,
 calibration, sensitivity, gate, forward (all-position passes for evaluation),
 corpus (the shipped text),
-layers (layer names), progress (rich bars), io.
+layers (layer names), progress (rich bars), io; for W4A16: int4_rounding
+(group-wise rounding scored by H = X^T X), gptq (error compensation), awq
+(activation-aware scale search), awq_fold (folding the scales exactly),
+int4_calibration (block-by-block calibration of a whole model), mixed (the
+fallback schedule: INT4 -> INT8 -> FP).
 """

@@ -14,6 +14,7 @@ exactly as it does in ``generate``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -46,11 +47,15 @@ def _update(store: dict, key, value: torch.Tensor) -> None:
     store[key] = value if key not in store else torch.maximum(store[key], value)
 
 
-class _RecordingOps:
-    """Wraps a DispatchTable: records max |x| per input channel of each linear layer, then calls through."""
+class RecordingOps:
+    """Wraps a DispatchTable: shows each named linear layer's input to ``record(name, x)``, then calls through.
 
-    def __init__(self, inner, names: dict[int, str], store: dict[str, torch.Tensor]):
-        self._inner, self._names, self._store = inner, names, store
+    ``x`` is the layer's input as the operator receives it, (..., K). Layers not in ``names`` (by the
+    identity of their LinearWeights record) are not recorded.
+    """
+
+    def __init__(self, inner, names: dict[int, str], record: Callable[[str, torch.Tensor], None]):
+        self._inner, self._names, self._record_fn = inner, names, record
 
     def __getattr__(self, name):  # rmsnorm, swiglu, attention_*: unchanged
         return getattr(self._inner, name)
@@ -58,8 +63,7 @@ class _RecordingOps:
     def _record(self, x: torch.Tensor, w: LinearWeights) -> None:
         name = self._names.get(id(w))
         if name is not None:
-            amax = x.detach().abs().reshape(-1, x.shape[-1]).amax(dim=0).to(torch.float32)  # (K,)
-            _update(self._store, name, amax)
+            self._record_fn(name, x.detach())
 
     def linear(self, x: torch.Tensor, w: LinearWeights) -> torch.Tensor:
         self._record(x, w)
@@ -68,6 +72,13 @@ class _RecordingOps:
     def qkv_rope(self, x, w: LinearWeights, cos, sin, n_heads: int, n_kv_heads: int):
         self._record(x, w)
         return self._inner.qkv_rope(x, w, cos, sin, n_heads, n_kv_heads)
+
+
+def _absmax_recorder(store: dict[str, torch.Tensor]) -> Callable[[str, torch.Tensor], None]:
+    def record(name: str, x: torch.Tensor) -> None:
+        _update(store, name, x.abs().reshape(-1, x.shape[-1]).amax(dim=0).to(torch.float32))  # (K,)
+
+    return record
 
 
 @torch.no_grad()
@@ -83,7 +94,7 @@ def calibrate(
     stats = CalibrationStats()
     names = {id(lw): name for name, lw in named_linears(weights).items()}
     decoder = Decoder(config, weights, DispatchTable())
-    decoder.ops = _RecordingOps(decoder.ops, names, stats.act_absmax)
+    decoder.ops = RecordingOps(decoder.ops, names, _absmax_recorder(stats.act_absmax))
     k_store: dict[int, torch.Tensor] = {}
     v_store: dict[int, torch.Tensor] = {}
 

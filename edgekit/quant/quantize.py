@@ -17,7 +17,7 @@ what gets written.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -33,14 +33,16 @@ from edgekit.precision_names import name_of_quant_mode
 from edgekit.cache import BuildCache
 from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, build_reference, check, evaluate
 from edgekit.quant.reference_cache import cached_reference
+from edgekit.quant.int4_calibration import Int4Calibration, Int4Options, calibrate_int4
 from edgekit.quant.kv_int8 import KVScales, make_decoder
+from edgekit.quant.mixed import fallback_attempts
 from edgekit.quant.layers import HEAD, dtype_name, named_linears, precision_of, round_through, with_layers
 from edgekit.quant.progress import SILENT, Steps
 from edgekit.quant.sensitivity import rank_layers
 from edgekit.quant.smoothquant import smoothing_factors
 from edgekit.quant.weights import quantize_linear
 
-MODES = ("w8a16", "w8a8")
+MODES = ("w8a16", "w8a8", "w4a16")
 REPORT_FORMAT = "edgekit-quant-report"
 REPORT_VERSION = 1
 
@@ -61,6 +63,17 @@ class QuantizeOptions:
     sensitivity_tokens: int = 128  # calibration tokens each layer's sensitivity is measured on
     always_rank: bool = False  # rank layers even when the gate passes
     max_fp_fraction: float = 0.25  # mixed precision gives up beyond this share of layers in FP
+    # W4A16 (mode "w4a16"): group size (the largest supported group dividing a layer's K where it does not divide),
+    # symmetric codes (Q4_0 form) or with offsets (Q4_1 form), and the calibration method
+    # (edgekit.quant.int4_calibration.METHODS: "gptq", "awq", "awq_gptq", "rtn").
+    int4_group: int = 128
+    int4_symmetric: bool = False
+    int4_method: str = "gptq"
+    int4_damp: float = 0.01  # GPTQ dampening, a fraction of mean(diag H)
+
+    def int4_options(self) -> Int4Options:
+        return Int4Options(group=self.int4_group, symmetric=self.int4_symmetric, method=self.int4_method,
+                           damp=self.int4_damp)
 
 
 @dataclass
@@ -69,7 +82,7 @@ class QuantizationResult:
     weights: ModelWeights  # quantized; FP parts hold their storage-dtype values
     kv_scales: KVScales | None
     report: dict
-    layer_precisions: dict[str, str] = field(default_factory=dict)  # layer -> "w8a16" | "w8a8" | "fp16"
+    layer_precisions: dict[str, str] = field(default_factory=dict)  # layer -> "w4a16" | "w8a16" | "w8a8" | "fp16"
 
     def decoder(self, ops=None) -> Decoder:
         """A decoder running this model through ``ops`` (default: the reference dispatch table)."""
@@ -92,12 +105,13 @@ def calibration_windows(loaded: LoadedModel, tokens: int, window_len: int) -> li
 
 
 def quantize_layers(
-    fp_weights: ModelWeights, mode: str, stats: CalibrationStats | None, alpha: float, include_head: bool
+    fp_weights: ModelWeights, mode: str, stats: CalibrationStats | None, alpha: float, include_head: bool,
+    skip: frozenset[str] = frozenset(),
 ) -> dict[str, LinearWeights]:
-    """INT8 records for every linear layer (and the head when ``include_head``)."""
+    """INT8 records for every linear layer (and the head when ``include_head``) except those in ``skip``."""
     out = {}
     for name, lw in named_linears(fp_weights).items():
-        if name == HEAD and not include_head:
+        if (name == HEAD and not include_head) or name in skip:
             continue
         smooth = None
         if mode == "w8a8":
@@ -111,8 +125,8 @@ def quantize_layers(
 def _stored_fp(fp_weights: ModelWeights, dt: torch.dtype) -> ModelWeights:
     """A copy of the FP model whose float tensors hold their values after storage as ``dt``."""
 
-    def lin(lw: LinearWeights) -> LinearWeights:
-        return LinearWeights(lw.op, round_through(lw.weight, dt), round_through(lw.bias, dt), lw.scale, lw.smooth)
+    def lin(lw: LinearWeights) -> LinearWeights:  # an INT4 record passed through keeps its codes, scales and offsets
+        return replace(lw, weight=round_through(lw.weight, dt), bias=round_through(lw.bias, dt))
 
     emb = round_through(fp_weights.tok_embeddings, dt)
     tied = fp_weights.lm_head.weight is fp_weights.tok_embeddings
@@ -131,7 +145,7 @@ def _assemble(stored_fp: ModelWeights, quantized: dict[str, LinearWeights], fp_l
     for name, lw in quantized.items():
         if name in fp_layers:
             continue
-        chosen[name] = LinearWeights(lw.op, lw.weight, round_through(lw.bias, dt), lw.scale, lw.smooth)
+        chosen[name] = replace(lw, bias=round_through(lw.bias, dt))
     return with_layers(stored_fp, chosen)
 
 
@@ -139,30 +153,29 @@ def _layer_precisions(weights: ModelWeights, dt: torch.dtype) -> dict[str, str]:
     return {name: precision_of(lw, dtype_name(dt)) for name, lw in named_linears(weights).items()}
 
 
-def _fp_steps(n_ranked: int, limit: int) -> list[int]:
-    """How many of the most sensitive layers to keep in FP at each mixed-precision attempt: 1, 2, 4, ... up to limit."""
-    out, k = [], 1
-    while k < limit:
-        out.append(k)
-        k *= 2
-    out.append(limit)
-    return [k for k in dict.fromkeys(out) if 0 < k <= n_ranked]
-
-
 @dataclass
 class PreparedQuantization:
     """Every layer quantized, before the gate decides which of them to use."""
 
     config: ModelConfig
-    layers: dict[str, LinearWeights]  # layer -> its INT8 record
-    stored_fp: ModelWeights  # the FP model with its float tensors rounded through the storage dtype
+    layers: dict[str, LinearWeights]  # layer -> its quantized record (W4A16: INT8 where a layer cannot be INT4)
+    stored_fp: ModelWeights  # the FP model (W4A16: with AWQ scales folded) rounded through the storage dtype
     storage_dtype: torch.dtype
     stats: CalibrationStats | None
     kv_scales: KVScales | None
+    fallback: dict[str, LinearWeights] = field(default_factory=dict)  # W4A16: layer -> the INT8 record to fall back to
+    int4: Int4Calibration | None = None
 
-    def assemble(self, fp_layers=()) -> ModelWeights:
-        """The quantized model with the named layers left in floating point."""
-        return _assemble(self.stored_fp, self.layers, set(fp_layers), self.storage_dtype)
+    def assemble(self, fp_layers=(), int8_layers=()) -> ModelWeights:
+        """The quantized model with the named layers left in floating point (and, W4A16, others in INT8)."""
+        chosen = {**self.layers, **{n: self.fallback[n] for n in int8_layers}}
+        return _assemble(self.stored_fp, chosen, set(fp_layers), self.storage_dtype)
+
+    def candidates(self) -> dict[str, LinearWeights]:
+        """The layers whose precision the gate may lower: every quantized one, or the new INT4 ones for W4A16."""
+        if self.int4 is None:
+            return self.layers
+        return {n: lw for n, lw in self.layers.items() if n in self.int4.layers}
 
     def decoder(self, fp_layers=(), ops=None) -> Decoder:
         return make_decoder(self.config, self.assemble(fp_layers), ops, self.kv_scales)
@@ -178,6 +191,8 @@ def prepare_quantization(
         raise QuantizationError(f"{loaded.source.location}: the model was loaded without weights", hint="load it with weights=True")
     opts = options or QuantizeOptions()
     cfg, fp_weights = loaded.config, loaded.weights.to(dtype=torch.float32)
+    if mode == "w4a16":
+        return _prepare_int4(loaded, fp_weights, kv_int8, opts, steps)
     stats = None
     if mode == "w8a8" or kv_int8:
         stats = calibrate(cfg, fp_weights, calibration_windows(loaded, opts.calibration_tokens, opts.calibration_window_len), steps)
@@ -188,6 +203,25 @@ def prepare_quantization(
         storage_dtype=opts.storage_dtype,
         stats=stats,
         kv_scales=KVScales.from_absmax(stats.k_absmax, stats.v_absmax) if kv_int8 else None,
+    )
+
+
+def _prepare_int4(loaded: LoadedModel, fp_weights: ModelWeights, kv_int8: bool, opts: QuantizeOptions,
+                  steps: Steps) -> PreparedQuantization:
+    """W4A16: calibrated INT4 records, INT8 ones of the same (AWQ-folded) weights to fall back to; INT4 records
+    already in the model (lossless GGUF intake) pass through untouched, with no fallback."""
+    windows = calibration_windows(loaded, opts.calibration_tokens, opts.calibration_window_len)
+    cal = calibrate_int4(loaded.config, fp_weights, windows, opts.int4_options(), include_head=opts.quantize_head,
+                         steps=steps)
+    # KV ranges of the folded model: folding wo's scales into the V rows changes the values the cache holds.
+    stats = calibrate(loaded.config, cal.weights, windows, steps) if kv_int8 else None
+    int8 = quantize_layers(cal.weights, "w8a16", None, opts.alpha, opts.quantize_head, frozenset(cal.passed_through))
+    layers = {**{n: int8[n] for n in cal.skipped}, **cal.layers}
+    return PreparedQuantization(
+        config=loaded.config, layers=layers, stored_fp=_stored_fp(cal.weights, opts.storage_dtype),
+        storage_dtype=opts.storage_dtype, stats=stats,
+        kv_scales=KVScales.from_absmax(stats.k_absmax, stats.v_absmax) if kv_int8 else None,
+        fallback={n: int8[n] for n in cal.layers}, int4=cal,
     )
 
 
@@ -224,7 +258,9 @@ def quantize_model(
         "mode": mode,
         "kv_int8": kv_int8,
         "options": {"alpha": opts.alpha if mode == "w8a8" else None, "quantize_head": opts.quantize_head,
-                    "storage_dtype": dtype_name(dt), "allow_mixed": allow_mixed},
+                    "storage_dtype": dtype_name(dt), "allow_mixed": allow_mixed,
+                    **({"int4": {"group": opts.int4_group, "symmetric": opts.int4_symmetric, "method": opts.int4_method,
+                                 "scale_dtype": "fp16"}} if mode == "w4a16" else {})},
         "measured_on": "cpu",
         "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",
     }
@@ -232,11 +268,14 @@ def quantize_model(
     # 1-2. calibration (only what needs activation ranges), then every layer quantized
     t = time.perf_counter()
     prepared = prepare_quantization(loaded, mode, kv_int8=kv_int8, options=opts, steps=steps)
-    stats, quantized, stored_fp, kv_scales = prepared.stats, prepared.layers, prepared.stored_fp, prepared.kv_scales
+    stats, stored_fp, kv_scales = prepared.stats, prepared.stored_fp, prepared.kv_scales
     if stats is not None:
         report["calibration"] = {"text": f"edgekit/quant/data/{corpus.CALIBRATION_FILE}", **stats.summary()}
-    else:
+    elif mode != "w4a16":
         report["calibration"] = {"text": None, "note": "weight-only INT8 with an FP KV cache needs no activation ranges"}
+    if prepared.int4 is not None:
+        report["calibration"] = {**report.get("calibration", {}), "text": f"edgekit/quant/data/{corpus.CALIBRATION_FILE}",
+                                 "int4": prepared.int4.summary()}
     kv_transform = kv_scales.roundtrip if kv_scales is not None else None
     timings["calibrate_and_quantize_s"] = time.perf_counter() - t
 
@@ -254,20 +293,20 @@ def quantize_model(
                       "fp_reference": "read from the cache" if ref_cached else "computed"}
     timings["fp_reference_s"] = time.perf_counter() - t
 
-    def attempt(fp_layers: list[str], label: str) -> tuple[ModelWeights, dict, list[str]]:
-        w = prepared.assemble(fp_layers)
+    def attempt(fp_layers: list[str], label: str, int8_layers: list[str] = ()) -> tuple[ModelWeights, dict, list[str]]:
+        w = prepared.assemble(fp_layers, int8_layers)
         metrics = evaluate(Decoder(cfg, w, ops), ref, kv_transform, steps, label)
         return w, metrics, check(metrics, gate)
 
-    weights, metrics, fails = attempt([], "gate: all layers INT8")
-    attempts = [{"fp_layers": [], "metrics": metrics, "failures": fails}]
+    weights, metrics, fails = attempt([], f"gate: all layers {name_of_quant_mode(mode)}")
+    attempts = [{"int8_layers": [], "fp_layers": [], "metrics": metrics, "failures": fails}]
     timings["gate_s"] = time.perf_counter() - t
 
     ranking = None
     if fails or opts.always_rank:
         t = time.perf_counter()
         sens = calibration_windows(loaded, opts.sensitivity_tokens, opts.sensitivity_tokens)
-        ranking = rank_layers(cfg, stored_fp, quantized, sens, steps)
+        ranking = rank_layers(cfg, stored_fp, prepared.candidates(), sens, steps)
         report["sensitivity"] = {"text": f"edgekit/quant/data/{corpus.CALIBRATION_FILE}",
                                  "tokens": sum(w.shape[1] for w in sens), "metric": "mean KL(fp || quant), nats/token",
                                  "layers": ranking}
@@ -282,11 +321,11 @@ def quantize_model(
 
     if fails and allow_mixed:
         t = time.perf_counter()
-        limit = max(1, int(opts.max_fp_fraction * len(quantized)))
-        for k in _fp_steps(len(ranking), limit):
-            fp_layers = [r["layer"] for r in ranking[:k]]
-            weights, metrics, fails = attempt(fp_layers, f"gate: {k} layer(s) in FP")
-            attempts.append({"fp_layers": fp_layers, "metrics": metrics, "failures": fails})
+        limit = max(1, int(opts.max_fp_fraction * len(prepared.candidates())))
+        for a in fallback_attempts([r["layer"] for r in ranking], limit, int4=mode == "w4a16"):
+            weights, metrics, fails = attempt(a.fp_layers, a.label, a.int8_layers)
+            attempts.append({"int8_layers": a.int8_layers, "fp_layers": a.fp_layers, "metrics": metrics,
+                             "failures": fails})
             if not fails:
                 break
         timings["mixed_precision_s"] = time.perf_counter() - t
@@ -296,7 +335,9 @@ def quantize_model(
     precisions = _layer_precisions(weights, dt)
     report["layers"] = precisions
     report["fp_layers"] = final["fp_layers"]
-    report["mixed_precision"] = bool(final["fp_layers"])
+    if mode == "w4a16":
+        report["int8_layers"] = final["int8_layers"]  # INT4 layers the gate moved to INT8 (not those that cannot be INT4)
+    report["mixed_precision"] = bool(final["fp_layers"] or final["int8_layers"])
     report["weight_bytes"] = {"fp32_as_loaded": fp_weights.nbytes(), "quantized": _stored_nbytes(weights, dt)}
     report["kv_cache"] = {"precision": "int8" if kv_int8 else dtype_name(dt),
                           "scales": "static per (block, KV head), from calibration" if kv_int8 else None}
@@ -306,12 +347,17 @@ def quantize_model(
         worst = ", ".join(f"{r['layer']} (KL {r['kl_nats']:.2e})" for r in ranking[:5])
         why = "; ".join(fails)
         if allow_mixed:
-            msg = (f"the {name_of_quant_mode(mode)} model fails the accuracy gate even with the {len(final['fp_layers'])} most sensitive "
-                   f"layers in floating point: {why}; most sensitive layers: {worst}")
+            kept = f"{len(final['fp_layers'])} most sensitive layers in floating point"
+            if final["int8_layers"]:
+                kept += f" and {len(final['int8_layers'])} more in INT8"
+            msg = (f"the {name_of_quant_mode(mode)} model fails the accuracy gate even with the {kept}: {why}; "
+                   f"most sensitive layers: {worst}")
             hint = "relax the gate thresholds, raise the mixed-precision limit, or use --precision int8 (W8A16)"
         else:
             msg = f"the {name_of_quant_mode(mode)} model fails the accuracy gate: {why}; the layers that hurt most: {worst}"
-            hint = "pass --allow-mixed to keep the most sensitive layers in floating point, or use --precision int8 (W8A16)"
+            hint = ("pass --allow-mixed to move the most sensitive layers to INT8 (then floating point), or use --precision int8"
+                    if mode == "w4a16" else
+                    "pass --allow-mixed to keep the most sensitive layers in floating point, or use --precision int8 (W8A16)")
         if kv_int8 and report["gate"]["kv_int8_alone"]["failures"]:
             msg += "; the INT8 KV cache alone already fails the gate"
             hint = "drop --kv-int8"
@@ -334,7 +380,7 @@ def _stored_nbytes(weights: ModelWeights, dt: torch.dtype) -> int:
         if name == HEAD and lw.weight is weights.tok_embeddings:
             continue  # tied: stored once
         n += fbytes(lw.weight) + fbytes(lw.bias)
-        n += sum(t.numel() * t.element_size() for t in (lw.scale, lw.smooth) if t is not None)
+        n += sum(t.numel() * t.element_size() for t in (lw.scale, lw.smooth, lw.offset) if t is not None)
     for b in weights.blocks:
         n += fbytes(b.attn_norm) + fbytes(b.ffn_norm)
     return n

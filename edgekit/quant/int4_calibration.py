@@ -1,0 +1,218 @@
+"""Calibrated INT4 (W4A16) weights for a whole model, one decoder block at a time.
+
+    cal = calibrate_int4(config, fp_weights, windows, Int4Options(group=128, method="gptq"))
+    cal.weights   # the FP model with AWQ scales folded in (same function, FP32)
+    cal.layers    # layer -> linear_w4a16 record, for every layer that can be INT4
+
+Block by block, on the calibration windows:
+1. run the block in floating point and collect, for each of its projections,
+   H = X^T X of its inputs and the mean |x| of every input channel;
+2. "awq", "awq_gptq": search per-input-channel scales (edgekit.quant.awq) and
+   fold them into the block (edgekit.quant.awq_fold), so the FP model is
+   unchanged and H becomes that of the scaled inputs;
+3. round every projection: "rtn" round-to-nearest, "awq" round-to-nearest of
+   the scaled weights with per-group clip ratios searched under H, "gptq" and
+   "awq_gptq" GPTQ (edgekit.quant.gptq);
+4. run the block again with its rounded projections: its output is the next
+   block's input, so later blocks are calibrated on the inputs they will see
+   once the earlier ones are quantized (GPTQ's sequential order).
+
+The group is the requested one where it divides the layer's input width, else
+the largest supported group that does (SmolLM2-135M: K = 576 takes G = 64 when
+128 is asked); a layer with K not a multiple of 32 cannot be INT4 and is left
+out of ``layers`` with the reason in ``skipped``. Records that are already
+``linear_w4a16`` (a 4-bit GGUF taken in losslessly) are passed through
+untouched and listed in ``passed_through``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from edgekit.errors import QuantizationError
+from edgekit.kernels.dispatch import DispatchTable
+from edgekit.kernels.int4_layout import GROUP_SIZES
+from edgekit.kernels.linear import LinearWeights
+from edgekit.model.config import ModelConfig
+from edgekit.model.decoder import Decoder, ModelWeights
+from edgekit.quant.awq import scaled_hessian, search_scales
+from edgekit.quant.awq_fold import can_fold, fold_scales, wo_expand
+from edgekit.quant.calibration import RecordingOps
+from edgekit.quant.forward import embed, logits, run_blocks
+from edgekit.quant.gptq import gptq_quantize
+from edgekit.quant.int4_rounding import output_error, rtn_record, search_clip
+from edgekit.quant.layers import BLOCK_LINEARS, HEAD
+from edgekit.quant.progress import SILENT, Steps
+
+METHODS = ("gptq", "awq", "awq_gptq", "rtn")
+
+
+@dataclass
+class Int4Options:
+    group: int = 128
+    symmetric: bool = False
+    method: str = "gptq"
+    scale_dtype: torch.dtype = torch.float16
+    damp: float = 0.01  # GPTQ dampening, a fraction of mean(diag H)
+    act_order: bool = False
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise QuantizationError(f"unknown INT4 method {self.method!r}; expected one of {', '.join(METHODS)}")
+        if self.group not in GROUP_SIZES:
+            raise QuantizationError(f"INT4 group size {self.group} is not supported; expected one of {GROUP_SIZES}")
+        if not 0 < self.damp < 1:
+            raise QuantizationError(f"GPTQ damping must be in (0, 1) (a fraction of mean(diag H)), got {self.damp}")
+
+
+@dataclass
+class Int4Calibration:
+    weights: ModelWeights  # the FP model with AWQ scales folded in
+    layers: dict[str, LinearWeights]  # layer -> linear_w4a16 record (new ones only)
+    groups: dict[str, int] = field(default_factory=dict)  # layer -> group size used
+    passed_through: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # layer -> why it cannot be INT4
+    errors: dict[str, dict] = field(default_factory=dict)  # layer -> output errors on the calibration inputs
+    n_tokens: int = 0
+
+    def summary(self) -> dict:
+        return {"tokens": self.n_tokens, "groups": self.groups, "passed_through": self.passed_through,
+                "not_int4": self.skipped, "output_error_vs_rtn": self.errors}
+
+
+def group_for(k: int, requested: int) -> int | None:
+    """The requested group if it divides K, else the largest supported smaller one that does; None if none does."""
+    fits = [g for g in GROUP_SIZES if g <= requested and k % g == 0]
+    return max(fits) if fits else None
+
+
+class _InputStats:
+    """H = sum X^T X (FP64) and sum |x| per input channel for each recorded layer."""
+
+    def __init__(self):
+        self.h: dict[str, torch.Tensor] = {}
+        self.abs_sum: dict[str, torch.Tensor] = {}
+        self.rows: dict[str, int] = {}
+
+    def record(self, name: str, x: torch.Tensor) -> None:
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)  # (rows, K)
+        h = (x2.T @ x2).to(torch.float64)
+        self.h[name] = h if name not in self.h else self.h[name] + h
+        a = x2.abs().sum(0).to(torch.float64)
+        self.abs_sum[name] = a if name not in self.abs_sum else self.abs_sum[name] + a
+        self.rows[name] = self.rows.get(name, 0) + x2.shape[0]
+
+    def mean_abs(self, name: str) -> torch.Tensor:
+        return (self.abs_sum[name] / self.rows[name]).to(torch.float32)
+
+
+def _batches(windows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Windows of equal length stacked into (B, T) batches: a block reads its weights once per batch."""
+    by_len: dict[int, list[torch.Tensor]] = {}
+    for w in windows:
+        by_len.setdefault(w.shape[1], []).append(w)
+    return [torch.cat(ws, dim=0) for ws in by_len.values()]
+
+
+def _round_layer(lw: LinearWeights, h: torch.Tensor, group: int, opts: Int4Options, name: str) -> LinearWeights:
+    w = lw.weight.to(torch.float32)
+    if opts.method == "rtn":
+        return rtn_record(w, lw.bias, group, opts.symmetric, opts.scale_dtype)
+    if opts.method == "awq":
+        clip = search_clip(w, h.to(torch.float32), group, opts.symmetric, opts.scale_dtype)
+        return rtn_record(w, lw.bias, group, opts.symmetric, opts.scale_dtype, clip)
+    return gptq_quantize(w, h, group, symmetric=opts.symmetric, scale_dtype=opts.scale_dtype, damp=opts.damp,
+                         act_order=opts.act_order, bias=lw.bias, name=name)
+
+
+def _awq_block_scales(block, config: ModelConfig, stats: _InputStats, prefix: str, groups: dict[str, int],
+                      opts: Int4Options) -> dict[str, torch.Tensor]:
+    scales = {}
+    for k in BLOCK_LINEARS:
+        name = f"{prefix}.{k}"
+        if name not in groups or not can_fold(block, k):
+            continue
+        lw = getattr(block, k)
+        act, expand = stats.mean_abs(name), None
+        if k == "wo":  # one scale per V channel: the mean over the heads that read it
+            expand = wo_expand(config)
+            act = torch.zeros(config.kv_size).index_add_(0, expand, act) / (config.n_heads // config.n_kv_heads)
+        s, _ = search_scales(lw.weight, stats.h[name], act, groups[name], opts.symmetric, opts.scale_dtype, expand)
+        scales[k] = s
+    return scales
+
+
+@torch.no_grad()
+def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows: list[torch.Tensor],
+                   opts: Int4Options, *, include_head: bool = False, steps: Steps = SILENT) -> Int4Calibration:
+    """Calibrated INT4 records for every projection (and the LM head when ``include_head``); see the module doc."""
+    opts.validate()
+    if not token_windows:
+        raise QuantizationError("INT4 calibration needs at least one window of tokens, got none")
+    work = ModelWeights(fp_weights.tok_embeddings, list(fp_weights.blocks), fp_weights.norm, fp_weights.lm_head)
+    ops = DispatchTable()
+    dec = Decoder(config, work, ops)
+    cal = Int4Calibration(weights=work, layers={})
+    xs = [embed(dec, b) for b in _batches(token_windows)]  # [(B, T, C)]
+    cal.n_tokens = sum(w.numel() for w in token_windows)
+
+    def plan(name: str, lw: LinearWeights) -> int | None:
+        if lw.op == "linear_w4a16":
+            cal.passed_through.append(name)
+            return None
+        if lw.op != "linear":
+            raise QuantizationError(f"{name}: is {lw.op}; expected a floating-point layer or an INT4 one to pass through")
+        g = group_for(lw.in_features, opts.group)
+        if g is None:
+            cal.skipped[name] = f"in_features={lw.in_features} is not a multiple of {min(GROUP_SIZES)}"
+        return g
+
+    with steps.task(f"INT4 calibration ({opts.method})", config.n_layers + int(include_head)) as advance:
+        for i in range(config.n_layers):
+            prefix = f"blocks.{i}"
+            block = work.blocks[i]
+            groups = {f"{prefix}.{k}": g for k, lw in block.linears().items() if (g := plan(f"{prefix}.{k}", lw))}
+            stats = _InputStats()
+            names = {id(getattr(block, k)): f"{prefix}.{k}" for k in BLOCK_LINEARS}
+            rec = dec.with_ops(RecordingOps(ops, names, stats.record))
+            for x in xs:
+                run_blocks(rec, x, i, i + 1)
+            before = {n: (getattr(block, n.split(".")[-1]).weight.to(torch.float32), stats.h[n].to(torch.float32))
+                      for n in groups}  # what round-to-nearest would have rounded, and its inputs' H
+            if opts.method in ("awq", "awq_gptq"):
+                scales = _awq_block_scales(block, config, stats, prefix, groups, opts)
+                block = fold_scales(block, config, scales)
+                work.blocks[i] = block
+                for k, s in scales.items():
+                    cols = s[wo_expand(config)] if k == "wo" else s
+                    stats.h[f"{prefix}.{k}"] = scaled_hessian(stats.h[f"{prefix}.{k}"], cols)
+            rounded = {}
+            for name, g in groups.items():
+                rounded[name] = _round_layer(getattr(block, name.split(".")[-1]), stats.h[name], g, opts, name)
+                w, h = getattr(block, name.split(".")[-1]).weight.to(torch.float32), stats.h[name].to(torch.float32)
+                w0, h0 = before[name]
+                rtn = rtn_record(w0, None, g, opts.symmetric, opts.scale_dtype).dequantized()
+                cal.errors[name] = {"error": output_error(w - rounded[name].dequantized(), h),
+                                    "rtn_error": output_error(w0 - rtn, h0)}
+            cal.layers.update(rounded)
+            cal.groups.update(groups)
+            # the next block's inputs: this block with its rounded projections
+            qblock = replace(block, **{n.split(".")[-1]: r for n, r in rounded.items()})
+            work.blocks[i] = qblock
+            xs = [run_blocks(dec, x, i, i + 1) for x in xs]
+            work.blocks[i] = block
+            advance()
+        if include_head:
+            lw = work.lm_head
+            g = plan(HEAD, lw)
+            if g is not None:
+                stats = _InputStats()
+                rec = dec.with_ops(RecordingOps(ops, {id(lw): HEAD}, stats.record))
+                for x in xs:
+                    logits(rec, x)
+                cal.layers[HEAD] = _round_layer(lw, stats.h[HEAD], g, opts, HEAD)
+                cal.groups[HEAD] = g
+            advance()
+    return cal

@@ -1,0 +1,59 @@
+"""Block-by-block INT4 calibration of a whole (tiny) model: every method yields records in the layout for every
+projection, the calibrated methods lower the layers' output error below round-to-nearest's, AWQ's folded model
+computes the same function as the FP one, and bad options are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgekit.errors import QuantizationError
+from edgekit.kernels.dispatch import DispatchTable
+from edgekit.model.decoder import Decoder
+from edgekit.quant.forward import all_logits
+from edgekit.quant.int4_calibration import METHODS, Int4Options, calibrate_int4
+from edgekit.quant.layers import layer_names
+from edgekit.quant.quantize import calibration_windows
+
+
+@pytest.fixture(scope="module")
+def windows(tiny):
+    return calibration_windows(tiny, 512, 128)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_calibrates_every_projection(tiny, windows, method):
+    fp = tiny.weights.to(dtype=torch.float32)
+    cal = calibrate_int4(tiny.config, fp, windows, Int4Options(method=method))
+    assert sorted(cal.layers) == sorted(layer_names(tiny.config.n_layers, include_head=False))
+    assert all(lw.op == "linear_w4a16" for lw in cal.layers.values())
+    assert cal.n_tokens == 512 and not cal.skipped and not cal.passed_through
+    err = sum(e["error"] for e in cal.errors.values())
+    rtn = sum(e["rtn_error"] for e in cal.errors.values())
+    if method == "rtn":
+        assert err == pytest.approx(rtn, rel=1e-6)
+    else:
+        assert err < 0.9 * rtn
+    # the folded FP model (AWQ) or the untouched one computes what the model as loaded computes
+    tokens = windows[0]
+    ref = all_logits(Decoder(tiny.config, fp, DispatchTable()), tokens)
+    got = all_logits(Decoder(tiny.config, cal.weights, DispatchTable()), tokens)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+    # the input model is left as it was
+    assert fp.blocks[0].wqkv.op == "linear"
+
+
+def test_the_lm_head_is_calibrated_only_when_asked(tiny, windows):
+    fp = tiny.weights.to(dtype=torch.float32)
+    cal = calibrate_int4(tiny.config, fp, windows, Int4Options(method="gptq", group=32), include_head=True)
+    assert cal.layers["lm_head"].op == "linear_w4a16" and cal.groups["lm_head"] == 32
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(method="nf4"), "unknown INT4 method 'nf4'"),
+    (dict(group=96), "group size 96"),
+    (dict(damp=0.0), "damping"),
+])
+def test_bad_options_are_refused(tiny, windows, bad, match):
+    with pytest.raises(QuantizationError, match=match):
+        calibrate_int4(tiny.config, tiny.weights, windows, Int4Options(**bad))
