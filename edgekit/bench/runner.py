@@ -96,16 +96,31 @@ def _cast(w: ModelWeights, device, dtype: torch.dtype) -> ModelWeights:
     return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=mv(w.norm), lm_head=head)
 
 
+def _int4_rtn(lw: LinearWeights) -> LinearWeights:
+    """A W4A16 record of the same shape (round to nearest: the speed of INT4, not a calibrated model)."""
+    from edgekit.kernels.int4_layout import GROUP_SIZES, quantize_int4_rtn
+
+    group = max(g for g in GROUP_SIZES if lw.in_features % g == 0)
+    q, scale, offset = quantize_int4_rtn(lw.weight, group)
+    return LinearWeights("linear_w4a16", q.to(lw.weight.device), lw.bias, scale.to(lw.weight.device),
+                         offset=offset.to(lw.weight.device))
+
+
 def quantized(w: ModelWeights, precision: str) -> ModelWeights:
-    """W8A16 records for every block linear (and the LM head for int8-head); norms and embedding shared."""
+    """W8A16 records for every block linear (and the LM head for int8-head), or W4A16 ones for int4; norms and
+    embedding shared."""
     from edgekit.quant.weights import quantize_linear
 
     if precision == "fp16":
         return w
+
+    def quantize(lw: LinearWeights, name: str) -> LinearWeights:
+        return _int4_rtn(lw) if precision == "int4" else quantize_linear(lw, "w8a16", name)
+
     blocks = [
         BlockWeights(
             attn_norm=b.attn_norm, ffn_norm=b.ffn_norm,
-            **{name: quantize_linear(lw, "w8a16", f"blocks.{i}.{name}") for name, lw in b.linears().items()},
+            **{name: quantize(lw, f"blocks.{i}.{name}") for name, lw in b.linears().items()},
         )
         for i, b in enumerate(w.blocks)
     ]

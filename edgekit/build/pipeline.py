@@ -23,7 +23,7 @@ from edgekit.cache import BuildCache, cache_key, package_source_hash
 from edgekit.errors import BundleError, EdgekitError
 
 PLUGIN_VERSION = 1
-PRECISIONS = {"int8": "w8a16", "w8a8": "w8a8", "fp16": None}  # --precision -> quantization mode (None: no quantization)
+PRECISIONS = {"int8": "w8a16", "w8a8": "w8a8", "int4": "w4a16", "fp16": None}  # --precision -> quantization mode (None: none)
 
 
 @dataclass
@@ -33,7 +33,7 @@ class BuildOptions:
     out: Path
     key: Path | None = None
     dev_key: bool = False
-    precision: str = "int8"  # int8 (= W8A16) | w8a8 | fp16
+    precision: str = "int8"  # int8 (= W8A16) | w8a8 | int4 (= W4A16) | fp16
     context: int | None = None
     batch: int = 1
     buckets: tuple[int, ...] | None = None
@@ -107,8 +107,12 @@ def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[di
     from edgekit.kernels.aot import compile_variant
     from edgekit.kernels.variants import op_program
 
+    from edgekit.kernels.variants import op_kernels
+
     compiled = {}
     for op in plan.operators():
+        if op not in op_kernels():
+            continue  # no Triton kernels for it (yet): no plugin; the runtime runs its torch reference
         chosen = [t for t in plan.tiles if t.op == op]
         if not chosen:
             raise BundleError(f"the plan chose no kernel variant for {op}, which the model runs",
@@ -118,7 +122,7 @@ def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[di
     return compiled
 
 
-def _intake(spec: str | None, cache: BuildCache):
+def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False):
     """The model's config and tokenizer, cached by the weights' hash; the weights themselves load on demand.
 
     A GGUF needs ~10 s to parse and dequantize on this CPU; an unchanged rebuild whose quantized weights
@@ -132,17 +136,17 @@ def _intake(spec: str | None, cache: BuildCache):
     if kind == "preset":
         return load_model(spec)
     if not cache.enabled:
-        return load_model(spec)
+        return load_model(spec, keep_int4=keep_int4)
     from edgekit.model.loader import LoadedModel, file_sha256
 
     path = Path(location)
     digest = file_sha256(path) if kind == "gguf" else None
     if digest is None:  # a directory: hashing it is the loader's job
-        return load_model(spec)
+        return load_model(spec, keep_int4=keep_int4)
     key = cache_key(stage="intake", kind=kind, sha256=digest, edgekit=__version__)
     hit = cache.get("intake", key)
     if hit is None:
-        loaded = load_model(spec)
+        loaded = load_model(spec, keep_int4=keep_int4)
         loaded.tokenizer_files = _tokenizer_files(loaded.tokenizer)
         cache.put("intake", key, {"config.json": json.dumps(loaded.config.to_dict()).encode(), **loaded.tokenizer_files})
         return loaded
@@ -166,12 +170,14 @@ def _tokenizer_files(tokenizer) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir()) if p.is_file()}
 
 
-def _ensure_weights(loaded, spec: str | None):
-    """Fill in the weights of a model whose config and tokenizer came from the cache."""
+def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False):
+    """Fill in the weights of a model whose config and tokenizer came from the cache.
+
+    ``keep_int4`` (an INT4 build): a GGUF's 4-bit projections stay W4A16 records, bit for bit."""
     if loaded.weights is None:
         from edgekit.model.loader import load_model
 
-        loaded.weights = load_model(spec, tokenizer=False).weights
+        loaded.weights = load_model(spec, tokenizer=False, keep_int4=keep_int4).weights
     return loaded
 
 
@@ -183,12 +189,15 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
 
     gate = GateConfig.for_mode(mode)
     qopts = QuantizeOptions()
-    key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(),
+    keep_int4 = mode == "w4a16"
+    # an INT4 build takes a GGUF's 4-bit projections in as they are: the intake code is part of the key then
+    intake = {"intake": "lossless-int4", "intake_source": package_source_hash("edgekit.model")} if keep_int4 else {}
+    key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(), **intake,
                     options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__,
                     source=package_source_hash("edgekit.quant"))
     hit = cache.get("quantize", key)
     if hit is None:
-        _ensure_weights(loaded, opts.model)
+        _ensure_weights(loaded, opts.model, keep_int4)
         result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps,
                                 reference_cache=cache)
         hit = {"model.safetensors": serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode}),
@@ -227,7 +236,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     st = _Stages(report)
     mode = PRECISIONS[opts.precision]
 
-    loaded = st.run("load", _intake, opts.model, cache)
+    loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16")
     cfg = loaded.config
     model_info = {"name": cfg.name, "source": loaded.source.to_dict()}
 
@@ -278,6 +287,8 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
             if quant_report is not None:
                 w.add_json("quantization/report.json", quant_report)
             for op in ops:
+                if op not in compiled:
+                    continue  # the reference path (see compile_plan)
                 ck, program = compiled[op]
                 meta, files = plugin_from_compiled(op, PLUGIN_VERSION, ck, program, golden[op],
                                                    description=f"{op} for {target.name} (sm_{arch}), built by edgekit {__version__}")
