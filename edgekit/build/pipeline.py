@@ -39,6 +39,7 @@ class BuildOptions:
     buckets: tuple[int, ...] | None = None
     trace: Path | None = None
     allow_mixed: bool = False
+    quantize_head: bool = False  # the LM head too (its own quantized copy when tied), behind the same gate
     archive: bool = False
     tensorrt_onnx: bool = False
     onnx: bool = True
@@ -188,7 +189,7 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
     gate = GateConfig.for_mode(mode)
-    qopts = QuantizeOptions()
+    qopts = QuantizeOptions(quantize_head=opts.quantize_head)
     keep_int4 = mode == "w4a16"
     # an INT4 build takes a GGUF's 4-bit projections in as they are: the intake code is part of the key then
     intake = {"intake": "lossless-int4", "intake_source": package_source_hash("edgekit.model")} if keep_int4 else {}
@@ -235,6 +236,9 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     cache = BuildCache(opts.cache_dir, enabled=opts.use_cache)
     st = _Stages(report)
     mode = PRECISIONS[opts.precision]
+    if opts.quantize_head and mode is None:
+        raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
+                          hint="drop --quantize-head, or use --precision int8 or int4")
 
     loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16")
     cfg = loaded.config

@@ -38,9 +38,10 @@ KNOWN_TYPES = FLOAT_TYPES + LOSSLESS_INT4_TYPES + DEQUANTIZED_TYPES
 
 INTAKE = {
     **{t: "floating point" for t in FLOAT_TYPES},
-    "Q4_0": "lossless: W4A16 g32 symmetric, fp16 scales (byte copy)",
-    "Q4_1": "lossless: W4A16 g32 asymmetric, fp16 scales and offsets (byte copy)",
-    "Q4_K": "lossless: W4A16 g32 asymmetric, fp32 scales and offsets (nibbles re-ordered)",
+    "Q4_0": "projections lossless: W4A16 g32 symmetric, fp16 scales (byte copy); embedding/LM head dequantized",
+    "Q4_1": "projections lossless: W4A16 g32 asymmetric, fp16 scales and offsets (byte copy); embedding/LM head dequantized",
+    "Q4_K": "projections lossless: W4A16 g32 asymmetric, fp32 scales and offsets (nibbles re-ordered); "
+            "embedding/LM head dequantized",
     **{t: "dequantized to FP32, then quantized by the chosen precision (not lossless)" for t in DEQUANTIZED_TYPES},
 }
 

@@ -144,8 +144,11 @@ class PrecisionPlan:
                 blocks += linear_bytes(o, i, scheme, bias=cfg.qkv_bias and proj == "wqkv", int4_group=self.int4_group,
                                        int4_group_bytes=self.int4_group_bytes)
         embed = cfg.vocab_size * cfg.hidden_size * 2
-        lm = 0 if cfg.tie_embeddings else linear_bytes(cfg.vocab_size, cfg.hidden_size, self.lm_head, bias=False,
-                                                       int4_group=self.int4_group, int4_group_bytes=self.int4_group_bytes)
+        # A tied head in FP16 is the embedding itself (0 bytes of its own); a quantized one is its own copy
+        # (the lookup still gathers FP16 rows of the embedding), which is what a decode step streams.
+        tied_fp = cfg.tie_embeddings and self.lm_head == "fp16"
+        lm = 0 if tied_fp else linear_bytes(cfg.vocab_size, cfg.hidden_size, self.lm_head, bias=False,
+                                            int4_group=self.int4_group, int4_group_bytes=self.int4_group_bytes)
         norms = (2 * cfg.n_layers + 1) * cfg.hidden_size * 2
         return {"embedding": embed, "blocks_linear": blocks, "norms": norms, "lm_head": lm}
 

@@ -144,3 +144,19 @@ def test_unmappable_type_is_a_one_line_error_naming_tensor_and_type(tmp_path):
             load_model(str(path), keep_int4=keep)
         assert "\n" not in str(e.value)
         assert "blk.1.ffn_up.weight" in str(e.value) and "IQ4_NL" in str(e.value)
+
+
+def test_info_says_per_tensor_type_how_an_int4_build_takes_it_in(q4_1_llama):
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgekit.cli import _register_commands, app
+
+    _register_commands()
+    res = CliRunner().invoke(app, ["info", str(q4_1_llama), "--json"])
+    assert res.exit_code == 0, res.output
+    stored = json.loads(res.output)["stored_as"]
+    assert stored["tensor_types"] == {"Q4_1": 14, "F32": 7}
+    assert stored["intake_int4"]["Q4_1"].startswith("projections lossless: W4A16 g32")
+    assert stored["intake_int4"]["F32"] == "floating point"
