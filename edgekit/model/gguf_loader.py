@@ -54,6 +54,14 @@ def stored_tensor_types(path: Path) -> dict[str, int]:
     return dict(counts.most_common())
 
 
+def projection_tensor_types(path: Path) -> dict[str, int]:
+    """How the file stores its block projections (the tensors an INT4 build may take in losslessly), e.g. {"Q4_1": 210}."""
+    from collections import Counter
+
+    names = tuple(k for k in _BLOCK_NAMES if k.endswith(".weight") and "norm" not in k)
+    return dict(Counter(t.tensor_type.name for t in _open(path).tensors if t.name.endswith(names)).most_common())
+
+
 def _field(reader, key: str, default=None):
     f = reader.fields.get(key)
     if f is None:

@@ -64,6 +64,18 @@ class Int4Tensor:
         return Int4Tensor(fn(self.qweight), fn(self.scale), fn(self.offset) if self.offset is not None else None)
 
 
+# W4A16 bytes per group of 32 of each lossless type: scale (+ offset), in the dtype the intake keeps
+GROUP_BYTES = {"Q4_0": 2, "Q4_1": 4, "Q4_K": 8}
+
+
+def lossless_int4_layout(projection_types: dict[str, int]) -> tuple[int, int] | None:
+    """(group, bytes of scale [+ offset] per group) an INT4 build will have when every projection is stored in one
+    lossless 4-bit type; None otherwise (those layers go through the calibrated path)."""
+    if len(projection_types) != 1 or next(iter(projection_types)) not in GROUP_BYTES:
+        return None
+    return SUBBLOCK, GROUP_BYTES[next(iter(projection_types))]
+
+
 def check_type(tensor_name: str, type_name: str, source: str) -> None:
     """Refuse a tensor type edgekit has no mapping for, in one line naming the tensor and the type."""
     if type_name not in KNOWN_TYPES:

@@ -160,3 +160,26 @@ def test_info_says_per_tensor_type_how_an_int4_build_takes_it_in(q4_1_llama):
     assert stored["tensor_types"] == {"Q4_1": 14, "F32": 7}
     assert stored["intake_int4"]["Q4_1"].startswith("projections lossless: W4A16 g32")
     assert stored["intake_int4"]["F32"] == "floating point"
+
+
+def test_plan_int4_of_a_4bit_gguf_costs_the_group_it_will_keep(q4_1_llama, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgekit.cli import _register_commands, app
+    from edgekit.model.gguf_types import lossless_int4_layout
+
+    assert lossless_int4_layout({"Q4_1": 14}) == (32, 4) and lossless_int4_layout({"Q4_K": 3}) == (32, 8)
+    assert lossless_int4_layout({"Q4_K": 10, "Q6_K": 4}) is None  # some layers go through calibration
+    _register_commands()
+    res = CliRunner().invoke(app, ["plan", str(q4_1_llama), "--target", "orin", "--precision", "int4", "--no-tiles", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)
+    assert plan["precision"]["int4"] == {"group": 32, "group_bytes": 4}
+    # exactly the bytes the loaded W4A16 records hold (projections) + FP16 norms, embedding and untied head
+    w = load_model(str(q4_1_llama), keep_int4=True, tokenizer=False).weights
+    proj = sum(lw.nbytes() for b in w.blocks for lw in b.linears().values())
+    fp16 = 2 * (w.tok_embeddings.numel() + w.lm_head.weight.numel() + w.norm.numel()
+                + sum(b.attn_norm.numel() + b.ffn_norm.numel() for b in w.blocks))
+    assert plan["memory"]["weights_bytes"] == proj + fp16
