@@ -166,8 +166,11 @@ class _Reader:
             raise QuantizationError(f"{self.path}: tensor {name!r} is {t.dtype}, expected a floating-point tensor")
         if kind == "group":  # W4A16 scales/offsets: kept in their stored dtype (fp16 or fp32); zero and negative
             # scales are legal (GGML Q4_0 stores a negative d when the block's largest magnitude is negative)
-            if t.dtype not in (torch.float16, torch.float32) or not bool(torch.isfinite(t).all()):
-                raise QuantizationError(f"{self.path}: tensor {name!r} must be finite float16 or float32, got {t.dtype}")
+            if t.dtype not in (torch.float16, torch.float32):
+                raise QuantizationError(f"{self.path}: tensor {name!r} is {t.dtype}, expected float16 or float32 group scales")
+            if not bool(torch.isfinite(t).all()):
+                raise QuantizationError(f"{self.path}: tensor {name!r} has non-finite entries; expected finite group scales",
+                                        hint="the file is corrupt; quantize again")
             return t.to(self.device)
         if kind == "scale":
             t = t.to(torch.float32)
