@@ -301,9 +301,10 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
 
         st.run("write", write_parts)
         onnx_info = None
-        no_onnx = [op for op in ops if operator(op).onnx is None]
+        # the portable (prefill) graph needs a fallback body for every projection's operator; the bundle is
+        # complete without the graph
+        no_onnx = [op for op in ops if operator(op).scheme and operator(op).onnx is None]
         if opts.onnx and no_onnx:
-            # the portable graph needs every operator's fallback body; the bundle is complete without it
             onnx_info = {"skipped": f"no ONNX function for {', '.join(no_onnx)} yet: model.onnx not written"}
         elif opts.onnx:
             onnx_info = st.run("onnx", _export_onnx, cfg, weights, shapes, w, cache, opts.tensorrt_onnx)

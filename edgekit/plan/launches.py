@@ -21,7 +21,7 @@ import torch
 from edgekit.kernels.launch_count import launched_kernels
 from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
-from edgekit.plan.precision import PrecisionPlan
+from edgekit.plan.precision import PrecisionPlan, int4_group_for
 
 # Torch kernels the decoder launches beside the operators, per phase (read from model/decoder.py and
 # model/kv_cache.py, not profiled: a graph replay may add copies this misses):
@@ -49,8 +49,9 @@ def _linear_args(op: str, rows: int, out_features: int, in_features: int, bias: 
                "scale": lambda: _meta(N, dtype=torch.float32), "bias": lambda: _meta(N) if bias else None,
                "smooth": lambda: _meta(K, dtype=torch.float32)}
     if op == "linear_w4a16":
-        by_name.update(qweight=lambda: _meta(N, K // 2, dtype=torch.uint8), scale=lambda: _meta(N, K // int4_group),
-                       offset=lambda: _meta(N, K // int4_group))
+        groups = K // int4_group_for(K, int4_group)
+        by_name.update(qweight=lambda: _meta(N, K // 2, dtype=torch.uint8), scale=lambda: _meta(N, groups),
+                       offset=lambda: _meta(N, groups))
     return (_meta(rows, 1, K), *(by_name[t.name]() for t in operator(op).spec.inputs[1:]))
 
 

@@ -47,6 +47,14 @@ def scheme_for_cli(precision: str) -> str:
     return CLI_PRECISIONS[precision]
 
 
+def int4_group_for(in_features: int, group: int) -> int:
+    """The group a W4A16 layer of K = ``in_features`` really gets: ``group``, or the largest supported group below it
+    that divides K (what calibration does where the group does not divide K)."""
+    from edgekit.kernels.int4_layout import GROUP_SIZES
+
+    return max((g for g in GROUP_SIZES if g <= group and in_features % g == 0), default=min(GROUP_SIZES))
+
+
 def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool, *, int4_group: int = INT4_DEFAULT_GROUP,
                  int4_group_bytes: int = INT4_DEFAULT_GROUP_BYTES) -> int:
     """Bytes of one projection's weights: INT8 adds an fp32 scale per output row (w8a8 also a smoothing vector);
@@ -60,7 +68,7 @@ def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool, *
     if scheme == "w8a8":
         return n + 4 * out_features + 4 * in_features + b
     if scheme == "w4a16":
-        return n // 2 + out_features * -(-in_features // int4_group) * int4_group_bytes + b
+        return n // 2 + out_features * -(-in_features // int4_group_for(in_features, int4_group)) * int4_group_bytes + b
     raise ConfigError(f"unknown linear scheme {scheme!r}; expected one of: {', '.join(LINEAR_SCHEMES)}")
 
 
