@@ -21,6 +21,8 @@ def test_int4_bytes_are_half_a_byte_per_weight_plus_group_scales():
     assert linear_bytes(64, 1024, "w4a16", False, int4_group=32, int4_group_bytes=4) == 64 * 1024 // 32 * 20
     # group 128, symmetric fp16 scales: 64 + 2 bytes per 128 weights
     assert linear_bytes(64, 1024, "w4a16", False, int4_group=128, int4_group_bytes=2) == 64 * 8 * 66
+    # K = 160: group 128 does not divide it, so the layer gets group 32 (five groups a row), as calibration makes it
+    assert linear_bytes(8, 160, "w4a16", False) == 8 * (80 + 5 * 4)
 
 
 def test_plan_from_weights_reads_the_real_group_and_scale_bytes():
