@@ -3,7 +3,8 @@
 ``fp16``   FP16 weights and activations (FP32 accumulation).
 ``int8``   W8A16: weight-only INT8 (per-channel scales), FP16 activations. The default of `plan` and `build`.
 ``w8a8``   INT8 weights and per-token INT8 activations (SmoothQuant), INT32 accumulation.
-``int4``   W4A16: reserved, not implemented yet; refused with the names that exist.
+``int4``   W4A16: group-wise INT4 weights (kernels/int4_layout.py), FP16 activations. A GGUF whose
+           projections are 4-bit (Q4_0, Q4_1, Q4_K) is taken in losslessly (group 32).
 
 Older spellings are accepted with a deprecation note on stderr (``w8a16`` -> ``int8``).
 """
@@ -20,11 +21,11 @@ PRECISIONS = {
     "w8a8": "INT8 weights and INT8 activations (SmoothQuant)",
     "int4": "W4A16: INT4 weights, FP16 activations",
 }
-NOT_IMPLEMENTED = frozenset({"int4"})
+NOT_IMPLEMENTED: frozenset[str] = frozenset()  # a name reserved in the vocabulary before its code exists
 DEPRECATED_ALIASES = {"w8a16": "int8"}
 DEFAULT_PRECISION = "int8"
-# The quantizer's own name for each precision it produces (edgekit.quant: mode "w8a16" | "w8a8").
-QUANT_MODE = {"int8": "w8a16", "w8a8": "w8a8"}
+# The quantizer's own name for each precision it produces (edgekit.quant: mode "w8a16" | "w8a8" | "w4a16").
+QUANT_MODE = {"int8": "w8a16", "w8a8": "w8a8", "int4": "w4a16"}
 
 
 def name_of_quant_mode(mode: str) -> str:

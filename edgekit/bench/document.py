@@ -22,6 +22,9 @@ PRECISIONS = {
     "fp16": "FP16 weights everywhere",
     "int8": "INT8 weight-only (W8A16, per-channel FP32 scales) for every block linear; LM head FP16",
     "int8-head": "INT8 weight-only (W8A16) for every block linear and the LM head",
+    "int4": "INT4 weight-only (W4A16, round-to-nearest, group 128 or the largest group dividing K, FP16 scales and "
+            "offsets: uncalibrated, for speed) for every block linear; LM head FP16",
+    "int4-head": "INT4 weight-only (W4A16, round-to-nearest, for speed) for every block linear and the LM head",
 }
 INT8_PRECISIONS = ("int8", "int8-head")
 EDGEKIT_ENGINES = ("edgekit", "edgekit-fused")  # edgekit's per-operator and fused decode paths: the left side of a ratio

@@ -23,7 +23,7 @@ from edgekit.cache import BuildCache, cache_key, package_source_hash
 from edgekit.errors import BundleError, EdgekitError
 
 PLUGIN_VERSION = 1
-PRECISIONS = {"int8": "w8a16", "w8a8": "w8a8", "fp16": None}  # --precision -> quantization mode (None: no quantization)
+PRECISIONS = {"int8": "w8a16", "w8a8": "w8a8", "int4": "w4a16", "fp16": None}  # --precision -> quantization mode (None: none)
 
 
 @dataclass
@@ -33,12 +33,13 @@ class BuildOptions:
     out: Path
     key: Path | None = None
     dev_key: bool = False
-    precision: str = "int8"  # int8 (= W8A16) | w8a8 | fp16
+    precision: str = "int8"  # int8 (= W8A16) | w8a8 | int4 (= W4A16) | fp16
     context: int | None = None
     batch: int = 1
     buckets: tuple[int, ...] | None = None
     trace: Path | None = None
     allow_mixed: bool = False
+    quantize_head: bool = False  # the LM head too (its own quantized copy when tied), behind the same gate
     archive: bool = False
     tensorrt_onnx: bool = False
     onnx: bool = True
@@ -112,8 +113,12 @@ def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[di
     from edgekit.kernels.aot import compile_variant
     from edgekit.kernels.variants import op_program
 
+    from edgekit.kernels.variants import op_kernels
+
     compiled = {}
     for op in plan.operators():
+        if op not in op_kernels():
+            continue  # no Triton kernels for it (yet): no plugin; the runtime runs its torch reference
         chosen = [t for t in plan.tiles if t.op == op]
         if not chosen:
             raise BundleError(f"the plan chose no kernel variant for {op}, which the model runs",
@@ -123,7 +128,7 @@ def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[di
     return compiled
 
 
-def _intake(spec: str | None, cache: BuildCache):
+def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False):
     """The model's config and tokenizer, cached by the weights' hash; the weights themselves load on demand.
 
     A GGUF needs ~10 s to parse and dequantize on this CPU; an unchanged rebuild whose quantized weights
@@ -137,17 +142,17 @@ def _intake(spec: str | None, cache: BuildCache):
     if kind == "preset":
         return load_model(spec)
     if not cache.enabled:
-        return load_model(spec)
+        return load_model(spec, keep_int4=keep_int4)
     from edgekit.model.loader import LoadedModel, file_sha256
 
     path = Path(location)
     digest = file_sha256(path) if kind == "gguf" else None
     if digest is None:  # a directory: hashing it is the loader's job
-        return load_model(spec)
+        return load_model(spec, keep_int4=keep_int4)
     key = cache_key(stage="intake", kind=kind, sha256=digest, edgekit=__version__)
     hit = cache.get("intake", key)
     if hit is None:
-        loaded = load_model(spec)
+        loaded = load_model(spec, keep_int4=keep_int4)
         loaded.tokenizer_files = _tokenizer_files(loaded.tokenizer)
         cache.put("intake", key, {"config.json": json.dumps(loaded.config.to_dict()).encode(), **loaded.tokenizer_files})
         return loaded
@@ -171,12 +176,14 @@ def _tokenizer_files(tokenizer) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir()) if p.is_file()}
 
 
-def _ensure_weights(loaded, spec: str | None):
-    """Fill in the weights of a model whose config and tokenizer came from the cache."""
+def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False):
+    """Fill in the weights of a model whose config and tokenizer came from the cache.
+
+    ``keep_int4`` (an INT4 build): a GGUF's 4-bit projections stay W4A16 records, bit for bit."""
     if loaded.weights is None:
         from edgekit.model.loader import load_model
 
-        loaded.weights = load_model(spec, tokenizer=False).weights
+        loaded.weights = load_model(spec, tokenizer=False, keep_int4=keep_int4).weights
     return loaded
 
 
@@ -187,13 +194,16 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
     gate = GateConfig.for_mode(mode)
-    qopts = QuantizeOptions()
-    key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(),
+    qopts = QuantizeOptions(quantize_head=opts.quantize_head)
+    keep_int4 = mode == "w4a16"
+    # an INT4 build takes a GGUF's 4-bit projections in as they are: the intake code is part of the key then
+    intake = {"intake": "lossless-int4", "intake_source": package_source_hash("edgekit.model")} if keep_int4 else {}
+    key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(), **intake,
                     options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__,
                     source=package_source_hash("edgekit.quant"))
     hit = cache.get("quantize", key)
     if hit is None:
-        _ensure_weights(loaded, opts.model)
+        _ensure_weights(loaded, opts.model, keep_int4)
         result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps,
                                 reference_cache=cache)
         hit = {"model.safetensors": serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode}),
@@ -214,6 +224,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.bundle.plugin import plugin_from_compiled
     from edgekit.bundle.writer import BundleWriter
     from edgekit.kernels.aot import compile_variant
+    from edgekit.kernels.registry import operator
     from edgekit.plan.planner import make_plan
     from edgekit.plan.precision import PrecisionPlan
     from edgekit.plan.targets import load_target
@@ -231,8 +242,11 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     cache = BuildCache(opts.cache_dir, enabled=opts.use_cache)
     st = _Stages(report)
     mode = PRECISIONS[opts.precision]
+    if opts.quantize_head and mode is None:
+        raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
+                          hint="drop --quantize-head, or use --precision int8 or int4")
 
-    loaded = st.run("load", _intake, opts.model, cache)
+    loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16")
     cfg = loaded.config
     model_info = {"name": cfg.name, "source": loaded.source.to_dict()}
 
@@ -283,6 +297,8 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
             if quant_report is not None:
                 w.add_json("quantization/report.json", quant_report)
             for op in ops:
+                if op not in compiled:
+                    continue  # the reference path (see compile_plan)
                 ck, program = compiled[op]
                 meta, files = plugin_from_compiled(op, PLUGIN_VERSION, ck, program, golden[op],
                                                    description=f"{op} for {target.name} (sm_{arch}), built by edgekit {__version__}")
@@ -290,7 +306,12 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
 
         st.run("write", write_parts)
         onnx_info = None
-        if opts.onnx:
+        # the portable (prefill) graph needs a fallback body for every projection's operator; the bundle is
+        # complete without the graph
+        no_onnx = [op for op in ops if operator(op).scheme and operator(op).onnx is None]
+        if opts.onnx and no_onnx:
+            onnx_info = {"skipped": f"no ONNX function for {', '.join(no_onnx)} yet: model.onnx not written"}
+        elif opts.onnx:
             onnx_info = st.run("onnx", _export_onnx, cfg, weights, shapes, w, cache, opts.tensorrt_onnx)
         manifest = st.run("sign", w.finish, key=key, target=Target(name=target.name, arch=arch),
                           model=ModelIdentity(name=cfg.name, source_kind=loaded.source.kind, sha256=loaded.source.sha256,

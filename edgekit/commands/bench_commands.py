@@ -35,8 +35,8 @@ def _bench_precisions(text: str, quantize_head: bool) -> tuple[str, ...]:
             quantize_head = True
             continue
         chosen.append(cli_precision(item, ("fp16", "int8", "int4")))
-    if quantize_head:
-        chosen.append("int8-head")
+    if quantize_head:  # the head quantized like the blocks: int8 -> int8-head, int4 -> int4-head
+        chosen += [f"{p}-head" for p in ("int8", "int4") if p in chosen] or ["int8-head"]
     return tuple(dict.fromkeys(chosen))
 
 
@@ -61,8 +61,9 @@ def bench(
     contexts: str = typer.Option("128,512,2048", "--contexts", help="Prompt lengths to measure, comma-separated."),
     new_tokens: int = typer.Option(64, "--new-tokens", "-n", min=1, help="Tokens decoded after the first one, per timed loop."),
     hf_new_tokens: int = typer.Option(16, "--hf-new-tokens", min=1, help="Tokens decoded by transformers' eager generate (it runs ~20 tok/s)."),
-    precision: str = typer.Option("fp16,int8", "--precision", help="Comma-separated: fp16, int8 (W8A16 block linears, FP16 LM head)."),
-    quantize_head: bool = typer.Option(False, "--quantize-head", help="Also measure int8 with the LM head in INT8 too (rows labelled int8-head)."),
+    precision: str = typer.Option("fp16,int8", "--precision", help="Comma-separated: fp16, int8 (W8A16 block linears, FP16 LM head), int4 (W4A16 block linears, "
+                                        "round-to-nearest for speed, FP16 LM head)."),
+    quantize_head: bool = typer.Option(False, "--quantize-head", help="Also measure each quantized precision with the LM head quantized too (rows labelled int8-head, int4-head)."),
     baselines: str = typer.Option("compile,hf-eager,hf-compile", "--baselines",
                                   help="compile (edgekit reference + torch.compile), hf-eager, hf-compile (static cache + compile), "
                                        "llama.cpp (llama-bench on the same GGUF file; needs --llama-bench), or none."),

@@ -65,6 +65,7 @@ def build(
     dev_key: bool = typer.Option(False, "--dev-key", help="Sign with the public development key (local testing only; recorded in the manifest, refused by devices by default)."),
     precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help=precision_help(BUILD_PRECISIONS)),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the accuracy gate fails, keep the most sensitive layers in FP16 instead of stopping."),
+    quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too, behind the same accuracy gate (its own copy when tied to the embedding: more memory, fewer bytes per decoded token)."),
     context: Optional[int] = typer.Option(None, "--context", help="KV cache length in tokens (default: the planner's)."),
     batch: int = typer.Option(1, "--batch", min=1, help="Static batch size."),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated prompt buckets, e.g. 64,256,1024."),
@@ -97,7 +98,7 @@ def build(
     if out is None:
         stem = (model or "smollm2-135m-instruct").replace("preset:", "").replace("/", "_").removesuffix(".gguf")
         out = Path("bundles") / f"{Path(stem).name}-{target}"
-    opts = BuildOptions(model=model, target=target, out=out, key=key, dev_key=dev_key, precision=precision, context=context,
+    opts = BuildOptions(model=model, target=target, out=out, key=key, dev_key=dev_key, precision=precision, context=context, quantize_head=quantize_head,
                         batch=batch, buckets=bucket_list, trace=trace, allow_mixed=allow_mixed, archive=archive,
                         tensorrt_onnx=tensorrt_onnx, onnx=not no_onnx, force=force, targets_dir=targets_dir, use_cache=not no_cache)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),

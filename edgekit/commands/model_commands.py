@@ -34,16 +34,20 @@ def _info_dict(model) -> dict:
 
 
 def _stored_as(model) -> dict:
-    """How the source file holds the weights: edgekit dequantizes them on load, so a Q4_1 file's INT8 build is
-    quantized from Q4_1 values, not from the original FP16 training weights."""
+    """How the source file holds the weights, and how each tensor type is taken in: an INT8 build dequantizes
+    everything (a Q4_1 file's INT8 weights are quantized from Q4_1 values, not from the original FP16 training
+    weights); an INT4 build keeps Q4_0 / Q4_1 / Q4_K projections bit for bit (edgekit/model/gguf_types.py)."""
     from pathlib import Path
 
     if model.source.kind != "gguf":
         return {"format": model.source.kind}
     from edgekit.model.gguf_loader import stored_tensor_types
+    from edgekit.model.gguf_types import INTAKE
 
     types = stored_tensor_types(Path(model.source.location))
-    return {"format": "gguf", "tensor_types": types, "main_type": next(iter(types), None)}
+    intake = {t: INTAKE.get(t, "not supported: edgekit cannot map this type (loading fails naming the tensor)")
+              for t in types}
+    return {"format": "gguf", "tensor_types": types, "main_type": next(iter(types), None), "intake_int4": intake}
 
 
 @app.command()
@@ -76,7 +80,9 @@ def info(
     stored = d["stored_as"]
     if stored.get("tensor_types"):
         t.add_row("stored as", f"{stored['main_type']} GGUF (" + ", ".join(f"{n} {k}" for k, n in stored["tensor_types"].items())
-                  + " tensors), dequantized on load")
+                  + " tensors), dequantized on load except by an INT4 build:")
+        for k, how in stored["intake_int4"].items():
+            t.add_row(f"  {k} with --precision int4", how)
     for p, n in d["weight_bytes"].items():
         t.add_row(f"weights at {p}", fmt_bytes(n))
     t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"]))

@@ -148,9 +148,11 @@ def plan(
     m = load_model(model, weights=False, tokenizer=False)
     given = parse_bucket_list(buckets) if buckets else None
     model_info = {"name": m.config.name, "source": m.source.to_dict(), "config": m.config.to_dict()}
+    planned = _lossless_int4_plan(m, kv_precision) if precision == "int4" else None
     with err_console.status(f"planning {m.config.name} for {tg.name} ({tg.arch})...") as status:
         p = make_plan(
-            m.config, tg, model_info=model_info, context=context, batch=batch, precision=precision, kv_precision=kv_precision,
+            m.config, tg, model_info=model_info, context=context, batch=batch, precision=planned or precision,
+            kv_precision=kv_precision,
             trace=trace, buckets=given, max_buckets=max_buckets, power_mode=power_mode, solve_tiles=not no_tiles,
             progress=lambda msg: status.update(f"{tg.name}: {msg}"),
         )
@@ -163,6 +165,28 @@ def plan(
     print_plan(d)
     if output:
         console.print(f"[dim]plan written to {output}[/]")
+
+
+def _lossless_int4_plan(m, kv_precision: str):
+    """An INT4 plan with the group layout a GGUF's 4-bit projections will keep (group 32), or None (the calibrated
+    default, group 128)."""
+    if m.source.kind != "gguf":
+        return None
+    from pathlib import Path
+
+    from edgekit.model.gguf_loader import projection_tensor_types
+    from edgekit.model.gguf_types import lossless_int4_layout
+    from edgekit.plan.precision import PrecisionPlan
+
+    types = projection_tensor_types(Path(m.source.location))
+    layout = lossless_int4_layout(types)
+    if layout is None:
+        return None
+    pp = PrecisionPlan.uniform(m.config, "w4a16", kv_precision)
+    pp.int4_group, pp.int4_group_bytes = layout
+    pp.notes.append(f"--precision int4: every block projection is stored {next(iter(types))} in the file and taken in "
+                    f"bit for bit as W4A16 group {layout[0]} ({layout[1]} bytes of scale/offset per group)")
+    return pp
 
 
 _TILE_ABBREV = {"BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "BLOCK_H": "H", "BLOCK_G": "Q", "BLOCK_F": "F",

@@ -109,7 +109,7 @@ def quantize(
     gate = GateConfig.for_mode(mode, max_ppl_increase=max_ppl_increase, min_greedy_agreement=min_agreement,
                                min_logits_snr_db=min_snr_db, ppl_tokens=ppl_tokens, new_tokens=new_tokens)
     opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head, always_rank=rank)
-    m = load_model(model)
+    m = load_model(model, keep_int4=precision == "int4")  # a GGUF's 4-bit projections are taken in as they are
     try:
         with make_progress() as progress:
             result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,
@@ -139,10 +139,14 @@ def eval_cmd(
     window: int = typer.Option(256, "--window", min=2, help="Tokens per window; each window is scored on its own."),
     prompts: int = typer.Option(4, "--prompts", min=0, help="Greedy prompts (passage openings) for the agreement check, with --quantized."),
     new_tokens: int = typer.Option(128, "--new-tokens", min=2, help="Greedy tokens compared per prompt."),
+    precision: Optional[str] = typer.Option(
+        None, "--precision", help=precision_help(("int4",), default=None) + " With int4 (and no --quantized): MODEL's 4-bit "
+        "GGUF projections taken in losslessly, compared with MODEL dequantized to FP32."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute MODEL's reference results instead of reading them from the build cache."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Perplexity of MODEL on a text file; with --quantized, also greedy agreement and logits SNR of the quantized model.
+    """Perplexity of MODEL on a text file; with --quantized, also greedy agreement and logits SNR of the quantized model;
+    with --precision int4, the same for MODEL's lossless INT4 intake.
 
     Runs on this machine's CPU with the reference operators (FP32 activations)."""
     from edgekit.errors import QuantizationError
@@ -156,10 +160,33 @@ def eval_cmd(
     from edgekit.quant.io import REPORT_FILE, load_quantized
     from edgekit.quant.progress import Steps, make_progress
 
+    if precision is not None:
+        precision = cli_precision(precision, ("int4",))
+        if quantized is not None:
+            raise QuantizationError("--precision int4 compares MODEL's own INT4 intake; --quantized compares a directory",
+                                    hint="pass one of them")
     m = load_model(model)
     body = corpus.read_text_file(text)
     ids = corpus.tokenize(body, m.tokenizer, m.config.vocab_size)
     windows = corpus.windows(ids, window, max_tokens)
+    if precision == "int4":
+        from edgekit.quant.int4_intake import compare_lossless_int4
+
+        plist = corpus.prompts(body, m.tokenizer, m.config.vocab_size, prompts, 32)
+        gate = GateConfig(new_tokens=new_tokens)
+        with make_progress() as progress:
+            res = compare_lossless_int4(m, load_model(model, tokenizer=False, keep_int4=True), EvalText(windows, plist), gate,
+                                        Steps(progress))
+        res.update(model=m.config.name, text=str(text), window_len=window)
+        if json_out:
+            print_json(res)
+            return
+        console.print(_metrics_table(f"lossless INT4 intake vs {m.config.name} dequantized, on {text} (measured on CPU, FP32)",
+                                     res, None))
+        console.print(f"{res['w4a16_layers']} projections W4A16 (bit-exact from the file), {res['fp_layers']} in FP; "
+                      f"free-running greedy tokens identical: {res['greedy_tokens_identical']} "
+                      f"({res['greedy_tokens_same']}/{res['greedy_tokens_total']})")
+        return
     ops = DispatchTable()
     fp = Decoder(m.config, m.weights, ops)
     out: dict = {"model": m.config.name, "text": str(text), "measured_on": "cpu", "window_len": window}

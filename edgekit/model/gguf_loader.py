@@ -1,4 +1,9 @@
-"""Read a Llama-family model from a GGUF file (llama.cpp's format), dequantizing to FP32."""
+"""Read a Llama-family model from a GGUF file (llama.cpp's format).
+
+Every tensor is dequantized to FP32, except, with ``keep_int4``, the projections
+stored in a 4-bit GGML format: those are taken in bit for bit as W4A16 records
+(edgekit/model/gguf_types.py says which type goes which way).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from edgekit.model.gguf_types import LOSSLESS_INT4_TYPES, Int4Tensor, check_type, int4_from_gguf
 
 # GGUF tensor names -> Hugging Face names (per block: "blk.{i}." -> "model.layers.{i}.")
 _BLOCK_NAMES = {
@@ -46,6 +52,14 @@ def stored_tensor_types(path: Path) -> dict[str, int]:
 
     counts = Counter(t.tensor_type.name for t in _open(path).tensors)
     return dict(counts.most_common())
+
+
+def projection_tensor_types(path: Path) -> dict[str, int]:
+    """How the file stores its block projections (the tensors an INT4 build may take in losslessly), e.g. {"Q4_1": 210}."""
+    from collections import Counter
+
+    names = tuple(k for k in _BLOCK_NAMES if k.endswith(".weight") and "norm" not in k)
+    return dict(Counter(t.tensor_type.name for t in _open(path).tensors if t.name.endswith(names)).most_common())
 
 
 def _field(reader, key: str, default=None):
@@ -99,7 +113,9 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
 
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's Q/K row permutation (interleaved RoPE pairs -> rotate-half layout)."""
+    """Undo llama.cpp's Q/K row permutation (interleaved RoPE pairs -> rotate-half layout).
+
+    It moves whole rows, so it applies unchanged to packed 4-bit rows and their per-row group scales."""
     rows = w.shape[0]
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
@@ -114,27 +130,39 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], object]:
-    """Returns (config, HF-named FP32 state dict, reader)."""
+# the projections a 4-bit file may keep packed (embedding, LM head, norms and biases are always FP32 here)
+_INT4_INTAKE = tuple(v for k, v in _BLOCK_NAMES.items() if k.endswith(".weight") and "norm" not in k)
+
+
+def load_gguf(path: Path, *, keep_int4: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor | Int4Tensor], object]:
+    """Returns (config, HF-named state dict, reader): FP32 tensors, and with ``keep_int4`` an ``Int4Tensor``
+    for every projection stored as Q4_0, Q4_1 or Q4_K (taken in bit for bit)."""
     import gguf
 
     reader = _open(path)
     cfg = config_from_gguf(reader, path)
-    sd: dict[str, torch.Tensor] = {}
+    sd: dict[str, torch.Tensor | Int4Tensor] = {}
     for t in reader.tensors:
         name = _hf_name(t.name)
         if name is None:
             continue  # e.g. rope_freqs: recomputed from the config
-        try:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name} of type {t.tensor_type.name} ({e})") from e
-        w = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
+        check_type(t.name, t.tensor_type.name, str(path))
+        if keep_int4 and t.tensor_type.name in LOSSLESS_INT4_TYPES and name.endswith(_INT4_INTAKE):
+            w = int4_from_gguf(t.tensor_type.name, np.asarray(t.data))
+        else:
+            try:
+                arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            except Exception as e:
+                raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name} of type {t.tensor_type.name} ({e})") from e
+            w = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
         # llama.cpp permutes the Q and K rows of Llama-style models for its interleaved RoPE.
         if cfg.architecture in ("llama", "mistral"):
+            heads = None
             if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
-                w = _unpermute(w, cfg.n_heads)
+                heads = cfg.n_heads
             elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
-                w = _unpermute(w, cfg.n_kv_heads)
+                heads = cfg.n_kv_heads
+            if heads is not None:
+                w = w.rows(lambda x, h=heads: _unpermute(x, h)) if isinstance(w, Int4Tensor) else _unpermute(w, heads)
         sd[name] = w
     return cfg, sd, reader

@@ -1,7 +1,9 @@
 """Assemble decoder weights from a Hugging Face-named state dict, or make random ones for a preset.
 
 Q, K and V are packed into one ``wqkv`` projection and gate/up into one
-``w_gate_up`` so that each becomes a single operator call.
+``w_gate_up`` so that each becomes a single operator call. Projections a GGUF
+file stores in 4 bits arrive as ``Int4Tensor`` (with ``load_gguf(keep_int4=True)``)
+and stay W4A16 records when every part of a fused projection is 4-bit.
 """
 
 from __future__ import annotations
@@ -14,15 +16,32 @@ from edgekit.errors import ModelLoadError
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import BlockWeights, ModelWeights
+from edgekit.model.gguf_types import Int4Tensor, concat_int4
 
 
-def _take(sd: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], source: str) -> torch.Tensor:
+def _take_any(sd: Mapping[str, torch.Tensor | Int4Tensor], name: str, shape: tuple[int, ...], source: str):
+    """The tensor as stored: FP32, or an Int4Tensor whose packed rows are checked against ``shape``."""
     if name not in sd:
         raise ModelLoadError(f"{source}: tensor {name!r} is missing", hint="the file is incomplete or not a Llama-family model")
     t = sd[name]
-    if tuple(t.shape) != shape:
-        raise ModelLoadError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape} from the model config")
-    return t.to(torch.float32)
+    got = (t.qweight.shape[0], t.qweight.shape[1] * 2) if isinstance(t, Int4Tensor) else tuple(t.shape)
+    if tuple(got) != shape:
+        raise ModelLoadError(f"{source}: tensor {name!r} has shape {tuple(got)}, expected {shape} from the model config")
+    return t if isinstance(t, Int4Tensor) else t.to(torch.float32)
+
+
+def _take(sd: Mapping[str, torch.Tensor | Int4Tensor], name: str, shape: tuple[int, ...], source: str) -> torch.Tensor:
+    t = _take_any(sd, name, shape, source)
+    return t.dequantized() if isinstance(t, Int4Tensor) else t
+
+
+def _projection(sd, parts: list[tuple[str, tuple[int, int]]], source: str, bias: torch.Tensor | None = None) -> LinearWeights:
+    """One (possibly fused) projection: W4A16 when every part is stored 4-bit (bit-exact), else FP32."""
+    ts = [_take_any(sd, name, shape, source) for name, shape in parts]
+    if all(isinstance(t, Int4Tensor) for t in ts):
+        q = concat_int4(ts)
+        return LinearWeights("linear_w4a16", q.qweight, bias, q.scale, offset=q.offset)
+    return LinearWeights("linear", torch.cat([t.dequantized() if isinstance(t, Int4Tensor) else t for t in ts]), bias)
 
 
 def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor], source: str) -> ModelWeights:
@@ -30,9 +49,6 @@ def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor],
     blocks = []
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
-        q = _take(sd, p + "self_attn.q_proj.weight", (cfg.q_size, C), source)
-        k = _take(sd, p + "self_attn.k_proj.weight", (cfg.kv_size, C), source)
-        v = _take(sd, p + "self_attn.v_proj.weight", (cfg.kv_size, C), source)
         bias = None
         if cfg.qkv_bias:
             bias = torch.cat([
@@ -40,15 +56,15 @@ def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor],
                 _take(sd, p + "self_attn.k_proj.bias", (cfg.kv_size,), source),
                 _take(sd, p + "self_attn.v_proj.bias", (cfg.kv_size,), source),
             ])
-        gate = _take(sd, p + "mlp.gate_proj.weight", (F, C), source)
-        up = _take(sd, p + "mlp.up_proj.weight", (F, C), source)
+        qkv = [(p + "self_attn.q_proj.weight", (cfg.q_size, C)), (p + "self_attn.k_proj.weight", (cfg.kv_size, C)),
+               (p + "self_attn.v_proj.weight", (cfg.kv_size, C))]
         blocks.append(BlockWeights(
             attn_norm=_take(sd, p + "input_layernorm.weight", (C,), source),
-            wqkv=LinearWeights("linear", torch.cat([q, k, v]), bias),
-            wo=LinearWeights("linear", _take(sd, p + "self_attn.o_proj.weight", (C, cfg.q_size), source)),
+            wqkv=_projection(sd, qkv, source, bias),
+            wo=_projection(sd, [(p + "self_attn.o_proj.weight", (C, cfg.q_size))], source),
             ffn_norm=_take(sd, p + "post_attention_layernorm.weight", (C,), source),
-            w_gate_up=LinearWeights("linear", torch.cat([gate, up])),
-            w_down=LinearWeights("linear", _take(sd, p + "mlp.down_proj.weight", (C, F), source)),
+            w_gate_up=_projection(sd, [(p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C))], source),
+            w_down=_projection(sd, [(p + "mlp.down_proj.weight", (C, F))], source),
         ))
     emb = _take(sd, "model.embed_tokens.weight", (V, C), source)
     if cfg.tie_embeddings or "lm_head.weight" not in sd:

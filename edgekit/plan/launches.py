@@ -26,7 +26,7 @@ from edgekit.kernels.decode_paths import DecodeStep, StepCall
 from edgekit.kernels.launch_count import launched_kernels
 from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
-from edgekit.plan.precision import PrecisionPlan
+from edgekit.plan.precision import PrecisionPlan, int4_group_for
 
 # Torch kernels the decoder launches beside the operators, per phase (read from model/decoder.py and
 # model/kv_cache.py, not profiled: a graph replay may add copies this misses):
@@ -46,12 +46,17 @@ def _meta(*shape: int, dtype=torch.float16) -> torch.Tensor:
     return torch.empty(*shape, dtype=dtype, device="meta")
 
 
-def _linear_args(op: str, rows: int, out_features: int, in_features: int, bias: bool) -> tuple:
-    """A projection call's arguments, built from the names its operator's spec lists."""
+def _linear_args(op: str, rows: int, out_features: int, in_features: int, bias: bool, int4_group: int = 32) -> tuple:
+    """A projection call's arguments, built from the names its operator's spec lists (W4A16: packed (N, K/2)
+    codes and (N, K/G) fp16 scales and offsets)."""
     N, K = out_features, in_features
     by_name = {"weight": lambda: _meta(N, K), "qweight": lambda: _meta(N, K, dtype=torch.int8),
                "scale": lambda: _meta(N, dtype=torch.float32), "bias": lambda: _meta(N) if bias else None,
                "smooth": lambda: _meta(K, dtype=torch.float32)}
+    if op == "linear_w4a16":
+        groups = K // int4_group_for(K, int4_group)
+        by_name.update(qweight=lambda: _meta(N, K // 2, dtype=torch.uint8), scale=lambda: _meta(N, groups),
+                       offset=lambda: _meta(N, groups))
     return (_meta(rows, 1, K), *(by_name[t.name]() for t in operator(op).spec.inputs[1:]))
 
 
@@ -70,7 +75,7 @@ def forward_calls(cfg: ModelConfig, precision: PrecisionPlan, *, batch: int, tok
     def linear(scheme: str, proj: str, rows: int):
         o, i = shapes[proj]
         op = operator_for_scheme(scheme).name
-        calls.append((op, _linear_args(op, rows, o, i, bias=cfg.qkv_bias and proj == "wqkv")))
+        calls.append((op, _linear_args(op, rows, o, i, bias=cfg.qkv_bias and proj == "wqkv", int4_group=precision.int4_group)))
 
     for layer in precision.layers:
         calls.append(("rmsnorm", (_meta(B, T, C), _meta(C), cfg.rms_norm_eps)))
@@ -94,7 +99,7 @@ def forward_calls(cfg: ModelConfig, precision: PrecisionPlan, *, batch: int, tok
     # the LM head runs on each sequence's last token only
     calls.append(("rmsnorm", (_meta(B, C), _meta(C), cfg.rms_norm_eps)))
     op = operator_for_scheme(precision.lm_head).name
-    calls.append((op, _linear_args(op, B, cfg.vocab_size, C, bias=False)))
+    calls.append((op, _linear_args(op, B, cfg.vocab_size, C, bias=False, int4_group=precision.int4_group)))
     return calls
 
 
@@ -104,6 +109,11 @@ def count_launches(cfg: ModelConfig, precision: PrecisionPlan, variants: Variant
     device = {"sm_count": sm_count, "max_shared_bytes": max_shared_bytes}
     by_op: dict[str, int] = {}
     for op, args in forward_calls(cfg, precision, batch=batch, tokens=tokens, context=context):
+        if operator(op).kernels is None:
+            # no Triton kernels (yet): the torch reference runs; counted as its one matmul launch, which
+            # undercounts the reference's elementwise dequantize launches (W4A16 until its kernels exist)
+            by_op[op] = by_op.get(op, 0) + 1
+            continue
         by_op[op] = by_op.get(op, 0) + len(launched_kernels(op, variants(op), args, device))
     phase = "decode" if tokens == 1 else "prefill"
     glue = cfg.n_layers * GLUE_PER_BLOCK[phase] + GLUE_OUTSIDE_BLOCKS[phase]

@@ -25,8 +25,12 @@ PROJECTIONS = ("wqkv", "wo", "w_gate_up", "w_down")
 # command line means weight-only INT8 (w8a16): it halves the bytes a decode step streams, which is what
 # bounds decode; w8a8 also uses the INT8 tensor cores in prefill.
 LINEAR_SCHEMES: dict[str, OpPrecision] = {op.scheme: op.precision for op in OPERATORS.values() if op.scheme}
-CLI_PRECISIONS = {"fp16": "fp16", "int8": "w8a16", "w8a8": "w8a8"}
-RESERVED_PRECISIONS = {"int4": "W4A16 (INT4 weights, FP16 activations)"}  # named in the vocabulary, not implemented yet
+CLI_PRECISIONS = {"fp16": "fp16", "int8": "w8a16", "w8a8": "w8a8", "int4": "w4a16"}
+RESERVED_PRECISIONS: dict[str, str] = {}  # names in the vocabulary whose code does not exist yet (none today)
+# W4A16 bytes depend on the group: calibrated quantization defaults to group 128 with fp16 scale + offset;
+# a GGUF Q4_0/Q4_1/Q4_K file taken in losslessly is group 32 (PrecisionPlan.from_weights reads the real figures).
+INT4_DEFAULT_GROUP = 128
+INT4_DEFAULT_GROUP_BYTES = 4  # fp16 scale + fp16 offset per group
 KV_PRECISIONS = ("fp16", "int8")
 
 # Operators whose precision does not depend on the scheme (FP16 in and out, FP32 inside).
@@ -43,8 +47,18 @@ def scheme_for_cli(precision: str) -> str:
     return CLI_PRECISIONS[precision]
 
 
-def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool) -> int:
-    """Bytes of one projection's weights: INT8 adds an fp32 scale per output row (w8a8 also a smoothing vector)."""
+def int4_group_for(in_features: int, group: int) -> int:
+    """The group a W4A16 layer of K = ``in_features`` really gets: ``group``, or the largest supported group below it
+    that divides K (what calibration does where the group does not divide K)."""
+    from edgekit.kernels.int4_layout import GROUP_SIZES
+
+    return max((g for g in GROUP_SIZES if g <= group and in_features % g == 0), default=min(GROUP_SIZES))
+
+
+def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool, *, int4_group: int = INT4_DEFAULT_GROUP,
+                 int4_group_bytes: int = INT4_DEFAULT_GROUP_BYTES) -> int:
+    """Bytes of one projection's weights: INT8 adds an fp32 scale per output row (w8a8 also a smoothing vector);
+    INT4 packs two codes a byte and adds ``int4_group_bytes`` (scale [+ offset]) per group of ``int4_group``."""
     n = out_features * in_features
     b = out_features * 2 if bias else 0
     if scheme == "fp16":
@@ -53,6 +67,8 @@ def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool) -
         return n + 4 * out_features + b
     if scheme == "w8a8":
         return n + 4 * out_features + 4 * in_features + b
+    if scheme == "w4a16":
+        return n // 2 + out_features * -(-in_features // int4_group_for(in_features, int4_group)) * int4_group_bytes + b
     raise ConfigError(f"unknown linear scheme {scheme!r}; expected one of: {', '.join(LINEAR_SCHEMES)}")
 
 
@@ -63,6 +79,8 @@ class PrecisionPlan:
     embedding: str = "fp16"  # a gather, not a matmul: INT8 would save memory but no time
     kv_cache: str = "fp16"
     notes: list[str] = field(default_factory=list)
+    int4_group: int = INT4_DEFAULT_GROUP  # W4A16 layers: weights per group, and bytes of scale (+ offset) per group
+    int4_group_bytes: int = INT4_DEFAULT_GROUP_BYTES
 
     @classmethod
     def uniform(cls, cfg: ModelConfig, scheme: str = "fp16", kv_cache: str = "fp16") -> "PrecisionPlan":
@@ -78,6 +96,11 @@ class PrecisionPlan:
         accuracy gate and its fallbacks decided, read from the operator each projection names."""
         plan = cls(layers=[{proj: OPERATORS[lw.op].scheme for proj, lw in b.linears().items()} for b in weights.blocks],
                    lm_head=OPERATORS[weights.lm_head.op].scheme, kv_cache=kv_cache)
+        int4 = [lw for b in weights.blocks for lw in b.linears().values() if lw.op == "linear_w4a16"]
+        if int4:  # the group and scale bytes the W4A16 layers really have (costed as the first one's)
+            lw = int4[0]
+            plan.int4_group = lw.in_features // lw.scale.shape[1]
+            plan.int4_group_bytes = lw.scale.element_size() * (2 if lw.offset is not None else 1)
         if quant_report is not None:
             plan.notes.append(f"decided by quantization ({quant_report.get('mode')}, accuracy gate passed): {plan.label()}")
             if quant_report.get("fp_layers"):
@@ -126,9 +149,14 @@ class PrecisionPlan:
         for layer in self.layers:
             for proj, scheme in layer.items():
                 o, i = shapes[proj]
-                blocks += linear_bytes(o, i, scheme, bias=cfg.qkv_bias and proj == "wqkv")
+                blocks += linear_bytes(o, i, scheme, bias=cfg.qkv_bias and proj == "wqkv", int4_group=self.int4_group,
+                                       int4_group_bytes=self.int4_group_bytes)
         embed = cfg.vocab_size * cfg.hidden_size * 2
-        lm = 0 if cfg.tie_embeddings else linear_bytes(cfg.vocab_size, cfg.hidden_size, self.lm_head, bias=False)
+        # A tied head in FP16 is the embedding itself (0 bytes of its own); a quantized one is its own copy
+        # (the lookup still gathers FP16 rows of the embedding), which is what a decode step streams.
+        tied_fp = cfg.tie_embeddings and self.lm_head == "fp16"
+        lm = 0 if tied_fp else linear_bytes(cfg.vocab_size, cfg.hidden_size, self.lm_head, bias=False,
+                                            int4_group=self.int4_group, int4_group_bytes=self.int4_group_bytes)
         norms = (2 * cfg.n_layers + 1) * cfg.hidden_size * 2
         return {"embedding": embed, "blocks_linear": blocks, "norms": norms, "lm_head": lm}
 
@@ -148,13 +176,18 @@ class PrecisionPlan:
         return rows
 
     def to_dict(self) -> dict:
-        return {"layers": [dict(layer) for layer in self.layers], "lm_head": self.lm_head, "embedding": self.embedding,
-                "kv_cache": self.kv_cache, "label": self.label(), "notes": list(self.notes)}
+        d = {"layers": [dict(layer) for layer in self.layers], "lm_head": self.lm_head, "embedding": self.embedding,
+             "kv_cache": self.kv_cache, "label": self.label(), "notes": list(self.notes)}
+        if "w4a16" in self.schemes_used() or self.lm_head == "w4a16":
+            d["int4"] = {"group": self.int4_group, "group_bytes": self.int4_group_bytes}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "PrecisionPlan":
+        int4 = d.get("int4", {})
         return cls(layers=[dict(layer) for layer in d["layers"]], lm_head=d["lm_head"], embedding=d["embedding"],
-                   kv_cache=d["kv_cache"], notes=list(d.get("notes", [])))
+                   kv_cache=d["kv_cache"], notes=list(d.get("notes", [])),
+                   int4_group=int4.get("group", INT4_DEFAULT_GROUP), int4_group_bytes=int4.get("group_bytes", INT4_DEFAULT_GROUP_BYTES))
 
 
 def _ranges(idx: list[int]) -> str:

@@ -57,9 +57,10 @@ def _matmul_params(cfg: ModelConfig, precision: PrecisionPlan) -> tuple[float, f
 
 
 def _streamed_weight_bytes(cfg: ModelConfig, precision: PrecisionPlan) -> int:
-    """Bytes a decode step reads: every projection, the norms and the LM head (the embedding matrix when tied)."""
+    """Bytes a decode step reads: every projection, the norms and the LM head (the embedding matrix when tied and
+    kept in FP16; a quantized head is its own copy)."""
     w = precision.weight_bytes(cfg)
-    lm = w["lm_head"] if not cfg.tie_embeddings else w["embedding"]
+    lm = w["embedding"] if cfg.tie_embeddings and precision.lm_head == "fp16" else w["lm_head"]
     return w["blocks_linear"] + w["norms"] + lm
 
 

@@ -5,6 +5,9 @@
     tok_embeddings, norm, blocks.{i}.attn_norm, blocks.{i}.ffn_norm   FP (storage dtype, FP16 by default)
     {layer}.qweight int8 (N, K), {layer}.scale fp32 (N,)             an INT8 layer
     {layer}.smooth fp32 (K,)                                         W8A8 with SmoothQuant
+    {layer}.qweight uint8 (N, K/2), {layer}.scale fp16|fp32 (N, K/G)  a W4A16 layer (kernels/int4_layout.py:
+    {layer}.offset fp16|fp32 (N, K/G)                                GGML Q4 nibble order, G = 32|64|128;
+                                                                     offset only when asymmetric)
     {layer}.weight (N, K)                                            a layer kept in floating point
     {layer}.bias (N,)                                                when the layer has one
     blocks.{i}.k_scale, blocks.{i}.v_scale fp32 (Hkv,)               INT8 KV cache only
@@ -12,7 +15,10 @@
 where {layer} is ``blocks.{i}.wqkv|wo|w_gate_up|w_down`` or ``lm_head``. A
 tied LM head kept in floating point has no tensors of its own. The safetensors
 header's metadata carries a small JSON description: the format and its
-version, the model config, the mode, and each layer's operator and precision.
+version, the model config, the mode, and each layer's operator and precision
+(a W4A16 layer also its ``group`` and whether it has an ``offset``). W4A16
+scales and offsets are stored in their own dtype, never widened or rounded: a
+GGUF Q4_1 file's fp16 scales travel bit for bit.
 Files are written to a temp name, fsync'd and renamed, so a crash leaves the
 old file or the new one. Reading never unpickles anything.
 """
@@ -30,6 +36,7 @@ from safetensors.torch import save as st_save
 
 from edgekit.durable import replace_atomically
 from edgekit.errors import QuantizationError
+from edgekit.kernels.int4_layout import GROUP_SIZES
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.registry import OPERATORS
 from edgekit.model.config import ModelConfig
@@ -93,6 +100,12 @@ def serialize(config: ModelConfig, weights: ModelWeights, kv_scales: KVScales | 
             continue
         if lw.op == "linear":
             tensors[f"{name}.weight"] = fp(lw.weight)
+        elif lw.op == "linear_w4a16":
+            layers[name].update(group=lw.in_features // lw.scale.shape[1], offset=lw.offset is not None)
+            tensors[f"{name}.qweight"] = lw.weight.detach().cpu().contiguous()
+            tensors[f"{name}.scale"] = lw.scale.detach().cpu().contiguous()
+            if lw.offset is not None:
+                tensors[f"{name}.offset"] = lw.offset.detach().cpu().contiguous()
         else:
             tensors[f"{name}.qweight"] = lw.weight.detach().cpu().contiguous()
             tensors[f"{name}.scale"] = lw.scale.detach().to("cpu", torch.float32).contiguous()
@@ -144,12 +157,21 @@ class _Reader:
             raise QuantizationError(f"{self.path}: tensor {name!r} is missing", hint="the file is incomplete; quantize again")
         if tuple(t.shape) != shape:
             raise QuantizationError(f"{self.path}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
-        if kind == "int8":
-            if t.dtype != torch.int8:
-                raise QuantizationError(f"{self.path}: tensor {name!r} is {t.dtype}, expected torch.int8")
+        if kind in ("int8", "uint8"):
+            want = torch.int8 if kind == "int8" else torch.uint8
+            if t.dtype != want:
+                raise QuantizationError(f"{self.path}: tensor {name!r} is {t.dtype}, expected {want}")
             return t.to(self.device)
         if not t.is_floating_point():
             raise QuantizationError(f"{self.path}: tensor {name!r} is {t.dtype}, expected a floating-point tensor")
+        if kind == "group":  # W4A16 scales/offsets: kept in their stored dtype (fp16 or fp32); zero and negative
+            # scales are legal (GGML Q4_0 stores a negative d when the block's largest magnitude is negative)
+            if t.dtype not in (torch.float16, torch.float32):
+                raise QuantizationError(f"{self.path}: tensor {name!r} is {t.dtype}, expected float16 or float32 group scales")
+            if not bool(torch.isfinite(t).all()):
+                raise QuantizationError(f"{self.path}: tensor {name!r} has non-finite entries; expected finite group scales",
+                                        hint="the file is corrupt; quantize again")
+            return t.to(self.device)
         if kind == "scale":
             t = t.to(torch.float32)
             if not bool(torch.isfinite(t).all() and (t > 0).all()):
@@ -191,6 +213,8 @@ def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="
             return LinearWeights("linear", emb, bias)
         if m["op"] == "linear":
             return LinearWeights("linear", r.get(f"{name}.weight", (N, K), "fp"), bias)
+        if m["op"] == "linear_w4a16":
+            return _w4a16_layer(r, name, m, N, K, bias)
         smooth = r.get(f"{name}.smooth", (K,), "scale") if m.get("smooth") else None
         return LinearWeights(m["op"], r.get(f"{name}.qweight", (N, K), "int8"), bias, r.get(f"{name}.scale", (N,), "scale"), smooth)
 
@@ -209,6 +233,17 @@ def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="
         kv = KVScales([r.get(f"blocks.{i}.k_scale", (H,), "scale") for i in range(cfg.n_layers)],
                       [r.get(f"blocks.{i}.v_scale", (H,), "scale") for i in range(cfg.n_layers)])
     return QuantizedModel(cfg, weights, kv, header)
+
+
+def _w4a16_layer(r: _Reader, name: str, m: dict, n: int, k: int, bias: torch.Tensor | None) -> LinearWeights:
+    group = m.get("group")
+    if group not in GROUP_SIZES or k % group:
+        raise QuantizationError(f"{r.path}: W4A16 layer {name} has group {group!r}; expected one of {GROUP_SIZES} dividing K={k}")
+    scale = r.get(f"{name}.scale", (n, k // group), "group")
+    offset = r.get(f"{name}.offset", (n, k // group), "group") if m.get("offset") else None
+    if offset is not None and offset.dtype != scale.dtype:
+        raise QuantizationError(f"{r.path}: W4A16 layer {name} stores scales as {scale.dtype} but offsets as {offset.dtype}")
+    return LinearWeights("linear_w4a16", r.get(f"{name}.qweight", (n, k // 2), "uint8"), bias, scale, offset=offset)
 
 
 def _edgekit_header(path: Path, meta: dict[str, str]) -> dict:

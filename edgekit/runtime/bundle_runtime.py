@@ -111,7 +111,7 @@ def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, 
         notes.append("no CUDA GPU: operators run on the torch reference (FP32) with the bundle's weights")
         weights, n = dequantized_for_cpu(weights)
         if n:
-            notes.append(f"{n} INT8 weight-only projections dequantized once to FP32 for the CPU (same values; "
+            notes.append(f"{n} weight-only (INT8/INT4) projections dequantized once to FP32 for the CPU (same values; "
                          "re-dequantizing per call on a CPU costs ~20x)")
     if manifest.dev_key:
         notes.append("signed with the public development key (integrity only)")
@@ -121,7 +121,7 @@ def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, 
 
 
 def dequantized_for_cpu(weights: ModelWeights) -> tuple[ModelWeights, int]:
-    """W8A16 projections as FP32 `linear` weights (q * scale): the values the W8A16 op multiplies by.
+    """W8A16 and W4A16 projections as FP32 `linear` weights: the values the weight-only op multiplies by.
 
     W8A8 stays as it is: its activations are quantized too, which a float weight would not reproduce.
     """
@@ -130,7 +130,7 @@ def dequantized_for_cpu(weights: ModelWeights) -> tuple[ModelWeights, int]:
 
     layers, n = {}, 0
     for name, lw in named_linears(weights).items():
-        if lw.op == "linear_w8a16":
+        if lw.op in ("linear_w8a16", "linear_w4a16"):
             layers[name] = LinearWeights("linear", lw.dequantized().to(lw.scale.device), lw.bias)
             n += 1
     return (with_layers(weights, layers) if layers else weights), n

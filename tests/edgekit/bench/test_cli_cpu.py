@@ -50,3 +50,13 @@ def test_a_bundle_is_refused_with_a_way_forward(tmp_path):
     res = CliRunner().invoke(app, ["bench", str(tmp_path), "--device", "cpu"])
     assert res.exit_code != 0
     assert "bundle" in str(res.exception) and "preset:NAME" in str(res.exception)
+
+
+def test_int4_and_the_quantized_head_variants_are_named_in_the_one_vocabulary():
+    from edgekit.bench.document import PRECISIONS
+    from edgekit.commands.bench_commands import _bench_precisions
+
+    assert _bench_precisions("fp16,int4", quantize_head=True) == ("fp16", "int4", "int4-head")
+    assert _bench_precisions("int8,int4", quantize_head=True) == ("int8", "int4", "int8-head", "int4-head")
+    assert _bench_precisions("fp16", quantize_head=True) == ("fp16", "int8-head")  # the old meaning of the flag
+    assert {"int4", "int4-head"} <= set(PRECISIONS)

@@ -79,8 +79,23 @@ def _permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: int | None = None) -> None:
+def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: int | None = None,
+                     projection_types: dict[str, str] | None = None) -> None:
+    """``projection_types``: GGUF tensor name suffix (e.g. "attn_q.weight") -> GGML type ("Q4_1") to store that
+    projection in, quantized by gguf-py as llama.cpp's converter would; the rest is F32. "TYPE:zeros" writes
+    all-zero blocks of a type gguf-py cannot quantize (for intake errors)."""
     import gguf
+
+    def tensor(name: str, w: np.ndarray) -> None:
+        qtype = next((t for suffix, t in (projection_types or {}).items() if name.endswith(suffix)), None)
+        if qtype is None:
+            writer.add_tensor(name, w)
+        elif qtype.endswith(":zeros"):
+            q = gguf.GGMLQuantizationType[qtype.split(":")[0]]
+            writer.add_tensor(name, np.zeros(gguf.quants.quant_shape_to_byte_shape(w.shape, q), np.uint8), raw_dtype=q)
+        else:
+            q = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(name, gguf.quants.quantize(w, q), raw_dtype=q)
 
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
@@ -120,7 +135,7 @@ def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: i
                 w = _permute_for_gguf(w, cfg.num_attention_heads)
             elif hf.startswith("self_attn.k_proj"):
                 w = _permute_for_gguf(w, cfg.num_key_value_heads)
-            writer.add_tensor(f"blk.{i}.{gg}", np.ascontiguousarray(w))
+            tensor(f"blk.{i}.{gg}", np.ascontiguousarray(w))
     writer.add_tensor("output_norm.weight", sd["model.norm.weight"])
     if not cfg.tie_word_embeddings:
         writer.add_tensor("output.weight", sd["lm_head.weight"])
