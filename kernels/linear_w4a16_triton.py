@@ -1,0 +1,319 @@
+"""INT4 weight-only linear (W4A16) as Triton kernels: a GEMV for decode and a tensor-core GEMM for prefill.
+
+Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels/int4_layout.py``
+(packed uint8 (N, K/2) in GGML's nibble order, group scales (N, K/G), optional offsets).
+
+- ``_w4a16_gemv_kernel``: one activation row per program, ``BLOCK_N`` weight rows, ``BLOCK_K`` elements a
+  step. A step loads each row's 32-element sub-blocks as 16 contiguous bytes (one vector load), turns the low
+  nibbles into FP32 against the sub-block's first 16 activations and the high nibbles against the next 16,
+  and keeps one FP32 partial per sub-block: s * sum(q x) (+ offset * sum(x)), so the group scale and offset
+  are applied once per 32 weights, not per weight. Nibbles become floats without the int-to-float unit
+  (a quarter-rate unit that would cap the kernel below memory bandwidth): the FP32 with bits
+  0x4B000000 | v is 2^23 + v, so subtracting 2^23 (+ 8 for the symmetric form) gives v (or v - 8) exactly.
+  Split-K as in ``linear_triton``'s GEMV: when the (N, row) tiles cannot fill the device, K is split across
+  programs and a second launch of the same kernel sums the FP32 partials in split order (deterministic).
+- ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. Each 32-element sub-block of the K tile is dequantized
+  to its codes only (q or q - 8: exact in FP16), multiplied with ``tl.dot`` into a fresh FP32 product, and
+  the product is scaled per output column by that sub-block's group scale (plus offset * sum(x)) into the
+  accumulator. No weight is ever rounded to FP16 after scaling, so the result is as exact as the GEMV's.
+
+Scale dtype: scales and offsets may be FP16 or FP32. A compiled kernel's pointer types are fixed, so the
+kernels take both an FP16 and an FP32 scale/offset pointer; the host step (``prepare_w4a16``) passes the call's
+tensors in the slots of their dtype and null in the others, and the kernels branch on a uniform runtime flag.
+One compiled variant therefore serves every GGUF Q4_0 / Q4_1 file and every calibrated bundle.
+Group size: a runtime argument (``group_shift``: G = 32 << group_shift), so G = 32, 64 or 128 share variants.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
+from edgekit.kernels.int4_layout import GROUP_SIZES, SUBBLOCK
+from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
+from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
+from edgekit.kernels.linear_triton import _gemm_space, _gemv_splits, _mm_launches
+
+_TWO_23 = tl.constexpr(8388608.0)  # 2^23: the FP32 whose low mantissa bits hold a small integer exactly
+
+
+@triton.jit
+def _nibbles_to_f32(b, magic):
+    """Packed bytes -> (low nibbles, high nibbles) as FP32, each minus (magic - 2^23): exact, no int-to-float."""
+    bi = b.to(tl.int32)
+    lo = ((bi & 15) | 0x4B000000).to(tl.float32, bitcast=True) - magic
+    hi = ((bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - magic
+    return lo, hi
+
+
+@triton.jit
+def _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, idx, scale_f32, has_offset):
+    """Scales and offsets at ``idx`` (FP16 or FP32 storage, chosen by a uniform runtime flag) as FP32;
+    the offset is 0 for the symmetric form (its -8 is taken out of the codes instead)."""
+    if scale_f32 != 0:
+        s = tl.load(sf_ptr + idx)
+        if has_offset != 0:
+            m = tl.load(of_ptr + idx)
+        else:
+            m = tl.zeros_like(s)
+    else:
+        s = tl.load(sh_ptr + idx).to(tl.float32)
+        if has_offset != 0:
+            m = tl.load(oh_ptr + idx).to(tl.float32)
+        else:
+            m = tl.zeros_like(s)
+    return s, m
+
+
+@triton.jit
+def _w4a16_gemv_kernel(
+    x_ptr, w_ptr, sh_ptr, oh_ptr, sf_ptr, of_ptr, b_ptr, y_ptr, part_ptr,
+    M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, has_bias, has_offset, scale_f32, group_shift,
+    num_splits, reduce_splits,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    tl.static_assert(BLOCK_M == 1)  # one activation row per program (linear_triton.GEMV_MAX_ROWS says why)
+    tl.static_assert(BLOCK_K % 32 == 0)
+    SB: tl.constexpr = BLOCK_K // 32  # sub-blocks a step
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn_ld = rn % N
+    mask = rn < N
+    if reduce_splits != 0:
+        # second launch of a split-K GEMV: sum the partials in split order (the same result every run)
+        y = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for sp in range(0, num_splits):
+            y += tl.load(part_ptr + (sp * M + row) * N + rn_ld)
+    else:
+        sb = tl.arange(0, SB)
+        j = tl.arange(0, 16)
+        n_blocks = tl.cdiv(K, BLOCK_K)
+        per = tl.cdiv(n_blocks, num_splits)
+        first = pid_s * per
+        last = tl.minimum(n_blocks, first + per)
+        # codes minus 8 for the symmetric form (w = (q - 8) * s), as they are for the asymmetric one (w = q s + m)
+        magic = _TWO_23 + tl.where(has_offset != 0, 0.0, 8.0)
+        w_rows = w_ptr + rn_ld[:, None, None] * stride_wn + (sb * 16)[None, :, None] + j[None, None, :]
+        s_rows = rn_ld[:, None] * stride_sn
+        x_row = x_ptr + row * stride_xm
+        acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
+        for kb in range(first, last):
+            k0 = kb * BLOCK_K
+            sub = k0 + sb * 32  # (SB,) first element of each sub-block
+            kmask = sub < K  # K is a multiple of 32: a sub-block is wholly in or out
+            b = tl.load(w_rows + k0 // 2, mask=kmask[None, :, None], other=0)  # (BN, SB, 16) uint8
+            x_lo = tl.load(x_row + sub[:, None] + j[None, :], mask=kmask[:, None], other=0.0).to(tl.float32)
+            x_hi = tl.load(x_row + sub[:, None] + 16 + j[None, :], mask=kmask[:, None], other=0.0).to(tl.float32)
+            lo, hi = _nibbles_to_f32(b, magic)
+            dot = tl.sum(lo * x_lo[None, :, :] + hi * x_hi[None, :, :], axis=2)  # (BN, SB): sum of q x
+            g_idx = s_rows + (tl.minimum(sub, K - 32) >> 5 >> group_shift)[None, :]
+            s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset)
+            acc += s * dot
+            if has_offset != 0:
+                acc += m * tl.sum(x_lo + x_hi, axis=1)[None, :]
+        y = tl.sum(acc, axis=1)
+    if (reduce_splits == 0) & (num_splits > 1):
+        tl.store(part_ptr + (pid_s * M + row) * N + rn, y, mask=mask)  # split-K partials: (splits, M, N) FP32
+    else:
+        if has_bias != 0:
+            y = y + tl.load(b_ptr + rn_ld).to(tl.float32)
+        tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _w4a16_gemm_kernel(
+    x_ptr, w_ptr, sh_ptr, oh_ptr, sf_ptr, of_ptr, b_ptr, y_ptr,
+    M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, has_bias, has_offset, scale_f32, group_shift,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    tl.static_assert(BLOCK_K % 32 == 0)
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n  # grouped launch order: GROUP_M row tiles share each weight column tile in L2
+    first_m = (pid // group) * GROUP_M
+    group_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm_ld, rn_ld = rm % M, rn % N  # rows/columns past M/N read valid memory; their results are never stored
+    k32 = tl.arange(0, 32)
+    # W^T sub-block tile (32, BN): element k of a sub-block is byte k % 16's low (k < 16) or high nibble
+    w_cols = w_ptr + rn_ld[None, :] * stride_wn + (k32 % 16)[:, None]
+    shift = ((k32 // 16) * 4)[:, None]
+    x_rows = x_ptr + rm_ld[:, None] * stride_xm + k32[None, :]
+    zero = tl.where(has_offset != 0, 0.0, 8.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        for i in tl.static_range(BLOCK_K // 32):
+            sub = kb * BLOCK_K + i * 32  # first element of this sub-block; K is a multiple of 32
+            live = sub < K
+            a = tl.load(x_rows + sub, mask=live, other=0.0)  # (BM, 32)
+            bq = tl.load(w_cols + sub // 2, mask=live, other=0).to(tl.int32)  # (32, BN)
+            q = ((bq >> shift) & 15).to(tl.float32) - zero  # codes (q or q - 8): exact in FP16
+            prod = tl.dot(a, q.to(a.dtype), input_precision="ieee")  # (BM, BN) FP32
+            g_idx = rn_ld * stride_sn + (tl.minimum(sub, K - 32) >> 5 >> group_shift)
+            s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset)
+            acc += prod * s[None, :]
+            if has_offset != 0:
+                acc += tl.sum(a.to(tl.float32), axis=1)[:, None] * m[None, :]
+    if has_bias != 0:
+        acc = acc + tl.load(b_ptr + rn_ld).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# --------------------------------------------------------------------------- parameters and spaces
+def _params() -> tuple[Param, ...]:
+    """The runtime parameters both kernels share, in order (the GEMV inserts its split-K ones)."""
+    return (
+        Param("x_ptr", "*act", ptr("x")),
+        Param("w_ptr", "*u8", ptr("weight")),
+        Param("sh_ptr", "*fp16", ptr("scale_h")),
+        Param("oh_ptr", "*fp16", ptr("offset_h")),
+        Param("sf_ptr", "*fp32", ptr("scale_f")),
+        Param("of_ptr", "*fp32", ptr("offset_f")),
+        Param("b_ptr", "*act", ptr("bias")),
+        Param("y_ptr", "*act", ptr("y")),
+        Param("M", "i32", shape("x", 0)),
+        Param("N", "i32", shape("weight", 0)),
+        Param("K", "i32", shape("x", 1), div16=True),
+        Param("stride_xm", "i32", stride("x", 0), div16=True),
+        Param("stride_wn", "i32", stride("weight", 0), div16=True),
+        Param("stride_sn", "i32", {"attr": "scale_row_stride"}),
+        Param("stride_ym", "i32", stride("y", 0), div16=True),
+        Param("has_bias", "i32", {"present": "bias"}),
+        Param("has_offset", "i32", {"add": [{"present": "offset_h"}, {"present": "offset_f"}]}),
+        Param("scale_f32", "i32", {"present": "scale_f"}),
+        Param("group_shift", "i32", {"attr": "group_shift"}),
+    )
+
+
+def _gemv_params() -> tuple[Param, ...]:
+    p = _params()
+    return (*p[:8], Param("part_ptr", "*fp32", ptr("part")), *p[8:],
+            Param("num_splits", "i32", sym("NUM_SPLITS")), Param("reduce_splits", "i32", 0))
+
+
+def _gemv_space(s: dict) -> list:
+    # bytes a step = BN * BK / 2; each thread streams 16-128 of them (16-byte loads, as the INT8 GEMV's space)
+    return [
+        ({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}, w, 1)
+        for bn in (2, 4, 8, 16, 32, 64) for bk in (256, 512, 1024, 2048) for w in (2, 4, 8)
+        if 16 * 32 * w <= bn * bk // 2 <= 128 * 32 * w
+    ]
+
+
+def _gemv_default(s: dict):
+    # the bytes a step of the INT8 GEMV's measured default (32 x 256 INT8 at 4 warps) moves, as INT4
+    return {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512}, 4, 1
+
+
+def _gemm_default(s: dict):
+    m = int(s.get("rows", s.get("M", 256)))
+    if m <= 16:
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}, 4, 3
+    if m <= 64:
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, 4, 3
+    # 128 x 128 spills (ptxas: the scaled accumulator and the fresh per-sub-block product are both live)
+    return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, 8, 3
+
+
+def _gemm_smem(c, warps, stages, nbytes):
+    # pipelined x tiles and packed weight tiles (half a byte a weight), or the epilogue's layout conversion
+    pipe = max(1, stages - 1) * (c["BLOCK_M"] * c["BLOCK_K"] * nbytes + c["BLOCK_K"] * c["BLOCK_N"] // 2)
+    dot_operands = c["BLOCK_M"] * 32 * nbytes + 32 * c["BLOCK_N"] * nbytes
+    return max(pipe + dot_operands, c["BLOCK_M"] * c["BLOCK_N"] * 4 // max(1, warps // 4))
+
+
+_PRECISION = {"input": "{act} activations, packed int4 weights + fp16/fp32 group scales (+ offsets)",
+              "accumulate": "fp32", "output": "{act}"}
+
+W4A16_GEMV = KernelDef(
+    op="linear_w4a16", kernel="w4a16_gemv", fn=_w4a16_gemv_kernel, params=_gemv_params(),
+    constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K"), precision=_PRECISION,
+    # only the final cross-thread reduction of the partials goes through shared memory
+    uses_shared_memory=True, space=_gemv_space, default=_gemv_default,
+    smem_estimate=lambda c, warps, stages, nbytes: max(4096, 4 * c["BLOCK_N"] * c["BLOCK_K"] // 32),
+)
+W4A16_GEMM = KernelDef(
+    op="linear_w4a16", kernel="w4a16_gemm", fn=_w4a16_gemm_kernel, params=_params(),
+    constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), precision=_PRECISION,
+    # tiles up to 128 x 64 (larger ones keep two FP32 tiles live and spill), K tiles up to 4 sub-blocks
+    uses_shared_memory=True,
+    space=lambda s: [c for c in _gemm_space(s) if c[0]["BLOCK_K"] <= 128 and c[0]["BLOCK_M"] * c[0]["BLOCK_N"] <= 8192],
+    default=_gemm_default, smem_estimate=_gemm_smem,
+)
+
+
+# --------------------------------------------------------------------------- program
+def w4a16_program(variants) -> dict:
+    M, N, K = shape("x", 0), shape("weight", 0), shape("x", 1)
+    v_gemv = variants.get(W4A16_GEMV.kernel)
+    splits = _gemv_splits(v_gemv.constexprs, W4A16_GEMM.kernel in variants) if v_gemv is not None else 1
+    used = {"min": [1, {"sub": [sym("NUM_SPLITS"), 1]}]}  # 0 without split-K: an empty partials buffer
+    return program_doc(
+        "linear_w4a16", ["x", "weight", "scale_h", "offset_h", "scale_f", "offset_f", "bias"],
+        ["scale_h", "offset_h", "scale_f", "offset_f", "bias"], ["scale_row_stride", "group_shift"],
+        checks=[
+            check("eq", mul(shape("weight", 1), 2), K, "packed weight (N, K/2) must match x (M, K)"),
+            check("multiple_of", K, SUBBLOCK, f"K must be a multiple of the {SUBBLOCK}-element sub-block"),
+            check("eq", {"add": [{"present": "scale_h"}, {"present": "scale_f"}]}, 1,
+                  "exactly one of scale_h (fp16) and scale_f (fp32) is given"),
+        ],
+        let=[["NUM_SPLITS", splits]],
+        buffers=[{"name": "y", "shape": [M, N], "dtype": {"like": "x"}},
+                 {"name": "part", "shape": [mul(sym("NUM_SPLITS"), used), M, N], "dtype": "fp32"}],
+        launches=_mm_launches(variants, W4A16_GEMV, W4A16_GEMM),
+        outputs=["y"],
+    )
+
+
+# --------------------------------------------------------------------------- host-side checks
+def prepare_w4a16(x, qweight, scale, offset=None, bias=None):
+    """The call's tensors in the program's slots: scale/offset go to the FP16 or FP32 slot of their dtype."""
+    op = "linear_w4a16"
+    hc.on_cuda(op, ("x", x), ("qweight", qweight), ("scale", scale), ("offset", offset), ("bias", bias))
+    hc.act_dtype(op, x, "x")
+    hc.dtype_is(op, qweight, "qweight", torch.uint8)
+    hc.ndim(op, qweight, "qweight", 2, "(N, K/2)")
+    hc.unit_last_stride(op, qweight, "qweight")
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    if x.shape[-1] != k:
+        raise OperatorError(f"{op}: x has {x.shape[-1]} features but the packed qweight {tuple(qweight.shape)} "
+                            f"holds K = {k}", hint="qweight is (N, K/2): two 4-bit weights a byte")
+    if scale.dtype not in (torch.float16, torch.float32):
+        raise OperatorError(f"{op}: scale has dtype {scale.dtype}; expected float16 or float32")
+    hc.ndim(op, scale, "scale", 2, "(N, K/G)")
+    hc.unit_last_stride(op, scale, "scale")
+    groups = scale.shape[1]
+    g = k // groups if groups and k % groups == 0 else 0
+    if scale.shape[0] != n or g not in GROUP_SIZES:
+        raise OperatorError(f"{op}: scale has shape {tuple(scale.shape)} for K = {k}, N = {n}; expected (N, K/G) "
+                            f"with G in {GROUP_SIZES}")
+    if offset is not None:
+        hc.same_dtype(op, offset, "offset", scale, "scale")
+        if offset.shape != scale.shape or offset.stride() != scale.stride():
+            raise OperatorError(f"{op}: offset has shape {tuple(offset.shape)} strides {offset.stride()}; "
+                                f"expected the scale's {tuple(scale.shape)} {scale.stride()}")
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", n)
+    x2 = hc.rows(op, x, "x")  # (M, K)
+    f32 = scale.dtype == torch.float32
+    tensors = {"x": x2, "weight": qweight,
+               "scale_h": None if f32 else scale, "offset_h": None if f32 else offset,
+               "scale_f": scale if f32 else None, "offset_f": offset if f32 else None, "bias": bias}
+    attrs = {"scale_row_stride": scale.stride(0), "group_shift": (g // SUBBLOCK).bit_length() - 1}
+    out_shape = (*x.shape[:-1], n)
+    return tensors, attrs, (lambda bufs: bufs["y"].view(out_shape))
+
+
+W4A16_OP = OpKernels("linear_w4a16", (W4A16_GEMV, W4A16_GEMM), w4a16_program, prepare_w4a16,
+                     required=(("w4a16_gemv", "w4a16_gemm"),))
