@@ -96,22 +96,35 @@ def _cast(w: ModelWeights, device, dtype: torch.dtype) -> ModelWeights:
     return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=mv(w.norm), lm_head=head)
 
 
+def int4_linear(lw: LinearWeights) -> LinearWeights:
+    """Round-to-nearest asymmetric INT4 (W4A16, FP16 group scales and offsets, GGML Q4_1 style) of a float projection,
+    in groups of 128 (64 or 32 where K needs it): speed runs only (the calibrated route is edgekit.quant)."""
+    from edgekit.kernels.int4_layout import GROUP_SIZES, quantize_int4_rtn
+
+    k = lw.weight.shape[1]
+    group = max((g for g in GROUP_SIZES if k % g == 0), default=GROUP_SIZES[0])  # none: quantize_int4_rtn says why
+    q, s, off = quantize_int4_rtn(lw.weight, group, symmetric=False, scale_dtype=torch.float16)
+    return LinearWeights("linear_w4a16", q, lw.bias, s, offset=off)
+
+
 def quantized(w: ModelWeights, precision: str) -> ModelWeights:
-    """W8A16 records for every block linear (and the LM head for int8-head); norms and embedding shared."""
+    """W8A16 (int8) or W4A16 g128 RTN (int4) records for every block linear (and the LM head for int8-head /
+    int4-head); norms and embedding shared."""
     from edgekit.quant.weights import quantize_linear
 
     if precision == "fp16":
         return w
+    def make(lw: LinearWeights, name: str) -> LinearWeights:
+        return int4_linear(lw) if precision.startswith("int4") else quantize_linear(lw, "w8a16", name)
+
     blocks = [
-        BlockWeights(
-            attn_norm=b.attn_norm, ffn_norm=b.ffn_norm,
-            **{name: quantize_linear(lw, "w8a16", f"blocks.{i}.{name}") for name, lw in b.linears().items()},
-        )
+        BlockWeights(attn_norm=b.attn_norm, ffn_norm=b.ffn_norm,
+                     **{name: make(lw, f"blocks.{i}.{name}") for name, lw in b.linears().items()})
         for i, b in enumerate(w.blocks)
     ]
     head = w.lm_head
-    if precision == "int8-head":
-        head = quantize_linear(LinearWeights("linear", head.weight, head.bias), "w8a16", "lm_head")
+    if precision.endswith("-head"):
+        head = make(LinearWeights("linear", head.weight, head.bias), "lm_head")
     return ModelWeights(tok_embeddings=w.tok_embeddings, blocks=blocks, norm=w.norm, lm_head=head)
 
 

@@ -70,6 +70,17 @@ def main() -> None:
         case = dict(M=20, K=group * 5, N=40, group=group, symmetric=False, scale_dtype=torch.float16, bias=False,
                     act="fp16", seed=group)
         record(f"gemm K tile across groups G={group}", TritonOp(OP, {**gemm, **gemv}), **case)
+    # the golden vectors a bundle carries (FP64 expected outputs at the default model's width, K = 576, G = 64),
+    # for the decode row and a prefill bucket, through the kernels as a plugin runs them (spec-order call)
+    from edgekit.build.golden import golden_cases
+    from edgekit.bundle.golden import check_case as check_golden
+    from edgekit.model.presets import preset_config
+    from edgekit.runtime.gpu_runner import call_with_spec_order
+
+    for c in golden_cases(OP, preset_config("smollm2-135m"), buckets=(16,), context=64):
+        v = check_golden(OP, c, lambda op, inputs, attrs, plugin: call_with_spec_order(planned, op, inputs, attrs))
+        results.append({"case": f"golden {c.meta.name}", "ratio": v.max_ratio if v.ok else float("inf")})
+        assert v.ok, v
     print(json.dumps(results))
 
 
