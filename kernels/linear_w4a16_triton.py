@@ -35,18 +35,114 @@ from edgekit.kernels import host_checks as hc
 from edgekit.kernels.int4_layout import GROUP_SIZES, SUBBLOCK
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
-from edgekit.kernels.linear_triton import _gemm_space, _gemv_splits, _mm_launches
+from edgekit.kernels.linear_triton import _PTX_DEQUANT, _gemm_space, _gemv_splits, _mm_launches
 
 _TWO_23 = tl.constexpr(8388608.0)  # 2^23: the FP32 whose low mantissa bits hold a small integer exactly
 
 
 @triton.jit
-def _nibbles_to_f32(b, magic):
-    """Packed bytes -> (low nibbles, high nibbles) as FP32, each minus (magic - 2^23): exact, no int-to-float."""
-    bi = b.to(tl.int32)
-    lo = ((bi & 15) | 0x4B000000).to(tl.float32, bitcast=True) - magic
-    hi = ((bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - magic
-    return lo, hi
+def _dots_from_bytes(w_ptr, w_rows, x_row, sub, kmask, k0, zero, SB: tl.constexpr):
+    """Per row and sub-block: sum (q - zero) x over the 32 weights, and sum x (DECODE 0).
+
+    Loads each sub-block's 16 bytes per row; a nibble v becomes 2^23 + v as the FP32 with bits 0x4B000000 | v,
+    minus (2^23 + zero): exact, without the int-to-float unit."""
+    j = tl.arange(0, 16)
+    b = tl.load(w_ptr + w_rows[:, None, None] + (k0 // 2 + tl.arange(0, SB) * 16)[None, :, None] + j[None, None, :],
+                mask=kmask[None, :, None], other=0).to(tl.int32)  # (BN, SB, 16)
+    x_lo = tl.load(x_row + sub[:, None] + j[None, :], mask=kmask[:, None], other=0.0).to(tl.float32)  # (SB, 16)
+    x_hi = tl.load(x_row + sub[:, None] + 16 + j[None, :], mask=kmask[:, None], other=0.0).to(tl.float32)
+    magic = _TWO_23 + zero
+    lo = ((b & 15) | 0x4B000000).to(tl.float32, bitcast=True) - magic
+    hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - magic
+    dot = tl.sum(lo * x_lo[None, :, :] + hi * x_hi[None, :, :], axis=2)  # (BN, SB)
+    return dot, tl.sum(x_lo + x_hi, axis=1)
+
+
+@triton.jit
+def _nibble_units(words, SHIFT: tl.constexpr):
+    """The two nibbles of byte b of each int32 word as FP32 1 + q/256 and 1 + q/16, with SHIFT = 15 - 8 b.
+
+    One shift brings the byte's low nibble to bits 15-18 and its high nibble to bits 19-22, the top of an FP32
+    mantissa under the exponent of 1.0; one and-or (a single LOP3) each then makes the float: exact, and no
+    int-to-float unit. Written in PTX because ptxas does not merge the AND and the OR of two immediates."""
+    if SHIFT >= 0:
+        v = words << SHIFT
+    else:
+        v = words >> (-SHIFT)  # arithmetic shift: the sign bits it brings in are masked off
+    if _PTX_DEQUANT:
+        f_lo = tl.inline_asm_elementwise(asm="lop3.b32 $0, $1, 0x00078000, 0x3F800000, 0xEA;", constraints="=r,r",
+                                         args=[v], dtype=tl.int32, is_pure=True, pack=1)
+        f_hi = tl.inline_asm_elementwise(asm="lop3.b32 $0, $1, 0x00780000, 0x3F800000, 0xEA;", constraints="=r,r",
+                                         args=[v], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        f_lo = (v & 0x00078000) | 0x3F800000
+        f_hi = (v & 0x00780000) | 0x3F800000
+    return f_lo.to(tl.float32, bitcast=True), f_hi.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     X_RUNS: tl.constexpr):
+    """The same sums as ``_dots_from_bytes`` (DECODE 1 and 2), from a (rows, BLOCK_K / 8) tile of int32 words.
+
+    Word i of a sub-block holds bytes 4i..4i+3; byte b's low nibble is element 4i + b, its high nibble element
+    16 + 4i + b. Low nibbles become f = 1 + q/256, high ones f = 1 + q/16 (``_nibble_units``), so the FMAs take
+    f directly: sum q x = 256 (sum f x - sum x) over the low half plus 16 (sum f x - sum x) over the high half,
+    about 2.5 instructions a weight instead of 4. Products are exact; the cancellation costs the low half's
+    sums about 8 bits of FP32 (relative error ~1e-6 of the sub-block's sum, far inside the tolerance)."""
+    SB: tl.constexpr = BLOCK_K // 32
+    W: tl.constexpr = BLOCK_K // 8
+    wi = tl.arange(0, W)
+    live = k0 + (wi // 4) * 32 < K  # (W,) K is a multiple of 32: a sub-block is wholly in or out
+    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + (w_rows // 4)[:, None] + (k0 // 8 + wi)[None, :],
+                    mask=live[None, :], other=0)  # (BN, W)
+    x_at = x_row + k0 + (wi // 4) * 32 + 4 * (wi % 4)  # (W,) element 4i of each word's sub-block
+    if X_RUNS:
+        # the 4 activations of each word's low and high nibbles as contiguous runs (vector loads), taken apart
+        # per byte with register splits: x_b[i] = x[4i + b] (+ 16 for the high nibbles). Triton moves them into
+        # the weight tile's layout through shared memory (a barrier a step): fewer loads, a round trip.
+        four = tl.arange(0, 4)
+        x_lo4 = tl.load(x_at[:, None] + four[None, :], mask=live[:, None], other=0.0).to(tl.float32)  # (W, 4)
+        x_hi4 = tl.load(x_at[:, None] + 16 + four[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+        lo02, lo13 = tl.split(tl.reshape(x_lo4, (W, 2, 2)))
+        lo0, lo2 = tl.split(lo02)
+        lo1, lo3 = tl.split(lo13)
+        hi02, hi13 = tl.split(tl.reshape(x_hi4, (W, 2, 2)))
+        hi0, hi2 = tl.split(hi02)
+        hi1, hi3 = tl.split(hi13)
+        xs_lo = tl.sum(x_lo4, axis=1)  # (W,)
+        xs_hi = tl.sum(x_hi4, axis=1)
+    else:
+        # one activation per load, straight into the layout the products need (no shared memory)
+        lo0 = tl.load(x_at, mask=live, other=0.0).to(tl.float32)
+        lo1 = tl.load(x_at + 1, mask=live, other=0.0).to(tl.float32)
+        lo2 = tl.load(x_at + 2, mask=live, other=0.0).to(tl.float32)
+        lo3 = tl.load(x_at + 3, mask=live, other=0.0).to(tl.float32)
+        hi0 = tl.load(x_at + 16, mask=live, other=0.0).to(tl.float32)
+        hi1 = tl.load(x_at + 17, mask=live, other=0.0).to(tl.float32)
+        hi2 = tl.load(x_at + 18, mask=live, other=0.0).to(tl.float32)
+        hi3 = tl.load(x_at + 19, mask=live, other=0.0).to(tl.float32)
+        xs_lo = (lo0 + lo1) + (lo2 + lo3)
+        xs_hi = (hi0 + hi1) + (hi2 + hi3)
+    f_lo, f_hi = _nibble_units(words, 15)
+    t_lo = f_lo * lo0[None, :]
+    t_hi = f_hi * hi0[None, :]
+    f_lo, f_hi = _nibble_units(words, 7)
+    t_lo += f_lo * lo1[None, :]
+    t_hi += f_hi * hi1[None, :]
+    f_lo, f_hi = _nibble_units(words, -1)
+    t_lo += f_lo * lo2[None, :]
+    t_hi += f_hi * hi2[None, :]
+    f_lo, f_hi = _nibble_units(words, -9)
+    t_lo += f_lo * lo3[None, :]
+    t_hi += f_hi * hi3[None, :]
+    sum_lo = tl.sum(tl.reshape(t_lo, (BLOCK_N, SB, 4)), axis=2)  # (BN, SB)
+    sum_hi = tl.sum(tl.reshape(t_hi, (BLOCK_N, SB, 4)), axis=2)
+    x_lo_sb = tl.sum(tl.reshape(xs_lo, (SB, 4)), axis=1)  # (SB,)
+    x_hi_sb = tl.sum(tl.reshape(xs_hi, (SB, 4)), axis=1)
+    x_sum = x_lo_sb + x_hi_sb
+    dot = 256.0 * (sum_lo - x_lo_sb[None, :]) + 16.0 * (sum_hi - x_hi_sb[None, :]) - zero * x_sum[None, :]
+    return dot, x_sum
 
 
 @triton.jit
@@ -73,7 +169,7 @@ def _w4a16_gemv_kernel(
     x_ptr, w_ptr, sh_ptr, oh_ptr, sf_ptr, of_ptr, b_ptr, y_ptr, part_ptr,
     M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, has_bias, has_offset, scale_f32, group_shift,
     num_splits, reduce_splits,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M == 1)  # one activation row per program (linear_triton.GEMV_MAX_ROWS says why)
     tl.static_assert(BLOCK_K % 32 == 0)
@@ -91,14 +187,13 @@ def _w4a16_gemv_kernel(
             y += tl.load(part_ptr + (sp * M + row) * N + rn_ld)
     else:
         sb = tl.arange(0, SB)
-        j = tl.arange(0, 16)
         n_blocks = tl.cdiv(K, BLOCK_K)
         per = tl.cdiv(n_blocks, num_splits)
         first = pid_s * per
         last = tl.minimum(n_blocks, first + per)
         # codes minus 8 for the symmetric form (w = (q - 8) * s), as they are for the asymmetric one (w = q s + m)
-        magic = _TWO_23 + tl.where(has_offset != 0, 0.0, 8.0)
-        w_rows = w_ptr + rn_ld[:, None, None] * stride_wn + (sb * 16)[None, :, None] + j[None, None, :]
+        zero = tl.where(has_offset != 0, 0.0, 8.0)
+        w_rows = rn_ld * stride_wn  # (BN,) byte offset of each weight row
         s_rows = rn_ld[:, None] * stride_sn
         x_row = x_ptr + row * stride_xm
         acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
@@ -106,16 +201,15 @@ def _w4a16_gemv_kernel(
             k0 = kb * BLOCK_K
             sub = k0 + sb * 32  # (SB,) first element of each sub-block
             kmask = sub < K  # K is a multiple of 32: a sub-block is wholly in or out
-            b = tl.load(w_rows + k0 // 2, mask=kmask[None, :, None], other=0)  # (BN, SB, 16) uint8
-            x_lo = tl.load(x_row + sub[:, None] + j[None, :], mask=kmask[:, None], other=0.0).to(tl.float32)
-            x_hi = tl.load(x_row + sub[:, None] + 16 + j[None, :], mask=kmask[:, None], other=0.0).to(tl.float32)
-            lo, hi = _nibbles_to_f32(b, magic)
-            dot = tl.sum(lo * x_lo[None, :, :] + hi * x_hi[None, :, :], axis=2)  # (BN, SB): sum of q x
+            if DECODE != 0:
+                dot, x_sum = _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K, DECODE == 2)
+            else:
+                dot, x_sum = _dots_from_bytes(w_ptr, w_rows, x_row, sub, kmask, k0, zero, SB)
             g_idx = s_rows + (tl.minimum(sub, K - 32) >> 5 >> group_shift)[None, :]
             s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset)
             acc += s * dot
             if has_offset != 0:
-                acc += m * tl.sum(x_lo + x_hi, axis=1)[None, :]
+                acc += m * x_sum[None, :]
         y = tl.sum(acc, axis=1)
     if (reduce_splits == 0) & (num_splits > 1):
         tl.store(part_ptr + (pid_s * M + row) * N + rn, y, mask=mask)  # split-K partials: (splits, M, N) FP32
@@ -202,17 +296,18 @@ def _gemv_params() -> tuple[Param, ...]:
 
 
 def _gemv_space(s: dict) -> list:
-    # bytes a step = BN * BK / 2; each thread streams 16-128 of them (16-byte loads, as the INT8 GEMV's space)
+    # bytes a step = BN * BK / 2; each thread streams 16-128 of them (16-byte loads, as the INT8 GEMV's space);
+    # DECODE picks the weight decode: 1 words, x one by one; 2 words, x in runs; 0 bytes (_dots_from_*)
     return [
-        ({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}, w, 1)
-        for bn in (2, 4, 8, 16, 32, 64) for bk in (256, 512, 1024, 2048) for w in (2, 4, 8)
+        ({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "DECODE": decode}, w, 1)
+        for bn in (2, 4, 8, 16, 32, 64) for bk in (256, 512, 1024, 2048) for w in (2, 4, 8) for decode in (1, 2, 0)
         if 16 * 32 * w <= bn * bk // 2 <= 128 * 32 * w
     ]
 
 
 def _gemv_default(s: dict):
     # the bytes a step of the INT8 GEMV's measured default (32 x 256 INT8 at 4 warps) moves, as INT4
-    return {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512}, 4, 1
+    return {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "DECODE": 1}, 4, 1
 
 
 def _gemm_default(s: dict):
@@ -237,7 +332,7 @@ _PRECISION = {"input": "{act} activations, packed int4 weights + fp16/fp32 group
 
 W4A16_GEMV = KernelDef(
     op="linear_w4a16", kernel="w4a16_gemv", fn=_w4a16_gemv_kernel, params=_gemv_params(),
-    constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K"), precision=_PRECISION,
+    constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K", "DECODE"), precision=_PRECISION,
     # only the final cross-thread reduction of the partials goes through shared memory
     uses_shared_memory=True, space=_gemv_space, default=_gemv_default,
     smem_estimate=lambda c, warps, stages, nbytes: max(4096, 4 * c["BLOCK_N"] * c["BLOCK_K"] // 32),

@@ -34,7 +34,13 @@ GROUP = 128
 # (name, N, K): INT4 bytes N * K / 2 >= 32 MB
 GEMV_SHAPES = [("llama-3.1-8b w_gate_up", 28672, 4096), ("llama-3.2-1b lm_head", 128256, 2048),
                ("llama-3.1-8b w_down x2", 8192, 14336)]
-GEMV_TILES = [(16, 512, 4), (32, 1024, 4), (64, 512, 8), (16, 1024, 4), (8, 1024, 2), (32, 512, 8)]
+# (BLOCK_N, BLOCK_K, warps, DECODE): the weight decodes (1: words, x one by one; 2: words, x in runs; 0: bytes)
+# at the tiles the SASS count favoured (about 9-11 instructions a weight byte), beside the default
+GEMV_TILES = [(32, 512, 4, 2), (64, 512, 4, 1), (64, 512, 4, 2), (32, 512, 4, 0), (16, 1024, 4, 1), (64, 256, 4, 2),
+              (128, 256, 8, 2), (32, 256, 2, 1)]
+# decode on the tensor-core GEMM instead (x padded to BLOCK_M rows): the alternative the INT8 GEMV measured
+GEMM_FOR_DECODE = [({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}, 4, 3),
+                   ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 8}, 4, 4)]
 TARGETS = {"fraction_of_copy": 0.85, "time_vs_fp16": 0.35}
 
 
@@ -49,8 +55,10 @@ def int4_weights(N: int, K: int, n: int) -> list[tuple]:
 
 def gemv_candidates() -> list[dict]:
     dv = default_variants(OP, rows=1)
-    return [dv] + [{"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}, w, 1)}
-                   for bn, bk, w in GEMV_TILES]
+    gemv = [{"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "DECODE": d},
+                                         w, 1)} for bn, bk, w, d in GEMV_TILES]
+    gemm = [{"w4a16_gemm": KernelVariant(OP, "w4a16_gemm", c, w, st)} for c, w, st in GEMM_FOR_DECODE]
+    return [dv] + [c for c in gemv + gemm if c != dv]
 
 
 def bench_gemv(copy_gbps: float, l2: int, quick: bool, log) -> list[dict]:

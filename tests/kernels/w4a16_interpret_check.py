@@ -54,7 +54,7 @@ def main() -> None:
     # split-K: on the interpreter's pretend 8-SM device, K = 1280 in blocks of 256 (5 blocks) is split across
     # programs whose FP32 partials a second launch of the same kernel sums; M = 3 is a GEMV-only program (one
     # row per program), as planned for a batch-1 LM head
-    gemv = {"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 256}, 2, 1)}
+    gemv = {"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 256, "DECODE": 0}, 2, 1)}
     for M, symmetric, sd in ((1, False, torch.float16), (3, True, torch.float32)):
         case = dict(M=M, K=1280, N=32, group=128, symmetric=symmetric, scale_dtype=sd, bias=True, act="fp16", seed=M)
         x = torch.zeros(M, 1280, dtype=torch.float16)
@@ -64,6 +64,14 @@ def main() -> None:
                                       device_properties(x.device), lambda n, s, d: torch.empty(s))
         assert [ln.grid[2] > 1 for ln in launches] == [True, False], [ln.grid for ln in launches]
         record(f"gemv split-K M={M}", TritonOp(OP, gemv), **case)
+    # every weight decode of the GEMV (1: words, x one by one; 2: words, x in runs; 0: bytes), K ending mid-tile
+    for decode in (0, 1, 2):
+        v = {"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 256, "DECODE": decode},
+                                         4, 1)}
+        for symmetric in (False, True):
+            case = dict(M=1, K=352, N=37, group=32, symmetric=symmetric, scale_dtype=torch.float32, bias=False,
+                        act="fp32", seed=decode)
+            record(f"gemv DECODE={decode} symmetric={symmetric}", TritonOp(OP, v), **case)
     # the GEMM on a K tile of 4 sub-blocks that straddles groups of 32 and ends past K
     gemm = {"w4a16_gemm": default_variants(OP, rows=64)["w4a16_gemm"]}
     for group in (32, 64):
