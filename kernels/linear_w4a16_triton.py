@@ -35,7 +35,8 @@ from edgekit.kernels import host_checks as hc
 from edgekit.kernels.int4_layout import GROUP_SIZES, SUBBLOCK
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
-from edgekit.kernels.linear_triton import _PTX_DEQUANT, _gemm_space, _gemv_splits, _mm_launches
+from edgekit.kernels.linear_triton import (_PTX_DEQUANT, _gemm_space, _gemv_splits, _mm_launches, _split_k_blocks,
+                                          _split_k_sum)
 
 _TWO_23 = tl.constexpr(8388608.0)  # 2^23: the FP32 whose low mantissa bits hold a small integer exactly
 
@@ -181,16 +182,10 @@ def _w4a16_gemv_kernel(
     rn_ld = rn % N
     mask = rn < N
     if reduce_splits != 0:
-        # second launch of a split-K GEMV: sum the partials in split order (the same result every run)
-        y = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for sp in range(0, num_splits):
-            y += tl.load(part_ptr + (sp * M + row) * N + rn_ld)
+        y = _split_k_sum(part_ptr, num_splits, M, N, row, rn_ld, BLOCK_N)
     else:
         sb = tl.arange(0, SB)
-        n_blocks = tl.cdiv(K, BLOCK_K)
-        per = tl.cdiv(n_blocks, num_splits)
-        first = pid_s * per
-        last = tl.minimum(n_blocks, first + per)
+        first, last = _split_k_blocks(K, BLOCK_K, num_splits, pid_s)
         # codes minus 8 for the symmetric form (w = (q - 8) * s), as they are for the asymmetric one (w = q s + m)
         zero = tl.where(has_offset != 0, 0.0, 8.0)
         w_rows = rn_ld * stride_wn  # (BN,) byte offset of each weight row

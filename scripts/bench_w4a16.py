@@ -62,7 +62,9 @@ def gemv_candidates() -> list[dict]:
 
 
 def bench_gemv(copy_gbps: float, l2: int, quick: bool, log) -> list[dict]:
+    """The first shape sweeps every candidate; the others time the default and the first shape's best."""
     rows = []
+    best_first = None
     for name, N, K in GEMV_SHAPES[:1] if quick else GEMV_SHAPES:
         x = torch.randn(1, K, device="cuda", dtype=H)
         n4 = copies_for(N * K // 2, l2)
@@ -78,7 +80,13 @@ def bench_gemv(copy_gbps: float, l2: int, quick: bool, log) -> list[dict]:
         del w8
         torch.cuda.empty_cache()
         results = []
-        for cand in gemv_candidates()[: 1 if quick else None]:
+        if quick:
+            cands = gemv_candidates()[:1]
+        elif best_first is None:
+            cands = gemv_candidates()
+        else:
+            cands = [c for c in gemv_candidates() if c == default_variants(OP, rows=1) or c == best_first]
+        for cand in cands:
             op = TritonOp(OP, cand)
             try:
                 t = graph_time_us([lambda q=q, s=s, m=m: op(x, q, s, m, None) for q, s, m in ws4])
@@ -86,8 +94,11 @@ def bench_gemv(copy_gbps: float, l2: int, quick: bool, log) -> list[dict]:
                 log(f"  skip {[v.label() for v in cand.values()]}: {type(e).__name__}: {str(e)[:160]}")
                 continue
             results.append({"variant": " + ".join(v.label() for v in cand.values()), "us": t,
-                            "default": cand == default_variants(OP, rows=1)})
+                            "default": cand == default_variants(OP, rows=1), "_cand": cand})
         best = min(results, key=lambda r: r["us"])
+        best_first = best_first or best["_cand"]
+        for r in results:
+            r.pop("_cand")
         default = next(r for r in results if r["default"])
         read = N * K // 2 + 2 * 2 * N * (K // GROUP) + 2 * K  # packed weights + fp16 scales and offsets + x
         row = {"shape": name, "N": N, "K": K, "int4_weight_mb": N * K / 2 / 1e6, "weight_copies": n4,
