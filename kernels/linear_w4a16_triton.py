@@ -290,19 +290,25 @@ def _gemv_params() -> tuple[Param, ...]:
             Param("num_splits", "i32", sym("NUM_SPLITS")), Param("reduce_splits", "i32", 0))
 
 
+# The GEMV tile the planner takes: the planner ranks a space by tile size (edgekit/plan/tiles.py), not by speed,
+# and the GEMV's few KB of shared memory never bind a budget, so the space is the measured default (the largest
+# tile in it) and smaller tiles of the same decode; scripts/bench_w4a16.py times the others.
+GEMV_DEFAULT = ({"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "DECODE": 1}, 4, 1)
+
+
 def _gemv_space(s: dict) -> list:
-    # bytes a step = BN * BK / 2; each thread streams 16-128 of them (16-byte loads, as the INT8 GEMV's space);
-    # DECODE picks the weight decode: 1 words, x one by one; 2 words, x in runs; 0 bytes (_dots_from_*)
+    # bytes a step = BN * BK / 2: 16-64 a thread (16-byte loads), up to the default's
+    c0, w0, _ = GEMV_DEFAULT
     return [
-        ({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "DECODE": decode}, w, 1)
-        for bn in (2, 4, 8, 16, 32, 64) for bk in (256, 512, 1024, 2048) for w in (2, 4, 8) for decode in (1, 2, 0)
-        if 16 * 32 * w <= bn * bk // 2 <= 128 * 32 * w
+        ({**c0, "BLOCK_N": bn, "BLOCK_K": bk}, w, 1)
+        for bn in (8, 16, 32, 64) for bk in (256, 512, 1024) for w in (2, 4, 8)
+        if 16 * 32 * w <= bn * bk // 2 <= 64 * 32 * w
+        and (bn * bk < c0["BLOCK_N"] * c0["BLOCK_K"] or (bn, bk, w) == (c0["BLOCK_N"], c0["BLOCK_K"], w0))
     ]
 
 
 def _gemv_default(s: dict):
-    # the bytes a step of the INT8 GEMV's measured default (32 x 256 INT8 at 4 warps) moves, as INT4
-    return {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "DECODE": 1}, 4, 1
+    return GEMV_DEFAULT
 
 
 def _gemm_default(s: dict):
