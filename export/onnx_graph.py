@@ -89,6 +89,8 @@ class _GraphBuilder:
         if lw.op not in OPERATORS or OPERATORS[lw.op].scheme in (None, "fp16"):
             known = ", ".join(name for name, op in OPERATORS.items() if op.scheme)
             raise OperatorError(f"{prefix}: unknown linear operator {lw.op!r}; expected one of: {known}")
+        if lw.op == "linear_w4a16":
+            return self._linear_w4a16(x, lw, out, prefix, bias)
         if lw.weight.dtype != torch.int8 or lw.scale is None:
             raise OperatorError(
                 f"{prefix}: {lw.op} needs an int8 weight and an fp32 per-channel scale, got weight {lw.weight.dtype} "
@@ -106,6 +108,24 @@ class _GraphBuilder:
             inputs["smooth"] = self.weight(f"{prefix}.smooth", smooth, activation_dtype=False) if smooth is not None else None
         elif lw.smooth is not None:
             raise OperatorError(f"{prefix}: linear_w8a16 weights carry a SmoothQuant divisor, which only linear_w8a8 applies")
+        return self.custom(lw.op, inputs, [out], prefix)
+
+    def _linear_w4a16(self, x: str, lw: LinearWeights, out: str, prefix: str, bias: str | None) -> str:
+        """INT4 weights as stored (packed uint8, group scales and offsets in their own dtype): the node's fallback
+        body unpacks them with standard ops (kernels/linear.py: onnx_linear_w4a16)."""
+        if lw.weight.dtype != torch.uint8 or lw.scale is None or lw.scale.dtype not in (torch.float16, torch.float32):
+            raise OperatorError(
+                f"{prefix}: linear_w4a16 needs packed uint8 weights (N, K/2) and float16/float32 group scales, got "
+                f"weight {lw.weight.dtype} and scale {'None' if lw.scale is None else lw.scale.dtype}",
+                hint="quantize with edgekit (kernels/int4_layout.py) or take the GGUF Q4 tensors in as they are",
+            )
+        inputs = {
+            "x": x,
+            "qweight": self.weight(f"{prefix}.qweight", lw.weight, activation_dtype=False),
+            "scale": self.weight(f"{prefix}.scale", lw.scale, activation_dtype=False),
+            "offset": self.weight(f"{prefix}.offset", lw.offset, activation_dtype=False) if lw.offset is not None else None,
+            "bias": bias,
+        }
         return self.custom(lw.op, inputs, [out], prefix)
 
 
