@@ -49,7 +49,7 @@ PROGRAM_FORMAT = 1
 MAX_DEPTH = 24  # deeper expressions are refused: a rule is a few products, not a program
 MAX_NODES = 20_000  # size bound for a whole program
 DEVICE_PROPERTIES = ("sm_count", "max_shared_bytes")
-TENSOR_DTYPES = ("fp16", "bf16", "fp32", "fp64", "i8", "i32", "i64")
+TENSOR_DTYPES = ("fp16", "bf16", "fp32", "fp64", "u8", "i8", "i32", "i64")
 _NARY = ("add", "mul", "min", "max")
 _BINARY = ("sub", "cdiv", "floordiv")
 _CMPS = ("eq", "ne", "le", "lt", "ge", "gt", "multiple_of")
@@ -385,7 +385,7 @@ def _describe(e: Any) -> str:
 
 _DTYPE_NAMES = {
     "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.float64": "fp64",
-    "torch.int8": "i8", "torch.int32": "i32", "torch.int64": "i64",
+    "torch.uint8": "u8", "torch.int8": "i8", "torch.int32": "i32", "torch.int64": "i64",
 }
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv,
                                       golden_rand)
-from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, dequantize_int4, pack_int4
+from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, SYMMETRIC_ZERO, dequantize_int4, pack_int4
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
 
@@ -287,6 +288,27 @@ def onnx_linear_w8a16(b, i: dict, out: list[str]) -> None:
     b.like(onnx_matmul_nt(b, b.f32(i["x"]), w, bias), i["x"], out[0])
 
 
+def onnx_linear_w4a16(b, i: dict, out: list[str]) -> None:
+    # Unpack in FP32 arithmetic (exact for bytes 0..255, and no integer ops a runtime may lack): high nibble
+    # floor(q / 16), low nibble q - 16 * high; GGML order puts a 32-block's low nibbles first, then its high ones.
+    qf = b("Cast", i["qweight"], to=b.FLOAT)  # (N, K/2)
+    hi = b("Floor", b("Div", qf, b.const(16.0)))
+    lo = b("Sub", qf, b("Mul", hi, b.const(16.0)))
+    n = b("Shape", i["qweight"], start=0, end=1)  # [N]
+    blocks = b("Concat", n, b.const([-1, 1, 16], np.int64), axis=0)  # (N, K/32, 1, 16)
+    q = b("Concat", b("Reshape", lo, blocks), b("Reshape", hi, blocks), axis=2)  # (N, K/32, 2, 16)
+    groups = b("Concat", n, b("Shape", i["scale"], start=1, end=2), b.const([-1], np.int64), axis=0)
+    q = b("Reshape", q, groups)  # (N, K/G, G): element order restored, one group a row
+    scale = b("Unsqueeze", b.f32(i["scale"]), b.const([2], np.int64))  # (N, K/G, 1)
+    if i["offset"]:
+        w = b("Add", b("Mul", q, scale), b("Unsqueeze", b.f32(i["offset"]), b.const([2], np.int64)))
+    else:
+        w = b("Mul", b("Sub", q, b.const(float(SYMMETRIC_ZERO))), scale)
+    w = b("Reshape", w, b("Concat", n, b.const([-1], np.int64), axis=0))  # (N, K) fp32
+    bias = b.f32(i["bias"]) if i["bias"] else None
+    b.like(onnx_matmul_nt(b, b.f32(i["x"]), w, bias), i["x"], out[0])
+
+
 def onnx_linear_w8a8(b, i: dict, out: list[str]) -> None:
     x = b.f32(i["x"])
     if i["smooth"]:
@@ -307,7 +329,8 @@ def _gemm_grid(kernel: str, at: PlannedShape):
     """Programs of a GEMM tile at the prefill shape, on the narrowest projection the operator runs."""
     if not kernel.endswith("_gemm"):
         return None, None
-    op = {"linear_gemm": "linear", "w8a16_gemm": "linear_w8a16", "w8a8_gemm": "linear_w8a8"}[kernel]
+    op = {"linear_gemm": "linear", "w8a16_gemm": "linear_w8a16", "w4a16_gemm": "linear_w4a16",
+          "w8a8_gemm": "linear_w8a8"}[kernel]
     n, rows = at.out_features(op), at.prefill_rows
     return (lambda v: cdiv(rows, v.constexprs["BLOCK_M"]) * cdiv(n, v.constexprs["BLOCK_N"])), at.sms
 
@@ -324,9 +347,10 @@ OPERATORS = (
     Operator(W8A16_SPEC, linear_w8a16_reference, OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
              w8a16_golden_inputs, triton="linear_triton:W8A16_OP", tiles_at={"w8a16_gemv": DECODE, "w8a16_gemm": PREFILL},
              scheme="w8a16", onnx=OnnxFunction("LinearW8A16", (), onnx_linear_w8a16), **_LINEAR),
-    # W4A16: the torch reference only for now (GPU kernels and ONNX export follow: issue #14)
     Operator(W4A16_SPEC, linear_w4a16_reference, OpPrecision("linear_w4a16", "int4", "fp16", "fp32", "fp16"),
-             w4a16_golden_inputs, scheme="w4a16", **_LINEAR),
+             w4a16_golden_inputs, triton="linear_w4a16_triton:W4A16_OP",
+             tiles_at={"w4a16_gemv": DECODE, "w4a16_gemm": PREFILL}, scheme="w4a16",
+             onnx=OnnxFunction("LinearW4A16", (), onnx_linear_w4a16), **_LINEAR),
     Operator(W8A8_SPEC, linear_w8a8_reference, OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
              w8a8_golden_inputs, triton="linear_triton:W8A8_OP", tiles_at={"w8a8_quantize": PREFILL, "w8a8_gemm": PREFILL},
              scheme="w8a8", onnx=OnnxFunction("LinearW8A8", (), onnx_linear_w8a8), **_LINEAR),

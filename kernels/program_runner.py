@@ -18,7 +18,7 @@ from edgekit.kernels.launch_rule import LaunchCheckError, Pointer, dtype_name, r
 
 TORCH_DTYPES = {
     "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64,
-    "i8": torch.int8, "i32": torch.int32, "i64": torch.int64,
+    "u8": torch.uint8, "i8": torch.int8, "i32": torch.int32, "i64": torch.int64,
 }
 
 _DEVICE_PROPS: dict[int, dict[str, int]] = {}

@@ -18,6 +18,7 @@ import torch
 from edgekit.errors import ExportError, OperatorError, ShapeError
 from edgekit.export import CUSTOM_OPS, DOMAIN, LOGIT_TOLERANCE, PLUGIN_NAMESPACE, check_parity, export_onnx
 from edgekit.export.parity import onnx_prefill, onnxruntime_session, reference_prefill
+from edgekit.kernels.int4_layout import quantize_int4_rtn
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.decoder import BlockWeights, ModelWeights
 from edgekit.model.loader import load_model
@@ -145,6 +146,45 @@ def test_int8_weights_export_as_int8_nodes_and_match_reference_int8_ops(tiny, tm
     float_logits = reference_prefill(tiny.config, tiny.weights, *padded_batch([4], seed=3)).numpy()
     int8_logits = onnx_prefill(onnxruntime_session(r.path), *padded_batch([4], seed=3))
     assert np.abs(int8_logits - float_logits).max() > 100 * p.max_abs_diff
+
+
+def int4_weights(weights: ModelWeights) -> ModelWeights:
+    """W4A16 on every projection: symmetric FP32 scales on the attention, asymmetric FP16 (Q4_1-like) elsewhere."""
+    def q4(lw: LinearWeights, symmetric: bool) -> LinearWeights:
+        k = lw.in_features
+        group = max(g for g in (32, 64, 128) if k % g == 0)
+        q, s, off = quantize_int4_rtn(lw.weight, group, symmetric=symmetric,
+                                      scale_dtype=torch.float32 if symmetric else torch.float16)
+        return LinearWeights("linear_w4a16", q, lw.bias, s, offset=off)
+
+    blocks = [BlockWeights(attn_norm=b.attn_norm, ffn_norm=b.ffn_norm, wqkv=q4(b.wqkv, True), wo=q4(b.wo, True),
+                           w_gate_up=q4(b.w_gate_up, False), w_down=q4(b.w_down, False)) for b in weights.blocks]
+    return ModelWeights(weights.tok_embeddings, blocks, weights.norm, q4(weights.lm_head, False))
+
+
+def test_int4_weights_export_packed_and_match_reference_int4_ops(tiny, tmp_path):
+    weights = int4_weights(tiny.weights)
+    r = export_onnx(tiny.config, weights, BUCKET, tmp_path / "q4.onnx")
+    n = tiny.config.n_layers
+    assert r.op_counts == {"RMSNorm": 2 * n + 1, "LinearW4A16": 4 * n + 1, "Rope": n, "AttentionPrefill": n,
+                           "SwiGLU": n}
+    model = onnx.load(r.path)
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    assert types["blocks.0.wqkv.qweight"] == onnx.TensorProto.UINT8  # stored packed: K/2 bytes a row
+    assert types["blocks.0.wqkv.scale"] == onnx.TensorProto.FLOAT and "blocks.0.wqkv.offset" not in types
+    assert types["blocks.0.w_down.scale"] == onnx.TensorProto.FLOAT16 == types["blocks.0.w_down.offset"]
+    assert {(f.name, f.overload) for f in model.functions} >= {("LinearW4A16", "with_bias"),
+                                                                 ("LinearW4A16", "with_offset")}
+    p = check_parity(tiny.config, weights, r.path, *padded_batch([13], seed=2))
+    assert p.ok and p.argmax_equal, p
+
+
+def test_int4_record_with_unpacked_weights_is_refused(tiny, tmp_path):
+    w = tiny.weights
+    blocks = list(w.blocks)
+    blocks[0] = replace(blocks[0], wo=LinearWeights("linear_w4a16", blocks[0].wo.weight))  # float weight, no scale
+    with pytest.raises(OperatorError, match="blocks.0.wo: linear_w4a16 needs packed uint8 weights"):
+        export_onnx(tiny.config, ModelWeights(w.tok_embeddings, blocks, w.norm, w.lm_head), BUCKET, tmp_path / "m.onnx")
 
 
 def test_int8_record_without_scale_is_refused(tiny, tmp_path):

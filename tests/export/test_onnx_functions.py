@@ -15,11 +15,12 @@ from onnx import TensorProto, helper
 
 from edgekit.export.onnx_functions import CUSTOM_OPS, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET
 from edgekit.kernels.attention import default_scale
+from edgekit.kernels.int4_layout import quantize_int4_rtn
 from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.rope import rope_frequencies
 
 ONNX_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.int8: TensorProto.INT8,
-              torch.int64: TensorProto.INT64}
+              torch.uint8: TensorProto.UINT8, torch.int64: TensorProto.INT64}
 SETTINGS = settings(max_examples=8, deadline=None)
 
 
@@ -113,6 +114,22 @@ def test_linear_w8a8(K, N, bias, smooth, dtype, seed):
     s = torch.rand(K, generator=g) * 1.5 + 0.5 if smooth else None
     (y,) = run_op("linear_w8a8", {"x": x, "qweight": q, "scale": scale, "bias": b, "smooth": s})
     assert_matches("linear_w8a8", y, OPERATORS["linear_w8a8"].reference(x, q, scale, b, s))
+
+
+@SETTINGS
+@given(groups=st.integers(1, 4), group=st.sampled_from([32, 64, 128]), N=st.integers(1, 40), symmetric=st.booleans(),
+       scale_dtype=st.sampled_from([torch.float16, torch.float32]), bias=st.booleans(), dtype=dtypes,
+       seed=st.integers(0, 2**16))
+def test_linear_w4a16(groups, group, N, symmetric, scale_dtype, bias, dtype, seed):
+    # the body unpacks GGML's nibble order and applies group scales (and offsets) with standard ops only
+    g = torch.Generator().manual_seed(seed)
+    K = group * groups
+    x = randn(g, 2, 3, K, dtype=dtype)
+    q, scale, offset = quantize_int4_rtn(randn(g, N, K, std=K ** -0.5), group, symmetric=symmetric,
+                                         scale_dtype=scale_dtype)
+    b = randn(g, N, dtype=dtype) if bias else None
+    (y,) = run_op("linear_w4a16", {"x": x, "qweight": q, "scale": scale, "offset": offset, "bias": b})
+    assert_matches("linear_w4a16", y, OPERATORS["linear_w4a16"].reference(x, q, scale, offset, b))
 
 
 def rope_tables(B, T, D):

@@ -37,6 +37,28 @@ def linear_w8a16(x, q, s, b=None):
     return linear(x, f64(q) * f64(s)[:, None], b)
 
 
+def int4_weights(packed, scale, offset=None):
+    """GGML Q4 blocks, element by element: in each 32-weight block, byte j holds weight j (low nibble) and
+    weight j + 16 (high nibble); weight k of a row belongs to group k // G, G = K / scale.shape[1]."""
+    packed = np.asarray(packed.cpu().numpy() if hasattr(packed, "cpu") else packed, dtype=np.int64)
+    n, k = packed.shape[0], packed.shape[1] * 2
+    g = k // scale.shape[1]
+    s = f64(scale)
+    m = None if offset is None else f64(offset)
+    w = np.zeros((n, k))
+    for kk in range(k):
+        block, pos = divmod(kk, 32)
+        byte = packed[:, block * 16 + pos % 16]
+        q = (byte & 0x0F) if pos < 16 else (byte >> 4)
+        grp = kk // g
+        w[:, kk] = (q - 8) * s[:, grp] if m is None else q * s[:, grp] + m[:, grp]
+    return w
+
+
+def linear_w4a16(x, packed, scale, offset=None, b=None):
+    return linear(x, int4_weights(packed, scale, offset), b)
+
+
 def linear_w8a8(x, q, s, b=None, smooth=None):
     xs = f64(x) if smooth is None else f64(x) / f64(smooth)
     amax = np.abs(xs).max(axis=-1, keepdims=True)

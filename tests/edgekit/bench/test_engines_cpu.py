@@ -64,3 +64,18 @@ def test_compiled_reference_step_traces_as_one_graph_and_keeps_the_tokens():
     finally:
         eng.close()
     assert got == reference_tokens(TINY, w, prompt, 9)
+
+
+def test_int4_bench_weights_are_w4a16_records_that_decode_like_the_float_model():
+    # bench --precision int4(-head): RTN g128 W4A16 on every block linear (and the head), run by the reference table
+    w = random_weights(TINY, seed=5)
+    w4 = quantized(w, "int4-head")
+    records = [lw for b in w4.blocks for lw in b.linears().values()] + [w4.lm_head]
+    assert {lw.op for lw in records} == {"linear_w4a16"}
+    assert all(lw.weight.dtype == torch.uint8 and lw.offset is not None for lw in records)
+    assert quantized(w, "int4").lm_head is w.lm_head  # the head stays float without -head
+    x = torch.randint(0, TINY.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    ref = Decoder(TINY, w).prefill(x, torch.tensor([12]), Decoder(TINY, w).new_cache(1, 16))
+    got = Decoder(TINY, w4).prefill(x, torch.tensor([12]), Decoder(TINY, w4).new_cache(1, 16))
+    # 4-bit rounding moves the logits a little, not a lot (the random model's logits are O(1))
+    assert 0 < float((got - ref).abs().max()) < 0.25 * float(ref.abs().max())
