@@ -28,18 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-import torch
-
 from edgekit.errors import EdgekitError
-from edgekit.kernels.attention import default_scale
-from edgekit.kernels.decode_paths import FUSED_STEP, model_weights_blocker
+from edgekit.kernels.decode_paths import model_weights_blocker
 from edgekit.kernels.dispatch import DispatchTable
-from edgekit.kernels.linear import LinearWeights
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
+from edgekit.runtime.fused_step import STEP, FusedDecoder, _weights  # noqa: F401  (re-exported: the path's step)
 
-# The step this module runs, described as data (the planner ships and counts the same operators)
-STEP = FUSED_STEP
 # Triton launches of the fused step: per layer qkv, attention split, combine + o-proj, gate/up, down-proj;
 # per token the embedding gather, positions + 1 and its int32 cast, the head GEMV and the argmax reduce
 # (the planner's count from the launch programs, edgekit.plan.launches.count_step_launches; a test holds them equal)
@@ -67,55 +62,6 @@ class DecodePath:
     def to_dict(self) -> dict:
         return {"path": self.name, "reason": self.reason, "launches_per_token": self.launches_per_token,
                 "operator_sources": dict(self.sources)}
-
-
-def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(weight, scale, bias) as the fused operators take them: scale None for float weights."""
-    return lw.weight, (lw.scale if lw.op == "linear_w8a16" else None), lw.bias
-
-
-class FusedDecoder:
-    """A decode step made of the fused super-operators; quacks like a Decoder for ``GraphedDecodeStep``.
-
-    Shares the decoder's weights, RoPE tables and config; calls every operator through ``ops``.
-    """
-
-    def __init__(self, decoder: Decoder, ops: DispatchTable | None = None):
-        self.decoder = decoder
-        self.ops = ops or decoder.ops
-        self.config = decoder.config
-        self.device = decoder.device
-        self.dtype = decoder.dtype
-        self.last_token: torch.Tensor | None = None  # (B,) greedy tokens of the last step, on the device
-
-    def new_cache(self, batch: int, max_seq_len: int) -> StaticKVCache:
-        return self.decoder.new_cache(batch, max_seq_len)
-
-    @torch.no_grad()
-    def decode_token(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache):
-        """tokens (B,) at positions (B,): one step. Returns (greedy token (B,), logits (B, V)), both on the device."""
-        cfg, w, get = self.config, self.decoder.weights, self.ops.get
-        qkv_rope, attn_proj_residual = get("fused_norm_qkv_rope"), get("fused_attn_proj_residual")
-        proj_residual, norm_swiglu = get("fused_proj_residual"), get("fused_norm_swiglu")
-        eps, sm_scale = cfg.rms_norm_eps, default_scale(cfg.head_dim)
-        x = w.tok_embeddings[tokens]  # (B, C)
-        seq_lens = (positions + 1).to(torch.int32)  # (B,): once per step, not a cast per layer
-        cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2): indexed by position inside the operator
-        for i, b in enumerate(w.blocks):
-            k_cache, v_cache = cache.k[i], cache.v[i]  # (B, Hkv, S, D)
-            q = qkv_rope(x, b.attn_norm, *_weights(b.wqkv), cos, sin, positions, k_cache, v_cache,
-                         eps, cfg.n_heads, cfg.n_kv_heads)  # (B, Hq, D); K and V written at positions
-            x = attn_proj_residual(q, k_cache, v_cache, seq_lens, *_weights(b.wo), x, sm_scale)  # (B, C)
-            gw, gs, _ = _weights(b.w_gate_up)
-            h = norm_swiglu(x, b.ffn_norm, gw, gs, eps)  # (B, F)
-            x = proj_residual(h, *_weights(b.w_down), x)  # (B, C)
-        token, logits = get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), eps)
-        self.last_token = token
-        return token, logits
-
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-        """Decoder.decode's contract: logits (B, V). The greedy token is in ``last_token``."""
-        return self.decode_token(tokens, positions, cache)[1]
 
 
 def with_fused_kernels(table: DispatchTable) -> DispatchTable:

@@ -24,7 +24,7 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
-from edgekit.runtime.fused_decode import STEP, FusedDecoder, _weights
+from edgekit.runtime.fused_step import STEP, FusedDecoder, _weights
 
 LAUNCHES_PER_LAYER = 1
 LAUNCHES_PER_TOKEN = 5  # as the fused path: embedding gather, positions + 1 and its cast, head GEMV, argmax reduce
