@@ -26,6 +26,8 @@ import torch
 
 ENGINES = ("edgekit", "edgekit-fused", "edgekit-persistent")  # per-operator, fused super-operators, persistent kernel
 DEFAULT_ENGINES = ("edgekit-fused", "edgekit-persistent")
+# the llama.cpp file each edgekit precision is compared with (llama-quantize makes the quantized ones from the F16 file)
+LLAMA_KIND = {"fp16": "F16", "int8": "Q8_0", "int4": "Q4_K_M", "int4-head": "Q4_K_M"}
 
 
 def _log(msg: str) -> None:
@@ -158,7 +160,7 @@ def table(doc: dict) -> str:
              f"{'model':14} {'prec':5} {'engine':18} {'tok/s':>7} {'kern/tok':>8} {'roofline':>8} {'llama.cpp':>9} "
              f"{'ratio':>6} {'TTFT ms':>8} {'llama pp ms':>11}"]
     for r in doc["edgekit"]:
-        kind = "F16" if r["precision"] == "fp16" else "Q8_0"
+        kind = LLAMA_KIND.get(r["precision"], "Q8_0")
         base = llama.get((r["model"], kind, "tg"))
         pp = llama.get((r["model"], kind, "pp"))
         tps = r.get("decode_tokens_per_s")
@@ -208,11 +210,15 @@ def run(args) -> dict:
 
         for preset, f16 in files.items():
             try:
-                q8 = quantize_gguf(args.llama_quantize, f16, f16.with_name(f"{preset}-q8_0.gguf"), "Q8_0")
-                doc["files"][preset]["Q8_0"] = q8.name
-                for r in run_llama_bench(args.llama_bench, [f16, q8], prompt=args.depth, gen=args.tokens,
+                by_name = {f16.name: "F16"}
+                for kind in sorted({LLAMA_KIND[p] for p in args.precisions if p in LLAMA_KIND} - {"F16"}):
+                    q = quantize_gguf(args.llama_quantize, f16, f16.with_name(f"{preset}-{kind.lower()}.gguf"), kind)
+                    doc["files"][preset][kind] = q.name
+                    by_name[q.name] = kind
+                paths = [f16.with_name(name) for name in by_name]
+                for r in run_llama_bench(args.llama_bench, paths, prompt=args.depth, gen=args.tokens,
                                          depth=args.depth, repeats=args.repeats):
-                    r["model"], r["file_kind"] = preset, "F16" if r["model"] == f16.name else "Q8_0"
+                    r["model"], r["file_kind"] = preset, by_name.get(r["model"], r["model"])
                     doc["llama_cpp"].append(r)
             except Exception as e:
                 doc["llama_cpp"].append({"model": preset, "error": f"{type(e).__name__}: {e}", "file_kind": "-", "test": "-",
