@@ -4,20 +4,25 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
 (packed uint8 (N, K/2) in GGML's nibble order, group scales (N, K/G), optional offsets).
 
 - ``_w4a16_gemv_kernel``: one activation row per program, ``BLOCK_N`` weight rows, ``BLOCK_K`` elements a
-  step. A step loads each row's 32-element sub-blocks as 16 contiguous bytes (one vector load), turns the low
-  nibbles into FP32 against the sub-block's first 16 activations and the high nibbles against the next 16,
-  and keeps one FP32 partial per sub-block: s * sum(q x) (+ offset * sum(x)), so the group scale and offset
-  are applied once per 32 weights, not per weight. Nibbles become floats without the int-to-float unit
-  (a quarter-rate unit that would cap the kernel below memory bandwidth): the FP32 with bits
-  0x4B000000 | v is 2^23 + v, so subtracting 2^23 (+ 8 for the symmetric form) gives v (or v - 8) exactly.
-  Split-K as in ``linear_triton``'s GEMV: when the (N, row) tiles cannot fill the device, K is split across
-  programs and a second launch of the same kernel sums the FP32 partials in split order (deterministic).
+  step, FP32 FMAs (exact products) and one FP32 partial per 32-element sub-block: s * sum(q x) (+ offset *
+  sum(x)), so group scales and offsets are applied once per 32 weights. Nibbles become floats without the
+  int-to-float unit (quarter rate); ``DECODE`` picks how: 2 (default) and 1 read int32 words and make each
+  byte's nibbles FP32 1 + q/256 and 1 + q/16 with one shift and one LOP3 each (``_dots_from_words``; 2 loads
+  x in runs, 1 one by one); 0 reads bytes and subtracts the 2^23 magic (``_dots_from_bytes``). Split-K as in
+  ``linear_triton``'s GEMV: when the (N, row) tiles cannot fill the device, K is split across programs and a
+  second launch of the same kernel sums the FP32 partials in split order (deterministic).
+  Measured on the H200 (bench_w4a16.py, graph replay, >= 4x L2): 39.9 us for 58.7 MB of INT4 (8B w_gate_up),
+  36.7% of the copy bandwidth, 0.71x fp16 F.linear's time, slower than the W8A16 GEMV (30.0 us on twice the
+  bytes). The kernel is instruction-bound: ~10 SASS instructions a weight byte (INT8's GEMV: ~4.2) at the
+  ~16 G instructions/s both reach; the targets (85% of copy, 0.35x F.linear) need ~4 a byte, i.e. decoding
+  packed codes to FP16 pairs and multiplying on tensor cores (mma with x as the narrow operand), not FP32 FMAs.
 - ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. The (BK, BN) weight tile is dequantized in registers
   to the reference's FP32 weights, rounded to the activation dtype (as F.linear on dequantized weights) and
   multiplied with one ``tl.dot`` a K tile into the FP32 accumulator; the dequantization is amortised over the
-  BLOCK_M rows. (The first version kept exact codes in the dot and scaled an FP32 product per 32-element
-  sub-block: measured on the H200 at 512 x 28672 x 4096, 55 TF/s against F.linear's 727, the per-sub-block
-  FP32 epilogue costing as much as the MMAs.)
+  BLOCK_M rows. Measured on the H200 at 512 x 28672 x 4096 (bench_w4a16.py): 121 TF/s (128 x 64 tiles; 109 at
+  128 x 128) against fp16 F.linear's 707, 5.9x its time. The first version kept exact codes in the dot and
+  scaled an FP32 product per 32-element sub-block: 55 TF/s, the per-sub-block FP32 epilogue costing as much as
+  the MMAs. Still to do: a decode of packed codes to FP16 pairs (LOP3 on 0x6400 magic) and a pipelined tile.
 
 Scale dtype: scales and offsets may be FP16 or FP32. A compiled kernel's pointer types are fixed, so the
 kernels take both an FP16 and an FP32 scale/offset pointer; the host step (``prepare_w4a16``) passes the call's
