@@ -4,18 +4,25 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
 (packed uint8 (N, K/2) in GGML's nibble order, group scales (N, K/G), optional offsets).
 
 - ``_w4a16_gemv_kernel``: one activation row per program, ``BLOCK_N`` weight rows, ``BLOCK_K`` elements a
-  step. A step loads each row's 32-element sub-blocks as 16 contiguous bytes (one vector load), turns the low
-  nibbles into FP32 against the sub-block's first 16 activations and the high nibbles against the next 16,
-  and keeps one FP32 partial per sub-block: s * sum(q x) (+ offset * sum(x)), so the group scale and offset
-  are applied once per 32 weights, not per weight. Nibbles become floats without the int-to-float unit
-  (a quarter-rate unit that would cap the kernel below memory bandwidth): the FP32 with bits
-  0x4B000000 | v is 2^23 + v, so subtracting 2^23 (+ 8 for the symmetric form) gives v (or v - 8) exactly.
-  Split-K as in ``linear_triton``'s GEMV: when the (N, row) tiles cannot fill the device, K is split across
-  programs and a second launch of the same kernel sums the FP32 partials in split order (deterministic).
-- ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. Each 32-element sub-block of the K tile is dequantized
-  to its codes only (q or q - 8: exact in FP16), multiplied with ``tl.dot`` into a fresh FP32 product, and
-  the product is scaled per output column by that sub-block's group scale (plus offset * sum(x)) into the
-  accumulator. No weight is ever rounded to FP16 after scaling, so the result is as exact as the GEMV's.
+  step, FP32 FMAs (exact products) and one FP32 partial per 32-element sub-block: s * sum(q x) (+ offset *
+  sum(x)), so group scales and offsets are applied once per 32 weights. Nibbles become floats without the
+  int-to-float unit (quarter rate); ``DECODE`` picks how: 2 (default) and 1 read int32 words and make each
+  byte's nibbles FP32 1 + q/256 and 1 + q/16 with one shift and one LOP3 each (``_dots_from_words``; 2 loads
+  x in runs, 1 one by one); 0 reads bytes and subtracts the 2^23 magic (``_dots_from_bytes``). Split-K as in
+  ``linear_triton``'s GEMV: when the (N, row) tiles cannot fill the device, K is split across programs and a
+  second launch of the same kernel sums the FP32 partials in split order (deterministic).
+  Measured on the H200 (bench_w4a16.py, graph replay, >= 4x L2): 39.9 us for 58.7 MB of INT4 (8B w_gate_up),
+  36.7% of the copy bandwidth, 0.71x fp16 F.linear's time, slower than the W8A16 GEMV (30.0 us on twice the
+  bytes). The kernel is instruction-bound: ~10 SASS instructions a weight byte (INT8's GEMV: ~4.2) at the
+  ~16 G instructions/s both reach; the targets (85% of copy, 0.35x F.linear) need ~4 a byte, i.e. decoding
+  packed codes to FP16 pairs and multiplying on tensor cores (mma with x as the narrow operand), not FP32 FMAs.
+- ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. The (BK, BN) weight tile is dequantized in registers
+  to the reference's FP32 weights, rounded to the activation dtype (as F.linear on dequantized weights) and
+  multiplied with one ``tl.dot`` a K tile into the FP32 accumulator; the dequantization is amortised over the
+  BLOCK_M rows. Measured on the H200 at 512 x 28672 x 4096 (bench_w4a16.py): 121 TF/s (128 x 64 tiles; 109 at
+  128 x 128) against fp16 F.linear's 707, 5.9x its time. The first version kept exact codes in the dot and
+  scaled an FP32 product per 32-element sub-block: 55 TF/s, the per-sub-block FP32 epilogue costing as much as
+  the MMAs. Still to do: a decode of packed codes to FP16 pairs (LOP3 on 0x6400 magic) and a pipelined tile.
 
 Scale dtype: scales and offsets may be FP16 or FP32. A compiled kernel's pointer types are fixed, so the
 kernels take both an FP16 and an FP32 scale/offset pointer; the host step (``prepare_w4a16``) passes the call's
@@ -232,26 +239,23 @@ def _w4a16_gemm_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm_ld, rn_ld = rm % M, rn % N  # rows/columns past M/N read valid memory; their results are never stored
-    k32 = tl.arange(0, 32)
-    # W^T sub-block tile (32, BN): element k of a sub-block is byte k % 16's low (k < 16) or high nibble
-    w_cols = w_ptr + rn_ld[None, :] * stride_wn + (k32 % 16)[:, None]
-    shift = ((k32 // 16) * 4)[:, None]
-    x_rows = x_ptr + rm_ld[:, None] * stride_xm + k32[None, :]
+    kk = tl.arange(0, BLOCK_K)
+    # W^T tile (BK, BN): element k sits in byte (k // 32) * 16 + k % 16, its low nibble when k % 32 < 16
+    w_cols = w_ptr + rn_ld[None, :] * stride_wn + ((kk // 32) * 16 + kk % 16)[:, None]
+    shift = (((kk // 16) % 2) * 4)[:, None]
+    x_rows = x_ptr + rm_ld[:, None] * stride_xm + kk[None, :]
+    s_cols = rn_ld[None, :] * stride_sn
     zero = tl.where(has_offset != 0, 0.0, 8.0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        for i in tl.static_range(BLOCK_K // 32):
-            sub = kb * BLOCK_K + i * 32  # first element of this sub-block; K is a multiple of 32
-            live = sub < K
-            a = tl.load(x_rows + sub, mask=live, other=0.0)  # (BM, 32)
-            bq = tl.load(w_cols + sub // 2, mask=live, other=0).to(tl.int32)  # (32, BN)
-            q = ((bq >> shift) & 15).to(tl.float32) - zero  # codes (q or q - 8): exact in FP16
-            prod = tl.dot(a, q.to(a.dtype), input_precision="ieee")  # (BM, BN) FP32
-            g_idx = rn_ld * stride_sn + (tl.minimum(sub, K - 32) >> 5 >> group_shift)
-            s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset)
-            acc += prod * s[None, :]
-            if has_offset != 0:
-                acc += tl.sum(a.to(tl.float32), axis=1)[:, None] * m[None, :]
+        k0 = kb * BLOCK_K
+        live = (k0 + kk) < K
+        a = tl.load(x_rows + k0, mask=live[None, :], other=0.0)  # (BM, BK)
+        bq = tl.load(w_cols + k0 // 2, mask=live[:, None], other=0).to(tl.int32)  # (BK, BN)
+        g_idx = s_cols + (tl.minimum(k0 + kk, K - 1) >> 5 >> group_shift)[:, None]  # (BK, BN) group of each weight
+        s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset)
+        w = (((bq >> shift) & 15).to(tl.float32) - zero) * s + m  # the reference's FP32 weights
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision="ieee")
     if has_bias != 0:
         acc = acc + tl.load(b_ptr + rn_ld).to(tl.float32)[None, :]
     y_ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
@@ -292,8 +296,10 @@ def _gemv_params() -> tuple[Param, ...]:
 
 # The GEMV tile the planner takes: the planner ranks a space by tile size (edgekit/plan/tiles.py), not by speed,
 # and the GEMV's few KB of shared memory never bind a budget, so the space is the measured default (the largest
-# tile in it) and smaller tiles of the same decode; scripts/bench_w4a16.py times the others.
-GEMV_DEFAULT = ({"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "DECODE": 1}, 4, 1)
+# tile in it) and smaller tiles of the same decode; scripts/bench_w4a16.py times the others. Measured on the H200
+# (bench_w4a16.py, 58.7-131 MB of INT4, graph replay): DECODE 2 at 32 x 512, 4 warps: 39.9 / 69.8 / 41.6 us;
+# DECODE 1: 59.9 / 113.3 / 60.5 us; DECODE 0 (bytes): 53.6 us; 64 x 512 DECODE 2: 41.0 us; 128 x 256 w8: 46.7 us.
+GEMV_DEFAULT = ({"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "DECODE": 2}, 4, 1)
 
 
 def _gemv_space(s: dict) -> list:
@@ -314,10 +320,10 @@ def _gemv_default(s: dict):
 def _gemm_default(s: dict):
     m = int(s.get("rows", s.get("M", 256)))
     if m <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}, 4, 3
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, 4, 3
     if m <= 64:
         return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, 4, 3
-    # 128 x 128 spills (ptxas: the scaled accumulator and the fresh per-sub-block product are both live)
+    # register-bound: the dequantized FP32 tile lives beside the accumulator (128 x 128 at 4 warps spills)
     return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, 8, 3
 
 

@@ -36,7 +36,7 @@ GEMV_SHAPES = [("llama-3.1-8b w_gate_up", 28672, 4096), ("llama-3.2-1b lm_head",
                ("llama-3.1-8b w_down x2", 8192, 14336)]
 # (BLOCK_N, BLOCK_K, warps, DECODE): the weight decodes (1: words, x one by one; 2: words, x in runs; 0: bytes)
 # at the tiles the SASS count favoured (about 9-11 instructions a weight byte), beside the default
-GEMV_TILES = [(32, 512, 4, 2), (64, 512, 4, 1), (64, 512, 4, 2), (32, 512, 4, 0), (128, 256, 8, 2)]
+GEMV_TILES = [(32, 512, 4, 1), (64, 512, 4, 2), (32, 512, 4, 0), (128, 256, 8, 2)]
 # decode on the tensor-core GEMM instead (x padded to BLOCK_M rows): the alternative the INT8 GEMV measured
 GEMM_FOR_DECODE = [({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}, 4, 3)]
 TARGETS = {"fraction_of_copy": 0.85, "time_vs_fp16": 0.35}
@@ -59,7 +59,7 @@ def gemv_candidates() -> list[dict]:
     return [dv] + [c for c in gemv + gemm if c != dv]
 
 
-def bench_gemv(copy_gbps: float, l2: int, quick: bool, log, rows: list) -> list[dict]:
+def bench_gemv(copy_gbps: float, l2: int, quick: bool, log, rows: list, sweep: bool = True) -> list[dict]:
     """The first shape sweeps every candidate; the others time the default and the first shape's best.
     Appends to ``rows`` as each shape finishes (a run cut short keeps what it measured)."""
     best_first = None
@@ -78,7 +78,7 @@ def bench_gemv(copy_gbps: float, l2: int, quick: bool, log, rows: list) -> list[
         del w8
         torch.cuda.empty_cache()
         results = []
-        if quick:
+        if quick or not sweep:
             cands = gemv_candidates()[:1]
         elif best_first is None:
             cands = gemv_candidates()
@@ -117,21 +117,24 @@ def bench_gemv(copy_gbps: float, l2: int, quick: bool, log, rows: list) -> list[
 
 
 def bench_gemm(log) -> list[dict]:
+    """The prefill GEMM (default tiles, and 128 x 128 at 8 warps) against fp16 F.linear on the same shape."""
     rows = []
     for name, M, N, K in (("llama-3.1-8b w_gate_up prefill", 512, 28672, 4096),):
         x = torch.randn(M, K, device="cuda", dtype=H)
         (q, s, m), = int4_weights(N, K, 1)
         w = torch.randn(N, K, device="cuda", dtype=H)
-        op = TritonOp(OP)
-        t_e = graph_time_us([lambda: op(x, q, s, m, None)], min_calls=4)
         t_f = graph_time_us([lambda: F.linear(x, w)], min_calls=4)
         flops = 2 * M * N * K
-        row = {"shape": name, "M": M, "N": N, "K": K, "edgekit_us": t_e, "fp16_linear_us": t_f,
-               "edgekit_tflops": flops / t_e / 1e6, "fp16_tflops": flops / t_f / 1e6, "time_vs_fp16": t_e / t_f,
-               "variant": " + ".join(v.label() for v in default_variants(OP, rows=M).values())}
-        rows.append(row)
-        log(f"gemm {name:32s} edgekit {row['edgekit_tflops']:6.1f} TF/s  fp16 F.linear {row['fp16_tflops']:6.1f} TF/s  "
-            f"t/fp16 {row['time_vs_fp16']:.2f}")
+        big = {"w4a16_gemm": KernelVariant(OP, "w4a16_gemm", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+                                           8, 3)}
+        for label, op in (("default", TritonOp(OP)), ("128x128x64 w8", TritonOp(OP, big))):
+            t_e = graph_time_us([lambda op=op: op(x, q, s, m, None)], min_calls=4)
+            row = {"shape": name, "tiles": label, "M": M, "N": N, "K": K, "edgekit_us": t_e, "fp16_linear_us": t_f,
+                   "edgekit_tflops": flops / t_e / 1e6, "fp16_tflops": flops / t_f / 1e6, "time_vs_fp16": t_e / t_f,
+                   "variant": " + ".join(v.label() for v in (op._fixed or default_variants(OP, rows=M)).values())}
+            rows.append(row)
+            log(f"gemm {name:32s} {label:14s} edgekit {row['edgekit_tflops']:6.1f} TF/s  "
+                f"fp16 F.linear {row['fp16_tflops']:6.1f} TF/s  t/fp16 {row['time_vs_fp16']:.2f}")
     return rows
 
 
@@ -139,6 +142,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="one shape, default tiles only")
+    ap.add_argument("--no-sweep", action="store_true", help="every shape and the GEMM, default tiles only")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_w4a16: needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
@@ -160,7 +164,7 @@ def main() -> int:
                 json.dump(doc, f, indent=1)
 
     gemv = doc["gemv"]
-    bench_gemv(copy["best"], l2, args.quick, lambda msg: (log(msg), save()), gemv)
+    bench_gemv(copy["best"], l2, args.quick, lambda msg: (log(msg), save()), gemv, sweep=not args.no_sweep)
     if not args.quick:
         doc["gemm"] = bench_gemm(log)
     doc["goals"] = goals = {
