@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The release measurements on the GPU machine in two calls (the default model's GGUF travels in two halves:
 # .devcarry_a/part with call 1, .devcarry_b/part with call 2 while the machine is still warm).
-#   stage 1 (<= 590 s): llama.cpp built in the background (.llamacpp/llama.cpp.tar.xz, peers.md); the decode
+#   stage 1 (<= 480 s): llama.cpp built in the background (.llamacpp/llama.cpp.tar.xz, peers.md); the decode
 #            benchmark on the same GGUF files (scripts/bench_decode_vs_llamacpp.py: edgekit fused + persistent rows,
 #            fp16/int8/int4 vs llama.cpp F16/Q8_0/Q4_K_M, batch 1, depth 512, copy bandwidth of the same run);
 #            the W4A16 GEMV benchmark; then the kernels' GPU tests (pytest -m gpu tests/kernels) in the time left
-#   stage 2 (<= 590 s): the default model (real weights): h200 bundle, `run` on the fused and persistent paths vs the
+#   stage 2 (<= 420 s): the default model (real weights): h200 bundle, `run` on the fused and persistent paths vs the
 #            CPU reference (greedy tokens); the orin bundle verified on the GPU (golden vectors through sm_87 PTX);
 #            serve vs run, 8 streaming clients, 100 swaps under load on the real h200 bundle; the other GPU tests
 # Results (JSON + logs) go to $OUT. Usage (from the repo root on the GPU machine): bash scripts/gpu_final.sh 1|2
@@ -26,14 +26,14 @@ if [ "$stage" = 1 ]; then
     cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cfg.log 2>&1 && \
     nice cmake --build build --target llama-bench llama-quantize -j 14 > /tmp/lc/build.log 2>&1; echo "llama.cpp build rc=$? at +$(( $(date +%s) - T0 )) s" ) &
-  timeout $(left 420) python3 "$R/scripts/bench_decode_vs_llamacpp.py" --workdir /tmp/w --json "$OUT/bench_decode.json" \
-    --precisions fp16,int8,int4 --engines edgekit-fused,edgekit-persistent --tokens 128 --repeats 3 \
-    --llama-bench $LC/build/bin/llama-bench --llama-quantize $LC/build/bin/llama-quantize --wait-llama-s 300 \
+  timeout $(left 380) python3 "$R/scripts/bench_decode_vs_llamacpp.py" --workdir /tmp/w --json "$OUT/bench_decode.json" \
+    --precisions fp16,int8,int4 --engines edgekit-fused,edgekit-persistent --tokens 64 --repeats 2 \
+    --llama-bench $LC/build/bin/llama-bench --llama-quantize $LC/build/bin/llama-quantize --wait-llama-s 280 \
     > "$OUT/bench_decode.txt" 2> "$OUT/bench_decode_stderr.log"
   echo "decode bench rc=$? at +$(( $(date +%s) - T0 )) s"; tail -22 "$OUT/bench_decode.txt"
   timeout 45 python3 "$R/scripts/bench_w4a16.py" --json "$OUT/bench_w4a16.json" > "$OUT/bench_w4a16.log" 2>&1
   echo "w4a16 bench rc=$?"; tail -12 "$OUT/bench_w4a16.log"
-  pt $(left 585) "$R/tests/kernels" > "$OUT/pytest_gpu_1.log" 2>&1
+  pt $(left 480) "$R/tests/kernels" > "$OUT/pytest_gpu_1.log" 2>&1
   echo "gpu tests, tests/kernels (cut at the call's end): $(tail -1 "$OUT/pytest_gpu_1.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_1.log" | head -20
   exit 0
@@ -66,7 +66,7 @@ print({k: d.get(k) for k in ("ok", "passed", "failed", "skipped", "summary") if 
 PY
 (cd "$R" && bash scripts/gpu_serve_bench.sh /tmp/b-h200) > "$OUT/serve_bench.txt" 2>&1; tail -25 "$OUT/serve_bench.txt"
 cd "$EDGEKIT_RUN_DIR"
-pt $(left 585) "$R/tests" --ignore="$R/tests/kernels" > "$OUT/pytest_gpu_2.log" 2>&1
+pt $(left 420) "$R/tests" --ignore="$R/tests/kernels" > "$OUT/pytest_gpu_2.log" 2>&1
 echo "gpu tests, all but tests/kernels (cut at the call's end): $(tail -1 "$OUT/pytest_gpu_2.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_2.log" | head -20
 exit 0
