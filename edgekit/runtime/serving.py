@@ -103,12 +103,12 @@ class ServingStack:
         for op in self._bundle_sources:
             base.set(op, self._guarded(op, self._bundle_impls[op], fallback=None, probation=False),
                      source=self._bundle_sources[op])
+        self.events: list[dict] = []  # before the engine: its start-up captures graphs, and a fault there is an event
         dec = bundle.decoder(base)
         self.engine = Engine(dec, bundle.tokenizer, bundle.shapes, max_waiting=max_waiting,
                              stop_ids=bundle.config.eos_token_ids, model_name=model_name or bundle.config.name,
                              cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or DEFAULT_BATCH_BUCKETS,
                              max_queue_wait_s=max_queue_wait_s)
-        self.events: list[dict] = []
         self._recent_ms: deque[float] = deque(maxlen=512)  # per-token decode latency of recent requests
         self._probation: dict[str, _Probation] = {}
         self._lock = threading.Lock()  # guards the probation records only (held for microseconds)

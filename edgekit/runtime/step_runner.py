@@ -136,12 +136,15 @@ class GraphedRunner:
         self._host_inputs: dict[int, torch.Tensor] = {}
         with torch.cuda.stream(side):
             for b in batch_buckets:
-                inputs = torch.zeros(2, b, dtype=torch.long, device=dev)  # (2, b): tokens; positions
-                self._host_inputs[b] = torch.zeros(2, b, dtype=torch.long, pin_memory=True)
+                # (2, b padded to 16 bytes): tokens; positions. Each row starts on 16 bytes: compiled plugins assume
+                # aligned tensors (a positions row at byte 8 is refused), and one copy still fills both
+                inputs = torch.zeros(2, _aligned_len(b), dtype=torch.long, device=dev)
+                self._host_inputs[b] = torch.zeros(2, _aligned_len(b), dtype=torch.long, pin_memory=True)
+                tokens, positions = inputs[0, :b], inputs[1, :b]
                 for _ in range(warmup):
-                    step_decoder.decode(inputs[0], inputs[1], rows_view(scratch, b))
+                    step_decoder.decode(tokens, positions, rows_view(scratch, b))
                 self.decode_graphs[b] = self._capture(
-                    side, lambda: _with_picks(step_decoder.decode(inputs[0], inputs[1], rows_view(cache, b))), (inputs,))
+                    side, lambda: _with_picks(step_decoder.decode(tokens, positions, rows_view(cache, b))), (inputs,))
             for T in prompt_buckets:
                 tokens = torch.zeros(1, T, dtype=torch.long, device=dev)  # (1, T)
                 seq_lens = torch.ones(1, dtype=torch.long, device=dev)  # (1,)
@@ -167,14 +170,19 @@ class GraphedRunner:
 
     def step(self, batch: int, tokens: list[int], positions: list[int]) -> StepResult:
         host = self._host_inputs[batch]
-        host[0] = torch.as_tensor(tokens)
-        host[1] = torch.as_tensor(positions)
+        host[0, :batch] = torch.as_tensor(tokens)
+        host[1, :batch] = torch.as_tensor(positions)
         graph = self.decode_graphs[batch]
         graph.inputs[0].copy_(host, non_blocking=True)  # the host buffer is rewritten only after .tolist() below synced
         graph.graph.replay()
         logits, picks = graph.output
         both = picks.tolist()  # the one device -> host transfer of the step
         return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
+
+
+def _aligned_len(n: int) -> int:
+    """int64 elements in a row of n rounded up to 16 bytes."""
+    return -(-n // 2) * 2
 
 
 def _picks(logits: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ def test_whole_run_on_a_tiny_model_keeps_every_row():
     s = BenchSettings(models=["preset:tiny"], precisions=("fp16", "int8"), contexts=(32, 64), new_tokens=8, hf_new_tokens=4,
                       repeats=1, baselines=("hf-eager",), check_tokens=5)
     doc = BenchRun(s, log=lambda m: None).run()
-    assert len(doc.rows) == 2 * 2 + 2
+    assert len(doc.rows) == 2 * 2 * 2 + 2  # (per-operator + fused) x precisions x contexts, hf-eager x precisions
     for r in doc.rows:
         assert r.status == "ok", r.error
         assert r.tokens_match, (r.engine, r.tokens, r.reference_tokens)
