@@ -124,10 +124,11 @@ def _rope_kernel(
 # --------------------------------------------------------------------------- definitions
 def _out_params() -> tuple[Param, ...]:
     return (
-        # The tables' row strides are head_dim / 2 elements: 8 for a 16-wide head (the tiny preset), so they are
-        # not declared multiples of 16 (a plugin compiled with that assumption refused such a model's tables)
-        Param("stride_cb", "i32", stride("cos", 0), div16=True), Param("stride_ct", "i32", stride("cos", 1)),
-        Param("stride_sb", "i32", stride("sin", 0), div16=True), Param("stride_st", "i32", stride("sin", 1)),
+        # The tables' strides can be head_dim / 2 elements (a row; the batch stride of a one-token table): 8 for
+        # a 16-wide head (the tiny preset), so they are not declared multiples of 16 (a plugin compiled with that
+        # assumption refused such a model's tables)
+        Param("stride_cb", "i32", stride("cos", 0)), Param("stride_ct", "i32", stride("cos", 1)),
+        Param("stride_sb", "i32", stride("sin", 0)), Param("stride_st", "i32", stride("sin", 1)),
         *(Param(f"stride_{t}{a}", "i32", stride(t, i), div16=True) for t in "qkv" for i, a in enumerate("bht")),
         Param("Hq", "i32", _attr("n_heads")), Param("Hkv", "i32", _attr("n_kv_heads")),
     )
