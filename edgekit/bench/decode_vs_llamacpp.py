@@ -104,9 +104,12 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
         tokens = {}
         engines = {c.name: c for c in (RuntimeEngine, FusedRuntimeEngine, PersistentRuntimeEngine)}
         row_agree = None
-        for cls in (engines[e] for e in getattr(args, "engines", DEFAULT_ENGINES)):
+        names, note = engines_for(wp, getattr(args, "engines", DEFAULT_ENGINES))
+        for cls in (engines[e] for e in names):
             row = {"model": preset, "file": f16.name if f16 else None, "engine": cls.name, "precision": precision, "depth": depth,
                    "new_tokens": n, "measured_on": f"GPU ({torch.cuda.get_device_name(dev)})"}
+            if note:
+                row["engine_note"] = note
             try:
                 t = time.perf_counter()
                 eng = cls(cfg, wp, max_seq, max_tokens=max(n, 16))
@@ -142,6 +145,21 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
     del w16
     torch.cuda.empty_cache()
     return rows
+
+
+def engines_for(weights, requested: tuple[str, ...]) -> tuple[list[str], str | None]:
+    """The engines to measure these weights on, and why the list differs from ``requested`` (None: it does not).
+
+    The fused and persistent paths take float and W8A16 projections only (kernels.decode_paths); for other weights
+    (W4A16 today) the per-operator step stands in for them once, so the precision still gets a row, labelled."""
+    from edgekit.kernels.decode_paths import model_weights_blocker
+
+    why_not = model_weights_blocker(weights)
+    fused = [e for e in requested if e != "edgekit"]
+    if why_not is None or not fused:
+        return list(requested), None
+    return ["edgekit"], (f"{', '.join(fused)} cannot take these weights ({why_not}): measured on the per-operator "
+                         f"step instead")
 
 
 def _wait_for(path: Path | None, seconds: float) -> bool:

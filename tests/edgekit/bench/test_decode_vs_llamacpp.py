@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgekit.bench.decode_vs_llamacpp import table
+from edgekit.bench.decode_vs_llamacpp import engines_for, table
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,3 +41,27 @@ def test_the_script_is_a_thin_caller_of_the_library():
     assert res.returncode == 0, res.stderr
     assert "--llama-bench" in res.stdout and "--workdir" in res.stdout
     assert len((ROOT / "scripts" / "bench_decode_vs_llamacpp.py").read_text().splitlines()) < 70
+
+
+def test_int4_is_paired_with_llama_cpps_q4_k_m_copy():
+    doc = _doc()
+    doc["edgekit"].append({"model": "smollm2-135m", "engine": "edgekit", "kernels_per_token": 400, "roofline_fraction": 0.05,
+                           "ttft_graphed_ms": 3.0, "precision": "int4", "decode_tokens_per_s": 1720.0})
+    doc["llama_cpp"].append({"model": "smollm2-135m", "file_kind": "Q4_K_M", "test": "tg", "tokens_per_s": 860.0})
+    int4 = next(line for line in table(doc).splitlines() if " int4 " in line)
+    assert "860" in int4 and "2.00" in int4  # 1720 / 860
+
+
+def test_weights_the_fused_paths_cannot_take_are_measured_per_operator_once_and_say_why():
+    import torch
+
+    from edgekit.bench.runner import quantized
+    from edgekit.model.presets import preset_config
+    from edgekit.model.weights import random_weights
+
+    w16 = random_weights(preset_config("tiny"), seed=0, dtype=torch.float16)
+    requested = ("edgekit-fused", "edgekit-persistent")
+    assert engines_for(quantized(w16, "int8"), requested) == (list(requested), None)
+    names, note = engines_for(quantized(w16, "int4"), requested)
+    assert names == ["edgekit"] and "linear_w4a16" in note and "edgekit-fused, edgekit-persistent" in note
+    assert engines_for(quantized(w16, "int4"), ("edgekit",)) == (["edgekit"], None)
