@@ -32,11 +32,11 @@ def run_generator(b: OpenedBundle, ids: list[int], max_new_tokens: int, *, cuda_
                    "reason": "eager decode: the fused path is a CUDA graph" + (" (no GPU)" if b.device.type != "cuda" else " (--no-cuda-graphs)")}
     if cuda_graphs and b.device.type == "cuda":
         from edgekit.runtime.cuda_graphs import GraphedDecodeStep
-        from edgekit.runtime.fused_decode import select_decode_path
+        from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, select_decode_path
         from edgekit.runtime.graphed_prefill import GraphedPrefill
 
         # fused super-operators unless one is ruled out; says why when it falls back
-        step_decoder, path = select_decode_path(dec, cache, **({"prefer": prefer} if prefer else {}))
+        step_decoder, path = select_decode_path(dec, cache, prefer=prefer or DEFAULT_DECODE_PATH)
         step = GraphedDecodeStep(step_decoder, cache)
         decode_path = path.to_dict()
         prefill_step = GraphedPrefill(dec, cache)

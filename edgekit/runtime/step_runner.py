@@ -89,7 +89,7 @@ class EagerRunner:
         """One decode step of rows [0, b): their logits (b, V), greedy picks and finiteness flags."""
         dev = self.cache.k[0].device
         logits = self.step_decoder.decode(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
-                                     self.views[batch])  # (b, V)
+                                          self.views[batch])  # (b, V)
         both = _picks(logits).tolist()
         return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
 
