@@ -125,5 +125,12 @@ class JitLauncher:
             else:
                 call_args.append(a)
         v = self.variant
+        launch = {}
+        if self.kdef.pdl:
+            from edgekit.kernels.pdl_triton import pdl_level
+
+            level = pdl_level(device)
+            launch = {"PDL": level, "launch_pdl": True} if level else {}
         # Triton's JIT launches on torch's current stream (the `stream` argument is the same stream).
-        self.kdef.fn[tuple(grid)](*call_args, **dict(v.constexprs), num_warps=v.num_warps, num_stages=v.num_stages)
+        self.kdef.fn[tuple(grid)](*call_args, **dict(v.constexprs), **launch, num_warps=v.num_warps,
+                                  num_stages=v.num_stages)

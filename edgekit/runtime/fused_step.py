@@ -26,6 +26,13 @@ def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torc
     return lw.weight, (lw.scale if lw.op == "linear_w8a16" else None), lw.bias
 
 
+def seq_lens_of(positions: torch.Tensor) -> torch.Tensor:
+    """(B,) int32 attended lengths (position + 1) in one kernel: the add writes int32 (not an add, then a cast)."""
+    seq_lens = torch.empty_like(positions, dtype=torch.int32)
+    torch.add(positions, 1, out=seq_lens)
+    return seq_lens
+
+
 class FusedDecoder:
     """A decode step made of the fused super-operators; quacks like a Decoder for ``GraphedDecodeStep``.
 
@@ -51,7 +58,7 @@ class FusedDecoder:
         proj_residual, norm_swiglu = get("fused_proj_residual"), get("fused_norm_swiglu")
         eps, sm_scale = cfg.rms_norm_eps, default_scale(cfg.head_dim)
         x = w.tok_embeddings[tokens]  # (B, C)
-        seq_lens = (positions + 1).to(torch.int32)  # (B,): once per step, not a cast per layer
+        seq_lens = seq_lens_of(positions)  # (B,): once per step, not a cast per layer
         cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2): indexed by position inside the operator
         for i, b in enumerate(w.blocks):
             k_cache, v_cache = cache.k[i], cache.v[i]  # (B, Hkv, S, D)

@@ -25,7 +25,7 @@ def _decoder(precision: str):
     return Decoder(cfg, w, triton_dispatch_table())
 
 
-@pytest.mark.parametrize("path_name,launches", [("fused", 5 * 4 + 5), ("persistent", 1 * 4 + 5)])
+@pytest.mark.parametrize("path_name,launches", [("fused", 5 * 4 + 4), ("persistent", 1 * 4 + 4)])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, launches):
     from edgekit.runtime.cuda_graphs import GraphedDecodeStep
