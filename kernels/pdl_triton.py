@@ -19,16 +19,21 @@ whose ``KernelDef.pdl`` is set:
 - 1: wait + launch_dependents only (launch latency overlapped).
 - 2: also prefetch the program's first weight tile into L2 before the wait.
 
-``pdl_level(device)`` says which level the JIT launcher uses: 0 off sm_90+,
-else ``EDGEKIT_PDL`` (default ``DEFAULT_LEVEL``). Triton launches the kernel
-with the PDL attribute (``launch_pdl=True``); CUDA graph capture keeps the
-programmatic edges (measured: scripts/bench_decode_vs_llamacpp.py with
-EDGEKIT_PDL=0 against the default, same run).
+``pdl_level(device)`` says which level the JIT launcher uses: 0 below sm_90;
+else ``EDGEKIT_PDL`` where set (0, 1 or 2 forces it everywhere); else the
+level of the fused decode step being launched (``step_launches``: the step
+asks for ``DEFAULT_LEVEL`` when its kernels are short, ``auto_level``), 0
+outside one. Triton launches the kernel with the PDL attribute
+(``launch_pdl=True``), and CUDA graph capture keeps the programmatic edges
+(the graphed step got faster on the H200; greedy tokens equal the
+per-operator step's: tests/edgekit/runtime/test_fused_decode_gpu.py).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import triton
 import triton.language as tl
@@ -68,38 +73,62 @@ def _pdl_enter_after_weights(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr, P
     _pdl_enter(PDL)
 
 
-_LEVEL_BY_DEVICE: dict[int, int] = {}
+# The fused step turns PDL on when its kernels are short (launch-bound decode). Measured on the H200 (batch 1,
+# depth 512, random weights, one call, 2026-12-01): smollm2-135m (mean 1.4 MB fp16 / 0.7 MB int8 of weights per
+# layer kernel) fp16 1772 -> 2274 tok/s, int8 1756 -> 1997; llama-3.2-1b (24 MB / 12 MB) fp16 1105 -> 1061, int8
+# 1434 -> 1294 (level 1 lost as well). The bound sits between them: ~1 us of HBM time at the H200's ~4.2 TB/s, the
+# size of the ~1.3 us kernel boundary PDL hides (notes/gpu-apis.md). Sizes between 1.4 and 12 MB were not measured.
+AUTO_MAX_WEIGHT_BYTES_PER_KERNEL = 4 * 1024 * 1024
+
+_ARCH_BY_DEVICE: dict[int, int] = {}
+_STEP_LEVEL: ContextVar[int] = ContextVar("edgekit_pdl_step_level", default=0)
 
 
-def requested_level() -> int:
-    """The level asked for in ``EDGEKIT_PDL`` (default ``DEFAULT_LEVEL``); a clear error for anything else."""
+def requested_level() -> int | None:
+    """The level forced by ``EDGEKIT_PDL`` (None when unset: each decode step decides); a clear error for a bad one."""
     from edgekit.errors import OperatorError
 
     raw = os.environ.get(ENV, "").strip()
     if not raw:
-        return DEFAULT_LEVEL
+        return None
     if raw not in {str(v) for v in LEVELS}:
         raise OperatorError(f"{ENV}={raw!r}; expected one of {', '.join(map(str, LEVELS))} "
                             "(0 off, 1 overlap launches, 2 also prefetch weights)",
-                            hint=f"unset {ENV} for the default ({DEFAULT_LEVEL})")
+                            hint=f"unset {ENV} to let the decode step decide")
     return int(raw)
 
 
-def level_for_arch(arch: int, requested: int) -> int:
-    """The PDL level a kernel launch on an sm_<arch> GPU uses: 0 below sm_90 whatever was asked."""
-    return requested if arch >= MIN_ARCH else 0
+def auto_level(weight_bytes_per_kernel: float) -> int:
+    """The level a decode step whose GEMV kernels read this many weight bytes each (mean) asks for."""
+    return DEFAULT_LEVEL if weight_bytes_per_kernel <= AUTO_MAX_WEIGHT_BYTES_PER_KERNEL else 0
+
+
+def level_for(arch: int, forced: int | None, step: int) -> int:
+    """The level of one launch on an sm_<arch> GPU: 0 below sm_90 whatever was asked, else the forced level
+    (EDGEKIT_PDL), else the level of the decode step being launched (0 outside one)."""
+    if arch < MIN_ARCH:
+        return 0
+    return step if forced is None else forced
+
+
+@contextmanager
+def step_launches(level: int):
+    """Launches made inside use PDL ``level`` (unless EDGEKIT_PDL forces one): a decode step's choice."""
+    token = _STEP_LEVEL.set(level)
+    try:
+        yield
+    finally:
+        _STEP_LEVEL.reset(token)
 
 
 def pdl_level(device) -> int:
-    """The level the JIT launcher uses on ``device`` (a torch device): 0 for the CPU interpreter and pre-Hopper GPUs.
-
-    Read once per device (a captured CUDA graph keeps the launches it was captured with)."""
+    """The level the JIT launcher uses for a launch on ``device`` (a torch device) now: 0 for the CPU interpreter."""
     import torch
 
     if device is None or device.type != "cuda":
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _LEVEL_BY_DEVICE:
+    if index not in _ARCH_BY_DEVICE:
         major, minor = torch.cuda.get_device_capability(index)
-        _LEVEL_BY_DEVICE[index] = level_for_arch(10 * major + minor, requested_level())
-    return _LEVEL_BY_DEVICE[index]
+        _ARCH_BY_DEVICE[index] = 10 * major + minor
+    return level_for(_ARCH_BY_DEVICE[index], requested_level(), _STEP_LEVEL.get())

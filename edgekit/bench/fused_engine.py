@@ -24,9 +24,11 @@ class FusedGreedyFeedback(GreedyFeedback):
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         from edgekit.kernels.decode_feedback_triton import feedback_step
+        from edgekit.kernels.pdl_triton import step_launches
 
         nxt, _ = self.decoder.decode_token(tokens, positions, cache)  # (1,)
-        feedback_step(nxt, tokens, positions, self.count, self.out)  # one launch: record, feed back, advance
+        with step_launches(self.decoder.pdl):  # launched like the step's kernels: the PDL chain goes on
+            feedback_step(nxt, tokens, positions, self.count, self.out)  # one launch: record, feed back, advance
         return nxt
 
 

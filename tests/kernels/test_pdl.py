@@ -29,19 +29,62 @@ def _pdl_kernels(op):
 
 
 def test_no_pdl_below_hopper_whatever_is_asked():
-    assert pdl_triton.level_for_arch(87, 2) == 0
-    assert pdl_triton.level_for_arch(90, 2) == 2 and pdl_triton.level_for_arch(90, 0) == 0
+    assert pdl_triton.level_for(87, 2, 2) == 0 and pdl_triton.level_for(87, None, 2) == 0
     assert pdl_triton.pdl_level(torch.device("cpu")) == 0  # Triton's CPU interpreter never sees griddepcontrol
+
+
+def test_the_environment_forces_a_level_else_the_decode_step_decides():
+    assert pdl_triton.level_for(90, None, 2) == 2  # inside a step that asks for it
+    assert pdl_triton.level_for(90, None, 0) == 0  # outside a step (or one that does not ask)
+    assert pdl_triton.level_for(90, 0, 2) == 0 and pdl_triton.level_for(90, 1, 0) == 1  # EDGEKIT_PDL wins
 
 
 def test_the_level_comes_from_the_environment_and_a_bad_one_is_refused(monkeypatch):
     monkeypatch.delenv(pdl_triton.ENV, raising=False)
-    assert pdl_triton.requested_level() == pdl_triton.DEFAULT_LEVEL
+    assert pdl_triton.requested_level() is None
     monkeypatch.setenv(pdl_triton.ENV, "1")
     assert pdl_triton.requested_level() == 1
     monkeypatch.setenv(pdl_triton.ENV, "on")
     with pytest.raises(OperatorError, match=r"EDGEKIT_PDL='on'; expected one of 0, 1, 2"):
         pdl_triton.requested_level()
+
+
+def _meta_weights(preset: str, int8: bool):
+    """A model's block projections as meta tensors (sizes only) in the layout the fused step reads."""
+    from types import SimpleNamespace
+
+    from edgekit.kernels.linear import LinearWeights
+    from edgekit.model.presets import preset_config
+
+    cfg = preset_config(preset)
+
+    def lw(shape):
+        if int8:
+            return LinearWeights("linear_w8a16", torch.empty(shape, dtype=torch.int8, device="meta"),
+                                 scale=torch.empty(shape[0], dtype=torch.float32, device="meta"))
+        return LinearWeights("linear", torch.empty(shape, dtype=torch.float16, device="meta"))
+
+    shapes = cfg.linear_shapes()
+    return SimpleNamespace(blocks=[SimpleNamespace(**{n: lw(shapes[n]) for n in ("wqkv", "wo", "w_gate_up", "w_down")})
+                                   for _ in range(cfg.n_layers)])
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_fused_step_asks_for_pdl_where_it_was_measured_faster(int8):
+    """H200, 2026-12-01: PDL made smollm2-135m's fused step faster and llama-3.2-1b's slower (pdl_triton.py)."""
+    from edgekit.runtime.fused_step import weight_bytes_per_kernel
+
+    small, large = (weight_bytes_per_kernel(_meta_weights(p, int8)) for p in ("smollm2-135m", "llama-3.2-1b"))
+    assert small < pdl_triton.AUTO_MAX_WEIGHT_BYTES_PER_KERNEL < large
+    assert pdl_triton.auto_level(small) == pdl_triton.DEFAULT_LEVEL and pdl_triton.auto_level(large) == 0
+
+
+def test_a_step_level_holds_only_inside_the_step():
+    seen = []
+    with pdl_triton.step_launches(2):
+        seen.append(pdl_triton._STEP_LEVEL.get())
+    seen.append(pdl_triton._STEP_LEVEL.get())
+    assert seen == [2, 0]
 
 
 @pytest.mark.parametrize("arch", [87, 90])

@@ -97,7 +97,7 @@ def test_a_swapped_fused_operator_takes_decode_back_to_the_fused_path():
 
     swapped.set("fused_norm_swiglu", triton_ops()["fused_norm_swiglu"], source="plugin:v2")
     step, path = select_decode_path(dec.with_ops(swapped), cache, baseline, prefer="persistent")
-    assert path.name == "fused" and "fused_norm_swiglu" in path.reason and path.launches_per_token == 5 * 4 + 5
+    assert path.name == "fused" and "fused_norm_swiglu" in path.reason and path.launches_per_token == 5 * 4 + 4
 
 
 def test_graphed_prefill_replays_the_eager_prefill():
