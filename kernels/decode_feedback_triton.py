@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from edgekit.errors import OperatorError
-from edgekit.kernels.pdl_triton import _pdl_enter, pdl_level
+from edgekit.kernels.pdl_triton import _pdl_enter, jit_launch_options
 
 
 @triton.jit
@@ -66,6 +66,5 @@ def feedback_step(nxt: torch.Tensor, tokens: torch.Tensor, positions: torch.Tens
     if not use_triton:
         feedback_reference(nxt, tokens, positions, count, out)
         return
-    level = pdl_level(nxt.device)
-    launch = {"PDL": level, "launch_pdl": True} if level else {}
-    _feedback_kernel[(1,)](nxt, tokens, positions, count, out, out.numel(), **launch, num_warps=1)
+    _feedback_kernel[(1,)](nxt, tokens, positions, count, out, out.numel(), **jit_launch_options(nxt.device),
+                           num_warps=1)

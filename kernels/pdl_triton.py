@@ -121,6 +121,12 @@ def step_launches(level: int):
         _STEP_LEVEL.reset(token)
 
 
+def jit_launch_options(device) -> dict:
+    """Keyword arguments for a Triton JIT launch of a kernel with the PDL switch on ``device`` now ({}: plain)."""
+    level = pdl_level(device)
+    return {"PDL": level, "launch_pdl": True} if level else {}
+
+
 def pdl_level(device) -> int:
     """The level the JIT launcher uses for a launch on ``device`` (a torch device) now: 0 for the CPU interpreter."""
     import torch

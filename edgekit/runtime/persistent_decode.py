@@ -55,6 +55,7 @@ class PersistentDecoder(FusedDecoder):
         from edgekit.kernels.persistent_decode_triton import LayerWeights, layer_tiles, new_sync
 
         super().__init__(decoder, ops)
+        self.pdl = 0  # plain launches: its grid barriers were never measured beside programmatic dependent launch
         self.sync = new_sync(self.device)  # the grid barrier's counter: every launch leaves it at zero
         self.layers, self.tiles, made = [], [], {}
         for b in decoder.weights.blocks:
