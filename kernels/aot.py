@@ -98,19 +98,22 @@ def _triton():
     return triton, GPUTarget, ASTSource
 
 
-def _source(k: KernelDef, v: KernelVariant, ASTSource):
+def _source(k: KernelDef, v: KernelVariant, ASTSource, *, pdl: int = 0):
+    """The variant as a Triton ASTSource. ``pdl``: the PDL switch of kernels that take one (kernels/pdl_triton.py);
+    plugins are built with 0 (sm_87 has no PDL, and the plugin launcher launches plainly)."""
     names = list(k.fn.arg_names)
     params = [p.name for p in k.params]
-    if names[: len(params)] != params or set(names[len(params):]) != set(k.constexpr_names):
+    if names[: len(params)] != params or set(names[len(params):]) != set(k.function_constexprs()):
         raise KernelCompileError(f"{k.kernel}: the kernel definition's parameters {params} + {k.constexpr_names} do not "
                                  f"match the Triton function's {names} (an edgekit bug)")
     signature = {p.name: p.resolved_type(v.dtype) for p in k.params}
-    signature.update({c: "constexpr" for c in k.constexpr_names})
+    signature.update({c: "constexpr" for c in k.function_constexprs()})
     attrs = {}
     for i, p in enumerate(k.params):
         if p.type.startswith("*") or p.div16:
             attrs[(i,)] = [["tt.divisibility", 16]]  # 16-byte aligned pointers, multiple-of-16 integers
-    return ASTSource(k.fn, signature, constexprs=dict(v.constexprs), attrs=attrs)
+    constexprs = {**v.constexprs, **({"PDL": pdl} if k.pdl else {})}
+    return ASTSource(k.fn, signature, constexprs=constexprs, attrs=attrs)
 
 
 def _companions(v: KernelVariant) -> dict[str, KernelVariant]:

@@ -30,6 +30,7 @@ from edgekit.kernels import host_checks as hc
 from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, default_scale
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
+from edgekit.kernels.pdl_triton import _pdl_enter
 
 LOG2E = 1.4426950408889634
 # DECODE_PROGRAMS_PER_SM (split-KV occupancy target) is kernels/attention.py's: the planner reads it there
@@ -106,7 +107,9 @@ def _attn_decode_split_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
     Hkv, GROUP, S, NUM_SPLITS,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    _pdl_enter(PDL)
     _attn_decode_split_program(
         tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, Hkv, GROUP, S, NUM_SPLITS,
@@ -286,6 +289,7 @@ ATTN_DECODE_SPLIT = KernelDef(
     space=_decode_space,
     default=_decode_default,
     smem_estimate=_decode_smem,
+    pdl=True,
     **_DECODE_COMMON,
 )
 

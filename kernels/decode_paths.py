@@ -68,8 +68,8 @@ FUSED_STEP = DecodeStep(
     ),
     per_token=(StepCall("fused_head_argmax", "lm_head"),),  # final norm -> LM head -> greedy token on the device
     glue_per_layer=0,
-    glue_per_token=3,
-    glue_note="per token: the embedding gather, positions + 1 and its int32 cast (read from FusedDecoder.decode_token)",
+    glue_per_token=2,
+    glue_note="per token: the embedding gather and positions + 1 written as int32 (read from FusedDecoder.decode_token)",
     subsumes=("rmsnorm", "qkv_rope", "rope", "attention_decode", "linear", "linear_w8a16", "swiglu"),
 )
 

@@ -31,6 +31,7 @@ from edgekit.kernels.fused_gemv_triton import (
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
+from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 OP_NAME = "fused_attn_proj_residual"
 
@@ -70,8 +71,9 @@ def _attn_proj_residual_kernel(
     part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads, n_splits, stride_wn, stride_rm, stride_ym,
     has_bias,
     HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    _pdl_enter_after_weights(w_ptr, (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)) % N, K, stride_wn, BLOCK_K, PDL)
     _attn_proj_residual_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads,
         n_splits, stride_wn, stride_rm, stride_ym, has_bias, HEAD_DIM, MAX_SPLITS, SPLIT_STEP, BLOCK_N, BLOCK_K,

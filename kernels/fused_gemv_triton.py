@@ -146,6 +146,7 @@ def weight_kernel_pair(op: str, name: str, fn, params, constexpr_names: tuple[st
             space=space, default=dflt,
             smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
             fixed={"W_INT8": w_int8},
+            pdl=True,  # every fused GEMV kernel takes the PDL switch (kernels/pdl_triton.py)
         )
 
     return make(f"{name}_fp", "*act", 0, 0), make(f"{name}_w8", "*i8", ptr("scale"), 1)

@@ -21,6 +21,7 @@ from edgekit.kernels.fused_gemv_triton import (
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride, sym
+from edgekit.kernels.pdl_triton import _pdl_enter, _pdl_enter_after_weights
 
 OP_NAME = "fused_head_argmax"
 REDUCE_BLOCK = 2048
@@ -29,13 +30,14 @@ REDUCE_BLOCK = 2048
 @triton.jit
 def _head_logits_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, logit_ptr, pv_ptr, pi_ptr, V, C, stride_xm, stride_wn, stride_lm, n_parts,
-    has_bias, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    has_bias, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < V
     rows_ld = rows % V
+    _pdl_enter_after_weights(w_ptr, rows_ld, C, stride_wn, BLOCK_K, PDL)
     x_row = x_ptr + b * stride_xm
     rstd = _row_rstd(x_row, C, eps, 1024)  # the norm in 1-2 wide steps, not C / BLOCK_K narrow ones
     acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows_ld, C, stride_wn, True, W_INT8, BLOCK_N, BLOCK_K)
@@ -49,7 +51,8 @@ def _head_logits_kernel(
 
 
 @triton.jit
-def _argmax_reduce_kernel(pv_ptr, pi_ptr, tok_ptr, n_parts, BLOCK_P: tl.constexpr):
+def _argmax_reduce_kernel(pv_ptr, pi_ptr, tok_ptr, n_parts, BLOCK_P: tl.constexpr, PDL: tl.constexpr = 0):
+    _pdl_enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     p = tl.arange(0, BLOCK_P)
     best_v = tl.full((BLOCK_P,), float("-inf"), tl.float32)
@@ -102,6 +105,7 @@ REDUCE = KernelDef(
     constexpr_names=("BLOCK_P",), precision={"input": "fp32", "accumulate": "fp32", "output": "int64"},
     uses_shared_memory=False, space=lambda s: [({"BLOCK_P": REDUCE_BLOCK}, 8, 1)],
     default=lambda s: ({"BLOCK_P": REDUCE_BLOCK}, 8, 1), smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
+    pdl=True,
 )
 
 

@@ -22,6 +22,7 @@ from edgekit.kernels.fused_gemv_triton import (
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, check, mul, ptr, shape, stride
+from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 OP_NAME = "fused_norm_qkv_rope"
 
@@ -30,12 +31,22 @@ OP_NAME = "fused_norm_qkv_rope"
 def _norm_qkv_rope_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr,
     C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks, stride_qb, has_bias, eps, n_heads, n_kv_heads,
-    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    _pdl_enter_after_weights(w_ptr, _qkv_rows(tl.program_id(0), HALF, PAIRS), C, stride_wn, BLOCK_K, PDL)
     _norm_qkv_rope_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr,
         pos_ptr, kc_ptr, vc_ptr, q_ptr, C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks,
         stride_qb, has_bias, eps, n_heads, n_kv_heads, HALF, PAIRS, BLOCK_K, W_INT8)
+
+
+@triton.jit
+def _qkv_rows(pid, HALF: tl.constexpr, PAIRS: tl.constexpr):
+    """The weight rows of program ``pid`` (PAIRS rotation pairs of one head), interleaved: (j, j + D/2) for each j."""
+    head = pid // (HALF // PAIRS)
+    j0 = (pid % (HALF // PAIRS)) * PAIRS
+    r = tl.arange(0, 2 * PAIRS)
+    return head * (2 * HALF) + j0 + r // 2 + (r % 2) * HALF
 
 
 @triton.jit
@@ -48,8 +59,7 @@ def _norm_qkv_rope_program(
     """Program ``pid`` (PAIRS rotation pairs of one head) of sequence ``b``; also stage 1 of the persistent decode kernel."""
     head = pid // (HALF // PAIRS)
     j0 = (pid % (HALF // PAIRS)) * PAIRS
-    r = tl.arange(0, 2 * PAIRS)
-    rows = head * (2 * HALF) + j0 + r // 2 + (r % 2) * HALF  # interleaved: (j, j + D/2) for each pair j
+    rows = _qkv_rows(pid, HALF, PAIRS)
     x_row = x_ptr + b * stride_xm
     rstd = _row_rstd(x_row, C, eps, BLOCK_K)
     acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_INT8, 2 * PAIRS, BLOCK_K)

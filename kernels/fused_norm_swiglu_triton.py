@@ -19,6 +19,7 @@ from edgekit.kernels.fused_gemv_triton import (
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride
+from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 OP_NAME = "fused_norm_swiglu"
 
@@ -26,11 +27,19 @@ OP_NAME = "fused_norm_swiglu"
 @triton.jit
 def _norm_swiglu_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn, stride_ym, eps,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    _pdl_enter_after_weights(w_ptr, _gate_up_rows(tl.program_id(0), F, BLOCK_N), C, stride_wn, BLOCK_K, PDL)
     _norm_swiglu_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn,
         stride_ym, eps, BLOCK_N, BLOCK_K, W_INT8)
+
+
+@triton.jit
+def _gate_up_rows(pid, F, BLOCK_N: tl.constexpr):
+    """The weight rows of program ``pid``, interleaved: gate row n, up row F + n for its BLOCK_N columns n."""
+    r = tl.arange(0, 2 * BLOCK_N)
+    return (pid * BLOCK_N + r // 2) % F + (r % 2) * F
 
 
 @triton.jit
@@ -41,8 +50,7 @@ def _norm_swiglu_program(
 ):
     """Program for BLOCK_N hidden columns of sequence ``b``; also stage 4 of the persistent decode kernel."""
     n0 = pid * BLOCK_N
-    r = tl.arange(0, 2 * BLOCK_N)
-    rows = (n0 + r // 2) % F + (r % 2) * F  # interleaved: gate row n, up row F + n
+    rows = _gate_up_rows(pid, F, BLOCK_N)
     x_row = x_ptr + b * stride_xm
     rstd = _row_rstd(x_row, C, eps, BLOCK_K)
     acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_INT8, 2 * BLOCK_N, BLOCK_K)

@@ -16,6 +16,7 @@ from edgekit.kernels.fused_gemv_triton import (
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
+from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 OP_NAME = "fused_proj_residual"
 
@@ -23,8 +24,9 @@ OP_NAME = "fused_proj_residual"
 @triton.jit
 def _proj_residual_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_rm, stride_ym, has_bias,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    _pdl_enter_after_weights(w_ptr, (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)) % N, K, stride_wn, BLOCK_K, PDL)
     _proj_residual_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn,
         stride_rm, stride_ym, has_bias, BLOCK_N, BLOCK_K, W_INT8)

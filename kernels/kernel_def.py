@@ -57,6 +57,13 @@ class KernelDef:
     default: Callable[[dict], Candidate]  # shape -> the default candidate
     smem_estimate: Callable[[Mapping[str, int], int, int, int], int]  # (constexprs, warps, stages, act bytes)
     fixed: Mapping[str, int] = field(default_factory=dict)  # constexprs implied by the kernel's identity
+    # the function ends with a ``PDL: tl.constexpr = 0`` launch switch (kernels/pdl_triton.py): not part of a variant
+    # (AOT builds compile it 0), set by the JIT launcher on sm_90+
+    pdl: bool = False
+
+    def function_constexprs(self) -> tuple[str, ...]:
+        """The constexpr arguments of the Triton function after its parameters: the variant's, then the PDL switch."""
+        return self.constexpr_names + (("PDL",) if self.pdl else ())
 
     def precision_for(self, dtype: str) -> dict[str, str]:
         return {k: v.format(act=dtype) for k, v in self.precision.items()}

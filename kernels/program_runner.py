@@ -125,5 +125,11 @@ class JitLauncher:
             else:
                 call_args.append(a)
         v = self.variant
+        launch = {}
+        if self.kdef.pdl:  # programmatic dependent launch where the running decode step asks for it (sm_90+)
+            from edgekit.kernels.pdl_triton import jit_launch_options
+
+            launch = jit_launch_options(device)
         # Triton's JIT launches on torch's current stream (the `stream` argument is the same stream).
-        self.kdef.fn[tuple(grid)](*call_args, **dict(v.constexprs), num_warps=v.num_warps, num_stages=v.num_stages)
+        self.kdef.fn[tuple(grid)](*call_args, **dict(v.constexprs), **launch, num_warps=v.num_warps,
+                                  num_stages=v.num_stages)

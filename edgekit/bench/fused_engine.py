@@ -20,14 +20,15 @@ FUSED_ENGINE_LABEL = ENGINE_LABELS["edgekit-fused"]
 
 
 class FusedGreedyFeedback(GreedyFeedback):
-    """GreedyFeedback whose token comes from the fused head (no argmax over the logits)."""
+    """GreedyFeedback whose token comes from the fused head (no argmax over the logits), fed back in one launch."""
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        from edgekit.kernels.decode_feedback_triton import feedback_step
+        from edgekit.kernels.pdl_triton import step_launches
+
         nxt, _ = self.decoder.decode_token(tokens, positions, cache)  # (1,)
-        self.out.index_copy_(0, self.count % self.out.numel(), nxt)
-        tokens.copy_(nxt)
-        positions.add_(1)
-        self.count.add_(1)
+        with step_launches(self.decoder.pdl):  # launched like the step's kernels: the PDL chain goes on
+            feedback_step(nxt, tokens, positions, self.count, self.out)  # one launch: record, feed back, advance
         return nxt
 
 

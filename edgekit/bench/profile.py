@@ -6,6 +6,11 @@ times plus the gaps between them (each kernel's launch latency and drain
 inside the graph). ``torch.profiler`` (CUPTI) records every kernel a graph
 replay runs; summing their durations per token and comparing with the wall
 time splits the step into "inside kernels" and "between kernels".
+
+With programmatic dependent launch (kernels/pdl_triton.py, sm_90+) a kernel
+starts before the previous one ends and its programs wait inside it: kernel
+times then overlap, include that wait, and "between kernels" comes out
+negative (the overlap). Read wall time and kernel counts for such a step.
 """
 
 from __future__ import annotations

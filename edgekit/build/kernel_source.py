@@ -67,7 +67,7 @@ def check_same_abi(candidate: OpKernels, shipped: OpKernels, variants: Mapping, 
     mine = {k.kernel: k for k in candidate.kernels}
     for k in shipped.kernels:
         c = mine[k.kernel]
-        for field in ("params", "constexpr_names", "fixed", "precision"):
+        for field in ("params", "constexpr_names", "fixed", "precision"):  # pdl is a JIT launch switch, not the ABI
             if _plain(getattr(c, field)) != _plain(getattr(k, field)):
                 _refuse(source, op, f"{k.kernel}'s {field}", getattr(c, field), getattr(k, field))
         _check_function(c, source)
@@ -89,8 +89,8 @@ def _check_function(k: KernelDef, source: Path) -> None:
     if not args:
         raise OperatorError(f"--kernel-source {source}: {k.kernel}'s fn is not a @triton.jit function",
                             hint="decorate the kernel with @triton.jit")
-    if args[: len(params)] != params or set(args[len(params):]) != set(k.constexpr_names):
-        _refuse(source, k.op, f"{k.kernel}'s function arguments", args, params + list(k.constexpr_names))
+    if args[: len(params)] != params or set(args[len(params):]) != set(k.function_constexprs()):
+        _refuse(source, k.op, f"{k.kernel}'s function arguments", args, params + list(k.function_constexprs()))
 
 
 def _plain(value):

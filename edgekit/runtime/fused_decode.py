@@ -36,10 +36,11 @@ from edgekit.model.kv_cache import StaticKVCache
 from edgekit.runtime.fused_step import STEP, FusedDecoder, _weights  # noqa: F401  (re-exported: the path's step)
 
 # Triton launches of the fused step: per layer qkv, attention split, combine + o-proj, gate/up, down-proj;
-# per token the embedding gather, positions + 1 and its int32 cast, the head GEMV and the argmax reduce
+# per token the embedding gather, positions + 1 (written as int32: fused_step.seq_lens_of), the head GEMV and the
+# argmax reduce
 # (the planner's count from the launch programs, edgekit.plan.launches.count_step_launches; a test holds them equal)
 LAUNCHES_PER_LAYER = 5
-LAUNCHES_PER_TOKEN = 5
+LAUNCHES_PER_TOKEN = 4
 DECODE_PATHS = ("persistent", "fused", "per-operator")
 # The path taken unless asked otherwise. Measured on the H200 (scripts/bench_decode_vs_llamacpp.py, random weights,
 # batch 1, depth 512, 2026-12-01): the persistent kernel is slower than the fused super-operators so far (smollm2-135m

@@ -14,6 +14,7 @@ from edgekit.kernels.attention import default_scale
 from edgekit.kernels.decode_paths import FUSED_STEP
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
+from edgekit.kernels.pdl_triton import auto_level, step_launches
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 
@@ -24,6 +25,20 @@ STEP = FUSED_STEP
 def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(weight, scale, bias) as the fused operators take them: scale None for float weights."""
     return lw.weight, (lw.scale if lw.op == "linear_w8a16" else None), lw.bias
+
+
+def weight_bytes_per_kernel(weights) -> float:
+    """Mean weight bytes one layer GEMV kernel of the step reads (qkv, o, gate/up, down; INT8 scales included)."""
+    mats = [lw for b in weights.blocks for lw in (b.wqkv, b.wo, b.w_gate_up, b.w_down)]
+    total = sum(lw.weight.nbytes + (lw.scale.nbytes if lw.scale is not None else 0) for lw in mats)
+    return total / max(1, len(mats))
+
+
+def seq_lens_of(positions: torch.Tensor) -> torch.Tensor:
+    """(B,) int32 attended lengths (position + 1) in one kernel: the add writes int32 (not an add, then a cast)."""
+    seq_lens = torch.empty_like(positions, dtype=torch.int32)
+    torch.add(positions, 1, out=seq_lens)
+    return seq_lens
 
 
 class FusedDecoder:
@@ -39,6 +54,8 @@ class FusedDecoder:
         self.device = decoder.device
         self.dtype = decoder.dtype
         self.last_token: torch.Tensor | None = None  # (B,) greedy tokens of the last step, on the device
+        # programmatic dependent launch on sm_90+ (kernels/pdl_triton.py): pays when the kernels are short
+        self.pdl = auto_level(weight_bytes_per_kernel(decoder.weights))
 
     def new_cache(self, batch: int, max_seq_len: int) -> StaticKVCache:
         return self.decoder.new_cache(batch, max_seq_len)
@@ -46,12 +63,16 @@ class FusedDecoder:
     @torch.no_grad()
     def decode_token(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache):
         """tokens (B,) at positions (B,): one step. Returns (greedy token (B,), logits (B, V)), both on the device."""
+        with step_launches(self.pdl):
+            return self._decode_token(tokens, positions, cache)
+
+    def _decode_token(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache):
         cfg, w, get = self.config, self.decoder.weights, self.ops.get
         qkv_rope, attn_proj_residual = get("fused_norm_qkv_rope"), get("fused_attn_proj_residual")
         proj_residual, norm_swiglu = get("fused_proj_residual"), get("fused_norm_swiglu")
         eps, sm_scale = cfg.rms_norm_eps, default_scale(cfg.head_dim)
         x = w.tok_embeddings[tokens]  # (B, C)
-        seq_lens = (positions + 1).to(torch.int32)  # (B,): once per step, not a cast per layer
+        seq_lens = seq_lens_of(positions)  # (B,): once per step, not a cast per layer
         cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2): indexed by position inside the operator
         for i, b in enumerate(w.blocks):
             k_cache, v_cache = cache.k[i], cache.v[i]  # (B, Hkv, S, D)

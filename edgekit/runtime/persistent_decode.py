@@ -24,10 +24,10 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
-from edgekit.runtime.fused_step import STEP, FusedDecoder, _weights
+from edgekit.runtime.fused_step import STEP, FusedDecoder, _weights, seq_lens_of
 
 LAUNCHES_PER_LAYER = 1
-LAUNCHES_PER_TOKEN = 5  # as the fused path: embedding gather, positions + 1 and its cast, head GEMV, argmax reduce
+LAUNCHES_PER_TOKEN = 4  # as the fused path: embedding gather, positions + 1 (written as int32), head GEMV, argmax reduce
 
 
 def persistent_path_blocker(table: DispatchTable, baseline: Mapping[str, str] | None) -> str | None:
@@ -55,6 +55,7 @@ class PersistentDecoder(FusedDecoder):
         from edgekit.kernels.persistent_decode_triton import LayerWeights, layer_tiles, new_sync
 
         super().__init__(decoder, ops)
+        self.pdl = 0  # plain launches: its grid barriers were never measured beside programmatic dependent launch
         self.sync = new_sync(self.device)  # the grid barrier's counter: every launch leaves it at zero
         self.layers, self.tiles, made = [], [], {}
         for b in decoder.weights.blocks:
@@ -76,7 +77,7 @@ class PersistentDecoder(FusedDecoder):
 
         cfg, w = self.config, self.decoder.weights
         x = w.tok_embeddings[tokens]  # (B, C)
-        seq_lens = (positions + 1).to(torch.int32)  # (B,)
+        seq_lens = seq_lens_of(positions)  # (B,)
         cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2)
         for i, (lw, tiles) in enumerate(zip(self.layers, self.tiles)):
             x = persistent_layer(x, lw, cos, sin, positions, seq_lens, cache.k[i], cache.v[i], self.sync,

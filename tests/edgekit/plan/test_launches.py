@@ -84,7 +84,7 @@ def test_edgekit_plan_says_which_decode_path_its_predictions_count():
     _register_commands()
     res = CliRunner().invoke(app, ["plan", "preset:smollm2-135m", "--target", "orin", "--no-tiles"], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
-    assert "decode path: fused, 155 kernels per token (5 per layer + 5 per token), PREDICTED" in res.output
+    assert "decode path: fused, 154 kernels per token (5 per layer + 4 per token), PREDICTED" in res.output
     assert "decode with the fused step's kernel count" in res.output
     res = CliRunner().invoke(app, ["plan", "preset:smollm2-135m", "--target", "orin", "--no-tiles", "--json"])
-    assert json.loads(res.output)["decode"]["path"]["kernels_per_token"] == 155
+    assert json.loads(res.output)["decode"]["path"]["kernels_per_token"] == 154

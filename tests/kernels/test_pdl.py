@@ -1,0 +1,123 @@
+"""Programmatic dependent launch (kernels/pdl_triton.py): which launches use it, and what the compiled kernels do.
+
+The speed it buys is measured on the H200 by scripts/bench_decode_vs_llamacpp.py (EDGEKIT_PDL=0 against the
+default, same call); here: plugins (sm_87, and the AOT build for any arch) carry no PDL instruction, and a kernel
+compiled for sm_90 with PDL issues only weight prefetches before it waits for the previous kernel.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from edgekit.errors import OperatorError
+from edgekit.kernels import pdl_triton
+from edgekit.kernels.aot import _source, compile_variant
+from edgekit.kernels.variants import default_variants, op_kernels
+
+PDL_OPS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_norm_swiglu", "fused_proj_residual",
+           "fused_head_argmax")
+
+
+def _pdl_kernels(op):
+    kdefs = {k.kernel: k for k in op_kernels()[op].kernels}
+    for kernel, v in default_variants(op, head_dim=64, k_in=576, n_out=1536).items():
+        assert kdefs[kernel].pdl, f"{op}/{kernel} has no PDL switch: it would break the decode step's launch chain"
+        yield kdefs[kernel], v
+
+
+def test_no_pdl_below_hopper_whatever_is_asked():
+    assert pdl_triton.level_for(87, 2, 2) == 0 and pdl_triton.level_for(87, None, 2) == 0
+    assert pdl_triton.pdl_level(torch.device("cpu")) == 0  # Triton's CPU interpreter never sees griddepcontrol
+
+
+def test_the_environment_forces_a_level_else_the_decode_step_decides():
+    assert pdl_triton.level_for(90, None, 2) == 2  # inside a step that asks for it
+    assert pdl_triton.level_for(90, None, 0) == 0  # outside a step (or one that does not ask)
+    assert pdl_triton.level_for(90, 0, 2) == 0 and pdl_triton.level_for(90, 1, 0) == 1  # EDGEKIT_PDL wins
+
+
+def test_the_level_comes_from_the_environment_and_a_bad_one_is_refused(monkeypatch):
+    monkeypatch.delenv(pdl_triton.ENV, raising=False)
+    assert pdl_triton.requested_level() is None
+    monkeypatch.setenv(pdl_triton.ENV, "1")
+    assert pdl_triton.requested_level() == 1
+    monkeypatch.setenv(pdl_triton.ENV, "on")
+    with pytest.raises(OperatorError, match=r"EDGEKIT_PDL='on'; expected one of 0, 1, 2"):
+        pdl_triton.requested_level()
+
+
+def _meta_weights(preset: str, int8: bool):
+    """A model's block projections as meta tensors (sizes only) in the layout the fused step reads."""
+    from types import SimpleNamespace
+
+    from edgekit.kernels.linear import LinearWeights
+    from edgekit.model.presets import preset_config
+
+    cfg = preset_config(preset)
+
+    def lw(shape):
+        if int8:
+            return LinearWeights("linear_w8a16", torch.empty(shape, dtype=torch.int8, device="meta"),
+                                 scale=torch.empty(shape[0], dtype=torch.float32, device="meta"))
+        return LinearWeights("linear", torch.empty(shape, dtype=torch.float16, device="meta"))
+
+    shapes = cfg.linear_shapes()
+    return SimpleNamespace(blocks=[SimpleNamespace(**{n: lw(shapes[n]) for n in ("wqkv", "wo", "w_gate_up", "w_down")})
+                                   for _ in range(cfg.n_layers)])
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_fused_step_asks_for_pdl_where_it_was_measured_faster(int8):
+    """H200, 2026-12-01: PDL made smollm2-135m's fused step faster and llama-3.2-1b's slower (pdl_triton.py)."""
+    from edgekit.runtime.fused_step import weight_bytes_per_kernel
+
+    small, large = (weight_bytes_per_kernel(_meta_weights(p, int8)) for p in ("smollm2-135m", "llama-3.2-1b"))
+    assert small < pdl_triton.AUTO_MAX_WEIGHT_BYTES_PER_KERNEL < large
+    assert pdl_triton.auto_level(small) == pdl_triton.DEFAULT_LEVEL and pdl_triton.auto_level(large) == 0
+
+
+def test_a_step_level_holds_only_inside_the_step():
+    seen = []
+    with pdl_triton.step_launches(2):
+        seen.append(pdl_triton._STEP_LEVEL.get())
+    seen.append(pdl_triton._STEP_LEVEL.get())
+    assert seen == [2, 0]
+
+
+@pytest.mark.parametrize("arch", [87, 90])
+@pytest.mark.parametrize("op", PDL_OPS)
+def test_plugins_are_built_without_pdl(op, arch):
+    for kdef, v in _pdl_kernels(op):
+        ptx = compile_variant(v, arch, with_ptxas_stats=False).ptx
+        assert "griddepcontrol" not in ptx and "prefetch.global.L2" not in ptx, kdef.kernel
+
+
+def _body(ptx: str) -> str:
+    return ptx[ptx.index(".entry"):]
+
+
+@pytest.mark.parametrize("op", PDL_OPS)
+def test_on_hopper_only_weight_prefetches_come_before_the_wait(op):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    for kdef, v in _pdl_kernels(op):
+        for level in (1, 2):
+            ck = triton.compile(_source(kdef, v, ASTSource, pdl=level), target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": v.num_warps, "num_stages": v.num_stages})
+            body = _body(ck.asm["ptx"])
+            assert body.count("griddepcontrol.wait") == 1 and body.count("griddepcontrol.launch_dependents") == 1
+            wait = body.index("griddepcontrol.wait")
+            assert body.index("griddepcontrol.launch_dependents") > wait
+            memory = [m.start() for m in re.finditer(r"\b(ld|st|atom|red)\.global", body)]
+            assert memory and min(memory) > wait, f"{kdef.kernel}: a global access before the wait (level {level})"
+            prefetch = [m.start() for m in re.finditer(r"prefetch\.global\.L2", body)]
+            takes_weights = any(p.name == "w_ptr" for p in kdef.params)
+            if level == 2 and takes_weights:
+                assert prefetch and max(prefetch) < wait, kdef.kernel
+            else:
+                assert not prefetch, kdef.kernel
