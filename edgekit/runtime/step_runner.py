@@ -335,5 +335,4 @@ def make_runner(decoder: Decoder, table: DispatchTable, cache: StaticKVCache, ba
     if graphs:
         return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets, baseline=baseline, prefer=prefer,
                              previous=previous if isinstance(previous, GraphedRunner) else None)
-    return EagerRunner(decoder, table, cache, batch_buckets, baseline=baseline,
-                       fused_on_cpu=fused_on_cpu and prefer != "per-operator", prefer=prefer)
+    return EagerRunner(decoder, table, cache, batch_buckets, baseline=baseline, fused_on_cpu=fused_on_cpu, prefer=prefer)
