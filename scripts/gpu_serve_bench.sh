@@ -8,7 +8,8 @@
 #   3. bench_serve.py                                                                                        <= 330 s
 #      start-up (CUDA, bundle open, graph capture) ~25 s; batch-1 serve/run turns <= BATCH1_S (15); 1-vs-8 phases
 #      LOAD_S (12); SWAPS (100) swaps of attention_prefill under the 8-client load, uploads stop at SWAP_BUDGET
-#      (150 s: a prefill swap re-captures only the prefill graphs, ~0.2-1 s each); then a server on
+#      (150 s: a prefill swap re-captures only the 2 prefill graphs and keeps the 4 decode graphs; upload -> active
+#      was 0.75 s p50 / 1.5 s p99 under the 8-client load on the H200, 2026-12-01); then a server on
 #      --decode-path persistent with PSWAPS (10) swaps of fused_norm_swiglu (an operator the persistent kernel
 #      contains: decode falls back to fused, visibly) under the same load, uploads stop at PSWAP_BUDGET (60 s)
 # SWAPS, CLIENTS, PSWAPS, BATCH1_S, LOAD_S, SWAP_BUDGET, PSWAP_BUDGET, NEW_TOKENS in the environment override the
