@@ -13,7 +13,13 @@ Two runners with one interface, each bound to one dispatch table:
   the fused super-operators unless something rules them out; ``decode_path``
   says which and why). An operator swap builds a new runner off the serving path (warm-up
   on a scratch cache, so the live rows are never written; capture only records
-  kernels) and the engine switches to it between two steps.
+  kernels) and the engine switches to it between two steps. The new runner keeps
+  the graphs whose capture never called the swapped operator (``op_usage``): a
+  swap of attention_prefill re-captures the prefill graphs only.
+
+A decode step is ``launch`` then ``collect``. Each decode graph ends by writing
+its greedy picks into its own inputs (``_feed_back``), so the engine can launch
+step t+1 before it reads step t back (one step of lookahead, see ``Engine``).
 """
 
 from __future__ import annotations
