@@ -301,7 +301,10 @@ class Engine:
                 admitted = self._admit()
                 runner, self._next_runner = self._next_runner, None
             if (admitted or runner is not None) and self._flight is not None:
-                self._drain()  # a new row or new kernels: the step in flight finishes first, on what it started with
+                try:  # a new row or new kernels: the step in flight finishes first, on what it started with
+                    self._drain()
+                except Exception as e:
+                    self._fail_decoding(e)
             if runner is not None:  # a swap: the only pause it causes is this hand-over between two steps
                 t = time.perf_counter()
                 # the old runner (its CUDA graphs and their memory) is released by the next switch_operator, on
@@ -323,15 +326,24 @@ class Engine:
                 try:
                     self._decode_step()
                 except Exception as e:
-                    self._flight = None
-                    self._fail_rows([i for i, r in enumerate(self._rows) if r is not None], None, e)
-        if self._flight is not None:  # let the device finish the step it was given before anything is torn down
-            try:
-                self._flight.runner.collect(self._flight.launch)
-            except Exception:  # shutting down: the requests are failed below either way
-                pass
-            self._flight = None
+                    self._fail_decoding(e)
+        self._drop_flight()  # let the device finish the step it was given before anything is torn down
         self._fail_all(EngineClosedError("the server shut down before this request finished"))
+
+    def _fail_decoding(self, e: Exception) -> None:
+        """A decode step failed: every decoding request fails (never the thread), and the step in flight is read back
+        and dropped, so the runner takes host values again."""
+        self._drop_flight()
+        self._fail_rows([i for i, r in enumerate(self._rows) if r is not None], None, e)
+
+    def _drop_flight(self) -> None:
+        """Read back and discard the step in flight, if any."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            try:
+                flight.runner.collect(flight.launch)
+            except Exception:  # a failing device: the rows it ran for are failed by the caller either way
+                pass
 
     def _fail_rows(self, slots: list[int], job: Job | None, e: Exception) -> None:
         jobs = [self._rows[i].job for i in slots if self._rows[i] is not None] or ([job] if job else [])

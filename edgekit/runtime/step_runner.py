@@ -112,10 +112,12 @@ class StepRunner:
         return launch
 
     def collect(self, launch: Launch) -> StepResult:
-        if launch.done is not None:
-            launch.done.synchronize()  # releases the GIL while it waits: the server's event loop keeps running
-        both = launch.picks.tolist()
-        self._pending -= 1
+        try:
+            if launch.done is not None:
+                launch.done.synchronize()  # releases the GIL while it waits: the server's event loop keeps running
+            both = launch.picks.tolist()
+        finally:
+            self._pending -= 1  # read back or failed: either way no longer in flight
         return StepResult(launch.logits, both[: launch.batch], [bool(f) for f in both[launch.batch:]])
 
     def step(self, batch: int, tokens: list[int], positions: list[int], active: list[int] | None = None) -> StepResult:

@@ -146,3 +146,17 @@ def test_swaps_while_steps_are_in_flight_keep_the_tokens(model):
         assert e.table.sources()["rmsnorm"] == "plugin:3"
     finally:
         e.close()
+
+
+def test_a_step_that_fails_with_a_lookahead_in_flight_fails_its_requests_and_the_next_ones_are_served(model):
+    e = _engine(model, lookahead=True)
+    try:
+        seen = []
+        boom = e.submit(PROMPTS[0], 20, stop_ids=(), on_token=lambda tok: seen.append(tok) or 1 / (len(seen) < 5))
+        assert boom.done.wait(30) and boom.finish_reason == "error" and "ZeroDivisionError" in str(boom.error)
+        assert any(e.fed_back)  # it failed while a fed-back step was in flight
+        after = e.submit(PROMPTS[1], LENGTHS[1], stop_ids=())
+        assert after.done.wait(30) and after.error is None
+        assert after.tokens == Generator(model.decoder(), SHAPES).generate(PROMPTS[1], LENGTHS[1])[0]
+    finally:
+        e.close()
