@@ -18,7 +18,12 @@ its load average).
    versions) while N clients stream, for at most --swap-budget-s (swaps left
    then are reported as not attempted, not as failures): failed requests, the
    device thread's switch pause p50/p99, the clients' inter-chunk gap p99.
-   Done-when: 0 failed, pause p99 <= 5 ms.
+   Done-when: 0 failed, pause p99 <= 5 ms. Where upload -> active goes is reported per stage (the store's steps:
+   received, verified, golden_checked, staged, switched...; activated: re-verify + plugin load + graph capture)
+   with the graphs each swap re-captured and kept (only the graphs that call the operator are re-captured).
+4. persistent (issue 13): a second server on --decode-path persistent, --persistent-swaps swaps of an operator the
+   persistent kernel contains (--persistent-op) under the same N-client load: failed requests, the decode path
+   before/after (the fallback to fused, in /metrics' edgekit_decode_path too), pause p99.
 The active decode path is reported before and after the swaps (a swap of an
 operator the fused kernels subsume moves decode to the per-operator path).
 
@@ -121,6 +126,57 @@ class Report:
             self.save()
 
 
+def swap_phase(pool, url: str, stack, packages: list[bytes], args, prompt: list[int], budget_s: float) -> dict:
+    """Signed swaps of one operator while args.clients clients stream: requests, hand-over pauses, stage timings."""
+    from edgekit.runtime.swap_load import run_swap_load
+
+    engine = stack.engine
+    n_pause, n_inst, n_load, n_prep = (len(engine.swap_pauses_s), len(stack.admin.install_ms), len(stack.load_ms),
+                                       len(engine.swap_prepares))
+    t = time.perf_counter()
+    swap = pool.submit(run_swap_load, url, ADMIN_TOKEN, packages, clients=args.clients, prompt=prompt,
+                       max_tokens=args.new_tokens, max_seconds=budget_s, stream=True,
+                       extra_body={"ignore_eos": True}).result(timeout=budget_s + 120)
+    during = summarize(swap.records, time.perf_counter() - t)
+    pauses = sorted(1000 * p for p in engine.swap_pauses_s[n_pause:])
+    return {**swap.to_dict(), "load": during,
+            "switch_pauses": len(pauses),
+            "switch_pause_ms_p50": statistics.median(pauses) if pauses else None,
+            "switch_pause_ms_p99": pauses[min(int(0.99 * len(pauses)), len(pauses) - 1)] if pauses else None,
+            "switch_pause_ms_max": pauses[-1] if pauses else None,
+            "stages_ms_p50": stage_medians(stack.admin.install_ms[n_inst:], stack.load_ms[n_load:],
+                                           engine.swap_prepares[n_prep:]),
+            "graphs_per_swap": graph_counts(engine.swap_prepares[n_prep:])}
+
+
+def stage_medians(installs: list[dict], loads: list[float], prepares: list[dict]) -> dict:
+    """Median ms of each stage of upload -> active (the store's steps, then activation and what it contains)."""
+    names = dict.fromkeys(k for i in installs for k in i)
+    out = {k: statistics.median(i[k] for i in installs if k in i) for k in names}
+    if loads:
+        out["activated.plugin_load"] = statistics.median(loads)
+    if prepares:
+        out["activated.graphs_prepare"] = statistics.median(1000 * p["prepare_s"] for p in prepares)
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def graph_counts(prepares: list[dict]) -> dict:
+    """Which graphs the swaps re-captured and which they kept (the most common split, and how often)."""
+    splits = [(tuple(p["captured"]), tuple(p["reused"])) for p in prepares]
+    if not splits:
+        return {}
+    (captured, reused), n = max(((k, splits.count(k)) for k in set(splits)), key=lambda kv: kv[1])
+    return {"captured": list(captured), "reused": list(reused), "swaps_with_this_split": n, "swaps": len(splits)}
+
+
+def metrics_decode_path(url: str) -> list[str]:
+    """The edgekit_decode_path samples of /metrics (what a fleet scrape sees)."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return [line for line in text.splitlines() if line.startswith("edgekit_decode_path{")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bundle_args(ap)
@@ -134,10 +190,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="serve/run turns for the batch-1 comparison")
     ap.add_argument("--batch1-budget-s", type=float, default=60.0, help="no new serve/run turn starts after this")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--decode-path", default="fused", help="serve's --decode-path for phases 1-3")
+    ap.add_argument("--persistent-swaps", type=int, default=10, help="phase 4's swaps (0: skip the phase)")
+    ap.add_argument("--persistent-op", default="fused_norm_swiglu", help="an operator the persistent kernel contains")
+    ap.add_argument("--persistent-budget-s", type=float, default=60.0)
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
 
-    from edgekit.runtime.swap_load import run_clients, run_swap_load
+    from edgekit.runtime.swap_load import run_clients
 
     t_start = time.perf_counter()
     b = open_bench_bundle(ap, args)
@@ -152,7 +212,7 @@ def main() -> None:
     out["run_decode_path"], out["run_prefill_path"] = run.setup.decode_path, run.setup.prefill_path
     buckets = tuple(x for x in (1, 2, 4, 8, 16) if x < args.clients) + (args.clients,)
     with serving(b, max_waiting=2 * args.clients, batch_buckets=buckets, max_queue_wait_s=30.0,
-                 cuda_graphs=graphs) as (url, stack), client_process() as pool:
+                 cuda_graphs=graphs, decode_path=args.decode_path) as (url, stack), client_process() as pool:
         engine = stack.engine
         out["serve_graphed"] = engine.graphed
         out["serve_decode_path"] = engine.decode_path.to_dict()
@@ -196,19 +256,8 @@ def main() -> None:
             out["decode_steps_per_batch_bucket"] = dict(engine.step_batches)
 
         def swaps() -> None:
-            n_before = len(engine.swap_pauses_s)
             packages = plugin_packages(b, args.op, range(2, args.swaps + 2))
-            t = time.perf_counter()
-            swap = pool.submit(run_swap_load, url, ADMIN_TOKEN, packages, clients=args.clients, prompt=prompt,
-                               max_tokens=args.new_tokens, max_seconds=args.swap_budget_s, stream=True,
-                               extra_body={"ignore_eos": True}).result(timeout=args.swap_budget_s + 120)
-            during = summarize(swap.records, time.perf_counter() - t)
-            pauses = sorted(1000 * p for p in engine.swap_pauses_s[n_before:])
-            out["swaps"] = {**swap.to_dict(), "load": during,
-                            "switch_pauses": len(pauses),
-                            "switch_pause_ms_p50": statistics.median(pauses) if pauses else None,
-                            "switch_pause_ms_p99": pauses[min(int(0.99 * len(pauses)), len(pauses) - 1)] if pauses else None,
-                            "switch_pause_ms_max": pauses[-1] if pauses else None,
+            out["swaps"] = {**swap_phase(pool, url, stack, packages, args, prompt, args.swap_budget_s),
                             "active_after": engine.table.sources()[args.op],
                             "decode_path_after": engine.decode_path.to_dict()}
 
@@ -216,12 +265,37 @@ def main() -> None:
         rep.phase("scaling", scaling)
         if args.swaps > 0:
             rep.phase("swaps", swaps)
+
+    def persistent() -> None:
+        # a server of its own on the persistent path, under the same load, swapping an operator the kernel contains
+        with serving(b, max_waiting=2 * args.clients, batch_buckets=buckets, max_queue_wait_s=30.0, cuda_graphs=graphs,
+                     decode_path="persistent") as (url, stack), client_process() as pool:
+            res = out["persistent_swaps"] = {"op": args.persistent_op,
+                                             "decode_path_before": stack.engine.decode_path.to_dict(),
+                                             "metrics_before": metrics_decode_path(url)}
+            rep.save()
+            packages = plugin_packages(b, args.persistent_op, range(2, args.persistent_swaps + 2))
+            res.update(swap_phase(pool, url, stack, packages, args, prompt, args.persistent_budget_s))
+            res["decode_path_after"] = stack.engine.decode_path.to_dict()
+            res["metrics_after"] = metrics_decode_path(url)
+
+    if args.persistent_swaps > 0 and graphs and b.device.type == "cuda":  # the persistent kernel is a GPU path
+        rep.phase("persistent", persistent)
     out["measured_on"] = where(b)
     out["total_s"] = round(time.perf_counter() - t_start, 2)
     rep.save()
     print_table(out, args)
     print(json.dumps(out))
     sys.exit(1 if out["errors"] else 0)
+
+
+def stages(sw: dict) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in (sw.get("stages_ms_p50") or {}).items()) or "-"
+
+
+def graphs_split(sw: dict) -> str:
+    g = sw.get("graphs_per_swap") or {}
+    return f"{len(g.get('captured', []))} / {len(g.get('reused', []))}" if g else "-"
 
 
 def print_table(out: dict, args) -> None:
@@ -245,11 +319,27 @@ def print_table(out: dict, args) -> None:
         ("client gap p99 ms, without / with swaps", f"{num(many.get('gap_ms_p99'), '.2f')} / {num(load.get('gap_ms_p99'), '.2f')}"),
         ("upload->active p50 / p99 ms", f"{num(sw.get('swap_request_ms_p50'))} / {num(sw.get('swap_request_ms_p99'))}"),
         ("decode path after the swaps", (sw.get("decode_path_after") or {}).get("path", "-")),
+        ("upload->active stages p50 ms", stages(sw)),
+        ("graphs re-captured / kept per swap", graphs_split(sw)),
     ]
+    ps = out.get("persistent_swaps") or {}
+    if ps:
+        pl = ps.get("load") or {}
+        rows += [
+            (f"persistent: swaps of {ps['op']} ok / failed / not attempted",
+             f"{ps.get('swaps_ok', '-')} / {len(ps.get('swaps_failed', []))} / {ps.get('swaps_not_attempted', '-')}"),
+            ("persistent: decode path before -> after",
+             f"{(ps.get('decode_path_before') or {}).get('path', '-')} -> {(ps.get('decode_path_after') or {}).get('path', '-')}"),
+            ("persistent: /metrics after", " ".join(ps.get("metrics_after") or []) or "-"),
+            ("persistent: requests ok / failed  (goal 0 failed)", f"{pl.get('ok', '-')} / {pl.get('failed', '-')}"),
+            ("persistent: switch pause p99 ms  (goal <= 5)", num(ps.get("switch_pause_ms_p99"), ".3f")),
+            ("persistent: upload->active stages p50 ms", stages(ps)),
+            ("persistent: graphs re-captured / kept per swap", graphs_split(ps)),
+        ]
     print(f"serve vs run, {out['model']} ({out['backend']}, serve {'graphed' if out.get('serve_graphed') else 'eager'}), "
           f"{out['measured_on']}; {out.get('total_s')} s in all")
     for k, v in rows:
-        print(f"  {k:<52}{v}")
+        print(f"  {k:<60}{v}")
     for phase, err in out["errors"].items():
         print(f"  FAILED phase {phase}: {err}")
 

@@ -264,6 +264,18 @@ def _print_report(report, show_all: bool) -> None:
 
 # ---------------------------------------------------------------------------- run
 
+
+DECODE_PATH_HELP = ("Graphed decode path to try first: persistent, fused or per-operator (one that cannot run falls back "
+                    "and says why: --json for run, /v1/models and /metrics for serve).")
+
+
+def _check_decode_path(value: str) -> None:
+    """--decode-path of run and serve: one of the decode paths select_decode_path knows, else a usage error."""
+    from edgekit.runtime.fused_decode import DECODE_PATHS
+
+    if value not in DECODE_PATHS:
+        raise typer.BadParameter(f"got {value!r}; expected one of: {', '.join(DECODE_PATHS)}", param_hint="--decode-path")
+
 @app.command()
 def run(
     bundle: Path = typer.Argument(..., help="A bundle directory or .tar archive made by `edgekit build`."),
@@ -276,17 +288,13 @@ def run(
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only (skip the golden vectors)."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay the decode step as a CUDA graph (GPU only)."),
-    preferred_path: str = typer.Option("fused", "--decode-path", help="Graphed decode path to try first: persistent, fused or per-operator (one that cannot run falls back and says why in --json)."),
+    preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the answer, tokens and timings as JSON."),
 ) -> None:
     """Verify a bundle, then generate with it: its plugins on a GPU, the torch reference on a CPU."""
     import sys
 
-    from edgekit.runtime.fused_decode import DECODE_PATHS
-
-    if preferred_path not in DECODE_PATHS:
-        raise typer.BadParameter(f"got {preferred_path!r}; expected one of: {', '.join(DECODE_PATHS)}",
-                                 param_hint="--decode-path")
+    _check_decode_path(preferred_path)
 
     from edgekit.bundle.keys import load_public_key
     from edgekit.cli_common import err_console
@@ -336,6 +344,7 @@ def serve(
     max_queue_wait_ms: float = typer.Option(500, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429."),
     batch: int = typer.Option(4, "--batch", min=1, max=64, help="Sequences decoded together at most (static batch buckets 1, 2, 4, ... up to this)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay prefill and decode as CUDA graphs (GPU only), as `edgekit run` does."),
+    preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),
     header_timeout_s: float = typer.Option(5.0, "--header-timeout-s", min=0.1, help="Close a connection whose request headers take longer than this."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only at start-up."),
     watchdog: bool = typer.Option(True, "--watchdog/--no-watchdog", help="Run the latency/power watchdog (budgets from the bundle's target)."),
@@ -356,6 +365,7 @@ def serve(
 
     # Everything the operator can get wrong is checked before the bundle loads and before the store's
     # start-up recovery runs: a typo must not cost a plugin its probation.
+    _check_decode_path(preferred_path)
     token = read_admin_token(admin_token_file)
     keys = [load_public_key(p) for p in (trust or [])]
     if not keys and not allow_dev_key:
@@ -369,7 +379,7 @@ def serve(
         err_console.print(f"[yellow]store recovered:[/] {line}")
     server_log = JsonlLogger(log or store_dir / "server.jsonl")
     stack = ServingStack(b, st, max_waiting=max_waiting, cuda_graphs=cuda_graphs, batch_buckets=buckets,
-                         max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log)
+                         max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log, decode_path=preferred_path)
     if watchdog:
         from edgekit.plan.targets import load_target
         from edgekit.power.policy import PolicyConfig
@@ -382,6 +392,7 @@ def serve(
     # collection under load does not stall the device thread for hundreds of milliseconds.
     gc.freeze()
     err_console.print(f"serving {b.config.name} ({b.backend}, {'CUDA graphs' if stack.engine.graphed else 'eager'}, "
+                      f"decode path {stack.engine.decode_path.name}, "
                       f"batch buckets {list(buckets)}) on http://{host}:{port}  store {store_dir}")
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")

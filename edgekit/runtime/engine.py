@@ -12,6 +12,10 @@
   (and, on a GPU, captures its CUDA graphs) on the caller's thread; the device
   thread picks the new runner up before its next step. That hand-over is the
   only pause a swap causes, and it is measured (``swap_pauses_s``).
+- Greedy decode is pipelined on a GPU (one step of lookahead): step t+1 is launched on the device from step t's
+  own picks before the host reads step t's tokens, so the host's work per token (streaming, bookkeeping) overlaps
+  the device's. A row that finished in step t has its lookahead token dropped (its cache row is rewritten by the
+  next prefill); sampled rows, admissions and swaps run on a drained pipeline (``_decode_step``, ``_drain``).
 - Decode takes the fused path (a few super-operators per layer) when the table holds the fused operators (a
   bundle ships them as plugins) and the weights allow it (``runtime.fused_decode.select_decode_path``). The sources of the table at start are the baseline the fused
   operators were built against: a swap of an operator they subsume (or share) falls back to the per-operator
@@ -36,8 +40,8 @@ from edgekit.generate import GenerationStats, SamplingConfig, _pick
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.power.latency import LatencyTracker
-from edgekit.runtime.fused_decode import DecodePath
-from edgekit.runtime.step_runner import make_runner
+from edgekit.runtime.fused_decode import DECODE_PATHS, DEFAULT_DECODE_PATH, DecodePath
+from edgekit.runtime.step_runner import Launch, make_runner
 from edgekit.shapes import StaticShapes
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4)
@@ -89,6 +93,16 @@ class Job:
 
 
 @dataclass
+class _Flight:
+    """A decode step on the device: the runner it was launched on, its bucket and the rows it runs for."""
+
+    runner: object
+    launch: Launch
+    batch: int
+    rows: dict[int, "_Row"]
+
+
+@dataclass
 class _Row:
     job: Job
     position: int  # position of the next token fed
@@ -101,10 +115,12 @@ class Engine:
     def __init__(self, decoder: Decoder, tokenizer, shapes: StaticShapes, *, max_waiting: int = 8,
                  stop_ids: tuple[int, ...] = (), model_name: str = "edgekit",
                  batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = 0.5,
-                 cuda_graphs: bool = True, tracker: LatencyTracker | None = None, fused_decode: bool = True,
-                 fused_on_cpu: bool = False):
+                 cuda_graphs: bool = True, tracker: LatencyTracker | None = None,
+                 decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
             raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
+        if decode_path not in DECODE_PATHS:
+            raise EdgekitError(f"unknown decode path {decode_path!r}; expected one of: {', '.join(DECODE_PATHS)}")
         self.decoder = decoder
         self.tokenizer = tokenizer
         self.shapes = shapes
@@ -118,11 +134,15 @@ class Engine:
         self.tracker = tracker or LatencyTracker()
         self._cache = decoder.new_cache(self.batch_buckets[-1], shapes.max_seq_len)
         self._table = decoder.ops
-        self.fused_decode, self._fused_on_cpu = fused_decode, fused_on_cpu
+        self.preferred_decode_path, self._fused_on_cpu = decode_path, fused_on_cpu
         # the operators the fused decode path was set up with: a later swap of one it subsumes falls back to the
         # per-operator path until fused operators with it arrive (select_decode_path)
         self._baseline_sources = decoder.ops.sources()
         self._runner = self._make_runner(self._table)
+        # pipelined greedy decode: by default where launches are asynchronous (a graphed runner); on for tests
+        self.lookahead = self._runner.pipelines if lookahead is None else lookahead
+        self._flight: _Flight | None = None  # a decode step launched and not read back yet
+        self.swap_prepares: list[dict] = []  # per switch_operator: seconds preparing, graphs captured and kept
         self._next_runner = None  # set by switch_operator, taken by the device thread between steps
         self._retired: list = []  # runners switched away from, waiting to be freed off the device thread
         self._switch_lock = threading.Lock()  # serializes swaps (prepare + publish), never held by the device thread
@@ -161,14 +181,16 @@ class Engine:
             runner = self._next_runner or self._runner
         return runner.decode_path
 
-    def _make_runner(self, table: DispatchTable):
+    def _make_runner(self, table: DispatchTable, previous=None):
         return make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs,
-                           baseline=self._baseline_sources, fused=self.fused_decode, fused_on_cpu=self._fused_on_cpu)
+                           baseline=self._baseline_sources, prefer=self.preferred_decode_path,
+                           fused_on_cpu=self._fused_on_cpu, previous=previous)
 
     def switch_operator(self, op: str, fn: Callable | None, source: str) -> float:
         """Point `op` at `fn` (None: back to the torch reference). Prepared here; the device thread switches
         between two steps (that pause is recorded in `swap_pauses_s`). Returns the seconds spent preparing
-        (on a GPU: warming up and capturing the new graphs), all of it off the serving path."""
+        (on a GPU: warming up and capturing the graphs that use `op`; the others are kept), all of it off the
+        serving path. ``swap_prepares`` records each one."""
         t = time.perf_counter()
         with self._switch_lock:
             self._retired.clear()  # runners the device thread has left: freed here, off the serving path
@@ -177,7 +199,12 @@ class Engine:
                 new.reset(op)
             else:
                 new.set(op, fn, source=source)
-            runner = self._make_runner(new)  # graphs captured here, off the serving path
+            with self._cv:
+                latest = self._next_runner or self._runner
+            runner = self._make_runner(new, previous=latest)  # graphs captured here, off the serving path
+            self.swap_prepares.append({"op": op, "prepare_s": time.perf_counter() - t,
+                                       "captured": list(getattr(runner, "captured", [])),
+                                       "reused": list(getattr(runner, "reused", []))})
             with self._cv:
                 self._table = new
                 self._next_runner = runner
@@ -273,6 +300,11 @@ class Engine:
                     break
                 admitted = self._admit()
                 runner, self._next_runner = self._next_runner, None
+            if (admitted or runner is not None) and self._flight is not None:
+                try:  # a new row or new kernels: the step in flight finishes first, on what it started with
+                    self._drain()
+                except Exception as e:
+                    self._fail_decoding(e)
             if runner is not None:  # a swap: the only pause it causes is this hand-over between two steps
                 t = time.perf_counter()
                 # the old runner (its CUDA graphs and their memory) is released by the next switch_operator, on
@@ -294,8 +326,24 @@ class Engine:
                 try:
                     self._decode_step()
                 except Exception as e:
-                    self._fail_rows([i for i, r in enumerate(self._rows) if r is not None], None, e)
+                    self._fail_decoding(e)
+        self._drop_flight()  # let the device finish the step it was given before anything is torn down
         self._fail_all(EngineClosedError("the server shut down before this request finished"))
+
+    def _fail_decoding(self, e: Exception) -> None:
+        """A decode step failed: every decoding request fails (never the thread), and the step in flight is read back
+        and dropped, so the runner takes host values again."""
+        self._drop_flight()
+        self._fail_rows([i for i, r in enumerate(self._rows) if r is not None], None, e)
+
+    def _drop_flight(self) -> None:
+        """Read back and discard the step in flight, if any."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            try:
+                flight.runner.collect(flight.launch)
+            except Exception:  # a failing device: the rows it ran for are failed by the caller either way
+                pass
 
     def _fail_rows(self, slots: list[int], job: Job | None, e: Exception) -> None:
         jobs = [self._rows[i].job for i in slots if self._rows[i] is not None] or ([job] if job else [])
@@ -361,23 +409,45 @@ class Engine:
         self._emit(slot, tok)
 
     def _decode_step(self) -> None:
+        """One decode step of the occupied rows, read back while the next one (a lookahead) already runs when it can:
+        every row greedy, the same rows as the step in flight, so the device feeds the picks back by itself."""
         rows = self._rows
         occupied = [i for i, r in enumerate(rows) if r is not None]
         b = next(x for x in self.batch_buckets if x > occupied[-1])
-        pad = self._pad_id()
-        # free rows below b decode a pad at position 0: never read (a prefill rewrites the row first)
-        tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
-        positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
-        step = self._runner.step(b, tokens, positions)
-        if not all(step.finite[i] for i in occupied) and self.on_nonfinite is not None:
+        flight, self._flight = self._flight, None
+        if flight is None:
+            pad = self._pad_id()
+            # free rows below b decode a pad at position 0: never read (a prefill rewrites the row first)
+            tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
+            positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
+            active = [int(rows[i] is not None) for i in range(b)]
+            flight = _Flight(self._runner, self._runner.launch(b, tokens, positions, active), b,
+                             {i: rows[i] for i in occupied})
+        same_rows = len(flight.rows) == len(occupied) and all(flight.rows.get(i) is rows[i] for i in occupied)
+        if (self.lookahead and same_rows and flight.batch == b and flight.runner is self._runner
+                and all(rows[i].job.sampling.temperature <= 0 for i in occupied)):
+            self._flight = _Flight(self._runner, self._runner.launch(b), b, flight.rows)
+        self._apply(flight, flight.runner.collect(flight.launch))
+        if self._flight is not None and not any(rows):  # every row finished: nothing will read the lookahead
+            self._drain()
+
+    def _drain(self) -> None:
+        """Read back the step in flight (before an admission or a swap)."""
+        flight, self._flight = self._flight, None
+        self._apply(flight, flight.runner.collect(flight.launch))
+
+    def _apply(self, flight: "_Flight", step) -> None:
+        """A step's tokens to the rows it ran for; a row that finished since it was launched drops its token."""
+        rows = self._rows
+        live = [i for i, row in flight.rows.items() if rows[i] is row]
+        if not all(step.finite[i] for i in live) and self.on_nonfinite is not None:
             self.on_nonfinite()
-        greedy, logits = step.greedy, step.logits
-        self.step_batches[b] += 1
+        self.step_batches[flight.batch] += 1
         now = time.perf_counter()
-        for i in occupied:
+        for i in live:
             row = rows[i]
             s = row.job.sampling
-            tok = greedy[i] if s.temperature <= 0 else int(_pick(logits[i : i + 1], s, row.job._generator)[0])
+            tok = step.greedy[i] if s.temperature <= 0 else int(_pick(step.logits[i : i + 1], s, row.job._generator)[0])
             row.job.stats.token_times_s.append(now - row.t_last)
             row.job.stats.decode_s = now - row.t_start
             row.t_last = now

@@ -12,6 +12,7 @@ out of service, and the on-disk pointer always says what is actually serving.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from edgekit.runtime.plugin_policy import SwapRefused, VerifiedPluginLike
@@ -30,13 +31,18 @@ class StoreAdmin:
     def __init__(self, store: PluginStore, on_change: OnChange | None = None):
         self.store = store
         self.on_change = on_change or _ignore
+        # per install, where upload -> active went (ms): the store's own steps (received, verified, golden_checked,
+        # staged..., switched, cleaned), then activated (re-verify from the store + on_change: load and switch)
+        self.install_ms: list[dict[str, float]] = []
 
     def list(self) -> list[dict[str, Any]]:
         return self.store.status()
 
     def install(self, package: bytes, *, allow_downgrade: bool = False) -> dict[str, Any]:
         result = self.store.install(package, allow_downgrade=allow_downgrade)
+        t = time.perf_counter()
         failure = self._activate(result.op)
+        self.install_ms.append({**result.step_ms, "activated": (time.perf_counter() - t) * 1e3})
         if failure is not None:
             raise SwapRefused(
                 "load_failed", f"{result.op} {result.version} installed but failed to load ({failure}); rolled back to "

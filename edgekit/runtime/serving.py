@@ -88,8 +88,9 @@ class ServingStack:
 
     def __init__(self, bundle: OpenedBundle, store=None, *, max_waiting: int = 8, policy: ProbationPolicy | None = None,
                  model_name: str | None = None, cuda_graphs: bool = True, batch_buckets: tuple[int, ...] | None = None,
-                 max_queue_wait_s: float = 0.5, log: JsonlLogger | None = None):
+                 max_queue_wait_s: float = 0.5, log: JsonlLogger | None = None, decode_path: str | None = None):
         from edgekit.runtime.engine import DEFAULT_BATCH_BUCKETS
+        from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH
         from edgekit.runtime.plugin_admin import StoreAdmin
 
         self.bundle = bundle
@@ -103,12 +104,13 @@ class ServingStack:
         for op in self._bundle_sources:
             base.set(op, self._guarded(op, self._bundle_impls[op], fallback=None, probation=False),
                      source=self._bundle_sources[op])
+        self.load_ms: list[float] = []  # per plugin activation: loading its kernels (swap timing, see swap_stages)
         self.events: list[dict] = []  # before the engine: its start-up captures graphs, and a fault there is an event
         dec = bundle.decoder(base)
         self.engine = Engine(dec, bundle.tokenizer, bundle.shapes, max_waiting=max_waiting,
                              stop_ids=bundle.config.eos_token_ids, model_name=model_name or bundle.config.name,
                              cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or DEFAULT_BATCH_BUCKETS,
-                             max_queue_wait_s=max_queue_wait_s)
+                             max_queue_wait_s=max_queue_wait_s, decode_path=decode_path or DEFAULT_DECODE_PATH)
         self._recent_ms: deque[float] = deque(maxlen=512)  # per-token decode latency of recent requests
         self._probation: dict[str, _Probation] = {}
         self._lock = threading.Lock()  # guards the probation records only (held for microseconds)
@@ -196,7 +198,9 @@ class ServingStack:
             self._install(op, impl, self._bundle_sources.get(op, "reference") if on_bundle else "reference",
                           fallback=None, probation=False)
             return
+        t = time.perf_counter()
         impl, source = self._load(plugin)
+        self.load_ms.append((time.perf_counter() - t) * 1e3)  # the plugin's module load (cubin/PTX) on the device
         pointer = self.store.pointer(op)
         on_probation = pointer.state == "probation"
         if on_probation:  # a new install, or one resumed after a clean restart (with the requests it had served)

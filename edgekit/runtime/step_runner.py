@@ -13,7 +13,13 @@ Two runners with one interface, each bound to one dispatch table:
   the fused super-operators unless something rules them out; ``decode_path``
   says which and why). An operator swap builds a new runner off the serving path (warm-up
   on a scratch cache, so the live rows are never written; capture only records
-  kernels) and the engine switches to it between two steps.
+  kernels) and the engine switches to it between two steps. The new runner keeps
+  the graphs whose capture never called the swapped operator (``op_usage``): a
+  swap of attention_prefill re-captures the prefill graphs only.
+
+A decode step is ``launch`` then ``collect``. Each decode graph ends by writing
+its greedy picks into its own inputs (``_feed_back``), so the engine can launch
+step t+1 before it reads step t back (one step of lookahead, see ``Engine``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
-from edgekit.runtime.fused_decode import DecodePath, select_decode_path
+from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, DecodePath, select_decode_path
+from edgekit.runtime.op_usage import OpUsage, changed_operators
 
 
 def rows_view(cache: StaticKVCache, rows: int) -> StaticKVCache:
@@ -57,27 +64,88 @@ class RowPrefillCache:
 
 @dataclass
 class StepResult:
-    """One decode step: logits (b, V) for sampled rows, greedy picks, and whether each row's logits are all finite."""
+    """One decode step: logits (b, V) for sampled rows, greedy picks, and whether each row's logits are all finite.
+
+    ``logits`` is the runner's output buffer: valid until the next launch (a pipelined step overwrites it)."""
 
     logits: torch.Tensor
     greedy: list[int]
     finite: list[bool]
 
 
-class EagerRunner:
+@dataclass
+class Launch:
+    """A decode step enqueued on the device and not read back yet (``collect`` waits for it)."""
+
+    batch: int
+    picks: torch.Tensor  # (2b,): greedy picks then finiteness flags (a pinned host buffer on a GPU)
+    logits: torch.Tensor  # (b, V)
+    done: object | None = None  # a CUDA event recorded after the picks' copy to the host; None: already there
+
+
+class StepRunner:
+    """What both runners share: one decode step is ``launch`` (enqueue) then ``collect`` (read its picks back).
+
+    Pipelined greedy decode (one step of lookahead): a launch without host values feeds the previous step's
+    device-side picks back as its tokens (``_feed_back``, run on the device right after the picks), so the host
+    can read step t while step t+1 runs. Rows whose ``active`` flag is 0 (free rows in the bucket) keep their
+    pad token and position. The caller launches from the host again whenever the rows change."""
+
+    pipelines = False  # whether a lookahead step overlaps the host's work (only a GPU's asynchronous launch does)
+
+    def __init__(self) -> None:
+        self._fed: int | None = None  # the batch bucket whose device inputs hold fed-back values
+        self._pending = 0  # launches not collected yet
+
+    def launch(self, batch: int, tokens: list[int] | None = None, positions: list[int] | None = None,
+               active: list[int] | None = None) -> Launch:
+        """Enqueue one decode step of rows [0, batch): from these host values, or (tokens None) from the last
+        launch's own picks, which must have been a launch of the same bucket on this runner."""
+        if tokens is None and self._fed != batch:
+            raise RuntimeError(f"a fed-back decode step of bucket {batch} needs a previous launch of that bucket "
+                               f"on this runner (last fed bucket: {self._fed})")
+        if tokens is not None and self._pending:
+            raise RuntimeError("a decode step from host values while another is in flight: collect it first")
+        launch = self._launch(batch, None if tokens is None else _input_rows(tokens, positions, active))
+        self._fed = batch
+        self._pending += 1
+        return launch
+
+    def collect(self, launch: Launch) -> StepResult:
+        try:
+            if launch.done is not None:
+                launch.done.synchronize()  # releases the GIL while it waits: the server's event loop keeps running
+            both = launch.picks.tolist()
+        finally:
+            self._pending -= 1  # read back or failed: either way no longer in flight
+        return StepResult(launch.logits, both[: launch.batch], [bool(f) for f in both[launch.batch:]])
+
+    def step(self, batch: int, tokens: list[int], positions: list[int], active: list[int] | None = None) -> StepResult:
+        """One synchronous decode step of rows [0, batch): their logits (b, V), greedy picks and finiteness flags."""
+        return self.collect(self.launch(batch, tokens, positions, active))
+
+    def _launch(self, batch: int, values: torch.Tensor | None) -> Launch:
+        raise NotImplementedError
+
+
+class EagerRunner(StepRunner):
     def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
-                 baseline: Mapping[str, str] | None = None, fused_on_cpu: bool = False):
+                 baseline: Mapping[str, str] | None = None, fused_on_cpu: bool = False,
+                 prefer: str = DEFAULT_DECODE_PATH):
+        super().__init__()
         self.table = table
         self.decoder = decoder.with_ops(table)
         self.cache = cache
         self.views = {b: rows_view(cache, b) for b in batch_buckets}
+        dev = cache.k[0].device
+        self._inputs = {b: torch.zeros(3, b, dtype=torch.long, device=dev) for b in batch_buckets}  # tokens; positions; active
         self.graphed = False
         self.step_decoder = self.decoder  # what a decode step calls: the decoder, or the fused path's FusedDecoder
         if fused_on_cpu:  # the fused path on the references (tests of path selection and swaps without a GPU)
-            self.step_decoder, self.decode_path = select_decode_path(self.decoder, cache, baseline, allow_cpu=True,
-                                                                     jit=False)
+            self.step_decoder, self.decode_path = select_decode_path(self.decoder, cache, baseline, prefer=prefer,
+                                                                     allow_cpu=True, jit=False)
         else:
-            why = "no GPU" if self.cache.k[0].device.type != "cuda" else "CUDA graphs are off"
+            why = "no GPU" if dev.type != "cuda" else "CUDA graphs are off"
             self.decode_path = DecodePath("per-operator", f"eager decode ({why}): the fused path is a CUDA graph")
 
     def prefill(self, slot: int, tokens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -85,99 +153,162 @@ class EagerRunner:
         row = torch.tensor([slot], dtype=torch.long, device=self.cache.k[0].device)
         return self.decoder.prefill(tokens, seq_lens, RowPrefillCache(self.cache, row))
 
-    def step(self, batch: int, tokens: list[int], positions: list[int]) -> StepResult:
-        """One decode step of rows [0, b): their logits (b, V), greedy picks and finiteness flags."""
-        dev = self.cache.k[0].device
-        logits = self.step_decoder.decode(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
-                                          self.views[batch])  # (b, V)
-        both = _picks(logits).tolist()
-        return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
+    def _launch(self, batch: int, values: torch.Tensor | None) -> Launch:
+        inputs = self._inputs[batch]  # (3, b)
+        if values is not None:
+            inputs.copy_(values)
+        # copies: the feedback below rewrites the inputs in place, and a decoder may keep what it was given
+        logits = self.step_decoder.decode(inputs[0].clone(), inputs[1].clone(), self.views[batch])  # (b, V)
+        picks = _picks(logits)
+        _feed_back(inputs, picks, batch)
+        return Launch(batch, picks, logits)
 
 
 class _Graph:
-    """One captured step with its static input buffers and output."""
+    """One captured step with its static input buffers, its output, and the operators its capture called."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: tuple[torch.Tensor, ...], output: torch.Tensor):
-        self.graph, self.inputs, self.output = graph, inputs, output
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: tuple[torch.Tensor, ...], output, used: set[str]):
+        self.graph, self.inputs, self.output, self.used = graph, inputs, output, used
 
-    def __call__(self, *values: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *values: torch.Tensor):
         for buf, v in zip(self.inputs, values):
             buf.copy_(v)
         self.graph.replay()
         return self.output
 
 
-class GraphedRunner:
+class _DecodeBucket:
+    """One batch bucket's decode graph and its buffers: device inputs (tokens; positions; active), each row on 16
+    bytes (compiled plugins assume aligned tensors: a positions row at byte 8 is refused) so one copy fills all
+    three; a pinned host twin; two pinned host buffers for the picks, so the host reads step t's while step t+1's
+    are copied."""
+
+    def __init__(self, batch: int, dev: torch.device):
+        self.batch = batch
+        self.inputs = torch.zeros(3, _aligned_len(batch), dtype=torch.long, device=dev)
+        self.host_in = torch.zeros(3, _aligned_len(batch), dtype=torch.long, pin_memory=True)
+        self.host_out = [torch.zeros(2 * batch, dtype=torch.long, pin_memory=True) for _ in range(2)]
+        self.copied = [torch.cuda.Event() for _ in range(2)]
+        self.turn = 0
+        self.graph: _Graph | None = None
+        self.path_key: tuple | None = None  # (decode path, its operator sources) the graph was captured on
+
+
+class GraphedRunner(StepRunner):
     """CUDA-graph replay of every decode batch bucket and every prefill prompt bucket for one table.
 
     Decode runs on the path ``edgekit run`` takes (``select_decode_path``: the fused super-operators unless one
-    is ruled out, e.g. by a swap of an operator they subsume since ``baseline``), and each decode graph also
-    computes the greedy picks and a finiteness flag per row, so a step costs the host one input copy, one
-    replay and one transfer back (``step``)."""
+    is ruled out, e.g. by a swap of an operator they subsume since ``baseline``; ``prefer`` as ``run
+    --decode-path``), and each decode graph also computes the greedy picks, a finiteness flag per row and the next
+    step's inputs (``_feed_back``), so a step costs the host one replay and one transfer back.
+
+    ``previous``: the runner this one replaces after a swap. Its graphs whose capture never called a changed
+    operator (and, for decode, that ran on the same decode path) are kept instead of re-captured: a swap of
+    attention_prefill re-captures the prefill buckets only. ``captured`` and ``reused`` name the graphs."""
+
+    pipelines = True
 
     def __init__(self, decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
                  prompt_buckets: tuple[int, ...], warmup: int = 2, baseline: Mapping[str, str] | None = None,
-                 fused: bool = True):
+                 prefer: str = DEFAULT_DECODE_PATH, previous: "GraphedRunner | None" = None):
         if decoder.device.type != "cuda":
             raise ValueError("CUDA graphs need the decoder on a CUDA device")
+        super().__init__()
         self.table, self.cache, self.graphed = table, cache, True
-        dec = decoder.with_ops(table)
-        if fused:
-            step_decoder, self.decode_path = select_decode_path(dec, cache, baseline)
-        else:
-            step_decoder, self.decode_path = dec, DecodePath("per-operator", "the fused decode path is off (fused_decode=False)")
+        usage = OpUsage()
+        dec = decoder.with_ops(usage.watch(table))
+        step_decoder, self.decode_path = select_decode_path(dec, cache, baseline, prefer=prefer)
+        path_key = (self.decode_path.name, tuple(sorted(self.decode_path.sources.items())))
+        changed = changed_operators(previous.table, table) if previous is not None else None
         dev = decoder.device
-        scratch = decoder.new_cache(cache.batch, cache.max_seq_len)  # warm-up never writes the live rows
+        self.decode_graphs: dict[int, _DecodeBucket] = {}
+        self.prefill_graphs: dict[int, _Graph] = {}
+        self.captured: list[str] = []
+        self.reused: list[str] = []
+        scratch = None  # warm-up never writes the live rows; allocated only if something is captured
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
-        self.decode_graphs: dict[int, _Graph] = {}
-        self.prefill_graphs: dict[int, _Graph] = {}
-        # per batch bucket: a pinned host buffer (tokens; positions) and its device twin, one copy per step
-        self._host_inputs: dict[int, torch.Tensor] = {}
         with torch.cuda.stream(side):
             for b in batch_buckets:
-                # (2, b padded to 16 bytes): tokens; positions. Each row starts on 16 bytes: compiled plugins assume
-                # aligned tensors (a positions row at byte 8 is refused), and one copy still fills both
-                inputs = torch.zeros(2, _aligned_len(b), dtype=torch.long, device=dev)
-                self._host_inputs[b] = torch.zeros(2, _aligned_len(b), dtype=torch.long, pin_memory=True)
-                tokens, positions = inputs[0, :b], inputs[1, :b]
-                for _ in range(warmup):
-                    step_decoder.decode(tokens, positions, rows_view(scratch, b))
-                self.decode_graphs[b] = self._capture(
-                    side, lambda: _with_picks(step_decoder.decode(tokens, positions, rows_view(cache, b))), (inputs,))
+                old = previous.decode_graphs.get(b) if previous is not None else None
+                if old is not None and old.path_key == path_key and not (changed & old.graph.used):
+                    self.decode_graphs[b] = old
+                    self.reused.append(f"decode b={b}")
+                    continue
+                scratch = _scratch(scratch, decoder, cache)
+                bk = _DecodeBucket(b, dev)
+                tokens, positions = bk.inputs[0, :b], bk.inputs[1, :b]
+
+                def step(kv: StaticKVCache, bk=bk, b=b, tokens=tokens, positions=positions):
+                    logits, picks = _with_picks(step_decoder.decode(tokens, positions, rows_view(kv, b)))
+                    _feed_back(bk.inputs, picks, b)
+                    return logits, picks
+
+                with usage.recording() as used:
+                    for _ in range(warmup):
+                        step(scratch)
+                    bk.graph = self._capture(side, lambda: step(cache), (bk.inputs,), used)
+                bk.path_key = path_key
+                self.decode_graphs[b] = bk
+                self.captured.append(f"decode b={b}")
             for T in prompt_buckets:
+                old = previous.prefill_graphs.get(T) if previous is not None else None
+                if old is not None and not (changed & old.used):
+                    self.prefill_graphs[T] = old
+                    self.reused.append(f"prefill T={T}")
+                    continue
+                scratch = _scratch(scratch, decoder, cache)
                 tokens = torch.zeros(1, T, dtype=torch.long, device=dev)  # (1, T)
                 seq_lens = torch.ones(1, dtype=torch.long, device=dev)  # (1,)
                 slot = torch.zeros(1, dtype=torch.long, device=dev)  # (1,)
-                for _ in range(warmup):
-                    dec.prefill(tokens, seq_lens, RowPrefillCache(scratch, slot))
-                self.prefill_graphs[T] = self._capture(side, lambda: dec.prefill(tokens, seq_lens, RowPrefillCache(cache, slot)),
-                                                       (tokens, seq_lens, slot))
+                with usage.recording() as used:
+                    for _ in range(warmup):
+                        dec.prefill(tokens, seq_lens, RowPrefillCache(scratch, slot))
+                    self.prefill_graphs[T] = self._capture(
+                        side, lambda: dec.prefill(tokens, seq_lens, RowPrefillCache(cache, slot)),
+                        (tokens, seq_lens, slot), used)
+                self.captured.append(f"prefill T={T}")
         side.synchronize()
         del scratch
 
     @staticmethod
-    def _capture(stream: torch.cuda.Stream, step, inputs) -> _Graph:
+    def _capture(stream: torch.cuda.Stream, step, inputs, used: set[str]) -> _Graph:
         g = torch.cuda.CUDAGraph()
         # thread_local: the serving thread keeps launching (and allocating) while this thread captures
         with torch.cuda.graph(g, stream=stream, capture_error_mode="thread_local"):
             out = step()
-        return _Graph(g, inputs, out)
+        return _Graph(g, inputs, out, used)
 
     def prefill(self, slot: int, tokens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         row = torch.tensor([slot], dtype=torch.long, device=tokens.device)
         return self.prefill_graphs[tokens.shape[1]](tokens, seq_lens, row)
 
-    def step(self, batch: int, tokens: list[int], positions: list[int]) -> StepResult:
-        host = self._host_inputs[batch]
-        host[0, :batch] = torch.as_tensor(tokens)
-        host[1, :batch] = torch.as_tensor(positions)
-        graph = self.decode_graphs[batch]
-        graph.inputs[0].copy_(host, non_blocking=True)  # the host buffer is rewritten only after .tolist() below synced
-        graph.graph.replay()
-        logits, picks = graph.output
-        both = picks.tolist()  # the one device -> host transfer of the step
-        return StepResult(logits, both[:batch], [bool(f) for f in both[batch:]])
+    def _launch(self, batch: int, values: torch.Tensor | None) -> Launch:
+        bk = self.decode_graphs[batch]
+        if values is not None:
+            bk.host_in[:, :batch] = values
+            # the pinned buffer is rewritten only by a launch from host values, which waits until every step
+            # (and so this copy) has been collected
+            bk.inputs.copy_(bk.host_in, non_blocking=True)
+        bk.graph.graph.replay()
+        logits, picks = bk.graph.output
+        k, bk.turn = bk.turn, bk.turn ^ 1
+        bk.host_out[k].copy_(picks, non_blocking=True)  # read by collect() once the event below has passed
+        bk.copied[k].record()
+        return Launch(batch, bk.host_out[k], logits, bk.copied[k])
+
+
+def _input_rows(tokens: list[int], positions: list[int], active: list[int] | None) -> torch.Tensor:
+    """(3, b) long: tokens; positions; active (1: the row's next input is its own pick, 0: it keeps its values)."""
+    return torch.tensor([tokens, positions, active if active is not None else [1] * len(tokens)], dtype=torch.long)
+
+
+def _feed_back(inputs: torch.Tensor, picks: torch.Tensor, b: int) -> None:
+    """On the device, after a step: the next step's inputs from its greedy picks (b,) — active rows take their pick
+    at the next position, the others keep their pad token and position (so a free row never walks off the cache)."""
+    active = inputs[2, :b]
+    inputs[0, :b].copy_(torch.where(active.bool(), picks[:b], inputs[0, :b]))
+    inputs[1, :b].add_(active)
 
 
 def _aligned_len(n: int) -> int:
@@ -198,11 +329,18 @@ def _with_picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return logits, _picks(logits)
 
 
+def _scratch(scratch: StaticKVCache | None, decoder: Decoder, cache: StaticKVCache) -> StaticKVCache:
+    """A cache shaped like ``cache`` for warm-ups (made on first need)."""
+    return scratch if scratch is not None else decoder.new_cache(cache.batch, cache.max_seq_len)
+
+
 def make_runner(decoder: Decoder, table: DispatchTable, cache: StaticKVCache, batch_buckets: tuple[int, ...],
                 prompt_buckets: tuple[int, ...], graphs: bool, baseline: Mapping[str, str] | None = None,
-                fused: bool = True, fused_on_cpu: bool = False):
-    """A runner for ``table``: CUDA graphs (decode on the path ``select_decode_path`` picks against ``baseline``
-    unless ``fused`` is off) or eager steps (per operator; the fused path on the references with ``fused_on_cpu``)."""
+                prefer: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, previous=None) -> StepRunner:
+    """A runner for ``table``: CUDA graphs (decode on the path ``select_decode_path`` picks against ``baseline``,
+    ``prefer`` first; graphs of ``previous`` that a swap did not touch are kept) or eager steps (per operator; the
+    fused path on the references with ``fused_on_cpu``)."""
     if graphs:
-        return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets, baseline=baseline, fused=fused)
-    return EagerRunner(decoder, table, cache, batch_buckets, baseline=baseline, fused_on_cpu=fused and fused_on_cpu)
+        return GraphedRunner(decoder, table, cache, batch_buckets, prompt_buckets, baseline=baseline, prefer=prefer,
+                             previous=previous if isinstance(previous, GraphedRunner) else None)
+    return EagerRunner(decoder, table, cache, batch_buckets, baseline=baseline, fused_on_cpu=fused_on_cpu, prefer=prefer)

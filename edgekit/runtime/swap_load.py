@@ -136,6 +136,8 @@ class LoadResult:
         }
 
 
+ADMIN_TIMEOUT_S = 120.0  # one admin request (an upload: verify, golden check, stage, capture, switch)
+
 def run_swap_load(base_url: str, admin_token: str, packages: list[bytes], *, clients: int = 4, prompt=None,
                   max_tokens: int = 4, max_seconds: float = 300.0, stream: bool = False,
                   extra_body: dict | None = None) -> LoadResult:
@@ -150,7 +152,9 @@ def run_swap_load(base_url: str, admin_token: str, packages: list[bytes], *, cli
     t0 = time.perf_counter()
     deadline = time.monotonic() + max_seconds
     load.start()
-    with httpx.Client(base_url=base_url, timeout=min(120.0, max(max_seconds, 5.0)),
+    # an upload's own timeout is not the phase's budget: the budget stops new uploads, and one that re-captures every
+    # decode graph under load (a swap that changes the decode path) may take seconds (seen: > 5 s on the H200)
+    with httpx.Client(base_url=base_url, timeout=ADMIN_TIMEOUT_S,
                       headers={"Authorization": f"Bearer {admin_token}"}) as admin:
         for i, pkg in enumerate(packages):
             if time.monotonic() > deadline:

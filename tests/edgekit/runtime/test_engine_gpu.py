@@ -4,6 +4,7 @@ captured on another thread while requests decode lands between steps without cha
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -111,5 +112,87 @@ def test_graphed_engine_decodes_on_the_path_run_takes(decoder):
         e.switch_operator("rmsnorm", original, source)
         assert e.submit([1, 2, 3], 4, stop_ids=()).done.wait(60)
         assert e.decode_path.name == run_path.name
+    finally:
+        e.close()
+
+
+def _staggered(engine: Engine, n: int, stop_ids=()) -> list:
+    """Half the requests, then the rest while those decode: rows join and leave between steps."""
+    jobs = [engine.submit(p, n + 7 * i, stop_ids=stop_ids) for i, p in enumerate(PROMPTS[:2])]
+    while not jobs[0].tokens:
+        time.sleep(0.001)
+    jobs += [engine.submit(p, n - 5 * i, stop_ids=stop_ids) for i, p in enumerate(PROMPTS[2:])]
+    for j in jobs:
+        assert j.done.wait(60) and j.error is None, j.error
+    return [(j.tokens, j.finish_reason) for j in jobs]
+
+
+def test_pipelined_graphed_decode_gives_the_synchronous_tokens(decoder):
+    """Issue 15: the graphed engine launches step t+1 from the device's own picks before reading step t; its tokens
+    are the synchronous engine's, also with rows that stop, finish and join in between."""
+    sync = Engine(decoder, None, SHAPES, cuda_graphs=True, lookahead=False)
+    try:
+        want = _staggered(sync, 40)
+        stop = want[1][0][6]
+        want_stop = _staggered(sync, 40, stop_ids=(stop,))
+    finally:
+        sync.close()
+    e = Engine(decoder, None, SHAPES, cuda_graphs=True)
+    assert e.lookahead  # the default on a GPU
+    fed_back = []
+    launch = e._runner.launch
+    e._runner.launch = lambda b, tokens=None, *a: (fed_back.append(tokens is None), launch(b, tokens, *a))[1]
+    try:
+        assert _staggered(e, 40) == want
+        assert _staggered(e, 40, stop_ids=(stop,)) == want_stop and want_stop[1][1] == "stop"
+        assert sum(fed_back) > len(fed_back) / 2  # most steps ran from the device's picks
+    finally:
+        e.close()
+
+
+def test_a_swap_recaptures_only_the_graphs_that_call_the_operator(decoder):
+    from edgekit.kernels.attention import attention_prefill_reference
+
+    e = Engine(decoder, None, SHAPES, cuda_graphs=True)
+    try:
+        want = _staggered(e, 24)
+        e.switch_operator("attention_prefill", lambda q, k, v, s, sc: attention_prefill_reference(q, k, v, s, sc), "plugin:v2")
+        prep = e.swap_prepares[-1]
+        assert prep["captured"] == [f"prefill T={T}" for T in SHAPES.buckets], prep
+        assert prep["reused"] == [f"decode b={b}" for b in e.batch_buckets], prep
+        assert _staggered(e, 24) == want
+        e.switch_operator("attention_decode", e.table.get("attention_decode"), "plugin:v2")
+        # the per-operator decode graphs call it, and the fused path subsumes it (a swap falls back); prefill never calls it
+        assert e.swap_prepares[-1]["captured"] == [f"decode b={b}" for b in e.batch_buckets], e.swap_prepares[-1]
+        assert _staggered(e, 24) == want
+    finally:
+        e.close()
+
+
+def test_a_swap_of_an_operator_the_persistent_kernel_contains_falls_back_to_fused_under_load(tmp_path):
+    """Issue 13 via 15: serve --decode-path persistent; a swap of a fused operator the persistent launch contains moves
+    decode to the fused path (visibly), with 0 failed requests and hand-over pauses p99 <= 5 ms."""
+    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.runtime.bundle_runtime import open_bundle
+
+    opts = BuildOptions(model="preset:tiny", target="h200", out=tmp_path / "b", dev_key=True, precision="fp16",
+                        context=96, buckets=(16, 32), cache_dir=tmp_path / "cache", onnx=False)
+    build_bundle(opts)
+    b = open_bundle(opts.out, [], allow_dev_key=True, device="cuda")
+    e = Engine(b.decoder(), None, b.shapes, cuda_graphs=True, decode_path="persistent")
+    try:
+        assert e.decode_path.name == "persistent", e.decode_path.reason
+        jobs = [e.submit(p, 48, stop_ids=()) for p in PROMPTS * 3]
+        op = "fused_norm_swiglu"
+        impl = e.table.get(op)
+        swaps = threading.Thread(target=lambda: [e.switch_operator(op, impl, f"plugin:v{i}") for i in range(2, 5)])
+        swaps.start()
+        swaps.join(300)
+        for j in jobs:
+            assert j.done.wait(120) and j.error is None, j.error
+        after = e.decode_path
+        assert after.name == "fused" and op in after.reason, after
+        pauses = sorted(e.swap_pauses_s)
+        assert pauses and pauses[-1] <= 0.005, pauses
     finally:
         e.close()

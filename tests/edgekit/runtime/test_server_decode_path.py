@@ -62,3 +62,40 @@ def test_the_metric_flips_to_per_operator_when_a_subsumed_operator_is_swapped():
             assert "rmsnorm" in c.get("/healthz").json()["decode_path"]["reason"]
     finally:
         engine.close()
+
+
+def test_serve_takes_the_decode_path_it_is_asked_for():
+    """serve --decode-path goes to the engine (and through select_decode_path): per-operator when asked for, even where
+    the fused path could run; a path it does not know is refused with the known ones named."""
+    import pytest
+
+    from edgekit.errors import EdgekitError
+    from edgekit.kernels.dispatch import DispatchTable
+    from edgekit.model.loader import load_model
+    from edgekit.runtime.engine import Engine
+    from edgekit.runtime.fused_decode import STEP
+    from edgekit.shapes import StaticShapes
+
+    table = DispatchTable()
+    for op in STEP.own_operators():
+        table.set(op, table.get(op), source="plugin:v1")
+    dec = load_model("preset:tiny", seed=5).decoder().with_ops(table)
+    shapes = StaticShapes(buckets=(16,), max_seq_len=32)
+    engine = Engine(dec, None, shapes, fused_on_cpu=True, decode_path="per-operator")
+    try:
+        assert engine.decode_path.name == "per-operator" and "asked for" in engine.decode_path.reason
+        assert engine.submit([1, 2], 3, stop_ids=()).done.wait(30)
+    finally:
+        engine.close()
+    with pytest.raises(EdgekitError, match="persistent, fused, per-operator"):
+        Engine(dec, None, shapes, decode_path="giant")
+
+
+def test_serve_refuses_an_unknown_decode_path_before_loading_anything(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "edgekit", "serve", str(tmp_path / "no-bundle"), "--allow-dev-key",
+                        "--decode-path", "giant"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--decode-path" in r.stderr and "persistent, fused, per-operator" in r.stderr
+    assert "no-bundle" not in r.stderr  # refused before the bundle was looked for
