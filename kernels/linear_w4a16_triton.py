@@ -39,6 +39,7 @@ import triton.language as tl
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
+from edgekit.kernels.int4_half2 import UNSCALE, activation_pairs, load_where_used, subblock_dots_half2
 from edgekit.kernels.int4_layout import GROUP_SIZES, SUBBLOCK
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
@@ -154,22 +155,50 @@ def _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, B
 
 
 @triton.jit
-def _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, idx, scale_f32, has_offset):
+def _dots_half2(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The sums of ``_dots_from_bytes`` (DECODE 3, FP16 activations), both scaled by 1/16 (``int4_half2``).
+
+    Each row's sub-block is one 16-byte load (four int32 words); the activations of each sub-block are loaded,
+    pre-scaled and paired once per step and shared by every row a thread holds. ``subblock_dots_half2`` gives
+    sum (q - 8) x / 16 per sub-block; the asymmetric form's codes start at 0, so (8 - zero) sum x / 16 is added."""
+    SB: tl.constexpr = BLOCK_K // 32
+    sb = tl.arange(0, SB)
+    live = k0 + sb * 32 < K  # (SB,) K is a multiple of 32: a sub-block is wholly in or out
+    wi = tl.arange(0, 4 * SB)  # a 2-D tile, so that Triton sees the row's words as one contiguous run
+    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + (w_rows // 4)[:, None] + (k0 // 8 + wi)[None, :],
+                    mask=(k0 + (wi // 4) * 32 < K)[None, :], other=0)  # (BN, 4 SB)
+    words = tl.reshape(words, (BLOCK_N, SB, 4))
+    x_words = x_row.to(tl.pointer_type(tl.int32))
+    pairs, x_sum = activation_pairs(x_words, k0 // 2 + sb * 16, live)  # 16 x (SB,), (SB,)
+    dot = subblock_dots_half2(words, pairs)  # (BN, SB)
+    return dot + (8.0 - zero) * x_sum[None, :], x_sum
+
+
+@triton.jit
+def _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, idx, scale_f32, has_offset, IN_PLACE: tl.constexpr = False):
     """Scales and offsets at ``idx`` (FP16 or FP32 storage, chosen by a uniform runtime flag) as FP32;
     the offset is 0 for the symmetric form (its -8 is taken out of the codes instead)."""
     if scale_f32 != 0:
-        s = tl.load(sf_ptr + idx)
+        s = _load(sf_ptr + idx, IN_PLACE)
         if has_offset != 0:
-            m = tl.load(of_ptr + idx)
+            m = _load(of_ptr + idx, IN_PLACE)
         else:
             m = tl.zeros_like(s)
     else:
-        s = tl.load(sh_ptr + idx).to(tl.float32)
+        s = _load(sh_ptr + idx, IN_PLACE).to(tl.float32)
         if has_offset != 0:
-            m = tl.load(oh_ptr + idx).to(tl.float32)
+            m = _load(oh_ptr + idx, IN_PLACE).to(tl.float32)
         else:
             m = tl.zeros_like(s)
     return s, m
+
+
+@triton.jit
+def _load(ptrs, IN_PLACE: tl.constexpr):
+    if IN_PLACE:
+        return load_where_used(ptrs)
+    else:
+        return tl.load(ptrs)
 
 
 @triton.jit
@@ -182,6 +211,8 @@ def _w4a16_gemv_kernel(
     tl.static_assert(BLOCK_M == 1)  # one activation row per program (linear_triton.GEMV_MAX_ROWS says why)
     tl.static_assert(BLOCK_K % 32 == 0)
     SB: tl.constexpr = BLOCK_K // 32  # sub-blocks a step
+    # DECODE 3 multiplies in half2 and needs FP16 activations; BF16 / FP32 ones take the FP32 words path (2)
+    HALF2: tl.constexpr = (DECODE == 3) & (x_ptr.dtype.element_ty == tl.float16)
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -198,21 +229,35 @@ def _w4a16_gemv_kernel(
         w_rows = rn_ld * stride_wn  # (BN,) byte offset of each weight row
         s_rows = rn_ld[:, None] * stride_sn
         x_row = x_ptr + row * stride_xm
-        acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
+        if HALF2:
+            # summed over the sub-blocks every step, in the layout of the dot products: the activation pairs
+            # are then made once per (thread, sub-block) and shared by the rows the thread holds
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
         for kb in range(first, last):
             k0 = kb * BLOCK_K
             sub = k0 + sb * 32  # (SB,) first element of each sub-block
             kmask = sub < K  # K is a multiple of 32: a sub-block is wholly in or out
-            if DECODE != 0:
-                dot, x_sum = _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K, DECODE == 2)
+            if HALF2:
+                dot, x_sum = _dots_half2(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K)
+            elif DECODE != 0:
+                dot, x_sum = _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K, DECODE >= 2)
             else:
                 dot, x_sum = _dots_from_bytes(w_ptr, w_rows, x_row, sub, kmask, k0, zero, SB)
             g_idx = s_rows + (tl.minimum(sub, K - 32) >> 5 >> group_shift)[None, :]
-            s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset)
-            acc += s * dot
+            s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset, HALF2)
+            part = s * dot
             if has_offset != 0:
-                acc += m * x_sum[None, :]
-        y = tl.sum(acc, axis=1)
+                part += m * x_sum[None, :]
+            if HALF2:
+                acc += tl.sum(part, axis=1)
+            else:
+                acc += part
+        if HALF2:
+            y = acc * UNSCALE  # the half2 sums took x / 16
+        else:
+            y = tl.sum(acc, axis=1)
     if (reduce_splits == 0) & (num_splits > 1):
         tl.store(part_ptr + (pid_s * M + row) * N + rn, y, mask=mask)  # split-K partials: (splits, M, N) FP32
     else:
