@@ -155,12 +155,12 @@ def _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, B
 
 
 @triton.jit
-def _dots_half2(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The sums of ``_dots_from_bytes`` (DECODE 3, FP16 activations), both scaled by 1/16 (``int4_half2``).
 
     Each row's sub-block is one 16-byte load (four int32 words); the activations of each sub-block are loaded,
-    pre-scaled and paired once per step and shared by every row a thread holds. ``subblock_dots_half2`` gives
-    sum (q - 8) x / 16 per sub-block; the asymmetric form's codes start at 0, so (8 - zero) sum x / 16 is added."""
+    pre-scaled and paired once per step and shared by every row a thread holds. Unlike the other decodes the dot
+    is sum (q - 8) x / 16 for both forms (the caller moves the asymmetric form's 8 s into its offset)."""
     SB: tl.constexpr = BLOCK_K // 32
     sb = tl.arange(0, SB)
     live = k0 + sb * 32 < K  # (SB,) K is a multiple of 32: a sub-block is wholly in or out
@@ -171,7 +171,7 @@ def _dots_half2(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, BLOCK_
     x_words = x_row.to(tl.pointer_type(tl.int32))
     pairs, x_sum = activation_pairs(x_words, k0 // 2 + sb * 16, live)  # 16 x (SB,), (SB,)
     dot = subblock_dots_half2(words, pairs)  # (BN, SB)
-    return dot + (8.0 - zero) * x_sum[None, :], x_sum
+    return dot, x_sum
 
 
 @triton.jit
@@ -196,7 +196,7 @@ def _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, idx, scale_f32, has_offset, IN
 @triton.jit
 def _load(ptrs, IN_PLACE: tl.constexpr):
     if IN_PLACE:
-        return load_where_used(ptrs)
+        return load_where_used(ptrs)  # inline PTX: the values take the dot products' layout
     else:
         return tl.load(ptrs)
 
@@ -229,35 +229,27 @@ def _w4a16_gemv_kernel(
         w_rows = rn_ld * stride_wn  # (BN,) byte offset of each weight row
         s_rows = rn_ld[:, None] * stride_sn
         x_row = x_ptr + row * stride_xm
-        if HALF2:
-            # summed over the sub-blocks every step, in the layout of the dot products: the activation pairs
-            # are then made once per (thread, sub-block) and shared by the rows the thread holds
-            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
+        acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
         for kb in range(first, last):
             k0 = kb * BLOCK_K
             sub = k0 + sb * 32  # (SB,) first element of each sub-block
             kmask = sub < K  # K is a multiple of 32: a sub-block is wholly in or out
             if HALF2:
-                dot, x_sum = _dots_half2(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K)
+                dot, x_sum = _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N, BLOCK_K)
             elif DECODE != 0:
                 dot, x_sum = _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K, DECODE >= 2)
             else:
                 dot, x_sum = _dots_from_bytes(w_ptr, w_rows, x_row, sub, kmask, k0, zero, SB)
             g_idx = s_rows + (tl.minimum(sub, K - 32) >> 5 >> group_shift)[None, :]
             s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset, HALF2)
-            part = s * dot
-            if has_offset != 0:
-                part += m * x_sum[None, :]
             if HALF2:
-                acc += tl.sum(part, axis=1)
-            else:
-                acc += part
+                m = m + 8.0 * s  # the half2 dot takes centred codes for both forms: q s + m = (q - 8) s + (m + 8 s)
+            acc += s * dot
+            if has_offset != 0:
+                acc += m * x_sum[None, :]
+        y = tl.sum(acc, axis=1)
         if HALF2:
-            y = acc * UNSCALE  # the half2 sums took x / 16
-        else:
-            y = tl.sum(acc, axis=1)
+            y = y * UNSCALE  # the half2 sums took x / 16
     if (reduce_splits == 0) & (num_splits > 1):
         tl.store(part_ptr + (pid_s * M + row) * N + rn, y, mask=mask)  # split-K partials: (splits, M, N) FP32
     else:
