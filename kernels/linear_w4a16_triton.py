@@ -16,6 +16,14 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
   bytes). The kernel is instruction-bound: ~10 SASS instructions a weight byte (INT8's GEMV: ~4.2) at the
   ~16 G instructions/s both reach; the targets (85% of copy, 0.35x F.linear) need ~4 a byte, i.e. decoding
   packed codes to FP16 pairs and multiplying on tensor cores (mma with x as the narrow operand), not FP32 FMAs.
+  ``DECODE`` 3 (FP16 activations; BF16 / FP32 ones take DECODE 2's code) is the half2 GEMV
+  (``int4_half2.py``): one 16-byte load a row's sub-block, nibbles to FP16 with the 0x6400 magic-number trick
+  (LOP3 + HSUB2/HFMA2 in inline PTX), HFMA2 products summed in FP16 within a sub-block and in FP32 across
+  them, activations loaded, paired (PRMT) and scaled once per (thread, sub-block) and shared by the 8-16
+  rows a thread holds, group scales loaded in inline PTX so that they stay in the dot products' layout.
+  Static count (scripts/gemv_sass_report.py, sm_90): 5.5-6.4 SASS instructions a weight byte in the K loop,
+  both sides of the scale-dtype branch included, against 9.7 for DECODE 2; not measured on a GPU yet
+  (scripts/gpu_w4a16.sh times both), so the planner's default is still DECODE 2.
 - ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. The (BK, BN) weight tile is dequantized in registers
   to the reference's FP32 weights, rounded to the activation dtype (as F.linear on dequantized weights) and
   multiplied with one ``tl.dot`` a K tile into the FP32 accumulator; the dequantization is amortised over the
