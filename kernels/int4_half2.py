@@ -180,7 +180,7 @@ def load_where_used(ptrs):
     and for the group scales that layout differs from the dot products', costing a trip through shared
     memory every step."""
     if _PTX_DEQUANT:
-        if ptrs.dtype.element_ty == tl.pointer_type(tl.float16):
+        if ptrs.dtype.element_ty == tl.float16:
             v = tl.inline_asm_elementwise(asm="ld.global.nc.b16 $0, [$1];", constraints="=h,l", args=[ptrs],
                                           dtype=tl.int16, is_pure=True, pack=1)
             return v.to(tl.float16, bitcast=True)

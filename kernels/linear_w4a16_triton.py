@@ -183,30 +183,62 @@ def _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.
 
 
 @triton.jit
-def _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, idx, scale_f32, has_offset, IN_PLACE: tl.constexpr = False):
+def _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, idx, scale_f32, has_offset):
     """Scales and offsets at ``idx`` (FP16 or FP32 storage, chosen by a uniform runtime flag) as FP32;
     the offset is 0 for the symmetric form (its -8 is taken out of the codes instead)."""
     if scale_f32 != 0:
-        s = _load(sf_ptr + idx, IN_PLACE)
+        s = tl.load(sf_ptr + idx)
         if has_offset != 0:
-            m = _load(of_ptr + idx, IN_PLACE)
+            m = tl.load(of_ptr + idx)
         else:
             m = tl.zeros_like(s)
     else:
-        s = _load(sh_ptr + idx, IN_PLACE).to(tl.float32)
+        s = tl.load(sh_ptr + idx).to(tl.float32)
         if has_offset != 0:
-            m = _load(oh_ptr + idx, IN_PLACE).to(tl.float32)
+            m = tl.load(oh_ptr + idx).to(tl.float32)
         else:
             m = tl.zeros_like(s)
     return s, m
 
 
 @triton.jit
-def _load(ptrs, IN_PLACE: tl.constexpr):
-    if IN_PLACE:
-        return load_where_used(ptrs)  # inline PTX: the values take the dot products' layout
+def _scale_rows(sh_ptr, oh_ptr, sf_ptr, of_ptr, s_rows, scale_f32, has_offset):
+    """Byte pointers (BN, 1) to each row's first scale and offset (the scale's when there is none) and the
+    bytes a scale takes: the half2 GEMV's steps add (group x bytes) to them, one 64-bit add a load."""
+    if scale_f32 != 0:
+        s_at = sf_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * 4
+        if has_offset != 0:
+            m_at = of_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * 4
+        else:
+            m_at = s_at
+        nbytes = 4
     else:
-        return tl.load(ptrs)
+        s_at = sh_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * 2
+        if has_offset != 0:
+            m_at = oh_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * 2
+        else:
+            m_at = s_at
+        nbytes = 2
+    return s_at, m_at, nbytes
+
+
+@triton.jit
+def _group_params_at(s_at, m_at, off, scale_f32, has_offset):
+    """``_group_params`` from ``_scale_rows``' byte pointers plus byte offsets ``off``; the loads are inline PTX
+    (``load_where_used``) so that the values stay in the dot products' layout."""
+    if scale_f32 != 0:
+        s = load_where_used((s_at + off).to(tl.pointer_type(tl.float32)))
+        if has_offset != 0:
+            m = load_where_used((m_at + off).to(tl.pointer_type(tl.float32)))
+        else:
+            m = tl.zeros_like(s)
+    else:
+        s = load_where_used((s_at + off).to(tl.pointer_type(tl.float16))).to(tl.float32)
+        if has_offset != 0:
+            m = load_where_used((m_at + off).to(tl.pointer_type(tl.float16))).to(tl.float32)
+        else:
+            m = tl.zeros_like(s)
+    return s, m
 
 
 @triton.jit
@@ -237,6 +269,9 @@ def _w4a16_gemv_kernel(
         w_rows = rn_ld * stride_wn  # (BN,) byte offset of each weight row
         s_rows = rn_ld[:, None] * stride_sn
         x_row = x_ptr + row * stride_xm
+        if HALF2:
+            # each row's first scale and offset as byte pointers, once: a step then adds the thread's group
+            s_at, m_at, s_bytes = _scale_rows(sh_ptr, oh_ptr, sf_ptr, of_ptr, s_rows, scale_f32, has_offset)
         acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
         for kb in range(first, last):
             k0 = kb * BLOCK_K
@@ -248,10 +283,12 @@ def _w4a16_gemv_kernel(
                 dot, x_sum = _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K, DECODE >= 2)
             else:
                 dot, x_sum = _dots_from_bytes(w_ptr, w_rows, x_row, sub, kmask, k0, zero, SB)
-            g_idx = s_rows + (tl.minimum(sub, K - 32) >> 5 >> group_shift)[None, :]
-            s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset, HALF2)
+            g = tl.minimum(sub, K - 32) >> 5 >> group_shift  # (SB,) group of each sub-block
             if HALF2:
+                s, m = _group_params_at(s_at, m_at, (g * s_bytes)[None, :], scale_f32, has_offset)
                 m = m + 8.0 * s  # the half2 dot takes centred codes for both forms: q s + m = (q - 8) s + (m + 8 s)
+            else:
+                s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, s_rows + g[None, :], scale_f32, has_offset)
             acc += s * dot
             if has_offset != 0:
                 acc += m * x_sum[None, :]
