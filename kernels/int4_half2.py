@@ -25,6 +25,11 @@ lanes are added in FP32; groups and sub-blocks are accumulated in FP32. The acti
 (exact but for values under 2^-10, which lose bits below 2^-24 in absolute terms) so that a lane's partial,
 at most 16 * 8 * max|x| / 16, stays finite for every |x| < 8188; the caller multiplies the row's sum by 16.
 
+Around the dot (kernels/linear_w4a16_triton.py, DECODE 3): the activation pairs (``activation_pairs``: 16
+word loads, PRMT and a 1/16 HMUL2 per pair, the FP32 sum) are made once per (thread, sub-block) and shared by
+the 8-16 weight rows a thread holds, and the group scales are loaded in inline PTX (``load_where_used``) so
+that Triton keeps them in the dot products' layout instead of moving them through shared memory every step.
+
 ``PTX`` (compiled kernels) and the pure-Triton twin (Triton's CPU interpreter, which cannot run inline
 assembly) compute the same values: every decode is exact, and the twin rounds each product and each sum to
 FP16 where HFMA2 rounds once. The constants below are shared with the bit-level NumPy model of the PTX
@@ -212,10 +217,11 @@ def activation_pairs(x_words, at, live):
     pairs = (e_lo0, o_lo0, e_hi0, o_hi0, e_lo1, o_lo1, e_hi1, o_hi1,
              e_lo2, o_lo2, e_hi2, o_hi2, e_lo3, o_lo3, e_hi3, o_hi3)
     if _PTX_DEQUANT:
-        s_bits = tl.inline_asm_elementwise(asm=XSUM_PTX, constraints="=r" + ",r" * 16, args=[pairs[0], pairs[1], pairs[2], pairs[3], pairs[4], pairs[5], pairs[6], pairs[7],
-                                                 pairs[8], pairs[9], pairs[10], pairs[11], pairs[12], pairs[13], pairs[14],
-                                                 pairs[15]],
-                                           dtype=tl.int32, is_pure=True, pack=1)
+        s_bits = tl.inline_asm_elementwise(
+            asm=XSUM_PTX, constraints="=r" + ",r" * 16,
+            args=[pairs[0], pairs[1], pairs[2], pairs[3], pairs[4], pairs[5], pairs[6], pairs[7], pairs[8], pairs[9],
+                  pairs[10], pairs[11], pairs[12], pairs[13], pairs[14], pairs[15]],
+            dtype=tl.int32, is_pure=True, pack=1)
         x_sum = s_bits.to(tl.float32, bitcast=True)
     else:
         x_sum = tl.zeros(live.shape, tl.float32)

@@ -27,7 +27,7 @@ OP = "linear_w4a16"
 ORIN_SMEM_BUDGET = 128 * 1024
 # (BLOCK_N, BLOCK_K, warps, DECODE): the half2 GEMV (DECODE 3) at the tiles bench_w4a16.py times, beside the
 # default (the FP32 words path, DECODE 2)
-CANDIDATES = [(64, 256, 2, 3), (128, 256, 2, 3), (128, 256, 4, 3), (256, 256, 4, 3), (128, 128, 2, 3)]
+CANDIDATES = [(64, 256, 2, 3), (128, 256, 4, 3), (32, 256, 1, 3), (128, 256, 2, 3), (256, 256, 4, 3), (128, 128, 2, 3)]
 
 
 def variants() -> list[KernelVariant]:
@@ -58,11 +58,13 @@ def main() -> int:
     rows = [row_of(v, int(a), default) for v in variants() for a in args.arch.split(",")]
     print(f"{'arch':5} {'instr/B':>7} {'loop':>5} {'regs':>4} {'spill':>5} {'smem':>6} {'LDG bits':18}  variant")
     for r in rows:
-        loads = ",".join(f"{k}x{n}" for k, n in sorted(r["loop_global_loads_by_bits"].items(), key=lambda kv: -int(kv[0])))
+        by_bits = sorted(r["loop_global_loads_by_bits"].items(), key=lambda kv: -int(kv[0]))
+        loads = ",".join(f"{k}x{n}" for k, n in by_bits)
         print(f"{r['arch']:5} {r['instructions_per_weight_byte']:7.2f} {r['loop_instructions']:5} "
               f"{r['registers'] or -1:4} {(r['spills'] or {}).get('stores', -1):5} {r['shared_bytes']:6} {loads:18}  "
               f"{r['variant']}{'  (default)' if r['default'] else ''}")
-    doc = {"measured_on": "static: cross-compiled on the CPU (no GPU), SASS read with Triton's nvdisasm", "kernels": rows}
+    doc = {"measured_on": "static: cross-compiled on the CPU (no GPU), SASS read with Triton's nvdisasm",
+           "kernels": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
