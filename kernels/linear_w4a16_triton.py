@@ -17,7 +17,7 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
   ~16 G instructions/s both reach; the targets (85% of copy, 0.35x F.linear) need ~4 a byte, i.e. decoding
   packed codes to FP16 pairs and multiplying on tensor cores (mma with x as the narrow operand), not FP32 FMAs.
   ``DECODE`` 3 (FP16 activations; BF16 / FP32 ones take DECODE 2's code) is the half2 GEMV
-  (``int4_half2.py``): one 16-byte load a row's sub-block, nibbles to FP16 with the 0x6400 magic-number trick
+  (``int4_half2_triton.py``): one 16-byte load a row's sub-block, nibbles to FP16 with the 0x6400 magic-number trick
   (LOP3 + HSUB2/HFMA2 in inline PTX), HFMA2 products summed in FP16 within a sub-block and in FP32 across
   them, activations loaded, paired (PRMT) and scaled once per (thread, sub-block) and shared by the 8-16
   rows a thread holds, group scales loaded in inline PTX so that they stay in the dot products' layout.
@@ -47,7 +47,7 @@ import triton.language as tl
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.int4_half2 import UNSCALE, activation_pairs, load_where_used, subblock_dots_half2
+from edgekit.kernels.int4_half2_triton import UNSCALE, activation_pairs, load_where_used, subblock_dots_half2
 from edgekit.kernels.int4_layout import GROUP_SIZES, SUBBLOCK
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
@@ -164,7 +164,7 @@ def _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, B
 
 @triton.jit
 def _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The sums of ``_dots_from_bytes`` (DECODE 3, FP16 activations), both scaled by 1/16 (``int4_half2``).
+    """The sums of ``_dots_from_bytes`` (DECODE 3, FP16 activations), both scaled by 1/16 (``int4_half2_triton``).
 
     Each row's sub-block is one 16-byte load (four int32 words); the activations of each sub-block are loaded,
     pre-scaled and paired once per step and shared by every row a thread holds. Unlike the other decodes the dot

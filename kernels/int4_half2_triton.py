@@ -33,7 +33,7 @@ that Triton keeps them in the dot products' layout instead of moving them throug
 ``PTX`` (compiled kernels) and the pure-Triton twin (Triton's CPU interpreter, which cannot run inline
 assembly) compute the same values: every decode is exact, and the twin rounds each product and each sum to
 FP16 where HFMA2 rounds once. The constants below are shared with the bit-level NumPy model of the PTX
-(tests/kernels/test_int4_half2.py), which checks the decode on every code.
+(tests/kernels/test_int4_half2_triton.py), which checks the decode on every code.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The half2 W4A16 inline PTX (kernels/int4_half2.py), executed instruction by instruction by a bit-level NumPy
+"""The half2 W4A16 inline PTX (kernels/int4_half2_triton.py), executed instruction by instruction by a bit-level NumPy
 model: the nibble decode is exact for every code at every position of a sub-block, the activation pairs and
 their sum are what the dot expects, and the dot matches an FP64 sum within FP16 rounding. The CPU interpreter
 cannot run inline assembly (it runs the pure-Triton twin), so this is where the PTX's arithmetic is checked
@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from edgekit.kernels.int4_half2 import PAIR_PTX, SUBBLOCK_DOT_PTX, XSUM_PTX
+from edgekit.kernels.int4_half2_triton import PAIR_PTX, SUBBLOCK_DOT_PTX, XSUM_PTX
 
 
 def _f16x2(v: int) -> tuple[np.float16, np.float16]:
