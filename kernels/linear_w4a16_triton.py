@@ -21,9 +21,10 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
   (LOP3 + HSUB2/HFMA2 in inline PTX), HFMA2 products summed in FP16 within a sub-block and in FP32 across
   them, activations loaded, paired (PRMT) and scaled once per (thread, sub-block) and shared by the 8-16
   rows a thread holds, group scales loaded in inline PTX so that they stay in the dot products' layout.
-  Static count (scripts/gemv_sass_report.py, sm_90): 5.5-6.4 SASS instructions a weight byte in the K loop,
-  both sides of the scale-dtype branch included, against 9.7 for DECODE 2; not measured on a GPU yet
-  (scripts/gpu_w4a16.sh times both), so the planner's default is still DECODE 2.
+  Static count (scripts/gemv_sass_report.py, sm_90 / sm_87): 5.0-5.1 SASS instructions a weight byte in the
+  K loop at 16 rows a thread (~200 registers), 5.45 at 8 rows (~122), both sides of the scale-dtype branch
+  included, against 9.7-9.9 for DECODE 2 (of which ~3.4 a byte is the half2 decode and products themselves);
+  not measured on a GPU yet (scripts/gpu_w4a16.sh times both), so the planner's default is still DECODE 2.
 - ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. The (BK, BN) weight tile is dequantized in registers
   to the reference's FP32 weights, rounded to the activation dtype (as F.linear on dequantized weights) and
   multiplied with one ``tl.dot`` a K tile into the FP32 accumulator; the dequantization is amortised over the
@@ -173,8 +174,11 @@ def _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.
     sb = tl.arange(0, SB)
     live = k0 + sb * 32 < K  # (SB,) K is a multiple of 32: a sub-block is wholly in or out
     wi = tl.arange(0, 4 * SB)  # a 2-D tile, so that Triton sees the row's words as one contiguous run
-    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + (w_rows // 4)[:, None] + (k0 // 8 + wi)[None, :],
-                    mask=(k0 + (wi // 4) * 32 < K)[None, :], other=0)  # (BN, 4 SB)
+    # sub-blocks past K re-read the last one instead of being masked (no predicated loads to zero-fill): their
+    # activations load as 0, so they add nothing; the hints keep each sub-block's 4 words one 16-byte load
+    w_col = tl.minimum(k0 // 32 + wi // 4, K // 32 - 1) * 4 + wi % 4
+    w_col = tl.max_contiguous(tl.multiple_of(w_col, 4), 4)
+    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + (w_rows // 4)[:, None] + w_col[None, :])  # (BN, 4 SB)
     words = tl.reshape(words, (BLOCK_N, SB, 4))
     x_words = x_row.to(tl.pointer_type(tl.int32))
     pairs, x_sum = activation_pairs(x_words, k0 // 2 + sb * 16, live)  # 16 x (SB,), (SB,)
