@@ -210,20 +210,22 @@ def _scale_rows(sh_ptr, oh_ptr, sf_ptr, of_ptr, s_rows, scale_f32, has_offset):
     """Byte pointers (BN, 1) to each row's first scale and offset (the scale's when there is none) and the
     bytes a scale takes: the half2 GEMV's steps add (group x bytes) to them, one 64-bit add a load."""
     if scale_f32 != 0:
-        s_at = sf_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * 4
-        if has_offset != 0:
-            m_at = of_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * 4
-        else:
-            m_at = s_at
+        s_at, m_at = _byte_rows(sf_ptr, of_ptr, s_rows, has_offset, 4)
         nbytes = 4
     else:
-        s_at = sh_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * 2
-        if has_offset != 0:
-            m_at = oh_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * 2
-        else:
-            m_at = s_at
+        s_at, m_at = _byte_rows(sh_ptr, oh_ptr, s_rows, has_offset, 2)
         nbytes = 2
     return s_at, m_at, nbytes
+
+
+@triton.jit
+def _byte_rows(s_ptr, m_ptr, s_rows, has_offset, NBYTES: tl.constexpr):
+    s_at = s_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * NBYTES
+    if has_offset != 0:
+        m_at = m_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * NBYTES
+    else:
+        m_at = s_at
+    return s_at, m_at
 
 
 @triton.jit
