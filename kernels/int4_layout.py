@@ -8,6 +8,8 @@ One projection's INT4 weights are three tensors:
   blocks, so a GGUF file's 4-bit tensors are taken in with a byte copy (no
   dequantize-requantize), and a GEMV loads a sub-block's 16 bytes with one load
   and multiplies the two nibble halves with two contiguous halves of x.
+  The half2 decode GEMV (``int4_half2_triton.py``) reads this order as it is: it pairs the activations to match
+  (byte permutes of x, once per sub-block) instead of permuting the weights, so intake stays a byte copy.
 - ``scale`` (N, K/G), float16 or float32: one scale per group of G = 32, 64 or 128
   consecutive elements of a row (G is a multiple of the sub-block).
 - ``offset`` (N, K/G) of the scale's dtype, or None:

@@ -16,6 +16,15 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
   bytes). The kernel is instruction-bound: ~10 SASS instructions a weight byte (INT8's GEMV: ~4.2) at the
   ~16 G instructions/s both reach; the targets (85% of copy, 0.35x F.linear) need ~4 a byte, i.e. decoding
   packed codes to FP16 pairs and multiplying on tensor cores (mma with x as the narrow operand), not FP32 FMAs.
+  ``DECODE`` 3 (FP16 activations; BF16 / FP32 ones take DECODE 2's code) is the half2 GEMV
+  (``int4_half2_triton.py``): one 16-byte load a row's sub-block, nibbles to FP16 with the 0x6400 magic-number trick
+  (LOP3 + HSUB2/HFMA2 in inline PTX), HFMA2 products summed in FP16 within a sub-block and in FP32 across
+  them, activations loaded, paired (PRMT) and scaled once per (thread, sub-block) and shared by the 8-16
+  rows a thread holds, group scales loaded in inline PTX so that they stay in the dot products' layout.
+  Static count (scripts/gemv_sass_report.py, sm_90 / sm_87): 5.0-5.1 SASS instructions a weight byte in the
+  K loop at 16 rows a thread (~200 registers), 5.45 at 8 rows (~122), both sides of the scale-dtype branch
+  included, against 9.7-9.9 for DECODE 2 (of which ~3.4 a byte is the half2 decode and products themselves);
+  not measured on a GPU yet (scripts/gpu_w4a16.sh times both), so the planner's default is still DECODE 2.
 - ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. The (BK, BN) weight tile is dequantized in registers
   to the reference's FP32 weights, rounded to the activation dtype (as F.linear on dequantized weights) and
   multiplied with one ``tl.dot`` a K tile into the FP32 accumulator; the dequantization is amortised over the
@@ -39,6 +48,7 @@ import triton.language as tl
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
+from edgekit.kernels.int4_half2_triton import UNSCALE, activation_pairs, load_where_used, subblock_dots_half2
 from edgekit.kernels.int4_layout import GROUP_SIZES, SUBBLOCK
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
@@ -154,6 +164,29 @@ def _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, B
 
 
 @triton.jit
+def _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The sums of ``_dots_from_bytes`` (DECODE 3, FP16 activations), both scaled by 1/16 (``int4_half2_triton``).
+
+    Each row's sub-block is one 16-byte load (four int32 words); the activations of each sub-block are loaded,
+    pre-scaled and paired once per step and shared by every row a thread holds. Unlike the other decodes the dot
+    is sum (q - 8) x / 16 for both forms (the caller moves the asymmetric form's 8 s into its offset)."""
+    SB: tl.constexpr = BLOCK_K // 32
+    sb = tl.arange(0, SB)
+    live = k0 + sb * 32 < K  # (SB,) K is a multiple of 32: a sub-block is wholly in or out
+    wi = tl.arange(0, 4 * SB)  # a 2-D tile, so that Triton sees the row's words as one contiguous run
+    # sub-blocks past K re-read the last one instead of being masked (no predicated loads to zero-fill): their
+    # activations load as 0, so they add nothing; the hints keep each sub-block's 4 words one 16-byte load
+    w_col = tl.minimum(k0 // 32 + wi // 4, K // 32 - 1) * 4 + wi % 4
+    w_col = tl.max_contiguous(tl.multiple_of(w_col, 4), 4)
+    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + (w_rows // 4)[:, None] + w_col[None, :])  # (BN, 4 SB)
+    words = tl.reshape(words, (BLOCK_N, SB, 4))
+    x_words = x_row.to(tl.pointer_type(tl.int32))
+    pairs, x_sum = activation_pairs(x_words, k0 // 2 + sb * 16, live)  # 16 x (SB,), (SB,)
+    dot = subblock_dots_half2(words, pairs)  # (BN, SB)
+    return dot, x_sum
+
+
+@triton.jit
 def _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, idx, scale_f32, has_offset):
     """Scales and offsets at ``idx`` (FP16 or FP32 storage, chosen by a uniform runtime flag) as FP32;
     the offset is 0 for the symmetric form (its -8 is taken out of the codes instead)."""
@@ -173,6 +206,48 @@ def _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, idx, scale_f32, has_offset):
 
 
 @triton.jit
+def _scale_rows(sh_ptr, oh_ptr, sf_ptr, of_ptr, s_rows, scale_f32, has_offset):
+    """Byte pointers (BN, 1) to each row's first scale and offset (the scale's when there is none) and the
+    bytes a scale takes: the half2 GEMV's steps add (group x bytes) to them, one 64-bit add a load."""
+    if scale_f32 != 0:
+        s_at, m_at = _byte_rows(sf_ptr, of_ptr, s_rows, has_offset, 4)
+        nbytes = 4
+    else:
+        s_at, m_at = _byte_rows(sh_ptr, oh_ptr, s_rows, has_offset, 2)
+        nbytes = 2
+    return s_at, m_at, nbytes
+
+
+@triton.jit
+def _byte_rows(s_ptr, m_ptr, s_rows, has_offset, NBYTES: tl.constexpr):
+    s_at = s_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * NBYTES
+    if has_offset != 0:
+        m_at = m_ptr.to(tl.pointer_type(tl.uint8)) + s_rows * NBYTES
+    else:
+        m_at = s_at
+    return s_at, m_at
+
+
+@triton.jit
+def _group_params_at(s_at, m_at, off, scale_f32, has_offset):
+    """``_group_params`` from ``_scale_rows``' byte pointers plus byte offsets ``off``; the loads are inline PTX
+    (``load_where_used``) so that the values stay in the dot products' layout."""
+    if scale_f32 != 0:
+        s = load_where_used((s_at + off).to(tl.pointer_type(tl.float32)))
+        if has_offset != 0:
+            m = load_where_used((m_at + off).to(tl.pointer_type(tl.float32)))
+        else:
+            m = tl.zeros_like(s)
+    else:
+        s = load_where_used((s_at + off).to(tl.pointer_type(tl.float16))).to(tl.float32)
+        if has_offset != 0:
+            m = load_where_used((m_at + off).to(tl.pointer_type(tl.float16))).to(tl.float32)
+        else:
+            m = tl.zeros_like(s)
+    return s, m
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, w_ptr, sh_ptr, oh_ptr, sf_ptr, of_ptr, b_ptr, y_ptr, part_ptr,
     M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, has_bias, has_offset, scale_f32, group_shift,
@@ -182,6 +257,8 @@ def _w4a16_gemv_kernel(
     tl.static_assert(BLOCK_M == 1)  # one activation row per program (linear_triton.GEMV_MAX_ROWS says why)
     tl.static_assert(BLOCK_K % 32 == 0)
     SB: tl.constexpr = BLOCK_K // 32  # sub-blocks a step
+    # DECODE 3 multiplies in half2 and needs FP16 activations; BF16 / FP32 ones take the FP32 words path (2)
+    HALF2: tl.constexpr = (DECODE == 3) & (x_ptr.dtype.element_ty == tl.float16)
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -198,21 +275,32 @@ def _w4a16_gemv_kernel(
         w_rows = rn_ld * stride_wn  # (BN,) byte offset of each weight row
         s_rows = rn_ld[:, None] * stride_sn
         x_row = x_ptr + row * stride_xm
+        if HALF2:
+            # each row's first scale and offset as byte pointers, once: a step then adds the thread's group
+            s_at, m_at, s_bytes = _scale_rows(sh_ptr, oh_ptr, sf_ptr, of_ptr, s_rows, scale_f32, has_offset)
         acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
         for kb in range(first, last):
             k0 = kb * BLOCK_K
             sub = k0 + sb * 32  # (SB,) first element of each sub-block
             kmask = sub < K  # K is a multiple of 32: a sub-block is wholly in or out
-            if DECODE != 0:
-                dot, x_sum = _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K, DECODE == 2)
+            if HALF2:
+                dot, x_sum = _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N, BLOCK_K)
+            elif DECODE != 0:
+                dot, x_sum = _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K, DECODE >= 2)
             else:
                 dot, x_sum = _dots_from_bytes(w_ptr, w_rows, x_row, sub, kmask, k0, zero, SB)
-            g_idx = s_rows + (tl.minimum(sub, K - 32) >> 5 >> group_shift)[None, :]
-            s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, g_idx, scale_f32, has_offset)
+            g = tl.minimum(sub, K - 32) >> 5 >> group_shift  # (SB,) group of each sub-block
+            if HALF2:
+                s, m = _group_params_at(s_at, m_at, (g * s_bytes)[None, :], scale_f32, has_offset)
+                m = m + 8.0 * s  # the half2 dot takes centred codes for both forms: q s + m = (q - 8) s + (m + 8 s)
+            else:
+                s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, s_rows + g[None, :], scale_f32, has_offset)
             acc += s * dot
             if has_offset != 0:
                 acc += m * x_sum[None, :]
         y = tl.sum(acc, axis=1)
+        if HALF2:
+            y = y * UNSCALE  # the half2 sums took x / 16
     if (reduce_splits == 0) & (num_splits > 1):
         tl.store(part_ptr + (pid_s * M + row) * N + rn, y, mask=mask)  # split-K partials: (splits, M, N) FP32
     else:

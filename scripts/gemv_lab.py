@@ -26,10 +26,7 @@ import argparse
 import collections
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 import torch
 import triton
@@ -196,28 +193,9 @@ def sass_mix(c: dict, arch: int) -> dict:
                                             **({"PREFETCH": c["PREFETCH"], "EVICT": c.get("EVICT", ""),
                                                 "CHUNK": c.get("CHUNK", 0)} if c["kind"] == "fma" else {})}, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": c["warps"], "num_stages": c["stages"]})
-    import triton.backends.nvidia as nv
-    nvdisasm = os.path.join(os.path.dirname(nv.__file__), "bin", "nvdisasm")
-    with tempfile.TemporaryDirectory() as d:
-        p = os.path.join(d, "k.cubin")
-        with open(p, "wb") as f:
-            f.write(k.asm["cubin"])
-        sass = subprocess.run([nvdisasm, "-c", p], capture_output=True, text=True).stdout
-    # the K loop is the code between the first label and the backward branch to it
-    lines = sass.splitlines()
-    loop = []
-    for i, ln in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
-        if m:
-            start = next((j for j, l2 in enumerate(lines) if l2.startswith(m.group(1) + ":")), None)
-            if start is not None and start < i:
-                loop = lines[start:i + 1]
-                break
-    ops = collections.Counter()
-    for ln in loop:
-        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]+)", ln)
-        if m:
-            ops[m.group(1)] += 1
+    from edgekit.kernels.sass_stats import loop_stats
+    stats = loop_stats(k.asm["cubin"])
+    ops = collections.Counter(stats.mix)
     per_iter_elems = c["BLOCK_N"] * c["BLOCK_K"] // (32 * c["warps"])
     from edgekit.kernels.aot import _ptxas_stats
     regs, spills = _ptxas_stats(k.asm["ptx"])

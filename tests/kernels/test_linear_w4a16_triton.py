@@ -58,3 +58,20 @@ def test_the_planner_takes_the_measured_gemv_default():
                           estimate=estimate_shared_bytes, compile_fn=lambda v: compile_variant(v, 87),
                           default_warps=default.num_warps)
     assert choice.variant == default and choice.shared_bytes <= 131072 and not choice.spill_bytes
+
+
+@pytest.mark.parametrize("arch", [87, 90])
+def test_the_half2_gemv_reads_each_scale_dtype_at_its_width(arch):
+    # the interpreter runs the twin (tl.load); the compiled kernel loads scales in inline PTX, which must read
+    # 2 bytes for FP16 scales / offsets and 4 for FP32 ones (a 4-byte read of FP16 scales gives wrong weights)
+    import re
+
+    from edgekit.kernels.variants import KernelVariant
+
+    v = KernelVariant("linear_w4a16", "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": 256, "DECODE": 3}, 2, 1)
+    ptx = compile_variant(v, arch).ptx
+    # one scale and one offset load a (row, sub-block) element a thread holds, for each storage dtype
+    per_thread = 64 * (256 // 32) // 64
+    assert len(re.findall(r"ld\.global\.nc\.b16", ptx)) == 2 * per_thread
+    assert len(re.findall(r"ld\.global\.nc\.b32", ptx)) == 2 * per_thread
+    assert "mul.rn.f16x2" in ptx and "lop3.b32" in ptx  # the half2 path, not the FP32 twin

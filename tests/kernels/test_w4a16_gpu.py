@@ -61,3 +61,36 @@ def test_sm87_ptx_runs_here_like_the_jit(op):
                             act="fp16", seed=M, device="cuda")
         # the same PTX path Triton JITs natively for sm_90 may pick other instructions: equal to FP16 rounding
         torch.testing.assert_close(plugin(*args), op(*args), rtol=2e-3, atol=2e-3)
+
+
+def _half2_op(act: str, block_n: int = 128, block_k: int = 256, warps: int = 2):
+    from edgekit.kernels.triton_backend import TritonOp
+    from edgekit.kernels.variants import KernelVariant
+
+    return TritonOp(OP, {"w4a16_gemv": KernelVariant(
+        OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": block_k, "DECODE": 3}, warps, 1, dtype=act)})
+
+
+@settings(max_examples=int(os.environ.get("W4A16_EXAMPLES", "20")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(groups=st.integers(1, 112), group=st.sampled_from([32, 64, 128]), N=st.integers(1, 3000),
+       symmetric=st.booleans(), scale_dtype=st.sampled_from([torch.float16, torch.float32]), bias=st.booleans(),
+       act=st.sampled_from(["fp16", "fp16", "bf16", "fp32"]),
+       tile=st.sampled_from([(128, 256, 2), (64, 256, 2), (256, 256, 4)]), seed=st.integers(0, 2**16))
+def test_half2_gemv_matches_the_fp64_oracle(groups, group, N, symmetric, scale_dtype, bias, act, tile, seed):
+    # DECODE 3: the inline-PTX half2 path for FP16 activations (BF16 / FP32 take the FP32 words path)
+    ratio = check_case(_half2_op(act, *tile), M=1, K=group * groups, N=N, group=group, symmetric=symmetric,
+                       scale_dtype=scale_dtype, bias=bias, act=act, seed=seed, device="cuda")
+    assert ratio <= 1.0, f"error is {ratio:.2f}x the allowed"
+
+
+def test_half2_gemv_keeps_large_activations_finite():
+    # activations of a few thousand (outlier channels): the half2 sums take x / 16 and stay finite
+    x, q, s, m, b = w4a16_inputs(M=1, K=4096, N=512, group=128, symmetric=True, scale_dtype=torch.float16, bias=False,
+                                 act="fp16", seed=7, device="cuda")
+    x = (x.float() * 1000).clamp(-6000, 6000).half()
+    y = _half2_op("fp16")(x, q, s, m, b)
+    import fp64_oracle as oracle
+
+    want = oracle.linear_w4a16(x, q, s, m, b)
+    assert torch.isfinite(y).all()
+    assert oracle.within(y, want, 1e-2 * float(abs(want).max()), 1e-2)[0]

@@ -64,14 +64,24 @@ def main() -> None:
                                       device_properties(x.device), lambda n, s, d: torch.empty(s))
         assert [ln.grid[2] > 1 for ln in launches] == [True, False], [ln.grid for ln in launches]
         record(f"gemv split-K M={M}", TritonOp(OP, gemv), **case)
-    # every weight decode of the GEMV (1: words, x one by one; 2: words, x in runs; 0: bytes), K ending mid-tile
-    for decode in (0, 1, 2):
+    # every weight decode of the GEMV (1: words, x one by one; 2: words, x in runs; 0: bytes; 3: half2, the
+    # pure-Triton twin of its PTX here), K ending mid-tile
+    for decode in (0, 1, 2, 3):
         v = {"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 256, "DECODE": decode},
                                          4, 1)}
         for symmetric in (False, True):
             case = dict(M=1, K=352, N=37, group=32, symmetric=symmetric, scale_dtype=torch.float32, bias=False,
                         act="fp16", seed=decode)
             record(f"gemv DECODE={decode} symmetric={symmetric}", TritonOp(OP, v), **case)
+    # DECODE 3 with FP16 scales and offsets, several rows a thread and sub-blocks across steps; with FP32
+    # activations it takes the FP32 words path (a variant compiled for FP32 activations)
+    for act in ("fp16", "fp32"):
+        v = {"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": 128, "DECODE": 3},
+                                         2, 1, dtype=act)}
+        for group in (32, 128):
+            case = dict(M=1, K=640, N=70, group=group, symmetric=False, scale_dtype=torch.float16, bias=True, act=act,
+                        seed=group)
+            record(f"gemv DECODE=3 {act} G={group}", TritonOp(OP, v), **case)
     # the GEMM on a K tile of 4 sub-blocks that straddles groups of 32 and ends past K
     gemm = {"w4a16_gemm": default_variants(OP, rows=64)["w4a16_gemm"]}
     for group in (32, 64):
