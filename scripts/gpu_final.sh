@@ -10,6 +10,7 @@
 #            CPU reference (greedy tokens); the orin bundle verified on the GPU (golden vectors through sm_87 PTX);
 #            serve vs run, 8 streaming clients, 100 swaps under load on the real h200 bundle
 #   stage 3 (<= 580 s): the W4A16 GEMV benchmark, then every GPU test (pytest -m gpu)
+# PRECISIONS and ENGINES in the environment narrow stage 1 (e.g. PRECISIONS=fp16,int8: the Done-when's pairs only).
 # Results (JSON + logs) go to $OUT. Usage (from the repo root on the GPU machine): bash scripts/gpu_final.sh 1|2|3
 set -uo pipefail
 stage=${1:?stage 1, 2 or 3}
@@ -29,7 +30,7 @@ if [ "$stage" = 1 ]; then
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/lc/cfg.log 2>&1 && \
     nice cmake --build build --target llama-bench llama-quantize -j 14 > /tmp/lc/build.log 2>&1; echo "llama.cpp build rc=$? at +$(( $(date +%s) - T0 )) s" ) &
   timeout $(left 570) python3 "$R/scripts/bench_decode_vs_llamacpp.py" --workdir /tmp/w --json "$OUT/bench_decode.json" \
-    --precisions fp16,int8,int4 --engines edgekit-fused,edgekit-persistent --tokens 64 --repeats 2 \
+    --precisions "${PRECISIONS:-fp16,int8,int4}" --engines "${ENGINES:-edgekit-fused,edgekit-persistent}" --tokens 64 --repeats 2 \
     --llama-bench $LC/build/bin/llama-bench --llama-quantize $LC/build/bin/llama-quantize --wait-llama-s 400 \
     > "$OUT/bench_decode.txt" 2> "$OUT/bench_decode_stderr.log"
   echo "decode bench rc=$? at +$(( $(date +%s) - T0 )) s"; tail -22 "$OUT/bench_decode.txt"
