@@ -78,11 +78,13 @@ def test_golden_checks_while_another_thread_captures_graphs_all_succeed(bundle):
         switcher = threading.Thread(target=switch_loop, daemon=True)
         t0 = time.perf_counter()
         switcher.start()
-        checks = 0
-        while switcher.is_alive():
+        checks, deadline = 0, time.monotonic() + 300
+        while switcher.is_alive() and time.monotonic() < deadline:
             check(good_plugin)  # raises SwapRefused(golden_mismatch) if it raced a capture
             checks += 1
-        switcher.join()
+            time.sleep(0.02)  # the lock is not fair: leave the switcher a moment to take it between two checks
+        switcher.join(60)
+        assert not switcher.is_alive(), f"the switches did not finish ({len(paths)} of {SWITCHES})"
         seconds = time.perf_counter() - t0
         stop.set()
         load.join(240)
