@@ -2,11 +2,11 @@
 module loads, golden checks.
 
 Why: a server has two admin threads (HTTP admin calls; probation decisions and rollbacks) and both touch the
-GPU. A CUDA graph capture in progress on one thread makes some calls on any other thread illegal (a
-device-wide synchronize would have to wait for the capturing stream; module loads and unloads, frees):
-on the H200 a rollback's re-capture on one thread made the next install's golden check fail with
-"operation not permitted when stream is capturing", so a healthy plugin was refused as a golden mismatch. The
-check can also invalidate the capture. Everything of that kind takes this lock, so none of it overlaps.
+GPU. A CUDA graph capture in progress on one thread makes a device-wide synchronize on any other thread
+illegal (it would wait for the capturing stream, so CUDA refuses it), and calls that may synchronize implicitly
+(a module unload) are no safer. On the H200 a serve bench saw an install's golden check fail with "operation
+not permitted" (most likely a probation rollback re-capturing graphs on the other admin thread at that moment),
+so a healthy plugin was refused as a golden mismatch; the check could as well have invalidated the capture. Everything of that kind takes this lock, so none of it overlaps.
 
 The device thread never takes it: it only replays graphs that are already captured, so serving never waits on
 admin work. The lock is re-entrant (an operator switch holds it across the load of the plugin and the capture
