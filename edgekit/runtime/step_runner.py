@@ -226,7 +226,13 @@ class GraphedRunner(StepRunner):
         self.prefill_graphs: dict[int, _Graph] = {}
         self.captured: list[str] = []
         self.reused: list[str] = []
-        # warm-ups and captures never overlap other admin GPU work (a golden check, another capture): gpu_admin_lock
+        # warm-ups and captures never overlap other admin GPU work (a golden check, another capture): gpu_admin_lock.
+        # Known and left open: the warm-ups run on `side`, beside the serving graphs. Two persistent decode kernels at
+        # once (a persistent warm-up here while the device thread replays a persistent graph) could each get only part
+        # of their grid resident and spin at their grid barriers for good. A swap to a new source rules the path out
+        # for the operators those graphs use, so this needs a persistent -> fused -> persistent pair of switches
+        # faster than the device thread's next step, or a switch re-installing an operator under its unchanged
+        # bundle source while serving persistent. Not fixed here (see the issue-15b report).
         with gpu_admin_work():
             scratch = None  # warm-up never writes the live rows; allocated only if something is captured
             side = torch.cuda.Stream(device=dev)
