@@ -131,8 +131,8 @@ def swap_phase(pool, url: str, stack, packages: list[bytes], args, prompt: list[
     from edgekit.runtime.swap_load import run_swap_load
 
     engine = stack.engine
-    n_pause, n_inst, n_load, n_prep = (len(engine.swap_pauses_s), len(stack.admin.install_ms), len(stack.load_ms),
-                                       len(engine.swap_prepares))
+    n_pause, n_inst, n_load, n_prep, n_event = (len(engine.swap_pauses_s), len(stack.admin.install_ms),
+                                                len(stack.load_ms), len(engine.swap_prepares), len(stack.events))
     t = time.perf_counter()
     swap = pool.submit(run_swap_load, url, ADMIN_TOKEN, packages, clients=args.clients, prompt=prompt,
                        max_tokens=args.new_tokens, max_seconds=budget_s, stream=True,
@@ -146,7 +146,18 @@ def swap_phase(pool, url: str, stack, packages: list[bytes], args, prompt: list[
             "switch_pause_ms_max": pauses[-1] if pauses else None,
             "stages_ms_p50": stage_medians(stack.admin.install_ms[n_inst:], stack.load_ms[n_load:],
                                            engine.swap_prepares[n_prep:]),
-            "graphs_per_swap": graph_counts(engine.swap_prepares[n_prep:])}
+            "graphs_per_swap": graph_counts(engine.swap_prepares[n_prep:]),
+            # probation verdicts and rollbacks run on serving's admin worker, beside the installs: a rollback
+            # re-captures graphs there (the race behind a golden check refused with "operation not permitted")
+            "admin_events": event_counts(stack.events[n_event:])}
+
+
+def event_counts(events: list[dict]) -> dict:
+    """How many serving events of each kind (rollback, probation_passed, probation_failed, ...)."""
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[e["kind"]] = counts.get(e["kind"], 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def stage_medians(installs: list[dict], loads: list[float], prepares: list[dict]) -> dict:
@@ -335,6 +346,8 @@ def print_table(out: dict, args) -> None:
             ("persistent: switch pause p99 ms  (goal <= 5)", num(ps.get("switch_pause_ms_p99"), ".3f")),
             ("persistent: upload->active stages p50 ms", stages(ps)),
             ("persistent: graphs re-captured / kept per swap", graphs_split(ps)),
+            ("persistent: admin-worker events during the swaps",
+             ", ".join(f"{k} {v}" for k, v in (ps.get("admin_events") or {}).items()) or "-"),
         ]
     print(f"serve vs run, {out['model']} ({out['backend']}, serve {'graphed' if out.get('serve_graphed') else 'eager'}), "
           f"{out['measured_on']}; {out.get('total_s')} s in all")

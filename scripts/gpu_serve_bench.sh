@@ -14,8 +14,9 @@
 #      contains: decode falls back to fused, visibly) under the same load, uploads stop at PSWAP_BUDGET (60 s)
 # SWAPS, CLIENTS, PSWAPS, BATCH1_S, LOAD_S, SWAP_BUDGET, PSWAP_BUDGET, NEW_TOKENS in the environment override the
 # defaults (a short check: SWAPS=20 SWAP_BUDGET=15 PSWAPS=3 PSWAP_BUDGET=10 BATCH1_S=6 LOAD_S=6). GPU_TESTS=1 first
-# runs the engine's GPU tests (tests/edgekit/runtime/test_engine_gpu.py; TESTS_K narrows them with -k; at most
-# TESTS_TIMEOUT s, 120 by default, outside the 420 s).
+# runs the engine's GPU tests (tests/edgekit/runtime/test_engine_gpu.py, and test_golden_check_during_capture_gpu.py:
+# golden checks beside graph captures; TESTS_K narrows them with -k; at most TESTS_TIMEOUT s, 180 by default,
+# outside the 420 s).
 # The GPU machine has 16 cores: the clients run in a spawned process of their own, the server in this one.
 # Every phase has its own timeout; $OUT gets serve_bench.json (rewritten after every bench phase, so a timeout or
 # a failed phase still leaves what was measured), the logs, and summary.json with each phase's rc and seconds.
@@ -52,7 +53,8 @@ cd "$EDGEKIT_RUN_DIR"   # outside the repo: ./edgekit must not shadow the mapped
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   t=$(date +%s)
-  timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q "$R/tests/edgekit/runtime/test_engine_gpu.py" -c "$R/pyproject.toml" --rootdir "$R" \
+  timeout "${TESTS_TIMEOUT:-180}" python3 -m pytest -q "$R/tests/edgekit/runtime/test_engine_gpu.py" \
+    "$R/tests/edgekit/runtime/test_golden_check_during_capture_gpu.py" -c "$R/pyproject.toml" --rootdir "$R" \
     -p no:cacheprovider -p no:randomly -rfE ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest_engine_gpu.log" 2>&1
   rc=$?; phase gpu_tests $rc "$t"; tail -15 "$OUT/pytest_engine_gpu.log"
 fi

@@ -14,6 +14,7 @@ import torch
 
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
+from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
 
 
 class GraphedDecodeStep:
@@ -26,15 +27,16 @@ class GraphedDecodeStep:
         self.positions = torch.zeros(B, dtype=torch.long, device=dev)  # (B,)
         # Warm up on a side stream (allocations, autotuning, lazy module loads) before capture.
         # These steps write position 0 of the cache, which every prefill overwrites.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                decoder.decode(self.tokens, self.positions, cache)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = decoder.decode(self.tokens, self.positions, cache)  # (B, V), a static output buffer
+        with gpu_admin_work():  # warm-up and capture never overlap other admin GPU work (gpu_admin_lock)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    decoder.decode(self.tokens, self.positions, cache)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with capture_graph(self.graph):
+                self.logits = decoder.decode(self.tokens, self.positions, cache)  # (B, V), a static output buffer
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.tokens.copy_(tokens)

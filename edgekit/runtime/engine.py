@@ -41,6 +41,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.power.latency import LatencyTracker
 from edgekit.runtime.fused_decode import DECODE_PATHS, DEFAULT_DECODE_PATH, DecodePath
+from edgekit.runtime.gpu_admin_lock import gpu_admin_work
 from edgekit.runtime.step_runner import Launch, make_runner
 from edgekit.shapes import StaticShapes
 
@@ -192,7 +193,10 @@ class Engine:
         (on a GPU: warming up and capturing the graphs that use `op`; the others are kept), all of it off the
         serving path. ``swap_prepares`` records each one."""
         t = time.perf_counter()
-        with self._switch_lock:
+        # gpu_admin_work: freeing retired graphs and capturing new ones never overlap a golden check or a capture
+        # on the other admin thread (a rollback on serving's admin worker beside an install on the HTTP admin pool)
+        # (taken before _switch_lock: serving's _on_change holds it around the plugin load and this switch)
+        with gpu_admin_work(), self._switch_lock:
             self._retired.clear()  # runners the device thread has left: freed here, off the serving path
             new = self._table.copy()
             if fn is None:

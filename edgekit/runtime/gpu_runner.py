@@ -37,6 +37,35 @@ def load_plugin_op(meta: PluginMetadata, read: Callable[[str], bytes], device: O
         raise
 
 
+def on_own_stream(dev: torch.device, fn: Callable[[], Any]):
+    """``fn()`` on a CUDA stream of its own, its tensor outputs copied to the host on that stream, which alone is
+    waited for. Never the legacy default stream nor a device-wide synchronize: a check beside a serving process
+    neither waits for the serving stream's work nor disturbs a graph capture on another thread.
+
+    So its kernels may run beside the serving graphs, the persistent decode kernel among them, whose grid (every
+    SM times its occupancy) spins at grid barriers until all its programs are resident. A check's kernels cannot
+    deadlock it: they are plugin kernels of single operators, none with a grid barrier (only the persistent kernel
+    has one, and it is edgekit's own, never a plugin), so each of their programs runs to its end without waiting
+    on another and frees its SM slot; persistent programs that could not start meanwhile start then. The cost is
+    a delay of the persistent launch by at most the check kernel's run time (golden cases are a few rows)."""
+    stream = torch.cuda.Stream(device=dev)  # no wait on the caller's stream: the inputs are host tensors
+    with torch.cuda.stream(stream):
+        out = _to_host(fn())
+    stream.synchronize()
+    return out
+
+
+def _to_host(raw):
+    """Outputs (a tensor, a sequence or a mapping of them) with every tensor copied to the CPU."""
+    if isinstance(raw, torch.Tensor):
+        return raw.cpu()
+    if isinstance(raw, dict):
+        return {k: _to_host(v) for k, v in raw.items()}
+    if isinstance(raw, (list, tuple)):
+        return type(raw)(_to_host(v) for v in raw)
+    return raw
+
+
 def call_with_spec_order(fn, op: str, inputs: dict[str, torch.Tensor], attributes: dict[str, Any]):
     """Call an operator implementation positionally, like its reference: inputs in spec order
     (None for an absent optional input), then attributes in spec order."""
@@ -66,12 +95,15 @@ def plugin_runner(bundle_root: str | Path, device: str = "cuda") -> GoldenRunner
         return f"plugins/{op}/{versions[-1][0]}" if versions else None
 
     def run(op: str, inputs: dict[str, torch.Tensor], attributes: dict[str, Any], plugin: Optional[str]):
-        on_dev = {k: v.to(dev) for k, v in inputs.items()}
         target = plugin or active_plugin_dir(op)
-        if target is None:
-            return run_reference(op, on_dev, attributes)
-        out = call_with_spec_order(plugin_for(target), op, on_dev, attributes)
-        torch.cuda.synchronize(dev)
-        return out
+        impl = plugin_for(target) if target is not None else None
+
+        def launch():
+            on_dev = {k: v.to(dev) for k, v in inputs.items()}
+            if impl is None:
+                return run_reference(op, on_dev, attributes)
+            return call_with_spec_order(impl, op, on_dev, attributes)
+
+        return on_own_stream(dev, launch)
 
     return run

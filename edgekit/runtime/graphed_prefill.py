@@ -15,6 +15,7 @@ import torch
 
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
+from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
 
 
 class GraphedPrefill:
@@ -34,14 +35,15 @@ class GraphedPrefill:
         dev = self.decoder.device
         tokens = torch.zeros(batch, bucket, dtype=torch.long, device=dev)  # (B, T) static input
         seq_lens = torch.full((batch,), bucket, dtype=torch.long, device=dev)  # (B,)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture: Triton JIT, lazy loads, allocator
-            self.decoder.prefill(tokens, seq_lens, self.cache)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits = self.decoder.prefill(tokens, seq_lens, self.cache)  # (B, V) static output
+        with gpu_admin_work():  # warm-up and capture never overlap other admin GPU work (gpu_admin_lock)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up off the capture: Triton JIT, lazy loads, allocator
+                self.decoder.prefill(tokens, seq_lens, self.cache)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with capture_graph(graph):
+                logits = self.decoder.prefill(tokens, seq_lens, self.cache)  # (B, V) static output
         self._graphs[(batch, bucket)] = (graph, tokens, seq_lens, logits)
 
     def buckets(self) -> list[tuple[int, int]]:

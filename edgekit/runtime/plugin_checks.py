@@ -21,6 +21,7 @@ from edgekit.bundle.golden import GoldenRunner, check_case, read_golden, run_ref
 from edgekit.bundle.keys import TrustedKeys
 from edgekit.bundle.plugin import MAX_PACKAGE_BYTES, PACKAGE_SIG_FILE, VerifiedPlugin, verify_plugin_package
 from edgekit.errors import EdgekitError, VerificationError
+from edgekit.runtime.gpu_admin_lock import gpu_admin_work
 from edgekit.runtime.plugin_policy import SwapRefused
 
 RunnerFactory = Callable[[VerifiedPlugin], GoldenRunner]
@@ -74,15 +75,15 @@ def gpu_runner(device: str = "cuda") -> RunnerFactory:
     def runner_for(plugin: VerifiedPlugin) -> GoldenRunner:
         import torch
 
-        from edgekit.runtime.gpu_runner import call_with_spec_order, load_plugin_op
+        from edgekit.runtime.gpu_runner import call_with_spec_order, load_plugin_op, on_own_stream
 
         dev = torch.device(device)
         op = load_plugin_op(plugin.metadata, plugin.files.__getitem__, dev)
 
         def run(op_name, inputs, attributes, label):
-            out = call_with_spec_order(op, op_name, {k: v.to(dev) for k, v in inputs.items()}, attributes)
-            torch.cuda.synchronize(dev)
-            return out
+            # its own stream: a check beside serving neither waits for the serving stream nor syncs the device
+            return on_own_stream(dev, lambda: call_with_spec_order(
+                op, op_name, {k: v.to(dev) for k, v in inputs.items()}, attributes))
 
         run.unload = op.unload  # type: ignore[attr-defined]
         return run
@@ -114,13 +115,15 @@ def golden_checker(
         sources = [("plugin", plugin.golden)]
         if bundle_golden and plugin.op in bundle_golden:
             sources.append(("bundle", bundle_golden[plugin.op]))
-        run = runner_for(plugin)
-        try:
-            _check_sources(plugin, run, sources)
-        finally:
-            unload = getattr(run, "unload", None)
-            if unload is not None:
-                unload()
+        # load, run and unload never overlap a graph capture on another admin thread (gpu_admin_lock says why)
+        with gpu_admin_work():
+            run = runner_for(plugin)
+            try:
+                _check_sources(plugin, run, sources)
+            finally:
+                unload = getattr(run, "unload", None)
+                if unload is not None:
+                    unload()
 
     return check
 

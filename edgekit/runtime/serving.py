@@ -27,6 +27,7 @@ from edgekit.errors import EdgekitError
 from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.bundle_runtime import OpenedBundle
 from edgekit.runtime.engine import Engine
+from edgekit.runtime.gpu_admin_lock import gpu_admin_work
 
 
 def _all_finite(out) -> bool:
@@ -183,7 +184,13 @@ class ServingStack:
         return self.engine.switch_operator(op, self._guarded(op, fn, fallback, probation), source)
 
     def _on_change(self, op: str, plugin) -> None:
-        """The store's decision -> the engine's dispatch entry (called after install, rollback and at start)."""
+        """The store's decision -> the engine's dispatch entry (called after install, rollback and at start).
+        Under gpu_admin_work: the plugin's module load and the graph captures of the switch never overlap a golden
+        check or a capture on the other admin thread."""
+        with gpu_admin_work():
+            self._switch_to(op, plugin)
+
+    def _switch_to(self, op: str, plugin) -> None:
         current = self.engine.table.get(op)
         previous = current.fn if isinstance(current, GuardedOp) else current
         if plugin is None:  # the base: the bundle's own plugin, unless it was rolled back too; else the reference

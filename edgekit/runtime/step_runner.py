@@ -33,6 +33,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, DecodePath, select_decode_path
+from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
 from edgekit.runtime.op_usage import OpUsage, changed_operators
 
 
@@ -225,57 +226,64 @@ class GraphedRunner(StepRunner):
         self.prefill_graphs: dict[int, _Graph] = {}
         self.captured: list[str] = []
         self.reused: list[str] = []
-        scratch = None  # warm-up never writes the live rows; allocated only if something is captured
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for b in batch_buckets:
-                old = previous.decode_graphs.get(b) if previous is not None else None
-                if old is not None and old.path_key == path_key and not (changed & old.graph.used):
-                    self.decode_graphs[b] = old
-                    self.reused.append(f"decode b={b}")
-                    continue
-                scratch = _scratch(scratch, decoder, cache)
-                bk = _DecodeBucket(b, dev)
-                tokens, positions = bk.inputs[0, :b], bk.inputs[1, :b]
+        # warm-ups and captures never overlap other admin GPU work (a golden check, another capture): gpu_admin_lock.
+        # Known and left open: the warm-ups run on `side`, beside the serving graphs. Two persistent decode kernels at
+        # once (a persistent warm-up here while the device thread replays a persistent graph) could each get only part
+        # of their grid resident and spin at their grid barriers for good. A swap to a new source rules the path out
+        # for the operators those graphs use, so this needs a persistent -> fused -> persistent pair of switches
+        # faster than the device thread's next step, or a switch re-installing an operator under its unchanged
+        # bundle source while serving persistent. Not fixed here (see the issue-15b report).
+        with gpu_admin_work():
+            scratch = None  # warm-up never writes the live rows; allocated only if something is captured
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for b in batch_buckets:
+                    old = previous.decode_graphs.get(b) if previous is not None else None
+                    if old is not None and old.path_key == path_key and not (changed & old.graph.used):
+                        self.decode_graphs[b] = old
+                        self.reused.append(f"decode b={b}")
+                        continue
+                    scratch = _scratch(scratch, decoder, cache)
+                    bk = _DecodeBucket(b, dev)
+                    tokens, positions = bk.inputs[0, :b], bk.inputs[1, :b]
 
-                def step(kv: StaticKVCache, bk=bk, b=b, tokens=tokens, positions=positions):
-                    logits, picks = _with_picks(step_decoder.decode(tokens, positions, rows_view(kv, b)))
-                    _feed_back(bk.inputs, picks, b)
-                    return logits, picks
+                    def step(kv: StaticKVCache, bk=bk, b=b, tokens=tokens, positions=positions):
+                        logits, picks = _with_picks(step_decoder.decode(tokens, positions, rows_view(kv, b)))
+                        _feed_back(bk.inputs, picks, b)
+                        return logits, picks
 
-                with usage.recording() as used:
-                    for _ in range(warmup):
-                        step(scratch)
-                    bk.graph = self._capture(side, lambda: step(cache), (bk.inputs,), used)
-                bk.path_key = path_key
-                self.decode_graphs[b] = bk
-                self.captured.append(f"decode b={b}")
-            for T in prompt_buckets:
-                old = previous.prefill_graphs.get(T) if previous is not None else None
-                if old is not None and not (changed & old.used):
-                    self.prefill_graphs[T] = old
-                    self.reused.append(f"prefill T={T}")
-                    continue
-                scratch = _scratch(scratch, decoder, cache)
-                tokens = torch.zeros(1, T, dtype=torch.long, device=dev)  # (1, T)
-                seq_lens = torch.ones(1, dtype=torch.long, device=dev)  # (1,)
-                slot = torch.zeros(1, dtype=torch.long, device=dev)  # (1,)
-                with usage.recording() as used:
-                    for _ in range(warmup):
-                        dec.prefill(tokens, seq_lens, RowPrefillCache(scratch, slot))
-                    self.prefill_graphs[T] = self._capture(
-                        side, lambda: dec.prefill(tokens, seq_lens, RowPrefillCache(cache, slot)),
-                        (tokens, seq_lens, slot), used)
-                self.captured.append(f"prefill T={T}")
-        side.synchronize()
-        del scratch
+                    with usage.recording() as used:
+                        for _ in range(warmup):
+                            step(scratch)
+                        bk.graph = self._capture(side, lambda: step(cache), (bk.inputs,), used)
+                    bk.path_key = path_key
+                    self.decode_graphs[b] = bk
+                    self.captured.append(f"decode b={b}")
+                for T in prompt_buckets:
+                    old = previous.prefill_graphs.get(T) if previous is not None else None
+                    if old is not None and not (changed & old.used):
+                        self.prefill_graphs[T] = old
+                        self.reused.append(f"prefill T={T}")
+                        continue
+                    scratch = _scratch(scratch, decoder, cache)
+                    tokens = torch.zeros(1, T, dtype=torch.long, device=dev)  # (1, T)
+                    seq_lens = torch.ones(1, dtype=torch.long, device=dev)  # (1,)
+                    slot = torch.zeros(1, dtype=torch.long, device=dev)  # (1,)
+                    with usage.recording() as used:
+                        for _ in range(warmup):
+                            dec.prefill(tokens, seq_lens, RowPrefillCache(scratch, slot))
+                        self.prefill_graphs[T] = self._capture(
+                            side, lambda: dec.prefill(tokens, seq_lens, RowPrefillCache(cache, slot)),
+                            (tokens, seq_lens, slot), used)
+                    self.captured.append(f"prefill T={T}")
+            side.synchronize()
+            del scratch
 
     @staticmethod
     def _capture(stream: torch.cuda.Stream, step, inputs, used: set[str]) -> _Graph:
         g = torch.cuda.CUDAGraph()
-        # thread_local: the serving thread keeps launching (and allocating) while this thread captures
-        with torch.cuda.graph(g, stream=stream, capture_error_mode="thread_local"):
+        with capture_graph(g, stream):  # thread-local: the serving thread keeps launching while this one captures
             out = step()
         return _Graph(g, inputs, out, used)
 

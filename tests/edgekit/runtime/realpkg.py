@@ -72,3 +72,34 @@ def open_store(root, *, golden=None, max_bytes=1 << 20, checkpoint=None, author=
         golden_check=golden or golden_checker(),
         checkpoint=checkpoint,
     )
+
+
+def compiled_rmsnorm_packages(author: SigningKey) -> tuple[int, bytes, bytes]:
+    """On a GPU: (arch, a right rmsnorm plugin v1, v2 with a subtly wrong launch program: eps 0.05 instead of the
+    call's 1e-5), both cross-compiled Triton with cubin for this GPU, signed by `author`."""
+    import copy
+
+    import torch
+
+    from edgekit.bundle.golden import golden_to_bytes, make_case
+    from edgekit.bundle.plugin import pack_plugin, plugin_from_compiled
+    from edgekit.kernels import aot
+    from edgekit.kernels.launcher import device_arch
+    from edgekit.kernels.variants import default_variants, op_program
+
+    arch = device_arch()
+    variants = default_variants("rmsnorm", dtype="fp16", hidden=576)
+    compiled = {k: aot.compile_variant(v, arch, with_ptxas_stats=False) for k, v in variants.items()}
+    program = op_program("rmsnorm", variants, aot=True)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 576, generator=g).half()  # (T, C)
+    w = (1 + 0.1 * torch.randn(576, generator=g)).half()  # (C,)
+    golden = golden_to_bytes("rmsnorm", [make_case("rmsnorm", {"x": x, "weight": w}, {"eps": 1e-5}, name="t32", seed=0, bucket=32)])
+
+    good = pack_plugin(*plugin_from_compiled("rmsnorm", 1, compiled, program, golden), author)
+    wrong_program = copy.deepcopy(program)
+    for launch in wrong_program["launches"]:
+        launch["args"] = [0.05 if a == {"attr": "eps"} else a for a in launch["args"]]
+    assert wrong_program != program
+    wrong = pack_plugin(*plugin_from_compiled("rmsnorm", 2, compiled, wrong_program, golden), author)
+    return arch, good, wrong
