@@ -152,6 +152,10 @@ def swap_phase(pool, url: str, stack, packages: list[bytes], args, prompt: list[
             "admin_events": event_counts(stack.events[n_event:])}
 
 
+def events_text(events: dict | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (events or {}).items()) or "none"
+
+
 def event_counts(events: list[dict]) -> dict:
     """How many serving events of each kind (rollback, probation_passed, probation_failed, ...)."""
     counts: dict[str, int] = {}
@@ -265,6 +269,7 @@ def main() -> None:
             out["n_vs_one_aggregate"] = (many["aggregate_tokens_per_s"] / one["aggregate_tokens_per_s"]
                                          if one["aggregate_tokens_per_s"] else None)
             out["decode_steps_per_batch_bucket"] = dict(engine.step_batches)
+            out["admin_events_scaling"] = event_counts(stack.events)
 
         def swaps() -> None:
             packages = plugin_packages(b, args.op, range(2, args.swaps + 2))
@@ -285,6 +290,12 @@ def main() -> None:
                                              "decode_path_before": stack.engine.decode_path.to_dict(),
                                              "metrics_before": metrics_decode_path(url)}
             rep.save()
+            # the same load with no swap first, one client then N: events here are the path's own (the engine
+            # reports every decode step whose logits are not finite), not a swap's
+            for n in (1, args.clients):
+                n_event = len(stack.events)
+                res[f"load_before_swaps_{n}_clients"] = {**load_phase(pool, url, body, n, args.seconds / 4),
+                                                         "admin_events": event_counts(stack.events[n_event:])}
             packages = plugin_packages(b, args.persistent_op, range(2, args.persistent_swaps + 2))
             res.update(swap_phase(pool, url, stack, packages, args, prompt, args.persistent_budget_s))
             res["decode_path_after"] = stack.engine.decode_path.to_dict()
@@ -332,6 +343,7 @@ def print_table(out: dict, args) -> None:
         ("decode path after the swaps", (sw.get("decode_path_after") or {}).get("path", "-")),
         ("upload->active stages p50 ms", stages(sw)),
         ("graphs re-captured / kept per swap", graphs_split(sw)),
+        (f"serving events under the 1-vs-{args.clients} load (no swaps)", events_text(out.get("admin_events_scaling"))),
     ]
     ps = out.get("persistent_swaps") or {}
     if ps:
@@ -346,6 +358,9 @@ def print_table(out: dict, args) -> None:
             ("persistent: switch pause p99 ms  (goal <= 5)", num(ps.get("switch_pause_ms_p99"), ".3f")),
             ("persistent: upload->active stages p50 ms", stages(ps)),
             ("persistent: graphs re-captured / kept per swap", graphs_split(ps)),
+            *[(f"persistent: events under {n} client(s), before any swap",
+               events_text((ps.get(f"load_before_swaps_{n}_clients") or {}).get("admin_events")))
+              for n in (1, args.clients)],
             ("persistent: admin-worker events during the swaps",
              ", ".join(f"{k} {v}" for k, v in (ps.get("admin_events") or {}).items()) or "-"),
         ]

@@ -48,17 +48,18 @@ def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, l
         pos = pos + 1
 
 
+@pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_persistent_step_equals_the_fused_step(precision):
+def test_persistent_step_equals_the_fused_step(precision, batch):
     """Same stage functions, same tiles: the graphed persistent step follows the fused step (greedy tokens equal,
     logits within FP16 rounding: the persistent kernel runs one num_warps, so some reductions sum in another order)."""
     from edgekit.runtime.cuda_graphs import GraphedDecodeStep
     from edgekit.runtime.fused_decode import select_decode_path
 
     dec = _decoder(precision)
-    caches = [dec.new_cache(1, 256), dec.new_cache(1, 256)]
-    prompt = torch.randint(0, dec.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(1)).cuda()
-    lens = torch.tensor([190], device="cuda")
+    caches = [dec.new_cache(batch, 256), dec.new_cache(batch, 256)]
+    prompt = torch.randint(0, dec.config.vocab_size, (batch, 200), generator=torch.Generator().manual_seed(1)).cuda()
+    lens = torch.tensor([190 - 7 * i for i in range(batch)], device="cuda")  # (B,): rows at different depths
     (fused_dec, _), (pers_dec, _) = (select_decode_path(dec, c, prefer=p) for c, p in zip(caches, ("fused", "persistent")))
     fused, pers = GraphedDecodeStep(fused_dec, caches[0]), GraphedDecodeStep(pers_dec, caches[1])
     tok = dec.prefill(prompt, lens, caches[0]).argmax(-1)
@@ -66,6 +67,7 @@ def test_persistent_step_equals_the_fused_step(precision):
     pos = lens.clone()
     for _ in range(6):
         a, b = fused(tok, pos).float(), pers(tok, pos).float()
+        assert bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())
         assert float((a - b).abs().max()) <= 1e-2 * float(a.abs().max())
         assert torch.equal(fused_dec.last_token, pers_dec.last_token)
         tok, pos = fused_dec.last_token.clone(), pos + 1
