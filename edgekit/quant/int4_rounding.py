@@ -73,6 +73,13 @@ def rtn_record(w: torch.Tensor, bias: torch.Tensor | None, group: int, symmetric
                clip: torch.Tensor | float = 1.0) -> LinearWeights:
     """Round-to-nearest (optionally with per-group clip ratios) as a linear_w4a16 record."""
     n, k = w.shape
-    wg = w.to(torch.float32).reshape(n, k // group, group)
-    s, m = int4_group_params(wg, symmetric, scale_dtype, clip)
-    return int4_record(int4_codes(wg, s, m).reshape(n, k), s, m, bias, scale_dtype)
+    s, m = int4_group_params(w.to(torch.float32).reshape(n, k // group, group), symmetric, scale_dtype, clip)
+    return params_record(w, bias, s, m, scale_dtype)
+
+
+def params_record(w: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor, offset: torch.Tensor | None,
+                  scale_dtype: torch.dtype) -> LinearWeights:
+    """Round-to-nearest onto given group scales / offsets (N, K/G, FP32 holding stored values) as a linear_w4a16 record."""
+    n, k = w.shape
+    wg = w.to(torch.float32).reshape(n, scale.shape[1], k // scale.shape[1])
+    return int4_record(int4_codes(wg, scale, offset).reshape(n, k), scale, offset, bias, scale_dtype)

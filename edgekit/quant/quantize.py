@@ -70,10 +70,14 @@ class QuantizeOptions:
     int4_symmetric: bool = False
     int4_method: str = "gptq"
     int4_damp: float = 0.01  # GPTQ dampening, a fraction of mean(diag H)
+    int4_act_order: bool = False  # GPTQ columns by decreasing diag H (static groups)
+    int4_subblock_grids: bool = False  # group parameters searched among clip ratios and the 32-element sub-blocks' grids
+    int4_true_sequential: bool = False  # each projection calibrated on inputs through the block's rounded earlier ones
 
     def int4_options(self) -> Int4Options:
         return Int4Options(group=self.int4_group, symmetric=self.int4_symmetric, method=self.int4_method,
-                           damp=self.int4_damp)
+                           damp=self.int4_damp, act_order=self.int4_act_order, subblock_grids=self.int4_subblock_grids,
+                           true_sequential=self.int4_true_sequential)
 
 
 @dataclass
@@ -260,7 +264,9 @@ def quantize_model(
         "options": {"alpha": opts.alpha if mode == "w8a8" else None, "quantize_head": opts.quantize_head,
                     "storage_dtype": dtype_name(dt), "allow_mixed": allow_mixed,
                     **({"int4": {"group": opts.int4_group, "symmetric": opts.int4_symmetric, "method": opts.int4_method,
-                                 "scale_dtype": "fp16"}} if mode == "w4a16" else {})},
+                                 "damp": opts.int4_damp, "act_order": opts.int4_act_order,
+                                 "subblock_grids": opts.int4_subblock_grids,
+                                 "true_sequential": opts.int4_true_sequential, "scale_dtype": "fp16"}} if mode == "w4a16" else {})},
         "measured_on": "cpu",
         "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",
     }
