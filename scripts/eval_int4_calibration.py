@@ -20,13 +20,13 @@ import time
 
 
 # Levers a variant may add to its method, "METHOD+LEVER+...": flags, then KEY=VALUE ones.
-FLAGS = {"act_order": "int4_act_order", "grids": "int4_subblock_grids", "true_seq": "int4_true_sequential",
+FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "grids": "int4_group_search", "true_seq": "int4_true_sequential",
          "sym": "int4_symmetric"}
 VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int)}
 
 
-DEFAULT_VARIANTS = ("rtn,rtn+grids,awq,gptq,gptq+act_order,gptq+damp=0.1,gptq+tokens=4096,gptq+sym,gptq+true_seq,"
-                    "awq_gptq,gptq+grids,gptq+grids+true_seq")
+DEFAULT_VARIANTS = ("rtn,awq,gptq,gptq+act_order,gptq+damp=0.1,gptq+tokens=4096,gptq+sym,gptq+true_seq,awq_gptq,"
+                    "rtn+search,gptq+search,awq+search")
 
 
 def variant_options(variant: str, base: dict) -> dict:
@@ -66,8 +66,8 @@ def run_mixed(method, loaded, prepared, ref, gate, opts, m, fails) -> dict:
         tried.append({"int8_layers": len(a.int8_layers), "fp_layers": len(a.fp_layers), "metrics": m,
                       "failures": fails, "layers_int8": a.int8_layers, "layers_fp": a.fp_layers, **bytes_summary(weights)})
         print(f"mixed: {a.label}: ppl +{100 * m['perplexity_increase']:.2f}%, "
-              f"greedy {m['greedy_agreement']:.3f}, INT4 {100 * tried[-1]['int4_fraction_of_linear_bytes']:.1f}% of "
-              f"linear bytes, {'pass' if not fails else 'fail'}", flush=True)
+              f"greedy {m['greedy_agreement']:.3f}, INT4 {100 * tried[-1]['int4_fraction_of_block_linear_bytes']:.1f}% of "
+              f"block linear bytes, {'pass' if not fails else 'fail'}", flush=True)
         if not fails:
             break
     return {"method": method, "passed": not fails, "attempts": tried, "most_sensitive": ranking[:10],
@@ -85,19 +85,25 @@ def bytes_summary(weights) -> dict:
     """Linear weight bytes by precision (block projections and LM head) of an assembled model."""
     from edgekit.quant.layers import named_linears
 
+    from edgekit.quant.layers import HEAD
+
     by_op: dict[str, int] = {}
     for name, lw in named_linears(weights).items():
-        by_op[lw.op] = by_op.get(lw.op, 0) + record_bytes(lw)
-    total = sum(by_op.values())
-    return {"linear_bytes_by_operator": by_op, "linear_bytes_per_token": total,
-            "int4_fraction_of_linear_bytes": round(by_op.get("linear_w4a16", 0) / total, 4)}
+        if name != HEAD:
+            by_op[lw.op] = by_op.get(lw.op, 0) + record_bytes(lw)
+    blocks = sum(by_op.values())
+    head = record_bytes(weights.lm_head)
+    return {"block_linear_bytes_by_operator": by_op, "lm_head_bytes": head, "lm_head_operator": weights.lm_head.op,
+            "linear_bytes_per_token": blocks + head,
+            "int4_fraction_of_block_linear_bytes": round(by_op.get("linear_w4a16", 0) / blocks, 4),
+            "int4_fraction_of_linear_bytes": round(by_op.get("linear_w4a16", 0) / (blocks + head), 4)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", "--methods", dest="variants", default=DEFAULT_VARIANTS,
-                    help="comma-separated METHOD[+LEVER...]: methods rtn, gptq, awq, awq_gptq; levers act_order, grids "
-                         "(sub-block grid search), true_seq, sym, damp=X, tokens=N (default: %(default)s)")
+                    help="comma-separated METHOD[+LEVER...]: methods rtn, gptq, awq, awq_gptq; levers act_order, search "
+                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--quantize-head", action="store_true")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's 2048)")
@@ -105,6 +111,8 @@ def main() -> None:
     ap.add_argument("--mixed", default=None, metavar="VARIANT",
                     help="also run --allow-mixed's fallback (INT8, then FP16, for the most sensitive layers) on VARIANT's "
                          "result, as quantize_model does, and report where it stops")
+    ap.add_argument("--max-mixed-fraction", type=float, default=None,
+                    help="--mixed: the share of layers the fallback may move (default: QuantizeOptions.max_fp_fraction)")
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
 
@@ -130,7 +138,8 @@ def main() -> None:
     variants = args.variants.split(",")
     if args.mixed and args.mixed not in variants:
         variants.append(args.mixed)
-    base = {"int4_group": args.group, "quantize_head": args.quantize_head}
+    base = {"int4_group": args.group, "quantize_head": args.quantize_head,
+            **({"max_fp_fraction": args.max_mixed_fraction} if args.max_mixed_fraction is not None else {})}
     for variant in variants:
         opts = QuantizeOptions(**variant_options(variant, base))
         t = time.perf_counter()
@@ -144,7 +153,7 @@ def main() -> None:
         errs = prepared.int4.errors
         rows.append({
             "variant": variant, "method": opts.int4_method, "gptq_damp": opts.int4_damp,
-            "act_order": opts.int4_act_order, "subblock_grids": opts.int4_subblock_grids,
+            "act_order": opts.int4_act_order, "group_search": opts.int4_group_search,
             "true_sequential": opts.int4_true_sequential, "symmetric": opts.int4_symmetric,
             "calibration_tokens": prepared.int4.n_tokens, "group_requested": args.group,
             "groups_used": sorted(set(prepared.int4.groups.values())), "int4_layers": len(prepared.int4.layers),
@@ -186,8 +195,9 @@ def main() -> None:
         print(f"--allow-mixed on {mixed['method']}:")
         for a in mixed["attempts"]:
             print(f"  {a['int8_layers']:>3} layer(s) INT8, {a['fp_layers']:>2} FP16: ppl +{100 * a['metrics']['perplexity_increase']:.2f}%, "
-                  f"greedy {a['metrics']['greedy_agreement']:.3f}, INT4 {100 * a['int4_fraction_of_linear_bytes']:.1f}% of "
-                  f"linear bytes ({a['linear_bytes_per_token'] / 1e6:.1f} MB/token), gate {'FAIL' if a['failures'] else 'pass'}")
+                  f"greedy {a['metrics']['greedy_agreement']:.3f}, INT4 {100 * a['int4_fraction_of_block_linear_bytes']:.1f}% of "
+                  f"the blocks' linear bytes ({100 * a['int4_fraction_of_linear_bytes']:.1f}% with the LM head), "
+                  f"{a['linear_bytes_per_token'] / 1e6:.1f} MB/token, gate {'FAIL' if a['failures'] else 'pass'}")
     print(json.dumps(out, indent=2))
     if args.json_path:
         with open(args.json_path, "w") as f:

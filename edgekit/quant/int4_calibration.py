@@ -12,7 +12,12 @@ Block by block, on the calibration windows:
    unchanged and H becomes that of the scaled inputs;
 3. round every projection: "rtn" round-to-nearest, "awq" round-to-nearest of
    the scaled weights with per-group clip ratios searched under H, "gptq" and
-   "awq_gptq" GPTQ (edgekit.quant.gptq);
+   "awq_gptq" GPTQ (edgekit.quant.gptq); with ``group_search`` the groups'
+   scales and offsets are searched and refitted under H first
+   (edgekit.quant.int4_group_search) and every method rounds onto them;
+   with ``true_sequential`` the block's projections are rounded in order
+   (wqkv, wo, w_gate_up, w_down), each on inputs recorded afresh through the
+   already-rounded earlier ones;
 4. run the block again with its rounded projections: its output is the next
    block's input, so later blocks are calibrated on the inputs they will see
    once the earlier ones are quantized (GPTQ's sequential order).
@@ -58,9 +63,9 @@ class Int4Options:
     scale_dtype: torch.dtype = torch.float16
     damp: float = 0.01  # GPTQ dampening, a fraction of mean(diag H)
     act_order: bool = False  # GPTQ: columns in decreasing order of diag H, with static groups
-    # group scales/offsets searched among clip ratios and each 32-element sub-block's own grid
+    # group scales/offsets searched among candidates and refitted by least squares under H
     # (edgekit.quant.int4_group_search); GPTQ then keeps them fixed (static groups)
-    subblock_grids: bool = False
+    group_search: bool = False
     # quantize a block's projections in order (wqkv, wo, w_gate_up, w_down), each calibrated on inputs that come
     # through the block's already-rounded earlier projections, instead of all on the block's FP inputs
     true_sequential: bool = False
@@ -145,9 +150,9 @@ def _record_block(dec: Decoder, ops, i: int, block, names: list[str], xs: list[t
 
 def _round_layer(lw: LinearWeights, h: torch.Tensor, group: int, opts: Int4Options, name: str) -> LinearWeights:
     w = lw.weight.to(torch.float32)
-    if opts.method == "rtn" and not opts.subblock_grids:
+    if opts.method == "rtn" and not opts.group_search:
         return rtn_record(w, lw.bias, group, opts.symmetric, opts.scale_dtype)
-    params = search_group_params(w, h, group, opts.symmetric, opts.scale_dtype) if opts.subblock_grids else None
+    params = search_group_params(w, h, group, opts.symmetric, opts.scale_dtype) if opts.group_search else None
     if opts.method in ("rtn", "awq"):
         if params is None:  # AWQ's clip search (the sub-block search includes the same clip ratios)
             clip = search_clip(w, h.to(torch.float32), group, opts.symmetric, opts.scale_dtype)
