@@ -1,15 +1,19 @@
 #!/usr/bin/env python
-"""CPU accuracy of W4A16 calibration on the default model: RTN vs GPTQ vs AWQ, scored by the accuracy gate.
+"""CPU accuracy of W4A16 calibration on the default model: one row per recipe, scored by the accuracy gate.
 
 The FP reference is the default model as loaded (its Q4_1 GGUF dequantized to FP32: FP32 weights, FP32
-activations, reference operators). Each method re-quantizes every projection to INT4 with the requested group
+activations, reference operators). A recipe is METHOD[+LEVER...]: "gptq+act_order+damp=0.1" is GPTQ with its
+columns in decreasing order of diag H (static groups) and 0.1 dampening; levers are QuantizeOptions fields (FLAGS,
+VALUED below): a lever not named is off (so "rtn" is plain round-to-nearest, "rtn+search" the default of
+`--precision int4`), the rest at QuantizeOptions' defaults. Each recipe re-quantizes every projection to INT4 with the requested group
 (128, or the largest supported group dividing K: 64 for SmolLM2's K = 576), calibrated on the shipped calibration
 text, with nothing kept in higher precision (no mixed-precision fallback) and the LM head as the build keeps it
 (FP16 unless --quantize-head). Each candidate is scored with the gate's own `evaluate` and `check` on the shipped
 held-out text, against one FP reference computed once. Prints a table and JSON (--json PATH). Every figure is
 measured on this machine's CPU; times are wall-clock on a shared machine.
 
-    python scripts/eval_int4_calibration.py --methods rtn,gptq,awq,awq_gptq --json int4.json
+    python scripts/eval_int4_calibration.py --json int4.json    # every lever (DEFAULT_VARIANTS), ~40 CPU-minutes
+    python scripts/eval_int4_calibration.py --variants rtn+search --mixed rtn+search --max-mixed-fraction 0.5
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 
 
 # Levers a variant may add to its method, "METHOD+LEVER+...": flags, then KEY=VALUE ones.
-FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "grids": "int4_group_search", "true_seq": "int4_true_sequential",
+FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "true_seq": "int4_true_sequential",
          "sym": "int4_symmetric"}
 VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int)}
 
@@ -32,7 +36,7 @@ DEFAULT_VARIANTS = ("rtn,awq,gptq,gptq+act_order,gptq+damp=0.1,gptq+tokens=4096,
 def variant_options(variant: str, base: dict) -> dict:
     """QuantizeOptions fields for a variant such as "gptq+act_order+damp=0.1" (on top of ``base``)."""
     method, *levers = variant.split("+")
-    fields = {**base, "int4_method": method}
+    fields = {**base, "int4_method": method, **{f: False for f in FLAGS.values()}}  # a variant is what it names
     for lever in levers:
         key, _, value = lever.partition("=")
         if key in FLAGS and not value:

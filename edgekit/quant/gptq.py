@@ -19,7 +19,8 @@ best, edgekit.quant.int4_rounding.search_clip). With ``act_order`` the
 columns are processed in decreasing order of H's diagonal (the inputs with
 the most energy first); the groups are then fixed before the loop from the
 original weights ("static groups"), because the layout keeps groups of
-consecutive columns.
+consecutive columns. Parameters searched beforehand (``group_params``,
+edgekit.quant.int4_group_search) are kept fixed the same way.
 
 Dampening adds ``damp`` x mean(diag H) to the diagonal so that H is positive
 definite even for inputs that never vary; inputs that are always zero get
