@@ -40,7 +40,7 @@ from typing import Iterator
 import torch
 
 from edgekit.kernels.int4_layout import Q_MAX, SUBBLOCK, SYMMETRIC_ZERO, int4_codes, int4_group_params
-from edgekit.quant.int4_rounding import CLIP_RATIOS, group_errors
+from edgekit.quant.int4_rounding import CLIP_RATIOS, group_errors, snap
 
 SCALE_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)
 OFFSET_SHIFTS = (-0.5, -0.25, 0.0, 0.25, 0.5)  # in steps of the candidate scale
@@ -52,11 +52,6 @@ Params = tuple[torch.Tensor, torch.Tensor | None]  # scale, offset or None: (N, 
 
 def _stored(t: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     return t.to(scale_dtype).to(torch.float32)
-
-
-def _dequant(wg: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-    q = int4_codes(wg, s, m)  # (N, K/G, G)
-    return (q - SYMMETRIC_ZERO) * s[..., None] if m is None else q * s[..., None] + m[..., None]
 
 
 def _candidates(wg: torch.Tensor, symmetric: bool, scale_dtype: torch.dtype) -> Iterator[Params]:
@@ -119,7 +114,7 @@ def search_group_params(w: torch.Tensor, h: torch.Tensor, group: int, symmetric:
 
     def keep(s: torch.Tensor, m: torch.Tensor | None) -> None:
         nonlocal best_err, best_s, best_m
-        err = group_errors(wf - _dequant(wg, s, m).reshape(n, k), hf, group)
+        err = group_errors(wf - snap(wg, s, m).reshape(n, k), hf, group)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_s = torch.where(better, s, best_s)
