@@ -4,7 +4,7 @@
 The FP reference is the default model as loaded (its Q4_1 GGUF dequantized to FP32: FP32 weights, FP32
 activations, reference operators). A recipe is METHOD[+LEVER...]: "gptq+act_order+damp=0.1" is GPTQ with its
 columns in decreasing order of diag H (static groups) and 0.1 dampening; levers are QuantizeOptions fields (FLAGS,
-VALUED below): a lever not named is off (so "rtn" is plain round-to-nearest, "rtn+search" the default of
+VALUED below): a lever not named is off (so "rtn" is plain round-to-nearest, "gptq+search" the default of
 `--precision int4`), the rest at QuantizeOptions' defaults. Each recipe re-quantizes every projection to INT4 with the requested group
 (128, or the largest supported group dividing K: 64 for SmolLM2's K = 576), calibrated on the shipped calibration
 text, with nothing kept in higher precision (no mixed-precision fallback) and the LM head as the build keeps it
@@ -12,8 +12,8 @@ text, with nothing kept in higher precision (no mixed-precision fallback) and th
 held-out text, against one FP reference computed once. Prints a table and JSON (--json PATH). Every figure is
 measured on this machine's CPU; times are wall-clock on a shared machine.
 
-    python scripts/eval_int4_calibration.py --json int4.json    # every lever (DEFAULT_VARIANTS), ~40 CPU-minutes
-    python scripts/eval_int4_calibration.py --variants rtn+search --mixed rtn+search --max-mixed-fraction 0.5
+    python scripts/eval_int4_calibration.py --json int4.json    # every lever (DEFAULT_VARIANTS), ~45 CPU-minutes
+    python scripts/eval_int4_calibration.py --variants gptq+search --mixed gptq+search --max-mixed-fraction 0.5
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "true_seq
 VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int)}
 
 
-DEFAULT_VARIANTS = ("rtn,awq,gptq,gptq+act_order,gptq+damp=0.1,gptq+tokens=4096,gptq+sym,gptq+true_seq,awq_gptq,"
-                    "rtn+search,gptq+search,awq+search")
+# Every lever on its own against GPTQ as it was (damp 0.01, min-max groups), then the group search combined with
+# each; "gptq+search" is the default of --precision int4.
+DEFAULT_VARIANTS = ("rtn,awq,gptq+damp=0.01,gptq+damp=0.1,gptq+damp=0.01+act_order,gptq+damp=0.01+true_seq,"
+                    "gptq+damp=0.01+tokens=4096,gptq+damp=0.01+sym,awq_gptq+damp=0.01,rtn+search,rtn+search+true_seq,"
+                    "awq+search,gptq+search+damp=0.1,gptq+search,gptq+search+damp=0.9")
 
 
 def variant_options(variant: str, base: dict) -> dict:

@@ -41,7 +41,7 @@ def test_default_w4a16_passes_and_reports_every_layer(tiny):
     # tiny: K = 64 takes group 64 when 128 is asked, w_down's K = 160 only divides into groups of 32
     groups = r.report["calibration"]["int4"]["groups"]
     assert groups["blocks.0.wqkv"] == 64 and groups["blocks.0.w_down"] == 32
-    assert r.report["options"]["int4"] == {"group": 128, "symmetric": False, "method": "rtn", "damp": 0.01,
+    assert r.report["options"]["int4"] == {"group": 128, "symmetric": False, "method": "gptq", "damp": 0.5,
                                            "act_order": False, "group_search": True, "true_sequential": False,
                                            "scale_dtype": "fp16"}
     lw = r.weights.blocks[0].w_gate_up
