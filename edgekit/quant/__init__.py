@@ -10,7 +10,8 @@ One concept per module: weights (per-channel INT8), smoothquant, kv_int8,
 calibration, sensitivity, gate, forward (all-position passes for evaluation),
 corpus (the shipped text),
 layers (layer names), progress (rich bars), io; for W4A16: int4_rounding
-(group-wise rounding scored by H = X^T X), gptq (error compensation), awq
+(group-wise rounding scored by H = X^T X), int4_group_search (group scales and
+offsets searched and refitted under H: the default), gptq (error compensation), awq
 (activation-aware scale search), awq_fold (folding the scales exactly),
 int4_calibration (block-by-block calibration of a whole model), mixed (the
 fallback schedule: INT4 -> INT8 -> FP).

@@ -19,7 +19,8 @@ best, edgekit.quant.int4_rounding.search_clip). With ``act_order`` the
 columns are processed in decreasing order of H's diagonal (the inputs with
 the most energy first); the groups are then fixed before the loop from the
 original weights ("static groups"), because the layout keeps groups of
-consecutive columns.
+consecutive columns. Parameters searched beforehand (``group_params``,
+edgekit.quant.int4_group_search) are kept fixed the same way.
 
 Dampening adds ``damp`` x mean(diag H) to the diagonal so that H is positive
 definite even for inputs that never vary; inputs that are always zero get
@@ -55,8 +56,13 @@ def _inverse_cholesky(h: torch.Tensor, damp: float, name: str) -> torch.Tensor:
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, group: int, *, symmetric: bool = False,
                   scale_dtype: torch.dtype = torch.float16, damp: float = 0.01, act_order: bool = False,
-                  search_clip_ratio: bool = True, bias: torch.Tensor | None = None, name: str = "weight") -> LinearWeights:
-    """A linear_w4a16 record for a float weight (N, K), given H = X^T X (K, K) of its calibration inputs."""
+                  search_clip_ratio: bool = True, bias: torch.Tensor | None = None, name: str = "weight",
+                  group_params: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> LinearWeights:
+    """A linear_w4a16 record for a float weight (N, K), given H = X^T X (K, K) of its calibration inputs.
+
+    ``group_params`` (scale, offset or None, each (N, K/G) FP32 holding stored values) fixes the groups' parameters
+    before the loop (static groups) instead of choosing them as the columns come up.
+    """
     n, k = w.shape
     check_group(k, group)
     if h.shape != (k, k):
@@ -65,7 +71,15 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, group: int, *, symmetric: bo
     ng = k // group
     scale = torch.empty((n, ng))
     offset = None if symmetric else torch.empty((n, ng))
-    if act_order:  # static groups, from the original weights in their own column order
+    static = act_order or group_params is not None
+    if group_params is not None:
+        if (group_params[1] is None) != symmetric or group_params[0].shape != (n, ng):
+            raise QuantizationError(f"{name}: fixed group parameters do not match a {'symmetric' if symmetric else 'asymmetric'} "
+                                    f"layout of ({n}, {ng}) groups")
+        scale[:] = group_params[0]
+        if offset is not None:
+            offset[:] = group_params[1]
+    elif act_order:  # static groups, from the original weights in their own column order
         clip = search_clip(w.detach(), h.to(torch.float32), group, symmetric, scale_dtype) if search_clip_ratio else 1.0
         s, m = int4_group_params(w.detach().to(torch.float32).reshape(n, ng, group), symmetric, scale_dtype, clip)
         scale[:] = s
@@ -90,7 +104,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, group: int, *, symmetric: bo
         for i in range(i2 - i1):
             col = int(perm[i1 + i])
             g = col // group
-            if not act_order and col % group == 0:  # a new group starts: parameters from its current values
+            if not static and col % group == 0:  # a new group starts: parameters from its current values
                 cur = W1[:, i:i + group]
                 hg = hf[i1 + i:i1 + i + group, i1 + i:i1 + i + group]
                 clip = search_clip(cur, hg, group, symmetric, scale_dtype)[:, 0] if search_clip_ratio else 1.0

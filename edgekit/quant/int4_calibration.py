@@ -12,7 +12,12 @@ Block by block, on the calibration windows:
    unchanged and H becomes that of the scaled inputs;
 3. round every projection: "rtn" round-to-nearest, "awq" round-to-nearest of
    the scaled weights with per-group clip ratios searched under H, "gptq" and
-   "awq_gptq" GPTQ (edgekit.quant.gptq);
+   "awq_gptq" GPTQ (edgekit.quant.gptq); with ``group_search`` the groups'
+   scales and offsets are searched and refitted under H first
+   (edgekit.quant.int4_group_search) and every method rounds onto them;
+   with ``true_sequential`` the block's projections are rounded in order
+   (wqkv, wo, w_gate_up, w_down), each on inputs recorded afresh through the
+   already-rounded earlier ones;
 4. run the block again with its rounded projections: its output is the next
    block's input, so later blocks are calibrated on the inputs they will see
    once the earlier ones are quantized (GPTQ's sequential order).
@@ -42,7 +47,8 @@ from edgekit.quant.awq_fold import can_fold, fold_scales, wo_expand
 from edgekit.quant.calibration import RecordingOps
 from edgekit.quant.forward import embed, logits, run_blocks
 from edgekit.quant.gptq import gptq_quantize
-from edgekit.quant.int4_rounding import output_error, rtn_record, search_clip
+from edgekit.quant.int4_group_search import search_group_params
+from edgekit.quant.int4_rounding import output_error, params_record, rtn_record, search_clip
 from edgekit.quant.layers import BLOCK_LINEARS, HEAD
 from edgekit.quant.progress import SILENT, Steps
 
@@ -56,7 +62,13 @@ class Int4Options:
     method: str = "gptq"
     scale_dtype: torch.dtype = torch.float16
     damp: float = 0.01  # GPTQ dampening, a fraction of mean(diag H)
-    act_order: bool = False
+    act_order: bool = False  # GPTQ: columns in decreasing order of diag H, with static groups
+    # group scales/offsets searched among candidates and refitted by least squares under H
+    # (edgekit.quant.int4_group_search); GPTQ then keeps them fixed (static groups)
+    group_search: bool = False
+    # quantize a block's projections in order (wqkv, wo, w_gate_up, w_down), each calibrated on inputs that come
+    # through the block's already-rounded earlier projections, instead of all on the block's FP inputs
+    true_sequential: bool = False
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -104,6 +116,10 @@ class _InputStats:
         self.abs_sum[name] = a if name not in self.abs_sum else self.abs_sum[name] + a
         self.rows[name] = self.rows.get(name, 0) + x2.shape[0]
 
+    def forget(self, name: str) -> None:
+        for d in (self.h, self.abs_sum, self.rows):
+            d.pop(name, None)
+
     def mean_abs(self, name: str) -> torch.Tensor:
         return (self.abs_sum[name] / self.rows[name]).to(torch.float32)
 
@@ -116,15 +132,34 @@ def _batches(windows: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.cat(ws, dim=0) for ws in by_len.values()]
 
 
+def _record_block(dec: Decoder, ops, i: int, block, names: list[str], xs: list[torch.Tensor],
+                  stats: "_InputStats") -> None:
+    """Run block i as ``block`` on the batches ``xs`` and record (afresh) the inputs of the layers ``names``."""
+    for n in names:
+        stats.forget(n)
+    saved = dec.weights.blocks[i]
+    dec.weights.blocks[i] = block
+    by_id = {id(getattr(block, n.split(".")[-1])): n for n in names}
+    rec = dec.with_ops(RecordingOps(ops, by_id, stats.record))
+    try:
+        for x in xs:
+            run_blocks(rec, x, i, i + 1)
+    finally:
+        dec.weights.blocks[i] = saved
+
+
 def _round_layer(lw: LinearWeights, h: torch.Tensor, group: int, opts: Int4Options, name: str) -> LinearWeights:
     w = lw.weight.to(torch.float32)
-    if opts.method == "rtn":
+    if opts.method == "rtn" and not opts.group_search:
         return rtn_record(w, lw.bias, group, opts.symmetric, opts.scale_dtype)
-    if opts.method == "awq":
-        clip = search_clip(w, h.to(torch.float32), group, opts.symmetric, opts.scale_dtype)
-        return rtn_record(w, lw.bias, group, opts.symmetric, opts.scale_dtype, clip)
+    params = search_group_params(w, h, group, opts.symmetric, opts.scale_dtype) if opts.group_search else None
+    if opts.method in ("rtn", "awq"):
+        if params is None:  # AWQ's clip search (the sub-block search includes the same clip ratios)
+            clip = search_clip(w, h.to(torch.float32), group, opts.symmetric, opts.scale_dtype)
+            return rtn_record(w, lw.bias, group, opts.symmetric, opts.scale_dtype, clip)
+        return params_record(w, lw.bias, *params, opts.scale_dtype)
     return gptq_quantize(w, h, group, symmetric=opts.symmetric, scale_dtype=opts.scale_dtype, damp=opts.damp,
-                         act_order=opts.act_order, bias=lw.bias, name=name)
+                         act_order=opts.act_order, bias=lw.bias, name=name, group_params=params)
 
 
 def _awq_block_scales(block, config: ModelConfig, stats: _InputStats, prefix: str, groups: dict[str, int],
@@ -175,10 +210,7 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
             block = work.blocks[i]
             groups = {f"{prefix}.{k}": g for k, lw in block.linears().items() if (g := plan(f"{prefix}.{k}", lw))}
             stats = _InputStats()
-            names = {id(getattr(block, k)): f"{prefix}.{k}" for k in BLOCK_LINEARS}
-            rec = dec.with_ops(RecordingOps(ops, names, stats.record))
-            for x in xs:
-                run_blocks(rec, x, i, i + 1)
+            _record_block(dec, ops, i, block, [f"{prefix}.{k}" for k in BLOCK_LINEARS], xs, stats)
             before = {n: (getattr(block, n.split(".")[-1]).weight.to(torch.float32), stats.h[n].to(torch.float32))
                       for n in groups}  # what round-to-nearest would have rounded, and its inputs' H
             if opts.method in ("awq", "awq_gptq"):
@@ -190,6 +222,9 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
                     stats.h[f"{prefix}.{k}"] = scaled_hessian(stats.h[f"{prefix}.{k}"], cols)
             rounded = {}
             for name, g in groups.items():
+                if opts.true_sequential and rounded:  # this layer's inputs through the rounded earlier ones
+                    _record_block(dec, ops, i, replace(block, **{n.split(".")[-1]: r for n, r in rounded.items()}),
+                                  [name], xs, stats)
                 rounded[name] = _round_layer(getattr(block, name.split(".")[-1]), stats.h[name], g, opts, name)
                 w, h = getattr(block, name.split(".")[-1]).weight.to(torch.float32), stats.h[name].to(torch.float32)
                 w0, h0 = before[name]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.int4_layout import int4_codes, int4_group_params, pack_int4
+from edgekit.kernels.int4_layout import SYMMETRIC_ZERO, int4_codes, int4_group_params, pack_int4
 from edgekit.kernels.linear import LinearWeights
 
 # Ratios tried by the clip search: 1.0 (no clipping, plain round-to-nearest) down to 0.5.
@@ -28,10 +28,13 @@ def fake_quant(w: torch.Tensor, group: int, symmetric: bool, scale_dtype: torch.
     """The FP32 weight (N, K) that rounding ``w`` group-wise to INT4 stands for."""
     n, k = w.shape
     wg = w.to(torch.float32).reshape(n, k // group, group)
-    s, m = int4_group_params(wg, symmetric, scale_dtype, clip)
-    q = int4_codes(wg, s, m)  # (N, K/G, G)
-    deq = (q - 8.0) * s[..., None] if m is None else q * s[..., None] + m[..., None]
-    return deq.reshape(n, k)
+    return snap(wg, *int4_group_params(wg, symmetric, scale_dtype, clip)).reshape(n, k)
+
+
+def snap(wg: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """The values groups ``wg`` (..., G) round to on the grid of FP32 ``scale`` / ``offset`` (...)."""
+    q = int4_codes(wg, scale, offset)  # (..., G)
+    return (q - SYMMETRIC_ZERO) * scale[..., None] if offset is None else q * scale[..., None] + offset[..., None]
 
 
 def output_error(e: torch.Tensor, h: torch.Tensor) -> float:
@@ -73,6 +76,13 @@ def rtn_record(w: torch.Tensor, bias: torch.Tensor | None, group: int, symmetric
                clip: torch.Tensor | float = 1.0) -> LinearWeights:
     """Round-to-nearest (optionally with per-group clip ratios) as a linear_w4a16 record."""
     n, k = w.shape
-    wg = w.to(torch.float32).reshape(n, k // group, group)
-    s, m = int4_group_params(wg, symmetric, scale_dtype, clip)
-    return int4_record(int4_codes(wg, s, m).reshape(n, k), s, m, bias, scale_dtype)
+    s, m = int4_group_params(w.to(torch.float32).reshape(n, k // group, group), symmetric, scale_dtype, clip)
+    return params_record(w, bias, s, m, scale_dtype)
+
+
+def params_record(w: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor, offset: torch.Tensor | None,
+                  scale_dtype: torch.dtype) -> LinearWeights:
+    """Round-to-nearest onto given group scales / offsets (N, K/G, FP32 holding stored values) as a linear_w4a16 record."""
+    n, k = w.shape
+    wg = w.to(torch.float32).reshape(n, scale.shape[1], k // scale.shape[1])
+    return int4_record(int4_codes(wg, scale, offset).reshape(n, k), scale, offset, bias, scale_dtype)

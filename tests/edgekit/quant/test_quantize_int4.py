@@ -24,6 +24,7 @@ from planting import plant_sensitive_ffn  # noqa: E402
 # A smaller evaluation than the defaults keeps these tests fast; the thresholds are the w4a16 defaults.
 GATE = replace(GateConfig.for_mode("w4a16"), ppl_tokens=512, window_len=128, n_prompts=2, new_tokens=32)
 FAST = dict(calibration_tokens=512, calibration_window_len=128, sensitivity_tokens=64)
+RTN = dict(int4_method="rtn", int4_group_search=False)  # plain round-to-nearest (the default searches the groups)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def planted(tiny):
     return replace(tiny, weights=plant_sensitive_ffn(tiny.weights, 1))
 
 
-def test_gptq_w4a16_passes_and_reports_every_layer(tiny):
+def test_default_w4a16_passes_and_reports_every_layer(tiny):
     r = quantize_model(tiny, "w4a16", gate=GATE, options=QuantizeOptions(**FAST))
     assert r.report["gate"]["passed"], r.report["gate"]["failures"]
     blocks = [n for n in layer_names(tiny.config.n_layers, include_head=False)]
@@ -40,7 +41,9 @@ def test_gptq_w4a16_passes_and_reports_every_layer(tiny):
     # tiny: K = 64 takes group 64 when 128 is asked, w_down's K = 160 only divides into groups of 32
     groups = r.report["calibration"]["int4"]["groups"]
     assert groups["blocks.0.wqkv"] == 64 and groups["blocks.0.w_down"] == 32
-    assert r.report["options"]["int4"] == {"group": 128, "symmetric": False, "method": "gptq", "scale_dtype": "fp16"}
+    assert r.report["options"]["int4"] == {"group": 128, "symmetric": False, "method": "gptq", "damp": 0.5,
+                                           "act_order": False, "group_search": True, "true_sequential": False,
+                                           "scale_dtype": "fp16"}
     lw = r.weights.blocks[0].w_gate_up
     assert lw.op == "linear_w4a16" and lw.weight.dtype == torch.uint8 and lw.offset is not None
     # half a byte per weight plus an FP16 scale and offset per group: under 0.4x of FP16 even at group 32
@@ -53,8 +56,8 @@ def test_group_fits_k():
     assert group_for(576, 32) == 32 and group_for(100, 128) is None
 
 
-def test_rtn_fails_on_a_planted_layer_and_names_it_gptq_does_not(planted):
-    opts = QuantizeOptions(**FAST, int4_method="rtn")
+def test_rtn_fails_on_a_planted_layer_and_names_it_gptq_and_the_default_do_not(planted):
+    opts = QuantizeOptions(**FAST, **RTN)
     with pytest.raises(GateFailedError) as exc:
         quantize_model(planted, "w4a16", gate=GATE, options=opts)
     assert "blocks.1.w_gate_up" in str(exc.value) and "--allow-mixed" in str(exc.value)
@@ -62,10 +65,13 @@ def test_rtn_fails_on_a_planted_layer_and_names_it_gptq_does_not(planted):
     # GPTQ sees from H that the planted input channel is never driven and does not let it stretch the grid
     r = quantize_model(planted, "w4a16", gate=GATE, options=replace(opts, int4_method="gptq"))
     assert r.report["gate"]["passed"] and r.layer_precisions["blocks.1.w_gate_up"] == "w4a16"
+    # the default's group search scores candidate grids under the same H: the undriven channel may be clipped
+    r = quantize_model(planted, "w4a16", gate=GATE, options=QuantizeOptions(**FAST))
+    assert r.report["gate"]["passed"] and r.layer_precisions["blocks.1.w_gate_up"] == "w4a16"
 
 
 def test_allow_mixed_moves_the_worst_layer_to_int8(planted):
-    r = quantize_model(planted, "w4a16", gate=GATE, allow_mixed=True, options=QuantizeOptions(**FAST, int4_method="rtn"))
+    r = quantize_model(planted, "w4a16", gate=GATE, allow_mixed=True, options=QuantizeOptions(**FAST, **RTN))
     attempts = r.report["gate"]["attempts"]
     assert r.report["gate"]["passed"] and attempts[0]["failures"] and not attempts[-1]["failures"]
     assert r.report["int8_layers"] == ["blocks.1.w_gate_up"] and r.report["fp_layers"] == []
@@ -79,7 +85,7 @@ def test_allow_mixed_goes_on_to_fp_when_int8_is_not_enough(planted):
     b = planted.weights.blocks[1]
     blocks = [planted.weights.blocks[0], replace(b, w_down=replace(b.w_down, weight=b.w_down.weight * 5.0))]
     louder = replace(planted, weights=replace(planted.weights, blocks=blocks))
-    r = quantize_model(louder, "w4a16", gate=GATE, allow_mixed=True, options=QuantizeOptions(**FAST, int4_method="rtn"))
+    r = quantize_model(louder, "w4a16", gate=GATE, allow_mixed=True, options=QuantizeOptions(**FAST, **RTN))
     attempts = r.report["gate"]["attempts"]
     assert r.report["gate"]["passed"] and attempts[0]["failures"]
     assert attempts[1]["int8_layers"] == ["blocks.1.w_gate_up"] and attempts[1]["failures"]
