@@ -99,3 +99,22 @@ def test_serve_refuses_an_unknown_decode_path_before_loading_anything(tmp_path):
                         "--decode-path", "giant"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--decode-path" in r.stderr and "persistent, fused, per-operator" in r.stderr
     assert "no-bundle" not in r.stderr  # refused before the bundle was looked for
+
+
+def test_serve_refuses_the_persistent_path_unless_asked_for_explicitly(tmp_path):
+    """Non-finite logits on most steps of a persistent server on the H200 (issue 13): serve refuses the path before
+    loading anything, says why and what to do; the opt-in variable lets it through to the bundle check."""
+    import os
+    import subprocess
+    import sys
+
+    from edgekit.commands.build_commands import PERSISTENT_SERVE_ENV
+
+    cmd = [sys.executable, "-m", "edgekit", "serve", str(tmp_path / "no-bundle"), "--allow-dev-key",
+           "--decode-path", "persistent"]
+    env = {k: v for k, v in os.environ.items() if k != PERSISTENT_SERVE_ENV}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "--decode-path" in r.stderr and PERSISTENT_SERVE_ENV in r.stderr
+    assert "no-bundle" not in r.stderr
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**env, PERSISTENT_SERVE_ENV: "1"})
+    assert r.returncode != 0 and PERSISTENT_SERVE_ENV not in r.stderr and "no-bundle" in r.stderr
