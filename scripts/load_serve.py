@@ -3,7 +3,7 @@
 
 Every request must be either served (200) or refused with 429 within 1 s, and
 every rollback must complete in under 1 s. The server runs with `edgekit
-serve`'s defaults (admission queue of 8, 0.5 s queue deadline, batch buckets
+serve`'s defaults (admission queue of 8, 0.35 s queue deadline, batch buckets
 1/2/4) in this process; the 32 clients run in a spawned process. Prints a
 table and JSON (--json PATH), labelled with the machine's load average.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_harness import ADMIN_TOKEN, add_bundle_args, client_process, open_bench_bundle, plugin_packages, serving, where  # noqa: E402
+from serve_harness import DEFAULT_MAX_QUEUE_WAIT_S, ADMIN_TOKEN, add_bundle_args, client_process, open_bench_bundle, plugin_packages, serving, where  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--op", default="swiglu")
     ap.add_argument("--cycles", type=int, default=5, help="install + rollback cycles spread over the run")
     ap.add_argument("--limit-s", type=float, default=1.0, help="the answer deadline every request must meet")
-    ap.add_argument("--queue-deadline-s", type=float, default=0.5, help="serve's --max-queue-wait-ms, in seconds")
+    ap.add_argument("--queue-deadline-s", type=float, default=DEFAULT_MAX_QUEUE_WAIT_S, help="serve's --max-queue-wait-ms, in seconds")
     ap.add_argument("--ramp-s", type=float, default=1.0, help="start the clients over this many seconds (0: all at once)")
     ap.add_argument("--polite", action="store_true", help="clients wait as Retry-After asks, with jitter (default: retry a 429 at once)")
     ap.add_argument("--json", dest="json_path", type=Path)

@@ -16,6 +16,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from edgekit.runtime.engine import DEFAULT_MAX_QUEUE_WAIT_S
+
 ADMIN_TOKEN = "serve-bench-admin-token-0123456789"
 
 
@@ -57,7 +59,7 @@ def plugin_packages(bundle, op: str, versions) -> list[bytes]:
 
 
 @contextlib.contextmanager
-def serving(bundle, *, max_waiting: int, batch_buckets=(1, 2, 4, 8), max_queue_wait_s: float = 0.5,
+def serving(bundle, *, max_waiting: int, batch_buckets=(1, 2, 4, 8), max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
             cuda_graphs: bool = True, decode_path: str | None = None):
     """(base URL, stack) of the bundle served on loopback, with a fresh plugin store and a JSON-lines log."""
     from edgekit.power.jsonl import JsonlLogger

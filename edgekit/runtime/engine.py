@@ -46,6 +46,9 @@ from edgekit.runtime.step_runner import Launch, make_runner
 from edgekit.shapes import StaticShapes
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4)
+# A request answered (served or refused) within ~1 s on a busy 2-core CPU: a waiter's time in the queue plus its
+# decode. 0.5 s of queue left too little for 16 tokens under 32 clients (2 of 44k requests at 1.03 s, 2026-12-01).
+DEFAULT_MAX_QUEUE_WAIT_S = 0.35
 
 
 class OverloadedError(EdgekitError):
@@ -115,7 +118,7 @@ class _Row:
 class Engine:
     def __init__(self, decoder: Decoder, tokenizer, shapes: StaticShapes, *, max_waiting: int = 8,
                  stop_ids: tuple[int, ...] = (), model_name: str = "edgekit",
-                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = 0.5,
+                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
                  cuda_graphs: bool = True, tracker: LatencyTracker | None = None,
                  decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:

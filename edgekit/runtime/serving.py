@@ -26,7 +26,7 @@ import torch
 from edgekit.errors import EdgekitError
 from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.bundle_runtime import OpenedBundle
-from edgekit.runtime.engine import Engine
+from edgekit.runtime.engine import DEFAULT_MAX_QUEUE_WAIT_S, Engine
 from edgekit.runtime.gpu_admin_lock import gpu_admin_work
 
 
@@ -89,7 +89,7 @@ class ServingStack:
 
     def __init__(self, bundle: OpenedBundle, store=None, *, max_waiting: int = 8, policy: ProbationPolicy | None = None,
                  model_name: str | None = None, cuda_graphs: bool = True, batch_buckets: tuple[int, ...] | None = None,
-                 max_queue_wait_s: float = 0.5, log: JsonlLogger | None = None, decode_path: str | None = None):
+                 max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S, log: JsonlLogger | None = None, decode_path: str | None = None):
         from edgekit.runtime.engine import DEFAULT_BATCH_BUCKETS
         from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH
         from edgekit.runtime.plugin_admin import StoreAdmin

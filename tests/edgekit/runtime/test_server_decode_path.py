@@ -118,3 +118,13 @@ def test_serve_refuses_the_persistent_path_unless_asked_for_explicitly(tmp_path)
     assert "no-bundle" not in r.stderr
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**env, PERSISTENT_SERVE_ENV: "1"})
     assert r.returncode != 0 and PERSISTENT_SERVE_ENV not in r.stderr and "no-bundle" in r.stderr
+
+
+def test_serve_waits_in_the_queue_as_long_as_the_engine_does_by_default():
+    """The CLI's default is a literal (the CLI does not import torch to show --help); it must stay the engine's."""
+    import inspect
+
+    from edgekit.commands.build_commands import serve
+    from edgekit.runtime.engine import DEFAULT_MAX_QUEUE_WAIT_S
+
+    assert inspect.signature(serve).parameters["max_queue_wait_ms"].default.default == DEFAULT_MAX_QUEUE_WAIT_S * 1000
