@@ -56,6 +56,9 @@ class PersistentDecoder(FusedDecoder):
 
         super().__init__(decoder, ops)
         self.pdl = 0  # plain launches: its grid barriers were never measured beside programmatic dependent launch
+        # Triton's CPU interpreter runs programs one after another, so a grid barrier would spin for good there:
+        # off a GPU each layer is the kernel's five staged launches (same stage functions, no barrier)
+        self.staged = self.device.type != "cuda"
         self.sync = new_sync(self.device)  # the grid barrier's counter: every launch leaves it at zero
         self.layers, self.tiles, made = [], [], {}
         for b in decoder.weights.blocks:
@@ -82,7 +85,7 @@ class PersistentDecoder(FusedDecoder):
         for i, (lw, tiles) in enumerate(zip(self.layers, self.tiles)):
             x = persistent_layer(x, lw, cos, sin, positions, seq_lens, cache.k[i], cache.v[i], self.sync,
                                  eps=cfg.rms_norm_eps, sm_scale=default_scale(cfg.head_dim), n_heads=cfg.n_heads,
-                                 n_kv_heads=cfg.n_kv_heads, tiles=tiles)  # (B, C)
+                                 n_kv_heads=cfg.n_kv_heads, tiles=tiles, staged=self.staged)  # (B, C)
         token, logits = self.ops.get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), cfg.rms_norm_eps)
         self.last_token = token
         return token, logits

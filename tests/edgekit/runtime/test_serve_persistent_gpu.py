@@ -1,0 +1,78 @@
+"""On the GPU (issue 13): serve's graphed runner on the persistent decode path gives finite logits and the fused
+path's greedy tokens, over a bundle whose fused operators are its signed plugins, as ``serve`` runs it.
+
+The H200 run that found the bug (a persistent server: non-finite logits on most decode steps, one client, no swap)
+differed from the passing persistent tests in: serve's GraphedRunner (not GraphedDecodeStep), a batch-8 cache
+decoded at batch 1, four bucket graphs sharing one grid-barrier counter, the bundle's AOT head plugin instead of
+the JIT head. The CPU test (test_persistent_serve_pattern.py) rules out the host logic and the staged kernel's
+arithmetic for that pattern; ``test_which_factor_breaks_the_persistent_runner`` varies the GPU-only factors one at a
+time, so its failing parameters name the difference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.runtime.bundle_runtime import open_bundle
+
+    tmp = tmp_path_factory.mktemp("persistent-serve")
+    opts = BuildOptions(model="preset:tiny", target="h200", out=tmp / "b", dev_key=True, precision="fp16",
+                        context=96, buckets=(16, 32), cache_dir=tmp / "cache", onnx=False)
+    build_bundle(opts)
+    return open_bundle(opts.out, [], allow_dev_key=True, device="cuda")
+
+
+def _runner(decoder, table, cache_batch: int, buckets: tuple[int, ...], prefer: str, max_seq: int = 96):
+    from edgekit.runtime.step_runner import GraphedRunner
+
+    cache = decoder.new_cache(cache_batch, max_seq)
+    r = GraphedRunner(decoder, table, cache, buckets, (), baseline=table.sources(), prefer=prefer)
+    assert r.decode_path.name == prefer, r.decode_path.reason
+    return r
+
+
+def _greedy(runner, batch: int) -> tuple[list[list[int]], int]:
+    """STEPS synchronous steps of rows [0, batch) from positions 0 (each step writes the row it attends next):
+    the greedy picks per step and the count of non-finite rows."""
+    tokens, out, bad = [3 + r for r in range(batch)], [], 0
+    for pos in range(STEPS):
+        res = runner.step(batch, tokens, [pos] * batch)
+        bad += sum(not f for f in res.finite)
+        out.append(res.greedy)
+        tokens = res.greedy
+    return out, bad
+
+
+@pytest.mark.parametrize("batch", [1, 2, 8])
+def test_serves_persistent_runner_gives_the_fused_runners_tokens_with_finite_logits(bundle, batch):
+    dec = bundle.decoder()
+    fused = _runner(dec, dec.ops, 8, (1, 2, 4, 8), "fused")
+    persistent = _runner(dec, dec.ops, 8, (1, 2, 4, 8), "persistent")
+    want, bad_fused = _greedy(fused, batch)
+    got, bad = _greedy(persistent, batch)
+    assert bad_fused == 0 and bad == 0, (bad_fused, bad)
+    assert got == want
+
+
+@pytest.mark.parametrize("table", ["bundle plugins", "jit triton"])
+@pytest.mark.parametrize("cache_batch,buckets,max_seq", [(1, (1,), 96), (8, (1,), 96), (8, (1, 2, 4, 8), 96),
+                                                         (8, (1, 2, 4, 8), 1024)])
+def test_which_factor_breaks_the_persistent_runner(bundle, table, cache_batch, buckets, max_seq):
+    """Batch-1 persistent steps for each combination of: the head (bundle plugin / JIT), a cache larger than the
+    decode batch, several bucket graphs sharing the decoder's grid-barrier counter, a long cache (many KV splits,
+    most of them empty at these positions, as in serve's context). The failing ids name the cause."""
+    from edgekit.kernels.triton_backend import triton_dispatch_table
+
+    dec = bundle.decoder() if table == "bundle plugins" else bundle.decoder(triton_dispatch_table())
+    want, _ = _greedy(_runner(dec, dec.ops, cache_batch, buckets, "fused", max_seq), 1)
+    got, bad = _greedy(_runner(dec, dec.ops, cache_batch, buckets, "persistent", max_seq), 1)
+    assert bad == 0, f"{bad} of {STEPS} persistent steps gave non-finite logits"
+    assert got == want
