@@ -24,6 +24,7 @@ step t+1 before it reads step t back (one step of lookahead, see ``Engine``).
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -84,7 +85,7 @@ class Launch:
     done: object | None = None  # a CUDA event recorded after the picks' copy to the host; None: already there
 
 
-class StepRunner:
+class StepRunner(abc.ABC):
     """What both runners share: one decode step is ``launch`` (enqueue) then ``collect`` (read its picks back).
 
     Pipelined greedy decode (one step of lookahead): a launch without host values feeds the previous step's
@@ -125,8 +126,9 @@ class StepRunner:
         """One synchronous decode step of rows [0, batch): their logits (b, V), greedy picks and finiteness flags."""
         return self.collect(self.launch(batch, tokens, positions, active))
 
+    @abc.abstractmethod
     def _launch(self, batch: int, values: torch.Tensor | None) -> Launch:
-        raise NotImplementedError
+        """Enqueue the step: ``values`` (3, batch) host inputs (tokens; positions; active), or None to feed back."""
 
 
 class EagerRunner(StepRunner):
