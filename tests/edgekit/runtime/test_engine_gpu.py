@@ -67,14 +67,11 @@ def test_a_bundles_fused_plugins_serve_and_a_swap_falls_back_without_failing_a_r
     """Issue 13: an h200 bundle ships the fused operators; the engine decodes on them (graphed), a swap of an
     operator they subsume under load falls back to the per-operator path, visibly, with 0 failed requests and
     hand-over pauses p99 <= 5 ms."""
-    from edgekit.build import BuildOptions, build_bundle
-    from edgekit.kernels.decode_paths import FUSED_STEP
-    from edgekit.runtime.bundle_runtime import open_bundle
+    from gpu_bundles import tiny_h200_bundle
 
-    opts = BuildOptions(model="preset:tiny", target="h200", out=tmp_path / "b", dev_key=True, precision="fp16",
-                        context=96, buckets=(16, 32), cache_dir=tmp_path / "cache", onnx=False)
-    build_bundle(opts)
-    b = open_bundle(opts.out, [], allow_dev_key=True, device="cuda")
+    from edgekit.kernels.decode_paths import FUSED_STEP
+
+    b = tiny_h200_bundle(tmp_path)
     e = Engine(b.decoder(), None, b.shapes, cuda_graphs=True)
     try:
         path = e.decode_path
@@ -172,13 +169,9 @@ def test_a_swap_recaptures_only_the_graphs_that_call_the_operator(decoder):
 def test_a_swap_of_an_operator_the_persistent_kernel_contains_falls_back_to_fused_under_load(tmp_path):
     """Issue 13 via 15: serve --decode-path persistent; a swap of a fused operator the persistent launch contains moves
     decode to the fused path (visibly), with 0 failed requests and hand-over pauses p99 <= 5 ms."""
-    from edgekit.build import BuildOptions, build_bundle
-    from edgekit.runtime.bundle_runtime import open_bundle
+    from gpu_bundles import tiny_h200_bundle
 
-    opts = BuildOptions(model="preset:tiny", target="h200", out=tmp_path / "b", dev_key=True, precision="fp16",
-                        context=96, buckets=(16, 32), cache_dir=tmp_path / "cache", onnx=False)
-    build_bundle(opts)
-    b = open_bundle(opts.out, [], allow_dev_key=True, device="cuda")
+    b = tiny_h200_bundle(tmp_path)
     e = Engine(b.decoder(), None, b.shapes, cuda_graphs=True, decode_path="persistent")
     try:
         assert e.decode_path.name == "persistent", e.decode_path.reason

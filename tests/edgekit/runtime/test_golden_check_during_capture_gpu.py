@@ -31,14 +31,9 @@ OP = "fused_norm_swiglu"
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from edgekit.build import BuildOptions, build_bundle
-    from edgekit.runtime.bundle_runtime import open_bundle
+    from gpu_bundles import tiny_h200_bundle
 
-    tmp = tmp_path_factory.mktemp("capture-race")
-    opts = BuildOptions(model="preset:tiny", target="h200", out=tmp / "b", dev_key=True, precision="fp16",
-                        context=96, buckets=(16, 32), cache_dir=tmp / "cache", onnx=False)
-    build_bundle(opts)
-    return open_bundle(opts.out, [], allow_dev_key=True, device="cuda")
+    return tiny_h200_bundle(tmp_path_factory.mktemp("capture-race"))
 
 
 def _load(engine: Engine, stop: threading.Event, errors: list, served: list) -> None:

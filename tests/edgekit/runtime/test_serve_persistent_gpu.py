@@ -12,7 +12,6 @@ time, so its failing parameters name the difference.
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.gpu
 STEPS = 12
@@ -20,14 +19,9 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from edgekit.build import BuildOptions, build_bundle
-    from edgekit.runtime.bundle_runtime import open_bundle
+    from gpu_bundles import tiny_h200_bundle
 
-    tmp = tmp_path_factory.mktemp("persistent-serve")
-    opts = BuildOptions(model="preset:tiny", target="h200", out=tmp / "b", dev_key=True, precision="fp16",
-                        context=96, buckets=(16, 32), cache_dir=tmp / "cache", onnx=False)
-    build_bundle(opts)
-    return open_bundle(opts.out, [], allow_dev_key=True, device="cuda")
+    return tiny_h200_bundle(tmp_path_factory.mktemp("persistent-serve"))
 
 
 def _runner(decoder, table, cache_batch: int, buckets: tuple[int, ...], prefer: str, max_seq: int = 96):
