@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Issue 13 diagnosis on the GPU: the serving engine on one bundle, decode path and lookahead as given, one or more
+requests; prints JSON: non-finite decode steps reported, the tokens, the decode path taken.
+
+    python3 scripts/diagnose_persistent_serve.py BUNDLE --path persistent --lookahead 1 --requests 1 --tokens 64
+
+Run it once per configuration (a fresh process: PDL and tiles are fixed at a kernel's first compile), e.g. with
+EDGEKIT_PDL=0 in the environment. Measured on the GPU it runs on; the bundle's weights decide nothing here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle")
+    ap.add_argument("--path", default="persistent")
+    ap.add_argument("--lookahead", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--buckets", default="1,2,4,8")
+    a = ap.parse_args()
+
+    from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.engine import Engine
+
+    b = open_bundle(a.bundle, [], allow_dev_key=True, device="cuda")
+    bad = []
+    e = Engine(b.decoder(), None, b.shapes, cuda_graphs=True, decode_path=a.path, lookahead=bool(a.lookahead),
+               batch_buckets=tuple(int(x) for x in a.buckets.split(",")))
+    e.on_nonfinite = lambda: bad.append(time.perf_counter())
+    try:
+        prompts = [[5 + 3 * i + j for j in range(10 + i)] for i in range(a.requests)]
+        t0 = time.perf_counter()
+        jobs = [e.submit(p, a.tokens, stop_ids=()) for p in prompts]
+        for j in jobs:
+            j.done.wait(120)
+        print(json.dumps({"path": a.path, "decode_path": e.decode_path.name, "lookahead": e.lookahead,
+                          "requests": a.requests, "nonfinite_steps": len(bad), "seconds": time.perf_counter() - t0,
+                          "errors": [str(j.error) for j in jobs if j.error is not None],
+                          "tokens": [j.tokens for j in jobs]}))
+    finally:
+        e.close()
+
+
+if __name__ == "__main__":
+    main()

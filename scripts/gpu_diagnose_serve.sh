@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 13: which factor gives the persistent path non-finite logits under the serving engine (one device call,
+# <= 300 s). Builds the 135m fp16 h200 bundle as scripts/gpu_serve_bench.sh does (context 512), then runs
+# scripts/diagnose_persistent_serve.py once per configuration (a fresh process each): decode path fused/persistent,
+# lookahead on/off, PDL default/off, 1 and 8 requests. Results: $OUT/diag_serve.jsonl, one line per configuration.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source scripts/gpu_setup.sh > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 1; }
+cd "$EDGEKIT_RUN_DIR"
+B=/tmp/b-serve
+[ -d $B ] || timeout 80 python3 -m edgekit build ${MODEL:-preset:smollm2-135m} --target h200 --dev-key --precision fp16 \
+  --no-onnx --context 512 --buckets 16,64 -o $B --force --json > "$OUT/build.json" 2> "$OUT/build.log"
+echo "build rc=$?"
+run() {  # label env... -- args...
+  local label=$1; shift
+  local t=$(date +%s)
+  env "$@" timeout 90 python3 "$R/scripts/diagnose_persistent_serve.py" $B $EXTRA > /tmp/d.json 2> "$OUT/diag_$label.log"
+  local rc=$?
+  python3 - "$label" "$rc" $(( $(date +%s) - t )) <<'PY' | tee -a "$OUT/diag_serve.jsonl"
+import json, sys
+label, rc, s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+try:
+    d = json.load(open("/tmp/d.json"))
+except Exception as e:
+    d = {"unreadable": str(e)}
+toks = d.pop("tokens", None)
+d.update(label=label, rc=rc, wall_s=s, first_tokens=[t[:12] for t in toks] if toks else None)
+print(json.dumps(d))
+PY
+}
+EXTRA="--path fused --lookahead 1" run fused_la1 X=1
+EXTRA="--path persistent --lookahead 1" run pers_la1 X=1
+EXTRA="--path persistent --lookahead 0" run pers_la0 X=1
+EXTRA="--path persistent --lookahead 1" run pers_la1_pdl0 EDGEKIT_PDL=0
+EXTRA="--path persistent --lookahead 1 --buckets 1" run pers_la1_b1 X=1
+EXTRA="--path persistent --lookahead 1 --requests 8" run pers_la1_r8 X=1
+EXTRA="--path fused --lookahead 1 --requests 8" run fused_la1_r8 X=1
