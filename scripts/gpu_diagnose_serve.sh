@@ -34,4 +34,3 @@ EXTRA="--path persistent --lookahead 0" run pers_la0 X=1
 EXTRA="--path persistent --lookahead 1" run pers_la1_pdl0 EDGEKIT_PDL=0
 EXTRA="--path persistent --lookahead 1 --buckets 1" run pers_la1_b1 X=1
 EXTRA="--path persistent --lookahead 1 --requests 8" run pers_la1_r8 X=1
-EXTRA="--path fused --lookahead 1 --requests 8" run fused_la1_r8 X=1
