@@ -28,9 +28,17 @@ d.update(label=label, rc=rc, wall_s=s, first_tokens=[t[:12] for t in toks] if to
 print(json.dumps(d))
 PY
 }
+if [ "${SET:-1}" = 1 ]; then
 EXTRA="--path fused --lookahead 1" run fused_la1 X=1
 EXTRA="--path persistent --lookahead 1" run pers_la1 X=1
 EXTRA="--path persistent --lookahead 0" run pers_la0 X=1
 EXTRA="--path persistent --lookahead 1" run pers_la1_pdl0 EDGEKIT_PDL=0
 EXTRA="--path persistent --lookahead 1 --buckets 1" run pers_la1_b1 X=1
 EXTRA="--path persistent --lookahead 1 --requests 8" run pers_la1_r8 X=1
+else  # set 2: what bench_serve's persistent phase had and set 1 did not (2026-12-01: set 1 gave no non-finite step)
+EXTRA="--stack --path fused" run stack_fused X=1
+EXTRA="--stack --path persistent" run stack_pers X=1
+EXTRA="--stack --path persistent --before-fused" run stack_pers_before X=1
+EXTRA="--path persistent --before-fused" run eng_pers_before X=1
+EXTRA="--path persistent --prompt-len 50 --tokens 128" run eng_pers_p50_t128 X=1
+fi
