@@ -26,12 +26,13 @@ def main() -> None:
     ap.add_argument("--stack", action="store_true", help="the engine of a ServingStack (guarded ops, store), as serve")
     ap.add_argument("--before-fused", action="store_true", help="a fused stack served and closed first (bench_serve)")
     ap.add_argument("--prompt-len", type=int, default=10)
+    ap.add_argument("--no-golden", action="store_true", help="open the bundle without its golden check (bench_serve)")
     a = ap.parse_args()
 
     from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.engine import Engine
 
-    b = open_bundle(a.bundle, [], allow_dev_key=True, device="cuda")
+    b = open_bundle(a.bundle, [], allow_dev_key=True, golden=not a.no_golden, device="cuda")
     buckets = tuple(int(x) for x in a.buckets.split(","))
     prompts = [[5 + 3 * i + j for j in range(a.prompt_len + i)] for i in range(a.requests)]
     if a.before_fused:
@@ -56,7 +57,7 @@ def main() -> None:
         print(json.dumps({"path": a.path, "decode_path": e.decode_path.name, "lookahead": e.lookahead,
                           "requests": a.requests, "nonfinite_steps": len(bad), "seconds": time.perf_counter() - t0,
                           "errors": [str(j.error) for j in jobs if j.error is not None],
-                          "stack": a.stack, "before_fused": a.before_fused,
+                          "stack": a.stack, "before_fused": a.before_fused, "golden": not a.no_golden,
                           "events": sorted({ev.get("kind", "?") for ev in stack.events}) if stack else None,
                           "tokens": [j.tokens for j in jobs]}))
     finally:

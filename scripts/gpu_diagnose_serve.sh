@@ -35,6 +35,12 @@ EXTRA="--path persistent --lookahead 0" run pers_la0 X=1
 EXTRA="--path persistent --lookahead 1" run pers_la1_pdl0 EDGEKIT_PDL=0
 EXTRA="--path persistent --lookahead 1 --buckets 1" run pers_la1_b1 X=1
 EXTRA="--path persistent --lookahead 1 --requests 8" run pers_la1_r8 X=1
+elif [ "${SET:-1}" = 3 ]; then  # set 3: the bundle opened without its golden check, as bench_serve opens it
+EXTRA="--path persistent --no-golden" run eng_pers_nogolden X=1
+EXTRA="--stack --path persistent --no-golden" run stack_pers_nogolden X=1
+EXTRA="--path fused --no-golden" run eng_fused_nogolden X=1
+(cd "$R" && SWAPS=0 PSWAPS=1 BATCH1_S=3 LOAD_S=3 PSWAP_BUDGET=10 OUT=$OUT/sb bash scripts/gpu_serve_bench.sh $B > "$OUT/sb.txt" 2>&1)
+grep -E "events under|persistent: requests" "$OUT/sb.txt"
 else  # set 2: what bench_serve's persistent phase had and set 1 did not (2026-12-01: set 1 gave no non-finite step)
 EXTRA="--stack --path fused" run stack_fused X=1
 EXTRA="--stack --path persistent" run stack_pers X=1
