@@ -41,6 +41,13 @@ EXTRA="--stack --path persistent --no-golden" run stack_pers_nogolden X=1
 EXTRA="--path fused --no-golden" run eng_fused_nogolden X=1
 (cd "$R" && SWAPS=0 PSWAPS=1 BATCH1_S=3 LOAD_S=3 PSWAP_BUDGET=10 OUT=$OUT/sb bash scripts/gpu_serve_bench.sh $B > "$OUT/sb.txt" 2>&1)
 grep -E "events under|persistent: requests" "$OUT/sb.txt"
+elif [ "${SET:-1}" = 4 ]; then  # set 4: bench_serve's prompt and length, the run baseline, HTTP
+BP="--bench-prompt --prompt-len 16 --tokens 128 --no-golden"
+EXTRA="--path persistent $BP" run eng_pers_bench X=1
+EXTRA="--stack --path persistent $BP" run stack_pers_bench X=1
+EXTRA="--run-baseline --path persistent $BP" run rb_eng_pers_bench X=1
+EXTRA="--http 3 --path persistent $BP" run http_pers_bench X=1
+EXTRA="--run-baseline --http 3 --path persistent $BP" run rb_http_pers_bench X=1
 else  # set 2: what bench_serve's persistent phase had and set 1 did not (2026-12-01: set 1 gave no non-finite step)
 EXTRA="--stack --path fused" run stack_fused X=1
 EXTRA="--stack --path persistent" run stack_pers X=1
