@@ -48,6 +48,12 @@ EXTRA="--stack --path persistent $BP" run stack_pers_bench X=1
 EXTRA="--run-baseline --path persistent $BP" run rb_eng_pers_bench X=1
 EXTRA="--http 3 --path persistent $BP" run http_pers_bench X=1
 EXTRA="--run-baseline --http 3 --path persistent $BP" run rb_http_pers_bench X=1
+elif [ "${SET:-1}" = 5 ]; then  # set 5: after the fix (graphs keep their decode step alive), over HTTP + serve bench
+BP="--bench-prompt --prompt-len 16 --tokens 128 --no-golden"
+EXTRA="--http 3 --path persistent $BP" run http_pers_bench X=1
+(cd "$R" && SWAPS=${SWAPS:-10} SWAP_BUDGET=${SWAP_BUDGET:-20} PSWAPS=${PSWAPS:-20} PSWAP_BUDGET=${PSWAP_BUDGET:-60} \
+  BATCH1_S=${BATCH1_S:-4} LOAD_S=${LOAD_S:-4} OUT=$OUT/sb bash scripts/gpu_serve_bench.sh $B > "$OUT/sb.txt" 2>&1)
+grep -v '^{' "$OUT/sb.txt" | tail -34
 else  # set 2: what bench_serve's persistent phase had and set 1 did not (2026-12-01: set 1 gave no non-finite step)
 EXTRA="--stack --path fused" run stack_fused X=1
 EXTRA="--stack --path persistent" run stack_pers X=1

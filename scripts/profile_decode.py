@@ -15,10 +15,13 @@ import json
 import torch
 
 from edgekit.bench.engines import RuntimeEngine
+from edgekit.bench.fused_engine import FusedRuntimeEngine, PersistentRuntimeEngine
 from edgekit.bench.profile import profile_decode
 from edgekit.bench.runner import _cast, _prompt, quantized
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
+
+ENGINES = {"per-operator": RuntimeEngine, "fused": FusedRuntimeEngine, "persistent": PersistentRuntimeEngine}
 
 
 def main() -> None:
@@ -27,6 +30,8 @@ def main() -> None:
     ap.add_argument("--precision", default="int8", choices=["fp16", "int8", "int8-head"])
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--engine", default="per-operator", choices=["per-operator", "fused", "persistent"],
+                    help="the decode path profiled (fused/persistent: the bench's graphed engines of those paths)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     name = torch.cuda.get_device_name()
@@ -34,12 +39,12 @@ def main() -> None:
     for spec in a.models:
         cfg = preset_config(spec)
         w = quantized(_cast(random_weights(cfg, seed=0, dtype=torch.float16), "cuda", torch.float16), a.precision)
-        eng = RuntimeEngine(cfg, w, a.context + a.steps + 64, a.steps)
+        eng = ENGINES[a.engine](cfg, w, a.context + a.steps + 64, a.steps)
         prompt = _prompt(cfg, a.context, 0, "cuda")
         first = eng.prefill(prompt)
         p = profile_decode(eng, first, a.context, a.steps)
         results[spec] = p
-        print(f"\n{spec} {a.precision} ctx {a.context} (measured on GPU, {name}): wall {p['wall_ms_per_token']:.3f} ms/token, "
+        print(f"\n{spec} {a.precision} {a.engine} ctx {a.context} (measured on GPU, {name}): wall {p['wall_ms_per_token']:.3f} ms/token, "
               f"kernels {p['kernel_ms_per_token']:.3f} ms/token over {p['kernels_per_token']:.0f} kernels, "
               f"between kernels {p['between_kernels_ms_per_token'] or 0:.3f} ms/token")
         for k in p["top_kernels"]:
@@ -49,7 +54,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"measured_on": f"GPU ({name})", "precision": a.precision, "context": a.context, "results": results}, f, indent=2)
+            json.dump({"measured_on": f"GPU ({name})", "precision": a.precision, "engine": a.engine, "context": a.context, "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -195,6 +195,12 @@ class _DecodeBucket:
         self.turn = 0
         self.graph: _Graph | None = None
         self.path_key: tuple | None = None  # (decode path, its operator sources) the graph was captured on
+        # The decode step the graph was captured from, kept alive as long as the graph: a graph replays raw device
+        # addresses, and a step may own device memory made outside the capture (the persistent kernel's grid-barrier
+        # counter). Freed with the step, that memory went back to the caching allocator, the next small tensor (a
+        # prefill input) took it, and the replayed barriers counted from its values: non-finite logits on most
+        # served steps (H200, 2026-12-01).
+        self.step_decoder = None
 
 
 class GraphedRunner(StepRunner):
@@ -260,6 +266,7 @@ class GraphedRunner(StepRunner):
                             step(scratch)
                         bk.graph = self._capture(side, lambda: step(cache), (bk.inputs,), used)
                     bk.path_key = path_key
+                    bk.step_decoder = step_decoder
                     self.decode_graphs[b] = bk
                     self.captured.append(f"decode b={b}")
                 for T in prompt_buckets:

@@ -70,3 +70,43 @@ def test_which_factor_breaks_the_persistent_runner(bundle, table, cache_batch, b
     got, bad = _greedy(_runner(dec, dec.ops, cache_batch, buckets, "persistent", max_seq), 1)
     assert bad == 0, f"{bad} of {STEPS} persistent steps gave non-finite logits"
     assert got == want
+
+
+def _reuse_freed_small_blocks() -> list:
+    """Small device tensors full of non-zero values: they take whatever small blocks the caching allocator has free,
+    e.g. device memory of a decode step that was freed while a graph still replays its address."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    return [torch.full((128,), 7, dtype=torch.int32, device="cuda") for _ in range(2048)]
+
+
+def test_a_runners_graphs_keep_their_decode_steps_device_memory(bundle):
+    """The H200 bug behind serve's non-finite persistent logits: the graph outlived the PersistentDecoder it was
+    captured from, whose grid-barrier counter went back to the allocator and was taken by a later tensor."""
+    dec = bundle.decoder()
+    want, _ = _greedy(_runner(dec, dec.ops, 8, (1, 2, 4, 8), "fused"), 1)
+    persistent = _runner(dec, dec.ops, 8, (1, 2, 4, 8), "persistent")
+    junk = _reuse_freed_small_blocks()
+    got, bad = _greedy(persistent, 1)
+    assert bad == 0, f"{bad} of {STEPS} persistent steps gave non-finite logits"
+    assert got == want
+    del junk
+
+
+def test_runs_graphed_step_keeps_its_decode_steps_device_memory(bundle):
+    """The same for `run`'s GraphedDecodeStep (run_generator keeps only the graphed step)."""
+    from edgekit.generate import GenerationStats
+    from edgekit.runtime.run_generator import run_generator
+
+    prompt = [5, 6, 7, 8, 9]
+    tokens = {}
+    for path in ("fused", "persistent"):
+        setup = run_generator(bundle, prompt, STEPS, prefer=path)
+        assert setup.decode_path["path"] == path, setup.decode_path
+        junk = _reuse_freed_small_blocks()
+        tokens[path] = list(setup.generator.stream(prompt, STEPS, stop_ids=(), stats=GenerationStats()))
+        del junk
+    assert tokens["persistent"] == tokens["fused"]
