@@ -7,6 +7,7 @@
 #      fused by default, per-operator or persistent)
 #   4. the persistent path under serve (scripts/gpu_diagnose_serve.sh SET=5: over HTTP, then the short serve bench
 #      with swaps while the persistent kernel is active)
+#   5. the fused GEMVs' tile sweep at llama-3.2-1b (scripts/fused_tile_sweep.py, SWEEP_S seconds)
 # PARTS (default "1 2 3") picks parts. Usage from the repo root on the GPU machine: bash scripts/gpu_diagnose.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -27,6 +28,8 @@ for p in $PARTS; do
            --json "$OUT/profile_1b_$prec.json" > "$OUT/profile_1b_$prec.txt" 2>&1
          echo "part 3 $prec rc=$?"; cat "$OUT/profile_1b_$prec.txt" | tail -20
        done ;;
+    5) timeout 100 python3 "$R/scripts/fused_tile_sweep.py" --presets llama-3.2-1b --budget-s ${SWEEP_S:-70} \
+         --json "$OUT/tile_sweep_1b.json" > "$OUT/tile_sweep_1b.txt" 2>&1; echo "part 5 rc=$?"; tail -10 "$OUT/tile_sweep_1b.txt" ;;
     4) (cd "$R" && SET=5 OUT=$OUT/serve bash scripts/gpu_diagnose_serve.sh > "$OUT/serve_diag.txt" 2>&1)
        tail -32 "$OUT/serve_diag.txt" | cut -c1-600 ;;
   esac
