@@ -6,7 +6,6 @@ Registered on edgekit.cli.app when imported.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -278,21 +277,6 @@ def _check_decode_path(value: str) -> None:
         raise typer.BadParameter(f"got {value!r}; expected one of: {', '.join(DECODE_PATHS)}", param_hint="--decode-path")
 
 
-# Why serve does not take the persistent path (run does): measured, not assumed. Lifted once a GPU run of
-# scripts/gpu_serve_bench.sh shows no non-finite step on it ("persistent: events ... before any swap").
-PERSISTENT_SERVE_ENV = "EDGEKIT_EXPERIMENTAL_PERSISTENT_SERVE"
-
-
-def _check_serve_decode_path(value: str) -> None:
-    """serve's --decode-path: run's check, and the persistent path only on explicit request (see above)."""
-    _check_decode_path(value)
-    if value == "persistent" and os.environ.get(PERSISTENT_SERVE_ENV) != "1":
-        raise typer.BadParameter(
-            "serve does not take the persistent decode path yet: on the H200 (2026-12-01) a server on it reported "
-            "non-finite logits on most decode steps, with one client and no swap, where `edgekit run --decode-path "
-            "persistent` gives the CPU reference's tokens (issue 13). Serve on the fused path (the default), or set "
-            f"{PERSISTENT_SERVE_ENV}=1 to try the persistent one anyway", param_hint="--decode-path")
-
 @app.command()
 def run(
     bundle: Path = typer.Argument(..., help="A bundle directory or .tar archive made by `edgekit build`."),
@@ -382,7 +366,7 @@ def serve(
 
     # Everything the operator can get wrong is checked before the bundle loads and before the store's
     # start-up recovery runs: a typo must not cost a plugin its probation.
-    _check_serve_decode_path(preferred_path)
+    _check_decode_path(preferred_path)
     token = read_admin_token(admin_token_file)
     keys = [load_public_key(p) for p in (trust or [])]
     if not keys and not allow_dev_key:
