@@ -18,11 +18,6 @@ whose ``KernelDef.pdl`` is set:
   does Triton's CPU interpreter.
 - 1: wait + launch_dependents only (launch latency overlapped).
 - 2: also prefetch the program's first weight tile into L2 before the wait.
-- 3: prefetch and wait as 2, but no early ``launch_dependents``: the next
-  kernel launches as this one's programs exit (the trigger is implicit at a
-  program's exit), so its waiting programs never take SM slots from this
-  kernel's later waves; only the tail and the launch latency are overlapped.
-  Meant for kernels of many waves (the 1B shape's GEMVs), where 1 and 2 lost.
 
 ``pdl_level(device)`` says which level the JIT launcher uses: 0 below sm_90;
 else ``EDGEKIT_PDL`` where set (0, 1 or 2 forces it everywhere); else the
@@ -45,7 +40,7 @@ import triton.language as tl
 
 MIN_ARCH = 90  # griddepcontrol: Hopper and newer
 DEFAULT_LEVEL = 2
-LEVELS = (0, 1, 2, 3)
+LEVELS = (0, 1, 2)
 ENV = "EDGEKIT_PDL"
 L2_LINE_BYTES = 128
 
@@ -64,12 +59,10 @@ def _prefetch_rows_l2(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _pdl_enter(PDL: tl.constexpr):
-    """Wait for the previous kernel of the stream (its writes visible), then let the next one launch (levels 1-2;
-    level 3 lets it launch at this program's exit). PDL 0: nothing."""
+    """Wait for the previous kernel of the stream (its writes visible), then let the next one launch. PDL 0: nothing."""
     if PDL > 0:
         tl.extra.cuda.gdc_wait()
-        if PDL < 3:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -100,7 +93,7 @@ def requested_level() -> int | None:
         return None
     if raw not in {str(v) for v in LEVELS}:
         raise OperatorError(f"{ENV}={raw!r}; expected one of {', '.join(map(str, LEVELS))} "
-                            "(0 off, 1 overlap launches, 2 also prefetch weights, 3 as 2 with the next launch at exit)",
+                            "(0 off, 1 overlap launches, 2 also prefetch weights)",
                             hint=f"unset {ENV} to let the decode step decide")
     return int(raw)
 

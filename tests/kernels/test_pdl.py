@@ -45,7 +45,7 @@ def test_the_level_comes_from_the_environment_and_a_bad_one_is_refused(monkeypat
     monkeypatch.setenv(pdl_triton.ENV, "1")
     assert pdl_triton.requested_level() == 1
     monkeypatch.setenv(pdl_triton.ENV, "on")
-    with pytest.raises(OperatorError, match=r"EDGEKIT_PDL='on'; expected one of 0, 1, 2, 3"):
+    with pytest.raises(OperatorError, match=r"EDGEKIT_PDL='on'; expected one of 0, 1, 2"):
         pdl_triton.requested_level()
 
 
@@ -106,21 +106,18 @@ def test_on_hopper_only_weight_prefetches_come_before_the_wait(op):
     from triton.compiler import ASTSource
 
     for kdef, v in _pdl_kernels(op):
-        for level in (1, 2, 3):
+        for level in (1, 2):
             ck = triton.compile(_source(kdef, v, ASTSource, pdl=level), target=GPUTarget("cuda", 90, 32),
                                 options={"num_warps": v.num_warps, "num_stages": v.num_stages})
             body = _body(ck.asm["ptx"])
-            early_trigger = level < 3  # level 3: the next kernel launches at this one's exit (no explicit trigger)
-            assert body.count("griddepcontrol.wait") == 1
-            assert body.count("griddepcontrol.launch_dependents") == int(early_trigger)
+            assert body.count("griddepcontrol.wait") == 1 and body.count("griddepcontrol.launch_dependents") == 1
             wait = body.index("griddepcontrol.wait")
-            if early_trigger:
-                assert body.index("griddepcontrol.launch_dependents") > wait
+            assert body.index("griddepcontrol.launch_dependents") > wait
             memory = [m.start() for m in re.finditer(r"\b(ld|st|atom|red)\.global", body)]
             assert memory and min(memory) > wait, f"{kdef.kernel}: a global access before the wait (level {level})"
             prefetch = [m.start() for m in re.finditer(r"prefetch\.global\.L2", body)]
             takes_weights = any(p.name == "w_ptr" for p in kdef.params)
-            if level >= 2 and takes_weights:
+            if level == 2 and takes_weights:
                 assert prefetch and max(prefetch) < wait, kdef.kernel
             else:
                 assert not prefetch, kdef.kernel
