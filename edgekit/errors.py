@@ -35,6 +35,10 @@ class OperatorError(EdgekitError):
     """An operator was called with tensors that do not match its spec."""
 
 
+class NumericFaultError(EdgekitError):
+    """An operator produced non-finite values (NaN or inf) where a served answer depends on them."""
+
+
 class ConfigError(EdgekitError):
     """A configuration document (target YAML, override file, ...) is invalid."""
 

@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, NumericFaultError
 from edgekit.generate import GenerationStats, SamplingConfig, _pick
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
@@ -113,6 +113,13 @@ class _Row:
     last: int  # the token fed at `position`
     t_start: float
     t_last: float
+
+
+def numeric_fault(step: str) -> NumericFaultError:
+    """The error of a request whose ``step`` gave non-finite logits (its KV cache row is poisoned from then on)."""
+    return NumericFaultError(f"{step} gave non-finite logits for this request (a numeric fault in an operator); the "
+                             "request was stopped rather than answered with garbage tokens",
+                             hint="retry; the server logs a nonfinite_logits event and rolls back a plugin on probation")
 
 
 class Engine:
@@ -356,8 +363,8 @@ class Engine:
         jobs = [self._rows[i].job for i in slots if self._rows[i] is not None] or ([job] if job else [])
         for i in slots:
             self._rows[i] = None
-        for j in jobs:
-            j.error = EdgekitError(f"generation failed: {type(e).__name__}: {e}")
+        for j in jobs:  # edgekit's own errors say what happened; anything else is wrapped with its type
+            j.error = e if isinstance(e, EdgekitError) else EdgekitError(f"generation failed: {type(e).__name__}: {e}")
             self._finish(j, "error")
 
     def _reap(self) -> None:
@@ -406,6 +413,10 @@ class Engine:
         tokens[0, : len(job.prompt_ids)] = torch.tensor(job.prompt_ids, dtype=torch.long)
         seq_lens = torch.tensor([len(job.prompt_ids)], dtype=torch.long)  # (1,)
         logits = self._runner.prefill(slot, tokens.to(dev), seq_lens.to(dev))  # (1, V)
+        if not bool(torch.isfinite(logits).all()):
+            if self.on_nonfinite is not None:
+                self.on_nonfinite()
+            raise numeric_fault(f"the prefill of {len(job.prompt_ids)} prompt tokens")
         if job.sampling.temperature > 0:
             job._generator = torch.Generator().manual_seed(job.sampling.seed)
         tok = int(_pick(logits, job.sampling, job._generator)[0])
@@ -447,11 +458,16 @@ class Engine:
         """A step's tokens to the rows it ran for; a row that finished since it was launched drops its token."""
         rows = self._rows
         live = [i for i, row in flight.rows.items() if rows[i] is row]
-        if not all(step.finite[i] for i in live) and self.on_nonfinite is not None:
+        faulty = [i for i in live if not step.finite[i]]
+        if faulty and self.on_nonfinite is not None:
             self.on_nonfinite()
+        for i in faulty:  # a fault is loud: the row's argmax of non-finite logits would be a garbage token
+            self._fail_rows([i], None, numeric_fault(f"the decode step at position {rows[i].position}"))
         self.step_batches[flight.batch] += 1
         now = time.perf_counter()
         for i in live:
+            if rows[i] is None:  # failed above
+                continue
             row = rows[i]
             s = row.job.sampling
             tok = step.greedy[i] if s.temperature <= 0 else int(_pick(step.logits[i : i + 1], s, row.job._generator)[0])

@@ -184,3 +184,42 @@ def test_the_runner_switched_away_from_is_freed_off_the_device_thread(engine):
     assert first() is not None and first() in engine._retired  # parked, not freed, by the device thread
     engine.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:b")
     assert first() is None  # freed by the caller of the next switch
+
+
+def test_a_step_with_non_finite_logits_fails_its_request_instead_of_answering_garbage(engine):
+    """The argmax of NaN logits is some token: emitted, a numeric fault would pass as an answer. The request ends with
+    a NumericFaultError at the faulty step, the fault is reported, and the freed row serves the next request."""
+    import torch
+
+    from edgekit.errors import NumericFaultError
+
+    poisoned = {"on": False}
+
+    def rmsnorm(x, w, eps):
+        out = rmsnorm_reference(x, w, eps)
+        return torch.full_like(out, float("nan")) if poisoned["on"] else out
+
+    engine.switch_operator("rmsnorm", rmsnorm, "test:nan-once-poisoned")
+    faults = []
+    engine.on_nonfinite = lambda: faults.append(1)
+    job = engine.submit([3, 4, 5], 8, stop_ids=(), on_token=lambda tok: poisoned.update(on=True))
+    assert job.done.wait(30)
+    assert isinstance(job.error, NumericFaultError) and "position 3" in str(job.error), job.error
+    assert len(job.tokens) == 1 and job.finish_reason == "error" and faults  # the prefill's token, then the fault
+    poisoned["on"] = False
+    again = engine.submit([3, 4, 5], 8, stop_ids=())
+    assert again.done.wait(30) and again.error is None and len(again.tokens) == 8
+
+
+def test_a_prefill_with_non_finite_logits_fails_its_request(engine):
+    import torch
+
+    from edgekit.errors import NumericFaultError
+
+    engine.switch_operator("rmsnorm", lambda x, w, eps: torch.full_like(x, float("nan")), "test:nan")
+    faults = []
+    engine.on_nonfinite = lambda: faults.append(1)
+    job = engine.submit([3, 4, 5], 8, stop_ids=())
+    assert job.done.wait(30)
+    assert isinstance(job.error, NumericFaultError) and "prefill of 3 prompt tokens" in str(job.error), job.error
+    assert job.tokens == [] and faults
