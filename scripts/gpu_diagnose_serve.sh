@@ -3,6 +3,10 @@
 # <= 300 s). Builds the 135m fp16 h200 bundle as scripts/gpu_serve_bench.sh does (context 512), then runs
 # scripts/diagnose_persistent_serve.py once per configuration (a fresh process each): decode path fused/persistent,
 # lookahead on/off, PDL default/off, 1 and 8 requests. Results: $OUT/diag_serve.jsonl, one line per configuration.
+# SET picks the configurations, in the order the H200 diagnosis of 2026-12-01 ran them: 1 (engine factors), 2 (the
+# ServingStack, a fused stack first, longer prompts), 3 (no golden check), 4 (bench_serve's prompt, run's generator,
+# HTTP: only HTTP reproduced it), 5 (after the fix: HTTP again, then the short serve bench with persistent swaps).
+# The cause: a captured graph outlived the PersistentDecoder whose barrier counter it replays (step_runner.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source scripts/gpu_setup.sh > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 1; }
