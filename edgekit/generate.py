@@ -20,6 +20,7 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     token_times_s: list[float] = field(default_factory=list)
+    first_token_at_s: float | None = None  # time.monotonic() when the first token was ready (the serving engine)
 
     @property
     def decode_tokens_per_s(self) -> float | None:

@@ -422,7 +422,8 @@ class Engine:
         tok = int(_pick(logits, job.sampling, job._generator)[0])
         now = time.perf_counter()
         job.stats.prompt_tokens, job.stats.bucket = len(job.prompt_ids), job.bucket
-        job.stats.prefill_s = time.monotonic() - job.enqueued_s  # time to first token, queue wait included
+        job.stats.first_token_at_s = time.monotonic()
+        job.stats.prefill_s = job.stats.first_token_at_s - job.enqueued_s  # time to first token, queue wait included
         self._rows[slot] = _Row(job, len(job.prompt_ids), tok, now, now)
         self._emit(slot, tok)
 
