@@ -10,7 +10,7 @@
 #            CPU reference (greedy tokens); the orin bundle verified on the GPU (golden vectors through sm_87 PTX);
 #            serve vs run, 8 streaming clients, 100 swaps under load on the real h200 bundle
 #   stage 3 (<= 580 s): the W4A16 GEMV benchmark, then every GPU test (pytest -m gpu)
-# SERVE=0 leaves stage 2's serve bench out.
+# SERVE=0 leaves stage 2's serve bench out, ORIN=0 its orin bundle (build + verify through PTX).
 # PRECISIONS and ENGINES in the environment narrow stage 1 (e.g. PRECISIONS=fp16,int8: the Done-when's pairs only).
 # Results (JSON + logs) go to $OUT. Usage (from the repo root on the GPU machine): bash scripts/gpu_final.sh 1|2|3
 set -uo pipefail
@@ -65,6 +65,7 @@ for name in ("fused", "persistent"):
     a, c = runs[name]["token_ids"], runs["cpu"]["token_ids"]
     print(f"greedy tokens gpu {name} vs cpu reference: {sum(x == y for x, y in zip(a, c))}/{min(len(a), len(c))} identical")
 PY
+if [ "${ORIN:-1}" = 1 ]; then  # ORIN=0: stage 2 without the orin bundle (heredocs below stay unindented)
 ( time ek build $M --target orin --dev-key -o /tmp/b-orin --force --json > "$OUT/build_orin.json" ) 2>&1 | tail -3
 ek verify /tmp/b-orin --allow-dev-key --json > "$OUT/verify_orin.json"; echo "verify orin on the GPU (sm_87 PTX) rc=$?"
 python3 - "$OUT/verify_orin.json" <<'PY'
@@ -72,6 +73,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 print({k: d.get(k) for k in ("ok", "passed", "failed", "skipped", "summary") if k in d})
 PY
+fi
 if [ "${SERVE:-1}" = 1 ]; then  # SERVE=0: stage 2 without the serve bench on the real bundle
   (cd "$R" && bash scripts/gpu_serve_bench.sh /tmp/b-h200) > "$OUT/serve_bench.txt" 2>&1; tail -25 "$OUT/serve_bench.txt"
 fi
