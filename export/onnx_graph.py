@@ -30,6 +30,8 @@ from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.rope import rope_frequencies
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import ModelWeights
+from edgekit.model.embedding import QuantizedEmbedding
+from edgekit.export.onnx_embedding import quantized_gather
 from edgekit.export.onnx_functions import CUSTOM_OPS, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET
 
 EXPORT_DTYPES = {"float32": (torch.float32, TensorProto.FLOAT), "float16": (torch.float16, TensorProto.FLOAT16)}
@@ -149,8 +151,11 @@ def build_prefill_model(
 
     g = _GraphBuilder(dtype)
     cfg, B, T = config, batch, bucket
-    emb = g.weight("tok_embeddings", weights.tok_embeddings, activation_dtype=True)
-    x = g.node("Gather", [emb, "tokens"], ["embed.out"], "embed", axis=0)  # (B, T, C)
+    if isinstance(weights.tok_embeddings, QuantizedEmbedding):  # tied quantized head: its rows, dequantized
+        x = quantized_gather(g, weights.tok_embeddings, "tokens", (B, T))  # (B, T, C)
+    else:
+        emb = g.weight("tok_embeddings", weights.tok_embeddings, activation_dtype=True)
+        x = g.node("Gather", [emb, "tokens"], ["embed.out"], "embed", axis=0)  # (B, T, C)
 
     # RoPE tables for positions [0, T): FP32 like the decoder's, broadcast to the batch.
     cos, sin = rope_frequencies(cfg.head_dim, T, cfg.rope_theta, torch.float32)  # (T, D/2)
