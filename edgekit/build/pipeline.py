@@ -39,7 +39,8 @@ class BuildOptions:
     buckets: tuple[int, ...] | None = None
     trace: Path | None = None
     allow_mixed: bool = False
-    quantize_head: bool = False  # the LM head too (its own quantized copy when tied), behind the same gate
+    quantize_head: bool = False  # the LM head too (when tied, the embedding with it: one matrix), behind the same gate
+    head_scheme: str | None = None  # the quantized head's scheme (None: the mode's; "w8a16" for an INT4 model's INT8 head)
     archive: bool = False
     tensorrt_onnx: bool = False
     onnx: bool = True
@@ -194,7 +195,7 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
     gate = GateConfig.for_mode(mode)
-    qopts = QuantizeOptions(quantize_head=opts.quantize_head)
+    qopts = QuantizeOptions(quantize_head=opts.quantize_head, head_scheme=opts.head_scheme)
     keep_int4 = mode == "w4a16"
     # an INT4 build takes a GGUF's 4-bit projections in as they are: the intake code is part of the key then
     intake = {"intake": "lossless-int4", "intake_source": package_source_hash("edgekit.model")} if keep_int4 else {}
@@ -419,7 +420,8 @@ def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_rep
         "memory": plan.memory.to_dict(),
         "predictions": plan.roofline,
         "quantization": None if quant_report is None else {
-            "mode": quant_report.get("mode"), "gate": quant_report.get("gate"), "cached": quant_cached},
+            "mode": quant_report.get("mode"), "gate": quant_report.get("gate"), "cached": quant_cached,
+            "head_embedding": quant_report.get("head_embedding")},
         "onnx": onnx_info,
         "signed_with_dev_key": dev_key,
         "bundle_bytes_by_part": parts,

@@ -124,3 +124,30 @@ def test_head_scheme_errors_say_what_is_allowed(tied):
         quantize_model(tied, "w8a16", gate=LOOSE, options=QuantizeOptions(quantize_head=True, head_scheme="w4a16"))
     with pytest.raises(QuantizationError, match="the head is not quantized"):
         quantize_model(tied, "w4a16", gate=LOOSE, options=QuantizeOptions(head_scheme="w8a16"))
+
+
+def _edgekit(*args, timeout=120):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_info_on_a_quantized_dir_says_how_head_and_embedding_are_stored(int8_tied, tmp_path):
+    import json
+
+    write_quantized(tmp_path, int8_tied)
+    r = _edgekit("info", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["head_embedding"] == json.loads((tmp_path / REPORT_FILE).read_text())["head_embedding"]
+    assert d["layer_precisions"] == {"w8a16": 2 * 4 + 1} and d["format_version"] == 2
+    r = _edgekit("info", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "the lm_head matrix" in r.stdout and "x FP16" in r.stdout
+
+
+def test_head_precision_option_is_checked_against_the_precision(tmp_path):
+    r = _edgekit("quantize", "preset:tiny", "--precision", "int8", "--head-precision", "int4", "-o", str(tmp_path / "q"))
+    assert r.returncode != 0
+    assert "--head-precision int4 with --precision int8: expected one of int8" in r.stderr + r.stdout
