@@ -17,7 +17,8 @@ block projection is in the row's precision. Bytes per token are computed from th
 (edgekit.quant.stored_bytes: every projection and the head, the norms, one embedding row) and compared with the
 same model in FP16. Every figure is measured on this machine's CPU (times are wall-clock on a shared machine).
 
-    python scripts/eval_tied_head.py --json tied_head.json     # ~10 CPU-minutes on 2 cores
+    python scripts/eval_tied_head.py --json tied_head.json     # ~5 minutes on this 2-core machine
+    python scripts/eval_tied_head.py --modes int4 --lossless-intake    # INT4 blocks as the GGUF holds them
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def main() -> None:
     ap.add_argument("--modes", default="int8,int4", help="comma-separated: int8 (W8A16), int4 (W4A16)")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's)")
     ap.add_argument("--prompts", type=int, default=None, help="greedy prompts (default: the gate's)")
+    ap.add_argument("--lossless-intake", action="store_true",
+                    help="int4: take the GGUF's 4-bit projections in bit for bit (what `build --precision int4` does) "
+                         "instead of calibrating INT4 from the dequantized weights")
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
 
@@ -48,6 +52,8 @@ def main() -> None:
     t0 = time.perf_counter()
     loaded = load_model()
     fp = Decoder(loaded.config, loaded.weights.to(dtype=torch.float32), DispatchTable())
+    # the same file with its 4-bit projections kept as W4A16 records (the reference stays the dequantized model)
+    lossless = load_model(keep_int4=True) if args.lossless_intake else None
     rows = []
     refs = {}
     for mode_name in args.modes.split(","):
@@ -58,7 +64,8 @@ def main() -> None:
             refs[key] = build_reference(fp, heldout_eval_text(loaded, gate), gate.new_tokens)
         ref = refs[key]
         t = time.perf_counter()
-        prepared = prepare_quantization(loaded, mode, options=QuantizeOptions(quantize_head=True))
+        source = lossless if (lossless is not None and mode == "w4a16") else loaded
+        prepared = prepare_quantization(source, mode, options=QuantizeOptions(quantize_head=True))
         prep_s = time.perf_counter() - t
         variants = {mode_name: dict(fp_layers=[HEAD]), f"{mode_name} + {mode_name} head": {}}
         if mode == "w4a16":
@@ -71,7 +78,8 @@ def main() -> None:
             fails = check(m, gate)
             he = head_embedding_summary(weights, prepared.storage_dtype)
             rows.append({
-                "config": label, "mode": mode, "gate": gate.to_dict(), "perplexity_fp": m["fp_perplexity"],
+                "config": label, "mode": mode, "gate": gate.to_dict(),
+                "int4_blocks": None if mode != "w4a16" else "lossless intake" if source is lossless else "calibrated", "perplexity_fp": m["fp_perplexity"],
                 "perplexity": m["quant_perplexity"], "perplexity_increase": m["perplexity_increase"],
                 "greedy_agreement": m["greedy_agreement"], "greedy_positions": m["greedy_positions"],
                 "logits_snr_db": m["logits_snr_db"], "mean_kl_nats": m["mean_kl_nats"],
