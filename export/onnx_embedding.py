@@ -5,7 +5,7 @@ The graph shares the head's initializers (``lm_head.qweight``, ``lm_head.scale``
 rows are dequantized with standard ops in FP32, exactly as
 ``QuantizedEmbedding.__getitem__`` does, then cast to the activation dtype:
 INT8 rows times their per-row scale (divided by a W8A8 head's SmoothQuant
-vector); INT4 rows unpacked from GGML nibble order (each 32-block's low nibbles,
+vector); grouped INT8 rows (a Q8_0 table) times their group scales; INT4 rows unpacked from GGML nibble order (each 32-block's low nibbles,
 then its high ones; kernels/int4_layout.py) and scaled per group.
 """
 
@@ -51,6 +51,11 @@ def quantized_gather(g, emb: QuantizedEmbedding, tokens: str, shape: tuple[int, 
             w = n("Add", [n("Mul", [codes, s], "scaled"), off], "rows_groups")
         else:
             w = n("Mul", [n("Sub", [codes, c("zero", np.float32(SYMMETRIC_ZERO))], "centred"), s], "rows_groups")
+        rows = n("Reshape", [w, c("rows_shape", np.array([B, T, C], np.int64))], "rows_f32")
+    elif h.op == "linear_w8a16_grouped":  # (B, T, C) codes times (B, T, C/G) group scales
+        groups = h.scale.shape[1]
+        codes = n("Reshape", [q, c("groups_shape", np.array([B, T, groups, -1], np.int64))], "code_groups")
+        w = n("Mul", [codes, n("Unsqueeze", [s, c("group_axis", np.array([3], np.int64))], "scale_groups")], "rows_groups")
         rows = n("Reshape", [w, c("rows_shape", np.array([B, T, C], np.int64))], "rows_f32")
     else:
         rows = n("Mul", [q, n("Unsqueeze", [s, c("row_axis", np.array([2], np.int64))], "scale_col")], "rows_f32")

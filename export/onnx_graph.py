@@ -102,14 +102,16 @@ class _GraphBuilder:
         inputs = {
             "x": x,
             "qweight": self.weight(f"{prefix}.qweight", lw.weight, activation_dtype=False),
-            "scale": self.weight(f"{prefix}.scale", lw.scale.to(torch.float32), activation_dtype=False),
+            # grouped INT8 scales travel in their stored dtype (a Q8_0 file's fp16, bit for bit); per-channel ones as FP32
+            "scale": self.weight(f"{prefix}.scale", lw.scale if lw.op == "linear_w8a16_grouped" else lw.scale.to(torch.float32),
+                                 activation_dtype=False),
             "bias": bias,
         }
         if lw.op == "linear_w8a8":
             smooth = lw.smooth.to(torch.float32) if lw.smooth is not None else None
             inputs["smooth"] = self.weight(f"{prefix}.smooth", smooth, activation_dtype=False) if smooth is not None else None
         elif lw.smooth is not None:
-            raise OperatorError(f"{prefix}: linear_w8a16 weights carry a SmoothQuant divisor, which only linear_w8a8 applies")
+            raise OperatorError(f"{prefix}: {lw.op} weights carry a SmoothQuant divisor, which only linear_w8a8 applies")
         return self.custom(lw.op, inputs, [out], prefix)
 
     def _linear_w4a16(self, x: str, lw: LinearWeights, out: str, prefix: str, bias: str | None) -> str:

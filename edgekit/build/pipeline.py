@@ -129,7 +129,7 @@ def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[di
     return compiled
 
 
-def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False):
+def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False, keep_q8_0: bool = False):
     """The model's config and tokenizer, cached by the weights' hash; the weights themselves load on demand.
 
     A GGUF needs ~10 s to parse and dequantize on this CPU; an unchanged rebuild whose quantized weights
@@ -143,17 +143,17 @@ def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False):
     if kind == "preset":
         return load_model(spec)
     if not cache.enabled:
-        return load_model(spec, keep_int4=keep_int4)
+        return load_model(spec, keep_int4=keep_int4, keep_q8_0=keep_q8_0)
     from edgekit.model.loader import LoadedModel, file_sha256
 
     path = Path(location)
     digest = file_sha256(path) if kind == "gguf" else None
     if digest is None:  # a directory: hashing it is the loader's job
-        return load_model(spec, keep_int4=keep_int4)
+        return load_model(spec, keep_int4=keep_int4, keep_q8_0=keep_q8_0)
     key = cache_key(stage="intake", kind=kind, sha256=digest, edgekit=__version__)
     hit = cache.get("intake", key)
     if hit is None:
-        loaded = load_model(spec, keep_int4=keep_int4)
+        loaded = load_model(spec, keep_int4=keep_int4, keep_q8_0=keep_q8_0)
         loaded.tokenizer_files = _tokenizer_files(loaded.tokenizer)
         cache.put("intake", key, {"config.json": json.dumps(loaded.config.to_dict()).encode(), **loaded.tokenizer_files})
         return loaded
@@ -177,14 +177,15 @@ def _tokenizer_files(tokenizer) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir()) if p.is_file()}
 
 
-def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False):
+def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False, keep_q8_0: bool = False):
     """Fill in the weights of a model whose config and tokenizer came from the cache.
 
-    ``keep_int4`` (an INT4 build): a GGUF's 4-bit projections stay W4A16 records, bit for bit."""
+    ``keep_int4`` (an INT4 build): a GGUF's 4-bit projections stay W4A16 records, bit for bit; ``keep_q8_0``
+    (a build with --quantize-head): a Q8_0 embedding / LM head stays grouped INT8, bit for bit."""
     if loaded.weights is None:
         from edgekit.model.loader import load_model
 
-        loaded.weights = load_model(spec, tokenizer=False, keep_int4=keep_int4).weights
+        loaded.weights = load_model(spec, tokenizer=False, keep_int4=keep_int4, keep_q8_0=keep_q8_0).weights
     return loaded
 
 
@@ -196,15 +197,17 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
 
     gate = GateConfig.for_mode(mode)
     qopts = QuantizeOptions(quantize_head=opts.quantize_head, head_scheme=opts.head_scheme)
-    keep_int4 = mode == "w4a16"
-    # an INT4 build takes a GGUF's 4-bit projections in as they are: the intake code is part of the key then
-    intake = {"intake": "lossless-int4", "intake_source": package_source_hash("edgekit.model")} if keep_int4 else {}
+    keep_int4, keep_q8_0 = mode == "w4a16", opts.quantize_head
+    # an INT4 build takes a GGUF's 4-bit projections in as they are, a quantized head a Q8_0 table: the intake
+    # code is part of the key then
+    lossless = [k for k, on in (("lossless-int4", keep_int4), ("lossless-q8_0-head", keep_q8_0)) if on]
+    intake = {"intake": "+".join(lossless), "intake_source": package_source_hash("edgekit.model")} if lossless else {}
     key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(), **intake,
                     options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__,
                     source=package_source_hash("edgekit.quant"))
     hit = cache.get("quantize", key)
     if hit is None:
-        _ensure_weights(loaded, opts.model, keep_int4)
+        _ensure_weights(loaded, opts.model, keep_int4, keep_q8_0)
         result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps,
                                 reference_cache=cache)
         hit = {"model.safetensors": serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode}),
@@ -247,7 +250,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
         raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
                           hint="drop --quantize-head, or use --precision int8 or int4")
 
-    loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16")
+    loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16", bool(mode) and opts.quantize_head)
     cfg = loaded.config
     model_info = {"name": cfg.name, "source": loaded.source.to_dict()}
 

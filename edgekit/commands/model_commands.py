@@ -65,6 +65,9 @@ def _print_stored(d: dict, json_out: bool) -> None:
     t.add_row("embedding", he["embedding"])
     t.add_row("stored weights", fmt_bytes(d["stored_bytes"]))
     t.add_row("KV cache", "int8" if d["kv_int8"] else "fp16")
+    lossless = d.get("lossless_intake")
+    t.add_row("taken in bit for bit", "unknown (no report.json)" if lossless is None else
+              (f"{len(lossless)} layers: " + ", ".join(lossless[:6]) + (" ..." if len(lossless) > 6 else "")) if lossless else "none")
     console.print(t)
     console.print(head_embedding_line(he))
 
@@ -108,9 +111,9 @@ def info(
     stored = d["stored_as"]
     if stored.get("tensor_types"):
         t.add_row("stored as", f"{stored['main_type']} GGUF (" + ", ".join(f"{n} {k}" for k, n in stored["tensor_types"].items())
-                  + " tensors), dequantized on load except by an INT4 build:")
+                  + " tensors), dequantized on load except by an INT4 build or a quantized head:")
         for k, how in stored["intake_int4"].items():
-            t.add_row(f"  {k} with --precision int4", how)
+            t.add_row(f"  {k}", how)
     for p, n in d["weight_bytes"].items():
         t.add_row(f"weights at {p}", fmt_bytes(n))
     t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"]))

@@ -114,7 +114,8 @@ def quantize(
                                min_logits_snr_db=min_snr_db, ppl_tokens=ppl_tokens, new_tokens=new_tokens)
     opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head or head_precision is not None, always_rank=rank,
                            head_scheme=head_scheme(head_precision, precision))
-    m = load_model(model, keep_int4=precision == "int4")  # a GGUF's 4-bit projections are taken in as they are
+    # a GGUF's 4-bit projections are taken in as they are, and with a quantized head a Q8_0 embedding/head table
+    m = load_model(model, keep_int4=precision == "int4", keep_q8_0=opts.quantize_head)
     try:
         with make_progress() as progress:
             result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,

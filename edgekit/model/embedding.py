@@ -22,10 +22,11 @@ import torch
 
 from edgekit.errors import QuantizationError
 from edgekit.kernels.int4_layout import dequantize_int4
+from edgekit.kernels.int8_group_layout import dequantize_int8_grouped
 from edgekit.kernels.linear import LinearWeights
 
 # Head operators whose rows can be gathered and dequantized one at a time.
-GATHERABLE_OPS = ("linear_w8a16", "linear_w8a8", "linear_w4a16")
+GATHERABLE_OPS = ("linear_w8a16", "linear_w8a8", "linear_w4a16", "linear_w8a16_grouped")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class QuantizedEmbedding:
         acc = torch.float64 if self.dtype == torch.float64 else torch.float32
         if h.op == "linear_w4a16":
             rows = dequantize_int4(h.weight[flat], h.scale[flat], None if h.offset is None else h.offset[flat], dtype=acc)
+        elif h.op == "linear_w8a16_grouped":  # a Q8_0 table: codes times their group's scale
+            rows = dequantize_int8_grouped(h.weight[flat], h.scale[flat], dtype=acc)
         else:  # INT8: one scale per row (a W8A8 head's rows also carry its SmoothQuant divisor)
             rows = h.weight[flat].to(acc) * h.scale[flat].to(acc)[:, None]
             if h.smooth is not None:
@@ -76,6 +79,8 @@ class QuantizedEmbedding:
         if h.op == "linear_w4a16":
             g = h.in_features // h.scale.shape[1]
             return f"int4 g{g} ({'asymmetric' if h.offset is not None else 'symmetric'}, {h.scale.dtype} scales), tied to lm_head"
+        if h.op == "linear_w8a16_grouped":
+            return f"int8 g{h.in_features // h.scale.shape[1]} ({h.scale.dtype} scales), tied to lm_head"
         return "int8 per-row scale, tied to lm_head"
 
 

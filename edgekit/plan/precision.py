@@ -67,6 +67,8 @@ def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool, *
         return n + 4 * out_features + b
     if scheme == "w8a8":
         return n + 4 * out_features + 4 * in_features + b
+    if scheme == "w8a16g":  # grouped INT8 as a GGUF Q8_0 tensor is taken in: an fp16 scale per 32 weights
+        return n + out_features * -(-in_features // 32) * 2 + b
     if scheme == "w4a16":
         return n // 2 + out_features * -(-in_features // int4_group_for(in_features, int4_group)) * int4_group_bytes + b
     raise ConfigError(f"unknown linear scheme {scheme!r}; expected one of: {', '.join(LINEAR_SCHEMES)}")

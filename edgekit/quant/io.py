@@ -8,6 +8,9 @@
     {layer}.qweight uint8 (N, K/2), {layer}.scale fp16|fp32 (N, K/G)  a W4A16 layer (kernels/int4_layout.py:
     {layer}.offset fp16|fp32 (N, K/G)                                GGML Q4 nibble order, G = 32|64|128;
                                                                      offset only when asymmetric)
+    {layer}.qweight int8 (N, K), {layer}.scale fp16|fp32 (N, K/G)     a grouped INT8 layer (kernels/
+                                                                     int8_group_layout.py: a GGUF Q8_0 tensor
+                                                                     taken in bit for bit, G = 32)
     {layer}.weight (N, K)                                            a layer kept in floating point
     {layer}.bias (N,)                                                when the layer has one
     blocks.{i}.k_scale, blocks.{i}.v_scale fp32 (Hkv,)               INT8 KV cache only
@@ -41,6 +44,7 @@ from safetensors.torch import save as st_save
 from edgekit.durable import replace_atomically
 from edgekit.errors import QuantizationError
 from edgekit.kernels.int4_layout import GROUP_SIZES
+from edgekit.kernels.int8_group_layout import GROUP_SIZES as INT8_GROUP_SIZES
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.registry import OPERATORS
 from edgekit.model.config import ModelConfig
@@ -112,6 +116,10 @@ def serialize(config: ModelConfig, weights: ModelWeights, kv_scales: KVScales | 
             continue  # the embedding tensor is the head
         if lw.op == "linear":
             tensors[f"{name}.weight"] = fp(lw.weight)
+        elif lw.op == "linear_w8a16_grouped":  # codes and group scales as taken in (a Q8_0 tensor's bytes)
+            layers[name].update(group=lw.in_features // lw.scale.shape[1])
+            tensors[f"{name}.qweight"] = lw.weight.detach().cpu().contiguous()
+            tensors[f"{name}.scale"] = lw.scale.detach().cpu().contiguous()
         elif lw.op == "linear_w4a16":
             layers[name].update(group=lw.in_features // lw.scale.shape[1], offset=lw.offset is not None)
             tensors[f"{name}.qweight"] = lw.weight.detach().cpu().contiguous()
@@ -234,6 +242,8 @@ def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="
             return LinearWeights("linear", r.get(f"{name}.weight", (N, K), "fp"), bias)
         if m["op"] == "linear_w4a16":
             return _w4a16_layer(r, name, m, N, K, bias)
+        if m["op"] == "linear_w8a16_grouped":
+            return _w8a16_grouped_layer(r, name, m, N, K, bias)
         smooth = r.get(f"{name}.smooth", (K,), "scale") if m.get("smooth") else None
         return LinearWeights(m["op"], r.get(f"{name}.qweight", (N, K), "int8"), bias, r.get(f"{name}.scale", (N,), "scale"), smooth)
 
@@ -270,6 +280,15 @@ def _w4a16_layer(r: _Reader, name: str, m: dict, n: int, k: int, bias: torch.Ten
     if offset is not None and offset.dtype != scale.dtype:
         raise QuantizationError(f"{r.path}: W4A16 layer {name} stores scales as {scale.dtype} but offsets as {offset.dtype}")
     return LinearWeights("linear_w4a16", r.get(f"{name}.qweight", (n, k // 2), "uint8"), bias, scale, offset=offset)
+
+
+def _w8a16_grouped_layer(r: _Reader, name: str, m: dict, n: int, k: int, bias: torch.Tensor | None) -> LinearWeights:
+    group = m.get("group")
+    if group not in INT8_GROUP_SIZES or k % group:
+        raise QuantizationError(f"{r.path}: grouped INT8 layer {name} has group {group!r}; expected one of "
+                                f"{INT8_GROUP_SIZES} dividing K={k}")
+    return LinearWeights("linear_w8a16_grouped", r.get(f"{name}.qweight", (n, k), "int8"), bias,
+                         r.get(f"{name}.scale", (n, k // group), "group"))
 
 
 def _edgekit_header(path: Path, meta: dict[str, str]) -> dict:

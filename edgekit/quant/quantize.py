@@ -25,6 +25,7 @@ from edgekit.errors import QuantizationError
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
+from edgekit.model.embedding import QuantizedEmbedding, tied_embedding
 from edgekit.model.loader import LoadedModel
 from edgekit.quant import corpus
 from edgekit.quant.calibration import CalibrationStats, calibrate
@@ -44,6 +45,9 @@ from edgekit.quant.stored_bytes import head_embedding_summary, model_bytes
 from edgekit.quant.weights import quantize_linear
 
 MODES = ("w8a16", "w8a8", "w4a16")
+# Records a lossless intake makes that quantization passes through untouched (W4A16 ones pass through the INT4
+# path; edgekit.quant.int4_calibration).
+LOSSLESS_OPS = ("linear_w8a16_grouped",)
 REPORT_FORMAT = "edgekit-quant-report"
 REPORT_VERSION = 1
 
@@ -125,8 +129,8 @@ def quantize_layers(
     """INT8 records for every linear layer (and the head when ``include_head``) except those in ``skip``."""
     out = {}
     for name, lw in named_linears(fp_weights).items():
-        if (name == HEAD and not include_head) or name in skip:
-            continue
+        if (name == HEAD and not include_head) or name in skip or lw.op in LOSSLESS_OPS:
+            continue  # a lossless intake (a GGUF Q8_0 table as grouped INT8) stays as it came in
         smooth = None
         if mode == "w8a8":
             if stats is None or name not in stats.act_absmax:
@@ -142,9 +146,13 @@ def _stored_fp(fp_weights: ModelWeights, dt: torch.dtype) -> ModelWeights:
     def lin(lw: LinearWeights) -> LinearWeights:  # an INT4 record passed through keeps its codes, scales and offsets
         return replace(lw, weight=round_through(lw.weight, dt), bias=round_through(lw.bias, dt))
 
-    emb = round_through(fp_weights.tok_embeddings, dt)
-    tied = fp_weights.lm_head.weight is fp_weights.tok_embeddings
-    head = LinearWeights("linear", emb, round_through(fp_weights.lm_head.bias, dt)) if tied else lin(fp_weights.lm_head)
+    if isinstance(fp_weights.tok_embeddings, QuantizedEmbedding):  # a tied table taken in quantized: kept as it is
+        head = lin(fp_weights.lm_head)
+        emb = tied_embedding(head, fp_weights.tok_embeddings.dtype)
+    else:
+        emb = round_through(fp_weights.tok_embeddings, dt)
+        tied = fp_weights.lm_head.weight is fp_weights.tok_embeddings
+        head = LinearWeights("linear", emb, round_through(fp_weights.lm_head.bias, dt)) if tied else lin(fp_weights.lm_head)
     blocks = [
         type(b)(attn_norm=round_through(b.attn_norm, dt), wqkv=lin(b.wqkv), wo=lin(b.wo),
                 ffn_norm=round_through(b.ffn_norm, dt), w_gate_up=lin(b.w_gate_up), w_down=lin(b.w_down))
@@ -238,7 +246,7 @@ def _prepare_int4(loaded: LoadedModel, fp_weights: ModelWeights, kv_int8: bool, 
     # KV ranges of the folded model: folding wo's scales into the V rows changes the values the cache holds.
     stats = calibrate(loaded.config, cal.weights, windows, steps) if kv_int8 else None
     int8 = quantize_layers(cal.weights, "w8a16", None, opts.alpha, opts.quantize_head, frozenset(cal.passed_through))
-    int8_head = {HEAD: int8[HEAD]} if opts.quantize_head and not int4_head else {}  # head_scheme "w8a16"
+    int8_head = {HEAD: int8[HEAD]} if opts.quantize_head and not int4_head and HEAD in int8 else {}  # head_scheme "w8a16"
     layers = {**{n: int8[n] for n in cal.skipped}, **int8_head, **cal.layers}
     return PreparedQuantization(
         config=loaded.config, layers=layers, stored_fp=_stored_fp(cal.weights, opts.storage_dtype),
@@ -366,6 +374,9 @@ def quantize_model(
     report["mixed_precision"] = bool(final["fp_layers"] or final["int8_layers"])
     report["weight_bytes"] = {"fp32_as_loaded": fp_weights.nbytes(), "quantized": model_bytes(weights, dt)}
     report["head_embedding"] = head_embedding_summary(weights, dt)
+    # layers taken in bit for bit from the source file (GGUF Q4_0/Q4_1/Q4_K projections, a Q8_0 table), never re-quantized
+    report["lossless_intake"] = sorted({*(prepared.int4.passed_through if prepared.int4 else ()),
+                                        *(n for n, lw in named_linears(weights).items() if lw.op in LOSSLESS_OPS)})
     report["kv_cache"] = {"precision": "int8" if kv_int8 else dtype_name(dt),
                           "scales": "static per (block, KV head), from calibration" if kv_int8 else None}
     report["timings_s"] = timings

@@ -80,6 +80,9 @@ def _head_storage(lw: LinearWeights, dt: torch.dtype) -> str:
     if lw.op == "linear_w4a16":
         g = lw.in_features // lw.scale.shape[1]
         return f"int4 g{g} ({'asymmetric' if lw.offset is not None else 'symmetric'}, {str(lw.scale.dtype).removeprefix('torch.')} scales)"
+    if lw.op == "linear_w8a16_grouped":
+        g = lw.in_features // lw.scale.shape[1]
+        return f"int8 g{g} ({str(lw.scale.dtype).removeprefix('torch.')} scales, {lw.op})"
     return f"int8 per-row scale ({lw.op})"
 
 

@@ -23,7 +23,12 @@ def weights_dir(path: Path) -> Path | None:
 def stored_info(directory: Path) -> dict:
     """Layer precisions, head/embedding storage and bytes of the weights file in ``directory`` (read, not verified:
     `edgekit verify` checks a bundle's signature)."""
+    import json
+
     q = load_quantized(directory, dtype=torch.float32)
+    # the quantization report beside the weights (`quantize -o DIR`) or in the bundle (quantization/report.json)
+    reports = [Path(directory) / "report.json", Path(directory).parent / "quantization" / "report.json"]
+    report = next((json.loads(p.read_text()) for p in reports if p.is_file()), {})
     dt = dtype_from_name(q.header.get("storage_dtype", "fp16"))
     counts: dict[str, int] = {}
     for layer in q.header["layers"].values():
@@ -37,4 +42,5 @@ def stored_info(directory: Path) -> dict:
         "stored_bytes": model_bytes(q.weights, dt),
         "head_embedding": head_embedding_summary(q.weights, dt),
         "kv_int8": q.kv_scales is not None,
+        "lossless_intake": report.get("lossless_intake"),  # None: no report says
     }

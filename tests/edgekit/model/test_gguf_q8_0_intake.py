@@ -1,0 +1,88 @@
+"""Lossless intake of a GGUF Q8_0 embedding / LM head as grouped INT8 (kernels/int8_group_layout.py).
+
+Every file is written by gguf-py in the test; bit exactness is checked against gguf-py's own dequantize, and the
+model taken in losslessly must compute exactly what the dequantized reference computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgekit.kernels.int8_group_layout import Q8_0_BLOCK_BYTES, dequantize_int8_grouped, from_q8_0
+from edgekit.model.embedding import QuantizedEmbedding
+from edgekit.model.loader import load_model
+from edgekit.quant.forward import all_logits
+
+from .conftest import hf_model, write_llama_gguf  # noqa: TID252
+
+
+def test_q8_0_blocks_are_byte_copies_that_dequantize_like_gguf():
+    import gguf
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((24, 128)) * rng.uniform(0.01, 3.0, (24, 1))).astype(np.float32)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)  # (24, 4 * 34) uint8
+    q, s = from_q8_0(raw)
+    assert q.dtype == torch.int8 and q.shape == (24, 128) and s.dtype == torch.float16 and s.shape == (24, 4)
+    blocks = raw.reshape(24, 4, Q8_0_BLOCK_BYTES)
+    assert np.array_equal(q.numpy().view(np.uint8).reshape(24, 4, 32), blocks[..., 2:])  # the codes' bytes
+    assert np.array_equal(s.numpy().view(np.uint8).reshape(24, 4, 2), blocks[..., :2])  # the scales' bits
+    want = np.array(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0), dtype=np.float32)
+    assert torch.equal(dequantize_int8_grouped(q, s), torch.from_numpy(want))  # bit for bit
+
+
+@pytest.fixture(scope="module")
+def q8_0_table_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("q8") / "tied-q8_0-table.gguf"
+    write_llama_gguf(path, hf_model("llama", seed=2), table_type="Q8_0", tied=True,
+                     projection_types={"ffn_up.weight": "Q8_0"})  # a Q8_0 projection stays on the dequantized path
+    return path
+
+
+def test_tied_q8_0_table_is_taken_in_bit_for_bit_and_computes_like_the_dequantized_reference(q8_0_table_gguf):
+    import gguf
+
+    ref = load_model(str(q8_0_table_gguf), tokenizer=False)
+    lossless = load_model(str(q8_0_table_gguf), tokenizer=False, keep_q8_0=True)
+    assert ref.config.tie_embeddings
+    head = lossless.weights.lm_head
+    assert head.op == "linear_w8a16_grouped" and head.scale.dtype == torch.float16
+    assert isinstance(lossless.weights.tok_embeddings, QuantizedEmbedding) and lossless.weights.tied
+    t = next(t for t in gguf.GGUFReader(str(q8_0_table_gguf)).tensors if t.name == "token_embd.weight")
+    q, s = from_q8_0(np.asarray(t.data))
+    assert torch.equal(head.weight, q) and torch.equal(head.scale, s)  # the file's bytes
+    assert torch.equal(head.dequantized(), ref.weights.lm_head.weight)  # = gguf-py's dequantize
+    assert all(b.w_gate_up.op == "linear" for b in lossless.weights.blocks)  # Q8_0 projections: dequantized
+    tokens = torch.arange(3, 60)[None]
+    assert torch.equal(all_logits(lossless.decoder(), tokens), all_logits(ref.decoder(), tokens))
+
+
+def test_quantize_keeps_the_q8_0_table_and_reports_it(q8_0_table_gguf, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from edgekit.quant.gate import GateConfig
+    from edgekit.quant.io import load_quantized, write_quantized
+    from edgekit.quant.quantize import QuantizeOptions, quantize_model
+
+    lossless = load_model(str(q8_0_table_gguf), tokenizer=False, keep_q8_0=True)
+    gate = replace(GateConfig.for_mode("w8a16"), ppl_tokens=256, window_len=128, n_prompts=1, new_tokens=16,
+                   max_ppl_increase=1.0, min_greedy_agreement=0.0, min_logits_snr_db=0.0)
+    r = quantize_model(lossless, "w8a16", gate=gate, options=QuantizeOptions(quantize_head=True))
+    assert r.weights.lm_head is not None and r.weights.lm_head.op == "linear_w8a16_grouped"
+    assert torch.equal(r.weights.lm_head.weight, lossless.weights.lm_head.weight)  # passed through, not re-quantized
+    assert r.report["lossless_intake"] == ["lm_head"] and r.report["layers"]["lm_head"] == "w8a16g"
+    assert r.report["head_embedding"]["lm_head"].startswith("int8 g32 (float16 scales")
+    write_quantized(tmp_path, r)
+    back = load_quantized(tmp_path)
+    assert torch.equal(back.weights.lm_head.scale, lossless.weights.lm_head.scale)  # fp16 scales kept bit for bit
+    tokens = torch.arange(3, 40)[None]
+    assert torch.equal(all_logits(back.decoder(), tokens), all_logits(r.decoder(), tokens))
+    out = subprocess.run([sys.executable, "-m", "edgekit", "info", str(tmp_path), "--json"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["lossless_intake"] == ["lm_head"]
