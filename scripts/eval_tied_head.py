@@ -19,6 +19,7 @@ same model in FP16. Every figure is measured on this machine's CPU (times are wa
 
     python scripts/eval_tied_head.py --json tied_head.json     # ~5 minutes on this 2-core machine
     python scripts/eval_tied_head.py --modes int4 --lossless-intake    # INT4 blocks as the GGUF holds them
+    python scripts/eval_tied_head.py --lossless-intake --q8-0-table    # and the Q8_0 table as it is (grouped INT8)
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def main() -> None:
     ap.add_argument("--lossless-intake", action="store_true",
                     help="int4: take the GGUF's 4-bit projections in bit for bit (what `build --precision int4` does) "
                          "instead of calibrating INT4 from the dequantized weights")
+    ap.add_argument("--q8-0-table", action="store_true",
+                    help="take the GGUF's Q8_0 embedding/LM head table in bit for bit as grouped INT8 (what --quantize-head "
+                         "does with such a file): one row per mode, blocks quantized, head/embedding lossless")
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
 
@@ -53,7 +57,8 @@ def main() -> None:
     loaded = load_model()
     fp = Decoder(loaded.config, loaded.weights.to(dtype=torch.float32), DispatchTable())
     # the same file with its 4-bit projections kept as W4A16 records (the reference stays the dequantized model)
-    lossless = load_model(keep_int4=True) if args.lossless_intake else None
+    lossless = load_model(keep_int4=True, keep_q8_0=args.q8_0_table) if args.lossless_intake else None
+    table = load_model(keep_q8_0=True) if args.q8_0_table else None
     rows = []
     refs = {}
     for mode_name in args.modes.split(","):
@@ -64,11 +69,13 @@ def main() -> None:
             refs[key] = build_reference(fp, heldout_eval_text(loaded, gate), gate.new_tokens)
         ref = refs[key]
         t = time.perf_counter()
-        source = lossless if (lossless is not None and mode == "w4a16") else loaded
+        source = lossless if (lossless is not None and mode == "w4a16") else table or loaded
         prepared = prepare_quantization(source, mode, options=QuantizeOptions(quantize_head=True))
         prep_s = time.perf_counter() - t
         variants = {mode_name: dict(fp_layers=[HEAD]), f"{mode_name} + {mode_name} head": {}}
-        if mode == "w4a16":
+        if args.q8_0_table:
+            variants = {f"{mode_name} + q8_0 head": {}}
+        elif mode == "w4a16":
             variants = {mode_name: dict(fp_layers=[HEAD]), "int4 + int8 head": dict(int8_layers=[HEAD]),
                         "int4 + int4 head": {}}
         for label, how in variants.items():
