@@ -86,3 +86,33 @@ def test_quantize_keeps_the_q8_0_table_and_reports_it(q8_0_table_gguf, tmp_path)
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["lossless_intake"] == ["lm_head"]
+
+
+def test_a_bundle_built_with_quantize_head_ships_the_q8_0_table_as_it_came(q8_0_table_gguf, tmp_path):
+    from safetensors import safe_open
+
+    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.bundle.keys import development_key
+    from edgekit.bundle.verify import verify_bundle
+    from edgekit.generate import Generator
+    from edgekit.runtime.bundle_runtime import open_bundle
+
+    opts = BuildOptions(model=str(q8_0_table_gguf), target="orin", out=tmp_path / "bundle", dev_key=True,
+                        precision="int8", quantize_head=True, context=64, buckets=(16, 32), onnx=True,
+                        cache_dir=tmp_path / "cache")
+    result = build_bundle(opts)
+    assert verify_bundle(result.out, [development_key().public_key], allow_dev_key=True).ok
+    with safe_open(str(result.out / "weights" / "model.safetensors"), "pt") as f:
+        assert "tok_embeddings" not in set(f.keys())
+        scale = f.get_tensor("lm_head.scale")
+    lossless = load_model(str(q8_0_table_gguf), tokenizer=False, keep_q8_0=True)
+    assert scale.dtype == torch.float16 and torch.equal(scale, lossless.weights.lm_head.scale)
+    assert result.summary["quantization"]["head_embedding"]["lm_head"].startswith("int8 g32")
+    b = open_bundle(result.out, [], allow_dev_key=True, device="cpu")
+    got, _ = Generator(b.decoder(), b.shapes).generate([5, 9, 200, 31], 8)
+    from edgekit.quant.io import load_quantized
+
+    q = load_quantized(result.out / "weights")  # the grouped INT8 record, its rows gathered by the lookup
+    assert isinstance(q.weights.tok_embeddings, QuantizedEmbedding)
+    want, _ = Generator(q.decoder(), b.shapes).generate([5, 9, 200, 31], 8)
+    assert got == want
