@@ -12,6 +12,7 @@ import torch
 
 from edgekit.export import check_parity, export_onnx
 from edgekit.kernels.int4_layout import quantize_int4_rtn
+from edgekit.kernels.int8_group_layout import quantize_int8_grouped
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.embedding import tied_embedding
 from edgekit.model.presets import preset_config
@@ -32,7 +33,12 @@ def _int4(w: torch.Tensor, symmetric: bool) -> LinearWeights:
     return LinearWeights("linear_w4a16", q, None, s, offset=off)
 
 
-HEADS = {"int8": _int8, "int4_asym": lambda w: _int4(w, False), "int4_sym": lambda w: _int4(w, True)}
+def _int8_g32(w: torch.Tensor) -> LinearWeights:  # a Q8_0 table as taken in
+    q, s = quantize_int8_grouped(w, 32)
+    return LinearWeights("linear_w8a16_grouped", q, None, s)
+
+
+HEADS = {"int8": _int8, "int4_asym": lambda w: _int4(w, False), "int4_sym": lambda w: _int4(w, True), "int8_g32": _int8_g32}
 
 
 @pytest.mark.parametrize("kind", sorted(HEADS))
@@ -50,6 +56,8 @@ def test_tied_quantized_head_exports_without_a_float_table(kind, tmp_path):
               and int(np.prod(i.dims)) >= table]
     assert floats == []  # the only (V, C) matrix is the head's codes
     assert init["lm_head.qweight"].data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+    if kind == "int8_g32":
+        assert init["lm_head.scale"].data_type == onnx.TensorProto.FLOAT16  # the Q8_0 scales as stored
     g = torch.Generator().manual_seed(1)
     for lens in ([13], [4]):
         tokens = torch.randint(3, cfg.vocab_size, (len(lens), BUCKET), generator=g)
