@@ -177,6 +177,13 @@ def _tokenizer_files(tokenizer) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir()) if p.is_file()}
 
 
+def keeps_q8_0_table(opts) -> bool:
+    """Whether a GGUF's Q8_0 embedding / LM head is taken in bit for bit (grouped INT8): with --quantize-head and no
+    --head-precision. A --head-precision re-quantizes it: int8 (per-row scales) is what the fused decode head takes,
+    int4 the smallest."""
+    return opts.quantize_head and opts.head_scheme is None
+
+
 def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False, keep_q8_0: bool = False):
     """Fill in the weights of a model whose config and tokenizer came from the cache.
 
@@ -197,7 +204,7 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
 
     gate = GateConfig.for_mode(mode)
     qopts = QuantizeOptions(quantize_head=opts.quantize_head, head_scheme=opts.head_scheme)
-    keep_int4, keep_q8_0 = mode == "w4a16", opts.quantize_head
+    keep_int4, keep_q8_0 = mode == "w4a16", keeps_q8_0_table(opts)
     # an INT4 build takes a GGUF's 4-bit projections in as they are, a quantized head a Q8_0 table: the intake
     # code is part of the key then
     lossless = [k for k, on in (("lossless-int4", keep_int4), ("lossless-q8_0-head", keep_q8_0)) if on]
@@ -250,7 +257,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
         raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
                           hint="drop --quantize-head, or use --precision int8 or int4")
 
-    loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16", bool(mode) and opts.quantize_head)
+    loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16", bool(mode) and keeps_q8_0_table(opts))
     cfg = loaded.config
     model_info = {"name": cfg.name, "source": loaded.source.to_dict()}
 

@@ -81,7 +81,7 @@ def quantize(
     alpha: float = typer.Option(0.5, "--alpha", min=0.0, max=1.0, help="SmoothQuant migration strength for w8a8 (0: none, 1: all range moved to the weights)."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the gate fails, keep the most sensitive layers in FP16 until it passes instead of stopping."),
     quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too (when tied, the one quantized matrix is the embedding too)."),
-    head_precision: Optional[str] = typer.Option(None, "--head-precision", help="int8 or int4 for the LM head (implies --quantize-head; default: --precision's)."),
+    head_precision: Optional[str] = typer.Option(None, "--head-precision", help="int8 or int4 for the LM head (implies --quantize-head; default: --precision's, and a GGUF Q8_0 table kept bit for bit)."),
     max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 int8, 0.03 w8a8)."),
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 int8, 0.90 w8a8)."),
     min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 int8, 15 w8a8)."),
@@ -114,8 +114,9 @@ def quantize(
                                min_logits_snr_db=min_snr_db, ppl_tokens=ppl_tokens, new_tokens=new_tokens)
     opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head or head_precision is not None, always_rank=rank,
                            head_scheme=head_scheme(head_precision, precision))
-    # a GGUF's 4-bit projections are taken in as they are, and with a quantized head a Q8_0 embedding/head table
-    m = load_model(model, keep_int4=precision == "int4", keep_q8_0=opts.quantize_head)
+    # a GGUF's 4-bit projections are taken in as they are, and with a quantized head (no --head-precision) a Q8_0
+    # embedding/head table
+    m = load_model(model, keep_int4=precision == "int4", keep_q8_0=opts.quantize_head and opts.head_scheme is None)
     try:
         with make_progress() as progress:
             result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,

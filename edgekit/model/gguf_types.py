@@ -45,8 +45,8 @@ INTAKE = {
     "Q4_K": "projections lossless: W4A16 g32 asymmetric, fp32 scales and offsets (nibbles re-ordered); "
             "embedding/LM head dequantized",
     **{t: "dequantized to FP32, then quantized by the chosen precision (not lossless)" for t in DEQUANTIZED_TYPES},
-    "Q8_0": "embedding/LM head lossless with --quantize-head: grouped INT8 g32, fp16 scales (byte copies; tied: one "
-            "matrix); projections dequantized, then quantized by the chosen precision",
+    "Q8_0": "embedding/LM head lossless with --quantize-head (no --head-precision): grouped INT8 g32, fp16 scales "
+            "(byte copies; tied: one matrix); projections dequantized, then quantized by the chosen precision",
 }
 
 _QK_K = 256  # weights per K-quant super-block

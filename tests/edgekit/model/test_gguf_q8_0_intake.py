@@ -116,3 +116,13 @@ def test_a_bundle_built_with_quantize_head_ships_the_q8_0_table_as_it_came(q8_0_
     assert isinstance(q.weights.tok_embeddings, QuantizedEmbedding)
     want, _ = Generator(q.decoder(), b.shapes).generate([5, 9, 200, 31], 8)
     assert got == want
+
+
+def test_a_head_precision_re_quantizes_the_table_instead(tmp_path):
+    from edgekit.build import BuildOptions
+    from edgekit.build.pipeline import keeps_q8_0_table
+
+    base = dict(model=None, target="orin", out=tmp_path)
+    assert keeps_q8_0_table(BuildOptions(**base, quantize_head=True))
+    assert not keeps_q8_0_table(BuildOptions(**base, quantize_head=True, head_scheme="w8a16"))  # the fused head's form
+    assert not keeps_q8_0_table(BuildOptions(**base))
