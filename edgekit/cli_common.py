@@ -40,3 +40,10 @@ def cli_precision(value: str, allowed) -> str:
     from edgekit.precision_names import parse_precision
 
     return parse_precision(value, allowed, warn=note)
+
+
+def head_embedding_line(he: dict) -> str:
+    """One line of report.json's ``head_embedding`` (edgekit.quant.stored_bytes) for build, quantize and info."""
+    return (f"LM head: {he['lm_head']}; embedding: {he['embedding']}; weight bytes per decoded token "
+            f"{fmt_bytes(he['bytes_per_token'])} = {he['vs_fp16']:.3f} x FP16's {fmt_bytes(he['fp16_bytes_per_token'])} "
+            f"(computed from the stored weights)")

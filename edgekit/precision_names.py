@@ -66,3 +66,19 @@ def parse_precision(value: str, allowed: Iterable[str], *, option: str = "--prec
         raise ConfigError(f"{option} {value!r}{known} is not accepted here",
                           hint=f"expected one of: {', '.join(n for n in allowed if n not in NOT_IMPLEMENTED)}")
     return name
+
+
+HEAD_PRECISIONS = ("int8", "int4")
+
+
+def head_scheme(head_precision: str | None, precision: str) -> str | None:
+    """--head-precision (int8 | int4, or None: the blocks') as the quantizer's head scheme, checked against the
+    model's --precision: an INT4 model's head may be INT8 or INT4, an INT8 (or W8A8) model's head is its own."""
+    if head_precision is None:
+        return None
+    allowed = HEAD_PRECISIONS if precision == "int4" else (precision,) if precision in ("int8", "w8a8") else ()
+    if head_precision not in allowed:
+        raise ConfigError(f"--head-precision {head_precision} with --precision {precision}: expected "
+                          + (f"one of {', '.join(allowed)}" if allowed else "no --head-precision (nothing is quantized)"),
+                          hint="--head-precision int8 keeps an INT4 model's LM head (and tied embedding) at INT8")
+    return QUANT_MODE[head_precision]

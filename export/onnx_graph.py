@@ -30,6 +30,8 @@ from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.rope import rope_frequencies
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import ModelWeights
+from edgekit.model.embedding import QuantizedEmbedding
+from edgekit.export.onnx_embedding import quantized_gather
 from edgekit.export.onnx_functions import CUSTOM_OPS, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET
 
 EXPORT_DTYPES = {"float32": (torch.float32, TensorProto.FLOAT), "float16": (torch.float16, TensorProto.FLOAT16)}
@@ -100,14 +102,16 @@ class _GraphBuilder:
         inputs = {
             "x": x,
             "qweight": self.weight(f"{prefix}.qweight", lw.weight, activation_dtype=False),
-            "scale": self.weight(f"{prefix}.scale", lw.scale.to(torch.float32), activation_dtype=False),
+            # grouped INT8 scales travel in their stored dtype (a Q8_0 file's fp16, bit for bit); per-channel ones as FP32
+            "scale": self.weight(f"{prefix}.scale", lw.scale if lw.op == "linear_w8a16_grouped" else lw.scale.to(torch.float32),
+                                 activation_dtype=False),
             "bias": bias,
         }
         if lw.op == "linear_w8a8":
             smooth = lw.smooth.to(torch.float32) if lw.smooth is not None else None
             inputs["smooth"] = self.weight(f"{prefix}.smooth", smooth, activation_dtype=False) if smooth is not None else None
         elif lw.smooth is not None:
-            raise OperatorError(f"{prefix}: linear_w8a16 weights carry a SmoothQuant divisor, which only linear_w8a8 applies")
+            raise OperatorError(f"{prefix}: {lw.op} weights carry a SmoothQuant divisor, which only linear_w8a8 applies")
         return self.custom(lw.op, inputs, [out], prefix)
 
     def _linear_w4a16(self, x: str, lw: LinearWeights, out: str, prefix: str, bias: str | None) -> str:
@@ -149,8 +153,11 @@ def build_prefill_model(
 
     g = _GraphBuilder(dtype)
     cfg, B, T = config, batch, bucket
-    emb = g.weight("tok_embeddings", weights.tok_embeddings, activation_dtype=True)
-    x = g.node("Gather", [emb, "tokens"], ["embed.out"], "embed", axis=0)  # (B, T, C)
+    if isinstance(weights.tok_embeddings, QuantizedEmbedding):  # tied quantized head: its rows, dequantized
+        x = quantized_gather(g, weights.tok_embeddings, "tokens", (B, T))  # (B, T, C)
+    else:
+        emb = g.weight("tok_embeddings", weights.tok_embeddings, activation_dtype=True)
+        x = g.node("Gather", [emb, "tokens"], ["embed.out"], "embed", axis=0)  # (B, T, C)
 
     # RoPE tables for positions [0, T): FP32 like the decoder's, broadcast to the batch.
     cos, sin = rope_frequencies(cfg.head_dim, T, cfg.rope_theta, torch.float32)  # (T, D/2)

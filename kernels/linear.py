@@ -15,6 +15,7 @@ import torch
 from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv,
                                       golden_rand)
 from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, SYMMETRIC_ZERO, dequantize_int4, pack_int4
+from edgekit.kernels.int8_group_layout import dequantize_int8_grouped
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
 
@@ -97,10 +98,10 @@ _SPECS = {s.name: s for s in (LINEAR_SPEC, W8A16_SPEC, W4A16_SPEC, W8A8_SPEC)}
 class LinearWeights:
     """One projection's weights and the operator that applies them."""
 
-    op: str  # "linear" | "linear_w8a16" | "linear_w4a16" | "linear_w8a8"
+    op: str  # "linear" | "linear_w8a16" | "linear_w4a16" | "linear_w8a8" | "linear_w8a16_grouped"
     weight: torch.Tensor  # (N, K) float, int8 for the INT8 ops, packed uint8 (N, K/2) for W4A16
     bias: torch.Tensor | None = None  # (N,)
-    scale: torch.Tensor | None = None  # (N,) fp32 for the INT8 ops; (N, K/G) fp16/fp32 group scales for W4A16
+    scale: torch.Tensor | None = None  # (N,) fp32 for the INT8 ops; (N, K/G) fp16/fp32 group scales for W4A16 and grouped INT8
     smooth: torch.Tensor | None = None  # (K,) fp32, SmoothQuant divisor for W8A8
     offset: torch.Tensor | None = None  # (N, K/G) W4A16 asymmetric group offsets (None: symmetric)
 
@@ -116,7 +117,12 @@ class LinearWeights:
         """The tensors after ``x`` that the record's operator takes, in its spec's order."""
         by_name = {"weight": self.weight, "qweight": self.weight, "scale": self.scale, "bias": self.bias,
                    "smooth": self.smooth, "offset": self.offset}
-        return tuple(by_name[t.name] for t in _SPECS[self.op].inputs[1:])
+        spec = _SPECS.get(self.op)
+        if spec is None:  # a linear operator declared in its own module (e.g. linear_w8a16_grouped)
+            from edgekit.kernels.registry import operator
+
+            spec = operator(self.op).spec
+        return tuple(by_name[t.name] for t in spec.inputs[1:])
 
     def nbytes(self) -> int:
         parts = (self.weight, self.bias, self.scale, self.smooth, self.offset)
@@ -128,6 +134,8 @@ class LinearWeights:
             return self.weight
         if self.op == "linear_w4a16":
             return dequantize_int4(self.weight, self.scale, self.offset)
+        if self.op == "linear_w8a16_grouped":
+            return dequantize_int8_grouped(self.weight, self.scale)
         w = self.weight.to(torch.float32) * self.scale.to(torch.float32)[:, None]
         if self.smooth is not None:
             w = w / self.smooth.to(torch.float32)[None, :]

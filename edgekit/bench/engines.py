@@ -21,6 +21,7 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
+from edgekit.model.embedding import QuantizedEmbedding
 from edgekit.model.kv_cache import StaticKVCache
 
 ENGINE_LABELS = {
@@ -216,8 +217,11 @@ class CompiledReferenceEngine(SteppedEngine):
 
 def _static_tensors(decoder: Decoder, cache: StaticKVCache) -> list[torch.Tensor]:
     w = decoder.weights
-    out = [w.tok_embeddings, w.norm, decoder._cos, decoder._sin, *cache.k, *cache.v]
-    out += [t for t in (w.lm_head.weight, w.lm_head.bias, w.lm_head.scale, w.lm_head.smooth) if t is not None]
+    # a tied quantized head is the embedding table: its tensors are listed with the head
+    emb = [] if isinstance(w.tok_embeddings, QuantizedEmbedding) else [w.tok_embeddings]
+    out = [*emb, w.norm, decoder._cos, decoder._sin, *cache.k, *cache.v]
+    out += [t for t in (w.lm_head.weight, w.lm_head.bias, w.lm_head.scale, w.lm_head.smooth, w.lm_head.offset)
+            if t is not None]
     for b in w.blocks:
         out += [b.attn_norm, b.ffn_norm]
         for lw in b.linears().values():

@@ -14,6 +14,7 @@ import torch
 from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import ModelWeights
+from edgekit.model.embedding import QuantizedEmbedding
 
 # edgekit architecture -> (transformers config class, causal-LM class)
 _CLASSES = {
@@ -35,10 +36,10 @@ def _classes(cfg: ModelConfig):
 
 
 def _tied(cfg: ModelConfig, weights: ModelWeights | None) -> bool:
-    # An INT8 LM head of a tied model is a second tensor beside the embedding: the twin is untied then.
+    # A tied quantized head is still one matrix (the lookup dequantizes its rows): the twin stays tied.
     if weights is None:
         return cfg.tie_embeddings
-    return cfg.tie_embeddings and weights.lm_head.weight is weights.tok_embeddings
+    return cfg.tie_embeddings and weights.tied
 
 
 def hf_config(cfg: ModelConfig, weights: ModelWeights | None = None):
@@ -92,9 +93,11 @@ def hf_state_dict(cfg: ModelConfig, weights: ModelWeights) -> dict[str, torch.Te
         sd[p + "mlp.down_proj.weight"] = b.w_down.dequantized()
         sd[p + "input_layernorm.weight"] = b.attn_norm
         sd[p + "post_attention_layernorm.weight"] = b.ffn_norm
-    sd["model.embed_tokens.weight"] = weights.tok_embeddings
+    emb = weights.tok_embeddings
+    emb = emb.dequantized() if isinstance(emb, QuantizedEmbedding) else emb
+    sd["model.embed_tokens.weight"] = emb
     sd["model.norm.weight"] = weights.norm
-    sd["lm_head.weight"] = weights.tok_embeddings if _tied(cfg, weights) else weights.lm_head.dequantized()
+    sd["lm_head.weight"] = emb if _tied(cfg, weights) else weights.lm_head.dequantized()
     return sd
 
 

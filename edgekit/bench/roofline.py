@@ -22,6 +22,7 @@ import torch
 
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import ModelWeights
+from edgekit.model.embedding import QuantizedEmbedding
 
 
 def _nbytes(t: torch.Tensor | None) -> int:
@@ -49,7 +50,9 @@ def weight_bytes_per_token(weights: ModelWeights) -> int:
         n += sum(lw.nbytes() for lw in b.linears().values())
         n += _nbytes(b.attn_norm) + _nbytes(b.ffn_norm)
     n += _nbytes(weights.norm) + weights.lm_head.nbytes()
-    n += weights.tok_embeddings.shape[1] * weights.tok_embeddings.element_size()  # the looked-up row
+    emb = weights.tok_embeddings
+    # the looked-up row (of a tied quantized head: its codes and scales)
+    n += emb.row_nbytes() if isinstance(emb, QuantizedEmbedding) else emb.shape[1] * emb.element_size()
     return n
 
 

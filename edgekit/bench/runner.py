@@ -37,6 +37,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import BlockWeights, Decoder, ModelWeights
+from edgekit.model.embedding import tied_embedding
 
 KV_BYTES_PER_ELEMENT = 2.0  # the KV cache is FP16 in every engine here
 
@@ -146,7 +147,7 @@ def int4_linear(lw: LinearWeights) -> LinearWeights:
 
 def quantized(w: ModelWeights, precision: str) -> ModelWeights:
     """W8A16 (int8) or W4A16 g128 RTN (int4) records for every block linear (and the LM head for int8-head /
-    int4-head); norms and embedding shared."""
+    int4-head, which a tied model's lookup then reads); norms shared."""
     from edgekit.quant.weights import quantize_linear
 
     if precision == "fp16":
@@ -159,10 +160,12 @@ def quantized(w: ModelWeights, precision: str) -> ModelWeights:
                      **{name: make(lw, f"blocks.{i}.{name}") for name, lw in b.linears().items()})
         for i, b in enumerate(w.blocks)
     ]
-    head = w.lm_head
+    head, emb = w.lm_head, w.tok_embeddings
     if precision.endswith("-head"):
         head = make(LinearWeights("linear", head.weight, head.bias), "lm_head")
-    return ModelWeights(tok_embeddings=w.tok_embeddings, blocks=blocks, norm=w.norm, lm_head=head)
+        if w.tied:  # one quantized matrix serves the lookup too, as a build stores it (edgekit.model.embedding)
+            emb = tied_embedding(head, emb.dtype)
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=w.norm, lm_head=head)
 
 
 class WeightStore:

@@ -39,7 +39,8 @@ class BuildOptions:
     buckets: tuple[int, ...] | None = None
     trace: Path | None = None
     allow_mixed: bool = False
-    quantize_head: bool = False  # the LM head too (its own quantized copy when tied), behind the same gate
+    quantize_head: bool = False  # the LM head too (when tied, the embedding with it: one matrix), behind the same gate
+    head_scheme: str | None = None  # the quantized head's scheme (None: the mode's; "w8a16" for an INT4 model's INT8 head)
     archive: bool = False
     tensorrt_onnx: bool = False
     onnx: bool = True
@@ -128,7 +129,7 @@ def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[di
     return compiled
 
 
-def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False):
+def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False, keep_q8_0: bool = False):
     """The model's config and tokenizer, cached by the weights' hash; the weights themselves load on demand.
 
     A GGUF needs ~10 s to parse and dequantize on this CPU; an unchanged rebuild whose quantized weights
@@ -142,17 +143,17 @@ def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False):
     if kind == "preset":
         return load_model(spec)
     if not cache.enabled:
-        return load_model(spec, keep_int4=keep_int4)
+        return load_model(spec, keep_int4=keep_int4, keep_q8_0=keep_q8_0)
     from edgekit.model.loader import LoadedModel, file_sha256
 
     path = Path(location)
     digest = file_sha256(path) if kind == "gguf" else None
     if digest is None:  # a directory: hashing it is the loader's job
-        return load_model(spec, keep_int4=keep_int4)
+        return load_model(spec, keep_int4=keep_int4, keep_q8_0=keep_q8_0)
     key = cache_key(stage="intake", kind=kind, sha256=digest, edgekit=__version__)
     hit = cache.get("intake", key)
     if hit is None:
-        loaded = load_model(spec, keep_int4=keep_int4)
+        loaded = load_model(spec, keep_int4=keep_int4, keep_q8_0=keep_q8_0)
         loaded.tokenizer_files = _tokenizer_files(loaded.tokenizer)
         cache.put("intake", key, {"config.json": json.dumps(loaded.config.to_dict()).encode(), **loaded.tokenizer_files})
         return loaded
@@ -176,14 +177,22 @@ def _tokenizer_files(tokenizer) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir()) if p.is_file()}
 
 
-def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False):
+def keeps_q8_0_table(opts) -> bool:
+    """Whether a GGUF's Q8_0 embedding / LM head is taken in bit for bit (grouped INT8): with --quantize-head and no
+    --head-precision. A --head-precision re-quantizes it: int8 (per-row scales) is what the fused decode head takes,
+    int4 the smallest."""
+    return opts.quantize_head and opts.head_scheme is None
+
+
+def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False, keep_q8_0: bool = False):
     """Fill in the weights of a model whose config and tokenizer came from the cache.
 
-    ``keep_int4`` (an INT4 build): a GGUF's 4-bit projections stay W4A16 records, bit for bit."""
+    ``keep_int4`` (an INT4 build): a GGUF's 4-bit projections stay W4A16 records, bit for bit; ``keep_q8_0``
+    (a build with --quantize-head): a Q8_0 embedding / LM head stays grouped INT8, bit for bit."""
     if loaded.weights is None:
         from edgekit.model.loader import load_model
 
-        loaded.weights = load_model(spec, tokenizer=False, keep_int4=keep_int4).weights
+        loaded.weights = load_model(spec, tokenizer=False, keep_int4=keep_int4, keep_q8_0=keep_q8_0).weights
     return loaded
 
 
@@ -194,16 +203,18 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
     gate = GateConfig.for_mode(mode)
-    qopts = QuantizeOptions(quantize_head=opts.quantize_head)
-    keep_int4 = mode == "w4a16"
-    # an INT4 build takes a GGUF's 4-bit projections in as they are: the intake code is part of the key then
-    intake = {"intake": "lossless-int4", "intake_source": package_source_hash("edgekit.model")} if keep_int4 else {}
+    qopts = QuantizeOptions(quantize_head=opts.quantize_head, head_scheme=opts.head_scheme)
+    keep_int4, keep_q8_0 = mode == "w4a16", keeps_q8_0_table(opts)
+    # an INT4 build takes a GGUF's 4-bit projections in as they are, a quantized head a Q8_0 table: the intake
+    # code is part of the key then
+    lossless = [k for k, on in (("lossless-int4", keep_int4), ("lossless-q8_0-head", keep_q8_0)) if on]
+    intake = {"intake": "+".join(lossless), "intake_source": package_source_hash("edgekit.model")} if lossless else {}
     key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(), **intake,
                     options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__,
                     source=package_source_hash("edgekit.quant"))
     hit = cache.get("quantize", key)
     if hit is None:
-        _ensure_weights(loaded, opts.model, keep_int4)
+        _ensure_weights(loaded, opts.model, keep_int4, keep_q8_0)
         result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps,
                                 reference_cache=cache)
         hit = {"model.safetensors": serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode}),
@@ -246,7 +257,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
         raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
                           hint="drop --quantize-head, or use --precision int8 or int4")
 
-    loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16")
+    loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16", bool(mode) and keeps_q8_0_table(opts))
     cfg = loaded.config
     model_info = {"name": cfg.name, "source": loaded.source.to_dict()}
 
@@ -419,7 +430,8 @@ def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_rep
         "memory": plan.memory.to_dict(),
         "predictions": plan.roofline,
         "quantization": None if quant_report is None else {
-            "mode": quant_report.get("mode"), "gate": quant_report.get("gate"), "cached": quant_cached},
+            "mode": quant_report.get("mode"), "gate": quant_report.get("gate"), "cached": quant_cached,
+            "head_embedding": quant_report.get("head_embedding")},
         "onnx": onnx_info,
         "signed_with_dev_key": dev_key,
         "bundle_bytes_by_part": parts,

@@ -13,8 +13,8 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import cli_precision, console, print_json
-from edgekit.precision_names import DEFAULT_PRECISION
+from edgekit.cli_common import cli_precision, console, head_embedding_line, print_json
+from edgekit.precision_names import DEFAULT_PRECISION, head_scheme
 from edgekit.precision_names import help_text as precision_help
 from edgekit.errors import BundleError
 
@@ -65,7 +65,8 @@ def build(
     dev_key: bool = typer.Option(False, "--dev-key", help="Sign with the public development key (local testing only; recorded in the manifest, refused by devices by default)."),
     precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help=precision_help(BUILD_PRECISIONS)),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the accuracy gate fails, keep the most sensitive layers in FP16 instead of stopping."),
-    quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too, behind the same accuracy gate (its own copy when tied to the embedding: more memory, fewer bytes per decoded token)."),
+    quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too, behind the same accuracy gate (when tied, the one quantized matrix is the embedding too: no FP16 copy is kept)."),
+    head_precision: Optional[str] = typer.Option(None, "--head-precision", help="With --quantize-head: int8 or int4 for the LM head (default: --precision's, and a GGUF Q8_0 table is kept bit for bit as grouped INT8); an int4 model may keep an int8 head; int8 re-quantizes a Q8_0 table per row, the form the fused decode head takes."),
     context: Optional[int] = typer.Option(None, "--context", help="KV cache length in tokens (default: the planner's)."),
     batch: int = typer.Option(1, "--batch", min=1, help="Static batch size."),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated prompt buckets, e.g. 64,256,1024."),
@@ -98,7 +99,8 @@ def build(
     if out is None:
         stem = (model or "smollm2-135m-instruct").replace("preset:", "").replace("/", "_").removesuffix(".gguf")
         out = Path("bundles") / f"{Path(stem).name}-{target}"
-    opts = BuildOptions(model=model, target=target, out=out, key=key, dev_key=dev_key, precision=precision, context=context, quantize_head=quantize_head,
+    opts = BuildOptions(model=model, target=target, out=out, key=key, dev_key=dev_key, precision=precision, context=context, quantize_head=quantize_head or head_precision is not None,
+                        head_scheme=head_scheme(head_precision, precision),
                         batch=batch, buckets=bucket_list, trace=trace, allow_mixed=allow_mixed, archive=archive,
                         tensorrt_onnx=tensorrt_onnx, onnx=not no_onnx, force=force, targets_dir=targets_dir, use_cache=not no_cache)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -152,6 +154,8 @@ def _print_build_summary(s: dict) -> None:
     if s.get("quantization"):
         q = s["quantization"]
         console.print(f"quantization: {q['mode']}{' (cached)' if q['cached'] else ''}; gate: {json.dumps(q.get('gate'), default=str)[:300]}")
+        if q.get("head_embedding"):
+            console.print(head_embedding_line(q["head_embedding"]))
     for r in s["predictions"]:
         d, p = r["decode_short"], r["prefill"]
         console.print(f"predicted (roofline, not measured) on {s['target']['name']} [{r['power_mode']}]: decode "

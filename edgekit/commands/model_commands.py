@@ -50,14 +50,45 @@ def _stored_as(model) -> dict:
     return {"format": "gguf", "tensor_types": types, "main_type": next(iter(types), None), "intake_int4": intake}
 
 
+def _print_stored(d: dict, json_out: bool) -> None:
+    from edgekit.cli_common import head_embedding_line
+
+    if json_out:
+        print_json(d)
+        return
+    cfg = d["config"]
+    t = Table(title=f"{cfg['name']}: {d['weights_file']} (read, not verified)", show_header=False)
+    t.add_row("mode", str(d["mode"]))
+    t.add_row("layers by precision", ", ".join(f"{p} x{n}" for p, n in sorted(d["layer_precisions"].items())))
+    he = d["head_embedding"]
+    t.add_row("LM head", he["lm_head"] + (" (tied)" if he["tied"] else ""))
+    t.add_row("embedding", he["embedding"])
+    t.add_row("stored weights", fmt_bytes(d["stored_bytes"]))
+    t.add_row("KV cache", "int8" if d["kv_int8"] else "fp16")
+    lossless = d.get("lossless_intake")
+    t.add_row("taken in bit for bit", "unknown (no report.json)" if lossless is None else
+              (f"{len(lossless)} layers: " + ", ".join(lossless[:6]) + (" ..." if len(lossless) > 6 else "")) if lossless else "none")
+    console.print(t)
+    console.print(head_embedding_line(he))
+
+
 @app.command()
 def info(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Architecture, shapes, parameter count and bytes per precision of a model (weights are not loaded)."""
-    from edgekit.model.loader import load_model
+    """Architecture, shapes, parameter count and bytes per precision of a model (weights are not loaded); of a
+    quantized directory or a bundle: each layer's precision, how the LM head and embedding are stored, and the
+    weight bytes one decoded token reads."""
+    from pathlib import Path
 
+    from edgekit.model.loader import load_model
+    from edgekit.quant.stored_info import stored_info, weights_dir
+
+    stored = weights_dir(Path(model)) if model is not None and Path(model).is_dir() else None
+    if stored is not None:
+        _print_stored(stored_info(stored), json_out)
+        return
     m = load_model(model, weights=False, tokenizer=False)
     d = _info_dict(m)
     if json_out:
@@ -80,9 +111,9 @@ def info(
     stored = d["stored_as"]
     if stored.get("tensor_types"):
         t.add_row("stored as", f"{stored['main_type']} GGUF (" + ", ".join(f"{n} {k}" for k, n in stored["tensor_types"].items())
-                  + " tensors), dequantized on load except by an INT4 build:")
+                  + " tensors), dequantized on load except by an INT4 build or a quantized head:")
         for k, how in stored["intake_int4"].items():
-            t.add_row(f"  {k} with --precision int4", how)
+            t.add_row(f"  {k}", how)
     for p, n in d["weight_bytes"].items():
         t.add_row(f"weights at {p}", fmt_bytes(n))
     t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"]))

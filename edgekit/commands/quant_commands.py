@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, note, print_json
-from edgekit.precision_names import DEFAULT_PRECISION, QUANT_MODE, name_of_quant_mode
+from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, head_embedding_line, note, print_json
+from edgekit.precision_names import DEFAULT_PRECISION, QUANT_MODE, head_scheme, name_of_quant_mode
 from edgekit.precision_names import help_text as precision_help
 
 QUANT_PRECISIONS = ("int8", "w8a8", "int4")
@@ -67,6 +67,8 @@ def _print_report(report: dict, top: int) -> None:
     wb = report.get("weight_bytes", {})
     if wb:
         console.print(f"weights: {fmt_bytes(wb['quantized'])} stored (FP32 as loaded: {fmt_bytes(wb['fp32_as_loaded'])})")
+    if report.get("head_embedding"):
+        console.print(head_embedding_line(report["head_embedding"]))
 
 
 @app.command()
@@ -78,7 +80,8 @@ def quantize(
     kv_int8: bool = typer.Option(False, "--kv-int8", help="Also store the KV cache in INT8 (static per-head scales from calibration)."),
     alpha: float = typer.Option(0.5, "--alpha", min=0.0, max=1.0, help="SmoothQuant migration strength for w8a8 (0: none, 1: all range moved to the weights)."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the gate fails, keep the most sensitive layers in FP16 until it passes instead of stopping."),
-    quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too (a separate INT8 copy when it is tied to the embedding)."),
+    quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too (when tied, the one quantized matrix is the embedding too)."),
+    head_precision: Optional[str] = typer.Option(None, "--head-precision", help="int8 or int4 for the LM head (implies --quantize-head; default: --precision's, and a GGUF Q8_0 table kept bit for bit)."),
     max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 int8, 0.03 w8a8)."),
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 int8, 0.90 w8a8)."),
     min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 int8, 15 w8a8)."),
@@ -91,7 +94,8 @@ def quantize(
 ) -> None:
     """Quantize a model's linear layers to INT8, calibrated on edgekit's shipped text, and gate it on held-out text.
 
-    Writes DIR/model.safetensors (int8 weights, fp32 scales, smoothing factors, FP16 norms and embeddings)
+    Writes DIR/model.safetensors (int8 weights, fp32 scales, smoothing factors, FP16 norms and embeddings; a tied
+    head quantized with --quantize-head is the embedding too)
     and DIR/report.json. A failed gate writes only report.json and exits 2, naming the layers that hurt most.
     """
     from edgekit.cache import BuildCache
@@ -108,8 +112,11 @@ def quantize(
     mode = QUANT_MODE[precision]
     gate = GateConfig.for_mode(mode, max_ppl_increase=max_ppl_increase, min_greedy_agreement=min_agreement,
                                min_logits_snr_db=min_snr_db, ppl_tokens=ppl_tokens, new_tokens=new_tokens)
-    opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head, always_rank=rank)
-    m = load_model(model, keep_int4=precision == "int4")  # a GGUF's 4-bit projections are taken in as they are
+    opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head or head_precision is not None, always_rank=rank,
+                           head_scheme=head_scheme(head_precision, precision))
+    # a GGUF's 4-bit projections are taken in as they are, and with a quantized head (no --head-precision) a Q8_0
+    # embedding/head table
+    m = load_model(model, keep_int4=precision == "int4", keep_q8_0=opts.quantize_head and opts.head_scheme is None)
     try:
         with make_progress() as progress:
             result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,

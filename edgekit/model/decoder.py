@@ -16,6 +16,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.rope import rope_frequencies
 from edgekit.model.config import ModelConfig
+from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied
 from edgekit.model.kv_cache import StaticKVCache
 
 
@@ -34,19 +35,28 @@ class BlockWeights:
 
 @dataclass
 class ModelWeights:
-    tok_embeddings: torch.Tensor  # (V, C)
+    tok_embeddings: torch.Tensor | QuantizedEmbedding  # (V, C); read from lm_head's record when tied and quantized
     blocks: list[BlockWeights]
     norm: torch.Tensor  # (C,)
     lm_head: LinearWeights  # (V, C); shares tok_embeddings when tied
+
+    @property
+    def tied(self) -> bool:
+        """Whether the embedding lookup and the LM head are one matrix (float, or the head's quantized record)."""
+        return is_tied(self.tok_embeddings, self.lm_head)
 
     def to(self, device=None, dtype=None) -> "ModelWeights":
         def mv(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype if dtype is not None else t.dtype)
 
-        emb = mv(self.tok_embeddings)
-        # a tied LM head stays tied: one tensor, not two copies (and serializers see the tie)
-        head = (LinearWeights("linear", emb, mv(self.lm_head.bias) if self.lm_head.bias is not None else None)
-                if self.lm_head.weight is self.tok_embeddings else self.lm_head.to(device, dtype))
+        if isinstance(self.tok_embeddings, QuantizedEmbedding):  # tied and quantized: the head moves once
+            head = self.lm_head.to(device, dtype)
+            emb = QuantizedEmbedding(head, dtype if dtype is not None else self.tok_embeddings.dtype)
+        else:
+            emb = mv(self.tok_embeddings)
+            # a tied LM head stays tied: one tensor, not two copies (and serializers see the tie)
+            head = (LinearWeights("linear", emb, mv(self.lm_head.bias) if self.lm_head.bias is not None else None)
+                    if self.lm_head.weight is self.tok_embeddings else self.lm_head.to(device, dtype))
         return ModelWeights(
             tok_embeddings=emb,
             blocks=[
@@ -61,11 +71,11 @@ class ModelWeights:
         )
 
     def nbytes(self) -> int:
-        n = self.tok_embeddings.numel() * self.tok_embeddings.element_size() + self.norm.numel() * self.norm.element_size()
+        n = embedding_nbytes(self.tok_embeddings) + self.norm.numel() * self.norm.element_size()
         for b in self.blocks:
             n += sum(lw.nbytes() for lw in b.linears().values())
             n += (b.attn_norm.numel() + b.ffn_norm.numel()) * b.attn_norm.element_size()
-        if self.lm_head.weight.data_ptr() != self.tok_embeddings.data_ptr():
+        if isinstance(self.tok_embeddings, QuantizedEmbedding) or self.lm_head.weight.data_ptr() != self.tok_embeddings.data_ptr():
             n += self.lm_head.nbytes()
         return n
 

@@ -14,7 +14,7 @@ import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
-from edgekit.model.gguf_types import LOSSLESS_INT4_TYPES, Int4Tensor, check_type, int4_from_gguf
+from edgekit.model.gguf_types import LOSSLESS_INT4_TYPES, Int4Tensor, Int8GroupTensor, check_type, int4_from_gguf
 
 # GGUF tensor names -> Hugging Face names (per block: "blk.{i}." -> "model.layers.{i}.")
 _BLOCK_NAMES = {
@@ -130,13 +130,17 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
+# the tensors a Q8_0 table is kept as grouped INT8 for (the lookup and the head; projections are dequantized)
+_Q8_0_INTAKE = ("model.embed_tokens.weight", "lm_head.weight")
 # the projections a 4-bit file may keep packed (embedding, LM head, norms and biases are always FP32 here)
 _INT4_INTAKE = tuple(v for k, v in _BLOCK_NAMES.items() if k.endswith(".weight") and "norm" not in k)
 
 
-def load_gguf(path: Path, *, keep_int4: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor | Int4Tensor], object]:
+def load_gguf(path: Path, *, keep_int4: bool = False, keep_q8_0: bool = False
+              ) -> tuple[ModelConfig, dict[str, torch.Tensor | Int4Tensor | Int8GroupTensor], object]:
     """Returns (config, HF-named state dict, reader): FP32 tensors, and with ``keep_int4`` an ``Int4Tensor``
-    for every projection stored as Q4_0, Q4_1 or Q4_K (taken in bit for bit)."""
+    for every projection stored as Q4_0, Q4_1 or Q4_K, with ``keep_q8_0`` an ``Int8GroupTensor`` for an embedding
+    or LM head stored as Q8_0 (both taken in bit for bit)."""
     import gguf
 
     reader = _open(path)
@@ -149,6 +153,8 @@ def load_gguf(path: Path, *, keep_int4: bool = False) -> tuple[ModelConfig, dict
         check_type(t.name, t.tensor_type.name, str(path))
         if keep_int4 and t.tensor_type.name in LOSSLESS_INT4_TYPES and name.endswith(_INT4_INTAKE):
             w = int4_from_gguf(t.tensor_type.name, np.asarray(t.data))
+        elif keep_q8_0 and t.tensor_type.name == "Q8_0" and name in _Q8_0_INTAKE:
+            w = Int8GroupTensor.from_q8_0(np.asarray(t.data))
         else:
             try:
                 arr = gguf.quants.dequantize(t.data, t.tensor_type)

@@ -16,9 +16,10 @@ its codes are unpacked and re-packed in GGML Q4_0 order.
 
 Every other quantized type that gguf-py can dequantize (Q8_0, Q5_*, Q2_K,
 Q3_K, Q5_K, Q6_K) is expanded to FP32 on load and goes through edgekit's own
-(calibrated) quantization: it is NOT taken in losslessly. Q8_0 has one fp16
-scale per 32 weights and edgekit's INT8 format one per output row, so it is one
-of them. A type outside these tables is refused with the tensor's name.
+(calibrated) quantization: it is NOT taken in losslessly. The exception is a
+Q8_0 embedding / LM head (the default model's tied table), taken in with
+``keep_q8_0`` as grouped INT8 (kernels/int8_group_layout.py: codes and fp16
+scales are byte copies of the blocks); Q8_0 projections are still dequantized. A type outside these tables is refused with the tensor's name.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 
 from edgekit.errors import ModelLoadError
 from edgekit.kernels.int4_layout import SUBBLOCK, dequantize_int4, pack_int4
+from edgekit.kernels.int8_group_layout import dequantize_int8_grouped, from_q8_0
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 LOSSLESS_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
@@ -43,6 +45,8 @@ INTAKE = {
     "Q4_K": "projections lossless: W4A16 g32 asymmetric, fp32 scales and offsets (nibbles re-ordered); "
             "embedding/LM head dequantized",
     **{t: "dequantized to FP32, then quantized by the chosen precision (not lossless)" for t in DEQUANTIZED_TYPES},
+    "Q8_0": "embedding/LM head lossless with --quantize-head (no --head-precision): grouped INT8 g32, fp16 scales "
+            "(byte copies; tied: one matrix); projections dequantized, then quantized by the chosen precision",
 }
 
 _QK_K = 256  # weights per K-quant super-block
@@ -62,6 +66,22 @@ class Int4Tensor:
     def rows(self, fn) -> "Int4Tensor":
         """The same tensor with ``fn`` applied to the row axis of all three parts (e.g. a row permutation)."""
         return Int4Tensor(fn(self.qweight), fn(self.scale), fn(self.offset) if self.offset is not None else None)
+
+
+@dataclass
+class Int8GroupTensor:
+    """One GGUF Q8_0 tensor in edgekit's grouped INT8 layout (kernels/int8_group_layout.py): qweight int8 (N, K),
+    scale fp16 (N, K/32), both byte copies of the file's blocks."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+
+    @classmethod
+    def from_q8_0(cls, data: np.ndarray) -> "Int8GroupTensor":
+        return cls(*from_q8_0(data))
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantize_int8_grouped(self.qweight, self.scale)
 
 
 # W4A16 bytes per group of 32 of each lossless type: scale (+ offset), in the dtype the intake keeps

@@ -79,9 +79,10 @@ def resolve_model_spec(spec: str | None) -> tuple[str, str]:
 
 
 def load_model(spec: str | None = None, *, weights: bool = True, tokenizer: bool = True, seed: int = 0,
-               keep_int4: bool = False) -> LoadedModel:
+               keep_int4: bool = False, keep_q8_0: bool = False) -> LoadedModel:
     """``keep_int4``: a GGUF's 4-bit projections (Q4_0, Q4_1, Q4_K) stay W4A16 records, bit for bit, instead of
-    being dequantized to FP32 (what an INT4 build takes in losslessly)."""
+    being dequantized to FP32 (what an INT4 build takes in losslessly). ``keep_q8_0``: a Q8_0 embedding / LM head
+    stays a grouped INT8 record (tied: the embedding reads its rows), bit for bit (a build with --quantize-head)."""
     kind, location = resolve_model_spec(spec)
     if kind == "preset":
         from edgekit.model.weights import random_weights
@@ -100,7 +101,7 @@ def load_model(spec: str | None = None, *, weights: bool = True, tokenizer: bool
         from edgekit.model.weights import weights_from_hf_state_dict
 
         if weights:
-            cfg, sd, _ = load_gguf(path, keep_int4=keep_int4)
+            cfg, sd, _ = load_gguf(path, keep_int4=keep_int4, keep_q8_0=keep_q8_0)
             w = weights_from_hf_state_dict(cfg, sd, str(path))
         else:
             cfg, w = config_from_gguf(_open(path), path), None

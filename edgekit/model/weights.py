@@ -16,7 +16,8 @@ from edgekit.errors import ModelLoadError
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import BlockWeights, ModelWeights
-from edgekit.model.gguf_types import Int4Tensor, concat_int4
+from edgekit.model.embedding import QuantizedEmbedding, tied_embedding
+from edgekit.model.gguf_types import Int4Tensor, Int8GroupTensor, concat_int4
 
 
 def _take_any(sd: Mapping[str, torch.Tensor | Int4Tensor], name: str, shape: tuple[int, ...], source: str):
@@ -24,15 +25,32 @@ def _take_any(sd: Mapping[str, torch.Tensor | Int4Tensor], name: str, shape: tup
     if name not in sd:
         raise ModelLoadError(f"{source}: tensor {name!r} is missing", hint="the file is incomplete or not a Llama-family model")
     t = sd[name]
-    got = (t.qweight.shape[0], t.qweight.shape[1] * 2) if isinstance(t, Int4Tensor) else tuple(t.shape)
+    got = (t.qweight.shape[0], t.qweight.shape[1] * 2) if isinstance(t, Int4Tensor) else tuple(
+        t.qweight.shape if isinstance(t, Int8GroupTensor) else t.shape)
     if tuple(got) != shape:
         raise ModelLoadError(f"{source}: tensor {name!r} has shape {tuple(got)}, expected {shape} from the model config")
-    return t if isinstance(t, Int4Tensor) else t.to(torch.float32)
+    return t if isinstance(t, (Int4Tensor, Int8GroupTensor)) else t.to(torch.float32)
 
 
 def _take(sd: Mapping[str, torch.Tensor | Int4Tensor], name: str, shape: tuple[int, ...], source: str) -> torch.Tensor:
     t = _take_any(sd, name, shape, source)
-    return t.dequantized() if isinstance(t, Int4Tensor) else t
+    return t.dequantized() if isinstance(t, (Int4Tensor, Int8GroupTensor)) else t
+
+
+def _head_and_embedding(sd, cfg: ModelConfig, source: str) -> tuple[torch.Tensor | QuantizedEmbedding, LinearWeights]:
+    """(tok_embeddings, lm_head): FP32, or a Q8_0 table kept as grouped INT8 (tied: the embedding reads the head's
+    record; untied: the head is grouped INT8 and the embedding FP32)."""
+    V, C = cfg.vocab_size, cfg.hidden_size
+    emb = _take_any(sd, "model.embed_tokens.weight", (V, C), source)
+    tied = cfg.tie_embeddings or "lm_head.weight" not in sd
+    head = emb if tied else _take_any(sd, "lm_head.weight", (V, C), source)
+    if isinstance(head, Int8GroupTensor):
+        record = LinearWeights("linear_w8a16_grouped", head.qweight, None, head.scale)
+    else:
+        record = LinearWeights("linear", head.dequantized() if isinstance(head, Int4Tensor) else head)
+    if tied:
+        return tied_embedding(record, torch.float32), record
+    return (emb.dequantized() if isinstance(emb, (Int4Tensor, Int8GroupTensor)) else emb), record
 
 
 def _projection(sd, parts: list[tuple[str, tuple[int, int]]], source: str, bias: torch.Tensor | None = None) -> LinearWeights:
@@ -66,13 +84,8 @@ def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor],
             w_gate_up=_projection(sd, [(p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C))], source),
             w_down=_projection(sd, [(p + "mlp.down_proj.weight", (C, F))], source),
         ))
-    emb = _take(sd, "model.embed_tokens.weight", (V, C), source)
-    if cfg.tie_embeddings or "lm_head.weight" not in sd:
-        head = emb
-    else:
-        head = _take(sd, "lm_head.weight", (V, C), source)
-    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=_take(sd, "model.norm.weight", (C,), source),
-                        lm_head=LinearWeights("linear", head))
+    emb, head = _head_and_embedding(sd, cfg, source)
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=_take(sd, "model.norm.weight", (C,), source), lm_head=head)
 
 
 def random_weights(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu") -> ModelWeights:

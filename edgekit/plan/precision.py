@@ -67,6 +67,8 @@ def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool, *
         return n + 4 * out_features + b
     if scheme == "w8a8":
         return n + 4 * out_features + 4 * in_features + b
+    if scheme == "w8a16g":  # grouped INT8 as a GGUF Q8_0 tensor is taken in: an fp16 scale per 32 weights
+        return n + out_features * -(-in_features // 32) * 2 + b
     if scheme == "w4a16":
         return n // 2 + out_features * -(-in_features // int4_group_for(in_features, int4_group)) * int4_group_bytes + b
     raise ConfigError(f"unknown linear scheme {scheme!r}; expected one of: {', '.join(LINEAR_SCHEMES)}")
@@ -76,7 +78,9 @@ def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool, *
 class PrecisionPlan:
     layers: list[dict[str, str]]  # per layer: projection -> scheme (a key of LINEAR_SCHEMES)
     lm_head: str = "fp16"  # kept FP16: the logits are the most sensitive product (and it is tied in most small models)
-    embedding: str = "fp16"  # a gather, not a matmul: INT8 would save memory but no time
+    # A gather, not a matmul. FP16 of its own, except in a tied model with a quantized head: then the head's
+    # matrix is the table (rows dequantized on lookup) and this names the head's scheme.
+    embedding: str = "fp16"
     kv_cache: str = "fp16"
     notes: list[str] = field(default_factory=list)
     int4_group: int = INT4_DEFAULT_GROUP  # W4A16 layers: weights per group, and bytes of scale (+ offset) per group
@@ -94,8 +98,9 @@ class PrecisionPlan:
     def from_weights(cls, weights, *, kv_cache: str = "fp16", quant_report: dict | None = None) -> "PrecisionPlan":
         """The precision every projection of ``weights`` (model.decoder.ModelWeights) actually has: what the
         accuracy gate and its fallbacks decided, read from the operator each projection names."""
+        head = OPERATORS[weights.lm_head.op].scheme
         plan = cls(layers=[{proj: OPERATORS[lw.op].scheme for proj, lw in b.linears().items()} for b in weights.blocks],
-                   lm_head=OPERATORS[weights.lm_head.op].scheme, kv_cache=kv_cache)
+                   lm_head=head, embedding=head if weights.tied else "fp16", kv_cache=kv_cache)
         int4 = [lw for b in weights.blocks for lw in b.linears().values() if lw.op == "linear_w4a16"]
         if int4:  # the group and scale bytes the W4A16 layers really have (costed as the first one's)
             lw = int4[0]
@@ -151,10 +156,10 @@ class PrecisionPlan:
                 o, i = shapes[proj]
                 blocks += linear_bytes(o, i, scheme, bias=cfg.qkv_bias and proj == "wqkv", int4_group=self.int4_group,
                                        int4_group_bytes=self.int4_group_bytes)
-        embed = cfg.vocab_size * cfg.hidden_size * 2
-        # A tied head in FP16 is the embedding itself (0 bytes of its own); a quantized one is its own copy
-        # (the lookup still gathers FP16 rows of the embedding), which is what a decode step streams.
+        # A tied head in FP16 is the embedding itself (0 bytes of its own); a tied quantized head is the only copy
+        # of the matrix (the lookup dequantizes its rows: 0 bytes for the embedding).
         tied_fp = cfg.tie_embeddings and self.lm_head == "fp16"
+        embed = 0 if cfg.tie_embeddings and self.lm_head != "fp16" else cfg.vocab_size * cfg.hidden_size * 2
         lm = 0 if tied_fp else linear_bytes(cfg.vocab_size, cfg.hidden_size, self.lm_head, bias=False,
                                             int4_group=self.int4_group, int4_group_bytes=self.int4_group_bytes)
         norms = (2 * cfg.n_layers + 1) * cfg.hidden_size * 2

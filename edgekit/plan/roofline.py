@@ -58,7 +58,7 @@ def _matmul_params(cfg: ModelConfig, precision: PrecisionPlan) -> tuple[float, f
 
 def _streamed_weight_bytes(cfg: ModelConfig, precision: PrecisionPlan) -> int:
     """Bytes a decode step reads: every projection, the norms and the LM head (the embedding matrix when tied and
-    kept in FP16; a quantized head is its own copy)."""
+    kept in FP16; a tied quantized head is the matrix itself, in its own scheme)."""
     w = precision.weight_bytes(cfg)
     lm = w["embedding"] if cfg.tie_embeddings and precision.lm_head == "fp16" else w["lm_head"]
     return w["blocks_linear"] + w["norms"] + lm

@@ -275,8 +275,10 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
 def needed_ops(precision: PrecisionPlan) -> list[str]:
     """Operators the decoder calls with this precision (see DispatchTable), in the order the plan lists them:
     the per-operator path's, then those of every fused decode path these weights can run (``decode_steps``)."""
-    ops = ["rmsnorm", "attention_prefill", "attention_decode", "swiglu", "linear"]  # linear: fp16 projections, LM head
-    schemes = set(precision.schemes_used())
+    ops = ["rmsnorm", "attention_prefill", "attention_decode", "swiglu"]
+    schemes = set(precision.schemes_used()) | {precision.lm_head}
+    if "fp16" in schemes:
+        ops.append("linear")  # FP16 projections or LM head (a quantized head with every block quantized needs none)
     if "fp16" in {layer["wqkv"] for layer in precision.layers}:
         ops.append("qkv_rope")  # the fused projection + RoPE takes float weights
     if any(layer["wqkv"] != "fp16" for layer in precision.layers):

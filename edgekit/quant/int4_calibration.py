@@ -194,7 +194,7 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
     cal.n_tokens = sum(w.numel() for w in token_windows)
 
     def plan(name: str, lw: LinearWeights) -> int | None:
-        if lw.op == "linear_w4a16":
+        if lw.op in ("linear_w4a16", "linear_w8a16_grouped"):  # lossless intakes (GGUF Q4_*, a Q8_0 table)
             cal.passed_through.append(name)
             return None
         if lw.op != "linear":

@@ -8,12 +8,19 @@
     {layer}.qweight uint8 (N, K/2), {layer}.scale fp16|fp32 (N, K/G)  a W4A16 layer (kernels/int4_layout.py:
     {layer}.offset fp16|fp32 (N, K/G)                                GGML Q4 nibble order, G = 32|64|128;
                                                                      offset only when asymmetric)
+    {layer}.qweight int8 (N, K), {layer}.scale fp16|fp32 (N, K/G)     a grouped INT8 layer (kernels/
+                                                                     int8_group_layout.py: a GGUF Q8_0 tensor
+                                                                     taken in bit for bit, G = 32)
     {layer}.weight (N, K)                                            a layer kept in floating point
     {layer}.bias (N,)                                                when the layer has one
     blocks.{i}.k_scale, blocks.{i}.v_scale fp32 (Hkv,)               INT8 KV cache only
 
 where {layer} is ``blocks.{i}.wqkv|wo|w_gate_up|w_down`` or ``lm_head``. A
-tied LM head kept in floating point has no tensors of its own. The safetensors
+tied LM head kept in floating point has no tensors of its own. A tied LM head
+that is quantized (INT8 or W4A16) is the only copy of the matrix: the file has
+its ``lm_head.*`` tensors and no ``tok_embeddings`` (the header says
+``"embedding": "lm_head"``, format version 2), and the lookup dequantizes the
+rows it gathers (edgekit.model.embedding). The safetensors
 header's metadata carries a small JSON description: the format and its
 version, the model config, the mode, and each layer's operator and precision
 (a W4A16 layer also its ``group`` and whether it has an ``offset``). W4A16
@@ -37,15 +44,21 @@ from safetensors.torch import save as st_save
 from edgekit.durable import replace_atomically
 from edgekit.errors import QuantizationError
 from edgekit.kernels.int4_layout import GROUP_SIZES
+from edgekit.kernels.int8_group_layout import GROUP_SIZES as INT8_GROUP_SIZES
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.registry import OPERATORS
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import BlockWeights, Decoder, ModelWeights
+from edgekit.model.embedding import QuantizedEmbedding
 from edgekit.quant.kv_int8 import KVScales, make_decoder
 from edgekit.quant.layers import HEAD, dtype_from_name, dtype_name, layer_names, named_linears, precision_of
 
 FORMAT = "edgekit-quant"
 FORMAT_VERSION = 1
+# Version 2 is written only when the embedding is read from a quantized tied head (version-1 readers would find
+# no tok_embeddings); everything else is still written as version 1, so older readers keep reading it.
+EMBEDDING_IN_HEAD_VERSION = 2
+READABLE_VERSIONS = (FORMAT_VERSION, EMBEDDING_IN_HEAD_VERSION)
 WEIGHTS_FILE = "model.safetensors"
 REPORT_FILE = "report.json"
 _OPS = tuple(name for name, op in OPERATORS.items() if op.scheme)  # the linear operators, one per scheme
@@ -85,7 +98,10 @@ def serialize(config: ModelConfig, weights: ModelWeights, kv_scales: KVScales | 
     def fp(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device="cpu", dtype=fdt).contiguous()
 
-    tensors: dict[str, torch.Tensor] = {"tok_embeddings": fp(weights.tok_embeddings), "norm": fp(weights.norm)}
+    emb_in_head = isinstance(weights.tok_embeddings, QuantizedEmbedding)
+    tensors: dict[str, torch.Tensor] = {"norm": fp(weights.norm)}
+    if not emb_in_head:
+        tensors["tok_embeddings"] = fp(weights.tok_embeddings)
     for i, b in enumerate(weights.blocks):
         tensors[f"blocks.{i}.attn_norm"] = fp(b.attn_norm)
         tensors[f"blocks.{i}.ffn_norm"] = fp(b.ffn_norm)
@@ -93,13 +109,17 @@ def serialize(config: ModelConfig, weights: ModelWeights, kv_scales: KVScales | 
     for name, lw in named_linears(weights).items():
         if lw.op not in _OPS:
             raise QuantizationError(f"{name}: unknown operator {lw.op!r}; expected one of {', '.join(_OPS)}")
-        tied = name == HEAD and lw.op == "linear" and lw.weight is weights.tok_embeddings
+        tied = name == HEAD and weights.tied
         layers[name] = {"op": lw.op, "precision": precision_of(lw, dtype_name(fdt)), "tied": tied,
                         "bias": lw.bias is not None, "smooth": lw.smooth is not None}
-        if tied:
-            continue
+        if tied and lw.op == "linear":
+            continue  # the embedding tensor is the head
         if lw.op == "linear":
             tensors[f"{name}.weight"] = fp(lw.weight)
+        elif lw.op == "linear_w8a16_grouped":  # codes and group scales as taken in (a Q8_0 tensor's bytes)
+            layers[name].update(group=lw.in_features // lw.scale.shape[1])
+            tensors[f"{name}.qweight"] = lw.weight.detach().cpu().contiguous()
+            tensors[f"{name}.scale"] = lw.scale.detach().cpu().contiguous()
         elif lw.op == "linear_w4a16":
             layers[name].update(group=lw.in_features // lw.scale.shape[1], offset=lw.offset is not None)
             tensors[f"{name}.qweight"] = lw.weight.detach().cpu().contiguous()
@@ -119,7 +139,8 @@ def serialize(config: ModelConfig, weights: ModelWeights, kv_scales: KVScales | 
             tensors[f"blocks.{i}.k_scale"] = k.detach().to("cpu", torch.float32).contiguous()
             tensors[f"blocks.{i}.v_scale"] = v.detach().to("cpu", torch.float32).contiguous()
     header = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "config": config.to_dict(),
+        "format": FORMAT, "format_version": EMBEDDING_IN_HEAD_VERSION if emb_in_head else FORMAT_VERSION,
+        "config": config.to_dict(), **({"embedding": HEAD} if emb_in_head else {}),
         "storage_dtype": dtype_name(fdt), "kv_int8": kv_scales is not None, "layers": layers, **(extra or {}),
     }
     return st_save(tensors, metadata={"edgekit": json.dumps(header)})
@@ -195,7 +216,10 @@ def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="
     cfg = ModelConfig.from_dict(header["config"])
     r = _Reader(path, tensors, dtype, device)
     C, V = cfg.hidden_size, cfg.vocab_size
-    emb = r.get("tok_embeddings", (V, C), "fp")
+    emb_in_head = header.get("embedding") == HEAD
+    if header.get("embedding") not in (None, HEAD):
+        raise QuantizationError(f"{path}: the header says the embedding is {header['embedding']!r}; expected {HEAD!r} or none")
+    emb = None if emb_in_head else r.get("tok_embeddings", (V, C), "fp")
     shapes = dict(cfg.linear_shapes())
     shapes[HEAD] = (V, C)
     layers_meta = header.get("layers", {})
@@ -209,12 +233,17 @@ def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="
         if m["op"] not in _OPS:
             raise QuantizationError(f"{path}: layer {name} has unknown operator {m['op']!r}; expected one of {', '.join(_OPS)}")
         bias = r.get(f"{name}.bias", (N,), "fp") if m.get("bias") else None
-        if m.get("tied"):
+        if m.get("tied") and m["op"] == "linear":
+            if emb is None:
+                raise QuantizationError(f"{path}: the header reads the embedding from a floating-point {HEAD}, which "
+                                        "has no tensors of its own", hint="the file is corrupt; quantize again")
             return LinearWeights("linear", emb, bias)
         if m["op"] == "linear":
             return LinearWeights("linear", r.get(f"{name}.weight", (N, K), "fp"), bias)
         if m["op"] == "linear_w4a16":
             return _w4a16_layer(r, name, m, N, K, bias)
+        if m["op"] == "linear_w8a16_grouped":
+            return _w8a16_grouped_layer(r, name, m, N, K, bias)
         smooth = r.get(f"{name}.smooth", (K,), "scale") if m.get("smooth") else None
         return LinearWeights(m["op"], r.get(f"{name}.qweight", (N, K), "int8"), bias, r.get(f"{name}.scale", (N,), "scale"), smooth)
 
@@ -226,7 +255,14 @@ def load_quantized(directory: Path, dtype: torch.dtype = torch.float32, device="
         )
         for i in range(cfg.n_layers)
     ]
-    weights = ModelWeights(tok_embeddings=emb, blocks=blocks, norm=r.get("norm", (C,), "fp"), lm_head=layer(HEAD))
+    head = layer(HEAD)
+    if emb_in_head != bool(layers_meta[HEAD].get("tied") and head.op != "linear"):
+        raise QuantizationError(f"{path}: the header's embedding ({header.get('embedding')!r}) and its {HEAD} "
+                                f"({head.op}, tied={layers_meta[HEAD].get('tied')}) disagree",
+                                hint="the file is corrupt; quantize again")
+    if emb_in_head:
+        emb = QuantizedEmbedding(head, dtype)
+    weights = ModelWeights(tok_embeddings=emb, blocks=blocks, norm=r.get("norm", (C,), "fp"), lm_head=head)
     kv = None
     if header.get("kv_int8"):
         H = cfg.n_kv_heads
@@ -246,15 +282,24 @@ def _w4a16_layer(r: _Reader, name: str, m: dict, n: int, k: int, bias: torch.Ten
     return LinearWeights("linear_w4a16", r.get(f"{name}.qweight", (n, k // 2), "uint8"), bias, scale, offset=offset)
 
 
+def _w8a16_grouped_layer(r: _Reader, name: str, m: dict, n: int, k: int, bias: torch.Tensor | None) -> LinearWeights:
+    group = m.get("group")
+    if group not in INT8_GROUP_SIZES or k % group:
+        raise QuantizationError(f"{r.path}: grouped INT8 layer {name} has group {group!r}; expected one of "
+                                f"{INT8_GROUP_SIZES} dividing K={k}")
+    return LinearWeights("linear_w8a16_grouped", r.get(f"{name}.qweight", (n, k), "int8"), bias,
+                         r.get(f"{name}.scale", (n, k // group), "group"))
+
+
 def _edgekit_header(path: Path, meta: dict[str, str]) -> dict:
     """The edgekit header of a weights file's safetensors metadata, checked for format and version."""
     if "edgekit" not in meta:
         raise QuantizationError(f"{path}: no edgekit header in the safetensors metadata", hint="it was not written by `edgekit quantize`")
     header = json.loads(meta["edgekit"])
-    if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+    if header.get("format") != FORMAT or header.get("format_version") not in READABLE_VERSIONS:
         raise QuantizationError(
             f"{path}: format {header.get('format')!r} version {header.get('format_version')!r}; "
-            f"expected {FORMAT!r} version {FORMAT_VERSION}",
+            f"expected {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}",
             hint="quantize the model again with this edgekit",
         )
     return header

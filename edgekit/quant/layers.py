@@ -16,6 +16,7 @@ from edgekit.errors import QuantizationError
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.registry import OPERATORS
 from edgekit.model.decoder import ModelWeights
+from edgekit.model.embedding import tied_embedding
 
 BLOCK_LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
 HEAD = "lm_head"
@@ -40,7 +41,10 @@ def named_linears(weights: ModelWeights) -> dict[str, LinearWeights]:
 
 
 def with_layers(weights: ModelWeights, layers: dict[str, LinearWeights]) -> ModelWeights:
-    """A shallow copy of ``weights`` with the named layers replaced (tensors are shared, not copied)."""
+    """A shallow copy of ``weights`` with the named layers replaced (tensors are shared, not copied).
+
+    A tied model stays tied: a new LM head record becomes the embedding too (a quantized head is read row by
+    row for the lookup, edgekit.model.embedding), so the gate scores the one matrix both use."""
     known = set(layer_names(len(weights.blocks)))
     unknown = sorted(set(layers) - known)
     if unknown:
@@ -49,10 +53,11 @@ def with_layers(weights: ModelWeights, layers: dict[str, LinearWeights]) -> Mode
     for i, b in enumerate(weights.blocks):
         changes = {k: layers[f"blocks.{i}.{k}"] for k in BLOCK_LINEARS if f"blocks.{i}.{k}" in layers}
         blocks.append(replace(b, **changes) if changes else b)
-    return ModelWeights(
-        tok_embeddings=weights.tok_embeddings, blocks=blocks, norm=weights.norm,
-        lm_head=layers.get(HEAD, weights.lm_head),
-    )
+    head = layers.get(HEAD, weights.lm_head)
+    emb = weights.tok_embeddings
+    if HEAD in layers and weights.tied:
+        emb = tied_embedding(head, emb.dtype)
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=weights.norm, lm_head=head)
 
 
 def precision_of(lw: LinearWeights, float_name: str) -> str:

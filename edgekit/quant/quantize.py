@@ -25,6 +25,7 @@ from edgekit.errors import QuantizationError
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
+from edgekit.model.embedding import QuantizedEmbedding, tied_embedding
 from edgekit.model.loader import LoadedModel
 from edgekit.quant import corpus
 from edgekit.quant.calibration import CalibrationStats, calibrate
@@ -40,9 +41,13 @@ from edgekit.quant.layers import HEAD, dtype_name, named_linears, precision_of, 
 from edgekit.quant.progress import SILENT, Steps
 from edgekit.quant.sensitivity import rank_layers
 from edgekit.quant.smoothquant import smoothing_factors
+from edgekit.quant.stored_bytes import head_embedding_summary, model_bytes
 from edgekit.quant.weights import quantize_linear
 
 MODES = ("w8a16", "w8a8", "w4a16")
+# Records a lossless intake makes that quantization passes through untouched (W4A16 ones pass through the INT4
+# path; edgekit.quant.int4_calibration).
+LOSSLESS_OPS = ("linear_w8a16_grouped",)
 REPORT_FORMAT = "edgekit-quant-report"
 REPORT_VERSION = 1
 
@@ -53,10 +58,13 @@ class QuantizeOptions:
 
     alpha: float = 0.5  # SmoothQuant migration strength (W8A8 only)
     # The LM head stays FP16 by default, as the planner assumes (PrecisionPlan.lm_head): it is
-    # the most sensitive layer of SmolLM2-135M under W8A16 (rank 1 of 121, measured on CPU), and
-    # in a tied model an INT8 head is a second copy beside the FP16 embedding the lookup needs
-    # (+28 MB for SmolLM2-135M). Set it for an untied model, or to trade memory for decode bytes.
+    # the most sensitive layer of SmolLM2-135M under W8A16 (rank 1 of 121, measured on CPU).
+    # Quantized in a tied model, the head's quantized matrix is the embedding too (no FP16 copy is
+    # kept: edgekit.model.embedding), and the gate scores both uses of it.
     quantize_head: bool = False
+    # The head's scheme when quantized: None = the mode's ("w4a16" -> INT4, else INT8); "w8a16" keeps an INT4
+    # model's head in INT8 (per-row scales), the finer grid for the most sensitive layer.
+    head_scheme: str | None = None
     storage_dtype: torch.dtype = torch.float16  # of every tensor that stays floating point
     calibration_tokens: int = 2048
     calibration_window_len: int = 256
@@ -121,8 +129,8 @@ def quantize_layers(
     """INT8 records for every linear layer (and the head when ``include_head``) except those in ``skip``."""
     out = {}
     for name, lw in named_linears(fp_weights).items():
-        if (name == HEAD and not include_head) or name in skip:
-            continue
+        if (name == HEAD and not include_head) or name in skip or lw.op in LOSSLESS_OPS:
+            continue  # a lossless intake (a GGUF Q8_0 table as grouped INT8) stays as it came in
         smooth = None
         if mode == "w8a8":
             if stats is None or name not in stats.act_absmax:
@@ -138,9 +146,13 @@ def _stored_fp(fp_weights: ModelWeights, dt: torch.dtype) -> ModelWeights:
     def lin(lw: LinearWeights) -> LinearWeights:  # an INT4 record passed through keeps its codes, scales and offsets
         return replace(lw, weight=round_through(lw.weight, dt), bias=round_through(lw.bias, dt))
 
-    emb = round_through(fp_weights.tok_embeddings, dt)
-    tied = fp_weights.lm_head.weight is fp_weights.tok_embeddings
-    head = LinearWeights("linear", emb, round_through(fp_weights.lm_head.bias, dt)) if tied else lin(fp_weights.lm_head)
+    if isinstance(fp_weights.tok_embeddings, QuantizedEmbedding):  # a tied table taken in quantized: kept as it is
+        head = lin(fp_weights.lm_head)
+        emb = tied_embedding(head, fp_weights.tok_embeddings.dtype)
+    else:
+        emb = round_through(fp_weights.tok_embeddings, dt)
+        tied = fp_weights.lm_head.weight is fp_weights.tok_embeddings
+        head = LinearWeights("linear", emb, round_through(fp_weights.lm_head.bias, dt)) if tied else lin(fp_weights.lm_head)
     blocks = [
         type(b)(attn_norm=round_through(b.attn_norm, dt), wqkv=lin(b.wqkv), wo=lin(b.wo),
                 ffn_norm=round_through(b.ffn_norm, dt), w_gate_up=lin(b.w_gate_up), w_down=lin(b.w_down))
@@ -197,9 +209,17 @@ def prepare_quantization(
     """Calibrate (when W8A8 or the INT8 KV cache needs activation ranges) and quantize every layer; no gate."""
     if mode not in MODES:
         raise QuantizationError(f"unknown quantization mode {mode!r}; expected one of {', '.join(MODES)}")
+    opts = options or QuantizeOptions()
+    if opts.head_scheme is not None:
+        allowed = ("w8a16", "w4a16") if mode == "w4a16" else (mode,)
+        if opts.head_scheme not in allowed:
+            raise QuantizationError(f"head scheme {opts.head_scheme!r} with mode {mode}; expected one of {', '.join(allowed)}",
+                                    hint="an INT4 model's head may be INT8 or INT4; an INT8 model's head is INT8")
+        if not opts.quantize_head:
+            raise QuantizationError(f"a head scheme ({opts.head_scheme}) was given but the head is not quantized",
+                                    hint="set quantize_head (--quantize-head) as well")
     if loaded.weights is None:
         raise QuantizationError(f"{loaded.source.location}: the model was loaded without weights", hint="load it with weights=True")
-    opts = options or QuantizeOptions()
     cfg, fp_weights = loaded.config, loaded.weights.to(dtype=torch.float32)
     if mode == "w4a16":
         return _prepare_int4(loaded, fp_weights, kv_int8, opts, steps)
@@ -221,12 +241,13 @@ def _prepare_int4(loaded: LoadedModel, fp_weights: ModelWeights, kv_int8: bool, 
     """W4A16: calibrated INT4 records, INT8 ones of the same (AWQ-folded) weights to fall back to; INT4 records
     already in the model (lossless GGUF intake) pass through untouched, with no fallback."""
     windows = calibration_windows(loaded, opts.calibration_tokens, opts.calibration_window_len)
-    cal = calibrate_int4(loaded.config, fp_weights, windows, opts.int4_options(), include_head=opts.quantize_head,
-                         steps=steps)
+    int4_head = opts.quantize_head and opts.head_scheme in (None, "w4a16")
+    cal = calibrate_int4(loaded.config, fp_weights, windows, opts.int4_options(), include_head=int4_head, steps=steps)
     # KV ranges of the folded model: folding wo's scales into the V rows changes the values the cache holds.
     stats = calibrate(loaded.config, cal.weights, windows, steps) if kv_int8 else None
     int8 = quantize_layers(cal.weights, "w8a16", None, opts.alpha, opts.quantize_head, frozenset(cal.passed_through))
-    layers = {**{n: int8[n] for n in cal.skipped}, **cal.layers}
+    int8_head = {HEAD: int8[HEAD]} if opts.quantize_head and not int4_head and HEAD in int8 else {}  # head_scheme "w8a16"
+    layers = {**{n: int8[n] for n in cal.skipped}, **int8_head, **cal.layers}
     return PreparedQuantization(
         config=loaded.config, layers=layers, stored_fp=_stored_fp(cal.weights, opts.storage_dtype),
         storage_dtype=opts.storage_dtype, stats=stats,
@@ -268,6 +289,7 @@ def quantize_model(
         "mode": mode,
         "kv_int8": kv_int8,
         "options": {"alpha": opts.alpha if mode == "w8a8" else None, "quantize_head": opts.quantize_head,
+                    "head_scheme": opts.head_scheme,
                     "storage_dtype": dtype_name(dt), "allow_mixed": allow_mixed,
                     **({"int4": {"group": opts.int4_group, "symmetric": opts.int4_symmetric, "method": opts.int4_method,
                                  "damp": opts.int4_damp, "act_order": opts.int4_act_order,
@@ -350,7 +372,11 @@ def quantize_model(
     if mode == "w4a16":
         report["int8_layers"] = final["int8_layers"]  # INT4 layers the gate moved to INT8 (not those that cannot be INT4)
     report["mixed_precision"] = bool(final["fp_layers"] or final["int8_layers"])
-    report["weight_bytes"] = {"fp32_as_loaded": fp_weights.nbytes(), "quantized": _stored_nbytes(weights, dt)}
+    report["weight_bytes"] = {"fp32_as_loaded": fp_weights.nbytes(), "quantized": model_bytes(weights, dt)}
+    report["head_embedding"] = head_embedding_summary(weights, dt)
+    # layers taken in bit for bit from the source file (GGUF Q4_0/Q4_1/Q4_K projections, a Q8_0 table), never re-quantized
+    report["lossless_intake"] = sorted({*(prepared.int4.passed_through if prepared.int4 else ()),
+                                        *(n for n, lw in named_linears(weights).items() if lw.op in LOSSLESS_OPS)})
     report["kv_cache"] = {"precision": "int8" if kv_int8 else dtype_name(dt),
                           "scales": "static per (block, KV head), from calibration" if kv_int8 else None}
     report["timings_s"] = timings
@@ -375,24 +401,3 @@ def quantize_model(
             hint = "drop --kv-int8"
         raise GateFailedError(msg, report, hint=hint)
     return QuantizationResult(cfg, weights, kv_scales, report, precisions)
-
-
-def _stored_nbytes(weights: ModelWeights, dt: torch.dtype) -> int:
-    """Bytes the weights take once written: float tensors at ``dt``, int8 and FP32 scales as they are."""
-    size = torch.tensor([], dtype=dt).element_size()
-
-    def fbytes(t: torch.Tensor | None) -> int:
-        if t is None:
-            return 0
-        return t.numel() * (size if t.is_floating_point() else t.element_size())
-
-    n = fbytes(weights.tok_embeddings) + fbytes(weights.norm)
-    lins = list(named_linears(weights).items())
-    for name, lw in lins:
-        if name == HEAD and lw.weight is weights.tok_embeddings:
-            continue  # tied: stored once
-        n += fbytes(lw.weight) + fbytes(lw.bias)
-        n += sum(t.numel() * t.element_size() for t in (lw.scale, lw.smooth, lw.offset) if t is not None)
-    for b in weights.blocks:
-        n += fbytes(b.attn_norm) + fbytes(b.ffn_norm)
-    return n

@@ -121,7 +121,8 @@ def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, 
 
 
 def dequantized_for_cpu(weights: ModelWeights) -> tuple[ModelWeights, int]:
-    """W8A16 and W4A16 projections as FP32 `linear` weights: the values the weight-only op multiplies by.
+    """W8A16, W4A16 and grouped INT8 projections as FP32 `linear` weights: the values the weight-only op multiplies by
+    (a tied quantized head's FP32 copy then serves the lookup too: edgekit.quant.layers.with_layers).
 
     W8A8 stays as it is: its activations are quantized too, which a float weight would not reproduce.
     """
@@ -130,7 +131,7 @@ def dequantized_for_cpu(weights: ModelWeights) -> tuple[ModelWeights, int]:
 
     layers, n = {}, 0
     for name, lw in named_linears(weights).items():
-        if lw.op in ("linear_w8a16", "linear_w4a16"):
+        if lw.op in ("linear_w8a16", "linear_w4a16", "linear_w8a16_grouped"):
             layers[name] = LinearWeights("linear", lw.dequantized().to(lw.scale.device), lw.bias)
             n += 1
     return (with_layers(weights, layers) if layers else weights), n

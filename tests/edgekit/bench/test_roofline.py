@@ -19,13 +19,15 @@ TINY_TIED = dataclasses.replace(TINY, architecture="llama", qkv_bias=False, tie_
 
 
 def _by_shapes(cfg, precision: str) -> int:
-    """The same count written from the config alone: linears at 1 or 2 bytes (+ FP32 scale per row), the rest FP16."""
+    """The same count written from the config alone: linears at 1 or 2 bytes (+ FP32 scale per row), the rest FP16
+    (the embedding row INT8 when a tied head is)."""
     c = cfg.parameter_counts()
     rows = sum(o for o, _ in cfg.linear_shapes().values()) * cfg.n_layers  # one scale per output row
     blocks = c["blocks_linear"] * 2 if precision == "fp16" else c["blocks_linear"] * 1 + rows * 4
     head_params = cfg.vocab_size * cfg.hidden_size
     head = head_params * 2 if precision != "int8-head" else head_params + cfg.vocab_size * 4
-    row_of_embedding = cfg.hidden_size * 2
+    # a tied INT8 head is the embedding table: the looked-up row is C int8 codes + its FP32 scale
+    row_of_embedding = cfg.hidden_size + 4 if precision == "int8-head" and cfg.tie_embeddings else cfg.hidden_size * 2
     return blocks + c["blocks_other"] * 2 + c["final_norm"] * 2 + head + row_of_embedding
 
 

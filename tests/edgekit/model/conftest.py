@@ -80,10 +80,12 @@ def _permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: int | None = None,
-                     projection_types: dict[str, str] | None = None) -> None:
+                     projection_types: dict[str, str] | None = None, table_type: str | None = None,
+                     tied: bool = False) -> None:
     """``projection_types``: GGUF tensor name suffix (e.g. "attn_q.weight") -> GGML type ("Q4_1") to store that
     projection in, quantized by gguf-py as llama.cpp's converter would; the rest is F32. "TYPE:zeros" writes
-    all-zero blocks of a type gguf-py cannot quantize (for intake errors)."""
+    all-zero blocks of a type gguf-py cannot quantize (for intake errors). ``table_type``: the GGML type of the
+    embedding (and output) table, quantized by gguf-py (e.g. "Q8_0"); ``tied``: no output.weight (tied embeddings)."""
     import gguf
 
     def tensor(name: str, w: np.ndarray) -> None:
@@ -127,7 +129,14 @@ def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: i
         "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
         "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
     }
-    writer.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    def table(name: str, w: np.ndarray) -> None:
+        if table_type is None:
+            writer.add_tensor(name, w)
+        else:
+            q = gguf.GGMLQuantizationType[table_type]
+            writer.add_tensor(name, gguf.quants.quantize(w, q), raw_dtype=q)
+
+    table("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(cfg.num_hidden_layers):
         for hf, gg in names.items():
             w = sd[f"model.layers.{i}.{hf}"]
@@ -137,8 +146,8 @@ def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: i
                 w = _permute_for_gguf(w, cfg.num_key_value_heads)
             tensor(f"blk.{i}.{gg}", np.ascontiguousarray(w))
     writer.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    if not cfg.tie_word_embeddings:
-        writer.add_tensor("output.weight", sd["lm_head.weight"])
+    if not cfg.tie_word_embeddings and not tied:
+        table("output.weight", sd["lm_head.weight"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,0 +1,46 @@
+"""What a quantized weights file (`edgekit quantize -o DIR`, or a bundle's weights/) holds, for `edgekit info`:
+each layer's precision, how the LM head and embedding are stored, and the bytes one decode step reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from edgekit.quant.io import WEIGHTS_FILE, load_quantized
+from edgekit.quant.layers import dtype_from_name
+from edgekit.quant.stored_bytes import head_embedding_summary, model_bytes
+
+
+def weights_dir(path: Path) -> Path | None:
+    """The directory holding an edgekit weights file: ``path`` itself or a bundle's ``weights/``; None if neither."""
+    for d in (path, path / "weights"):
+        if (d / WEIGHTS_FILE).is_file():
+            return d
+    return None
+
+
+def stored_info(directory: Path) -> dict:
+    """Layer precisions, head/embedding storage and bytes of the weights file in ``directory`` (read, not verified:
+    `edgekit verify` checks a bundle's signature)."""
+    import json
+
+    q = load_quantized(directory, dtype=torch.float32)
+    # the quantization report beside the weights (`quantize -o DIR`) or in the bundle (quantization/report.json)
+    reports = [Path(directory) / "report.json", Path(directory).parent / "quantization" / "report.json"]
+    report = next((json.loads(p.read_text()) for p in reports if p.is_file()), {})
+    dt = dtype_from_name(q.header.get("storage_dtype", "fp16"))
+    counts: dict[str, int] = {}
+    for layer in q.header["layers"].values():
+        counts[layer["precision"]] = counts.get(layer["precision"], 0) + 1
+    return {
+        "weights_file": str(Path(directory) / WEIGHTS_FILE),
+        "format_version": q.header["format_version"],
+        "mode": q.header.get("mode"),
+        "config": q.config.to_dict(),
+        "layer_precisions": counts,
+        "stored_bytes": model_bytes(q.weights, dt),
+        "head_embedding": head_embedding_summary(q.weights, dt),
+        "kv_int8": q.kv_scales is not None,
+        "lossless_intake": report.get("lossless_intake"),  # None: no report says
+    }

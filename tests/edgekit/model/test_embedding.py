@@ -1,0 +1,80 @@
+"""A tied, quantized LM head read as the embedding table: gathered rows are exactly the head's dequantized rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgekit.errors import QuantizationError
+from edgekit.kernels.int4_layout import dequantize_int4, quantize_int4_rtn
+from edgekit.kernels.linear import LinearWeights
+from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied, tied_embedding
+
+V, C = 96, 64
+
+
+def _float_head(seed: int = 0) -> torch.Tensor:
+    return torch.randn(V, C, generator=torch.Generator().manual_seed(seed))
+
+
+def int8_head(smooth: bool = False) -> LinearWeights:
+    w = _float_head()
+    s = torch.rand(C, generator=torch.Generator().manual_seed(1)) + 0.5 if smooth else None
+    ws = w * s[None, :] if smooth else w
+    scale = ws.abs().amax(dim=1) / 127.0
+    q = torch.clamp(torch.round(ws / scale[:, None]), -127, 127).to(torch.int8)
+    return LinearWeights("linear_w8a8" if smooth else "linear_w8a16", q, None, scale, s)
+
+
+def int4_head(symmetric: bool, group: int = 32) -> LinearWeights:
+    q, s, off = quantize_int4_rtn(_float_head(), group, symmetric=symmetric, scale_dtype=torch.float16)
+    return LinearWeights("linear_w4a16", q, None, s, offset=off)
+
+
+HEADS = {"int8": lambda: int8_head(), "int8_smooth": lambda: int8_head(smooth=True),
+         "int4_asym": lambda: int4_head(False), "int4_sym_g64": lambda: int4_head(True, 64)}
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_gathered_rows_are_the_heads_dequantized_rows(kind):
+    head = HEADS[kind]()
+    emb = QuantizedEmbedding(head, torch.float32)
+    tokens = torch.tensor([[0, 5, 95, 5], [17, 3, 3, 60]])  # (B, T), repeats included
+    rows = emb[tokens]
+    assert rows.shape == (2, 4, C) and rows.dtype == torch.float32
+    assert torch.equal(rows, head.dequantized()[tokens])  # exact: the same arithmetic per element
+    assert emb.shape == (V, C) and emb.device == head.weight.device
+    assert torch.equal(emb.dequantized(), head.dequantized())
+
+
+def test_rows_come_out_in_the_activation_dtype_and_fp64_is_exact():
+    head = int4_head(False)
+    assert QuantizedEmbedding(head, torch.float16)[torch.tensor([1, 2])].dtype == torch.float16
+    exact = QuantizedEmbedding(head, torch.float64)[torch.tensor([7])]
+    assert torch.equal(exact[0], dequantize_int4(head.weight, head.scale, head.offset, dtype=torch.float64)[7])
+
+
+def test_row_bytes_count_codes_and_scales():
+    assert QuantizedEmbedding(int8_head(), torch.float32).row_nbytes() == C + 4  # int8 codes + one fp32 scale
+    assert QuantizedEmbedding(int4_head(False), torch.float32).row_nbytes() == C // 2 + 2 * 2 * (C // 32)
+
+
+def test_a_float_head_is_not_wrapped():
+    w = _float_head()
+    with pytest.raises(QuantizationError, match="cannot be read from a linear head"):
+        QuantizedEmbedding(LinearWeights("linear", w), torch.float32)
+    assert tied_embedding(LinearWeights("linear", w), torch.float32) is w  # the float head is the table itself
+
+
+def test_tie_is_seen_and_survives_a_move():
+    from edgekit.model.decoder import ModelWeights
+
+    head = int8_head()
+    emb = tied_embedding(head, torch.float32)
+    assert is_tied(emb, head) and not is_tied(emb, int8_head())
+    assert embedding_nbytes(emb) == 0  # the head's record holds the matrix
+    w = ModelWeights(tok_embeddings=emb, blocks=[], norm=torch.ones(C), lm_head=head)
+    moved = w.to(dtype=torch.float16)
+    assert moved.tied and moved.tok_embeddings.head is moved.lm_head and moved.tok_embeddings.dtype == torch.float16
+    assert moved.lm_head.weight.dtype == torch.int8  # codes are never cast
+    assert w.nbytes() == head.nbytes() + C * 4  # the matrix once, plus the norm
