@@ -33,11 +33,11 @@ SPEC = OpSpec(
 )
 
 
-def fused_attn_proj_residual_reference(q, k_cache, v_cache, seq_lens, weight, scale, bias, residual,
+def fused_attn_proj_residual_reference(q, k_cache, v_cache, seq_lens, weight, scale, offset, bias, residual,
                                        sm_scale: float | None = None) -> torch.Tensor:
     B = q.shape[0]
     o = attention_decode_reference(q, k_cache, v_cache, seq_lens, sm_scale)  # (B, Hq, D)
-    return residual + project(o.reshape(B, -1), weight, scale, bias)
+    return residual + project(o.reshape(B, -1), weight, scale, bias, offset)
 
 
 def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
@@ -59,5 +59,6 @@ def _shape(t, a) -> dict:
 OPERATORS = (
     Operator(SPEC, fused_attn_proj_residual_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
              triton="fused_attn_proj_residual_triton:OP",
-             tiles_at={"attn_proj_split": DECODE, "attn_proj_residual_fp": DECODE, "attn_proj_residual_w8": DECODE}),
+             tiles_at={"attn_proj_split": DECODE, "attn_proj_residual_fp": DECODE, "attn_proj_residual_w8": DECODE,
+                       "attn_proj_residual_w4": DECODE}),
 )
