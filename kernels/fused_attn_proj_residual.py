@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.attention import DECODE_SPEC, attention_decode_reference, default_scale
-from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs
+from edgekit.kernels.fused_decode_common import (
+    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_shape,
+)
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -52,8 +54,7 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
 
 def _shape(t, a) -> dict:
     q, kc = t["q"], t["k_cache"]
-    return {"n_out": t["weight"].shape[0], "k_in": t["weight"].shape[1], "head_dim": q.shape[-1], "n_heads": q.shape[1],
-            "n_kv_heads": kc.shape[1]}
+    return {**weight_shape(t), "head_dim": q.shape[-1], "n_heads": q.shape[1], "n_kv_heads": kc.shape[1]}
 
 
 OPERATORS = (
