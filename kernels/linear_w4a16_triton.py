@@ -481,11 +481,8 @@ def prepare_w4a16(x, qweight, scale, offset=None, bias=None):
     op = "linear_w4a16"
     hc.on_cuda(op, ("x", x), ("qweight", qweight), ("scale", scale), ("offset", offset), ("bias", bias))
     hc.act_dtype(op, x, "x")
-    slots, attrs = int4_weight_slots(op, qweight, scale, offset, "qweight")
-    n, k = qweight.shape[0], qweight.shape[1] * 2
-    if x.shape[-1] != k:
-        raise OperatorError(f"{op}: x has {x.shape[-1]} features but the packed qweight {tuple(qweight.shape)} "
-                            f"holds K = {k}", hint="qweight is (N, K/2): two 4-bit weights a byte")
+    slots, attrs = int4_weight_slots(op, qweight, scale, offset, "qweight", x_features=x.shape[-1])
+    n = qweight.shape[0]
     if bias is not None:
         hc.same_dtype(op, bias, "bias", x, "x")
         hc.vector(op, bias, "bias", n)
@@ -495,16 +492,21 @@ def prepare_w4a16(x, qweight, scale, offset=None, bias=None):
     return tensors, attrs, (lambda bufs: bufs["y"].view(out_shape))
 
 
-def int4_weight_slots(op: str, qweight, scale, offset, name: str = "weight") -> tuple[dict, dict]:
+def int4_weight_slots(op: str, qweight, scale, offset, name: str = "weight",
+                      x_features: int | None = None) -> tuple[dict, dict]:
     """Host checks of packed INT4 (W4A16) weight operands, shared by every kernel that takes them (this GEMV and the
     fused decode GEMVs): qweight uint8 (N, K/2), scale (N, K/G) FP16 or FP32 with G in GROUP_SIZES, offset None or
     like the scale. Returns the scale and offset in the program slots of their dtype (``scale_h`` / ``offset_h`` for
     FP16, ``scale_f`` / ``offset_f`` for FP32, None in the others) and the attributes the kernels read
-    (``scale_row_stride``, ``group_shift``: G = 32 << group_shift)."""
+    (``scale_row_stride``, ``group_shift``: G = 32 << group_shift). ``x_features``: the activation's width, checked
+    against the K the packed weight holds."""
     hc.dtype_is(op, qweight, name, torch.uint8)
     hc.ndim(op, qweight, name, 2, "(N, K/2)")
     hc.unit_last_stride(op, qweight, name)
     n, k = qweight.shape[0], qweight.shape[1] * 2
+    if x_features is not None and x_features != k:
+        raise OperatorError(f"{op}: x has {x_features} features but the packed {name} {tuple(qweight.shape)} "
+                            f"holds K = {k}", hint=f"{name} is (N, K/2): two 4-bit weights a byte")
     if scale is None:
         raise OperatorError(f"{op}: packed INT4 {name} {tuple(qweight.shape)} came without group scales",
                             hint="pass the (N, K/G) scale of the W4A16 weights (kernels/int4_layout.py)")

@@ -162,8 +162,9 @@ def _eval_dim(node, symbols: Mapping[str, int], shape: str) -> int:
 def step_call_args(cfg: ModelConfig, precision: PrecisionPlan, call: StepCall, *, batch: int, context: int) -> tuple:
     """Meta-tensor arguments of one call of a fused step, built from its operator's spec (inputs, then attributes).
 
-    The weight is INT8 with a scale when the projection it takes is W8A16 in ``precision`` (the last layer's
-    scheme stands for all: the count is per layer), else FP16; a bias only on a QKV projection with one.
+    The weight is INT8 with a scale when the projection it takes is W8A16 in ``precision``, packed INT4 with group
+    scales and offsets when it is W4A16 (the last layer's scheme stands for all: the count is per layer), else FP16;
+    a bias only on a QKV projection with one.
     """
     spec = operator(call.op).spec
     n = k = 0
@@ -184,7 +185,10 @@ def step_call_args(cfg: ModelConfig, precision: PrecisionPlan, call: StepCall, *
         if int4 and t.name in ("weight", "scale", "offset"):
             args.append(_int4_meta(t.name, n, k))
             continue
-        dtype = "int8" if (t.name == "weight" and int8) else ("float16" if "float16" in t.dtypes else t.dtypes[0])
+        if int8 and t.name in ("weight", "scale"):
+            dtype = "int8" if t.name == "weight" else "float32"  # W8A16: FP32 channel scales
+        else:
+            dtype = "float16" if "float16" in t.dtypes else t.dtypes[0]
         args.append(_meta(*spec_dims(t.shape, symbols), dtype=getattr(torch, dtype)))
     for a in spec.attributes:
         if a not in _STEP_ATTRIBUTES:
