@@ -67,7 +67,7 @@ def _row_rstd(x_row, K, eps, BLOCK_K: tl.constexpr):
 @triton.jit
 def _weight_tile_f32(w, W_FORMAT: tl.constexpr):
     """A loaded float or INT8 weight tile in FP32: the weight decode (INT4 tiles take ``_int4_fma``'s word decode)."""
-    if W_FORMAT == 1:
+    if W_FORMAT == 1:  # INT8
         return _int8_to_f32(w)
     return w.to(tl.float32)
 
@@ -78,7 +78,7 @@ def _load_weight_tile(w_rows, k0, K, W_FORMAT: tl.constexpr, BLOCK_K: tl.constex
 
     Float / INT8: (BLOCK_R, BLOCK_K) elements. INT4: (BLOCK_R, BLOCK_K / 8) int32 words of the packed rows (word i
     of a 32-element sub-block holds its bytes 4i..4i+3); ``w_rows`` are byte pointers, row strides in bytes."""
-    if W_FORMAT == 2:
+    if W_FORMAT == 2:  # INT4
         wi = tl.arange(0, BLOCK_K // 8)
         live = k0 + (wi // 4) * 32 < K  # K is a multiple of 32: a sub-block is wholly in or out
         words = w_rows.to(tl.pointer_type(tl.int32)) + (k0 // 8 + wi)[None, :]
@@ -92,7 +92,7 @@ def _load_weight_tile(w_rows, k0, K, W_FORMAT: tl.constexpr, BLOCK_K: tl.constex
 @triton.jit
 def _gemv_acc(BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr):
     """The FP32 partials of a fused GEMV: one per row and 16-weight run (INT4: per 32-weight sub-block)."""
-    if W_FORMAT == 2:
+    if W_FORMAT == 2:  # INT4
         return tl.zeros((BLOCK_R, BLOCK_K // 32), dtype=tl.float32)
     else:
         return tl.zeros((BLOCK_R, BLOCK_K // 16), dtype=tl.float32)
@@ -105,7 +105,7 @@ def _gemv_fma(acc, w, x, W_FORMAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K:
     """acc += W[rows, k] * x[k] in FP32 for one K step; x (BLOCK_K,) in the act dtype, w from ``_load_weight_tile``.
 
     INT4 takes the tile's rows, K step and group operands (``int4_params``) as well; float and INT8 ignore them."""
-    if W_FORMAT == 2:
+    if W_FORMAT == 2:  # INT4
         s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K),
                              scale_f32, has_offset)  # (BLOCK_R, SB) FP32
         return _int4_fma(acc, w, x, s, m, has_offset, BLOCK_R, BLOCK_K)
@@ -176,7 +176,7 @@ def _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, K, stride_wn,
 @triton.jit
 def _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_FORMAT: tl.constexpr, DTYPE: tl.constexpr):
     """Per-channel INT8 scale, bias, then rounding to the activation dtype (as linear's output), back in FP32."""
-    if W_FORMAT == 1:
+    if W_FORMAT == 1:  # INT8
         acc = acc * tl.load(s_ptr + rows)
     if has_bias != 0:
         acc = acc + tl.load(b_ptr + rows).to(tl.float32)
@@ -186,7 +186,7 @@ def _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_FORMAT: tl.constexpr, DTYPE: 
 @triton.jit
 def _pdl_enter_gemv(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr):
     """``_pdl_enter_after_weights`` for a fused GEMV kernel: the first K tile of its weight rows, in stored bytes."""
-    if W_FORMAT == 2:
+    if W_FORMAT == 2:  # INT4
         _pdl_enter_after_weights(w_ptr, rows, K // 2, stride_wn, BLOCK_K // 2, PDL)  # packed: K / 2 bytes a row
     else:
         _pdl_enter_after_weights(w_ptr, rows, K, stride_wn, BLOCK_K, PDL)
