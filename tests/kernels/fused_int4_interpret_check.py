@@ -51,7 +51,7 @@ def narrow_k(op: str, block_k: int, **facts):
 def main() -> None:
     ops = triton_ops()
 
-    @settings(max_examples=int(os.environ.get("FUSED_INT4_EXAMPLES", "16")), deadline=None, database=None)
+    @settings(max_examples=int(os.environ.get("FUSED_INT4_EXAMPLES", "10")), deadline=None, database=None)
     @given(op=st.sampled_from(INT4_OPS), group=st.sampled_from([32, 64, 128]), groups=st.integers(1, 3),
            symmetric=st.booleans(), scale_dtype=st.sampled_from([torch.float16, torch.float32]), B=st.integers(1, 2),
            bias=st.booleans(), seed=st.integers(0, 2**16))
