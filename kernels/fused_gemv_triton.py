@@ -203,21 +203,33 @@ STEP_WEIGHTS = 8192
 TARGET_PROGRAMS = 132  # one H200 wave (Orin: 16 SMs, more than covered)
 
 
-def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32) -> tuple[int, int, int]:
+def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32, int4: bool = False) -> tuple[int, int, int]:
     """(weight rows per program, BLOCK_K, num_warps) for a fused GEMV over an n_out x k_in weight (shape facts).
 
-    Without facts (tile_space / AOT without a model) a 1B-class shape is assumed.
+    Without facts (tile_space / AOT without a model) a 1B-class shape is assumed. ``int4``: the INT4 kernels' tile
+    (``INT4_STEP_WEIGHTS``, ``INT4_MAX_BLOCK_K``).
     """
     from edgekit.kernels.kernel_def import pow2_at_least
 
     k = int(s.get("k_in") or 2048)
     n = int(s.get("n_out") or 8192)
-    block_k = min(pow2_at_least(k, 64), MAX_BLOCK_K)
-    rows = max(min_rows, min(max_rows, STEP_WEIGHTS // block_k))
+    block_k = min(pow2_at_least(k, 64), INT4_MAX_BLOCK_K if int4 else MAX_BLOCK_K)
+    rows = max(min_rows, min(max_rows, (INT4_STEP_WEIGHTS if int4 else STEP_WEIGHTS) // block_k))
     while rows > min_rows and n // rows < TARGET_PROGRAMS:
         rows //= 2  # fewer rows a program until the grid covers the SMs
-    warps = max(4, min(16, rows * block_k // 2048))  # ~64 weights a thread a step: no spills
+    # ~64 weights a thread a step: no spills; INT4 ~128 (packed: half the registers a weight, and more weights a
+    # thread amortise its per-step activation work)
+    warps = max(4, min(16, rows * block_k // (4096 if int4 else 2048)))
     return rows, block_k, warps
+
+
+# INT4 tiles: an INT4 K step takes the activation apart into the word decode's per-byte vectors once per thread and
+# step (``_int4_activation_runs``), work that only more rows a thread amortise. Static count (scripts/
+# fused_sass_report.py, sm_90, llama-3.2-1b gate/up): 7.9 SASS instructions a weight in the K loop at the float tile
+# (4 rows x 2048, 4 warps), 5.9 at 16 rows x 1024 on 8 warps, 5.3 on 4 warps, against 4.6 for the INT8 kernel; not
+# measured on a GPU yet (scripts/gpu_int4_fused.sh). Twice the float tile's weights a step is the INT8 tile's bytes.
+INT4_STEP_WEIGHTS = 2 * STEP_WEIGHTS
+INT4_MAX_BLOCK_K = 1024
 
 
 # --------------------------------------------------------------------------- host side: kernel definitions

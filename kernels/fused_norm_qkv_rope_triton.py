@@ -114,14 +114,14 @@ def _space(s: dict) -> list:
             for p in (2, 4, 8, 16) for bk in (128, 256, 512, 1024, 2048) for w in (4, 8) if p <= half]
 
 
-def _default(s: dict):
+def _default(s: dict, int4: bool = False):
     half = int(s.get("head_dim") or 64) // 2
-    rows, block_k, warps = gemv_tile(s)
+    rows, block_k, warps = gemv_tile(s, int4=int4)
     return {"HALF": half, "PAIRS": max(1, min(rows // 2, half)), "BLOCK_K": block_k}, warps, 1
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "norm_qkv_rope", _norm_qkv_rope_kernel, _params, ("HALF", "PAIRS", "BLOCK_K"),
-                            _space, _default)
+                            _space, _default, default_w4=lambda s: _default(s, int4=True))
 
 
 def program(variants) -> dict:

@@ -79,8 +79,8 @@ def _space(s: dict) -> list:
     return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048) for w in (4, 8)]
 
 
-def _default(s: dict):
-    rows, block_k, warps = gemv_tile(s)  # rows counts gate and up rows: BLOCK_N columns of the hidden layer each
+def _default(s: dict, int4: bool = False):
+    rows, block_k, warps = gemv_tile(s, int4=int4)  # rows counts gate and up rows: BLOCK_N columns of the hidden layer each
     return {"BLOCK_N": rows // 2, "BLOCK_K": block_k}, warps, 1
 
 
@@ -94,7 +94,7 @@ def _default_w8(s: dict):
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "norm_swiglu", _norm_swiglu_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, _default, default_w8=_default_w8)
+                            _space, _default, default_w8=_default_w8, default_w4=lambda s: _default(s, int4=True))
 
 
 def program(variants) -> dict:

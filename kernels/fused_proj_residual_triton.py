@@ -71,13 +71,13 @@ def _space(s: dict) -> list:
     return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048) for w in (4, 8)]
 
 
-def _default(s: dict):
-    rows, block_k, warps = gemv_tile(s)
+def _default(s: dict, int4: bool = False):
+    rows, block_k, warps = gemv_tile(s, int4=int4)
     return {"BLOCK_N": rows, "BLOCK_K": block_k}, warps, 1
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, _default)
+                            _space, _default, default_w4=lambda s: _default(s, int4=True))
 
 
 def program(variants) -> dict:
