@@ -9,7 +9,7 @@ each. A new fused or persistent operator is its registry record plus a
 
 ``weight`` names the model projection (``ModelConfig.linear_shapes`` key, or
 "lm_head") whose weight the call takes: it sets the call's shapes for the
-launch count and decides whether the INT8 (W8A16) kernel runs.
+launch count and decides whether the float, INT8 (W8A16) or INT4 (W4A16) kernel runs.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-# The projection operators the fused GEMVs take: float weights, or INT8 with a per-channel scale (W8A16).
-FUSED_WEIGHT_OPS = ("linear", "linear_w8a16")
+# The projection operators the fused GEMVs take: float weights, INT8 with a per-channel scale (W8A16), and in the
+# layers packed INT4 with group scales (W4A16); the LM head operator (fused_head_argmax) has no INT4 kernel.
+FUSED_WEIGHT_OPS = ("linear", "linear_w8a16", "linear_w4a16")
+FUSED_HEAD_WEIGHT_OPS = ("linear", "linear_w8a16")
+HEAD = "the LM head"
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ FUSED_STEP = DecodeStep(
     glue_per_layer=0,
     glue_per_token=2,
     glue_note="per token: the embedding gather and positions + 1 written as int32 (read from FusedDecoder.decode_token)",
-    subsumes=("rmsnorm", "qkv_rope", "rope", "attention_decode", "linear", "linear_w8a16", "swiglu"),
+    subsumes=("rmsnorm", "qkv_rope", "rope", "attention_decode", "linear", "linear_w8a16", "linear_w4a16", "swiglu"),
 )
 
 # Every fused path whose operators a bundle ships, fastest first. The persistent decode kernel
@@ -84,8 +87,12 @@ def weights_blocker(projection_ops: Mapping[str, str], *, kv_cache: str, gate_up
     ``projection_ops`` maps a projection ("layer 3 wqkv", "lm_head", ...) to the operator that runs it.
     """
     for where, op in projection_ops.items():
+        if where == HEAD and op not in FUSED_HEAD_WEIGHT_OPS:
+            return (f"{where} uses {op}; the fused head operator takes float or W8A16 weights "
+                    f"({', '.join(FUSED_HEAD_WEIGHT_OPS)})")
         if op not in FUSED_WEIGHT_OPS:
-            return f"{where} uses {op}; the fused operators take float or W8A16 weights ({', '.join(FUSED_WEIGHT_OPS)})"
+            return (f"{where} uses {op}; the fused operators take float, W8A16 or W4A16 weights "
+                    f"({', '.join(FUSED_WEIGHT_OPS)})")
     if gate_up_bias:
         return "w_gate_up has a bias; the fused gate/up operator takes none"
     if kv_cache != "fp16":
@@ -97,7 +104,7 @@ def model_weights_blocker(weights, *, kv_cache: str = "fp16") -> str | None:
     """``weights_blocker`` for a model's weights (``edgekit.model.decoder.ModelWeights``, read by duck typing: this
     module is a leaf)."""
     projections = {f"layer {i} {name}": lw.op for i, b in enumerate(weights.blocks) for name, lw in b.linears().items()}
-    projections["the LM head"] = weights.lm_head.op
+    projections[HEAD] = weights.lm_head.op
     return weights_blocker(projections, kv_cache=kv_cache,
                            gate_up_bias=any(b.w_gate_up.bias is not None for b in weights.blocks))
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.attention import DECODE_SPEC, attention_decode_reference, default_scale
-from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs
+from edgekit.kernels.fused_decode_common import (
+    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_shape,
+)
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -33,11 +35,11 @@ SPEC = OpSpec(
 )
 
 
-def fused_attn_proj_residual_reference(q, k_cache, v_cache, seq_lens, weight, scale, bias, residual,
+def fused_attn_proj_residual_reference(q, k_cache, v_cache, seq_lens, weight, scale, offset, bias, residual,
                                        sm_scale: float | None = None) -> torch.Tensor:
     B = q.shape[0]
     o = attention_decode_reference(q, k_cache, v_cache, seq_lens, sm_scale)  # (B, Hq, D)
-    return residual + project(o.reshape(B, -1), weight, scale, bias)
+    return residual + project(o.reshape(B, -1), weight, scale, bias, offset)
 
 
 def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
@@ -52,12 +54,12 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
 
 def _shape(t, a) -> dict:
     q, kc = t["q"], t["k_cache"]
-    return {"n_out": t["weight"].shape[0], "k_in": t["weight"].shape[1], "head_dim": q.shape[-1], "n_heads": q.shape[1],
-            "n_kv_heads": kc.shape[1]}
+    return {**weight_shape(t), "head_dim": q.shape[-1], "n_heads": q.shape[1], "n_kv_heads": kc.shape[1]}
 
 
 OPERATORS = (
     Operator(SPEC, fused_attn_proj_residual_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
              triton="fused_attn_proj_residual_triton:OP",
-             tiles_at={"attn_proj_split": DECODE, "attn_proj_residual_fp": DECODE, "attn_proj_residual_w8": DECODE}),
+             tiles_at={"attn_proj_split": DECODE, "attn_proj_residual_fp": DECODE, "attn_proj_residual_w8": DECODE,
+                       "attn_proj_residual_w4": DECODE}),
 )

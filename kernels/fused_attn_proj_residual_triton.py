@@ -27,11 +27,11 @@ from edgekit.kernels.attention_triton import (
     ATTN_DECODE_SPLIT, _decode_default, _decode_max_splits, _decode_space, num_splits_rule,
 )
 from edgekit.kernels.fused_gemv_triton import (
-    TARGET_PROGRAMS, _epilogue, _gemv_fma, _load_weight_tile, precision_launches, weight_kernel_pair, weight_operands,
+    INT4_ATTRS, INT4_INPUTS, TARGET_PROGRAMS, _epilogue, _gemv_acc, _gemv_fma, _load_weight_tile, _pdl_enter_gemv,
+    format_launches, int4_params, weight_columns_check, weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
-from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 OP_NAME = "fused_attn_proj_residual"
 
@@ -69,15 +69,15 @@ def _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_splits,
 @triton.jit
 def _attn_proj_residual_kernel(
     part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads, n_splits, stride_wn, stride_rm, stride_ym,
-    has_bias,
+    has_bias, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
     HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
+    BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    _pdl_enter_after_weights(w_ptr, (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)) % N, K, stride_wn, BLOCK_K, PDL)
+    _pdl_enter_gemv(w_ptr, (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)) % N, K, stride_wn, BLOCK_K, W_FORMAT, PDL)
     _attn_proj_residual_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads,
         n_splits, stride_wn, stride_rm, stride_ym, has_bias, HEAD_DIM, MAX_SPLITS, SPLIT_STEP, BLOCK_N, BLOCK_K,
-        W_INT8)
+        W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
 
 
 @triton.jit
@@ -86,23 +86,22 @@ def _attn_proj_residual_program(
     part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads, n_splits, stride_wn, stride_rm, stride_ym,
     has_bias,
     HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
+    sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
 ):
-    """Program for BLOCK_N output rows of sequence ``b``; also stage 3 of the persistent decode kernel."""
+    """Program for BLOCK_N output rows of sequence ``b``; also stage 3 of the persistent decode kernel (float and
+    INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < N
     rows_ld = rows % N  # rows past N read valid memory; never stored
     w_rows = w_ptr + rows_ld.to(tl.int64)[:, None] * stride_wn
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
+    acc = _gemv_acc(BLOCK_N, BLOCK_K, W_FORMAT)
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + rk
-        kmask = k < K
-        w = _load_weight_tile(w_rows, k, kmask)  # the weights first: their loads overlap the combine
+        w = _load_weight_tile(w_rows, k0, K, W_FORMAT, BLOCK_K)  # the weights first: their loads overlap the combine
         x = _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_splits, HEAD_DIM, MAX_SPLITS, SPLIT_STEP,
                                 BLOCK_K, y_ptr.dtype.element_ty)
-        acc = _gemv_fma(acc, w, x, W_INT8, BLOCK_N, BLOCK_K)
-    y = _epilogue(tl.sum(acc, axis=1), s_ptr, b_ptr, rows_ld, has_bias, W_INT8, y_ptr.dtype.element_ty)
+        acc = _gemv_fma(acc, w, x, W_FORMAT, BLOCK_N, BLOCK_K, rows_ld, k0, K, s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
+    y = _epilogue(tl.sum(acc, axis=1), s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT, y_ptr.dtype.element_ty)
     res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     tl.store(y_ptr + b * stride_ym + rows, (res + y).to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -125,13 +124,14 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
         Param("r_ptr", "*act", ptr("residual")),
         Param("y_ptr", "*act", ptr("y")),
         Param("N", "i32", shape("weight", 0)),
-        Param("K", "i32", shape("weight", 1), div16=True),
+        Param("K", "i32", mul(shape("q", 1), shape("q", 2)), div16=True),  # INT4 weights hold K / 2 bytes a row
         Param("n_heads", "i32", shape("q", 1)),
         Param("n_splits", "i32", sym("NUM_SPLITS")),
         Param("stride_wn", "i32", stride("weight", 0), div16=True),
         Param("stride_rm", "i32", stride("residual", 0), div16=True),
         Param("stride_ym", "i32", stride("y", 0), div16=True),
         Param("has_bias", "i32", {"present": "bias"}),
+        *int4_params(),
     )
 
 
@@ -160,7 +160,7 @@ def _default(s: dict):
              "BLOCK_N": rows, "BLOCK_K": block_k}, warps, 1)
 
 
-FP, W8 = weight_kernel_pair(OP_NAME, "attn_proj_residual", _attn_proj_residual_kernel, _params,
+FP, W8, W4 = weight_kernels(OP_NAME, "attn_proj_residual", _attn_proj_residual_kernel, _params,
                             ("HEAD_DIM", "MAX_SPLITS", "SPLIT_STEP", "BLOCK_N", "BLOCK_K"), _space, _default)
 SPLIT = dataclasses.replace(SPLIT, space=_decode_space, default=_decode_default)
 
@@ -174,15 +174,15 @@ def program(variants) -> dict:
     B, Hq, Hkv = shape("q", 0), shape("q", 1), shape("k_cache", 1)
     D, MS = cs["HEAD_DIM"], cs["MAX_SPLITS"]
 
-    launches, checks = precision_launches(OP_NAME, (FP, W8), variants,
+    launches, checks = format_launches(OP_NAME, (FP, W8, W4), variants,
                                           lambda v: [cdiv(shape("weight", 0), v.constexprs["BLOCK_N"]), B, 1])
     return program_doc(
-        OP_NAME, ["q", "k_cache", "v_cache", "seq_lens", "weight", "scale", "bias", "residual"], ["scale", "bias"],
-        ["sm_scale"],
+        OP_NAME, ["q", "k_cache", "v_cache", "seq_lens", "weight", "scale", *INT4_INPUTS, "bias", "residual"],
+        ["scale", *INT4_INPUTS, "bias"], ["sm_scale", *INT4_ATTRS],
         checks=checks + [
             check("eq", shape("q", 2), D, f"head_dim must equal the compiled HEAD_DIM {D}"),
             check("le", {"floordiv": [Hq, Hkv]}, cs["BLOCK_G"], f"query heads per KV head must fit BLOCK_G {cs['BLOCK_G']}"),
-            check("eq", shape("weight", 1), mul(Hq, D), "weight columns must equal n_heads * head_dim"),
+            weight_columns_check(mul(Hq, D), "weight columns must equal n_heads * head_dim"),
             check("eq", shape("residual", 1), shape("weight", 0), "residual width must equal weight rows"),
         ],
         let=[["NUM_SPLITS", num_splits_rule(cs)]],  # attention_decode's split count
@@ -196,7 +196,7 @@ def program(variants) -> dict:
     )
 
 
-def prepare(q, k_cache, v_cache, seq_lens, weight, scale, bias, residual, sm_scale=None):
+def prepare(q, k_cache, v_cache, seq_lens, weight, scale, offset, bias, residual, sm_scale=None):
     from edgekit.kernels.attention import default_scale
     from edgekit.kernels.attention_triton import _prepare_heads
 
@@ -205,12 +205,12 @@ def prepare(q, k_cache, v_cache, seq_lens, weight, scale, bias, residual, sm_sca
     for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         hc.ndim(op, t, n, 4, "(B, Hkv, S, D)")
     _prepare_heads(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 2)
-    hc.on_cuda(op, ("weight", weight), ("scale", scale), ("bias", bias), ("residual", residual))
+    hc.on_cuda(op, ("weight", weight), ("scale", scale), ("offset", offset), ("bias", bias), ("residual", residual))
     B, Hq, D = q.shape
     if q.stride(1) != D or q.stride(0) != Hq * D:
         raise OperatorError(f"{op}: q has strides {q.stride()}; expected a contiguous (B, Hq, D) tensor")
     N = weight.shape[0] if weight.dim() == 2 else -1
-    weight_operands(op, q.reshape(B, Hq * D), weight, scale, N, Hq * D)
+    operands, w_attrs = weight_operands(op, q.reshape(B, Hq * D), weight, scale, offset, N, Hq * D)
     if bias is not None:
         hc.same_dtype(op, bias, "bias", q, "q")
         hc.vector(op, bias, "bias", N)
@@ -219,11 +219,11 @@ def prepare(q, k_cache, v_cache, seq_lens, weight, scale, bias, residual, sm_sca
         raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({B}, {N})")
     hc.unit_last_stride(op, residual, "residual")
     sl = hc.seq_lens_i32(op, seq_lens, B)
-    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl, "weight": weight, "scale": scale,
-               "bias": bias, "residual": residual}
-    attrs = {"sm_scale": default_scale(D) if sm_scale is None else float(sm_scale)}
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl, **operands, "bias": bias,
+               "residual": residual}
+    attrs = {"sm_scale": default_scale(D) if sm_scale is None else float(sm_scale), **w_attrs}
     return tensors, attrs, lambda bufs: bufs["y"]
 
 
-OP = OpKernels(op=OP_NAME, kernels=(SPLIT, FP, W8), program=program, prepare=prepare,
-               required=((SPLIT.kernel,), (FP.kernel, W8.kernel)))
+OP = OpKernels(op=OP_NAME, kernels=(SPLIT, FP, W8, W4), program=program, prepare=prepare,
+               required=((SPLIT.kernel,), (FP.kernel, W8.kernel, W4.kernel)))

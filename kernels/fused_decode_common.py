@@ -3,44 +3,62 @@
 A fused operator's torch reference is the composition of the per-operator
 references it replaces (rmsnorm, linear / linear_w8a16, rope, swiglu), so the
 fused path and the per-operator path answer to the same definition. Weights
-are floating point (``scale`` is None) or INT8 with a per-output-channel FP32
-``scale`` (W8A16); INT4 will add a third case here.
+are floating point (``scale`` is None), INT8 with a per-output-channel FP32
+``scale`` (W8A16), or packed INT4 (uint8 (N, K/2), kernels/int4_layout.py) with
+(N, K/G) group scales and optional ``offset`` (W4A16). The LM head operator
+(fused_head_argmax) takes float and INT8 weights only (no ``offset`` input).
 """
 
 from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.linear import linear_reference, linear_w8a16_reference
+from edgekit.kernels.linear import linear_reference, linear_w4a16_reference, linear_w8a16_reference
 from edgekit.kernels.operator import GOLDEN_MAX_N, OpPrecision, golden_rand
 from edgekit.kernels.rmsnorm import golden_inputs as rmsnorm_golden_inputs
 from edgekit.kernels.spec import FLOAT_DTYPES, TensorSpec
 
 WEIGHT_DTYPES = FLOAT_DTYPES + ("int8",)
+INT4_WEIGHT_DTYPES = WEIGHT_DTYPES + ("uint8",)
 
 
-def weight_inputs(rows: str, cols: str, bias: bool = True) -> tuple[TensorSpec, ...]:
-    """The weight, its optional INT8 scale and (optionally) bias, as every fused operator takes them."""
-    specs = (TensorSpec("weight", f"({rows}, {cols})", WEIGHT_DTYPES),
-             TensorSpec("scale", f"({rows},)", ("float32",), optional=True))
+def weight_inputs(rows: str, cols: str, bias: bool = True, int4: bool = True) -> tuple[TensorSpec, ...]:
+    """The weight, its optional scale, the INT4 offset (with ``int4``) and (optionally) bias, as the fused operators
+    take them: float (no scale), INT8 + FP32 channel scale, or packed INT4 + group scales (+ offsets)."""
+    if int4:
+        # shapes as float / INT8 weights take them (the launch count sizes calls from them); packed INT4 weights are
+        # uint8 (rows, cols/2) with (rows, cols/G) scales and offsets (plan.launches.step_call_args)
+        specs = (TensorSpec("weight", f"({rows}, {cols})", INT4_WEIGHT_DTYPES),
+                 TensorSpec("scale", f"({rows},)", ("float32", "float16"), optional=True),
+                 TensorSpec("offset", f"({rows},)", ("float32", "float16"), optional=True))
+    else:
+        specs = (TensorSpec("weight", f"({rows}, {cols})", WEIGHT_DTYPES),
+                 TensorSpec("scale", f"({rows},)", ("float32",), optional=True))
     return specs + ((TensorSpec("bias", f"({rows},)", FLOAT_DTYPES, optional=True),) if bias else ())
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ W.T (+ bias): ``linear`` for float weights, ``linear_w8a16`` for INT8 weights with a scale."""
+def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+            offset: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T (+ bias): ``linear`` for float weights, ``linear_w8a16`` for INT8 weights with a scale,
+    ``linear_w4a16`` for packed INT4 (uint8) weights with group scales (and offsets)."""
+    if weight.dtype == torch.uint8:
+        return linear_w4a16_reference(x, weight, scale, offset, bias)
     if scale is None:
         return linear_reference(x, weight, bias)
     return linear_w8a16_reference(x, weight, scale, bias)
 
 
-def fused_precision(op: str) -> OpPrecision:
-    """FP16 activations and output, FP32 accumulation; weights FP16 or INT8 with a per-channel FP32 scale (W8A16)."""
-    return OpPrecision(op, "fp16|int8", "fp16", "fp32", "fp16")
+def fused_precision(op: str, int4: bool = True) -> OpPrecision:
+    """FP16 activations and output, FP32 accumulation; weights FP16, INT8 with a per-channel FP32 scale (W8A16) or
+    (with ``int4``) group-wise INT4 (W4A16)."""
+    return OpPrecision(op, "fp16|int8|int4" if int4 else "fp16|int8", "fp16", "fp32", "fp16")
 
 
 def weight_shape(t) -> dict:
-    """The shape keywords the fused GEMVs' tiles follow (``fused_gemv_triton.gemv_tile``)."""
-    return {"n_out": t["weight"].shape[0], "k_in": t["weight"].shape[1]}
+    """The shape keywords the fused GEMVs' tiles follow (``fused_gemv_triton.gemv_tile``): K in weights (a packed
+    INT4 row holds two a byte)."""
+    w = t["weight"]
+    return {"n_out": w.shape[0], "k_in": w.shape[1] * (2 if w.dtype == torch.uint8 else 1)}
 
 
 def golden_norm_input(cfg, rows: int, g: torch.Generator) -> dict:

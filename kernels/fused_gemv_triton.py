@@ -21,6 +21,19 @@ shared by all of them live here:
   product, as the per-operator path (rmsnorm writes its output in that dtype),
   so both paths compute the same products.
 
+Weight formats (the ``W_FORMAT`` constexpr of every fused GEMV kernel, fixed by the kernel's identity):
+``FLOAT`` (weights in the activation dtype), ``INT8`` (W8A16: per-channel FP32 scale applied in ``_epilogue``) and
+``INT4`` (W4A16, kernels/int4_layout.py: packed uint8 (N, K/2) in GGML nibble order, group scales (N, K/G) in FP16
+or FP32, optional offsets). An INT4 K step loads the rows' BLOCK_K / 8 int32 words, takes the activation apart in
+registers into the per-byte vectors the word decode of the W4A16 GEMV multiplies (``_int4_activation_runs``), and
+calls that decode (``linear_w4a16_triton._word_dots``: nibbles to FP32 with one shift and one LOP3, exact
+products) for one FP32 partial per row and 32-element sub-block, to which the group scale (and offset * sum x) is
+applied, FP32 accumulation as the other formats. The group of a sub-block is looked up per sub-block (as the
+W4A16 GEMV does), so any BLOCK_K that is a multiple of 32 serves G = 32, 64 and 128 alike; scale dtype and the
+symmetric / offset form are uniform runtime flags, so one compiled variant serves every INT4 bundle and GGUF file.
+The INT4 operands ride at the end of the program functions with defaults (0), so callers that only run float and
+INT8 weights (the persistent decode kernel) call them unchanged.
+
 Activations are read with ``cache_modifier=".cg"`` (through L2, not L1): in
 the persistent decode kernel (persistent_decode_triton.py) they were written
 by other programs of the same launch, after this SM may have cached the old
@@ -32,7 +45,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from edgekit.kernels.int4_half2_triton import _split4
 from edgekit.kernels.linear_triton import _int8_to_f32
+from edgekit.kernels.linear_w4a16_triton import _group_params, _word_dots
+from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
+
+# W_FORMAT values: how a fused GEMV kernel reads its weight tile
+FLOAT, INT8, INT4 = 0, 1, 2
 
 
 @triton.jit
@@ -46,53 +65,131 @@ def _row_rstd(x_row, K, eps, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile_f32(w, W_INT8: tl.constexpr):
-    """A loaded weight tile in FP32: the weight decode (the branch point of every fused GEMV; INT4 adds a case)."""
-    if W_INT8:
+def _weight_tile_f32(w, W_FORMAT: tl.constexpr):
+    """A loaded float or INT8 weight tile in FP32: the weight decode (INT4 tiles take ``_int4_fma``'s word decode)."""
+    if W_FORMAT == 1:  # INT8
         return _int8_to_f32(w)
     return w.to(tl.float32)
 
 
 @triton.jit
-def _load_weight_tile(w_rows, k, kmask):
-    """W[rows, k] for one K step, as stored (issued before the activation's loads: more bytes in flight)."""
-    return tl.load(w_rows + k[None, :], mask=kmask[None, :], other=0)  # (BLOCK_R, BLOCK_K)
+def _load_weight_tile(w_rows, k0, K, W_FORMAT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W[rows, k0:k0 + BLOCK_K] as stored (issued before the activation's loads: more bytes in flight).
+
+    Float / INT8: (BLOCK_R, BLOCK_K) elements. INT4: (BLOCK_R, BLOCK_K / 8) int32 words of the packed rows (word i
+    of a 32-element sub-block holds its bytes 4i..4i+3); ``w_rows`` are byte pointers, row strides in bytes."""
+    if W_FORMAT == 2:  # INT4
+        wi = tl.arange(0, BLOCK_K // 8)
+        live = k0 + (wi // 4) * 32 < K  # K is a multiple of 32: a sub-block is wholly in or out
+        words = w_rows.to(tl.pointer_type(tl.int32)) + (k0 // 8 + wi)[None, :]
+        return tl.load(words, mask=live[None, :], other=0)  # (BLOCK_R, BLOCK_K / 8)
+    else:
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        return tl.load(w_rows + k[None, :], mask=kmask[None, :], other=0)  # (BLOCK_R, BLOCK_K)
 
 
 @triton.jit
-def _gemv_fma(acc, w, x, W_INT8: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc (BLOCK_R, BLOCK_K // 16) += W[rows, k] * x[k] in FP32 for one K step; x (BLOCK_K,) in the act dtype."""
-    prod = _weight_tile_f32(w, W_INT8) * x.to(tl.float32)[None, :]
-    return acc + tl.sum(tl.reshape(prod, (BLOCK_R, BLOCK_K // 16, 16)), axis=2)
+def _gemv_acc(BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr):
+    """The FP32 partials of a fused GEMV: one per row and 16-weight run (INT4: per 32-weight sub-block)."""
+    if W_FORMAT == 2:  # INT4
+        return tl.zeros((BLOCK_R, BLOCK_K // 32), dtype=tl.float32)
+    else:
+        return tl.zeros((BLOCK_R, BLOCK_K // 16), dtype=tl.float32)
+
+
+@triton.jit
+def _gemv_fma(acc, w, x, W_FORMAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+              rows=0, k0=0, K=0, sf_ptr=0, sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0,
+              group_shift=0):
+    """acc += W[rows, k] * x[k] in FP32 for one K step; x (BLOCK_K,) in the act dtype, w from ``_load_weight_tile``.
+
+    INT4 takes the tile's rows, K step and group operands (``int4_params``) as well; float and INT8 ignore them."""
+    if W_FORMAT == 2:  # INT4
+        s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K),
+                             scale_f32, has_offset)  # (BLOCK_R, SB) FP32
+        return _int4_fma(acc, w, x, s, m, has_offset, BLOCK_R, BLOCK_K)
+    else:
+        prod = _weight_tile_f32(w, W_FORMAT) * x.to(tl.float32)[None, :]
+        return acc + tl.sum(tl.reshape(prod, (BLOCK_R, BLOCK_K // 16, 16)), axis=2)
+
+
+@triton.jit
+def _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K: tl.constexpr):
+    """(BLOCK_R, SB) index of each row's group scale for the K step's sub-blocks (those past K: the last one's)."""
+    sub = k0 + tl.arange(0, BLOCK_K // 32) * 32
+    g = tl.minimum(sub, K - 32) >> 5 >> group_shift
+    return rows.to(tl.int64)[:, None] * stride_sn + g[None, :]
+
+
+@triton.jit
+def _int4_activation_runs(x, BLOCK_K: tl.constexpr):
+    """The activation step x (BLOCK_K,) as the word decode multiplies it: per byte b of each word, FP32 (W,)
+    vectors of the elements its low nibbles (x[32 s + 4i + b]) and high nibbles (x[32 s + 16 + 4i + b]) stand for,
+    and their sums per word. Once per K step, shared by every row of the tile."""
+    W: tl.constexpr = BLOCK_K // 8
+    xr = tl.permute(tl.reshape(x.to(tl.float32), (BLOCK_K // 32, 2, 4, 4)), (0, 2, 3, 1))  # [sub-block, i, b, half]
+    x_lo, x_hi = tl.split(xr)  # (SB, 4, 4) [sub-block, word i, byte b]
+    lo0, lo1, lo2, lo3 = _split4(tl.reshape(x_lo, (W, 4)))
+    hi0, hi1, hi2, hi3 = _split4(tl.reshape(x_hi, (W, 4)))
+    return lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, (lo0 + lo1) + (lo2 + lo3), (hi0 + hi1) + (hi2 + hi3)
+
+
+@triton.jit
+def _int4_fma(acc, words, x, s, m, has_offset, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc (BLOCK_R, SB) += s * sum (q - zero) x + m * sum x per sub-block: the W4A16 GEMV's word decode
+    (``_word_dots``) on the packed words, group scale ``s`` and offset ``m`` (BLOCK_R, SB) applied per sub-block."""
+    zero = tl.where(has_offset != 0, 0.0, 8.0)  # symmetric: w = (q - 8) s; with offsets: w = q s + m
+    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi = _int4_activation_runs(x, BLOCK_K)
+    dot, x_sum = _word_dots(words, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi, zero, BLOCK_R,
+                            BLOCK_K // 32)
+    acc += s * dot
+    if has_offset != 0:
+        acc += m * x_sum[None, :]
+    return acc
 
 
 @triton.jit
 def _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, K, stride_wn,
-               NORM: tl.constexpr, W_INT8: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """sum_k W[rows, k] * h[k] in FP32, h = x (NORM false) or act(x * rstd * nw) (NORM true). rows: (BLOCK_R,)."""
+               NORM: tl.constexpr, W_FORMAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+               sf_ptr=0, sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0):
+    """sum_k W[rows, k] * h[k] in FP32, h = x (NORM false) or act(x * rstd * nw) (NORM true). rows: (BLOCK_R,).
+
+    INT4 weights: ``stride_wn`` in bytes, group operands as ``_gemv_fma`` takes them; the group scales are applied
+    here, so the result needs no per-channel scale (``_epilogue``)."""
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_R, BLOCK_K // 16), dtype=tl.float32)
+    acc = _gemv_acc(BLOCK_R, BLOCK_K, W_FORMAT)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
         kmask = k < K
-        w = _load_weight_tile(w_rows, k, kmask)
+        w = _load_weight_tile(w_rows, k0, K, W_FORMAT, BLOCK_K)
         x = tl.load(x_row + k, mask=kmask, other=0.0, cache_modifier=".cg")  # (BLOCK_K,)
         if NORM:
             nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) * rstd * nw).to(x_row.dtype.element_ty)
-        acc = _gemv_fma(acc, w, x, W_INT8, BLOCK_R, BLOCK_K)
+        acc = _gemv_fma(acc, w, x, W_FORMAT, BLOCK_R, BLOCK_K, rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn,
+                        has_offset, scale_f32, group_shift)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
-def _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_INT8: tl.constexpr, DTYPE: tl.constexpr):
+def _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_FORMAT: tl.constexpr, DTYPE: tl.constexpr):
     """Per-channel INT8 scale, bias, then rounding to the activation dtype (as linear's output), back in FP32."""
-    if W_INT8:
+    if W_FORMAT == 1:  # INT8
         acc = acc * tl.load(s_ptr + rows)
     if has_bias != 0:
         acc = acc + tl.load(b_ptr + rows).to(tl.float32)
     return acc.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _pdl_enter_gemv(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr):
+    """``_pdl_enter_after_weights`` for a fused GEMV kernel: the first K tile of its weight rows, in stored bytes."""
+    if W_FORMAT == 2:  # INT4
+        _pdl_enter_after_weights(w_ptr, rows, K // 2, stride_wn, BLOCK_K // 2, PDL)  # packed: K / 2 bytes a row
+    else:
+        _pdl_enter_after_weights(w_ptr, rows, K, stride_wn, BLOCK_K, PDL)
 
 
 # --------------------------------------------------------------------------- host side: tiles
@@ -106,50 +203,81 @@ STEP_WEIGHTS = 8192
 TARGET_PROGRAMS = 132  # one H200 wave (Orin: 16 SMs, more than covered)
 
 
-def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32) -> tuple[int, int, int]:
+def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32, int4: bool = False) -> tuple[int, int, int]:
     """(weight rows per program, BLOCK_K, num_warps) for a fused GEMV over an n_out x k_in weight (shape facts).
 
-    Without facts (tile_space / AOT without a model) a 1B-class shape is assumed.
+    Without facts (tile_space / AOT without a model) a 1B-class shape is assumed. ``int4``: the INT4 kernels' tile
+    (``INT4_STEP_WEIGHTS``, ``INT4_MAX_BLOCK_K``).
     """
     from edgekit.kernels.kernel_def import pow2_at_least
 
     k = int(s.get("k_in") or 2048)
     n = int(s.get("n_out") or 8192)
-    block_k = min(pow2_at_least(k, 64), MAX_BLOCK_K)
-    rows = max(min_rows, min(max_rows, STEP_WEIGHTS // block_k))
+    block_k = min(pow2_at_least(k, 64), INT4_MAX_BLOCK_K if int4 else MAX_BLOCK_K)
+    rows = max(min_rows, min(max_rows, (INT4_STEP_WEIGHTS if int4 else STEP_WEIGHTS) // block_k))
     while rows > min_rows and n // rows < TARGET_PROGRAMS:
         rows //= 2  # fewer rows a program until the grid covers the SMs
-    warps = max(4, min(16, rows * block_k // 2048))  # ~64 weights a thread a step: no spills
+    # ~64 weights a thread a step: no spills; INT4 ~128 (packed: half the registers a weight, and more weights a
+    # thread amortise its per-step activation work)
+    warps = max(4, min(16, rows * block_k // (4096 if int4 else 2048)))
     return rows, block_k, warps
 
 
-# --------------------------------------------------------------------------- host side: kernel definitions
-def weight_kernel_pair(op: str, name: str, fn, params, constexpr_names: tuple[str, ...], space, default,
-                       default_w8=None):
-    """The float-weight and INT8-weight (W8A16) KernelDefs of one fused kernel.
+# INT4 tiles: an INT4 K step takes the activation apart into the word decode's per-byte vectors once per thread and
+# step (``_int4_activation_runs``), work that only more rows a thread amortise. Static count (scripts/
+# fused_sass_report.py, sm_90, llama-3.2-1b gate/up): 7.9 SASS instructions a weight in the K loop at the float tile
+# (4 rows x 2048, 4 warps), 5.9 at 16 rows x 1024 on 8 warps, 5.3 on 4 warps, against 4.6 for the INT8 kernel; not
+# measured on a GPU yet (scripts/gpu_int4_fused.sh). Twice the float tile's weights a step is the INT8 tile's bytes.
+INT4_STEP_WEIGHTS = 2 * STEP_WEIGHTS
+INT4_MAX_BLOCK_K = 1024
 
-    ``params(w_type, scale_value)`` lists the kernel's parameters; the INT8 kernel reads ``scale``, the float
-    kernel gets a null scale pointer. ``W_INT8`` is fixed by the kernel's identity (as in linear_triton).
-    ``default_w8``: the INT8 kernel's own default tile where measurements say it differs (else ``default``).
+
+# --------------------------------------------------------------------------- host side: kernel definitions
+# kernel name suffix, weight pointer type, the fp32 scale slot's value (the INT8 channel scale, or the INT4 group
+# scale when it is FP32), and the precision the plan and manifest record, per W_FORMAT
+_FORMATS = {
+    FLOAT: ("fp", "*act", None, "{act}"),
+    INT8: ("w8", "*i8", "scale", "{act} x int8 weights (+ fp32 channel scales)"),
+    INT4: ("w4", "*u8", "scale_f", "{act} x packed int4 weights (+ fp16/fp32 group scales, optional offsets)"),
+}
+FORMAT_NAMES = {FLOAT: "float", INT8: "INT8 (W8A16)", INT4: "INT4 (W4A16)"}
+# The optional inputs and attributes that carry INT4 weights' group scales and offsets (int4_weight_slots)
+INT4_INPUTS = ["scale_h", "scale_f", "offset_h", "offset_f"]
+INT4_ATTRS = ["scale_row_stride", "group_shift"]
+
+
+def weight_kernels(op: str, name: str, fn, params, constexpr_names: tuple[str, ...], space, default,
+                   default_w8=None, default_w4=None, formats: tuple[int, ...] = (FLOAT, INT8, INT4)):
+    """The float, INT8 (W8A16) and INT4 (W4A16) KernelDefs of one fused kernel (one Triton function).
+
+    ``params(w_type, scale_value)`` lists the kernel's parameters; the INT8 kernel's scale pointer is ``scale``, the
+    INT4 kernel's is ``scale_f`` (its FP32 group scales; FP16 ones come through ``int4_params``), the float kernel
+    gets a null pointer. ``W_FORMAT`` is fixed by the kernel's identity. ``default_w8`` / ``default_w4``: a format's
+    own default tile where it differs (else ``default``); INT4 tiles need BLOCK_K a multiple of 32. ``formats``: the
+    weight formats the kernel takes (a kernel without ``int4_params`` leaves INT4 out).
     """
     from edgekit.kernels.kernel_def import KernelDef
     from edgekit.kernels.launch_rule import ptr
 
-    def make(kernel: str, w_type: str, scale_value, w_int8: int):
-        dflt = default_w8 if (w_int8 and default_w8 is not None) else default
+    def make(fmt: int):
+        suffix, w_type, scale_slot, precision = _FORMATS[fmt]
+        dflt = {INT8: default_w8, INT4: default_w4}.get(fmt) or default
         return KernelDef(
-            op=op, kernel=kernel, fn=fn, params=params(w_type, scale_value),
-            constexpr_names=constexpr_names + ("W_INT8",),
-            precision={"input": "{act} x int8 weights (+ fp32 channel scales)" if w_int8 else "{act}",
-                       "accumulate": "fp32", "output": "{act}"},
+            op=op, kernel=f"{name}_{suffix}", fn=fn, params=params(w_type, ptr(scale_slot) if scale_slot else 0),
+            constexpr_names=constexpr_names + ("W_FORMAT",),
+            precision={"input": precision, "accumulate": "fp32", "output": "{act}"},
             uses_shared_memory=False,  # register tiles only; cross-warp reductions use a few hundred bytes
-            space=space, default=dflt,
+            space=space if fmt != INT4 else (lambda s: [c for c in space(s) if _int4_tile_ok(c[0])]), default=dflt,
             smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
-            fixed={"W_INT8": w_int8},
+            fixed={"W_FORMAT": fmt},
             pdl=True,  # every fused GEMV kernel takes the PDL switch (kernels/pdl_triton.py)
         )
 
-    return make(f"{name}_fp", "*act", 0, 0), make(f"{name}_w8", "*i8", ptr("scale"), 1)
+    return tuple(make(fmt) for fmt in formats)
+
+
+def _int4_tile_ok(constexprs: dict) -> bool:
+    return constexprs.get("BLOCK_K", 32) % 32 == 0  # whole 32-element sub-blocks a K step
 
 
 def operand_params(w_type: str, scale_value, *, norm: bool, bias: bool) -> tuple:
@@ -164,6 +292,21 @@ def operand_params(w_type: str, scale_value, *, norm: bool, bias: bool) -> tuple
             *((Param("b_ptr", "*act", ptr("bias")),) if bias else ()))
 
 
+def int4_params() -> tuple:
+    """The trailing runtime parameters of every fused GEMV kernel: INT4 weights' FP16 group scales, offsets (FP16 or
+    FP32), scale row stride and flags (null / 0 for float and INT8 weights, whose kernels never read them)."""
+    from edgekit.kernels.kernel_def import Param
+    from edgekit.kernels.launch_rule import attr, ptr
+
+    return (Param("sh_ptr", "*fp16", ptr("scale_h")),
+            Param("oh_ptr", "*fp16", ptr("offset_h")),
+            Param("of_ptr", "*fp32", ptr("offset_f")),
+            Param("stride_sn", "i32", attr("scale_row_stride")),
+            Param("has_offset", "i32", {"add": [{"present": "offset_h"}, {"present": "offset_f"}]}),
+            Param("scale_f32", "i32", {"present": "scale_f"}),
+            Param("group_shift", "i32", attr("group_shift")))
+
+
 def reduction_params(k_name: str) -> tuple:
     """The reduction length and the row strides of x and the weight, as every fused GEMV kernel takes them."""
     from edgekit.kernels.kernel_def import Param
@@ -174,38 +317,80 @@ def reduction_params(k_name: str) -> tuple:
             Param("stride_wn", "i32", stride("weight", 0), div16=True))
 
 
-def precision_launches(op: str, pair, variants, grid_of) -> tuple[list[dict], list[dict]]:
-    """Launches of whichever of the pair was compiled (float weights: no scale; INT8: a scale), plus checks
-    that refuse a call whose weights the compiled variants cannot take."""
+def weight_format_expr(int4: bool = True) -> dict:
+    """The call's weight format as a launch-rule expression: 0 float (no scale), 1 INT8 (a channel scale in
+    ``scale``), 2 INT4 (group scales in ``scale_h`` or ``scale_f``), as the host step (``weight_operands``) fills
+    the slots. Without ``int4`` (an operator with no INT4 inputs): the scale's presence alone."""
+    if not int4:
+        return {"present": "scale"}
+    return {"add": [{"present": "scale"},
+                    {"mul": [2, {"add": [{"present": "scale_h"}, {"present": "scale_f"}]}]}]}
+
+
+def weight_columns_check(k, what: str) -> dict:
+    """A program check that the weight holds ``k`` columns (INT4: k / 2 bytes a row, two weights a byte)."""
+    from edgekit.kernels.launch_rule import check
+
+    per_col = {"add": [1, {"present": "scale_h"}, {"present": "scale_f"}]}  # weights a stored column holds
+    return check("eq", {"mul": [{"shape": ["weight", 1]}, per_col]}, k, what)
+
+
+def format_launches(op: str, kernels, variants, grid_of) -> tuple[list[dict], list[dict]]:
+    """Launches of whichever of the format kernels (float, INT8, INT4) were compiled, each taken when the call's
+    weights are in its format (``weight_format_expr``), plus checks that refuse a call whose weight format has no
+    compiled kernel, naming the formats that do."""
     from edgekit.kernels.kernel_def import launch_of
     from edgekit.kernels.launch_rule import check
 
-    fp, w8 = pair
+    fmt = weight_format_expr(int4=any(k.fixed["W_FORMAT"] == INT4 for k in kernels))
     launches, checks = [], []
-    for kdef, present in ((fp, 0), (w8, 1)):
+    built = [FORMAT_NAMES[k.fixed["W_FORMAT"]] for k in kernels if k.kernel in variants]
+    for kdef in kernels:
+        code = kdef.fixed["W_FORMAT"]
         if kdef.kernel in variants:
-            when = {"cmp": "eq", "a": {"present": "scale"}, "b": present}
-            launches.append(launch_of(kdef, grid_of(variants[kdef.kernel]), when=when))
-    if fp.kernel not in variants:
-        checks.append(check("eq", {"present": "scale"}, 1, f"{op}: only the INT8-weight kernel was built: pass INT8 weights with a scale"))
-    if w8.kernel not in variants:
-        checks.append(check("eq", {"present": "scale"}, 0, f"{op}: only the float-weight kernel was built: pass float weights and no scale"))
+            launches.append(launch_of(kdef, grid_of(variants[kdef.kernel]), when={"cmp": "eq", "a": fmt, "b": code}))
+        else:
+            checks.append(check("ne", fmt, code, f"{op}: no kernel for {FORMAT_NAMES[code]} weights was built "
+                                                 f"(this build has {', '.join(built)}): pass weights in a built format"))
     return launches, checks
 
 
-def weight_operands(op: str, x: "torch.Tensor", weight, scale, n_rows: int, k: int) -> None:
-    """Host checks of a fused operator's weight operands: (n_rows, k), float like x or INT8 with an FP32 scale."""
+def weight_operands(op: str, x: "torch.Tensor", weight, scale, offset, n_rows: int, k: int,
+                    int4: bool = True) -> tuple[dict, dict]:
+    """Host checks of a fused operator's weight operands, and the program slots and attributes they fill.
+
+    Float weights (n_rows, k) like x, no scale; INT8 (n_rows, k) with an FP32 (n_rows,) scale; INT4 packed uint8
+    (n_rows, k/2) with (n_rows, k/G) group scales and optional offsets (``int4_weight_slots``). ``offset`` only
+    with INT4 weights; without ``int4`` (an operator with float and INT8 kernels only) INT4 weights are refused."""
     import torch
 
     from edgekit.errors import OperatorError
     from edgekit.kernels import host_checks as hc
+    from edgekit.kernels.linear_w4a16_triton import int4_weight_slots
 
-    if weight.dim() != 2 or tuple(weight.shape) != (n_rows, k):
-        raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected ({n_rows}, {k})")
+    if weight.dtype == torch.uint8 and not int4:
+        raise OperatorError(f"{op}: takes float or INT8 (W8A16) weights; got packed INT4 (uint8) weights "
+                            f"{tuple(weight.shape)}", hint="keep this projection in FP16 or INT8 (W8A16)")
+    int4 = weight.dtype == torch.uint8
+    want = (n_rows, k // 2) if int4 else (n_rows, k)
+    if weight.dim() != 2 or tuple(weight.shape) != want:
+        raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected {want}"
+                            + (" (packed INT4: two weights a byte)" if int4 else ""))
     hc.unit_last_stride(op, weight, "weight")
+    slots = {"scale_h": None, "scale_f": None, "offset_h": None, "offset_f": None}
+    attrs = {"scale_row_stride": 0, "group_shift": 0}
+    if int4:
+        if k % 32:
+            raise OperatorError(f"{op}: INT4 weights need K divisible by 32, got K={k}")
+        new_slots, attrs = int4_weight_slots(op, weight, scale, offset)
+        return {"weight": weight, "scale": None, **new_slots}, attrs
+    if offset is not None:
+        raise OperatorError(f"{op}: an offset was given with {weight.dtype} weights; offsets belong to INT4 (W4A16) "
+                            f"weights (packed uint8)", hint="pass offset=None for float and INT8 weights")
     if scale is None:
         hc.same_dtype(op, weight, "weight", x, "x")
     else:
         hc.dtype_is(op, weight, "weight", torch.int8)
         hc.dtype_is(op, scale, "scale", torch.float32)
         hc.vector(op, scale, "scale", n_rows)
+    return {"weight": weight, "scale": scale, **slots}, attrs

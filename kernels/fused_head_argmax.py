@@ -20,7 +20,7 @@ SPEC = OpSpec(
     name="fused_head_argmax",
     abi_version=1,
     inputs=(TensorSpec("x", "(B, C)", FLOAT_DTYPES), TensorSpec("norm_weight", "(C,)", FLOAT_DTYPES),
-            *weight_inputs("V", "C")),
+            *weight_inputs("V", "C", int4=False)),
     outputs=(TensorSpec("token", "(B,)", ("int64",)), TensorSpec("logits", "(B, V)", FLOAT_DTYPES)),
     attributes=("eps",),
     tolerance=REDUCTION_TOLERANCE,
@@ -52,7 +52,7 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
 
 
 OPERATORS = (
-    Operator(SPEC, fused_head_argmax_reference, fused_precision(SPEC.name), golden_inputs,
+    Operator(SPEC, fused_head_argmax_reference, fused_precision(SPEC.name, int4=False), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_head_argmax_triton:OP", rowwise=True,
              tiles_at={"head_logits_fp": DECODE, "head_logits_w8": DECODE, "head_argmax_reduce": DECODE}),
 )

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, operand_params, precision_launches, reduction_params, weight_kernel_pair,
+    FLOAT, INT8, _epilogue, _gemv_rows, _row_rstd, format_launches, operand_params, reduction_params, weight_kernels,
     weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
@@ -30,7 +30,7 @@ REDUCE_BLOCK = 2048
 @triton.jit
 def _head_logits_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, logit_ptr, pv_ptr, pi_ptr, V, C, stride_xm, stride_wn, stride_lm, n_parts,
-    has_bias, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
+    has_bias, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -40,8 +40,8 @@ def _head_logits_kernel(
     _pdl_enter_after_weights(w_ptr, rows_ld, C, stride_wn, BLOCK_K, PDL)
     x_row = x_ptr + b * stride_xm
     rstd = _row_rstd(x_row, C, eps, 1024)  # the norm in 1-2 wide steps, not C / BLOCK_K narrow ones
-    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows_ld, C, stride_wn, True, W_INT8, BLOCK_N, BLOCK_K)
-    y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_INT8, logit_ptr.dtype.element_ty)  # logits as rounded
+    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows_ld, C, stride_wn, True, W_FORMAT, BLOCK_N, BLOCK_K)
+    y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT, logit_ptr.dtype.element_ty)  # logits as rounded
     tl.store(logit_ptr + b * stride_lm + rows, y.to(logit_ptr.dtype.element_ty), mask=mask)
     y = tl.where(mask, y, float("-inf"))
     best = tl.max(y, axis=0)
@@ -95,8 +95,9 @@ def _default(s: dict):
     return {"BLOCK_N": 32, "BLOCK_K": 256}, 4, 1
 
 
-FP, W8 = weight_kernel_pair(OP_NAME, "head_logits", _head_logits_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, _default)
+# float and INT8 weights (the LM head of an INT4 bundle stays FP16 or INT8: decode_paths.weights_blocker)
+FP, W8 = weight_kernels(OP_NAME, "head_logits", _head_logits_kernel, _params, ("BLOCK_N", "BLOCK_K"),
+                        _space, _default, formats=(FLOAT, INT8))
 
 REDUCE = KernelDef(
     op=OP_NAME, kernel="head_argmax_reduce", fn=_argmax_reduce_kernel,
@@ -116,7 +117,7 @@ def program(variants) -> dict:
         from edgekit.errors import OperatorError
 
         raise OperatorError(f"{OP_NAME}: the float and INT8 head kernels must share BLOCK_N (one partials layout)")
-    launches, checks = precision_launches(OP_NAME, (FP, W8), variants,
+    launches, checks = format_launches(OP_NAME, (FP, W8), variants,
                                           lambda v: [sym("PARTS"), shape("x", 0), 1])
     launches.append(launch_of(REDUCE, [shape("x", 0), 1, 1]))
     return program_doc(
@@ -138,7 +139,7 @@ def prepare(x, norm_weight, weight, scale, bias, eps):
     hc.act_dtype(op, x, "x")
     hc.ndim(op, x, "x", 2, "(B, C)")
     hc.unit_last_stride(op, x, "x")
-    weight_operands(op, x, weight, scale, weight.shape[0] if weight.dim() == 2 else -1, x.shape[1])
+    weight_operands(op, x, weight, scale, None, weight.shape[0] if weight.dim() == 2 else -1, x.shape[1], int4=False)
     hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
     hc.vector(op, norm_weight, "norm_weight", x.shape[1])
     if bias is not None:

@@ -38,10 +38,10 @@ SPEC = OpSpec(
 )
 
 
-def fused_norm_qkv_rope_reference(x, norm_weight, weight, scale, bias, cos, sin, positions, k_cache, v_cache,
+def fused_norm_qkv_rope_reference(x, norm_weight, weight, scale, offset, bias, cos, sin, positions, k_cache, v_cache,
                                   eps: float, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     B = x.shape[0]
-    qkv = project(rmsnorm_reference(x, norm_weight, eps), weight, scale, bias)  # (B, (Hq + 2 Hkv) D)
+    qkv = project(rmsnorm_reference(x, norm_weight, eps), weight, scale, bias, offset)  # (B, (Hq + 2 Hkv) D)
     c, s = cos[positions][:, None], sin[positions][:, None]  # (B, 1, D/2)
     q, k, v = rope_reference(qkv[:, None], c, s, n_heads, n_kv_heads)  # (B, H*, 1, D)
     rows = torch.arange(B, device=positions.device)
@@ -66,5 +66,6 @@ def _shape(t, a) -> dict:
 
 OPERATORS = (
     Operator(SPEC, fused_norm_qkv_rope_reference, fused_precision(SPEC.name), golden_inputs,
-             call_shape=_shape, triton="fused_norm_qkv_rope_triton:OP", tiles_at={"norm_qkv_rope_fp": DECODE, "norm_qkv_rope_w8": DECODE}),
+             call_shape=_shape, triton="fused_norm_qkv_rope_triton:OP", tiles_at={"norm_qkv_rope_fp": DECODE, "norm_qkv_rope_w8": DECODE,
+                                                                     "norm_qkv_rope_w4": DECODE}),
 )

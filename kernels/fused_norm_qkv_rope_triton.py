@@ -17,12 +17,11 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair,
-    weight_operands,
+    INT4_ATTRS, INT4_INPUTS, _epilogue, _gemv_rows, _pdl_enter_gemv, _row_rstd, format_launches, gemv_tile, int4_params,
+    operand_params, reduction_params, weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, check, mul, ptr, shape, stride
-from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 OP_NAME = "fused_norm_qkv_rope"
 
@@ -31,13 +30,14 @@ OP_NAME = "fused_norm_qkv_rope"
 def _norm_qkv_rope_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr,
     C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks, stride_qb, has_bias, eps, n_heads, n_kv_heads,
-    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
+    sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
+    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    _pdl_enter_after_weights(w_ptr, _qkv_rows(tl.program_id(0), HALF, PAIRS), C, stride_wn, BLOCK_K, PDL)
+    _pdl_enter_gemv(w_ptr, _qkv_rows(tl.program_id(0), HALF, PAIRS), C, stride_wn, BLOCK_K, W_FORMAT, PDL)
     _norm_qkv_rope_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr,
         pos_ptr, kc_ptr, vc_ptr, q_ptr, C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks,
-        stride_qb, has_bias, eps, n_heads, n_kv_heads, HALF, PAIRS, BLOCK_K, W_INT8)
+        stride_qb, has_bias, eps, n_heads, n_kv_heads, HALF, PAIRS, BLOCK_K, W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
 
 
 @triton.jit
@@ -54,16 +54,19 @@ def _norm_qkv_rope_program(
     pid, b,
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr,
     C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks, stride_qb, has_bias, eps, n_heads, n_kv_heads,
-    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
+    sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
 ):
-    """Program ``pid`` (PAIRS rotation pairs of one head) of sequence ``b``; also stage 1 of the persistent decode kernel."""
+    """Program ``pid`` (PAIRS rotation pairs of one head) of sequence ``b``; also stage 1 of the persistent decode
+    kernel (float and INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
     head = pid // (HALF // PAIRS)
     j0 = (pid % (HALF // PAIRS)) * PAIRS
     rows = _qkv_rows(pid, HALF, PAIRS)
     x_row = x_ptr + b * stride_xm
     rstd = _row_rstd(x_row, C, eps, BLOCK_K)
-    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_INT8, 2 * PAIRS, BLOCK_K)
-    y = _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_INT8, x_ptr.dtype.element_ty)  # (2 PAIRS,) qkv as rounded
+    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_FORMAT, 2 * PAIRS, BLOCK_K,
+                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
+    y = _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_FORMAT, x_ptr.dtype.element_ty)  # (2 PAIRS,) qkv as rounded
     x1, x2 = tl.split(tl.reshape(y, (PAIRS, 2)))  # first and second half of each pair
     pos = tl.load(pos_ptr + b)
     j = j0 + tl.arange(0, PAIRS)
@@ -101,6 +104,7 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
         Param("eps", "fp32", attr("eps")),
         Param("n_heads", "i32", attr("n_heads")),
         Param("n_kv_heads", "i32", attr("n_kv_heads")),
+        *int4_params(),
     )
 
 
@@ -110,14 +114,14 @@ def _space(s: dict) -> list:
             for p in (2, 4, 8, 16) for bk in (128, 256, 512, 1024, 2048) for w in (4, 8) if p <= half]
 
 
-def _default(s: dict):
+def _default(s: dict, int4: bool = False):
     half = int(s.get("head_dim") or 64) // 2
-    rows, block_k, warps = gemv_tile(s)
+    rows, block_k, warps = gemv_tile(s, int4=int4)
     return {"HALF": half, "PAIRS": max(1, min(rows // 2, half)), "BLOCK_K": block_k}, warps, 1
 
 
-FP, W8 = weight_kernel_pair(OP_NAME, "norm_qkv_rope", _norm_qkv_rope_kernel, _params, ("HALF", "PAIRS", "BLOCK_K"),
-                            _space, _default)
+FP, W8, W4 = weight_kernels(OP_NAME, "norm_qkv_rope", _norm_qkv_rope_kernel, _params, ("HALF", "PAIRS", "BLOCK_K"),
+                            _space, _default, default_w4=lambda s: _default(s, int4=True))
 
 
 def program(variants) -> dict:
@@ -126,11 +130,12 @@ def program(variants) -> dict:
     def grid(v):
         return [mul(heads, v.constexprs["HALF"] // v.constexprs["PAIRS"]), shape("x", 0), 1]
 
-    launches, checks = precision_launches(OP_NAME, (FP, W8), variants, grid)
+    launches, checks = format_launches(OP_NAME, (FP, W8, W4), variants, grid)
     half = next(iter(variants.values())).constexprs["HALF"]
     return program_doc(
-        OP_NAME, ["x", "norm_weight", "weight", "scale", "bias", "cos", "sin", "positions", "k_cache", "v_cache"],
-        ["scale", "bias"], ["eps", "n_heads", "n_kv_heads"],
+        OP_NAME, ["x", "norm_weight", "weight", "scale", *INT4_INPUTS, "bias", "cos", "sin", "positions", "k_cache",
+                  "v_cache"],
+        ["scale", *INT4_INPUTS, "bias"], ["eps", "n_heads", "n_kv_heads", *INT4_ATTRS],
         checks=checks + [
             check("eq", shape("cos", 1), half, "the kernel was compiled for another head_dim (cos is (S, D/2))"),
             check("eq", shape("weight", 0), mul(heads, 2 * half), "weight rows must be (n_heads + 2 n_kv_heads) * head_dim"),
@@ -143,9 +148,11 @@ def program(variants) -> dict:
     )
 
 
-def prepare(x, norm_weight, weight, scale, bias, cos, sin, positions, k_cache, v_cache, eps, n_heads, n_kv_heads):
+def prepare(x, norm_weight, weight, scale, offset, bias, cos, sin, positions, k_cache, v_cache, eps, n_heads,
+            n_kv_heads):
     op = OP_NAME
-    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("bias", bias),
+    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset),
+               ("bias", bias),
                ("cos", cos), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache))
     hc.act_dtype(op, x, "x")
     hc.ndim(op, x, "x", 2, "(B, C)")
@@ -153,7 +160,7 @@ def prepare(x, norm_weight, weight, scale, bias, cos, sin, positions, k_cache, v
     B, C = x.shape
     D = 2 * cos.shape[-1]
     hc.head_dim_ok(op, D)
-    weight_operands(op, x, weight, scale, (n_heads + 2 * n_kv_heads) * D, C)
+    operands, w_attrs = weight_operands(op, x, weight, scale, offset, (n_heads + 2 * n_kv_heads) * D, C)
     hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
     hc.vector(op, norm_weight, "norm_weight", C)
     if bias is not None:
@@ -175,10 +182,11 @@ def prepare(x, norm_weight, weight, scale, bias, cos, sin, positions, k_cache, v
             or v_cache.stride() != k_cache.stride():
         raise OperatorError(f"{op}: caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected two caches of one "
                             f"layout ({B}, {n_kv_heads}, S, {D})")
-    tensors = {"x": x, "norm_weight": norm_weight, "weight": weight, "scale": scale, "bias": bias, "cos": cos,
+    tensors = {"x": x, "norm_weight": norm_weight, **operands, "bias": bias, "cos": cos,
                "sin": sin, "positions": positions, "k_cache": k_cache, "v_cache": v_cache}
-    attrs = {"eps": float(eps), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads)}
+    attrs = {"eps": float(eps), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads), **w_attrs}
     return tensors, attrs, lambda bufs: bufs["q"]
 
 
-OP = OpKernels(op=OP_NAME, kernels=(FP, W8), program=program, prepare=prepare, required=((FP.kernel, W8.kernel),))
+OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4), program=program, prepare=prepare,
+               required=((FP.kernel, W8.kernel, W4.kernel),))

@@ -24,8 +24,8 @@ SPEC = OpSpec(
 )
 
 
-def fused_norm_swiglu_reference(x, norm_weight, weight, scale, eps: float) -> torch.Tensor:
-    return swiglu_reference(project(rmsnorm_reference(x, norm_weight, eps), weight, scale, None))
+def fused_norm_swiglu_reference(x, norm_weight, weight, scale, offset, eps: float) -> torch.Tensor:
+    return swiglu_reference(project(rmsnorm_reference(x, norm_weight, eps), weight, scale, None, offset))
 
 
 GOLDEN_HALF = 128  # gate rows = up rows; 2 x 128 stays within the golden cap on output rows
@@ -40,5 +40,5 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
 OPERATORS = (
     Operator(SPEC, fused_norm_swiglu_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_norm_swiglu_triton:OP",
-             tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE}),
+             tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE, "norm_swiglu_w4": DECODE}),
 )

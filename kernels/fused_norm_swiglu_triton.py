@@ -14,12 +14,11 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, _row_rstd, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair,
-    weight_operands,
+    INT4_ATTRS, INT4_INPUTS, _epilogue, _gemv_rows, _pdl_enter_gemv, _row_rstd, format_launches, gemv_tile, int4_params,
+    operand_params, reduction_params, weight_columns_check, weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride
-from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 OP_NAME = "fused_norm_swiglu"
 
@@ -27,12 +26,13 @@ OP_NAME = "fused_norm_swiglu"
 @triton.jit
 def _norm_swiglu_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn, stride_ym, eps,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
+    sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    _pdl_enter_after_weights(w_ptr, _gate_up_rows(tl.program_id(0), F, BLOCK_N), C, stride_wn, BLOCK_K, PDL)
+    _pdl_enter_gemv(w_ptr, _gate_up_rows(tl.program_id(0), F, BLOCK_N), C, stride_wn, BLOCK_K, W_FORMAT, PDL)
     _norm_swiglu_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn,
-        stride_ym, eps, BLOCK_N, BLOCK_K, W_INT8)
+        stride_ym, eps, BLOCK_N, BLOCK_K, W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
 
 
 @triton.jit
@@ -46,15 +46,18 @@ def _gate_up_rows(pid, F, BLOCK_N: tl.constexpr):
 def _norm_swiglu_program(
     pid, b,
     x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn, stride_ym, eps,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
+    sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
 ):
-    """Program for BLOCK_N hidden columns of sequence ``b``; also stage 4 of the persistent decode kernel."""
+    """Program for BLOCK_N hidden columns of sequence ``b``; also stage 4 of the persistent decode kernel (float and
+    INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
     n0 = pid * BLOCK_N
     rows = _gate_up_rows(pid, F, BLOCK_N)
     x_row = x_ptr + b * stride_xm
     rstd = _row_rstd(x_row, C, eps, BLOCK_K)
-    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_INT8, 2 * BLOCK_N, BLOCK_K)
-    gu = _epilogue(acc, s_ptr, s_ptr, rows, 0, W_INT8, y_ptr.dtype.element_ty)
+    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_FORMAT, 2 * BLOCK_N, BLOCK_K,
+                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
+    gu = _epilogue(acc, s_ptr, s_ptr, rows, 0, W_FORMAT, y_ptr.dtype.element_ty)
     g, u = tl.split(tl.reshape(gu, (BLOCK_N, 2)))
     cols = n0 + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + b * stride_ym + cols, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=cols < F)
@@ -68,6 +71,7 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
         *reduction_params("C"),
         Param("stride_ym", "i32", stride("y", 0), div16=True),
         Param("eps", "fp32", attr("eps")),
+        *int4_params(),
     )
 
 
@@ -75,8 +79,8 @@ def _space(s: dict) -> list:
     return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048) for w in (4, 8)]
 
 
-def _default(s: dict):
-    rows, block_k, warps = gemv_tile(s)  # rows counts gate and up rows: BLOCK_N columns of the hidden layer each
+def _default(s: dict, int4: bool = False):
+    rows, block_k, warps = gemv_tile(s, int4=int4)  # rows counts gate and up rows: BLOCK_N columns of the hidden layer each
     return {"BLOCK_N": rows // 2, "BLOCK_K": block_k}, warps, 1
 
 
@@ -89,17 +93,17 @@ def _default_w8(s: dict):
     return _default(s)
 
 
-FP, W8 = weight_kernel_pair(OP_NAME, "norm_swiglu", _norm_swiglu_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, _default, default_w8=_default_w8)
+FP, W8, W4 = weight_kernels(OP_NAME, "norm_swiglu", _norm_swiglu_kernel, _params, ("BLOCK_N", "BLOCK_K"),
+                            _space, _default, default_w8=_default_w8, default_w4=lambda s: _default(s, int4=True))
 
 
 def program(variants) -> dict:
     F = {"floordiv": [shape("weight", 0), 2]}
-    launches, checks = precision_launches(OP_NAME, (FP, W8), variants,
+    launches, checks = format_launches(OP_NAME, (FP, W8, W4), variants,
                                           lambda v: [cdiv(F, v.constexprs["BLOCK_N"]), shape("x", 0), 1])
     return program_doc(
-        OP_NAME, ["x", "norm_weight", "weight", "scale"], ["scale"], ["eps"],
-        checks=checks + [check("eq", shape("weight", 1), shape("x", 1), "weight columns must equal x's width"),
+        OP_NAME, ["x", "norm_weight", "weight", "scale", *INT4_INPUTS], ["scale", *INT4_INPUTS], ["eps", *INT4_ATTRS],
+        checks=checks + [weight_columns_check(shape("x", 1), "weight columns must equal x's width"),
                          check("multiple_of", shape("weight", 0), 2, "weight packs gate and up rows: an even count")],
         let=[],
         buffers=[{"name": "y", "shape": [shape("x", 0), F], "dtype": {"like": "x"}}],
@@ -108,18 +112,19 @@ def program(variants) -> dict:
     )
 
 
-def prepare(x, norm_weight, weight, scale, eps):
+def prepare(x, norm_weight, weight, scale, offset, eps):
     op = OP_NAME
-    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale))
+    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset))
     hc.act_dtype(op, x, "x")
     hc.ndim(op, x, "x", 2, "(B, C)")
     hc.unit_last_stride(op, x, "x")
     if weight.dim() != 2 or weight.shape[0] % 2:
         raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected (2F, C) with gate rows then up rows")
-    weight_operands(op, x, weight, scale, weight.shape[0], x.shape[1])
+    operands, attrs = weight_operands(op, x, weight, scale, offset, weight.shape[0], x.shape[1])
     hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
     hc.vector(op, norm_weight, "norm_weight", x.shape[1])
-    return {"x": x, "norm_weight": norm_weight, "weight": weight, "scale": scale}, {"eps": float(eps)}, lambda bufs: bufs["y"]
+    return {"x": x, "norm_weight": norm_weight, **operands}, {"eps": float(eps), **attrs}, lambda bufs: bufs["y"]
 
 
-OP = OpKernels(op=OP_NAME, kernels=(FP, W8), program=program, prepare=prepare, required=((FP.kernel, W8.kernel),))
+OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4), program=program, prepare=prepare,
+               required=((FP.kernel, W8.kernel, W4.kernel),))

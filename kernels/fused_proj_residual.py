@@ -20,8 +20,8 @@ SPEC = OpSpec(
 )
 
 
-def fused_proj_residual_reference(x, weight, scale, bias, residual) -> torch.Tensor:
-    return residual + project(x, weight, scale, bias)
+def fused_proj_residual_reference(x, weight, scale, offset, bias, residual) -> torch.Tensor:
+    return residual + project(x, weight, scale, bias, offset)
 
 
 def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
@@ -34,5 +34,5 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
 OPERATORS = (
     Operator(SPEC, fused_proj_residual_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_proj_residual_triton:OP",
-             tiles_at={"proj_residual_fp": DECODE, "proj_residual_w8": DECODE}),
+             tiles_at={"proj_residual_fp": DECODE, "proj_residual_w8": DECODE, "proj_residual_w4": DECODE}),
 )

@@ -12,11 +12,11 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue, _gemv_rows, gemv_tile, operand_params, precision_launches, reduction_params, weight_kernel_pair, weight_operands,
+    INT4_ATTRS, INT4_INPUTS, _epilogue, _gemv_rows, _pdl_enter_gemv, format_launches, gemv_tile, int4_params,
+    operand_params, reduction_params, weight_columns_check, weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
-from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 OP_NAME = "fused_proj_residual"
 
@@ -24,26 +24,31 @@ OP_NAME = "fused_proj_residual"
 @triton.jit
 def _proj_residual_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_rm, stride_ym, has_bias,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr, PDL: tl.constexpr = 0,
+    sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    _pdl_enter_after_weights(w_ptr, (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)) % N, K, stride_wn, BLOCK_K, PDL)
+    _pdl_enter_gemv(w_ptr, (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)) % N, K, stride_wn, BLOCK_K, W_FORMAT, PDL)
     _proj_residual_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn,
-        stride_rm, stride_ym, has_bias, BLOCK_N, BLOCK_K, W_INT8)
+        stride_rm, stride_ym, has_bias, BLOCK_N, BLOCK_K, W_FORMAT,
+        sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
 
 
 @triton.jit
 def _proj_residual_program(
     pid, b,
     x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_rm, stride_ym, has_bias,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_INT8: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
+    sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
 ):
-    """Program for BLOCK_N output rows of sequence ``b``; also stage 5 of the persistent decode kernel."""
+    """Program for BLOCK_N output rows of sequence ``b``; also stage 5 of the persistent decode kernel (float and
+    INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < N
     rows_ld = rows % N  # rows past N read valid memory; never stored
-    acc = _gemv_rows(x_ptr + b * stride_xm, x_ptr, 1.0, w_ptr, rows_ld, K, stride_wn, False, W_INT8, BLOCK_N, BLOCK_K)
-    y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_INT8, y_ptr.dtype.element_ty)
+    acc = _gemv_rows(x_ptr + b * stride_xm, x_ptr, 1.0, w_ptr, rows_ld, K, stride_wn, False, W_FORMAT, BLOCK_N, BLOCK_K,
+                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
+    y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT, y_ptr.dtype.element_ty)
     res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     tl.store(y_ptr + b * stride_ym + rows, (res + y).to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -58,6 +63,7 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
         Param("stride_rm", "i32", stride("residual", 0), div16=True),
         Param("stride_ym", "i32", stride("y", 0), div16=True),
         Param("has_bias", "i32", {"present": "bias"}),
+        *int4_params(),
     )
 
 
@@ -65,21 +71,21 @@ def _space(s: dict) -> list:
     return [({"BLOCK_N": bn, "BLOCK_K": bk}, w, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024, 2048) for w in (4, 8)]
 
 
-def _default(s: dict):
-    rows, block_k, warps = gemv_tile(s)
+def _default(s: dict, int4: bool = False):
+    rows, block_k, warps = gemv_tile(s, int4=int4)
     return {"BLOCK_N": rows, "BLOCK_K": block_k}, warps, 1
 
 
-FP, W8 = weight_kernel_pair(OP_NAME, "proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, _default)
+FP, W8, W4 = weight_kernels(OP_NAME, "proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),
+                            _space, _default, default_w4=lambda s: _default(s, int4=True))
 
 
 def program(variants) -> dict:
-    launches, checks = precision_launches(OP_NAME, (FP, W8), variants,
+    launches, checks = format_launches(OP_NAME, (FP, W8, W4), variants,
                                           lambda v: [cdiv(shape("weight", 0), v.constexprs["BLOCK_N"]), shape("x", 0), 1])
     return program_doc(
-        OP_NAME, ["x", "weight", "scale", "bias", "residual"], ["scale", "bias"], [],
-        checks=checks + [check("eq", shape("weight", 1), shape("x", 1), "weight columns must equal x's width"),
+        OP_NAME, ["x", "weight", "scale", *INT4_INPUTS, "bias", "residual"], ["scale", *INT4_INPUTS, "bias"], INT4_ATTRS,
+        checks=checks + [weight_columns_check(shape("x", 1), "weight columns must equal x's width"),
                          check("eq", shape("residual", 1), shape("weight", 0), "residual width must equal weight rows")],
         let=[],
         buffers=[{"name": "y", "shape": [shape("x", 0), shape("weight", 0)], "dtype": {"like": "x"}}],
@@ -88,14 +94,14 @@ def program(variants) -> dict:
     )
 
 
-def prepare(x, weight, scale, bias, residual):
+def prepare(x, weight, scale, offset, bias, residual):
     op = OP_NAME
-    hc.on_cuda(op, ("x", x), ("weight", weight), ("scale", scale), ("bias", bias), ("residual", residual))
+    hc.on_cuda(op, ("x", x), ("weight", weight), ("scale", scale), ("offset", offset), ("bias", bias), ("residual", residual))
     hc.act_dtype(op, x, "x")
     hc.ndim(op, x, "x", 2, "(B, K)")
     hc.unit_last_stride(op, x, "x")
     N = weight.shape[0]
-    weight_operands(op, x, weight, scale, N, x.shape[1])
+    operands, attrs = weight_operands(op, x, weight, scale, offset, N, x.shape[1])
     if bias is not None:
         hc.same_dtype(op, bias, "bias", x, "x")
         hc.vector(op, bias, "bias", N)
@@ -105,7 +111,8 @@ def prepare(x, weight, scale, bias, residual):
 
         raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({x.shape[0]}, {N})")
     hc.unit_last_stride(op, residual, "residual")
-    return {"x": x, "weight": weight, "scale": scale, "bias": bias, "residual": residual}, {}, lambda bufs: bufs["y"]
+    return {"x": x, **operands, "bias": bias, "residual": residual}, attrs, lambda bufs: bufs["y"]
 
 
-OP = OpKernels(op=OP_NAME, kernels=(FP, W8), program=program, prepare=prepare, required=((FP.kernel, W8.kernel),))
+OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4), program=program, prepare=prepare,
+               required=((FP.kernel, W8.kernel, W4.kernel),))

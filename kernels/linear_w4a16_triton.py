@@ -142,6 +142,16 @@ def _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N: tl.constexpr, B
         hi3 = tl.load(x_at + 19, mask=live, other=0.0).to(tl.float32)
         xs_lo = (lo0 + lo1) + (lo2 + lo3)
         xs_hi = (hi0 + hi1) + (hi2 + hi3)
+    return _word_dots(words, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi, zero, BLOCK_N, SB)
+
+
+@triton.jit
+def _word_dots(words, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi, zero, BLOCK_N: tl.constexpr,
+               SB: tl.constexpr):
+    """The word decode's sums (``_dots_from_words``) from a (rows, W) tile of int32 words and the activations each
+    byte of a word multiplies, as FP32 (W,) vectors: ``lo b`` / ``hi b`` = x[4i + b] / x[16 + 4i + b] of word i's
+    sub-block, ``xs_lo`` / ``xs_hi`` their sums per word. Returns (dot (BN, SB), x_sum (SB,)). Shared with the fused
+    decode GEMVs (kernels/fused_gemv_triton.py), whose activations are computed in registers, not loaded."""
     f_lo, f_hi = _nibble_units(words, 15)
     t_lo = f_lo * lo0[None, :]
     t_hi = f_hi * hi0[None, :]
@@ -471,13 +481,35 @@ def prepare_w4a16(x, qweight, scale, offset=None, bias=None):
     op = "linear_w4a16"
     hc.on_cuda(op, ("x", x), ("qweight", qweight), ("scale", scale), ("offset", offset), ("bias", bias))
     hc.act_dtype(op, x, "x")
-    hc.dtype_is(op, qweight, "qweight", torch.uint8)
-    hc.ndim(op, qweight, "qweight", 2, "(N, K/2)")
-    hc.unit_last_stride(op, qweight, "qweight")
+    slots, attrs = int4_weight_slots(op, qweight, scale, offset, "qweight", x_features=x.shape[-1])
+    n = qweight.shape[0]
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", n)
+    x2 = hc.rows(op, x, "x")  # (M, K)
+    tensors = {"x": x2, "weight": qweight, **slots, "bias": bias}
+    out_shape = (*x.shape[:-1], n)
+    return tensors, attrs, (lambda bufs: bufs["y"].view(out_shape))
+
+
+def int4_weight_slots(op: str, qweight, scale, offset, name: str = "weight",
+                      x_features: int | None = None) -> tuple[dict, dict]:
+    """Host checks of packed INT4 (W4A16) weight operands, shared by every kernel that takes them (this GEMV and the
+    fused decode GEMVs): qweight uint8 (N, K/2), scale (N, K/G) FP16 or FP32 with G in GROUP_SIZES, offset None or
+    like the scale. Returns the scale and offset in the program slots of their dtype (``scale_h`` / ``offset_h`` for
+    FP16, ``scale_f`` / ``offset_f`` for FP32, None in the others) and the attributes the kernels read
+    (``scale_row_stride``, ``group_shift``: G = 32 << group_shift). ``x_features``: the activation's width, checked
+    against the K the packed weight holds."""
+    hc.dtype_is(op, qweight, name, torch.uint8)
+    hc.ndim(op, qweight, name, 2, "(N, K/2)")
+    hc.unit_last_stride(op, qweight, name)
     n, k = qweight.shape[0], qweight.shape[1] * 2
-    if x.shape[-1] != k:
-        raise OperatorError(f"{op}: x has {x.shape[-1]} features but the packed qweight {tuple(qweight.shape)} "
-                            f"holds K = {k}", hint="qweight is (N, K/2): two 4-bit weights a byte")
+    if x_features is not None and x_features != k:
+        raise OperatorError(f"{op}: x has {x_features} features but the packed {name} {tuple(qweight.shape)} "
+                            f"holds K = {k}", hint=f"{name} is (N, K/2): two 4-bit weights a byte")
+    if scale is None:
+        raise OperatorError(f"{op}: packed INT4 {name} {tuple(qweight.shape)} came without group scales",
+                            hint="pass the (N, K/G) scale of the W4A16 weights (kernels/int4_layout.py)")
     if scale.dtype not in (torch.float16, torch.float32):
         raise OperatorError(f"{op}: scale has dtype {scale.dtype}; expected float16 or float32")
     hc.ndim(op, scale, "scale", 2, "(N, K/G)")
@@ -492,17 +524,10 @@ def prepare_w4a16(x, qweight, scale, offset=None, bias=None):
         if offset.shape != scale.shape or offset.stride() != scale.stride():
             raise OperatorError(f"{op}: offset has shape {tuple(offset.shape)} strides {offset.stride()}; "
                                 f"expected the scale's {tuple(scale.shape)} {scale.stride()}")
-    if bias is not None:
-        hc.same_dtype(op, bias, "bias", x, "x")
-        hc.vector(op, bias, "bias", n)
-    x2 = hc.rows(op, x, "x")  # (M, K)
     f32 = scale.dtype == torch.float32
-    tensors = {"x": x2, "weight": qweight,
-               "scale_h": None if f32 else scale, "offset_h": None if f32 else offset,
-               "scale_f": scale if f32 else None, "offset_f": offset if f32 else None, "bias": bias}
-    attrs = {"scale_row_stride": scale.stride(0), "group_shift": (g // SUBBLOCK).bit_length() - 1}
-    out_shape = (*x.shape[:-1], n)
-    return tensors, attrs, (lambda bufs: bufs["y"].view(out_shape))
+    slots = {"scale_h": None if f32 else scale, "offset_h": None if f32 else offset,
+             "scale_f": scale if f32 else None, "offset_f": offset if f32 else None}
+    return slots, {"scale_row_stride": scale.stride(0), "group_shift": (g // SUBBLOCK).bit_length() - 1}
 
 
 W4A16_OP = OpKernels("linear_w4a16", (W4A16_GEMV, W4A16_GEMM), w4a16_program, prepare_w4a16,

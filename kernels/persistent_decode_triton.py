@@ -255,10 +255,16 @@ def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache,
     ms = t["MAX_SPLITS"]
     part = torch.empty(B, Hq, ms, D, dtype=torch.float32, device=x.device)
     lse = torch.empty(B, Hq, ms, dtype=torch.float32, device=x.device)
-    qkv_op.prepare(x, w.attn_norm, w.wqkv, w.sqkv, w.bqkv, cos, sin, positions, k_cache, v_cache, eps, n_heads, n_kv_heads)
-    tensors, _, _ = attn_op.prepare(q, k_cache, v_cache, seq_lens, w.wo, w.so, w.bo, x, sm_scale)
-    swiglu_op.prepare(xmid, w.ffn_norm, w.wgu, w.sgu, eps)
-    down_op.prepare(h, w.wd, w.sd, w.bd, xmid)
+    packed = [name for name, wt in (("wqkv", w.wqkv), ("wo", w.wo), ("wgu", w.wgu), ("wd", w.wd)) if wt.dtype == torch.uint8]
+    if packed:  # the stages run the float / INT8 code of the program functions (W_FORMAT 0 / 1) only
+        raise OperatorError(f"persistent decode: {', '.join(packed)} are packed INT4 (W4A16); the persistent kernel "
+                            f"takes float or INT8 weights", hint="run INT4 layers on the fused operators (decode path fused)")
+    # the fused operators' host checks (offset None: float or INT8 weights)
+    qkv_op.prepare(x, w.attn_norm, w.wqkv, w.sqkv, None, w.bqkv, cos, sin, positions, k_cache, v_cache, eps, n_heads,
+                   n_kv_heads)
+    tensors, _, _ = attn_op.prepare(q, k_cache, v_cache, seq_lens, w.wo, w.so, None, w.bo, x, sm_scale)
+    swiglu_op.prepare(xmid, w.ffn_norm, w.wgu, w.sgu, None, eps)
+    down_op.prepare(h, w.wd, w.sd, None, w.bd, xmid)
     if w.wgu.shape[1] != C or w.wd.shape[1] != F or tuple(sync.shape) != (2,) or sync.dtype != torch.int32:
         raise OperatorError(f"persistent decode: gate/up {tuple(w.wgu.shape)}, down {tuple(w.wd.shape)} and sync "
                             f"{tuple(sync.shape)} {sync.dtype}; expected (2F, {C}), ({C}, F) and a (2,) int32 counter")

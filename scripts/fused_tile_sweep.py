@@ -42,11 +42,11 @@ def _args(op, cfg, w, dev):
 
         cos, sin = (t.to(dev) for t in rope_frequencies(cfg.head_dim, 1024, 10000.0))
         kc = torch.zeros(1, cfg.n_kv_heads, 1024, cfg.head_dim, device=dev, dtype=h)
-        return (x, torch.ones(C, device=dev, dtype=h), w, scale, None, cos, sin, torch.tensor([5], device=dev), kc,
+        return (x, torch.ones(C, device=dev, dtype=h), w, scale, None, None, cos, sin, torch.tensor([5], device=dev), kc,
                 kc.clone(), 1e-5, cfg.n_heads, cfg.n_kv_heads)
     if op == "fused_proj_residual":
-        return (x, w, scale, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
-    return (x, torch.ones(C, device=dev, dtype=h), w, scale, 1e-5)
+        return (x, w, scale, None, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
+    return (x, torch.ones(C, device=dev, dtype=h), w, scale, None, 1e-5)
 
 
 def _candidates(op, n, k, head_dim, int8: bool):

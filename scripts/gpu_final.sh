@@ -4,8 +4,8 @@
 #   stage 1 (<= 580 s): llama.cpp built in the background (.llamacpp/llama.cpp.tar.xz, peers.md; ~270-370 s while
 #            edgekit's rows compile) and the decode benchmark on the same GGUF files in the same process
 #            (scripts/bench_decode_vs_llamacpp.py: edgekit fused + persistent rows, fp16/int8/int4 vs llama.cpp
-#            F16/Q8_0/Q4_K_M, batch 1, depth 512, copy bandwidth of the same run; int4 runs per operator until the
-#            fused operators take W4A16, and its rows say so). 2026-12-01: a 380 s cap cut llama.cpp's rows off.
+#            F16/Q8_0/Q4_K_M, batch 1, depth 512, copy bandwidth of the same run; int4 runs on the fused path, the
+#            persistent kernel's int4 row is left out with a note). 2026-12-01: a 380 s cap cut llama.cpp's rows off.
 #   stage 2 (<= 420 s): the default model (real weights): h200 bundle, `run` on the fused and persistent paths vs the
 #            CPU reference (greedy tokens); the orin bundle verified on the GPU (golden vectors through sm_87 PTX);
 #            serve vs run, 8 streaming clients, 100 swaps under load on the real h200 bundle

@@ -11,6 +11,11 @@ llama-quantize, load the F16 file back with edgekit's GGUF loader, and measure i
 - agreement of the two paths on one step from the same cache: logits difference, argmax, the cache rows written;
 - llama.cpp: ``llama-bench -p D -n N -d D -fa 1 -ngl 99`` on F16 and Q8_0 (``edgekit.bench.llamacpp``).
 
+int4 (W4A16 g128 RTN blocks, FP16 head) runs on the fused path like the others; the persistent kernel takes float
+and INT8 weights only, so its int4 row is left out with a note (``engines_for``), and int4-head (an INT4 LM head,
+which no fast path takes) runs per operator. Every row records the decode path it ran, and the table prints it
+and the INT4 / INT8 tokens/s of each (model, engine) measured in the same run.
+
 All figures are measured on the local GPU (random weights: speed does not depend on values).
 """
 
@@ -150,16 +155,23 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
 def engines_for(weights, requested: tuple[str, ...]) -> tuple[list[str], str | None]:
     """The engines to measure these weights on, and why the list differs from ``requested`` (None: it does not).
 
-    The fused and persistent paths take float and W8A16 projections only (kernels.decode_paths); for other weights
-    (W4A16 today) the per-operator step stands in for them once, so the precision still gets a row, labelled."""
+    The fused path takes float, W8A16 and (in the layers) W4A16 projections, the persistent kernel float and W8A16
+    only (kernels.decode_paths, runtime.persistent_decode). Weights no fast path takes (an INT4 LM head, W8A8) are
+    measured once on the per-operator step, so the precision still gets a row, labelled; weights only the fused path
+    takes (INT4 blocks) drop the persistent row, saying why."""
     from edgekit.kernels.decode_paths import model_weights_blocker
+    from edgekit.runtime.persistent_decode import persistent_weights_blocker
 
     why_not = model_weights_blocker(weights)
-    fused = [e for e in requested if e != "edgekit"]
-    if why_not is None or not fused:
+    fast = [e for e in requested if e != "edgekit"]
+    if why_not is not None and fast:
+        return ["edgekit"], (f"{', '.join(fast)} cannot take these weights ({why_not}): measured on the per-operator "
+                             f"step instead")
+    why_not = persistent_weights_blocker(weights) if "edgekit-persistent" in requested else None
+    if why_not is None:
         return list(requested), None
-    return ["edgekit"], (f"{', '.join(fused)} cannot take these weights ({why_not}): measured on the per-operator "
-                         f"step instead")
+    names = [e for e in requested if e != "edgekit-persistent"] or ["edgekit-fused"]
+    return names, f"edgekit-persistent left out: {why_not}"
 
 
 def _wait_for(path: Path | None, seconds: float) -> bool:
@@ -175,8 +187,8 @@ def table(doc: dict) -> str:
     llama = {(r["model"], r["file_kind"], r["test"]): r["tokens_per_s"] for r in doc.get("llama_cpp", [])}
     lines = [f"decode tokens/s, batch 1, depth {doc['depth']}, {doc['tokens']} new tokens; measured on the GPU "
              f"({doc['device']}); copy bandwidth {doc['bandwidth']['bytes_per_s'] / 1e9:.0f} GB/s",
-             f"{'model':14} {'prec':5} {'engine':18} {'tok/s':>7} {'kern/tok':>8} {'roofline':>8} {'llama.cpp':>9} "
-             f"{'ratio':>6} {'TTFT ms':>8} {'llama pp ms':>11}"]
+             f"{'model':14} {'prec':5} {'engine':18} {'path':12} {'tok/s':>7} {'kern/tok':>8} {'roofline':>8} "
+             f"{'llama.cpp':>9} {'ratio':>6} {'TTFT ms':>8} {'llama pp ms':>11}"]
     for r in doc["edgekit"]:
         kind = LLAMA_KIND.get(r["precision"], "Q8_0")
         base = llama.get((r["model"], kind, "tg"))
@@ -185,11 +197,24 @@ def table(doc: dict) -> str:
         if tps is None:
             lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:18} error: {r.get('error', '')[:80]}")
             continue
-        lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:18} {tps:7.0f} {r['kernels_per_token']:8.0f} "
+        path = (r.get("decode_path") or {}).get("path", "-")  # the decode path the row ran (select_decode_path's)
+        lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:18} {path:12} {tps:7.0f} {r['kernels_per_token']:8.0f} "
                      f"{100 * r['roofline_fraction']:7.1f}% {base or float('nan'):9.0f} "
                      f"{(tps / base) if base else float('nan'):6.2f} {r['ttft_graphed_ms']:8.2f} "
                      f"{(1000 * doc['depth'] / pp) if pp else float('nan'):11.2f}")
+    lines += [f"{model} {engine}: int4 / int8 decode tokens/s = {ratio:.2f} (issue 14's goal: >= {INT4_OVER_INT8_GOAL})"
+              for (model, engine), ratio in int4_over_int8(doc).items()]
     return "\n".join(lines)
+
+
+INT4_OVER_INT8_GOAL = 1.6  # issue 14: llama-3.2-1b INT4 decode >= 1.6x edgekit INT8 (H200, batch 1, depth 512)
+
+
+def int4_over_int8(doc: dict) -> dict[tuple[str, str], float]:
+    """(model, engine) -> INT4 tokens/s / INT8 tokens/s, for every pair of rows of one run that both measured."""
+    tps = {(r["model"], r["engine"], r["precision"]): r["decode_tokens_per_s"] for r in doc["edgekit"]
+           if r.get("decode_tokens_per_s")}
+    return {(m, e): tps[(m, e, "int4")] / v for (m, e, p), v in tps.items() if p == "int8" and (m, e, "int4") in tps}
 
 
 def run(args) -> dict:

@@ -162,8 +162,9 @@ def _eval_dim(node, symbols: Mapping[str, int], shape: str) -> int:
 def step_call_args(cfg: ModelConfig, precision: PrecisionPlan, call: StepCall, *, batch: int, context: int) -> tuple:
     """Meta-tensor arguments of one call of a fused step, built from its operator's spec (inputs, then attributes).
 
-    The weight is INT8 with a scale when the projection it takes is W8A16 in ``precision`` (the last layer's
-    scheme stands for all: the count is per layer), else FP16; a bias only on a QKV projection with one.
+    The weight is INT8 with a scale when the projection it takes is W8A16 in ``precision``, packed INT4 with group
+    scales and offsets when it is W4A16 (the last layer's scheme stands for all: the count is per layer), else FP16;
+    a bias only on a QKV projection with one.
     """
     spec = operator(call.op).spec
     n = k = 0
@@ -173,14 +174,21 @@ def step_call_args(cfg: ModelConfig, precision: PrecisionPlan, call: StepCall, *
         scheme = precision.lm_head if call.weight == "lm_head" else precision.layers[-1][call.weight]
     symbols = {"B": batch, "T": 1, "C": cfg.hidden_size, "D": cfg.head_dim, "Hq": cfg.n_heads, "Hkv": cfg.n_kv_heads,
                "S": context, "F": cfg.intermediate_size, "V": cfg.vocab_size, "N": n, "K": k}
-    int8 = operator_for_scheme(scheme).name == "linear_w8a16"
-    present = {"scale": int8, "bias": bool(cfg.qkv_bias and call.weight == "wqkv")}
+    linear_op = operator_for_scheme(scheme).name
+    int8, int4 = linear_op == "linear_w8a16", linear_op == "linear_w4a16"
+    present = {"scale": int8 or int4, "offset": int4, "bias": bool(cfg.qkv_bias and call.weight == "wqkv")}
     args: list = []
     for t in spec.inputs:
         if t.optional and not present.get(t.name, False):
             args.append(None)
             continue
-        dtype = "int8" if (t.name == "weight" and int8) else ("float16" if "float16" in t.dtypes else t.dtypes[0])
+        if int4 and t.name in ("weight", "scale", "offset"):
+            args.append(_int4_meta(t.name, n, k))
+            continue
+        if int8 and t.name in ("weight", "scale"):
+            dtype = "int8" if t.name == "weight" else "float32"  # W8A16: FP32 channel scales
+        else:
+            dtype = "float16" if "float16" in t.dtypes else t.dtypes[0]
         args.append(_meta(*spec_dims(t.shape, symbols), dtype=getattr(torch, dtype)))
     for a in spec.attributes:
         if a not in _STEP_ATTRIBUTES:
@@ -188,6 +196,17 @@ def step_call_args(cfg: ModelConfig, precision: PrecisionPlan, call: StepCall, *
                             hint="this is a bug in edgekit: bind the attribute in plan.launches._STEP_ATTRIBUTES")
         args.append(_STEP_ATTRIBUTES[a](cfg))
     return tuple(args)
+
+
+def _int4_meta(name: str, n: int, k: int):
+    """A W4A16 operand of an (n, k) projection as a meta tensor: packed uint8 (n, k/2) weight, FP16 (n, k/G) group
+    scales and offsets (the largest group that divides k: the launches do not depend on it)."""
+    from edgekit.kernels.int4_layout import GROUP_SIZES
+
+    if name == "weight":
+        return _meta(n, k // 2, dtype=torch.uint8)
+    group = max((g for g in GROUP_SIZES if k % g == 0), default=GROUP_SIZES[0])
+    return _meta(n, max(1, k // group), dtype=torch.float16)
 
 
 def count_step_launches(cfg: ModelConfig, precision: PrecisionPlan, variants: Variants, step: DecodeStep, *, batch: int,

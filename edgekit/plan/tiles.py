@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from edgekit.errors import EdgekitError, PlanError
 from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits
-from edgekit.kernels.decode_paths import DECODE_STEPS, DecodeStep, step_operators, weights_blocker
+from edgekit.kernels.decode_paths import DECODE_STEPS, HEAD, DecodeStep, step_operators, weights_blocker
 from edgekit.kernels.operator import DECODE, PREFILL, PlannedShape
 from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
@@ -297,7 +297,7 @@ def decode_steps(precision: PrecisionPlan) -> tuple[list[DecodeStep], str | None
     """
     projections = {f"layer {i} {p}": operator_for_scheme(s).name for i, layer in enumerate(precision.layers)
                    for p, s in layer.items()}
-    projections["the LM head"] = operator_for_scheme(precision.lm_head).name
+    projections[HEAD] = operator_for_scheme(precision.lm_head).name
     why_not = weights_blocker(projections, kv_cache=precision.kv_cache)
     return ([] if why_not else list(DECODE_STEPS)), why_not
 

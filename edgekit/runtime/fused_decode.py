@@ -146,7 +146,7 @@ def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | No
         return FusedDecoder(decoder, table), fused
     from edgekit.runtime import persistent_decode as pd
 
-    why_not = pd.persistent_path_blocker(table, base)
+    why_not = pd.persistent_weights_blocker(decoder.weights) or pd.persistent_path_blocker(table, base)
     if why_not is not None:
         return FusedDecoder(decoder, table), DecodePath("fused", why_not, fused_n, sources)
     n = pd.LAUNCHES_PER_LAYER * decoder.config.n_layers + pd.LAUNCHES_PER_TOKEN

@@ -22,15 +22,22 @@ from edgekit.model.kv_cache import StaticKVCache
 STEP = FUSED_STEP
 
 
-def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(weight, scale, bias) as the fused operators take them: scale None for float weights."""
+def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(weight, scale, offset, bias) as the layers' fused operators take them: scale None for float weights, the
+    channel scale for INT8 (W8A16), group scales and offsets (None: symmetric) for packed INT4 (W4A16)."""
+    scaled = lw.op in ("linear_w8a16", "linear_w4a16")
+    return lw.weight, (lw.scale if scaled else None), (lw.offset if lw.op == "linear_w4a16" else None), lw.bias
+
+
+def _head_weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(weight, scale, bias) as the head operator takes them (float or INT8 weights: it has no INT4 kernel)."""
     return lw.weight, (lw.scale if lw.op == "linear_w8a16" else None), lw.bias
 
 
 def weight_bytes_per_kernel(weights) -> float:
-    """Mean weight bytes one layer GEMV kernel of the step reads (qkv, o, gate/up, down; INT8 scales included)."""
+    """Mean weight bytes one layer GEMV kernel of the step reads (qkv, o, gate/up, down; scales and offsets included)."""
     mats = [lw for b in weights.blocks for lw in (b.wqkv, b.wo, b.w_gate_up, b.w_down)]
-    total = sum(lw.weight.nbytes + (lw.scale.nbytes if lw.scale is not None else 0) for lw in mats)
+    total = sum(lw.weight.nbytes + sum(t.nbytes for t in (lw.scale, lw.offset) if t is not None) for lw in mats)
     return total / max(1, len(mats))
 
 
@@ -79,10 +86,10 @@ class FusedDecoder:
             q = qkv_rope(x, b.attn_norm, *_weights(b.wqkv), cos, sin, positions, k_cache, v_cache,
                          eps, cfg.n_heads, cfg.n_kv_heads)  # (B, Hq, D); K and V written at positions
             x = attn_proj_residual(q, k_cache, v_cache, seq_lens, *_weights(b.wo), x, sm_scale)  # (B, C)
-            gw, gs, _ = _weights(b.w_gate_up)
-            h = norm_swiglu(x, b.ffn_norm, gw, gs, eps)  # (B, F)
+            gw, gs, go, _ = _weights(b.w_gate_up)
+            h = norm_swiglu(x, b.ffn_norm, gw, gs, go, eps)  # (B, F)
             x = proj_residual(h, *_weights(b.w_down), x)  # (B, C)
-        token, logits = get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), eps)
+        token, logits = get("fused_head_argmax")(x, w.norm, *_head_weights(w.lm_head), eps)
         self.last_token = token
         return token, logits
 

@@ -24,10 +24,26 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
-from edgekit.runtime.fused_step import STEP, FusedDecoder, _weights, seq_lens_of
+from edgekit.runtime.fused_step import STEP, FusedDecoder, seq_lens_of
+from edgekit.runtime.fused_step import _head_weights as _weights  # float or INT8 weights: (weight, scale, bias)
 
 LAUNCHES_PER_LAYER = 1
 LAUNCHES_PER_TOKEN = 4  # as the fused path: embedding gather, positions + 1 (written as int32), head GEMV, argmax reduce
+
+
+# The projections the persistent kernel's stages take: float, or INT8 with a per-channel scale. INT4 (W4A16) weights
+# run on the fused super-operators (their INT4 kernels are not stages of the persistent kernel yet).
+PERSISTENT_WEIGHT_OPS = ("linear", "linear_w8a16")
+
+
+def persistent_weights_blocker(weights) -> str | None:
+    """Why the persistent kernel cannot take these model weights (None: it can), e.g. INT4 (W4A16) projections."""
+    for i, b in enumerate(weights.blocks):
+        for name, lw in b.linears().items():
+            if lw.op not in PERSISTENT_WEIGHT_OPS:
+                return (f"layer {i} {name} uses {lw.op}; the persistent kernel takes float or W8A16 weights "
+                        f"({', '.join(PERSISTENT_WEIGHT_OPS)}), so decode runs on the fused super-operators, which take it")
+    return None
 
 
 def persistent_path_blocker(table: DispatchTable, baseline: Mapping[str, str] | None) -> str | None:

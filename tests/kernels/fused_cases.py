@@ -12,21 +12,35 @@ import numpy as np
 import torch
 
 import fp64_oracle as oracle
+from edgekit.kernels.int4_layout import pack_int4
 from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.rope import rope_frequencies
 
 FUSED_OPS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_proj_residual", "fused_norm_swiglu",
              "fused_head_argmax")
+# the operators with INT4 (W4A16) kernels: every one but the LM head's
+INT4_OPS = FUSED_OPS[:4]
 
 
-def _weights(g, n, k, int8: bool, dtype, device):
-    """A weight of shape (n, k) with outputs O(1) for O(1) inputs: float, or INT8 + FP32 scale."""
+def _weights(g, n, k, int8: bool, dtype, device, w4: dict | None = None):
+    """A weight of shape (n, k) with outputs O(1) for O(1) inputs: (weight, scale, offset, FP64 weight).
+
+    Float, INT8 + FP32 scale, or (``w4``: {"group", "symmetric", "scale_dtype"}) packed INT4 + group scales and
+    offsets (None for the symmetric form), as w4a16_cases draws them."""
+    if w4 is not None:
+        group, sdt = w4["group"], w4["scale_dtype"]
+        q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+        scale = ((torch.rand(n, k // group, generator=g) + 0.5) / (8 * k ** 0.5)).to(sdt)
+        offset = None if w4["symmetric"] else (-scale.float() * (8 + torch.randn(n, k // group, generator=g))).to(sdt)
+        packed = pack_int4(q)
+        w64 = oracle.int4_weights(packed, scale, offset)
+        return packed.to(device), scale.to(device), None if offset is None else offset.to(device), w64
     if int8:
         q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
         scale = torch.rand(n, generator=g) * (2.0 / (127 * k ** 0.5)) + 1e-4
-        return q.to(device), scale.to(device), oracle.f64(q) * oracle.f64(scale)[:, None]
+        return q.to(device), scale.to(device), None, oracle.f64(q) * oracle.f64(scale)[:, None]
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
-    return w.to(device), None, oracle.f64(w)
+    return w.to(device), None, None, oracle.f64(w)
 
 
 def _ratio(op: str, got, want) -> float:
@@ -35,8 +49,12 @@ def _ratio(op: str, got, want) -> float:
 
 
 def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int, device="cuda",
-               n_heads=4, n_kv_heads=2, head_dim=32, F=96, N=80, V=300, S=24, eps=1e-5) -> dict[str, float]:
-    """Run ``fn`` (the operator's implementation) on one random case; {output: worst error ratio}."""
+               n_heads=4, n_kv_heads=2, head_dim=32, F=96, N=80, V=300, S=24, eps=1e-5,
+               w4: dict | None = None) -> dict[str, float]:
+    """Run ``fn`` (the operator's implementation) on one random case; {output: worst error ratio}.
+
+    ``w4`` ({"group", "symmetric", "scale_dtype"}): INT4 (W4A16) weights instead (``int8`` ignored); the oracle
+    multiplies by their FP64 dequantization. K (C, or n_heads * head_dim) must be a multiple of the group."""
     g = torch.Generator().manual_seed(seed)
     h = torch.float16
     x = torch.randn(B, C, generator=g).to(h).to(device)
@@ -51,7 +69,7 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
 
     if op == "fused_norm_qkv_rope":
         D, H = head_dim, n_heads + 2 * n_kv_heads
-        w, s, w64 = _weights(g, H * D, C, int8, h, device)
+        w, s, off, w64 = _weights(g, H * D, C, int8, h, device, w4)
         b = maybe_bias(H * D)
         cos, sin = rope_frequencies(D, S, 10000.0)
         cos, sin = cos.to(device), sin.to(device)
@@ -59,7 +77,7 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         kc = torch.randn(B, n_kv_heads, S, D, generator=g).to(h).to(device)
         vc = torch.randn(B, n_kv_heads, S, D, generator=g).to(h).to(device)
         k_before, v_before = kc.clone(), vc.clone()
-        q = fn(x, nw, w, s, b, cos, sin, positions, kc, vc, eps, n_heads, n_kv_heads)
+        q = fn(x, nw, w, s, off, b, cos, sin, positions, kc, vc, eps, n_heads, n_kv_heads)
         qkv = lin(xn, w64, b)[:, None]  # (B, 1, H D)
         pos = positions.cpu()
         wq, wk, wv = oracle.rope(qkv, cos.cpu()[pos][:, None], sin.cpu()[pos][:, None], n_heads, n_kv_heads)
@@ -75,24 +93,26 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         kc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
         vc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
         seq_lens = torch.randint(1, S + 1, (B,), generator=g, dtype=torch.int32).to(device)  # ragged, >= 1 key
-        w, s, w64 = _weights(g, N, Hq * D, int8, h, device)
+        w, s, off, w64 = _weights(g, N, Hq * D, int8, h, device, w4)
         b = maybe_bias(N)
         res = torch.randn(B, N, generator=g).to(h).to(device)
-        y = fn(q, kc, vc, seq_lens, w, s, b, res, D ** -0.5)
+        y = fn(q, kc, vc, seq_lens, w, s, off, b, res, D ** -0.5)
         o = oracle.attention_decode(q, kc, vc, seq_lens, D ** -0.5).reshape(B, Hq * D)
         return {"y": _ratio(op, y, oracle.f64(res) + lin(o, w64, b))}
     if op == "fused_proj_residual":
-        w, s, w64 = _weights(g, N, C, int8, h, device)
+        w, s, off, w64 = _weights(g, N, C, int8, h, device, w4)
         b = maybe_bias(N)
         res = torch.randn(B, N, generator=g).to(h).to(device)
-        y = fn(x, w, s, b, res)
+        y = fn(x, w, s, off, b, res)
         return {"y": _ratio(op, y, oracle.f64(res) + lin(oracle.f64(x), w64, b))}
     if op == "fused_norm_swiglu":
-        w, s, w64 = _weights(g, 2 * F, C, int8, h, device)
-        y = fn(x, nw, w, s, eps)
+        w, s, off, w64 = _weights(g, 2 * F, C, int8, h, device, w4)
+        y = fn(x, nw, w, s, off, eps)
         return {"y": _ratio(op, y, oracle.swiglu(lin(xn, w64, None)))}
     if op == "fused_head_argmax":
-        w, s, w64 = _weights(g, V, C, int8, h, device)
+        if w4 is not None:
+            raise ValueError(f"{op} has no INT4 kernel (INT4_OPS)")
+        w, s, _, w64 = _weights(g, V, C, int8, h, device)
         b = maybe_bias(V)
         token, logits = fn(x, nw, w, s, b, eps)
         want = lin(xn, w64, b)  # (B, V)

@@ -83,11 +83,11 @@ def run_fused_operators(c, ops):
     """The fused decode path's layer: the four fused operators' Triton kernels, as FusedDecoder calls them."""
     w = c.w
     kc, vc = c.k_cache.clone(), c.v_cache.clone()
-    q = ops["fused_norm_qkv_rope"](c.x, w.attn_norm, w.wqkv, w.sqkv, w.bqkv, c.cos, c.sin, c.positions, kc, vc, c.eps,
+    q = ops["fused_norm_qkv_rope"](c.x, w.attn_norm, w.wqkv, w.sqkv, None, w.bqkv, c.cos, c.sin, c.positions, kc, vc, c.eps,
                                    c.n_heads, c.n_kv_heads)
-    x1 = ops["fused_attn_proj_residual"](q, kc, vc, c.seq_lens, w.wo, w.so, w.bo, c.x, c.sm_scale)
-    hh = ops["fused_norm_swiglu"](x1, w.ffn_norm, w.wgu, w.sgu, c.eps)
-    return ops["fused_proj_residual"](hh, w.wd, w.sd, w.bd, x1), kc, vc
+    x1 = ops["fused_attn_proj_residual"](q, kc, vc, c.seq_lens, w.wo, w.so, None, w.bo, c.x, c.sm_scale)
+    hh = ops["fused_norm_swiglu"](x1, w.ffn_norm, w.wgu, w.sgu, None, c.eps)
+    return ops["fused_proj_residual"](hh, w.wd, w.sd, None, w.bd, x1), kc, vc
 
 
 def oracle_layer(c):

@@ -1,9 +1,11 @@
 """On the GPU: every fused decode operator matches the FP64 oracle on random shapes (hypothesis), through the
-Triton kernels the runtime's fused decode path launches, for float and INT8 (W8A16) weights, launched with and
-without programmatic dependent launch (kernels/pdl_triton.py: on sm_90+ the fused step of a small model uses it)."""
+Triton kernels the runtime's fused decode path launches, for float and INT8 (W8A16) weights, and the four layer
+operators for INT4 (W4A16) weights (group 32/64/128, symmetric or with offsets, FP16 or FP32 scales), launched with
+and without programmatic dependent launch (kernels/pdl_triton.py: on sm_90+ the fused step of a small model uses it)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fused_cases import FUSED_OPS, check_case  # noqa: E402
+from fused_cases import FUSED_OPS, INT4_OPS, check_case  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -37,3 +39,25 @@ def test_fused_operator_matches_fp64(ops, op, B, C, int8, bias, heads, S, seed, 
         ratios = check_case(op, ops[op], B=B, C=C, int8=int8, bias=bias, seed=seed, n_heads=hq, n_kv_heads=hkv,
                             head_dim=d, F=3 * C // 2 + 8, N=C + 16, V=4096 + 33, S=S)
     assert all(r <= 1.0 for r in ratios.values()), ratios
+
+
+@pytest.mark.parametrize("op", INT4_OPS)
+@settings(max_examples=int(os.environ.get("FUSED_INT4_EXAMPLES", "12")), deadline=None)
+@given(B=st.integers(1, 3), groups=st.sampled_from([1, 3, 9, 16]), group=st.sampled_from([32, 64, 128]),
+       symmetric=st.booleans(), scale_dtype=st.sampled_from(["float16", "float32"]), bias=st.booleans(),
+       heads=st.sampled_from([(4, 2, 32), (9, 3, 64), (8, 2, 128), (32, 8, 64)]), S=st.sampled_from([40, 700, 3000]),
+       seed=st.integers(0, 2**16), pdl=st.sampled_from([0, 2]))
+def test_fused_int4_operator_matches_fp64(ops, op, B, groups, group, symmetric, scale_dtype, bias, heads, S, seed, pdl):
+    import torch
+
+    from edgekit.kernels.pdl_triton import step_launches
+
+    hq, hkv, d = heads
+    if op == "fused_attn_proj_residual" and (hq * d) % group:
+        group = 32  # its K is n_heads * head_dim (a multiple of 32 for every head shape drawn)
+    C = group * groups  # K of the other operators: up to 2048, as the float cases
+    w4 = {"group": group, "symmetric": symmetric, "scale_dtype": getattr(torch, scale_dtype)}
+    with step_launches(pdl):
+        ratios = check_case(op, ops[op], B=B, C=C, int8=False, bias=bias, seed=seed, n_heads=hq, n_kv_heads=hkv,
+                            head_dim=d, F=3 * C // 2 + 8, N=C + 16, S=S, w4=w4)
+    assert all(r <= 1.0 for r in ratios.values()), (w4, ratios)

@@ -44,3 +44,19 @@ def test_a_layer_of_another_head_dim_is_refused():
         persistent_layer(torch.zeros(1, C, dtype=h), w, cos, cos, torch.zeros(1, dtype=torch.long),
                          torch.ones(1, dtype=torch.int32), cache, cache.clone(), new_sync("cpu"), eps=1e-5, sm_scale=0.1,
                          n_heads=9, n_kv_heads=3, tiles=layer_tiles(cfg))
+
+
+def test_packed_int4_weights_are_refused_with_where_they_run():
+    cfg = preset_config("smollm2-135m")
+    C, F = cfg.hidden_size, cfg.intermediate_size
+    h = torch.float16
+    wgu = torch.zeros(2 * F, C // 2, dtype=torch.uint8)  # W4A16 gate/up: its stage runs float / INT8 code only
+    w = LayerWeights(torch.ones(C, dtype=h), torch.zeros(15 * 64, C, dtype=h), None, None, torch.zeros(C, 9 * 64, dtype=h),
+                     None, None, torch.ones(C, dtype=h), wgu, torch.ones(2 * F, C // 64, dtype=h),
+                     torch.zeros(C, F, dtype=h), None, None)
+    cos = torch.zeros(16, 32)
+    cache = torch.zeros(1, 3, 16, 64, dtype=h)
+    with pytest.raises(OperatorError, match=r"wgu are packed INT4 \(W4A16\); the persistent kernel takes float or INT8"):
+        persistent_layer(torch.zeros(1, C, dtype=h), w, cos, cos, torch.zeros(1, dtype=torch.long),
+                         torch.ones(1, dtype=torch.int32), cache, cache.clone(), new_sync("cpu"), eps=1e-5, sm_scale=0.1,
+                         n_heads=9, n_kv_heads=3, tiles=layer_tiles(cfg))

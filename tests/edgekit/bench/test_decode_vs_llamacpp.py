@@ -52,7 +52,7 @@ def test_int4_is_paired_with_llama_cpps_q4_k_m_copy():
     assert "860" in int4 and "2.00" in int4  # 1720 / 860
 
 
-def test_weights_the_fused_paths_cannot_take_are_measured_per_operator_once_and_say_why():
+def test_int4_blocks_run_on_the_fused_path_and_an_int4_head_per_operator_each_saying_why():
     import torch
 
     from edgekit.bench.runner import quantized
@@ -62,6 +62,28 @@ def test_weights_the_fused_paths_cannot_take_are_measured_per_operator_once_and_
     w16 = random_weights(preset_config("tiny"), seed=0, dtype=torch.float16)
     requested = ("edgekit-fused", "edgekit-persistent")
     assert engines_for(quantized(w16, "int8"), requested) == (list(requested), None)
+    # INT4 blocks, FP16 head: the fused path takes them; the persistent kernel does not, and the note says so
     names, note = engines_for(quantized(w16, "int4"), requested)
-    assert names == ["edgekit"] and "linear_w4a16" in note and "edgekit-fused, edgekit-persistent" in note
+    assert names == ["edgekit-fused"] and "edgekit-persistent left out" in note and "linear_w4a16" in note
+    assert engines_for(quantized(w16, "int4"), ("edgekit-fused",)) == (["edgekit-fused"], None)
     assert engines_for(quantized(w16, "int4"), ("edgekit",)) == (["edgekit"], None)
+    # an INT4 LM head: no fast path takes it, measured once per operator
+    names, note = engines_for(quantized(w16, "int4-head"), requested)
+    assert names == ["edgekit"] and "the LM head uses linear_w4a16" in note and "edgekit-fused, edgekit-persistent" in note
+
+
+def test_the_table_says_which_decode_path_each_row_ran():
+    doc = _doc()
+    doc["edgekit"][0]["decode_path"] = {"path": "fused", "reason": "fused super-operators"}
+    lines = table(doc).splitlines()
+    assert " path " in lines[1]
+    assert " fused " in next(line for line in lines if " fp16 " in line and "edgekit-fused" in line)
+
+
+def test_the_table_gives_int4_over_int8_of_the_same_run():
+    doc = _doc()
+    doc["edgekit"].append({**doc["edgekit"][1], "precision": "int4", "decode_tokens_per_s": 2832.0})  # 1.6 x 1770
+    (line,) = [line for line in table(doc).splitlines() if "int4 / int8" in line]
+    assert line.startswith("smollm2-135m edgekit-fused: int4 / int8 decode tokens/s = 1.60") and ">= 1.6" in line
+    doc["edgekit"][-1].pop("decode_tokens_per_s")  # an int4 row that failed: no ratio
+    assert "int4 / int8" not in table(doc)

@@ -31,7 +31,7 @@ def _plan(precision: str, model: str = "smollm2-135m"):
     return make_plan(preset_config(model), load_target("orin"), precision=precision, solve_tiles=False)
 
 
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
 def test_a_plan_whose_weights_take_the_fused_operators_ships_and_counts_them(precision):
     from edgekit.runtime.fused_decode import LAUNCHES_PER_LAYER, LAUNCHES_PER_TOKEN
 

@@ -33,12 +33,27 @@ def _w8a16(weights):
     return weights
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_fused_steps_match_the_per_operator_decoder(int8):
+def _w4a16(weights):
+    """Every block projection as packed INT4 (W4A16, groups of 32): QKV symmetric with FP32 scales, the others with
+    FP16 scales and offsets (GGML Q4_1 style), so both forms and both scale dtypes run."""
+    from edgekit.kernels.int4_layout import quantize_int4_rtn
+    from edgekit.kernels.linear import LinearWeights
+
+    def q(lw, symmetric=False, scale_dtype=torch.float16):
+        qw, s, m = quantize_int4_rtn(lw.weight.float(), 32, symmetric=symmetric, scale_dtype=scale_dtype)
+        return LinearWeights("linear_w4a16", qw, lw.bias, s, offset=m)
+
+    for b in weights.blocks:
+        b.wqkv = q(b.wqkv, symmetric=True, scale_dtype=torch.float32)
+        b.wo, b.w_gate_up, b.w_down = q(b.wo), q(b.w_gate_up), q(b.w_down)
+    return weights
+
+
+@pytest.mark.parametrize("precision", ["fp", "int8", "int4"])
+def test_fused_steps_match_the_per_operator_decoder(precision):
     cfg = preset_config("tiny")
     w = random_weights(cfg, seed=3)
-    if int8:
-        w = _w8a16(w)
+    w = {"fp": lambda w: w, "int8": _w8a16, "int4": _w4a16}[precision](w)
     dec = Decoder(cfg, w, DispatchTable())
     fused = FusedDecoder(dec)
     cache_a, cache_b = dec.new_cache(2, 32), dec.new_cache(2, 32)
@@ -179,3 +194,66 @@ def test_a_bundle_without_fused_plugins_jit_compiles_only_the_missing_ones(monke
     out = fd.with_fused_kernels(table)
     assert out.sources()[shipped] == "plugin:v1"
     assert all(out.sources()[op] == "triton" for op in missing)
+
+
+def _cuda_like_with_fused_entries(dec):
+    """The decoder as the path selection sees it on a GPU: fused entries set (their references, labelled "triton")."""
+    table = DispatchTable()
+    for op in STEP.own_operators():
+        table.set(op, table.get(op), source="triton")
+    cuda_like = dec.with_ops(table)
+    cuda_like.device = torch.device("cuda")  # only the path selection reads it
+    return cuda_like, table
+
+
+def test_an_int4_model_decodes_on_the_fused_path_with_the_per_operator_tokens():
+    cfg = preset_config("tiny")
+    dec = Decoder(cfg, _w4a16(random_weights(cfg, seed=5)), DispatchTable())
+    assert {lw.op for b in dec.weights.blocks for lw in b.linears().values()} == {"linear_w4a16"}
+    step, path = select_decode_path(dec, dec.new_cache(1, 32), allow_cpu=True, baseline={}, prefer="fused")
+    # on the CPU the table's fused entries are references; the path selection takes the INT4 weights
+    assert path.name == "per-operator" and "no GPU implementation" in path.reason  # not the weights
+    cuda_like, table = _cuda_like_with_fused_entries(dec)
+    step, path = select_decode_path(cuda_like, dec.new_cache(1, 32), jit=False)
+    assert isinstance(step, FusedDecoder) and path.name == "fused", path.reason
+
+    prompt = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    lens = torch.tensor([5])
+    fused = FusedDecoder(dec, table)
+    caches = dec.new_cache(1, 32), dec.new_cache(1, 32)
+    for c in caches:
+        dec.prefill(prompt, lens, c)
+    tokens = {"per-operator": [], "fused": []}
+    tok = {k: torch.tensor([7]) for k in tokens}
+    for pos in range(5, 13):
+        positions = torch.tensor([pos])
+        tok["per-operator"] = dec.decode(tok["per-operator"], positions, caches[0]).argmax(-1)
+        tok["fused"], _ = fused.decode_token(tok["fused"], positions, caches[1])
+        for k in tokens:
+            tokens[k].append(int(tok[k]))
+    assert tokens["fused"] == tokens["per-operator"], tokens
+
+
+def test_an_int4_model_on_the_persistent_request_runs_fused_and_says_why():
+    from edgekit.runtime.persistent_decode import persistent_weights_blocker
+
+    cfg = preset_config("tiny")
+    dec = Decoder(cfg, _w4a16(random_weights(cfg, seed=5)), DispatchTable())
+    cuda_like, _ = _cuda_like_with_fused_entries(dec)
+    step, path = select_decode_path(cuda_like, dec.new_cache(1, 32), prefer="persistent", jit=False)
+    assert isinstance(step, FusedDecoder) and path.name == "fused"
+    assert "layer 0 wqkv uses linear_w4a16" in path.reason and "persistent kernel takes float or W8A16" in path.reason
+    assert persistent_weights_blocker(random_weights(cfg, seed=5)) is None  # float weights: no objection
+
+
+def test_an_int4_lm_head_keeps_the_model_off_the_fused_path():
+    from edgekit.kernels.decode_paths import model_weights_blocker
+    from edgekit.kernels.int4_layout import quantize_int4_rtn
+    from edgekit.kernels.linear import LinearWeights
+
+    cfg = preset_config("tiny")
+    w = _w4a16(random_weights(cfg, seed=5))
+    assert model_weights_blocker(w) is None
+    qw, s, m = quantize_int4_rtn(w.lm_head.weight.float(), 64)
+    w.lm_head = LinearWeights("linear_w4a16", qw, None, s, offset=m)
+    assert "the LM head uses linear_w4a16; the fused head operator takes float or W8A16" in model_weights_blocker(w)

@@ -25,18 +25,13 @@ def _decoder(precision: str):
     return Decoder(cfg, w, triton_dispatch_table())
 
 
-@pytest.mark.parametrize("path_name,launches", [("fused", 5 * 4 + 4), ("persistent", 1 * 4 + 4)])
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, launches):
+def _follows_the_per_operator_step(dec, step_decoder, caches, batch: int) -> None:
+    """8 graphed steps of ``step_decoder`` against the per-operator step from the same prefill: logits within FP16
+    rounding of the projections, the same greedy tokens (the step's own device-side pick among them)."""
     from edgekit.runtime.cuda_graphs import GraphedDecodeStep
-    from edgekit.runtime.fused_decode import select_decode_path
 
-    dec = _decoder(precision)
-    caches = [dec.new_cache(1, 256), dec.new_cache(1, 256)]
-    prompt = torch.randint(0, dec.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0)).cuda()
-    lens = torch.tensor([37], device="cuda")
-    step_decoder, path = select_decode_path(dec, caches[1], prefer=path_name)
-    assert path.name == path_name and path.launches_per_token == launches
+    prompt = torch.randint(0, dec.config.vocab_size, (batch, 40), generator=torch.Generator().manual_seed(0)).cuda()
+    lens = torch.tensor([37 - i for i in range(batch)], device="cuda")
     per_op, fast = GraphedDecodeStep(dec, caches[0]), GraphedDecodeStep(step_decoder, caches[1])
     first = [dec.prefill(prompt, lens, c).argmax(-1) for c in caches]
     tok_a, tok_b, pos = first[0], first[1], lens.clone()
@@ -46,6 +41,32 @@ def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, l
         tok_a, tok_b = want.argmax(-1), step_decoder.last_token.clone()
         assert torch.equal(tok_a, tok_b) and torch.equal(tok_b, got.argmax(-1))
         pos = pos + 1
+
+
+@pytest.mark.parametrize("path_name,launches", [("fused", 5 * 4 + 4), ("persistent", 1 * 4 + 4)])
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, launches):
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    dec = _decoder(precision)
+    caches = [dec.new_cache(1, 256), dec.new_cache(1, 256)]
+    step_decoder, path = select_decode_path(dec, caches[1], prefer=path_name)
+    assert path.name == path_name and path.launches_per_token == launches
+    _follows_the_per_operator_step(dec, step_decoder, caches, 1)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_graphed_int4_fused_step_matches_the_per_operator_step(batch):
+    """INT4 (W4A16 g128 RTN, FP16 scales and offsets) blocks: the fused path takes them (the persistent request falls
+    back to it, saying why), and its graphed step follows the per-operator step (W4A16 GEMV + references)."""
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    dec = _decoder("int4")
+    caches = [dec.new_cache(batch, 256), dec.new_cache(batch, 256)]
+    step_decoder, path = select_decode_path(dec, caches[1], prefer="persistent")
+    assert path.name == "fused" and "linear_w4a16" in path.reason and path.launches_per_token == 5 * 4 + 4
+    assert set(path.sources.values()) == {"triton"}
+    _follows_the_per_operator_step(dec, step_decoder, caches, batch)
 
 
 @pytest.mark.parametrize("batch", [1, 8])
