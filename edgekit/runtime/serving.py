@@ -81,7 +81,6 @@ class _Probation:
     seen_ms: list[float] = field(default_factory=list)
     requests: int = 0
     faults: int = 0
-    since: float = 0.0  # time.monotonic() when the plugin took over; requests that started earlier are not its own
 
 
 class ServingStack:
@@ -115,7 +114,12 @@ class ServingStack:
                              max_queue_wait_s=max_queue_wait_s, decode_path=decode_path or DEFAULT_DECODE_PATH)
         self._recent_ms: deque[float] = deque(maxlen=512)  # per-token decode latency of recent requests
         self._probation: dict[str, _Probation] = {}
-        self._lock = threading.Lock()  # guards the probation records only (held for microseconds)
+        self._lock = threading.Lock()  # guards the probation records and latency windows (held for microseconds)
+        # Latency samples are representative only from requests that overlapped no switch's preparation (its graph
+        # captures run beside the serving thread and slow it): under an 8-client load on the H200, 5 of 10 healthy
+        # plugins failed probation while such requests counted (2026-12-01). _observe checks these two.
+        self._switching = 0  # switches being prepared now
+        self._quiet_since = 0.0  # time.monotonic() when the last one ended
         # store work triggered by inference runs here, in order, off the device thread
         self.admin_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin")
         self.store = store
@@ -182,7 +186,14 @@ class ServingStack:
         return GuardedOp(op, fn, fallback or OPERATORS[op].reference, self._fault, check_finite=probation)
 
     def _install(self, op: str, fn: Callable, source: str, fallback: Callable | None, probation: bool) -> float:
-        return self.engine.switch_operator(op, self._guarded(op, fn, fallback, probation), source)
+        with self._lock:
+            self._switching += 1
+        try:
+            return self.engine.switch_operator(op, self._guarded(op, fn, fallback, probation), source)
+        finally:
+            with self._lock:
+                self._switching -= 1
+                self._quiet_since = time.monotonic()
 
     def _on_change(self, op: str, plugin) -> None:
         """The store's decision -> the engine's dispatch entry (called after install, rollback and at start).
@@ -212,14 +223,13 @@ class ServingStack:
         pointer = self.store.pointer(op)
         on_probation = pointer.state == "probation"
         baseline = list(self._recent_ms)  # the latencies before the switch's preparation (graph captures) slows any
-        with self._lock:
-            self._probation.pop(op, None)  # the plugin being replaced is judged no more
         self._install(op, impl, source, fallback=previous, probation=on_probation)
-        if on_probation:  # a new install, or one resumed after a clean restart (with the requests it had served)
-            # judged from here on: only requests the plugin served from their first token (see _observe)
-            with self._lock:
-                self._probation[op] = _Probation(op, str(plugin.version), baseline, requests=pointer.probation_requests,
-                                                 since=time.monotonic())
+        # the plugin it replaced was judged until now; this one from now on (on representative requests: _observe)
+        with self._lock:
+            if on_probation:  # a new install, or one resumed after a clean restart (with the requests it had served)
+                self._probation[op] = _Probation(op, str(plugin.version), baseline, requests=pointer.probation_requests)
+            else:
+                self._probation.pop(op, None)
 
     def _load(self, plugin) -> tuple[Callable, str]:
         if self.bundle.device.type == "cuda":
@@ -269,18 +279,16 @@ class ServingStack:
             self._event("rollback_failed", op=op, reason=f"{type(e).__name__}: {e}")
 
     def _observe(self, stats) -> None:
-        """On the device thread: count the request for every probation; decide and write on the admin worker."""
+        """On the device thread: count the request (one that overlapped no switch) for every probation; decide and
+        write on the admin worker."""
         ms = [t * 1000 for t in stats.token_times_s]
         finished, progress = [], []
         started = stats.first_token_at_s
         with self._lock:
+            # a request under way at a switch also ran partly on the operator before it: not any plugin's own
+            if self._switching or (started is not None and started < self._quiet_since):
+                return
             for op, p in list(self._probation.items()):
-                # A request under way when the plugin took over was served partly by the one before it, and its
-                # tokens during the switch's preparation (graph captures beside the serving thread) were slowed by
-                # the swap, not the plugin (under an 8-client load on the H200, 5 of 10 healthy plugins failed
-                # probation while such requests counted, 2026-12-01).
-                if started is not None and started < p.since:
-                    continue
                 p.seen_ms.extend(ms)
                 p.requests += 1
                 if p.requests >= self.policy.requests:
