@@ -128,17 +128,23 @@ class LinearWeights:
         parts = (self.weight, self.bias, self.scale, self.smooth, self.offset)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
-    def dequantized(self) -> torch.Tensor:
-        """The floating-point weight this record stands for (with SmoothQuant folded back)."""
+    def dequantized(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The floating-point weight this record stands for (with SmoothQuant folded back), computed in ``dtype``
+        (FP32; FP64 for an oracle). ``rows``: only those output rows (a tied embedding's lookup). A float record
+        returns its weight as stored."""
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t if t is None or rows is None else t[rows]
+
         if self.op == "linear":
-            return self.weight
+            return pick(self.weight)
         if self.op == "linear_w4a16":
-            return dequantize_int4(self.weight, self.scale, self.offset)
+            return dequantize_int4(pick(self.weight), pick(self.scale), pick(self.offset), dtype=dtype)
         if self.op == "linear_w8a16_grouped":
-            return dequantize_int8_grouped(self.weight, self.scale)
-        w = self.weight.to(torch.float32) * self.scale.to(torch.float32)[:, None]
-        if self.smooth is not None:
-            w = w / self.smooth.to(torch.float32)[None, :]
+            return dequantize_int8_grouped(pick(self.weight), pick(self.scale), dtype=dtype)
+        w = pick(self.weight).to(dtype) * pick(self.scale).to(dtype)[:, None]  # INT8: one scale per row
+        if self.smooth is not None:  # W8A8: the SmoothQuant divisor is per input column
+            w = w / self.smooth.to(dtype)[None, :]
         return w
 
     def to(self, device=None, dtype=None) -> "LinearWeights":

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from edgekit.errors import QuantizationError
-from edgekit.kernels.int4_layout import dequantize_int4
-from edgekit.kernels.int8_group_layout import dequantize_int8_grouped
 from edgekit.kernels.linear import LinearWeights
 
 # Head operators whose rows can be gathered and dequantized one at a time.
@@ -50,17 +48,8 @@ class QuantizedEmbedding:
 
     def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
         """Rows ``tokens`` (any shape) dequantized: (..., C) in ``self.dtype``."""
-        flat = tokens.reshape(-1)
-        h = self.head
         acc = torch.float64 if self.dtype == torch.float64 else torch.float32
-        if h.op == "linear_w4a16":
-            rows = dequantize_int4(h.weight[flat], h.scale[flat], None if h.offset is None else h.offset[flat], dtype=acc)
-        elif h.op == "linear_w8a16_grouped":  # a Q8_0 table: codes times their group's scale
-            rows = dequantize_int8_grouped(h.weight[flat], h.scale[flat], dtype=acc)
-        else:  # INT8: one scale per row (a W8A8 head's rows also carry its SmoothQuant divisor)
-            rows = h.weight[flat].to(acc) * h.scale[flat].to(acc)[:, None]
-            if h.smooth is not None:
-                rows = rows / h.smooth.to(acc)[None, :]
+        rows = self.head.dequantized(tokens.reshape(-1), acc)
         return rows.to(self.dtype).reshape(*tokens.shape, self.shape[1])
 
     def dequantized(self) -> torch.Tensor:
