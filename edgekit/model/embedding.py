@@ -62,16 +62,6 @@ class QuantizedEmbedding:
         parts = (h.weight, h.scale, h.offset)
         return sum(t[0].numel() * t.element_size() for t in parts if t is not None)
 
-    def storage(self) -> str:
-        """How the table is stored, in words (report.json, `edgekit info`)."""
-        h = self.head
-        if h.op == "linear_w4a16":
-            g = h.in_features // h.scale.shape[1]
-            return f"int4 g{g} ({'asymmetric' if h.offset is not None else 'symmetric'}, {h.scale.dtype} scales), tied to lm_head"
-        if h.op == "linear_w8a16_grouped":
-            return f"int8 g{h.in_features // h.scale.shape[1]} ({h.scale.dtype} scales), tied to lm_head"
-        return "int8 per-row scale, tied to lm_head"
-
 
 def tied_embedding(head: LinearWeights, dtype: torch.dtype) -> torch.Tensor | QuantizedEmbedding:
     """What ``tok_embeddings`` is for a tied model whose head is ``head``: the head's float weight itself, or the
