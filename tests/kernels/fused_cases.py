@@ -50,7 +50,7 @@ def _ratio(op: str, got, want) -> float:
 
 def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int, device="cuda",
                n_heads=4, n_kv_heads=2, head_dim=32, F=96, N=80, V=300, S=24, eps=1e-5,
-               w4: dict | None = None) -> dict[str, float]:
+               w4: dict | None = None, min_seq_len: int = 1) -> dict[str, float]:
     """Run ``fn`` (the operator's implementation) on one random case; {output: worst error ratio}.
 
     ``w4`` ({"group", "symmetric", "scale_dtype"}): INT4 (W4A16) weights instead (``int8`` ignored); the oracle
@@ -92,7 +92,7 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         q = torch.randn(B, Hq, D, generator=g).to(h).to(device)
         kc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
         vc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
-        seq_lens = torch.randint(1, S + 1, (B,), generator=g, dtype=torch.int32).to(device)  # ragged, >= 1 key
+        seq_lens = torch.randint(min_seq_len, S + 1, (B,), generator=g, dtype=torch.int32).to(device)  # ragged
         w, s, off, w64 = _weights(g, N, Hq * D, int8, h, device, w4)
         b = maybe_bias(N)
         res = torch.randn(B, N, generator=g).to(h).to(device)

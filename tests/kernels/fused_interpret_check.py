@@ -30,6 +30,12 @@ def main() -> None:
                 ratios = check_case(op, ops[op], B=B, C=C, int8=int8, bias=bias, seed=len(results), device="cpu", S=300)
                 results.append({"case": f"{op} {'w8a16' if int8 else 'fp16'} B={B} C={C} bias={bias}",
                                 "ratios": ratios})
+            if op == "fused_attn_proj_residual":
+                # 900-1200 keys in 8 splits of 128-256: 5-8 splits hold keys, more than one SPLIT_STEP (4) of the
+                # combine's loop over the splits that hold keys
+                ratios = check_case(op, ops[op], B=2, C=64, int8=int8, bias=False, seed=len(results), device="cpu",
+                                    S=1200, min_seq_len=900)
+                results.append({"case": f"{op} {'w8a16' if int8 else 'fp16'} B=2 S=1200", "ratios": ratios})
     print(json.dumps(results))
 
 
