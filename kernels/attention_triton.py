@@ -188,7 +188,7 @@ def _attn_decode_reduce_kernel(
 
 # --------------------------------------------------------------------------- definitions
 def _head_dim(s: dict) -> int:
-    return int(s["head_dim"])
+    return int(s.get("head_dim") or 64)  # unknown (a companion kernel without HEAD_DIM asks): the common size
 
 
 def _prefill_space(s: dict) -> list:

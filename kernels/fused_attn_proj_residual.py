@@ -2,10 +2,15 @@
 
 The attention half of a decode layer after QKV: one query token per sequence
 against cache positions [0, seq_lens[b]), the heads' outputs flattened to a
-row of Hq * D, projected by the output weight (FP16 or W8A16) and added to the
-residual. Its kernels never write the attention output ``o``: every program of
-the projection recombines the split-KV partials it reads (they are a few KB),
-so the separate combine launch of ``attention_decode`` disappears.
+row of Hq * D, projected by the output weight (FP16, W8A16 or W4A16) and added to
+the residual. The split-KV kernel merges its own splits (the last split of a KV
+head to finish does it, counted in ``arrivals``), so the separate combine launch
+of ``attention_decode`` disappears: two launches.
+
+``arrivals`` (int32, (B, Hkv)) is a workspace the caller keeps, like the KV
+cache: zero before the first call, and every call leaves it at zero. It is an
+input rather than a buffer the operator allocates because a fresh buffer's
+contents are arbitrary, and a counter must start at zero.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
 SPEC = OpSpec(
     name="fused_attn_proj_residual",
-    abi_version=1,
+    abi_version=2,  # 2: the arrivals input
     inputs=(
         *DECODE_SPEC.inputs,  # q, k_cache, v_cache, seq_lens: attention_decode's
+        TensorSpec("arrivals", "(B, Hkv)", ("int32",)),
         *weight_inputs("N", "Hq * D"),
         TensorSpec("residual", "(B, N)", FLOAT_DTYPES),
     ),
@@ -35,8 +41,9 @@ SPEC = OpSpec(
 )
 
 
-def fused_attn_proj_residual_reference(q, k_cache, v_cache, seq_lens, weight, scale, offset, bias, residual,
+def fused_attn_proj_residual_reference(q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias, residual,
                                        sm_scale: float | None = None) -> torch.Tensor:
+    """``arrivals`` is the kernels' workspace: the reference needs none (and leaves it, zero, as the kernels do)."""
     B = q.shape[0]
     o = attention_decode_reference(q, k_cache, v_cache, seq_lens, sm_scale)  # (B, Hq, D)
     return residual + project(o.reshape(B, -1), weight, scale, bias, offset)
@@ -47,6 +54,7 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
     D, Hq, Hkv, C = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_size
     inputs = {"q": golden_rand(g, 1, Hq, D), "k_cache": golden_rand(g, 1, Hkv, context, D),
               "v_cache": golden_rand(g, 1, Hkv, context, D), "seq_lens": torch.tensor([min(rows, context)], dtype=torch.int32),
+              "arrivals": torch.zeros(1, Hkv, dtype=torch.int32),
               **golden_weight(g, C, Hq * D, bias=False)}
     inputs["residual"] = golden_rand(g, 1, inputs["weight"].shape[0])
     return inputs, {"sm_scale": default_scale(D)}
@@ -60,6 +68,6 @@ def _shape(t, a) -> dict:
 OPERATORS = (
     Operator(SPEC, fused_attn_proj_residual_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
              triton="fused_attn_proj_residual_triton:OP",
-             tiles_at={"attn_proj_split": DECODE, "attn_proj_residual_fp": DECODE, "attn_proj_residual_w8": DECODE,
-                       "attn_proj_residual_w4": DECODE}),
+             tiles_at={"attn_split_combine": DECODE, "attn_o_proj_residual_fp": DECODE, "attn_o_proj_residual_w8": DECODE,
+                       "attn_o_proj_residual_w4": DECODE}),
 )

@@ -1,22 +1,26 @@
-"""Split-KV decode attention, then its combine fused into the output projection + residual, as two Triton kernels.
+"""Split-KV decode attention with its combine, then the output projection + residual, as two Triton kernels.
 
-Reference: ``kernels/fused_attn_proj_residual.py``. Launch 1 is the split-KV
-kernel of ``attention_decode`` itself (``attention_triton._attn_decode_split_kernel``:
-one program per (split, batch, KV head), FP32 partial outputs and log-sum-exps
-in a workspace). Launch 2 replaces both the combine kernel and the projection:
-a program owns BLOCK_N output rows and, for each K step of its GEMV, rebuilds
-that step's slice of the attention output from the partials
-(``_combined_attention``: the combine kernel's arithmetic, rounded to the
-activation dtype as the combine kernel writes ``o``) before the FMAs of the
-shared ``_gemv_fma`` (its weight tile is loaded first, so the combine hides
-behind the weight loads). Every program redoes the combine of the whole row (at
-depth 512 a few tens of KB of partials from L2), which is cheaper than a
-launch boundary. Grid: (NUM_SPLITS, B * Hkv) then (cdiv(N, BLOCK_N), B).
+Reference: ``kernels/fused_attn_proj_residual.py``. Launch 1 (``_attn_split_combine_kernel``) is the split-KV
+kernel of ``attention_decode`` (``attention_triton._attn_decode_split_program``: one program per (split, batch,
+KV head), FP32 partial outputs and log-sum-exps in a workspace) followed by its combine: each program counts
+itself in at its (batch, KV head)'s arrival counter (``arrivals``, an input: zero before the call, left at zero),
+and the last of the group's NUM_SPLITS programs merges the group's partials (``_combine_heads``: only the splits
+that hold keys) and writes the heads' attention output ``o``, rounded to the activation dtype as the combine
+kernel of ``attention_decode`` writes it. Launch 2 is the plain GEMV + residual of ``fused_proj_residual`` on
+``o``. Grid: (NUM_SPLITS, B * Hkv) then (cdiv(N, BLOCK_N), B).
+
+Why a counter and not the combine inside every projection program (the first design, still stage 3 of the
+persistent decode kernel: ``_attn_proj_residual_program``): every projection program re-read the whole row's
+partials, more bytes from L2 than its weight tile (H200, llama-3.2-1b, depth 512: 7.1 us for an 8 MB projection,
+28% of the copy bandwidth). The counters are the caller's, like the KV cache (``StaticKVCache.split_arrivals``):
+two calls that run at the same time on one set of counters would merge each other's splits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import torch
 
 import triton
 import triton.language as tl
@@ -24,63 +28,97 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.attention_triton import (
-    ATTN_DECODE_SPLIT, _decode_default, _decode_max_splits, _decode_space, num_splits_rule,
+    ATTN_DECODE_SPLIT, _attn_decode_split_program, _decode_default, _decode_space, num_splits_rule,
 )
 from edgekit.kernels.fused_gemv_triton import (
-    INT4_ATTRS, INT4_INPUTS, TARGET_PROGRAMS, _epilogue, _gemv_acc, _gemv_fma, _load_weight_tile, _pdl_enter_gemv,
-    format_launches, int4_params, weight_columns_check, weight_kernels, weight_operands,
+    INT4_ATTRS, INT4_INPUTS, TARGET_PROGRAMS, _epilogue, _gemv_acc, _gemv_fma, _load_weight_tile, format_launches,
+    int4_params, weight_columns_check, weight_kernels, weight_operands,
 )
+from edgekit.kernels.fused_proj_residual_triton import _default as _proj_default
+from edgekit.kernels.fused_proj_residual_triton import _proj_residual_kernel
+from edgekit.kernels.fused_proj_residual_triton import _space as _proj_space
 from edgekit.kernels.kernel_def import OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
+from edgekit.kernels.pdl_triton import _pdl_enter
 
 OP_NAME = "fused_attn_proj_residual"
+
+
+@triton.jit
+def _combine_heads(part_ptr, lse_ptr, row, hmask, n_live,
+                   HB: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_STEP: tl.constexpr):
+    """(HB, HEAD_DIM) FP32 attention outputs of the heads whose first workspace rows are ``row`` (HB,), from the
+    split-KV partials of splits [0, n_live): sum_s w_s o_s / sum_s w_s, w_s = 2^lse_s, merged online (running max,
+    as flash attention) so that a step's log-sum-exps and partials are loaded together, not one after the other.
+    Heads outside ``hmask`` (and heads without keys) give zeros."""
+    m = tl.full((HB,), float("-inf"), dtype=tl.float32)
+    den = tl.zeros((HB,), dtype=tl.float32)
+    num = tl.zeros((HB, HEAD_DIM), dtype=tl.float32)
+    d = tl.arange(0, HEAD_DIM)
+    for s0 in range(0, n_live, SPLIT_STEP):
+        s = s0 + tl.arange(0, SPLIT_STEP)
+        smask = hmask[:, None] & (s < n_live)[None, :]  # (HB, SPLIT_STEP)
+        ls = tl.load(lse_ptr + row[:, None] + s[None, :], mask=smask, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(part_ptr + (row[:, None, None] + s[None, :, None]) * HEAD_DIM + d[None, None, :],
+                    mask=smask[:, :, None], other=0.0, cache_modifier=".cg")  # (HB, SPLIT_STEP, D)
+        m_new = tl.maximum(m, tl.max(ls, axis=1))  # log2 units; -inf marks an empty split
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split with keys yet: no NaN
+        alpha = tl.exp2(m - base)
+        w = tl.exp2(ls - base[:, None])  # (HB, SPLIT_STEP)
+        den = den * alpha + tl.sum(w, axis=1)
+        num = num * alpha[:, None] + tl.sum(w[:, :, None] * o, axis=1)
+        m = m_new
+    den = tl.where(hmask & (den > 0), den, 1.0)
+    return num / den[:, None]
 
 
 @triton.jit
 def _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_splits,
                         HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr,
                         BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
-    """o[b].flatten()[k] for one K step, from the split-KV partials: sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max)."""
+    """o[b].flatten()[k] for one K step of the persistent kernel's stage 3, from the split-KV partials."""
     HB: tl.constexpr = BLOCK_K // HEAD_DIM  # whole heads per step (BLOCK_K is a multiple of HEAD_DIM)
     heads = k0 // HEAD_DIM + tl.arange(0, HB)  # (HB,) heads of this step (k0 is a multiple of BLOCK_K)
     hmask = heads < n_heads
     row = (b * n_heads + heads) * MAX_SPLITS  # (HB,) first workspace row of each head
-    s_all = tl.arange(0, MAX_SPLITS)
-    lse = tl.load(lse_ptr + row[:, None] + s_all[None, :], mask=hmask[:, None] & (s_all < n_splits)[None, :],
-                  other=float("-inf"), cache_modifier=".cg")  # (HB, MAX_SPLITS), log2 units; -inf: empty split
-    m = tl.max(lse, axis=1)
-    m = tl.where(m == float("-inf"), 0.0, m)  # padding heads: no NaN (never used)
-    den = tl.sum(tl.exp2(lse - m[:, None]), axis=1)  # (HB,)
-    # Splits hold keys in a prefix [0, n_live) (split s starts at s * chunk): the empty ones weigh 0, so their
-    # partials are not read. At depth 512 with 16 splits of 128 keys, 4 of 16: one L2 round trip, not four.
-    n_live = tl.max(tl.sum((lse > float("-inf")).to(tl.int32), axis=1), axis=0)
-    num = tl.zeros((HB, HEAD_DIM), dtype=tl.float32)
-    d = tl.arange(0, HEAD_DIM)
-    for s0 in range(0, n_live, SPLIT_STEP):
-        s = s0 + tl.arange(0, SPLIT_STEP)
-        smask = hmask[:, None] & (s < n_splits)[None, :]  # (HB, SPLIT_STEP)
-        ls = tl.load(lse_ptr + row[:, None] + s[None, :], mask=smask, other=float("-inf"), cache_modifier=".cg")
-        w = tl.exp2(ls - m[:, None])  # (HB, SPLIT_STEP)
-        o = tl.load(part_ptr + (row[:, None, None] + s[None, :, None]) * HEAD_DIM + d[None, None, :],
-                    mask=smask[:, :, None], other=0.0, cache_modifier=".cg")  # (HB, SPLIT_STEP, D)
-        num += tl.sum(w[:, :, None] * o, axis=1)
-    den = tl.where(hmask, den, 1.0)
-    out = (num / den[:, None]).to(DTYPE)  # rounded as the combine kernel writes o
+    out = _combine_heads(part_ptr, lse_ptr, row, hmask, n_splits, HB, HEAD_DIM, SPLIT_STEP).to(DTYPE)
     return tl.reshape(out, (BLOCK_K,))  # zero past the last head (no partials read)
 
 
 @triton.jit
-def _attn_proj_residual_kernel(
-    part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads, n_splits, stride_wn, stride_rm, stride_ym,
-    has_bias, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
-    HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr = 0,
+def _attn_split_combine_kernel(
+    q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    Hkv, GROUP, S, NUM_SPLITS, arrivals_ptr, o_ptr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    COMBINE_G: tl.constexpr, SPLIT_STEP: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    _pdl_enter_gemv(w_ptr, (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)) % N, K, stride_wn, BLOCK_K, W_FORMAT, PDL)
-    _attn_proj_residual_program(
-        tl.program_id(0), tl.program_id(1).to(tl.int64), part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads,
-        n_splits, stride_wn, stride_rm, stride_ym, has_bias, HEAD_DIM, MAX_SPLITS, SPLIT_STEP, BLOCK_N, BLOCK_K,
-        W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
+    """Launch 1: one split of one (batch, KV head); the group's last split to finish also merges the group.
+
+    The merge reads only the splits that hold keys ([0, n_live): split s starts at s * chunk, as the split program
+    computes it) in steps of SPLIT_STEP, for COMBINE_G >= GROUP heads (not the tensor cores' BLOCK_G >= 16 rows)."""
+    _pdl_enter(PDL)
+    split, bh = tl.program_id(0), tl.program_id(1)
+    _attn_decode_split_program(
+        split, bh, q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, Hkv, GROUP, S, NUM_SPLITS,
+        HEAD_DIM, BLOCK_N, BLOCK_G, MAX_SPLITS)
+    tl.debug_barrier()  # every thread's partial stores come before the release below
+    if tl.atomic_add(arrivals_ptr + bh, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+        tl.debug_barrier()  # the acquire above comes before every thread's partial loads
+        b = (bh // Hkv).to(tl.int64)
+        seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)
+        chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # as _attn_decode_split_program
+        n_live = tl.cdiv(seq_len, tl.maximum(chunk, 1))
+        offs_g = tl.arange(0, COMBINE_G)
+        heads = (bh % Hkv) * GROUP + offs_g  # (COMBINE_G,) query heads of this KV head
+        g_mask = offs_g < GROUP
+        row = (b * Hkv * GROUP + heads) * MAX_SPLITS
+        o = _combine_heads(o_part_ptr, lse_ptr, row, g_mask, n_live, COMBINE_G, HEAD_DIM, SPLIT_STEP)
+        d = tl.arange(0, HEAD_DIM)
+        tl.store(o_ptr + (b * Hkv * GROUP + heads)[:, None] * HEAD_DIM + d[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=g_mask[:, None])
+        tl.atomic_xchg(arrivals_ptr + bh, 0, sem="relaxed", scope="gpu")  # every split has arrived: left at zero
 
 
 @triton.jit
@@ -92,8 +130,9 @@ def _attn_proj_residual_program(
     BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
     sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
 ):
-    """Program for BLOCK_N output rows of sequence ``b``; also stage 3 of the persistent decode kernel (float and
-    INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
+    """Stage 3 of the persistent decode kernel: BLOCK_N output rows of sequence ``b``, the attention output
+    recombined from the partials in every program (float and INT8 weights: the INT4 operands keep their defaults).
+    The persistent kernel's grid barrier orders it after every split; the fused operator merges in launch 1."""
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < N
     rows_ld = rows % N  # rows past N read valid memory; never stored
@@ -110,26 +149,49 @@ def _attn_proj_residual_program(
 
 
 # --------------------------------------------------------------------------- definitions
+def _combine_g(s: dict) -> int:
+    return pow2_at_least(max(1, int(s.get("n_heads", 1)) // max(1, int(s.get("n_kv_heads", 1)))), 1)
+
+
+def _combine_step(s: dict, ms: int) -> int:
+    """Splits a merge step loads: up to 8 (depth 512: the 4-5 that hold keys in one step) where COMBINE_G x
+    SPLIT_STEP x HEAD_DIM FP32 fit 4096 (32 registers a thread at 4 warps). ptxas, sm_90, head_dim 64: 16 splits
+    of one head spilled 4 bytes; 2-8 splits of 1 or 4 heads take 96-107 registers, no spills (sm_87: 87-96)."""
+    d = int(s.get("head_dim") or 64)
+    return max(1, min(ms, 8, 4096 // (_combine_g(s) * d)))
+
+
+def _split_default(s: dict):
+    c, w, n = _decode_default(s)
+    return {**c, "COMBINE_G": _combine_g(s), "SPLIT_STEP": _combine_step(s, c["MAX_SPLITS"])}, w, n
+
+
 SPLIT = dataclasses.replace(
-    ATTN_DECODE_SPLIT, op=OP_NAME, kernel="attn_proj_split",
+    ATTN_DECODE_SPLIT, op=OP_NAME, kernel="attn_split_combine", fn=_attn_split_combine_kernel,
     params=tuple(dataclasses.replace(p, value=attr("sm_scale")) if p.name == "sm_scale" else p
-                 for p in ATTN_DECODE_SPLIT.params),
+                 for p in ATTN_DECODE_SPLIT.params)
+    + (Param("arrivals_ptr", "*i32", ptr("arrivals")), Param("o_ptr", "*act", ptr("o"))),
+    constexpr_names=ATTN_DECODE_SPLIT.constexpr_names + ("COMBINE_G", "SPLIT_STEP"),
+    precision={"input": "{act}", "accumulate": "fp32 (scores, softmax, P@V, the merge)",
+               "output": "{act} attention output (FP32 partials + log-sum-exps in between)"},
+    space=lambda s: [({**c, "COMBINE_G": _combine_g(s), "SPLIT_STEP": st}, w, n) for c, w, n in _decode_space(s)
+                     for st in sorted({2, _combine_step(s, c["MAX_SPLITS"])})],
+    default=_split_default,
 )
 
 
 def _params(w_type: str, scale_value) -> tuple[Param, ...]:
+    """fused_proj_residual's kernel, its x being this operator's attention output ``o``."""
     return (
-        Param("part_ptr", "*fp32", ptr("o_part")),
-        Param("lse_ptr", "*fp32", ptr("lse")),
+        Param("x_ptr", "*act", ptr("o")),
         Param("w_ptr", w_type, ptr("weight")),
         Param("s_ptr", "*fp32", scale_value),
         Param("b_ptr", "*act", ptr("bias")),
         Param("r_ptr", "*act", ptr("residual")),
         Param("y_ptr", "*act", ptr("y")),
         Param("N", "i32", shape("weight", 0)),
-        Param("K", "i32", mul(shape("q", 1), shape("q", 2)), div16=True),  # INT4 weights hold K / 2 bytes a row
-        Param("n_heads", "i32", shape("q", 1)),
-        Param("n_splits", "i32", sym("NUM_SPLITS")),
+        Param("K", "i32", shape("o", 1), div16=True),  # INT4 weights hold K / 2 bytes a row
+        Param("stride_xm", "i32", stride("o", 0), div16=True),
         Param("stride_wn", "i32", stride("weight", 0), div16=True),
         Param("stride_rm", "i32", stride("residual", 0), div16=True),
         Param("stride_ym", "i32", stride("y", 0), div16=True),
@@ -139,8 +201,8 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
 
 
 def proj_tile(s: dict) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) of the combine + projection kernel: whole heads a K step (up to 2048 columns),
-    about one program per SM (each program redoes the combine, so more programs mean more partials read)."""
+    """(BLOCK_N, BLOCK_K, num_warps) of the persistent kernel's stage 3 (combine inside the projection): whole heads
+    a K step (up to 2048 columns), about one program per SM (each program redoes the combine)."""
     d = int(s.get("head_dim") or 64)
     k = int(s.get("k_in") or 2048)
     n = int(s.get("n_out") or 2048)
@@ -151,40 +213,27 @@ def proj_tile(s: dict) -> tuple[int, int, int]:
     return rows, block_k, 8
 
 
-def _space(s: dict) -> list:
-    d, ms = int(s.get("head_dim") or 64), _decode_max_splits(s)
-    return [({"HEAD_DIM": d, "MAX_SPLITS": ms, "SPLIT_STEP": st, "BLOCK_N": bn, "BLOCK_K": bk}, w, 1)
-            for st in (2, 4, 8) for bn in (2, 4, 8, 16) for bk in (512, 1024, 2048) for w in (4, 8) if bk >= d]
-
-
-def _default(s: dict):
-    rows, block_k, warps = proj_tile(s)
-    return ({"HEAD_DIM": int(s.get("head_dim") or 64), "MAX_SPLITS": _decode_max_splits(s), "SPLIT_STEP": 4,
-             "BLOCK_N": rows, "BLOCK_K": block_k}, warps, 1)
-
-
-FP, W8, W4 = weight_kernels(OP_NAME, "attn_proj_residual", _attn_proj_residual_kernel, _params,
-                            ("HEAD_DIM", "MAX_SPLITS", "SPLIT_STEP", "BLOCK_N", "BLOCK_K"), _space, _default)
-SPLIT = dataclasses.replace(SPLIT, space=_decode_space, default=_decode_default)
+FP, W8, W4 = weight_kernels(OP_NAME, "attn_o_proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),
+                            _proj_space, _proj_default, default_w4=lambda s: _proj_default(s, int4=True))
 
 
 def program(variants) -> dict:
     cs = variants[SPLIT.kernel].constexprs
-    for name, v in variants.items():
-        if name != SPLIT.kernel and (v.constexprs["MAX_SPLITS"], v.constexprs["HEAD_DIM"]) != (cs["MAX_SPLITS"], cs["HEAD_DIM"]):
-            raise OperatorError(f"{OP_NAME}: the split and projection variants must agree on MAX_SPLITS and HEAD_DIM; "
-                                f"got {dict(cs)} and {dict(v.constexprs)}")
     B, Hq, Hkv = shape("q", 0), shape("q", 1), shape("k_cache", 1)
     D, MS = cs["HEAD_DIM"], cs["MAX_SPLITS"]
 
     launches, checks = format_launches(OP_NAME, (FP, W8, W4), variants,
                                           lambda v: [cdiv(shape("weight", 0), v.constexprs["BLOCK_N"]), B, 1])
     return program_doc(
-        OP_NAME, ["q", "k_cache", "v_cache", "seq_lens", "weight", "scale", *INT4_INPUTS, "bias", "residual"],
+        OP_NAME, ["q", "k_cache", "v_cache", "seq_lens", "arrivals", "weight", "scale", *INT4_INPUTS, "bias", "residual"],
         ["scale", *INT4_INPUTS, "bias"], ["sm_scale", *INT4_ATTRS],
         checks=checks + [
             check("eq", shape("q", 2), D, f"head_dim must equal the compiled HEAD_DIM {D}"),
             check("le", {"floordiv": [Hq, Hkv]}, cs["BLOCK_G"], f"query heads per KV head must fit BLOCK_G {cs['BLOCK_G']}"),
+            check("le", {"floordiv": [Hq, Hkv]}, cs["COMBINE_G"],
+                  f"query heads per KV head must fit COMBINE_G {cs['COMBINE_G']}"),
+            check("eq", shape("arrivals", 0), B, "arrivals must hold one counter per (sequence, KV head)"),
+            check("eq", shape("arrivals", 1), Hkv, "arrivals must hold one counter per (sequence, KV head)"),
             weight_columns_check(mul(Hq, D), "weight columns must equal n_heads * head_dim"),
             check("eq", shape("residual", 1), shape("weight", 0), "residual width must equal weight rows"),
         ],
@@ -192,6 +241,7 @@ def program(variants) -> dict:
         buffers=[
             {"name": "o_part", "shape": [B, Hq, MS, D], "dtype": "fp32"},
             {"name": "lse", "shape": [B, Hq, MS], "dtype": "fp32"},
+            {"name": "o", "shape": [B, mul(Hq, D)], "dtype": {"like": "q"}},
             {"name": "y", "shape": [B, shape("weight", 0)], "dtype": {"like": "q"}},
         ],
         launches=[launch_of(SPLIT, [sym("NUM_SPLITS"), mul(B, Hkv), 1])] + launches,
@@ -199,7 +249,7 @@ def program(variants) -> dict:
     )
 
 
-def prepare(q, k_cache, v_cache, seq_lens, weight, scale, offset, bias, residual, sm_scale=None):
+def prepare(q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias, residual, sm_scale=None):
     from edgekit.kernels.attention import default_scale
     from edgekit.kernels.attention_triton import _prepare_heads
 
@@ -208,10 +258,15 @@ def prepare(q, k_cache, v_cache, seq_lens, weight, scale, offset, bias, residual
     for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         hc.ndim(op, t, n, 4, "(B, Hkv, S, D)")
     _prepare_heads(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 2)
-    hc.on_cuda(op, ("weight", weight), ("scale", scale), ("offset", offset), ("bias", bias), ("residual", residual))
+    hc.on_cuda(op, ("arrivals", arrivals), ("weight", weight), ("scale", scale), ("offset", offset), ("bias", bias),
+               ("residual", residual))
     B, Hq, D = q.shape
     if q.stride(1) != D or q.stride(0) != Hq * D:
         raise OperatorError(f"{op}: q has strides {q.stride()}; expected a contiguous (B, Hq, D) tensor")
+    Hkv = k_cache.shape[1]
+    if arrivals.dtype != torch.int32 or tuple(arrivals.shape) != (B, Hkv) or not arrivals.is_contiguous():
+        raise OperatorError(f"{op}: arrivals is {arrivals.dtype} {tuple(arrivals.shape)}; expected a contiguous int32 "
+                            f"({B}, {Hkv}) tensor of zeros (StaticKVCache.split_arrivals keeps one per layer)")
     N = weight.shape[0] if weight.dim() == 2 else -1
     operands, w_attrs = weight_operands(op, q.reshape(B, Hq * D), weight, scale, offset, N, Hq * D)
     if bias is not None:
@@ -222,8 +277,8 @@ def prepare(q, k_cache, v_cache, seq_lens, weight, scale, offset, bias, residual
         raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({B}, {N})")
     hc.unit_last_stride(op, residual, "residual")
     sl = hc.seq_lens_i32(op, seq_lens, B)
-    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl, **operands, "bias": bias,
-               "residual": residual}
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl, "arrivals": arrivals, **operands,
+               "bias": bias, "residual": residual}
     attrs = {"sm_scale": default_scale(D) if sm_scale is None else float(sm_scale), **w_attrs}
     return tensors, attrs, lambda bufs: bufs["y"]
 

@@ -184,8 +184,9 @@ def layer_tiles(cfg, int8: Mapping[str, bool] | None = None) -> LayerTiles:
         return next(v for k, v in default_variants(op, **facts).items() if k.endswith(suffix)).constexprs
 
     qkv = tile("fused_norm_qkv_rope", "qkv", n_out=(Hq + 2 * Hkv) * D, k_in=C, head_dim=D)
-    split = default_variants("fused_attn_proj_residual", n_out=C, k_in=Hq * D, **heads)["attn_proj_split"].constexprs
-    o = tile("fused_attn_proj_residual", "o", n_out=C, k_in=Hq * D, **heads)
+    split = default_variants("fused_attn_proj_residual", n_out=C, k_in=Hq * D, **heads)["attn_split_combine"].constexprs
+    from edgekit.kernels.fused_attn_proj_residual_triton import proj_tile
+    o_rows, o_block_k, _ = proj_tile({"n_out": C, "k_in": Hq * D, **heads})  # stage 3 merges inside the projection
     gu = tile("fused_norm_swiglu", "gate_up", n_out=2 * F, k_in=C, head_dim=D)
     down = tile("fused_proj_residual", "down", n_out=C, k_in=F, head_dim=D)
     # The o-proj tile of fused_attn_proj_residual is made for 8 warps (about one program per SM); inside the 4-warp
@@ -195,7 +196,7 @@ def layer_tiles(cfg, int8: Mapping[str, bool] | None = None) -> LayerTiles:
     return LayerTiles({
         "HEAD_DIM": D, "QKV_PAIRS": qkv["PAIRS"], "QKV_BLOCK_K": qkv["BLOCK_K"],
         "ATTN_BLOCK_N": split["BLOCK_N"], "ATTN_BLOCK_G": split["BLOCK_G"], "MAX_SPLITS": split["MAX_SPLITS"],
-        "O_SPLIT_STEP": min(2, o["SPLIT_STEP"]), "O_BLOCK_N": min(4, o["BLOCK_N"]), "O_BLOCK_K": o["BLOCK_K"],
+        "O_SPLIT_STEP": 2, "O_BLOCK_N": min(4, o_rows), "O_BLOCK_K": o_block_k,
         "GU_BLOCK_N": gu["BLOCK_N"], "GU_BLOCK_K": gu["BLOCK_K"], "D_BLOCK_N": down["BLOCK_N"], "D_BLOCK_K": down["BLOCK_K"],
     }, num_warps=NUM_WARPS)
 
@@ -262,7 +263,8 @@ def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache,
     # the fused operators' host checks (offset None: float or INT8 weights)
     qkv_op.prepare(x, w.attn_norm, w.wqkv, w.sqkv, None, w.bqkv, cos, sin, positions, k_cache, v_cache, eps, n_heads,
                    n_kv_heads)
-    tensors, _, _ = attn_op.prepare(q, k_cache, v_cache, seq_lens, w.wo, w.so, None, w.bo, x, sm_scale)
+    unused_arrivals = torch.empty(B, k_cache.shape[1], dtype=torch.int32, device=x.device)  # stage 3 merges itself
+    tensors, _, _ = attn_op.prepare(q, k_cache, v_cache, seq_lens, unused_arrivals, w.wo, w.so, None, w.bo, x, sm_scale)
     swiglu_op.prepare(xmid, w.ffn_norm, w.wgu, w.sgu, None, eps)
     down_op.prepare(h, w.wd, w.sd, None, w.bd, xmid)
     if w.wgu.shape[1] != C or w.wd.shape[1] != F or tuple(sync.shape) != (2,) or sync.dtype != torch.int32:

@@ -14,6 +14,12 @@ class StaticKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.batch = batch
         self.max_seq_len = max_seq_len
+        # The split-KV attention's arrival counters (fused_attn_proj_residual), one (B, Hkv) set a layer: zero, and
+        # every decode step leaves them at zero. They live with the cache because a step's graph replays their
+        # addresses, as it replays the cache's.
+        # (One tensor a layer, as k and v: compiled kernels take 16-byte aligned pointers.)
+        self.split_arrivals = [torch.zeros(batch, config.n_kv_heads, dtype=torch.int32, device=device)
+                               for _ in range(config.n_layers)]
 
     def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write a prefill chunk (B, Hkv, T, D) at positions [0, T)."""

@@ -141,7 +141,7 @@ class TileChoice:
 # Split-KV decode attention kernels (attention_decode's, and the one inside fused_attn_proj_residual): the planner
 # sizes their split count, and every other kernel of the operator reads their workspace, so it takes the same
 # values of these constexprs (the operators' launch programs refuse a mismatch).
-SPLIT_KV_KERNELS = ("attention_decode_split", "attn_proj_split")
+SPLIT_KV_KERNELS = ("attention_decode_split", "attn_split_combine")
 SPLIT_SHARED_CONSTEXPRS = ("HEAD_DIM", "MAX_SPLITS")
 
 

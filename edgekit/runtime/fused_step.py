@@ -85,7 +85,8 @@ class FusedDecoder:
             k_cache, v_cache = cache.k[i], cache.v[i]  # (B, Hkv, S, D)
             q = qkv_rope(x, b.attn_norm, *_weights(b.wqkv), cos, sin, positions, k_cache, v_cache,
                          eps, cfg.n_heads, cfg.n_kv_heads)  # (B, Hq, D); K and V written at positions
-            x = attn_proj_residual(q, k_cache, v_cache, seq_lens, *_weights(b.wo), x, sm_scale)  # (B, C)
+            x = attn_proj_residual(q, k_cache, v_cache, seq_lens, cache.split_arrivals[i], *_weights(b.wo), x,
+                                   sm_scale)  # (B, C)
             gw, gs, go, _ = _weights(b.w_gate_up)
             h = norm_swiglu(x, b.ffn_norm, gw, gs, go, eps)  # (B, F)
             x = proj_residual(h, *_weights(b.w_down), x)  # (B, C)

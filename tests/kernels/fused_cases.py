@@ -96,9 +96,11 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         w, s, off, w64 = _weights(g, N, Hq * D, int8, h, device, w4)
         b = maybe_bias(N)
         res = torch.randn(B, N, generator=g).to(h).to(device)
-        y = fn(q, kc, vc, seq_lens, w, s, off, b, res, D ** -0.5)
+        arrivals = torch.zeros(B, Hkv, dtype=torch.int32, device=device)
+        y = fn(q, kc, vc, seq_lens, arrivals, w, s, off, b, res, D ** -0.5)
         o = oracle.attention_decode(q, kc, vc, seq_lens, D ** -0.5).reshape(B, Hq * D)
-        return {"y": _ratio(op, y, oracle.f64(res) + lin(o, w64, b))}
+        left = float("inf") if int(arrivals.abs().sum()) else 0.0  # not zero: the next call would merge too early
+        return {"y": _ratio(op, y, oracle.f64(res) + lin(o, w64, b)), "arrivals left non-zero": left}
     if op == "fused_proj_residual":
         w, s, off, w64 = _weights(g, N, C, int8, h, device, w4)
         b = maybe_bias(N)

@@ -85,7 +85,8 @@ def run_fused_operators(c, ops):
     kc, vc = c.k_cache.clone(), c.v_cache.clone()
     q = ops["fused_norm_qkv_rope"](c.x, w.attn_norm, w.wqkv, w.sqkv, None, w.bqkv, c.cos, c.sin, c.positions, kc, vc, c.eps,
                                    c.n_heads, c.n_kv_heads)
-    x1 = ops["fused_attn_proj_residual"](q, kc, vc, c.seq_lens, w.wo, w.so, None, w.bo, c.x, c.sm_scale)
+    arrivals = torch.zeros(kc.shape[0], kc.shape[1], dtype=torch.int32, device=kc.device)
+    x1 = ops["fused_attn_proj_residual"](q, kc, vc, c.seq_lens, arrivals, w.wo, w.so, None, w.bo, c.x, c.sm_scale)
     hh = ops["fused_norm_swiglu"](x1, w.ffn_norm, w.wgu, w.sgu, None, c.eps)
     return ops["fused_proj_residual"](hh, w.wd, w.sd, None, w.bd, x1), kc, vc
 
