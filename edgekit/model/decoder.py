@@ -16,7 +16,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.rope import rope_frequencies
 from edgekit.model.config import ModelConfig
-from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied
+from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied, lookup
 from edgekit.model.kv_cache import StaticKVCache
 
 
@@ -120,7 +120,7 @@ class Decoder:
         """tokens (B, T) padded to a bucket, seq_lens (B,) real lengths. Returns logits at each last real token (B, V)."""
         cfg = self.config
         B, T = tokens.shape
-        x = self.weights.tok_embeddings[tokens]  # (B, T, C)
+        x = lookup(self.weights.tok_embeddings, tokens)  # (B, T, C)
         cos = self._cos[:T][None].expand(B, T, -1)  # (B, T, D/2)
         sin = self._sin[:T][None].expand(B, T, -1)
         for i, b in enumerate(self.weights.blocks):
@@ -140,7 +140,7 @@ class Decoder:
         """tokens (B,) at positions (B,): one step. Returns logits (B, V)."""
         cfg = self.config
         B = tokens.shape[0]
-        x = self.weights.tok_embeddings[tokens][:, None]  # (B, 1, C)
+        x = lookup(self.weights.tok_embeddings, tokens)[:, None]  # (B, 1, C)
         cos = self._cos[positions][:, None]  # (B, 1, D/2)
         sin = self._sin[positions][:, None]
         seq_lens = positions + 1

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from edgekit.model.decoder import Decoder
+from edgekit.model.embedding import lookup
 
 KVTransform = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -28,7 +29,7 @@ KVTransform = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, to
 @torch.no_grad()
 def embed(decoder: Decoder, tokens: torch.Tensor) -> torch.Tensor:
     """tokens (B, T) -> hidden states (B, T, C)."""
-    return decoder.weights.tok_embeddings[tokens.to(decoder.device)]
+    return lookup(decoder.weights.tok_embeddings, tokens.to(decoder.device))
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.pdl_triton import auto_level, step_launches
 from edgekit.model.decoder import Decoder
+from edgekit.model.embedding import lookup
 from edgekit.model.kv_cache import StaticKVCache
 
 # The step this module runs, described as data (the planner ships and counts the same operators)
@@ -78,7 +79,7 @@ class FusedDecoder:
         qkv_rope, attn_proj_residual = get("fused_norm_qkv_rope"), get("fused_attn_proj_residual")
         proj_residual, norm_swiglu = get("fused_proj_residual"), get("fused_norm_swiglu")
         eps, sm_scale = cfg.rms_norm_eps, default_scale(cfg.head_dim)
-        x = w.tok_embeddings[tokens]  # (B, C)
+        x = lookup(w.tok_embeddings, tokens)  # (B, C)
         seq_lens = seq_lens_of(positions)  # (B,): once per step, not a cast per layer
         cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2): indexed by position inside the operator
         for i, b in enumerate(w.blocks):

@@ -23,6 +23,7 @@ import torch
 
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
+from edgekit.model.embedding import lookup
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.runtime.fused_step import STEP, FusedDecoder, seq_lens_of
 from edgekit.runtime.fused_step import _head_weights as _weights  # float or INT8 weights: (weight, scale, bias)
@@ -95,7 +96,7 @@ class PersistentDecoder(FusedDecoder):
         from edgekit.kernels.persistent_decode_triton import persistent_layer
 
         cfg, w = self.config, self.decoder.weights
-        x = w.tok_embeddings[tokens]  # (B, C)
+        x = lookup(w.tok_embeddings, tokens)  # (B, C)
         seq_lens = seq_lens_of(positions)  # (B,)
         cos, sin = self.decoder._cos, self.decoder._sin  # (S, D/2)
         for i, (lw, tiles) in enumerate(zip(self.layers, self.tiles)):

@@ -21,6 +21,9 @@ def test_fused_kernels_under_the_interpreter():
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(results) == 22  # 5 operators x {fp16, w8a16} x 2 shapes, + attention over 5-8 splits
+    # 5 operators x {fp16, w8a16} x 2 shapes, + attention over 5-8 splits, + the 4 layer operators' golden cases
+    # (FP16 at 1 and 4 sequences, INT8, INT4)
+    assert len(results) == 22 + 4 * 4
+    assert sum(x["case"].endswith(("_int8", "_int4")) for x in results) == 8
     failed = [x for x in results if not all(v <= 1.0 for v in x["ratios"].values())]
     assert not failed, f"outside the FP16 tolerance (ratio = error / allowed; flags are 0/1): {failed}"

@@ -8,7 +8,7 @@ import torch
 from edgekit.errors import QuantizationError
 from edgekit.kernels.int4_layout import dequantize_int4, quantize_int4_rtn
 from edgekit.kernels.linear import LinearWeights
-from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied, tied_embedding
+from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied, lookup, tied_embedding
 
 V, C = 96, 64
 
@@ -78,3 +78,13 @@ def test_tie_is_seen_and_survives_a_move():
     assert moved.tied and moved.tok_embeddings.head is moved.lm_head and moved.tok_embeddings.dtype == torch.float16
     assert moved.lm_head.weight.dtype == torch.int8  # codes are never cast
     assert w.nbytes() == head.nbytes() + C * 4  # the matrix once, plus the norm
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 4), (1, 1)])
+def test_lookup_gathers_the_rows_of_a_float_table_or_a_quantized_one(shape):
+    tokens = torch.randint(0, V, shape, generator=torch.Generator().manual_seed(len(shape)))
+    table = _float_head()
+    rows = lookup(table, tokens)
+    assert rows.shape == (*shape, C) and torch.equal(rows, table[tokens])
+    emb = QuantizedEmbedding(int8_head(), torch.float32)
+    assert torch.equal(lookup(emb, tokens), emb[tokens])
