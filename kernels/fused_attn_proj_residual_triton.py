@@ -103,13 +103,14 @@ def _attn_split_combine_kernel(
         split, bh, q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, Hkv, GROUP, S, NUM_SPLITS,
         HEAD_DIM, BLOCK_N, BLOCK_G, MAX_SPLITS)
+    # what the merge needs besides the partials, read before the counter (not after it, on the last split's path)
+    b = (bh // Hkv).to(tl.int64)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # as _attn_decode_split_program
+    n_live = tl.cdiv(seq_len, tl.maximum(chunk, 1))
     tl.debug_barrier()  # every thread's partial stores come before the release below
     if tl.atomic_add(arrivals_ptr + bh, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
         tl.debug_barrier()  # the acquire above comes before every thread's partial loads
-        b = (bh // Hkv).to(tl.int64)
-        seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)
-        chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # as _attn_decode_split_program
-        n_live = tl.cdiv(seq_len, tl.maximum(chunk, 1))
         offs_g = tl.arange(0, COMBINE_G)
         heads = (bh % Hkv) * GROUP + offs_g  # (COMBINE_G,) query heads of this KV head
         g_mask = offs_g < GROUP
