@@ -45,9 +45,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgekit.kernels.int4_half2_triton import _split4
+from edgekit.kernels.int4_half2_triton import UNSCALE, _split4, activation_pairs_of, subblock_dots_half2
 from edgekit.kernels.linear_triton import _int8_to_f32
-from edgekit.kernels.linear_w4a16_triton import _group_params, _word_dots
+from edgekit.kernels.linear_w4a16_triton import _group_params, _group_params_at, _scale_rows, _word_dots
 from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 # W_FORMAT values: how a fused GEMV kernel reads its weight tile
@@ -106,8 +106,8 @@ def _gemv_fma(acc, w, x, W_FORMAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K:
 
     INT4 takes the tile's rows, K step and group operands (``int4_params``) as well; float and INT8 ignore them."""
     if W_FORMAT == 2:  # INT4
-        s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K),
-                             scale_f32, has_offset)  # (BLOCK_R, SB) FP32
+        s, m = _int4_group_params(rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32,
+                                  group_shift, x.dtype == tl.float16, BLOCK_K)  # (BLOCK_R, SB) FP32
         return _int4_fma(acc, w, x, s, m, has_offset, BLOCK_R, BLOCK_K)
     else:
         prod = _weight_tile_f32(w, W_FORMAT) * x.to(tl.float32)[None, :]
@@ -120,6 +120,23 @@ def _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K: tl.constexpr):
     sub = k0 + tl.arange(0, BLOCK_K // 32) * 32
     g = tl.minimum(sub, K - 32) >> 5 >> group_shift
     return rows.to(tl.int64)[:, None] * stride_sn + g[None, :]
+
+
+@triton.jit
+def _int4_group_params(rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
+                       HALF2: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Group scales and offsets (BLOCK_R, SB) FP32 of the K step's sub-blocks. The half2 path loads them as DECODE 3
+    does (``_group_params_at``: inline PTX loads, which take the dot products' layout instead of moving through
+    shared memory every step)."""
+    if HALF2:
+        s_at, m_at, s_bytes = _scale_rows(sh_ptr, oh_ptr, sf_ptr, of_ptr, rows.to(tl.int64)[:, None] * stride_sn,
+                                          scale_f32, has_offset)
+        sub = k0 + tl.arange(0, BLOCK_K // 32) * 32
+        g = tl.minimum(sub, K - 32) >> 5 >> group_shift  # (SB,) group of each sub-block (past K: the last one's)
+        return _group_params_at(s_at, m_at, (g * s_bytes)[None, :], scale_f32, has_offset)
+    else:
+        return _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K),
+                             scale_f32, has_offset)
 
 
 @triton.jit
@@ -137,15 +154,25 @@ def _int4_activation_runs(x, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _int4_fma(acc, words, x, s, m, has_offset, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc (BLOCK_R, SB) += s * sum (q - zero) x + m * sum x per sub-block: the W4A16 GEMV's word decode
-    (``_word_dots``) on the packed words, group scale ``s`` and offset ``m`` (BLOCK_R, SB) applied per sub-block."""
-    zero = tl.where(has_offset != 0, 0.0, 8.0)  # symmetric: w = (q - 8) s; with offsets: w = q s + m
-    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi = _int4_activation_runs(x, BLOCK_K)
-    dot, x_sum = _word_dots(words, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi, zero, BLOCK_R,
-                            BLOCK_K // 32)
-    acc += s * dot
-    if has_offset != 0:
-        acc += m * x_sum[None, :]
+    """acc (BLOCK_R, SB) += s * sum (q - zero) x + m * sum x per sub-block, group scale ``s`` and offset ``m``
+    (BLOCK_R, SB) applied per sub-block. FP16 activations: the W4A16 GEMV's half2 decode (DECODE 3,
+    kernels/int4_half2_triton.py) on the packed words, the activation pairs made once per K step from x in
+    registers; BF16 / FP32 ones: its FP32 word decode (``_word_dots``)."""
+    HALF2: tl.constexpr = x.dtype == tl.float16
+    if HALF2:
+        pairs, x_sum = activation_pairs_of(x, BLOCK_K)  # (SB,) x 16, (SB,): sums of x / 16
+        dot = subblock_dots_half2(tl.reshape(words, (BLOCK_R, BLOCK_K // 32, 4)), pairs)  # sum (q - 8) x / 16
+        acc += (s * UNSCALE) * dot  # x 16 is exact: the sums took x / 16
+        if has_offset != 0:  # centred codes for both forms: q s + m = (q - 8) s + (m + 8 s)
+            acc += ((m + 8.0 * s) * UNSCALE) * x_sum[None, :]
+    else:
+        zero = tl.where(has_offset != 0, 0.0, 8.0)  # symmetric: w = (q - 8) s; with offsets: w = q s + m
+        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi = _int4_activation_runs(x, BLOCK_K)
+        dot, x_sum = _word_dots(words, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi, zero, BLOCK_R,
+                                BLOCK_K // 32)
+        acc += s * dot
+        if has_offset != 0:
+            acc += m * x_sum[None, :]
     return acc
 
 

@@ -171,14 +171,6 @@ def _pairs_of(a, b):
 
 
 @triton.jit
-def _load_pairs(x_words, at, live, HALF: tl.constexpr, J: tl.constexpr):
-    """Word J's activation pairs of each sub-block's low (HALF 0) or high (HALF 1) half, scaled."""
-    a = tl.load(x_words + at + 8 * HALF + 2 * J, mask=live, other=0)  # {x[4J], x[4J+1]} (+ 16 HALF)
-    b = tl.load(x_words + at + 8 * HALF + 2 * J + 1, mask=live, other=0)  # {x[4J+2], x[4J+3]}
-    return _pairs_of(a, b)
-
-
-@triton.jit
 def load_where_used(ptrs):
     """``tl.load(ptrs)`` (FP16 or FP32, no mask), written as inline PTX in compiled kernels so that the values
     take the layout of their users: Triton gives a plain load its own layout from the pointers' contiguity,
@@ -205,14 +197,46 @@ def activation_pairs(x_words, at, live):
     ``x_words``: int32 pointer over the FP16 activation row (word p = {x[2p], x[2p+1]}); ``at`` (SB,): each
     sub-block's first word; ``live`` (SB,): sub-blocks inside K. Sixteen word loads per sub-block, each a (SB,)
     tensor: computed where the weight tile's rows need them, so every row a thread holds shares them."""
-    e_lo0, o_lo0 = _load_pairs(x_words, at, live, 0, 0)
-    e_lo1, o_lo1 = _load_pairs(x_words, at, live, 0, 1)
-    e_lo2, o_lo2 = _load_pairs(x_words, at, live, 0, 2)
-    e_lo3, o_lo3 = _load_pairs(x_words, at, live, 0, 3)
-    e_hi0, o_hi0 = _load_pairs(x_words, at, live, 1, 0)
-    e_hi1, o_hi1 = _load_pairs(x_words, at, live, 1, 1)
-    e_hi2, o_hi2 = _load_pairs(x_words, at, live, 1, 2)
-    e_hi3, o_hi3 = _load_pairs(x_words, at, live, 1, 3)
+    return pairs_of_words((
+        tl.load(x_words + at, mask=live, other=0), tl.load(x_words + at + 1, mask=live, other=0),
+        tl.load(x_words + at + 2, mask=live, other=0), tl.load(x_words + at + 3, mask=live, other=0),
+        tl.load(x_words + at + 4, mask=live, other=0), tl.load(x_words + at + 5, mask=live, other=0),
+        tl.load(x_words + at + 6, mask=live, other=0), tl.load(x_words + at + 7, mask=live, other=0),
+        tl.load(x_words + at + 8, mask=live, other=0), tl.load(x_words + at + 9, mask=live, other=0),
+        tl.load(x_words + at + 10, mask=live, other=0), tl.load(x_words + at + 11, mask=live, other=0),
+        tl.load(x_words + at + 12, mask=live, other=0), tl.load(x_words + at + 13, mask=live, other=0),
+        tl.load(x_words + at + 14, mask=live, other=0), tl.load(x_words + at + 15, mask=live, other=0)))
+
+
+@triton.jit
+def activation_pairs_of(x, BLOCK_K: tl.constexpr):
+    """``activation_pairs`` of an FP16 activation step held in registers, x (BLOCK_K,) (the fused decode GEMVs
+    compute theirs: RMS-normalised, or combined from split-KV partials): the sub-blocks' activation words are
+    made by bit operations instead of loads, then paired, scaled and summed by the same code."""
+    SB: tl.constexpr = BLOCK_K // 32
+    bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF  # (BLOCK_K,)
+    halves = tl.reshape(bits, (BLOCK_K // 2, 2)) << (tl.arange(0, 2) * 16)[None, :]
+    words = tl.reshape(tl.sum(halves, axis=1), (SB, 4, 4))  # [sub-block, p // 4, p % 4]: word p = {x[2p], x[2p+1]}
+    r0, r1, r2, r3 = _split4(tl.permute(words, (0, 2, 1)))  # word 4r + c at [:, c] of r<r>
+    w0, w1, w2, w3 = _split4(r0)
+    w4, w5, w6, w7 = _split4(r1)
+    w8, w9, w10, w11 = _split4(r2)
+    w12, w13, w14, w15 = _split4(r3)
+    return pairs_of_words((w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15))
+
+
+@triton.jit
+def pairs_of_words(w):
+    """``activation_pairs`` from each sub-block's 16 activation words ``w`` (a tuple of 16 (SB,) int32, word p =
+    {x[2p], x[2p+1]}): two byte permutes and two 1/16 half2 multiplies a word pair, and the FP32 sum."""
+    e_lo0, o_lo0 = _pairs_of(w[0], w[1])  # word J's pairs of the sub-block's low half: words 2J, 2J + 1
+    e_lo1, o_lo1 = _pairs_of(w[2], w[3])
+    e_lo2, o_lo2 = _pairs_of(w[4], w[5])
+    e_lo3, o_lo3 = _pairs_of(w[6], w[7])
+    e_hi0, o_hi0 = _pairs_of(w[8], w[9])  # and of its high half: words 8 + 2J, 9 + 2J
+    e_hi1, o_hi1 = _pairs_of(w[10], w[11])
+    e_hi2, o_hi2 = _pairs_of(w[12], w[13])
+    e_hi3, o_hi3 = _pairs_of(w[14], w[15])
     # word by word, as the dot takes them: e_lo j, o_lo j, e_hi j, o_hi j
     pairs = (e_lo0, o_lo0, e_hi0, o_hi0, e_lo1, o_lo1, e_hi1, o_hi1,
              e_lo2, o_lo2, e_hi2, o_hi2, e_lo3, o_lo3, e_hi3, o_hi3)
@@ -224,7 +248,7 @@ def activation_pairs(x_words, at, live):
             dtype=tl.int32, is_pure=True, pack=1)
         x_sum = s_bits.to(tl.float32, bitcast=True)
     else:
-        x_sum = tl.zeros(live.shape, tl.float32)
+        x_sum = tl.zeros(e_lo0.shape, tl.float32)
         for i in tl.static_range(16):
             x_sum += _half_of(pairs[i], False).to(tl.float32) + _half_of(pairs[i], True).to(tl.float32)
     return pairs, x_sum
