@@ -234,29 +234,53 @@ def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32, int4: bool = Fa
     """(weight rows per program, BLOCK_K, num_warps) for a fused GEMV over an n_out x k_in weight (shape facts).
 
     Without facts (tile_space / AOT without a model) a 1B-class shape is assumed. ``int4``: the INT4 kernels' tile
-    (``INT4_STEP_WEIGHTS``, ``INT4_MAX_BLOCK_K``).
+    (``int4_gemv_tile``).
     """
+    from edgekit.kernels.kernel_def import pow2_at_least
+
+    if int4:
+        return int4_gemv_tile(s, min_rows=min_rows)
+    k = int(s.get("k_in") or 2048)
+    n = int(s.get("n_out") or 8192)
+    block_k = min(pow2_at_least(k, 64), MAX_BLOCK_K)
+    rows = max(min_rows, min(max_rows, STEP_WEIGHTS // block_k))
+    while rows > min_rows and n // rows < TARGET_PROGRAMS:
+        rows //= 2  # fewer rows a program until the grid covers the SMs
+    warps = max(4, min(16, rows * block_k // 2048))  # ~64 weights a thread a step: no spills
+    return rows, block_k, warps
+
+
+# INT4 tiles, chosen for the half2 decode (FP16 activations; BF16 / FP32 ones run the FP32 word decode at the same
+# tile, without spills) by the static SASS count of the K loop and the registers on sm_90 and sm_87 (scripts/
+# fused_sass_report.py; static counts, not measured on a GPU). What sets the count is the weights a thread holds a
+# step: the half2 dot is ~1.7 instructions a weight, but each thread also makes its sub-block's activation pairs
+# and sum (~75 instructions) and its share of the step's RMSNorm, which only its rows amortise. At llama-3.2-1b
+# gate/up (both branches of the scale dtype counted, sm_90): 4.2 instructions a weight at 64 weights a thread, 3.6
+# at 128, 3.05 at 256 (8 rows x one sub-block, 160-168 registers), 2.9 at 512 (255 registers: one program a
+# SM). Hence 256 weights a thread (Triton lays the packed tile's 32 lanes, then its warps, along K first), 16 KB of
+# packed weights a program and step, and more rows over a shorter step while the grid still covers the SMs: a
+# thread's RMSNorm and pair work is BLOCK_K / threads elements, shared by its rows (gate/up: 3.05 at 32 rows x 1024
+# against 3.32 at 16 x 2048). llama-3.2-1b: qkv 16 x 2048, gate/up 32 x 1024, down 8 x 4096, 4 warps each.
+INT4_STEP_WEIGHTS = 32768
+INT4_MAX_BLOCK_K = 4096
+INT4_MAX_ROWS = 32
+INT4_THREAD_WEIGHTS = 256
+
+
+def int4_gemv_tile(s: dict, *, min_rows: int = 4) -> tuple[int, int, int]:
+    """``gemv_tile`` of the INT4 kernels (the rule above): (weight rows per program, BLOCK_K, num_warps)."""
     from edgekit.kernels.kernel_def import pow2_at_least
 
     k = int(s.get("k_in") or 2048)
     n = int(s.get("n_out") or 8192)
-    block_k = min(pow2_at_least(k, 64), INT4_MAX_BLOCK_K if int4 else MAX_BLOCK_K)
-    rows = max(min_rows, min(max_rows, (INT4_STEP_WEIGHTS if int4 else STEP_WEIGHTS) // block_k))
+    block_k = min(pow2_at_least(k, 64), INT4_MAX_BLOCK_K)
+    rows = max(min_rows, min(INT4_MAX_ROWS, INT4_STEP_WEIGHTS // block_k))
+    while rows < INT4_MAX_ROWS and block_k > 1024 and n // (2 * rows) >= TARGET_PROGRAMS:
+        rows, block_k = 2 * rows, block_k // 2  # more rows, shorter step: less activation work a weight
     while rows > min_rows and n // rows < TARGET_PROGRAMS:
         rows //= 2  # fewer rows a program until the grid covers the SMs
-    # ~64 weights a thread a step: no spills; INT4 ~128 (packed: half the registers a weight, and more weights a
-    # thread amortise its per-step activation work)
-    warps = max(4, min(16, rows * block_k // (4096 if int4 else 2048)))
+    warps = max(2, min(8, rows * block_k // (32 * INT4_THREAD_WEIGHTS)))
     return rows, block_k, warps
-
-
-# INT4 tiles: an INT4 K step takes the activation apart into the word decode's per-byte vectors once per thread and
-# step (``_int4_activation_runs``), work that only more rows a thread amortise. Static count (scripts/
-# fused_sass_report.py, sm_90, llama-3.2-1b gate/up): 7.9 SASS instructions a weight in the K loop at the float tile
-# (4 rows x 2048, 4 warps), 5.9 at 16 rows x 1024 on 8 warps, 5.3 on 4 warps, against 4.6 for the INT8 kernel; not
-# measured on a GPU yet (scripts/gpu_int4_fused.sh). Twice the float tile's weights a step is the INT8 tile's bytes.
-INT4_STEP_WEIGHTS = 2 * STEP_WEIGHTS
-INT4_MAX_BLOCK_K = 1024
 
 
 # --------------------------------------------------------------------------- host side: kernel definitions
