@@ -24,13 +24,38 @@ shared by all of them live here:
 Weight formats (the ``W_FORMAT`` constexpr of every fused GEMV kernel, fixed by the kernel's identity):
 ``FLOAT`` (weights in the activation dtype), ``INT8`` (W8A16: per-channel FP32 scale applied in ``_epilogue``) and
 ``INT4`` (W4A16, kernels/int4_layout.py: packed uint8 (N, K/2) in GGML nibble order, group scales (N, K/G) in FP16
-or FP32, optional offsets). An INT4 K step loads the rows' BLOCK_K / 8 int32 words, takes the activation apart in
-registers into the per-byte vectors the word decode of the W4A16 GEMV multiplies (``_int4_activation_runs``), and
-calls that decode (``linear_w4a16_triton._word_dots``: nibbles to FP32 with one shift and one LOP3, exact
-products) for one FP32 partial per row and 32-element sub-block, to which the group scale (and offset * sum x) is
+or FP32, optional offsets). An INT4 K step loads the rows' BLOCK_K / 8 int32 words and decodes them with the W4A16
+GEMV's decoders, chosen at compile time by the activation dtype (``_int4_fma``):
+
+- FP16 activations: the half2 decode (DECODE 3, kernels/int4_half2_triton.py: nibbles to FP16 with the 0x6400
+  magic number and LOP3 in inline PTX, HFMA2 products summed in FP16 within a 32-element sub-block, x pre-scaled
+  by 1/16 for range). The activation step, computed in registers (RMS-normalised, or combined from split-KV
+  partials), becomes the decode's activation pairs and their sum once per K step (``activation_pairs_of``: one
+  trip through shared memory a step), shared by every row a thread holds; the group scales are loaded as DECODE 3
+  loads them (``_int4_group_params``: inline PTX loads, in the dot products' layout).
+- BF16 / FP32 activations: the FP32 word decode (DECODE 2, ``linear_w4a16_triton._word_dots``: nibbles to FP32
+  with one shift and one LOP3, exact products), the activation taken apart into its per-byte vectors once per
+  step (``_int4_activation_runs``).
+
+Either gives one FP32 partial per row and 32-element sub-block, to which the group scale (and offset * sum x) is
 applied, FP32 accumulation as the other formats. The group of a sub-block is looked up per sub-block (as the
 W4A16 GEMV does), so any BLOCK_K that is a multiple of 32 serves G = 32, 64 and 128 alike; scale dtype and the
 symmetric / offset form are uniform runtime flags, so one compiled variant serves every INT4 bundle and GGUF file.
+
+Static SASS count of the INT4 kernels' K loop, instructions a weight (scripts/fused_sass_report.py at
+llama-3.2-1b shapes, default tiles, both sides of the scale-dtype branch counted; static count, not measured on a
+GPU), sm_90 / sm_87, FP32 word decode at the previous INT4 tiles -> half2 decode at ``int4_gemv_tile``'s:
+
+    norm_qkv_rope_w4       5.30 / 5.25 -> 3.37 / 3.46   (16 rows x 2048, 4 warps, 96 registers)
+    norm_swiglu_w4         5.29 / 5.30 -> 3.05 / 3.07   (gate/up: 32 rows x 1024, 4 warps, 160 / 168 registers)
+    proj_residual_w4       5.89 / 5.80 -> 3.03 / 3.04   (down: 8 rows x 4096, 4 warps, 102 / 96 registers)
+    attn_proj_residual_w4  10.16 / 9.98 -> 8.31 / 8.34  (its own tile, 8 rows x 2048 on 8 warps: 64 weights a
+                                                         thread, and every step redoes the split-KV combine)
+
+no spills, 0.5-8 KB of shared memory; the INT8 kernels at the same shapes counted 4.3-5.7 (8.4 for the o-proj) on
+this change's base. An INT4 weight is half a byte: at the H200's issue rate a kernel streams INT4 weights at full
+bandwidth only at ~3.5 thread-instructions a weight or fewer.
+
 The INT4 operands ride at the end of the program functions with defaults (0), so callers that only run float and
 INT8 weights (the persistent decode kernel) call them unchanged.
 

@@ -29,6 +29,10 @@ Around the dot (kernels/linear_w4a16_triton.py, DECODE 3): the activation pairs 
 word loads, PRMT and a 1/16 HMUL2 per pair, the FP32 sum) are made once per (thread, sub-block) and shared by
 the 8-16 weight rows a thread holds, and the group scales are loaded in inline PTX (``load_where_used``) so
 that Triton keeps them in the dot products' layout instead of moving them through shared memory every step.
+The fused decode GEMVs (fused_gemv_triton.py) compute their activation step in registers: ``activation_pairs_of``
+makes the same activation words from it with bit operations (one trip through shared memory a step, where Triton
+moves each sub-block's 32 halves to the threads that hold its weights) and ``pairs_of_words`` pairs, scales and
+sums them as for the loaded words.
 
 ``PTX`` (compiled kernels) and the pure-Triton twin (Triton's CPU interpreter, which cannot run inline
 assembly) compute the same values: every decode is exact, and the twin rounds each product and each sum to
@@ -93,26 +97,18 @@ def _split4(t):
 
 
 @triton.jit
-def _half_of(pair, HI: tl.constexpr):
-    """The FP16 in the low (HI False) or high half of an int32 holding a half2."""
-    if HI:
-        bits = (pair >> 16) & 0xFFFF
-    else:
-        bits = pair & 0xFFFF
-    return bits.to(tl.int16).to(tl.float16, bitcast=True)
-
-
-@triton.jit
 def _word_twin(w, xe_lo, xo_lo, xe_hi, xo_hi, a_even, a_odd):
     """Pure-Triton twin of one word's PTX: the same exact decodes and FP16 products, summed in FP16 in the
-    PTX's order (per lane: byte 0 or 2's low nibble, byte 1 or 3's low nibble, then their high nibbles)."""
+    PTX's order (per lane: byte 0 or 2's low nibble, byte 1 or 3's low nibble, then their high nibbles).
+    Written without nested calls: the interpreter pays ~0.1 ms a call, which dominated the fused tests' time."""
     for HIGH in tl.static_range(2):
         for b in tl.static_range(4):
             q = ((w >> (8 * b + 4 * HIGH)) & 15).to(tl.float16) - 8.0
             if HIGH:
-                x = _half_of(xo_hi if b % 2 else xe_hi, b >= 2)
+                pair = xo_hi if b % 2 else xe_hi
             else:
-                x = _half_of(xo_lo if b % 2 else xe_lo, b >= 2)
+                pair = xo_lo if b % 2 else xe_lo
+            x = ((pair >> (16 * (b // 2))) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)  # low or high half
             if b < 2:  # bytes 0 and 1 go to the half2's low lane, bytes 2 and 3 to its high lane
                 a_even = a_even + q * x
             else:
@@ -150,23 +146,16 @@ def _scaled_half_bits(bits):
 
 
 @triton.jit
-def _pair(a, b, HI: tl.constexpr):
-    """Twin of PAIR_PTX's outputs: {a.lo, b.lo} (HI False) or {a.hi, b.hi}, each half times 1/16."""
-    if HI:
-        lo, hi = (a >> 16) & 0xFFFF, (b >> 16) & 0xFFFF
-    else:
-        lo, hi = a & 0xFFFF, b & 0xFFFF
-    return _scaled_half_bits(lo) | (_scaled_half_bits(hi) << 16)
-
-
-@triton.jit
 def _pairs_of(a, b):
     if _PTX_DEQUANT:
         e, o = tl.inline_asm_elementwise(asm=PAIR_PTX, constraints="=r,=r,r,r", args=[a, b],
                                          dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-    else:
-        e = _pair(a, b, False)
-        o = _pair(a, b, True)
+    else:  # the twin: {a.lo, b.lo} and {a.hi, b.hi}, each half times 1/16
+        ab = tl.join(a, b)
+        a_lo, b_lo = tl.split(_scaled_half_bits(ab & 0xFFFF))
+        a_hi, b_hi = tl.split(_scaled_half_bits((ab >> 16) & 0xFFFF))
+        e = a_lo | (b_lo << 16)
+        o = a_hi | (b_hi << 16)
     return e, o
 
 
@@ -250,7 +239,9 @@ def pairs_of_words(w):
     else:
         x_sum = tl.zeros(e_lo0.shape, tl.float32)
         for i in tl.static_range(16):
-            x_sum += _half_of(pairs[i], False).to(tl.float32) + _half_of(pairs[i], True).to(tl.float32)
+            lo = (pairs[i] & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+            hi = ((pairs[i] >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+            x_sum += lo.to(tl.float32) + hi.to(tl.float32)
     return pairs, x_sum
 
 
