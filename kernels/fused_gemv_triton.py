@@ -24,13 +24,38 @@ shared by all of them live here:
 Weight formats (the ``W_FORMAT`` constexpr of every fused GEMV kernel, fixed by the kernel's identity):
 ``FLOAT`` (weights in the activation dtype), ``INT8`` (W8A16: per-channel FP32 scale applied in ``_epilogue``) and
 ``INT4`` (W4A16, kernels/int4_layout.py: packed uint8 (N, K/2) in GGML nibble order, group scales (N, K/G) in FP16
-or FP32, optional offsets). An INT4 K step loads the rows' BLOCK_K / 8 int32 words, takes the activation apart in
-registers into the per-byte vectors the word decode of the W4A16 GEMV multiplies (``_int4_activation_runs``), and
-calls that decode (``linear_w4a16_triton._word_dots``: nibbles to FP32 with one shift and one LOP3, exact
-products) for one FP32 partial per row and 32-element sub-block, to which the group scale (and offset * sum x) is
+or FP32, optional offsets). An INT4 K step loads the rows' BLOCK_K / 8 int32 words and decodes them with the W4A16
+GEMV's decoders, chosen at compile time by the activation dtype (``_int4_fma``):
+
+- FP16 activations: the half2 decode (DECODE 3, kernels/int4_half2_triton.py: nibbles to FP16 with the 0x6400
+  magic number and LOP3 in inline PTX, HFMA2 products summed in FP16 within a 32-element sub-block, x pre-scaled
+  by 1/16 for range). The activation step, computed in registers (RMS-normalised, or combined from split-KV
+  partials), becomes the decode's activation pairs and their sum once per K step (``activation_pairs_of``: one
+  trip through shared memory a step), shared by every row a thread holds; the group scales are loaded as DECODE 3
+  loads them (``_int4_group_params``: inline PTX loads, in the dot products' layout).
+- BF16 / FP32 activations: the FP32 word decode (DECODE 2, ``linear_w4a16_triton._word_dots``: nibbles to FP32
+  with one shift and one LOP3, exact products), the activation taken apart into its per-byte vectors once per
+  step (``_int4_activation_runs``).
+
+Either gives one FP32 partial per row and 32-element sub-block, to which the group scale (and offset * sum x) is
 applied, FP32 accumulation as the other formats. The group of a sub-block is looked up per sub-block (as the
 W4A16 GEMV does), so any BLOCK_K that is a multiple of 32 serves G = 32, 64 and 128 alike; scale dtype and the
 symmetric / offset form are uniform runtime flags, so one compiled variant serves every INT4 bundle and GGUF file.
+
+Static SASS count of the INT4 kernels' K loop, instructions a weight (scripts/fused_sass_report.py at
+llama-3.2-1b shapes, default tiles, both sides of the scale-dtype branch counted; static count, not measured on a
+GPU), sm_90 / sm_87, FP32 word decode at the previous INT4 tiles -> half2 decode at ``int4_gemv_tile``'s:
+
+    norm_qkv_rope_w4       5.30 / 5.25 -> 3.37 / 3.46   (16 rows x 2048, 4 warps, 96 registers)
+    norm_swiglu_w4         5.29 / 5.30 -> 3.05 / 3.07   (gate/up: 32 rows x 1024, 4 warps, 160 / 168 registers)
+    proj_residual_w4       5.89 / 5.80 -> 3.03 / 3.04   (down: 8 rows x 4096, 4 warps, 102 / 96 registers)
+    attn_proj_residual_w4  10.16 / 9.98 -> 8.31 / 8.34  (its own tile, 8 rows x 2048 on 8 warps: 64 weights a
+                                                         thread, and every step redoes the split-KV combine)
+
+no spills, 0.5-8 KB of shared memory; the INT8 kernels at the same shapes counted 4.3-5.7 (8.4 for the o-proj) on
+this change's base. An INT4 weight is half a byte: at the H200's issue rate a kernel streams INT4 weights at full
+bandwidth only at ~3.5 thread-instructions a weight or fewer.
+
 The INT4 operands ride at the end of the program functions with defaults (0), so callers that only run float and
 INT8 weights (the persistent decode kernel) call them unchanged.
 
@@ -45,9 +70,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgekit.kernels.int4_half2_triton import _split4
+from edgekit.kernels.int4_half2_triton import UNSCALE, _split4, activation_pairs_of, subblock_dots_half2
 from edgekit.kernels.linear_triton import _int8_to_f32
-from edgekit.kernels.linear_w4a16_triton import _group_params, _word_dots
+from edgekit.kernels.linear_w4a16_triton import _group_params, _group_params_at, _scale_rows, _word_dots
 from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
 
 # W_FORMAT values: how a fused GEMV kernel reads its weight tile
@@ -106,8 +131,8 @@ def _gemv_fma(acc, w, x, W_FORMAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K:
 
     INT4 takes the tile's rows, K step and group operands (``int4_params``) as well; float and INT8 ignore them."""
     if W_FORMAT == 2:  # INT4
-        s, m = _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K),
-                             scale_f32, has_offset)  # (BLOCK_R, SB) FP32
+        s, m = _int4_group_params(rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32,
+                                  group_shift, x.dtype == tl.float16, BLOCK_K)  # (BLOCK_R, SB) FP32
         return _int4_fma(acc, w, x, s, m, has_offset, BLOCK_R, BLOCK_K)
     else:
         prod = _weight_tile_f32(w, W_FORMAT) * x.to(tl.float32)[None, :]
@@ -120,6 +145,23 @@ def _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K: tl.constexpr):
     sub = k0 + tl.arange(0, BLOCK_K // 32) * 32
     g = tl.minimum(sub, K - 32) >> 5 >> group_shift
     return rows.to(tl.int64)[:, None] * stride_sn + g[None, :]
+
+
+@triton.jit
+def _int4_group_params(rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
+                       HALF2: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Group scales and offsets (BLOCK_R, SB) FP32 of the K step's sub-blocks. The half2 path loads them as DECODE 3
+    does (``_group_params_at``: inline PTX loads, which take the dot products' layout instead of moving through
+    shared memory every step)."""
+    if HALF2:
+        s_at, m_at, s_bytes = _scale_rows(sh_ptr, oh_ptr, sf_ptr, of_ptr, rows.to(tl.int64)[:, None] * stride_sn,
+                                          scale_f32, has_offset)
+        sub = k0 + tl.arange(0, BLOCK_K // 32) * 32
+        g = tl.minimum(sub, K - 32) >> 5 >> group_shift  # (SB,) group of each sub-block (past K: the last one's)
+        return _group_params_at(s_at, m_at, (g * s_bytes)[None, :], scale_f32, has_offset)
+    else:
+        return _group_params(sh_ptr, oh_ptr, sf_ptr, of_ptr, _group_index(rows, k0, K, stride_sn, group_shift, BLOCK_K),
+                             scale_f32, has_offset)
 
 
 @triton.jit
@@ -137,15 +179,25 @@ def _int4_activation_runs(x, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _int4_fma(acc, words, x, s, m, has_offset, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc (BLOCK_R, SB) += s * sum (q - zero) x + m * sum x per sub-block: the W4A16 GEMV's word decode
-    (``_word_dots``) on the packed words, group scale ``s`` and offset ``m`` (BLOCK_R, SB) applied per sub-block."""
-    zero = tl.where(has_offset != 0, 0.0, 8.0)  # symmetric: w = (q - 8) s; with offsets: w = q s + m
-    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi = _int4_activation_runs(x, BLOCK_K)
-    dot, x_sum = _word_dots(words, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi, zero, BLOCK_R,
-                            BLOCK_K // 32)
-    acc += s * dot
-    if has_offset != 0:
-        acc += m * x_sum[None, :]
+    """acc (BLOCK_R, SB) += s * sum (q - zero) x + m * sum x per sub-block, group scale ``s`` and offset ``m``
+    (BLOCK_R, SB) applied per sub-block. FP16 activations: the W4A16 GEMV's half2 decode (DECODE 3,
+    kernels/int4_half2_triton.py) on the packed words, the activation pairs made once per K step from x in
+    registers; BF16 / FP32 ones: its FP32 word decode (``_word_dots``)."""
+    HALF2: tl.constexpr = x.dtype == tl.float16
+    if HALF2:
+        pairs, x_sum = activation_pairs_of(x, BLOCK_K)  # (SB,) x 16, (SB,): sums of x / 16
+        dot = subblock_dots_half2(tl.reshape(words, (BLOCK_R, BLOCK_K // 32, 4)), pairs)  # sum (q - 8) x / 16
+        acc += (s * UNSCALE) * dot  # x 16 is exact: the sums took x / 16
+        if has_offset != 0:  # centred codes for both forms: q s + m = (q - 8) s + (m + 8 s)
+            acc += ((m + 8.0 * s) * UNSCALE) * x_sum[None, :]
+    else:
+        zero = tl.where(has_offset != 0, 0.0, 8.0)  # symmetric: w = (q - 8) s; with offsets: w = q s + m
+        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi = _int4_activation_runs(x, BLOCK_K)
+        dot, x_sum = _word_dots(words, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi, zero, BLOCK_R,
+                                BLOCK_K // 32)
+        acc += s * dot
+        if has_offset != 0:
+            acc += m * x_sum[None, :]
     return acc
 
 
@@ -207,29 +259,53 @@ def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32, int4: bool = Fa
     """(weight rows per program, BLOCK_K, num_warps) for a fused GEMV over an n_out x k_in weight (shape facts).
 
     Without facts (tile_space / AOT without a model) a 1B-class shape is assumed. ``int4``: the INT4 kernels' tile
-    (``INT4_STEP_WEIGHTS``, ``INT4_MAX_BLOCK_K``).
+    (``int4_gemv_tile``).
     """
+    from edgekit.kernels.kernel_def import pow2_at_least
+
+    if int4:
+        return int4_gemv_tile(s, min_rows=min_rows)
+    k = int(s.get("k_in") or 2048)
+    n = int(s.get("n_out") or 8192)
+    block_k = min(pow2_at_least(k, 64), MAX_BLOCK_K)
+    rows = max(min_rows, min(max_rows, STEP_WEIGHTS // block_k))
+    while rows > min_rows and n // rows < TARGET_PROGRAMS:
+        rows //= 2  # fewer rows a program until the grid covers the SMs
+    warps = max(4, min(16, rows * block_k // 2048))  # ~64 weights a thread a step: no spills
+    return rows, block_k, warps
+
+
+# INT4 tiles, chosen for the half2 decode (FP16 activations; BF16 / FP32 ones run the FP32 word decode at the same
+# tile, without spills) by the static SASS count of the K loop and the registers on sm_90 and sm_87 (scripts/
+# fused_sass_report.py; static counts, not measured on a GPU). What sets the count is the weights a thread holds a
+# step: the half2 dot is ~1.7 instructions a weight, but each thread also makes its sub-block's activation pairs
+# and sum (~75 instructions) and its share of the step's RMSNorm, which only its rows amortise. At llama-3.2-1b
+# gate/up (both branches of the scale dtype counted, sm_90): 4.2 instructions a weight at 64 weights a thread, 3.6
+# at 128, 3.05 at 256 (8 rows x one sub-block, 160-168 registers), 2.9 at 512 (255 registers: one program a
+# SM). Hence 256 weights a thread (Triton lays the packed tile's 32 lanes, then its warps, along K first), 16 KB of
+# packed weights a program and step, and more rows over a shorter step while the grid still covers the SMs: a
+# thread's RMSNorm and pair work is BLOCK_K / threads elements, shared by its rows (gate/up: 3.05 at 32 rows x 1024
+# against 3.32 at 16 x 2048). llama-3.2-1b: qkv 16 x 2048, gate/up 32 x 1024, down 8 x 4096, 4 warps each.
+INT4_STEP_WEIGHTS = 32768
+INT4_MAX_BLOCK_K = 4096
+INT4_MAX_ROWS = 32
+INT4_THREAD_WEIGHTS = 256
+
+
+def int4_gemv_tile(s: dict, *, min_rows: int = 4) -> tuple[int, int, int]:
+    """``gemv_tile`` of the INT4 kernels (the rule above): (weight rows per program, BLOCK_K, num_warps)."""
     from edgekit.kernels.kernel_def import pow2_at_least
 
     k = int(s.get("k_in") or 2048)
     n = int(s.get("n_out") or 8192)
-    block_k = min(pow2_at_least(k, 64), INT4_MAX_BLOCK_K if int4 else MAX_BLOCK_K)
-    rows = max(min_rows, min(max_rows, (INT4_STEP_WEIGHTS if int4 else STEP_WEIGHTS) // block_k))
+    block_k = min(pow2_at_least(k, 64), INT4_MAX_BLOCK_K)
+    rows = max(min_rows, min(INT4_MAX_ROWS, INT4_STEP_WEIGHTS // block_k))
+    while rows < INT4_MAX_ROWS and block_k > 1024 and n // (2 * rows) >= TARGET_PROGRAMS:
+        rows, block_k = 2 * rows, block_k // 2  # more rows, shorter step: less activation work a weight
     while rows > min_rows and n // rows < TARGET_PROGRAMS:
         rows //= 2  # fewer rows a program until the grid covers the SMs
-    # ~64 weights a thread a step: no spills; INT4 ~128 (packed: half the registers a weight, and more weights a
-    # thread amortise its per-step activation work)
-    warps = max(4, min(16, rows * block_k // (4096 if int4 else 2048)))
+    warps = max(2, min(8, rows * block_k // (32 * INT4_THREAD_WEIGHTS)))
     return rows, block_k, warps
-
-
-# INT4 tiles: an INT4 K step takes the activation apart into the word decode's per-byte vectors once per thread and
-# step (``_int4_activation_runs``), work that only more rows a thread amortise. Static count (scripts/
-# fused_sass_report.py, sm_90, llama-3.2-1b gate/up): 7.9 SASS instructions a weight in the K loop at the float tile
-# (4 rows x 2048, 4 warps), 5.9 at 16 rows x 1024 on 8 warps, 5.3 on 4 warps, against 4.6 for the INT8 kernel; not
-# measured on a GPU yet (scripts/gpu_int4_fused.sh). Twice the float tile's weights a step is the INT8 tile's bytes.
-INT4_STEP_WEIGHTS = 2 * STEP_WEIGHTS
-INT4_MAX_BLOCK_K = 1024
 
 
 # --------------------------------------------------------------------------- host side: kernel definitions

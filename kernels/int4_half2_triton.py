@@ -29,6 +29,10 @@ Around the dot (kernels/linear_w4a16_triton.py, DECODE 3): the activation pairs 
 word loads, PRMT and a 1/16 HMUL2 per pair, the FP32 sum) are made once per (thread, sub-block) and shared by
 the 8-16 weight rows a thread holds, and the group scales are loaded in inline PTX (``load_where_used``) so
 that Triton keeps them in the dot products' layout instead of moving them through shared memory every step.
+The fused decode GEMVs (fused_gemv_triton.py) compute their activation step in registers: ``activation_pairs_of``
+makes the same activation words from it with bit operations (one trip through shared memory a step, where Triton
+moves each sub-block's 32 halves to the threads that hold its weights) and ``pairs_of_words`` pairs, scales and
+sums them as for the loaded words.
 
 ``PTX`` (compiled kernels) and the pure-Triton twin (Triton's CPU interpreter, which cannot run inline
 assembly) compute the same values: every decode is exact, and the twin rounds each product and each sum to
@@ -93,26 +97,18 @@ def _split4(t):
 
 
 @triton.jit
-def _half_of(pair, HI: tl.constexpr):
-    """The FP16 in the low (HI False) or high half of an int32 holding a half2."""
-    if HI:
-        bits = (pair >> 16) & 0xFFFF
-    else:
-        bits = pair & 0xFFFF
-    return bits.to(tl.int16).to(tl.float16, bitcast=True)
-
-
-@triton.jit
 def _word_twin(w, xe_lo, xo_lo, xe_hi, xo_hi, a_even, a_odd):
     """Pure-Triton twin of one word's PTX: the same exact decodes and FP16 products, summed in FP16 in the
-    PTX's order (per lane: byte 0 or 2's low nibble, byte 1 or 3's low nibble, then their high nibbles)."""
+    PTX's order (per lane: byte 0 or 2's low nibble, byte 1 or 3's low nibble, then their high nibbles).
+    Written without nested calls: the interpreter pays ~0.1 ms a call, which dominated the fused tests' time."""
     for HIGH in tl.static_range(2):
         for b in tl.static_range(4):
             q = ((w >> (8 * b + 4 * HIGH)) & 15).to(tl.float16) - 8.0
             if HIGH:
-                x = _half_of(xo_hi if b % 2 else xe_hi, b >= 2)
+                pair = xo_hi if b % 2 else xe_hi
             else:
-                x = _half_of(xo_lo if b % 2 else xe_lo, b >= 2)
+                pair = xo_lo if b % 2 else xe_lo
+            x = ((pair >> (16 * (b // 2))) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)  # low or high half
             if b < 2:  # bytes 0 and 1 go to the half2's low lane, bytes 2 and 3 to its high lane
                 a_even = a_even + q * x
             else:
@@ -150,32 +146,17 @@ def _scaled_half_bits(bits):
 
 
 @triton.jit
-def _pair(a, b, HI: tl.constexpr):
-    """Twin of PAIR_PTX's outputs: {a.lo, b.lo} (HI False) or {a.hi, b.hi}, each half times 1/16."""
-    if HI:
-        lo, hi = (a >> 16) & 0xFFFF, (b >> 16) & 0xFFFF
-    else:
-        lo, hi = a & 0xFFFF, b & 0xFFFF
-    return _scaled_half_bits(lo) | (_scaled_half_bits(hi) << 16)
-
-
-@triton.jit
 def _pairs_of(a, b):
     if _PTX_DEQUANT:
         e, o = tl.inline_asm_elementwise(asm=PAIR_PTX, constraints="=r,=r,r,r", args=[a, b],
                                          dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-    else:
-        e = _pair(a, b, False)
-        o = _pair(a, b, True)
+    else:  # the twin: {a.lo, b.lo} and {a.hi, b.hi}, each half times 1/16
+        ab = tl.join(a, b)
+        a_lo, b_lo = tl.split(_scaled_half_bits(ab & 0xFFFF))
+        a_hi, b_hi = tl.split(_scaled_half_bits((ab >> 16) & 0xFFFF))
+        e = a_lo | (b_lo << 16)
+        o = a_hi | (b_hi << 16)
     return e, o
-
-
-@triton.jit
-def _load_pairs(x_words, at, live, HALF: tl.constexpr, J: tl.constexpr):
-    """Word J's activation pairs of each sub-block's low (HALF 0) or high (HALF 1) half, scaled."""
-    a = tl.load(x_words + at + 8 * HALF + 2 * J, mask=live, other=0)  # {x[4J], x[4J+1]} (+ 16 HALF)
-    b = tl.load(x_words + at + 8 * HALF + 2 * J + 1, mask=live, other=0)  # {x[4J+2], x[4J+3]}
-    return _pairs_of(a, b)
 
 
 @triton.jit
@@ -205,14 +186,46 @@ def activation_pairs(x_words, at, live):
     ``x_words``: int32 pointer over the FP16 activation row (word p = {x[2p], x[2p+1]}); ``at`` (SB,): each
     sub-block's first word; ``live`` (SB,): sub-blocks inside K. Sixteen word loads per sub-block, each a (SB,)
     tensor: computed where the weight tile's rows need them, so every row a thread holds shares them."""
-    e_lo0, o_lo0 = _load_pairs(x_words, at, live, 0, 0)
-    e_lo1, o_lo1 = _load_pairs(x_words, at, live, 0, 1)
-    e_lo2, o_lo2 = _load_pairs(x_words, at, live, 0, 2)
-    e_lo3, o_lo3 = _load_pairs(x_words, at, live, 0, 3)
-    e_hi0, o_hi0 = _load_pairs(x_words, at, live, 1, 0)
-    e_hi1, o_hi1 = _load_pairs(x_words, at, live, 1, 1)
-    e_hi2, o_hi2 = _load_pairs(x_words, at, live, 1, 2)
-    e_hi3, o_hi3 = _load_pairs(x_words, at, live, 1, 3)
+    return pairs_of_words((
+        tl.load(x_words + at, mask=live, other=0), tl.load(x_words + at + 1, mask=live, other=0),
+        tl.load(x_words + at + 2, mask=live, other=0), tl.load(x_words + at + 3, mask=live, other=0),
+        tl.load(x_words + at + 4, mask=live, other=0), tl.load(x_words + at + 5, mask=live, other=0),
+        tl.load(x_words + at + 6, mask=live, other=0), tl.load(x_words + at + 7, mask=live, other=0),
+        tl.load(x_words + at + 8, mask=live, other=0), tl.load(x_words + at + 9, mask=live, other=0),
+        tl.load(x_words + at + 10, mask=live, other=0), tl.load(x_words + at + 11, mask=live, other=0),
+        tl.load(x_words + at + 12, mask=live, other=0), tl.load(x_words + at + 13, mask=live, other=0),
+        tl.load(x_words + at + 14, mask=live, other=0), tl.load(x_words + at + 15, mask=live, other=0)))
+
+
+@triton.jit
+def activation_pairs_of(x, BLOCK_K: tl.constexpr):
+    """``activation_pairs`` of an FP16 activation step held in registers, x (BLOCK_K,) (the fused decode GEMVs
+    compute theirs: RMS-normalised, or combined from split-KV partials): the sub-blocks' activation words are
+    made by bit operations instead of loads, then paired, scaled and summed by the same code."""
+    SB: tl.constexpr = BLOCK_K // 32
+    bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF  # (BLOCK_K,)
+    halves = tl.reshape(bits, (BLOCK_K // 2, 2)) << (tl.arange(0, 2) * 16)[None, :]
+    words = tl.reshape(tl.sum(halves, axis=1), (SB, 4, 4))  # [sub-block, p // 4, p % 4]: word p = {x[2p], x[2p+1]}
+    r0, r1, r2, r3 = _split4(tl.permute(words, (0, 2, 1)))  # word 4r + c at [:, c] of r<r>
+    w0, w1, w2, w3 = _split4(r0)
+    w4, w5, w6, w7 = _split4(r1)
+    w8, w9, w10, w11 = _split4(r2)
+    w12, w13, w14, w15 = _split4(r3)
+    return pairs_of_words((w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15))
+
+
+@triton.jit
+def pairs_of_words(w):
+    """``activation_pairs`` from each sub-block's 16 activation words ``w`` (a tuple of 16 (SB,) int32, word p =
+    {x[2p], x[2p+1]}): two byte permutes and two 1/16 half2 multiplies a word pair, and the FP32 sum."""
+    e_lo0, o_lo0 = _pairs_of(w[0], w[1])  # word J's pairs of the sub-block's low half: words 2J, 2J + 1
+    e_lo1, o_lo1 = _pairs_of(w[2], w[3])
+    e_lo2, o_lo2 = _pairs_of(w[4], w[5])
+    e_lo3, o_lo3 = _pairs_of(w[6], w[7])
+    e_hi0, o_hi0 = _pairs_of(w[8], w[9])  # and of its high half: words 8 + 2J, 9 + 2J
+    e_hi1, o_hi1 = _pairs_of(w[10], w[11])
+    e_hi2, o_hi2 = _pairs_of(w[12], w[13])
+    e_hi3, o_hi3 = _pairs_of(w[14], w[15])
     # word by word, as the dot takes them: e_lo j, o_lo j, e_hi j, o_hi j
     pairs = (e_lo0, o_lo0, e_hi0, o_hi0, e_lo1, o_lo1, e_hi1, o_hi1,
              e_lo2, o_lo2, e_hi2, o_hi2, e_lo3, o_lo3, e_hi3, o_hi3)
@@ -224,9 +237,11 @@ def activation_pairs(x_words, at, live):
             dtype=tl.int32, is_pure=True, pack=1)
         x_sum = s_bits.to(tl.float32, bitcast=True)
     else:
-        x_sum = tl.zeros(live.shape, tl.float32)
+        x_sum = tl.zeros(e_lo0.shape, tl.float32)
         for i in tl.static_range(16):
-            x_sum += _half_of(pairs[i], False).to(tl.float32) + _half_of(pairs[i], True).to(tl.float32)
+            lo = (pairs[i] & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+            hi = ((pairs[i] >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+            x_sum += lo.to(tl.float32) + hi.to(tl.float32)
     return pairs, x_sum
 
 

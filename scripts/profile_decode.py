@@ -27,7 +27,8 @@ ENGINES = {"per-operator": RuntimeEngine, "fused": FusedRuntimeEngine, "persiste
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+")
-    ap.add_argument("--precision", default="int8", choices=["fp16", "int8", "int8-head"])
+    ap.add_argument("--precision", default="int8", choices=["fp16", "int8", "int8-head", "int4"],
+                    help="int4: W4A16 RTN block projections, groups of 128, FP16 scales and offsets (bench.runner.int4_linear)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--engine", default="per-operator", choices=["per-operator", "fused", "persistent"],

@@ -22,15 +22,20 @@ FUSED_OPS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_proj_resi
 INT4_OPS = FUSED_OPS[:4]
 
 
-def _weights(g, n, k, int8: bool, dtype, device, w4: dict | None = None):
+def _weights(g, n, k, int8: bool, dtype, device, w4: dict | None = None, act_range: float | None = None):
     """A weight of shape (n, k) with outputs O(1) for O(1) inputs: (weight, scale, offset, FP64 weight).
 
     Float, INT8 + FP32 scale, or (``w4``: {"group", "symmetric", "scale_dtype"}) packed INT4 + group scales and
-    offsets (None for the symmetric form), as w4a16_cases draws them."""
+    offsets (None for the symmetric form), as w4a16_cases draws them. ``act_range`` (INT4): activations up to that
+    magnitude, so group scales (and offsets) divided by it, and codes 0 (q - 8 = -8) in every row's first
+    sub-block, the largest products the half2 decode's FP16 lanes sum."""
     if w4 is not None:
         group, sdt = w4["group"], w4["scale_dtype"]
         q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
         scale = ((torch.rand(n, k // group, generator=g) + 0.5) / (8 * k ** 0.5)).to(sdt)
+        if act_range is not None:
+            q[:, :32] = 0
+            scale = (scale.float() / act_range).to(sdt)
         offset = None if w4["symmetric"] else (-scale.float() * (8 + torch.randn(n, k // group, generator=g))).to(sdt)
         packed = pack_int4(q)
         w64 = oracle.int4_weights(packed, scale, offset)
@@ -48,17 +53,37 @@ def _ratio(op: str, got, want) -> float:
     return oracle.within(got, want, tol.atol, tol.rtol)[1]
 
 
+def _range_activations(g, B: int, C: int, act_range: float, norm: bool, eps: float):
+    """(x, norm weight) whose GEMV activations (x, or RMSNorm(x) * nw with ``norm``) lie within +-act_range, every
+    row's first 32 at one sign and the largest magnitude (up to act_range): the half2 lanes' worst case."""
+    x = 2 * torch.rand(B, C, generator=g, dtype=torch.float64) - 1
+    x[:, :32] = 1.0
+    if not norm:
+        return (x * act_range).half(), (1.0 + 0.1 * torch.randn(C, generator=g)).half()
+    rstd = 1.0 / torch.sqrt((x.half().double() ** 2).mean(dim=1) + eps)  # (B,)
+    nw = (0.5 + 0.5 * torch.rand(C, generator=g, dtype=torch.float64)) * act_range * 0.999 / rstd.max()
+    nw[:32] = act_range * 0.999 / rstd.max()
+    return x.half(), nw.half()
+
+
 def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int, device="cuda",
                n_heads=4, n_kv_heads=2, head_dim=32, F=96, N=80, V=300, S=24, eps=1e-5,
-               w4: dict | None = None, min_seq_len: int = 1) -> dict[str, float]:
+               w4: dict | None = None, min_seq_len: int = 1, act_range: float | None = None) -> dict[str, float]:
     """Run ``fn`` (the operator's implementation) on one random case; {output: worst error ratio}.
 
     ``w4`` ({"group", "symmetric", "scale_dtype"}): INT4 (W4A16) weights instead (``int8`` ignored); the oracle
-    multiplies by their FP64 dequantization. K (C, or n_heads * head_dim) must be a multiple of the group."""
+    multiplies by their FP64 dequantization. K (C, or n_heads * head_dim) must be a multiple of the group.
+    ``act_range`` (with ``w4``): the activations the GEMV multiplies reach that magnitude (x, the normalised x or
+    the attention output), every row's first sub-block at one sign against codes 0, and the group scales are
+    divided by it, so the outputs stay O(1) and the operator's FP16 tolerance applies unchanged."""
     g = torch.Generator().manual_seed(seed)
     h = torch.float16
     x = torch.randn(B, C, generator=g).to(h).to(device)
     nw = (1.0 + 0.1 * torch.randn(C, generator=g)).to(h).to(device)
+    if act_range is not None:
+        if w4 is None:
+            raise ValueError("act_range is a check of the INT4 (w4) kernels' activation range")
+        x, nw = (t.to(device) for t in _range_activations(g, B, C, act_range, op != "fused_proj_residual", eps))
     xn = oracle.rmsnorm(x, nw, eps)
 
     def maybe_bias(n):
@@ -69,7 +94,7 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
 
     if op == "fused_norm_qkv_rope":
         D, H = head_dim, n_heads + 2 * n_kv_heads
-        w, s, off, w64 = _weights(g, H * D, C, int8, h, device, w4)
+        w, s, off, w64 = _weights(g, H * D, C, int8, h, device, w4, act_range)
         b = maybe_bias(H * D)
         cos, sin = rope_frequencies(D, S, 10000.0)
         cos, sin = cos.to(device), sin.to(device)
@@ -92,8 +117,12 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         q = torch.randn(B, Hq, D, generator=g).to(h).to(device)
         kc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
         vc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
+        if act_range is not None:  # the attention output is a convex combination of values: up to act_range
+            vc = ((2 * torch.rand(B, Hkv, S, D, generator=g) - 1) * act_range).to(h)
+            vc[:, 0, :, :32] = act_range  # head 0's first 32 outputs (K's first sub-block) at +act_range
+            vc = vc.to(device)
         seq_lens = torch.randint(min_seq_len, S + 1, (B,), generator=g, dtype=torch.int32).to(device)  # ragged
-        w, s, off, w64 = _weights(g, N, Hq * D, int8, h, device, w4)
+        w, s, off, w64 = _weights(g, N, Hq * D, int8, h, device, w4, act_range)
         b = maybe_bias(N)
         res = torch.randn(B, N, generator=g).to(h).to(device)
         arrivals = torch.zeros(B, Hkv, dtype=torch.int32, device=device)
@@ -102,13 +131,13 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         left = float("inf") if int(arrivals.abs().sum()) else 0.0  # not zero: the next call would merge too early
         return {"y": _ratio(op, y, oracle.f64(res) + lin(o, w64, b)), "arrivals left non-zero": left}
     if op == "fused_proj_residual":
-        w, s, off, w64 = _weights(g, N, C, int8, h, device, w4)
+        w, s, off, w64 = _weights(g, N, C, int8, h, device, w4, act_range)
         b = maybe_bias(N)
         res = torch.randn(B, N, generator=g).to(h).to(device)
         y = fn(x, w, s, off, b, res)
         return {"y": _ratio(op, y, oracle.f64(res) + lin(oracle.f64(x), w64, b))}
     if op == "fused_norm_swiglu":
-        w, s, off, w64 = _weights(g, 2 * F, C, int8, h, device, w4)
+        w, s, off, w64 = _weights(g, 2 * F, C, int8, h, device, w4, act_range)
         y = fn(x, nw, w, s, off, eps)
         return {"y": _ratio(op, y, oracle.swiglu(lin(xn, w64, None)))}
     if op == "fused_head_argmax":

@@ -1,8 +1,9 @@
 """Run the fused decode operators' INT4 (W4A16) kernels under Triton's CPU interpreter; print error ratios (JSON).
 
 Hypothesis draws the operator, group size (32/64/128), symmetric or offset form, FP16 or FP32 scales, batch,
-K (a multiple of the group, often not of the tile) and bias; fixed cases add K loops of several steps (a group
-spanning steps, a last step ending inside the tile) through variants with a narrow BLOCK_K. The oracle multiplies
+K (a multiple of the group, often not of the tile) and bias; a second draw adds FP16 activations of large
+magnitude (up to 8000, the half2 decode's range) with the worst sign pattern; fixed cases add K loops of several
+steps (a group spanning steps, a last step ending inside the tile) through variants with a narrow BLOCK_K. The oracle multiplies
 by the FP64 dequantization of the packed weights (fused_cases.py). A case outside the tolerance fails inside
 hypothesis, which shrinks it and prints the smallest failing example on stderr.
 
@@ -62,6 +63,21 @@ def main() -> None:
                F=40, N=48, **HEADS)
 
     drawn()
+
+    # the half2 decode's range (FP16 activations, kernels/int4_half2_triton.py): activations up to 8000 in
+    # magnitude (the 1/16 prescale keeps an FP16 lane of 16 products finite below 8188), every row's first
+    # sub-block at one sign against codes 0 (a lane's largest partial); group scales divided by the magnitude, so
+    # outputs stay O(1) and the FP16 tolerance is the operator's own
+    @settings(max_examples=int(os.environ.get("FUSED_INT4_RANGE_EXAMPLES", "6")), deadline=None, database=None)
+    @given(op=st.sampled_from(INT4_OPS), group=st.sampled_from([32, 64, 128]), groups=st.integers(1, 2),
+           symmetric=st.booleans(), scale_dtype=st.sampled_from([torch.float16, torch.float32]),
+           act_range=st.sampled_from([64.0, 1024.0, 4096.0, 8000.0]), seed=st.integers(0, 2**16))
+    def wide(op, group, groups, symmetric, scale_dtype, act_range, seed):
+        w4 = {"group": group, "symmetric": symmetric, "scale_dtype": scale_dtype}
+        record(f"{op} range |x| <= {act_range} {w4} C={group * groups}", ops[op], op, B=1, C=group * groups,
+               bias=False, seed=seed, S=300, w4=w4, F=40, N=48, act_range=act_range, **HEADS)
+
+    wide()
 
     # K loops of several steps: C = 160 (5 sub-blocks) in steps of 64 (the last step half past K), groups of 32
     # and of 128 (a group spanning steps); attention's K = 128 in steps of 32 with groups of 64

@@ -28,3 +28,22 @@ def test_fused_kernels_compile_for_orin_and_hopper(op, arch):
                 if ck.registers is not None:  # the bundled ptxas reports them (absent only without ptxas)
                     assert ck.registers <= 255, (kernel, ck.registers)
                     assert ck.spills in (None, {"stores": 0, "loads": 0}), (kernel, ck.spills)
+
+
+@pytest.mark.parametrize("arch", [87, 90])
+@pytest.mark.parametrize("op", ["fused_norm_qkv_rope", "fused_norm_swiglu", "fused_proj_residual"])
+def test_int4_kernels_at_1b_shapes_compile_without_spills(op, arch):
+    # the INT4 tiles (fused_gemv_triton.int4_gemv_tile) follow the model's shapes: at llama-3.2-1b they hold 256
+    # weights a thread, which must stay in registers for the half2 decode (FP16) and the FP32 word decode (BF16)
+    from edgekit.model.presets import preset_config
+    from edgekit.plan.tiles import step_weight_shape
+
+    cfg = preset_config("llama-3.2-1b")
+    facts = {**step_weight_shape(op, cfg), "head_dim": cfg.head_dim, "n_heads": cfg.n_heads,
+             "n_kv_heads": cfg.n_kv_heads}
+    for dtype in ("fp16", "bf16"):
+        v = next(v for k, v in default_variants(op, dtype=dtype, **facts).items() if k.endswith("_w4"))
+        ck = compile_variant(v, arch, budget_bytes=ORIN_SMEM_BUDGET)
+        assert ck.shared_bytes <= ORIN_SMEM_BUDGET, (v.label(), ck.shared_bytes)
+        if ck.registers is not None:
+            assert ck.spills in (None, {"stores": 0, "loads": 0}), (v.label(), ck.registers, ck.spills)

@@ -1,7 +1,8 @@
 """On the GPU: every fused decode operator matches the FP64 oracle on random shapes (hypothesis), through the
 Triton kernels the runtime's fused decode path launches, for float and INT8 (W8A16) weights, and the four layer
 operators for INT4 (W4A16) weights (group 32/64/128, symmetric or with offsets, FP16 or FP32 scales), launched with
-and without programmatic dependent launch (kernels/pdl_triton.py: on sm_90+ the fused step of a small model uses it)."""
+and without programmatic dependent launch (kernels/pdl_triton.py: on sm_90+ the fused step of a small model uses it),
+and the INT4 operators with FP16 activations up to 8000 in magnitude (the half2 decode's range, its inline PTX)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,26 @@ def test_fused_int4_operator_matches_fp64(ops, op, B, groups, group, symmetric, 
         ratios = check_case(op, ops[op], B=B, C=C, int8=False, bias=bias, seed=seed, n_heads=hq, n_kv_heads=hkv,
                             head_dim=d, F=3 * C // 2 + 8, N=C + 16, S=S, w4=w4)
     assert all(r <= 1.0 for r in ratios.values()), (w4, ratios)
+
+
+@pytest.mark.parametrize("op", INT4_OPS)
+@settings(max_examples=int(os.environ.get("FUSED_INT4_RANGE_EXAMPLES", "6")), deadline=None)
+@given(B=st.integers(1, 3), groups=st.sampled_from([1, 3, 16]), group=st.sampled_from([32, 64, 128]),
+       symmetric=st.booleans(), scale_dtype=st.sampled_from(["float16", "float32"]),
+       heads=st.sampled_from([(4, 2, 32), (32, 8, 64)]), act_range=st.sampled_from([64.0, 1024.0, 4096.0, 8000.0]),
+       seed=st.integers(0, 2**16))
+def test_fused_int4_operator_with_large_fp16_activations_matches_fp64(ops, op, B, groups, group, symmetric,
+                                                                      scale_dtype, heads, act_range, seed):
+    """The half2 decode's range (kernels/int4_half2_triton.py), in its inline PTX: FP16 activations up to 8000, every
+    row's first sub-block at one sign against codes 0 (an FP16 lane's largest partial, finite thanks to the 1/16
+    prescale), group scales divided by the magnitude so the operator's own tolerance applies."""
+    import torch
+
+    hq, hkv, d = heads
+    if op == "fused_attn_proj_residual" and (hq * d) % group:
+        group = 32
+    w4 = {"group": group, "symmetric": symmetric, "scale_dtype": getattr(torch, scale_dtype)}
+    ratios = check_case(op, ops[op], B=B, C=group * groups, int8=False, bias=False, seed=seed, n_heads=hq,
+                        n_kv_heads=hkv, head_dim=d, F=3 * group * groups // 2 + 8, N=group * groups + 16, S=700,
+                        w4=w4, act_range=act_range)
+    assert all(r <= 1.0 for r in ratios.values()), (w4, act_range, ratios)

@@ -2,7 +2,9 @@
 
 Hypothesis-drawn cases (fused_int4_interpret_check.py) over the four layer operators, group size 32/64/128,
 symmetric and offset forms, FP16 and FP32 scales, one or two sequences, K a multiple of the group but not of the
-tile, bias or none; fixed cases run K loops of several steps (a group spanning steps, a last step past K).
+tile, bias or none; FP16 activations up to 8000 in magnitude with the worst sign pattern (the half2 decode's range,
+at the operators' own tolerance); fixed cases run K loops of several steps (a group spanning steps, a last step
+past K). FP16 activations run the half2 decode's pure-Triton twin here (the interpreter runs no inline PTX).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def test_fused_int4_kernels_under_the_interpreter():
     results = json.loads(r.stdout.strip().splitlines()[-1])
     cases = [x["case"] for x in results]
     assert sum(" K loop " in c for c in cases) == 2 * len(INT4_OPS), cases
-    assert len(results) > 2 * len(INT4_OPS), "the hypothesis-drawn cases did not run"
+    assert sum(" range " in c for c in cases) >= 4, "the large-activation (half2 range) cases did not run"
+    assert len(results) > 2 * len(INT4_OPS) + 4, "the hypothesis-drawn cases did not run"
     failed = [x for x in results if not all(v <= 1.0 for v in x["ratios"].values())]
     assert not failed, f"outside the FP16 tolerance (ratio = error / allowed; flags are 0/1): {failed}"
