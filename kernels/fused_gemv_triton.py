@@ -49,8 +49,8 @@ GPU), sm_90 / sm_87, FP32 word decode at the previous INT4 tiles -> half2 decode
     norm_qkv_rope_w4       5.30 / 5.25 -> 3.37 / 3.46   (16 rows x 2048, 4 warps, 96 registers)
     norm_swiglu_w4         5.29 / 5.30 -> 3.05 / 3.07   (gate/up: 32 rows x 1024, 4 warps, 160 / 168 registers)
     proj_residual_w4       5.89 / 5.80 -> 3.03 / 3.04   (down: 8 rows x 4096, 4 warps, 102 / 96 registers)
-    attn_proj_residual_w4  10.16 / 9.98 -> 8.31 / 8.34  (its own tile, 8 rows x 2048 on 8 warps: 64 weights a
-                                                         thread, and every step redoes the split-KV combine)
+    attn_proj_residual_w4  10.16 / 9.98 -> 8.31 / 8.34  (counted when the o-projection redid the split-KV combine;
+                                                         it is now proj_residual's kernel on the merged output)
 
 no spills, 0.5-8 KB of shared memory; the INT8 kernels at the same shapes counted 4.3-5.7 (8.4 for the o-proj) on
 this change's base. An INT4 weight is half a byte: at the H200's issue rate a kernel streams INT4 weights at full
