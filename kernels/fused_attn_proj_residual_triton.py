@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
 import triton
 import triton.language as tl
 
