@@ -343,7 +343,7 @@ def weight_kernels(op: str, name: str, fn, params, constexpr_names: tuple[str, .
             constexpr_names=constexpr_names + ("W_FORMAT",),
             precision={"input": precision, "accumulate": "fp32", "output": "{act}"},
             uses_shared_memory=False,  # register tiles only; cross-warp reductions use a few hundred bytes
-            space=space if fmt != INT4 else (lambda s: [c for c in space(s) if _int4_tile_ok(c[0])]), default=dflt,
+            space=space if fmt != INT4 else _int4_space(space, dflt), default=dflt,
             smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
             fixed={"W_FORMAT": fmt},
             pdl=True,  # every fused GEMV kernel takes the PDL switch (kernels/pdl_triton.py)
@@ -354,6 +354,17 @@ def weight_kernels(op: str, name: str, fn, params, constexpr_names: tuple[str, .
 
 def _int4_tile_ok(constexprs: dict) -> bool:
     return constexprs.get("BLOCK_K", 32) % 32 == 0  # whole 32-element sub-blocks a K step
+
+
+def _int4_space(space, default):
+    """The INT4 kernel's tile space: the operator's tiles of whole sub-blocks a step, and the INT4 default tile
+    (``int4_gemv_tile``'s rows, BLOCK_K and warps may lie outside the float kernel's space)."""
+    def int4_space(s: dict) -> list:
+        tiles = [c for c in space(s) if _int4_tile_ok(c[0])]
+        own = default(s)
+        return tiles if own in tiles else tiles + [own]
+
+    return int4_space
 
 
 def operand_params(w_type: str, scale_value, *, norm: bool, bias: bool) -> tuple:
