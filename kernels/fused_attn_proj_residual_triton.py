@@ -72,15 +72,25 @@ def _combine_heads(part_ptr, lse_ptr, row, hmask, n_live,
 
 
 @triton.jit
-def _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_splits,
+def live_splits(seq_lens_ptr, b, S, n_splits, BLOCK_N: tl.constexpr):
+    """Splits of sequence ``b`` that hold keys: [0, n_live), as ``_attn_decode_split_program`` cuts the cache
+    (chunks of whole BLOCK_N blocks); the merge reads only those."""
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)
+    chunk = tl.cdiv(tl.cdiv(seq_len, n_splits), BLOCK_N) * BLOCK_N
+    return tl.cdiv(seq_len, tl.maximum(chunk, 1))
+
+
+@triton.jit
+def _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_live,
                         HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr,
                         BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
-    """o[b].flatten()[k] for one K step of the persistent kernel's stage 3, from the split-KV partials."""
+    """o[b].flatten()[k] for one K step of the persistent kernel's stage 3, from the partials of the ``n_live``
+    splits that hold keys (``live_splits``)."""
     HB: tl.constexpr = BLOCK_K // HEAD_DIM  # whole heads per step (BLOCK_K is a multiple of HEAD_DIM)
     heads = k0 // HEAD_DIM + tl.arange(0, HB)  # (HB,) heads of this step (k0 is a multiple of BLOCK_K)
     hmask = heads < n_heads
     row = (b * n_heads + heads) * MAX_SPLITS  # (HB,) first workspace row of each head
-    out = _combine_heads(part_ptr, lse_ptr, row, hmask, n_splits, HB, HEAD_DIM, SPLIT_STEP).to(DTYPE)
+    out = _combine_heads(part_ptr, lse_ptr, row, hmask, n_live, HB, HEAD_DIM, SPLIT_STEP).to(DTYPE)
     return tl.reshape(out, (BLOCK_K,))  # zero past the last head (no partials read)
 
 
@@ -104,9 +114,7 @@ def _attn_split_combine_kernel(
         HEAD_DIM, BLOCK_N, BLOCK_G, MAX_SPLITS)
     # what the merge needs besides the partials, read before the counter (not after it, on the last split's path)
     b = (bh // Hkv).to(tl.int64)
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # as _attn_decode_split_program
-    n_live = tl.cdiv(seq_len, tl.maximum(chunk, 1))
+    n_live = live_splits(seq_lens_ptr, b, S, NUM_SPLITS, BLOCK_N)
     tl.debug_barrier()  # every thread's partial stores come before the release below
     if tl.atomic_add(arrivals_ptr + bh, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
         tl.debug_barrier()  # the acquire above comes before every thread's partial loads
@@ -124,7 +132,7 @@ def _attn_split_combine_kernel(
 @triton.jit
 def _attn_proj_residual_program(
     pid, b,
-    part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads, n_splits, stride_wn, stride_rm, stride_ym,
+    part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads, n_live, stride_wn, stride_rm, stride_ym,
     has_bias,
     HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
@@ -140,7 +148,7 @@ def _attn_proj_residual_program(
     acc = _gemv_acc(BLOCK_N, BLOCK_K, W_FORMAT)
     for k0 in range(0, K, BLOCK_K):
         w = _load_weight_tile(w_rows, k0, K, W_FORMAT, BLOCK_K)  # the weights first: their loads overlap the combine
-        x = _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_splits, HEAD_DIM, MAX_SPLITS, SPLIT_STEP,
+        x = _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_live, HEAD_DIM, MAX_SPLITS, SPLIT_STEP,
                                 BLOCK_K, y_ptr.dtype.element_ty)
         acc = _gemv_fma(acc, w, x, W_FORMAT, BLOCK_N, BLOCK_K, rows_ld, k0, K, s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
     y = _epilogue(tl.sum(acc, axis=1), s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT, y_ptr.dtype.element_ty)

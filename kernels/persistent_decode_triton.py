@@ -38,7 +38,7 @@ import triton.language as tl
 
 from edgekit.errors import OperatorError
 from edgekit.kernels.attention_triton import _attn_decode_split_program
-from edgekit.kernels.fused_attn_proj_residual_triton import _attn_proj_residual_program
+from edgekit.kernels.fused_attn_proj_residual_triton import _attn_proj_residual_program, live_splits
 from edgekit.kernels.fused_norm_qkv_rope_triton import _norm_qkv_rope_program
 from edgekit.kernels.fused_norm_swiglu_triton import _norm_swiglu_program
 from edgekit.kernels.fused_proj_residual_triton import _proj_residual_program
@@ -128,10 +128,11 @@ def _persistent_layer_kernel(
         _grid_barrier(sync_ptr, 2 * P)
     if STAGE == 0 or STAGE == 3:
         for item in range(pid, n3 * B, P):
+            b3 = (item // n3).to(tl.int64)
             _attn_proj_residual_program(
-                item % n3, (item // n3).to(tl.int64), part_ptr, lse_ptr, wo_ptr, so_ptr, bo_ptr, x_ptr, xmid_ptr, C,
-                QD, n_heads, n_splits, stride_wo, C, C, has_bo, HEAD_DIM, MAX_SPLITS, O_SPLIT_STEP, O_BLOCK_N,
-                O_BLOCK_K, O_INT8)
+                item % n3, b3, part_ptr, lse_ptr, wo_ptr, so_ptr, bo_ptr, x_ptr, xmid_ptr, C, QD, n_heads,
+                live_splits(seq_lens_ptr, b3, S, n_splits, ATTN_BLOCK_N), stride_wo, C, C, has_bo, HEAD_DIM, MAX_SPLITS,
+                O_SPLIT_STEP, O_BLOCK_N, O_BLOCK_K, O_INT8)
     if STAGE == 0:
         if PREFETCH:
             c4 = ((pid % n4) * GU_BLOCK_N + tl.arange(0, 2 * GU_BLOCK_N) // 2) % F
