@@ -7,6 +7,14 @@ import torch
 from edgekit.model.config import ModelConfig
 
 
+def new_split_arrivals(config: ModelConfig, batch: int, device) -> list[torch.Tensor]:
+    """The split-KV attention's arrival counters (fused_attn_proj_residual), one (B, Hkv) int32 set a layer: zero,
+    and every decode step leaves them at zero. They live with the cache because a step's graph replays their
+    addresses, as it replays the cache's (one tensor a layer, as k and v: compiled kernels take 16-byte aligned
+    pointers)."""
+    return [torch.zeros(batch, config.n_kv_heads, dtype=torch.int32, device=device) for _ in range(config.n_layers)]
+
+
 class StaticKVCache:
     def __init__(self, config: ModelConfig, batch: int, max_seq_len: int, dtype: torch.dtype, device="cpu"):
         shape = (batch, config.n_kv_heads, max_seq_len, config.head_dim)  # (B, Hkv, S, D)
@@ -14,12 +22,7 @@ class StaticKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.batch = batch
         self.max_seq_len = max_seq_len
-        # The split-KV attention's arrival counters (fused_attn_proj_residual), one (B, Hkv) set a layer: zero, and
-        # every decode step leaves them at zero. They live with the cache because a step's graph replays their
-        # addresses, as it replays the cache's.
-        # (One tensor a layer, as k and v: compiled kernels take 16-byte aligned pointers.)
-        self.split_arrivals = [torch.zeros(batch, config.n_kv_heads, dtype=torch.int32, device=device)
-                               for _ in range(config.n_layers)]
+        self.split_arrivals = new_split_arrivals(config, batch, device)
 
     def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write a prefill chunk (B, Hkv, T, D) at positions [0, T)."""

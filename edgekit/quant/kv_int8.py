@@ -27,7 +27,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import INT8_MAX
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
-from edgekit.model.kv_cache import StaticKVCache
+from edgekit.model.kv_cache import StaticKVCache, new_split_arrivals
 from edgekit.quant.weights import MIN_SCALE
 
 
@@ -92,6 +92,7 @@ class Int8KVCache(StaticKVCache):
         self.k_scale = [s.to(device) for s in scales.k]
         self.v_scale = [s.to(device) for s in scales.v]
         self.batch, self.max_seq_len, self.dtype = batch, max_seq_len, dtype
+        self.split_arrivals = new_split_arrivals(config, batch, device)
 
     def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         T = k.shape[2]

@@ -44,8 +44,7 @@ def rows_view(cache: StaticKVCache, rows: int) -> StaticKVCache:
     view.__dict__.update(cache.__dict__)
     view.k = [t[:rows] for t in cache.k]
     view.v = [t[:rows] for t in cache.v]
-    if hasattr(cache, "split_arrivals"):  # an INT8 KV cache has none (it never takes the fused decode path)
-        view.split_arrivals = [t[:rows] for t in cache.split_arrivals]
+    view.split_arrivals = [t[:rows] for t in cache.split_arrivals]
     view.batch = rows
     return view
 
