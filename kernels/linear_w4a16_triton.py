@@ -23,8 +23,19 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
   rows a thread holds, group scales loaded in inline PTX so that they stay in the dot products' layout.
   Static count (scripts/gemv_sass_report.py, sm_90 / sm_87): 5.0-5.1 SASS instructions a weight byte in the
   K loop at 16 rows a thread (~200 registers), 5.45 at 8 rows (~122), both sides of the scale-dtype branch
-  included, against 9.7-9.9 for DECODE 2 (of which ~3.4 a byte is the half2 decode and products themselves);
-  not measured on a GPU yet (scripts/gpu_w4a16.sh times both), so the planner's default is still DECODE 2.
+  included, against 9.7-9.9 for DECODE 2 (of which ~3.4 a byte is the half2 decode and products themselves).
+  ``DECODE`` 4 is DECODE 3 with the next K step's words loaded before the current step's dot products.
+  Measured on the H200 (bench_w4a16.py, 2026-12-01, copy 4227 GB/s), best tile each: 8B w_gate_up 58.7 MB
+  24.8 us (DECODE 3, 64 x 256, 2 warps: 59.5% of copy, 0.45x fp16 F.linear; DECODE 2 40.1 us); 1B lm_head
+  131 MB 42.9 us (DECODE 3, 128 x 256: 77.0%, 0.35x; DECODE 2 69.7 us); DECODE 4 is fastest on 1B w_down
+  (9.6 vs 13.4 us) and w_gate_up (10.8 vs 11.2) but not on the two large shapes. Nsight Compute
+  (scripts/gpu_ncu_w4a16.sh) says why: every tile is latency-bound, not instruction-bound: 126-168 registers
+  a thread cap occupancy at 18.75-25% (16-23% achieved), the top warp stall is the long scoreboard (2.0-3.3
+  cycles an issued instruction, waiting on global loads), and DRAM throughput is 54-66% in the profiled launch.
+  DECODE 4 doubles a program's bytes in flight but its 168 registers cost the same in occupancy. What is left:
+  bytes in flight without registers (weight tiles staged through shared memory by asynchronous copies,
+  several stages deep). The planner's default stays DECODE 2 at 32 x 512 until one tile wins on every shape
+  (DECODE 2 is still fastest on 2 MB wq/wo: 7.3 us against 8.2).
 - ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. The (BK, BN) weight tile is dequantized in registers
   to the reference's FP32 weights, rounded to the activation dtype (as F.linear on dequantized weights) and
   multiplied with one ``tl.dot`` a K tile into the FP32 accumulator; the dequantization is amortised over the
@@ -180,16 +191,29 @@ def _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.
     Each row's sub-block is one 16-byte load (four int32 words); the activations of each sub-block are loaded,
     pre-scaled and paired once per step and shared by every row a thread holds. Unlike the other decodes the dot
     is sum (q - 8) x / 16 for both forms (the caller moves the asymmetric form's 8 s into its offset)."""
+    words = _half2_words(w_ptr, w_rows, k0, K, BLOCK_N, BLOCK_K)
+    return _dots_half2_of(words, x_row, k0, K, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _half2_words(w_ptr, w_rows, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The (BN, SB, 4) int32 words of the rows' sub-blocks in the K step at k0 (those past K: the last one's)."""
     SB: tl.constexpr = BLOCK_K // 32
-    sb = tl.arange(0, SB)
-    live = k0 + sb * 32 < K  # (SB,) K is a multiple of 32: a sub-block is wholly in or out
     wi = tl.arange(0, 4 * SB)  # a 2-D tile, so that Triton sees the row's words as one contiguous run
     # sub-blocks past K re-read the last one instead of being masked (no predicated loads to zero-fill): their
     # activations load as 0, so they add nothing; the hints keep each sub-block's 4 words one 16-byte load
     w_col = tl.minimum(k0 // 32 + wi // 4, K // 32 - 1) * 4 + wi % 4
     w_col = tl.max_contiguous(tl.multiple_of(w_col, 4), 4)
     words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + (w_rows // 4)[:, None] + w_col[None, :])  # (BN, 4 SB)
-    words = tl.reshape(words, (BLOCK_N, SB, 4))
+    return tl.reshape(words, (BLOCK_N, SB, 4))
+
+
+@triton.jit
+def _dots_half2_of(words, x_row, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``_dots_half2`` on loaded words (``_half2_words``)."""
+    SB: tl.constexpr = BLOCK_K // 32
+    sb = tl.arange(0, SB)
+    live = k0 + sb * 32 < K  # (SB,)
     x_words = x_row.to(tl.pointer_type(tl.int32))
     pairs, x_sum = activation_pairs(x_words, k0 // 2 + sb * 16, live)  # 16 x (SB,), (SB,)
     dot = subblock_dots_half2(words, pairs)  # (BN, SB)
@@ -268,7 +292,10 @@ def _w4a16_gemv_kernel(
     tl.static_assert(BLOCK_K % 32 == 0)
     SB: tl.constexpr = BLOCK_K // 32  # sub-blocks a step
     # DECODE 3 multiplies in half2 and needs FP16 activations; BF16 / FP32 ones take the FP32 words path (2)
-    HALF2: tl.constexpr = (DECODE == 3) & (x_ptr.dtype.element_ty == tl.float16)
+    HALF2: tl.constexpr = (DECODE >= 3) & (x_ptr.dtype.element_ty == tl.float16)
+    # DECODE 4: DECODE 3 with the next K step's weight words loaded before the current step's dot products (twice
+    # the bytes in flight a program: a step no longer waits a full memory latency)
+    PREFETCH: tl.constexpr = HALF2 & (DECODE == 4)
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -289,11 +316,18 @@ def _w4a16_gemv_kernel(
             # each row's first scale and offset as byte pointers, once: a step then adds the thread's group
             s_at, m_at, s_bytes = _scale_rows(sh_ptr, oh_ptr, sf_ptr, of_ptr, s_rows, scale_f32, has_offset)
         acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
+        if PREFETCH:  # the first step's words; each step then loads the next one's before its own dot products
+            words_next = _half2_words(w_ptr, w_rows, first * BLOCK_K, K, BLOCK_N, BLOCK_K)
         for kb in range(first, last):
             k0 = kb * BLOCK_K
             sub = k0 + sb * 32  # (SB,) first element of each sub-block
             kmask = sub < K  # K is a multiple of 32: a sub-block is wholly in or out
-            if HALF2:
+            if PREFETCH:
+                words = words_next
+                # the last step re-reads its own tile (in L1/L2) rather than branching
+                words_next = _half2_words(w_ptr, w_rows, tl.minimum(kb + 1, last - 1) * BLOCK_K, K, BLOCK_N, BLOCK_K)
+                dot, x_sum = _dots_half2_of(words, x_row, k0, K, BLOCK_N, BLOCK_K)
+            elif HALF2:
                 dot, x_sum = _dots_half2(w_ptr, w_rows, x_row, k0, K, BLOCK_N, BLOCK_K)
             elif DECODE != 0:
                 dot, x_sum = _dots_from_words(w_ptr, w_rows, x_row, k0, K, zero, BLOCK_N, BLOCK_K, DECODE >= 2)

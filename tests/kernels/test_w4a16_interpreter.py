@@ -22,8 +22,8 @@ def test_w4a16_kernels_under_the_interpreter():
     results = json.loads(r.stdout.strip().splitlines()[-1])
     cases = [x["case"] for x in results]
     assert {"gemv split-K M=1", "gemv split-K M=3", "golden linear_w4a16_b1_r1", "golden linear_w4a16_b16_r16"} <= set(cases)
-    assert {f"gemv DECODE={d} symmetric={s}" for d in (0, 1, 2, 3) for s in (False, True)} <= set(cases)
-    assert {f"gemv DECODE=3 {a} G={g}" for a in ("fp16", "fp32") for g in (32, 128)} <= set(cases)
+    assert {f"gemv DECODE={d} symmetric={s}" for d in (0, 1, 2, 3, 4) for s in (False, True)} <= set(cases)
+    assert {f"gemv DECODE={d} {a} G={g}" for d in (3, 4) for a in ("fp16", "fp32") for g in (32, 128)} <= set(cases)
     assert any(c.startswith("gemv {") for c in cases) and any(c.startswith("gemm {") for c in cases)
     failed = [x for x in results if not x["ratio"] <= 1.0]
     assert not failed, f"outside the tolerance (ratio = error / allowed): {failed}"

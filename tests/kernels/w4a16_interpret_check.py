@@ -65,8 +65,8 @@ def main() -> None:
         assert [ln.grid[2] > 1 for ln in launches] == [True, False], [ln.grid for ln in launches]
         record(f"gemv split-K M={M}", TritonOp(OP, gemv), **case)
     # every weight decode of the GEMV (1: words, x one by one; 2: words, x in runs; 0: bytes; 3: half2, the
-    # pure-Triton twin of its PTX here), K ending mid-tile
-    for decode in (0, 1, 2, 3):
+    # pure-Triton twin of its PTX here; 4: 3 with the next step's words loaded ahead), K ending mid-tile
+    for decode in (0, 1, 2, 3, 4):
         v = {"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 256, "DECODE": decode},
                                          4, 1)}
         for symmetric in (False, True):
@@ -76,12 +76,14 @@ def main() -> None:
     # DECODE 3 with FP16 scales and offsets, several rows a thread and sub-blocks across steps; with FP32
     # activations it takes the FP32 words path (a variant compiled for FP32 activations)
     for act in ("fp16", "fp32"):
-        v = {"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": 128, "DECODE": 3},
-                                         2, 1, dtype=act)}
-        for group in (32, 128):
-            case = dict(M=1, K=640, N=70, group=group, symmetric=False, scale_dtype=torch.float16, bias=True, act=act,
-                        seed=group)
-            record(f"gemv DECODE=3 {act} G={group}", TritonOp(OP, v), **case)
+        for decode in (3, 4):
+            v = {"w4a16_gemv": KernelVariant(OP, "w4a16_gemv",
+                                             {"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": 128, "DECODE": decode}, 2, 1,
+                                             dtype=act)}
+            for group in (32, 128):
+                case = dict(M=1, K=640, N=70, group=group, symmetric=False, scale_dtype=torch.float16, bias=True,
+                            act=act, seed=group)
+                record(f"gemv DECODE={decode} {act} G={group}", TritonOp(OP, v), **case)
     # the GEMM on a K tile of 4 sub-blocks that straddles groups of 32 and ends past K
     gemm = {"w4a16_gemm": default_variants(OP, rows=64)["w4a16_gemm"]}
     for group in (32, 64):
