@@ -3,12 +3,15 @@
 # w_gate_up, llama-3.2-1b lm_head), the half2 tiles without (DECODE 3) and with (DECODE 4) the next step's words
 # loaded ahead: speed of light, occupancy, launch stats (registers), warp stall reasons, memory workload, as CSV
 # under $OUT/ncu/ plus a short summary of the metrics that say why a tile stops short of the copy bandwidth.
-# Usage from the repo root on the GPU machine: bash scripts/gpu_ncu_w4a16.sh
+# Then the fused norm + gate/up + SwiGLU kernel at llama-3.2-1b for each of SWIGLU_PRECISIONS (default int4).
+# Usage from the repo root on the GPU machine: [GEMV_SPECS=...] [SWIGLU_PRECISIONS="int4 int8 fp16"] bash scripts/gpu_ncu_w4a16.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/ncu"
 source scripts/gpu_setup.sh > "$OUT/ncu/setup.log" 2>&1 || { tail -5 "$OUT/ncu/setup.log"; exit 1; }
 cd "$EDGEKIT_RUN_DIR"
-for spec in "28672 4096 64,256,2,3" "28672 4096 128,256,4,4" "128256 2048 64,256,2,3" "128256 2048 128,256,4,4"; do
+# GEMV_SPECS="N K BLOCK_N,BLOCK_K,warps,DECODE;..." (empty: skip the GEMV part)
+IFS=';' read -ra SPECS <<< "${GEMV_SPECS-28672 4096 64,256,2,3;28672 4096 128,256,4,4;128256 2048 64,256,2,3;128256 2048 128,256,4,4}"
+for spec in "${SPECS[@]}"; do
   set -- $spec
   tag="n$1_k$2_t${3//,/_}"
   timeout 120 ncu --clock-control none --cache-control all -k regex:w4a16_gemv --launch-skip 2 --launch-count 1 \
@@ -35,12 +38,14 @@ stalls = sorted(((float(v), n.split("stalled_")[1].split("_per_issue")[0]) for n
 print("   stalls/issue: " + ", ".join(f"{n} {v:.2f}" for v, n in stalls[:7]))
 PY
 done
-# the fused INT4 norm + gate/up + SwiGLU kernel of the llama-3.2-1b decode step (the INT4 step's largest kernel),
-# one launch from a fused decode under ncu (random preset weights, depth 512)
-timeout "${SWIGLU_S:-150}" ncu --clock-control none --cache-control all -k regex:norm_swiglu --launch-skip 40 --launch-count 1 \
-  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --csv --page details \
-  python3 "$R/scripts/profile_decode.py" preset:llama-3.2-1b --precision int4 --engine fused --steps 4 \
-  > "$OUT/ncu/swiglu_int4_1b.csv" 2> "$OUT/ncu/swiglu_int4_1b.err"
-echo "== fused swiglu int4 1B rc=$?"
-grep -E '"(Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|No Eligible)"' \
-  "$OUT/ncu/swiglu_int4_1b.csv" | awk -F'","' '{print "   " $(NF-2) " = " $NF " " $(NF-1)}' | tr -d '"' | sort -u | head -12
+# the fused norm + gate/up + SwiGLU kernel of the llama-3.2-1b decode step (the step's largest kernel), one launch
+# from a fused decode under ncu (random preset weights, depth 512), at each of SWIGLU_PRECISIONS (default int4)
+for prec in ${SWIGLU_PRECISIONS:-int4}; do
+  timeout "${SWIGLU_S:-150}" ncu --clock-control none --cache-control all -k regex:norm_swiglu --launch-skip 40 \
+    --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --csv \
+    --page details python3 "$R/scripts/profile_decode.py" preset:llama-3.2-1b --precision "$prec" --engine fused \
+    --steps 4 > "$OUT/ncu/swiglu_${prec}_1b.csv" 2> "$OUT/ncu/swiglu_${prec}_1b.err"
+  echo "== fused swiglu $prec 1B rc=$?"
+  grep -E '"(Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|No Eligible|Block Limit Registers)"' \
+    "$OUT/ncu/swiglu_${prec}_1b.csv" | awk -F'","' '{print "   " $(NF-2) " = " $NF " " $(NF-1)}' | tr -d '"' | sort -u | head -12
+done
