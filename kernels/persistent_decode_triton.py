@@ -229,8 +229,12 @@ def new_sync(device) -> "torch.Tensor":
 
 
 def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache, v_cache, sync, *, eps: float,
-                     sm_scale: float, n_heads: int, n_kv_heads: int, tiles: LayerTiles, staged: bool = False):
+                     sm_scale: float, n_heads: int, n_kv_heads: int, tiles: LayerTiles, staged: bool = False,
+                     intermediates: dict | None = None):
     """One decoder layer for x (B, C) at ``positions``: returns y (B, C) and writes K/V at the positions.
+
+    ``intermediates``: a dict that receives each stage's output buffer (q, the split partials and log-sum-exps,
+    x_mid, h), to find the stage where two launches part (scripts/diagnose_persistent_launch.py).
 
     ``staged`` False: one launch of as many programs as can be resident at once (``resident_programs``), grid
     barriers between the stages. True: five launches (one
@@ -274,6 +278,8 @@ def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache,
     sms = device_properties(x.device)["sm_count"]
     S = k_cache.shape[2]
     n_splits = decode_splits(sms, B, n_kv_heads, S, t["ATTN_BLOCK_N"], ms)  # as attention_decode's launch rule
+    if intermediates is not None:
+        intermediates.update(q=q, o_part=part, lse=lse, x_mid=xmid, h=h)
     dummy = w.wqkv  # never read: a null-like pointer for absent scales and biases (has_* flags are 0)
     args = (x, q, part, lse, xmid, h, y, k_cache, v_cache, cos, sin, positions, tensors["seq_lens"], sync,
             w.attn_norm, w.wqkv, _or(w.sqkv, dummy), _or(w.bqkv, dummy), w.wo, _or(w.so, dummy), _or(w.bo, dummy),

@@ -71,11 +71,12 @@ def tiles_of(c):
     return layer_tiles(c.cfg, {"qkv": int8, "o": int8, "gate_up": int8, "down": int8})
 
 
-def run_persistent(c, staged: bool, sync=None):
+def run_persistent(c, staged: bool, sync=None, intermediates: dict | None = None):
     kc, vc = c.k_cache.clone(), c.v_cache.clone()
     y = persistent_layer(c.x, c.w, c.cos, c.sin, c.positions, c.seq_lens, kc, vc,
                          new_sync(c.x.device) if sync is None else sync, eps=c.eps, sm_scale=c.sm_scale,
-                         n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, tiles=tiles_of(c), staged=staged)
+                         n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, tiles=tiles_of(c), staged=staged,
+                         intermediates=intermediates)
     return y, kc, vc
 
 
