@@ -1,6 +1,12 @@
-"""Shared test configuration: GPU tests are skipped on machines without CUDA."""
+"""Shared test configuration: GPU tests are skipped on machines without CUDA; the interpreter-run helper."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +35,19 @@ def default_model():
     from edgekit.model.loader import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def interpreter_json():
+    """Runs a check script under Triton's CPU interpreter in a fresh process (TRITON_INTERPRET must be set before
+    Triton is imported) and returns the JSON it prints on its last stdout line; a failed run fails the test with the
+    end of its stderr. ``script``: a path, or Python source with ``code=True``."""
+
+    def run(script, *, timeout: int = 900, code: bool = False):
+        argv = [sys.executable, "-c", script] if code else [sys.executable, str(Path(script))]
+        r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
+                           timeout=timeout)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    return run

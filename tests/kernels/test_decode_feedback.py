@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,12 +11,8 @@ from edgekit.errors import OperatorError
 from edgekit.kernels.decode_feedback_triton import feedback_reference, feedback_step
 
 
-def test_the_kernel_matches_the_reference_under_the_interpreter_also_when_the_record_wraps():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("feedback_interpret_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+def test_the_kernel_matches_the_reference_under_the_interpreter_also_when_the_record_wraps(interpreter_json):
+    got = interpreter_json(Path(__file__).with_name("feedback_interpret_check.py"), timeout=300)
     assert got["triton"] == got["reference"]
     tokens, positions, count, out = got["triton"][-1]
     assert positions == [516] and count == [5] and tokens == [got["triton"][-1][3][1]]  # step 5 wrote out[4 % 3]

@@ -9,9 +9,6 @@ past K). FP16 activations run the half2 decode's pure-Triton twin here (the inte
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,12 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fused_cases import INT4_OPS  # noqa: E402
 
 
-def test_fused_int4_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("fused_int4_interpret_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
+def test_fused_int4_kernels_under_the_interpreter(interpreter_json):
+    results = interpreter_json(Path(__file__).with_name("fused_int4_interpret_check.py"))
     cases = [x["case"] for x in results]
     assert sum(" K loop " in c for c in cases) == 2 * len(INT4_OPS), cases
     assert sum(" range " in c for c in cases) >= 4, "the large-activation (half2 range) cases did not run"

@@ -8,19 +8,11 @@ interleave and the two-stage argmax (the first maximum).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 
-def test_fused_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("fused_interpret_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
+def test_fused_kernels_under_the_interpreter(interpreter_json):
+    results = interpreter_json(Path(__file__).with_name("fused_interpret_check.py"))
     # 5 operators x {fp16, w8a16} x 2 shapes, + attention over 5-8 splits, + the 4 layer operators' golden cases
     # (FP16 at 1 and 4 sequences, INT8, INT4)
     assert len(results) == 22 + 4 * 4

@@ -7,19 +7,11 @@ semantics, not speed or GPU code generation (the GPU tests do that).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 
-def test_triton_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("interpret_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
+def test_triton_kernels_under_the_interpreter(interpreter_json):
+    results = interpreter_json(Path(__file__).with_name("interpret_check.py"), timeout=600)
     assert len(results) >= 21  # every op, GEMV (with and without split-K) and GEMM paths, two attention shapes
     assert {"linear_w8a16 split-K M=1", "linear_w8a16 split-K M=3"} <= {x["case"] for x in results}
     failed = [x for x in results if not x["ratio"] <= 1.0]

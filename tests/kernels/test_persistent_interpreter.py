@@ -8,19 +8,11 @@ K block. The one-launch mode (grid barriers) needs a GPU: test_persistent_gpu.py
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 
-def test_persistent_stages_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("persistent_interpret_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
+def test_persistent_stages_under_the_interpreter(interpreter_json):
+    results = interpreter_json(Path(__file__).with_name("persistent_interpret_check.py"))
     assert len(results) == 4  # {fp16, w8a16} x 2 shapes
     for x in results:
         assert x["equal_to_fused_operators"] and x["caches_equal"], x

@@ -6,9 +6,6 @@ backend, the AOT compile and the launch counter take it from its declaration.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -81,13 +78,8 @@ print(json.dumps({{"s_equal": bool(torch.equal(s, x + r)), "y_err": float((y.dou
 """
 
 
-def test_triton_kernel_under_the_interpreter_matches_fp64():
-    here = str(Path(__file__).parent)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-c", _INTERPRET.format(here=here)], capture_output=True, text=True, env=env,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+def test_triton_kernel_under_the_interpreter_matches_fp64(interpreter_json):
+    out = interpreter_json(_INTERPRET.format(here=str(Path(__file__).parent)), code=True, timeout=300)
     tol = SPEC.tolerance_for("float16")
     assert out["s_equal"] and out["y_err"] <= tol.atol + tol.rtol * out["y_scale"]
 

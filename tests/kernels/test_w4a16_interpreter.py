@@ -7,19 +7,11 @@ bias or none, ragged N, K shorter than a tile, split-K and GEMV-only programs, a
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 
-def test_w4a16_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("w4a16_interpret_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
+def test_w4a16_kernels_under_the_interpreter(interpreter_json):
+    results = interpreter_json(Path(__file__).with_name("w4a16_interpret_check.py"))
     cases = [x["case"] for x in results]
     assert {"gemv split-K M=1", "gemv split-K M=3", "golden linear_w4a16_b1_r1", "golden linear_w4a16_b16_r16"} <= set(cases)
     assert {f"gemv DECODE={d} symmetric={s}" for d in (0, 1, 2, 3, 4) for s in (False, True)} <= set(cases)

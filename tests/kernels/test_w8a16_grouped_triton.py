@@ -3,22 +3,14 @@ against the torch reference (marked gpu)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 
-def test_grouped_int8_gemv_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("w8a16_grouped_interpret_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
+def test_grouped_int8_gemv_under_the_interpreter(interpreter_json):
+    results = interpreter_json(Path(__file__).with_name("w8a16_grouped_interpret_check.py"), timeout=600)
     assert len(results) == 4
     failed = [x for x in results if not x["ratio"] <= 1.0]
     assert not failed, f"outside the FP16 tolerance (ratio = error / allowed): {failed}"

@@ -3,19 +3,11 @@ per-operator decoder's greedy tokens and logits within FP16 rounding (fused_int4
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 
-def test_an_int4_model_decodes_on_the_fused_triton_kernels_like_the_per_operator_decoder():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("fused_int4_decode_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+def test_an_int4_model_decodes_on_the_fused_triton_kernels_like_the_per_operator_decoder(interpreter_json):
+    out = interpreter_json(Path(__file__).with_name("fused_int4_decode_check.py"))
     assert out["path"] == "fused", out["reason"]
     assert set(out["sources"].values()) == {"triton"}  # the fused operators ran their Triton kernels
     assert len(out["steps"]) == 2

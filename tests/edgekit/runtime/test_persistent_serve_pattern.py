@@ -12,19 +12,11 @@ capture, the AOT head plugin) is checked by test_serve_persistent_gpu.py.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 
-def test_persistent_decoder_in_serves_call_pattern_matches_the_per_operator_decoder():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = Path(__file__).with_name("persistent_serve_pattern_check.py")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+def test_persistent_decoder_in_serves_call_pattern_matches_the_per_operator_decoder(interpreter_json):
+    out = interpreter_json(Path(__file__).with_name("persistent_serve_pattern_check.py"))
     assert out["path"] == "persistent"
     assert {(s["batch"], s["cache_batch"]) for s in out["steps"]} == {(1, 8), (2, 8)}
     for s in out["steps"]:
