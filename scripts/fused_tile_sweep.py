@@ -8,6 +8,8 @@ printed (JSON + table), with the default tile (fused_gemv_triton.gemv_tile) mark
 H200, 2026-12-01, llama-3.2-1b: every default tile within 5% of the best candidate (fp16 qkv 7.17 vs 6.85 us,
 o 4.83 vs 4.74, gate/up 19.59 vs 18.85, down 10.98 vs 10.60; int8 6.10/5.68, 4.49/4.19, 12.14/12.04, 7.80/7.65);
 Triton's software pipelining (2 or 3 stages) changed nothing measurable: these loops have no tl.dot to pipeline.
+--precisions int4 sweeps the INT4 tiles (weights a thread a step against registers and occupancy: Nsight Compute
+found the fused INT4 gate/up kernel at 168 registers, 17% occupancy, 28% of DRAM bandwidth; not yet run).
 
   python scripts/fused_tile_sweep.py [--json out.json] [--budget-s 120]
 """
@@ -36,28 +38,46 @@ def _cases(cfg):
 
 
 def _args(op, cfg, w, dev):
-    """One call's arguments; ``w`` is a float weight or (INT8 weight, FP32 scale)."""
+    """One call's arguments; ``w`` is a float weight, (INT8 weight, FP32 scale) or (packed INT4 weight, FP16 group
+    scales, FP16 group offsets)."""
     h = torch.float16
-    w, scale = w if isinstance(w, tuple) else (w, None)
-    C = w.shape[1]
+    w, scale, offset = (w + (None,) * (3 - len(w))) if isinstance(w, tuple) else (w, None, None)
+    C = w.shape[1] * (2 if w.dtype == torch.uint8 else 1)  # packed INT4: two codes a byte
     x = torch.randn(1, C, device=dev, dtype=h)
     if op == "fused_norm_qkv_rope":
         from edgekit.kernels.rope import rope_frequencies
 
         cos, sin = (t.to(dev) for t in rope_frequencies(cfg.head_dim, 1024, 10000.0))
         kc = torch.zeros(1, cfg.n_kv_heads, 1024, cfg.head_dim, device=dev, dtype=h)
-        return (x, torch.ones(C, device=dev, dtype=h), w, scale, None, None, cos, sin, torch.tensor([5], device=dev), kc,
-                kc.clone(), 1e-5, cfg.n_heads, cfg.n_kv_heads)
+        return (x, torch.ones(C, device=dev, dtype=h), w, scale, offset, None, cos, sin, torch.tensor([5], device=dev),
+                kc, kc.clone(), 1e-5, cfg.n_heads, cfg.n_kv_heads)
     if op == "fused_proj_residual":
-        return (x, w, scale, None, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
-    return (x, torch.ones(C, device=dev, dtype=h), w, scale, None, 1e-5)
+        return (x, w, scale, offset, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
+    return (x, torch.ones(C, device=dev, dtype=h), w, scale, offset, 1e-5)
 
 
-def _candidates(op, n, k, head_dim, int8: bool):
+SUFFIX = {"fp16": "_fp", "int8": "_w8", "int4": "_w4"}
+
+
+def _candidates(op, n, k, head_dim, precision: str):
     base = default_variants(op, head_dim=head_dim, n_out=n, k_in=k)
-    dflt = next(v for name, v in base.items() if name.endswith("_w8" if int8 else "_fp"))
+    dflt = next(v for name, v in base.items() if name.endswith(SUFFIX[precision]))
     rows_key = "PAIRS" if op == "fused_norm_qkv_rope" else "BLOCK_N"
     out = [(dflt, True)]
+    if precision == "int4":
+        # the INT4 tiles: weights a thread a step (64-512: registers against occupancy, scripts/gpu_ncu_w4a16.sh)
+        # at 16-64 K weights a step
+        for rows in (4, 8, 16, 32, 64):
+            for bk in (512, 1024, 2048, 4096):
+                for warps in (2, 4, 8):
+                    weights = rows * bk * (2 if op in ("fused_norm_qkv_rope", "fused_norm_swiglu") else 1)
+                    c = {**dflt.constexprs, rows_key: rows, "BLOCK_K": bk}
+                    v = KernelVariant(op, dflt.kernel, c, warps, 1, "fp16")
+                    pairs_fit = rows_key != "PAIRS" or (rows <= head_dim // 2 and (head_dim // 2) % rows == 0)
+                    if (v != dflt and pairs_fit and bk <= k and 8192 <= weights <= 65536
+                            and 64 <= weights // (32 * warps) <= 512):
+                        out.append((v, False))
+        return out
     for stages in (2, 3):  # Triton's software pipelining of the K loop's loads (the default tile takes 1)
         out.append((KernelVariant(op, dflt.kernel, dict(dflt.constexprs), dflt.num_warps, stages, "fp16"), False))
     for rows in (1, 2, 4, 8, 16):
@@ -75,7 +95,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json")
     ap.add_argument("--budget-s", type=float, default=120)
-    ap.add_argument("--precisions", default="fp16,int8")
+    ap.add_argument("--precisions", default="fp16,int8", help="comma list of fp16, int8, int4 (W4A16, asymmetric, group 128 or the largest dividing K)")
     ap.add_argument("--presets", default=",".join(SHAPES))
     ap.add_argument("--ops", default="", help="comma list of fused operators to sweep (default: all four GEMVs)")
     args = ap.parse_args()
@@ -93,14 +113,19 @@ def main() -> int:
              for op, n, k in _cases(SHAPES[p]) if not args.ops or op in args.ops.split(",")]
     for preset, cfg, op, n, k, precision in cases:
         int8 = precision == "int8"
-        nbytes = n * k * (1 if int8 else 2)
+        group = next(g for g in (128, 64, 32) if k % g == 0)  # INT4: the largest group dividing K (576: 64)
+        nbytes = {"fp16": 2 * n * k, "int8": n * k, "int4": n * k // 2 + 2 * 2 * n * (k // group)}[precision]
         copies = max(1, min(64, WORKING_SET // nbytes))
-        if int8:
+        if precision == "int4":
+            from edgekit.kernels.int4_layout import quantize_int4_rtn
+
+            ws = [quantize_int4_rtn(torch.randn(n, k, device=dev) / k ** 0.5, group) for _ in range(copies)]
+        elif int8:
             ws = [(torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8),
                    torch.rand(n, device=dev) / (127 * k ** 0.5)) for _ in range(copies)]
         else:
             ws = [torch.randn(n, k, device=dev).to(torch.float16) / k ** 0.5 for _ in range(copies)]
-        for v, is_default in _candidates(op, n, k, cfg.head_dim, int8):
+        for v, is_default in _candidates(op, n, k, cfg.head_dim, precision):
             if time.time() > end:
                 break
             fn = TritonOp(op, {v.kernel: v})
