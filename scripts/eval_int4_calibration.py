@@ -26,7 +26,9 @@ import time
 # Levers a variant may add to its method, "METHOD+LEVER+...": flags, then KEY=VALUE ones.
 FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "true_seq": "int4_true_sequential",
          "sym": "int4_symmetric"}
-VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int)}
+VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int),
+          "tune": ("int4_block_tuning_steps", int)}
+OFF = {"int4_block_tuning_steps": 0}  # valued levers that are off unless named (the rest keep QuantizeOptions' defaults)
 
 
 # Every lever on its own against GPTQ as it was (damp 0.01, min-max groups), then the group search combined with
@@ -39,7 +41,7 @@ DEFAULT_VARIANTS = ("rtn,awq,gptq+damp=0.01,gptq+damp=0.1,gptq+damp=0.01+act_ord
 def variant_options(variant: str, base: dict) -> dict:
     """QuantizeOptions fields for a variant such as "gptq+act_order+damp=0.1" (on top of ``base``)."""
     method, *levers = variant.split("+")
-    fields = {**base, "int4_method": method, **{f: False for f in FLAGS.values()}}  # a variant is what it names
+    fields = {**base, "int4_method": method, **{f: False for f in FLAGS.values()}, **OFF}  # a variant is what it names
     for lever in levers:
         key, _, value = lever.partition("=")
         if key in FLAGS and not value:
@@ -110,7 +112,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", "--methods", dest="variants", default=DEFAULT_VARIANTS,
                     help="comma-separated METHOD[+LEVER...]: methods rtn, gptq, awq, awq_gptq; levers act_order, search "
-                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N (default: %(default)s)")
+                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N, tune=STEPS (block tuning: norms and group scales/offsets towards the FP block outputs, STEPS Adam steps per block) (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--quantize-head", action="store_true")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's 2048)")
@@ -162,6 +164,7 @@ def main() -> None:
             "variant": variant, "method": opts.int4_method, "gptq_damp": opts.int4_damp,
             "act_order": opts.int4_act_order, "group_search": opts.int4_group_search,
             "true_sequential": opts.int4_true_sequential, "symmetric": opts.int4_symmetric,
+            "block_tuning_steps": opts.int4_block_tuning_steps,
             "calibration_tokens": prepared.int4.n_tokens, "group_requested": args.group,
             "groups_used": sorted(set(prepared.int4.groups.values())), "int4_layers": len(prepared.int4.layers),
             "perplexity_fp": m["fp_perplexity"], "perplexity": m["quant_perplexity"],
