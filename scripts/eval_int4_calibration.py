@@ -27,8 +27,8 @@ import time
 FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "true_seq": "int4_true_sequential",
          "sym": "int4_symmetric"}
 VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int),
-          "tune": ("int4_block_tuning_steps", int)}
-OFF = {"int4_block_tuning_steps": 0}  # valued levers that are off unless named (the rest keep QuantizeOptions' defaults)
+          "tune": ("int4_tuning_steps", int)}
+OFF = {"int4_tuning_steps": 0}  # valued levers that are off unless named (the rest keep QuantizeOptions' defaults)
 
 
 # Every lever on its own against GPTQ as it was (damp 0.01, min-max groups), then the group search combined with
@@ -112,7 +112,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", "--methods", dest="variants", default=DEFAULT_VARIANTS,
                     help="comma-separated METHOD[+LEVER...]: methods rtn, gptq, awq, awq_gptq; levers act_order, search "
-                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N, tune=STEPS (block tuning: norms and group scales/offsets towards the FP block outputs, STEPS Adam steps per block) (default: %(default)s)")
+                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N, tune=STEPS (norm tweaking: norms and INT4 row factors tuned end to end towards the FP logits, STEPS Adam steps) (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--quantize-head", action="store_true")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's 2048)")
@@ -164,7 +164,7 @@ def main() -> None:
             "variant": variant, "method": opts.int4_method, "gptq_damp": opts.int4_damp,
             "act_order": opts.int4_act_order, "group_search": opts.int4_group_search,
             "true_sequential": opts.int4_true_sequential, "symmetric": opts.int4_symmetric,
-            "block_tuning_steps": opts.int4_block_tuning_steps,
+            "tuning_steps": opts.int4_tuning_steps,
             "calibration_tokens": prepared.int4.n_tokens, "group_requested": args.group,
             "groups_used": sorted(set(prepared.int4.groups.values())), "int4_layers": len(prepared.int4.layers),
             "perplexity_fp": m["fp_perplexity"], "perplexity": m["quant_perplexity"],
@@ -174,6 +174,8 @@ def main() -> None:
             # summed over layers, on the calibration inputs; None where RTN is already exact (e.g. G = 32 on a Q4_1 file)
             "layer_output_error_vs_rtn": (sum(e["error"] for e in errs.values()) / rtn_err) if (
                 rtn_err := sum(e["rtn_error"] for e in errs.values())) > 0 else None,
+            # norm tweaking (tune=STEPS): mean KL(FP || INT4) per position on the calibration windows, before / after
+            "tuning_calibration_kl": prepared.int4.tuning or None,
             **bytes_summary(weights),
             "gate_passed": not fails, "gate_failures": fails,
             "calibrate_and_quantize_cpu_s": round(cal_s, 1), "gate_eval_cpu_s": round(eval_s, 1),

@@ -45,9 +45,9 @@ from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.quant.awq import scaled_hessian, search_scales
 from edgekit.quant.awq_fold import can_fold, fold_scales, wo_expand
 from edgekit.quant.calibration import RecordingOps
-from edgekit.quant.forward import block_output, embed, logits, run_blocks
+from edgekit.quant.forward import embed, logits, run_blocks
 from edgekit.quant.gptq import gptq_quantize
-from edgekit.quant.int4_block_tuning import BlockTuning, tune_block
+from edgekit.quant.int4_tuning import Tuning, tune_floats
 from edgekit.quant.int4_group_search import search_group_params
 from edgekit.quant.int4_rounding import output_error, params_record, rtn_record, search_clip
 from edgekit.quant.layers import BLOCK_LINEARS, HEAD
@@ -70,9 +70,9 @@ class Int4Options:
     # quantize a block's projections in order (wqkv, wo, w_gate_up, w_down), each calibrated on inputs that come
     # through the block's already-rounded earlier projections, instead of all on the block's FP inputs
     true_sequential: bool = False
-    # after rounding, each block's norms and INT4 group scales/offsets tuned (codes fixed) so that its output
-    # follows the FP model's (edgekit.quant.int4_block_tuning); 0 = off
-    block_tuning_steps: int = 0
+    # Adam steps of norm tweaking once every projection is rounded: the norms and each INT4 row's factor (folded into
+    # its group scales/offsets) tuned end to end towards the FP model's logits (edgekit.quant.int4_tuning); 0 = off
+    tuning_steps: int = 0
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -81,8 +81,8 @@ class Int4Options:
             raise QuantizationError(f"INT4 group size {self.group} is not supported; expected one of {GROUP_SIZES}")
         if not 0 < self.damp < 1:
             raise QuantizationError(f"GPTQ damping must be in (0, 1) (a fraction of mean(diag H)), got {self.damp}")
-        if self.block_tuning_steps < 0:
-            raise QuantizationError(f"block tuning steps must be >= 0 (0 = off), got {self.block_tuning_steps}")
+        if self.tuning_steps < 0:
+            raise QuantizationError(f"tuning steps must be >= 0 (0 = off), got {self.tuning_steps}")
 
 
 @dataclass
@@ -93,13 +93,13 @@ class Int4Calibration:
     passed_through: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # layer -> why it cannot be INT4
     errors: dict[str, dict] = field(default_factory=dict)  # layer -> output errors on the calibration inputs
-    tuning: dict[str, dict] = field(default_factory=dict)  # block -> its output error before / after block tuning
+    tuning: dict = field(default_factory=dict)  # norm tweaking: KL on the calibration windows before / after
     n_tokens: int = 0
 
     def summary(self) -> dict:
         return {"tokens": self.n_tokens, "groups": self.groups, "passed_through": self.passed_through,
                 "not_int4": self.skipped, "output_error_vs_rtn": self.errors,
-                **({"block_tuning": self.tuning} if self.tuning else {})}
+                **({"tuning": self.tuning} if self.tuning else {})}
 
 
 def group_for(k: int, requested: int) -> int | None:
@@ -199,7 +199,6 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
     dec = Decoder(config, work, ops)
     cal = Int4Calibration(weights=work, layers={})
     xs = [embed(dec, b) for b in _batches(token_windows)]  # [(B, T, C)]
-    fp_xs = list(xs)  # the FP model's own hidden states: block tuning's targets
     cal.n_tokens = sum(w.numel() for w in token_windows)
 
     def plan(name: str, lw: LinearWeights) -> int | None:
@@ -240,17 +239,10 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
                 rtn = rtn_record(w0, None, g, opts.symmetric, opts.scale_dtype).dequantized()
                 cal.errors[name] = {"error": output_error(w - rounded[name].dequantized(), h),
                                     "rtn_error": output_error(w0 - rtn, h0)}
-            rounded = {n.split(".")[-1]: r for n, r in rounded.items()}
-            if opts.block_tuning_steps and rounded:
-                fp_ys = [block_output(dec, fp_weights.blocks[i], x, i) for x in fp_xs]
-                block, rounded, cal.tuning[prefix] = tune_block(dec, i, block, rounded, xs, fp_ys,
-                                                                BlockTuning(steps=opts.block_tuning_steps))
-                work.blocks[i] = block
-                fp_xs = fp_ys
-            cal.layers.update({f"{prefix}.{k}": r for k, r in rounded.items()})
+            cal.layers.update(rounded)
             cal.groups.update(groups)
             # the next block's inputs: this block with its rounded projections
-            qblock = replace(block, **rounded)
+            qblock = replace(block, **{n.split(".")[-1]: r for n, r in rounded.items()})
             work.blocks[i] = qblock
             xs = [run_blocks(dec, x, i, i + 1) for x in xs]
             work.blocks[i] = block
@@ -266,4 +258,7 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
                 cal.layers[HEAD] = _round_layer(lw, stats.h[HEAD], g, opts, HEAD)
                 cal.groups[HEAD] = g
             advance()
+    if opts.tuning_steps and cal.layers:
+        cal.weights, cal.layers, cal.tuning = tune_floats(config, fp_weights, work, cal.layers, token_windows,
+                                                          Tuning(steps=opts.tuning_steps))
     return cal
