@@ -70,9 +70,10 @@ class Int4Options:
     # quantize a block's projections in order (wqkv, wo, w_gate_up, w_down), each calibrated on inputs that come
     # through the block's already-rounded earlier projections, instead of all on the block's FP inputs
     true_sequential: bool = False
-    # Adam steps of norm tweaking once every projection is rounded: the norms and each INT4 row's factor (folded into
-    # its group scales/offsets) tuned end to end towards the FP model's logits (edgekit.quant.int4_tuning); 0 = off
+    # Adam steps of norm tweaking once every projection is rounded: the RMSNorm weights tuned end to end towards the
+    # FP model's logits (edgekit.quant.int4_tuning); 0 = off
     tuning_steps: int = 0
+    tuning_rows: bool = False  # norm tweaking tunes each INT4 row's factor too
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -260,5 +261,5 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
             advance()
     if opts.tuning_steps and cal.layers:
         cal.weights, cal.layers, cal.tuning = tune_floats(config, fp_weights, work, cal.layers, token_windows,
-                                                          Tuning(steps=opts.tuning_steps))
+                                                          Tuning(steps=opts.tuning_steps, rows=opts.tuning_rows))
     return cal

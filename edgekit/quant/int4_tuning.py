@@ -1,29 +1,24 @@
-"""Norm tweaking after INT4 rounding: the float parameters next to the INT4 codes, tuned end to end.
+"""Norm tweaking after INT4 rounding: the RMSNorm weights tuned end to end while the INT4 records stay as rounded.
 
-Once every projection's INT4 codes are fixed, the parameters that stay
-floating point can still move: every RMSNorm weight (norm tweaking, Li et al.,
-2023) and a per-output-channel factor of each INT4 projection, which folds
-into that row's FP16 group scales and offsets (and its bias). They are tuned
-here with Adam so that the quantized model's next-token distributions follow
-the FP model's on the calibration windows:
+Once every projection's INT4 codes, scales and offsets are fixed, the model
+still has floating-point parameters that can make up for part of the rounding
+error: every RMSNorm weight (norm tweaking, Li et al., 2023). A block norm
+scales the input channels of the projection it feeds, so tuning it is a
+per-input-channel correction of that projection that costs nothing at run
+time. They are tuned with Adam so that the quantized model's next-token
+distributions follow the FP model's on the calibration windows:
 
     min  mean over positions of KL( p_fp || p_int4 )
 
-end to end rather than block by block. Measured on SmolLM2-135M (CPU, held-out
-text, on top of GPTQ + group search): tuning each block's norms and group
-scales towards the FP model's block outputs (Adam, 64 steps a block) took the
-perplexity increase from +8.0% to +7.1% for 3.5 extra minutes, and a
-least-squares refit of the scales towards the FP block outputs made it worse
-(+8.9%); the block-output error is dominated by the few residual channels and
-tokens with very large activations, which the next RMSNorm divides away. The
-KL of the logits weighs every error by what it does to the prediction.
-
 The parameters are relative, so one learning rate fits them all: a norm weight
-becomes n (1 + c), a row's scales, offsets and bias f (1 + c); c starts at 0
-(the model as rounded). Adam visits the windows in order (no random numbers:
-deterministic). The tuned values are rounded to their stored dtype and kept
-only if their mean KL over all calibration windows is below the rounded
+becomes n (1 + c), c starting at 0 (the model as rounded). Adam visits the
+windows in order (no random numbers: deterministic). The tuned model is kept
+only if its mean KL over all calibration windows is below the rounded
 model's.
+
+``rows`` also tunes a factor per output row of every INT4 block projection,
+folded into that row's FP16 group scales and offsets (and its bias). Measured
+on the default model it overfits the calibration text (see RESULTS below).
 
 A block's norm is tuned only when every projection it feeds is floating point
 in ``fp_weights`` (not an INT4 record taken in as it came); its change is
@@ -31,6 +26,14 @@ folded into those projections' floating-point weights (W n / n'), so the FP
 model keeps its function there (the INT8 fallback records come from it). The
 final norm feeds the LM head, which is usually tied to the embedding: it is
 tuned and not folded, so the FP model carries the tuned final norm.
+
+RESULTS (SmolLM2-135M-Instruct, CPU, FP32 activations, held-out text; GPTQ onto searched groups, damp 0.5, g128/g64;
+scripts/eval_int4_calibration.py): see the table in the README's "W4A16 calibration levers". Tried and dropped,
+on the same model: each block's norms and group scales tuned by Adam towards the FP model's block outputs (64 steps a
+block: +7.1% perplexity for 3.5 extra CPU-minutes), and a least-squares refit of the group scales (and norms) towards
+the FP block outputs (+8.9% / +9.8%): the block-output error is dominated by the few residual channels and tokens
+with very large activations, which the next RMSNorm divides away; the KL of the logits weighs every error by what it
+does to the prediction.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ NORM_CONSUMERS = {"attn_norm": ("wqkv",), "ffn_norm": ("w_gate_up",)}  # the pro
 class Tuning:
     steps: int = 48  # Adam steps, one calibration window each
     lr: float = 3e-3  # on the relative parameters
+    rows: bool = False  # tune the INT4 projections' row factors too (see the module doc for what they did)
 
 
 class _ScaledOps:
@@ -95,7 +99,7 @@ def _kl(target: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
 
 def tune_floats(config: ModelConfig, fp_model: ModelWeights, fp_weights: ModelWeights, layers: dict[str, LinearWeights],
                 windows: list[torch.Tensor], opts: Tuning) -> tuple[ModelWeights, dict[str, LinearWeights], dict]:
-    """Tune the norms and the INT4 records' row factors (see the module doc).
+    """Tune the norms (and with ``opts.rows`` the INT4 records' row factors; see the module doc).
 
     ``fp_model``: the model as loaded (the targets); ``fp_weights``: its working copy (AWQ folds) that ``layers``
     (name -> INT4 record) replace. Returns the FP weights with the tuned norms (block norms folded), the records with
@@ -105,18 +109,18 @@ def tune_floats(config: ModelConfig, fp_model: ModelWeights, fp_weights: ModelWe
     fp_dec = Decoder(config, fp_model, ops)
     with torch.no_grad():
         target = [_log_probs(fp_dec, w).to(torch.float16) for w in windows]  # FP16: half the memory of (T, V) FP32
-    # the block projections' rows (an INT4 head's rows are the tied embedding's too: left as rounded)
-    int4 = {n: lw for n, lw in layers.items() if lw.op == "linear_w4a16" and n != HEAD}
     q = with_layers(fp_weights, layers)
     before = mean_kl(target, Decoder(config, q, ops), windows)
-    # float copies of the INT4 records: dequantized once, not at every step
-    flt = {n: LinearWeights("linear", lw.dequantized(), lw.bias) for n, lw in int4.items()}
+    # float copies of the INT4 records, dequantized once rather than at every step
+    flt = {n: LinearWeights("linear", lw.dequantized(), lw.bias) for n, lw in layers.items() if lw.op == "linear_w4a16"}
     qf = with_layers(q, flt)
-    rows = {n: torch.zeros(lw.out_features, requires_grad=True) for n, lw in flt.items()}
+    # the block projections' rows (an INT4 head's rows are the tied embedding's too: left as rounded)
+    int4 = {n: layers[n] for n in flt if n != HEAD} if opts.rows else {}
+    rows = {n: torch.zeros(flt[n].out_features, requires_grad=True) for n in int4}
     norms = {(i, n): torch.zeros_like(getattr(b, n), requires_grad=True) for i, b in enumerate(fp_weights.blocks)
              for n, feeds in NORM_CONSUMERS.items() if all(getattr(b, k).op == "linear" for k in feeds)}
     final = torch.zeros_like(fp_weights.norm, requires_grad=True)
-    ids = {id(lw): rows[n] for n, lw in flt.items()}
+    ids = {id(flt[n]): c for n, c in rows.items()}
 
     def model() -> Decoder:
         blocks = [replace(b, **{n: getattr(b, n) * (1 + norms[i, n]) for n in NORM_CONSUMERS if (i, n) in norms})

@@ -87,15 +87,16 @@ class QuantizeOptions:
     int4_act_order: bool = False  # GPTQ columns by decreasing diag H (static groups)
     int4_group_search: bool = True  # group scale/offset searched and refitted (edgekit.quant.int4_group_search)
     int4_true_sequential: bool = False  # each projection calibrated on inputs through the block's rounded earlier ones
-    # Adam steps of norm tweaking after rounding: norms and INT4 row factors tuned end to end towards the FP model's
-    # logits, codes fixed (edgekit.quant.int4_tuning); 0 = off
-    int4_tuning_steps: int = 0
+    # Adam steps of norm tweaking after rounding: the RMSNorm weights tuned end to end towards the FP model's logits,
+    # the INT4 records left as rounded (edgekit.quant.int4_tuning); 0 = off
+    int4_tuning_steps: int = 48
+    int4_tuning_rows: bool = False  # norm tweaking tunes the INT4 projections' row factors too (measured: overfits)
 
     def int4_options(self) -> Int4Options:
         return Int4Options(group=self.int4_group, symmetric=self.int4_symmetric, method=self.int4_method,
                            damp=self.int4_damp, act_order=self.int4_act_order, group_search=self.int4_group_search,
                            true_sequential=self.int4_true_sequential,
-                           tuning_steps=self.int4_tuning_steps)
+                           tuning_steps=self.int4_tuning_steps, tuning_rows=self.int4_tuning_rows)
 
 
 @dataclass
@@ -299,7 +300,8 @@ def quantize_model(
                                  "damp": opts.int4_damp, "act_order": opts.int4_act_order,
                                  "group_search": opts.int4_group_search,
                                  "true_sequential": opts.int4_true_sequential,
-                                 "tuning_steps": opts.int4_tuning_steps, "scale_dtype": "fp16"}} if mode == "w4a16" else {})},
+                                 "tuning_steps": opts.int4_tuning_steps, "tuning_rows": opts.int4_tuning_rows,
+                                 "scale_dtype": "fp16"}} if mode == "w4a16" else {})},
         "measured_on": "cpu",
         "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",
     }

@@ -1,6 +1,7 @@
 """Norm tweaking after GPTQ (tiny preset): it brings the quantized model's next-token distributions closer to the FP
-model's than the same recipe without it (on the calibration text and on text it did not see), keeps the INT4 codes,
-stores FP16 scales, leaves the FP blocks' function unchanged (block norms folded), and gives the same result twice."""
+model's than the same recipe without it (on the calibration text and on text it did not see), leaves the INT4 records
+as rounded (with ``rows``: the codes, with scales moved and stored FP16), leaves the FP blocks' function unchanged
+(block norms folded), and gives the same result twice."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def tuned(tiny, fp, windows):
     return calibrate_int4(tiny.config, fp, windows, Int4Options(**RECIPE, tuning_steps=STEPS))
 
 
+@pytest.fixture(scope="module")
+def tuned_rows(tiny, fp, windows):
+    return calibrate_int4(tiny.config, fp, windows, Int4Options(**RECIPE, tuning_steps=STEPS, tuning_rows=True))
+
+
 def kl_to_fp(config, fp, cal, windows) -> float:
     """Mean KL(p_fp || p_int4) per position, each model run on its own from the tokens (no calibration bookkeeping)."""
     q = Decoder(config, with_layers(cal.weights, cal.layers), DispatchTable())
@@ -59,7 +65,9 @@ def kl_to_fp(config, fp, cal, windows) -> float:
     return total / len(windows)
 
 
-def test_tuning_brings_the_int4_model_closer_to_the_fp_one(tiny, fp, plain, tuned, windows):
+@pytest.mark.parametrize("which", ["tuned", "tuned_rows"])
+def test_tuning_brings_the_int4_model_closer_to_the_fp_one(tiny, fp, plain, windows, which, request):
+    tuned = request.getfixturevalue(which)
     before, after = kl_to_fp(tiny.config, fp, plain, windows), kl_to_fp(tiny.config, fp, tuned, windows)
     assert after < 0.8 * before, (before, after)
     unseen = calibration_windows(tiny, 1024, 128)[len(windows):]  # the next 512 calibration tokens
@@ -69,9 +77,12 @@ def test_tuning_brings_the_int4_model_closer_to_the_fp_one(tiny, fp, plain, tune
     assert not plain.tuning
 
 
-def test_codes_stay_and_scales_are_stored_fp16(plain, tuned):
-    assert sorted(tuned.layers) == sorted(plain.layers)
-    for name, lw in tuned.layers.items():
+def test_norms_only_leaves_the_records_rows_move_only_their_scales(plain, tuned, tuned_rows):
+    assert sorted(tuned.layers) == sorted(tuned_rows.layers) == sorted(plain.layers)
+    for name, lw in tuned.layers.items():  # codes, scales and offsets as rounded
+        p = plain.layers[name]
+        assert torch.equal(lw.weight, p.weight) and torch.equal(lw.scale, p.scale) and torch.equal(lw.offset, p.offset)
+    for name, lw in tuned_rows.layers.items():
         assert lw.op == "linear_w4a16" and lw.scale.dtype == torch.float16 and lw.offset.dtype == torch.float16
         assert torch.equal(unpack_int4(lw.weight), unpack_int4(plain.layers[name].weight))
         assert bool((lw.scale > 0).all()) and not torch.equal(lw.scale, plain.layers[name].scale)
@@ -87,11 +98,12 @@ def test_the_fp_blocks_compute_what_the_loaded_ones_do(tiny, fp, tuned, windows)
     assert fp.blocks[0].wqkv.op == "linear"  # the input model is left as it was
 
 
-def test_tuning_is_deterministic(tiny, fp, tuned, windows):
-    again = calibrate_int4(tiny.config, fp, windows, Int4Options(**RECIPE, tuning_steps=STEPS))
+def test_tuning_is_deterministic(tiny, fp, tuned_rows, windows):
+    again = calibrate_int4(tiny.config, fp, windows, Int4Options(**RECIPE, tuning_steps=STEPS, tuning_rows=True))
     assert all(torch.equal(again.layers[n].scale, lw.scale) and torch.equal(again.layers[n].offset, lw.offset)
-               for n, lw in tuned.layers.items())
-    assert torch.equal(again.weights.norm, tuned.weights.norm)
+               for n, lw in tuned_rows.layers.items())
+    assert torch.equal(again.weights.norm, tuned_rows.weights.norm)
+    assert all(torch.equal(a.attn_norm, b.attn_norm) for a, b in zip(again.weights.blocks, tuned_rows.weights.blocks))
 
 
 def test_negative_steps_are_refused(tiny, windows):

@@ -43,7 +43,8 @@ def test_default_w4a16_passes_and_reports_every_layer(tiny):
     assert groups["blocks.0.wqkv"] == 64 and groups["blocks.0.w_down"] == 32
     assert r.report["options"]["int4"] == {"group": 128, "symmetric": False, "method": "gptq", "damp": 0.5,
                                            "act_order": False, "group_search": True, "true_sequential": False,
-                                           "scale_dtype": "fp16"}
+                                           "tuning_steps": 48, "tuning_rows": False, "scale_dtype": "fp16"}
+    assert r.report["calibration"]["int4"]["tuning"]["kl_before"] > 0  # norm tweaking ran (the default)
     lw = r.weights.blocks[0].w_gate_up
     assert lw.op == "linear_w4a16" and lw.weight.dtype == torch.uint8 and lw.offset is not None
     # half a byte per weight plus an FP16 scale and offset per group: under 0.4x of FP16 even at group 32
