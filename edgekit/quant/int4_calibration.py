@@ -95,6 +95,7 @@ class Int4Calibration:
     skipped: dict[str, str] = field(default_factory=dict)  # layer -> why it cannot be INT4
     errors: dict[str, dict] = field(default_factory=dict)  # layer -> output errors on the calibration inputs
     tuning: dict = field(default_factory=dict)  # norm tweaking: KL on the calibration windows before / after
+    untuned: tuple[ModelWeights, dict[str, LinearWeights]] | None = None  # (weights, layers) as rounded, if tuning kept
     n_tokens: int = 0
 
     def summary(self) -> dict:
@@ -260,6 +261,8 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
                 cal.groups[HEAD] = g
             advance()
     if opts.tuning_steps and cal.layers:
+        rounded = (cal.weights, cal.layers)
         cal.weights, cal.layers, cal.tuning = tune_floats(config, fp_weights, work, cal.layers, token_windows,
                                                           Tuning(steps=opts.tuning_steps, rows=opts.tuning_rows))
+        cal.untuned = rounded if cal.tuning["kept"] else None
     return cal
