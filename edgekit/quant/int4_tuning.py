@@ -25,7 +25,10 @@ in ``fp_weights`` (not an INT4 record taken in as it came); its change is
 folded into those projections' floating-point weights (W n / n'), so the FP
 model keeps its function there (the INT8 fallback records come from it). The
 final norm feeds the LM head, which is usually tied to the embedding: it is
-tuned and not folded, so the FP model carries the tuned final norm.
+tuned and not folded, so the FP model carries the tuned final norm. The
+tuning compensates the errors of every INT4 layer, so a mixed-precision
+fallback (--allow-mixed) starts from the model as rounded instead
+(``Int4Calibration.untuned``, edgekit.quant.quantize).
 
 Measured on SmolLM2-135M-Instruct (CPU, FP32 activations, shipped held-out text, g128 = g64 at K = 576; on top of
 GPTQ onto searched groups, damp 0.5; scripts/eval_int4_calibration.py):
