@@ -4,15 +4,15 @@
 The FP reference is the default model as loaded (its Q4_1 GGUF dequantized to FP32: FP32 weights, FP32
 activations, reference operators). A recipe is METHOD[+LEVER...]: "gptq+act_order+damp=0.1" is GPTQ with its
 columns in decreasing order of diag H (static groups) and 0.1 dampening; levers are QuantizeOptions fields (FLAGS,
-VALUED below): a lever not named is off (so "rtn" is plain round-to-nearest, "gptq+search" the default of
-`--precision int4`), the rest at QuantizeOptions' defaults. Each recipe re-quantizes every projection to INT4 with the requested group
+VALUED below): a flag not named is off, and so is norm tweaking (tune=STEPS) unless named (so "rtn" is plain
+round-to-nearest, "gptq+search+tune=48" the default of `--precision int4`), the rest at QuantizeOptions' defaults. Each recipe re-quantizes every projection to INT4 with the requested group
 (128, or the largest supported group dividing K: 64 for SmolLM2's K = 576), calibrated on the shipped calibration
 text, with nothing kept in higher precision (no mixed-precision fallback) and the LM head as the build keeps it
 (FP16 unless --quantize-head). Each candidate is scored with the gate's own `evaluate` and `check` on the shipped
 held-out text, against one FP reference computed once. Prints a table and JSON (--json PATH). Every figure is
 measured on this machine's CPU; times are wall-clock on a shared machine.
 
-    python scripts/eval_int4_calibration.py --json int4.json    # every lever (DEFAULT_VARIANTS), ~45 CPU-minutes
+    python scripts/eval_int4_calibration.py --json int4.json    # every lever (DEFAULT_VARIANTS), ~55 CPU-minutes
     python scripts/eval_int4_calibration.py --variants gptq+search --mixed gptq+search --max-mixed-fraction 0.5
 """
 
@@ -25,21 +25,24 @@ import time
 
 # Levers a variant may add to its method, "METHOD+LEVER+...": flags, then KEY=VALUE ones.
 FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "true_seq": "int4_true_sequential",
-         "sym": "int4_symmetric"}
-VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int)}
+         "sym": "int4_symmetric", "rows": "int4_tuning_rows"}
+VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int),
+          "tune": ("int4_tuning_steps", int)}
+OFF = {"int4_tuning_steps": 0}  # valued levers that are off unless named (the rest keep QuantizeOptions' defaults)
 
 
 # Every lever on its own against GPTQ as it was (damp 0.01, min-max groups), then the group search combined with
-# each; "gptq+search" is the default of --precision int4.
+# each, then norm tweaking on the best of them; "gptq+search+tune=48" is the default of --precision int4.
 DEFAULT_VARIANTS = ("rtn,awq,gptq+damp=0.01,gptq+damp=0.1,gptq+damp=0.01+act_order,gptq+damp=0.01+true_seq,"
                     "gptq+damp=0.01+tokens=4096,gptq+damp=0.01+sym,awq_gptq+damp=0.01,rtn+search,rtn+search+true_seq,"
-                    "awq+search,gptq+search+damp=0.1,gptq+search,gptq+search+damp=0.9")
+                    "awq+search,gptq+search+damp=0.1,gptq+search,gptq+search+damp=0.9,gptq+search+tune=48,"
+                    "gptq+search+tune=48+rows")
 
 
 def variant_options(variant: str, base: dict) -> dict:
     """QuantizeOptions fields for a variant such as "gptq+act_order+damp=0.1" (on top of ``base``)."""
     method, *levers = variant.split("+")
-    fields = {**base, "int4_method": method, **{f: False for f in FLAGS.values()}}  # a variant is what it names
+    fields = {**base, "int4_method": method, **{f: False for f in FLAGS.values()}, **OFF}  # a variant is what it names
     for lever in levers:
         key, _, value = lever.partition("=")
         if key in FLAGS and not value:
@@ -110,7 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", "--methods", dest="variants", default=DEFAULT_VARIANTS,
                     help="comma-separated METHOD[+LEVER...]: methods rtn, gptq, awq, awq_gptq; levers act_order, search "
-                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N (default: %(default)s)")
+                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N, tune=STEPS (norm tweaking: the norms tuned end to end towards the FP logits, STEPS Adam steps), rows (with tune: the INT4 row factors too) (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--quantize-head", action="store_true")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's 2048)")
@@ -162,6 +165,7 @@ def main() -> None:
             "variant": variant, "method": opts.int4_method, "gptq_damp": opts.int4_damp,
             "act_order": opts.int4_act_order, "group_search": opts.int4_group_search,
             "true_sequential": opts.int4_true_sequential, "symmetric": opts.int4_symmetric,
+            "tuning_steps": opts.int4_tuning_steps, "tuning_rows": opts.int4_tuning_rows,
             "calibration_tokens": prepared.int4.n_tokens, "group_requested": args.group,
             "groups_used": sorted(set(prepared.int4.groups.values())), "int4_layers": len(prepared.int4.layers),
             "perplexity_fp": m["fp_perplexity"], "perplexity": m["quant_perplexity"],
@@ -171,6 +175,8 @@ def main() -> None:
             # summed over layers, on the calibration inputs; None where RTN is already exact (e.g. G = 32 on a Q4_1 file)
             "layer_output_error_vs_rtn": (sum(e["error"] for e in errs.values()) / rtn_err) if (
                 rtn_err := sum(e["rtn_error"] for e in errs.values())) > 0 else None,
+            # norm tweaking (tune=STEPS): mean KL(FP || INT4) per position on the calibration windows, before / after
+            "tuning_calibration_kl": prepared.int4.tuning or None,
             **bytes_summary(weights),
             "gate_passed": not fails, "gate_failures": fails,
             "calibrate_and_quantize_cpu_s": round(cal_s, 1), "gate_eval_cpu_s": round(eval_s, 1),

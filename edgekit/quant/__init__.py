@@ -13,6 +13,7 @@ layers (layer names), progress (rich bars), io; for W4A16: int4_rounding
 (group-wise rounding scored by H = X^T X), int4_group_search (group scales and
 offsets searched and refitted under H: the default), gptq (error compensation), awq
 (activation-aware scale search), awq_fold (folding the scales exactly),
-int4_calibration (block-by-block calibration of a whole model), mixed (the
-fallback schedule: INT4 -> INT8 -> FP).
+int4_calibration (block-by-block calibration of a whole model), int4_tuning
+(norm tweaking: the float parameters next to the codes tuned end to end towards
+the FP logits), mixed (the fallback schedule: INT4 -> INT8 -> FP).
 """

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from edgekit.model.decoder import Decoder
+from edgekit.model.decoder import BlockWeights, Decoder
 from edgekit.model.embedding import lookup
 
 KVTransform = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -41,25 +41,31 @@ def run_blocks(
     kv_transform: KVTransform | None = None,
 ) -> torch.Tensor:
     """Run blocks [start, stop) on hidden states x (B, T, C) of full, unpadded sequences; returns (B, T, C)."""
+    blocks = decoder.weights.blocks
+    stop = len(blocks) if stop is None else stop
+    for i in range(start, stop):
+        x = block_output(decoder, blocks[i], x, i, kv_transform)
+    return x
+
+
+def block_output(decoder: Decoder, b: BlockWeights, x: torch.Tensor, i: int = 0,
+                 kv_transform: KVTransform | None = None) -> torch.Tensor:
+    """One block ``b`` (as block i) on hidden states x (B, T, C) of full sequences; differentiable where the caller
+    enables gradients (edgekit.quant.int4_block_tuning tunes a block's float parameters through it)."""
     cfg, ops = decoder.config, decoder.ops
     B, T, _ = x.shape
     cos = decoder._cos[:T][None].expand(B, T, -1)  # (B, T, D/2)
     sin = decoder._sin[:T][None].expand(B, T, -1)
     seq_lens = torch.full((B,), T, dtype=torch.long, device=x.device)  # (B,) every position is real
-    blocks = decoder.weights.blocks
-    stop = len(blocks) if stop is None else stop
-    for i in range(start, stop):
-        b = blocks[i]
 
-        def attend(h, i=i, b=b):
-            q, k, v = ops.qkv_rope(h, b.wqkv, cos, sin, cfg.n_heads, cfg.n_kv_heads)  # (B, H, T, D)
-            if kv_transform is not None:
-                k, v = kv_transform(i, k, v)
-            o = ops.attention_prefill(q, k, v, seq_lens)  # (B, Hq, T, D)
-            return o.transpose(1, 2).reshape(B, T, cfg.q_size)
+    def attend(h):
+        q, k, v = ops.qkv_rope(h, b.wqkv, cos, sin, cfg.n_heads, cfg.n_kv_heads)  # (B, H, T, D)
+        if kv_transform is not None:
+            k, v = kv_transform(i, k, v)
+        o = ops.attention_prefill(q, k, v, seq_lens)  # (B, Hq, T, D)
+        return o.transpose(1, 2).reshape(B, T, cfg.q_size)
 
-        x = decoder._block(b, x, attend)
-    return x
+    return decoder._block(b, x, attend)
 
 
 @torch.no_grad()

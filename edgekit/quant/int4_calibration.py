@@ -47,6 +47,7 @@ from edgekit.quant.awq_fold import can_fold, fold_scales, wo_expand
 from edgekit.quant.calibration import RecordingOps
 from edgekit.quant.forward import embed, logits, run_blocks
 from edgekit.quant.gptq import gptq_quantize
+from edgekit.quant.int4_tuning import Tuning, tune_floats
 from edgekit.quant.int4_group_search import search_group_params
 from edgekit.quant.int4_rounding import output_error, params_record, rtn_record, search_clip
 from edgekit.quant.layers import BLOCK_LINEARS, HEAD
@@ -69,6 +70,10 @@ class Int4Options:
     # quantize a block's projections in order (wqkv, wo, w_gate_up, w_down), each calibrated on inputs that come
     # through the block's already-rounded earlier projections, instead of all on the block's FP inputs
     true_sequential: bool = False
+    # Adam steps of norm tweaking once every projection is rounded: the RMSNorm weights tuned end to end towards the
+    # FP model's logits (edgekit.quant.int4_tuning); 0 = off
+    tuning_steps: int = 0
+    tuning_rows: bool = False  # norm tweaking tunes each INT4 row's factor too
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -77,6 +82,8 @@ class Int4Options:
             raise QuantizationError(f"INT4 group size {self.group} is not supported; expected one of {GROUP_SIZES}")
         if not 0 < self.damp < 1:
             raise QuantizationError(f"GPTQ damping must be in (0, 1) (a fraction of mean(diag H)), got {self.damp}")
+        if self.tuning_steps < 0:
+            raise QuantizationError(f"tuning steps must be >= 0 (0 = off), got {self.tuning_steps}")
 
 
 @dataclass
@@ -87,11 +94,14 @@ class Int4Calibration:
     passed_through: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # layer -> why it cannot be INT4
     errors: dict[str, dict] = field(default_factory=dict)  # layer -> output errors on the calibration inputs
+    tuning: dict = field(default_factory=dict)  # norm tweaking: KL on the calibration windows before / after
+    untuned: tuple[ModelWeights, dict[str, LinearWeights]] | None = None  # (weights, layers) as rounded, if tuning kept
     n_tokens: int = 0
 
     def summary(self) -> dict:
         return {"tokens": self.n_tokens, "groups": self.groups, "passed_through": self.passed_through,
-                "not_int4": self.skipped, "output_error_vs_rtn": self.errors}
+                "not_int4": self.skipped, "output_error_vs_rtn": self.errors,
+                **({"tuning": self.tuning} if self.tuning else {})}
 
 
 def group_for(k: int, requested: int) -> int | None:
@@ -250,4 +260,9 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
                 cal.layers[HEAD] = _round_layer(lw, stats.h[HEAD], g, opts, HEAD)
                 cal.groups[HEAD] = g
             advance()
+    if opts.tuning_steps and cal.layers:
+        rounded = (cal.weights, cal.layers)
+        cal.weights, cal.layers, cal.tuning = tune_floats(config, fp_weights, work, cal.layers, token_windows,
+                                                          Tuning(steps=opts.tuning_steps, rows=opts.tuning_rows))
+        cal.untuned = rounded if cal.tuning["kept"] else None
     return cal
