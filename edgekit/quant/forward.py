@@ -51,7 +51,7 @@ def run_blocks(
 def block_output(decoder: Decoder, b: BlockWeights, x: torch.Tensor, i: int = 0,
                  kv_transform: KVTransform | None = None) -> torch.Tensor:
     """One block ``b`` (as block i) on hidden states x (B, T, C) of full sequences; differentiable where the caller
-    enables gradients (edgekit.quant.int4_block_tuning tunes a block's float parameters through it)."""
+    enables gradients (edgekit.quant.int4_tuning tunes the float parameters through it; run_blocks does not)."""
     cfg, ops = decoder.config, decoder.ops
     B, T, _ = x.shape
     cos = decoder._cos[:T][None].expand(B, T, -1)  # (B, T, D/2)
