@@ -202,16 +202,26 @@ def _int4_fma(acc, words, x, s, m, has_offset, BLOCK_R: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
-def _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, K, stride_wn,
+def _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, K, stride_wn,
                NORM: tl.constexpr, W_FORMAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-               sf_ptr=0, sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0):
-    """sum_k W[rows, k] * h[k] in FP32, h = x (NORM false) or act(x * rstd * nw) (NORM true). rows: (BLOCK_R,).
+               sf_ptr=0, sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
+               NORM_BLOCK_K: tl.constexpr = 0):
+    """sum_k W[rows, k] * h[k] in FP32, h = x (NORM false) or act(x * rstd * nw) (NORM true, rstd = ``_row_rstd``
+    of the row with ``eps``, summed in NORM_BLOCK_K steps, 0: BLOCK_K). rows: (BLOCK_R,).
+
+    Each step loads its weight tile, then its activation. Measured on the H200 (2026-12-02, llama-3.2-1b, fused
+    decode, tok/s fp16 / int8 / int4 against 1127 / 1446 / 1474 in the same call) and not kept: the first tile
+    requested before the norm's reduction (peeled from the loop) 1061 / 1437 / 1509, and every next step's tile
+    and activation requested one step ahead (loop-carried) 1047 / 1161 / 1501 (in another call, against 1131 /
+    1443 / 1476). Both hold a weight tile in registers across code that did not hold one before.
 
     INT4 weights: ``stride_wn`` in bytes, group operands as ``_gemv_fma`` takes them; the group scales are applied
     here, so the result needs no per-channel scale (``_epilogue``)."""
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     acc = _gemv_acc(BLOCK_R, BLOCK_K, W_FORMAT)
+    if NORM:
+        rstd = _row_rstd(x_row, K, eps, BLOCK_K if NORM_BLOCK_K == 0 else NORM_BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
         kmask = k < K
@@ -226,13 +236,33 @@ def _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, K, stride_wn,
 
 
 @triton.jit
-def _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_FORMAT: tl.constexpr, DTYPE: tl.constexpr):
+def _epilogue_operands(s_ptr, b_ptr, rows, has_bias, W_FORMAT: tl.constexpr):
+    """(INT8 channel scale, bias) of ``rows`` in FP32 (1 and 0 where absent). Loaded before the GEMV, their latency
+    hides behind the weight stream instead of following its last step."""
+    scale = tl.full(rows.shape, 1.0, tl.float32)
+    if W_FORMAT == 1:  # INT8
+        scale = tl.load(s_ptr + rows)
+    bias = tl.zeros(rows.shape, tl.float32)
+    if has_bias != 0:
+        bias = tl.load(b_ptr + rows).to(tl.float32)
+    return scale, bias
+
+
+@triton.jit
+def _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT: tl.constexpr, DTYPE: tl.constexpr):
     """Per-channel INT8 scale, bias, then rounding to the activation dtype (as linear's output), back in FP32."""
     if W_FORMAT == 1:  # INT8
-        acc = acc * tl.load(s_ptr + rows)
-    if has_bias != 0:
-        acc = acc + tl.load(b_ptr + rows).to(tl.float32)
+        acc = acc * scale
+    if has_bias != 0:  # not + 0.0 without a bias: -0.0 stays -0.0, as linear's output
+        acc = acc + bias
     return acc.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_FORMAT: tl.constexpr, DTYPE: tl.constexpr):
+    """``_epilogue_apply`` with its operands loaded now (callers with nothing to overlap them with)."""
+    scale, bias = _epilogue_operands(s_ptr, b_ptr, rows, has_bias, W_FORMAT)
+    return _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT, DTYPE)
 
 
 @triton.jit
@@ -285,11 +315,21 @@ def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32, int4: bool = Fa
 # SM). Hence 256 weights a thread (Triton lays the packed tile's 32 lanes, then its warps, along K first), 16 KB of
 # packed weights a program and step, and more rows over a shorter step while the grid still covers the SMs: a
 # thread's RMSNorm and pair work is BLOCK_K / threads elements, shared by its rows (gate/up: 3.05 at 32 rows x 1024
-# against 3.32 at 16 x 2048). llama-3.2-1b: qkv 16 x 2048, gate/up 32 x 1024, down 8 x 4096, 4 warps each.
+# against 3.32 at 16 x 2048).
+#
+# Then measured (H200, 2026-12-02, scripts/fused_tile_sweep.py --precisions int4, llama-3.2-1b, 26-36 candidates an
+# operator): the smaller GEMVs are faster with fewer weights a thread and more programs than the instruction count
+# alone favours, because Nsight Compute found these kernels latency-bound (16-25% occupancy at 126-168 registers),
+# not issue-bound. Best against the rule above: qkv 8 x 2048 at 4 warps 5.15 us (16 x 2048: 5.65), o 4 x 2048 at 2
+# warps 3.94 (8 x 2048: 4.17), down 4 x 4096 at 4 warps 6.23 (8 x 4096: 6.95); gate/up stayed best near 32 x 1024 at
+# 4 warps (11.5 us; 8 warps 11.6). Hence ~128 weights a thread, at most 4 warps, and at least two programs an SM.
+# llama-3.2-1b: qkv 8 x 2048, o 4 x 2048 (2 warps), gate/up 32 x 1024, down 4 x 4096.
 INT4_STEP_WEIGHTS = 32768
 INT4_MAX_BLOCK_K = 4096
 INT4_MAX_ROWS = 32
-INT4_THREAD_WEIGHTS = 256
+INT4_THREAD_WEIGHTS = 128
+INT4_MAX_WARPS = 4
+INT4_TARGET_PROGRAMS = 2 * TARGET_PROGRAMS
 
 
 def int4_gemv_tile(s: dict, *, min_rows: int = 4) -> tuple[int, int, int]:
@@ -302,9 +342,9 @@ def int4_gemv_tile(s: dict, *, min_rows: int = 4) -> tuple[int, int, int]:
     rows = max(min_rows, min(INT4_MAX_ROWS, INT4_STEP_WEIGHTS // block_k))
     while rows < INT4_MAX_ROWS and block_k > 1024 and n // (2 * rows) >= TARGET_PROGRAMS:
         rows, block_k = 2 * rows, block_k // 2  # more rows, shorter step: less activation work a weight
-    while rows > min_rows and n // rows < TARGET_PROGRAMS:
-        rows //= 2  # fewer rows a program until the grid covers the SMs
-    warps = max(2, min(8, rows * block_k // (32 * INT4_THREAD_WEIGHTS)))
+    while rows > min_rows and n // rows < INT4_TARGET_PROGRAMS:
+        rows //= 2  # fewer rows a program until the grid covers the SMs twice
+    warps = max(2, min(INT4_MAX_WARPS, rows * block_k // (32 * INT4_THREAD_WEIGHTS)))
     return rows, block_k, warps
 
 

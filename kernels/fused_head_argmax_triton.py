@@ -16,7 +16,7 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    FLOAT, INT8, _epilogue, _gemv_rows, _row_rstd, format_launches, operand_params, reduction_params, weight_kernels,
+    FLOAT, INT8, _epilogue_apply, _epilogue_operands, _gemv_rows, format_launches, operand_params, reduction_params, weight_kernels,
     weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
@@ -39,9 +39,11 @@ def _head_logits_kernel(
     rows_ld = rows % V
     _pdl_enter_after_weights(w_ptr, rows_ld, C, stride_wn, BLOCK_K, PDL)
     x_row = x_ptr + b * stride_xm
-    rstd = _row_rstd(x_row, C, eps, 1024)  # the norm in 1-2 wide steps, not C / BLOCK_K narrow ones
-    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows_ld, C, stride_wn, True, W_FORMAT, BLOCK_N, BLOCK_K)
-    y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT, logit_ptr.dtype.element_ty)  # logits as rounded
+    scale, bias = _epilogue_operands(s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT)
+    # the norm in 1-2 wide steps (NORM_BLOCK_K 1024), not C / BLOCK_K narrow ones
+    acc = _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows_ld, C, stride_wn, True, W_FORMAT, BLOCK_N, BLOCK_K,
+                     NORM_BLOCK_K=1024)
+    y = _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT, logit_ptr.dtype.element_ty)  # logits as rounded
     tl.store(logit_ptr + b * stride_lm + rows, y.to(logit_ptr.dtype.element_ty), mask=mask)
     y = tl.where(mask, y, float("-inf"))
     best = tl.max(y, axis=0)

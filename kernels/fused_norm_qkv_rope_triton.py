@@ -17,7 +17,7 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    INT4_ATTRS, INT4_INPUTS, _epilogue, _gemv_rows, _pdl_enter_gemv, _row_rstd, format_launches, gemv_tile, int4_params,
+    INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches, gemv_tile, int4_params,
     operand_params, reduction_params, weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
@@ -63,15 +63,16 @@ def _norm_qkv_rope_program(
     j0 = (pid % (HALF // PAIRS)) * PAIRS
     rows = _qkv_rows(pid, HALF, PAIRS)
     x_row = x_ptr + b * stride_xm
-    rstd = _row_rstd(x_row, C, eps, BLOCK_K)
-    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_FORMAT, 2 * PAIRS, BLOCK_K,
-                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
-    y = _epilogue(acc, s_ptr, b_ptr, rows, has_bias, W_FORMAT, x_ptr.dtype.element_ty)  # (2 PAIRS,) qkv as rounded
-    x1, x2 = tl.split(tl.reshape(y, (PAIRS, 2)))  # first and second half of each pair
+    # the epilogue's operands first: their loads (position, then its cos / sin rows) overlap the weight stream
+    scale, bias = _epilogue_operands(s_ptr, b_ptr, rows, has_bias, W_FORMAT)
     pos = tl.load(pos_ptr + b)
     j = j0 + tl.arange(0, PAIRS)
     c = tl.load(cos_ptr + pos * stride_cs + j)
     s = tl.load(sin_ptr + pos * stride_cs + j)
+    acc = _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, C, stride_wn, True, W_FORMAT, 2 * PAIRS, BLOCK_K,
+                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
+    y = _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT, x_ptr.dtype.element_ty)  # (2 PAIRS,) qkv as rounded
+    x1, x2 = tl.split(tl.reshape(y, (PAIRS, 2)))  # first and second half of each pair
     rotated = head < n_heads + n_kv_heads  # Q and K heads rotate, V heads do not
     o1 = tl.where(rotated, x1 * c - x2 * s, x1).to(q_ptr.dtype.element_ty)
     o2 = tl.where(rotated, x2 * c + x1 * s, x2).to(q_ptr.dtype.element_ty)

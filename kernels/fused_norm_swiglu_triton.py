@@ -14,7 +14,7 @@ import triton.language as tl
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    INT4_ATTRS, INT4_INPUTS, _epilogue, _gemv_rows, _pdl_enter_gemv, _row_rstd, format_launches, gemv_tile, int4_params,
+    INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches, gemv_tile, int4_params,
     operand_params, reduction_params, weight_columns_check, weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
@@ -54,10 +54,10 @@ def _norm_swiglu_program(
     n0 = pid * BLOCK_N
     rows = _gate_up_rows(pid, F, BLOCK_N)
     x_row = x_ptr + b * stride_xm
-    rstd = _row_rstd(x_row, C, eps, BLOCK_K)
-    acc = _gemv_rows(x_row, nw_ptr, rstd, w_ptr, rows, C, stride_wn, True, W_FORMAT, 2 * BLOCK_N, BLOCK_K,
+    scale, no_bias = _epilogue_operands(s_ptr, s_ptr, rows, 0, W_FORMAT)  # loaded while the weights stream
+    acc = _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, C, stride_wn, True, W_FORMAT, 2 * BLOCK_N, BLOCK_K,
                      s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
-    gu = _epilogue(acc, s_ptr, s_ptr, rows, 0, W_FORMAT, y_ptr.dtype.element_ty)
+    gu = _epilogue_apply(acc, scale, no_bias, 0, W_FORMAT, y_ptr.dtype.element_ty)
     g, u = tl.split(tl.reshape(gu, (BLOCK_N, 2)))
     cols = n0 + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + b * stride_ym + cols, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=cols < F)

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    INT4_ATTRS, INT4_INPUTS, _epilogue, _gemv_rows, _pdl_enter_gemv, format_launches, gemv_tile, int4_params,
+    INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches, gemv_tile, int4_params,
     operand_params, reduction_params, weight_columns_check, weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
@@ -46,10 +46,12 @@ def _proj_residual_program(
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < N
     rows_ld = rows % N  # rows past N read valid memory; never stored
+    # the epilogue's operands and the residual first: their loads overlap the weight stream
+    scale, bias = _epilogue_operands(s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT)
+    res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     acc = _gemv_rows(x_ptr + b * stride_xm, x_ptr, 1.0, w_ptr, rows_ld, K, stride_wn, False, W_FORMAT, BLOCK_N, BLOCK_K,
                      s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
-    y = _epilogue(acc, s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT, y_ptr.dtype.element_ty)
-    res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    y = _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT, y_ptr.dtype.element_ty)
     tl.store(y_ptr + b * stride_ym + rows, (res + y).to(y_ptr.dtype.element_ty), mask=mask)
 
 

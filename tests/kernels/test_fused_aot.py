@@ -33,7 +33,7 @@ def test_fused_kernels_compile_for_orin_and_hopper(op, arch):
 @pytest.mark.parametrize("arch", [87, 90])
 @pytest.mark.parametrize("op", ["fused_norm_qkv_rope", "fused_norm_swiglu", "fused_proj_residual"])
 def test_int4_kernels_at_1b_shapes_compile_without_spills(op, arch):
-    # the INT4 tiles (fused_gemv_triton.int4_gemv_tile) follow the model's shapes: at llama-3.2-1b they hold 256
+    # the INT4 tiles (fused_gemv_triton.int4_gemv_tile) follow the model's shapes: at llama-3.2-1b they hold 128-256
     # weights a thread, which must stay in registers for the half2 decode (FP16) and the FP32 word decode (BF16)
     from edgekit.model.presets import preset_config
     from edgekit.plan.tiles import step_weight_shape
