@@ -230,11 +230,14 @@ def new_sync(device) -> "torch.Tensor":
 
 def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache, v_cache, sync, *, eps: float,
                      sm_scale: float, n_heads: int, n_kv_heads: int, tiles: LayerTiles, staged: bool = False,
-                     intermediates: dict | None = None):
+                     intermediates: dict | None = None, poison: bool = False):
     """One decoder layer for x (B, C) at ``positions``: returns y (B, C) and writes K/V at the positions.
 
     ``intermediates``: a dict that receives each stage's output buffer (q, the split partials and log-sum-exps,
     x_mid, h), to find the stage where two launches part (scripts/diagnose_persistent_launch.py).
+    ``poison``: those buffers (and y) start as NaN instead of whatever the allocator hands back, so a stage that
+    reads before the barrier has made the previous stage's writes visible reads NaN, not the identical values an
+    earlier launch on the same inputs left in the recycled memory (the GPU tests' race check).
 
     ``staged`` False: one launch of as many programs as can be resident at once (``resident_programs``), grid
     barriers between the stages. True: five launches (one
@@ -256,11 +259,13 @@ def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache,
     t = dict(tiles.constexprs)
     if t["HEAD_DIM"] != D:
         raise OperatorError(f"persistent decode: tiles were made for head_dim {t['HEAD_DIM']}; this layer has {D}")
-    q = torch.empty(B, Hq, D, dtype=x.dtype, device=x.device)
-    xmid, h, y = torch.empty_like(x), torch.empty(B, F, dtype=x.dtype, device=x.device), torch.empty_like(x)
+    def scratch(*shape, dtype=x.dtype):
+        return torch.full(shape, float("nan"), dtype=dtype, device=x.device) if poison else \
+            torch.empty(shape, dtype=dtype, device=x.device)
+
     ms = t["MAX_SPLITS"]
-    part = torch.empty(B, Hq, ms, D, dtype=torch.float32, device=x.device)
-    lse = torch.empty(B, Hq, ms, dtype=torch.float32, device=x.device)
+    q, xmid, h, y = scratch(B, Hq, D), scratch(B, C), scratch(B, F), scratch(B, C)
+    part, lse = scratch(B, Hq, ms, D, dtype=torch.float32), scratch(B, Hq, ms, dtype=torch.float32)
     packed = [name for name, wt in (("wqkv", w.wqkv), ("wo", w.wo), ("wgu", w.wgu), ("wd", w.wd)) if wt.dtype == torch.uint8]
     if packed:  # the stages run the float / INT8 code of the program functions (W_FORMAT 0 / 1) only
         raise OperatorError(f"persistent decode: {', '.join(packed)} are packed INT4 (W4A16); the persistent kernel "

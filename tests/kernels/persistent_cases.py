@@ -71,13 +71,58 @@ def tiles_of(c):
     return layer_tiles(c.cfg, {"qkv": int8, "o": int8, "gate_up": int8, "down": int8})
 
 
-def run_persistent(c, staged: bool, sync=None, intermediates: dict | None = None):
+def run_persistent(c, staged: bool, sync=None, intermediates: dict | None = None, poison: bool = True):
+    """The layer as one persistent launch (staged False) or its five staged launches; scratch buffers start as NaN
+    (``poison``) so that a stage reading before a barrier shows, instead of reading an earlier launch's values."""
     kc, vc = c.k_cache.clone(), c.v_cache.clone()
     y = persistent_layer(c.x, c.w, c.cos, c.sin, c.positions, c.seq_lens, kc, vc,
                          new_sync(c.x.device) if sync is None else sync, eps=c.eps, sm_scale=c.sm_scale,
                          n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, tiles=tiles_of(c), staged=staged,
-                         intermediates=intermediates)
+                         intermediates=intermediates, poison=poison)
     return y, kc, vc
+
+
+# How far a persistent launch may be from the staged launches of the same stage code: two FP16 units in the last
+# place at the magnitude of what was last rounded. Not zero, because the two are different kernels and the PTX Triton
+# writes for the GEMV products (mul.f32 / add.f32, no rounding modifier) lets ptxas contract a multiply and an add
+# into one FMA where it chooses. The H200 (2026-12-02, scripts/diagnose_persistent_launch.py, ten launches each)
+# found exactly this: stage 5's y off in some elements, the same elements every launch, float weights only, and a
+# different set when Triton's FP fusion was switched off; the sm_90 SASS of the stage in the one-launch kernel has
+# 79 FFMA / 67 FMUL against 64 / 64 in the staged kernel. The projection is rounded to FP16 before the residual is
+# added, so one unit there plus one in the final rounding, at the magnitude |residual| + |y| (a near-cancelling sum
+# showed 32 units at its own small magnitude). A barrier that let a stage read too early reads the NaN the scratch
+# buffers start as.
+MAX_ULPS = 2.0
+
+
+def fp16_ulps(a, b, magnitude=None):
+    """|a - b| in FP16 units in the last place at max(|a|, |b|, ``magnitude``) (subnormal spacing below 2^-14); NaN
+    or inf in either gives inf."""
+    a32, b32 = a.float(), b.float()
+    mag = torch.maximum(a32.abs(), b32.abs())
+    if magnitude is not None:
+        mag = torch.maximum(mag, magnitude.float())
+    ulps = (a32 - b32).abs() / torch.exp2(torch.floor(torch.log2(mag.clamp_min(2.0 ** -14))) - 10)
+    return torch.where(torch.isfinite(a32) & torch.isfinite(b32), ulps, torch.full_like(ulps, float("inf")))
+
+
+def staged_reference(c) -> tuple[dict, dict]:
+    """The staged launches' y and KV caches, and the magnitude each element was last rounded at: |x_mid| + |y| for
+    y (the projection is rounded before the residual add), the row's largest |value| for a K / V head row (RoPE
+    mixes the two halves of a row)."""
+    inter: dict = {}
+    y, kc, vc = run_persistent(c, staged=True, intermediates=inter)
+    want = {"y": y, "k_cache": kc, "v_cache": vc}
+    mags = {"y": inter["x_mid"].float().abs() + y.float().abs(),
+            "k_cache": kc.float().abs().amax(dim=-1, keepdim=True), "v_cache": vc.float().abs().amax(dim=-1, keepdim=True)}
+    return want, mags
+
+
+def launch_differences(got: dict, want: dict, magnitudes: dict) -> dict:
+    """name -> worst difference in FP16 ULPs (``fp16_ulps`` at ``magnitudes``), for the tensors of ``got`` (a
+    persistent launch) further than MAX_ULPS from ``want`` (the staged launches): empty when they agree."""
+    worst = {name: float(fp16_ulps(got[name], want[name], magnitudes[name]).max()) for name in got}
+    return {name: u for name, u in worst.items() if not u <= MAX_ULPS}
 
 
 def run_fused_operators(c, ops):

@@ -1,6 +1,8 @@
 """On the GPU: the persistent decode kernel (one launch a layer, all programs resident, grid barriers) equals its
-staged launches bit for bit, matches the FP64 oracle, and stays within the FP16 tolerance of the fused
-super-operators (their kernels run other num_warps, so other reduction trees), on random shapes."""
+staged launches to within two FP16 units in the last place (persistent_cases.MAX_ULPS says why not bit for bit; its
+scratch buffers start as NaN, so a stage that reads before a barrier fails this), matches the FP64 oracle, and stays
+within the FP16 tolerance of the fused super-operators (their kernels run other num_warps, so other reduction
+trees), on random shapes."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
-from persistent_cases import layer_ratio, random_layer, run_fused_operators, run_persistent  # noqa: E402
+from persistent_cases import (  # noqa: E402
+    launch_differences, layer_ratio, random_layer, run_fused_operators, run_persistent, staged_reference,
+)
 
 import fp64_oracle as oracle  # noqa: E402
 
@@ -33,9 +37,10 @@ def test_the_barrier_counter_is_left_at_zero_and_reused():
     from edgekit.kernels.persistent_decode_triton import new_sync
 
     sync = new_sync("cuda")
-    want, _, _ = run_persistent(c, staged=True)
+    want, mags = staged_reference(c)
     for _ in range(50):
-        assert (run_persistent(c, staged=False, sync=sync)[0] == want).all()
+        got, _, _ = run_persistent(c, staged=False, sync=sync)
+        assert not launch_differences({"y": got}, want, mags)
     assert sync.tolist() == [0, 0]
 
 
@@ -48,11 +53,10 @@ def test_persistent_layer_equals_staged_and_fused(ops, B, C, int8, bias, heads, 
     c = random_layer(B=B, C=C, F=3 * C // 2 + 8, n_heads=hq, n_kv_heads=hkv, head_dim=d, S=S, int8=int8, bias=bias,
                      seed=seed, device="cuda")
     y, kc, vc = run_persistent(c, staged=False)
-    y_s, kc_s, vc_s = run_persistent(c, staged=True)
+    want, mags = staged_reference(c)
     y_f, _, _ = run_fused_operators(c, ops)
     ratio = layer_ratio(c, y, kc)  # computed first: a mismatch below then says how far the launch is off
-    differ = {name: float((a.float() - b.float()).abs().max()) for name, a, b in
-              (("y", y, y_s), ("k_cache", kc, kc_s), ("v_cache", vc, vc_s)) if not (a == b).all()}
-    assert not differ, f"one launch differs from the staged launches (max |difference|: {differ}; FP64 ratio {ratio:.3g})"
+    differ = launch_differences({"y": y, "k_cache": kc, "v_cache": vc}, want, mags)
+    assert not differ, f"one launch differs from the staged launches (FP16 ULPs: {differ}; FP64 ratio {ratio:.3g})"
     assert ratio <= 1.0
     assert oracle.within(y, oracle.f64(y_f), 1e-2, 1e-2)[0]  # the fused path's layer, up to FP16 rounding
