@@ -198,7 +198,12 @@ def test_decoder_on_triton_table_matches_reference_table():
     model = load_model("preset:tiny", tokenizer=False)
     ref = model.decoder(device="cuda", dtype=torch.float16, ops=DispatchTable())
     tri = model.decoder(device="cuda", dtype=torch.float16, ops=triton_dispatch_table())
-    assert set(tri.ops.sources().values()) == {"triton"}
+    from edgekit.kernels.registry import OPERATORS
+
+    # every operator with Triton kernels runs them; the reference-only ones (no Triton kernels yet, e.g. the grouped
+    # W8A16 GEMV) stay on their reference, which this decoder (FP16 weights) never calls
+    assert {op for op, src in tri.ops.sources().items() if src != "triton"} == \
+        {name for name, op in OPERATORS.items() if op.triton is None}
     tokens = torch.randint(0, model.config.vocab_size, (2, 13), device="cuda")
     seq_lens = torch.tensor([13, 9], device="cuda")
     c1, c2 = ref.new_cache(2, 32), tri.new_cache(2, 32)
