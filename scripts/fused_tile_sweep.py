@@ -9,7 +9,10 @@ H200, 2026-12-01, llama-3.2-1b: every default tile within 5% of the best candida
 o 4.83 vs 4.74, gate/up 19.59 vs 18.85, down 10.98 vs 10.60; int8 6.10/5.68, 4.49/4.19, 12.14/12.04, 7.80/7.65);
 Triton's software pipelining (2 or 3 stages) changed nothing measurable: these loops have no tl.dot to pipeline.
 --precisions int4 sweeps the INT4 tiles (weights a thread a step against registers and occupancy: Nsight Compute
-found the fused INT4 gate/up kernel at 168 registers, 17% occupancy, 28% of DRAM bandwidth; not yet run).
+found the fused INT4 gate/up kernel at 168 registers, 17% occupancy, 28% of DRAM bandwidth). H200, 2026-12-02,
+llama-3.2-1b: qkv best 8 x 2048 at 4 warps 5.15 us (default then 16 x 2048: 5.65), o 4 x 2048 at 2 warps 3.94
+(4.17), gate/up 64 x 1024 at 4 warps 10.07 (32 x 1024: 11.52), down 4 x 4096 at 4 warps 6.23 (6.95); the rule
+in fused_gemv_triton.int4_gemv_tile now picks the qkv, o and down winners.
 
   python scripts/fused_tile_sweep.py [--json out.json] [--budget-s 120]
 """
