@@ -80,16 +80,20 @@ def main() -> None:
     wide()
 
     # K loops of several steps: C = 160 (5 sub-blocks) in steps of 64 (the last step half past K), groups of 32
-    # and of 128 (a group spanning steps); attention's K = 128 in steps of 32 with groups of 64
+    # and of 128 (a group spanning steps); attention's K = 128 in steps of 32 with groups of 64. QKV runs them on
+    # half the heads (2 query heads, 1 KV head: still GQA, q, k and v rows, every rotation pair): the K loop is
+    # each program's own, and 8 heads x 8 pair tiles (64 programs a sequence) made the slowest half of this check.
+    # Two sequences (the second program axis, ragged attention lengths) in the first form, one in the second
     for op in INT4_OPS:
-        for group, symmetric, sd in ((32, False, torch.float16), (128, True, torch.float32)):
+        heads = dict(HEADS, n_heads=2, n_kv_heads=1) if op == "fused_norm_qkv_rope" else HEADS
+        for group, symmetric, sd, B in ((32, False, torch.float16, 2), (128, True, torch.float32, 1)):
             C = 160 if group == 32 else 256
             block_k = 32 if op == "fused_attn_proj_residual" else 64
             group = 64 if op == "fused_attn_proj_residual" else group
             w4 = {"group": group, "symmetric": symmetric, "scale_dtype": sd}
-            fn = narrow_k(op, block_k, n_out=80, k_in=C, head_dim=32, n_heads=4, n_kv_heads=2)
-            record(f"{op} K loop BLOCK_K={block_k} C={C} {w4}", fn, op, B=2, C=C, bias=True, seed=group, S=300,
-                   w4=w4, F=40, N=48, **HEADS)
+            fn = narrow_k(op, block_k, n_out=80, k_in=C, **heads)
+            record(f"{op} K loop BLOCK_K={block_k} C={C} {w4} B={B}", fn, op, B=B, C=C, bias=True, seed=group, S=300,
+                   w4=w4, F=40, N=48, **heads)
     print(json.dumps(results))
 
 

@@ -28,6 +28,39 @@ def _patch(tensor, scope):
 
 _interp._patch_lang_tensor = _patch
 
+# Triton 3.6's interpreter re-patches triton.language (inspect.getmembers over its modules) at every call of a
+# @triton.jit helper inside a kernel, although the launch running that kernel has already patched the same modules
+# with the same interpreter builder, and restores them when it ends: about half the time of the interpreter checks
+# (cProfile of persistent_serve_pattern_check.py: 150k re-patches for 174 launches). Patch once per launch: a helper
+# call whose language modules the running launch has already patched reuses them; anything else (a launch, a helper
+# seeing a module not yet patched) goes through Triton's own patching. The semantics the kernels run are unchanged.
+_orig_patch_lang = _interp._patch_lang
+_patched_langs: set[int] = set()  # id() of the language modules patched by the launch in progress
+
+
+class _LaunchScope:
+    """The launch's patch scope; restoring it (the launch's end) also forgets what it patched."""
+
+    def __init__(self, scope):
+        self._scope = scope
+
+    def restore(self) -> None:
+        self._scope.restore()
+        _patched_langs.clear()
+
+
+def _patch_lang_once(fn):
+    langs = {id(v) for v in fn.__globals__.values() if _interp.inspect.ismodule(v) and v in (_interp.tl, _interp.tl.core)}
+    if _patched_langs and langs <= _patched_langs:  # a helper inside a launch that patched these modules already
+        return _interp._LangPatchScope()
+    first = not _patched_langs
+    scope = _orig_patch_lang(fn)
+    _patched_langs.update(langs)
+    return _LaunchScope(scope) if first else scope
+
+
+_interp._patch_lang = _patch_lang_once
+
 sys.path.insert(0, str(Path(__file__).parent))
 import fp64_oracle as oracle  # noqa: E402
 
