@@ -27,8 +27,9 @@ import time
 FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "true_seq": "int4_true_sequential",
          "sym": "int4_symmetric", "rows": "int4_tuning_rows"}
 VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int),
-          "tune": ("int4_tuning_steps", int)}
-OFF = {"int4_tuning_steps": 0}  # valued levers that are off unless named (the rest keep QuantizeOptions' defaults)
+          "tune": ("int4_tuning_steps", int), "gen": ("int4_tuning_generated", int),
+          "val": ("int4_tuning_validation_tokens", int)}
+OFF = {"int4_tuning_steps": 0, "int4_tuning_generated": 0, "int4_tuning_validation_tokens": 0}  # valued levers that are off unless named (the rest keep QuantizeOptions' defaults)
 
 
 # Every lever on its own against GPTQ as it was (damp 0.01, min-max groups), then the group search combined with
