@@ -114,7 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", "--methods", dest="variants", default=DEFAULT_VARIANTS,
                     help="comma-separated METHOD[+LEVER...]: methods rtn, gptq, awq, awq_gptq; levers act_order, search "
-                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N, tune=STEPS (norm tweaking: the norms tuned end to end towards the FP logits, STEPS Adam steps), rows (with tune: the INT4 row factors too) (default: %(default)s)")
+                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N, tune=STEPS (norm tweaking: the norms tuned end to end towards the FP logits, STEPS Adam steps), rows (with tune: the INT4 row factors too), gen=N (with tune: N sequences sampled from the FP model added to the tuning data), val=TOKENS (with tune: early stopping on up to TOKENS calibration tokens after the first calibration_tokens) (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--quantize-head", action="store_true")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's 2048)")
