@@ -102,7 +102,9 @@ class QuantizeOptions:
     int4_tuning_generated: int = 0
     int4_tuning_seed: int = 0
     # Early stopping of norm tweaking on calibration text it never sees: at most this many tokens of the calibration
-    # file after the first calibration_tokens (never the held-out text, the gate's); 0 = none
+    # file after the first calibration_tokens (never the held-out text, the gate's); 0 = none.
+    # Both measured on the default model (CPU; gptq+search+tune=48+gen=32+val=1024): +6.65% perplexity, 93.9% greedy,
+    # held-out KL 0.0850 (the default: +5.73%, 93.9%, 0.0842) for 543 s of calibration: opt-in (edgekit.quant.int4_tuning).
     int4_tuning_validation_tokens: int = 0
 
     def int4_options(self) -> Int4Options:
