@@ -27,8 +27,9 @@ import time
 FLAGS = {"act_order": "int4_act_order", "search": "int4_group_search", "true_seq": "int4_true_sequential",
          "sym": "int4_symmetric", "rows": "int4_tuning_rows"}
 VALUED = {"damp": ("int4_damp", float), "tokens": ("calibration_tokens", int),
-          "tune": ("int4_tuning_steps", int)}
-OFF = {"int4_tuning_steps": 0}  # valued levers that are off unless named (the rest keep QuantizeOptions' defaults)
+          "tune": ("int4_tuning_steps", int), "gen": ("int4_tuning_generated", int),
+          "val": ("int4_tuning_validation_tokens", int)}
+OFF = {"int4_tuning_steps": 0, "int4_tuning_generated": 0, "int4_tuning_validation_tokens": 0}  # valued levers that are off unless named (the rest keep QuantizeOptions' defaults)
 
 
 # Every lever on its own against GPTQ as it was (damp 0.01, min-max groups), then the group search combined with
@@ -113,7 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", "--methods", dest="variants", default=DEFAULT_VARIANTS,
                     help="comma-separated METHOD[+LEVER...]: methods rtn, gptq, awq, awq_gptq; levers act_order, search "
-                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N, tune=STEPS (norm tweaking: the norms tuned end to end towards the FP logits, STEPS Adam steps), rows (with tune: the INT4 row factors too) (default: %(default)s)")
+                         "(group scale/offset search + refit), true_seq, sym, damp=X, tokens=N, tune=STEPS (norm tweaking: the norms tuned end to end towards the FP logits, STEPS Adam steps), rows (with tune: the INT4 row factors too), gen=N (with tune: N sequences sampled from the FP model added to the tuning data), val=TOKENS (with tune: early stopping on up to TOKENS calibration tokens after the first calibration_tokens) (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--quantize-head", action="store_true")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="held-out tokens scored (default: the gate's 2048)")

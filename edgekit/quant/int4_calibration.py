@@ -191,8 +191,13 @@ def _awq_block_scales(block, config: ModelConfig, stats: _InputStats, prefix: st
 
 @torch.no_grad()
 def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows: list[torch.Tensor],
-                   opts: Int4Options, *, include_head: bool = False, steps: Steps = SILENT) -> Int4Calibration:
-    """Calibrated INT4 records for every projection (and the LM head when ``include_head``); see the module doc."""
+                   opts: Int4Options, *, include_head: bool = False, steps: Steps = SILENT,
+                   tuning_windows: list[torch.Tensor] | None = None,
+                   validation_windows: list[torch.Tensor] | None = None) -> Int4Calibration:
+    """Calibrated INT4 records for every projection (and the LM head when ``include_head``); see the module doc.
+
+    Norm tweaking (``opts.tuning_steps``) visits ``tuning_windows`` (default: ``token_windows``) and, given
+    ``validation_windows``, stops early on them (edgekit.quant.int4_tuning.tune_floats)."""
     opts.validate()
     if not token_windows:
         raise QuantizationError("INT4 calibration needs at least one window of tokens, got none")
@@ -262,7 +267,9 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
             advance()
     if opts.tuning_steps and cal.layers:
         rounded = (cal.weights, cal.layers)
-        cal.weights, cal.layers, cal.tuning = tune_floats(config, fp_weights, work, cal.layers, token_windows,
-                                                          Tuning(steps=opts.tuning_steps, rows=opts.tuning_rows))
+        cal.weights, cal.layers, cal.tuning = tune_floats(config, fp_weights, work, cal.layers,
+                                                          tuning_windows or token_windows,
+                                                          Tuning(steps=opts.tuning_steps, rows=opts.tuning_rows),
+                                                          validation_windows)
         cal.untuned = rounded if cal.tuning["kept"] else None
     return cal

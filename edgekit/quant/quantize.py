@@ -34,6 +34,7 @@ from edgekit.precision_names import name_of_quant_mode
 from edgekit.cache import BuildCache
 from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, build_reference, check, evaluate
 from edgekit.quant.reference_cache import cached_reference
+from edgekit.quant.self_generated import interleave, passage_prompts, sample_sequences
 from edgekit.quant.int4_calibration import Int4Calibration, Int4Options, calibrate_int4
 from edgekit.quant.kv_int8 import KVScales, make_decoder
 from edgekit.quant.mixed import fallback_attempts
@@ -95,6 +96,16 @@ class QuantizeOptions:
     # the INT4 records left as rounded (edgekit.quant.int4_tuning); 0 = off
     int4_tuning_steps: int = 48
     int4_tuning_rows: bool = False  # norm tweaking tunes the INT4 projections' row factors too (measured: overfits)
+    # Norm tweaking's data: this many sequences (calibration_window_len tokens each) sampled from the FP model from
+    # the first tokens of the calibration passages (edgekit.quant.self_generated), interleaved with the calibration
+    # windows; 0 = the calibration windows alone. The seed makes the sample reproducible.
+    int4_tuning_generated: int = 0
+    int4_tuning_seed: int = 0
+    # Early stopping of norm tweaking on calibration text it never sees: at most this many tokens of the calibration
+    # file after the first calibration_tokens (never the held-out text, the gate's); 0 = none.
+    # Both measured on the default model (CPU; gptq+search+tune=48+gen=32+val=1024): +6.65% perplexity, 93.9% greedy,
+    # held-out KL 0.0850 (the default: +5.73%, 93.9%, 0.0842) for 543 s of calibration: opt-in (edgekit.quant.int4_tuning).
+    int4_tuning_validation_tokens: int = 0
 
     def int4_options(self) -> Int4Options:
         return Int4Options(group=self.int4_group, symmetric=self.int4_symmetric, method=self.int4_method,
@@ -253,11 +264,32 @@ def _prepare_int4(loaded: LoadedModel, fp_weights: ModelWeights, kv_int8: bool, 
     already in the model (lossless GGUF intake) pass through untouched, with no fallback."""
     windows = calibration_windows(loaded, opts.calibration_tokens, opts.calibration_window_len)
     int4_head = opts.quantize_head and opts.head_scheme in (None, "w4a16")
-    cal = calibrate_int4(loaded.config, fp_weights, windows, opts.int4_options(), include_head=int4_head, steps=steps)
+    tuning, validation = _tuning_data(loaded, fp_weights, opts, windows) if opts.int4_tuning_steps else (None, None)
+    cal = calibrate_int4(loaded.config, fp_weights, windows, opts.int4_options(), include_head=int4_head, steps=steps,
+                         tuning_windows=tuning, validation_windows=validation)
     prepared = _int4_prepared(loaded, cal, cal.weights, cal.layers, kv_int8, opts, windows, int4_head, steps)
     if cal.untuned is not None:
         prepared.untuned = _int4_prepared(loaded, cal, *cal.untuned, kv_int8, opts, windows, int4_head, steps)
     return prepared
+
+
+def _tuning_data(loaded: LoadedModel, fp_weights: ModelWeights, opts: QuantizeOptions,
+                 windows: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Norm tweaking's windows (the calibration ones, and self-generated sequences with int4_tuning_generated) and its
+    validation windows (calibration tokens after the first calibration_tokens, with int4_tuning_validation_tokens)."""
+    ids = corpus.tokenize(corpus.shipped_text(corpus.CALIBRATION_FILE), loaded.tokenizer, loaded.config.vocab_size)
+    rest = ids[opts.calibration_tokens:]
+    validation = None
+    if opts.int4_tuning_validation_tokens and len(rest) >= 2:
+        validation = corpus.windows(rest, opts.calibration_window_len, opts.int4_tuning_validation_tokens)
+    if not opts.int4_tuning_generated:
+        return windows, validation
+    seen = ids[:opts.calibration_tokens]  # prompts only from the tuning's own text, never from the validation part
+    prompts = passage_prompts(corpus.passages(corpus.shipped_text(corpus.CALIBRATION_FILE)), loaded.tokenizer,
+                              loaded.config.vocab_size, seen, opts.int4_tuning_generated)
+    fp = Decoder(loaded.config, fp_weights, DispatchTable())
+    generated = sample_sequences(fp, prompts, opts.calibration_window_len, opts.int4_tuning_seed)
+    return interleave(generated, windows), validation
 
 
 def _int4_prepared(loaded: LoadedModel, cal: Int4Calibration, fp_weights: ModelWeights,
@@ -316,6 +348,8 @@ def quantize_model(
                                  "group_search": opts.int4_group_search,
                                  "true_sequential": opts.int4_true_sequential,
                                  "tuning_steps": opts.int4_tuning_steps, "tuning_rows": opts.int4_tuning_rows,
+                                 "tuning_generated": opts.int4_tuning_generated, "tuning_seed": opts.int4_tuning_seed,
+                                 "tuning_validation_tokens": opts.int4_tuning_validation_tokens,
                                  "scale_dtype": "fp16"}} if mode == "w4a16" else {})},
         "measured_on": "cpu",
         "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",

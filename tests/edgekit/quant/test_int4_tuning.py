@@ -16,6 +16,7 @@ from edgekit.kernels.int4_layout import unpack_int4
 from edgekit.model.decoder import Decoder
 from edgekit.quant.forward import all_logits, embed, run_blocks
 from edgekit.quant.int4_calibration import Int4Options, calibrate_int4
+from edgekit.quant.int4_tuning import Tuning, tune_floats
 from edgekit.quant.layers import with_layers
 from edgekit.quant.quantize import calibration_windows
 
@@ -109,3 +110,25 @@ def test_tuning_is_deterministic(tiny, fp, tuned_rows, windows):
 def test_negative_steps_are_refused(tiny, windows):
     with pytest.raises(QuantizationError, match="tuning steps must be >= 0"):
         calibrate_int4(tiny.config, tiny.weights, windows, Int4Options(tuning_steps=-1))
+
+
+def test_early_stopping_keeps_the_best_checked_state(tiny, fp, plain, windows):
+    """With validation windows (calibration text the tuning does not visit) the tuning keeps the parameters of the
+    check with the lowest validation KL; the report's figure is that model's KL there, measured afresh."""
+    unseen = calibration_windows(tiny, 1024, 128)[len(windows):]
+    cal = calibrate_int4(tiny.config, fp, windows, Int4Options(**RECIPE, tuning_steps=STEPS),
+                         validation_windows=unseen)
+    t = cal.tuning
+    assert t["kept"] and 0 < t["best_step"] <= STEPS
+    assert t["validation_kl_after"] < t["validation_kl_before"]
+    assert kl_to_fp(tiny.config, fp, cal, unseen) == pytest.approx(t["validation_kl_after"], rel=1e-3)
+    assert kl_to_fp(tiny.config, fp, plain, unseen) == pytest.approx(t["validation_kl_before"], rel=1e-3)
+
+
+def test_a_tuning_that_never_helps_the_validation_text_is_dropped(tiny, fp, plain, windows):
+    """A learning rate far too large makes every step worse on unseen text: nothing of the tuning is kept."""
+    unseen = calibration_windows(tiny, 1024, 128)[len(windows):]
+    w, layers, report = tune_floats(tiny.config, fp, plain.weights, plain.layers, windows, Tuning(steps=8, lr=3.0),
+                                    unseen)
+    assert not report["kept"] and report["best_step"] == 0
+    assert w is plain.weights and all(layers[n] is plain.layers[n] for n in plain.layers)

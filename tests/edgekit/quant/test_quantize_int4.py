@@ -43,13 +43,25 @@ def test_default_w4a16_passes_and_reports_every_layer(tiny):
     assert groups["blocks.0.wqkv"] == 64 and groups["blocks.0.w_down"] == 32
     assert r.report["options"]["int4"] == {"group": 128, "symmetric": False, "method": "gptq", "damp": 0.5,
                                            "act_order": False, "group_search": True, "true_sequential": False,
-                                           "tuning_steps": 48, "tuning_rows": False, "scale_dtype": "fp16"}
+                                           "tuning_steps": 48, "tuning_rows": False, "tuning_generated": 0,
+                                           "tuning_seed": 0, "tuning_validation_tokens": 0, "scale_dtype": "fp16"}
     assert r.report["calibration"]["int4"]["tuning"]["kl_before"] > 0  # norm tweaking ran (the default)
     lw = r.weights.blocks[0].w_gate_up
     assert lw.op == "linear_w4a16" and lw.weight.dtype == torch.uint8 and lw.offset is not None
     # half a byte per weight plus an FP16 scale and offset per group: under 0.4x of FP16 even at group 32
     proj = [lw for b in r.weights.blocks for lw in b.linears().values()]
     assert sum(lw.nbytes() for lw in proj) < 0.4 * sum(2 * lw.out_features * lw.in_features for lw in proj)
+
+
+def test_self_generated_tuning_data_and_early_stopping_reach_the_tuning(tiny):
+    """int4_tuning_generated / int4_tuning_validation_tokens: the tuning visits the calibration windows and the sampled
+    sequences, and stops early on the calibration tokens after the first calibration_tokens."""
+    opts = QuantizeOptions(**FAST, int4_tuning_steps=8, int4_tuning_generated=3, int4_tuning_validation_tokens=256)
+    r = quantize_model(tiny, "w4a16", gate=GATE, options=opts)
+    tuning = r.report["calibration"]["int4"]["tuning"]
+    assert {"validation_kl_before", "validation_kl_after", "best_step"} <= set(tuning)
+    assert tuning["windows"] == 512 // 128 + 3 and tuning["validation_windows"] == 256 // 128
+    assert r.report["options"]["int4"]["tuning_generated"] == 3
 
 
 def test_group_fits_k():
