@@ -137,9 +137,13 @@ def heldout_eval_text(loaded: LoadedModel, cfg: GateConfig, text: str | None = N
     )
 
 
+def calibration_ids(loaded: LoadedModel) -> list[int]:
+    """The shipped calibration text as the model's token ids."""
+    return corpus.tokenize(corpus.shipped_text(corpus.CALIBRATION_FILE), loaded.tokenizer, loaded.config.vocab_size)
+
+
 def calibration_windows(loaded: LoadedModel, tokens: int, window_len: int) -> list[torch.Tensor]:
-    ids = corpus.tokenize(corpus.shipped_text(corpus.CALIBRATION_FILE), loaded.tokenizer, loaded.config.vocab_size)
-    return corpus.windows(ids, window_len, tokens)
+    return corpus.windows(calibration_ids(loaded), window_len, tokens)
 
 
 def quantize_layers(
@@ -277,7 +281,9 @@ def _tuning_data(loaded: LoadedModel, fp_weights: ModelWeights, opts: QuantizeOp
                  windows: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Norm tweaking's windows (the calibration ones, and self-generated sequences with int4_tuning_generated) and its
     validation windows (calibration tokens after the first calibration_tokens, with int4_tuning_validation_tokens)."""
-    ids = corpus.tokenize(corpus.shipped_text(corpus.CALIBRATION_FILE), loaded.tokenizer, loaded.config.vocab_size)
+    if not (opts.int4_tuning_validation_tokens or opts.int4_tuning_generated):
+        return windows, None  # the default: the calibration windows alone, nothing more to read
+    ids = calibration_ids(loaded)
     rest = ids[opts.calibration_tokens:]
     validation = None
     if opts.int4_tuning_validation_tokens and len(rest) >= 2:
