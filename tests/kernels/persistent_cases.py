@@ -106,16 +106,19 @@ def fp16_ulps(a, b, magnitude=None):
     return torch.where(torch.isfinite(a32) & torch.isfinite(b32), ulps, torch.full_like(ulps, float("inf")))
 
 
+def rounding_magnitudes(y, x_mid, k_cache, v_cache) -> dict:
+    """The magnitude each output element was last rounded at: |x_mid| + |y| for y (the projection is rounded before
+    the residual add), the row's largest |value| for a K / V head row (RoPE mixes the two halves of a row)."""
+    return {"y": x_mid.float().abs() + y.float().abs(),
+            "k_cache": k_cache.float().abs().amax(dim=-1, keepdim=True),
+            "v_cache": v_cache.float().abs().amax(dim=-1, keepdim=True)}
+
+
 def staged_reference(c) -> tuple[dict, dict]:
-    """The staged launches' y and KV caches, and the magnitude each element was last rounded at: |x_mid| + |y| for
-    y (the projection is rounded before the residual add), the row's largest |value| for a K / V head row (RoPE
-    mixes the two halves of a row)."""
+    """The staged launches' y and KV caches, and their ``rounding_magnitudes``."""
     inter: dict = {}
     y, kc, vc = run_persistent(c, staged=True, intermediates=inter)
-    want = {"y": y, "k_cache": kc, "v_cache": vc}
-    mags = {"y": inter["x_mid"].float().abs() + y.float().abs(),
-            "k_cache": kc.float().abs().amax(dim=-1, keepdim=True), "v_cache": vc.float().abs().amax(dim=-1, keepdim=True)}
-    return want, mags
+    return {"y": y, "k_cache": kc, "v_cache": vc}, rounding_magnitudes(y, inter["x_mid"], kc, vc)
 
 
 def launch_differences(got: dict, want: dict, magnitudes: dict) -> dict:
