@@ -54,8 +54,8 @@ GPU), sm_90 / sm_87, FP32 word decode at the previous INT4 tiles -> half2 decode
 
 no spills, 0.5-8 KB of shared memory; the INT8 kernels at the same shapes counted 4.3-5.7 (8.4 for the o-proj) on
 this change's base. (Static counts at the tiles of that time; the tiles have since moved to fewer weights a
-thread where the GPU measured them faster: ``int4_gemv_tile``.) An INT4 weight is half a byte: at the H200's issue rate a kernel streams INT4 weights at full
-bandwidth only at ~3.5 thread-instructions a weight or fewer.
+thread where the GPU measured them faster: ``int4_gemv_tile``.) An INT4 weight is half a byte: at the H200's issue
+rate a kernel streams INT4 weights at full bandwidth only at ~3.5 thread-instructions a weight or fewer.
 
 The INT4 operands ride at the end of the program functions with defaults (0), so callers that only run float and
 INT8 weights (the persistent decode kernel) call them unchanged.

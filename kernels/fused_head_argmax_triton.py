@@ -16,8 +16,8 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    FLOAT, INT8, _epilogue_apply, _epilogue_operands, _gemv_rows, format_launches, operand_params, reduction_params, weight_kernels,
-    weight_operands,
+    FLOAT, INT8, _epilogue_apply, _epilogue_operands, _gemv_rows, format_launches, operand_params, reduction_params,
+    weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride, sym

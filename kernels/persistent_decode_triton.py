@@ -259,6 +259,7 @@ def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache,
     t = dict(tiles.constexprs)
     if t["HEAD_DIM"] != D:
         raise OperatorError(f"persistent decode: tiles were made for head_dim {t['HEAD_DIM']}; this layer has {D}")
+
     def scratch(*shape, dtype=x.dtype):
         return torch.full(shape, float("nan"), dtype=dtype, device=x.device) if poison else \
             torch.empty(shape, dtype=dtype, device=x.device)
