@@ -112,7 +112,7 @@ def _source(k: KernelDef, v: KernelVariant, ASTSource, *, pdl: int = 0):
     for i, p in enumerate(k.params):
         if p.type.startswith("*") or p.div16:
             attrs[(i,)] = [["tt.divisibility", 16]]  # 16-byte aligned pointers, multiple-of-16 integers
-    constexprs = {**v.constexprs, **({"PDL": pdl} if k.pdl else {})}
+    constexprs = {**v.constexprs, **k.launch_constexprs(v.num_stages), **({"PDL": pdl} if k.pdl else {})}
     return ASTSource(k.fn, signature, constexprs=constexprs, attrs=attrs)
 
 

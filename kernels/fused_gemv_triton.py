@@ -206,11 +206,13 @@ def _int4_fma(acc, words, x, s, m, has_offset, BLOCK_R: tl.constexpr, BLOCK_K: t
 def _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, K, stride_wn,
                NORM: tl.constexpr, W_FORMAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                sf_ptr=0, sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
-               NORM_BLOCK_K: tl.constexpr = 0):
+               NORM_BLOCK_K: tl.constexpr = 0, STAGES: tl.constexpr = 1):
     """sum_k W[rows, k] * h[k] in FP32, h = x (NORM false) or act(x * rstd * nw) (NORM true, rstd = ``_row_rstd``
     of the row with ``eps``, summed in NORM_BLOCK_K steps, 0: BLOCK_K). rows: (BLOCK_R,).
 
-    Each step loads its weight tile, then its activation. Measured on the H200 (2026-12-02, llama-3.2-1b, fused
+    Each step loads its weight tile, then its activation. STAGES > 1 (the variant's num_stages): the loop carries it,
+    so Triton stages the next STAGES - 1 steps' loads through shared memory by asynchronous copies (cp.async) while
+    this step computes: bytes in flight without holding them in registers. Measured on the H200 (2026-12-02, llama-3.2-1b, fused
     decode, tok/s fp16 / int8 / int4 against 1127 / 1446 / 1474 in the same call) and not kept: the first tile
     requested before the norm's reduction (peeled from the loop) 1061 / 1437 / 1509, and every next step's tile
     and activation requested one step ahead (loop-carried) 1047 / 1161 / 1501 (in another call, against 1131 /
@@ -223,7 +225,7 @@ def _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, K, stride_wn,
     acc = _gemv_acc(BLOCK_R, BLOCK_K, W_FORMAT)
     if NORM:
         rstd = _row_rstd(x_row, K, eps, BLOCK_K if NORM_BLOCK_K == 0 else NORM_BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         k = k0 + rk
         kmask = k < K
         w = _load_weight_tile(w_rows, k0, K, W_FORMAT, BLOCK_K)
@@ -276,8 +278,9 @@ def _pdl_enter_gemv(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr, W_FORMAT: 
 
 
 # --------------------------------------------------------------------------- host side: tiles
-# A GEMV step loads one (rows, BLOCK_K) weight tile and waits for it before the FMAs (no software pipelining
-# without tl.dot), so each K step costs a memory latency (~0.5-1 us from HBM). Measured on the H200 with
+# An unstaged GEMV step (STAGES 1) loads one (rows, BLOCK_K) weight tile and waits for it before the FMAs, so each
+# K step costs a memory latency (~0.5-1 us from HBM). (STAGES > 1 keeps later steps' tiles in flight through shared
+# memory; the operators' default tiles take it where the tile sweep measured a gain: see their _default functions.) Measured on the H200 with
 # 16 x 128 tiles (2048 weights a step): the 1B QKV GEMV (C = 2048, 16 steps) took 13.5 us for 12.6 MB, 4x its
 # bandwidth time. Hence: K in as few steps as registers allow (BLOCK_K up to 2048), ~8-16K weights a step
 # (the per-operator GEMV's 32 x 256 is 8K), and rows per program chosen so the grid still covers the SMs.
@@ -384,10 +387,11 @@ def weight_kernels(op: str, name: str, fn, params, constexpr_names: tuple[str, .
             constexpr_names=constexpr_names + ("W_FORMAT",),
             precision={"input": precision, "accumulate": "fp32", "output": "{act}"},
             uses_shared_memory=False,  # register tiles only; cross-warp reductions use a few hundred bytes
-            space=space if fmt != INT4 else _int4_space(space, dflt), default=dflt,
+            space=_format_space(space, dflt, fmt), default=dflt,
             smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
             fixed={"W_FORMAT": fmt},
             pdl=True,  # every fused GEMV kernel takes the PDL switch (kernels/pdl_triton.py)
+            loop_stages=True,  # and its K loop's pipeline depth (num_stages)
         )
 
     return tuple(make(fmt) for fmt in formats)
@@ -397,15 +401,15 @@ def _int4_tile_ok(constexprs: dict) -> bool:
     return constexprs.get("BLOCK_K", 32) % 32 == 0  # whole 32-element sub-blocks a K step
 
 
-def _int4_space(space, default):
-    """The INT4 kernel's tile space: the operator's tiles of whole sub-blocks a step, and the INT4 default tile
-    (``int4_gemv_tile``'s rows, BLOCK_K and warps may lie outside the float kernel's space)."""
-    def int4_space(s: dict) -> list:
-        tiles = [c for c in space(s) if _int4_tile_ok(c[0])]
+def _format_space(space, default, fmt: int):
+    """A format kernel's tile space: the operator's tiles (INT4: those of whole sub-blocks a step) and the format's
+    own default tile (``int4_gemv_tile``'s, or a staged one, may lie outside the operator's space)."""
+    def format_space(s: dict) -> list:
+        tiles = [c for c in space(s) if fmt != INT4 or _int4_tile_ok(c[0])]
         own = default(s)
         return tiles if own in tiles else tiles + [own]
 
-    return int4_space
+    return format_space
 
 
 def operand_params(w_type: str, scale_value, *, norm: bool, bias: bool) -> tuple:

@@ -30,7 +30,8 @@ REDUCE_BLOCK = 2048
 @triton.jit
 def _head_logits_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, logit_ptr, pv_ptr, pi_ptr, V, C, stride_xm, stride_wn, stride_lm, n_parts,
-    has_bias, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr = 0,
+    has_bias, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, STAGES: tl.constexpr = 1,
+    PDL: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -42,7 +43,7 @@ def _head_logits_kernel(
     scale, bias = _epilogue_operands(s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT)
     # the norm in 1-2 wide steps (NORM_BLOCK_K 1024), not C / BLOCK_K narrow ones
     acc = _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows_ld, C, stride_wn, True, W_FORMAT, BLOCK_N, BLOCK_K,
-                     NORM_BLOCK_K=1024)
+                     NORM_BLOCK_K=1024, STAGES=STAGES)
     y = _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT, logit_ptr.dtype.element_ty)  # logits as rounded
     tl.store(logit_ptr + b * stride_lm + rows, y.to(logit_ptr.dtype.element_ty), mask=mask)
     y = tl.where(mask, y, float("-inf"))

@@ -31,13 +31,15 @@ def _norm_qkv_rope_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr,
     C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks, stride_qb, has_bias, eps, n_heads, n_kv_heads,
     sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
-    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, PDL: tl.constexpr = 0,
+    HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, STAGES: tl.constexpr = 1,
+    PDL: tl.constexpr = 0,
 ):
     _pdl_enter_gemv(w_ptr, _qkv_rows(tl.program_id(0), HALF, PAIRS), C, stride_wn, BLOCK_K, W_FORMAT, PDL)
     _norm_qkv_rope_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr,
         pos_ptr, kc_ptr, vc_ptr, q_ptr, C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks,
-        stride_qb, has_bias, eps, n_heads, n_kv_heads, HALF, PAIRS, BLOCK_K, W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
+        stride_qb, has_bias, eps, n_heads, n_kv_heads, HALF, PAIRS, BLOCK_K, W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
+        STAGES)
 
 
 @triton.jit
@@ -55,7 +57,7 @@ def _norm_qkv_rope_program(
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr,
     C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks, stride_qb, has_bias, eps, n_heads, n_kv_heads,
     HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
-    sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
+    sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0, STAGES: tl.constexpr = 1,
 ):
     """Program ``pid`` (PAIRS rotation pairs of one head) of sequence ``b``; also stage 1 of the persistent decode
     kernel (float and INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
@@ -70,7 +72,7 @@ def _norm_qkv_rope_program(
     c = tl.load(cos_ptr + pos * stride_cs + j)
     s = tl.load(sin_ptr + pos * stride_cs + j)
     acc = _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, C, stride_wn, True, W_FORMAT, 2 * PAIRS, BLOCK_K,
-                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
+                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift, STAGES=STAGES)
     y = _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT, x_ptr.dtype.element_ty)  # (2 PAIRS,) qkv as rounded
     x1, x2 = tl.split(tl.reshape(y, (PAIRS, 2)))  # first and second half of each pair
     rotated = head < n_heads + n_kv_heads  # Q and K heads rotate, V heads do not

@@ -60,10 +60,19 @@ class KernelDef:
     # the function ends with a ``PDL: tl.constexpr = 0`` launch switch (kernels/pdl_triton.py): not part of a variant
     # (AOT builds compile it 0), set by the JIT launcher on sm_90+
     pdl: bool = False
+    # the function takes a ``STAGES: tl.constexpr = 1`` argument, the variant's num_stages, as its K loop's
+    # pipeline depth (``tl.range(..., num_stages=STAGES)``: Triton stages the loop's loads through shared memory by
+    # asynchronous copies only where the loop itself carries num_stages, as loops without a tl.dot need)
+    loop_stages: bool = False
 
     def function_constexprs(self) -> tuple[str, ...]:
-        """The constexpr arguments of the Triton function after its parameters: the variant's, then the PDL switch."""
-        return self.constexpr_names + (("PDL",) if self.pdl else ())
+        """The constexpr arguments of the Triton function after its parameters: the variant's, the loop's pipeline
+        depth, then the PDL switch."""
+        return self.constexpr_names + (("STAGES",) if self.loop_stages else ()) + (("PDL",) if self.pdl else ())
+
+    def launch_constexprs(self, num_stages: int) -> dict[str, int]:
+        """The function constexprs a launch adds to the variant's (the PDL switch is the launcher's)."""
+        return {"STAGES": num_stages} if self.loop_stages else {}
 
     def precision_for(self, dtype: str) -> dict[str, str]:
         return {k: v.format(act=dtype) for k, v in self.precision.items()}

@@ -32,10 +32,16 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
   (scripts/gpu_ncu_w4a16.sh) says why: every tile is latency-bound, not instruction-bound: 126-168 registers
   a thread cap occupancy at 18.75-25% (16-23% achieved), the top warp stall is the long scoreboard (2.0-3.3
   cycles an issued instruction, waiting on global loads), and DRAM throughput is 54-66% in the profiled launch.
-  DECODE 4 doubles a program's bytes in flight but its 168 registers cost the same in occupancy. What is left:
-  bytes in flight without registers (weight tiles staged through shared memory by asynchronous copies,
-  several stages deep). The planner's default stays DECODE 2 at 32 x 512 until one tile wins on every shape
-  (DECODE 2 is still fastest on 2 MB wq/wo: 7.3 us against 8.2).
+  DECODE 4 doubles a program's bytes in flight but its 168 registers cost the same in occupancy.
+  STAGES > 1 (the variant's num_stages, ``KernelDef.loop_stages``) stages the K loop's words through shared memory
+  by asynchronous copies, STAGES - 1 steps ahead: bytes in flight without registers. Measured (bench_w4a16.py,
+  H200, 2026-12-02, copy 4.23 TB/s): 1B lm_head 131 MB 40.9 us (64 x 256, 2 warps, 3 stages: 80.4% of copy, 0.34x
+  fp16 F.linear; unstaged best 42.7); 8B w_gate_up 24.7 us (59.6%, unchanged: the half2 decode's instruction
+  count bounds it there); 1B w_gate_up / w_down / wq-wo 9.2 / 8.0 / 5.8 us at 64 x 512, 4 warps, 3 stages
+  (unstaged best 10.8 / 9.6 / 7.3). That tile beats DECODE 2's default on every shape (26.3 / 44.9 us on the two
+  large ones against 39.9 / 69.6); the planner's default stays DECODE 2 for now: DECODE 3 sums in FP16 within a
+  sub-block, so a change of default changes every bundle's per-operator INT4 numerics and needs its own accuracy
+  check (the fused decode path already runs the half2 decode).
 - ``_w4a16_gemm_kernel``: tiled GEMM on tensor cores. The (BK, BN) weight tile is dequantized in registers
   to the reference's FP32 weights, rounded to the activation dtype (as F.linear on dequantized weights) and
   multiplied with one ``tl.dot`` a K tile into the FP32 accumulator; the dequantization is amortised over the
@@ -287,6 +293,7 @@ def _w4a16_gemv_kernel(
     M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, has_bias, has_offset, scale_f32, group_shift,
     num_splits, reduce_splits,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):
     tl.static_assert(BLOCK_M == 1)  # one activation row per program (linear_triton.GEMV_MAX_ROWS says why)
     tl.static_assert(BLOCK_K % 32 == 0)
@@ -318,7 +325,7 @@ def _w4a16_gemv_kernel(
         acc = tl.zeros((BLOCK_N, SB), dtype=tl.float32)  # one FP32 partial per sub-block a thread owns
         if PREFETCH:  # the first step's words; each step then loads the next one's before its own dot products
             words_next = _half2_words(w_ptr, w_rows, first * BLOCK_K, K, BLOCK_N, BLOCK_K)
-        for kb in range(first, last):
+        for kb in tl.range(first, last, num_stages=STAGES):  # STAGES > 1: the words staged by asynchronous copies
             k0 = kb * BLOCK_K
             sub = k0 + sb * 32  # (SB,) first element of each sub-block
             kmask = sub < K  # K is a multiple of 32: a sub-block is wholly in or out
@@ -474,7 +481,10 @@ W4A16_GEMV = KernelDef(
     constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K", "DECODE"), precision=_PRECISION,
     # only the final cross-thread reduction of the partials goes through shared memory
     uses_shared_memory=True, space=_gemv_space, default=_gemv_default,
-    smem_estimate=lambda c, warps, stages, nbytes: max(4096, 4 * c["BLOCK_N"] * c["BLOCK_K"] // 32),
+    # the partials' reduction, and with STAGES > 1 the packed weight tiles in flight (half a byte a weight)
+    smem_estimate=lambda c, warps, stages, nbytes: (max(4096, 4 * c["BLOCK_N"] * c["BLOCK_K"] // 32)
+                                                    + (stages - 1) * c["BLOCK_N"] * c["BLOCK_K"] // 2),
+    loop_stages=True,
 )
 W4A16_GEMM = KernelDef(
     op="linear_w4a16", kernel="w4a16_gemm", fn=_w4a16_gemm_kernel, params=_params(),

@@ -37,13 +37,20 @@ GEMV_SHAPES = [("llama-3.1-8b w_gate_up", 28672, 4096), ("llama-3.2-1b wq/wo", 2
                ("llama-3.2-1b w_gate_up", 2 * 8192, 2048), ("llama-3.2-1b w_down", 2048, 8192),
                ("llama-3.2-1b lm_head", 128256, 2048)]
 GOAL_MIN_MB = 32
-# (BLOCK_N, BLOCK_K, warps, DECODE): the half2 GEMV (DECODE 3) at the tiles scripts/gemv_sass_report.py
+# (BLOCK_N, BLOCK_K, warps, DECODE, STAGES): the half2 GEMV (DECODE 3) at the tiles scripts/gemv_sass_report.py
 # compiles (8 rows a thread: ~5.45 SASS instructions a weight byte, ~122 registers; 16 rows: ~5.05, ~203; the
 # default DECODE 2: ~9.7), beside the default: "old" is the planner's default variant, "new" the fastest
 # DECODE 3 tile on each shape
-GEMV_TILES = [(64, 256, 2, 3), (128, 256, 4, 3), (32, 256, 1, 3), (128, 256, 2, 3), (256, 256, 4, 3), (128, 128, 2, 3),
+GEMV_TILES = [(64, 256, 2, 3, 1), (128, 256, 4, 3, 1), (32, 256, 1, 3, 1), (128, 256, 2, 3, 1), (256, 256, 4, 3, 1),
+              (128, 128, 2, 3, 1),
               # DECODE 4: DECODE 3 loading the next K step's words ahead (twice the bytes in flight a program)
-              (64, 256, 2, 4), (128, 256, 4, 4), (32, 256, 1, 4), (128, 256, 2, 4), (64, 128, 1, 4), (128, 128, 2, 4)]
+              (64, 256, 2, 4, 1), (128, 256, 4, 4, 1), (32, 256, 1, 4, 1), (128, 256, 2, 4, 1), (64, 128, 1, 4, 1),
+              (128, 128, 2, 4, 1),
+              # DECODE 3 with the K loop's words staged through shared memory, STAGES deep (asynchronous copies:
+              # bytes in flight without the registers DECODE 4 spends on them)
+              (64, 256, 2, 3, 3), (128, 256, 4, 3, 3), (128, 256, 2, 3, 3), (64, 128, 2, 3, 4), (128, 128, 4, 3, 4),
+              (128, 128, 2, 3, 4), (256, 128, 4, 3, 3), (64, 256, 2, 3, 4), (32, 256, 1, 3, 4), (64, 512, 4, 3, 3),
+              (128, 64, 2, 3, 6), (256, 64, 4, 3, 6)]
 TARGETS = {"fraction_of_copy": 0.85, "time_vs_fp16": 0.35}
 
 
@@ -59,7 +66,7 @@ def int4_weights(N: int, K: int, n: int) -> list[tuple]:
 def gemv_candidates() -> list[dict]:
     dv = default_variants(OP, rows=1)
     gemv = [{"w4a16_gemv": KernelVariant(OP, "w4a16_gemv", {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "DECODE": d},
-                                         w, 1)} for bn, bk, w, d in GEMV_TILES]
+                                         w, st)} for bn, bk, w, d, st in GEMV_TILES]
     return [dv] + [c for c in gemv if c != dv]
 
 

@@ -7,7 +7,14 @@ printed (JSON + table), with the default tile (fused_gemv_triton.gemv_tile) mark
 
 H200, 2026-12-01, llama-3.2-1b: every default tile within 5% of the best candidate (fp16 qkv 7.17 vs 6.85 us,
 o 4.83 vs 4.74, gate/up 19.59 vs 18.85, down 10.98 vs 10.60; int8 6.10/5.68, 4.49/4.19, 12.14/12.04, 7.80/7.65);
-Triton's software pipelining (2 or 3 stages) changed nothing measurable: these loops have no tl.dot to pipeline.
+num_stages then changed nothing measurable: Triton pipelines a loop without a tl.dot only where the loop itself
+carries num_stages, which the kernels now do (KernelDef.loop_stages, ``tl.range(..., num_stages=STAGES)``).
+The staged candidates (a short K step, its loads staged 2-5 deep through shared memory by cp.async) then won
+where a program has several K steps (H200, 2026-12-02, 1B, default then best staged): INT4 gate/up 11.48 -> 9.84
+us (8 x 512, 2 warps, 2 stages), INT8 down 7.73 -> 7.13 (4 x 1024, 2 warps, 4 stages), FP16 down 10.79 -> 10.36
+(4 x 512, 4 warps, 5 stages), now the defaults; qkv and o (~4-7 us for 2-12 MB: a fixed cost a launch, not
+bandwidth) stayed within 4% of their unstaged tiles. A second full sweep (every candidate) found nothing further
+above that.
 --precisions int4 sweeps the INT4 tiles (weights a thread a step against registers and occupancy: Nsight Compute
 found the fused INT4 gate/up kernel at 168 registers, 17% occupancy, 28% of DRAM bandwidth). H200, 2026-12-02,
 llama-3.2-1b: qkv best 8 x 2048 at 4 warps 5.15 us (default then 16 x 2048: 5.65), o 4 x 2048 at 2 warps 3.94
@@ -62,36 +69,34 @@ def _args(op, cfg, w, dev):
 SUFFIX = {"fp16": "_fp", "int8": "_w8", "int4": "_w4"}
 
 
-def _candidates(op, n, k, head_dim, precision: str):
+WEIGHT_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+def _candidates(op, n, k, head_dim, precision: str, limit: int = 0):
+    """The default tile, then staged tiles (K loop pipelined through shared memory, ``loop_stages``): a short K step
+    (128-1024), 2-5 stages in flight, 16-128 weights a thread a step (INT4: 32-256), at most 64 KB of staged weights
+    a program and at least one program an SM. ``limit``: keep that many, spread over the space (0: all)."""
     base = default_variants(op, head_dim=head_dim, n_out=n, k_in=k)
     dflt = next(v for name, v in base.items() if name.endswith(SUFFIX[precision]))
     rows_key = "PAIRS" if op == "fused_norm_qkv_rope" else "BLOCK_N"
-    out = [(dflt, True)]
-    if precision == "int4":
-        # the INT4 tiles: weights a thread a step (64-512: registers against occupancy, scripts/gpu_ncu_w4a16.sh)
-        # at 16-64 K weights a step
-        for rows in (4, 8, 16, 32, 64):
-            for bk in (512, 1024, 2048, 4096):
-                for warps in (2, 4, 8):
-                    weights = rows * bk * (2 if op in ("fused_norm_qkv_rope", "fused_norm_swiglu") else 1)
-                    c = {**dflt.constexprs, rows_key: rows, "BLOCK_K": bk}
-                    v = KernelVariant(op, dflt.kernel, c, warps, 1, "fp16")
-                    pairs_fit = rows_key != "PAIRS" or (rows <= head_dim // 2 and (head_dim // 2) % rows == 0)
-                    if (v != dflt and pairs_fit and bk <= k and 8192 <= weights <= 65536
-                            and 64 <= weights // (32 * warps) <= 512):
-                        out.append((v, False))
-        return out
-    for stages in (2, 3):  # Triton's software pipelining of the K loop's loads (the default tile takes 1)
-        out.append((KernelVariant(op, dflt.kernel, dict(dflt.constexprs), dflt.num_warps, stages, "fp16"), False))
-    for rows in (1, 2, 4, 8, 16):
-        for bk in (512, 1024, 2048):
-            for warps in (4, 8, 16):
-                c = {**dflt.constexprs, rows_key: rows, "BLOCK_K": bk}
-                v = KernelVariant(op, dflt.kernel, c, warps, 1, "fp16")
-                weights = rows * bk * (2 if op in ("fused_norm_qkv_rope", "fused_norm_swiglu") else 1)
-                if v != dflt and 2048 <= weights <= (65536 if int8 else 32768) and 32 <= weights // (32 * warps) <= 128:
-                    out.append((v, False))
-    return out
+    paired = op in ("fused_norm_qkv_rope", "fused_norm_swiglu")  # the key counts pairs of weight rows
+    lo, hi = (32, 256) if precision == "int4" else (16, 128)
+    staged = []
+    for bk in (128, 256, 512, 1024):
+        for key in (1, 2, 4, 8, 16, 32, 64):
+            rows = key * (2 if paired else 1)
+            for warps in (2, 4, 8):
+                for stages in (2, 3, 4, 5):
+                    per_thread = rows * bk // (32 * warps)
+                    tile_bytes = rows * bk * WEIGHT_BYTES[precision]
+                    pairs_fit = rows_key != "PAIRS" or (key <= head_dim // 2 and (head_dim // 2) % key == 0)
+                    if (pairs_fit and bk * 2 <= k and lo <= per_thread <= hi and stages * tile_bytes <= 65536
+                            and n // rows >= 132 and stages <= k // bk):
+                        c = {**dflt.constexprs, rows_key: key, "BLOCK_K": bk}
+                        staged.append(KernelVariant(op, dflt.kernel, c, warps, stages, "fp16"))
+    if limit and len(staged) > limit:
+        staged = [staged[round(i * (len(staged) - 1) / (limit - 1))] for i in range(limit)]
+    return [(dflt, True)] + [(v, False) for v in staged if v != dflt]
 
 
 def main() -> int:
@@ -101,11 +106,11 @@ def main() -> int:
     ap.add_argument("--precisions", default="fp16,int8", help="comma list of fp16, int8, int4 (W4A16, asymmetric, group 128 or the largest dividing K)")
     ap.add_argument("--presets", default=",".join(SHAPES))
     ap.add_argument("--ops", default="", help="comma list of fused operators to sweep (default: all four GEMVs)")
+    ap.add_argument("--limit", type=int, default=0, help="candidates an operator and precision (0: all)")
     args = ap.parse_args()
     from triton.testing import do_bench_cudagraph
 
     dev = torch.device("cuda")
-    end = time.time() + args.budget_s
     bw = None
     rows = []
     src = torch.empty(1 << 28, dtype=torch.int8, device=dev)
@@ -114,7 +119,9 @@ def main() -> int:
     del src, dst
     cases = [(p, SHAPES[p], op, n, k, prec) for prec in args.precisions.split(",") for p in args.presets.split(",")
              for op, n, k in _cases(SHAPES[p]) if not args.ops or op in args.ops.split(",")]
+    per_case = args.budget_s / max(1, len(cases))  # every case gets its share: none starves the later ones
     for preset, cfg, op, n, k, precision in cases:
+        end = time.time() + per_case
         int8 = precision == "int8"
         group = next(g for g in (128, 64, 32) if k % g == 0)  # INT4: the largest group dividing K (576: 64)
         nbytes = {"fp16": 2 * n * k, "int8": n * k, "int4": n * k // 2 + 2 * 2 * n * (k // group)}[precision]
@@ -128,7 +135,7 @@ def main() -> int:
                    torch.rand(n, device=dev) / (127 * k ** 0.5)) for _ in range(copies)]
         else:
             ws = [torch.randn(n, k, device=dev).to(torch.float16) / k ** 0.5 for _ in range(copies)]
-        for v, is_default in _candidates(op, n, k, cfg.head_dim, precision):
+        for v, is_default in _candidates(op, n, k, cfg.head_dim, precision, args.limit):
             if time.time() > end:
                 break
             fn = TritonOp(op, {v.kernel: v})

@@ -47,3 +47,26 @@ def test_int4_kernels_at_1b_shapes_compile_without_spills(op, arch):
         assert ck.shared_bytes <= ORIN_SMEM_BUDGET, (v.label(), ck.shared_bytes)
         if ck.registers is not None:
             assert ck.spills in (None, {"stores": 0, "loads": 0}), (v.label(), ck.registers, ck.spills)
+
+
+@pytest.mark.parametrize("arch", [87, 90])
+def test_staged_default_tiles_compile_to_asynchronous_copies(arch):
+    # KernelDef.loop_stages: the variant's num_stages reaches the K loop (tl.range(num_stages=STAGES)), whose weight
+    # tiles Triton then stages through shared memory by cp.async; without it the loop streams through registers
+    import dataclasses
+
+    from edgekit.model.presets import preset_config
+    from edgekit.plan.tiles import step_weight_shape
+
+    cfg = preset_config("llama-3.2-1b")
+    staged = []
+    for op in ("fused_norm_swiglu", "fused_proj_residual"):
+        facts = {**step_weight_shape(op, cfg), "head_dim": cfg.head_dim, "n_heads": cfg.n_heads,
+                 "n_kv_heads": cfg.n_kv_heads}
+        staged += [v for v in default_variants(op, **facts).values() if v.num_stages > 1]
+    assert {v.kernel for v in staged} >= {"norm_swiglu_w4", "proj_residual_fp", "proj_residual_w8"}
+    for v in staged:
+        ck = compile_variant(v, arch, budget_bytes=ORIN_SMEM_BUDGET)
+        assert "cp.async" in ck.ptx and ck.shared_bytes <= ORIN_SMEM_BUDGET, (v.label(), ck.shared_bytes)
+        plain = compile_variant(dataclasses.replace(v, num_stages=1), arch)
+        assert "cp.async" not in plain.ptx and plain.shared_bytes < ck.shared_bytes, v.label()
