@@ -5,6 +5,8 @@
 #      F.linear and the copy bandwidth, same run
 #   3. (<= AB_S, 100 each) decode tokens/s, llama-3.2-1b fp16 / int8 / int4, this tree and HEAD's (git archive) in
 #      the same call (scripts/pdl_sweep.py, level 0)
+# Narrower runs: TESTS_K (a pytest -k expression), W4_S=0 (no GEMV benchmark), LEVELS (this tree's PDL levels, e.g.
+# 0,1,2), AB=0 (no HEAD tree).
 # Results under $OUT/st. Usage from the repo root on the GPU machine.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/st"
@@ -15,15 +17,16 @@ T0=$(date +%s)
 cd "$EDGEKIT_RUN_DIR"
 FUSED_INT4_EXAMPLES=${FUSED_INT4_EXAMPLES:-4} timeout "${TESTS_S:-170}" python3 -m pytest -q -m gpu \
   "$R/tests/kernels/test_fused_gpu.py" "$R/tests/kernels/test_w4a16_gpu.py" -c "$R/pyproject.toml" --rootdir "$R" \
-  -p no:cacheprovider -p no:randomly -rfE > "$OUT/st/pytest_gpu.log" 2>&1
+  -p no:cacheprovider -p no:randomly -rfE ${TESTS_K:+-k "$TESTS_K"} > "$OUT/st/pytest_gpu.log" 2>&1
 echo "GPU tests rc=$? at +$(( $(date +%s) - T0 )) s: $(tail -1 "$OUT/st/pytest_gpu.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/st/pytest_gpu.log" | head -10
-(cd "$R/scripts" && timeout "${W4_S:-150}" python3 bench_w4a16.py --gemv-only --json "$OUT/st/w4a16.json" 2>&1 \
+[ "${W4_S:-150}" != 0 ] && (cd "$R/scripts" && timeout "${W4_S:-150}" python3 bench_w4a16.py --gemv-only --json "$OUT/st/w4a16.json" 2>&1 \
   | grep -E "^gemv" > "$OUT/st/w4a16.txt")
 echo "bench_w4a16 at +$(( $(date +%s) - T0 )) s"; cat "$OUT/st/w4a16.txt"
-timeout "${AB_S:-100}" python3 "$R/scripts/pdl_sweep.py" preset:llama-3.2-1b --precisions fp16,int8,int4 --levels 0 \
-  --repeats 7 --json "$OUT/st/pdl_new.json" 2>&1 | grep "tok/s"
+timeout "${AB_S:-100}" python3 "$R/scripts/pdl_sweep.py" preset:llama-3.2-1b --precisions fp16,int8,int4 \
+  --levels "${LEVELS:-0}" --repeats 7 --json "$OUT/st/pdl_new.json" 2>&1 | grep "tok/s"
 echo "new tree at +$(( $(date +%s) - T0 )) s"
+[ "${AB:-1}" = 0 ] && exit 0
 cd "$ROOT/.gpu-old" && ln -sfn ../.whl .whl && source scripts/gpu_setup.sh > "$OUT/setup_old.log" 2>&1
 cd "$EDGEKIT_RUN_DIR"
 timeout "${AB_S:-100}" python3 "$R/scripts/pdl_sweep.py" preset:llama-3.2-1b --precisions fp16,int8,int4 --levels 0 \
