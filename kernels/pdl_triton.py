@@ -78,6 +78,8 @@ def _pdl_enter_after_weights(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr, P
 # layer kernel) fp16 1772 -> 2274 tok/s, int8 1756 -> 1997; llama-3.2-1b (24 MB / 12 MB) fp16 1105 -> 1061, int8
 # 1434 -> 1294 (level 1 lost as well). The bound sits between them: ~1 us of HBM time at the H200's ~4.2 TB/s, the
 # size of the ~1.3 us kernel boundary PDL hides (notes/gpu-apis.md). Sizes between 1.4 and 12 MB were not measured.
+# Again with the staged K loops (KernelDef.loop_stages; H200, 2026-12-02, llama-3.2-1b, levels 0 -> 2): fp16 1146 ->
+# 1037, int8 1480 -> 1368, int4 1642 -> 1658 (within run-to-run noise): the rule stands.
 AUTO_MAX_WEIGHT_BYTES_PER_KERNEL = 4 * 1024 * 1024
 
 _ARCH_BY_DEVICE: dict[int, int] = {}
