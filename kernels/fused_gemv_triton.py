@@ -212,11 +212,13 @@ def _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, K, stride_wn,
 
     Each step loads its weight tile, then its activation. STAGES > 1 (the variant's num_stages): the loop carries it,
     so Triton stages the next STAGES - 1 steps' loads through shared memory by asynchronous copies (cp.async) while
-    this step computes: bytes in flight without holding them in registers. Measured on the H200 (2026-12-02, llama-3.2-1b, fused
-    decode, tok/s fp16 / int8 / int4 against 1127 / 1446 / 1474 in the same call) and not kept: the first tile
-    requested before the norm's reduction (peeled from the loop) 1061 / 1437 / 1509, and every next step's tile
-    and activation requested one step ahead (loop-carried) 1047 / 1161 / 1501 (in another call, against 1131 /
-    1443 / 1476). Both hold a weight tile in registers across code that did not hold one before.
+    this step computes: bytes in flight without holding them in registers.
+
+    Measured on the H200 (2026-12-02, llama-3.2-1b, fused decode, tok/s fp16 / int8 / int4 against 1127 / 1446 /
+    1474 in the same call) and not kept: the first tile requested before the norm's reduction (peeled from the
+    loop) 1061 / 1437 / 1509, and every next step's tile and activation requested one step ahead in registers
+    (loop-carried) 1047 / 1161 / 1501 (in another call, against 1131 / 1443 / 1476). Both hold a weight tile in
+    registers across code that did not hold one before; the staged loop keeps it in shared memory instead.
 
     INT4 weights: ``stride_wn`` in bytes, group operands as ``_gemv_fma`` takes them; the group scales are applied
     here, so the result needs no per-channel scale (``_epilogue``)."""
@@ -280,10 +282,11 @@ def _pdl_enter_gemv(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr, W_FORMAT: 
 # --------------------------------------------------------------------------- host side: tiles
 # An unstaged GEMV step (STAGES 1) loads one (rows, BLOCK_K) weight tile and waits for it before the FMAs, so each
 # K step costs a memory latency (~0.5-1 us from HBM). (STAGES > 1 keeps later steps' tiles in flight through shared
-# memory; the operators' default tiles take it where the tile sweep measured a gain: see their _default functions.) Measured on the H200 with
-# 16 x 128 tiles (2048 weights a step): the 1B QKV GEMV (C = 2048, 16 steps) took 13.5 us for 12.6 MB, 4x its
-# bandwidth time. Hence: K in as few steps as registers allow (BLOCK_K up to 2048), ~8-16K weights a step
-# (the per-operator GEMV's 32 x 256 is 8K), and rows per program chosen so the grid still covers the SMs.
+# memory; the operators' default tiles take it where the tile sweep measured a gain: see their _default functions.)
+# Measured on the H200 with 16 x 128 tiles (2048 weights a step): the 1B QKV GEMV (C = 2048, 16 steps) took 13.5 us
+# for 12.6 MB, 4x its bandwidth time. Hence: K in as few steps as registers allow (BLOCK_K up to 2048), ~8-16K
+# weights a step (the per-operator GEMV's 32 x 256 is 8K), and rows per program chosen so the grid still covers the
+# SMs.
 MAX_BLOCK_K = 2048
 STEP_WEIGHTS = 8192
 TARGET_PROGRAMS = 132  # one H200 wave (Orin: 16 SMs, more than covered)
@@ -367,14 +370,16 @@ INT4_ATTRS = ["scale_row_stride", "group_shift"]
 
 
 def weight_kernels(op: str, name: str, fn, params, constexpr_names: tuple[str, ...], space, default,
-                   default_w8=None, default_w4=None, formats: tuple[int, ...] = (FLOAT, INT8, INT4)):
+                   default_w8=None, default_w4=None, formats: tuple[int, ...] = (FLOAT, INT8, INT4),
+                   rows_a_step=lambda c: c["BLOCK_N"]):
     """The float, INT8 (W8A16) and INT4 (W4A16) KernelDefs of one fused kernel (one Triton function).
 
     ``params(w_type, scale_value)`` lists the kernel's parameters; the INT8 kernel's scale pointer is ``scale``, the
     INT4 kernel's is ``scale_f`` (its FP32 group scales; FP16 ones come through ``int4_params``), the float kernel
     gets a null pointer. ``W_FORMAT`` is fixed by the kernel's identity. ``default_w8`` / ``default_w4``: a format's
     own default tile where it differs (else ``default``); INT4 tiles need BLOCK_K a multiple of 32. ``formats``: the
-    weight formats the kernel takes (a kernel without ``int4_params`` leaves INT4 out).
+    weight formats the kernel takes (a kernel without ``int4_params`` leaves INT4 out). ``rows_a_step(constexprs)``:
+    the weight rows a program multiplies a K step (the shared-memory estimate of a staged K loop).
     """
     from edgekit.kernels.kernel_def import KernelDef
     from edgekit.kernels.launch_rule import ptr
@@ -386,15 +391,28 @@ def weight_kernels(op: str, name: str, fn, params, constexpr_names: tuple[str, .
             op=op, kernel=f"{name}_{suffix}", fn=fn, params=params(w_type, ptr(scale_slot) if scale_slot else 0),
             constexpr_names=constexpr_names + ("W_FORMAT",),
             precision={"input": precision, "accumulate": "fp32", "output": "{act}"},
-            uses_shared_memory=False,  # register tiles only; cross-warp reductions use a few hundred bytes
+            # no tiles the planner must fit to a budget: cross-warp reductions use a few hundred bytes, and a staged K
+            # loop (STAGES > 1) a few tens of KB at the tiles it is chosen for (the compiled size is checked)
+            uses_shared_memory=False,
             space=_format_space(space, dflt, fmt), default=dflt,
-            smem_estimate=lambda c, warps, stages, nbytes: 8 * 32 * warps,
+            smem_estimate=_staged_smem(fmt, rows_a_step),
             fixed={"W_FORMAT": fmt},
             pdl=True,  # every fused GEMV kernel takes the PDL switch (kernels/pdl_triton.py)
             loop_stages=True,  # and its K loop's pipeline depth (num_stages)
         )
 
     return tuple(make(fmt) for fmt in formats)
+
+
+def _staged_smem(fmt: int, rows_a_step):
+    """Shared-memory estimate of a fused GEMV kernel: its reductions, and with STAGES > 1 the STAGES - 1 weight tiles
+    and activation (and norm weight) steps in flight (INT8: a byte a weight, INT4: half a byte)."""
+    def estimate(c, warps: int, stages: int, nbytes: int) -> int:
+        weight_bytes = {FLOAT: nbytes, INT8: 1, INT4: 0.5}[fmt]
+        step = rows_a_step(c) * c["BLOCK_K"] * weight_bytes + 2 * c["BLOCK_K"] * nbytes
+        return int(8 * 32 * warps + (stages - 1) * step)
+
+    return estimate
 
 
 def _int4_tile_ok(constexprs: dict) -> bool:

@@ -38,8 +38,8 @@ def _norm_qkv_rope_kernel(
     _norm_qkv_rope_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, cos_ptr, sin_ptr,
         pos_ptr, kc_ptr, vc_ptr, q_ptr, C, stride_xm, stride_wn, stride_cs, stride_kb, stride_kh, stride_ks,
-        stride_qb, has_bias, eps, n_heads, n_kv_heads, HALF, PAIRS, BLOCK_K, W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
-        STAGES)
+        stride_qb, has_bias, eps, n_heads, n_kv_heads, HALF, PAIRS, BLOCK_K, W_FORMAT, sh_ptr, oh_ptr, of_ptr,
+        stride_sn, has_offset, scale_f32, group_shift, STAGES)
 
 
 @triton.jit
@@ -124,7 +124,8 @@ def _default(s: dict, int4: bool = False):
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "norm_qkv_rope", _norm_qkv_rope_kernel, _params, ("HALF", "PAIRS", "BLOCK_K"),
-                            _space, _default, default_w4=lambda s: _default(s, int4=True))
+                            _space, _default, default_w4=lambda s: _default(s, int4=True),
+                            rows_a_step=lambda c: 2 * c["PAIRS"])  # both halves of each rotation pair
 
 
 def program(variants) -> dict:

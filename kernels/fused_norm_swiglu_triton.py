@@ -33,8 +33,8 @@ def _norm_swiglu_kernel(
     _pdl_enter_gemv(w_ptr, _gate_up_rows(tl.program_id(0), F, BLOCK_N), C, stride_wn, BLOCK_K, W_FORMAT, PDL)
     _norm_swiglu_program(
         tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, nw_ptr, w_ptr, s_ptr, y_ptr, F, C, stride_xm, stride_wn,
-        stride_ym, eps, BLOCK_N, BLOCK_K, W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
-        STAGES)
+        stride_ym, eps, BLOCK_N, BLOCK_K, W_FORMAT, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32,
+        group_shift, STAGES)
 
 
 @triton.jit
@@ -106,7 +106,8 @@ def _default_w4(s: dict):
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "norm_swiglu", _norm_swiglu_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _space, _default, default_w8=_default_w8, default_w4=_default_w4)
+                            _space, _default, default_w8=_default_w8, default_w4=_default_w4,
+                            rows_a_step=lambda c: 2 * c["BLOCK_N"])  # gate and up rows
 
 
 def program(variants) -> dict:

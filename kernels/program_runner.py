@@ -131,6 +131,5 @@ class JitLauncher:
 
             launch = jit_launch_options(device)
         # Triton's JIT launches on torch's current stream (the `stream` argument is the same stream).
-        self.kdef.fn[tuple(grid)](*call_args, **dict(v.constexprs), **self.kdef.launch_constexprs(v.num_stages), **launch,
-                                  num_warps=v.num_warps,
-                                  num_stages=v.num_stages)
+        self.kdef.fn[tuple(grid)](*call_args, **dict(v.constexprs), **self.kdef.launch_constexprs(v.num_stages),
+                                  **launch, num_warps=v.num_warps, num_stages=v.num_stages)

@@ -20,8 +20,8 @@ FUSED_INT4_EXAMPLES=${FUSED_INT4_EXAMPLES:-4} timeout "${TESTS_S:-170}" python3 
   -p no:cacheprovider -p no:randomly -rfE ${TESTS_K:+-k "$TESTS_K"} > "$OUT/st/pytest_gpu.log" 2>&1
 echo "GPU tests rc=$? at +$(( $(date +%s) - T0 )) s: $(tail -1 "$OUT/st/pytest_gpu.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/st/pytest_gpu.log" | head -10
-[ "${W4_S:-150}" != 0 ] && (cd "$R/scripts" && timeout "${W4_S:-150}" python3 bench_w4a16.py --gemv-only --json "$OUT/st/w4a16.json" 2>&1 \
-  | grep -E "^gemv" > "$OUT/st/w4a16.txt")
+[ "${W4_S:-150}" != 0 ] && (cd "$R/scripts" && timeout "${W4_S:-150}" python3 bench_w4a16.py --gemv-only \
+  --json "$OUT/st/w4a16.json" 2>&1 | grep -E "^gemv" > "$OUT/st/w4a16.txt")
 echo "bench_w4a16 at +$(( $(date +%s) - T0 )) s"; cat "$OUT/st/w4a16.txt"
 timeout "${AB_S:-100}" python3 "$R/scripts/pdl_sweep.py" preset:llama-3.2-1b --precisions fp16,int8,int4 \
   --levels "${LEVELS:-0}" --repeats 7 --json "$OUT/st/pdl_new.json" 2>&1 | grep "tok/s"
