@@ -406,7 +406,8 @@ def weight_kernels(op: str, name: str, fn, params, constexpr_names: tuple[str, .
 
 def _staged_smem(fmt: int, rows_a_step):
     """Shared-memory estimate of a fused GEMV kernel: its reductions, and with STAGES > 1 the STAGES - 1 weight tiles
-    and activation (and norm weight) steps in flight (INT8: a byte a weight, INT4: half a byte)."""
+    and activation (and norm weight) steps in flight (INT8: a byte a weight, INT4: half a byte; INT4 group scales are
+    not counted, a few percent)."""
     def estimate(c, warps: int, stages: int, nbytes: int) -> int:
         weight_bytes = {FLOAT: nbytes, INT8: 1, INT4: 0.5}[fmt]
         step = rows_a_step(c) * c["BLOCK_K"] * weight_bytes + 2 * c["BLOCK_K"] * nbytes

@@ -164,7 +164,9 @@ NUM_WARPS = 4  # 8 warps at one program per SM ran the 1B layer at 530 tok/s, 4 
 
 @dataclass(frozen=True)
 class LayerTiles:
-    """Each stage's tile: the default variant of its fused operator at the model's shapes (same arithmetic)."""
+    """Each stage's tile: the default variant of its fused operator at the model's shapes (same arithmetic), except
+    where that default stages its K loop (stage 5 at K >= 4096): the unstaged rule's tile there, whose FP32 partials
+    are summed in another order."""
 
     constexprs: Mapping[str, int]  # the kernel's constexprs except STAGE and the INT8 flags
     num_warps: int
@@ -189,7 +191,10 @@ def layer_tiles(cfg, int8: Mapping[str, bool] | None = None) -> LayerTiles:
     from edgekit.kernels.fused_attn_proj_residual_triton import proj_tile
     o_rows, o_block_k, _ = proj_tile({"n_out": C, "k_in": Hq * D, **heads})  # stage 3 merges inside the projection
     gu = tile("fused_norm_swiglu", "gate_up", n_out=2 * F, k_in=C, head_dim=D)
-    down = tile("fused_proj_residual", "down", n_out=C, k_in=F, head_dim=D)
+    # stage 5 runs its K loop unstaged (STAGES 1: this kernel's stages share one launch's registers and shared
+    # memory), so it takes the operator's unstaged tile, not the staged default's shorter K step (K >= 4096)
+    from edgekit.kernels.fused_proj_residual_triton import _default as unstaged_proj_tile
+    down = unstaged_proj_tile({"n_out": C, "k_in": F})[0]
     # The o-proj tile of fused_attn_proj_residual is made for 8 warps (about one program per SM); inside the 4-warp
     # persistent kernel it spilled 1.3 KB at 1B (ptxas, sm_90). At most 4 rows a program and 2 splits a combine step
     # cut that to 16 bytes; the kernel still takes 255 registers (every stage alone takes 224-255 at 1B), so two

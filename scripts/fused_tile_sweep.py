@@ -94,7 +94,9 @@ def _candidates(op, n, k, head_dim, precision: str, limit: int = 0):
                             and n // rows >= 132 and stages <= k // bk):
                         c = {**dflt.constexprs, rows_key: key, "BLOCK_K": bk}
                         staged.append(KernelVariant(op, dflt.kernel, c, warps, stages, "fp16"))
-    if limit and len(staged) > limit:
+    if limit == 1:
+        staged = staged[:1]
+    elif limit and len(staged) > limit:
         staged = [staged[round(i * (len(staged) - 1) / (limit - 1))] for i in range(limit)]
     return [(dflt, True)] + [(v, False) for v in staged if v != dflt]
 
@@ -108,6 +110,8 @@ def main() -> int:
     ap.add_argument("--ops", default="", help="comma list of fused operators to sweep (default: all four GEMVs)")
     ap.add_argument("--limit", type=int, default=0, help="candidates an operator and precision (0: all)")
     args = ap.parse_args()
+    if args.limit < 0:
+        ap.error(f"--limit must be 0 (every candidate) or a positive count; got {args.limit}")
     from triton.testing import do_bench_cudagraph
 
     dev = torch.device("cuda")

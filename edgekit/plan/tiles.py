@@ -69,7 +69,7 @@ class TileChoice:
     triton_version: str
     registers: int | None
     spill_bytes: int | None
-    searched: bool  # False: a kernel without shared-memory tiles, default variant
+    searched: bool  # False: a kernel whose tile is not searched under the budget (its default variant)
     shape: dict  # the shape facts it was solved for
     programs: int | None = None  # grid size at that shape
     programs_target: int | None = None
@@ -265,7 +265,8 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
         op=v.op, kernel=v.kernel, variant=v, arch=arch, budget_bytes=budget_bytes, estimated_shared_bytes=estimate(v),
         shared_bytes=int(ck.shared_bytes), compiled_name=ck.name, triton_version=str(ck.triton_version),
         registers=ck.registers, spill_bytes=spill, searched=False, shape=dict(shape), candidates=1, within_estimate=1,
-        reason="no shared-memory tiles: default variant, compiled to record its real bytes", compiled=ck,
+        reason="default variant (no tile search under the shared-memory budget), compiled to record its real bytes",
+        compiled=ck,
     )
 
 

@@ -22,10 +22,16 @@ PDL_OPS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_norm_swiglu
 
 
 def _pdl_kernels(op):
+    """The op's default variants at a small model's shapes, and those that stage their K loop at 1B-class ones."""
     kdefs = {k.kernel: k for k in op_kernels()[op].kernels}
     for kernel, v in default_variants(op, head_dim=64, k_in=576, n_out=1536).items():
         assert kdefs[kernel].pdl, f"{op}/{kernel} has no PDL switch: it would break the decode step's launch chain"
         yield kdefs[kernel], v
+    staged = {v for k_in, n_out in ((2048, 16384), (8192, 2048))
+              for kernel, v in default_variants(op, head_dim=64, k_in=k_in, n_out=n_out).items()
+              if v.num_stages > 1 and kdefs[kernel].loop_stages}
+    for v in sorted(staged, key=lambda v: v.label()):
+        yield kdefs[v.kernel], v
 
 
 def test_no_pdl_below_hopper_whatever_is_asked():
@@ -113,7 +119,7 @@ def test_on_hopper_only_weight_prefetches_come_before_the_wait(op):
             assert body.count("griddepcontrol.wait") == 1 and body.count("griddepcontrol.launch_dependents") == 1
             wait = body.index("griddepcontrol.wait")
             assert body.index("griddepcontrol.launch_dependents") > wait
-            memory = [m.start() for m in re.finditer(r"\b(ld|st|atom|red)\.global", body)]
+            memory = [m.start() for m in re.finditer(r"\b(ld|st|atom|red)\.global|\bcp\.async", body)]
             assert memory and min(memory) > wait, f"{kdef.kernel}: a global access before the wait (level {level})"
             prefetch = [m.start() for m in re.finditer(r"prefetch\.global\.L2", body)]
             takes_weights = any(p.name == "w_ptr" for p in kdef.params)

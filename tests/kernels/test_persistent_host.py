@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from edgekit.errors import OperatorError
+from edgekit.kernels.fused_gemv_triton import gemv_tile
 from edgekit.kernels.persistent_decode_triton import LayerWeights, layer_tiles, new_sync, persistent_layer, stage_items
 from edgekit.kernels.variants import default_variants
 from edgekit.model.presets import preset_config
@@ -21,6 +22,11 @@ def test_tiles_follow_the_fused_operators_per_weight_precision():
     assert (w8["GU_BLOCK_N"], w8["GU_BLOCK_K"]) == (gu["norm_swiglu_w8"].constexprs["BLOCK_N"],
                                                     gu["norm_swiglu_w8"].constexprs["BLOCK_K"])
     assert fp["QKV_PAIRS"] == w8["QKV_PAIRS"] and fp["O_BLOCK_N"] <= 4
+    # stage 5 (down + residual) runs unstaged: the whole-K rule's tile, not the staged default's short K step
+    rows, block_k, _ = gemv_tile({"n_out": cfg.hidden_size, "k_in": cfg.intermediate_size})
+    down = default_variants("fused_proj_residual", head_dim=64, n_out=cfg.hidden_size, k_in=cfg.intermediate_size)
+    assert down["proj_residual_fp"].num_stages > 1  # the fused operator's default stages at 1B (K = 8192)
+    assert (fp["D_BLOCK_N"], fp["D_BLOCK_K"]) == (w8["D_BLOCK_N"], w8["D_BLOCK_K"]) == (rows, block_k)
 
 
 def test_stage_items_cover_every_output():
