@@ -105,7 +105,8 @@ def _source(k: KernelDef, v: KernelVariant, ASTSource, *, pdl: int = 0):
     params = [p.name for p in k.params]
     if names[: len(params)] != params or set(names[len(params):]) != set(k.function_constexprs()):
         raise KernelCompileError(f"{k.kernel}: the kernel definition's parameters {params} + "
-                                 f"{k.function_constexprs()} do not match the Triton function's {names} (an edgekit bug)")
+                                 f"{k.function_constexprs()} do not match the Triton function's {names} "
+                                 "(an edgekit bug)")
     signature = {p.name: p.resolved_type(v.dtype) for p in k.params}
     signature.update({c: "constexpr" for c in k.function_constexprs()})
     attrs = {}

@@ -225,7 +225,8 @@ def print_plan(d: dict) -> None:
         console.print(t)
         console.print("[dim]tile: M/N/K/H/F block sizes, D head dim, Q query rows per KV head, S max KV splits, G GEMM "
                       "group; w/s warps/stages; %: of the budget; est.: the analytical estimate; pick: rank 1 of the "
-                      "candidates within the estimate, rej.: compiled and rejected; dflt: default variant, not searched.[/]")
+                      "candidates within the estimate, rej.: compiled and rejected; dflt: default variant, not "
+                      "searched.[/]")
     dec = d["decode"]
     console.print(f"decode attention: {dec['splits']} KV splits — {dec['rule']}; grid {dec['grid']}")
     path = dec.get("path")

@@ -82,8 +82,8 @@ def test_half2_gemv_matches_the_fp64_oracle(groups, group, N, symmetric, scale_d
                                             seed):
     # DECODE 3: the inline-PTX half2 path for FP16 activations (BF16 / FP32 take the FP32 words path); 4: the same
     # with the next K step's words loaded ahead; stages 3: the K loop's words staged through shared memory
-    ratio = check_case(_half2_op(act, *tile, decode=decode, stages=stages), M=1, K=group * groups, N=N, group=group, symmetric=symmetric,
-                       scale_dtype=scale_dtype, bias=bias, act=act, seed=seed, device="cuda")
+    ratio = check_case(_half2_op(act, *tile, decode=decode, stages=stages), M=1, K=group * groups, N=N, group=group,
+                       symmetric=symmetric, scale_dtype=scale_dtype, bias=bias, act=act, seed=seed, device="cuda")
     assert ratio <= 1.0, f"error is {ratio:.2f}x the allowed"
 
 
