@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 # The projection operators the fused GEMVs take: float weights, INT8 with a per-channel scale (W8A16), and in the
-# layers packed INT4 with group scales (W4A16); the LM head operator (fused_head_argmax) has no INT4 kernel.
+# layers packed INT4 with group scales (W4A16). The LM head operator (fused_head_argmax) has an INT4 kernel too,
+# checked against the FP64 oracle under Triton's CPU interpreter only: the fused path takes INT4 heads once it has
+# run on a GPU (until then an INT4 head keeps a model on the per-operator path).
 FUSED_WEIGHT_OPS = ("linear", "linear_w8a16", "linear_w4a16")
 FUSED_HEAD_WEIGHT_OPS = ("linear", "linear_w8a16")
 HEAD = "the LM head"

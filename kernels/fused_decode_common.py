@@ -5,8 +5,8 @@ references it replaces (rmsnorm, linear / linear_w8a16, rope, swiglu), so the
 fused path and the per-operator path answer to the same definition. Weights
 are floating point (``scale`` is None), INT8 with a per-output-channel FP32
 ``scale`` (W8A16), or packed INT4 (uint8 (N, K/2), kernels/int4_layout.py) with
-(N, K/G) group scales and optional ``offset`` (W4A16). The LM head operator
-(fused_head_argmax) takes float and INT8 weights only (no ``offset`` input).
+(N, K/G) group scales and optional ``offset`` (W4A16); the LM head operator
+(fused_head_argmax) too.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ SPEC = OpSpec(
     name="fused_head_argmax",
     abi_version=1,
     inputs=(TensorSpec("x", "(B, C)", FLOAT_DTYPES), TensorSpec("norm_weight", "(C,)", FLOAT_DTYPES),
-            *weight_inputs("V", "C", int4=False)),
+            *weight_inputs("V", "C")),
     outputs=(TensorSpec("token", "(B,)", ("int64",)), TensorSpec("logits", "(B, V)", FLOAT_DTYPES)),
     attributes=("eps",),
     tolerance=REDUCTION_TOLERANCE,
@@ -28,8 +28,9 @@ SPEC = OpSpec(
 )
 
 
-def fused_head_argmax_reference(x, norm_weight, weight, scale, bias, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = project(rmsnorm_reference(x, norm_weight, eps), weight, scale, bias)  # (B, V)
+def fused_head_argmax_reference(x, norm_weight, weight, scale, offset, bias, eps: float
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = project(rmsnorm_reference(x, norm_weight, eps), weight, scale, bias, offset)  # (B, V)
     return logits.argmax(dim=-1), logits
 
 
@@ -52,7 +53,8 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
 
 
 OPERATORS = (
-    Operator(SPEC, fused_head_argmax_reference, fused_precision(SPEC.name, int4=False), golden_inputs,
+    Operator(SPEC, fused_head_argmax_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_head_argmax_triton:OP", rowwise=True,
-             tiles_at={"head_logits_fp": DECODE, "head_logits_w8": DECODE, "head_argmax_reduce": DECODE}),
+             tiles_at={"head_logits_fp": DECODE, "head_logits_w8": DECODE, "head_logits_w4": DECODE,
+                       "head_argmax_reduce": DECODE}),
 )

@@ -16,12 +16,12 @@ import triton.language as tl
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
-    FLOAT, INT8, _epilogue_apply, _epilogue_operands, _gemv_rows, format_launches, operand_params, reduction_params,
-    weight_kernels, weight_operands,
+    INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
+    int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels, weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride, sym
-from edgekit.kernels.pdl_triton import _pdl_enter, _pdl_enter_after_weights
+from edgekit.kernels.pdl_triton import _pdl_enter
 
 OP_NAME = "fused_head_argmax"
 REDUCE_BLOCK = 2048
@@ -30,7 +30,8 @@ REDUCE_BLOCK = 2048
 @triton.jit
 def _head_logits_kernel(
     x_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, logit_ptr, pv_ptr, pi_ptr, V, C, stride_xm, stride_wn, stride_lm, n_parts,
-    has_bias, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, STAGES: tl.constexpr = 1,
+    has_bias, eps, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr, STAGES: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
@@ -38,11 +39,12 @@ def _head_logits_kernel(
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < V
     rows_ld = rows % V
-    _pdl_enter_after_weights(w_ptr, rows_ld, C, stride_wn, BLOCK_K, PDL)
+    _pdl_enter_gemv(w_ptr, rows_ld, C, stride_wn, BLOCK_K, W_FORMAT, PDL)
     x_row = x_ptr + b * stride_xm
     scale, bias = _epilogue_operands(s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT)
     # the norm in 1-2 wide steps (NORM_BLOCK_K 1024), not C / BLOCK_K narrow ones
     acc = _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows_ld, C, stride_wn, True, W_FORMAT, BLOCK_N, BLOCK_K,
+                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift,
                      NORM_BLOCK_K=1024, STAGES=STAGES)
     y = _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT, logit_ptr.dtype.element_ty)  # logits as rounded
     tl.store(logit_ptr + b * stride_lm + rows, y.to(logit_ptr.dtype.element_ty), mask=mask)
@@ -83,6 +85,7 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
         Param("n_parts", "i32", sym("PARTS")),
         Param("has_bias", "i32", {"present": "bias"}),
         Param("eps", "fp32", attr("eps")),
+        *int4_params(),
     )
 
 
@@ -98,9 +101,19 @@ def _default(s: dict):
     return {"BLOCK_N": 32, "BLOCK_K": 256}, 4, 1
 
 
-# float and INT8 weights (the LM head of an INT4 bundle stays FP16 or INT8: decode_paths.weights_blocker)
-FP, W8 = weight_kernels(OP_NAME, "head_logits", _head_logits_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                        _space, _default, formats=(FLOAT, INT8))
+def _default_w4(s: dict):
+    # INT4 weights: the INT4 GEMVs' K step (fused_gemv_triton.int4_gemv_tile: ~128 weights a thread, at most 4 warps)
+    # at the float kernel's 32 rows, which every head kernel shares (one partials layout). Not yet timed on a GPU.
+    from edgekit.kernels.fused_gemv_triton import int4_gemv_tile
+
+    _, block_k, warps = int4_gemv_tile(s)
+    return {"BLOCK_N": 32, "BLOCK_K": block_k}, warps, 1
+
+
+# float, INT8 and INT4 weights (the runtime's fused path still takes FP16 or INT8 heads only:
+# decode_paths.weights_blocker, until the INT4 kernel has run on a GPU)
+FP, W8, W4 = weight_kernels(OP_NAME, "head_logits", _head_logits_kernel, _params, ("BLOCK_N", "BLOCK_K"),
+                            _space, _default, default_w4=_default_w4)
 
 REDUCE = KernelDef(
     op=OP_NAME, kernel="head_argmax_reduce", fn=_argmax_reduce_kernel,
@@ -119,13 +132,15 @@ def program(variants) -> dict:
     if any(v.constexprs["BLOCK_N"] != block_n for k, v in variants.items() if k != REDUCE.kernel):
         from edgekit.errors import OperatorError
 
-        raise OperatorError(f"{OP_NAME}: the float and INT8 head kernels must share BLOCK_N (one partials layout)")
-    launches, checks = format_launches(OP_NAME, (FP, W8), variants,
+        raise OperatorError(f"{OP_NAME}: the float, INT8 and INT4 head kernels must share BLOCK_N (one partials "
+                            f"layout)")
+    launches, checks = format_launches(OP_NAME, (FP, W8, W4), variants,
                                           lambda v: [sym("PARTS"), shape("x", 0), 1])
     launches.append(launch_of(REDUCE, [shape("x", 0), 1, 1]))
     return program_doc(
-        OP_NAME, ["x", "norm_weight", "weight", "scale", "bias"], ["scale", "bias"], ["eps"],
-        checks=checks + [check("eq", shape("weight", 1), shape("x", 1), "weight columns must equal x's width")],
+        OP_NAME, ["x", "norm_weight", "weight", "scale", *INT4_INPUTS, "bias"], ["scale", *INT4_INPUTS, "bias"],
+        ["eps", *INT4_ATTRS],
+        checks=checks + [weight_columns_check(shape("x", 1), "weight columns must equal x's width")],
         let=[["PARTS", cdiv(shape("weight", 0), block_n)]],
         buffers=[{"name": "logits", "shape": [shape("x", 0), shape("weight", 0)], "dtype": {"like": "x"}},
                  {"name": "part_max", "shape": [shape("x", 0), sym("PARTS")], "dtype": "fp32"},
@@ -136,21 +151,23 @@ def program(variants) -> dict:
     )
 
 
-def prepare(x, norm_weight, weight, scale, bias, eps):
+def prepare(x, norm_weight, weight, scale, offset, bias, eps):
     op = OP_NAME
-    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("bias", bias))
+    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset),
+               ("bias", bias))
     hc.act_dtype(op, x, "x")
     hc.ndim(op, x, "x", 2, "(B, C)")
     hc.unit_last_stride(op, x, "x")
-    weight_operands(op, x, weight, scale, None, weight.shape[0] if weight.dim() == 2 else -1, x.shape[1], int4=False)
+    operands, w_attrs = weight_operands(op, x, weight, scale, offset, weight.shape[0] if weight.dim() == 2 else -1,
+                                        x.shape[1])
     hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
     hc.vector(op, norm_weight, "norm_weight", x.shape[1])
     if bias is not None:
         hc.same_dtype(op, bias, "bias", x, "x")
         hc.vector(op, bias, "bias", weight.shape[0])
-    tensors = {"x": x, "norm_weight": norm_weight, "weight": weight, "scale": scale, "bias": bias}
-    return tensors, {"eps": float(eps)}, lambda bufs: (bufs["token"], bufs["logits"])
+    tensors = {"x": x, "norm_weight": norm_weight, **operands, "bias": bias}
+    return tensors, {"eps": float(eps), **w_attrs}, lambda bufs: (bufs["token"], bufs["logits"])
 
 
-OP = OpKernels(op=OP_NAME, kernels=(FP, W8, REDUCE), program=program, prepare=prepare,
-               required=((FP.kernel, W8.kernel), (REDUCE.kernel,)))
+OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4, REDUCE), program=program, prepare=prepare,
+               required=((FP.kernel, W8.kernel, W4.kernel), (REDUCE.kernel,)))

@@ -30,8 +30,8 @@ def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torc
     return lw.weight, (lw.scale if scaled else None), (lw.offset if lw.op == "linear_w4a16" else None), lw.bias
 
 
-def _head_weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(weight, scale, bias) as the head operator takes them (float or INT8 weights: it has no INT4 kernel)."""
+def _float_or_int8_weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(weight, scale, bias) of float or INT8 weights, as the persistent decode kernel takes them (no INT4)."""
     return lw.weight, (lw.scale if lw.op == "linear_w8a16" else None), lw.bias
 
 
@@ -91,7 +91,7 @@ class FusedDecoder:
             gw, gs, go, _ = _weights(b.w_gate_up)
             h = norm_swiglu(x, b.ffn_norm, gw, gs, go, eps)  # (B, F)
             x = proj_residual(h, *_weights(b.w_down), x)  # (B, C)
-        token, logits = get("fused_head_argmax")(x, w.norm, *_head_weights(w.lm_head), eps)
+        token, logits = get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), eps)
         self.last_token = token
         return token, logits
 

@@ -26,7 +26,8 @@ from edgekit.model.decoder import Decoder
 from edgekit.model.embedding import lookup
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.runtime.fused_step import STEP, FusedDecoder, seq_lens_of
-from edgekit.runtime.fused_step import _head_weights as _weights  # float or INT8 weights: (weight, scale, bias)
+from edgekit.runtime.fused_step import _float_or_int8_weights as _weights  # (weight, scale, bias)
+from edgekit.runtime.fused_step import _weights as _head_weights  # (weight, scale, offset, bias): the head operator
 
 LAUNCHES_PER_LAYER = 1
 LAUNCHES_PER_TOKEN = 4  # as the fused path: embedding gather, positions + 1 (written as int32), head GEMV, argmax reduce
@@ -103,6 +104,6 @@ class PersistentDecoder(FusedDecoder):
             x = persistent_layer(x, lw, cos, sin, positions, seq_lens, cache.k[i], cache.v[i], self.sync,
                                  eps=cfg.rms_norm_eps, sm_scale=default_scale(cfg.head_dim), n_heads=cfg.n_heads,
                                  n_kv_heads=cfg.n_kv_heads, tiles=tiles, staged=self.staged)  # (B, C)
-        token, logits = self.ops.get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), cfg.rms_norm_eps)
+        token, logits = self.ops.get("fused_head_argmax")(x, w.norm, *_head_weights(w.lm_head), cfg.rms_norm_eps)
         self.last_token = token
         return token, logits

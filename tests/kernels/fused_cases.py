@@ -18,8 +18,8 @@ from edgekit.kernels.rope import rope_frequencies
 
 FUSED_OPS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_proj_residual", "fused_norm_swiglu",
              "fused_head_argmax")
-# the operators with INT4 (W4A16) kernels: every one but the LM head's
-INT4_OPS = FUSED_OPS[:4]
+# the operators with INT4 (W4A16) kernels: every one
+INT4_OPS = FUSED_OPS
 
 
 def _weights(g, n, k, int8: bool, dtype, device, w4: dict | None = None, act_range: float | None = None):
@@ -141,11 +141,9 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         y = fn(x, nw, w, s, off, eps)
         return {"y": _ratio(op, y, oracle.swiglu(lin(xn, w64, None)))}
     if op == "fused_head_argmax":
-        if w4 is not None:
-            raise ValueError(f"{op} has no INT4 kernel (INT4_OPS)")
-        w, s, _, w64 = _weights(g, V, C, int8, h, device)
+        w, s, off, w64 = _weights(g, V, C, int8, h, device, w4, act_range)
         b = maybe_bias(V)
-        token, logits = fn(x, nw, w, s, b, eps)
+        token, logits = fn(x, nw, w, s, off, b, eps)
         want = lin(xn, w64, b)  # (B, V)
         got = oracle.f64(logits)
         first_max = got.argmax(axis=-1)  # NumPy: first maximum, as torch.argmax

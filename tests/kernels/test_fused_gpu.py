@@ -1,8 +1,9 @@
 """On the GPU: every fused decode operator matches the FP64 oracle on random shapes (hypothesis), through the
-Triton kernels the runtime's fused decode path launches, for float and INT8 (W8A16) weights, and the four layer
-operators for INT4 (W4A16) weights (group 32/64/128, symmetric or with offsets, FP16 or FP32 scales), launched with
-and without programmatic dependent launch (kernels/pdl_triton.py: on sm_90+ the fused step of a small model uses it),
-and the INT4 operators with FP16 activations up to 8000 in magnitude (the half2 decode's range, its inline PTX)."""
+Triton kernels the runtime's fused decode path launches, for float and INT8 (W8A16) weights, and every one (the
+LM head's included) for INT4 (W4A16) weights (group 32/64/128, symmetric or with offsets, FP16 or FP32 scales),
+launched with and without programmatic dependent launch (kernels/pdl_triton.py: on sm_90+ the fused step of a small
+model uses it), and the INT4 operators with FP16 activations up to 8000 in magnitude (the half2 decode's range, its
+inline PTX)."""
 
 from __future__ import annotations
 
