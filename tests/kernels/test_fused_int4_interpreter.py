@@ -1,10 +1,10 @@
 """The fused decode operators' INT4 (W4A16) kernels, run by Triton's CPU interpreter, match the FP64 oracle.
 
 Hypothesis-drawn cases (fused_int4_interpret_check.py) over the five fused operators (the LM head's included),
-group size 32/64/128, symmetric and offset forms, FP16 and FP32 scales, one or two sequences, K a multiple of the group but not of the
-tile, bias or none; FP16 activations up to 8000 in magnitude with the worst sign pattern (the half2 decode's range,
-at the operators' own tolerance); fixed cases run K loops of several steps (a group spanning steps, a last step
-past K). FP16 activations run the half2 decode's pure-Triton twin here (the interpreter runs no inline PTX).
+group size 32/64/128, symmetric and offset forms, FP16 and FP32 scales, one or two sequences, K a multiple of the
+group but not of the tile, bias or none; FP16 activations up to 8000 in magnitude with the worst sign pattern (the
+half2 decode's range, at the operators' own tolerance); fixed cases run K loops of several steps (a group spanning
+steps, a last step past K). FP16 activations run the half2 decode's pure-Triton twin here (the interpreter runs no inline PTX).
 """
 
 from __future__ import annotations
