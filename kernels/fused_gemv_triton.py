@@ -312,6 +312,17 @@ def gemv_tile(s: dict, *, min_rows: int = 4, max_rows: int = 32, int4: bool = Fa
     return rows, block_k, warps
 
 
+def measured_from_k(k_min: int, measured: tuple[dict, int, int], otherwise, k_unknown: int = 2048):
+    """A default-tile function: the tile a GPU sweep measured best, ``measured`` (constexprs, warps, stages), for
+    reductions of at least ``k_min``; ``otherwise(shape facts)`` below. Facts without a K count as ``k_unknown``."""
+    def default(s: dict):
+        if int(s.get("k_in") or k_unknown) >= k_min:
+            return dict(measured[0]), measured[1], measured[2]
+        return otherwise(s)
+
+    return default
+
+
 # INT4 tiles, chosen for the half2 decode (FP16 activations; BF16 / FP32 ones run the FP32 word decode at the same
 # tile, without spills) by the static SASS count of the K loop and the registers on sm_90 and sm_87 (scripts/
 # fused_sass_report.py; static counts, not measured on a GPU). What sets the count is the weights a thread holds a

@@ -17,7 +17,8 @@ import triton.language as tl
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
-    int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels, weight_operands,
+    int4_gemv_tile, int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels,
+    weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride, sym
@@ -104,8 +105,6 @@ def _default(s: dict):
 def _default_w4(s: dict):
     # INT4 weights: the INT4 GEMVs' K step (fused_gemv_triton.int4_gemv_tile: ~128 weights a thread, at most 4 warps)
     # at the float kernel's 32 rows, which every head kernel shares (one partials layout). Not yet timed on a GPU.
-    from edgekit.kernels.fused_gemv_triton import int4_gemv_tile
-
     _, block_k, warps = int4_gemv_tile(s)
     return {"BLOCK_N": 32, "BLOCK_K": block_k}, warps, 1
 

@@ -15,7 +15,8 @@ from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
-    gemv_tile, int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels, weight_operands,
+    gemv_tile, int4_params, measured_from_k, operand_params, reduction_params, weight_columns_check, weight_kernels,
+    weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride
@@ -86,23 +87,15 @@ def _default(s: dict, int4: bool = False):
     return {"BLOCK_N": rows // 2, "BLOCK_K": block_k}, warps, 1
 
 
-def _default_w8(s: dict):
-    # INT8 gate/up at K >= 2048 (tile sweep, H200, llama-3.2-1b 16384 x 2048, scripts/fused_tile_sweep.py): 8 columns
-    # (16 rows) x 512 at 4 warps read at 67% of copy bandwidth (11.95 us) against 46% (17.46 us) for the float
-    # kernel's 2 x 2048: INT8 rows are half the bytes, so a K step needs more rows to keep as many bytes in flight.
-    if int(s.get("k_in") or 2048) >= 2048:
-        return {"BLOCK_N": 8, "BLOCK_K": 512}, 4, 1
-    return _default(s)
-
-
-def _default_w4(s: dict):
-    # INT4 gate/up at K >= 2048 (H200, 2026-12-02, llama-3.2-1b 16384 x 2048, scripts/fused_tile_sweep.py): 8 columns
-    # (16 rows) x 512 at 2 warps, the K loop's loads staged two deep through shared memory (STAGES 2), 9.84 us against
-    # 11.48 for int4_gemv_tile's 32 x 1024 unstaged: a short step holds 64 weights a thread instead of 128 (fewer
-    # registers, more programs resident) while the next step's bytes are already in flight.
-    if int(s.get("k_in") or 2048) >= 2048:
-        return {"BLOCK_N": 8, "BLOCK_K": 512}, 2, 2
-    return _default(s, int4=True)
+# INT8 gate/up at K >= 2048 (tile sweep, H200, llama-3.2-1b 16384 x 2048, scripts/fused_tile_sweep.py): 8 columns
+# (16 rows) x 512 at 4 warps read at 67% of copy bandwidth (11.95 us) against 46% (17.46 us) for the float
+# kernel's 2 x 2048: INT8 rows are half the bytes, so a K step needs more rows to keep as many bytes in flight.
+_default_w8 = measured_from_k(2048, ({"BLOCK_N": 8, "BLOCK_K": 512}, 4, 1), _default)
+# INT4 gate/up at K >= 2048 (H200, 2026-12-02, llama-3.2-1b 16384 x 2048, scripts/fused_tile_sweep.py): 8 columns
+# (16 rows) x 512 at 2 warps, the K loop's loads staged two deep through shared memory (STAGES 2), 9.84 us against
+# 11.48 for int4_gemv_tile's 32 x 1024 unstaged: a short step holds 64 weights a thread instead of 128 (fewer
+# registers, more programs resident) while the next step's bytes are already in flight.
+_default_w4 = measured_from_k(2048, ({"BLOCK_N": 8, "BLOCK_K": 512}, 2, 2), lambda s: _default(s, int4=True))
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "norm_swiglu", _norm_swiglu_kernel, _params, ("BLOCK_N", "BLOCK_K"),

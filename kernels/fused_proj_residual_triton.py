@@ -13,7 +13,8 @@ import triton.language as tl
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
-    gemv_tile, int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels, weight_operands,
+    gemv_tile, int4_params, measured_from_k, operand_params, reduction_params, weight_columns_check, weight_kernels,
+    weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
@@ -83,19 +84,10 @@ def _default(s: dict, int4: bool = False):
 # shorter steps. H200, 2026-12-02, llama-3.2-1b 2048 x 8192 (scripts/fused_tile_sweep.py): FP16 4 x 512 at 4 warps,
 # 5 stages 10.36 us against 10.79 for 4 x 2048 unstaged; INT8 4 x 1024 at 2 warps, 4 stages 7.13 against 7.73.
 # (INT4's 4 x 4096 unstaged stayed fastest, 6.70 against 7.21 staged.) Shorter K: the unstaged tiles were as fast.
+# Without a K fact, unstaged: the operator serves the short o-projection as well.
 LONG_K = 4096
-
-
-def _default_fp(s: dict):
-    if int(s.get("k_in") or 0) >= LONG_K:
-        return {"BLOCK_N": 4, "BLOCK_K": 512}, 4, 5
-    return _default(s)
-
-
-def _default_w8(s: dict):
-    if int(s.get("k_in") or 0) >= LONG_K:
-        return {"BLOCK_N": 4, "BLOCK_K": 1024}, 2, 4
-    return _default(s)
+_default_fp = measured_from_k(LONG_K, ({"BLOCK_N": 4, "BLOCK_K": 512}, 4, 5), _default, k_unknown=0)
+_default_w8 = measured_from_k(LONG_K, ({"BLOCK_N": 4, "BLOCK_K": 1024}, 2, 4), _default, k_unknown=0)
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),

@@ -26,8 +26,7 @@ from edgekit.model.decoder import Decoder
 from edgekit.model.embedding import lookup
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.runtime.fused_step import STEP, FusedDecoder, seq_lens_of
-from edgekit.runtime.fused_step import _float_or_int8_weights as _weights  # (weight, scale, bias)
-from edgekit.runtime.fused_step import _weights as _head_weights  # (weight, scale, offset, bias): the head operator
+from edgekit.runtime.fused_step import _float_or_int8_weights, _weights
 
 LAUNCHES_PER_LAYER = 1
 LAUNCHES_PER_TOKEN = 4  # as the fused path: embedding gather, positions + 1 (written as int32), head GEMV, argmax reduce
@@ -85,10 +84,10 @@ class PersistentDecoder(FusedDecoder):
             if int8 not in made:  # the fused operators' tiles for this layer's weight precisions
                 made[int8] = layer_tiles(self.config, dict(int8))
             self.tiles.append(made[int8])
-            wqkv, sqkv, bqkv = _weights(b.wqkv)
-            wo, so, bo = _weights(b.wo)
-            wgu, sgu, _ = _weights(b.w_gate_up)
-            wd, sd, bd = _weights(b.w_down)
+            wqkv, sqkv, bqkv = _float_or_int8_weights(b.wqkv)
+            wo, so, bo = _float_or_int8_weights(b.wo)
+            wgu, sgu, _ = _float_or_int8_weights(b.w_gate_up)
+            wd, sd, bd = _float_or_int8_weights(b.w_down)
             self.layers.append(LayerWeights(b.attn_norm, wqkv, sqkv, bqkv, wo, so, bo, b.ffn_norm, wgu, sgu, wd, sd, bd))
 
     @torch.no_grad()
@@ -104,6 +103,6 @@ class PersistentDecoder(FusedDecoder):
             x = persistent_layer(x, lw, cos, sin, positions, seq_lens, cache.k[i], cache.v[i], self.sync,
                                  eps=cfg.rms_norm_eps, sm_scale=default_scale(cfg.head_dim), n_heads=cfg.n_heads,
                                  n_kv_heads=cfg.n_kv_heads, tiles=tiles, staged=self.staged)  # (B, C)
-        token, logits = self.ops.get("fused_head_argmax")(x, w.norm, *_head_weights(w.lm_head), cfg.rms_norm_eps)
+        token, logits = self.ops.get("fused_head_argmax")(x, w.norm, *_weights(w.lm_head), cfg.rms_norm_eps)
         self.last_token = token
         return token, logits
