@@ -6,9 +6,11 @@ server's GIL (the numbers are the server's, not the load generator's).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -34,8 +36,19 @@ def open_bench_bundle(ap, args):
 
     if args.bundle is None and not args.tiny:
         ap.error("pass a BUNDLE or --tiny")
-    path = args.bundle or build_tiny_bundle(Path(tempfile.mkdtemp(prefix="edgekit-serve-bench-")))
+    path = args.bundle or build_tiny_bundle(scratch_dir())
     return open_bundle(path, [], allow_dev_key=args.allow_dev_key or args.tiny, golden=False, device=args.device)
+
+
+def scratch_dir() -> Path:
+    """A temp folder removed when this process exits (bundles and plugin stores of repeated runs would fill /tmp).
+
+    EDGEKIT_KEEP_SCRATCH=1 keeps it, for reading the server log the JSON names after the run.
+    """
+    path = Path(tempfile.mkdtemp(prefix="edgekit-serve-bench-"))
+    if os.environ.get("EDGEKIT_KEEP_SCRATCH") != "1":
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def build_tiny_bundle(out: Path) -> Path:
@@ -67,7 +80,7 @@ def serving(bundle, *, max_waiting: int, batch_buckets=(1, 2, 4, 8), max_queue_w
     from edgekit.runtime.server import create_app
     from edgekit.runtime.serving import ServingStack, open_store
 
-    tmp = Path(tempfile.mkdtemp(prefix="edgekit-serve-bench-"))
+    tmp = scratch_dir()
     stack = ServingStack(bundle, open_store(tmp / "store", bundle, [], allow_dev_key=True), max_waiting=max_waiting,
                          batch_buckets=tuple(batch_buckets), max_queue_wait_s=max_queue_wait_s, cuda_graphs=cuda_graphs,
                          log=JsonlLogger(tmp / "store" / "server.jsonl"), decode_path=decode_path)
