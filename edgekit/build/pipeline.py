@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from edgekit import __version__
-from edgekit.cache import BuildCache, cache_key, package_source_hash
+from edgekit.cache import BuildCache, cache_key, cache_limit_bytes, package_source_hash
 from edgekit.errors import BundleError, EdgekitError
 
 PLUGIN_VERSION = 1
@@ -251,6 +251,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     if out.exists() and not opts.force:
         raise BundleError(f"{out} already exists", hint="choose another -o DIR or pass --force to replace it")
     cache = BuildCache(opts.cache_dir, enabled=opts.use_cache)
+    cache_limit = cache_limit_bytes() if opts.use_cache else 0  # a bad EDGEKIT_CACHE_MAX_GB fails before any work
     st = _Stages(report)
     mode = PRECISIONS[opts.precision]
     if opts.quantize_head and mode is None:
@@ -334,8 +335,10 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
         from edgekit.bundle.archive import write_archive
 
         archive_path = st.run("archive", write_archive, out, out.with_suffix(".tar"))
+    pruned = cache.prune(cache_limit)  # after the bundle is written: a build never waits on, or fails for, pruning
     summary = _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_report, quant_cached,
                        onnx_info, key.is_dev, st.seconds, time.perf_counter() - t_start, cache, archive_path)
+    summary["cache"]["pruned"] = pruned.to_dict()
     return BuildResult(out, manifest, summary, st.seconds)
 
 

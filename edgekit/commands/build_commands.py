@@ -74,7 +74,9 @@ def build(
     archive: bool = typer.Option(False, "--archive", help="Also write the bundle as a single .tar file."),
     tensorrt_onnx: bool = typer.Option(False, "--tensorrt-onnx", help="Also write a TensorRT-flavoured ONNX (no function bodies, plugin attributes)."),
     no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip the ONNX export."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the content-addressed build cache (~/.cache/edgekit)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the content-addressed build cache (~/.cache/edgekit, or EDGEKIT_CACHE_DIR). "
+                                  "After a build its least recently used entries go until it fits EDGEKIT_CACHE_MAX_GB "
+                                  "(GiB, default 5)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle directory."),
     targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help="Extra directory of target YAML files."),
     json_out: bool = typer.Option(False, "--json", help="Print the build summary as JSON (progress goes to stderr)."),
@@ -165,6 +167,10 @@ def _print_build_summary(s: dict) -> None:
     console.print(f"bundle {s['bundle']}: {fmt_bytes(s['bundle_bytes'])} ({parts})")
     console.print("stages (s, measured on this CPU): " + ", ".join(f"{k} {v:.1f}" for k, v in s["stage_seconds"].items())
                   + f"; total {s['build_seconds']:.1f} s")
+    pruned = s["cache"].get("pruned") or {}
+    if pruned.get("removed"):
+        console.print(f"build cache: removed {pruned['removed']} least recently used entries ({fmt_bytes(pruned['freed_bytes'])})"
+                      f" to fit {fmt_bytes(pruned['limit_bytes'])} (EDGEKIT_CACHE_MAX_GB)")
     if s["signed_with_dev_key"]:
         console.print("[yellow]signed with the public development key: devices refuse it unless told --allow-dev-key[/]")
 

@@ -70,6 +70,20 @@ def test_rebuild_is_deterministic_and_uses_the_cache(tiny_bundle, tmp_path):
     assert "onnx" in again.summary["cache"]["hits"]
 
 
+def test_a_build_prunes_the_cache_to_its_limit_but_keeps_what_it_used(tiny_bundle, tmp_path, monkeypatch):
+    from edgekit.cache import BuildCache
+
+    _, opts = tiny_bundle
+    older = BuildCache(opts.cache_dir)
+    older.put("golden", "f" * 64, {"golden.safetensors": b"an older build's entry"})
+    monkeypatch.setenv("EDGEKIT_CACHE_MAX_GB", "0")  # nothing beyond what this build uses
+    pruned = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "pruned"})).summary["cache"]["pruned"]
+    assert pruned["removed"] >= 1 and pruned["limit_bytes"] == 0
+    assert not older._entry("golden", "f" * 64).exists(), pruned
+    again = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "again"}))
+    assert not again.summary["cache"]["misses"], again.summary["cache"]  # every stage this build needs was kept
+
+
 def test_bundle_runs_the_same_tokens_as_the_reference_model(tiny_bundle):
     result, _ = tiny_bundle
     b = open_bundle(result.out, [], allow_dev_key=True, device="cpu")
