@@ -74,8 +74,8 @@ def build(
     archive: bool = typer.Option(False, "--archive", help="Also write the bundle as a single .tar file."),
     tensorrt_onnx: bool = typer.Option(False, "--tensorrt-onnx", help="Also write a TensorRT-flavoured ONNX (no function bodies, plugin attributes)."),
     no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip the ONNX export."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the content-addressed build cache (~/.cache/edgekit, or EDGEKIT_CACHE_DIR). "
-                                  "After a build its least recently used entries go until it fits EDGEKIT_CACHE_MAX_GB "
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the content-addressed build cache "
+                                  "(~/.cache/edgekit, or EDGEKIT_CACHE_DIR). After a build its least recently used entries go until it fits EDGEKIT_CACHE_MAX_GB "
                                   "(GiB, default 5)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle directory."),
     targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help="Extra directory of target YAML files."),
@@ -169,8 +169,8 @@ def _print_build_summary(s: dict) -> None:
                   + f"; total {s['build_seconds']:.1f} s")
     pruned = s["cache"].get("pruned") or {}
     if pruned.get("removed"):
-        console.print(f"build cache: removed {pruned['removed']} least recently used entries ({fmt_bytes(pruned['freed_bytes'])})"
-                      f" to fit {fmt_bytes(pruned['limit_bytes'])} (EDGEKIT_CACHE_MAX_GB)")
+        console.print(f"build cache: removed {pruned['removed']} least recently used entries "
+                      f"({fmt_bytes(pruned['freed_bytes'])}) to fit {fmt_bytes(pruned['limit_bytes'])} (EDGEKIT_CACHE_MAX_GB)")
     if s["signed_with_dev_key"]:
         console.print("[yellow]signed with the public development key: devices refuse it unless told --allow-dev-key[/]")
 
