@@ -75,8 +75,8 @@ def build(
     tensorrt_onnx: bool = typer.Option(False, "--tensorrt-onnx", help="Also write a TensorRT-flavoured ONNX (no function bodies, plugin attributes)."),
     no_onnx: bool = typer.Option(False, "--no-onnx", help="Skip the ONNX export."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the content-addressed build cache "
-                                  "(~/.cache/edgekit, or EDGEKIT_CACHE_DIR). After a build its least recently used entries go until it fits EDGEKIT_CACHE_MAX_GB "
-                                  "(GiB, default 5)."),
+                                  "(~/.cache/edgekit, or EDGEKIT_CACHE_DIR). After a build its least recently "
+                                  "used entries go until it fits EDGEKIT_CACHE_MAX_GB (GiB, default 5)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle directory."),
     targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help="Extra directory of target YAML files."),
     json_out: bool = typer.Option(False, "--json", help="Print the build summary as JSON (progress goes to stderr)."),
@@ -170,7 +170,8 @@ def _print_build_summary(s: dict) -> None:
     pruned = s["cache"].get("pruned") or {}
     if pruned.get("removed"):
         console.print(f"build cache: removed {pruned['removed']} least recently used entries "
-                      f"({fmt_bytes(pruned['freed_bytes'])}) to fit {fmt_bytes(pruned['limit_bytes'])} (EDGEKIT_CACHE_MAX_GB)")
+                      f"({fmt_bytes(pruned['freed_bytes'])}) to fit {fmt_bytes(pruned['limit_bytes'])} "
+                      "(EDGEKIT_CACHE_MAX_GB)")
     if s["signed_with_dev_key"]:
         console.print("[yellow]signed with the public development key: devices refuse it unless told --allow-dev-key[/]")
 
