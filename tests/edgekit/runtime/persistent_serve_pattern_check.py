@@ -89,6 +89,10 @@ def main() -> None:
                             "tokens_equal": picks[:b].tolist() == want.argmax(-1).tolist(),
                             "max_abs_err": float((got - want).abs().max()), "max_abs_ref": float(want.abs().max())})
             _feed_back(inputs[b], picks, b)
+            # the next step's inputs, as the runner leaves them on the device: each row's pick at its next position
+            # (tiny random weights barely depend on position, so equal tokens alone would not show a stuck position)
+            results[-1]["fed_back"] = (inputs[b][0, :b].tolist() == picks[:b].tolist()
+                                       and inputs[b][1, :b].tolist() == (ref_pos + 1).tolist())
             ref_tokens, ref_pos = want.argmax(-1), ref_pos + 1
     print(json.dumps({"path": path.name, "steps": results}))
 

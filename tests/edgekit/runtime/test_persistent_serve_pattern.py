@@ -20,5 +20,5 @@ def test_persistent_decoder_in_serves_call_pattern_matches_the_per_operator_deco
     assert out["path"] == "persistent"
     assert {(s["batch"], s["cache_batch"]) for s in out["steps"]} == {(1, 8), (2, 8)}
     for s in out["steps"]:
-        assert s["finite"] and s["tokens_equal"], s
+        assert s["finite"] and s["tokens_equal"] and s["fed_back"], s
         assert s["max_abs_err"] <= 1e-2 * s["max_abs_ref"], s  # FP16 rounding of the same stage functions
