@@ -97,16 +97,17 @@ class BuildCache:
         if not self.enabled:
             return None
         d = self._entry(stage, key)
-        if not (d / ".complete").exists():
+        try:
+            os.utime(d / ".complete")  # the entry's last use: prune removes the least recently used first
+            files = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".complete"}
+            if not (d / ".complete").exists():  # another build's prune removed it while it was read
+                raise FileNotFoundError(d)
+        except OSError:  # no entry, or one removed under us: recompute (a cache only ever saves time)
             self.misses.append(stage)
             return None
         self.hits.append(stage)
         self._used.add(d)
-        try:
-            os.utime(d / ".complete")  # the entry's last use: prune removes the least recently used first
-        except OSError:
-            pass
-        return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".complete"}
+        return files
 
     def put(self, stage: str, key: str, files: dict[str, bytes | Path]) -> None:
         if not self.enabled:

@@ -76,3 +76,19 @@ def test_the_size_limit_reads_gibibytes(monkeypatch):
     assert cache_limit_bytes() == 5 * 2**30
     monkeypatch.setenv("EDGEKIT_CACHE_MAX_GB", "0.5")
     assert cache_limit_bytes() == 2**29
+
+
+def test_an_entry_removed_while_it_is_read_is_a_miss_not_a_crash(tmp_path, monkeypatch):
+    _fill(tmp_path, {"a": 10})
+    cache = BuildCache(tmp_path)
+    entry = cache._entry("stage", "a" * 8)
+    real_read = type(entry).read_bytes
+
+    def read_then_vanish(path):  # another build's prune removes the entry between two reads
+        data = real_read(path)
+        (entry / ".complete").unlink(missing_ok=True)
+        return data
+
+    monkeypatch.setattr(type(entry), "read_bytes", read_then_vanish)
+    assert cache.get("stage", "a" * 8) is None and cache.misses == ["stage"] and not cache.hits
+    assert BuildCache(tmp_path).get("stage", "b" * 8) is None  # a plain miss is still one
