@@ -105,11 +105,12 @@ def _http(a, b, buckets, prompts) -> None:
 
 
 def _stack(b, path: str, buckets):
-    import tempfile
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from serve_harness import scratch_dir  # the benches' temp folder, removed at exit
 
     from edgekit.runtime.serving import ServingStack, open_store
 
-    tmp = Path(tempfile.mkdtemp(prefix="edgekit-diag-"))
+    tmp = scratch_dir()
     return ServingStack(b, open_store(tmp / "store", b, [], allow_dev_key=True), batch_buckets=buckets,
                         decode_path=path)
 
