@@ -203,7 +203,7 @@ def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = N
 def compile_kernel(kernel: KernelDef, v: KernelVariant, arch: int, *, budget_bytes: int | None = None,
                    ptx_version: int | None = None, with_ptxas_stats: bool = True) -> CompiledKernel:
     """Cross-compile ``v`` with the given kernel definition instead of the shipped one (e.g. a developer's edited
-    copy of ``kernels/<op>_triton.py``, see edgekit.build.kernel_source).
+    copy of ``kernels/<op>_triton.py``, see edgekit.builder.kernel_source).
 
     Never cached: the in-process and on-disk caches are keyed by variant and the shipped source, so an edited
     kernel would otherwise be served the shipped kernel's compile, or poison it.

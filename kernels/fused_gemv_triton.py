@@ -42,7 +42,7 @@ applied, FP32 accumulation as the other formats. The group of a sub-block is loo
 W4A16 GEMV does), so any BLOCK_K that is a multiple of 32 serves G = 32, 64 and 128 alike; scale dtype and the
 symmetric / offset form are uniform runtime flags, so one compiled variant serves every INT4 bundle and GGUF file.
 
-Static SASS count of the INT4 kernels' K loop, instructions a weight (scripts/fused_sass_report.py at
+Static SASS count of the INT4 kernels' K loop, instructions a weight (tools/fused_sass_report.py at
 llama-3.2-1b shapes, default tiles, both sides of the scale-dtype branch counted; static count, not measured on a
 GPU), sm_90 / sm_87, FP32 word decode at the previous INT4 tiles -> half2 decode at ``int4_gemv_tile``'s:
 
@@ -335,7 +335,7 @@ def measured_from_k(k_min: int, measured: tuple[dict, int, int], otherwise, k_un
 # thread's RMSNorm and pair work is BLOCK_K / threads elements, shared by its rows (gate/up: 3.05 at 32 rows x 1024
 # against 3.32 at 16 x 2048).
 #
-# Then measured (H200, 2026-12-02, scripts/fused_tile_sweep.py --precisions int4, llama-3.2-1b, 26-36 candidates an
+# Then measured (H200, 2026-12-02, tools/fused_tile_sweep.py --precisions int4, llama-3.2-1b, 26-36 candidates an
 # operator): the smaller GEMVs are faster with fewer weights a thread and more programs than the instruction count
 # alone favours, because Nsight Compute found these kernels latency-bound (16-25% occupancy at 126-168 registers),
 # not issue-bound. Best against the rule above: qkv 8 x 2048 at 4 warps 5.15 us (16 x 2048: 5.65), o 4 x 2048 at 2

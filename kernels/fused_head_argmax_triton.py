@@ -97,7 +97,7 @@ def _space(s: dict) -> list:
 def _default(s: dict):
     # The LM head is the one GEMV whose grid is always thousands of programs (V / BLOCK_N), so occupancy hides the
     # per-step latency: the per-operator GEMV's tile (32 x 256 at 4 warps, 94% of copy bandwidth on 117 MB in
-    # scripts/gemv_lab.py). The whole-K tile of the other fused GEMVs (16 x 2048 at 16 warps, one block an SM)
+    # tools/gemv_lab.py). The whole-K tile of the other fused GEMVs (16 x 2048 at 16 warps, one block an SM)
     # read the 1B head at ~60% of copy bandwidth (209 us for 525 MB, H200). 32 rows also keep the partials few.
     return {"BLOCK_N": 32, "BLOCK_K": 256}, 4, 1
 

@@ -87,11 +87,11 @@ def _default(s: dict, int4: bool = False):
     return {"BLOCK_N": rows // 2, "BLOCK_K": block_k}, warps, 1
 
 
-# INT8 gate/up at K >= 2048 (tile sweep, H200, llama-3.2-1b 16384 x 2048, scripts/fused_tile_sweep.py): 8 columns
+# INT8 gate/up at K >= 2048 (tile sweep, H200, llama-3.2-1b 16384 x 2048, tools/fused_tile_sweep.py): 8 columns
 # (16 rows) x 512 at 4 warps read at 67% of copy bandwidth (11.95 us) against 46% (17.46 us) for the float
 # kernel's 2 x 2048: INT8 rows are half the bytes, so a K step needs more rows to keep as many bytes in flight.
 _default_w8 = measured_from_k(2048, ({"BLOCK_N": 8, "BLOCK_K": 512}, 4, 1), _default)
-# INT4 gate/up at K >= 2048 (H200, 2026-12-02, llama-3.2-1b 16384 x 2048, scripts/fused_tile_sweep.py): 8 columns
+# INT4 gate/up at K >= 2048 (H200, 2026-12-02, llama-3.2-1b 16384 x 2048, tools/fused_tile_sweep.py): 8 columns
 # (16 rows) x 512 at 2 warps, the K loop's loads staged two deep through shared memory (STAGES 2), 9.84 us against
 # 11.48 for int4_gemv_tile's 32 x 1024 unstaged: a short step holds 64 weights a thread instead of 128 (fewer
 # registers, more programs resident) while the next step's bytes are already in flight.

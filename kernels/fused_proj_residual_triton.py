@@ -81,7 +81,7 @@ def _default(s: dict, int4: bool = False):
 
 
 # Long reductions (the down projection, K >= 4096): the K loop's loads staged through shared memory (STAGES) over
-# shorter steps. H200, 2026-12-02, llama-3.2-1b 2048 x 8192 (scripts/fused_tile_sweep.py): FP16 4 x 512 at 4 warps,
+# shorter steps. H200, 2026-12-02, llama-3.2-1b 2048 x 8192 (tools/fused_tile_sweep.py): FP16 4 x 512 at 4 warps,
 # 5 stages 10.36 us against 10.79 for 4 x 2048 unstaged; INT8 4 x 1024 at 2 warps, 4 stages 7.13 against 7.73.
 # (INT4's 4 x 4096 unstaged stayed fastest, 6.70 against 7.21 staged.) Shorter K: the unstaged tiles were as fast.
 # Without a K fact, unstaged: the operator serves the short o-projection as well.

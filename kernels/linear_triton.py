@@ -26,7 +26,7 @@ so q + 128 placed in the mantissa, minus 1152, is q exactly. The GEMV converts
 straight to FP32 in inline PTX (``_int8_to_f32``: one XOR per 4 weights, then a
 PRMT and a subtraction per weight: 2^23 + q + 128 - (2^23 + 128) = q exactly).
 
-Measured on the H200 (scripts/gemv_lab.py, M=1, llama-3.1-8b w_gate_up, 117 MB of
+Measured on the H200 (tools/gemv_lab.py, M=1, llama-3.1-8b w_gate_up, 117 MB of
 INT8, CUDA-graph replay): the earlier GEMV that reduced its (BN, BK) product
 across threads every K step ran at 46 us (60% of copy bandwidth; its SASS spent
 ~7.6 instructions a weight on shuffles, shared-memory round trips, barriers and
@@ -54,13 +54,13 @@ from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, p
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
 
 # Decode calls of this many rows take the GEMV kernel when both are planned; more rows take the tensor-core
-# GEMM. Measured on the H200 (scripts/gemv_lab.py --production): FP32-FMA GEMVs over 4-8 rows (per-row
+# GEMM. Measured on the H200 (tools/gemv_lab.py --production): FP32-FMA GEMVs over 4-8 rows (per-row
 # accumulators) ran 3.6-8x slower than one row (3-D accumulators or per-row copies made Triton move x through
 # shared memory every step), slower than the GEMM, so the GEMV is a one-row kernel.
 GEMV_MAX_ROWS = 1
 # Split-K until the GEMV has this many programs per SM, with at least GEMV_SPLIT_MIN_BLOCKS K blocks per split
 # (a split's partials cost a second launch, ~2 us: more than a small GEMV saves). Measured on the H200
-# (scripts/gemv_lab.py --production): 4 per SM vs 8/16 was equal or up to 11% faster on 1.5B-8B shapes.
+# (tools/gemv_lab.py --production): 4 per SM vs 8/16 was equal or up to 11% faster on 1.5B-8B shapes.
 GEMV_PROGRAMS_PER_SM = 4
 GEMV_SPLIT_MIN_BLOCKS = 4
 
@@ -334,7 +334,7 @@ def _gemv_space(s: dict) -> list:
 
 
 def _gemv_default(s: dict):
-    # measured on the H200 (scripts/gemv_lab.py, M=1): 32 x 256 at 4 warps: 94% of copy bandwidth on 117 MB
+    # measured on the H200 (tools/gemv_lab.py, M=1): 32 x 256 at 4 warps: 94% of copy bandwidth on 117 MB
     return {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 256}, 4, 1
 
 

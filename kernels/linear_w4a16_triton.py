@@ -21,7 +21,7 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
   (LOP3 + HSUB2/HFMA2 in inline PTX), HFMA2 products summed in FP16 within a sub-block and in FP32 across
   them, activations loaded, paired (PRMT) and scaled once per (thread, sub-block) and shared by the 8-16
   rows a thread holds, group scales loaded in inline PTX so that they stay in the dot products' layout.
-  Static count (scripts/gemv_sass_report.py, sm_90 / sm_87): 5.0-5.1 SASS instructions a weight byte in the
+  Static count (tools/gemv_sass_report.py, sm_90 / sm_87): 5.0-5.1 SASS instructions a weight byte in the
   K loop at 16 rows a thread (~200 registers), 5.45 at 8 rows (~122), both sides of the scale-dtype branch
   included, against 9.7-9.9 for DECODE 2 (of which ~3.4 a byte is the half2 decode and products themselves).
   ``DECODE`` 4 is DECODE 3 with the next K step's words loaded before the current step's dot products.
@@ -29,7 +29,7 @@ Reference: ``kernels/linear.py`` (``linear_w4a16_reference``); layout: ``kernels
   24.8 us (DECODE 3, 64 x 256, 2 warps: 59.5% of copy, 0.45x fp16 F.linear; DECODE 2 40.1 us); 1B lm_head
   131 MB 42.9 us (DECODE 3, 128 x 256: 77.0%, 0.35x; DECODE 2 69.7 us); DECODE 4 is fastest on 1B w_down
   (9.6 vs 13.4 us) and w_gate_up (10.8 vs 11.2) but not on the two large shapes. Nsight Compute
-  (scripts/gpu_ncu_w4a16.sh) says why: every tile is latency-bound, not instruction-bound: 126-168 registers
+  (tools/gpu_ncu_w4a16.sh) says why: every tile is latency-bound, not instruction-bound: 126-168 registers
   a thread cap occupancy at 18.75-25% (16-23% achieved), the top warp stall is the long scoreboard (2.0-3.3
   cycles an issued instruction, waiting on global loads), and DRAM throughput is 54-66% in the profiled launch.
   DECODE 4 doubles a program's bytes in flight but its 168 registers cost the same in occupancy.

@@ -239,7 +239,7 @@ def persistent_layer(x, w: LayerWeights, cos, sin, positions, seq_lens, k_cache,
     """One decoder layer for x (B, C) at ``positions``: returns y (B, C) and writes K/V at the positions.
 
     ``intermediates``: a dict that receives each stage's output buffer (q, the split partials and log-sum-exps,
-    x_mid, h), to find the stage where two launches part (scripts/diagnose_persistent_launch.py).
+    x_mid, h), to find the stage where two launches part (tools/diagnose_persistent_launch.py).
     ``poison``: those buffers (and y) start as NaN instead of whatever the allocator hands back, so a stage that
     reads before the barrier has made the previous stage's writes visible reads NaN, not the identical values an
     earlier launch on the same inputs left in the recycled memory (the GPU tests' race check).

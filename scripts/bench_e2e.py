@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """End-to-end benchmark on the GPU machine: the same code as `edgekit bench` (pass its options).
 
-On the GPU machine (scripts/gpu_setup.sh makes edgekit importable; run outside the repo):
+On the GPU machine (tools/gpu_setup.sh makes edgekit importable; run outside the repo):
 
-    source scripts/gpu_setup.sh && cd $EDGEKIT_RUN_DIR && python3 $R/scripts/bench_e2e.py --json $OUT/bench.json
+    source tools/gpu_setup.sh && cd $EDGEKIT_RUN_DIR && python3 $R/scripts/bench_e2e.py --json $OUT/bench.json
     (same as: python3 -m edgekit bench --json $OUT/bench.json)
 """
 

@@ -27,7 +27,7 @@ its load average).
 The active decode path is reported before and after the swaps (a swap of an
 operator the fused kernels subsume moves decode to the per-operator path).
 
-    python scripts/bench_serve.py BUNDLE --allow-dev-key --swaps 100 --clients 8    # GPU (scripts/gpu_serve_bench.sh)
+    python scripts/bench_serve.py BUNDLE --allow-dev-key --swaps 100 --clients 8    # GPU (tools/gpu_serve_bench.sh)
     python scripts/bench_serve.py --tiny --new-tokens 64 --swaps 10 --seconds 6      # CPU smoke (small numbers)
 """
 

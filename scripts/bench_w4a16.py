@@ -37,7 +37,7 @@ GEMV_SHAPES = [("llama-3.1-8b w_gate_up", 28672, 4096), ("llama-3.2-1b wq/wo", 2
                ("llama-3.2-1b w_gate_up", 2 * 8192, 2048), ("llama-3.2-1b w_down", 2048, 8192),
                ("llama-3.2-1b lm_head", 128256, 2048)]
 GOAL_MIN_MB = 32
-# (BLOCK_N, BLOCK_K, warps, DECODE, STAGES): the half2 GEMV (DECODE 3) at the tiles scripts/gemv_sass_report.py
+# (BLOCK_N, BLOCK_K, warps, DECODE, STAGES): the half2 GEMV (DECODE 3) at the tiles tools/gemv_sass_report.py
 # compiles (8 rows a thread: ~5.45 SASS instructions a weight byte, ~122 registers; 16 rows: ~5.05, ~203; the
 # default DECODE 2: ~9.7), beside the default: "old" is the planner's default variant, "new" the fastest
 # DECODE 3 tile on each shape

@@ -5,7 +5,7 @@
   for an over-the-air swap. The files are checked against the bundle's manifest
   (sha256 and size) first, so a package never carries bytes the bundle did not sign.
 - ``pack_from_kernel_source``: the same operator compiled from a developer's edited
-  kernel file (edgekit.build.kernel_source) at the bundle's tiles and arch; signed
+  kernel file (edgekit.builder.kernel_source) at the bundle's tiles and arch; signed
   by the same code as a bundle's plugin.
 - ``describe_bundle`` / ``describe_package``: the plugins a bundle directory or a
   package file holds, as plain rows (a store: edgekit.runtime.store_view).

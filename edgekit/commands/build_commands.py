@@ -85,7 +85,7 @@ def build(
     cross-compile every operator -> golden vectors -> ONNX -> manifest + signature."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.builder import BuildOptions, build_bundle
     from edgekit.cli_common import err_console
     from edgekit.quant.progress import Steps
 

@@ -87,7 +87,7 @@ def pack(
     The package goes to a device with `curl -F file=@OUT .../v1/plugins`, `edgekit store install`
     or `edgekit publish` + `edgekit agent`."""
     from edgekit.bundle.canonical import atomic_write_bytes, sha256_hex
-    from edgekit.build.kernel_source import pack_from_kernel_source
+    from edgekit.builder.kernel_source import pack_from_kernel_source
     from edgekit.bundle.plugin_pack import pack_from_bundle
 
     if out.exists() and not force:

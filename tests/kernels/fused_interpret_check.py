@@ -38,7 +38,7 @@ def main() -> None:
                 results.append({"case": f"{op} {'w8a16' if int8 else 'fp16'} B=2 S=1200", "ratios": ratios})
     # the golden vectors a bundle carries for each layer operator (FP64 expected outputs; FP16, INT8 and INT4
     # weights: every kernel a plugin ships), through the kernels as a plugin runs them (spec-order call)
-    from edgekit.build.golden import golden_cases
+    from edgekit.builder.golden import golden_cases
     from edgekit.bundle.golden import check_case as check_golden
     from edgekit.model.presets import preset_config
     from edgekit.runtime.gpu_runner import call_with_spec_order

@@ -85,7 +85,7 @@ def run_persistent(c, staged: bool, sync=None, intermediates: dict | None = None
 # How far a persistent launch may be from the staged launches of the same stage code: two FP16 units in the last
 # place at the magnitude of what was last rounded. Not zero, because the two are different kernels and the PTX Triton
 # writes for the GEMV products (mul.f32 / add.f32, no rounding modifier) lets ptxas contract a multiply and an add
-# into one FMA where it chooses. The H200 (2026-12-02, scripts/diagnose_persistent_launch.py, ten launches each)
+# into one FMA where it chooses. The H200 (2026-12-02, tools/diagnose_persistent_launch.py, ten launches each)
 # found exactly this: stage 5's y off in some elements, the same elements every launch, float weights only, and a
 # different set when Triton's FP fusion was switched off; the sm_90 SASS of the stage in the one-launch kernel has
 # 79 FFMA / 67 FMUL against 64 / 64 in the staged kernel. The projection is rounded to FP16 before the residual is

@@ -1,6 +1,6 @@
 """The persistent decode kernel cross-compiles (no GPU) for the Orin (sm_87) within 128 KB of shared memory and
 the 255-register limit, at the llama-3.2-1b shape with INT8 weights (its largest tiles); ptxas reports its
-registers and spills (scripts/fused_kernels_report.py prints them for every preset)."""
+registers and spills (tools/fused_kernels_report.py prints them for every preset)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgekit.build.golden import golden_cases
+from edgekit.builder.golden import golden_cases
 from edgekit.kernels.aot import compile_variant
 from edgekit.kernels.launch_count import launched_kernels
 from edgekit.kernels.registry import OPERATORS

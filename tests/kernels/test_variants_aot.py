@@ -80,7 +80,7 @@ def test_compile_cache_returns_the_same_result():
 def test_compile_kernel_compiles_a_given_definition_and_leaves_the_shipped_compile_alone(tmp_path):
     from pathlib import Path
 
-    from edgekit.build.kernel_source import load_kernel_source
+    from edgekit.builder.kernel_source import load_kernel_source
     from edgekit.kernels.aot import compile_kernel
     from edgekit.kernels.variants import kernel_def
 

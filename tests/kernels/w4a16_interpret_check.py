@@ -92,7 +92,7 @@ def main() -> None:
         record(f"gemm K tile across groups G={group}", TritonOp(OP, {**gemm, **gemv}), **case)
     # the golden vectors a bundle carries (FP64 expected outputs at the default model's width, K = 576, G = 64),
     # for the decode row and a prefill bucket, through the kernels as a plugin runs them (spec-order call)
-    from edgekit.build.golden import golden_cases
+    from edgekit.builder.golden import golden_cases
     from edgekit.bundle.golden import check_case as check_golden
     from edgekit.model.presets import preset_config
     from edgekit.runtime.gpu_runner import call_with_spec_order

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from edgekit.build import BuildOptions, build_bundle
+from edgekit.builder import BuildOptions, build_bundle
 from edgekit.bundle.keys import development_key, generate_keypair, load_public_key, load_signing_key
 from edgekit.bundle.plugin import verify_plugin_package
 from edgekit.bundle.plugin_pack import describe_bundle, describe_package, pack_from_bundle
@@ -108,7 +108,7 @@ def kernel_file(tmp_path, name: str, old: str = "", new: str = "", op: str = "rm
 
 
 def test_a_kernel_source_packs_at_the_bundles_tiles_verifies_and_installs(bundle, keys, tmp_path):
-    from edgekit.build.kernel_source import pack_from_kernel_source
+    from edgekit.builder.kernel_source import pack_from_kernel_source
     from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.serving import open_store
 

@@ -91,7 +91,7 @@ def test_quantize_keeps_the_q8_0_table_and_reports_it(q8_0_table_gguf, tmp_path)
 def test_a_bundle_built_with_quantize_head_ships_the_q8_0_table_as_it_came(q8_0_table_gguf, tmp_path):
     from safetensors import safe_open
 
-    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.builder import BuildOptions, build_bundle
     from edgekit.bundle.keys import development_key
     from edgekit.bundle.verify import verify_bundle
     from edgekit.generate import Generator
@@ -119,8 +119,8 @@ def test_a_bundle_built_with_quantize_head_ships_the_q8_0_table_as_it_came(q8_0_
 
 
 def test_a_head_precision_re_quantizes_the_table_instead(tmp_path):
-    from edgekit.build import BuildOptions
-    from edgekit.build.pipeline import keeps_q8_0_table
+    from edgekit.builder import BuildOptions
+    from edgekit.builder.pipeline import keeps_q8_0_table
 
     base = dict(model=None, target="orin", out=tmp_path)
     assert keeps_q8_0_table(BuildOptions(**base, quantize_head=True))

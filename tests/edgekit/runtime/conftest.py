@@ -80,7 +80,7 @@ def live_server(app, **kw):
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory):
     """A signed fp16 bundle of the tiny preset (dev key), built once per session."""
-    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.builder import BuildOptions, build_bundle
 
     d = tmp_path_factory.mktemp("tiny-bundle")
     opts = BuildOptions(model="preset:tiny", target="orin", out=d / "bundle", dev_key=True, precision="fp16",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 def tiny_h200_bundle(root: Path):
     """Build the bundle under ``root`` and open it on CUDA (an OpenedBundle)."""
-    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.builder import BuildOptions, build_bundle
     from edgekit.runtime.bundle_runtime import open_bundle
 
     opts = BuildOptions(model="preset:tiny", target="h200", out=root / "b", dev_key=True, precision="fp16",

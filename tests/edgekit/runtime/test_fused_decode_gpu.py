@@ -145,7 +145,7 @@ def test_a_bundle_runs_its_shipped_fused_plugins_with_no_jit(tmp_path, precision
     """An h200 bundle carries the fused operators as signed plugins: the graphed fused step runs them (source
     plugin:v1, nothing JIT-compiled), their golden vectors pass on the GPU at open, and the greedy tokens equal
     the per-operator step's."""
-    from edgekit.build import BuildOptions, build_bundle
+    from edgekit.builder import BuildOptions, build_bundle
     from edgekit.kernels.decode_paths import FUSED_STEP
     from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.cuda_graphs import GraphedDecodeStep

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.build.kernel_source import pack_from_kernel_source
+from edgekit.builder.kernel_source import pack_from_kernel_source
 from edgekit.bundle.keys import development_key
 from edgekit.errors import OperatorError
 from edgekit.kernels.decode_paths import FUSED_STEP

@@ -1,0 +1,154 @@
+"""`edgekit build` end to end on the CPU: a signed bundle that verifies, runs, and rebuilds identically."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from edgekit.builder import BuildOptions, build_bundle
+from edgekit.bundle.keys import development_key
+from edgekit.bundle.verify import verify_bundle
+from edgekit.errors import BundleError
+from edgekit.generate import Generator
+from edgekit.model.loader import load_model
+from edgekit.runtime.bundle_runtime import open_bundle
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory):
+    d = tmp_path_factory.mktemp("build")
+    opts = BuildOptions(model="preset:tiny", target="orin", out=d / "bundle", dev_key=True, precision="fp16",
+                        context=128, buckets=(16, 64), cache_dir=d / "cache")
+    return build_bundle(opts), opts
+
+
+def test_bundle_has_every_part_and_verifies(tiny_bundle):
+    result, _ = tiny_bundle
+    files = set(result.manifest.files)
+    for must in ("weights/model.safetensors", "plan.json", "onnx/model.onnx"):
+        assert must in files
+    ops = {p.op for p in result.manifest.plugins}
+    assert {"rmsnorm", "qkv_rope", "attention_prefill", "attention_decode", "linear", "swiglu"} <= ops
+    for op in ops:
+        assert f"plugins/{op}/1/golden.safetensors" in files and f"plugins/{op}/1/kernel.ptx" in files or \
+            any(f.startswith(f"plugins/{op}/1/") and f.endswith(".ptx") for f in files)
+    # every shared-memory figure is from a kernel compiled for sm_87 and within the budget
+    assert all(o["arch"] == "sm_87" and o["shared_bytes"] <= 131072 for o in result.summary["operators"])
+    report = verify_bundle(result.out, [development_key().public_key], allow_dev_key=True)
+    assert report.ok, [c.to_dict() for c in report.failures]
+
+
+def test_the_fused_decode_operators_ship_as_signed_plugins_that_verify(tiny_bundle):
+    from edgekit.kernels.decode_paths import FUSED_STEP
+
+    result, _ = tiny_bundle
+    plan = json.loads((result.out / "plan.json").read_bytes())
+    assert plan["decode"]["path"]["path"] == "fused" and plan["decode"]["path"]["operators"] == FUSED_STEP.operators()
+    shipped = {p.op: p for p in result.manifest.plugins}
+    for op in FUSED_STEP.own_operators():
+        assert op in shipped, f"{op} is not a plugin of the bundle"
+        kernels = [o for o in result.summary["operators"] if o["op"] == op]
+        assert kernels and all(o["arch"] == "sm_87" and o["shared_bytes"] <= 131072 for o in kernels)
+        assert {o["kernel"] for o in kernels} == {t["kernel"] for t in plan["tiles"] if t["op"] == op}  # the plan's variants
+    report = verify_bundle(result.out, [development_key().public_key], allow_dev_key=True)
+    for op in FUSED_STEP.own_operators():
+        plugin = [c for c in report.checks if c.check == "plugin" and c.file == f"{shipped[op].path}/plugin.json"]
+        golden = [c for c in report.checks if c.check == "golden" and c.file.startswith(f"{shipped[op].path}/golden")]
+        assert plugin and plugin[0].status == "pass"
+        assert golden and all(c.status == "pass" for c in golden), [c.to_dict() for c in golden]
+
+
+def test_rebuild_is_deterministic_and_uses_the_cache(tiny_bundle, tmp_path):
+    result, opts = tiny_bundle
+    again = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "again"}))
+    assert {k: v.sha256 for k, v in again.manifest.files.items()} == {k: v.sha256 for k, v in result.manifest.files.items()}
+    assert (again.out / "manifest.json").read_bytes() == (result.out / "manifest.json").read_bytes()
+    assert "onnx" in again.summary["cache"]["hits"]
+
+
+def test_a_build_prunes_the_cache_to_its_limit_but_keeps_what_it_used(tiny_bundle, tmp_path, monkeypatch):
+    from edgekit.cache import BuildCache
+
+    _, opts = tiny_bundle
+    older = BuildCache(opts.cache_dir)
+    older.put("golden", "f" * 64, {"golden.safetensors": b"an older build's entry"})
+    monkeypatch.setenv("EDGEKIT_CACHE_MAX_GB", "0")  # nothing beyond what this build uses
+    pruned = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "pruned"})).summary["cache"]["pruned"]
+    assert pruned["removed"] >= 1 and pruned["limit_bytes"] == 0
+    assert not older._entry("golden", "f" * 64).exists(), pruned
+    again = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "again"}))
+    assert not again.summary["cache"]["misses"], again.summary["cache"]  # every stage this build needs was kept
+
+
+def test_bundle_runs_the_same_tokens_as_the_reference_model(tiny_bundle):
+    result, _ = tiny_bundle
+    b = open_bundle(result.out, [], allow_dev_key=True, device="cpu")
+    prompt = [5, 9, 200, 31, 77, 4]
+    out, _ = Generator(b.decoder(), b.shapes).generate(prompt, 12)
+    # the reference: the preset's weights rounded to FP16 (what the bundle stores), on the reference ops in FP32
+    m = load_model("preset:tiny")
+    ref_weights = m.weights.to(dtype=torch.float16).to(dtype=torch.float32)
+    from edgekit.model.decoder import Decoder
+
+    ref, _ = Generator(Decoder(m.config, ref_weights), b.shapes).generate(prompt, 12)
+    assert out == ref
+
+
+def test_existing_output_and_missing_key_are_refused(tiny_bundle, tmp_path):
+    result, opts = tiny_bundle
+    with pytest.raises(BundleError, match="already exists"):
+        build_bundle(BuildOptions(**{**vars(opts), "out": result.out}))
+    with pytest.raises(BundleError, match="edgekit keys generate"):
+        build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "x", "dev_key": False}))
+
+
+def test_run_refuses_a_tampered_bundle(tiny_bundle, tmp_path):
+    import shutil
+
+    result, _ = tiny_bundle
+    bad = tmp_path / "bad"
+    shutil.copytree(result.out, bad)
+    w = bad / "weights" / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 1
+    w.write_bytes(bytes(data))
+    r = subprocess.run([sys.executable, "-m", "edgekit", "run", str(bad), "--allow-dev-key", "-p", "hi", "-n", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "weights/model.safetensors" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_build_json_and_run(tmp_path):
+    out = tmp_path / "cli-bundle"
+    r = subprocess.run([sys.executable, "-m", "edgekit", "build", "preset:tiny", "--target", "orin", "--dev-key",
+                        "--precision", "fp16", "--context", "64", "--buckets", "16,32", "-o", str(out), "--json", "--no-onnx"],
+                       capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "EDGEKIT_CACHE_DIR": str(tmp_path / "c")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    assert s["target"]["arch"] == "sm_87" and s["buckets"] == [16, 32] and s["signed_with_dev_key"] is True
+    r = subprocess.run([sys.executable, "-m", "edgekit", "run", str(out), "--allow-dev-key", "-p", "hello", "-n", "3", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout)
+    assert len(d["token_ids"]) == 3 and d["backend"] == "reference"
+    assert d["decode_path"]["path"] == "per-operator" and "no GPU" in d["decode_path"]["reason"]
+    r = subprocess.run([sys.executable, "-m", "edgekit", "run", str(out), "--allow-dev-key", "-p", "hello", "-n", "3",
+                        "--decode-path", "giant"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "--decode-path" in r.stderr and "persistent, fused, per-operator" in r.stderr
+
+
+def test_the_bundled_onnx_matches_the_reference_logits(tiny_bundle):
+    """The bundle's own model.onnx (FP16, the bundle's weights) run by onnxruntime vs the torch reference."""
+    from edgekit.export import check_parity
+
+    result, _ = tiny_bundle
+    b = open_bundle(result.out, [], allow_dev_key=True, device="cpu", golden=False)
+    bucket = result.summary["onnx"]["bucket"]
+    tokens = torch.zeros(1, bucket, dtype=torch.long)
+    tokens[0, :10] = torch.arange(3, 13)
+    parity = check_parity(b.config, b.weights, result.out / "onnx" / "model.onnx", tokens, torch.tensor([10]), dtype="float16")
+    assert parity.max_abs_diff <= parity.tolerance, parity
+    assert parity.ok and parity.argmax_equal

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the GPU machine (no network): install the carried wheels (.whl/) into /tmp/site and make edgekit
+# importable without pip: a symlink tree /tmp/pkg/edgekit mirrors pyproject's package-dir mapping
+# (edgekit.kernels -> kernels/, ...). An editable install there fell back to a mode that ignores the
+# mapping, and running from the repo root lets ./edgekit shadow the mapped package, so callers
+# should `cd "$EDGEKIT_RUN_DIR"` (outside the repo) before running python.
+# Usage: source tools/gpu_setup.sh   (sets R=repo root, PYTHONPATH, EDGEKIT_RUN_DIR)
+R=$(pwd)
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+fi
+rm -rf /tmp/pkg && mkdir -p /tmp/pkg/edgekit
+for f in "$R"/edgekit/*; do ln -s "$f" /tmp/pkg/edgekit/; done
+for d in kernels power export targets; do ln -s "$R/$d" "/tmp/pkg/edgekit/$d"; done
+export PYTHONPATH=/tmp/pkg:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export EDGEKIT_RUN_DIR=/tmp/run && mkdir -p "$EDGEKIT_RUN_DIR"
+(cd "$EDGEKIT_RUN_DIR" && python3 - <<'PY'
+import torch, triton, edgekit.kernels.aot, edgekit.power
+print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+PY
+)
