@@ -80,15 +80,19 @@ def cli_command():
     return command
 
 
+ABORTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # OpenMP workers that spin while they wait are a disaster on a shared or busy CPU: measured on the 2-core
     # development machine under load ~8, a 135M-parameter decode step took 4.7 s with spinning threads and
     # 0.44 s with passive ones. Set before torch loads its OpenMP runtime (commands import torch lazily).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    command = cli_command()
     try:
-        command.main(prog_name="edgekit", standalone_mode=False)
+        # Under standalone_mode=False typer turns Ctrl-C into Exit(130) and `raise typer.Exit(n)` into n, and
+        # *returns* that code instead of exiting: it must not be dropped (`edgekit build ... && deploy`).
+        code = cli_command().main(prog_name="edgekit", standalone_mode=False)
     except EdgekitError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
@@ -96,10 +100,11 @@ def main() -> None:
         sys.exit(show_usage_error(e, err_console))
     except (typer.Exit, SystemExit) as e:
         code = getattr(e, "exit_code", getattr(e, "code", 0))
-        sys.exit(code or 0)
-    except (typer.Abort, KeyboardInterrupt):
-        err_console.print("aborted")
-        sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt):  # interrupted before or after typer's own handler
+        code = ABORTED_EXIT_CODE
+    if code == ABORTED_EXIT_CODE:
+        err_console.print("aborted", highlight=False)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # run as `python -m edgekit` instead: this module must be imported as edgekit.cli
