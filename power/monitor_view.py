@@ -1,4 +1,5 @@
-"""The live terminal view of `edgekit monitor` (rich renderables from plain data)."""
+"""The views of `edgekit monitor`: a live table on a terminal (rich renderables from plain data), and one plain
+line per sample (and per event) anywhere else, each at most ``LINE_WIDTH`` characters, for logs and pipes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rich.text import Text
 
 
 ABSENT = "—"  # a reading nobody took: never shown as 0
+LINE_WIDTH = 200  # a piped monitor once wrote 300 000-character lines (a table stretched to an unbounded width)
 
 
 def _f(v: Any, fmt: str = "{:.2f}") -> str:
@@ -79,3 +81,41 @@ def render(state: dict[str, Any]) -> Group:
     for n in state.get("notes") or []:
         parts.append(Text(n, style="dim"))
     return Group(*parts)
+
+
+def fit_line(text: str, width: int = LINE_WIDTH) -> str:
+    """``text`` on one line of at most ``width`` characters (cut with an ellipsis)."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render_line(state: dict[str, Any], clock: str) -> str:
+    """One sample as one line: time, latency of each metric, power (total or labelled sum, then rails), loads and
+    temperatures; absent readings are "—". Cut to ``LINE_WIDTH`` characters."""
+    parts = [clock]
+    budget = state.get("budget_ms")
+    for m, s in (state.get("latency") or {}).items():
+        if s.get("n"):
+            over = " OVER BUDGET" if budget is not None and (s.get("jitter_ms") or 0) > budget else ""
+            parts.append(f"{m} p50 {_f(s.get('p50_ms'))} p99 {_f(s.get('p99_ms'))} jitter {_f(s.get('jitter_ms'))} ms{over}")
+    total, rails_sum = state.get("total_mw"), state.get("rails_sum_mw")
+    if total is not None:
+        parts.append(f"power {total / 1000:.2f} W ({state.get('total_source') or 'measured'})")
+    elif rails_sum is not None:
+        parts.append(f"power {rails_sum / 1000:.2f} W (sum of rails)")
+    else:
+        parts.append(f"power {ABSENT}")
+    rails = state.get("rails_mw") or {}
+    if rails:
+        parts.append(" ".join(f"{r} {mw / 1000:.2f}" for r, mw in rails.items()))
+    parts.append(f"GPU {_f(state.get('gpu_load_pct'), '{:.0f}%')} CPU {_f(state.get('cpu_load_pct'), '{:.0f}%')}")
+    temps = state.get("temps_c") or {}
+    parts.append("temp " + (" ".join(f"{z} {c:.0f}°C" for z, c in temps.items()) if temps else ABSENT))
+    return fit_line(" | ".join(parts))
+
+
+def render_event_line(event: dict[str, Any]) -> str:
+    """One event as one line (kind, severity, message, what its actions did), cut to ``LINE_WIDTH`` characters."""
+    acts = "; ".join(f"{a.get('action')}: {a.get('status')}" for a in event.get("actions") or [])
+    text = f"event {event.get('kind', '?')} ({event.get('severity', '?')}): {event.get('message', '')}"
+    return fit_line(text + (f" [{acts}]" if acts else ""))

@@ -88,7 +88,10 @@ def monitor(
     at the end of a replayed log, or on Ctrl-C.
     """
     from edgekit.errors import EdgekitError
+    from edgekit.output_path import check_output_path
 
+    if log is not None:
+        check_output_path(log, "--log", kind="file")
     modes = [m for m, on in (("--tegrastats-log", tegrastats_log), ("--sysfs-root", sysfs_root), ("--url/--attach", url or attach)) if on]
     if len(modes) > 1:
         raise EdgekitError(f"choose one source, got {' and '.join(modes)}", hint="replay a log, read a sysfs tree, or attach to a server")
@@ -170,29 +173,49 @@ def _until(duration, samples):
     return done
 
 
-def _run_paced(step, done, interval_ms: float, view=None) -> None:
+def _run_paced(step, done, interval_ms: float, state: dict | None = None) -> None:
     """Call ``step(t_monotonic)`` once per interval until ``done(calls)`` or Ctrl-C.
 
     Steps are due on a fixed grid (start + n x interval), not "interval after the last step
     ended", so the time a step takes does not stretch the spacing; a step that overruns a
     whole interval moves the grid on instead of firing a burst to catch up.
-    With ``view`` (a callable returning a rich renderable) a live display is kept open and refreshed after
-    every step; the caller releases its own resources (watchdog, logger) afterwards.
+    With ``state`` (what the step fills in for the views of edgekit.power.monitor_view) a live table is kept
+    open on a terminal and refreshed after every step; anywhere else each step prints one line per sample and per
+    new event, and the notes come once at the end. The caller releases its own resources (watchdog, logger)
+    afterwards.
     """
     from rich.live import Live
 
-    live = Live(view(), console=console, refresh_per_second=4) if view is not None else None
+    from edgekit.power.monitor_view import fit_line, render, render_event_line, render_line
+
+    live = Live(render(state), console=console, refresh_per_second=4) if state is not None and console.is_terminal else None
+    lines = state is not None and live is None
+    shown_notes: list[str] = []
+
+    def print_lines() -> None:
+        nonlocal shown_notes
+        texts = [render_line(state, time.strftime("%H:%M:%S")), *map(render_event_line, state.pop("new_events", []))]
+        if state.get("notes") != shown_notes:  # sensors absent, a server unreachable: said when it changes
+            shown_notes = list(state.get("notes") or [])
+            texts = [*map(fit_line, shown_notes), *texts]
+        for text in texts:
+            console.print(text, markup=False, highlight=False, soft_wrap=True)
+
     period = interval_ms / 1000.0
     n = 0
     try:
         if live:
             live.start()
+        elif lines:
+            console.print(fit_line(state["title"]), markup=False, highlight=False, soft_wrap=True)
         due = time.monotonic()
         while not done(n):
             step(due)
             n += 1
             if live:
-                live.update(view())
+                live.update(render(state))
+            elif lines:
+                print_lines()
             if done(n):
                 break
             due += period
@@ -209,7 +232,6 @@ def _run_paced(step, done, interval_ms: float, view=None) -> None:
 
 def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_ms) -> None:
     from edgekit.power.jsonl import JsonlLogger
-    from edgekit.power.monitor_view import render
     from edgekit.power.sensors.discover import absent_names, local_sensors
     from edgekit.power.sensors.power_mode import read_power_mode
     from edgekit.power.watchdog import Watchdog
@@ -237,6 +259,7 @@ def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_
                 _emit({"type": "event", **e.to_dict()})
         else:
             state["events"] = [e.to_dict() for e in wd.recent_events(8)]
+            state["new_events"] = [e.to_dict() for e in evs]
             if s is not None:
                 state.update(rails_mw=s.rails_mw, total_mw=s.total_mw, total_source=s.total_source,
                              rails_sum_mw=s.rails_sum_mw, rails_sum_of=s.rails_sum_of,
@@ -244,7 +267,7 @@ def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_
                              placeholder_temps_c=s.placeholder_temps_c)
 
     try:
-        _run_paced(step, done, interval_ms, None if json_out else (lambda: render(state)))
+        _run_paced(step, done, interval_ms, None if json_out else state)
     finally:
         wd.stop()
 
@@ -254,7 +277,6 @@ def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
     from edgekit.power.events import Event
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.power.latency import WindowStats
-    from edgekit.power.monitor_view import render
     from edgekit.power.policy import PolicyEngine
     from edgekit.power.sample import iso_time
     from edgekit.power.scrape import AttachedSource
@@ -305,6 +327,7 @@ def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
                          total_source="server", rails_sum_mw=view.get("rails_sum_mw"), rails_sum_of=view.get("rails_sum_of"),
                          gpu_load_pct=view.get("gpu_load_pct"), temps_c=view["temps_c"])
             state["events"] = (state["events"] + event_dicts)[-8:]
+            state["new_events"] = event_dicts
             absent = sorted(k for k, ok in view["sensors"].items() if not ok)
             state["notes"] = [f"sensors unavailable on the server: {', '.join(absent)}"] if absent else []
         if logger:
@@ -319,7 +342,7 @@ def _attached(url, pol, json_out, log, duration, samples, interval_ms) -> None:
                 logger.write({"type": "event", **e})
 
     try:
-        _run_paced(step, done, interval_ms, None if json_out else (lambda: render(state)))
+        _run_paced(step, done, interval_ms, None if json_out else state)
     finally:
         if logger:
             logger.close()
@@ -338,8 +361,10 @@ def report(
     from rich.markup import escape
 
     from edgekit.cli_common import print_json
+    from edgekit.output_path import check_output_path
     from edgekit.power.report import render_report, summary_rows
 
+    check_output_path(out_dir, "-o", kind="dir")
     r = render_report(log, out_dir)
     if json_out:
         print_json({"html": str(r.html), "images": [str(p) for p in r.images], "summary": r.summary})
