@@ -27,6 +27,10 @@ class UnsupportedModelError(ModelLoadError):
     """The model is readable but its architecture is not one edgekit runs."""
 
 
+class OutputPathError(EdgekitError):
+    """An output path that cannot be written (a file where a directory is needed, no permission, read-only)."""
+
+
 class ShapeError(EdgekitError):
     """An input does not fit the static shapes (buckets, KV cache length, batch)."""
 

@@ -95,7 +95,10 @@ def bench(
     from edgekit.bench.report import print_report
     from edgekit.bench.runner import BenchRun, BenchSettings
     from edgekit.bundle.canonical import atomic_write_bytes
+    from edgekit.output_path import check_output_path
 
+    if json_path is not None:
+        check_output_path(json_path, "--json", kind="file")
     specs = list(models) if models else list(DEFAULT_MODELS)
     for spec in specs:
         _refuse_bundle(spec)

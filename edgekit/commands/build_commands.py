@@ -32,7 +32,9 @@ def keys_generate(
 ) -> None:
     """Make a signing key pair: sign with DIR/edgekit.key (`build --key`), trust DIR/edgekit.pub (`verify --trust`)."""
     from edgekit.bundle.keys import generate_keypair, key_id, load_public_key
+    from edgekit.output_path import check_output_path
 
+    check_output_path(directory, "DIR", kind="dir")
     key_path, pub_path = generate_keypair(directory, force=force)
     kid = key_id(load_public_key(pub_path))
     if json_out:
@@ -45,12 +47,29 @@ def keys_generate(
 
 # ---------------------------------------------------------------------------- build
 
-_STAGE_LABELS = {
-    "load": "load the model", "target": "read the target profile", "plan": "plan (tiles compiled for the target)",
-    "quantize": "quantize FP16 -> INT8 (accuracy gate)", "compile": "cross-compile every operator",
-    "golden": "golden vectors (FP64 reference)", "write": "write weights, tokenizer, plugins", "onnx": "export ONNX",
-    "sign": "manifest + ed25519 signature", "archive": "single-file archive",
-}
+def stage_labels(precision: str) -> dict[str, str]:
+    """What each build stage does, as the progress display names it (the quantize stage names its precision)."""
+    return {
+        "load": "load the model", "target": "read the target profile",
+        "plan": "plan (tiles compiled for the target)",
+        "quantize": f"quantize to {precision.upper()} (accuracy gate)", "compile": "cross-compile every operator",
+        "golden": "golden vectors (FP64 reference)", "write": "write weights, tokenizer, plugins", "onnx": "export ONNX",
+        "sign": "manifest + ed25519 signature", "archive": "single-file archive",
+    }
+
+
+def default_bundle_dir(model: str | None, target: str, precision: str) -> Path:
+    """bundles/<model>-<target>-<precision>: the model's own name (a file's stem, a folder's or preset's name), never
+    its path with the slashes replaced."""
+    if model is None or model in ("", "default"):
+        name = "smollm2-135m-instruct"
+    elif model.startswith("preset:"):
+        name = model.removeprefix("preset:")
+    else:
+        path = Path(model.rstrip("/\\"))
+        name = path.stem if path.suffix.lower() == ".gguf" else path.name
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in name.lower()).strip("-.") or "model"
+    return Path("bundles") / f"{name}-{target}-{precision}"
 
 
 BUILD_PRECISIONS = ("int8", "w8a8", "fp16", "int4")
@@ -60,7 +79,7 @@ BUILD_PRECISIONS = ("int8", "w8a8", "fp16", "int4")
 def build(
     model: Optional[str] = typer.Argument(None, help="A .gguf file, a Hugging Face directory, preset:NAME, or omitted for the default model."),
     target: str = typer.Option(..., "--target", "-t", help="Target profile (see `edgekit targets`), e.g. orin."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Bundle directory to write (default: bundles/<model>-<target>)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Bundle directory to write (default: bundles/<model>-<target>-<precision>)."),
     key: Optional[Path] = typer.Option(None, "--key", help="Ed25519 private key to sign with (make one: `edgekit keys generate DIR`)."),
     dev_key: bool = typer.Option(False, "--dev-key", help="Sign with the public development key (local testing only; recorded in the manifest, refused by devices by default)."),
     precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help=precision_help(BUILD_PRECISIONS)),
@@ -83,11 +102,9 @@ def build(
 ) -> None:
     """Build a signed bundle for a target on this machine (no Jetson or GPU needed): load -> plan -> quantize ->
     cross-compile every operator -> golden vectors -> ONNX -> manifest + signature."""
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from edgekit.builder import BuildOptions, build_bundle
     from edgekit.cli_common import err_console
-    from edgekit.quant.progress import Steps
+    from edgekit.quant.progress import Steps, make_progress
 
     precision = cli_precision(precision, BUILD_PRECISIONS)
     if key is None and not dev_key:
@@ -99,23 +116,22 @@ def build(
         except ValueError as e:
             raise BundleError(f"--buckets {buckets!r}: expected comma-separated integers, e.g. 64,256,1024") from e
     if out is None:
-        stem = (model or "smollm2-135m-instruct").replace("preset:", "").replace("/", "_").removesuffix(".gguf")
-        out = Path("bundles") / f"{Path(stem).name}-{target}"
+        out = default_bundle_dir(model, target, precision)
     opts = BuildOptions(model=model, target=target, out=out, key=key, dev_key=dev_key, precision=precision, context=context, quantize_head=quantize_head or head_precision is not None,
                         head_scheme=head_scheme(head_precision, precision),
                         batch=batch, buckets=bucket_list, trace=trace, allow_mixed=allow_mixed, archive=archive,
                         tensorrt_onnx=tensorrt_onnx, onnx=not no_onnx, force=force, targets_dir=targets_dir, use_cache=not no_cache)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=False) as progress:
+    labels = stage_labels(precision)
+    with make_progress(err_console) as progress:
         tasks: dict[str, int] = {}
 
         def report(stage: str, state: str) -> None:
             if state == "start":
-                tasks[stage] = progress.add_task(_STAGE_LABELS.get(stage, stage), total=1)
+                tasks[stage] = progress.add_task(labels.get(stage, stage), total=1)
             else:
                 progress.update(tasks[stage], completed=1)
 
-        result = build_bundle(opts, report, quant_steps=Steps(progress))
+        result = build_bundle(opts, report, steps=Steps(progress))
     s = result.summary
     if json_out:
         print_json(s)
@@ -298,7 +314,7 @@ def run(
     raw: bool = typer.Option(False, "--raw", help="Skip the chat template."),
     truncate: bool = typer.Option(False, "--truncate", help="Keep the last tokens of a prompt that is too long instead of failing."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only (skip the golden vectors)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cuda (or gpu) or cpu (default: cuda when available)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay the decode step as a CUDA graph (GPU only)."),
     preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the answer, tokens and timings as JSON."),
@@ -311,9 +327,10 @@ def run(
     from edgekit.bundle.keys import load_public_key
     from edgekit.cli_common import err_console
     from edgekit.generate import GenerationStats
-    from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.bundle_runtime import open_bundle, resolve_device
     from edgekit.runtime.run_generator import run_generator
 
+    resolve_device(device)  # a GPU this machine lacks is refused before the bundle is read
     keys = [load_public_key(p) for p in (trust or [])]
     if not keys and not allow_dev_key:
         raise BundleError("no trusted key given: a bundle runs only if it is signed by a key you trust",

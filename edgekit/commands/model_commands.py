@@ -145,9 +145,13 @@ def generate(
     from edgekit.errors import ModelLoadError
     from edgekit.generate import GenerationStats, Generator, SamplingConfig
     from edgekit.model.loader import load_model
+    from edgekit.quant.source_check import check_source_model
     from edgekit.shapes import StaticShapes
 
     m = load_model(model, seed=seed)
+    # damaged weights answered with gibberish and exit status 0: refuse them, naming the file (a 32-token score
+    # is enough to tell a working model, ~8, from a broken one, > 10x the vocabulary)
+    check_source_model(m, tokens=32)
     if m.tokenizer is None:
         if not (model or "").startswith("preset:"):
             raise ModelLoadError(f"{m.source.location}: no tokenizer found", hint="add tokenizer.json to the model directory")

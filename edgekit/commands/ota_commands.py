@@ -107,9 +107,13 @@ def publish(
 
     Devices run `edgekit agent --repo URL --trusted-root REPO/metadata/1.root.json` to pick them up.
     """
-    from edgekit.runtime.plugin_checks import package_verifier
+    from edgekit.output_path import check_output_path
     from edgekit.publish import publish_plugins
+    from edgekit.runtime.plugin_checks import package_verifier
 
+    check_output_path(repo, "--repo", kind="dir")
+    if keys is not None:
+        check_output_path(keys, "--keys", kind="dir")
     packages = []
     for p in plugins or []:
         if not p.is_file():

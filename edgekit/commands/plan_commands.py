@@ -143,7 +143,11 @@ def plan(
     from edgekit.plan.planner import make_plan
     from edgekit.plan.targets import load_target
 
+    from edgekit.output_path import check_output_path
+
     precision = cli_precision(precision, PLAN_PRECISIONS)
+    if output is not None:
+        check_output_path(output, "-o", kind="file")
     tg = load_target(target, targets_dir)
     m = load_model(model, weights=False, tokenizer=False)
     given = parse_bucket_list(buckets) if buckets else None

@@ -90,8 +90,11 @@ def pack(
     from edgekit.builder.kernel_source import pack_from_kernel_source
     from edgekit.bundle.plugin_pack import pack_from_bundle
 
+    from edgekit.output_path import check_output_path
+
     if out.exists() and not force:
         raise BundleError(f"{out} already exists", hint="pass --force to replace it, or another --out")
+    check_output_path(out, "-o", kind="file")
     if kernel_source is not None and from_version is not None:
         raise BundleError("--from-version picks a bundle's compiled plugin; --kernel-source compiles a new one",
                           hint="pass one of them, not both")

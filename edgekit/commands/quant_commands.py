@@ -103,8 +103,11 @@ def quantize(
     from edgekit.quant.gate import GateConfig, GateFailedError
     from edgekit.quant.io import write_quantized, write_report
     from edgekit.quant.progress import Steps, make_progress
+    from edgekit.output_path import check_output_path
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
+    from edgekit.quant.source_check import check_source_model
 
+    check_output_path(out, "-o", kind="dir")
     if mode is not None:
         note("--mode is the old name of --precision; use --precision")
         precision = mode
@@ -117,6 +120,7 @@ def quantize(
     # a GGUF's 4-bit projections are taken in as they are, and with a quantized head (no --head-precision) a Q8_0
     # embedding/head table
     m = load_model(model, keep_int4=precision == "int4", keep_q8_0=opts.quantize_head and opts.head_scheme is None)
+    check_source_model(m)  # a damaged file is named in seconds, before minutes of quantization blame the quantizer
     try:
         with make_progress() as progress:
             result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,
@@ -213,7 +217,7 @@ def eval_cmd(
                 err_console.print(f"[yellow]warning:[/] {quantized} was quantized from a file with sha256 {src[:12]}..., "
                                   f"MODEL has {m.source.sha256[:12]}...")
             plist = corpus.prompts(body, m.tokenizer, m.config.vocab_size, prompts, 32)
-            ref, ref_cached = cached_reference(fp, EvalText(windows, plist), new_tokens, model_identity=m.source.to_dict(),
+            ref, ref_cached = cached_reference(fp, EvalText(windows, plist), new_tokens, model_identity=m.source.content_identity(),
                                                cache=BuildCache(None, enabled=not no_cache), steps=steps)
             out["fp_reference"] = "read from the cache" if ref_cached else "computed"
             kv = q.kv_scales.roundtrip if q.kv_scales is not None else None

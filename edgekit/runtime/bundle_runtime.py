@@ -18,7 +18,7 @@ import torch
 
 from edgekit.bundle.manifest import MANIFEST_FILE, PLUGIN_METADATA_FILE, Manifest, parse_manifest
 from edgekit.bundle.verify import VerificationReport
-from edgekit.errors import BundleError
+from edgekit.errors import BundleError, EdgekitError
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
@@ -65,10 +65,28 @@ class OpenedBundle:
         return Decoder(self.config, self.weights, ops if ops is not None else self.dispatch_table())
 
 
-def _device(requested: str | None) -> torch.device:
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DEVICE_NAMES = ("cuda", "gpu", "cpu")  # gpu: another name for cuda
+
+
+def resolve_device(requested: str | None) -> torch.device:
+    """The device to run on: ``requested`` (cuda, gpu, cpu, cuda:N), or CUDA when there is one. Refuses, in one
+    line, a name torch does not know and a GPU this machine does not have (rather than failing mid-verification)."""
+    if not requested:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = "cuda" + requested[3:] if requested.startswith("gpu") else requested
+    kind, _, index = name.partition(":")
+    if kind not in ("cuda", "cpu") or (index and not (kind == "cuda" and index.isdigit())):
+        raise EdgekitError(f"device {requested!r} is not one of {', '.join(DEVICE_NAMES)} (or cuda:N)",
+                           hint="omit --device to use a CUDA GPU when there is one, the CPU otherwise")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise EdgekitError(f"device {requested!r}: {why}",
+                               hint="use --device cpu (the torch reference operators), or run where a CUDA GPU is")
+        if index and int(index) >= torch.cuda.device_count():
+            raise EdgekitError(f"device {requested!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)",
+                               hint="pick an index below that, or omit it")
+    return torch.device(name)
 
 
 def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, golden: bool = True,
@@ -78,7 +96,7 @@ def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, 
     from edgekit.quant.io import load_quantized
 
     path = Path(path)
-    dev = _device(device)
+    dev = resolve_device(device)
     tmp = None
     if path.is_file():  # a single-file archive: extract safely (refuses .., absolute paths, links)
         from edgekit.bundle.archive import safe_extract
