@@ -59,7 +59,7 @@ class BuildResult:
 
 
 class _Stages:
-    """Times each stage and reports it to a progress callback."""
+    """Times each stage and reports its start and its successful end to a progress callback."""
 
     def __init__(self, report: Callable[[str, str], None] | None):
         self.report = report or (lambda stage, state: None)
@@ -69,10 +69,11 @@ class _Stages:
         self.report(name, "start")
         t = time.perf_counter()
         try:
-            return fn(*args, **kw)
+            result = fn(*args, **kw)
         finally:
             self.seconds[name] = round(time.perf_counter() - t, 3)
-            self.report(name, "done")
+        self.report(name, "done")  # only when it did: an error or Ctrl-C must not print "done"
+        return result
 
 
 def _signing_key(opts: BuildOptions):
@@ -196,6 +197,18 @@ def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False, keep_q8_0
     return loaded
 
 
+def _checked_weights(loaded, spec: str | None, steps, keep_int4: bool = False, keep_q8_0: bool = False):
+    """The model with its weights, checked for damage first (non-finite values, absurd perplexity: seconds) so a
+    broken file is named before minutes of quantization blame the quantizer."""
+    from edgekit.quant.source_check import check_source_model
+
+    _ensure_weights(loaded, spec, keep_int4, keep_q8_0)
+    with steps.task("check the source model (finite weights, perplexity)", 1) as advance:
+        check_source_model(loaded)
+        advance()
+    return loaded
+
+
 def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     """(weights, report) of the quantized model, cached by model hash and options."""
     from edgekit.quant.gate import GateConfig
@@ -209,12 +222,12 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     # code is part of the key then
     lossless = [k for k, on in (("lossless-int4", keep_int4), ("lossless-q8_0-head", keep_q8_0)) if on]
     intake = {"intake": "+".join(lossless), "intake_source": package_source_hash("edgekit.model")} if lossless else {}
-    key = cache_key(stage="quantize", model=loaded.source.to_dict(), mode=mode, gate=gate.to_dict(), **intake,
+    key = cache_key(stage="quantize", model=loaded.source.content_identity(), config=loaded.config.to_dict(), mode=mode, gate=gate.to_dict(), **intake,
                     options={k: str(v) for k, v in vars(qopts).items()}, allow_mixed=opts.allow_mixed, edgekit=__version__,
                     source=package_source_hash("edgekit.quant"))
     hit = cache.get("quantize", key)
     if hit is None:
-        _ensure_weights(loaded, opts.model, keep_int4, keep_q8_0)
+        _checked_weights(loaded, opts.model, steps, keep_int4, keep_q8_0)
         result = quantize_model(loaded, mode, gate=gate, allow_mixed=opts.allow_mixed, options=qopts, steps=steps,
                                 reference_cache=cache)
         hit = {"model.safetensors": serialize(result.config, result.weights, result.kv_scales, torch.float16, {"mode": mode}),
@@ -230,7 +243,9 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     return q.weights, json.loads(hit["report.json"]), cached
 
 
-def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None = None, quant_steps=None) -> BuildResult:
+def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None = None, steps=None) -> BuildResult:
+    """``report(stage, "start"|"done")`` for each stage; ``steps`` (edgekit.quant.progress.Steps) for the progress
+    inside the long ones (the source check, quantization, kernel compiles)."""
     from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
     from edgekit.bundle.plugin import plugin_from_compiled
     from edgekit.bundle.writer import BundleWriter
@@ -239,10 +254,10 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.plan.planner import make_plan
     from edgekit.plan.precision import PrecisionPlan
     from edgekit.plan.targets import load_target
+    from edgekit.output_path import check_output_path
+    from edgekit.plan.precision import scheme_for_cli
     from edgekit.quant.io import serialize
     from edgekit.quant.progress import SILENT
-
-    from edgekit.plan.precision import scheme_for_cli
 
     scheme_for_cli(opts.precision)  # refuses an unknown or reserved precision, naming the valid ones
     t_start = time.perf_counter()
@@ -250,9 +265,14 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     out = Path(opts.out)
     if out.exists() and not opts.force:
         raise BundleError(f"{out} already exists", hint="choose another -o DIR or pass --force to replace it")
+    check_output_path(out, "-o", kind="dir")
+    if opts.archive:
+        check_output_path(out.with_suffix(".tar"), "--archive", kind="file")
+    load_target(opts.target, opts.targets_dir)  # an unknown target fails in milliseconds, not after the model loads
     cache = BuildCache(opts.cache_dir, enabled=opts.use_cache)
     cache_limit = cache_limit_bytes() if opts.use_cache else 0  # a bad EDGEKIT_CACHE_MAX_GB fails before any work
     st = _Stages(report)
+    steps = steps or SILENT
     mode = PRECISIONS[opts.precision]
     if opts.quantize_head and mode is None:
         raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
@@ -274,17 +294,29 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
 
     quant_report, quant_cached = None, False
     if mode:
-        weights, quant_report, quant_cached = st.run("quantize", _quantize, loaded, mode, opts, cache, quant_steps or SILENT)
+        weights, quant_report, quant_cached = st.run("quantize", _quantize, loaded, mode, opts, cache, steps)
     else:
-        weights = _ensure_weights(loaded, opts.model).weights.to(dtype=torch.float16)
+        weights = _checked_weights(loaded, opts.model, steps).weights.to(dtype=torch.float16)
 
-    def compile_cached(v):
-        return compile_variant(v, arch, budget_bytes=budget, store=cache)
+    def plan_compiling():
+        from edgekit.kernels.variants import op_kernels
 
-    # The plan is made once every layer's precision is decided, and the rest of the build executes it verbatim.
-    plan = st.run("plan", make_plan, cfg, target, model_info=model_info, context=opts.context, batch=opts.batch,
-                  precision=PrecisionPlan.from_weights(weights, quant_report=quant_report), trace=opts.trace, buckets=opts.buckets,
-                  compile_fn=compile_cached)
+        kernel_ops = [op for op in _operators_of_weights(weights) if op in op_kernels()]
+        seen: list[str] = []
+        with steps.task(f"compile the kernels of {len(kernel_ops)} operators for sm_{arch}", len(kernel_ops)) as advance:
+            def compile_cached(v):
+                if v.op not in seen:  # the solver works through the operators one by one
+                    if seen:
+                        advance()
+                    seen.append(v.op)
+                return compile_variant(v, arch, budget_bytes=budget, store=cache)
+
+            # The plan is made once every layer's precision is decided, and the rest of the build executes it verbatim.
+            return make_plan(cfg, target, model_info=model_info, context=opts.context, batch=opts.batch,
+                             precision=PrecisionPlan.from_weights(weights, quant_report=quant_report), trace=opts.trace,
+                             buckets=opts.buckets, compile_fn=compile_cached)
+
+    plan = st.run("plan", plan_compiling)
     ops = sorted(plan.operators())
     if ops != _operators_of_weights(weights):
         raise BundleError(f"the plan runs operators {ops} but the weights need {_operators_of_weights(weights)}",

@@ -7,6 +7,7 @@ stored in a 4-bit GGML format: those are taken in bit for bit as W4A16 records
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +36,22 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.
 
 
 def _open(path: Path):
+    """The file's reader; parsing a GGUF's header takes seconds (2.6 s for the default model's 93 MB, more under
+    load), so one command that asks twice (`edgekit info`: config, then tensor types) parses it once."""
+    try:
+        st = Path(path).stat()
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read it ({e.strerror})", hint="pass an existing .gguf file") from e
+    return _open_unchanged(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _open_unchanged(path: str, size: int, mtime_ns: int):
+    """Cached by size and modification time too: a file rewritten in place is parsed again."""
     import gguf
 
     try:
-        return gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(path)
     except Exception as e:  # a truncated or foreign file fails in many ways inside the reader
         raise ModelLoadError(
             f"{path}: not a readable GGUF file ({type(e).__name__}: {e})",
@@ -157,7 +170,8 @@ def load_gguf(path: Path, *, keep_int4: bool = False, keep_q8_0: bool = False
             w = Int8GroupTensor.from_q8_0(np.asarray(t.data))
         else:
             try:
-                arr = gguf.quants.dequantize(t.data, t.tensor_type)
+                with np.errstate(invalid="ignore", over="ignore"):  # damaged scales: the source check names them
+                    arr = gguf.quants.dequantize(t.data, t.tensor_type)
             except Exception as e:
                 raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name} of type {t.tensor_type.name} ({e})") from e
             w = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy

@@ -30,6 +30,12 @@ class ModelSource:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "location": self.location, "sha256": self.sha256, "seed": self.seed}
 
+    def content_identity(self) -> dict:
+        """What the weights are, not where they lie (cache keys): a copied or moved file keeps its cache entries.
+        A preset's name is its content (with the seed)."""
+        return {"kind": self.kind, "sha256": self.sha256, "seed": self.seed,
+                "preset": self.location if self.kind == "preset" else None}
+
 
 @dataclass
 class LoadedModel:

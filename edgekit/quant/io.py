@@ -42,7 +42,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from edgekit.durable import replace_atomically
-from edgekit.errors import QuantizationError
+from edgekit.errors import EdgekitError, QuantizationError
 from edgekit.kernels.int4_layout import GROUP_SIZES
 from edgekit.kernels.int8_group_layout import GROUP_SIZES as INT8_GROUP_SIZES
 from edgekit.kernels.linear import LinearWeights
@@ -303,6 +303,15 @@ def _edgekit_header(path: Path, meta: dict[str, str]) -> dict:
             hint="quantize the model again with this edgekit",
         )
     return header
+
+
+def is_edgekit_weights(directory: Path) -> bool:
+    """Whether ``directory/model.safetensors`` carries an edgekit header (read from the header alone)."""
+    try:
+        read_config(directory)
+    except (EdgekitError, KeyError, ValueError):
+        return False
+    return True
 
 
 def read_config(directory: Path) -> ModelConfig:

@@ -381,7 +381,7 @@ def quantize_model(
     text = eval_text or heldout_eval_text(loaded, gate)
     fp_decoder = Decoder(cfg, fp_weights, ops)
     if reference_cache is not None:
-        ref, ref_cached = cached_reference(fp_decoder, text, gate.new_tokens, model_identity=loaded.source.to_dict(),
+        ref, ref_cached = cached_reference(fp_decoder, text, gate.new_tokens, model_identity=loaded.source.content_identity(),
                                            cache=reference_cache, steps=steps)
     else:
         ref, ref_cached = build_reference(fp_decoder, text, gate.new_tokens, steps), False

@@ -7,15 +7,19 @@ from pathlib import Path
 
 import torch
 
-from edgekit.quant.io import WEIGHTS_FILE, load_quantized
+from edgekit.quant.io import WEIGHTS_FILE, is_edgekit_weights, load_quantized
 from edgekit.quant.layers import dtype_from_name
 from edgekit.quant.stored_bytes import head_embedding_summary, model_bytes
 
 
 def weights_dir(path: Path) -> Path | None:
-    """The directory holding an edgekit weights file: ``path`` itself or a bundle's ``weights/``; None if neither."""
+    """The directory holding an edgekit weights file: ``path`` itself or a bundle's ``weights/``; None if neither.
+
+    A Hugging Face folder's weights file has the same name (model.safetensors): it is edgekit's only if its header
+    says so, or if no config.json beside it makes the folder a Hugging Face one (then a damaged edgekit file is
+    reported as such)."""
     for d in (path, path / "weights"):
-        if (d / WEIGHTS_FILE).is_file():
+        if (d / WEIGHTS_FILE).is_file() and (is_edgekit_weights(d) or not (d / "config.json").is_file()):
             return d
     return None
 

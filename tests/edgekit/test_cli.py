@@ -117,3 +117,154 @@ def test_generate_one_token_reports_no_decode_speed():
     assert stats["new_tokens"] == 1 and stats["decode_tokens_per_s"] is None  # not 0.0 tok/s
     r = edgekit("generate", "preset:tiny", "--prompt", "hello", "-n", "1")
     assert "no decode step" in r.stderr
+
+
+# -- what a newcomer hit (issue 33): interrupts, exit codes, output paths checked before any work ----------------
+
+
+def _build_argv(out, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "edgekit", "build", "preset:tiny", "--target", "orin", "--dev-key", "--precision",
+            "fp16", "--context", "128", "--buckets", "16,64", "-o", str(out), *extra]
+
+
+def test_ctrl_c_during_build_exits_130_says_aborted_and_leaves_nothing_half_written(tmp_path):
+    import signal
+
+    out = tmp_path / "bundles" / "tiny"
+    # piped stderr: the build prints one line per stage (the test waits for the ONNX export, when the bundle's
+    # files are already written into its hidden staging folder)
+    p = subprocess.Popen(_build_argv(out, "--no-cache"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in p.stderr:
+            seen.append(line)
+            if "export ONNX ..." in line:
+                staged = [x.name for x in out.parent.iterdir()]
+                p.send_signal(signal.SIGINT)
+                break
+        rest = p.stderr.read()
+        rc = p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert any(name.startswith(".tiny.partial-") for name in staged), staged  # it was interrupted mid-write
+    assert rc == 130, (rc, rest)
+    assert rest.strip().splitlines()[-1] == "aborted" and "Traceback" not in rest
+    assert list(out.parent.iterdir()) == []  # no bundle, no staging folder
+
+
+def test_a_command_that_exits_1_makes_edgekit_exit_1(monkeypatch, capsys):
+    """typer hands `raise typer.Exit(1)` (e.g. `agent --once` that could not install) back as a value: not 0."""
+    import typer
+
+    from edgekit import cli
+
+    tiny = typer.Typer()
+
+    @tiny.command()
+    def fails() -> None:
+        raise typer.Exit(1)
+
+    @tiny.command()
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cli_command", lambda: typer.main.get_command(tiny))
+    for name, code in (("fails", 1), ("interrupted", 130)):
+        monkeypatch.setattr(sys, "argv", ["edgekit", name])
+        with pytest.raises(SystemExit) as exited:
+            cli.main()
+        assert exited.value.code == code
+    assert capsys.readouterr().err.strip().endswith("aborted")
+
+
+def _damaged_gguf(tmp_path):
+    """A file that starts like a GGUF and is not one: loading it fails, so an error about anything else proves the
+    check ran before the model was loaded."""
+    p = tmp_path / "model.gguf"
+    p.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    return str(p)
+
+
+def test_build_with_an_unwritable_out_fails_in_one_line_before_loading_the_model(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for out, expected in ((blocker / "bundle", "is a file, not a directory"), ("/proc/edgekit-bundle", "cannot write in /proc")):
+        r = subprocess.run([sys.executable, "-m", "edgekit", "build", _damaged_gguf(tmp_path), "--target", "orin",
+                            "--dev-key", "-o", str(out)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert expected in r.stderr and "-o" in r.stderr and "GGUF" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_build_for_an_unknown_target_fails_before_loading_the_model(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "edgekit", "build", _damaged_gguf(tmp_path), "--target", "orni",
+                        "--dev-key", "-o", str(tmp_path / "b")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown target 'orni'" in r.stderr and "GGUF" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("keys", "generate", "{blocked}"), "DIR"),
+    (("report", "{log}", "-o", "{blocked}"), "-o"),
+    (("monitor", "--samples", "1", "--log", "{blocked}"), "--log"),
+    (("publish", "--repo", "{blocked}"), "--repo"),
+    (("quantize", "preset:tiny", "-o", "{blocked}"), "-o"),
+    (("plan", "preset:tiny", "--target", "orin", "--no-tiles", "-o", "{blocked}"), "-o"),
+])
+def test_an_output_path_under_a_file_is_one_line_exit_2(tmp_path, args, flag):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    log = tmp_path / "w.jsonl"
+    log.write_text('{"type":"sample","t_s":1.0,"rails_mw":{}}\n')
+    r = edgekit(*(a.format(blocked=blocker / "out", log=log) for a in args))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"error: {flag} {blocker / 'out'}: ") and "not a directory" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_run_on_cuda_without_a_gpu_is_one_line_exit_2(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    for device in ("cuda", "gpu", "tpu"):
+        r = edgekit("run", str(tmp_path / "no-bundle-needed"), "--allow-dev-key", "-p", "hi", "--device", device)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and f"device {device!r}" in r.stderr
+
+
+def test_monitor_piped_prints_lines_of_at_most_200_characters():
+    r = subprocess.run([sys.executable, "-m", "edgekit", "monitor", "--duration", "3"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) >= 4 and max(map(len, lines)) <= 200, max(map(len, lines))
+    assert sum(" | power " in line for line in lines) >= 3  # one line per sample (every 500 ms)
+
+
+def test_monitor_piped_from_a_recorded_board_names_rails_and_temperatures():
+    from pathlib import Path
+
+    board = Path(__file__).resolve().parents[1] / "power" / "fixtures" / "sysfs" / "orin-nx-16gb"
+    r = edgekit("monitor", "--sysfs-root", str(board), "--samples", "2", "--interval-ms", "50")
+    assert r.returncode == 0, r.stderr
+    samples = [line for line in r.stdout.splitlines() if "| power " in line]
+    assert len(samples) == 2 and all(len(s) <= 200 for s in r.stdout.splitlines())
+    assert "power 4.29 W (VDD_IN)" in samples[0] and "VDD_SOC 1.34" in samples[0] and "tj 45°C" in samples[0]
+
+
+def test_build_in_ci_prints_a_line_per_stage_with_elapsed_time_and_names_the_bundle_after_the_model(tmp_path):
+    """stderr is a pipe (CI, nohup): no progress bars, one line per stage with the elapsed time, percentages for
+    the kernel compiles; without -o the bundle is bundles/<model>-<target>-<precision>."""
+    import re
+
+    r = subprocess.run(_build_argv(tmp_path / "unused")[:-2], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "bundles" / "tiny-orin-fp16" / "manifest.json").is_file()
+    lines = r.stderr.splitlines()
+    stamped = [line for line in lines if re.match(r"\[ *\d+\.\d s\] ", line)]
+    for stage in ("load the model", "plan (tiles compiled for the target)", "write weights, tokenizer, plugins",
+                  "manifest + ed25519 signature"):
+        assert f"] {stage} ..." in r.stderr and re.search(rf"\] {re.escape(stage)}: done in \d+\.\d s", r.stderr), stage
+    assert re.search(r"\] compile the kernels of \d+ operators for sm_87: \d+% \(\d+/\d+\)", r.stderr)
+    assert "━" not in r.stderr and all(len(line) <= 200 for line in stamped)
