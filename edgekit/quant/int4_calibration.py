@@ -219,11 +219,21 @@ def calibrate_int4(config: ModelConfig, fp_weights: ModelWeights, token_windows:
             cal.skipped[name] = f"in_features={lw.in_features} is not a multiple of {min(GROUP_SIZES)}"
         return g
 
+    block_groups = [{f"blocks.{i}.{k}": g for k, lw in b.linears().items() if (g := plan(f"blocks.{i}.{k}", lw))}
+                    for i, b in enumerate(work.blocks)]
+    head_rounded = include_head and work.lm_head.op == "linear"
     with steps.task(f"INT4 calibration ({opts.method})", config.n_layers + int(include_head)) as advance:
         for i in range(config.n_layers):
             prefix = f"blocks.{i}"
             block = work.blocks[i]
-            groups = {f"{prefix}.{k}": g for k, lw in block.linears().items() if (g := plan(f"{prefix}.{k}", lw))}
+            groups = block_groups[i]
+            if not groups:
+                # every projection passes through (a GGUF's Q4 nibbles): nothing to record or round here; the
+                # activations move on only if a later layer is calibrated (a Q4_1 file ran 81 s of passes for nothing)
+                if head_rounded or any(block_groups[i + 1:]):
+                    xs = [run_blocks(dec, x, i, i + 1) for x in xs]
+                advance()
+                continue
             stats = _InputStats()
             _record_block(dec, ops, i, block, [f"{prefix}.{k}" for k in BLOCK_LINEARS], xs, stats)
             before = {n: (getattr(block, n.split(".")[-1]).weight.to(torch.float32), stats.h[n].to(torch.float32))

@@ -268,3 +268,15 @@ def test_build_in_ci_prints_a_line_per_stage_with_elapsed_time_and_names_the_bun
         assert f"] {stage} ..." in r.stderr and re.search(rf"\] {re.escape(stage)}: done in \d+\.\d s", r.stderr), stage
     assert re.search(r"\] compile the kernels of \d+ operators for sm_87: \d+% \(\d+/\d+\)", r.stderr)
     assert "━" not in r.stderr and all(len(line) <= 200 for line in stamped)
+
+
+def test_an_int4_build_says_it_quantizes_to_int4_and_bundle_names_follow_the_model():
+    from pathlib import Path
+
+    from edgekit.commands.build_commands import default_bundle_dir, stage_labels
+
+    assert stage_labels("int4")["quantize"] == "quantize to INT4 (accuracy gate)"  # was "FP16 -> INT8" for every build
+    assert default_bundle_dir("/data/models/SmolLM2-135M.Q4_1.gguf", "orin", "int4") == Path("bundles/smollm2-135m.q4_1-orin-int4")
+    assert default_bundle_dir("models/qwen2.5-1.5b/", "orin-nano-8gb", "int8") == Path("bundles/qwen2.5-1.5b-orin-nano-8gb-int8")
+    assert default_bundle_dir("preset:tiny", "orin", "fp16") == Path("bundles/tiny-orin-fp16")
+    assert default_bundle_dir(None, "orin", "int8") == Path("bundles/smollm2-135m-instruct-orin-int8")

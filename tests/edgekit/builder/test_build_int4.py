@@ -96,3 +96,18 @@ def test_int4_bundle_generates_the_tokens_of_the_dequantized_file(int4_bundle):
     m = load_model(str(gguf_path), weights=False, tokenizer=False)
     ref, _ = Generator(Decoder(m.config, ref_weights), b.shapes).generate(prompt, 12)
     assert out == ref
+
+
+def test_a_copied_model_file_takes_its_quantized_weights_from_the_cache(int4_bundle, tmp_path):
+    """The quantize cache is keyed on the file's content, not its path: a copy elsewhere does not re-quantize."""
+    import shutil
+
+    result, gguf_path = int4_bundle
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(gguf_path, copy)
+    opts = BuildOptions(model=str(copy), target="orin", out=tmp_path / "bundle", dev_key=True, precision="int4",
+                        context=128, buckets=(16, 64), cache_dir=result.out.parent / "cache")
+    again = build_bundle(opts)
+    assert "quantize" in again.summary["cache"]["hits"] and "quantize" not in again.summary["cache"]["misses"]
+    assert again.manifest.files["weights/model.safetensors"] == result.manifest.files["weights/model.safetensors"]

@@ -74,3 +74,36 @@ def test_true_sequential_calibrates_later_projections_on_the_rounded_earlier_one
 def test_bad_options_are_refused(tiny, windows, bad, match):
     with pytest.raises(QuantizationError, match=match):
         calibrate_int4(tiny.config, tiny.weights, windows, Int4Options(**bad))
+
+
+def _with_int4_blocks(weights, blocks):
+    """The model with every projection of ``blocks`` already W4A16 (as a GGUF's Q4_1 projections load)."""
+    from dataclasses import replace
+
+    from edgekit.model.decoder import ModelWeights
+    from edgekit.quant.int4_rounding import rtn_record
+
+    out = list(weights.blocks)
+    for i in blocks:
+        out[i] = replace(out[i], **{k: rtn_record(lw.weight, lw.bias, 32, False, torch.float16)
+                                    for k, lw in out[i].linears().items()})
+    return ModelWeights(weights.tok_embeddings, out, weights.norm, weights.lm_head)
+
+
+def test_int4_intake_of_a_q4_file_runs_no_calibration_pass(tiny, windows, monkeypatch):
+    """Every projection already 4-bit: nothing to calibrate, so no block is run to record inputs (81 s for the
+    default model's Q4_1 file before)."""
+    from edgekit.quant import int4_calibration
+
+    recorded = []
+    real = int4_calibration._record_block
+    monkeypatch.setattr(int4_calibration, "_record_block", lambda *a, **k: recorded.append(a[2]) or real(*a, **k))
+    fp = _with_int4_blocks(tiny.weights.to(dtype=torch.float32), range(tiny.config.n_layers))
+    cal = calibrate_int4(tiny.config, fp, windows, Int4Options(method="gptq"))
+    assert recorded == [] and cal.layers == {}
+    assert sorted(cal.passed_through) == sorted(layer_names(tiny.config.n_layers, include_head=False))
+    # a float last block is still calibrated, on inputs that went through the passed-through blocks before it
+    last = tiny.config.n_layers - 1
+    fp = _with_int4_blocks(tiny.weights.to(dtype=torch.float32), range(last))
+    cal = calibrate_int4(tiny.config, fp, windows, Int4Options(method="gptq"))
+    assert recorded == [last] and sorted(cal.layers) == [f"blocks.{last}.{k}" for k in sorted(fp.blocks[last].linears())]
