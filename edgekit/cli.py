@@ -26,6 +26,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help wraps each flag's text beside its name at any width; typer's rich panels cut the names
+    # themselves at 80 columns (`--admin-token-fi…`) once the type and default columns had taken their share
+    rich_markup_mode=None,
 )
 
 
@@ -62,21 +65,37 @@ def _register_commands() -> None:
         importlib.import_module(name)
 
 
-def _hide_flag_placeholders(command) -> None:
-    """Flags take no value, but typer 0.2x's help shows a `<bool>` type column for each; blank it."""
-    help_option = command.get_help_option(typer.Context(command))  # made (and cached) on first use
+def _value_name(param, ctx) -> str:
+    """A short name for what an option takes (PATH, INT, NUM, TEXT): typer's own (`<list[Path]>`, `<float range>`)
+    took so many of 80 columns that rich cut the flag names themselves (`--admin-token-fi…`)."""
+    shown = (param.display_type(ctx) or "").lower()
+    for word, name in (("path", "PATH"), ("int", "INT"), ("float", "NUM")):
+        if word in shown:
+            return name
+    return "TEXT"
+
+
+def _tidy_help_columns(command) -> None:
+    """Help that reads like click's: an argument by its name in capitals, an option by a short value name, a flag
+    by nothing (typer 0.2x showed `<bool>`)."""
+    ctx = typer.Context(command)
+    help_option = command.get_help_option(ctx)  # made (and cached) on first use
     for param in [*getattr(command, "params", []), *([help_option] if help_option is not None else [])]:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
+        if param.metavar is not None:
+            continue
+        if getattr(param, "param_type_name", "") == "argument":  # `BUNDLE`, not `{bundle}` / `bundle <path>`
+            param.metavar = param.name.upper() + ("..." if param.nargs != 1 else "")
+        elif not getattr(param, "is_flag", False):
+            param.metavar = _value_name(param, ctx)
     for sub in (getattr(command, "commands", None) or {}).values():
-        _hide_flag_placeholders(sub)
+        _tidy_help_columns(sub)
 
 
 def cli_command():
     """The click command tree of `edgekit`, every command registered and help cleaned up."""
     _register_commands()
     command = typer.main.get_command(app)
-    _hide_flag_placeholders(command)
+    _tidy_help_columns(command)
     return command
 
 

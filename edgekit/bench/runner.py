@@ -394,7 +394,7 @@ class BenchRun:
         s.validate()
         if s.device == "cuda" and not torch.cuda.is_available():
             raise BenchmarkError("edgekit bench measures on a CUDA GPU and this machine has none",
-                                 hint="run it on the GPU machine; the CPU tests cover the arithmetic and the weight mapping")
+                                 hint="run it on a machine with a CUDA GPU; the CPU tests cover the arithmetic and the weight mapping")
         device = torch.device(s.device)
         self._t_start = time.monotonic()
         deadline = None if s.time_budget_s is None else self._t_start + s.time_budget_s

@@ -370,7 +370,7 @@ def serve(
     admin_token_file: Optional[Path] = typer.Option(None, "--admin-token-file", help="File (mode 0600) with the bearer token for the /v1/plugins admin routes (admin routes are off without it)."),
     store: Optional[Path] = typer.Option(None, "--store", help="Plugin store directory for over-the-air swaps (default: <bundle>.store)."),
     max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for a decode row; more get HTTP 429 at once."),
-    max_queue_wait_ms: float = typer.Option(350, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429 (default: the engine's DEFAULT_MAX_QUEUE_WAIT_S)."),
+    max_queue_wait_ms: float = typer.Option(350, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429 at once."),
     batch: int = typer.Option(4, "--batch", min=1, max=64, help="Sequences decoded together at most (static batch buckets 1, 2, 4, ... up to this)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay prefill and decode as CUDA graphs (GPU only), as `edgekit run` does."),
     preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),

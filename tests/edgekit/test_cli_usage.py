@@ -65,7 +65,7 @@ def test_missing_required_argument(path):
         (("plan", "--taget", "orin"), "--target"),
         (("plan", "--batch", "0"), "'--batch'"),
         (("genrate",), "'generate'"),
-        (("serve",), "'bundle'"),
+        (("serve",), "'BUNDLE'"),
     ],
 )
 def test_the_closest_valid_flag_or_command_is_named(args, expected):
@@ -88,3 +88,28 @@ def test_help_has_no_placeholders_or_internal_words(path):
     assert r.returncode == 0, r.stderr
     for word in INTERNAL_WORDS:
         assert word.lower() not in r.stdout.lower(), (word, path)
+    # a constant's name means nothing to a user; environment variables and GGUF type names do
+    import re
+
+    names = set(re.findall(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b", r.stdout)) - {"Q4_1", "Q4_K_M", "Q8_0", "Q4_0", "Q4_K"}
+    assert all(n.startswith("EDGEKIT_") for n in names), (names, path)
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS if p], ids=lambda p: " ".join(p))
+def test_help_at_80_columns_shows_every_flag_name_whole(path):
+    """`serve --help` in an 80-column terminal showed `--admin-token-fi…`: every option's full name must appear."""
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "edgekit", *path, "--help"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and max(map(len, r.stdout.splitlines())) <= 80
+    from edgekit.cli import cli_command
+
+    command = cli_command()
+    for name in path:
+        command = command.commands[name]
+    for param in command.params:
+        for flag in (*param.opts, *param.secondary_opts):
+            if flag.startswith("--") and not param.hidden:
+                assert flag in r.stdout, flag
