@@ -109,13 +109,16 @@ def _refuse(source: Path, op: str, what: str, got, expected) -> None:
 
 def pack_from_kernel_source(
     bundle: Path, op: str, source: Path, *, version: int, key: SigningKey, target_arch: Optional[int] = None,
-    description: Optional[str] = None,
+    description: Optional[str] = None, check_numbers: bool = True,
 ) -> tuple[PluginMetadata, bytes]:
     """A signed package of `op` compiled from a developer's kernel source file, for the device `bundle` serves.
 
     The tiles are the ones the bundle's (signed) plan chose for `op`, the arch the bundle's, the golden
-    vectors the FP64 reference at the bundle's model config and shapes, as the build computes them.
+    vectors the FP64 reference at the bundle's model config and shapes, as the build computes them. With
+    ``check_numbers`` (the default) the kernels first run under Triton's CPU interpreter on those golden vectors
+    and must meet their tolerances (edgekit.builder.kernel_numbers).
     """
+    from edgekit.builder.kernel_numbers import check_kernel_numbers
     from edgekit.builder.pipeline import golden_bytes  # the build's own golden vectors (pipeline imports heavy stages)
     from edgekit.kernels.aot import KernelCompileError, SharedMemoryBudgetError, compile_kernel
     from edgekit.kernels.registry import operator
@@ -139,6 +142,8 @@ def pack_from_kernel_source(
     except (KernelCompileError, SharedMemoryBudgetError) as e:  # the kernel, or its tiles on the bundle's target
         raise type(e)(f"--kernel-source {source}: {e.message}", hint=e.hint or "fix the kernel and pack again") from e
     golden = golden_bytes(op, read_config(Path(bundle) / "weights"), plan.static_shapes)
+    if check_numbers:  # before anything is signed: a kernel 1% off passed every check a GPU-less host ran
+        check_kernel_numbers(bundle, op, source, golden)
     meta, files = plugin_from_compiled(
         op, version, compiled, op_program(op, variants, aot=True), golden,
         description=f"{op} from {Path(source).name} for sm_{shipped_meta.arch}, packed by edgekit {__version__}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from edgekit.runtime.plugin_checks import golden_check_summary
 from edgekit.runtime.plugin_policy import SwapRefused, VerifiedPluginLike
 from edgekit.runtime.plugin_store import PluginStore
 
@@ -28,9 +29,11 @@ def _ignore(op: str, plugin: VerifiedPluginLike | None) -> None:
 class StoreAdmin:
     """list/install/rollback/confirm returning JSON-ready dicts (edgekit.runtime.server.PluginAdmin)."""
 
-    def __init__(self, store: PluginStore, on_change: OnChange | None = None):
+    def __init__(self, store: PluginStore, on_change: OnChange | None = None,
+                 on_event: Callable[..., None] | None = None):
         self.store = store
         self.on_change = on_change or _ignore
+        self.on_event = on_event or (lambda kind, **data: None)  # the server's log (ServingStack._event)
         # per install, where upload -> active went (ms): the store's own steps (received, verified, golden_checked,
         # staged..., switched, cleaned), then activated (re-verify from the store + on_change: load and switch)
         self.install_ms: list[dict[str, float]] = []
@@ -48,7 +51,10 @@ class StoreAdmin:
                 "load_failed", f"{result.op} {result.version} installed but failed to load ({failure}); rolled back to "
                 f"{self.store.pointer(result.op).version or 'the reference'}",
             )
-        return result.to_dict()
+        golden = golden_check_summary(self.store.golden_check)
+        if not golden["kernels_checked"]:
+            self.on_event("plugin_kernels_unchecked", op=result.op, version=result.version, detail=golden["note"])
+        return {**result.to_dict(), "golden_check": golden}
 
     def rollback(self, op: str, reason: str = "rollback requested") -> dict[str, Any]:
         self.store.rollback(op, reason)

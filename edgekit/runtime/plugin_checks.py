@@ -125,7 +125,23 @@ def golden_checker(
                 if unload is not None:
                     unload()
 
+    # without a GPU the vectors run the torch reference: a wrong kernel passes, and the answer must say so
+    check.runs_kernels = runner_for is not reference_runner  # type: ignore[attr-defined]
     return check
+
+
+UNCHECKED_KERNELS = ("no GPU here: the golden vectors ran the operator's torch reference, not this plugin's kernels, "
+                     "so its numbers are unchecked (`edgekit plugin pack --kernel-source` checks them under Triton's "
+                     "interpreter before signing; a GPU device checks them on upload)")
+
+
+def golden_check_summary(check) -> dict:
+    """What a store's golden check ran, for an install's answer and the server's log."""
+    if check is None:
+        return {"kernels_checked": False, "ran": "nothing", "note": "this store runs no golden check"}
+    if getattr(check, "runs_kernels", True):
+        return {"kernels_checked": True, "ran": "the plugin's kernels on the GPU"}
+    return {"kernels_checked": False, "ran": "the torch reference on the CPU", "note": UNCHECKED_KERNELS}
 
 
 def _check_sources(plugin: VerifiedPlugin, run: GoldenRunner, sources: list[tuple[str, bytes]]) -> None:

@@ -219,6 +219,11 @@ class PluginStore:
         self.events: list[Event] = []
         self.recovery: list[str] = []  # what open() repaired, one line each
 
+    @property
+    def golden_check(self) -> GoldenCheck | None:
+        """The check every install runs (read-only: an install's answer says what it ran)."""
+        return self._golden_check
+
     # -- construction and recovery --------------------------------------------
     @classmethod
     def open(

@@ -125,7 +125,7 @@ class ServingStack:
         self.store = store
         for line in getattr(store, "recovery", []):
             self._event("store_recovered", detail=line)
-        self.admin = StoreAdmin(store, on_change=self._on_change) if store is not None else None
+        self.admin = StoreAdmin(store, on_change=self._on_change, on_event=self._event) if store is not None else None
         self.engine.observers.append(self._observe)
         self.engine.on_nonfinite = self._on_nonfinite
         self.watchdog = None

@@ -157,3 +157,17 @@ def test_pack_command_refuses_a_bad_kernel_source_in_one_line(bundle, tmp_path, 
     line = " ".join(r.stderr.split())  # rich may wrap the one line on a narrow terminal
     assert f"--kernel-source {source}" in line and message in line, r.stderr
     assert not (tmp_path / "x.tar").exists()
+
+
+def test_pack_of_a_kernel_source_one_percent_off_is_refused_before_anything_is_signed(bundle, tmp_path):
+    """On a host without a GPU the golden check runs the torch reference; pack runs the kernel itself, under
+    Triton's interpreter, on the package's golden vectors (issue 33: `* 1.01` packed and uploaded)."""
+    source = kernel_file(tmp_path, "off.py", "(x * rstd * w)", "(x * rstd * w * 1.01)")
+    out = tmp_path / "rmsnorm-v2.tar"
+    r = edgekit("plugin", "pack", "rmsnorm", "--kernel-source", str(source), "--bundle", str(bundle), "--version", "2",
+                "--dev-key", "-o", str(out))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line = " ".join(r.stderr.split())
+    assert f"--kernel-source {source}: rmsnorm is wrong in" in line and "run under Triton's interpreter" in line, line
+    assert "outside tolerance" in line and "nothing was signed" in line
+    assert not out.exists()
