@@ -99,6 +99,8 @@ def cli_command():
     return command
 
 
+# What the `host` extra adds to a device install (pyproject.toml): commands that build need them, devices do not.
+HOST_EXTRA_PACKAGES = frozenset({"triton", "transformers", "gguf", "onnx", "onnxruntime", "onnxscript", "matplotlib"})
 ABORTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
@@ -121,6 +123,15 @@ def main() -> None:
         code = getattr(e, "exit_code", getattr(e, "code", 0))
     except (typer.Abort, KeyboardInterrupt):  # interrupted before or after typer's own handler
         code = ABORTED_EXIT_CODE
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        if missing not in HOST_EXTRA_PACKAGES:
+            raise
+        # a device install (no `host` extra) asked to do host work: say what to install, not a traceback
+        err_console.print("[bold red]error:[/] " + escape(f"this command needs {missing}, which a device install "
+                                                          "leaves out (install edgekit's host extra: pip install "
+                                                          "'edgekit[host]')"), highlight=False, soft_wrap=True)
+        sys.exit(2)
     if code == ABORTED_EXIT_CODE:
         err_console.print("aborted", highlight=False)
     sys.exit(code if isinstance(code, int) else 0)

@@ -16,6 +16,8 @@ import torch
 from edgekit.kernels.operator import DECODE, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 PREFILL_SPEC = OpSpec(
     name="attention_prefill",
@@ -168,12 +170,55 @@ def _decode_grid(kernel: str, at: PlannedShape):
     return grid, min(at.sms * DECODE_PROGRAMS_PER_SM, at.want_splits * kv)
 
 
+def _prepare_heads(op: str, q, k, v, names: tuple[str, str, str], t_axis: int):
+    hc.on_cuda(op, (names[0], q), (names[1], k), (names[2], v))
+    hc.act_dtype(op, q, names[0])
+    hc.same_dtype(op, k, names[1], q, names[0])
+    hc.same_dtype(op, v, names[2], q, names[0])
+    for n, t in zip(names, (q, k, v)):
+        hc.unit_last_stride(op, t, n)
+    if k.shape != v.shape:
+        raise OperatorError(f"{op}: {names[1]} {tuple(k.shape)} and {names[2]} {tuple(v.shape)} must have the same shape")
+    B, Hq, D = q.shape[0], q.shape[1], q.shape[-1]
+    if k.shape[0] != B or k.shape[-1] != D or k.shape[1] < 1 or Hq % k.shape[1]:
+        raise OperatorError(f"{op}: {names[0]} {tuple(q.shape)} and {names[1]} {tuple(k.shape)} do not fit: expected the "
+                            "same batch and head_dim, and n_heads a multiple of n_kv_heads")
+    hc.head_dim_ok(op, D)
+
+
+
+def prepare_prefill(q, k, v, seq_lens, scale=None):
+    op = "attention_prefill"
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        hc.ndim(op, t, n, 4, "(B, H, T, D)")
+    _prepare_heads(op, q, k, v, ("q", "k", "v"), 2)
+    if k.shape[2] != q.shape[2]:
+        raise OperatorError(f"{op}: q has T={q.shape[2]} but k has T={k.shape[2]}; expected one padded chunk")
+    sl = hc.seq_lens_i32(op, seq_lens, q.shape[0])
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    return {"q": q, "k": k, "v": v, "seq_lens": sl}, {"scale": scale}, lambda bufs: bufs["o"]
+
+
+
+def prepare_decode(q, k_cache, v_cache, seq_lens, scale=None):
+    op = "attention_decode"
+    hc.ndim(op, q, "q", 3, "(B, Hq, D)")
+    for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        hc.ndim(op, t, n, 4, "(B, Hkv, S, D)")
+    _prepare_heads(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 2)
+    sl = hc.seq_lens_i32(op, seq_lens, q.shape[0])
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl}, {"scale": scale}, lambda bufs: bufs["o"]
+
+
 OPERATORS = (
     Operator(PREFILL_SPEC, attention_prefill_reference, OpPrecision("attention_prefill", "none", "fp16", "fp32", "fp16"),
              prefill_golden_inputs, call_shape=_heads("k"), triton="attention_triton:PREFILL_OP",
+             prepare=prepare_prefill,
              tiles_at={"attention_prefill_fwd": PREFILL}, grid=_prefill_grid,
              onnx=OnnxFunction("AttentionPrefill", ("scale",), onnx_attention_prefill)),
     Operator(DECODE_SPEC, attention_decode_reference, OpPrecision("attention_decode", "none", "fp16", "fp32", "fp16"),
              decode_golden_inputs, call_shape=_heads("k_cache"), triton="attention_triton:DECODE_OP",
+             prepare=prepare_decode,
              tiles_at={"attention_decode_split": DECODE, "attention_decode_reduce": DECODE}, grid=_decode_grid),
 )

@@ -26,11 +26,12 @@ import triton
 import triton.language as tl
 
 from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
-from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, default_scale
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 from edgekit.kernels.pdl_triton import _pdl_enter
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.attention import _prepare_heads, prepare_decode, prepare_prefill
 
 LOG2E = 1.4426950408889634
 # DECODE_PROGRAMS_PER_SM (split-KV occupancy target) is kernels/attention.py's: the planner reads it there
@@ -362,45 +363,6 @@ def decode_program(variants) -> dict:
         ],
         outputs=["o"],
     )
-
-
-def _prepare_heads(op: str, q, k, v, names: tuple[str, str, str], t_axis: int):
-    hc.on_cuda(op, (names[0], q), (names[1], k), (names[2], v))
-    hc.act_dtype(op, q, names[0])
-    hc.same_dtype(op, k, names[1], q, names[0])
-    hc.same_dtype(op, v, names[2], q, names[0])
-    for n, t in zip(names, (q, k, v)):
-        hc.unit_last_stride(op, t, n)
-    if k.shape != v.shape:
-        raise OperatorError(f"{op}: {names[1]} {tuple(k.shape)} and {names[2]} {tuple(v.shape)} must have the same shape")
-    B, Hq, D = q.shape[0], q.shape[1], q.shape[-1]
-    if k.shape[0] != B or k.shape[-1] != D or k.shape[1] < 1 or Hq % k.shape[1]:
-        raise OperatorError(f"{op}: {names[0]} {tuple(q.shape)} and {names[1]} {tuple(k.shape)} do not fit: expected the "
-                            "same batch and head_dim, and n_heads a multiple of n_kv_heads")
-    hc.head_dim_ok(op, D)
-
-
-def prepare_prefill(q, k, v, seq_lens, scale=None):
-    op = "attention_prefill"
-    for n, t in (("q", q), ("k", k), ("v", v)):
-        hc.ndim(op, t, n, 4, "(B, H, T, D)")
-    _prepare_heads(op, q, k, v, ("q", "k", "v"), 2)
-    if k.shape[2] != q.shape[2]:
-        raise OperatorError(f"{op}: q has T={q.shape[2]} but k has T={k.shape[2]}; expected one padded chunk")
-    sl = hc.seq_lens_i32(op, seq_lens, q.shape[0])
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    return {"q": q, "k": k, "v": v, "seq_lens": sl}, {"scale": scale}, lambda bufs: bufs["o"]
-
-
-def prepare_decode(q, k_cache, v_cache, seq_lens, scale=None):
-    op = "attention_decode"
-    hc.ndim(op, q, "q", 3, "(B, Hq, D)")
-    for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        hc.ndim(op, t, n, 4, "(B, Hkv, S, D)")
-    _prepare_heads(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 2)
-    sl = hc.seq_lens_i32(op, seq_lens, q.shape[0])
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl}, {"scale": scale}, lambda bufs: bufs["o"]
 
 
 PREFILL_OP = OpKernels("attention_prefill", (ATTN_PREFILL_FWD,), prefill_program, prepare_prefill,

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.attention import DECODE_SPEC, attention_decode_reference, default_scale
+from edgekit.kernels.attention import DECODE_SPEC, _prepare_heads, attention_decode_reference, default_scale
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_shape,
+    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_operands, weight_shape,
 )
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="fused_attn_proj_residual",
@@ -65,9 +67,40 @@ def _shape(t, a) -> dict:
     return {**weight_shape(t), "head_dim": q.shape[-1], "n_heads": q.shape[1], "n_kv_heads": kc.shape[1]}
 
 
+def prepare(q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias, residual, sm_scale=None):
+    op = SPEC.name
+    hc.ndim(op, q, "q", 3, "(B, Hq, D)")
+    for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        hc.ndim(op, t, n, 4, "(B, Hkv, S, D)")
+    _prepare_heads(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 2)
+    hc.on_cuda(op, ("arrivals", arrivals), ("weight", weight), ("scale", scale), ("offset", offset), ("bias", bias),
+               ("residual", residual))
+    B, Hq, D = q.shape
+    if q.stride(1) != D or q.stride(0) != Hq * D:
+        raise OperatorError(f"{op}: q has strides {q.stride()}; expected a contiguous (B, Hq, D) tensor")
+    Hkv = k_cache.shape[1]
+    if arrivals.dtype != torch.int32 or tuple(arrivals.shape) != (B, Hkv) or not arrivals.is_contiguous():
+        raise OperatorError(f"{op}: arrivals is {arrivals.dtype} {tuple(arrivals.shape)}; expected a contiguous int32 "
+                            f"({B}, {Hkv}) tensor of zeros (StaticKVCache.split_arrivals keeps one per layer)")
+    N = weight.shape[0] if weight.dim() == 2 else -1
+    operands, w_attrs = weight_operands(op, q.reshape(B, Hq * D), weight, scale, offset, N, Hq * D)
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", q, "q")
+        hc.vector(op, bias, "bias", N)
+    hc.same_dtype(op, residual, "residual", q, "q")
+    if tuple(residual.shape) != (B, N):
+        raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({B}, {N})")
+    hc.unit_last_stride(op, residual, "residual")
+    sl = hc.seq_lens_i32(op, seq_lens, B)
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl, "arrivals": arrivals, **operands,
+               "bias": bias, "residual": residual}
+    attrs = {"sm_scale": default_scale(D) if sm_scale is None else float(sm_scale), **w_attrs}
+    return tensors, attrs, lambda bufs: bufs["y"]
+
+
 OPERATORS = (
     Operator(SPEC, fused_attn_proj_residual_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
-             triton="fused_attn_proj_residual_triton:OP",
+             triton="fused_attn_proj_residual_triton:OP", prepare=prepare,
              tiles_at={"attn_split_combine": DECODE, "attn_o_proj_residual_fp": DECODE, "attn_o_proj_residual_w8": DECODE,
                        "attn_o_proj_residual_w4": DECODE}),
 )

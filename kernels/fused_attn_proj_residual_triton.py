@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 import triton
 import triton.language as tl
 
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.attention_triton import (
     ATTN_DECODE_SPLIT, _attn_decode_split_program, _decode_default, _decode_space, num_splits_rule,
 )
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, TARGET_PROGRAMS, _epilogue, _gemv_acc, _gemv_fma, _load_weight_tile, format_launches,
-    int4_params, weight_columns_check, weight_kernels, weight_operands,
+    int4_params, weight_columns_check, weight_kernels,
 )
 from edgekit.kernels.fused_proj_residual_triton import _default as _proj_default
 from edgekit.kernels.fused_proj_residual_triton import _proj_residual_kernel
@@ -39,6 +36,8 @@ from edgekit.kernels.fused_proj_residual_triton import _space as _proj_space
 from edgekit.kernels.kernel_def import OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 from edgekit.kernels.pdl_triton import _pdl_enter
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.fused_attn_proj_residual import prepare
 
 OP_NAME = "fused_attn_proj_residual"
 
@@ -255,40 +254,6 @@ def program(variants) -> dict:
         launches=[launch_of(SPLIT, [sym("NUM_SPLITS"), mul(B, Hkv), 1])] + launches,
         outputs=["y"],
     )
-
-
-def prepare(q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias, residual, sm_scale=None):
-    from edgekit.kernels.attention import default_scale
-    from edgekit.kernels.attention_triton import _prepare_heads
-
-    op = OP_NAME
-    hc.ndim(op, q, "q", 3, "(B, Hq, D)")
-    for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        hc.ndim(op, t, n, 4, "(B, Hkv, S, D)")
-    _prepare_heads(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 2)
-    hc.on_cuda(op, ("arrivals", arrivals), ("weight", weight), ("scale", scale), ("offset", offset), ("bias", bias),
-               ("residual", residual))
-    B, Hq, D = q.shape
-    if q.stride(1) != D or q.stride(0) != Hq * D:
-        raise OperatorError(f"{op}: q has strides {q.stride()}; expected a contiguous (B, Hq, D) tensor")
-    Hkv = k_cache.shape[1]
-    if arrivals.dtype != torch.int32 or tuple(arrivals.shape) != (B, Hkv) or not arrivals.is_contiguous():
-        raise OperatorError(f"{op}: arrivals is {arrivals.dtype} {tuple(arrivals.shape)}; expected a contiguous int32 "
-                            f"({B}, {Hkv}) tensor of zeros (StaticKVCache.split_arrivals keeps one per layer)")
-    N = weight.shape[0] if weight.dim() == 2 else -1
-    operands, w_attrs = weight_operands(op, q.reshape(B, Hq * D), weight, scale, offset, N, Hq * D)
-    if bias is not None:
-        hc.same_dtype(op, bias, "bias", q, "q")
-        hc.vector(op, bias, "bias", N)
-    hc.same_dtype(op, residual, "residual", q, "q")
-    if tuple(residual.shape) != (B, N):
-        raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({B}, {N})")
-    hc.unit_last_stride(op, residual, "residual")
-    sl = hc.seq_lens_i32(op, seq_lens, B)
-    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl, "arrivals": arrivals, **operands,
-               "bias": bias, "residual": residual}
-    attrs = {"sm_scale": default_scale(D) if sm_scale is None else float(sm_scale), **w_attrs}
-    return tensors, attrs, lambda bufs: bufs["y"]
 
 
 OP = OpKernels(op=OP_NAME, kernels=(SPLIT, FP, W8, W4), program=program, prepare=prepare,

@@ -75,6 +75,8 @@ from edgekit.kernels.int4_half2_triton import UNSCALE, _split4, activation_pairs
 from edgekit.kernels.linear_triton import _int8_to_f32
 from edgekit.kernels.linear_w4a16_triton import _group_params, _group_params_at, _scale_rows, _word_dots
 from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.fused_decode_common import weight_operands  # noqa: F401 (re-exported)
 
 # W_FORMAT values: how a fused GEMV kernel reads its weight tile
 FLOAT, INT8, INT4 = 0, 1, 2
@@ -517,42 +519,3 @@ def format_launches(op: str, kernels, variants, grid_of) -> tuple[list[dict], li
     return launches, checks
 
 
-def weight_operands(op: str, x: "torch.Tensor", weight, scale, offset, n_rows: int, k: int,
-                    int4: bool = True) -> tuple[dict, dict]:
-    """Host checks of a fused operator's weight operands, and the program slots and attributes they fill.
-
-    Float weights (n_rows, k) like x, no scale; INT8 (n_rows, k) with an FP32 (n_rows,) scale; INT4 packed uint8
-    (n_rows, k/2) with (n_rows, k/G) group scales and optional offsets (``int4_weight_slots``). ``offset`` only
-    with INT4 weights; without ``int4`` (an operator with float and INT8 kernels only) INT4 weights are refused."""
-    import torch
-
-    from edgekit.errors import OperatorError
-    from edgekit.kernels import host_checks as hc
-    from edgekit.kernels.linear_w4a16_triton import int4_weight_slots
-
-    if weight.dtype == torch.uint8 and not int4:
-        raise OperatorError(f"{op}: takes float or INT8 (W8A16) weights; got packed INT4 (uint8) weights "
-                            f"{tuple(weight.shape)}", hint="keep this projection in FP16 or INT8 (W8A16)")
-    int4 = weight.dtype == torch.uint8
-    want = (n_rows, k // 2) if int4 else (n_rows, k)
-    if weight.dim() != 2 or tuple(weight.shape) != want:
-        raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected {want}"
-                            + (" (packed INT4: two weights a byte)" if int4 else ""))
-    hc.unit_last_stride(op, weight, "weight")
-    slots = {"scale_h": None, "scale_f": None, "offset_h": None, "offset_f": None}
-    attrs = {"scale_row_stride": 0, "group_shift": 0}
-    if int4:
-        if k % 32:
-            raise OperatorError(f"{op}: INT4 weights need K divisible by 32, got K={k}")
-        new_slots, attrs = int4_weight_slots(op, weight, scale, offset)
-        return {"weight": weight, "scale": None, **new_slots}, attrs
-    if offset is not None:
-        raise OperatorError(f"{op}: an offset was given with {weight.dtype} weights; offsets belong to INT4 (W4A16) "
-                            f"weights (packed uint8)", hint="pass offset=None for float and INT8 weights")
-    if scale is None:
-        hc.same_dtype(op, weight, "weight", x, "x")
-    else:
-        hc.dtype_is(op, weight, "weight", torch.int8)
-        hc.dtype_is(op, scale, "scale", torch.float32)
-        hc.vector(op, scale, "scale", n_rows)
-    return {"weight": weight, "scale": scale, **slots}, attrs

@@ -10,11 +10,13 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
+    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_operands,
+    weight_shape,
 )
 from edgekit.kernels.operator import DECODE, Operator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
+from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="fused_head_argmax",
@@ -52,9 +54,28 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
     return inputs, {"eps": cfg.rms_norm_eps}
 
 
+def prepare(x, norm_weight, weight, scale, offset, bias, eps):
+    op = SPEC.name
+    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset),
+               ("bias", bias))
+    hc.act_dtype(op, x, "x")
+    hc.ndim(op, x, "x", 2, "(B, C)")
+    hc.unit_last_stride(op, x, "x")
+    operands, w_attrs = weight_operands(op, x, weight, scale, offset, weight.shape[0] if weight.dim() == 2 else -1,
+                                        x.shape[1])
+    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
+    hc.vector(op, norm_weight, "norm_weight", x.shape[1])
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", weight.shape[0])
+    tensors = {"x": x, "norm_weight": norm_weight, **operands, "bias": bias}
+    return tensors, {"eps": float(eps), **w_attrs}, lambda bufs: (bufs["token"], bufs["logits"])
+
+
 OPERATORS = (
     Operator(SPEC, fused_head_argmax_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_head_argmax_triton:OP", rowwise=True,
+             prepare=prepare,
              tiles_at={"head_logits_fp": DECODE, "head_logits_w8": DECODE, "head_logits_w4": DECODE,
                        "head_argmax_reduce": DECODE}),
 )

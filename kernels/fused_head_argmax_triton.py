@@ -14,15 +14,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
     int4_gemv_tile, int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels,
-    weight_operands,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride, sym
 from edgekit.kernels.pdl_triton import _pdl_enter
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.fused_head_argmax import prepare
 
 OP_NAME = "fused_head_argmax"
 REDUCE_BLOCK = 2048
@@ -148,24 +148,6 @@ def program(variants) -> dict:
         launches=launches,
         outputs=["token", "logits"],
     )
-
-
-def prepare(x, norm_weight, weight, scale, offset, bias, eps):
-    op = OP_NAME
-    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset),
-               ("bias", bias))
-    hc.act_dtype(op, x, "x")
-    hc.ndim(op, x, "x", 2, "(B, C)")
-    hc.unit_last_stride(op, x, "x")
-    operands, w_attrs = weight_operands(op, x, weight, scale, offset, weight.shape[0] if weight.dim() == 2 else -1,
-                                        x.shape[1])
-    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
-    hc.vector(op, norm_weight, "norm_weight", x.shape[1])
-    if bias is not None:
-        hc.same_dtype(op, bias, "bias", x, "x")
-        hc.vector(op, bias, "bias", weight.shape[0])
-    tensors = {"x": x, "norm_weight": norm_weight, **operands, "bias": bias}
-    return tensors, {"eps": float(eps), **w_attrs}, lambda bufs: (bufs["token"], bufs["logits"])
 
 
 OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4, REDUCE), program=program, prepare=prepare,

@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
+    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_operands,
+    weight_shape,
 )
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.rope import rope_frequencies, rope_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="fused_norm_qkv_rope",
@@ -64,8 +67,48 @@ def _shape(t, a) -> dict:
     return {**weight_shape(t), "head_dim": t["cos"].shape[-1] * 2}
 
 
+def prepare(x, norm_weight, weight, scale, offset, bias, cos, sin, positions, k_cache, v_cache, eps, n_heads,
+            n_kv_heads):
+    op = SPEC.name
+    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset),
+               ("bias", bias),
+               ("cos", cos), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache))
+    hc.act_dtype(op, x, "x")
+    hc.ndim(op, x, "x", 2, "(B, C)")
+    hc.unit_last_stride(op, x, "x")
+    B, C = x.shape
+    D = 2 * cos.shape[-1]
+    hc.head_dim_ok(op, D)
+    operands, w_attrs = weight_operands(op, x, weight, scale, offset, (n_heads + 2 * n_kv_heads) * D, C)
+    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
+    hc.vector(op, norm_weight, "norm_weight", C)
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", weight.shape[0])
+    for name, t in (("cos", cos), ("sin", sin)):
+        hc.dtype_is(op, t, name, torch.float32)
+        hc.ndim(op, t, name, 2, "(S, D/2)")
+        hc.unit_last_stride(op, t, name)
+    if sin.shape != cos.shape or sin.stride() != cos.stride():
+        raise OperatorError(f"{op}: sin {tuple(sin.shape)} and cos {tuple(cos.shape)} must have one layout")
+    hc.dtype_is(op, positions, "positions", torch.int64)
+    hc.vector(op, positions, "positions", B)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        hc.ndim(op, t, name, 4, "(B, Hkv, S, D)")
+        hc.same_dtype(op, t, name, x, "x")
+        hc.unit_last_stride(op, t, name)
+    if tuple(k_cache.shape) != (B, n_kv_heads, k_cache.shape[2], D) or v_cache.shape != k_cache.shape \
+            or v_cache.stride() != k_cache.stride():
+        raise OperatorError(f"{op}: caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected two caches of one "
+                            f"layout ({B}, {n_kv_heads}, S, {D})")
+    tensors = {"x": x, "norm_weight": norm_weight, **operands, "bias": bias, "cos": cos,
+               "sin": sin, "positions": positions, "k_cache": k_cache, "v_cache": v_cache}
+    attrs = {"eps": float(eps), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads), **w_attrs}
+    return tensors, attrs, lambda bufs: bufs["q"]
+
+
 OPERATORS = (
     Operator(SPEC, fused_norm_qkv_rope_reference, fused_precision(SPEC.name), golden_inputs,
-             call_shape=_shape, triton="fused_norm_qkv_rope_triton:OP", tiles_at={"norm_qkv_rope_fp": DECODE, "norm_qkv_rope_w8": DECODE,
-                                                                     "norm_qkv_rope_w4": DECODE}),
+             call_shape=_shape, triton="fused_norm_qkv_rope_triton:OP", prepare=prepare,
+             tiles_at={"norm_qkv_rope_fp": DECODE, "norm_qkv_rope_w8": DECODE, "norm_qkv_rope_w4": DECODE}),
 )

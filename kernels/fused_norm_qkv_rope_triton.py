@@ -10,18 +10,17 @@ sequence's position. Grid: ((Hq + 2 Hkv) * D / (2 PAIRS), B).
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
-    gemv_tile, int4_params, operand_params, reduction_params, weight_kernels, weight_operands,
+    gemv_tile, int4_params, operand_params, reduction_params, weight_kernels,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, check, mul, ptr, shape, stride
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.fused_norm_qkv_rope import prepare
 
 OP_NAME = "fused_norm_qkv_rope"
 
@@ -150,46 +149,6 @@ def program(variants) -> dict:
         launches=launches,
         outputs=["q"],
     )
-
-
-def prepare(x, norm_weight, weight, scale, offset, bias, cos, sin, positions, k_cache, v_cache, eps, n_heads,
-            n_kv_heads):
-    op = OP_NAME
-    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset),
-               ("bias", bias),
-               ("cos", cos), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache))
-    hc.act_dtype(op, x, "x")
-    hc.ndim(op, x, "x", 2, "(B, C)")
-    hc.unit_last_stride(op, x, "x")
-    B, C = x.shape
-    D = 2 * cos.shape[-1]
-    hc.head_dim_ok(op, D)
-    operands, w_attrs = weight_operands(op, x, weight, scale, offset, (n_heads + 2 * n_kv_heads) * D, C)
-    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
-    hc.vector(op, norm_weight, "norm_weight", C)
-    if bias is not None:
-        hc.same_dtype(op, bias, "bias", x, "x")
-        hc.vector(op, bias, "bias", weight.shape[0])
-    for name, t in (("cos", cos), ("sin", sin)):
-        hc.dtype_is(op, t, name, torch.float32)
-        hc.ndim(op, t, name, 2, "(S, D/2)")
-        hc.unit_last_stride(op, t, name)
-    if sin.shape != cos.shape or sin.stride() != cos.stride():
-        raise OperatorError(f"{op}: sin {tuple(sin.shape)} and cos {tuple(cos.shape)} must have one layout")
-    hc.dtype_is(op, positions, "positions", torch.int64)
-    hc.vector(op, positions, "positions", B)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        hc.ndim(op, t, name, 4, "(B, Hkv, S, D)")
-        hc.same_dtype(op, t, name, x, "x")
-        hc.unit_last_stride(op, t, name)
-    if tuple(k_cache.shape) != (B, n_kv_heads, k_cache.shape[2], D) or v_cache.shape != k_cache.shape \
-            or v_cache.stride() != k_cache.stride():
-        raise OperatorError(f"{op}: caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected two caches of one "
-                            f"layout ({B}, {n_kv_heads}, S, {D})")
-    tensors = {"x": x, "norm_weight": norm_weight, **operands, "bias": bias, "cos": cos,
-               "sin": sin, "positions": positions, "k_cache": k_cache, "v_cache": v_cache}
-    attrs = {"eps": float(eps), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads), **w_attrs}
-    return tensors, attrs, lambda bufs: bufs["q"]
 
 
 OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4), program=program, prepare=prepare,

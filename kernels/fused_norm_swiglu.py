@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
+    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_operands,
+    weight_shape,
 )
 from edgekit.kernels.operator import DECODE, Operator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 from edgekit.kernels.swiglu import swiglu_reference
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="fused_norm_swiglu",
@@ -37,8 +40,22 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
     return {**golden_norm_input(cfg, rows, g), **golden_weight(g, 2 * F, C, bias=False)}, {"eps": cfg.rms_norm_eps}
 
 
+def prepare(x, norm_weight, weight, scale, offset, eps):
+    op = SPEC.name
+    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset))
+    hc.act_dtype(op, x, "x")
+    hc.ndim(op, x, "x", 2, "(B, C)")
+    hc.unit_last_stride(op, x, "x")
+    if weight.dim() != 2 or weight.shape[0] % 2:
+        raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected (2F, C) with gate rows then up rows")
+    operands, attrs = weight_operands(op, x, weight, scale, offset, weight.shape[0], x.shape[1])
+    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
+    hc.vector(op, norm_weight, "norm_weight", x.shape[1])
+    return {"x": x, "norm_weight": norm_weight, **operands}, {"eps": float(eps), **attrs}, lambda bufs: bufs["y"]
+
+
 OPERATORS = (
     Operator(SPEC, fused_norm_swiglu_reference, fused_precision(SPEC.name), golden_inputs,
-             call_shape=lambda t, a: weight_shape(t), triton="fused_norm_swiglu_triton:OP",
+             call_shape=lambda t, a: weight_shape(t), triton="fused_norm_swiglu_triton:OP", prepare=prepare,
              tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE, "norm_swiglu_w4": DECODE}),
 )

@@ -11,15 +11,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
     gemv_tile, int4_params, measured_from_k, operand_params, reduction_params, weight_columns_check, weight_kernels,
-    weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.fused_norm_swiglu import prepare
 
 OP_NAME = "fused_norm_swiglu"
 
@@ -116,20 +115,6 @@ def program(variants) -> dict:
         launches=launches,
         outputs=["y"],
     )
-
-
-def prepare(x, norm_weight, weight, scale, offset, eps):
-    op = OP_NAME
-    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset))
-    hc.act_dtype(op, x, "x")
-    hc.ndim(op, x, "x", 2, "(B, C)")
-    hc.unit_last_stride(op, x, "x")
-    if weight.dim() != 2 or weight.shape[0] % 2:
-        raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected (2F, C) with gate rows then up rows")
-    operands, attrs = weight_operands(op, x, weight, scale, offset, weight.shape[0], x.shape[1])
-    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
-    hc.vector(op, norm_weight, "norm_weight", x.shape[1])
-    return {"x": x, "norm_weight": norm_weight, **operands}, {"eps": float(eps), **attrs}, lambda bufs: bufs["y"]
 
 
 OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4), program=program, prepare=prepare,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_shape,
+    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_operands, weight_shape,
 )
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="fused_proj_residual",
@@ -31,8 +33,28 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
     return {"x": x, **w, "residual": golden_rand(g, rows, w["weight"].shape[0])}, {}  # residual: the (capped) N outputs
 
 
+def prepare(x, weight, scale, offset, bias, residual):
+    op = SPEC.name
+    hc.on_cuda(op, ("x", x), ("weight", weight), ("scale", scale), ("offset", offset), ("bias", bias), ("residual", residual))
+    hc.act_dtype(op, x, "x")
+    hc.ndim(op, x, "x", 2, "(B, K)")
+    hc.unit_last_stride(op, x, "x")
+    N = weight.shape[0]
+    operands, attrs = weight_operands(op, x, weight, scale, offset, N, x.shape[1])
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", N)
+    hc.same_dtype(op, residual, "residual", x, "x")
+    if tuple(residual.shape) != (x.shape[0], N):
+        from edgekit.errors import OperatorError
+
+        raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({x.shape[0]}, {N})")
+    hc.unit_last_stride(op, residual, "residual")
+    return {"x": x, **operands, "bias": bias, "residual": residual}, attrs, lambda bufs: bufs["y"]
+
+
 OPERATORS = (
     Operator(SPEC, fused_proj_residual_reference, fused_precision(SPEC.name), golden_inputs,
-             call_shape=lambda t, a: weight_shape(t), triton="fused_proj_residual_triton:OP",
+             call_shape=lambda t, a: weight_shape(t), triton="fused_proj_residual_triton:OP", prepare=prepare,
              tiles_at={"proj_residual_fp": DECODE, "proj_residual_w8": DECODE, "proj_residual_w4": DECODE}),
 )

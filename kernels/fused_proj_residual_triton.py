@@ -10,14 +10,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
     gemv_tile, int4_params, measured_from_k, operand_params, reduction_params, weight_columns_check, weight_kernels,
-    weight_operands,
 )
 from edgekit.kernels.kernel_def import OpKernels, Param, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.fused_proj_residual import prepare
 
 OP_NAME = "fused_proj_residual"
 
@@ -106,26 +106,6 @@ def program(variants) -> dict:
         launches=launches,
         outputs=["y"],
     )
-
-
-def prepare(x, weight, scale, offset, bias, residual):
-    op = OP_NAME
-    hc.on_cuda(op, ("x", x), ("weight", weight), ("scale", scale), ("offset", offset), ("bias", bias), ("residual", residual))
-    hc.act_dtype(op, x, "x")
-    hc.ndim(op, x, "x", 2, "(B, K)")
-    hc.unit_last_stride(op, x, "x")
-    N = weight.shape[0]
-    operands, attrs = weight_operands(op, x, weight, scale, offset, N, x.shape[1])
-    if bias is not None:
-        hc.same_dtype(op, bias, "bias", x, "x")
-        hc.vector(op, bias, "bias", N)
-    hc.same_dtype(op, residual, "residual", x, "x")
-    if tuple(residual.shape) != (x.shape[0], N):
-        from edgekit.errors import OperatorError
-
-        raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({x.shape[0]}, {N})")
-    hc.unit_last_stride(op, residual, "residual")
-    return {"x": x, **operands, "bias": bias, "residual": residual}, attrs, lambda bufs: bufs["y"]
 
 
 OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4), program=program, prepare=prepare,

@@ -224,16 +224,19 @@ class PluginOp:
     """An operator run from loaded kernels and a launch program; callable like the operator's reference."""
 
     def __init__(self, op: str, program: dict, kernels: Mapping[str, LoadedKernel]):
-        from edgekit.kernels.variants import op_kernels
+        # the operator's host side comes from its registry record, never from its Triton module: a device runs
+        # compiled plugins without Triton installed
+        from edgekit.kernels.registry import OPERATORS
 
-        if op not in op_kernels():
+        record = OPERATORS.get(op)
+        if record is None or record.prepare is None:
             raise KernelLoadError(f"plugin for unknown operator {op!r}")
         if program.get("op") != op:
             raise KernelLoadError(f"plugin program is for {program.get('op')!r}, not {op!r}")
         self.program = validate_program(program, {name: len(k.signature) for name, k in kernels.items()})
         self.op = op
         self.kernels = dict(kernels)
-        self._prepare = op_kernels()[op].prepare
+        self._prepare = record.prepare
 
     def __call__(self, *args):
         from edgekit.kernels.program_runner import run_program

@@ -14,10 +14,12 @@ import torch
 
 from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv,
                                       golden_rand)
-from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, SYMMETRIC_ZERO, dequantize_int4, pack_int4
+from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, SUBBLOCK, SYMMETRIC_ZERO, dequantize_int4, pack_int4
 from edgekit.kernels.int8_group_layout import dequantize_int8_grouped
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 INT8_MAX = 127.0
 
@@ -354,18 +356,127 @@ def _rows(tensors, attrs) -> dict:
 
 
 _LINEAR = dict(call_shape=_rows, grid=_gemm_grid, rowwise=True, decode_case=True)
+
+
+def _prepare_common(op: str, x, weight, bias, extra: dict, weight_dtype: torch.dtype | None):
+    hc.on_cuda(op, ("x", x), ("weight", weight), ("bias", bias), *extra.items())
+    hc.act_dtype(op, x, "x")
+    if weight_dtype is None:
+        hc.same_dtype(op, weight, "weight", x, "x")
+    else:
+        hc.dtype_is(op, weight, "weight", weight_dtype)
+    hc.ndim(op, weight, "weight", 2, "(N, K)")
+    hc.unit_last_stride(op, weight, "weight")
+    if x.shape[-1] != weight.shape[1]:
+        raise OperatorError(f"{op}: x has {x.shape[-1]} features but weight is {tuple(weight.shape)} (N, K)")
+    N = weight.shape[0]
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", N)
+    x2 = hc.rows(op, x, "x")  # (M, K)
+    out_shape = (*x.shape[:-1], N)
+    return x2, (lambda bufs: bufs["y"].view(out_shape))
+
+
+
+def prepare_linear(x, weight, bias=None):
+    x2, finish = _prepare_common("linear", x, weight, bias, {}, None)
+    return {"x": x2, "weight": weight, "bias": bias}, {}, finish
+
+
+
+def prepare_w8a16(x, qweight, scale, bias=None):
+    op = "linear_w8a16"
+    x2, finish = _prepare_common(op, x, qweight, bias, {"scale": scale}, torch.int8)
+    hc.dtype_is(op, scale, "scale", torch.float32)
+    hc.vector(op, scale, "scale", qweight.shape[0])
+    return {"x": x2, "weight": qweight, "scale": scale, "bias": bias}, {}, finish
+
+
+
+def prepare_w8a8(x, qweight, scale, bias=None, smooth=None):
+    op = "linear_w8a8"
+    x2, finish = _prepare_common(op, x, qweight, bias, {"scale": scale, "smooth": smooth}, torch.int8)
+    hc.dtype_is(op, scale, "scale", torch.float32)
+    hc.vector(op, scale, "scale", qweight.shape[0])
+    if smooth is not None:
+        hc.dtype_is(op, smooth, "smooth", torch.float32)
+        hc.vector(op, smooth, "smooth", qweight.shape[1])
+    if qweight.shape[1] >= 2**17:
+        raise OperatorError(f"{op}: K = {qweight.shape[1]} could overflow the int32 accumulator; expected K < 131072")
+    return {"x": x2, "weight": qweight, "scale": scale, "bias": bias, "smooth": smooth}, {}, finish
+
+
+def prepare_w4a16(x, qweight, scale, offset=None, bias=None):
+    """The call's tensors in the program's slots: scale/offset go to the FP16 or FP32 slot of their dtype."""
+    op = "linear_w4a16"
+    hc.on_cuda(op, ("x", x), ("qweight", qweight), ("scale", scale), ("offset", offset), ("bias", bias))
+    hc.act_dtype(op, x, "x")
+    slots, attrs = int4_weight_slots(op, qweight, scale, offset, "qweight", x_features=x.shape[-1])
+    n = qweight.shape[0]
+    if bias is not None:
+        hc.same_dtype(op, bias, "bias", x, "x")
+        hc.vector(op, bias, "bias", n)
+    x2 = hc.rows(op, x, "x")  # (M, K)
+    tensors = {"x": x2, "weight": qweight, **slots, "bias": bias}
+    out_shape = (*x.shape[:-1], n)
+    return tensors, attrs, (lambda bufs: bufs["y"].view(out_shape))
+
+
+
+def int4_weight_slots(op: str, qweight, scale, offset, name: str = "weight",
+                      x_features: int | None = None) -> tuple[dict, dict]:
+    """Host checks of packed INT4 (W4A16) weight operands, shared by every kernel that takes them (this GEMV and the
+    fused decode GEMVs): qweight uint8 (N, K/2), scale (N, K/G) FP16 or FP32 with G in GROUP_SIZES, offset None or
+    like the scale. Returns the scale and offset in the program slots of their dtype (``scale_h`` / ``offset_h`` for
+    FP16, ``scale_f`` / ``offset_f`` for FP32, None in the others) and the attributes the kernels read
+    (``scale_row_stride``, ``group_shift``: G = 32 << group_shift). ``x_features``: the activation's width, checked
+    against the K the packed weight holds."""
+    hc.dtype_is(op, qweight, name, torch.uint8)
+    hc.ndim(op, qweight, name, 2, "(N, K/2)")
+    hc.unit_last_stride(op, qweight, name)
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    if x_features is not None and x_features != k:
+        raise OperatorError(f"{op}: x has {x_features} features but the packed {name} {tuple(qweight.shape)} "
+                            f"holds K = {k}", hint=f"{name} is (N, K/2): two 4-bit weights a byte")
+    if scale is None:
+        raise OperatorError(f"{op}: packed INT4 {name} {tuple(qweight.shape)} came without group scales",
+                            hint="pass the (N, K/G) scale of the W4A16 weights (kernels/int4_layout.py)")
+    if scale.dtype not in (torch.float16, torch.float32):
+        raise OperatorError(f"{op}: scale has dtype {scale.dtype}; expected float16 or float32")
+    hc.ndim(op, scale, "scale", 2, "(N, K/G)")
+    hc.unit_last_stride(op, scale, "scale")
+    groups = scale.shape[1]
+    g = k // groups if groups and k % groups == 0 else 0
+    if scale.shape[0] != n or g not in GROUP_SIZES:
+        raise OperatorError(f"{op}: scale has shape {tuple(scale.shape)} for K = {k}, N = {n}; expected (N, K/G) "
+                            f"with G in {GROUP_SIZES}")
+    if offset is not None:
+        hc.same_dtype(op, offset, "offset", scale, "scale")
+        if offset.shape != scale.shape or offset.stride() != scale.stride():
+            raise OperatorError(f"{op}: offset has shape {tuple(offset.shape)} strides {offset.stride()}; "
+                                f"expected the scale's {tuple(scale.shape)} {scale.stride()}")
+    f32 = scale.dtype == torch.float32
+    slots = {"scale_h": None if f32 else scale, "offset_h": None if f32 else offset,
+             "scale_f": scale if f32 else None, "offset_f": offset if f32 else None}
+    return slots, {"scale_row_stride": scale.stride(0), "group_shift": (g // SUBBLOCK).bit_length() - 1}
+
+
 OPERATORS = (
     Operator(LINEAR_SPEC, linear_reference, OpPrecision("linear", "fp16", "fp16", "fp32", "fp16"), linear_golden_inputs,
              triton="linear_triton:LINEAR_OP", tiles_at={"linear_gemv": DECODE, "linear_gemm": PREFILL}, scheme="fp16",
+             prepare=prepare_linear,
              onnx=OnnxFunction("Linear", (), onnx_linear), **_LINEAR),
     Operator(W8A16_SPEC, linear_w8a16_reference, OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
              w8a16_golden_inputs, triton="linear_triton:W8A16_OP", tiles_at={"w8a16_gemv": DECODE, "w8a16_gemm": PREFILL},
+             prepare=prepare_w8a16,
              scheme="w8a16", onnx=OnnxFunction("LinearW8A16", (), onnx_linear_w8a16), **_LINEAR),
     Operator(W4A16_SPEC, linear_w4a16_reference, OpPrecision("linear_w4a16", "int4", "fp16", "fp32", "fp16"),
-             w4a16_golden_inputs, triton="linear_w4a16_triton:W4A16_OP",
+             w4a16_golden_inputs, triton="linear_w4a16_triton:W4A16_OP", prepare=prepare_w4a16,
              tiles_at={"w4a16_gemv": DECODE, "w4a16_gemm": PREFILL}, scheme="w4a16",
              onnx=OnnxFunction("LinearW4A16", (), onnx_linear_w4a16), **_LINEAR),
     Operator(W8A8_SPEC, linear_w8a8_reference, OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
              w8a8_golden_inputs, triton="linear_triton:W8A8_OP", tiles_at={"w8a8_quantize": PREFILL, "w8a8_gemm": PREFILL},
+             prepare=prepare_w8a8,
              scheme="w8a8", onnx=OnnxFunction("LinearW8A8", (), onnx_linear_w8a8), **_LINEAR),
 )

@@ -49,9 +49,10 @@ import triton
 import triton.language as tl
 
 from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.linear import _prepare_common, prepare_linear, prepare_w8a16, prepare_w8a8
 
 # Decode calls of this many rows take the GEMV kernel when both are planned; more rows take the tensor-core
 # GEMM. Measured on the H200 (tools/gemv_lab.py --production): FP32-FMA GEMVs over 4-8 rows (per-row
@@ -483,50 +484,6 @@ def w8a8_program(variants) -> dict:
 
 
 # --------------------------------------------------------------------------- host-side checks
-def _prepare_common(op: str, x, weight, bias, extra: dict, weight_dtype: torch.dtype | None):
-    hc.on_cuda(op, ("x", x), ("weight", weight), ("bias", bias), *extra.items())
-    hc.act_dtype(op, x, "x")
-    if weight_dtype is None:
-        hc.same_dtype(op, weight, "weight", x, "x")
-    else:
-        hc.dtype_is(op, weight, "weight", weight_dtype)
-    hc.ndim(op, weight, "weight", 2, "(N, K)")
-    hc.unit_last_stride(op, weight, "weight")
-    if x.shape[-1] != weight.shape[1]:
-        raise OperatorError(f"{op}: x has {x.shape[-1]} features but weight is {tuple(weight.shape)} (N, K)")
-    N = weight.shape[0]
-    if bias is not None:
-        hc.same_dtype(op, bias, "bias", x, "x")
-        hc.vector(op, bias, "bias", N)
-    x2 = hc.rows(op, x, "x")  # (M, K)
-    out_shape = (*x.shape[:-1], N)
-    return x2, (lambda bufs: bufs["y"].view(out_shape))
-
-
-def prepare_linear(x, weight, bias=None):
-    x2, finish = _prepare_common("linear", x, weight, bias, {}, None)
-    return {"x": x2, "weight": weight, "bias": bias}, {}, finish
-
-
-def prepare_w8a16(x, qweight, scale, bias=None):
-    op = "linear_w8a16"
-    x2, finish = _prepare_common(op, x, qweight, bias, {"scale": scale}, torch.int8)
-    hc.dtype_is(op, scale, "scale", torch.float32)
-    hc.vector(op, scale, "scale", qweight.shape[0])
-    return {"x": x2, "weight": qweight, "scale": scale, "bias": bias}, {}, finish
-
-
-def prepare_w8a8(x, qweight, scale, bias=None, smooth=None):
-    op = "linear_w8a8"
-    x2, finish = _prepare_common(op, x, qweight, bias, {"scale": scale, "smooth": smooth}, torch.int8)
-    hc.dtype_is(op, scale, "scale", torch.float32)
-    hc.vector(op, scale, "scale", qweight.shape[0])
-    if smooth is not None:
-        hc.dtype_is(op, smooth, "smooth", torch.float32)
-        hc.vector(op, smooth, "smooth", qweight.shape[1])
-    if qweight.shape[1] >= 2**17:
-        raise OperatorError(f"{op}: K = {qweight.shape[1]} could overflow the int32 accumulator; expected K < 131072")
-    return {"x": x2, "weight": qweight, "scale": scale, "bias": bias, "smooth": smooth}, {}, finish
 
 
 LINEAR_OP = OpKernels("linear", (LINEAR_GEMV, LINEAR_GEMM), linear_program, prepare_linear,

@@ -59,18 +59,17 @@ Group size: a runtime argument (``group_shift``: G = 32 << group_shift), so G = 
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.int4_half2_triton import UNSCALE, activation_pairs, load_where_used, subblock_dots_half2
-from edgekit.kernels.int4_layout import GROUP_SIZES, SUBBLOCK
+from edgekit.kernels.int4_layout import SUBBLOCK
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
 from edgekit.kernels.linear_triton import (_PTX_DEQUANT, _gemm_space, _gemv_splits, _mm_launches, _split_k_blocks,
                                           _split_k_sum)
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.linear import int4_weight_slots, prepare_w4a16  # noqa: F401 (re-exported)
 
 _TWO_23 = tl.constexpr(8388608.0)  # 2^23: the FP32 whose low mantissa bits hold a small integer exactly
 
@@ -520,58 +519,6 @@ def w4a16_program(variants) -> dict:
 
 
 # --------------------------------------------------------------------------- host-side checks
-def prepare_w4a16(x, qweight, scale, offset=None, bias=None):
-    """The call's tensors in the program's slots: scale/offset go to the FP16 or FP32 slot of their dtype."""
-    op = "linear_w4a16"
-    hc.on_cuda(op, ("x", x), ("qweight", qweight), ("scale", scale), ("offset", offset), ("bias", bias))
-    hc.act_dtype(op, x, "x")
-    slots, attrs = int4_weight_slots(op, qweight, scale, offset, "qweight", x_features=x.shape[-1])
-    n = qweight.shape[0]
-    if bias is not None:
-        hc.same_dtype(op, bias, "bias", x, "x")
-        hc.vector(op, bias, "bias", n)
-    x2 = hc.rows(op, x, "x")  # (M, K)
-    tensors = {"x": x2, "weight": qweight, **slots, "bias": bias}
-    out_shape = (*x.shape[:-1], n)
-    return tensors, attrs, (lambda bufs: bufs["y"].view(out_shape))
-
-
-def int4_weight_slots(op: str, qweight, scale, offset, name: str = "weight",
-                      x_features: int | None = None) -> tuple[dict, dict]:
-    """Host checks of packed INT4 (W4A16) weight operands, shared by every kernel that takes them (this GEMV and the
-    fused decode GEMVs): qweight uint8 (N, K/2), scale (N, K/G) FP16 or FP32 with G in GROUP_SIZES, offset None or
-    like the scale. Returns the scale and offset in the program slots of their dtype (``scale_h`` / ``offset_h`` for
-    FP16, ``scale_f`` / ``offset_f`` for FP32, None in the others) and the attributes the kernels read
-    (``scale_row_stride``, ``group_shift``: G = 32 << group_shift). ``x_features``: the activation's width, checked
-    against the K the packed weight holds."""
-    hc.dtype_is(op, qweight, name, torch.uint8)
-    hc.ndim(op, qweight, name, 2, "(N, K/2)")
-    hc.unit_last_stride(op, qweight, name)
-    n, k = qweight.shape[0], qweight.shape[1] * 2
-    if x_features is not None and x_features != k:
-        raise OperatorError(f"{op}: x has {x_features} features but the packed {name} {tuple(qweight.shape)} "
-                            f"holds K = {k}", hint=f"{name} is (N, K/2): two 4-bit weights a byte")
-    if scale is None:
-        raise OperatorError(f"{op}: packed INT4 {name} {tuple(qweight.shape)} came without group scales",
-                            hint="pass the (N, K/G) scale of the W4A16 weights (kernels/int4_layout.py)")
-    if scale.dtype not in (torch.float16, torch.float32):
-        raise OperatorError(f"{op}: scale has dtype {scale.dtype}; expected float16 or float32")
-    hc.ndim(op, scale, "scale", 2, "(N, K/G)")
-    hc.unit_last_stride(op, scale, "scale")
-    groups = scale.shape[1]
-    g = k // groups if groups and k % groups == 0 else 0
-    if scale.shape[0] != n or g not in GROUP_SIZES:
-        raise OperatorError(f"{op}: scale has shape {tuple(scale.shape)} for K = {k}, N = {n}; expected (N, K/G) "
-                            f"with G in {GROUP_SIZES}")
-    if offset is not None:
-        hc.same_dtype(op, offset, "offset", scale, "scale")
-        if offset.shape != scale.shape or offset.stride() != scale.stride():
-            raise OperatorError(f"{op}: offset has shape {tuple(offset.shape)} strides {offset.stride()}; "
-                                f"expected the scale's {tuple(scale.shape)} {scale.stride()}")
-    f32 = scale.dtype == torch.float32
-    slots = {"scale_h": None if f32 else scale, "offset_h": None if f32 else offset,
-             "scale_f": scale if f32 else None, "offset_f": offset if f32 else None}
-    return slots, {"scale_row_stride": scale.stride(0), "group_shift": (g // SUBBLOCK).bit_length() - 1}
 
 
 W4A16_OP = OpKernels("linear_w4a16", (W4A16_GEMV, W4A16_GEMM), w4a16_program, prepare_w4a16,

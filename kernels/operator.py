@@ -88,6 +88,9 @@ class Operator:
     # (canonical tensors, attrs) of one call -> the shape keywords ``variants.tile_space`` takes
     call_shape: Callable[[Mapping[str, Any], Mapping[str, Any]], dict] = lambda tensors, attrs: {}
     triton: str | None = None  # "<module>:<attr>" of its ``OpKernels`` in edgekit.kernels, imported on first use
+    # its kernels' host side: (the reference's arguments) -> (tensors, attrs, finish(buffers)) for the launch program.
+    # Here, not in the Triton module, so a device runs compiled plugins without Triton installed (kernels.launcher)
+    prepare: Callable[..., tuple[dict, dict, Callable[[dict], Any]]] | None = None
     tiles_at: Mapping[str, str] = field(default_factory=dict)  # kernel -> DECODE | PREFILL
     grid: GridRule = no_grid_rule
     rowwise: bool = False  # each token independent: golden cases cap the rows (more rows repeat the same program)

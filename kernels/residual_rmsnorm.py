@@ -14,8 +14,10 @@ import torch
 
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, golden_rand
 from edgekit.kernels.rmsnorm import golden_inputs as rmsnorm_golden_inputs
-from edgekit.kernels.rmsnorm import onnx_rmsnorm, rmsnorm_reference
+from edgekit.kernels.rmsnorm import MAX_ROW, onnx_rmsnorm, rmsnorm_reference
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="residual_rmsnorm",
@@ -48,11 +50,26 @@ def onnx_residual_rmsnorm(b, i: dict, out: list[str]) -> None:
     onnx_rmsnorm(b, {"x": out[1], "weight": i["weight"]}, [out[0]])
 
 
+def prepare(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    op = "residual_rmsnorm"
+    hc.on_cuda(op, ("x", x), ("residual", residual), ("weight", weight))
+    hc.act_dtype(op, x, "x")
+    hc.same_dtype(op, residual, "residual", x, "x")
+    hc.same_dtype(op, weight, "weight", x, "x")
+    if residual.shape != x.shape:
+        raise OperatorError(f"{op}: residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)}")
+    if x.shape[-1] > MAX_ROW:
+        raise OperatorError(f"{op}: row length {x.shape[-1]} exceeds the kernel's {MAX_ROW}")
+    hc.vector(op, weight, "weight", x.shape[-1])
+    tensors = {"x": hc.rows(op, x, "x"), "residual": hc.rows(op, residual, "residual"), "weight": weight}  # (M, C)
+    return tensors, {"eps": float(eps)}, lambda bufs: (bufs["y"].view(x.shape), bufs["s"].view(x.shape))
+
+
 OPERATORS = (
     Operator(
         SPEC, residual_rmsnorm_reference, OpPrecision("residual_rmsnorm", "fp16", "fp16", "fp32", "fp16"), golden_inputs,
         call_shape=lambda t, a: {"hidden_size": t["x"].shape[1]},
-        triton="residual_rmsnorm_triton:OP", tiles_at={"residual_rmsnorm_fwd": PREFILL}, rowwise=True,
+        triton="residual_rmsnorm_triton:OP", prepare=prepare, tiles_at={"residual_rmsnorm_fwd": PREFILL}, rowwise=True,
         onnx=OnnxFunction("ResidualRMSNorm", ("eps",), onnx_residual_rmsnorm),
     ),
 )

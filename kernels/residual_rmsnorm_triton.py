@@ -7,15 +7,14 @@ memory beyond the cross-warp reduction.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, check, ptr, shape, stride
-from edgekit.kernels.rmsnorm_triton import MAX_ROW, row_default, row_space
+from edgekit.kernels.rmsnorm_triton import row_default, row_space
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.residual_rmsnorm import prepare
 
 
 @triton.jit
@@ -77,21 +76,6 @@ def program(variants) -> dict:
         launches=[launch_of(RESIDUAL_RMSNORM_FWD, [rows, 1, 1])],
         outputs=["y", "s"],
     )
-
-
-def prepare(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-    op = "residual_rmsnorm"
-    hc.on_cuda(op, ("x", x), ("residual", residual), ("weight", weight))
-    hc.act_dtype(op, x, "x")
-    hc.same_dtype(op, residual, "residual", x, "x")
-    hc.same_dtype(op, weight, "weight", x, "x")
-    if residual.shape != x.shape:
-        raise OperatorError(f"{op}: residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)}")
-    if x.shape[-1] > MAX_ROW:
-        raise OperatorError(f"{op}: row length {x.shape[-1]} exceeds the kernel's {MAX_ROW}")
-    hc.vector(op, weight, "weight", x.shape[-1])
-    tensors = {"x": hc.rows(op, x, "x"), "residual": hc.rows(op, residual, "residual"), "weight": weight}  # (M, C)
-    return tensors, {"eps": float(eps)}, lambda bufs: (bufs["y"].view(x.shape), bufs["s"].view(x.shape))
 
 
 OP = OpKernels(op="residual_rmsnorm", kernels=(RESIDUAL_RMSNORM_FWD,), program=program, prepare=prepare,

@@ -7,6 +7,10 @@ import torch
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
+
+MAX_ROW = 65536  # one row must fit one program's registers (the kernel holds it whole)
 
 SPEC = OpSpec(
     name="rmsnorm",
@@ -41,11 +45,24 @@ def onnx_rmsnorm(b, i: dict, out: list[str]) -> None:
     inv_rms = b("Reciprocal", b("Sqrt", b("Add", mean_sq, b.attr_const("eps", "float"))))
     b.like(b("Mul", b("Mul", x, inv_rms), b.f32(i["weight"])), i["x"], out[0])
 
+
+def prepare(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    op = "rmsnorm"
+    hc.on_cuda(op, ("x", x), ("weight", weight))
+    hc.act_dtype(op, x, "x")
+    hc.same_dtype(op, weight, "weight", x, "x")
+    if x.shape[-1] > MAX_ROW:
+        raise OperatorError(f"{op}: row length {x.shape[-1]} exceeds the kernel's {MAX_ROW}")
+    hc.vector(op, weight, "weight", x.shape[-1])
+    x2 = hc.rows(op, x, "x")  # (M, C)
+    return {"x": x2, "weight": weight}, {"eps": float(eps)}, lambda bufs: bufs["y"].view(x.shape)
+
+
 OPERATORS = (
     Operator(
         SPEC, rmsnorm_reference, OpPrecision("rmsnorm", "fp16", "fp16", "fp32", "fp16"), golden_inputs,
         call_shape=lambda t, a: {"hidden_size": t["x"].shape[1]},
-        triton="rmsnorm_triton:OP", tiles_at={"rmsnorm_fwd": PREFILL}, rowwise=True,
+        triton="rmsnorm_triton:OP", prepare=prepare, tiles_at={"rmsnorm_fwd": PREFILL}, rowwise=True,
         onnx=OnnxFunction("RMSNorm", ("eps",), onnx_rmsnorm),
     ),
 )

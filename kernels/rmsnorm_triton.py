@@ -7,16 +7,13 @@ beyond the cross-warp reduction.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, check, ptr, shape, stride
-
-MAX_ROW = 65536  # one row must fit one program's registers
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.rmsnorm import MAX_ROW, prepare  # noqa: F401 (re-exported)
 
 
 @triton.jit
@@ -76,18 +73,6 @@ def program(variants) -> dict:
         launches=[launch_of(RMSNORM_FWD, [shape("x", 0), 1, 1])],
         outputs=["y"],
     )
-
-
-def prepare(x: torch.Tensor, weight: torch.Tensor, eps: float):
-    op = "rmsnorm"
-    hc.on_cuda(op, ("x", x), ("weight", weight))
-    hc.act_dtype(op, x, "x")
-    hc.same_dtype(op, weight, "weight", x, "x")
-    if x.shape[-1] > MAX_ROW:
-        raise OperatorError(f"{op}: row length {x.shape[-1]} exceeds the kernel's {MAX_ROW}")
-    hc.vector(op, weight, "weight", x.shape[-1])
-    x2 = hc.rows(op, x, "x")  # (M, C)
-    return {"x": x2, "weight": weight}, {"eps": float(eps)}, lambda bufs: bufs["y"].view(x.shape)
 
 
 OP = OpKernels(op="rmsnorm", kernels=(RMSNORM_FWD,), program=program, prepare=prepare, required=(("rmsnorm_fwd",),))

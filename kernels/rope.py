@@ -13,6 +13,8 @@ from edgekit.kernels.linear import linear_reference, onnx_linear
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 ROPE_SPEC = OpSpec(
     name="rope",
@@ -164,12 +166,72 @@ def onnx_qkv_rope(b, i: dict, out: list[str]) -> None:
     onnx_rope(b, {"qkv": qkv, "cos": i["cos"], "sin": i["sin"]}, out)
 
 # one fused kernel serves decode and prefill: tiled for prefill, where its compute is
+
+
+def _check_tables(op: str, cos, sin, B: int, T: int, D: int):
+    for n, t in (("cos", cos), ("sin", sin)):
+        hc.dtype_is(op, t, n, torch.float32)
+        hc.ndim(op, t, n, 3, "(B, T, D/2)")
+        if tuple(t.shape) != (B, T, D // 2):
+            raise OperatorError(f"{op}: {n} has shape {tuple(t.shape)}; expected ({B}, {T}, {D // 2})")
+        hc.unit_last_stride(op, t, n)
+
+
+
+def _heads(op: str, width: int, n_heads: int, n_kv_heads: int) -> int:
+    total = n_heads + 2 * n_kv_heads
+    if n_heads <= 0 or n_kv_heads <= 0 or n_heads % n_kv_heads or width % total:
+        raise OperatorError(f"{op}: width {width} does not split into {n_heads} query + 2x{n_kv_heads} KV heads")
+    d = width // total
+    hc.head_dim_ok(op, d)
+    return d
+
+
+
+def prepare_qkv_rope(x, wqkv, bqkv, cos, sin, n_heads: int, n_kv_heads: int):
+    op = "qkv_rope"
+    hc.on_cuda(op, ("x", x), ("wqkv", wqkv), ("bqkv", bqkv), ("cos", cos), ("sin", sin))
+    hc.act_dtype(op, x, "x")
+    hc.ndim(op, x, "x", 3, "(B, T, C)")
+    hc.same_dtype(op, wqkv, "wqkv", x, "x")
+    hc.ndim(op, wqkv, "wqkv", 2, "((Hq + 2 Hkv) D, C)")
+    hc.unit_last_stride(op, wqkv, "wqkv")
+    B, T, C = x.shape
+    if wqkv.shape[1] != C:
+        raise OperatorError(f"{op}: x has {C} features but wqkv is {tuple(wqkv.shape)}")
+    D = _heads(op, wqkv.shape[0], n_heads, n_kv_heads)
+    if bqkv is not None:
+        hc.same_dtype(op, bqkv, "bqkv", x, "x")
+        hc.vector(op, bqkv, "bqkv", wqkv.shape[0])
+    _check_tables(op, cos, sin, B, T, D)
+    x2 = hc.rows(op, x, "x")  # (B*T, C)
+    attrs = {"B": B, "T": T, "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads)}
+    tensors = {"x": x2, "wqkv": wqkv, "bqkv": bqkv, "cos": cos, "sin": sin}
+    return tensors, attrs, lambda bufs: (bufs["q"], bufs["k"], bufs["v"])
+
+
+
+def prepare_rope(qkv, cos, sin, n_heads: int, n_kv_heads: int):
+    op = "rope"
+    hc.on_cuda(op, ("qkv", qkv), ("cos", cos), ("sin", sin))
+    hc.act_dtype(op, qkv, "qkv")
+    hc.ndim(op, qkv, "qkv", 3, "(B, T, (Hq + 2 Hkv) D)")
+    B, T, W = qkv.shape
+    D = _heads(op, W, n_heads, n_kv_heads)
+    _check_tables(op, cos, sin, B, T, D)
+    x2 = hc.rows(op, qkv, "qkv")  # (B*T, W)
+    attrs = {"B": B, "T": T, "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads)}
+    return {"qkv": x2, "cos": cos, "sin": sin}, attrs, lambda bufs: (bufs["q"], bufs["k"], bufs["v"])
+
+
 OPERATORS = (
     Operator(ROPE_SPEC, rope_reference, OpPrecision("rope", "none", "fp16", "fp32", "fp16"), rope_golden_inputs,
              call_shape=_call_shape("qkv"), triton="rope_triton:ROPE_OP", tiles_at={"rope_fwd": PREFILL}, rowwise=True,
+             prepare=prepare_rope,
              onnx=OnnxFunction("Rope", ("n_heads", "n_kv_heads"), onnx_rope)),
     Operator(QKV_ROPE_SPEC, qkv_rope_reference, OpPrecision("qkv_rope", "fp16", "fp16", "fp32", "fp16"),
              qkv_rope_golden_inputs, call_shape=_call_shape("x"), triton="rope_triton:QKV_ROPE_OP",
+             prepare=prepare_qkv_rope,
              tiles_at={"qkv_rope_fwd": PREFILL}, grid=_qkv_rope_grid, rowwise=True,
              onnx=OnnxFunction("QKVRoPE", ("n_heads", "n_kv_heads"), onnx_qkv_rope)),
 )

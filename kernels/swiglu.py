@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="swiglu",
@@ -37,10 +39,22 @@ def onnx_swiglu(b, i: dict, out: list[str]) -> None:
     gate, up = b("Split", b.f32(i["gate_up"]), axis=-1, n_out=2)  # gate first
     b.like(b("Mul", b("Mul", gate, b("Sigmoid", gate)), up), i["gate_up"], out[0])
 
+
+def prepare(gate_up: torch.Tensor):
+    op = "swiglu"
+    hc.on_cuda(op, ("gate_up", gate_up))
+    hc.act_dtype(op, gate_up, "gate_up")
+    if gate_up.shape[-1] % 2:
+        raise OperatorError(f"{op}: gate_up has odd width {gate_up.shape[-1]}; expected 2F ([gate | up])")
+    g2 = hc.rows(op, gate_up, "gate_up")  # (M, 2F)
+    out_shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+    return {"gate_up": g2}, {}, lambda bufs: bufs["y"].view(out_shape)
+
+
 OPERATORS = (
     Operator(
         SPEC, swiglu_reference, OpPrecision("swiglu", "none", "fp16", "fp32", "fp16"), golden_inputs,
-        triton="swiglu_triton:OP", tiles_at={"swiglu_fwd": PREFILL}, rowwise=True,
+        triton="swiglu_triton:OP", prepare=prepare, tiles_at={"swiglu_fwd": PREFILL}, rowwise=True,
         onnx=OnnxFunction("SwiGLU", (), onnx_swiglu),
     ),
 )

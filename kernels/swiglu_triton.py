@@ -5,14 +5,13 @@ Reference: ``kernels/swiglu.py``. Elementwise and memory-bound; no shared memory
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
+# the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
+from edgekit.kernels.swiglu import prepare
 
 
 @triton.jit
@@ -61,17 +60,6 @@ def program(variants) -> dict:
         launches=[launch_of(SWIGLU_FWD, [shape("gate_up", 0), cdiv(F, block), 1])],
         outputs=["y"],
     )
-
-
-def prepare(gate_up: torch.Tensor):
-    op = "swiglu"
-    hc.on_cuda(op, ("gate_up", gate_up))
-    hc.act_dtype(op, gate_up, "gate_up")
-    if gate_up.shape[-1] % 2:
-        raise OperatorError(f"{op}: gate_up has odd width {gate_up.shape[-1]}; expected 2F ([gate | up])")
-    g2 = hc.rows(op, gate_up, "gate_up")  # (M, 2F)
-    out_shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
-    return {"gate_up": g2}, {}, lambda bufs: bufs["y"].view(out_shape)
 
 
 OP = OpKernels(op="swiglu", kernels=(SWIGLU_FWD,), program=program, prepare=prepare, required=(("swiglu_fwd",),))

