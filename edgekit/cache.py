@@ -128,8 +128,11 @@ class BuildCache:
             if final.exists():  # an incomplete leftover from a crash
                 shutil.rmtree(final)
             os.replace(tmp, final)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)  # a cache that cannot be written only costs time
+        except BaseException as e:  # Ctrl-C included: no staging folder is left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not isinstance(e, OSError):
+                raise
+            # a cache that cannot be written only costs time
 
     def prune(self, limit_bytes: int | None = None) -> PruneResult:
         """Remove the least recently used entries until the cache fits `limit_bytes` (default: cache_limit_bytes()).

@@ -42,6 +42,18 @@ def cli_precision(value: str, allowed) -> str:
     return parse_precision(value, allowed, warn=note)
 
 
+def gate_line(gate: dict) -> str:
+    """The accuracy gate of a quantization report on one line: the verdict, each metric against its threshold and
+    the layers kept in FP (the build summary once printed the gate's JSON cut at 300 characters)."""
+    m, c = gate.get("metrics") or {}, gate.get("config") or {}
+    parts = [f"perplexity {100 * m['perplexity_increase']:+.2f}% (at most {100 * c['max_ppl_increase']:+.2f}%)"]
+    if m.get("greedy_agreement") is not None:
+        parts.append(f"greedy agreement {100 * m['greedy_agreement']:.1f}% (at least {100 * c['min_greedy_agreement']:.1f}%)")
+    parts.append(f"logits SNR {m['logits_snr_db']:.1f} dB (at least {c['min_logits_snr_db']:.1f} dB)")
+    verdict = "passed" if gate.get("passed") else "FAILED"
+    return f"accuracy gate {verdict}: " + ", ".join(parts) + " (measured on the CPU, held-out text)"
+
+
 def head_embedding_line(he: dict) -> str:
     """One line of report.json's ``head_embedding`` (edgekit.quant.stored_bytes) for build, quantize and info."""
     return (f"LM head: {he['lm_head']}; embedding: {he['embedding']}; weight bytes per decoded token "

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 [ -f keys/edgekit.key ] || edgekit keys generate keys
-edgekit build --target orin --key keys/edgekit.key -o bundles/smollm2-135m-orin --force
-edgekit verify bundles/smollm2-135m-orin --trust keys/edgekit.pub
-edgekit run bundles/smollm2-135m-orin --trust keys/edgekit.pub --skip-golden \
+# the README's paths: its later steps (serve, the OTA walkthrough) run on this bundle as it is
+edgekit build --target orin --key keys/edgekit.key -o bundles/smollm2-orin --force
+edgekit verify bundles/smollm2-orin --trust keys/edgekit.pub
+edgekit run bundles/smollm2-orin --trust keys/edgekit.pub --skip-golden \
   --prompt "What is the capital of France?" --max-new-tokens 32

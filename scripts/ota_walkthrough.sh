@@ -7,12 +7,20 @@
 # preset:tiny (random weights, built in seconds) stand in at those paths: the walkthrough exercises the
 # plugin path, not the model. The one change made to the block: ports 8000 and 8080 become free ports,
 # so concurrent runs never collide. Everything listens on 127.0.0.1; started processes are stopped on exit.
+# Without OTA_WORKDIR it runs in a temporary folder that is deleted at the end (keys and token included).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -f "$ROOT/.venv/bin/activate" ]; then
   . "$ROOT/.venv/bin/activate"
 fi
-WORK=${OTA_WORKDIR:-$(mktemp -d)}
+# A scratch folder of our own is removed on exit, success or not: it holds a private signing key and the admin
+# token. With OTA_WORKDIR the folder is the caller's, and kept for them to inspect.
+if [ -n "${OTA_WORKDIR:-}" ]; then
+  WORK=$OTA_WORKDIR
+else
+  WORK=$(mktemp -d)
+  trap 'cd / && rm -rf "$WORK"' EXIT
+fi
 mkdir -p "$WORK" && cd "$WORK"
 
 if [ -n "${OTA_BUNDLE:-}" ]; then

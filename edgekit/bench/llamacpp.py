@@ -27,7 +27,7 @@ from edgekit.errors import BenchmarkError
 QUANTIZED_COPIES = ("Q8_0", "Q4_K_M")  # what llama-quantize makes of a preset's F16 file
 USER_FILE = "file"  # the label of a GGUF file the user gave (its type is what llama-bench reports)
 BUILD_HINT = ("build llama.cpp with CUDA (cmake -B build -DGGML_CUDA=ON -DLLAMA_CURL=OFF && cmake --build build "
-              "--target llama-bench llama-quantize) and pass build/bin/{name}; see notes/peers.md")
+              "--target llama-bench llama-quantize) and pass build/bin/{name}")
 
 
 def resolve_binary(given: str | Path, name: str, flag: str) -> Path:

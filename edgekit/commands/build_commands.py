@@ -5,7 +5,6 @@ Registered on edgekit.cli.app when imported.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -13,7 +12,7 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import cli_precision, console, head_embedding_line, print_json
+from edgekit.cli_common import cli_precision, console, gate_line, head_embedding_line, print_json
 from edgekit.precision_names import DEFAULT_PRECISION, head_scheme
 from edgekit.precision_names import help_text as precision_help
 from edgekit.errors import BundleError
@@ -171,7 +170,8 @@ def _print_build_summary(s: dict) -> None:
         f" {fmt_bytes(mem['free_bytes'])} free of {fmt_bytes(mem['total_bytes'])}")
     if s.get("quantization"):
         q = s["quantization"]
-        console.print(f"quantization: {q['mode']}{' (cached)' if q['cached'] else ''}; gate: {json.dumps(q.get('gate'), default=str)[:300]}")
+        console.print(f"quantization: {q['mode']}{' (cached)' if q['cached'] else ''}; "
+                      + (gate_line(q["gate"]) if q.get("gate") else "no accuracy gate"), highlight=False)
         if q.get("head_embedding"):
             console.print(head_embedding_line(q["head_embedding"]))
     for r in s["predictions"]:

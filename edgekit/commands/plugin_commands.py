@@ -122,10 +122,12 @@ def pack(
 def list_cmd(
     path: Path = typer.Argument(..., help=PATH_HELP),
     bundle: Optional[Path] = typer.Option(None, "--bundle", "-b", help="With a store: the bundle it serves, whose plugins are the versions below the store's."),
+    trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP + " With a package: verify its signature (and everything else) first."),
+    allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help="With --trust: also accept the public development key."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON rows instead of a table."),
 ) -> None:
     """One row per plugin: operator, version, where it comes from (bundle, store, package), arch, kernels."""
-    kind, rows = _rows(path, bundle, None, False)
+    kind, rows = _rows(path, bundle, trust, allow_dev_key)
     if json_out:
         print_json([{k: v for k, v in r.items() if k != "metadata"} for r in rows])
         return

@@ -92,3 +92,24 @@ def test_an_entry_removed_while_it_is_read_is_a_miss_not_a_crash(tmp_path, monke
     monkeypatch.setattr(type(entry), "read_bytes", read_then_vanish)
     assert cache.get("stage", "a" * 8) is None and cache.misses == ["stage"] and not cache.hits
     assert BuildCache(tmp_path).get("stage", "b" * 8) is None  # a plain miss is still one
+
+
+def test_ctrl_c_while_an_entry_is_written_leaves_no_staging_folder(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from edgekit.cache import BuildCache
+
+    cache = BuildCache(tmp_path)
+    real = Path.write_bytes
+    calls = []
+
+    def interrupted(self, data):
+        calls.append(self.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache.put("quantize", "ab" * 32, {"model.safetensors": b"x" * 10, "report.json": b"{}"})
+    assert [p for p in tmp_path.rglob("*") if p.is_file() or p.name.startswith(".")] == []

@@ -280,3 +280,16 @@ def test_an_int4_build_says_it_quantizes_to_int4_and_bundle_names_follow_the_mod
     assert default_bundle_dir("models/qwen2.5-1.5b/", "orin-nano-8gb", "int8") == Path("bundles/qwen2.5-1.5b-orin-nano-8gb-int8")
     assert default_bundle_dir("preset:tiny", "orin", "fp16") == Path("bundles/tiny-orin-fp16")
     assert default_bundle_dir(None, "orin", "int8") == Path("bundles/smollm2-135m-instruct-orin-int8")
+
+
+def test_the_build_summary_states_the_accuracy_gate_whole_on_one_line():
+    """It printed the gate's JSON cut at 300 characters, mid-number."""
+    from edgekit.cli_common import gate_line
+
+    gate = {"passed": True, "config": {"max_ppl_increase": 0.01, "min_greedy_agreement": 0.95, "min_logits_snr_db": 20.0},
+            "metrics": {"perplexity_increase": 0.0042, "greedy_agreement": 0.984, "logits_snr_db": 31.25,
+                        "fp_perplexity": 8.0, "quant_perplexity": 8.03, "tokens_scored": 2047},
+            "attempts": [{"fp_layers": [], "metrics": {}, "failures": []}] * 40, "failures": []}
+    assert gate_line(gate) == ("accuracy gate passed: perplexity +0.42% (at most +1.00%), greedy agreement 98.4% "
+                               "(at least 95.0%), logits SNR 31.2 dB (at least 20.0 dB) (measured on the CPU, held-out "
+                               "text)")

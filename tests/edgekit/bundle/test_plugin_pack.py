@@ -171,3 +171,18 @@ def test_pack_of_a_kernel_source_one_percent_off_is_refused_before_anything_is_s
     assert f"--kernel-source {source}: rmsnorm is wrong in" in line and "run under Triton's interpreter" in line, line
     assert "outside tolerance" in line and "nothing was signed" in line
     assert not out.exists()
+
+
+def test_plugin_list_of_a_package_takes_the_trust_flag_its_table_suggests(bundle, tmp_path):
+    """The signature column said "pass --trust PUBFILE", which `plugin list` refused as an unknown option."""
+    from edgekit.bundle.plugin_pack import pack_from_bundle
+
+    priv, pub = generate_keypair(tmp_path / "keys")
+    _, data = pack_from_bundle(bundle, "rmsnorm", version=2, key=load_signing_key(priv))
+    package = tmp_path / "rmsnorm-v2.tar"
+    package.write_bytes(data)
+    r = edgekit("plugin", "list", str(package), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["signature"] == "not checked (pass --trust PUBFILE)"
+    r = edgekit("plugin", "list", str(package), "--trust", str(pub), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["signature"].startswith("verified (key ")

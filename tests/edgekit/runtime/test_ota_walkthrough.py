@@ -42,3 +42,17 @@ def test_readme_ota_walkthrough_runs_as_written(tmp_path):
     pointer = json.loads((work / "device-store" / "ops" / "rmsnorm" / "active").read_text())
     assert pointer["version"] == "2" and pointer["state"] == "probation"
     assert (work / "tuf-repo" / "metadata" / "timestamp.json").is_file()
+
+
+def test_the_walkthrough_leaves_no_keys_or_token_in_a_temporary_folder(tmp_path):
+    """Without OTA_WORKDIR it works in a folder of its own (a private key and the admin token end up there): the
+    folder is gone afterwards, also when a step fails (here: OTA_BUNDLE names no bundle)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "OTA_WORKDIR"}
+    env.update(TMPDIR=str(scratch), OTA_BUNDLE=str(tmp_path / "no-such-bundle"), OTA_KEYS=str(tmp_path),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "ota_walkthrough.sh")], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode != 0
+    assert list(scratch.iterdir()) == []
