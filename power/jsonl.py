@@ -5,6 +5,11 @@ Record types: ``meta`` (once, first: format version, sensors, policy),
 metric) and ``event``. Appending keeps every record written before a crash; the
 reader skips a torn last line (and any other line that is not JSON) and says
 how many it skipped.
+
+A log that reaches ``max_bytes`` (64 MiB by default) is rotated: it becomes
+``NAME.1`` (replacing the one before) and a new ``NAME`` starts with the same
+meta record, so a device's disk holds at most two logs' worth and each file
+stands alone for `edgekit report`.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from typing import Any
 from edgekit.errors import EdgekitError
 
 LOG_FORMAT_VERSION = 1
+DEFAULT_MAX_BYTES = 64 * 2**20  # then NAME -> NAME.1: a device running for months keeps two logs, not gigabytes
 
 
 class JsonlLogger:
-    def __init__(self, path: str | Path, flush_interval_s: float = 1.0):
+    def __init__(self, path: str | Path, flush_interval_s: float = 1.0, max_bytes: int | None = DEFAULT_MAX_BYTES):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", encoding="utf-8")
@@ -32,21 +38,40 @@ class JsonlLogger:
         self.flush_interval_s = flush_interval_s
         self._last_flush = time.monotonic()
         self.records = 0
+        self.max_bytes = max_bytes
+        self.rotations = 0
+        self._meta: dict[str, Any] | None = None  # written again at the top of a rotated log
 
     def write(self, record: dict[str, Any], flush: bool = False) -> None:
-        line = json.dumps(record, separators=(",", ":"), default=str)
+        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         with self._lock:
             if self._f.closed:
                 return
-            self._f.write(line + "\n")
+            if self.max_bytes is not None and self._f.tell() + len(line) > self.max_bytes and self._f.tell() > 0:
+                self._rotate()
+            self._f.write(line)
             self.records += 1
             now = time.monotonic()
             if flush or now - self._last_flush >= self.flush_interval_s:
                 self._f.flush()
                 self._last_flush = now
 
+    def _rotate(self) -> None:
+        """NAME -> NAME.1 (atomic rename), then a fresh NAME opening with the meta record. Under the lock."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        self._f = open(self.path, "a", encoding="utf-8")
+        self.rotations += 1
+        if self._meta is not None:
+            self._f.write(json.dumps({**self._meta, "rotated_from": f"{self.path.name}.1"}, separators=(",", ":"),
+                                     default=str) + "\n")
+
     def meta(self, **fields: Any) -> None:
-        self.write({"type": "meta", "format_version": LOG_FORMAT_VERSION, "t_s": time.time(), **fields}, flush=True)
+        record = {"type": "meta", "format_version": LOG_FORMAT_VERSION, "t_s": time.time(), **fields}
+        self._meta = record
+        self.write(record, flush=True)
 
     def close(self) -> None:
         with self._lock:

@@ -1,8 +1,9 @@
 """`edgekit report`: PNG plots and a short HTML page from a watchdog JSONL log.
 
-Figures (each only when the log has the data): latency percentiles and jitter
-over time with the budget, power per rail with the total and the band, and
-temperature per zone with the limits. Events are drawn as vertical lines on
+Figures (each only when the log has the data): latency percentiles over time
+for each metric the watchdog measured (per token, time to first token, whole
+request) and the jitter against its budget, power per rail with the total and
+the band (with GPU/CPU load), and temperature per zone with the limits. Events are drawn as vertical lines on
 every figure. Time is seconds since the first record and every figure spans the
 whole log, so figures line up; every axis has its unit. Files are written
 atomically (temp file, fsync, rename).
@@ -111,41 +112,66 @@ def _policy(c: LogContents) -> dict:
     return (c.meta[0].get("policy") if c.meta else None) or {}
 
 
-def _latency_figure(c: LogContents, t0: float, path: Path) -> Path | None:
-    from matplotlib.figure import Figure
+LATENCY_METRICS = (("token", "per-token latency"), ("ttft", "time to first token"), ("request", "request latency"))
 
-    metric = None
-    for m in ("token", "request", "ttft"):
-        if any(m in (r.get("metrics") or {}) for r in c.latency):
-            metric = m
-            break
-    if metric is None:
+
+def _latency_rows(c: LogContents, metric: str, t0: float) -> list[tuple[float, dict]]:
+    return [(r["t_s"] - t0, r["metrics"][metric]) for r in c.latency if metric in (r.get("metrics") or {})]
+
+
+def _latency_figure(c: LogContents, t0: float, path: Path) -> Path | None:
+    fig = latency_figure(c, t0)
+    if fig is None:
         return None
-    rows = [(r["t_s"] - t0, r["metrics"][metric]) for r in c.latency if metric in (r.get("metrics") or {})]
-    t = [x for x, _ in rows]
-    budget = _policy(c).get("jitter_budget_ms", 5.0)
-    fig = Figure(figsize=(10, 6.2), dpi=110, layout="constrained")
-    ax1, ax2 = fig.subplots(2, 1, sharex=True)
-    for q, style in (("p50_ms", "-"), ("p95_ms", "--"), ("p99_ms", "-")):
-        ax1.plot(t, [s[q] for _, s in rows], style, label=q.replace("_ms", ""), linewidth=1.4 if q != "p95_ms" else 1.0)
-    ax1.set_ylabel(f"{metric} latency (ms)")
-    ax1.set_title(f"{metric} latency over a rolling window: percentiles (top) and jitter (bottom)")
-    ax1.legend(loc="upper left", fontsize=8)
-    ax1.grid(alpha=0.3)
-    ax2.plot(t, [s["jitter_ms"] for _, s in rows], label="jitter p99 - p50", color="tab:red")
-    ax2.plot(t, [s["std_ms"] if s.get("std_ms") is not None else float("nan") for _, s in rows], label="standard deviation", color="tab:blue", linewidth=1.0)
-    ax2.axhline(budget, color="black", linestyle="--", linewidth=1.0, label=f"budget {budget:g} ms")
-    top = max([budget] + [s["jitter_ms"] for _, s in rows] + [s["std_ms"] or 0.0 for _, s in rows])
-    ax2.set_ylim(0, top * 1.5)  # room above the budget line for the legend
-    ax2.set_ylabel("jitter (ms)")
-    ax2.set_xlabel("time since start of log (s)")
-    ax2.legend(loc="upper left", fontsize=8, ncol=3)
-    ax2.grid(alpha=0.3)
-    _mark_events(ax1, c.events, t0, label=True)
-    _mark_events(ax2, c.events, t0, label=False)
-    _whole_log(ax2, _span_s(c))
     _save(fig, path)
     return path
+
+
+def latency_figure(c: LogContents, t0: float):
+    """One panel per latency metric the log holds (token, TTFT, request: p50/p95/p99 over the rolling window), then
+    the jitter (p99 - p50) of the metrics held to the budget, against the budget. Events on every panel. None
+    without latency records (a power-only capture)."""
+    from matplotlib.figure import Figure
+
+    present = [(m, label) for m, label in LATENCY_METRICS if _latency_rows(c, m, t0)]
+    if not present:
+        return None
+    pol = _policy(c)
+    budget = pol.get("jitter_budget_ms", 5.0)
+    budgeted = [m for m, _ in present if m in pol.get("jitter_metrics", ["token"])] or [present[0][0]]
+    fig = Figure(figsize=(10, 2.6 * (len(present) + 1)), dpi=110, layout="constrained")
+    axes = fig.subplots(len(present) + 1, 1, sharex=True)
+    for ax, (metric, label) in zip(axes, present):
+        rows = _latency_rows(c, metric, t0)
+        t = [x for x, _ in rows]
+        for q, style in (("p50_ms", "-"), ("p95_ms", "--"), ("p99_ms", "-")):
+            ax.plot(t, [s[q] for _, s in rows], style, label=q.replace("_ms", ""), linewidth=1.4 if q != "p95_ms" else 1.0)
+        ax.set_ylabel(f"{metric} (ms)")
+        ax.set_title(f"{label} over a rolling window", fontsize=10)
+        ax.legend(loc="upper left", fontsize=8, ncol=3)
+        ax.grid(alpha=0.3)
+        _mark_events(ax, c.events, t0, label=ax is axes[0])
+    ax = axes[-1]
+    top = budget
+    for metric in budgeted:
+        rows = _latency_rows(c, metric, t0)
+        jit = [s["jitter_ms"] for _, s in rows]
+        ax.plot([x for x, _ in rows], jit, label=f"{metric} jitter p99 - p50")
+        std = [s.get("std_ms") for _, s in rows]
+        if any(v is not None for v in std):
+            ax.plot([x for x, _ in rows], [v if v is not None else float("nan") for v in std], linewidth=1.0,
+                    label=f"{metric} standard deviation")
+        top = max([top, *jit, *(v for v in std if v is not None)])
+    ax.axhline(budget, color="black", linestyle="--", linewidth=1.0, label=f"budget {budget:g} ms")
+    ax.set_ylim(0, top * 1.5)  # room above the budget line for the legend
+    ax.set_ylabel("jitter (ms)")
+    ax.set_title("jitter against the budget", fontsize=10)
+    ax.set_xlabel("time since start of log (s)")
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    ax.grid(alpha=0.3)
+    _mark_events(ax, c.events, t0, label=False)
+    _whole_log(ax, _span_s(c))
+    return fig
 
 
 def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
@@ -271,8 +297,9 @@ def summarise(c: LogContents) -> dict[str, Any]:
         if e is not None:  # only as good as the sampling rate: an estimate, and labelled so
             out["energy_j_from_samples"] = round(e[0], 3)
             out["energy_covers_s"] = round(e[1], 3)
-    if c.latency:
-        last = c.latency[-1].get("metrics") or {}
+    busy = [r for r in c.latency if r.get("metrics")]  # an idle server's last record is its emptied window
+    if busy:
+        last = busy[-1]["metrics"]
         out["latency_last_window"] = {m: {k: s.get(k) for k in ("n", "p50_ms", "p99_ms", "jitter_ms", "std_ms")} for m, s in last.items()}
     return out
 

@@ -58,6 +58,7 @@ class Watchdog:
         stats_interval_s: float = 0.05,
         dry_run: bool = False,
         absent_sensors: list[str] | None = None,
+        steady_log_interval_s: float = 1.0,
     ):
         self.policy = policy or PolicyConfig()
         self.tracker = tracker or LatencyTracker(window_s=self.policy.window_s)
@@ -72,6 +73,9 @@ class Watchdog:
         self.sampler = sampler or AdaptiveSampler()
         self.on_event = on_event
         self.log_interval_s = log_interval_s
+        # While nothing moves (the sampler is slow) a sample is logged at most this often: an idle server wrote
+        # ~7 KB/s of identical readings. 0 logs every read (a caller that paces the reads, e.g. `edgekit monitor`).
+        self.steady_log_interval_s = steady_log_interval_s
         self.stats_interval_s = stats_interval_s
         self.dry_run = dry_run
         # one set of gauges per registry: a second watchdog on the same tracker shares them
@@ -97,6 +101,8 @@ class Watchdog:
         self._sensor_last: list[PowerSample | None] = [None] * len(self.sensors)
         self._last_sample_log = -float("inf")
         self._last_latency_log = -float("inf")
+        self._latency_unlogged = False  # the window statistics changed since the last latency record
+        self._unsummarised: set[str] = set()  # metrics with observations their window statistics do not hold yet
         self._stop = threading.Event()
         self._active = threading.Event()
         self._active.set()
@@ -198,14 +204,19 @@ class Watchdog:
         tr = self.tracker
         for m in METRICS:
             count = tr.count(m)
-            if count == self._seq[m]:
+            new: list[tuple[float, float]] = []
+            if count != self._seq[m]:
+                new = tr.since(m, self._seq[m])
+                self._seq[m] = count
+                self._unsummarised.add(m)
+            elif m not in self._unsummarised:
+                self._expire(m, mono)
                 continue
-            new = tr.since(m, self._seq[m])
-            self._seq[m] = count
             before = self.latest_stats.get(m)
-            spikes = self.engine.check_spikes(m, new, before, wall)
+            spikes = self.engine.check_spikes(m, new, before, wall) if new else []
             events += spikes
             if spikes or mono - self._stats_at[m] >= self._stats_gap[m]:
+                self._unsummarised.discard(m)
                 c0 = time.perf_counter()
                 stats = tr.stats(m, mono)
                 # A big window (thousands of tokens) costs more to summarise: space the updates
@@ -216,18 +227,36 @@ class Watchdog:
                     continue
                 prev_p50 = before.p50_ms if before else None
                 self.latest_stats[m] = stats
+                self._latency_unlogged = True
                 tr.spike_threshold_ms[m] = self.engine.spike_threshold_ms(stats)
                 events += self.engine.check_window(stats, wall)
                 if spikes or moved(prev_p50, stats.p50_ms, rel=0.1, abs_=0.5):
                     self.sampler.note_activity(mono)
-        if self.logger is not None and self.latest_stats and mono - self._last_latency_log >= self.log_interval_s:
+        # one record per change of the windows (not per tick: the last window was rewritten at 10 Hz while idle),
+        # including the change to an empty window once the last observation has left it
+        if self.logger is not None and self._latency_unlogged and mono - self._last_latency_log >= self.log_interval_s:
             self._last_latency_log = mono
+            self._latency_unlogged = False
             self.logger.write({"type": "latency", "t_s": wall, "rate_hz": self.sampler.rate_hz(mono),
                                "metrics": {m: s.to_dict() for m, s in self.latest_stats.items()}})
             for s in self.latest_stats.values():
                 self.metrics.update_latency(s)
             self.metrics.rate.set(self.sampler.rate_hz(mono))
         return events
+
+    def _expire(self, metric: str, mono: float) -> None:
+        """A metric that saw nothing new for a whole window: its window is recomputed (observations leave it), and
+        an empty one is dropped, not reported as the last busy window forever."""
+        if metric not in self.latest_stats or mono - self._stats_at[metric] < self.tracker.window_s:
+            return
+        self._stats_at[metric] = mono
+        stats = self.tracker.stats(metric, mono)
+        if stats is None:
+            del self.latest_stats[metric]
+            self.tracker.spike_threshold_ms[metric] = float("inf")
+        else:
+            self.latest_stats[metric] = stats
+        self._latency_unlogged = True
 
     def _check_sensors(self, mono: float, wall: float, force: bool = False) -> list[Event]:
         """Read the sensors that are due (all of them with ``force``) and apply the sensor policies."""
@@ -277,7 +306,8 @@ class Watchdog:
         return events
 
     def _log_sample(self, board: PowerSample, mono: float) -> None:
-        if mono - self._last_sample_log >= self.log_interval_s:
+        steady = self.steady_log_interval_s if self.sampler.mode(mono) == "slow" else 0.0
+        if mono - self._last_sample_log >= max(self.log_interval_s, steady):
             self._last_sample_log = mono
             self.metrics.update_sample(board)
             if self.logger is not None:

@@ -241,7 +241,7 @@ def _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_
     # No thread here: the monitor ticks the watchdog itself, once per interval, reads every sensor on
     # each tick (one fresh sample per line, whatever a sensor's own refresh interval) and logs every tick.
     wd = Watchdog(sensors=found, policy=pol, logger=JsonlLogger(log) if log else None, log_interval_s=0.0, dry_run=True,
-                  absent_sensors=absent_names(notes))
+                  absent_sensors=absent_names(notes), steady_log_interval_s=0.0)
     # the power mode of this machine; a recorded tree's is unknown (its boards' nvpmodel is not here)
     wd.write_meta(source=str(sysfs_root) if sysfs_root else "local", power_mode=None if sysfs_root else read_power_mode())
     done = _until(duration, samples)

@@ -28,7 +28,10 @@ class Clock:
         return self.t
 
 
-def simulate_run(tmp: Path, seconds: float = 20.0, spikes_at_s=(6.0, 14.0), step_s=(9.0, 13.0)) -> Path:
+def simulate_run(tmp: Path, seconds: float = 20.0, spikes_at_s=(6.0, 14.0), step_s=(9.0, 13.0),
+                 tokens_per_request: int | None = None) -> Path:
+    """``tokens_per_request``: also end a request every that many tokens (its time to first token and its whole
+    latency recorded, as the server does)."""
     board = tmp / "board"
     shutil.copytree(SYSFS / "orin-nx-16gb", board)
     hw = board / "bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1"
@@ -51,6 +54,9 @@ def simulate_run(tmp: Path, seconds: float = 20.0, spikes_at_s=(6.0, 14.0), step
         if pending and sim_s >= pending[0]:
             value, pending = 38.0, pending[1:]
         tracker.record("token", value)
+        if tokens_per_request and i % tokens_per_request == tokens_per_request - 1:
+            tracker.record("ttft", 30.0 + rng.gauss(0, 1.0))
+            tracker.record("request", 30.0 + tokens_per_request * 9.0 + rng.gauss(0, 5.0))
         if i % 10 == 0:  # the "hardware" changes every 100 ms
             ma = 2200 if step_s[0] <= sim_s < step_s[1] else 844 + rng.randint(-20, 20)
             (hw / "curr1_input").write_text(f"{ma}\n")

@@ -259,3 +259,32 @@ def test_attached_monitor_lists_server_events_once_in_the_event_format():
         assert set(e) >= {"t_s", "time", "kind", "severity", "message", "evidence", "actions"}
     scrape = next(r for r in recs if r["type"] == "scrape")
     assert scrape["total_mw"] is None and scrape["rails_mw"] == {}  # this server has no sensors: nothing, not 0
+
+
+def test_report_draws_token_ttft_and_request_latency_and_jitter_against_the_budget_with_events(tmp_path):
+    """It drew one metric only (token when present); TTFT and request latency were in the log, not in the report."""
+    from edgekit.power.report import _t0, latency_figure
+
+    c = read_log(simulate_run(tmp_path, tokens_per_request=50))
+    fig = latency_figure(c, _t0(c))
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["per-token latency over a rolling window", "time to first token over a rolling window",
+                      "request latency over a rolling window", "jitter against the budget"]
+    for ax in fig.axes[:3]:
+        assert [ln.get_label() for ln in ax.get_lines() if ln.get_linestyle() != ":"] == ["p50", "p95", "p99"]
+    jitter = fig.axes[3]
+    budget = [ln for ln in jitter.get_lines() if ln.get_label() == "budget 5 ms"]
+    assert len(budget) == 1 and list(budget[0].get_ydata()) == [5.0, 5.0]
+    assert "token jitter p99 - p50" in [ln.get_label() for ln in jitter.get_lines()]
+    for ax in fig.axes:  # every event on every panel, as a dotted vertical line at its time
+        assert len([ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]) == len(c.events) == 3
+    r = render_report(simulate_run(tmp_path / "again", tokens_per_request=50), tmp_path / "out")
+    assert set(r.summary["latency_last_window"]) == {"token", "ttft", "request"}
+
+
+def test_an_idle_tail_does_not_hide_the_last_busy_window_in_the_summary(run_log, tmp_path):
+    from edgekit.power.report import summarise
+
+    c = read_log(run_log)
+    c.latency.append({"type": "latency", "t_s": c.latency[-1]["t_s"] + 11.0, "metrics": {}})  # the window emptied
+    assert summarise(c)["latency_last_window"]["token"]["n"] > 0

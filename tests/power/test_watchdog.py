@@ -149,3 +149,72 @@ def test_torn_last_line_of_a_log_is_skipped(tmp_path):
     log.write_text(json.dumps({"type": "sample", "t_s": 1.0, "rails_mw": {}}) + "\n" + '{"type": "samp')
     c = read_log(log)
     assert len(c.samples) == 1 and c.skipped_lines == [2]
+
+
+# -- an idle server's log (issue 33: the last window was rewritten at 10 Hz, ~7 KB/s, and never rotated) ----------
+
+
+def _idle_watchdog(tmp_path, **kw):
+    from edgekit.power.sample import PowerSample
+    from edgekit.power.sensors.base import Sensor
+
+    class SteadyRail(Sensor):
+        name = "steady"
+        min_interval_s = 0.1
+
+        def _read(self, t):
+            return PowerSample(t_s=t, source="steady", rails_mw={"VDD_IN": 4200.0}, total_mw=4200.0, total_source="VDD_IN")
+
+    clock = [1000.0]
+    tracker = LatencyTracker(window_s=10.0, clock=lambda: clock[0])
+    sampler = AdaptiveSampler(fast_hz=1000, slow_hz=10, hold_s=2.0, clock=lambda: clock[0])
+    log = JsonlLogger(tmp_path / "watchdog.jsonl")
+    wd = Watchdog(tracker, sensors=[SteadyRail()], policy=PolicyConfig(min_samples=20), sampler=sampler, logger=log,
+                  **kw)
+    return wd, tracker, clock, log
+
+
+def _records(path, kind):
+    return [r for r in read_log(path).__dict__[kind]]
+
+
+def test_an_idle_server_logs_its_emptied_latency_window_once_then_nothing(tmp_path):
+    wd, tracker, clock, log = _idle_watchdog(tmp_path)
+    for i in range(78):  # a request: 78 tokens, 20 ms apart
+        clock[0] += 0.02
+        tracker.record("token", 20.0 + (i % 3))
+        wd.tick(now_mono=clock[0], now_wall=clock[0])
+    clock[0] += 0.1  # the next tick folds in the last tokens, which came within one statistics interval
+    wd.tick(now_mono=clock[0], now_wall=clock[0])
+    busy = len(_records_after_close(log, "latency"))
+    assert busy >= 5 and wd.latest_stats["token"].n == 78
+    for _ in range(750):  # 75 s of idle ticks at the slow rate (10 Hz)
+        clock[0] += 0.1
+        wd.tick(now_mono=clock[0], now_wall=clock[0])
+    log.close()
+    latency = _records(log.path, "latency")
+    assert "token" not in wd.latest_stats  # the window emptied: not "n=78" 75 s after the last token
+    assert len(latency) == busy + 1 and latency[-1]["metrics"] == {}  # one record says so, then silence
+    samples = _records(log.path, "samples")
+    idle = [s for s in samples if s["t_s"] > 1000.0 + 78 * 0.02 + 2.0]  # after the sampler went back to slow
+    assert 60 <= len(idle) <= 76  # about one steady reading a second over ~72 s, not ten (~720)
+    assert log.path.stat().st_size / 75 < 1500  # bytes a second while idle (was ~6900)
+
+
+def _records_after_close(log, kind):
+    log._f.flush()
+    return _records(log.path, kind)
+
+
+def test_a_log_that_reaches_its_size_limit_is_rotated_and_the_new_file_opens_with_the_meta(tmp_path):
+    log = JsonlLogger(tmp_path / "watchdog.jsonl", max_bytes=4000)
+    log.meta(policy={"jitter_budget_ms": 5.0})
+    for i in range(200):
+        log.write({"type": "sample", "t_s": float(i), "rails_mw": {"VDD_IN": 4200.0}, "total_mw": 4200.0})
+    log.close()
+    current, old = tmp_path / "watchdog.jsonl", tmp_path / "watchdog.jsonl.1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["watchdog.jsonl", "watchdog.jsonl.1"]
+    assert current.stat().st_size <= 4000 and old.stat().st_size <= 4000 and log.rotations >= 2
+    first = json.loads(current.read_text().splitlines()[0])
+    assert first["type"] == "meta" and first["policy"] == {"jitter_budget_ms": 5.0}
+    assert read_log(current).samples[-1]["t_s"] == 199.0 and not read_log(current).skipped_lines
