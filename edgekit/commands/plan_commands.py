@@ -153,12 +153,22 @@ def plan(
     given = parse_bucket_list(buckets) if buckets else None
     model_info = {"name": m.config.name, "source": m.source.to_dict(), "config": m.config.to_dict()}
     planned = _lossless_int4_plan(m, kv_precision) if precision == "int4" else None
-    with err_console.status(f"planning {m.config.name} for {tg.name} ({tg.arch})...") as status:
+    from contextlib import nullcontext
+
+    from edgekit.quant.progress import LineProgress
+
+    # a spinner on a terminal; elsewhere (CI, nohup) one line per kernel solved, with the elapsed time
+    lines = None if err_console.is_terminal else LineProgress(err_console)
+    title = f"planning {m.config.name} for {tg.name} ({tg.arch})..."
+    with (err_console.status(title) if lines is None else nullcontext()) as status:
+        if lines is not None:
+            lines.note(title)
         p = make_plan(
             m.config, tg, model_info=model_info, context=context, batch=batch, precision=planned or precision,
             kv_precision=kv_precision,
             trace=trace, buckets=given, max_buckets=max_buckets, power_mode=power_mode, solve_tiles=not no_tiles,
-            progress=lambda msg: status.update(f"{tg.name}: {msg}"),
+            progress=(lambda msg: lines.note(f"{tg.name}: {msg}")) if lines is not None else (
+                lambda msg: status.update(f"{tg.name}: {msg}")),
         )
     d = p.to_dict()
     if output:

@@ -64,6 +64,10 @@ class LineProgress:
         self.console.print(f"[{self._clock() - self._t0:7.1f} s] {text}", markup=False, highlight=False,
                            soft_wrap=True)
 
+    def note(self, text: str) -> None:
+        """A step without a size (e.g. the planner's "rmsnorm/rmsnorm_fwd: 5 candidates, compiling")."""
+        self._line(text)
+
     def add_task(self, description: str, total: float | None = 100.0, **_) -> int:
         tid = len(self._tasks)
         self._tasks[tid] = _LineTask(description, total, self._clock())

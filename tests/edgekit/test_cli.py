@@ -293,3 +293,12 @@ def test_the_build_summary_states_the_accuracy_gate_whole_on_one_line():
     assert gate_line(gate) == ("accuracy gate passed: perplexity +0.42% (at most +1.00%), greedy agreement 98.4% "
                                "(at least 95.0%), logits SNR 31.2 dB (at least 20.0 dB) (measured on the CPU, held-out "
                                "text)")
+
+
+def test_plan_in_ci_prints_each_kernel_it_solves_with_the_elapsed_time():
+    import re
+
+    r = edgekit("plan", "preset:tiny", "--target", "orin", "--json")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\[ *\d+\.\d s\] orin: rmsnorm/rmsnorm_fwd: \d+ candidates, compiling for sm_87$", r.stderr, re.M)
+    assert json.loads(r.stdout)["target"]["name"] == "orin"  # stdout stays JSON
