@@ -16,11 +16,6 @@ once one of those is replaced (an over-the-air swap), the fused kernels no
 longer run what the table says, so ``select_decode_path`` falls back to the
 per-operator path until fused operators built with the new operator arrive.
 The chosen path and the reason are reported (``edgekit run --json``).
-
-Above this path sits the persistent decode kernel (``runtime/persistent_decode.py``:
-one launch per layer, built from the same stage functions); ``select_decode_path``
-takes it when asked (``prefer="persistent"``) and it can run, and falls back to
-this path, saying why, when it cannot.
 """
 
 from __future__ import annotations
@@ -41,11 +36,10 @@ from edgekit.runtime.fused_step import STEP, FusedDecoder, _weights  # noqa: F40
 # (the planner's count from the launch programs, edgekit.plan.launches.count_step_launches; a test holds them equal)
 LAUNCHES_PER_LAYER = 5
 LAUNCHES_PER_TOKEN = 4
-DECODE_PATHS = ("persistent", "fused", "per-operator")
-# The path taken unless asked otherwise. Measured on the H200 (scripts/bench_decode_vs_llamacpp.py, random weights,
-# batch 1, depth 512, 2026-12-01): the persistent kernel is slower than the fused super-operators so far (smollm2-135m
-# fp16 1574 vs 1741 tok/s, llama-3.2-1b fp16 806 vs 1097, int8 1038 vs 1411), so the fused path stays the default;
-# "persistent" is taken on request (run --decode-path persistent, the benchmark's edgekit-persistent engine).
+DECODE_PATHS = ("fused", "per-operator")
+# The path taken unless asked otherwise. A persistent decode kernel (one launch per layer, grid barriers) was measured
+# slower than these super-operators in every same-run benchmark on the H200 (smollm2-135m fp16 1574 vs 1741 tok/s,
+# llama-3.2-1b fp16 806 vs 1097 and 710 vs 1146, int8 1038 vs 1411; 2026-12-01 to 12-03) and was deleted.
 DEFAULT_DECODE_PATH = "fused"
 
 
@@ -53,7 +47,7 @@ DEFAULT_DECODE_PATH = "fused"
 class DecodePath:
     """Which decode path runs and why (what ``run --json`` and the benchmarks report)."""
 
-    name: str  # "persistent" | "fused" | "per-operator"
+    name: str  # "fused" | "per-operator"
     reason: str
     launches_per_token: int | None = None  # the fused step's kernel launches (Triton kernels); None if not counted
     # op -> where the fused step's implementation of it comes from: "plugin:vN" (shipped in the bundle) or
@@ -118,8 +112,8 @@ def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | No
     """(the object whose ``decode`` a graphed step should capture, the DecodePath that says which one it is).
 
     ``baseline``: the sources of the operators the fused kernels were built with (None: the decoder's table now).
-    ``prefer``: "persistent" (one launch per layer when it can run, else the fused path), "fused" (the default,
-    DEFAULT_DECODE_PATH) or "per-operator"; a path that cannot run falls back to the next one and says why.
+    ``prefer``: "fused" (the default, DEFAULT_DECODE_PATH) or "per-operator"; a path that cannot run falls back to
+    the per-operator one and says why.
     ``allow_cpu``: see ``fused_path_blocker``. ``jit``: JIT-compile with Triton the fused operators the table lacks
     (``with_fused_kernels``); without it the path runs only on operators the table already holds (a bundle's plugins).
     """
@@ -142,15 +136,4 @@ def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | No
     shipped = all(src.startswith("plugin:") for src in sources.values())
     how = "the bundle's signed plugins" if shipped else "JIT-compiled Triton kernels for the operators the bundle lacks"
     fused = DecodePath("fused", f"fused super-operators ({how}) replayed as a CUDA graph", fused_n, sources)
-    if prefer == "fused":
-        return FusedDecoder(decoder, table), fused
-    from edgekit.runtime import persistent_decode as pd
-
-    why_not = pd.persistent_weights_blocker(decoder.weights) or pd.persistent_path_blocker(table, base)
-    if why_not is not None:
-        return FusedDecoder(decoder, table), DecodePath("fused", why_not, fused_n, sources)
-    n = pd.LAUNCHES_PER_LAYER * decoder.config.n_layers + pd.LAUNCHES_PER_TOKEN
-    return (pd.PersistentDecoder(decoder, table),
-            DecodePath("persistent", "persistent decode kernel (one launch per layer, grid barriers) + fused head, "
-                                     "replayed as a CUDA graph", n, sources))
-
+    return FusedDecoder(decoder, table), fused

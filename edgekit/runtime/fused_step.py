@@ -1,9 +1,7 @@
 """The fused decode step itself: a few super-operators per layer, called through the dispatch table.
 
 ``FusedDecoder`` runs ``kernels.decode_paths.FUSED_STEP`` (the planner ships and
-counts the same operators); ``runtime.fused_decode`` decides when it runs, and
-``runtime.persistent_decode`` runs the same stages as one launch per layer.
-Its own module so both can build on it without importing each other.
+counts the same operators); ``runtime.fused_decode`` decides when it runs.
 """
 
 from __future__ import annotations
@@ -28,11 +26,6 @@ def _weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torc
     channel scale for INT8 (W8A16), group scales and offsets (None: symmetric) for packed INT4 (W4A16)."""
     scaled = lw.op in ("linear_w8a16", "linear_w4a16")
     return lw.weight, (lw.scale if scaled else None), (lw.offset if lw.op == "linear_w4a16" else None), lw.bias
-
-
-def _float_or_int8_weights(lw: LinearWeights) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(weight, scale, bias) of float or INT8 weights, as the persistent decode kernel takes them (no INT4)."""
-    return lw.weight, (lw.scale if lw.op == "linear_w8a16" else None), lw.bias
 
 
 def weight_bytes_per_kernel(weights) -> float:

@@ -60,16 +60,14 @@ def test_int4_blocks_run_on_the_fused_path_and_an_int4_head_per_operator_each_sa
     from edgekit.model.weights import random_weights
 
     w16 = random_weights(preset_config("tiny"), seed=0, dtype=torch.float16)
-    requested = ("edgekit-fused", "edgekit-persistent")
+    requested = ("edgekit-fused",)
     assert engines_for(quantized(w16, "int8"), requested) == (list(requested), None)
-    # INT4 blocks, FP16 head: the fused path takes them; the persistent kernel does not, and the note says so
-    names, note = engines_for(quantized(w16, "int4"), requested)
-    assert names == ["edgekit-fused"] and "edgekit-persistent left out" in note and "linear_w4a16" in note
+    # INT4 blocks, FP16 head: the fused path takes them
     assert engines_for(quantized(w16, "int4"), ("edgekit-fused",)) == (["edgekit-fused"], None)
     assert engines_for(quantized(w16, "int4"), ("edgekit",)) == (["edgekit"], None)
     # an INT4 LM head: no fast path takes it, measured once per operator
     names, note = engines_for(quantized(w16, "int4-head"), requested)
-    assert names == ["edgekit"] and "the LM head uses linear_w4a16" in note and "edgekit-fused, edgekit-persistent" in note
+    assert names == ["edgekit"] and "the LM head uses linear_w4a16" in note and "edgekit-fused" in note
 
 
 def test_the_table_says_which_decode_path_each_row_ran():

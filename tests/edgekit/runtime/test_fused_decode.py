@@ -122,19 +122,6 @@ def test_a_device_without_triton_decodes_per_operator(monkeypatch):
     assert step is cuda_like and path.name == "per-operator" and "triton" in path.reason
 
 
-def test_the_persistent_kernel_stands_in_only_for_edgekits_own_fused_kernels():
-    from edgekit.runtime.persistent_decode import persistent_path_blocker
-
-    table = DispatchTable()
-    for op in STEP.own_operators():
-        table.set(op, table.get(op), source="triton")
-    assert persistent_path_blocker(table, table.sources()) is None
-    swapped = table.copy()
-    swapped.set("fused_attn_proj_residual", table.get("fused_attn_proj_residual"), source="plugin:v7")
-    why = persistent_path_blocker(swapped, table.sources())
-    assert why is not None and "fused_attn_proj_residual" in why and "plugin:v7" in why
-
-
 def test_select_decode_path_takes_only_known_paths():
     from edgekit.errors import EdgekitError
 
@@ -232,18 +219,6 @@ def test_an_int4_model_decodes_on_the_fused_path_with_the_per_operator_tokens():
         for k in tokens:
             tokens[k].append(int(tok[k]))
     assert tokens["fused"] == tokens["per-operator"], tokens
-
-
-def test_an_int4_model_on_the_persistent_request_runs_fused_and_says_why():
-    from edgekit.runtime.persistent_decode import persistent_weights_blocker
-
-    cfg = preset_config("tiny")
-    dec = Decoder(cfg, _w4a16(random_weights(cfg, seed=5)), DispatchTable())
-    cuda_like, _ = _cuda_like_with_fused_entries(dec)
-    step, path = select_decode_path(cuda_like, dec.new_cache(1, 32), prefer="persistent", jit=False)
-    assert isinstance(step, FusedDecoder) and path.name == "fused"
-    assert "layer 0 wqkv uses linear_w4a16" in path.reason and "persistent kernel takes float or W8A16" in path.reason
-    assert persistent_weights_blocker(random_weights(cfg, seed=5)) is None  # float weights: no objection
 
 
 def test_an_int4_lm_head_keeps_the_model_off_the_fused_path():

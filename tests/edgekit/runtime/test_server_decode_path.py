@@ -87,7 +87,7 @@ def test_serve_takes_the_decode_path_it_is_asked_for():
         assert engine.submit([1, 2], 3, stop_ids=()).done.wait(30)
     finally:
         engine.close()
-    with pytest.raises(EdgekitError, match="persistent, fused, per-operator"):
+    with pytest.raises(EdgekitError, match="fused, per-operator"):
         Engine(dec, None, shapes, decode_path="giant")
 
 
@@ -97,19 +97,8 @@ def test_serve_refuses_an_unknown_decode_path_before_loading_anything(tmp_path):
 
     r = subprocess.run([sys.executable, "-m", "edgekit", "serve", str(tmp_path / "no-bundle"), "--allow-dev-key",
                         "--decode-path", "giant"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--decode-path" in r.stderr and "persistent, fused, per-operator" in r.stderr
+    assert r.returncode == 2 and "--decode-path" in r.stderr and "fused, per-operator" in r.stderr
     assert "no-bundle" not in r.stderr  # refused before the bundle was looked for
-
-
-def test_serve_takes_the_persistent_path_like_the_others(tmp_path):
-    """serve --decode-path persistent is accepted as run's is (the H200 defect that had it refused, issue 13, was a
-    graph outliving its decode step's barrier counter; fixed): it gets as far as the bundle check."""
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-m", "edgekit", "serve", str(tmp_path / "no-bundle"), "--allow-dev-key",
-                        "--decode-path", "persistent"], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "no-bundle" in r.stderr and "--decode-path" not in r.stderr
 
 
 def test_serve_waits_in_the_queue_as_long_as_the_engine_does_by_default():
