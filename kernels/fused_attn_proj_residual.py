@@ -19,8 +19,9 @@ import torch
 
 from edgekit.kernels.attention import DECODE_SPEC, attention_decode_reference, default_scale
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_shape,
+    FUSED_SCHEMES, FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_shape,
 )
+from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
@@ -65,9 +66,19 @@ def _shape(t, a) -> dict:
     return {**weight_shape(t), "head_dim": q.shape[-1], "n_heads": q.shape[1], "n_kv_heads": kc.shape[1]}
 
 
+# decode attention over the written cache -> heads as a row -> output projection -> residual add
+FUSION = Fusion(
+    pattern=("attention_decode", "merge_heads", "linear", "add"),
+    inputs={"q": "0.q", "k_cache": "@k_cache", "v_cache": "@v_cache", "seq_lens": "0.seq_lens",
+            "arrivals": "@split_arrivals", "proj": "2.proj", "residual": "3.a"},
+    attributes={"sm_scale": "0.scale"},
+    outputs={"y": "3.y"},
+    schemes=FUSED_SCHEMES,
+)
+
 OPERATORS = (
     Operator(SPEC, fused_attn_proj_residual_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
              triton="fused_attn_proj_residual_triton:OP",
              tiles_at={"attn_split_combine": DECODE, "attn_o_proj_residual_fp": DECODE, "attn_o_proj_residual_w8": DECODE,
-                       "attn_o_proj_residual_w4": DECODE}),
+                       "attn_o_proj_residual_w4": DECODE}, fusion=FUSION),
 )

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
+    FUSED_SCHEMES, FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
 )
+from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.rope import rope_frequencies, rope_reference
@@ -64,8 +65,18 @@ def _shape(t, a) -> dict:
     return {**weight_shape(t), "head_dim": t["cos"].shape[-1] * 2}
 
 
+# A decode layer's attention input: rmsnorm -> (one-token view) -> QKV -> RoPE -> cache write -> q of the token
+FUSION = Fusion(
+    pattern=("rmsnorm", "as_tokens", "linear", "rope", "kv_store", "select_token"),
+    inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "2.proj", "cos": "@cos_table", "sin": "@sin_table",
+            "positions": "@positions", "k_cache": "@k_cache", "v_cache": "@v_cache"},
+    attributes={"eps": "0.eps", "n_heads": "3.n_heads", "n_kv_heads": "3.n_kv_heads", "rope": "3.rope"},
+    outputs={"q": "5.y"},
+    schemes=FUSED_SCHEMES,
+)
+
 OPERATORS = (
     Operator(SPEC, fused_norm_qkv_rope_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=_shape, triton="fused_norm_qkv_rope_triton:OP", tiles_at={"norm_qkv_rope_fp": DECODE, "norm_qkv_rope_w8": DECODE,
-                                                                     "norm_qkv_rope_w4": DECODE}),
+                                                                     "norm_qkv_rope_w4": DECODE}, fusion=FUSION),
 )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
+    FUSED_SCHEMES, FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_shape,
 )
+from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.operator import DECODE, Operator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
@@ -37,8 +38,18 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
     return {**golden_norm_input(cfg, rows, g), **golden_weight(g, 2 * F, C, bias=False)}, {"eps": cfg.rms_norm_eps}
 
 
+# rmsnorm -> packed gate/up projection (no bias) -> SwiGLU
+FUSION = Fusion(
+    pattern=("rmsnorm", "linear", "swiglu"),
+    inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "1.proj"},
+    attributes={"eps": "0.eps"},
+    outputs={"y": "2.y"},
+    schemes=FUSED_SCHEMES,
+    takes_bias=False,
+)
+
 OPERATORS = (
     Operator(SPEC, fused_norm_swiglu_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_norm_swiglu_triton:OP",
-             tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE, "norm_swiglu_w4": DECODE}),
+             tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE, "norm_swiglu_w4": DECODE}, fusion=FUSION),
 )

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from edgekit.kernels.linear import linear_reference, onnx_linear
+from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
@@ -164,6 +165,17 @@ def onnx_qkv_rope(b, i: dict, out: list[str]) -> None:
     onnx_rope(b, {"qkv": qkv, "cos": i["cos"], "sin": i["sin"]}, out)
 
 # one fused kernel serves decode and prefill: tiled for prefill, where its compute is
+# A float QKV projection and the RoPE after it, on every path (the other schemes run linear, then rope)
+QKV_ROPE_FUSION = Fusion(
+    pattern=("linear", "rope"),
+    inputs={"x": "0.x", "proj": "0.proj", "wqkv": "0.proj#weight", "bqkv": "0.proj#bias", "cos": "1.cos", "sin": "1.sin"},
+    attributes={"n_heads": "1.n_heads", "n_kv_heads": "1.n_kv_heads"},
+    outputs={"q": "1.q", "k": "1.k", "v": "1.v"},
+    schemes=("fp16",),
+    phases=("prefill", "decode", "sequence"),
+    path="per-operator",
+)
+
 OPERATORS = (
     Operator(ROPE_SPEC, rope_reference, OpPrecision("rope", "none", "fp16", "fp32", "fp16"), rope_golden_inputs,
              call_shape=_call_shape("qkv"), triton="rope_triton:ROPE_OP", tiles_at={"rope_fwd": PREFILL}, rowwise=True,
@@ -171,5 +183,5 @@ OPERATORS = (
     Operator(QKV_ROPE_SPEC, qkv_rope_reference, OpPrecision("qkv_rope", "fp16", "fp16", "fp32", "fp16"),
              qkv_rope_golden_inputs, call_shape=_call_shape("x"), triton="rope_triton:QKV_ROPE_OP",
              tiles_at={"qkv_rope_fwd": PREFILL}, grid=_qkv_rope_grid, rowwise=True,
-             onnx=OnnxFunction("QKVRoPE", ("n_heads", "n_kv_heads"), onnx_qkv_rope)),
+             onnx=OnnxFunction("QKVRoPE", ("n_heads", "n_kv_heads"), onnx_qkv_rope), fusion=QKV_ROPE_FUSION),
 )

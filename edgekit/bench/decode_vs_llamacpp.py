@@ -108,7 +108,7 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
         tokens = {}
         engines = {c.name: c for c in (RuntimeEngine, FusedRuntimeEngine)}
         row_agree = None
-        names, note = engines_for(wp, getattr(args, "engines", DEFAULT_ENGINES))
+        names, note = engines_for(cfg, wp, getattr(args, "engines", DEFAULT_ENGINES))
         for cls in (engines[e] for e in names):
             row = {"model": preset, "file": f16.name if f16 else None, "engine": cls.name, "precision": precision, "depth": depth,
                    "new_tokens": n, "measured_on": f"GPU ({torch.cuda.get_device_name(dev)})"}
@@ -151,14 +151,15 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
     return rows
 
 
-def engines_for(weights, requested: tuple[str, ...]) -> tuple[list[str], str | None]:
+def engines_for(config, weights, requested: tuple[str, ...]) -> tuple[list[str], str | None]:
     """The engines to measure these weights on, and why the list differs from ``requested`` (None: it does not).
 
     Weights the fused path cannot take (e.g. W8A8) are measured once on the per-operator step, so the precision
     still gets a row, labelled."""
-    from edgekit.kernels.decode_paths import model_weights_blocker
+    from edgekit.graph.builder import LinearSchemes
+    from edgekit.graph.paths import fused_blocker
 
-    why_not = model_weights_blocker(weights)
+    why_not = fused_blocker(config, LinearSchemes.of_weights(weights))
     fast = [e for e in requested if e != "edgekit"]
     if why_not is not None and fast:
         return ["edgekit"], (f"{', '.join(fast)} cannot take these weights ({why_not}): measured on the per-operator "

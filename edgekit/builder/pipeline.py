@@ -20,10 +20,9 @@ import torch
 
 from edgekit import __version__
 from edgekit.cache import BuildCache, cache_key, cache_limit_bytes, package_source_hash
-from edgekit.errors import BundleError, EdgekitError
+from edgekit.errors import BundleError
 
 PLUGIN_VERSION = 1
-PRECISIONS = {"int8": "w8a16", "w8a8": "w8a8", "int4": "w4a16", "fp16": None}  # --precision -> quantization mode (None: none)
 
 
 @dataclass
@@ -87,22 +86,6 @@ def _signing_key(opts: BuildOptions):
         hint="make one with `edgekit keys generate keys/` and pass --key keys/edgekit.key "
         "(or --dev-key for a local test build signed with the public development key, which devices refuse by default)",
     )
-
-
-def _operators_of_weights(weights) -> list[str]:
-    """The operators the model calls, read from its weights (what the plan must cover): the per-operator path's,
-    and the fused decode paths' when the weights allow them (the runtime's rule, applied to the weights)."""
-    from edgekit.kernels.decode_paths import DECODE_STEPS, model_weights_blocker, step_operators
-
-    ops = {"rmsnorm", "attention_prefill", "attention_decode", "swiglu"}
-    for b in weights.blocks:
-        for lw in b.linears().values():
-            ops.add(lw.op)
-        ops.add("qkv_rope" if b.wqkv.op == "linear" else "rope")
-    ops.add(weights.lm_head.op)
-    if model_weights_blocker(weights) is None:
-        ops.update(step_operators(DECODE_STEPS))
-    return sorted(ops)
 
 
 def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[dict, dict]]:
@@ -242,9 +225,9 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.quant.io import serialize
     from edgekit.quant.progress import SILENT
 
-    from edgekit.plan.precision import scheme_for_cli
+    from edgekit.kernels.weight_schemes import scheme_of_cli
 
-    scheme_for_cli(opts.precision)  # refuses an unknown or reserved precision, naming the valid ones
+    scheme = scheme_of_cli(opts.precision)  # refuses an unknown precision, naming the valid ones
     t_start = time.perf_counter()
     key = _signing_key(opts)  # fail before any work
     out = Path(opts.out)
@@ -253,7 +236,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     cache = BuildCache(opts.cache_dir, enabled=opts.use_cache)
     cache_limit = cache_limit_bytes() if opts.use_cache else 0  # a bad EDGEKIT_CACHE_MAX_GB fails before any work
     st = _Stages(report)
-    mode = PRECISIONS[opts.precision]
+    mode = scheme.name if scheme.quantized else None  # the quantizer's mode is the scheme it produces
     if opts.quantize_head and mode is None:
         raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
                           hint="drop --quantize-head, or use --precision int8 or int4")
@@ -286,9 +269,6 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
                   precision=PrecisionPlan.from_weights(weights, quant_report=quant_report), trace=opts.trace, buckets=opts.buckets,
                   compile_fn=compile_cached)
     ops = sorted(plan.operators())
-    if ops != _operators_of_weights(weights):
-        raise BundleError(f"the plan runs operators {ops} but the weights need {_operators_of_weights(weights)}",
-                          hint="this is a bug in edgekit: please report it with the model and options used")
     compiled = st.run("compile", compile_plan, plan, arch, budget, cache)
     shapes = plan.static_shapes
 

@@ -236,11 +236,11 @@ def print_plan(d: dict) -> None:
         console.print(f"decode path: [bold]{path['path']}[/], {path['kernels_per_token']} kernels per token{per_layer}, "
                       f"PREDICTED from the launch programs at {path['power_mode']}'s SMs — {path['reason']}")
 
-    t = Table(title="Operators and precision")
-    for col in ("operator", "projection", "where", "weights", "activations", "accumulate", "output"):
-        t.add_column(col, no_wrap=col in ("operator", "projection"))
+    t = Table(title="Operators the bundle runs, and their precision")
+    for col in ("operator", "paths", "weights", "activations", "accumulate", "output"):
+        t.add_column(col, no_wrap=col == "operator")
     for o in d["operators"]:
-        t.add_row(o["op"], o.get("projection", ""), o["where"], o["weights"], o["activations"], o["accumulate"], o["output"])
+        t.add_row(o["op"], ", ".join(o["paths"]), o["weights"], o["activations"], o["accumulate"], o["output"])
     console.print(t)
 
     b = d["buckets"]

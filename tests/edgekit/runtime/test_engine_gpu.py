@@ -69,14 +69,14 @@ def test_a_bundles_fused_plugins_serve_and_a_swap_falls_back_without_failing_a_r
     hand-over pauses p99 <= 5 ms."""
     from gpu_bundles import tiny_h200_bundle
 
-    from edgekit.kernels.decode_paths import FUSED_STEP
+    from edgekit.graph.paths import fused_operators
 
     b = tiny_h200_bundle(tmp_path)
     e = Engine(b.decoder(), None, b.shapes, cuda_graphs=True)
     try:
         path = e.decode_path
         assert path.name == "fused", path.reason
-        assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in FUSED_STEP.own_operators()}
+        assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in fused_operators()}
         jobs = [e.submit(p, 48, stop_ids=()) for p in PROMPTS * 3]
         swiglu = e.table.get("swiglu")
         swaps = threading.Thread(target=lambda: [e.switch_operator("swiglu", swiglu, f"plugin:v{i}") for i in range(2, 6)])

@@ -43,12 +43,12 @@ def test_the_metric_flips_to_per_operator_when_a_subsumed_operator_is_swapped():
     from edgekit.kernels.dispatch import DispatchTable
     from edgekit.model.loader import load_model
     from edgekit.runtime.engine import Engine
-    from edgekit.runtime.fused_decode import STEP
+    from edgekit.graph.paths import fused_operators
     from edgekit.runtime.server import create_app
     from edgekit.shapes import StaticShapes
 
     table = DispatchTable()
-    for op in STEP.own_operators():  # filed as a bundle's plugins would be
+    for op in fused_operators():  # filed as a bundle's plugins would be
         table.set(op, table.get(op), source="plugin:v1")
     engine = Engine(load_model("preset:tiny", seed=5).decoder().with_ops(table), None,
                     StaticShapes(buckets=(16,), max_seq_len=32), fused_on_cpu=True)
@@ -73,11 +73,11 @@ def test_serve_takes_the_decode_path_it_is_asked_for():
     from edgekit.kernels.dispatch import DispatchTable
     from edgekit.model.loader import load_model
     from edgekit.runtime.engine import Engine
-    from edgekit.runtime.fused_decode import STEP
+    from edgekit.graph.paths import fused_operators
     from edgekit.shapes import StaticShapes
 
     table = DispatchTable()
-    for op in STEP.own_operators():
+    for op in fused_operators():
         table.set(op, table.get(op), source="plugin:v1")
     dec = load_model("preset:tiny", seed=5).decoder().with_ops(table)
     shapes = StaticShapes(buckets=(16,), max_seq_len=32)
