@@ -19,8 +19,8 @@ from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunctio
 from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, SYMMETRIC_ZERO, dequantize_int4, pack_int4
 from edgekit.kernels.int8_group_layout import dequantize_int8_grouped
 from edgekit.kernels.precision import accumulate_dtype
-from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
-from edgekit.kernels.weight_schemes import INT8_GGUF_GROUP, SCHEMES, Grouping, int4_group_for, Tolerance
+from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
+from edgekit.kernels.weight_schemes import INT8_GGUF_GROUP, SCHEMES, Grouping, int4_group_for
 
 INT8_MAX = 127.0
 
