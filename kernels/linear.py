@@ -23,6 +23,7 @@ from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, Tens
 from edgekit.kernels.weight_schemes import INT8_GGUF_GROUP, SCHEMES, Grouping, int4_group_for
 
 INT8_MAX = 127.0
+MIN_SCALE = torch.finfo(torch.float32).tiny  # the smallest scale a quantizer writes: a divisor never zero
 
 LINEAR_SPEC = OpSpec(
     name="linear",

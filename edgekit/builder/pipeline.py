@@ -182,7 +182,8 @@ def _ensure_weights(loaded, spec: str | None, keep_int4: bool = False, keep_q8_0
 def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     """(weights, report) of the quantized model, cached by model hash and options."""
     from edgekit.quant.gate import GateConfig
-    from edgekit.quant.io import load_quantized, report_bytes, serialize
+    from edgekit.model.weights_file import load_weights_file, serialize
+    from edgekit.quant.io import report_bytes
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
     gate = GateConfig.for_mode(mode)
@@ -209,7 +210,7 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     # Cold and warm builds read the weights back from the same bytes, so they ship identical bundles.
     with tempfile.TemporaryDirectory() as d:
         Path(d, "model.safetensors").write_bytes(hit["model.safetensors"])
-        q = load_quantized(Path(d), dtype=torch.float16)
+        q = load_weights_file(Path(d), dtype=torch.float16)
     return q.weights, json.loads(hit["report.json"]), cached
 
 
@@ -222,7 +223,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.plan.planner import make_plan
     from edgekit.plan.precision import PrecisionPlan
     from edgekit.plan.targets import load_target
-    from edgekit.quant.io import serialize
+    from edgekit.model.weights_file import serialize
     from edgekit.quant.progress import SILENT
 
     from edgekit.kernels.weight_schemes import scheme_of_cli
@@ -383,7 +384,7 @@ def serialize_weights_hash(cfg, weights) -> str:
     """A hash of the exact weights the bundle ships (what every weight-dependent stage is keyed on)."""
     import hashlib
 
-    from edgekit.quant.io import serialize
+    from edgekit.model.weights_file import serialize
 
     return hashlib.sha256(serialize(cfg, weights, None, torch.float16)).hexdigest()
 

@@ -24,7 +24,7 @@ from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.forward import embed, logits, run_blocks
-from edgekit.quant.layers import named_linears
+from edgekit.model.layers import named_linears
 from edgekit.quant.progress import SILENT, Steps
 
 

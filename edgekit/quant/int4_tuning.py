@@ -76,7 +76,7 @@ from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.forward import block_output, embed, head_logits
-from edgekit.quant.layers import HEAD, with_layers
+from edgekit.model.layers import HEAD, with_layers
 
 NORM_CONSUMERS = {"attn_norm": ("wqkv",), "ffn_norm": ("w_gate_up",)}  # the projections each block norm feeds
 

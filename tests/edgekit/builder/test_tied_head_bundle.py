@@ -17,7 +17,7 @@ from edgekit.generate import Generator
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.embedding import QuantizedEmbedding
-from edgekit.quant.io import load_quantized
+from edgekit.model.weights_file import load_weights_file
 from edgekit.runtime.bundle_runtime import open_bundle
 
 PROMPT = [5, 9, 200, 31, 77, 4]
@@ -63,7 +63,7 @@ def test_bundle_answers_like_the_quantized_reference_on_every_cpu_path(tied_bund
 
     b = open_bundle(tied_bundle.out, [], allow_dev_key=True, device="cpu")
     got, _ = Generator(b.decoder(), b.shapes).generate(PROMPT, 12)
-    q = load_quantized(tied_bundle.out / "weights")  # INT8 records, the embedding read from the head
+    q = load_weights_file(tied_bundle.out / "weights")  # INT8 records, the embedding read from the head
     assert isinstance(q.weights.tok_embeddings, QuantizedEmbedding)
     ref_dec = Decoder(q.config, q.weights, DispatchTable())
     want, _ = Generator(ref_dec, b.shapes).generate(PROMPT, 12)
@@ -84,11 +84,11 @@ def test_bundle_answers_like_the_quantized_reference_on_every_cpu_path(tied_bund
 def test_an_int4_head_stays_unfused_while_the_layers_run_fused(tied_bundle):
     from edgekit.kernels.int4_layout import quantize_int4_rtn
     from edgekit.kernels.linear import LinearWeights
-    from edgekit.quant.layers import HEAD, with_layers
+    from edgekit.model.layers import HEAD, with_layers
     from edgekit.graph.paths import fused_operators, fused_step_operators
     from edgekit.runtime.fused_decode import fused_path_blocker
 
-    q = load_quantized(tied_bundle.out / "weights")
+    q = load_weights_file(tied_bundle.out / "weights")
     qw, s, off = quantize_int4_rtn(q.weights.lm_head.dequantized(), 32, symmetric=False, scale_dtype=torch.float16)
     w = with_layers(q.weights, {HEAD: LinearWeights("linear_w4a16", qw, None, s, offset=off)})
     assert isinstance(w.tok_embeddings, QuantizedEmbedding) and w.tok_embeddings.head.op == "linear_w4a16"
