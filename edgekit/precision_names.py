@@ -14,18 +14,15 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from edgekit.errors import ConfigError
+from edgekit.kernels.weight_schemes import CLI_SCHEMES
 
-PRECISIONS = {
-    "fp16": "FP16 weights and activations",
-    "int8": "W8A16: INT8 weights, FP16 activations",
-    "w8a8": "INT8 weights and INT8 activations (SmoothQuant)",
-    "int4": "W4A16: INT4 weights, FP16 activations",
-}
+PRECISIONS = {name: s.description for name, s in CLI_SCHEMES.items()}  # kernels/weight_schemes.py's records
 NOT_IMPLEMENTED: frozenset[str] = frozenset()  # a name reserved in the vocabulary before its code exists
 DEPRECATED_ALIASES = {"w8a16": "int8"}
 DEFAULT_PRECISION = "int8"
-# The quantizer's own name for each precision it produces (edgekit.quant: mode "w8a16" | "w8a8" | "w4a16").
-QUANT_MODE = {"int8": "w8a16", "w8a8": "w8a8", "int4": "w4a16"}
+# The quantizer's own name for each precision it produces (edgekit.quant: mode "w8a16" | "w8a8" | "w4a16"): the
+# scheme's name
+QUANT_MODE = {name: s.name for name, s in CLI_SCHEMES.items() if s.quantized}
 
 
 def name_of_quant_mode(mode: str) -> str:

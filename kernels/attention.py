@@ -13,11 +13,11 @@ import math
 import numpy as np
 import torch
 
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 from edgekit.kernels.operator import DECODE, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 
 PREFILL_SPEC = OpSpec(
     name="attention_prefill",
@@ -186,7 +186,6 @@ def _prepare_heads(op: str, q, k, v, names: tuple[str, str, str], t_axis: int):
     hc.head_dim_ok(op, D)
 
 
-
 def prepare_prefill(q, k, v, seq_lens, scale=None):
     op = "attention_prefill"
     for n, t in (("q", q), ("k", k), ("v", v)):
@@ -197,7 +196,6 @@ def prepare_prefill(q, k, v, seq_lens, scale=None):
     sl = hc.seq_lens_i32(op, seq_lens, q.shape[0])
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     return {"q": q, "k": k, "v": v, "seq_lens": sl}, {"scale": scale}, lambda bufs: bufs["o"]
-
 
 
 def prepare_decode(q, k_cache, v_cache, seq_lens, scale=None):

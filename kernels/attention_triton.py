@@ -124,8 +124,8 @@ def _attn_decode_split_program(
     Hkv, GROUP, S, NUM_SPLITS,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MAX_SPLITS: tl.constexpr,
 ):
-    """One (split, batch x KV head) program of the split-KV decode (also a stage of the persistent decode kernel:
-    q and the newest K/V row may come from other programs of the same launch, so they are read through L2, .cg)."""
+    """One (split, batch x KV head) program of the split-KV decode (q and the newest K/V row are read through L2,
+    .cg: the fused QKV operator writes them just before, and L1 is not coherent across programs)."""
     b = (bh // Hkv).to(tl.int64)
     hk = (bh % Hkv).to(tl.int64)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)  # never read past the cache

@@ -1,11 +1,11 @@
-"""The dispatch table: the only way the model reaches an operator.
+"""The dispatch table: the only way a model's forward reaches an operator.
 
-The model calls ``ops.rmsnorm(...)``, ``ops.linear(x, weights)`` and so on.
-Each call looks the implementation up at call time, so replacing an entry
-(a Triton kernel, a hot-swapped plugin, a rollback to the reference) takes
-effect at the next operator call without touching the model. Replacing an
-entry is a single dict assignment, which is atomic under the GIL: a call in
-flight finishes on the implementation it started with.
+The graph executor (``edgekit.graph.executor``) calls ``ops.get(name)(*args)``
+for every operator node. Each call looks the implementation up at call time, so
+replacing an entry (a Triton kernel, a hot-swapped plugin, a rollback to the
+reference) takes effect at the next operator call without touching the model.
+Replacing an entry is a single dict assignment, which is atomic under the GIL:
+a call in flight finishes on the implementation it started with.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Callable
 import torch
 
 from edgekit.errors import OperatorError
-from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.registry import OPERATORS
 
 
@@ -49,26 +48,3 @@ class DispatchTable:
     def sources(self) -> dict[str, str]:
         """operator -> where its implementation came from ("reference", "triton", "plugin:<version>", ...)."""
         return dict(self._sources)
-
-    # -- operators ----------------------------------------------------------
-    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return self._impls["rmsnorm"](x, weight, eps)
-
-    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return self._impls["swiglu"](gate_up)
-
-    def attention_prefill(self, q, k, v, seq_lens, scale=None) -> torch.Tensor:
-        return self._impls["attention_prefill"](q, k, v, seq_lens, scale)
-
-    def attention_decode(self, q, k_cache, v_cache, seq_lens, scale=None) -> torch.Tensor:
-        return self._impls["attention_decode"](q, k_cache, v_cache, seq_lens, scale)
-
-    def linear(self, x: torch.Tensor, w: LinearWeights) -> torch.Tensor:
-        """Route a projection to the operator its weights ask for, with the arguments its spec lists."""
-        return self._impls[w.op](x, *w.operator_args())
-
-    def qkv_rope(self, x, w: LinearWeights, cos, sin, n_heads: int, n_kv_heads: int):
-        """QKV projection + RoPE: the fused operator for float weights, linear then rope otherwise."""
-        if w.op == "linear":
-            return self._impls["qkv_rope"](x, w.weight, w.bias, cos, sin, n_heads, n_kv_heads)
-        return self._impls["rope"](self.linear(x, w), cos, sin, n_heads, n_kv_heads)

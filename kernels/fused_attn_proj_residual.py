@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.attention import DECODE_SPEC, _prepare_heads, attention_decode_reference, default_scale
-from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_operands, weight_shape,
-)
-from edgekit.kernels.operator import DECODE, Operator, golden_rand
-from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
+from edgekit.kernels.attention import DECODE_SPEC, _prepare_heads, attention_decode_reference, default_scale
+from edgekit.kernels.fused_decode_common import (
+    FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, golden_weight, project, weight_inputs, weight_operands,
+    weight_shape,
+)
+from edgekit.kernels.fusion import Fusion
+from edgekit.kernels.operator import DECODE, Operator, golden_rand
+from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
 SPEC = OpSpec(
     name="fused_attn_proj_residual",
@@ -98,9 +100,19 @@ def prepare(q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias
     return tensors, attrs, lambda bufs: bufs["y"]
 
 
+# decode attention over the written cache -> heads as a row -> output projection -> residual add
+FUSION = Fusion(
+    pattern=("attention_decode", "merge_heads", "linear", "add"),
+    inputs={"q": "0.q", "k_cache": "@k_cache", "v_cache": "@v_cache", "seq_lens": "0.seq_lens",
+            "arrivals": "@split_arrivals", "proj": "2.proj", "residual": "3.a"},
+    attributes={"sm_scale": "0.scale"},
+    outputs={"y": "3.y"},
+    schemes=FUSED_SCHEMES,
+)
+
 OPERATORS = (
     Operator(SPEC, fused_attn_proj_residual_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
              triton="fused_attn_proj_residual_triton:OP", prepare=prepare,
              tiles_at={"attn_split_combine": DECODE, "attn_o_proj_residual_fp": DECODE, "attn_o_proj_residual_w8": DECODE,
-                       "attn_o_proj_residual_w4": DECODE}),
+                       "attn_o_proj_residual_w4": DECODE}, fusion=FUSION),
 )

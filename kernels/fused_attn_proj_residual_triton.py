@@ -9,8 +9,8 @@ that hold keys) and writes the heads' attention output ``o``, rounded to the act
 kernel of ``attention_decode`` writes it. Launch 2 is the plain GEMV + residual of ``fused_proj_residual`` on
 ``o``. Grid: (NUM_SPLITS, B * Hkv) then (cdiv(N, BLOCK_N), B).
 
-Why a counter and not the combine inside every projection program (the first design, still stage 3 of the
-persistent decode kernel: ``_attn_proj_residual_program``): every projection program re-read the whole row's
+Why a counter and not the combine inside every projection program (the first design): every projection program
+re-read the whole row's
 partials, more bytes from L2 than its weight tile (H200, llama-3.2-1b, depth 512: 7.1 us for an 8 MB projection,
 28% of the copy bandwidth). The counters are the caller's, like the KV cache (``StaticKVCache.split_arrivals``):
 two calls that run at the same time on one set of counters would merge each other's splits.
@@ -27,7 +27,7 @@ from edgekit.kernels.attention_triton import (
     ATTN_DECODE_SPLIT, _attn_decode_split_program, _decode_default, _decode_space, num_splits_rule,
 )
 from edgekit.kernels.fused_gemv_triton import (
-    INT4_ATTRS, INT4_INPUTS, TARGET_PROGRAMS, _epilogue, _gemv_acc, _gemv_fma, _load_weight_tile, format_launches,
+    INT4_ATTRS, INT4_INPUTS, format_launches,
     int4_params, weight_columns_check, weight_kernels,
 )
 from edgekit.kernels.fused_proj_residual_triton import _default as _proj_default
@@ -80,20 +80,6 @@ def live_splits(seq_lens_ptr, b, S, n_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_live,
-                        HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr,
-                        BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
-    """o[b].flatten()[k] for one K step of the persistent kernel's stage 3, from the partials of the ``n_live``
-    splits that hold keys (``live_splits``)."""
-    HB: tl.constexpr = BLOCK_K // HEAD_DIM  # whole heads per step (BLOCK_K is a multiple of HEAD_DIM)
-    heads = k0 // HEAD_DIM + tl.arange(0, HB)  # (HB,) heads of this step (k0 is a multiple of BLOCK_K)
-    hmask = heads < n_heads
-    row = (b * n_heads + heads) * MAX_SPLITS  # (HB,) first workspace row of each head
-    out = _combine_heads(part_ptr, lse_ptr, row, hmask, n_live, HB, HEAD_DIM, SPLIT_STEP).to(DTYPE)
-    return tl.reshape(out, (BLOCK_K,))  # zero past the last head (no partials read)
-
-
-@triton.jit
 def _attn_split_combine_kernel(
     q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
@@ -128,34 +114,6 @@ def _attn_split_combine_kernel(
         tl.atomic_xchg(arrivals_ptr + bh, 0, sem="relaxed", scope="gpu")  # every split has arrived: left at zero
 
 
-@triton.jit
-def _attn_proj_residual_program(
-    pid, b,
-    part_ptr, lse_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, n_heads, n_live, stride_wn, stride_rm, stride_ym,
-    has_bias,
-    HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_STEP: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
-    sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
-):
-    """Stage 3 of the persistent decode kernel: BLOCK_N output rows of sequence ``b``, the attention output
-    recombined from the partials in every program (float and INT8 weights: the INT4 operands keep their defaults).
-    The persistent kernel's grid barrier orders it after every split; the fused operator merges in launch 1."""
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = rows < N
-    rows_ld = rows % N  # rows past N read valid memory; never stored
-    w_rows = w_ptr + rows_ld.to(tl.int64)[:, None] * stride_wn
-    acc = _gemv_acc(BLOCK_N, BLOCK_K, W_FORMAT)
-    for k0 in range(0, K, BLOCK_K):
-        w = _load_weight_tile(w_rows, k0, K, W_FORMAT, BLOCK_K)  # the weights first: their loads overlap the combine
-        x = _combined_attention(part_ptr, lse_ptr, b, k0, n_heads, n_live, HEAD_DIM, MAX_SPLITS, SPLIT_STEP,
-                                BLOCK_K, y_ptr.dtype.element_ty)
-        acc = _gemv_fma(acc, w, x, W_FORMAT, BLOCK_N, BLOCK_K, rows_ld, k0, K, s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift)
-    y = _epilogue(tl.sum(acc, axis=1), s_ptr, b_ptr, rows_ld, has_bias, W_FORMAT, y_ptr.dtype.element_ty)
-    res = tl.load(r_ptr + b * stride_rm + rows, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    tl.store(y_ptr + b * stride_ym + rows, (res + y).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-# --------------------------------------------------------------------------- definitions
 def _combine_g(s: dict) -> int:
     return pow2_at_least(max(1, int(s.get("n_heads", 1)) // max(1, int(s.get("n_kv_heads", 1)))), 1)
 
@@ -205,19 +163,6 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
         Param("has_bias", "i32", {"present": "bias"}),
         *int4_params(),
     )
-
-
-def proj_tile(s: dict) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) of the persistent kernel's stage 3 (combine inside the projection): whole heads
-    a K step (up to 2048 columns), about one program per SM (each program redoes the combine)."""
-    d = int(s.get("head_dim") or 64)
-    k = int(s.get("k_in") or 2048)
-    n = int(s.get("n_out") or 2048)
-    block_k = max(d, min(pow2_at_least(k, d), 2048))
-    rows = 2
-    while rows < 16 and n // (2 * rows) >= TARGET_PROGRAMS:
-        rows *= 2
-    return rows, block_k, 8
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "attn_o_proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),

@@ -58,12 +58,11 @@ thread where the GPU measured them faster: ``int4_gemv_tile``.) An INT4 weight i
 rate a kernel streams INT4 weights at full bandwidth only at ~3.5 thread-instructions a weight or fewer.
 
 The INT4 operands ride at the end of the program functions with defaults (0), so callers that only run float and
-INT8 weights (the persistent decode kernel) call them unchanged.
+INT8 weights call them unchanged.
 
-Activations are read with ``cache_modifier=".cg"`` (through L2, not L1): in
-the persistent decode kernel (persistent_decode_triton.py) they were written
-by other programs of the same launch, after this SM may have cached the old
-row in L1. Weights, written once at load time, are read normally.
+Activations are read with ``cache_modifier=".cg"`` (through L2, not L1): they were written by the previous
+kernel of the step, possibly after this SM cached the old row in L1. Weights, written once at load time, are
+read normally.
 """
 
 from __future__ import annotations

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_decode_common import (
     FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_operands,
     weight_shape,
 )
+from edgekit.kernels.fusion import HEAD, Fusion
 from edgekit.kernels.operator import DECODE, Operator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
-from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="fused_head_argmax",
@@ -72,10 +73,21 @@ def prepare(x, norm_weight, weight, scale, offset, bias, eps):
     return tensors, {"eps": float(eps), **w_attrs}, lambda bufs: (bufs["token"], bufs["logits"])
 
 
+# final rmsnorm -> LM head, plus the greedy token on the device. Its INT4 kernel is checked against the FP64 oracle
+# under Triton's CPU interpreter only: INT4 heads stay unfused until it has run on a GPU.
+FUSION = Fusion(
+    pattern=("rmsnorm", "linear"),
+    inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "1.proj"},
+    attributes={"eps": "0.eps"},
+    outputs={"token": "+token", "logits": "1.y"},
+    schemes=("fp16", "w8a16"),
+    scope=HEAD,
+)
+
 OPERATORS = (
     Operator(SPEC, fused_head_argmax_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_head_argmax_triton:OP", rowwise=True,
              prepare=prepare,
              tiles_at={"head_logits_fp": DECODE, "head_logits_w8": DECODE, "head_logits_w4": DECODE,
-                       "head_argmax_reduce": DECODE}),
+                       "head_argmax_reduce": DECODE}, fusion=FUSION),
 )

@@ -110,7 +110,7 @@ def _default_w4(s: dict):
 
 
 # float, INT8 and INT4 weights (the runtime's fused path still takes FP16 or INT8 heads only:
-# decode_paths.weights_blocker, until the INT4 kernel has run on a GPU)
+# fused_head_argmax.FUSION's schemes, until the INT4 kernel has run on a GPU)
 FP, W8, W4 = weight_kernels(OP_NAME, "head_logits", _head_logits_kernel, _params, ("BLOCK_N", "BLOCK_K"),
                             _space, _default, default_w4=_default_w4)
 

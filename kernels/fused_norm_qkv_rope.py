@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import torch
 
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_operands,
-    weight_shape,
+    FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs,
+    weight_operands, weight_shape,
 )
+from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.rope import rope_frequencies, rope_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="fused_norm_qkv_rope",
@@ -107,8 +108,19 @@ def prepare(x, norm_weight, weight, scale, offset, bias, cos, sin, positions, k_
     return tensors, attrs, lambda bufs: bufs["q"]
 
 
+# A decode layer's attention input: rmsnorm -> (one-token view) -> QKV -> RoPE -> cache write -> q of the token
+FUSION = Fusion(
+    pattern=("rmsnorm", "as_tokens", "linear", "rope", "kv_store", "select_token"),
+    inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "2.proj", "cos": "@cos_table", "sin": "@sin_table",
+            "positions": "@positions", "k_cache": "@k_cache", "v_cache": "@v_cache"},
+    attributes={"eps": "0.eps", "n_heads": "3.n_heads", "n_kv_heads": "3.n_kv_heads", "rope": "3.rope"},
+    outputs={"q": "5.y"},
+    schemes=FUSED_SCHEMES,
+)
+
 OPERATORS = (
     Operator(SPEC, fused_norm_qkv_rope_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=_shape, triton="fused_norm_qkv_rope_triton:OP", prepare=prepare,
-             tiles_at={"norm_qkv_rope_fp": DECODE, "norm_qkv_rope_w8": DECODE, "norm_qkv_rope_w4": DECODE}),
+             tiles_at={"norm_qkv_rope_fp": DECODE, "norm_qkv_rope_w8": DECODE, "norm_qkv_rope_w4": DECODE},
+             fusion=FUSION),
 )

@@ -58,8 +58,8 @@ def _norm_qkv_rope_program(
     HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
     sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0, STAGES: tl.constexpr = 1,
 ):
-    """Program ``pid`` (PAIRS rotation pairs of one head) of sequence ``b``; also stage 1 of the persistent decode
-    kernel (float and INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
+    """Program ``pid`` (PAIRS rotation pairs of one head) of sequence ``b`` (float and INT8 weights leave the INT4
+    operands after W_FORMAT at their defaults)."""
     head = pid // (HALF // PAIRS)
     j0 = (pid % (HALF // PAIRS)) * PAIRS
     rows = _qkv_rows(pid, HALF, PAIRS)

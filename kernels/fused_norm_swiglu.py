@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import torch
 
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_operands,
-    weight_shape,
+    FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs,
+    weight_operands, weight_shape,
 )
+from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.operator import DECODE, Operator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 from edgekit.kernels.swiglu import swiglu_reference
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="fused_norm_swiglu",
@@ -54,8 +55,18 @@ def prepare(x, norm_weight, weight, scale, offset, eps):
     return {"x": x, "norm_weight": norm_weight, **operands}, {"eps": float(eps), **attrs}, lambda bufs: bufs["y"]
 
 
+# rmsnorm -> packed gate/up projection (no bias) -> SwiGLU
+FUSION = Fusion(
+    pattern=("rmsnorm", "linear", "swiglu"),
+    inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "1.proj"},
+    attributes={"eps": "0.eps"},
+    outputs={"y": "2.y"},
+    schemes=FUSED_SCHEMES,
+    takes_bias=False,
+)
+
 OPERATORS = (
     Operator(SPEC, fused_norm_swiglu_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_norm_swiglu_triton:OP", prepare=prepare,
-             tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE, "norm_swiglu_w4": DECODE}),
+             tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE, "norm_swiglu_w4": DECODE}, fusion=FUSION),
 )

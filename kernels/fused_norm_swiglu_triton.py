@@ -51,8 +51,8 @@ def _norm_swiglu_program(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
     sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0, STAGES: tl.constexpr = 1,
 ):
-    """Program for BLOCK_N hidden columns of sequence ``b``; also stage 4 of the persistent decode kernel (float and
-    INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
+    """Program for BLOCK_N hidden columns of sequence ``b`` (float and INT8 weights leave the INT4 operands after
+    W_FORMAT at their defaults)."""
     n0 = pid * BLOCK_N
     rows = _gate_up_rows(pid, F, BLOCK_N)
     x_row = x_ptr + b * stride_xm

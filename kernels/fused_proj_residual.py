@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_weight, project, weight_inputs, weight_operands, weight_shape,
-)
-from edgekit.kernels.operator import DECODE, Operator, golden_rand
-from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
+from edgekit.kernels.fused_decode_common import (
+    FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, golden_weight, project, weight_inputs, weight_operands,
+    weight_shape,
+)
+from edgekit.kernels.fusion import Fusion
+from edgekit.kernels.operator import DECODE, Operator, golden_rand
+from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 
 SPEC = OpSpec(
     name="fused_proj_residual",
@@ -53,8 +55,16 @@ def prepare(x, weight, scale, offset, bias, residual):
     return {"x": x, **operands, "bias": bias, "residual": residual}, attrs, lambda bufs: bufs["y"]
 
 
+# a projection and the residual add after it (the MLP's down projection)
+FUSION = Fusion(
+    pattern=("linear", "add"),
+    inputs={"x": "0.x", "proj": "0.proj", "residual": "1.a"},
+    outputs={"y": "1.y"},
+    schemes=FUSED_SCHEMES,
+)
+
 OPERATORS = (
     Operator(SPEC, fused_proj_residual_reference, fused_precision(SPEC.name), golden_inputs,
              call_shape=lambda t, a: weight_shape(t), triton="fused_proj_residual_triton:OP", prepare=prepare,
-             tiles_at={"proj_residual_fp": DECODE, "proj_residual_w8": DECODE, "proj_residual_w4": DECODE}),
+             tiles_at={"proj_residual_fp": DECODE, "proj_residual_w8": DECODE, "proj_residual_w4": DECODE}, fusion=FUSION),
 )

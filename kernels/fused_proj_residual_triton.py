@@ -43,8 +43,8 @@ def _proj_residual_program(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FORMAT: tl.constexpr,
     sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0, STAGES: tl.constexpr = 1,
 ):
-    """Program for BLOCK_N output rows of sequence ``b``; also stage 5 of the persistent decode kernel (float and
-    INT8 weights: the INT4 operands after W_FORMAT keep their defaults)."""
+    """Program for BLOCK_N output rows of sequence ``b`` (float and INT8 weights leave the INT4 operands after
+    W_FORMAT at their defaults)."""
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rows < N
     rows_ld = rows % N  # rows past N read valid memory; never stored

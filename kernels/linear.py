@@ -12,16 +12,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv,
                                       golden_rand)
 from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, SUBBLOCK, SYMMETRIC_ZERO, dequantize_int4, pack_int4
 from edgekit.kernels.int8_group_layout import dequantize_int8_grouped
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
+from edgekit.kernels.weight_schemes import INT8_GGUF_GROUP, SCHEMES, Grouping, int4_group_for
 
 INT8_MAX = 127.0
+MIN_SCALE = torch.finfo(torch.float32).tiny  # the smallest scale a quantizer writes: a divisor never zero
 
 LINEAR_SPEC = OpSpec(
     name="linear",
@@ -378,11 +380,9 @@ def _prepare_common(op: str, x, weight, bias, extra: dict, weight_dtype: torch.d
     return x2, (lambda bufs: bufs["y"].view(out_shape))
 
 
-
 def prepare_linear(x, weight, bias=None):
     x2, finish = _prepare_common("linear", x, weight, bias, {}, None)
     return {"x": x2, "weight": weight, "bias": bias}, {}, finish
-
 
 
 def prepare_w8a16(x, qweight, scale, bias=None):
@@ -391,7 +391,6 @@ def prepare_w8a16(x, qweight, scale, bias=None):
     hc.dtype_is(op, scale, "scale", torch.float32)
     hc.vector(op, scale, "scale", qweight.shape[0])
     return {"x": x2, "weight": qweight, "scale": scale, "bias": bias}, {}, finish
-
 
 
 def prepare_w8a8(x, qweight, scale, bias=None, smooth=None):
@@ -421,7 +420,6 @@ def prepare_w4a16(x, qweight, scale, offset=None, bias=None):
     tensors = {"x": x2, "weight": qweight, **slots, "bias": bias}
     out_shape = (*x.shape[:-1], n)
     return tensors, attrs, (lambda bufs: bufs["y"].view(out_shape))
-
 
 
 def int4_weight_slots(op: str, qweight, scale, offset, name: str = "weight",
@@ -464,19 +462,46 @@ def int4_weight_slots(op: str, qweight, scale, offset, name: str = "weight",
 
 OPERATORS = (
     Operator(LINEAR_SPEC, linear_reference, OpPrecision("linear", "fp16", "fp16", "fp32", "fp16"), linear_golden_inputs,
-             triton="linear_triton:LINEAR_OP", tiles_at={"linear_gemv": DECODE, "linear_gemm": PREFILL}, scheme="fp16",
-             prepare=prepare_linear,
+             triton="linear_triton:LINEAR_OP",
+             prepare=prepare_linear, tiles_at={"linear_gemv": DECODE, "linear_gemm": PREFILL},
              onnx=OnnxFunction("Linear", (), onnx_linear), **_LINEAR),
     Operator(W8A16_SPEC, linear_w8a16_reference, OpPrecision("linear_w8a16", "int8", "fp16", "fp32", "fp16"),
-             w8a16_golden_inputs, triton="linear_triton:W8A16_OP", tiles_at={"w8a16_gemv": DECODE, "w8a16_gemm": PREFILL},
-             prepare=prepare_w8a16,
-             scheme="w8a16", onnx=OnnxFunction("LinearW8A16", (), onnx_linear_w8a16), **_LINEAR),
+             w8a16_golden_inputs, triton="linear_triton:W8A16_OP",
+             prepare=prepare_w8a16, tiles_at={"w8a16_gemv": DECODE, "w8a16_gemm": PREFILL},
+             onnx=OnnxFunction("LinearW8A16", (), onnx_linear_w8a16), **_LINEAR),
     Operator(W4A16_SPEC, linear_w4a16_reference, OpPrecision("linear_w4a16", "int4", "fp16", "fp32", "fp16"),
              w4a16_golden_inputs, triton="linear_w4a16_triton:W4A16_OP", prepare=prepare_w4a16,
-             tiles_at={"w4a16_gemv": DECODE, "w4a16_gemm": PREFILL}, scheme="w4a16",
+             tiles_at={"w4a16_gemv": DECODE, "w4a16_gemm": PREFILL},
              onnx=OnnxFunction("LinearW4A16", (), onnx_linear_w4a16), **_LINEAR),
     Operator(W8A8_SPEC, linear_w8a8_reference, OpPrecision("linear_w8a8", "int8", "int8", "int32", "fp16"),
-             w8a8_golden_inputs, triton="linear_triton:W8A8_OP", tiles_at={"w8a8_quantize": PREFILL, "w8a8_gemm": PREFILL},
-             prepare=prepare_w8a8,
-             scheme="w8a8", onnx=OnnxFunction("LinearW8A8", (), onnx_linear_w8a8), **_LINEAR),
+             w8a8_golden_inputs, triton="linear_triton:W8A8_OP",
+             prepare=prepare_w8a8, tiles_at={"w8a8_quantize": PREFILL, "w8a8_gemm": PREFILL},
+             onnx=OnnxFunction("LinearW8A8", (), onnx_linear_w8a8), **_LINEAR),
 )
+
+
+def empty_linear(name: str, out_features: int, in_features: int, bias: bool, grouping: Grouping = Grouping(),
+                 device="meta", dtype=None):
+    """A projection record of scheme ``name`` with uninitialised tensors of the stored shapes and dtypes (on the
+    meta device by default: what counting kernel launches needs, at no memory)."""
+    dtype = dtype or torch.float16
+    n, k = out_features, in_features
+
+    def empty(*shape, dt=dtype):
+        return torch.empty(*shape, dtype=dt, device=device)
+
+    b = empty(n) if bias else None
+    if name == "fp16":
+        return LinearWeights("linear", empty(n, k), b)
+    if name in ("w8a16", "w8a8"):
+        return LinearWeights(SCHEMES[name].operator, empty(n, k, dt=torch.int8), b, scale=empty(n, dt=torch.float32),
+                             smooth=empty(k, dt=torch.float32) if name == "w8a8" else None)
+    if name == "w4a16":
+        groups = k // int4_group_for(k, grouping.group)
+        offset = empty(n, groups, dt=torch.float16) if grouping.group_bytes > 2 else None
+        return LinearWeights("linear_w4a16", empty(n, k // 2, dt=torch.uint8), b, scale=empty(n, groups, dt=torch.float16),
+                             offset=offset)
+    if name == "w8a16g":
+        return LinearWeights("linear_w8a16_grouped", empty(n, k, dt=torch.int8), b,
+                             scale=empty(n, -(-k // INT8_GGUF_GROUP), dt=torch.float16))
+    raise OperatorError(f"unknown weight scheme {name!r}; expected one of: {', '.join(SCHEMES)}")

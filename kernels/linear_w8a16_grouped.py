@@ -2,7 +2,7 @@
 runs a GGUF Q8_0 tensor taken in bit for bit.
 
 Only the torch reference exists so far (no Triton kernel): on a GPU the runtime runs the reference for this
-operator, and the fused decode operators do not take it (decode_paths.FUSED_WEIGHT_OPS), so a model that uses it
+operator, and the fused decode operators do not take it (their fusions' schemes), so a model that uses it
 runs the per-operator path and says why.
 """
 
@@ -67,6 +67,6 @@ def onnx_linear_w8a16_grouped(b, i: dict, out: list[str]) -> None:
 OPERATORS = (
     Operator(W8A16_GROUPED_SPEC, linear_w8a16_grouped_reference,
              OpPrecision("linear_w8a16_grouped", "int8", "fp16", "fp32", "fp16"), w8a16_grouped_golden_inputs,
-             scheme="w8a16g", onnx=OnnxFunction("LinearW8A16Grouped", (), onnx_linear_w8a16_grouped),
+             onnx=OnnxFunction("LinearW8A16Grouped", (), onnx_linear_w8a16_grouped),
              **_LINEAR),
 )

@@ -16,6 +16,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.spec import OpSpec
 
 DECODE, PREFILL = "decode", "prefill"  # the static shape a kernel is tiled at by the planner
@@ -95,12 +96,19 @@ class Operator:
     grid: GridRule = no_grid_rule
     rowwise: bool = False  # each token independent: golden cases cap the rows (more rows repeat the same program)
     decode_case: bool = False  # golden cases add a one-row call (the decode path takes other kernels)
-    scheme: str | None = None  # the linear scheme it runs ("fp16", "w8a16", "w8a8"); None for other operators
     onnx: OnnxFunction | None = None  # None: not exportable to ONNX (the exported graph never calls it)
+    fusion: Fusion | None = None  # a fused operator: the graph nodes it replaces (kernels/fusion.py)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def scheme(self) -> str | None:
+        """The weight scheme this linear operator runs (kernels/weight_schemes.py); None for other operators."""
+        from edgekit.kernels.weight_schemes import SCHEMES
+
+        return next((s.name for s in SCHEMES.values() if s.operator == self.name), None)
 
     @property
     def kernels(self):

@@ -18,8 +18,8 @@ from edgekit.kernels.operator import Operator
 
 # Modules of edgekit.kernels that hold machinery, not operators (tests check every other module declares some).
 INFRASTRUCTURE = frozenset({
-    "abi", "aot", "decode_paths", "dispatch", "fused_decode_common", "host_checks", "int4_layout", "int8_group_layout", "kernel_def", "launch_rule", "launch_count", "launcher",
-    "operator", "pdl_launch", "precision", "program_runner", "registry", "sass_stats", "spec", "triton_backend", "variants",
+    "abi", "aot", "dispatch", "fused_decode_common", "fusion", "host_checks", "int4_layout", "int8_group_layout", "kernel_def", "launch_rule", "launch_count", "launcher",
+    "operator", "pdl_launch", "precision", "program_runner", "registry", "sass_stats", "spec", "triton_backend", "variants", "weight_schemes",
 })
 
 
@@ -53,14 +53,17 @@ def operator(name: str) -> Operator:
 
 
 def operator_for_scheme(scheme: str) -> Operator:
-    """The linear operator that runs projections stored in ``scheme`` ("fp16", "w8a16", "w8a8")."""
-    for op in OPERATORS.values():
-        if op.scheme == scheme:
-            return op
-    known = sorted(op.scheme for op in OPERATORS.values() if op.scheme)
-    raise OperatorError(f"no linear operator runs scheme {scheme!r}; expected one of: {', '.join(known)}")
+    """The linear operator that runs projections stored in ``scheme`` (kernels/weight_schemes.py)."""
+    from edgekit.kernels.weight_schemes import scheme as scheme_record
+
+    return operator(scheme_record(scheme).operator)
 
 
 def with_kernels() -> dict[str, Operator]:
     """Operators that have Triton kernels (the rest run their torch reference everywhere)."""
     return {name: op for name, op in OPERATORS.items() if op.triton is not None}
+
+
+def fused_operators_taking(scheme: str) -> list[str]:
+    """The fused operators whose kernels take projections in weight scheme ``scheme`` (their fusion declarations)."""
+    return sorted(op.name for op in OPERATORS.values() if op.fusion is not None and scheme in op.fusion.schemes)

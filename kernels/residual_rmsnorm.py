@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, golden_rand
 from edgekit.kernels.rmsnorm import golden_inputs as rmsnorm_golden_inputs
 from edgekit.kernels.rmsnorm import MAX_ROW, onnx_rmsnorm, rmsnorm_reference
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 
 SPEC = OpSpec(
     name="residual_rmsnorm",

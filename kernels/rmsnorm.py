@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from edgekit.errors import OperatorError
+from edgekit.kernels import host_checks as hc
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
-from edgekit.errors import OperatorError
-from edgekit.kernels import host_checks as hc
 
 MAX_ROW = 65536  # one row must fit one program's registers (the kernel holds it whole)
 

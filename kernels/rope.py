@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from edgekit.kernels.linear import linear_reference, onnx_linear
+from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.operator import PREFILL, OnnxFunction, OpPrecision, Operator, PlannedShape, cdiv, golden_rand
 from edgekit.kernels.precision import accumulate_dtype
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec
@@ -177,7 +178,6 @@ def _check_tables(op: str, cos, sin, B: int, T: int, D: int):
         hc.unit_last_stride(op, t, n)
 
 
-
 def _heads(op: str, width: int, n_heads: int, n_kv_heads: int) -> int:
     total = n_heads + 2 * n_kv_heads
     if n_heads <= 0 or n_kv_heads <= 0 or n_heads % n_kv_heads or width % total:
@@ -185,7 +185,6 @@ def _heads(op: str, width: int, n_heads: int, n_kv_heads: int) -> int:
     d = width // total
     hc.head_dim_ok(op, d)
     return d
-
 
 
 def prepare_qkv_rope(x, wqkv, bqkv, cos, sin, n_heads: int, n_kv_heads: int):
@@ -210,7 +209,6 @@ def prepare_qkv_rope(x, wqkv, bqkv, cos, sin, n_heads: int, n_kv_heads: int):
     return tensors, attrs, lambda bufs: (bufs["q"], bufs["k"], bufs["v"])
 
 
-
 def prepare_rope(qkv, cos, sin, n_heads: int, n_kv_heads: int):
     op = "rope"
     hc.on_cuda(op, ("qkv", qkv), ("cos", cos), ("sin", sin))
@@ -224,6 +222,17 @@ def prepare_rope(qkv, cos, sin, n_heads: int, n_kv_heads: int):
     return {"qkv": x2, "cos": cos, "sin": sin}, attrs, lambda bufs: (bufs["q"], bufs["k"], bufs["v"])
 
 
+# A float QKV projection and the RoPE after it, on every path (the other schemes run linear, then rope)
+QKV_ROPE_FUSION = Fusion(
+    pattern=("linear", "rope"),
+    inputs={"x": "0.x", "proj": "0.proj", "wqkv": "0.proj#weight", "bqkv": "0.proj#bias", "cos": "1.cos", "sin": "1.sin"},
+    attributes={"n_heads": "1.n_heads", "n_kv_heads": "1.n_kv_heads"},
+    outputs={"q": "1.q", "k": "1.k", "v": "1.v"},
+    schemes=("fp16",),
+    phases=("prefill", "decode", "sequence"),
+    path="per-operator",
+)
+
 OPERATORS = (
     Operator(ROPE_SPEC, rope_reference, OpPrecision("rope", "none", "fp16", "fp32", "fp16"), rope_golden_inputs,
              call_shape=_call_shape("qkv"), triton="rope_triton:ROPE_OP", tiles_at={"rope_fwd": PREFILL}, rowwise=True,
@@ -233,5 +242,5 @@ OPERATORS = (
              qkv_rope_golden_inputs, call_shape=_call_shape("x"), triton="rope_triton:QKV_ROPE_OP",
              prepare=prepare_qkv_rope,
              tiles_at={"qkv_rope_fwd": PREFILL}, grid=_qkv_rope_grid, rowwise=True,
-             onnx=OnnxFunction("QKVRoPE", ("n_heads", "n_kv_heads"), onnx_qkv_rope)),
+             onnx=OnnxFunction("QKVRoPE", ("n_heads", "n_kv_heads"), onnx_qkv_rope), fusion=QKV_ROPE_FUSION),
 )

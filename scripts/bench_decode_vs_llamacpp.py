@@ -6,8 +6,8 @@ llama.cpp's Q8_0 copy with llama-quantize, load the F16 file back with
 edgekit's GGUF loader, and measure in one process:
 
 - edgekit fp16, int8 (W8A16 blocks) and int4 (W4A16 blocks, on the fused path), made from the same F16 file, each on
-  the graphed decode steps of ``--engines`` (default: the fused super-operators
-  and the persistent kernel; ``edgekit`` adds the per-operator step): decode tokens/s
+  the graphed decode steps of ``--engines`` (default: the fused super-operators;
+  ``edgekit`` adds the per-operator step): decode tokens/s
   at depth D (prefill D tokens, then N greedy tokens fed back on the device,
   median of R loops), graphed prefill time for D tokens (TTFT), kernels per
   token (torch.profiler), the bandwidth roofline (device copy bandwidth

@@ -21,9 +21,6 @@ its load average).
    Done-when: 0 failed, pause p99 <= 5 ms. Where upload -> active goes is reported per stage (the store's steps:
    received, verified, golden_checked, staged, switched...; activated: re-verify + plugin load + graph capture)
    with the graphs each swap re-captured and kept (only the graphs that call the operator are re-captured).
-4. persistent (issue 13): a second server on --decode-path persistent, --persistent-swaps swaps of an operator the
-   persistent kernel contains (--persistent-op) under the same N-client load: failed requests, the decode path
-   before/after (the fallback to fused, in /metrics' edgekit_decode_path too), pause p99.
 The active decode path is reported before and after the swaps (a swap of an
 operator the fused kernels subsume moves decode to the per-operator path).
 
@@ -206,9 +203,6 @@ def main() -> None:
     ap.add_argument("--batch1-budget-s", type=float, default=60.0, help="no new serve/run turn starts after this")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--decode-path", default="fused", help="serve's --decode-path for phases 1-3")
-    ap.add_argument("--persistent-swaps", type=int, default=10, help="phase 4's swaps (0: skip the phase)")
-    ap.add_argument("--persistent-op", default="fused_norm_swiglu", help="an operator the persistent kernel contains")
-    ap.add_argument("--persistent-budget-s", type=float, default=60.0)
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
 
@@ -282,27 +276,6 @@ def main() -> None:
         if args.swaps > 0:
             rep.phase("swaps", swaps)
 
-    def persistent() -> None:
-        # a server of its own on the persistent path, under the same load, swapping an operator the kernel contains
-        with serving(b, max_waiting=2 * args.clients, batch_buckets=buckets, max_queue_wait_s=30.0, cuda_graphs=graphs,
-                     decode_path="persistent") as (url, stack), client_process() as pool:
-            res = out["persistent_swaps"] = {"op": args.persistent_op,
-                                             "decode_path_before": stack.engine.decode_path.to_dict(),
-                                             "metrics_before": metrics_decode_path(url)}
-            rep.save()
-            # the same load with no swap first, one client then N: events here are the path's own (the engine
-            # reports every decode step whose logits are not finite), not a swap's
-            for n in (1, args.clients):
-                n_event = len(stack.events)
-                res[f"load_before_swaps_{n}_clients"] = {**load_phase(pool, url, body, n, args.seconds / 4),
-                                                         "admin_events": event_counts(stack.events[n_event:])}
-            packages = plugin_packages(b, args.persistent_op, range(2, args.persistent_swaps + 2))
-            res.update(swap_phase(pool, url, stack, packages, args, prompt, args.persistent_budget_s))
-            res["decode_path_after"] = stack.engine.decode_path.to_dict()
-            res["metrics_after"] = metrics_decode_path(url)
-
-    if args.persistent_swaps > 0 and graphs and b.device.type == "cuda":  # the persistent kernel is a GPU path
-        rep.phase("persistent", persistent)
     out["measured_on"] = where(b)
     out["total_s"] = round(time.perf_counter() - t_start, 2)
     rep.save()
@@ -345,25 +318,6 @@ def print_table(out: dict, args) -> None:
         ("graphs re-captured / kept per swap", graphs_split(sw)),
         (f"serving events under the 1-vs-{args.clients} load (no swaps)", events_text(out.get("admin_events_scaling"))),
     ]
-    ps = out.get("persistent_swaps") or {}
-    if ps:
-        pl = ps.get("load") or {}
-        rows += [
-            (f"persistent: swaps of {ps['op']} ok / failed / not attempted",
-             f"{ps.get('swaps_ok', '-')} / {len(ps.get('swaps_failed', []))} / {ps.get('swaps_not_attempted', '-')}"),
-            ("persistent: decode path before -> after",
-             f"{(ps.get('decode_path_before') or {}).get('path', '-')} -> {(ps.get('decode_path_after') or {}).get('path', '-')}"),
-            ("persistent: /metrics after", " ".join(ps.get("metrics_after") or []) or "-"),
-            ("persistent: requests ok / failed  (goal 0 failed)", f"{pl.get('ok', '-')} / {pl.get('failed', '-')}"),
-            ("persistent: switch pause p99 ms  (goal <= 5)", num(ps.get("switch_pause_ms_p99"), ".3f")),
-            ("persistent: upload->active stages p50 ms", stages(ps)),
-            ("persistent: graphs re-captured / kept per swap", graphs_split(ps)),
-            *[(f"persistent: events under {n} client(s), before any swap",
-               events_text((ps.get(f"load_before_swaps_{n}_clients") or {}).get("admin_events")))
-              for n in (1, args.clients)],
-            ("persistent: admin-worker events during the swaps",
-             ", ".join(f"{k} {v}" for k, v in (ps.get("admin_events") or {}).items()) or "-"),
-        ]
     print(f"serve vs run, {out['model']} ({out['backend']}, serve {'graphed' if out.get('serve_graphed') else 'eager'}), "
           f"{out['measured_on']}; {out.get('total_s')} s in all")
     for k, v in rows:

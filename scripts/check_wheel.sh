@@ -129,7 +129,8 @@ if "$WORK/device/bin/python" -c "import triton" 2>/dev/null; then echo "the devi
 D="$WORK/device/bin/edgekit"
 "$D" verify "$WORK/tiny-bundle" --allow-dev-key --json >/dev/null
 echo "   device verify: ok (no Triton)"
-"$D" run "$WORK/tiny-bundle" --allow-dev-key -p hello -n 4 --device cpu >/dev/null
+"$D" run "$WORK/tiny-bundle" --allow-dev-key -p hello -n 4 --device cpu >/dev/null 2>"$WORK/device-run.log" \
+  || { cat "$WORK/device-run.log"; exit 1; }
 echo "   device run on the CPU: ok"
 "$WORK/device/bin/python" "$ROOT/tests/edgekit/runtime/plugin_loader_probe.py" "$WORK/tiny-bundle" >"$WORK/probe.json"
 "$WORK/device/bin/python" -c "import json,sys; p=json.load(open(sys.argv[1])); assert p['triton_modules'] == [], p; print(f\"   {len(p['plugins'])} plugins loaded and launched without Triton\")" "$WORK/probe.json"

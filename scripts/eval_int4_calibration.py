@@ -94,9 +94,9 @@ def record_bytes(lw) -> int:
 
 def bytes_summary(weights) -> dict:
     """Linear weight bytes by precision (block projections and LM head) of an assembled model."""
-    from edgekit.quant.layers import named_linears
+    from edgekit.model.layers import named_linears
 
-    from edgekit.quant.layers import HEAD
+    from edgekit.model.layers import HEAD
 
     by_op: dict[str, int] = {}
     for name, lw in named_linears(weights).items():

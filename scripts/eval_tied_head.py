@@ -49,7 +49,7 @@ def main() -> None:
     from edgekit.model.decoder import Decoder
     from edgekit.model.loader import load_model
     from edgekit.quant.gate import GateConfig, build_reference, check, evaluate
-    from edgekit.quant.layers import HEAD
+    from edgekit.model.layers import HEAD
     from edgekit.quant.quantize import QuantizeOptions, heldout_eval_text, prepare_quantization
     from edgekit.quant.stored_bytes import head_embedding_summary
 

@@ -15,13 +15,13 @@ import json
 import torch
 
 from edgekit.bench.engines import RuntimeEngine
-from edgekit.bench.fused_engine import FusedRuntimeEngine, PersistentRuntimeEngine
+from edgekit.bench.fused_engine import FusedRuntimeEngine
 from edgekit.bench.profile import profile_decode
 from edgekit.bench.runner import _cast, _prompt, quantized
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
 
-ENGINES = {"per-operator": RuntimeEngine, "fused": FusedRuntimeEngine, "persistent": PersistentRuntimeEngine}
+ENGINES = {"per-operator": RuntimeEngine, "fused": FusedRuntimeEngine}
 
 
 def main() -> None:
@@ -31,8 +31,8 @@ def main() -> None:
                     help="int4: W4A16 RTN block projections, groups of 128, FP16 scales and offsets (bench.runner.int4_linear)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--engine", default="per-operator", choices=["per-operator", "fused", "persistent"],
-                    help="the decode path profiled (fused/persistent: the bench's graphed engines of those paths)")
+    ap.add_argument("--engine", default="per-operator", choices=["per-operator", "fused"],
+                    help="the decode path profiled (fused: the bench's graphed engine of that path)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     name = torch.cuda.get_device_name()

@@ -11,9 +11,8 @@ llama-quantize, load the F16 file back with edgekit's GGUF loader, and measure i
 - agreement of the two paths on one step from the same cache: logits difference, argmax, the cache rows written;
 - llama.cpp: ``llama-bench -p D -n N -d D -fa 1 -ngl 99`` on F16 and Q8_0 (``edgekit.bench.llamacpp``).
 
-int4 (W4A16 g128 RTN blocks, FP16 head) runs on the fused path like the others; the persistent kernel takes float
-and INT8 weights only, so its int4 row is left out with a note (``engines_for``), and int4-head (an INT4 LM head,
-which no fast path takes) runs per operator. Every row records the decode path it ran, and the table prints it
+int4 (W4A16 g128 RTN blocks, FP16 head) runs on the fused path like the others, and int4-head (an INT4 LM head)
+runs where the decode graph's fusions take it (``engines_for``). Every row records the decode path it ran, and the table prints it
 and the INT4 / INT8 tokens/s of each (model, engine) measured in the same run.
 
 All figures are measured on the local GPU (random weights: speed does not depend on values).
@@ -29,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-ENGINES = ("edgekit", "edgekit-fused", "edgekit-persistent")  # per-operator, fused super-operators, persistent kernel
-DEFAULT_ENGINES = ("edgekit-fused", "edgekit-persistent")
+ENGINES = ("edgekit", "edgekit-fused")  # per-operator, fused super-operators
+DEFAULT_ENGINES = ("edgekit-fused",)
 # the llama.cpp file each edgekit precision is compared with (llama-quantize makes the quantized ones from the F16 file)
 LLAMA_KIND = {"fp16": "F16", "int8": "Q8_0", "int4": "Q4_K_M", "int4-head": "Q4_K_M"}
 
@@ -78,7 +77,7 @@ def _measure_engine(engine, prompt, depth: int, n: int, repeats: int, dev) -> di
 
 def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
     from edgekit.bench.engines import RuntimeEngine
-    from edgekit.bench.fused_engine import FusedRuntimeEngine, PersistentRuntimeEngine
+    from edgekit.bench.fused_engine import FusedRuntimeEngine
     from edgekit.bench.roofline import decode_bytes, mean_attended_len, roofline_tokens_per_s
     from edgekit.bench.runner import _cast, quantized
     from edgekit.model.gguf_loader import load_gguf
@@ -107,9 +106,9 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
         attended = mean_attended_len(depth, n)
         nbytes = decode_bytes(cfg, wp, attended, 2.0).total
         tokens = {}
-        engines = {c.name: c for c in (RuntimeEngine, FusedRuntimeEngine, PersistentRuntimeEngine)}
+        engines = {c.name: c for c in (RuntimeEngine, FusedRuntimeEngine)}
         row_agree = None
-        names, note = engines_for(wp, getattr(args, "engines", DEFAULT_ENGINES))
+        names, note = engines_for(cfg, wp, getattr(args, "engines", DEFAULT_ENGINES))
         for cls in (engines[e] for e in names):
             row = {"model": preset, "file": f16.name if f16 else None, "engine": cls.name, "precision": precision, "depth": depth,
                    "new_tokens": n, "measured_on": f"GPU ({torch.cuda.get_device_name(dev)})"}
@@ -152,26 +151,20 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
     return rows
 
 
-def engines_for(weights, requested: tuple[str, ...]) -> tuple[list[str], str | None]:
+def engines_for(config, weights, requested: tuple[str, ...]) -> tuple[list[str], str | None]:
     """The engines to measure these weights on, and why the list differs from ``requested`` (None: it does not).
 
-    The fused path takes float, W8A16 and (in the layers) W4A16 projections, the persistent kernel float and W8A16
-    only (kernels.decode_paths, runtime.persistent_decode). Weights no fast path takes (an INT4 LM head, W8A8) are
-    measured once on the per-operator step, so the precision still gets a row, labelled; weights only the fused path
-    takes (INT4 blocks) drop the persistent row, saying why."""
-    from edgekit.kernels.decode_paths import model_weights_blocker
-    from edgekit.runtime.persistent_decode import persistent_weights_blocker
+    Weights the fused path cannot take (e.g. W8A8) are measured once on the per-operator step, so the precision
+    still gets a row, labelled."""
+    from edgekit.graph.builder import LinearSchemes
+    from edgekit.graph.paths import fused_blocker
 
-    why_not = model_weights_blocker(weights)
+    why_not = fused_blocker(config, LinearSchemes.of_weights(weights))
     fast = [e for e in requested if e != "edgekit"]
     if why_not is not None and fast:
         return ["edgekit"], (f"{', '.join(fast)} cannot take these weights ({why_not}): measured on the per-operator "
                              f"step instead")
-    why_not = persistent_weights_blocker(weights) if "edgekit-persistent" in requested else None
-    if why_not is None:
-        return list(requested), None
-    names = [e for e in requested if e != "edgekit-persistent"] or ["edgekit-fused"]
-    return names, f"edgekit-persistent left out: {why_not}"
+    return list(requested), None
 
 
 def _wait_for(path: Path | None, seconds: float) -> bool:

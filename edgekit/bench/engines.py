@@ -18,6 +18,7 @@ import abc
 
 import torch
 
+from edgekit.graph.node import PREFILL
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
@@ -219,7 +220,8 @@ def _static_tensors(decoder: Decoder, cache: StaticKVCache) -> list[torch.Tensor
     w = decoder.weights
     # a tied quantized head is the embedding table: its tensors are listed with the head
     emb = [] if isinstance(w.tok_embeddings, QuantizedEmbedding) else [w.tok_embeddings]
-    out = [*emb, w.norm, decoder._cos, decoder._sin, *cache.k, *cache.v]
+    tables = [t for name in decoder.graph(PREFILL).rope for t in decoder.rope_tables(name)]
+    out = [*emb, w.norm, *tables, *cache.k, *cache.v]
     out += [t for t in (w.lm_head.weight, w.lm_head.bias, w.lm_head.scale, w.lm_head.smooth, w.lm_head.offset)
             if t is not None]
     for b in w.blocks:

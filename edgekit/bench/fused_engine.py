@@ -1,4 +1,4 @@
-"""edgekit's runtime on the fused and persistent decode paths, as stepped bench engines beside the per-operator one.
+"""edgekit's runtime on the fused decode path, as stepped bench engines beside the per-operator one.
 
 Same contract as ``RuntimeEngine`` (prefill, decode fed back on the device,
 graphed prefill); the decode step is ``FusedDecoder``'s: the greedy token comes
@@ -49,10 +49,3 @@ class FusedRuntimeEngine(RuntimeEngine):
         self.feedback = FusedGreedyFeedback(step_decoder, max_tokens)
         self.step = GraphedDecodeStep(self.feedback, self.cache)
         self._prefill_graphs = {}
-
-
-class PersistentRuntimeEngine(FusedRuntimeEngine):
-    """The persistent decode path: one kernel launch per layer (grid barriers) + the fused head."""
-
-    name = "edgekit-persistent"
-    decode_path = "persistent"

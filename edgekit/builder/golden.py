@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from edgekit.bundle.golden import GoldenCase, make_case
-from edgekit.kernels.decode_paths import decode_only_operators
+from edgekit.graph.paths import decode_only_operators
 from edgekit.kernels.registry import operator
 from edgekit.model.config import ModelConfig
 

@@ -124,7 +124,7 @@ def pack_from_kernel_source(
     from edgekit.kernels.registry import operator
     from edgekit.kernels.variants import op_program
     from edgekit.plan.planner import Plan
-    from edgekit.quant.io import read_config
+    from edgekit.model.weights_file import read_config
 
     shipped_meta, _ = bundle_plugin_files(bundle, op)  # the bundle ships this op, and its files are intact
     check_arch(bundle, shipped_meta, target_arch)

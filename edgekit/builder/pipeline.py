@@ -20,10 +20,9 @@ import torch
 
 from edgekit import __version__
 from edgekit.cache import BuildCache, cache_key, cache_limit_bytes, package_source_hash
-from edgekit.errors import BundleError, EdgekitError
+from edgekit.errors import BundleError
 
 PLUGIN_VERSION = 1
-PRECISIONS = {"int8": "w8a16", "w8a8": "w8a8", "int4": "w4a16", "fp16": None}  # --precision -> quantization mode (None: none)
 
 
 @dataclass
@@ -88,22 +87,6 @@ def _signing_key(opts: BuildOptions):
         hint="make one with `edgekit keys generate keys/` and pass --key keys/edgekit.key "
         "(or --dev-key for a local test build signed with the public development key, which devices refuse by default)",
     )
-
-
-def _operators_of_weights(weights) -> list[str]:
-    """The operators the model calls, read from its weights (what the plan must cover): the per-operator path's,
-    and the fused decode paths' when the weights allow them (the runtime's rule, applied to the weights)."""
-    from edgekit.kernels.decode_paths import DECODE_STEPS, model_weights_blocker, step_operators
-
-    ops = {"rmsnorm", "attention_prefill", "attention_decode", "swiglu"}
-    for b in weights.blocks:
-        for lw in b.linears().values():
-            ops.add(lw.op)
-        ops.add("qkv_rope" if b.wqkv.op == "linear" else "rope")
-    ops.add(weights.lm_head.op)
-    if model_weights_blocker(weights) is None:
-        ops.update(step_operators(DECODE_STEPS))
-    return sorted(ops)
 
 
 def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[dict, dict]]:
@@ -212,7 +195,8 @@ def _checked_weights(loaded, spec: str | None, steps, keep_int4: bool = False, k
 def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     """(weights, report) of the quantized model, cached by model hash and options."""
     from edgekit.quant.gate import GateConfig
-    from edgekit.quant.io import load_quantized, report_bytes, serialize
+    from edgekit.model.weights_file import load_weights_file, serialize
+    from edgekit.quant.io import report_bytes
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
     gate = GateConfig.for_mode(mode)
@@ -239,7 +223,7 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
     # Cold and warm builds read the weights back from the same bytes, so they ship identical bundles.
     with tempfile.TemporaryDirectory() as d:
         Path(d, "model.safetensors").write_bytes(hit["model.safetensors"])
-        q = load_quantized(Path(d), dtype=torch.float16)
+        q = load_weights_file(Path(d), dtype=torch.float16)
     return q.weights, json.loads(hit["report.json"]), cached
 
 
@@ -254,12 +238,12 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.plan.planner import make_plan
     from edgekit.plan.precision import PrecisionPlan
     from edgekit.plan.targets import load_target
+    from edgekit.kernels.weight_schemes import scheme_of_cli
+    from edgekit.model.weights_file import serialize
     from edgekit.output_path import check_output_path
-    from edgekit.plan.precision import scheme_for_cli
-    from edgekit.quant.io import serialize
     from edgekit.quant.progress import SILENT
 
-    scheme_for_cli(opts.precision)  # refuses an unknown or reserved precision, naming the valid ones
+    scheme = scheme_of_cli(opts.precision)  # refuses an unknown precision, naming the valid ones
     t_start = time.perf_counter()
     key = _signing_key(opts)  # fail before any work
     out = Path(opts.out)
@@ -273,7 +257,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     cache_limit = cache_limit_bytes() if opts.use_cache else 0  # a bad EDGEKIT_CACHE_MAX_GB fails before any work
     st = _Stages(report)
     steps = steps or SILENT
-    mode = PRECISIONS[opts.precision]
+    mode = scheme.name if scheme.quantized else None  # the quantizer's mode is the scheme it produces
     if opts.quantize_head and mode is None:
         raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
                           hint="drop --quantize-head, or use --precision int8 or int4")
@@ -298,10 +282,13 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     else:
         weights = _checked_weights(loaded, opts.model, steps).weights.to(dtype=torch.float16)
 
+    precision = PrecisionPlan.from_weights(weights, quant_report=quant_report)
+
     def plan_compiling():
         from edgekit.kernels.variants import op_kernels
+        from edgekit.plan.tiles import needed_ops
 
-        kernel_ops = [op for op in _operators_of_weights(weights) if op in op_kernels()]
+        kernel_ops = [op for op in needed_ops(cfg, precision) if op in op_kernels()]
         seen: list[str] = []
         with steps.task(f"compile the kernels of {len(kernel_ops)} operators for sm_{arch}", len(kernel_ops)) as advance:
             def compile_cached(v):
@@ -313,14 +300,10 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
 
             # The plan is made once every layer's precision is decided, and the rest of the build executes it verbatim.
             return make_plan(cfg, target, model_info=model_info, context=opts.context, batch=opts.batch,
-                             precision=PrecisionPlan.from_weights(weights, quant_report=quant_report), trace=opts.trace,
-                             buckets=opts.buckets, compile_fn=compile_cached)
+                             precision=precision, trace=opts.trace, buckets=opts.buckets, compile_fn=compile_cached)
 
     plan = st.run("plan", plan_compiling)
     ops = sorted(plan.operators())
-    if ops != _operators_of_weights(weights):
-        raise BundleError(f"the plan runs operators {ops} but the weights need {_operators_of_weights(weights)}",
-                          hint="this is a bug in edgekit: please report it with the model and options used")
     compiled = st.run("compile", compile_plan, plan, arch, budget, cache)
     shapes = plan.static_shapes
 
@@ -435,7 +418,7 @@ def serialize_weights_hash(cfg, weights) -> str:
     """A hash of the exact weights the bundle ships (what every weight-dependent stage is keyed on)."""
     import hashlib
 
-    from edgekit.quant.io import serialize
+    from edgekit.model.weights_file import serialize
 
     return hashlib.sha256(serialize(cfg, weights, None, torch.float16)).hexdigest()
 

@@ -292,7 +292,7 @@ def _print_report(report, show_all: bool) -> None:
 # ---------------------------------------------------------------------------- run
 
 
-DECODE_PATH_HELP = ("Graphed decode path to try first: persistent, fused or per-operator (one that cannot run falls back "
+DECODE_PATH_HELP = ("Graphed decode path to try first: fused or per-operator (one that cannot run falls back "
                     "and says why: --json for run, /v1/models and /metrics for serve).")
 
 

@@ -157,12 +157,10 @@ def plan(
 
     from edgekit.quant.progress import LineProgress
 
-    # a spinner on a terminal; elsewhere (CI, nohup) one line per kernel solved, with the elapsed time
+    # a spinner on a terminal; elsewhere (CI, nohup) one line per kernel solved (the long part), with the time
     lines = None if err_console.is_terminal else LineProgress(err_console)
     title = f"planning {m.config.name} for {tg.name} ({tg.arch})..."
     with (err_console.status(title) if lines is None else nullcontext()) as status:
-        if lines is not None:
-            lines.note(title)
         p = make_plan(
             m.config, tg, model_info=model_info, context=context, batch=batch, precision=planned or precision,
             kv_precision=kv_precision,
@@ -250,11 +248,11 @@ def print_plan(d: dict) -> None:
         console.print(f"decode path: [bold]{path['path']}[/], {path['kernels_per_token']} kernels per token{per_layer}, "
                       f"PREDICTED from the launch programs at {path['power_mode']}'s SMs — {path['reason']}")
 
-    t = Table(title="Operators and precision")
-    for col in ("operator", "projection", "where", "weights", "activations", "accumulate", "output"):
-        t.add_column(col, no_wrap=col in ("operator", "projection"))
+    t = Table(title="Operators the bundle runs, and their precision")
+    for col in ("operator", "paths", "weights", "activations", "accumulate", "output"):
+        t.add_column(col, no_wrap=col == "operator")
     for o in d["operators"]:
-        t.add_row(o["op"], o.get("projection", ""), o["where"], o["weights"], o["activations"], o["accumulate"], o["output"])
+        t.add_row(o["op"], ", ".join(o["paths"]), o["weights"], o["activations"], o["accumulate"], o["output"])
     console.print(t)
 
     b = d["buckets"]

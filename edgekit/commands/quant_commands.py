@@ -168,7 +168,8 @@ def eval_cmd(
     from edgekit.cache import BuildCache
     from edgekit.quant.gate import EvalText, GateConfig, check, evaluate, perplexity
     from edgekit.quant.reference_cache import cached_reference
-    from edgekit.quant.io import REPORT_FILE, load_quantized
+    from edgekit.quant.io import REPORT_FILE
+    from edgekit.model.weights_file import load_weights_file
     from edgekit.quant.progress import Steps, make_progress
 
     if precision is not None:
@@ -206,7 +207,7 @@ def eval_cmd(
         if quantized is None:
             out.update(perplexity(fp, windows, steps=steps))
         else:
-            q = load_quantized(quantized)
+            q = load_weights_file(quantized)
             if q.config.to_dict() != m.config.to_dict():
                 raise QuantizationError(
                     f"{quantized} was quantized from {q.config.name!r}, whose config differs from {m.config.name!r}",

@@ -1,9 +1,10 @@
-"""edgekit's compact Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral).
+"""A model's weights, and the decoder that runs its forward graph on them.
 
-It reads like the math and owns no kernels: every operator goes through the
-dispatch table ``ops``. Shapes are static: a prefill runs on a padded bucket
-with per-sequence lengths, a decode step runs one token per sequence against
-the preallocated KV cache.
+The forward itself is written once, per architecture family, in ``edgekit.graph``;
+the decoder owns no arithmetic: every operator goes through the dispatch table
+``ops``. Shapes are static: a prefill runs on a padded bucket with per-sequence
+lengths, a decode step runs one token per sequence against the preallocated KV
+cache.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
+from edgekit.graph.builder import LinearSchemes
+from edgekit.graph.executor import ExecContext, run_graph
+from edgekit.graph.node import DECODE, PREFILL, Graph
+from edgekit.graph.paths import BASE, PER_OPERATOR, path_graph
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.rope import rope_frequencies
 from edgekit.model.config import ModelConfig
-from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied, lookup
+from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied
 from edgekit.model.kv_cache import StaticKVCache
 
 
@@ -81,7 +86,12 @@ class ModelWeights:
 
 
 class Decoder:
-    """Forward passes over static shapes. Not an nn.Module: weights are plain tensors, swapped in as data."""
+    """A model's forward passes over static shapes: its architecture family's graph (``edgekit.graph``) run on these
+    weights through the dispatch table ``ops``. Not an nn.Module: weights are plain tensors, swapped in as data.
+
+    Prefill and decode run the per-operator path's graph; ``graph(phase, path)`` gives any path's (the fused decode
+    step is ``runtime.fused_step.FusedDecoder``), and ``run(graph, ...)`` runs one.
+    """
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, ops: DispatchTable | None = None):
         self.config = config
@@ -89,14 +99,11 @@ class Decoder:
         self.ops = ops or DispatchTable()
         self.device = weights.tok_embeddings.device
         self.dtype = weights.tok_embeddings.dtype
-        # RoPE tables stay FP32 for every activation dtype (FP64 for an FP64 reference run).
-        table_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        cos, sin = rope_frequencies(config.head_dim, config.max_position_len, config.rope_theta, table_dtype)
-        self._cos, self._sin = cos.to(self.device), sin.to(self.device)
+        self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def with_ops(self, ops: DispatchTable) -> "Decoder":
         """The same model (weights shared, not copied) calling operators through another table."""
-        view = object.__new__(Decoder)
+        view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
         view.ops = ops
         return view
@@ -104,54 +111,51 @@ class Decoder:
     def new_cache(self, batch: int, max_seq_len: int) -> StaticKVCache:
         return StaticKVCache(self.config, batch, max_seq_len, self.dtype, self.device)
 
-    def _block(self, b: BlockWeights, x: torch.Tensor, attend) -> torch.Tensor:
-        cfg, ops = self.config, self.ops
-        h = ops.rmsnorm(x, b.attn_norm, cfg.rms_norm_eps)
-        attn = attend(h)  # (B, T, Hq*D)
-        x = x + ops.linear(attn, b.wo)
-        h = ops.rmsnorm(x, b.ffn_norm, cfg.rms_norm_eps)
-        return x + ops.linear(ops.swiglu(ops.linear(h, b.w_gate_up)), b.w_down)
+    @property
+    def schemes(self) -> LinearSchemes:
+        """The weight scheme of every projection, read from the weights as they are now (a calibration pass swaps
+        blocks in and out)."""
+        return LinearSchemes.of_weights(self.weights)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(self.ops.rmsnorm(x, self.weights.norm, self.config.rms_norm_eps), self.weights.lm_head)
+    def graph(self, phase: str, path: str = PER_OPERATOR, blocks=None) -> Graph:
+        """This model's graph at ``phase`` on ``path``, for its weights (with ``blocks`` standing in for some).
+
+        A table that rewrites projection outputs (``on_linear_output``: norm tweaking's row factors) gets the graph
+        unfused: a factor on the QKV rows must act before RoPE, which a fused ``qkv_rope`` would not let it."""
+        if path == PER_OPERATOR and getattr(self.ops, "on_linear_output", None) is not None:
+            path = BASE
+        return path_graph(self.config, LinearSchemes.of_weights(self.weights, blocks), phase, path)
+
+    def rope_tables(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) (S, D/2) of the graph's RoPE table ``name``, made once on the weights' device. FP32 for every
+        activation dtype (FP64 for an FP64 reference run)."""
+        if name not in self._tables:
+            theta = self.graph(PREFILL).rope[name]
+            table_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+            cos, sin = rope_frequencies(self.config.head_dim, self.config.max_position_len, theta, table_dtype)
+            self._tables[name] = (cos.to(self.device), sin.to(self.device))
+        return self._tables[name]
+
+    def context(self, phase: str, cache=None, **state) -> ExecContext:
+        """What running one of this decoder's graphs reads besides the graph (``state``: tokens, positions, ...).
+
+        A table that observes projections (calibration: ``on_linear_input(node, record, x)``; tuning:
+        ``on_linear_output(node, record, y) -> y``) has them called around each projection node."""
+        return ExecContext(phase, self.ops, self.weights, self.rope_tables, cache,
+                           {f"@{k}": v for k, v in state.items() if v is not None},
+                           on_linear_input=getattr(self.ops, "on_linear_input", None),
+                           on_linear_output=getattr(self.ops, "on_linear_output", None))
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, seq_lens: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """tokens (B, T) padded to a bucket, seq_lens (B,) real lengths. Returns logits at each last real token (B, V)."""
-        cfg = self.config
-        B, T = tokens.shape
-        x = lookup(self.weights.tok_embeddings, tokens)  # (B, T, C)
-        cos = self._cos[:T][None].expand(B, T, -1)  # (B, T, D/2)
-        sin = self._sin[:T][None].expand(B, T, -1)
-        for i, b in enumerate(self.weights.blocks):
-
-            def attend(h, i=i, b=b):
-                q, k, v = self.ops.qkv_rope(h, b.wqkv, cos, sin, cfg.n_heads, cfg.n_kv_heads)  # (B, H, T, D)
-                cache.write_prefix(i, k, v)
-                o = self.ops.attention_prefill(q, k, v, seq_lens)  # (B, Hq, T, D)
-                return o.transpose(1, 2).reshape(B, T, cfg.q_size)
-
-            x = self._block(b, x, attend)
-        last = x[torch.arange(B, device=x.device), seq_lens.to(x.device) - 1]  # (B, C)
-        return self._logits(last)
+        g = self.graph(PREFILL)
+        env = run_graph(g, self.context(PREFILL, cache, tokens=tokens, seq_lens=seq_lens))
+        return env[g.outputs["logits"]]
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """tokens (B,) at positions (B,): one step. Returns logits (B, V)."""
-        cfg = self.config
-        B = tokens.shape[0]
-        x = lookup(self.weights.tok_embeddings, tokens)[:, None]  # (B, 1, C)
-        cos = self._cos[positions][:, None]  # (B, 1, D/2)
-        sin = self._sin[positions][:, None]
-        seq_lens = positions + 1
-        for i, b in enumerate(self.weights.blocks):
-
-            def attend(h, i=i, b=b):
-                q, k, v = self.ops.qkv_rope(h, b.wqkv, cos, sin, cfg.n_heads, cfg.n_kv_heads)  # (B, H, 1, D)
-                cache.write_token(i, k, v, positions)
-                k_all, v_all = cache.layer(i)  # (B, Hkv, S, D)
-                o = self.ops.attention_decode(q[:, :, 0], k_all, v_all, seq_lens)  # (B, Hq, D)
-                return o.reshape(B, 1, cfg.q_size)
-
-            x = self._block(b, x, attend)
-        return self._logits(x[:, 0])
+        g = self.graph(DECODE)
+        env = run_graph(g, self.context(DECODE, cache, tokens=tokens, positions=positions))
+        return env[g.outputs["logits"]]

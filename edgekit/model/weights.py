@@ -114,3 +114,32 @@ def random_weights(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.f
     emb = rnd(cfg.vocab_size, C, std=1.0)
     head = emb if cfg.tie_embeddings else rnd(cfg.vocab_size, C)
     return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=ones(C), lm_head=LinearWeights("linear", head))
+
+
+def empty_weights(cfg: ModelConfig, schemes, grouping=None, device="meta", dtype: torch.dtype = torch.float16) -> ModelWeights:
+    """Weights of the right shapes and stored dtypes for ``schemes`` (``graph.builder.LinearSchemes``), uninitialised:
+    on the meta device (the default) they cost nothing, which is what counting a forward's kernels needs."""
+    from edgekit.kernels.linear import empty_linear
+    from edgekit.kernels.weight_schemes import Grouping
+
+    grouping = grouping or Grouping()
+    C = cfg.hidden_size
+    shapes = cfg.linear_shapes()
+
+    def rec(path: str, proj: str):
+        n, k = shapes[proj]
+        return empty_linear(schemes.of(path), n, k, bool(cfg.qkv_bias) and proj == "wqkv", grouping, device, dtype)
+
+    def vec(n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=dtype, device=device)
+
+    blocks = [BlockWeights(attn_norm=vec(C), wqkv=rec(f"blocks.{i}.wqkv", "wqkv"), wo=rec(f"blocks.{i}.wo", "wo"),
+                           ffn_norm=vec(C), w_gate_up=rec(f"blocks.{i}.w_gate_up", "w_gate_up"),
+                           w_down=rec(f"blocks.{i}.w_down", "w_down"))
+              for i in range(cfg.n_layers)]
+    head = empty_linear(schemes.lm_head, cfg.vocab_size, C, False, grouping, device, dtype)
+    if cfg.tie_embeddings:
+        emb = tied_embedding(head, dtype)
+    else:
+        emb = torch.empty(cfg.vocab_size, C, dtype=dtype, device=device)
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=vec(C), lm_head=head)

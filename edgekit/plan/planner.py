@@ -29,9 +29,10 @@ from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memo
 from edgekit.plan.precision import KV_PRECISIONS, PrecisionPlan, scheme_for_cli
 from edgekit.plan.roofline import roofline_assumptions, roofline_table
 from edgekit.plan.targets import Target
-from edgekit.kernels.decode_paths import step_operators
-from edgekit.plan.launches import count_launches, count_step_launches
-from edgekit.plan.tiles import ShapeFacts, TileChoice, decode_steps, kernel_shapes, needed_ops, solve_all
+from edgekit.graph.node import DECODE, PREFILL
+from edgekit.graph.paths import FUSED, PER_OPERATOR, fused_blocker, fused_step_operators, path_graph, registry_ops
+from edgekit.plan.launches import count_pass
+from edgekit.plan.tiles import ShapeFacts, TileChoice, kernel_shapes, needed_ops, solve_all
 from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
 
 PLAN_FORMAT = "edgekit-plan"
@@ -66,8 +67,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     def operators(self) -> list[str]:
-        """The operators this plan runs (decided by its precision), in plan order."""
-        return needed_ops(self.precision)
+        """The operators this plan runs on every path (decided by its precision, read from the model's graph)."""
+        return needed_ops(ModelConfig.from_dict(self.model["config"]), self.precision)
 
     def variants(self, op: str) -> dict:
         """kernel -> KernelVariant the plan chose for ``op``: exactly what the build compiles."""
@@ -87,7 +88,7 @@ class Plan:
             "shapes": self.shapes,
             "buckets": self.buckets,
             "precision": self.precision.to_dict(),
-            "operators": self.precision.operators(),
+            "operators": operator_rows(ModelConfig.from_dict(self.model["config"]), self.precision),
             "decode": self.decode,
             "memory": self.memory.to_dict(),
             "tiles": [t.to_dict() for t in self.tiles],
@@ -111,6 +112,20 @@ class Plan:
             tiles=[TileChoice.from_dict(t) for t in d["tiles"]], roofline=d["roofline"], roofline_assumptions=d["roofline_assumptions"],
             versions=d["versions"], notes=list(d.get("notes", [])),
         )
+
+
+def operator_rows(cfg: ModelConfig, pp: PrecisionPlan) -> list[dict]:
+    """plan.json's "operators": every operator the bundle runs (``needed_ops``), each with its precision and the paths
+    that call it ("prefill", "decode" (per operator), "fused")."""
+    from edgekit.kernels.registry import operator
+
+    schemes = pp.linear_schemes()
+    graphs = {"prefill": path_graph(cfg, schemes, PREFILL), "decode": path_graph(cfg, schemes, DECODE)}
+    if fused_blocker(cfg, schemes, pp.kv_cache) is None:
+        graphs["fused"] = path_graph(cfg, schemes, DECODE, FUSED)
+    calls = {name: set(registry_ops(g)) for name, g in graphs.items()}
+    return [dict(operator(op).precision.to_dict(), paths=[p for p, ops in calls.items() if op in ops])
+            for op in needed_ops(cfg, pp)]
 
 
 def _planned_variants(tiles: list[TileChoice], cfg: ModelConfig, target: Target, pp: PrecisionPlan, *, batch: int,
@@ -246,20 +261,20 @@ def make_plan(
 
     variants = _planned_variants(tiles, cfg, target, pp, batch=batch, max_bucket=chosen[-1], context=context)
 
-    steps, no_step = decode_steps(pp)
+    schemes = pp.linear_schemes()
+    no_fused = fused_blocker(cfg, schemes, pp.kv_cache)
+    decode_path_name = PER_OPERATOR if no_fused else FUSED
     smem = target.gpu.shared_memory.per_block_optin_bytes
 
     def decode_kernels(sms: int) -> dict:
-        """The decode step the bundle will run (the fastest fused path its weights allow, else per operator), counted."""
-        if steps:
-            return count_step_launches(cfg, pp, variants, steps[0], batch=batch, context=context, sm_count=sms,
-                                       max_shared_bytes=smem)
-        counted = count_launches(cfg, pp, variants, batch=batch, tokens=1, context=context, sm_count=sms, max_shared_bytes=smem)
-        return {"path": "per-operator", **counted}
+        """The decode step the bundle will run (the fused path where its weights allow, else per operator), counted."""
+        counted = count_pass(cfg, pp, variants, phase=DECODE, path=decode_path_name, batch=batch, tokens=1,
+                             context=context, sm_count=sms, max_shared_bytes=smem)
+        return {"path": decode_path_name, **counted}
 
     def kernel_counts(mode) -> tuple[int, int]:
-        prefill = count_launches(cfg, pp, variants, batch=batch, tokens=chosen[-1], context=context, sm_count=mode.active_sms,
-                                 max_shared_bytes=smem)["total"]
+        prefill = count_pass(cfg, pp, variants, phase=PREFILL, path=PER_OPERATOR, batch=batch, tokens=chosen[-1],
+                             context=context, sm_count=mode.active_sms, max_shared_bytes=smem)["total"]
         return decode_kernels(mode.active_sms)["total"], prefill
 
     roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1],
@@ -267,13 +282,14 @@ def make_plan(
     counted = decode_kernels(mode.active_sms)
     decode_path = {
         "path": counted["path"],
-        "reason": (f"the weights take the fused operators: decode runs the {counted['path']} path's super-operators "
-                   "(the per-operator plugins are the fallback after a swap)") if steps else
-                  f"decode runs per operator: {no_step}",
-        "operators": step_operators(steps),
+        "reason": ("the weights take the fused operators: decode runs the fused path's super-operators "
+                   "(the per-operator plugins are the fallback after a swap)") if not no_fused else
+                  f"decode runs per operator: {no_fused}",
+        "operators": registry_ops(path_graph(cfg, schemes, DECODE, decode_path_name)),
+        "fused_operators": fused_step_operators(cfg, schemes) if not no_fused else [],
         "kernels_per_token": counted["total"],
         "kernels_per_layer": counted.get("per_layer"),
-        "kernels_outside_layers": counted.get("per_token"),
+        "kernels_outside_layers": counted.get("outside_layers"),
         "kernels_by_operator": counted["operators"],
         "glue_kernels": counted["glue"],
         "power_mode": mode.name,
@@ -282,7 +298,7 @@ def make_plan(
     for row in roof:
         row["decode_kernels_from"] = f"{counted['path']} decode step"
     return Plan(
-        model=model_info or {"name": cfg.name, "config": cfg.to_dict()},
+        model={"name": cfg.name, **(model_info or {}), "config": cfg.to_dict()},
         target=target.summary(),
         power_mode=mode.name,
         shapes={"buckets": list(shapes.buckets), "context": context, "batch": batch},

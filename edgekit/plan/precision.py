@@ -14,64 +14,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edgekit.errors import ConfigError
+from edgekit.graph.builder import LinearSchemes
 from edgekit.kernels.operator import OpPrecision
 from edgekit.kernels.registry import OPERATORS
+from edgekit.kernels.weight_schemes import (
+    INT4_DEFAULT_GROUP, INT4_DEFAULT_GROUP_BYTES, SCHEMES, Grouping, scheme_of_cli,
+)
+from edgekit.kernels.weight_schemes import scheme as scheme_record
 from edgekit.model.config import ModelConfig
 
 PROJECTIONS = ("wqkv", "wo", "w_gate_up", "w_down")
 
 
-# Schemes a projection may use, each run by the registry's linear operator of that scheme. "int8" on the
-# command line means weight-only INT8 (w8a16): it halves the bytes a decode step streams, which is what
-# bounds decode; w8a8 also uses the INT8 tensor cores in prefill.
-LINEAR_SCHEMES: dict[str, OpPrecision] = {op.scheme: op.precision for op in OPERATORS.values() if op.scheme}
-CLI_PRECISIONS = {"fp16": "fp16", "int8": "w8a16", "w8a8": "w8a8", "int4": "w4a16"}
-RESERVED_PRECISIONS: dict[str, str] = {}  # names in the vocabulary whose code does not exist yet (none today)
-# W4A16 bytes depend on the group: calibrated quantization defaults to group 128 with fp16 scale + offset;
-# a GGUF Q4_0/Q4_1/Q4_K file taken in losslessly is group 32 (PrecisionPlan.from_weights reads the real figures).
-INT4_DEFAULT_GROUP = 128
-INT4_DEFAULT_GROUP_BYTES = 4  # fp16 scale + fp16 offset per group
+# The precision each scheme's linear operator runs at (weights, activations, accumulation, output), for plans and
+# manifests. The schemes themselves (CLI names, bytes, stored layout) are kernels/weight_schemes.py's records.
+LINEAR_SCHEMES: dict[str, OpPrecision] = {name: OPERATORS[s.operator].precision for name, s in SCHEMES.items()}
 KV_PRECISIONS = ("fp16", "int8")
-
-# Operators whose precision does not depend on the scheme (FP16 in and out, FP32 inside).
-FIXED_OPS: dict[str, OpPrecision] = {name: op.precision for name, op in OPERATORS.items() if not op.scheme}
 
 
 def scheme_for_cli(precision: str) -> str:
-    """The linear scheme of a --precision value: fp16, int8 (= w8a16, the default), w8a8."""
-    if precision in RESERVED_PRECISIONS:
-        raise ConfigError(f"precision {precision!r} ({RESERVED_PRECISIONS[precision]}) is reserved but not implemented yet",
-                          hint=f"use one of: {', '.join(CLI_PRECISIONS)}")
-    if precision not in CLI_PRECISIONS:
-        raise ConfigError(f"unknown precision {precision!r}; expected one of: {', '.join(CLI_PRECISIONS)}")
-    return CLI_PRECISIONS[precision]
-
-
-def int4_group_for(in_features: int, group: int) -> int:
-    """The group a W4A16 layer of K = ``in_features`` really gets: ``group``, or the largest supported group below it
-    that divides K (what calibration does where the group does not divide K)."""
-    from edgekit.kernels.int4_layout import GROUP_SIZES
-
-    return max((g for g in GROUP_SIZES if g <= group and in_features % g == 0), default=min(GROUP_SIZES))
+    """The weight scheme a --precision value names: fp16, int8 (= w8a16, the default), w8a8, int4 (= w4a16)."""
+    return scheme_of_cli(precision).name
 
 
 def linear_bytes(out_features: int, in_features: int, scheme: str, bias: bool, *, int4_group: int = INT4_DEFAULT_GROUP,
                  int4_group_bytes: int = INT4_DEFAULT_GROUP_BYTES) -> int:
-    """Bytes of one projection's weights: INT8 adds an fp32 scale per output row (w8a8 also a smoothing vector);
-    INT4 packs two codes a byte and adds ``int4_group_bytes`` (scale [+ offset]) per group of ``int4_group``."""
-    n = out_features * in_features
-    b = out_features * 2 if bias else 0
-    if scheme == "fp16":
-        return 2 * n + b
-    if scheme == "w8a16":
-        return n + 4 * out_features + b
-    if scheme == "w8a8":
-        return n + 4 * out_features + 4 * in_features + b
-    if scheme == "w8a16g":  # grouped INT8 as a GGUF Q8_0 tensor is taken in: an fp16 scale per 32 weights
-        return n + out_features * -(-in_features // 32) * 2 + b
-    if scheme == "w4a16":
-        return n // 2 + out_features * -(-in_features // int4_group_for(in_features, int4_group)) * int4_group_bytes + b
-    raise ConfigError(f"unknown linear scheme {scheme!r}; expected one of: {', '.join(LINEAR_SCHEMES)}")
+    """Bytes of one projection's weights in ``scheme`` (its record's rule), with an FP16 bias when it has one."""
+    return scheme_record(scheme).nbytes(out_features, in_features, bias, Grouping(int4_group, int4_group_bytes))
 
 
 @dataclass
@@ -133,6 +102,10 @@ class PrecisionPlan:
     def kv_bytes_per_element(self) -> float:
         return 1.0 if self.kv_cache == "int8" else 2.0
 
+    def linear_schemes(self) -> LinearSchemes:
+        """Every projection's scheme as the model graph takes it (``edgekit.graph``)."""
+        return LinearSchemes.of_layers(self.layers, self.lm_head)
+
     def schemes_used(self) -> list[str]:
         used = {s for layer in self.layers for s in layer.values()}
         return [s for s in LINEAR_SCHEMES if s in used]
@@ -165,21 +138,6 @@ class PrecisionPlan:
         norms = (2 * cfg.n_layers + 1) * cfg.hidden_size * 2
         return {"embedding": embed, "blocks_linear": blocks, "norms": norms, "lm_head": lm}
 
-    def operators(self) -> list[dict]:
-        """Every (operator, precision) the model runs, deduplicated, for tables and the manifest."""
-        rows = [dict(FIXED_OPS["rmsnorm"].to_dict(), where="all layers")]
-        seen = {}
-        for i, layer in enumerate(self.layers):
-            for proj, scheme in layer.items():
-                seen.setdefault((proj, scheme), []).append(i)
-        for (proj, scheme), idx in sorted(seen.items()):
-            where = "all layers" if len(idx) == len(self.layers) else "layers " + _ranges(idx)
-            rows.append(dict(LINEAR_SCHEMES[scheme].to_dict(), projection=proj, where=where))
-        for name in ("qkv_rope", "attention_prefill", "attention_decode", "swiglu"):
-            rows.append(dict(FIXED_OPS[name].to_dict(), where="all layers"))
-        rows.append(dict(LINEAR_SCHEMES[self.lm_head].to_dict(), projection="lm_head", where="output"))
-        return rows
-
     def to_dict(self) -> dict:
         d = {"layers": [dict(layer) for layer in self.layers], "lm_head": self.lm_head, "embedding": self.embedding,
              "kv_cache": self.kv_cache, "label": self.label(), "notes": list(self.notes)}
@@ -194,12 +152,3 @@ class PrecisionPlan:
                    kv_cache=d["kv_cache"], notes=list(d.get("notes", [])),
                    int4_group=int4.get("group", INT4_DEFAULT_GROUP), int4_group_bytes=int4.get("group_bytes", INT4_DEFAULT_GROUP_BYTES))
 
-
-def _ranges(idx: list[int]) -> str:
-    """[0,1,2,5] -> '0-2,5'."""
-    out, start = [], idx[0]
-    for a, b in zip(idx, idx[1:] + [None]):
-        if b != a + 1:
-            out.append(f"{start}-{a}" if a != start else str(a))
-            start = b
-    return ",".join(out)

@@ -33,7 +33,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 from edgekit.errors import EdgekitError, PlanError
 from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits
-from edgekit.kernels.decode_paths import DECODE_STEPS, HEAD, DecodeStep, step_operators, weights_blocker
+from edgekit.graph.builder import LinearSchemes
+from edgekit.graph.node import DECODE as DECODE_PHASE
+from edgekit.graph.node import PROJ
+from edgekit.graph.paths import FUSED, bundle_operators, path_graph
 from edgekit.kernels.operator import DECODE, PREFILL, PlannedShape
 from edgekit.kernels.registry import operator, operator_for_scheme
 from edgekit.model.config import ModelConfig
@@ -273,34 +276,10 @@ def confirm_default(v, *, budget_bytes: int, arch: str, estimate: Callable, comp
 # -- what the model needs, and at which shapes -------------------------------------------
 
 
-def needed_ops(precision: PrecisionPlan) -> list[str]:
-    """Operators the decoder calls with this precision (see DispatchTable), in the order the plan lists them:
-    the per-operator path's, then those of every fused decode path these weights can run (``decode_steps``)."""
-    ops = ["rmsnorm", "attention_prefill", "attention_decode", "swiglu"]
-    schemes = set(precision.schemes_used()) | {precision.lm_head}
-    if "fp16" in schemes:
-        ops.append("linear")  # FP16 projections or LM head (a quantized head with every block quantized needs none)
-    if "fp16" in {layer["wqkv"] for layer in precision.layers}:
-        ops.append("qkv_rope")  # the fused projection + RoPE takes float weights
-    if any(layer["wqkv"] != "fp16" for layer in precision.layers):
-        ops.append("rope")  # INT8 QKV: linear, then RoPE
-    for s in sorted(schemes - {"fp16"}):
-        ops.append(operator_for_scheme(s).name)
-    steps, _ = decode_steps(precision)
-    ops.extend(op for op in step_operators(steps) if op not in ops)
-    return ops
-
-
-def decode_steps(precision: PrecisionPlan) -> tuple[list[DecodeStep], str | None]:
-    """(the fused decode paths a bundle with this precision can run, fastest first; why none can, or None).
-
-    The rule is the runtime's (``kernels.decode_paths.weights_blocker``), applied to the planned schemes.
-    """
-    projections = {f"layer {i} {p}": operator_for_scheme(s).name for i, layer in enumerate(precision.layers)
-                   for p, s in layer.items()}
-    projections[HEAD] = operator_for_scheme(precision.lm_head).name
-    why_not = weights_blocker(projections, kv_cache=precision.kv_cache)
-    return ([] if why_not else list(DECODE_STEPS)), why_not
+def needed_ops(cfg: ModelConfig, precision: PrecisionPlan) -> list[str]:
+    """Operators a bundle of this precision runs on every path it can take, read from the model's graph
+    (``graph.paths.bundle_operators``): what the plan lists and the build compiles."""
+    return bundle_operators(cfg, precision.linear_schemes(), precision.kv_cache)
 
 
 @dataclass(frozen=True)
@@ -338,12 +317,14 @@ def gemv_max_rows() -> int:
     return GEMV_MAX_ROWS
 
 
-def step_weight_shape(op: str, cfg: ModelConfig) -> dict:
-    """{"n_out", "k_in"} of the largest projection a fused decode step multiplies by in ``op`` (the one that takes
-    longest: its tiles are chosen for it, and the same kernel runs the smaller ones); {} for other operators."""
+def step_weight_shape(op: str, cfg: ModelConfig, precision: PrecisionPlan | None = None) -> dict:
+    """{"n_out", "k_in"} of the largest projection ``op`` multiplies by in the fused decode graph (the one that takes
+    longest: its tiles are chosen for it, and the same kernel runs the smaller ones); {} for an operator that takes
+    no projection there."""
+    schemes = precision.linear_schemes() if precision is not None else LinearSchemes.uniform(cfg.n_layers)
     shapes = {**cfg.linear_shapes(), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
-    weights = [shapes[c.weight] for step in DECODE_STEPS for c in step.per_layer + step.per_token
-               if c.op == op and c.weight is not None]
+    weights = [shapes[n.weights[PROJ].rsplit(".", 1)[-1]] for n in path_graph(cfg, schemes, DECODE_PHASE, FUSED).nodes
+               if n.op == op and PROJ in n.weights]
     if not weights:
         return {}
     n, k = max(weights, key=lambda nk: nk[0] * nk[1])
@@ -353,7 +334,7 @@ def step_weight_shape(op: str, cfg: ModelConfig) -> dict:
 def kernel_shapes(op: str, facts: ShapeFacts) -> dict[str, dict]:
     """kernel -> the shape facts it is solved at: the operator's decode kernels at the decode rows (the batch),
     its prefill kernels at the largest bucket (``Operator.tiles_at``)."""
-    base = {**facts.base(), **step_weight_shape(op, facts.cfg)}
+    base = {**facts.base(), **step_weight_shape(op, facts.cfg, facts.precision)}
     at = {DECODE: {**base, "rows": facts.batch}, PREFILL: {**base, "rows": facts.prefill_rows}}
     record = operator(op)
     kernels = {kernel: at[role] for kernel, role in record.tiles_at.items()}
@@ -404,7 +385,7 @@ def solve_all(
     want_splits = math.ceil(target.gpu.sms * DECODE_PROGRAMS_PER_SM / (batch * cfg.n_kv_heads))
     smem_ops = set(kv.shared_memory_ops())
     choices: list[TileChoice] = []
-    for op in needed_ops(precision):
+    for op in needed_ops(cfg, precision):
         if op not in kv.op_kernels():
             continue  # no Triton kernels for it (yet): the build uses the torch reference
         chosen: dict[str, TileChoice] = {}

@@ -2,7 +2,7 @@
 
 Entry points: ``quantize.quantize_model`` (calibrate, quantize, gate, mixed
 precision; what `edgekit quantize` and the build call), ``io.write_quantized``
-/ ``io.load_quantized`` (safetensors + report.json). The planner reads the per-layer
+/ ``io.load_weights_file`` (safetensors + report.json). The planner reads the per-layer
 choice back (``plan.precision.PrecisionPlan.from_quantization``): quantization comes
 before planning and imports nothing of it.
 

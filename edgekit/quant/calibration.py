@@ -24,7 +24,7 @@ from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.forward import embed, logits, run_blocks
-from edgekit.quant.layers import named_linears
+from edgekit.model.layers import named_linears
 from edgekit.quant.progress import SILENT, Steps
 
 
@@ -57,21 +57,14 @@ class RecordingOps:
     def __init__(self, inner, names: dict[int, str], record: Callable[[str, torch.Tensor], None]):
         self._inner, self._names, self._record_fn = inner, names, record
 
-    def __getattr__(self, name):  # rmsnorm, swiglu, attention_*: unchanged
+    def __getattr__(self, name):  # get, sources: the inner table's
         return getattr(self._inner, name)
 
-    def _record(self, x: torch.Tensor, w: LinearWeights) -> None:
-        name = self._names.get(id(w))
+    def on_linear_input(self, node, record: LinearWeights, x: torch.Tensor) -> None:
+        """Called by the graph executor before each node with a projection (``linear_*``, ``qkv_rope``)."""
+        name = self._names.get(id(record))
         if name is not None:
             self._record_fn(name, x.detach())
-
-    def linear(self, x: torch.Tensor, w: LinearWeights) -> torch.Tensor:
-        self._record(x, w)
-        return self._inner.linear(x, w)
-
-    def qkv_rope(self, x, w: LinearWeights, cos, sin, n_heads: int, n_kv_heads: int):
-        self._record(x, w)
-        return self._inner.qkv_rope(x, w, cos, sin, n_heads, n_kv_heads)
 
 
 def _absmax_recorder(store: dict[str, torch.Tensor]) -> Callable[[str, torch.Tensor], None]:

@@ -3,10 +3,10 @@
 ``Decoder.prefill`` returns only the logits of each sequence's last token,
 which is what generation needs; perplexity, calibration statistics and the
 per-layer sensitivity need the hidden states and logits at every position,
-and the sensitivity search wants to restart from the input of block i. This
-module runs the decoder's own ``_block`` and ``_logits`` (so the arithmetic
-is exactly what ``generate`` runs, through the same dispatch table) on
-unpadded windows of real tokens, without touching the decoder.
+and the sensitivity search wants to restart from the input of block i. These
+run the model's own forward graph at the ``sequence`` phase (``edgekit.graph``:
+the per-operator path, through the decoder's dispatch table, so the arithmetic
+is exactly what ``generate`` runs) on unpadded windows of real tokens.
 
 A ``kv_transform(layer, k, v) -> (k, v)`` hook sees the keys and values each
 block attends to. The INT8 KV cache passes its quantize-dequantize round trip
@@ -20,16 +20,29 @@ from typing import Callable
 
 import torch
 
+from edgekit.graph.executor import block_nodes, head_nodes, run_graph
+from edgekit.graph.node import SEQUENCE
 from edgekit.model.decoder import BlockWeights, Decoder
-from edgekit.model.embedding import lookup
 
 KVTransform = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _window(decoder: Decoder, x: torch.Tensor, kv_transform: KVTransform | None, blocks=None):
+    B, T = x.shape[:2]
+    ctx = decoder.context(SEQUENCE, tokens=torch.empty(B, T, dtype=torch.long, device=x.device),
+                          seq_lens=torch.full((B,), T, dtype=torch.long, device=x.device))  # every position is real
+    ctx.kv_transform, ctx.blocks = kv_transform, blocks
+    return ctx
 
 
 @torch.no_grad()
 def embed(decoder: Decoder, tokens: torch.Tensor) -> torch.Tensor:
     """tokens (B, T) -> hidden states (B, T, C)."""
-    return lookup(decoder.weights.tok_embeddings, tokens.to(decoder.device))
+    g = decoder.graph(SEQUENCE)
+    tokens = tokens.to(decoder.device)
+    ctx = decoder.context(SEQUENCE, tokens=tokens)
+    first = [i for i, n in enumerate(g.nodes) if g.streams[0][0] in n.outputs.values()]
+    return run_graph(g, ctx, nodes=first)[g.streams[0][0]]
 
 
 @torch.no_grad()
@@ -41,37 +54,34 @@ def run_blocks(
     kv_transform: KVTransform | None = None,
 ) -> torch.Tensor:
     """Run blocks [start, stop) on hidden states x (B, T, C) of full, unpadded sequences; returns (B, T, C)."""
-    blocks = decoder.weights.blocks
-    stop = len(blocks) if stop is None else stop
-    for i in range(start, stop):
-        x = block_output(decoder, blocks[i], x, i, kv_transform)
-    return x
+    g = decoder.graph(SEQUENCE)
+    stop = len(g.streams) if stop is None else stop
+    if stop <= start:
+        return x
+    env = run_graph(g, _window(decoder, x, kv_transform), {g.streams[start][0]: x}, block_nodes(g, start, stop))
+    return env[g.streams[stop - 1][1]]
 
 
 def block_output(decoder: Decoder, b: BlockWeights, x: torch.Tensor, i: int = 0,
                  kv_transform: KVTransform | None = None) -> torch.Tensor:
     """One block ``b`` (as block i) on hidden states x (B, T, C) of full sequences; differentiable where the caller
     enables gradients (edgekit.quant.int4_tuning tunes the float parameters through it; run_blocks does not)."""
-    cfg, ops = decoder.config, decoder.ops
-    B, T, _ = x.shape
-    cos = decoder._cos[:T][None].expand(B, T, -1)  # (B, T, D/2)
-    sin = decoder._sin[:T][None].expand(B, T, -1)
-    seq_lens = torch.full((B,), T, dtype=torch.long, device=x.device)  # (B,) every position is real
-
-    def attend(h):
-        q, k, v = ops.qkv_rope(h, b.wqkv, cos, sin, cfg.n_heads, cfg.n_kv_heads)  # (B, H, T, D)
-        if kv_transform is not None:
-            k, v = kv_transform(i, k, v)
-        o = ops.attention_prefill(q, k, v, seq_lens)  # (B, Hq, T, D)
-        return o.transpose(1, 2).reshape(B, T, cfg.q_size)
-
-    return decoder._block(b, x, attend)
+    g = decoder.graph(SEQUENCE, blocks={i: b})
+    env = run_graph(g, _window(decoder, x, kv_transform, {i: b}), {g.streams[i][0]: x}, block_nodes(g, i, i + 1))
+    return env[g.streams[i][1]]
 
 
 @torch.no_grad()
 def logits(decoder: Decoder, x: torch.Tensor) -> torch.Tensor:
     """Final norm + LM head at every position: (B, T, C) -> (B, T, V)."""
-    return decoder._logits(x)
+    return head_logits(decoder, x)
+
+
+def head_logits(decoder: Decoder, x: torch.Tensor) -> torch.Tensor:
+    """``logits``, differentiable where the caller enables gradients (int4_tuning)."""
+    g = decoder.graph(SEQUENCE)
+    env = run_graph(g, _window(decoder, x, None), {g.streams[-1][1]: x}, head_nodes(g))
+    return env[g.outputs["logits"]]
 
 
 @torch.no_grad()

@@ -50,7 +50,7 @@ from edgekit.quant.gptq import gptq_quantize
 from edgekit.quant.int4_tuning import Tuning, tune_floats
 from edgekit.quant.int4_group_search import search_group_params
 from edgekit.quant.int4_rounding import output_error, params_record, rtn_record, search_clip
-from edgekit.quant.layers import BLOCK_LINEARS, HEAD
+from edgekit.model.layers import BLOCK_LINEARS, HEAD
 from edgekit.quant.progress import SILENT, Steps
 
 METHODS = ("gptq", "awq", "awq_gptq", "rtn")

@@ -14,7 +14,7 @@ from edgekit.errors import QuantizationError
 from edgekit.model.decoder import Decoder
 from edgekit.model.loader import LoadedModel
 from edgekit.quant.gate import EvalText, GateConfig, build_reference, evaluate, greedy_batch
-from edgekit.quant.layers import named_linears
+from edgekit.model.layers import named_linears
 from edgekit.quant.progress import SILENT, Steps
 
 

@@ -75,8 +75,8 @@ from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.kernels.dispatch import DispatchTable
-from edgekit.quant.forward import block_output, embed
-from edgekit.quant.layers import HEAD, with_layers
+from edgekit.quant.forward import block_output, embed, head_logits
+from edgekit.model.layers import HEAD, with_layers
 
 NORM_CONSUMERS = {"attn_norm": ("wqkv",), "ffn_norm": ("w_gate_up",)}  # the projections each block norm feeds
 
@@ -90,21 +90,20 @@ class Tuning:
 
 
 class _ScaledOps:
-    """The reference dispatch table with each named projection's output multiplied by its factor (1 + c)."""
+    """The reference dispatch table with each named projection's output multiplied by its factor (1 + c).
+
+    The factors belong to INT4 records, whose QKV projection the graph runs as ``linear`` then ``rope`` (only a
+    float QKV fuses into ``qkv_rope``): a row factor acts before RoPE, as it must."""
 
     def __init__(self, inner: DispatchTable, factors: dict[int, torch.Tensor]):
         self._inner, self._factors = inner, factors
 
-    def __getattr__(self, name):  # rmsnorm, swiglu, attention_*: unchanged
+    def __getattr__(self, name):  # get, sources: the inner table's
         return getattr(self._inner, name)
 
-    def linear(self, x: torch.Tensor, w: LinearWeights) -> torch.Tensor:
-        y = self._inner.linear(x, w)
-        c = self._factors.get(id(w))
+    def on_linear_output(self, node, record: LinearWeights, y: torch.Tensor) -> torch.Tensor:
+        c = self._factors.get(id(record))
         return y if c is None else y * (1 + c)
-
-    def qkv_rope(self, x, w: LinearWeights, cos, sin, n_heads: int, n_kv_heads: int):
-        return self._inner.get("rope")(self.linear(x, w), cos, sin, n_heads, n_kv_heads)  # a row factor acts before RoPE
 
 
 def _log_probs(decoder: Decoder, tokens: torch.Tensor) -> torch.Tensor:
@@ -112,7 +111,7 @@ def _log_probs(decoder: Decoder, tokens: torch.Tensor) -> torch.Tensor:
     x = embed(decoder, tokens)
     for i, b in enumerate(decoder.weights.blocks):
         x = block_output(decoder, b, x, i)
-    return torch.log_softmax(decoder._logits(x).to(torch.float32), dim=-1)
+    return torch.log_softmax(head_logits(decoder, x).to(torch.float32), dim=-1)
 
 
 def mean_kl(target: list[torch.Tensor], decoder: Decoder, windows: list[torch.Tensor]) -> float:

@@ -36,9 +36,10 @@ from edgekit.quant.gate import EvalText, GateConfig, GateFailedError, build_refe
 from edgekit.quant.reference_cache import cached_reference
 from edgekit.quant.self_generated import interleave, passage_prompts, sample_sequences
 from edgekit.quant.int4_calibration import Int4Calibration, Int4Options, calibrate_int4
-from edgekit.quant.kv_int8 import KVScales, make_decoder
+from edgekit.model.kv_int8 import KVScales, make_decoder
 from edgekit.quant.mixed import fallback_attempts
-from edgekit.quant.layers import HEAD, dtype_name, named_linears, precision_of, round_through, with_layers
+from edgekit.model.layers import HEAD, dtype_name, named_linears, with_layers
+from edgekit.quant.layers import precision_of, round_through
 from edgekit.quant.progress import SILENT, Steps
 from edgekit.quant.sensitivity import rank_layers
 from edgekit.quant.smoothquant import smoothing_factors

@@ -26,7 +26,7 @@ from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.forward import embed, logits, run_blocks
-from edgekit.quant.layers import block_index, with_layers
+from edgekit.model.layers import block_index, with_layers
 from edgekit.quant.progress import SILENT, Steps
 
 

@@ -17,7 +17,7 @@ import torch
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.decoder import ModelWeights
 from edgekit.model.embedding import QuantizedEmbedding
-from edgekit.quant.layers import HEAD, named_linears
+from edgekit.model.layers import HEAD, named_linears
 
 
 def _size(dt: torch.dtype) -> int:

@@ -7,9 +7,19 @@ from pathlib import Path
 
 import torch
 
-from edgekit.quant.io import WEIGHTS_FILE, is_edgekit_weights, load_quantized
-from edgekit.quant.layers import dtype_from_name
+from edgekit.errors import EdgekitError
+from edgekit.model.layers import dtype_from_name
+from edgekit.model.weights_file import WEIGHTS_FILE, load_weights_file, read_config
 from edgekit.quant.stored_bytes import head_embedding_summary, model_bytes
+
+
+def is_edgekit_weights(directory: Path) -> bool:
+    """Whether ``directory/model.safetensors`` carries an edgekit header (read from the header alone)."""
+    try:
+        read_config(directory)
+    except (EdgekitError, KeyError, ValueError):
+        return False
+    return True
 
 
 def weights_dir(path: Path) -> Path | None:
@@ -29,7 +39,7 @@ def stored_info(directory: Path) -> dict:
     `edgekit verify` checks a bundle's signature)."""
     import json
 
-    q = load_quantized(directory, dtype=torch.float32)
+    q = load_weights_file(directory, dtype=torch.float32)
     # the quantization report beside the weights (`quantize -o DIR`) or in the bundle (quantization/report.json)
     reports = [Path(directory) / "report.json", Path(directory).parent / "quantization" / "report.json"]
     report = next((json.loads(p.read_text()) for p in reports if p.is_file()), {})

@@ -16,11 +16,10 @@ from __future__ import annotations
 import torch
 
 from edgekit.errors import QuantizationError
-from edgekit.kernels.linear import INT8_MAX, LinearWeights
+from edgekit.kernels.linear import INT8_MAX, MIN_SCALE, LinearWeights
 
 # The smallest positive normal FP32 number: a scale below it would be subnormal
 # (lost precision) or round to zero in the kernels' FP32 epilogue.
-MIN_SCALE = torch.finfo(torch.float32).tiny
 
 
 def per_channel_scales(w: torch.Tensor) -> torch.Tensor:

@@ -93,7 +93,7 @@ def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, 
                 device: str | None = None) -> OpenedBundle:
     from edgekit.bundle.golden import run_reference
     from edgekit.bundle.verify import verify_bundle
-    from edgekit.quant.io import load_quantized
+    from edgekit.model.weights_file import load_weights_file
 
     path = Path(path)
     dev = resolve_device(device)
@@ -115,7 +115,7 @@ def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, 
     report.raise_if_failed()  # an unverified bundle is never used
     manifest = parse_manifest((root / MANIFEST_FILE).read_bytes())
     act_dtype = torch.float16 if dev.type == "cuda" else torch.float32
-    q = load_quantized(root / "weights", dtype=act_dtype, device=dev)
+    q = load_weights_file(root / "weights", dtype=act_dtype, device=dev)
     tok = None
     if (root / "tokenizer" / "tokenizer.json").exists():
         from edgekit.model.tokenizer import tokenizer_from_directory
@@ -140,12 +140,12 @@ def open_bundle(path: str | Path, trusted_keys, *, allow_dev_key: bool = False, 
 
 def dequantized_for_cpu(weights: ModelWeights) -> tuple[ModelWeights, int]:
     """W8A16, W4A16 and grouped INT8 projections as FP32 `linear` weights: the values the weight-only op multiplies by
-    (a tied quantized head's FP32 copy then serves the lookup too: edgekit.quant.layers.with_layers).
+    (a tied quantized head's FP32 copy then serves the lookup too: edgekit.model.layers.with_layers).
 
     W8A8 stays as it is: its activations are quantized too, which a float weight would not reproduce.
     """
     from edgekit.kernels.linear import LinearWeights
-    from edgekit.quant.layers import named_linears, with_layers
+    from edgekit.model.layers import named_linears, with_layers
 
     layers, n = {}, 0
     for name, lw in named_linears(weights).items():

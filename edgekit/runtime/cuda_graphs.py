@@ -24,7 +24,7 @@ class GraphedDecodeStep:
         B = cache.batch
         dev = decoder.device
         # kept as long as the graph: the graph replays raw addresses, and a decode step may own device memory made
-        # outside the capture (the persistent kernel's grid-barrier counter; see step_runner._DecodeBucket)
+        # outside the capture (see step_runner._DecodeBucket)
         self.decoder = decoder
         self.tokens = torch.zeros(B, dtype=torch.long, device=dev)  # (B,)
         self.positions = torch.zeros(B, dtype=torch.long, device=dev)  # (B,)

@@ -1,26 +1,18 @@
-"""The fused decode path: a decode step of a few super-operators per layer instead of ~16 operator kernels.
+"""When decode runs on the fused path, and when it falls back to the per-operator one.
 
-Per layer the step runs ``fused_norm_qkv_rope`` (RMSNorm -> QKV -> RoPE ->
-KV-cache write), ``fused_attn_proj_residual`` (split-KV attention, then its
-combine inside the output projection + residual), ``fused_norm_swiglu``
-(RMSNorm -> gate/up -> SwiGLU) and ``fused_proj_residual`` (down projection +
-residual); after the last layer ``fused_head_argmax`` (final norm -> LM head ->
-greedy token on the device). With the Triton kernels that is 5 launches per
-layer plus 5 per token (embedding gather, sequence lengths, head + argmax
-reduce), replayed as one CUDA graph (``GraphedDecodeStep``).
+The fused path is the model's decode graph rewritten by the fused operators'
+patterns (``graph.paths``): for a Llama-family model per layer ``fused_norm_qkv_rope``
+(RMSNorm -> QKV -> RoPE -> KV-cache write), ``fused_attn_proj_residual`` (split-KV
+attention, its combine inside the output projection + residual), ``fused_norm_swiglu``
+and ``fused_proj_residual``, then ``fused_head_argmax`` (final norm -> LM head ->
+greedy token on the device), replayed as one CUDA graph (``GraphedDecodeStep``).
 
 Every operator is still an entry of the dispatch table, so each one is a
-swappable plugin. The fused operators subsume the per-operator entries
-``rmsnorm``, ``qkv_rope``/``rope``, ``attention_decode``, ``linear``/``linear_w8a16`` and ``swiglu``:
-once one of those is replaced (an over-the-air swap), the fused kernels no
-longer run what the table says, so ``select_decode_path`` falls back to the
-per-operator path until fused operators built with the new operator arrive.
-The chosen path and the reason are reported (``edgekit run --json``).
-
-Above this path sits the persistent decode kernel (``runtime/persistent_decode.py``:
-one launch per layer, built from the same stage functions); ``select_decode_path``
-takes it when asked (``prefer="persistent"``) and it can run, and falls back to
-this path, saying why, when it cannot.
+swappable plugin. Once an operator whose work the fused nodes do is replaced (an
+over-the-air swap), the fused kernels no longer run what the table says, so
+``select_decode_path`` falls back to the per-operator path until fused operators
+built with the new operator arrive. The chosen path and the reason are reported
+(``edgekit run --json``).
 """
 
 from __future__ import annotations
@@ -28,32 +20,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import torch
+
 from edgekit.errors import EdgekitError
-from edgekit.kernels.decode_paths import model_weights_blocker
+from edgekit.graph.paths import (
+    DECODE_PATHS, FUSED, PER_OPERATOR, fused_blocker, fused_operators, fused_step_operators, swap_sensitive,
+)
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
-from edgekit.runtime.fused_step import STEP, FusedDecoder, _weights  # noqa: F401  (re-exported: the path's step)
+from edgekit.runtime.fused_step import FusedDecoder
 
-# Triton launches of the fused step: per layer qkv, attention split, combine + o-proj, gate/up, down-proj;
-# per token the embedding gather, positions + 1 (written as int32: fused_step.seq_lens_of), the head GEMV and the
-# argmax reduce
-# (the planner's count from the launch programs, edgekit.plan.launches.count_step_launches; a test holds them equal)
-LAUNCHES_PER_LAYER = 5
-LAUNCHES_PER_TOKEN = 4
-DECODE_PATHS = ("persistent", "fused", "per-operator")
-# The path taken unless asked otherwise. Measured on the H200 (scripts/bench_decode_vs_llamacpp.py, random weights,
-# batch 1, depth 512, 2026-12-01): the persistent kernel is slower than the fused super-operators so far (smollm2-135m
-# fp16 1574 vs 1741 tok/s, llama-3.2-1b fp16 806 vs 1097, int8 1038 vs 1411), so the fused path stays the default;
-# "persistent" is taken on request (run --decode-path persistent, the benchmark's edgekit-persistent engine).
-DEFAULT_DECODE_PATH = "fused"
+# The path taken unless asked otherwise. A persistent decode kernel (one launch per layer, grid barriers) was measured
+# slower than these super-operators in every same-run benchmark on the H200 (smollm2-135m fp16 1574 vs 1741 tok/s,
+# llama-3.2-1b fp16 806 vs 1097 and 710 vs 1146, int8 1038 vs 1411; 2026-12-01 to 12-03) and was deleted.
+DEFAULT_DECODE_PATH = FUSED
 
 
 @dataclass(frozen=True)
 class DecodePath:
     """Which decode path runs and why (what ``run --json`` and the benchmarks report)."""
 
-    name: str  # "persistent" | "fused" | "per-operator"
+    name: str  # "fused" | "per-operator"
     reason: str
     launches_per_token: int | None = None  # the fused step's kernel launches (Triton kernels); None if not counted
     # op -> where the fused step's implementation of it comes from: "plugin:vN" (shipped in the bundle) or
@@ -65,8 +53,8 @@ class DecodePath:
                 "operator_sources": dict(self.sources)}
 
 
-def with_fused_kernels(table: DispatchTable) -> DispatchTable:
-    """A copy of ``table`` in which every operator of the fused step runs GPU code.
+def with_fused_kernels(table: DispatchTable, operators: list[str] | None = None) -> DispatchTable:
+    """A copy of ``table`` in which every fused decode operator (or those of ``operators``) runs GPU code.
 
     A bundle ships the step's operators as signed plugins (the planner lists them, the build compiles them), and
     those are kept. Only an operator still on the torch reference (a bundle built before they were shipped, or a
@@ -75,7 +63,7 @@ def with_fused_kernels(table: DispatchTable) -> DispatchTable:
     """
     out = table.copy()
     sources = out.sources()
-    missing = [op for op in STEP.own_operators() if sources.get(op, "reference") == "reference"]
+    missing = [op for op in (operators or fused_operators()) if sources.get(op, "reference") == "reference"]
     if missing:
         from edgekit.kernels.triton_backend import triton_ops
 
@@ -92,25 +80,45 @@ def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: 
     ``allow_cpu``: a CPU decoder may take the path too (its operators are the torch references: the same
     arithmetic, used to test path selection and swaps without a GPU).
     ``baseline`` holds the table's sources when the fused operators were set up (e.g. at bundle open); an
-    entry of ``STEP.swap_sensitive()`` whose source changed since then was swapped.
+    operator whose work the fused nodes do (``graph.paths.swap_sensitive``) and whose source changed since then
+    was swapped.
     """
     if decoder.device.type != "cuda" and not allow_cpu:
         return f"the fused path runs on a CUDA GPU; this decoder is on {decoder.device.type}"
     if type(cache) is not StaticKVCache:
         return f"the fused operators write a plain FP16/BF16 KV cache; this one is a {type(cache).__name__}"
-    why_not = model_weights_blocker(decoder.weights)
+    why_not = fused_blocker(decoder.config, decoder.schemes)
     if why_not is not None:
         return why_not
     sources = table.sources()
-    for op in STEP.own_operators():
+    for op in fused_step_operators(decoder.config, decoder.schemes):
         if sources.get(op, "reference") == "reference":
             return f"{op} has no GPU implementation in the table (torch reference)"
     if baseline is not None:
-        for op in STEP.swap_sensitive():
+        for op in sorted(swap_sensitive(decoder.config, decoder.schemes)):
             if op in baseline and sources.get(op) != baseline[op]:
                 return (f"operator {op} was swapped ({baseline[op]} -> {sources.get(op)}); the fused operators still "
                         f"hold the previous version, so decode runs per operator until fused operators with it arrive")
     return None
+
+
+def launches_per_token(decoder: Decoder, graph, batch: int = 1, context: int = 256) -> int | None:
+    """Kernels one decode step of ``graph`` launches, counted from its operators' launch programs at the JIT's
+    default tiles (``graph.launch_count``) on this GPU's SM count; None where Triton (which holds the programs) is
+    absent, or off a GPU."""
+    if decoder.device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    try:
+        from edgekit.graph.launch_count import count_launches
+        from edgekit.kernels.program_runner import device_properties
+
+        meta = decoder.weights.to(device="meta")
+        cache = StaticKVCache(decoder.config, batch, context, decoder.dtype, "meta")
+        props = device_properties(decoder.device)
+        return count_launches(graph, meta, cache, batch=batch, tokens=1, sm_count=props["sm_count"],
+                              max_shared_bytes=props["max_shared_bytes"])["total"]
+    except ImportError:
+        return None
 
 
 def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | None = None,
@@ -118,39 +126,29 @@ def select_decode_path(decoder: Decoder, cache, baseline: Mapping[str, str] | No
     """(the object whose ``decode`` a graphed step should capture, the DecodePath that says which one it is).
 
     ``baseline``: the sources of the operators the fused kernels were built with (None: the decoder's table now).
-    ``prefer``: "persistent" (one launch per layer when it can run, else the fused path), "fused" (the default,
-    DEFAULT_DECODE_PATH) or "per-operator"; a path that cannot run falls back to the next one and says why.
+    ``prefer``: "fused" (the default, DEFAULT_DECODE_PATH) or "per-operator"; a path that cannot run falls back to
+    the per-operator one and says why.
     ``allow_cpu``: see ``fused_path_blocker``. ``jit``: JIT-compile with Triton the fused operators the table lacks
     (``with_fused_kernels``); without it the path runs only on operators the table already holds (a bundle's plugins).
     """
     if prefer not in DECODE_PATHS:
         raise EdgekitError(f"unknown decode path {prefer!r}; expected one of: {', '.join(DECODE_PATHS)}")
-    if prefer == "per-operator":
-        return decoder, DecodePath("per-operator", "asked for (decode path per-operator)")
+    if prefer == PER_OPERATOR:
+        return decoder, DecodePath(PER_OPERATOR, "asked for (decode path per-operator)")
     table = decoder.ops
+    own = fused_step_operators(decoder.config, decoder.schemes)
     if decoder.device.type == "cuda" and jit:
         try:
-            table = with_fused_kernels(table)
+            table = with_fused_kernels(table, own)
         except (ImportError, EdgekitError) as e:  # no Triton JIT on this device: the plugins still run per operator
-            return decoder, DecodePath("per-operator", f"the fused operators' Triton kernels are unavailable here ({e})")
+            return decoder, DecodePath(PER_OPERATOR, f"the fused operators' Triton kernels are unavailable here ({e})")
     base = baseline if baseline is not None else decoder.ops.sources()
     why_not = fused_path_blocker(decoder, cache, table, base, allow_cpu)
     if why_not is not None:
-        return decoder, DecodePath("per-operator", why_not)
-    fused_n = LAUNCHES_PER_LAYER * decoder.config.n_layers + LAUNCHES_PER_TOKEN
-    sources = {op: src for op, src in table.sources().items() if op in STEP.own_operators()}
+        return decoder, DecodePath(PER_OPERATOR, why_not)
+    step = FusedDecoder(decoder, table)
+    sources = {op: src for op, src in table.sources().items() if op in own}
     shipped = all(src.startswith("plugin:") for src in sources.values())
     how = "the bundle's signed plugins" if shipped else "JIT-compiled Triton kernels for the operators the bundle lacks"
-    fused = DecodePath("fused", f"fused super-operators ({how}) replayed as a CUDA graph", fused_n, sources)
-    if prefer == "fused":
-        return FusedDecoder(decoder, table), fused
-    from edgekit.runtime import persistent_decode as pd
-
-    why_not = pd.persistent_weights_blocker(decoder.weights) or pd.persistent_path_blocker(table, base)
-    if why_not is not None:
-        return FusedDecoder(decoder, table), DecodePath("fused", why_not, fused_n, sources)
-    n = pd.LAUNCHES_PER_LAYER * decoder.config.n_layers + pd.LAUNCHES_PER_TOKEN
-    return (pd.PersistentDecoder(decoder, table),
-            DecodePath("persistent", "persistent decode kernel (one launch per layer, grid barriers) + fused head, "
-                                     "replayed as a CUDA graph", n, sources))
-
+    return step, DecodePath(FUSED, f"fused super-operators ({how}) replayed as a CUDA graph",
+                            launches_per_token(decoder, step.graph, cache.batch, cache.max_seq_len), sources)

@@ -40,14 +40,8 @@ def load_plugin_op(meta: PluginMetadata, read: Callable[[str], bytes], device: O
 def on_own_stream(dev: torch.device, fn: Callable[[], Any]):
     """``fn()`` on a CUDA stream of its own, its tensor outputs copied to the host on that stream, which alone is
     waited for. Never the legacy default stream nor a device-wide synchronize: a check beside a serving process
-    neither waits for the serving stream's work nor disturbs a graph capture on another thread.
-
-    So its kernels may run beside the serving graphs, the persistent decode kernel among them, whose grid (every
-    SM times its occupancy) spins at grid barriers until all its programs are resident. A check's kernels cannot
-    deadlock it: they are plugin kernels of single operators, none with a grid barrier (only the persistent kernel
-    has one, and it is edgekit's own, never a plugin), so each of their programs runs to its end without waiting
-    on another and frees its SM slot; persistent programs that could not start meanwhile start then. The cost is
-    a delay of the persistent launch by at most the check kernel's run time (golden cases are a few rows)."""
+    neither waits for the serving stream's work nor disturbs a graph capture on another thread. Its kernels may run
+    beside the serving graphs: no edgekit kernel waits on a grid barrier, so each program runs to its end."""
     stream = torch.cuda.Stream(device=dev)  # no wait on the caller's stream: the inputs are host tensors
     with torch.cuda.stream(stream):
         out = _to_host(fn())

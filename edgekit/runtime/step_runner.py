@@ -197,10 +197,9 @@ class _DecodeBucket:
         self.graph: _Graph | None = None
         self.path_key: tuple | None = None  # (decode path, its operator sources) the graph was captured on
         # The decode step the graph was captured from, kept alive as long as the graph: a graph replays raw device
-        # addresses, and a step may own device memory made outside the capture (the persistent kernel's grid-barrier
-        # counter). Freed with the step, that memory went back to the caching allocator, the next small tensor (a
-        # prefill input) took it, and the replayed barriers counted from its values: non-finite logits on most
-        # served steps (H200, 2026-12-01).
+        # addresses, and a step may own device memory made outside the capture. Freed with the step, such memory
+        # goes back to the caching allocator and the next small tensor takes it (non-finite logits on most served
+        # steps on the H200, 2026-12-01, when a step's counter was freed that way).
         self.step_decoder = None
 
 
@@ -236,12 +235,6 @@ class GraphedRunner(StepRunner):
         self.captured: list[str] = []
         self.reused: list[str] = []
         # warm-ups and captures never overlap other admin GPU work (a golden check, another capture): gpu_admin_lock.
-        # Known and left open: the warm-ups run on `side`, beside the serving graphs. Two persistent decode kernels at
-        # once (a persistent warm-up here while the device thread replays a persistent graph) could each get only part
-        # of their grid resident and spin at their grid barriers for good. A swap to a new source rules the path out
-        # for the operators those graphs use, so this needs a persistent -> fused -> persistent pair of switches
-        # faster than the device thread's next step, or a switch re-installing an operator under its unchanged
-        # bundle source while serving persistent. Not fixed here (see the issue-15b report).
         with gpu_admin_work():
             scratch = None  # warm-up never writes the live rows; allocated only if something is captured
             side = torch.cuda.Stream(device=dev)

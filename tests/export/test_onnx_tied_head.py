@@ -14,10 +14,9 @@ from edgekit.export import check_parity, export_onnx
 from edgekit.kernels.int4_layout import quantize_int4_rtn
 from edgekit.kernels.int8_group_layout import quantize_int8_grouped
 from edgekit.kernels.linear import LinearWeights
-from edgekit.model.embedding import tied_embedding
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
-from edgekit.quant.layers import HEAD, with_layers
+from edgekit.model.layers import HEAD, with_layers
 
 BUCKET = 16
 

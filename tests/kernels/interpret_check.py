@@ -31,7 +31,7 @@ _interp._patch_lang_tensor = _patch
 # Triton 3.6's interpreter re-patches triton.language (inspect.getmembers over its modules) at every call of a
 # @triton.jit helper inside a kernel, although the launch running that kernel has already patched the same modules
 # with the same interpreter builder, and restores them when it ends: about half the time of the interpreter checks
-# (cProfile of persistent_serve_pattern_check.py: 150k re-patches for 174 launches). Patch once per launch: a helper
+# (cProfile of a serve-pattern check: 150k re-patches for 174 launches). Patch once per launch: a helper
 # call whose language modules the running launch has already patched reuses them; anything else (a launch, a helper
 # seeing a module not yet patched) goes through Triton's own patching. The semantics the kernels run are unchanged.
 _orig_patch_lang = _interp._patch_lang

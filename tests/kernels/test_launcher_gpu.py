@@ -172,10 +172,10 @@ def test_loaded_kernels_replay_in_a_cuda_graph_and_swap():
     outs = []
     for build in ("ptx", "ptx"):
         table.set("attention_decode", _plugin("attention_decode", shape, prefer=build), source=f"plugin:{len(outs)}")
-        table.attention_decode(q, kc, vc, sl)  # warm
+        table.get("attention_decode")(q, kc, vc, sl, None)  # warm
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = table.attention_decode(q, kc, vc, sl)
+            out = table.get("attention_decode")(q, kc, vc, sl, None)
         graph.replay()
         torch.cuda.synchronize()
         _close(attention.DECODE_SPEC, out, want)

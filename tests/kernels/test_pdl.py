@@ -56,23 +56,13 @@ def test_the_level_comes_from_the_environment_and_a_bad_one_is_refused(monkeypat
 
 
 def _meta_weights(preset: str, int8: bool):
-    """A model's block projections as meta tensors (sizes only) in the layout the fused step reads."""
-    from types import SimpleNamespace
-
-    from edgekit.kernels.linear import LinearWeights
+    """A preset's weights on the meta device (shapes and dtypes only), FP16 or W8A16 projections."""
+    from edgekit.graph.builder import LinearSchemes
     from edgekit.model.presets import preset_config
+    from edgekit.model.weights import empty_weights
 
     cfg = preset_config(preset)
-
-    def lw(shape):
-        if int8:
-            return LinearWeights("linear_w8a16", torch.empty(shape, dtype=torch.int8, device="meta"),
-                                 scale=torch.empty(shape[0], dtype=torch.float32, device="meta"))
-        return LinearWeights("linear", torch.empty(shape, dtype=torch.float16, device="meta"))
-
-    shapes = cfg.linear_shapes()
-    return SimpleNamespace(blocks=[SimpleNamespace(**{n: lw(shapes[n]) for n in ("wqkv", "wo", "w_gate_up", "w_down")})
-                                   for _ in range(cfg.n_layers)])
+    return empty_weights(cfg, LinearSchemes.uniform(cfg.n_layers, "w8a16" if int8 else "fp16"))
 
 
 @pytest.mark.parametrize("int8", [False, True])

@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from edgekit.errors import OperatorError
+from edgekit.errors import ConfigError, OperatorError
 from edgekit.kernels.operator import DECODE, PREFILL
 from edgekit.kernels.registry import OPERATORS, operator, operator_for_scheme, operator_modules
 from edgekit.model.presets import preset_config
@@ -50,5 +50,5 @@ def test_schemes_map_to_linear_operators_and_unknown_names_are_refused():
     assert operator_for_scheme("w8a16").name == "linear_w8a16" and operator_for_scheme("fp16").name == "linear"
     with pytest.raises(OperatorError, match="expected one of"):
         operator("no_such_op")
-    with pytest.raises(OperatorError, match="w8a8"):
+    with pytest.raises(ConfigError, match="w8a8"):
         operator_for_scheme("int3")

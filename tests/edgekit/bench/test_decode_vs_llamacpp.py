@@ -52,24 +52,30 @@ def test_int4_is_paired_with_llama_cpps_q4_k_m_copy():
     assert "860" in int4 and "2.00" in int4  # 1720 / 860
 
 
-def test_int4_blocks_run_on_the_fused_path_and_an_int4_head_per_operator_each_saying_why():
+def test_int4_blocks_and_an_int4_head_run_on_the_fused_path_and_w8a8_per_operator_saying_why():
     import torch
 
     from edgekit.bench.runner import quantized
+    from edgekit.kernels.linear import LinearWeights
+    from edgekit.model.decoder import ModelWeights
     from edgekit.model.presets import preset_config
     from edgekit.model.weights import random_weights
+    from edgekit.quant.weights import quantize_linear
 
-    w16 = random_weights(preset_config("tiny"), seed=0, dtype=torch.float16)
-    requested = ("edgekit-fused", "edgekit-persistent")
-    assert engines_for(quantized(w16, "int8"), requested) == (list(requested), None)
-    # INT4 blocks, FP16 head: the fused path takes them; the persistent kernel does not, and the note says so
-    names, note = engines_for(quantized(w16, "int4"), requested)
-    assert names == ["edgekit-fused"] and "edgekit-persistent left out" in note and "linear_w4a16" in note
-    assert engines_for(quantized(w16, "int4"), ("edgekit-fused",)) == (["edgekit-fused"], None)
-    assert engines_for(quantized(w16, "int4"), ("edgekit",)) == (["edgekit"], None)
-    # an INT4 LM head: no fast path takes it, measured once per operator
-    names, note = engines_for(quantized(w16, "int4-head"), requested)
-    assert names == ["edgekit"] and "the LM head uses linear_w4a16" in note and "edgekit-fused, edgekit-persistent" in note
+    cfg = preset_config("tiny")
+    w16 = random_weights(cfg, seed=0, dtype=torch.float16)
+    requested = ("edgekit-fused",)
+    assert engines_for(cfg, quantized(w16, "int8"), requested) == (list(requested), None)
+    assert engines_for(cfg, quantized(w16, "int4"), requested) == (list(requested), None)
+    assert engines_for(cfg, quantized(w16, "int4"), ("edgekit",)) == (["edgekit"], None)
+    # an INT4 LM head: the layers' fusions still take the model (the head stays unfused)
+    assert engines_for(cfg, quantized(w16, "int4-head"), requested) == (list(requested), None)
+    # W8A8 everywhere, the head too: no fused operator takes it, measured once per operator
+    w8a8 = ModelWeights(w16.tok_embeddings, [type(b)(attn_norm=b.attn_norm, ffn_norm=b.ffn_norm, **{
+        n: quantize_linear(lw, "w8a8", n) for n, lw in b.linears().items()}) for b in w16.blocks], w16.norm,
+        quantize_linear(LinearWeights("linear", w16.lm_head.weight), "w8a8", "lm_head"))
+    names, note = engines_for(cfg, w8a8, requested)
+    assert names == ["edgekit"] and "linear_w8a8" in note and "edgekit-fused" in note
 
 
 def test_the_table_says_which_decode_path_each_row_ran():

@@ -23,8 +23,8 @@ from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.registry import operator
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.model.loader import load_model
-from edgekit.quant.io import load_quantized
-from edgekit.quant.layers import named_linears
+from edgekit.model.weights_file import load_weights_file
+from edgekit.model.layers import named_linears
 from edgekit.runtime.bundle_runtime import open_bundle
 
 if "w4a16" not in importlib.import_module("edgekit.quant.quantize").MODES:
@@ -58,7 +58,7 @@ def test_int4_bundle_carries_the_gguf_nibbles_and_verifies(int4_bundle):
     result, gguf_path = int4_bundle
     report = verify_bundle(result.out, [development_key().public_key], allow_dev_key=True)
     assert report.ok, [c.to_dict() for c in report.failures]
-    shipped = load_quantized(result.out / "weights", dtype=torch.float32)
+    shipped = load_weights_file(result.out / "weights", dtype=torch.float32)
     source = load_model(str(gguf_path), tokenizer=False, keep_int4=True).weights
     blocks = {n: lw for n, lw in named_linears(shipped.weights).items() if n != "lm_head"}
     for name, lw in blocks.items():

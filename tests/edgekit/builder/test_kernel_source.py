@@ -52,7 +52,7 @@ def test_a_file_for_another_operator_names_what_it_declares(tmp_path):
 
 def test_a_file_that_does_not_import_or_is_not_python_is_refused(tmp_path):
     with pytest.raises(OperatorError, match="importing it failed: NameError"):
-        load_kernel_source(edited(tmp_path, "bad.py", "MAX_ROW = 65536", "MAX_ROW = undefined_name"), "rmsnorm")
+        load_kernel_source(edited(tmp_path, "bad.py", "@triton.jit", "@undefined_name"), "rmsnorm")
     with pytest.raises(OperatorError, match="expected an existing .py file"):
         load_kernel_source(tmp_path / "missing.py", "rmsnorm")
 

@@ -43,19 +43,19 @@ def test_bundle_has_every_part_and_verifies(tiny_bundle):
 
 
 def test_the_fused_decode_operators_ship_as_signed_plugins_that_verify(tiny_bundle):
-    from edgekit.kernels.decode_paths import FUSED_STEP
+    from edgekit.graph.paths import fused_operators
 
     result, _ = tiny_bundle
     plan = json.loads((result.out / "plan.json").read_bytes())
-    assert plan["decode"]["path"]["path"] == "fused" and plan["decode"]["path"]["operators"] == FUSED_STEP.operators()
+    assert plan["decode"]["path"]["path"] == "fused" and set(plan["decode"]["path"]["operators"]) == set(fused_operators())
     shipped = {p.op: p for p in result.manifest.plugins}
-    for op in FUSED_STEP.own_operators():
+    for op in fused_operators():
         assert op in shipped, f"{op} is not a plugin of the bundle"
         kernels = [o for o in result.summary["operators"] if o["op"] == op]
         assert kernels and all(o["arch"] == "sm_87" and o["shared_bytes"] <= 131072 for o in kernels)
         assert {o["kernel"] for o in kernels} == {t["kernel"] for t in plan["tiles"] if t["op"] == op}  # the plan's variants
     report = verify_bundle(result.out, [development_key().public_key], allow_dev_key=True)
-    for op in FUSED_STEP.own_operators():
+    for op in fused_operators():
         plugin = [c for c in report.checks if c.check == "plugin" and c.file == f"{shipped[op].path}/plugin.json"]
         golden = [c for c in report.checks if c.check == "golden" and c.file.startswith(f"{shipped[op].path}/golden")]
         assert plugin and plugin[0].status == "pass"
@@ -137,7 +137,7 @@ def test_cli_build_json_and_run(tmp_path):
     assert d["decode_path"]["path"] == "per-operator" and "no GPU" in d["decode_path"]["reason"]
     r = subprocess.run([sys.executable, "-m", "edgekit", "run", str(out), "--allow-dev-key", "-p", "hello", "-n", "3",
                         "--decode-path", "giant"], capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "--decode-path" in r.stderr and "persistent, fused, per-operator" in r.stderr
+    assert r.returncode != 0 and "--decode-path" in r.stderr and "fused, per-operator" in r.stderr
 
 
 def test_the_bundled_onnx_matches_the_reference_logits(tiny_bundle):

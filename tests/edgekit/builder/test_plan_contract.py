@@ -10,7 +10,7 @@ import torch
 from edgekit.builder import BuildOptions, build_bundle
 from edgekit.kernels import aot
 from edgekit.kernels.registry import operator
-from edgekit.quant.io import load_quantized
+from edgekit.model.weights_file import load_weights_file
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_plan_json_lists_exactly_the_compiled_variants(w8a8_build):
 def test_w8a8_build_plans_w8a8_with_the_per_layer_precisions_that_ran(w8a8_build):
     result, _ = w8a8_build
     plan = json.loads((result.out / "plan.json").read_text())
-    weights = load_quantized(result.out / "weights", dtype=torch.float16).weights
+    weights = load_weights_file(result.out / "weights", dtype=torch.float16).weights
     ran = [{proj: operator(lw.op).scheme for proj, lw in b.linears().items()} for b in weights.blocks]
     assert plan["precision"]["layers"] == ran
     assert "w8a8" in {s for layer in ran for s in layer.values()}

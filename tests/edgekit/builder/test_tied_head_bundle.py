@@ -17,7 +17,7 @@ from edgekit.generate import Generator
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.embedding import QuantizedEmbedding
-from edgekit.quant.io import load_quantized
+from edgekit.model.weights_file import load_weights_file
 from edgekit.runtime.bundle_runtime import open_bundle
 
 PROMPT = [5, 9, 200, 31, 77, 4]
@@ -63,7 +63,7 @@ def test_bundle_answers_like_the_quantized_reference_on_every_cpu_path(tied_bund
 
     b = open_bundle(tied_bundle.out, [], allow_dev_key=True, device="cpu")
     got, _ = Generator(b.decoder(), b.shapes).generate(PROMPT, 12)
-    q = load_quantized(tied_bundle.out / "weights")  # INT8 records, the embedding read from the head
+    q = load_weights_file(tied_bundle.out / "weights")  # INT8 records, the embedding read from the head
     assert isinstance(q.weights.tok_embeddings, QuantizedEmbedding)
     ref_dec = Decoder(q.config, q.weights, DispatchTable())
     want, _ = Generator(ref_dec, b.shapes).generate(PROMPT, 12)
@@ -81,22 +81,26 @@ def test_bundle_answers_like_the_quantized_reference_on_every_cpu_path(tied_bund
         tok, pos = token, pos + 1
 
 
-def test_an_int4_head_falls_back_from_the_fused_path_and_says_why(tied_bundle):
+def test_an_int4_head_stays_unfused_while_the_layers_run_fused(tied_bundle):
     from edgekit.kernels.int4_layout import quantize_int4_rtn
     from edgekit.kernels.linear import LinearWeights
-    from edgekit.quant.layers import HEAD, with_layers
-    from edgekit.runtime.fused_decode import STEP, fused_path_blocker
+    from edgekit.model.layers import HEAD, with_layers
+    from edgekit.graph.paths import fused_operators, fused_step_operators
+    from edgekit.runtime.fused_decode import fused_path_blocker
 
-    q = load_quantized(tied_bundle.out / "weights")
+    q = load_weights_file(tied_bundle.out / "weights")
     qw, s, off = quantize_int4_rtn(q.weights.lm_head.dequantized(), 32, symmetric=False, scale_dtype=torch.float16)
     w = with_layers(q.weights, {HEAD: LinearWeights("linear_w4a16", qw, None, s, offset=off)})
     assert isinstance(w.tok_embeddings, QuantizedEmbedding) and w.tok_embeddings.head.op == "linear_w4a16"
     table = DispatchTable()
-    for op in STEP.own_operators():
+    for op in fused_operators():
         table.set(op, table.get(op), source="triton")
     int8, int4 = Decoder(q.config, q.weights, table), Decoder(q.config, w, table)
     cache = int8.new_cache(1, 16)
     int8.device = int4.device = torch.device("cuda")  # only the blocker's device check reads it
     assert fused_path_blocker(int8, cache, table, table.sources()) is None  # the tied INT8 head runs fused
-    why = fused_path_blocker(int4, cache, table, table.sources())
-    assert why is not None and "LM head uses linear_w4a16" in why
+    assert "fused_head_argmax" in fused_step_operators(q.config, int8.schemes)
+    # the fused head takes no INT4 weights: the head stays per operator, the layers on the fused path
+    assert fused_path_blocker(int4, cache, table, table.sources()) is None
+    assert "fused_head_argmax" not in fused_step_operators(q.config, int4.schemes)
+    assert "fused_norm_swiglu" in fused_step_operators(q.config, int4.schemes)

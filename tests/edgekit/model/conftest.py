@@ -168,3 +168,11 @@ def tiny_gguf(tmp_path_factory):
 
 def write_json(path, obj) -> None:
     path.write_text(json.dumps(obj))
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The tiny preset (random weights), loaded once per session."""
+    from edgekit.model.loader import load_model
+
+    return load_model("preset:tiny")

@@ -66,7 +66,8 @@ def test_quantize_keeps_the_q8_0_table_and_reports_it(q8_0_table_gguf, tmp_path)
     from dataclasses import replace
 
     from edgekit.quant.gate import GateConfig
-    from edgekit.quant.io import load_quantized, write_quantized
+    from edgekit.model.weights_file import load_weights_file
+    from edgekit.quant.io import write_quantized
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
     lossless = load_model(str(q8_0_table_gguf), tokenizer=False, keep_q8_0=True)
@@ -78,7 +79,7 @@ def test_quantize_keeps_the_q8_0_table_and_reports_it(q8_0_table_gguf, tmp_path)
     assert r.report["lossless_intake"] == ["lm_head"] and r.report["layers"]["lm_head"] == "w8a16g"
     assert r.report["head_embedding"]["lm_head"].startswith("int8 g32 (float16 scales")
     write_quantized(tmp_path, r)
-    back = load_quantized(tmp_path)
+    back = load_weights_file(tmp_path)
     assert torch.equal(back.weights.lm_head.scale, lossless.weights.lm_head.scale)  # fp16 scales kept bit for bit
     tokens = torch.arange(3, 40)[None]
     assert torch.equal(all_logits(back.decoder(), tokens), all_logits(r.decoder(), tokens))
@@ -110,9 +111,9 @@ def test_a_bundle_built_with_quantize_head_ships_the_q8_0_table_as_it_came(q8_0_
     assert result.summary["quantization"]["head_embedding"]["lm_head"].startswith("int8 g32")
     b = open_bundle(result.out, [], allow_dev_key=True, device="cpu")
     got, _ = Generator(b.decoder(), b.shapes).generate([5, 9, 200, 31], 8)
-    from edgekit.quant.io import load_quantized
+    from edgekit.model.weights_file import load_weights_file
 
-    q = load_quantized(result.out / "weights")  # the grouped INT8 record, its rows gathered by the lookup
+    q = load_weights_file(result.out / "weights")  # the grouped INT8 record, its rows gathered by the lookup
     assert isinstance(q.weights.tok_embeddings, QuantizedEmbedding)
     want, _ = Generator(q.decoder(), b.shapes).generate([5, 9, 200, 31], 8)
     assert got == want

@@ -13,7 +13,7 @@ from edgekit.plan.memory import plan_memory
 from edgekit.plan.precision import PrecisionPlan, linear_bytes
 from edgekit.plan.roofline import _streamed_weight_bytes
 from edgekit.plan.targets import load_target
-from edgekit.quant.layers import named_linears, with_layers
+from edgekit.model.layers import named_linears, with_layers
 
 
 def test_int4_bytes_are_half_a_byte_per_weight_plus_group_scales():

@@ -1,4 +1,4 @@
-"""Kernel counts of a decode step: the fused path's, counted from the same launch programs as the per-operator path's."""
+"""Kernel counts of a forward: walked from the model's graph, through the same launch programs on every path."""
 
 from __future__ import annotations
 
@@ -6,25 +6,14 @@ import json
 
 import pytest
 
-from edgekit.errors import PlanError
-from edgekit.kernels.decode_paths import FUSED_STEP
+from edgekit.graph.glue import GLUE
+from edgekit.graph.node import DECODE
+from edgekit.graph.paths import FUSED, PER_OPERATOR, fused_operators, path_graph
 from edgekit.model.presets import preset_config
-from edgekit.plan.launches import count_launches, count_step_launches, spec_dims
+from edgekit.plan.launches import count_pass
 from edgekit.plan.planner import make_plan
 from edgekit.plan.precision import PrecisionPlan
 from edgekit.plan.targets import load_target
-
-
-def test_spec_dims_sizes_the_operator_specs_shapes():
-    sym = {"Hq": 9, "Hkv": 3, "D": 64, "C": 576, "S": 2048, "F": 1536, "B": 1}
-    assert spec_dims("((Hq + 2*Hkv) * D, C)", sym) == (960, 576)
-    assert spec_dims("(S, D/2)", sym) == (2048, 32)
-    assert spec_dims("(2F, C)", sym) == (3072, 576)
-    assert spec_dims("(C,)", sym) == (576,)
-    with pytest.raises(PlanError, match="known symbols"):
-        spec_dims("(B, X)", sym)
-    with pytest.raises(PlanError):
-        spec_dims("(__import__('os'),)", sym)  # a name call is not arithmetic
 
 
 def _plan(precision: str, model: str = "smollm2-135m"):
@@ -33,47 +22,50 @@ def _plan(precision: str, model: str = "smollm2-135m"):
 
 @pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
 def test_a_plan_whose_weights_take_the_fused_operators_ships_and_counts_them(precision):
-    from edgekit.runtime.fused_decode import LAUNCHES_PER_LAYER, LAUNCHES_PER_TOKEN
-
     plan = _plan(precision)
     cfg = preset_config("smollm2-135m")
-    assert set(FUSED_STEP.own_operators()) <= set(plan.operators())
+    assert set(fused_operators()) <= set(plan.operators())
     path = plan.to_dict()["decode"]["path"]
-    assert path["path"] == "fused" and path["operators"] == FUSED_STEP.operators()
-    # the runtime reports the same count for the step it runs (its constants and the launch programs agree)
-    assert (path["kernels_per_layer"], path["kernels_outside_layers"]) == (LAUNCHES_PER_LAYER, LAUNCHES_PER_TOKEN)
-    assert path["kernels_per_token"] == cfg.n_layers * LAUNCHES_PER_LAYER + LAUNCHES_PER_TOKEN
+    assert path["path"] == "fused" and set(path["fused_operators"]) == set(fused_operators())
+    # per layer: qkv, attention split + (combine inside) o-proj, gate/up, down; outside: embedding gather, lengths,
+    # head GEMV + argmax reduce -- each read from the graph and the operators' launch programs
+    assert (path["kernels_per_layer"], path["kernels_outside_layers"]) == (5, 4)
+    assert path["kernels_per_token"] == cfg.n_layers * 5 + 4
     assert "predicted" in path["label"]
     for row in plan.roofline:
         assert row["decode_full"]["n_kernels"] == path["kernels_per_token"]
         assert row["decode_kernels_from"] == "fused decode step" and "predicted" in row["label"]
 
 
-def test_a_w8a8_plan_stays_per_operator_and_says_why():
+def test_a_w8a8_plan_fuses_only_the_head_and_counts_the_rest_per_operator():
     plan = _plan("w8a8")
-    assert not set(FUSED_STEP.own_operators()) & set(plan.operators())
     path = plan.to_dict()["decode"]["path"]
-    assert path["path"] == "per-operator" and "linear_w8a8" in path["reason"] and path["operators"] == []
+    assert path["path"] == "fused" and path["fused_operators"] == ["fused_head_argmax"]
+    assert "linear_w8a8" in path["operators"] and "fused_norm_qkv_rope" not in plan.operators()
     assert all(row["decode_full"]["n_kernels"] == path["kernels_per_token"] for row in plan.roofline)
 
 
-def test_the_fused_step_predicts_fewer_kernels_and_more_tokens_than_the_per_operator_step():
+def test_the_fused_step_predicts_fewer_kernels_than_the_per_operator_step():
     cfg = preset_config("smollm2-135m")
-    fused = _plan("fp16")
     pp = PrecisionPlan.uniform(cfg, "fp16")
 
     def variants(op):
         from edgekit.kernels.variants import default_variants
         from edgekit.plan.tiles import ShapeFacts, kernel_shapes
 
-        facts = ShapeFacts(cfg, 1, fused.shapes["buckets"][-1], fused.shapes["context"], pp)
+        facts = ShapeFacts(cfg, 1, 256, 2048, pp)
         return {k: default_variants(op, dtype="fp16", **s)[k] for k, s in kernel_shapes(op, facts).items()}
 
-    kw = dict(batch=1, context=fused.shapes["context"], sm_count=16, max_shared_bytes=166912)
-    per_op = count_launches(cfg, pp, variants, tokens=1, **kw)["total"]
-    step = count_step_launches(cfg, pp, variants, FUSED_STEP, **kw)
-    assert step["total"] < per_op
-    assert sum(step["operators"].values()) + step["glue"] == step["total"]
+    kw = dict(phase=DECODE, batch=1, tokens=1, context=2048, sm_count=16, max_shared_bytes=166912)
+    per_op = count_pass(cfg, pp, variants, path=PER_OPERATOR, **kw)
+    step = count_pass(cfg, pp, variants, path=FUSED, **kw)
+    assert step["total"] < per_op["total"]
+    for c in (per_op, step):
+        assert sum(c["operators"].values()) + c["glue"] == c["total"]
+        assert c["total"] == cfg.n_layers * c["per_layer"] + c["outside_layers"]
+    # the glue is the graph's: the per-operator step's residual adds, cache writes and RoPE gathers
+    g = path_graph(cfg, pp.linear_schemes(), DECODE)
+    assert per_op["glue"] == sum(GLUE[n.op].launches[DECODE] for n in g.nodes if n.op in GLUE)
 
 
 def test_edgekit_plan_says_which_decode_path_its_predictions_count():

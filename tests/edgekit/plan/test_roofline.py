@@ -64,8 +64,11 @@ def test_longer_cache_slows_decode():
 
 
 def test_kernel_count_comes_from_the_operators_launch_programs():
+    from edgekit.graph.glue import GLUE
+    from edgekit.graph.node import DECODE
+    from edgekit.graph.paths import PER_OPERATOR, path_graph
     from edgekit.kernels.variants import default_variants
-    from edgekit.plan.launches import GLUE_OUTSIDE_BLOCKS, GLUE_PER_BLOCK, count_launches
+    from edgekit.plan.launches import count_pass
 
     cfg = preset_config("smollm2-135m")
 
@@ -73,22 +76,21 @@ def test_kernel_count_comes_from_the_operators_launch_programs():
         return default_variants(op, head_dim=cfg.head_dim, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                                 hidden_size=cfg.hidden_size, rows=1)
 
-    fp16 = count_launches(cfg, PrecisionPlan.uniform(cfg, "fp16"), variants, batch=1, tokens=1, context=2048,
-                          sm_count=16, max_shared_bytes=166912)
+    kw = dict(phase=DECODE, path=PER_OPERATOR, batch=1, tokens=1, context=2048)
+    fp16 = count_pass(cfg, PrecisionPlan.uniform(cfg, "fp16"), variants, sm_count=16, max_shared_bytes=166912, **kw)
     n = cfg.n_layers
     # per block: 2 rmsnorm, fused qkv_rope, attention split + reduce (the split count is > 1 here), swiglu
     assert {k: v for k, v in fp16["operators"].items() if k != "linear"} == {
         "rmsnorm": 2 * n + 1, "qkv_rope": n, "attention_decode": 2 * n, "swiglu": n}
     # 3 GEMVs a block + the LM head, each a second launch when its program splits K (a 16-SM device: it does)
     assert 3 * n + 1 < fp16["operators"]["linear"] <= 2 * (3 * n + 1)
-    assert fp16["glue"] == n * GLUE_PER_BLOCK["decode"] + GLUE_OUTSIDE_BLOCKS["decode"]
+    g = path_graph(cfg, PrecisionPlan.uniform(cfg, "fp16").linear_schemes(), DECODE)
+    assert fp16["glue"] == sum(GLUE[x.op].launches[DECODE] for x in g.nodes if x.op in GLUE)
     assert fp16["total"] == sum(fp16["operators"].values()) + fp16["glue"]
     # a device with many SMs wants split-K for the same shapes at least as often
-    big = count_launches(cfg, PrecisionPlan.uniform(cfg, "fp16"), variants, batch=1, tokens=1, context=2048,
-                         sm_count=132, max_shared_bytes=232448)
+    big = count_pass(cfg, PrecisionPlan.uniform(cfg, "fp16"), variants, sm_count=132, max_shared_bytes=232448, **kw)
     assert big["operators"]["linear"] >= fp16["operators"]["linear"]
-    w8 = count_launches(cfg, PrecisionPlan.uniform(cfg, "w8a16"), variants, batch=1, tokens=1, context=2048,
-                        sm_count=16, max_shared_bytes=166912)
+    w8 = count_pass(cfg, PrecisionPlan.uniform(cfg, "w8a16"), variants, sm_count=16, max_shared_bytes=166912, **kw)
     # INT8 QKV cannot use the fused projection: a separate GEMV (and rope) per block
     assert w8["operators"]["rope"] == n and "qkv_rope" not in w8["operators"]
     assert w8["operators"]["linear_w8a16"] >= 4 * n and w8["operators"]["linear"] in (1, 2)

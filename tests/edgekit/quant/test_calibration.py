@@ -10,7 +10,7 @@ from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.model.decoder import Decoder
 from edgekit.quant.calibration import calibrate
 from edgekit.quant.forward import embed, run_blocks
-from edgekit.quant.layers import layer_names
+from edgekit.model.layers import layer_names
 
 
 def test_statistics_match_a_direct_computation(tiny):

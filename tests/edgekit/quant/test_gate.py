@@ -13,7 +13,7 @@ from edgekit.kernels.linear import LinearWeights
 from edgekit.model.decoder import Decoder
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.quant.gate import GateConfig, GateFailedError, build_reference, check, evaluate
-from edgekit.quant.layers import with_layers
+from edgekit.model.layers import with_layers
 from edgekit.plan.precision import PrecisionPlan
 from edgekit.quant.quantize import heldout_eval_text, quantize_layers, quantize_model
 

@@ -12,7 +12,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.quant.forward import all_logits
 from edgekit.quant.int4_calibration import METHODS, Int4Options, calibrate_int4
-from edgekit.quant.layers import layer_names
+from edgekit.model.layers import layer_names
 from edgekit.quant.quantize import calibration_windows
 
 

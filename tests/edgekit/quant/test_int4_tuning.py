@@ -17,7 +17,7 @@ from edgekit.model.decoder import Decoder
 from edgekit.quant.forward import all_logits, embed, run_blocks
 from edgekit.quant.int4_calibration import Int4Options, calibrate_int4
 from edgekit.quant.int4_tuning import Tuning, tune_floats
-from edgekit.quant.layers import with_layers
+from edgekit.model.layers import with_layers
 from edgekit.quant.quantize import calibration_windows
 
 STEPS = 32

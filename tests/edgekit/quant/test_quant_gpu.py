@@ -44,7 +44,7 @@ def _greedy(decoder, prompt: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("mode, kv_int8", [("w8a16", False), ("w8a8", False), ("w8a8", True)])
 def test_triton_int8_matches_the_cpu_reference(model, mode, kv_int8):
     from edgekit.kernels.triton_backend import triton_dispatch_table
-    from edgekit.quant.kv_int8 import make_decoder
+    from edgekit.model.kv_int8 import make_decoder
 
     prep = prepare_quantization(model, mode, kv_int8=kv_int8, options=QuantizeOptions(quantize_head=True))
     weights = prep.assemble()

@@ -14,7 +14,7 @@ import torch
 from edgekit.quant.gate import GateConfig, GateFailedError
 from edgekit.quant.int4_calibration import group_for
 from edgekit.quant.int4_rounding import rtn_record
-from edgekit.quant.layers import layer_names, with_layers
+from edgekit.model.layers import layer_names, with_layers
 from edgekit.quant.mixed import fallback_attempts
 from edgekit.quant.quantize import QuantizeOptions, quantize_model
 

@@ -16,8 +16,9 @@ from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
 from edgekit.quant.forward import all_logits, embed
 from edgekit.quant.gate import GateConfig, GateFailedError
-from edgekit.quant.io import REPORT_FILE, WEIGHTS_FILE, load_quantized, write_quantized
-from edgekit.quant.layers import named_linears
+from edgekit.quant.io import REPORT_FILE, write_quantized
+from edgekit.model.weights_file import WEIGHTS_FILE, load_weights_file
+from edgekit.model.layers import named_linears
 from edgekit.quant.quantize import QuantizeOptions, quantize_model
 
 LOOSE = replace(GateConfig.for_mode("w8a16"), ppl_tokens=256, window_len=128, n_prompts=1, new_tokens=16,
@@ -64,7 +65,7 @@ def test_tied_quantized_file_holds_the_matrix_once_and_reads_back_identically(in
     with safe_open(str(tmp_path / WEIGHTS_FILE), "pt") as f:
         keys = set(f.keys())
     assert "tok_embeddings" not in keys and {"lm_head.qweight", "lm_head.scale"} <= keys
-    back = load_quantized(tmp_path)
+    back = load_weights_file(tmp_path)
     assert back.header["format_version"] == 2 and back.header["embedding"] == "lm_head"
     assert back.header["layers"]["lm_head"]["tied"] is True
     assert isinstance(back.weights.tok_embeddings, QuantizedEmbedding) and back.weights.tied
@@ -97,7 +98,7 @@ def test_int4_blocks_with_a_tied_int8_or_int4_head(tied, tmp_path, head_scheme, 
     assert isinstance(w.tok_embeddings, QuantizedEmbedding) and w.tok_embeddings.head is w.lm_head
     assert torch.equal(embed(r.decoder(), TOKENS), w.lm_head.dequantized()[TOKENS])
     write_quantized(tmp_path, r)
-    back = load_quantized(tmp_path)
+    back = load_weights_file(tmp_path)
     assert back.weights.lm_head.op == head_op and back.weights.tied
     assert torch.equal(all_logits(back.decoder(), TOKENS), all_logits(r.decoder(), TOKENS))
     assert r.report["options"]["head_scheme"] == head_scheme

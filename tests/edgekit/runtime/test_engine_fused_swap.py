@@ -14,7 +14,7 @@ from edgekit.generate import Generator
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.loader import load_model
 from edgekit.runtime.engine import Engine, OverloadedError
-from edgekit.runtime.fused_decode import STEP
+from edgekit.graph.paths import fused_operators
 from edgekit.shapes import StaticShapes
 
 SHAPES = StaticShapes(buckets=(16, 32), max_seq_len=64)
@@ -27,19 +27,20 @@ def model():
 
 
 def _phase(args) -> str:
-    """A per-operator call's phase, from its activations (B, T, ...): T == 1 is a decode step."""
+    """A per-operator call's phase, from its activations: a decode step's rows are (B, N) (or (B, 1, N) around
+    RoPE), a prefill's (B, T, N)."""
     x = args[0]
-    return "decode" if x.dim() == 3 and x.shape[1] == 1 else "prefill"
+    return "decode" if x.dim() == 2 or (x.dim() == 3 and x.shape[1] == 1) else "prefill"
 
 
 def _counting_table(calls: Counter) -> DispatchTable:
     """Every operator the reference, counted per call (and per phase); the fused path's own operators filed as
     shipped plugins."""
     table = DispatchTable()
-    for op in list(table.sources()) + STEP.own_operators():
+    for op in list(table.sources()) + fused_operators():
         fn = table.get(op)
         table.set(op, lambda *a, _op=op, _fn=fn: (calls.update([_op, f"{_op}@{_phase(a)}"]), _fn(*a))[1],
-                  source="plugin:v1" if op in STEP.own_operators() else "reference")
+                  source="plugin:v1" if op in fused_operators() else "reference")
     return table
 
 
@@ -48,7 +49,7 @@ def test_swap_under_load_falls_back_visibly_and_fails_no_request(model):
     engine = Engine(model.decoder().with_ops(_counting_table(calls)), None, SHAPES, max_waiting=8, fused_on_cpu=True)
     try:
         before = engine.decode_path.to_dict()
-        assert before["path"] == "fused" and before["operator_sources"] == {op: "plugin:v1" for op in STEP.own_operators()}
+        assert before["path"] == "fused" and before["operator_sources"] == {op: "plugin:v1" for op in fused_operators()}
         prompts = [[3 + i, 4, 5 + i % 7] for i in range(REQUESTS)]
         want = {tuple(p): Generator(model.decoder(), SHAPES).generate(p, 6)[0] for p in prompts}  # per-operator reference
         results, errors, lock = [], [], threading.Lock()

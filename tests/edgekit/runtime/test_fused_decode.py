@@ -16,7 +16,10 @@ from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
-from edgekit.runtime.fused_decode import STEP, FusedDecoder, fused_path_blocker, select_decode_path
+from edgekit.graph.paths import fused_operators
+from edgekit.runtime.fused_decode import FusedDecoder, fused_path_blocker, select_decode_path
+
+FUSED_OPS = fused_operators()
 
 
 def _w8a16(weights):
@@ -82,7 +85,7 @@ def test_the_path_falls_back_and_says_why():
 
     # the checks after the device one, with a table whose fused entries are set (as on a GPU)
     table = DispatchTable()
-    for op in STEP.own_operators():
+    for op in FUSED_OPS:
         table.set(op, table.get(op), source="triton")
     baseline = table.sources()
     cuda_like = dec.with_ops(table)
@@ -114,25 +117,12 @@ def test_a_device_without_triton_decodes_per_operator(monkeypatch):
     cuda_like = dec.with_ops(dec.ops)
     cuda_like.device = torch.device("cuda")  # only the path selection reads it
 
-    def no_triton(table):
+    def no_triton(table, operators=None):
         raise ImportError("No module named 'triton'")
 
     monkeypatch.setattr(fd, "with_fused_kernels", no_triton)
     step, path = fd.select_decode_path(cuda_like, dec.new_cache(1, 16))
     assert step is cuda_like and path.name == "per-operator" and "triton" in path.reason
-
-
-def test_the_persistent_kernel_stands_in_only_for_edgekits_own_fused_kernels():
-    from edgekit.runtime.persistent_decode import persistent_path_blocker
-
-    table = DispatchTable()
-    for op in STEP.own_operators():
-        table.set(op, table.get(op), source="triton")
-    assert persistent_path_blocker(table, table.sources()) is None
-    swapped = table.copy()
-    swapped.set("fused_attn_proj_residual", table.get("fused_attn_proj_residual"), source="plugin:v7")
-    why = persistent_path_blocker(swapped, table.sources())
-    assert why is not None and "fused_attn_proj_residual" in why and "plugin:v7" in why
 
 
 def test_select_decode_path_takes_only_known_paths():
@@ -147,20 +137,24 @@ def test_select_decode_path_takes_only_known_paths():
     assert step is dec and path.name == "per-operator"
 
 
-def test_the_step_description_is_what_the_fused_decoder_calls():
-    """kernels.decode_paths.FUSED_STEP (what the planner ships and counts) lists the calls FusedDecoder makes, in order."""
-    from edgekit.runtime.fused_decode import STEP
+def test_the_fused_decoder_calls_the_fused_graphs_operators_in_graph_order():
+    """FusedDecoder runs the fused path's graph (what the planner ships and counts): the calls it makes are the
+    graph's registry nodes, in order."""
+    from edgekit.graph.node import DECODE
+    from edgekit.graph.paths import FUSED, registry_ops
 
     cfg = preset_config("tiny")
     dec = Decoder(cfg, random_weights(cfg, seed=2), DispatchTable())
     calls: list[str] = []
     table = DispatchTable()
-    for op in STEP.operators():
+    graph = dec.graph(DECODE, FUSED)
+    for op in registry_ops(graph):
         table.set(op, lambda *a, _op=op, _fn=table.get(op): (calls.append(_op), _fn(*a))[1], source="plugin:v1")
     cache = dec.new_cache(1, 16)
     FusedDecoder(dec, table).decode_token(torch.tensor([3]), torch.tensor([0]), cache)
-    want = [c.op for c in STEP.per_layer] * cfg.n_layers + [c.op for c in STEP.per_token]
-    assert calls == want
+    assert calls == [n.op for n in graph.nodes if n.op in registry_ops(graph)]
+    assert calls == ["fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_norm_swiglu",
+                     "fused_proj_residual"] * cfg.n_layers + ["fused_head_argmax"]
 
 
 def test_shipped_fused_plugins_are_kept_and_reported_as_the_source():
@@ -169,17 +163,17 @@ def test_shipped_fused_plugins_are_kept_and_reported_as_the_source():
 
     cfg = preset_config("tiny")
     table = DispatchTable()
-    for op in fd.STEP.own_operators():
+    for op in FUSED_OPS:
         table.set(op, table.get(op), source="plugin:v1")
     kept = fd.with_fused_kernels(table)
-    assert {op: kept.sources()[op] for op in fd.STEP.own_operators()} == {op: "plugin:v1" for op in fd.STEP.own_operators()}
+    assert {op: kept.sources()[op] for op in FUSED_OPS} == {op: "plugin:v1" for op in FUSED_OPS}
 
     dec = Decoder(cfg, random_weights(cfg, seed=1), table)
     cuda_like = dec.with_ops(table)
     cuda_like.device = torch.device("cuda")  # only the path selection reads it
     step, path = fd.select_decode_path(cuda_like, dec.new_cache(1, 16))
     assert isinstance(step, FusedDecoder) and path.name == "fused"
-    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in fd.STEP.own_operators()}
+    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in FUSED_OPS}
     assert "signed plugins" in path.reason
 
 
@@ -188,7 +182,7 @@ def test_a_bundle_without_fused_plugins_jit_compiles_only_the_missing_ones(monke
     import edgekit.runtime.fused_decode as fd
 
     table = DispatchTable()
-    shipped, missing = fd.STEP.own_operators()[0], fd.STEP.own_operators()[1:]
+    shipped, missing = FUSED_OPS[0], FUSED_OPS[1:]
     table.set(shipped, table.get(shipped), source="plugin:v1")
     monkeypatch.setattr(tb, "triton_ops", lambda: {op: (lambda *a: None) for op in missing})
     out = fd.with_fused_kernels(table)
@@ -199,7 +193,7 @@ def test_a_bundle_without_fused_plugins_jit_compiles_only_the_missing_ones(monke
 def _cuda_like_with_fused_entries(dec):
     """The decoder as the path selection sees it on a GPU: fused entries set (their references, labelled "triton")."""
     table = DispatchTable()
-    for op in STEP.own_operators():
+    for op in FUSED_OPS:
         table.set(op, table.get(op), source="triton")
     cuda_like = dec.with_ops(table)
     cuda_like.device = torch.device("cuda")  # only the path selection reads it
@@ -234,26 +228,24 @@ def test_an_int4_model_decodes_on_the_fused_path_with_the_per_operator_tokens():
     assert tokens["fused"] == tokens["per-operator"], tokens
 
 
-def test_an_int4_model_on_the_persistent_request_runs_fused_and_says_why():
-    from edgekit.runtime.persistent_decode import persistent_weights_blocker
-
-    cfg = preset_config("tiny")
-    dec = Decoder(cfg, _w4a16(random_weights(cfg, seed=5)), DispatchTable())
-    cuda_like, _ = _cuda_like_with_fused_entries(dec)
-    step, path = select_decode_path(cuda_like, dec.new_cache(1, 32), prefer="persistent", jit=False)
-    assert isinstance(step, FusedDecoder) and path.name == "fused"
-    assert "layer 0 wqkv uses linear_w4a16" in path.reason and "persistent kernel takes float or W8A16" in path.reason
-    assert persistent_weights_blocker(random_weights(cfg, seed=5)) is None  # float weights: no objection
-
-
-def test_an_int4_lm_head_keeps_the_model_off_the_fused_path():
-    from edgekit.kernels.decode_paths import model_weights_blocker
+def test_an_int4_lm_head_leaves_the_head_unfused_and_the_layers_fused():
+    """The fused head does not take INT4 weights (until its INT4 kernel has run on a GPU): the rewrite leaves the
+    head's norm and projection as they are, fuses every layer, and the step's greedy token is the logits' argmax."""
+    from edgekit.graph.node import DECODE
+    from edgekit.graph.paths import FUSED, fused_step_operators
     from edgekit.kernels.int4_layout import quantize_int4_rtn
     from edgekit.kernels.linear import LinearWeights
 
     cfg = preset_config("tiny")
     w = _w4a16(random_weights(cfg, seed=5))
-    assert model_weights_blocker(w) is None
     qw, s, m = quantize_int4_rtn(w.lm_head.weight.float(), 64)
     w.lm_head = LinearWeights("linear_w4a16", qw, None, s, offset=m)
-    assert "the LM head uses linear_w4a16; the fused head operator takes float or W8A16" in model_weights_blocker(w)
+    dec = Decoder(cfg, w, DispatchTable())
+    assert "fused_head_argmax" not in fused_step_operators(cfg, dec.schemes)
+    counts = dec.graph(DECODE, FUSED).counts()
+    assert counts["fused_norm_swiglu"] == cfg.n_layers and counts["linear_w4a16"] == 1 and counts["rmsnorm"] == 1
+    cache_a, cache_b = dec.new_cache(1, 16), dec.new_cache(1, 16)
+    want = dec.decode(torch.tensor([3]), torch.tensor([0]), cache_a)
+    token, got = FusedDecoder(dec).decode_token(torch.tensor([3]), torch.tensor([0]), cache_b)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(token, want.argmax(-1))

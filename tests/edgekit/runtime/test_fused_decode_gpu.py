@@ -1,6 +1,6 @@
-"""On the GPU: the graphed fused and persistent decode steps give the per-operator step's tokens and logits (Triton
-kernels, FP16 and W8A16), the persistent step the fused step's exactly; a swap falls back (persistent -> fused ->
-per-operator), and the graphed prefill replays the eager prefill exactly."""
+"""On the GPU: the graphed fused decode step gives the per-operator step's tokens and logits (Triton kernels, FP16,
+W8A16 and W4A16), a swap falls back to the per-operator path, and the graphed prefill replays the eager prefill
+exactly."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _follows_the_per_operator_step(dec, step_decoder, caches, batch: int) -> Non
         pos = pos + 1
 
 
-@pytest.mark.parametrize("path_name,launches", [("fused", 5 * 4 + 4), ("persistent", 1 * 4 + 4)])
+@pytest.mark.parametrize("path_name,launches", [("fused", 5 * 4 + 4)])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, launches):
     from edgekit.runtime.fused_decode import select_decode_path
@@ -57,43 +57,16 @@ def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, l
 
 @pytest.mark.parametrize("batch", [1, 4])
 def test_graphed_int4_fused_step_matches_the_per_operator_step(batch):
-    """INT4 (W4A16 g128 RTN, FP16 scales and offsets) blocks: the fused path takes them (the persistent request falls
-    back to it, saying why), and its graphed step follows the per-operator step (W4A16 GEMV + references)."""
+    """INT4 (W4A16 g128 RTN, FP16 scales and offsets) blocks: the fused path takes them, and its graphed step follows
+    the per-operator step (W4A16 GEMV + references)."""
     from edgekit.runtime.fused_decode import select_decode_path
 
     dec = _decoder("int4")
     caches = [dec.new_cache(batch, 256), dec.new_cache(batch, 256)]
-    step_decoder, path = select_decode_path(dec, caches[1], prefer="persistent")
-    assert path.name == "fused" and "linear_w4a16" in path.reason and path.launches_per_token == 5 * 4 + 4
+    step_decoder, path = select_decode_path(dec, caches[1])
+    assert path.name == "fused" and path.launches_per_token == 5 * 4 + 4
     assert set(path.sources.values()) == {"triton"}
     _follows_the_per_operator_step(dec, step_decoder, caches, batch)
-
-
-@pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_persistent_step_equals_the_fused_step(precision, batch):
-    """Same stage functions, same tiles: the graphed persistent step follows the fused step (greedy tokens equal,
-    logits within FP16 rounding: the persistent kernel runs one num_warps, so some reductions sum in another order)."""
-    from edgekit.runtime.cuda_graphs import GraphedDecodeStep
-    from edgekit.runtime.fused_decode import select_decode_path
-
-    dec = _decoder(precision)
-    caches = [dec.new_cache(batch, 256), dec.new_cache(batch, 256)]
-    prompt = torch.randint(0, dec.config.vocab_size, (batch, 200), generator=torch.Generator().manual_seed(1)).cuda()
-    lens = torch.tensor([190 - 7 * i for i in range(batch)], device="cuda")  # (B,): rows at different depths
-    (fused_dec, _), (pers_dec, _) = (select_decode_path(dec, c, prefer=p) for c, p in zip(caches, ("fused", "persistent")))
-    fused, pers = GraphedDecodeStep(fused_dec, caches[0]), GraphedDecodeStep(pers_dec, caches[1])
-    tok = dec.prefill(prompt, lens, caches[0]).argmax(-1)
-    dec.prefill(prompt, lens, caches[1])
-    pos = lens.clone()
-    for _ in range(6):
-        a, b = fused(tok, pos).float(), pers(tok, pos).float()
-        assert bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())
-        assert float((a - b).abs().max()) <= 1e-2 * float(a.abs().max())
-        assert torch.equal(fused_dec.last_token, pers_dec.last_token)
-        tok, pos = fused_dec.last_token.clone(), pos + 1
-    for x, y in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
-        assert float((x.float() - y.float()).abs().max()) <= 1e-2 * float(x.float().abs().max())
 
 
 def test_a_swapped_operator_takes_decode_back_to_the_per_operator_path():
@@ -106,21 +79,6 @@ def test_a_swapped_operator_takes_decode_back_to_the_per_operator_path():
     swapped.set("swiglu", swapped.get("swiglu"), source="plugin:v2")
     step, path = select_decode_path(dec.with_ops(swapped), cache, baseline)
     assert path.name == "per-operator" and "swiglu" in path.reason and step.ops is swapped
-
-
-def test_a_swapped_fused_operator_takes_decode_back_to_the_fused_path():
-    from edgekit.runtime.fused_decode import select_decode_path
-
-    dec = _decoder("fp16")
-    cache = dec.new_cache(1, 64)
-    assert select_decode_path(dec, cache, prefer="persistent")[1].name == "persistent"
-    baseline = dec.ops.sources()
-    swapped = dec.ops.copy()
-    from edgekit.kernels.triton_backend import triton_ops
-
-    swapped.set("fused_norm_swiglu", triton_ops()["fused_norm_swiglu"], source="plugin:v2")
-    step, path = select_decode_path(dec.with_ops(swapped), cache, baseline, prefer="persistent")
-    assert path.name == "fused" and "fused_norm_swiglu" in path.reason and path.launches_per_token == 5 * 4 + 4
 
 
 def test_graphed_prefill_replays_the_eager_prefill():
@@ -146,7 +104,7 @@ def test_a_bundle_runs_its_shipped_fused_plugins_with_no_jit(tmp_path, precision
     plugin:v1, nothing JIT-compiled), their golden vectors pass on the GPU at open, and the greedy tokens equal
     the per-operator step's."""
     from edgekit.builder import BuildOptions, build_bundle
-    from edgekit.kernels.decode_paths import FUSED_STEP
+    from edgekit.graph.paths import fused_operators
     from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.cuda_graphs import GraphedDecodeStep
     from edgekit.runtime.fused_decode import select_decode_path
@@ -156,11 +114,11 @@ def test_a_bundle_runs_its_shipped_fused_plugins_with_no_jit(tmp_path, precision
     build_bundle(opts)
     b = open_bundle(opts.out, [], allow_dev_key=True, device="cuda")  # golden vectors run through the plugins
     dec = b.decoder()
-    assert all(dec.ops.sources()[op] == "plugin:v1" for op in FUSED_STEP.own_operators())
+    assert all(dec.ops.sources()[op] == "plugin:v1" for op in fused_operators())
     cache = dec.new_cache(1, b.shapes.max_seq_len)
     step_decoder, path = select_decode_path(dec, cache)
     assert path.name == "fused", path.reason
-    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in FUSED_STEP.own_operators()}
+    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in fused_operators()}
     prompt = torch.tensor([[5, 9, 200, 31]], device="cuda")
     lens = torch.tensor([4], device="cuda")
     per_op_cache = dec.new_cache(1, b.shapes.max_seq_len)

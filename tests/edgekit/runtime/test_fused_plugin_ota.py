@@ -10,7 +10,7 @@ import pytest
 from edgekit.builder.kernel_source import pack_from_kernel_source
 from edgekit.bundle.keys import development_key
 from edgekit.errors import OperatorError
-from edgekit.kernels.decode_paths import FUSED_STEP
+from edgekit.graph.paths import fused_operators
 from edgekit.kernels.registry import operator
 
 OP = "fused_proj_residual"
@@ -28,7 +28,7 @@ def _source(tmp_path: Path, old: str = "", new: str = "") -> Path:
 
 
 def test_the_tiny_bundle_ships_every_fused_operator(tiny_bundle):
-    for op in FUSED_STEP.own_operators():
+    for op in fused_operators():
         assert (tiny_bundle / "plugins" / op / "1" / "plugin.json").is_file(), op
 
 

@@ -43,12 +43,12 @@ def test_the_metric_flips_to_per_operator_when_a_subsumed_operator_is_swapped():
     from edgekit.kernels.dispatch import DispatchTable
     from edgekit.model.loader import load_model
     from edgekit.runtime.engine import Engine
-    from edgekit.runtime.fused_decode import STEP
+    from edgekit.graph.paths import fused_operators
     from edgekit.runtime.server import create_app
     from edgekit.shapes import StaticShapes
 
     table = DispatchTable()
-    for op in STEP.own_operators():  # filed as a bundle's plugins would be
+    for op in fused_operators():  # filed as a bundle's plugins would be
         table.set(op, table.get(op), source="plugin:v1")
     engine = Engine(load_model("preset:tiny", seed=5).decoder().with_ops(table), None,
                     StaticShapes(buckets=(16,), max_seq_len=32), fused_on_cpu=True)
@@ -73,11 +73,11 @@ def test_serve_takes_the_decode_path_it_is_asked_for():
     from edgekit.kernels.dispatch import DispatchTable
     from edgekit.model.loader import load_model
     from edgekit.runtime.engine import Engine
-    from edgekit.runtime.fused_decode import STEP
+    from edgekit.graph.paths import fused_operators
     from edgekit.shapes import StaticShapes
 
     table = DispatchTable()
-    for op in STEP.own_operators():
+    for op in fused_operators():
         table.set(op, table.get(op), source="plugin:v1")
     dec = load_model("preset:tiny", seed=5).decoder().with_ops(table)
     shapes = StaticShapes(buckets=(16,), max_seq_len=32)
@@ -87,7 +87,7 @@ def test_serve_takes_the_decode_path_it_is_asked_for():
         assert engine.submit([1, 2], 3, stop_ids=()).done.wait(30)
     finally:
         engine.close()
-    with pytest.raises(EdgekitError, match="persistent, fused, per-operator"):
+    with pytest.raises(EdgekitError, match="fused, per-operator"):
         Engine(dec, None, shapes, decode_path="giant")
 
 
@@ -97,19 +97,8 @@ def test_serve_refuses_an_unknown_decode_path_before_loading_anything(tmp_path):
 
     r = subprocess.run([sys.executable, "-m", "edgekit", "serve", str(tmp_path / "no-bundle"), "--allow-dev-key",
                         "--decode-path", "giant"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--decode-path" in r.stderr and "persistent, fused, per-operator" in r.stderr
+    assert r.returncode == 2 and "--decode-path" in r.stderr and "fused, per-operator" in r.stderr
     assert "no-bundle" not in r.stderr  # refused before the bundle was looked for
-
-
-def test_serve_takes_the_persistent_path_like_the_others(tmp_path):
-    """serve --decode-path persistent is accepted as run's is (the H200 defect that had it refused, issue 13, was a
-    graph outliving its decode step's barrier counter; fixed): it gets as far as the bundle check."""
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-m", "edgekit", "serve", str(tmp_path / "no-bundle"), "--allow-dev-key",
-                        "--decode-path", "persistent"], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "no-bundle" in r.stderr and "--decode-path" not in r.stderr
 
 
 def test_serve_waits_in_the_queue_as_long_as_the_engine_does_by_default():

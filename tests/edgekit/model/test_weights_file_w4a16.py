@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from edgekit.errors import QuantizationError
+from edgekit.errors import ModelLoadError
 from edgekit.kernels.int4_layout import quantize_int4_rtn
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
-from edgekit.quant.io import WEIGHTS_FILE, _metadata, load_quantized, serialize
-from edgekit.quant.layers import named_linears, with_layers
+from edgekit.model.weights_file import WEIGHTS_FILE, _metadata, load_weights_file, serialize
+from edgekit.model.layers import named_linears, with_layers
 
 
 def _int4(lw: LinearWeights, group: int, symmetric: bool, scale_dtype: torch.dtype) -> LinearWeights:
@@ -39,7 +39,7 @@ def int4_model():
 def test_w4a16_round_trip_is_bit_exact(int4_model, tmp_path):
     cfg, w = int4_model
     (tmp_path / WEIGHTS_FILE).write_bytes(serialize(cfg, w, None, torch.float32, {"mode": "w4a16"}))
-    back = load_quantized(tmp_path)
+    back = load_weights_file(tmp_path)
     for (name, a), b in zip(named_linears(w).items(), named_linears(back.weights).values()):
         assert a.op == b.op, name
         if a.op != "linear_w4a16":
@@ -74,19 +74,19 @@ def test_damaged_w4a16_entries_are_refused(int4_model, tmp_path):
         h["layers"]["blocks.0.wqkv"]["group"] = 48
 
     _rewrite(tmp_path, cfg, w, edit_header=bad_group)
-    with pytest.raises(QuantizationError, match="blocks.0.wqkv has group 48"):
-        load_quantized(tmp_path)
+    with pytest.raises(ModelLoadError, match="blocks.0.wqkv has group 48"):
+        load_weights_file(tmp_path)
 
     def nan_scale(t):
         t["blocks.0.wo.scale"][0, 0] = float("nan")
 
     _rewrite(tmp_path, cfg, w, edit_tensors=nan_scale)
-    with pytest.raises(QuantizationError, match="blocks.0.wo.scale.*non-finite entries"):
-        load_quantized(tmp_path)
+    with pytest.raises(ModelLoadError, match="blocks.0.wo.scale.*non-finite entries"):
+        load_weights_file(tmp_path)
 
     def signed_codes(t):
         t["blocks.0.w_down.qweight"] = t["blocks.0.w_down.qweight"].view(torch.int8)
 
     _rewrite(tmp_path, cfg, w, edit_tensors=signed_codes)
-    with pytest.raises(QuantizationError, match="blocks.0.w_down.qweight.*expected torch.uint8"):
-        load_quantized(tmp_path)
+    with pytest.raises(ModelLoadError, match="blocks.0.w_down.qweight.*expected torch.uint8"):
+        load_weights_file(tmp_path)

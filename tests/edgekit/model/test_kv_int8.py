@@ -9,7 +9,7 @@ from edgekit.errors import QuantizationError
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.quant.forward import all_logits
-from edgekit.quant.kv_int8 import Int8KVCache, KVScales, dequantize_kv, make_decoder, quantize_kv, scales_from_absmax
+from edgekit.model.kv_int8 import Int8KVCache, KVScales, dequantize_kv, make_decoder, quantize_kv, scales_from_absmax
 
 
 def test_scales_are_positive_and_finite_for_zero_and_huge_heads():

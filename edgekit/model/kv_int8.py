@@ -24,11 +24,10 @@ import torch
 
 from edgekit.errors import QuantizationError
 from edgekit.kernels.dispatch import DispatchTable
-from edgekit.kernels.linear import INT8_MAX
+from edgekit.kernels.linear import INT8_MAX, MIN_SCALE
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.model.kv_cache import StaticKVCache, new_split_arrivals
-from edgekit.quant.weights import MIN_SCALE
 
 
 def scales_from_absmax(absmax: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,181 @@
+"""Running a graph: each node's operator called through the dispatch table, in graph order.
+
+``run_graph`` walks the nodes once per forward. A registry operator node is
+called with the arguments its spec lists, each found by name among the node's
+inputs (values of the graph or the step's ``@state``), its weights (a path of the
+model, ``#field`` for one field of a projection record) and its projection record's
+fields (``weight``/``qweight``, ``scale``, ``offset``, ``bias``, ``smooth``), then
+its attributes; a glue node runs its implementation (``graph.glue``). The
+arguments a node takes are worked out once per graph (``_plan``), so a step costs
+dictionary lookups, not spec walks.
+
+The context carries everything a forward reads besides the graph: the table, the
+weights, the cache, the step's state, the RoPE tables, and two calibration hooks
+(a projection's input seen before it runs and its output rewritten after, and a
+``kv_transform`` applied to the keys and values attention reads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from edgekit.errors import OperatorError
+from edgekit.graph.glue import GLUE
+from edgekit.graph.node import PROJ, Graph, Node
+from edgekit.kernels.registry import operator
+
+# Projection record fields by the operator input names that take them
+_RECORD_FIELDS = {"weight": "weight", "qweight": "weight", "scale": "scale", "offset": "offset", "bias": "bias",
+                  "smooth": "smooth"}
+
+LinearHook = Callable[[Node, Any, torch.Tensor], None]  # (node, projection record, its input x)
+LinearOutputHook = Callable[[Node, Any, torch.Tensor], torch.Tensor]  # (node, record, y) -> y to use
+
+
+@dataclass
+class ExecContext:
+    phase: str
+    ops: Any  # DispatchTable (``get(name)``)
+    weights: Any  # ModelWeights (duck-typed: blocks[i].<role>, tok_embeddings, norm, lm_head)
+    tables: Callable[[str], tuple[torch.Tensor, torch.Tensor]]  # RoPE table name -> (cos, sin) (S, D/2)
+    cache: Any = None  # StaticKVCache (or a subclass); None: nothing is written (a calibration window)
+    state: dict[str, torch.Tensor] = field(default_factory=dict)  # "@tokens", "@positions", "@seq_lens"
+    blocks: Mapping[int, Any] | None = None  # block index -> weights standing in for the model's own
+    kv_transform: Callable | None = None  # (layer, k, v) -> (k, v), before attention reads them
+    on_linear_input: LinearHook | None = None
+    on_linear_output: LinearOutputHook | None = None
+    _kv_read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def weight(self, path: str):
+        """The tensor or record at ``path``: "blocks.3.wqkv", "norm", "blocks.3.wqkv#bias" (a record's field)."""
+        path, _, fld = path.partition("#")
+        if path.startswith("blocks."):
+            _, i, role = path.split(".", 2)
+            i = int(i)
+            block = self.blocks[i] if self.blocks is not None and i in self.blocks else self.weights.blocks[i]
+            obj = getattr(block, role)
+        else:
+            obj = getattr(self.weights, path)
+        return getattr(obj, fld) if fld else obj
+
+    def state_value(self, name: str, node: Node):
+        if name in self.state:
+            return self.state[name]
+        layer = node.layer
+        if name == "@k_cache":
+            return self.cache.k[layer]
+        if name == "@v_cache":
+            return self.cache.v[layer]
+        if name in ("@k_read", "@v_read"):  # the cache as attention reads it (dequantized once per layer and step)
+            if layer not in self._kv_read:
+                self._kv_read[layer] = self.cache.layer(layer)
+            return self._kv_read[layer][0 if name == "@k_read" else 1]
+        if name == "@split_arrivals":
+            return self.cache.split_arrivals[layer]
+        if name in ("@cos_table", "@sin_table"):
+            return self.tables(node.attrs["rope"])[0 if name == "@cos_table" else 1]
+        raise OperatorError(f"{node.name}: unknown step state {name!r}",
+                            hint="this is a bug in edgekit: the graph binds state the executor does not provide")
+
+
+@dataclass(frozen=True)
+class _Call:
+    node: Node
+    glue: bool
+    args: tuple[tuple[str, str], ...]  # (kind, key): kind "value" | "state" | "weight" | "field" | "none"
+    attrs: tuple
+    roles: tuple[str, ...]  # a glue node's input roles; an operator's outputs in spec order
+    projection: str | None  # weight path of the node's projection, for the hooks
+    is_linear: bool
+
+
+def _source(node: Node, name: str, optional: bool) -> tuple[str, str]:
+    if name in node.inputs:
+        v = node.inputs[name]
+        return ("state", v) if v.startswith("@") else ("value", v)
+    if name in node.weights:
+        return "weight", node.weights[name]
+    if PROJ in node.weights and name in _RECORD_FIELDS:
+        return "field", f"{node.weights[PROJ]}#{_RECORD_FIELDS[name]}"
+    if optional:
+        return "none", ""
+    raise OperatorError(f"{node.name}: {node.op} needs input {name!r}, which the node does not bind "
+                        f"(inputs {sorted(node.inputs)}, weights {sorted(node.weights)})",
+                        hint="this is a bug in the family's graph or a fusion's bindings")
+
+
+def _plan(graph: Graph) -> list[_Call]:
+    cached = graph.__dict__.get("_calls")  # worked out once per graph object
+    if cached is not None:
+        return cached
+    calls = []
+    for node in graph.nodes:
+        proj = node.weights.get(PROJ)
+        if node.op in GLUE:
+            args = tuple((("state", v) if v.startswith("@") else ("value", v)) for v in node.inputs.values())
+            calls.append(_Call(node, True, args, (), tuple(node.inputs), proj, False))
+            continue
+        op = operator(node.op)
+        spec = op.spec
+        args = tuple(_source(node, t.name, t.optional) for t in spec.inputs)
+        attrs = tuple(node.attrs.get(a) for a in spec.attributes)
+        calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj, op.scheme is not None))
+    object.__setattr__(graph, "_calls", calls)
+    return calls
+
+
+def run_graph(graph: Graph, ctx: ExecContext, env: dict[str, torch.Tensor] | None = None,
+              nodes: Iterable[int] | None = None) -> dict[str, torch.Tensor]:
+    """Run ``graph`` (or its nodes at the indices ``nodes``, in order) and return every value computed, by name.
+
+    ``env`` seeds values (a calibration pass starting at block i seeds that block's incoming stream)."""
+    env = {} if env is None else env
+    calls = _plan(graph)
+    for call in (calls if nodes is None else [calls[i] for i in nodes]):
+        node = call.node
+
+        def value(kind: str, key: str):
+            if kind == "value":
+                return env[key]
+            if kind == "state":
+                return ctx.state_value(key, node)
+            if kind in ("weight", "field"):
+                return ctx.weight(key)
+            return None
+
+        if call.glue:
+            ins = {role: value(kind, key) for role, (kind, key) in zip(call.roles, call.args)}
+            outs = GLUE[node.op].run(ctx, node, ins)
+        else:
+            args = [value(kind, key) for kind, key in call.args]
+            record = ctx.weight(call.projection) if call.projection and (ctx.on_linear_input or ctx.on_linear_output) \
+                else None
+            if record is not None and ctx.on_linear_input is not None:
+                ctx.on_linear_input(node, record, args[0])
+            result = ctx.ops.get(node.op)(*args, *call.attrs)
+            if not isinstance(result, tuple):
+                result = (result,)
+            outs = dict(zip(call.roles, result))
+            if call.is_linear and record is not None and ctx.on_linear_output is not None:
+                outs["y"] = ctx.on_linear_output(node, record, outs["y"])
+        for role, name in node.outputs.items():
+            env[name] = outs[role]
+    return env
+
+
+def block_nodes(graph: Graph, start: int, stop: int) -> list[int]:
+    """Indices of the nodes of blocks [start, stop), preceded by the nodes before the first block that do not make
+    the residual stream (the RoPE rows, sequence lengths): what running from block ``start`` on a given stream needs."""
+    first = next(i for i, n in enumerate(graph.nodes) if n.layer is not None)
+    stream = graph.streams[0][0]
+    prelude = [i for i in range(first) if stream not in graph.nodes[i].outputs.values()]
+    return prelude + [i for i, n in enumerate(graph.nodes) if n.layer is not None and start <= n.layer < stop]
+
+
+def head_nodes(graph: Graph) -> list[int]:
+    """Indices of the nodes after the last block (final norm, LM head)."""
+    last = max(i for i, n in enumerate(graph.nodes) if n.layer is not None)
+    return list(range(last + 1, len(graph.nodes)))

@@ -1,0 +1,120 @@
+"""Glue ops: the few steps between operators that are not swappable operators themselves.
+
+The embedding gather, the RoPE tables a step reads, residual adds, KV-cache
+writes and the reshapes between attention heads and rows. Each is declared once
+here with its torch implementation and the number of GPU kernels it launches per
+phase (the planner's count walks the graph: a view launches none); the ONNX
+export maps each to standard ONNX ops (``export/onnx_graph.py``).
+
+An implementation takes the executor's context, the node and its resolved inputs
+by role, and returns its outputs by role.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from edgekit.graph.node import DECODE, PREFILL, SEQUENCE
+
+Impl = Callable[[Any, Any, Mapping[str, Any]], dict]
+
+
+@dataclass(frozen=True)
+class GlueOp:
+    name: str
+    run: Impl
+    launches: Mapping[str, int]  # phase -> torch kernels launched on a GPU (0: a view)
+    side_effect: bool = False  # writes state (the KV cache): never removed as dead code
+    doc: str = ""
+
+
+def _embed(ctx, node, ins) -> dict:
+    """Rows of the token table: (B, T) -> (B, T, C), (B,) -> (B, C); a quantized tied head dequantizes its rows."""
+    table, tokens = ctx.weight(node.weights["table"]), ins["tokens"]
+    if isinstance(table, torch.Tensor):  # index_select: advanced indexing launches a slower general gather on a GPU
+        x = table.index_select(0, tokens.reshape(-1)).reshape(*tokens.shape, table.shape[-1])
+    else:
+        x = table[tokens]
+    scale = node.attrs.get("scale")
+    if scale is not None:  # rounded to the activation dtype first, as the reference implementations do
+        x = x * torch.tensor(scale, dtype=x.dtype, device=x.device)
+    return {"x": x}
+
+
+def _rope_tables(ctx, node, ins) -> dict:
+    """cos/sin for this step's positions: (B, T, D/2) for a prefill of T tokens, (B, 1, D/2) for a decode step."""
+    cos, sin = ctx.tables(node.attrs["rope"])  # (S, D/2), FP32 (FP64 in an FP64 run)
+    tokens = ins["tokens"]
+    if ctx.phase == DECODE:
+        pos = ins["positions"]
+        return {"cos": cos[pos][:, None], "sin": sin[pos][:, None]}
+    B, T = tokens.shape
+    return {"cos": cos[:T][None].expand(B, T, -1), "sin": sin[:T][None].expand(B, T, -1)}
+
+
+def _seq_lens(ctx, node, ins) -> dict:
+    """(B,) int32 attended lengths of a decode step, position + 1, in one kernel (the add writes int32)."""
+    positions = ins["positions"]
+    lens = torch.empty_like(positions, dtype=torch.int32)
+    torch.add(positions, 1, out=lens)
+    return {"seq_lens": lens}
+
+
+def _as_tokens(ctx, node, ins) -> dict:
+    return {"y": ins["x"][:, None]}  # (B, N) -> (B, 1, N): a decode step as a one-token sequence
+
+
+def _select_token(ctx, node, ins) -> dict:
+    return {"y": ins["x"][:, :, 0]}  # (B, H, 1, D) -> (B, H, D)
+
+
+def _kv_store(ctx, node, ins) -> dict:
+    """Write this layer's K and V into the cache; a prefill (and a calibration window) attends to what it returns."""
+    k, v, layer = ins["k"], ins["v"], node.layer
+    if ctx.kv_transform is not None:  # calibration: record, or the INT8 cache's round trip
+        k, v = ctx.kv_transform(layer, k, v)
+    if ctx.phase == DECODE:
+        ctx.cache.write_token(layer, k, v, ctx.state["@positions"])
+        return {}
+    if ctx.cache is not None:
+        ctx.cache.write_prefix(layer, k, v)
+    return {"k": k, "v": v}
+
+
+def _merge_heads(ctx, node, ins) -> dict:
+    o = ins["x"]
+    if o.dim() == 3:  # (B, Hq, D) -> (B, Hq D)
+        return {"y": o.reshape(o.shape[0], -1)}
+    B, H, T, D = o.shape  # (B, Hq, T, D) -> (B, T, Hq D)
+    return {"y": o.transpose(1, 2).reshape(B, T, H * D)}
+
+
+def _add(ctx, node, ins) -> dict:
+    return {"y": ins["a"] + ins["b"]}
+
+
+def _last_token(ctx, node, ins) -> dict:
+    x, lens = ins["x"], ins["seq_lens"]  # (B, T, C), (B,)
+    return {"y": x[torch.arange(x.shape[0], device=x.device), lens.to(x.device) - 1]}  # (B, C)
+
+
+GLUE: dict[str, GlueOp] = {g.name: g for g in (
+    GlueOp("embed", _embed, {PREFILL: 1, DECODE: 1, SEQUENCE: 1}, doc="token rows of the embedding table [x scale]"),
+    GlueOp("rope_tables", _rope_tables, {PREFILL: 0, DECODE: 2, SEQUENCE: 0},
+           doc="the RoPE cos/sin rows of the step's positions (a decode step gathers them)"),
+    GlueOp("seq_lens", _seq_lens, {DECODE: 1}, doc="position + 1 as int32"),
+    GlueOp("as_tokens", _as_tokens, {DECODE: 0}, doc="(B, N) as a one-token sequence (B, 1, N)"),
+    GlueOp("select_token", _select_token, {DECODE: 0}, doc="(B, H, 1, D) -> (B, H, D)"),
+    GlueOp("kv_store", _kv_store, {PREFILL: 2, DECODE: 3, SEQUENCE: 0}, side_effect=True,
+           doc="K and V into the layer's cache (prefill: a prefix copy each; decode: the rows, one index_put each)"),
+    GlueOp("merge_heads", _merge_heads, {PREFILL: 1, DECODE: 0, SEQUENCE: 1}, doc="heads back into rows"),
+    GlueOp("add", _add, {PREFILL: 1, DECODE: 1, SEQUENCE: 1}, doc="a residual add"),
+    GlueOp("last_token", _last_token, {PREFILL: 2}, doc="each sequence's hidden state at its last real token"),
+)}
+
+
+def is_glue(op: str) -> bool:
+    return op in GLUE

@@ -1,0 +1,85 @@
+"""Kernels one forward launches, counted by walking its graph: the planner's kernel counts and the runtime's report.
+
+The graph runs on shape-only "meta" tensors through a table whose every entry asks
+the operator's launch program which kernels the call launches (``kernels.launch_count``:
+the split-K GEMV's second launch, the decode reduce are decided as the device
+decides them for the given SM count) and returns the reference's meta outputs; a
+glue node counts the torch kernels ``graph.glue`` declares for the phase. Nothing
+is counted twice and nothing is listed by hand: the count is the graph's.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+from edgekit.graph.executor import ExecContext, run_graph
+from edgekit.graph.glue import GLUE
+from edgekit.graph.node import DECODE, Graph
+from edgekit.kernels.registry import operator
+
+# (op, the call's shape keywords: Operator.call_shape) -> {kernel: KernelVariant} the call runs
+Variants = Callable[[str, Mapping], Mapping]
+
+
+def default_call_variants(op: str, facts: Mapping) -> Mapping:
+    """The variants the JIT path picks for a call of this shape (``kernels.triton_backend``): FP16 activations."""
+    from edgekit.kernels.variants import default_variants
+
+    return default_variants(op, dtype="fp16", **facts)
+
+
+class _CountingTable:
+    """A dispatch table whose entries count the kernels each call launches, in call order."""
+
+    def __init__(self, variants: Variants, device: Mapping[str, int]):
+        self.variants, self.device = variants, device
+        self.calls: list[int] = []
+
+    def get(self, op: str):
+        def call(*args):
+            from edgekit.kernels.launch_count import launched_kernels
+
+            rec = operator(op)
+            if rec.kernels is None:  # no GPU kernels: its torch reference runs, counted as one launch (its matmul)
+                self.calls.append(1)
+            else:
+                tensors, attrs, _ = rec.kernels.prepare(*args)
+                variants = self.variants(op, rec.call_shape(tensors, attrs))
+                self.calls.append(len(launched_kernels(op, variants, args, self.device)))
+            return rec.reference(*args)
+
+        return call
+
+
+def count_launches(graph: Graph, weights, cache, *, batch: int, tokens: int, sm_count: int, max_shared_bytes: int,
+                   variants: Variants = default_call_variants) -> dict:
+    """Kernels of one pass of ``graph`` on ``weights`` and ``cache`` (meta tensors) at ``batch`` x ``tokens`` (1 for a
+    decode step): {"total", "per_layer" (block 0's), "outside_layers", "operators" (by registry op), "glue" (torch
+    kernels between them)}."""
+    table = _CountingTable(variants, {"sm_count": sm_count, "max_shared_bytes": max_shared_bytes})
+    rows, half = cache.k[0].shape[2], cache.k[0].shape[3] // 2
+
+    def tables(name: str):
+        return (torch.empty(rows, half, dtype=torch.float32, device="meta"),) * 2
+
+    if graph.phase == DECODE:
+        state = {"@tokens": torch.empty(batch, dtype=torch.long, device="meta"),
+                 "@positions": torch.empty(batch, dtype=torch.long, device="meta")}
+    else:
+        state = {"@tokens": torch.empty(batch, tokens, dtype=torch.long, device="meta"),
+                 "@seq_lens": torch.empty(batch, dtype=torch.int32, device="meta")}
+    run_graph(graph, ExecContext(graph.phase, table, weights, tables, cache, state))
+    per_node, calls = [], iter(table.calls)
+    for n in graph.nodes:
+        per_node.append(GLUE[n.op].launches.get(graph.phase, 0) if n.op in GLUE else next(calls))
+    by_op: dict[str, int] = {}
+    for n, k in zip(graph.nodes, per_node):
+        if n.op not in GLUE:
+            by_op[n.op] = by_op.get(n.op, 0) + k
+    return {"total": sum(per_node),
+            "per_layer": sum(k for n, k in zip(graph.nodes, per_node) if n.layer == 0),
+            "outside_layers": sum(k for n, k in zip(graph.nodes, per_node) if n.layer is None),
+            "operators": dict(sorted(by_op.items())),
+            "glue": sum(k for n, k in zip(graph.nodes, per_node) if n.op in GLUE)}
