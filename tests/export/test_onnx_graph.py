@@ -24,7 +24,7 @@ from edgekit.model.loader import load_model
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
 from edgekit.quant.int4_rounding import rtn_record
-from edgekit.quant.layers import named_linears, with_layers
+from edgekit.model.layers import named_linears, with_layers
 from edgekit.quant.weights import quantize_linear
 
 BUCKET = 16
