@@ -1,6 +1,6 @@
 """Package discovery that follows the package-dir mapping, so the package list cannot drift.
 
-Import names map onto top-level folders (DESIGN.md: ``edgekit.kernels`` lives in
+Import names map onto top-level folders (docs/architecture.md: ``edgekit.kernels`` lives in
 ``kernels/``, ...). Every sub-folder of a mapped folder is a package of the
 wheel (namespace discovery: data folders such as ``edgekit/quant/data`` too), so
 a new module or sub-package ships without editing a list. Everything else

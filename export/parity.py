@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from edgekit.errors import ExportError
-from edgekit.export.onnx_graph import EXPORT_DTYPES
+from edgekit.export.onnx_writer import EXPORT_DTYPES
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 

@@ -1,6 +1,6 @@
 """Launch rules as data: how an operator's kernels are launched, in JSON a plugin can carry.
 
-A plugin is never Python (DESIGN.md, decision 2), yet its kernels need a grid,
+A plugin is never Python (docs/architecture.md, decision 2), yet its kernels need a grid,
 an ordered argument list and work buffers computed from the tensors of each
 call. This module defines a tiny declarative language for that, a validator
 that rejects anything malformed before it is used, and an evaluator that never

@@ -77,6 +77,9 @@ class Row(_Doc):
     first_mismatch: Optional[int] = None
     tokens: list[int] = Field(default_factory=list)
     reference_tokens: list[int] = Field(default_factory=list)
+    reference_margins: list[float] = Field(default_factory=list)  # the reference's top-1 minus top-2 logit per step
+    margin_at_mismatch: Optional[float] = None  # at the first differing token
+    logit_scale_at_mismatch: Optional[float] = None  # the reference's largest |logit| there
     roofline: Optional[Roofline] = None
     profile: Optional[dict] = None  # edgekit rows: kernels per token, kernel vs wall time, top kernels
     baseline_detail: Optional[dict] = None  # llama.cpp rows: file, stdev, build, the command that ran
@@ -223,12 +226,25 @@ def evaluate_goals(rows: list[Row], shapes: dict[str, Optional[str]], goals=GOAL
     return out
 
 
+NEAR_TIE = 0.01  # a reference margin under 1% of its largest logit: FP16 rounding order can flip it
+
+
+def margin_verdict(margin: float | None, scale: float | None) -> str:
+    """How to read a token that differs: "near-tie" when the reference's own top two logits were within NEAR_TIE of
+    its largest logit, else "wide margin" (worth a look: rounding alone rarely flips it)."""
+    if margin is None or not scale:
+        return "margin unknown"
+    rel = margin / scale
+    return f"{'near-tie' if rel < NEAR_TIE else 'wide margin'}: the reference's top two logits {margin:.4g} apart ({rel:.2%} of its largest)"
+
+
 def mismatches(rows: list[Row]) -> list[str]:
-    """One line per row whose greedy tokens differ from the reference path's."""
+    """One line per row whose greedy tokens differ from the reference path's, with the reference's margin there."""
     out = []
     for r in rows:
         if r.tokens_match is False:
-            out.append(f"{r.model} {r.precision} {r.engine} ctx {r.context}: token {r.first_mismatch} differs "
+            out.append(f"{r.model} {r.precision} {r.engine} ctx {r.context}: token {r.first_mismatch} differs, "
+                       f"{margin_verdict(r.margin_at_mismatch, r.logit_scale_at_mismatch)} "
                        f"(got {r.tokens}, reference {r.reference_tokens})")
     return out
 

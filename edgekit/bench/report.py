@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from edgekit.bench.document import BenchDocument, Row
+from edgekit.bench.document import NEAR_TIE, BenchDocument, Row
 
 SHORT_ENGINE = {"edgekit": "edgekit", "edgekit-fused": "edgekit fused", "compile": "torch.compile", "hf-eager": "HF eager", "hf-compile": "HF static+compile",
                 "llama.cpp": "llama.cpp"}
@@ -20,7 +20,11 @@ def _tokens_cell(r: Row) -> str:
         return "-"
     if r.tokens_match:
         return f"[green]{r.tokens_checked}/{r.tokens_checked}[/]"
-    return f"[bold red]MISMATCH @{r.first_mismatch}[/]"
+    if r.margin_at_mismatch is not None and r.logit_scale_at_mismatch:
+        rel = r.margin_at_mismatch / r.logit_scale_at_mismatch
+        tie = "near-tie" if rel < NEAR_TIE else "WIDE"
+        return f"[bold red]differs @{r.first_mismatch}[/] ({tie}, margin {r.margin_at_mismatch:.3g})"
+    return f"[bold red]differs @{r.first_mismatch}[/]"
 
 
 def rows_table(doc: BenchDocument) -> Table:

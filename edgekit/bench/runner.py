@@ -229,26 +229,52 @@ def _prompt(cfg: ModelConfig, T: int, seed: int, device) -> torch.Tensor:
     return torch.randint(0, cfg.vocab_size, (1, T), generator=g).to(device)  # (1, T)
 
 
+@dataclass(frozen=True)
+class ReferenceRun:
+    """The reference path's greedy tokens, and at each step how far its best logit stood above the next one."""
+
+    tokens: list[int]
+    margins: list[float]  # top-1 minus top-2 logit, FP32
+    scales: list[float]  # the largest |logit| of the step (a margin's yardstick)
+
+
 @torch.no_grad()
-def reference_tokens(cfg: ModelConfig, weights: ModelWeights, prompt: torch.Tensor, k: int) -> list[int]:
+def reference_run(cfg: ModelConfig, weights: ModelWeights, prompt: torch.Tensor, k: int) -> ReferenceRun:
     """The first k greedy tokens of the eager torch reference path (prefill, then k - 1 decode steps)."""
     dec = Decoder(cfg, weights, DispatchTable())
     T = prompt.shape[1]
     cache = dec.new_cache(1, T + k)
-    tok = dec.prefill(prompt, torch.tensor([T], device=prompt.device), cache).argmax(-1)  # (1,)
-    out = [int(tok[0])]
+    tokens, margins, scales = [], [], []
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:  # (1, V)
+        top = logits[0].float().topk(2).values
+        tokens.append(int(logits[0].argmax()))
+        margins.append(float(top[0] - top[1]))
+        scales.append(float(logits[0].float().abs().max()))
+        return logits.argmax(-1)
+
+    tok = pick(dec.prefill(prompt, torch.tensor([T], device=prompt.device), cache))  # (1,)
     for i in range(k - 1):
-        tok = dec.decode(tok, torch.tensor([T + i], device=prompt.device), cache).argmax(-1)
-        out.append(int(tok[0]))
-    return out
+        tok = pick(dec.decode(tok, torch.tensor([T + i], device=prompt.device), cache))
+    return ReferenceRun(tokens, margins, scales)
 
 
-def _check_tokens(row: Row, got: list[int], ref: list[int]) -> None:
-    k = min(len(got), len(ref))
-    row.tokens, row.reference_tokens, row.tokens_checked = got[:k], ref[:k], k
-    diff = [i for i in range(k) if got[i] != ref[i]]
+def reference_tokens(cfg: ModelConfig, weights: ModelWeights, prompt: torch.Tensor, k: int) -> list[int]:
+    return reference_run(cfg, weights, prompt, k).tokens
+
+
+def _check_tokens(row: Row, got: list[int], ref: ReferenceRun) -> None:
+    """Tokens against the reference path's; at the first difference, the reference's own margin there (a near-tie
+    of two logits, which rounding order alone can flip, reads very differently from a wide margin)."""
+    k = min(len(got), len(ref.tokens))
+    row.tokens, row.reference_tokens, row.tokens_checked = got[:k], ref.tokens[:k], k
+    diff = [i for i in range(k) if got[i] != ref.tokens[i]]
     row.tokens_match = not diff
     row.first_mismatch = diff[0] if diff else None
+    row.reference_margins = [round(m, 6) for m in ref.margins[:k]]
+    if diff:
+        row.margin_at_mismatch = ref.margins[diff[0]]
+        row.logit_scale_at_mismatch = ref.scales[diff[0]]
 
 
 def _energy(row: Row, window, tokens: int, note: str) -> None:
@@ -474,7 +500,7 @@ class BenchRun:
                 weights = store.on_device(task.spec, task.precision)
             for k in keys:  # the reference path's tokens, computed before an engine holds memory
                 if k not in refs:
-                    refs[k] = reference_tokens(cfg, weights, _prompt(cfg, k[2], s.seed, device), s.check_tokens)
+                    refs[k] = reference_run(cfg, weights, _prompt(cfg, k[2], s.seed, device), s.check_tokens)
             if task.engine == "edgekit":
                 engine = RuntimeEngine(cfg, weights, s.max_seq_len, s.new_tokens)
             elif task.engine == "edgekit-fused":

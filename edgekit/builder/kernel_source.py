@@ -123,7 +123,7 @@ def pack_from_kernel_source(
     from edgekit.kernels.aot import KernelCompileError, SharedMemoryBudgetError, compile_kernel
     from edgekit.kernels.registry import operator
     from edgekit.kernels.variants import op_program
-    from edgekit.plan.planner import Plan
+    from edgekit.plan.document import Plan
     from edgekit.model.weights_file import read_config
 
     shipped_meta, _ = bundle_plugin_files(bundle, op)  # the bundle ships this op, and its files are intact
@@ -135,7 +135,7 @@ def pack_from_kernel_source(
     candidate = load_kernel_source(source, op)
     check_same_abi(candidate, operator(op).kernels, variants, source=source)
     by_name = {k.kernel: k for k in candidate.kernels}
-    budget = plan.target.get("smem_budget_bytes")
+    budget = plan.target.smem_budget_bytes
     try:
         compiled = {name: compile_kernel(by_name[name], v, shipped_meta.arch, budget_bytes=budget)
                     for name, v in variants.items()}

@@ -9,6 +9,8 @@ cache, so an unchanged rebuild is fast; the bundle itself is deterministic
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import tempfile
 import time
@@ -23,18 +25,20 @@ from edgekit.cache import BuildCache, cache_key, cache_limit_bytes, package_sour
 from edgekit.errors import BundleError
 
 PLUGIN_VERSION = 1
+DEFAULT_TARGET = "orin"
+DEFAULT_PRECISION = "int8"
 
 
 @dataclass
 class BuildOptions:
     model: str | None
-    target: str
     out: Path
+    target: str | None = None  # None: the plan's (with --plan), else "orin"
     key: Path | None = None
     dev_key: bool = False
-    precision: str = "int8"  # int8 (= W8A16) | w8a8 | int4 (= W4A16) | fp16
+    precision: str | None = None  # int8 (= W8A16, the default) | w8a8 | int4 (= W4A16) | fp16; None: the plan's
     context: int | None = None
-    batch: int = 1
+    batch: int | None = None  # None: 1, or the plan's
     buckets: tuple[int, ...] | None = None
     trace: Path | None = None
     allow_mixed: bool = False
@@ -47,6 +51,7 @@ class BuildOptions:
     targets_dir: Path | None = None
     cache_dir: Path | None = None
     use_cache: bool = True
+    plan: Path | None = None  # a plan written by `edgekit plan -o`: executed as written (shapes, target, precision, tiles)
 
 
 @dataclass
@@ -101,7 +106,7 @@ def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[di
     from edgekit.kernels.variants import op_kernels
 
     compiled = {}
-    for op in plan.operators():
+    for op in plan.operator_names():
         if op not in op_kernels():
             continue  # no Triton kernels for it (yet): no plugin; the runtime runs its torch reference
         chosen = [t for t in plan.tiles if t.op == op]
@@ -235,7 +240,8 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.bundle.writer import BundleWriter
     from edgekit.kernels.aot import compile_variant
     from edgekit.kernels.registry import operator
-    from edgekit.plan.planner import make_plan
+    from edgekit.builder.plan_contract import check_plan_inputs, check_plan_precision, options_from_plan, read_plan
+    from edgekit.plan.planner import check_memory, make_plan
     from edgekit.plan.precision import PrecisionPlan
     from edgekit.plan.targets import load_target
     from edgekit.kernels.weight_schemes import scheme_of_cli
@@ -243,8 +249,14 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     from edgekit.output_path import check_output_path
     from edgekit.quant.progress import SILENT
 
-    scheme = scheme_of_cli(opts.precision)  # refuses an unknown precision, naming the valid ones
     t_start = time.perf_counter()
+    given = read_plan(opts.plan) if opts.plan is not None else None  # a bad plan file fails before any work
+    if given is not None:
+        opts = options_from_plan(opts, given)
+    else:
+        opts = dataclasses.replace(opts, target=opts.target or DEFAULT_TARGET, precision=opts.precision or DEFAULT_PRECISION,
+                                   batch=opts.batch or 1)
+    scheme = scheme_of_cli(opts.precision)  # refuses an unknown precision, naming the valid ones
     key = _signing_key(opts)  # fail before any work
     out = Path(opts.out)
     if out.exists() and not opts.force:
@@ -269,8 +281,10 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     def target_that_fits():
         # the memory check needs no compile and no quantization: a model that cannot fit fails in milliseconds
         target = load_target(opts.target, opts.targets_dir)
-        make_plan(cfg, target, model_info=model_info, context=opts.context, batch=opts.batch, precision=opts.precision,
-                  trace=opts.trace, buckets=opts.buckets, solve_tiles=False)
+        if given is not None:
+            check_plan_inputs(given, cfg, loaded.source.to_dict(), target)
+        else:
+            check_memory(cfg, target, opts.precision, context=opts.context, batch=opts.batch, buckets=opts.buckets)
         return target
 
     target = st.run("target", target_that_fits)
@@ -282,13 +296,13 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     else:
         weights = _checked_weights(loaded, opts.model, steps).weights.to(dtype=torch.float16)
 
-    precision = PrecisionPlan.from_weights(weights, quant_report=quant_report)
+    decided = PrecisionPlan.from_weights(weights)  # a build's KV cache is FP16 (the fused operators write it)
 
     def plan_compiling():
         from edgekit.kernels.variants import op_kernels
         from edgekit.plan.tiles import needed_ops
 
-        kernel_ops = [op for op in needed_ops(cfg, precision) if op in op_kernels()]
+        kernel_ops = [op for op in needed_ops(cfg, decided) if op in op_kernels()]
         seen: list[str] = []
         with steps.task(f"compile the kernels of {len(kernel_ops)} operators for sm_{arch}", len(kernel_ops)) as advance:
             def compile_cached(v):
@@ -298,12 +312,16 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
                     seen.append(v.op)
                 return compile_variant(v, arch, budget_bytes=budget, store=cache)
 
-            # The plan is made once every layer's precision is decided, and the rest of the build executes it verbatim.
             return make_plan(cfg, target, model_info=model_info, context=opts.context, batch=opts.batch,
-                             precision=precision, trace=opts.trace, buckets=opts.buckets, compile_fn=compile_cached)
+                             precision=decided, trace=opts.trace, buckets=opts.buckets, compile_fn=compile_cached)
 
-    plan = st.run("plan", plan_compiling)
-    ops = sorted(plan.operators())
+    # The plan is made once every layer's precision is decided (or read from --plan, and held to the precision the
+    # quantizer decided), and the rest of the build executes it verbatim.
+    if given is not None:
+        plan = st.run("plan", check_plan_precision, given, decided)
+    else:
+        plan = st.run("plan", plan_compiling)
+    ops = sorted(plan.operator_names())
     compiled = st.run("compile", compile_plan, plan, arch, budget, cache)
     shapes = plan.static_shapes
 
@@ -443,8 +461,8 @@ def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_rep
         "model": {"name": cfg.name, "parameters": cfg.n_params},
         "operators": ops,
         "precision": manifest.precision,
-        "buckets": list(plan.shapes["buckets"]),
-        "context": plan.shapes["context"],
+        "buckets": list(plan.shapes.buckets),
+        "context": plan.shapes.context,
         "memory": plan.memory.to_dict(),
         "predictions": plan.roofline,
         "quantization": None if quant_report is None else {

@@ -1,6 +1,6 @@
 """Operator plugins: the metadata schema, and the signed single-file package for over-the-air swaps.
 
-A plugin is data, never Python (DESIGN.md decision 2): compiled kernels (cubin
+A plugin is data, never Python (docs/architecture.md, decision 2): compiled kernels (cubin
 for the exact arch, PTX for newer GPUs), declarative metadata, golden vectors.
 The same files sit in a bundle under ``plugins/<op>/<version>/`` and in a
 package. ``plugin.json`` (format_version 1)::

@@ -46,20 +46,22 @@ def keys_generate(
 
 # ---------------------------------------------------------------------------- build
 
-def stage_labels(precision: str) -> dict[str, str]:
-    """What each build stage does, as the progress display names it (the quantize stage names its precision)."""
+def stage_labels(precision: str | None) -> dict[str, str]:
+    """What each build stage does, as the progress display names it (the quantize stage names its precision; a
+    --plan build learns it from the plan)."""
     return {
         "load": "load the model", "target": "read the target profile",
         "plan": "plan (tiles compiled for the target)",
-        "quantize": f"quantize to {precision.upper()} (accuracy gate)", "compile": "cross-compile every operator",
+        "quantize": f"quantize to {precision.upper()} (accuracy gate)" if precision else "quantize (accuracy gate)",
+        "compile": "cross-compile every operator",
         "golden": "golden vectors (FP64 reference)", "write": "write weights, tokenizer, plugins", "onnx": "export ONNX",
         "sign": "manifest + ed25519 signature", "archive": "single-file archive",
     }
 
 
-def default_bundle_dir(model: str | None, target: str, precision: str) -> Path:
+def default_bundle_dir(model: str | None, target: str, precision: str | None) -> Path:
     """bundles/<model>-<target>-<precision>: the model's own name (a file's stem, a folder's or preset's name), never
-    its path with the slashes replaced."""
+    its path with the slashes replaced (without a precision, which a --plan build reads from the plan, no suffix)."""
     if model is None or model in ("", "default"):
         name = "smollm2-135m-instruct"
     elif model.startswith("preset:"):
@@ -68,7 +70,7 @@ def default_bundle_dir(model: str | None, target: str, precision: str) -> Path:
         path = Path(model.rstrip("/\\"))
         name = path.stem if path.suffix.lower() == ".gguf" else path.name
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in name.lower()).strip("-.") or "model"
-    return Path("bundles") / f"{name}-{target}-{precision}"
+    return Path("bundles") / ("-".join(filter(None, (name, target, precision))))
 
 
 BUILD_PRECISIONS = ("int8", "w8a8", "fp16", "int4")
@@ -77,16 +79,17 @@ BUILD_PRECISIONS = ("int8", "w8a8", "fp16", "int4")
 @app.command()
 def build(
     model: Optional[str] = typer.Argument(None, help="A .gguf file, a Hugging Face directory, preset:NAME, or omitted for the default model."),
-    target: str = typer.Option(..., "--target", "-t", help="Target profile (see `edgekit targets`), e.g. orin."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target profile (see `edgekit targets`), e.g. orin. Required unless --plan gives it."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Bundle directory to write (default: bundles/<model>-<target>-<precision>)."),
     key: Optional[Path] = typer.Option(None, "--key", help="Ed25519 private key to sign with (make one: `edgekit keys generate DIR`)."),
     dev_key: bool = typer.Option(False, "--dev-key", help="Sign with the public development key (local testing only; recorded in the manifest, refused by devices by default)."),
-    precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help=precision_help(BUILD_PRECISIONS)),
+    precision: Optional[str] = typer.Option(None, "--precision", help=precision_help(BUILD_PRECISIONS)),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the accuracy gate fails, keep the most sensitive layers in FP16 instead of stopping."),
     quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too, behind the same accuracy gate (when tied, the one quantized matrix is the embedding too: no FP16 copy is kept)."),
     head_precision: Optional[str] = typer.Option(None, "--head-precision", help="With --quantize-head: int8 or int4 for the LM head (default: --precision's, and a GGUF Q8_0 table is kept bit for bit as grouped INT8); an int4 model may keep an int8 head; int8 re-quantizes a Q8_0 table per row, the form the fused decode head takes."),
     context: Optional[int] = typer.Option(None, "--context", help="KV cache length in tokens (default: the planner's)."),
-    batch: int = typer.Option(1, "--batch", min=1, help="Static batch size."),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="The most sequences the device decodes together (default 1; serve runs batch buckets 1, 2, 4, ... up to it)."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Execute this plan (`edgekit plan -o FILE`) as written: its target, precision, shapes and tiles; refused, saying why, if it was made for another model or target."),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated prompt buckets, e.g. 64,256,1024."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="JSONL trace of request lengths to choose buckets from."),
     archive: bool = typer.Option(False, "--archive", help="Also write the bundle as a single .tar file."),
@@ -105,7 +108,10 @@ def build(
     from edgekit.cli_common import err_console
     from edgekit.quant.progress import Steps, make_progress
 
-    precision = cli_precision(precision, BUILD_PRECISIONS)
+    if plan_file is None and target is None:
+        raise typer.BadParameter("a target is required (or --plan FILE, which names one)", param_hint="--target")
+    if precision is not None or plan_file is None:
+        precision = cli_precision(precision or DEFAULT_PRECISION, BUILD_PRECISIONS)
     if key is None and not dev_key:
         raise BundleError("no signing key: a bundle must be signed", hint=_missing_key_hint())
     bucket_list = None
@@ -115,10 +121,11 @@ def build(
         except ValueError as e:
             raise BundleError(f"--buckets {buckets!r}: expected comma-separated integers, e.g. 64,256,1024") from e
     if out is None:
-        out = default_bundle_dir(model, target, precision)
+        out = default_bundle_dir(model, target or "plan", precision)
     opts = BuildOptions(model=model, target=target, out=out, key=key, dev_key=dev_key, precision=precision, context=context, quantize_head=quantize_head or head_precision is not None,
-                        head_scheme=head_scheme(head_precision, precision),
-                        batch=batch, buckets=bucket_list, trace=trace, allow_mixed=allow_mixed, archive=archive,
+                        head_scheme=head_scheme(head_precision, precision or DEFAULT_PRECISION),
+                        batch=batch, plan=plan_file,
+                        buckets=bucket_list, trace=trace, allow_mixed=allow_mixed, archive=archive,
                         tensorrt_onnx=tensorrt_onnx, onnx=not no_onnx, force=force, targets_dir=targets_dir, use_cache=not no_cache)
     labels = stage_labels(precision)
     with make_progress(err_console) as progress:
@@ -160,7 +167,7 @@ def _print_build_summary(s: dict) -> None:
         t.add_row(o["op"], o["kernel"], tile, f"{o['num_warps']}/{o['num_stages']}", str(o["shared_bytes"]),
                   str(o["budget_bytes"]), str(o["registers"] if o["registers"] is not None else "-"))
     console.print(t)
-    console.print(f"precision: " + "; ".join(f"{k}: {v}" for k, v in s["precision"].items()))
+    console.print("precision: " + "; ".join(f"{k}: {v}" for k, v in s["precision"].items()))
     console.print(f"buckets: {s['buckets']} (KV cache {s['context']} tokens)")
     mem = s["memory"]
     console.print(
@@ -286,7 +293,7 @@ def _print_report(report, show_all: bool) -> None:
         console.print(f"[bold red]REFUSED[/]: {n_fail} check(s) failed")
     else:
         warns = sum(c.status == "warn" for c in report.checks)
-        console.print(f"[green]OK[/]: bundle verified" + (f" ({warns} warning(s))" if warns else ""))
+        console.print("[green]OK[/]: bundle verified" + (f" ({warns} warning(s))" if warns else ""))
 
 
 # ---------------------------------------------------------------------------- run

@@ -123,7 +123,7 @@ def plan(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
     target: str = typer.Option("orin", "--target", "-t", help="Target name (see `edgekit targets`) or a target YAML file."),
     context: Optional[int] = typer.Option(None, "--context", min=16, help="KV cache length in tokens (prompt + answer). Default: 2048, or less if the model has fewer positions."),
-    batch: int = typer.Option(1, "--batch", min=1, help="Sequences decoded together (a static shape)."),
+    batch: int = typer.Option(1, "--batch", min=1, help="The most sequences the device decodes together (a static shape: the KV cache, memory, tiles and predictions are sized for it; serve runs batch buckets 1, 2, 4, ... up to it)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help='JSONL of real requests, one {"prompt_tokens": N, "completion_tokens": M} per line: buckets are chosen to minimise padding on it.'),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Prompt buckets to use, e.g. 64,128,512 (overrides the choice; a --trace still reports coverage and waste)."),
     max_buckets: int = typer.Option(6, "--max-buckets", min=1, max=32, help="At most this many buckets when choosing from a trace."),
@@ -132,7 +132,7 @@ def plan(
     power_mode: Optional[str] = typer.Option(None, "--power-mode", help="Power mode to headline (all modes are predicted)."),
     targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help=TARGETS_DIR_HELP),
     no_tiles: bool = typer.Option(False, "--no-tiles", help="Skip the tile solver (no compiles; no shared-memory figures)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the plan as JSON to this file."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the plan as JSON to this file: `edgekit build --plan FILE` executes it."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON instead of tables."),
 ) -> None:
     """Plan a model for a target: tiles that fit shared memory (compiled for the target's arch), precision,
@@ -146,6 +146,9 @@ def plan(
     from edgekit.output_path import check_output_path
 
     precision = cli_precision(precision, PLAN_PRECISIONS)
+    if output is not None and no_tiles:
+        raise typer.BadParameter("a written plan is what `edgekit build --plan` executes, and it needs the tiles; "
+                                 "drop --no-tiles", param_hint="--output")
     if output is not None:
         check_output_path(output, "-o", kind="file")
     tg = load_target(target, targets_dir)
@@ -195,9 +198,7 @@ def _lossless_int4_plan(m, kv_precision: str):
     if layout is None:
         return None
     pp = PrecisionPlan.uniform(m.config, "w4a16", kv_precision)
-    pp.int4_group, pp.int4_group_bytes = layout
-    pp.notes.append(f"--precision int4: every block projection is stored {next(iter(types))} in the file and taken in "
-                    f"bit for bit as W4A16 group {layout[0]} ({layout[1]} bytes of scale/offset per group)")
+    pp.int4_group, pp.int4_group_bytes = layout  # the file's 4-bit blocks are taken in bit for bit
     return pp
 
 

@@ -28,11 +28,25 @@ from edgekit.graph.node import PROJ, Graph, Node
 from edgekit.kernels.registry import operator
 
 # Projection record fields by the operator input names that take them
-_RECORD_FIELDS = {"weight": "weight", "qweight": "weight", "scale": "scale", "offset": "offset", "bias": "bias",
+RECORD_FIELDS = {"weight": "weight", "qweight": "weight", "scale": "scale", "offset": "offset", "bias": "bias",
                   "smooth": "smooth"}
 
 LinearHook = Callable[[Node, Any, torch.Tensor], None]  # (node, projection record, its input x)
 LinearOutputHook = Callable[[Node, Any, torch.Tensor], torch.Tensor]  # (node, record, y) -> y to use
+
+
+def weight_at(weights, path: str, blocks: Mapping[int, Any] | None = None):
+    """The tensor or record at ``path`` of ``weights``: "blocks.3.wqkv", "norm", "blocks.3.wqkv#bias" (a record's
+    field); ``blocks`` (index -> block weights) stand in for some of the model's."""
+    path, _, fld = path.partition("#")
+    if path.startswith("blocks."):
+        _, i, role = path.split(".", 2)
+        i = int(i)
+        block = blocks[i] if blocks is not None and i in blocks else weights.blocks[i]
+        obj = getattr(block, role)
+    else:
+        obj = getattr(weights, path)
+    return getattr(obj, fld) if fld else obj
 
 
 @dataclass
@@ -50,16 +64,7 @@ class ExecContext:
     _kv_read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def weight(self, path: str):
-        """The tensor or record at ``path``: "blocks.3.wqkv", "norm", "blocks.3.wqkv#bias" (a record's field)."""
-        path, _, fld = path.partition("#")
-        if path.startswith("blocks."):
-            _, i, role = path.split(".", 2)
-            i = int(i)
-            block = self.blocks[i] if self.blocks is not None and i in self.blocks else self.weights.blocks[i]
-            obj = getattr(block, role)
-        else:
-            obj = getattr(self.weights, path)
-        return getattr(obj, fld) if fld else obj
+        return weight_at(self.weights, path, self.blocks)
 
     def state_value(self, name: str, node: Node):
         if name in self.state:
@@ -92,14 +97,16 @@ class _Call:
     is_linear: bool
 
 
-def _source(node: Node, name: str, optional: bool) -> tuple[str, str]:
+def input_source(node: Node, name: str, optional: bool) -> tuple[str, str]:
+    """Where operator input ``name`` of ``node`` comes from: ("value" | "state", value name), ("weight", weight path)
+    or ("field", "<projection path>#<record field>"); ("none", "") for an optional input the node does not bind."""
     if name in node.inputs:
         v = node.inputs[name]
         return ("state", v) if v.startswith("@") else ("value", v)
     if name in node.weights:
         return "weight", node.weights[name]
-    if PROJ in node.weights and name in _RECORD_FIELDS:
-        return "field", f"{node.weights[PROJ]}#{_RECORD_FIELDS[name]}"
+    if PROJ in node.weights and name in RECORD_FIELDS:
+        return "field", f"{node.weights[PROJ]}#{RECORD_FIELDS[name]}"
     if optional:
         return "none", ""
     raise OperatorError(f"{node.name}: {node.op} needs input {name!r}, which the node does not bind "
@@ -120,7 +127,7 @@ def _plan(graph: Graph) -> list[_Call]:
             continue
         op = operator(node.op)
         spec = op.spec
-        args = tuple(_source(node, t.name, t.optional) for t in spec.inputs)
+        args = tuple(input_source(node, t.name, t.optional) for t in spec.inputs)
         attrs = tuple(node.attrs.get(a) for a in spec.attributes)
         calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj, op.scheme is not None))
     object.__setattr__(graph, "_calls", calls)

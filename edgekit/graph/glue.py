@@ -4,7 +4,7 @@ The embedding gather, the RoPE tables a step reads, residual adds, KV-cache
 writes and the reshapes between attention heads and rows. Each is declared once
 here with its torch implementation and the number of GPU kernels it launches per
 phase (the planner's count walks the graph: a view launches none); the ONNX
-export maps each to standard ONNX ops (``export/onnx_graph.py``).
+export maps each to standard ONNX ops (``export/onnx_glue.py``: one emitter per glue op).
 
 An implementation takes the executor's context, the node and its resolved inputs
 by role, and returns its outputs by role.

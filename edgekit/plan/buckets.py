@@ -180,12 +180,12 @@ def uniform_buckets(trace: Trace, context: int, max_buckets: int = DEFAULT_MAX_B
     return tuple(sorted(set(int(s) for s in steps)))
 
 
-def parse_bucket_list(text: str) -> tuple[int, ...]:
-    """'64,128,512' -> (64, 128, 512), with a clear error for anything else."""
+def parse_bucket_list(text: str, flag: str = "--buckets", example: str = "64,128,512") -> tuple[int, ...]:
+    """'64,128,512' -> (64, 128, 512), with a clear error (naming ``flag``) for anything else."""
     try:
         vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError as e:
-        raise ConfigError(f"--buckets {text!r}: expected comma-separated token counts, e.g. 64,128,512") from e
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated counts, e.g. {example}") from e
     if not vals or any(v <= 0 for v in vals) or list(vals) != sorted(set(vals)):
-        raise ConfigError(f"--buckets {text!r}: expected strictly increasing positive token counts, e.g. 64,128,512")
+        raise ConfigError(f"{flag} {text!r}: expected strictly increasing positive counts, e.g. {example}")
     return vals

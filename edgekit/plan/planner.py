@@ -15,7 +15,6 @@ manifest; ``Plan.from_dict`` reads it back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +24,11 @@ from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM
 from edgekit.kernels.attention import decode_splits as attention_decode_splits
 from edgekit.model.config import ModelConfig
 from edgekit.plan import buckets as bk
+from edgekit.plan.document import (
+    BucketChoice, Budgets, DecodePlan, OperatorPlan, Plan, PlannedModel, PlannedShapes, PlannedTarget,
+    RooflineAssumptions, Versions,
+)
+from edgekit.plan.document import DecodePath as DecodePathPlan
 from edgekit.plan.memory import MemoryPlan, fit_options, misfit_error, plan_memory
 from edgekit.plan.precision import KV_PRECISIONS, PrecisionPlan, scheme_for_cli
 from edgekit.plan.roofline import roofline_assumptions, roofline_table
@@ -34,9 +38,6 @@ from edgekit.graph.paths import FUSED, PER_OPERATOR, fused_blocker, fused_step_o
 from edgekit.plan.launches import count_pass
 from edgekit.plan.tiles import ShapeFacts, TileChoice, kernel_shapes, needed_ops, solve_all
 from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
-
-PLAN_FORMAT = "edgekit-plan"
-PLAN_FORMAT_VERSION = 1
 
 DEFAULT_DECODE_BLOCK_N = 32  # the smallest decode BLOCK_N: the most splits, before the solver has chosen
 DEFAULT_DECODE_MAX_SPLITS = 128  # the largest workspace any decode variant allocates
@@ -50,71 +51,7 @@ def decode_splits(
     return attention_decode_splits(target.gpu.sms, batch, n_kv_heads, context, block_n, max_splits, programs_per_sm)
 
 
-@dataclass
-class Plan:
-    model: dict  # name, config, source
-    target: dict  # the target's summary
-    power_mode: str
-    shapes: dict  # buckets, context (KV cache length), batch
-    buckets: dict  # how the buckets were chosen and how they serve a trace
-    precision: PrecisionPlan
-    decode: dict  # split-K factor and the rule that chose it
-    memory: MemoryPlan
-    tiles: list[TileChoice]  # one per kernel the build compiles, in the order it compiles them
-    roofline: list[dict]  # per power mode, all predicted
-    roofline_assumptions: dict
-    versions: dict
-    notes: list[str] = field(default_factory=list)
-
-    def operators(self) -> list[str]:
-        """The operators this plan runs on every path (decided by its precision, read from the model's graph)."""
-        return needed_ops(ModelConfig.from_dict(self.model["config"]), self.precision)
-
-    def variants(self, op: str) -> dict:
-        """kernel -> KernelVariant the plan chose for ``op``: exactly what the build compiles."""
-        return {t.kernel: t.variant for t in self.tiles if t.op == op}
-
-    @property
-    def static_shapes(self) -> StaticShapes:
-        return StaticShapes(tuple(self.shapes["buckets"]), self.shapes["context"], self.shapes["batch"])
-
-    def to_dict(self) -> dict:
-        return {
-            "format": PLAN_FORMAT,
-            "format_version": PLAN_FORMAT_VERSION,
-            "model": self.model,
-            "target": self.target,
-            "power_mode": self.power_mode,
-            "shapes": self.shapes,
-            "buckets": self.buckets,
-            "precision": self.precision.to_dict(),
-            "operators": operator_rows(ModelConfig.from_dict(self.model["config"]), self.precision),
-            "decode": self.decode,
-            "memory": self.memory.to_dict(),
-            "tiles": [t.to_dict() for t in self.tiles],
-            "roofline": self.roofline,
-            "roofline_assumptions": self.roofline_assumptions,
-            "versions": self.versions,
-            "notes": self.notes,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
-        if d.get("format") != PLAN_FORMAT or d.get("format_version") != PLAN_FORMAT_VERSION:
-            raise PlanError(
-                f"not a plan this edgekit reads: format {d.get('format')!r} version {d.get('format_version')!r}, "
-                f"expected {PLAN_FORMAT!r} version {PLAN_FORMAT_VERSION}",
-                hint="re-plan with this edgekit version",
-            )
-        return cls(
-            model=d["model"], target=d["target"], power_mode=d["power_mode"], shapes=d["shapes"], buckets=d["buckets"],
-            precision=PrecisionPlan.from_dict(d["precision"]), decode=d["decode"], memory=MemoryPlan.from_dict(d["memory"]),
-            tiles=[TileChoice.from_dict(t) for t in d["tiles"]], roofline=d["roofline"], roofline_assumptions=d["roofline_assumptions"],
-            versions=d["versions"], notes=list(d.get("notes", [])),
-        )
-
-
-def operator_rows(cfg: ModelConfig, pp: PrecisionPlan) -> list[dict]:
+def operator_rows(cfg: ModelConfig, pp: PrecisionPlan) -> tuple[OperatorPlan, ...]:
     """plan.json's "operators": every operator the bundle runs (``needed_ops``), each with its precision and the paths
     that call it ("prefill", "decode" (per operator), "fused")."""
     from edgekit.kernels.registry import operator
@@ -124,8 +61,12 @@ def operator_rows(cfg: ModelConfig, pp: PrecisionPlan) -> list[dict]:
     if fused_blocker(cfg, schemes, pp.kv_cache) is None:
         graphs["fused"] = path_graph(cfg, schemes, DECODE, FUSED)
     calls = {name: set(registry_ops(g)) for name, g in graphs.items()}
-    return [dict(operator(op).precision.to_dict(), paths=[p for p, ops in calls.items() if op in ops])
-            for op in needed_ops(cfg, pp)]
+    rows = []
+    for op in needed_ops(cfg, pp):
+        p = operator(op).precision
+        rows.append(OperatorPlan(op, tuple(name for name, ops in calls.items() if op in ops), p.weights, p.activations,
+                                 p.accumulate, p.output))
+    return tuple(rows)
 
 
 def _planned_variants(tiles: list[TileChoice], cfg: ModelConfig, target: Target, pp: PrecisionPlan, *, batch: int,
@@ -144,14 +85,50 @@ def _planned_variants(tiles: list[TileChoice], cfg: ModelConfig, target: Target,
     return variants
 
 
-def _versions() -> dict:
+def _versions() -> Versions:
     try:
         import triton
 
         tv = triton.__version__
     except Exception:  # triton is optional on hosts that only read plans
         tv = None
-    return {"edgekit": __version__, "triton": tv}
+    return Versions(__version__, tv)
+
+
+def batch_buckets_for(batch: int) -> tuple[int, ...]:
+    """The decode batch sizes a bundle planned for ``batch`` sequences serves: powers of two below it, and it (the KV
+    cache, the tiles and the memory plan are sized for ``batch``)."""
+    return tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
+
+
+def check_memory(cfg: ModelConfig, target: Target, precision: str | PrecisionPlan, *, context: int | None, batch: int,
+                 kv_precision: str = "fp16", buckets: tuple[int, ...] | None = None) -> MemoryPlan:
+    """The memory plan alone (no compile, no roofline): PlanError with what would fit when the model does not."""
+    context = _checked_context(cfg, context)
+    pp = precision if isinstance(precision, PrecisionPlan) else PrecisionPlan.uniform(cfg, scheme_for_cli(precision), kv_precision)
+    rows = batch
+    max_bucket = max(buckets) if buckets else StaticShapes.for_context(context, batch).buckets[-1]
+    mem = plan_memory(cfg, target, pp, context=context, batch=rows, max_bucket=max_bucket,
+                      decode_slots=DEFAULT_DECODE_MAX_SPLITS)
+    if not mem.fits:
+        used = [s for s in pp.schemes_used() if s != "fp16"]
+        opts = fit_options(cfg, target, scheme=used[0] if used else "fp16", kv_precision=pp.kv_cache, context=context,
+                           batch=rows, max_bucket=max_bucket, decode_slots=DEFAULT_DECODE_MAX_SPLITS)
+        raise misfit_error(cfg, target, mem, opts)
+    return mem
+
+
+def _checked_context(cfg: ModelConfig, context: int | None) -> int:
+    if context is None:
+        context = min(DEFAULT_MAX_SEQ_LEN, cfg.max_position_len)
+    if context < 16:
+        raise PlanError(f"context must be >= 16 tokens, got {context}")
+    if context > cfg.max_position_len:
+        raise PlanError(
+            f"context {context} exceeds what {cfg.name} was trained for ({cfg.max_position_len} positions)",
+            hint=f"use --context {cfg.max_position_len} or less",
+        )
+    return context
 
 
 def _choose_shapes(
@@ -198,20 +175,14 @@ def make_plan(
     """Plan ``cfg`` for ``target``. Raises PlanError when it cannot fit (with what would).
 
     ``precision`` is a --precision value (every projection in that scheme: a plan made before quantization)
-    or the PrecisionPlan quantization decided, per layer (what the build plans with). ``compile_fn(variant)``
-    overrides how the tile solver compiles (the build passes one that uses its cache).
+    or the PrecisionPlan quantization decided, per layer (what the build plans with). ``batch`` is the most sequences
+    the device decodes together: the KV cache, the memory plan, the tiles and the predictions are sized for it, and
+    the device serves the batch buckets below it (``batch_buckets_for``). ``compile_fn(variant)`` overrides how the
+    tile solver compiles (the build passes one that uses its cache).
     """
     if batch < 1:
         raise PlanError(f"batch must be >= 1, got {batch}")
-    if context is None:
-        context = min(DEFAULT_MAX_SEQ_LEN, cfg.max_position_len)
-    if context < 16:
-        raise PlanError(f"context must be >= 16 tokens, got {context}")
-    if context > cfg.max_position_len:
-        raise PlanError(
-            f"context {context} exceeds what {cfg.name} was trained for ({cfg.max_position_len} positions)",
-            hint=f"use --context {cfg.max_position_len} or less",
-        )
+    context = _checked_context(cfg, context)
     if kv_precision not in KV_PRECISIONS:
         raise PlanError(f"unknown KV cache precision {kv_precision!r}; expected one of: {', '.join(KV_PRECISIONS)}")
     mode = target.power_mode(power_mode)
@@ -225,21 +196,19 @@ def make_plan(
     else:
         scheme = scheme_for_cli(precision)
         pp = PrecisionPlan.uniform(cfg, scheme, kv_precision)
-        if scheme != "fp16":
-            pp.notes.append(
-                f"--precision {precision}: every block projection uses {scheme}; quantization may keep sensitive layers in fp16"
-            )
 
     chosen, bucket_info = _choose_shapes(cfg, context, batch, trace, buckets, max_buckets)
     shapes = StaticShapes(chosen, context, batch)  # validates the combination
 
     # Memory first (no compile needed): the workspace is sized for the largest decode variant.
+    rows = batch
+
     def memory(max_splits: int) -> MemoryPlan:
-        return plan_memory(cfg, target, pp, context=context, batch=batch, max_bucket=chosen[-1], decode_slots=max_splits)
+        return plan_memory(cfg, target, pp, context=context, batch=rows, max_bucket=chosen[-1], decode_slots=max_splits)
 
     mem = memory(DEFAULT_DECODE_MAX_SPLITS)
     if not mem.fits:
-        opts = fit_options(cfg, target, scheme=scheme, kv_precision=kv_precision, context=context, batch=batch,
+        opts = fit_options(cfg, target, scheme=scheme, kv_precision=kv_precision, context=context, batch=rows,
                            max_bucket=chosen[-1], decode_slots=DEFAULT_DECODE_MAX_SPLITS)
         raise misfit_error(cfg, target, mem, opts)
 
@@ -280,47 +249,44 @@ def make_plan(
     roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1],
                           kernel_counts=kernel_counts)
     counted = decode_kernels(mode.active_sms)
-    decode_path = {
-        "path": counted["path"],
-        "reason": ("the weights take the fused operators: decode runs the fused path's super-operators "
-                   "(the per-operator plugins are the fallback after a swap)") if not no_fused else
-                  f"decode runs per operator: {no_fused}",
-        "operators": registry_ops(path_graph(cfg, schemes, DECODE, decode_path_name)),
-        "fused_operators": fused_step_operators(cfg, schemes) if not no_fused else [],
-        "kernels_per_token": counted["total"],
-        "kernels_per_layer": counted.get("per_layer"),
-        "kernels_outside_layers": counted.get("outside_layers"),
-        "kernels_by_operator": counted["operators"],
-        "glue_kernels": counted["glue"],
-        "power_mode": mode.name,
-        "label": "predicted: counted from the operators' launch programs at the planned shapes, not profiled",
-    }
+    decode_path = DecodePathPlan(
+        path=counted["path"],
+        reason=("the weights take the fused operators: decode runs the fused path's super-operators "
+                "(the per-operator plugins are the fallback after a swap)") if not no_fused else
+               f"decode runs per operator: {no_fused}",
+        operators=tuple(registry_ops(path_graph(cfg, schemes, DECODE, decode_path_name))),
+        fused_operators=tuple(fused_step_operators(cfg, schemes)) if not no_fused else (),
+        kernels_per_token=counted["total"], kernels_per_layer=counted.get("per_layer"),
+        kernels_outside_layers=counted.get("outside_layers"), kernels_by_operator=counted["operators"],
+        glue_kernels=counted["glue"], power_mode=mode.name,
+        label="predicted: counted from the operators' launch programs at the planned shapes, not profiled",
+    )
     for row in roof:
         row["decode_kernels_from"] = f"{counted['path']} decode step"
+    w = target.watchdog
     return Plan(
-        model={"name": cfg.name, **(model_info or {}), "config": cfg.to_dict()},
-        target=target.summary(),
+        model=PlannedModel(cfg.name, cfg.to_dict(), (model_info or {}).get("source")),
+        target=PlannedTarget.of(target),
         power_mode=mode.name,
-        shapes={"buckets": list(shapes.buckets), "context": context, "batch": batch},
-        buckets=bucket_info,
+        shapes=PlannedShapes(tuple(shapes.buckets), context, batch, batch_buckets_for(batch)),
+        buckets=BucketChoice(**bucket_info),
+        budgets=Budgets(w.jitter_budget_ms, w.power_band_w, w.temperature_warn_c, w.temperature_limit_c),
         precision=pp,
-        decode={
-            "splits": splits,
-            "block_n": block_n,
-            "max_splits": max_splits,
-            "programs_per_sm": DECODE_PROGRAMS_PER_SM,
-            "rule": f"min(ceil(SMs {target.gpu.sms} x {DECODE_PROGRAMS_PER_SM} / (batch {batch} x KV heads {cfg.n_kv_heads})), "
-                    f"ceil(context {context} / BLOCK_N {block_n}), MAX_SPLITS {max_splits})",
-            "grid": f"(splits, batch x KV heads) = ({splits}, {batch * cfg.n_kv_heads}): "
-                    f"{splits * batch * cfg.n_kv_heads} programs for {target.gpu.sms} SMs",
-            "note": "the kernels' launch rule recomputes this on the device from the SM count it reports "
-                    "(a power mode that gates SMs may report fewer)",
-            "path": decode_path,
-        },
+        operators=operator_rows(cfg, pp),
+        decode=DecodePlan(
+            splits=splits, block_n=block_n, max_splits=max_splits, programs_per_sm=DECODE_PROGRAMS_PER_SM,
+            rule=f"min(ceil(SMs {target.gpu.sms} x {DECODE_PROGRAMS_PER_SM} / (batch {batch} x KV heads {cfg.n_kv_heads})), "
+                 f"ceil(context {context} / BLOCK_N {block_n}), MAX_SPLITS {max_splits})",
+            grid=f"(splits, batch x KV heads) = ({splits}, {batch * cfg.n_kv_heads}): "
+                 f"{splits * batch * cfg.n_kv_heads} programs for {target.gpu.sms} SMs",
+            note="the kernels' launch rule recomputes this on the device from the SM count it reports "
+                 "(a power mode that gates SMs may report fewer)",
+            path=decode_path,
+        ),
         memory=mem,
-        tiles=tiles,
-        roofline=roof,
-        roofline_assumptions=roofline_assumptions(target),
+        tiles=tuple(tiles),
+        roofline=tuple(roof),
+        roofline_assumptions=RooflineAssumptions(**roofline_assumptions(target)),
         versions=_versions(),
-        notes=notes,
+        notes=tuple(notes),
     )

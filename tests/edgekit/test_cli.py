@@ -209,7 +209,7 @@ def test_build_for_an_unknown_target_fails_before_loading_the_model(tmp_path):
     (("monitor", "--samples", "1", "--log", "{blocked}"), "--log"),
     (("publish", "--repo", "{blocked}"), "--repo"),
     (("quantize", "preset:tiny", "-o", "{blocked}"), "-o"),
-    (("plan", "preset:tiny", "--target", "orin", "--no-tiles", "-o", "{blocked}"), "-o"),
+    (("plan", "preset:tiny", "--target", "orin", "-o", "{blocked}"), "-o"),
 ])
 def test_an_output_path_under_a_file_is_one_line_exit_2(tmp_path, args, flag):
     blocker = tmp_path / "a-file"

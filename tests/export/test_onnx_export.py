@@ -183,14 +183,14 @@ def test_int4_record_with_unpacked_weights_is_refused(tiny, tmp_path):
     w = tiny.weights
     blocks = list(w.blocks)
     blocks[0] = replace(blocks[0], wo=LinearWeights("linear_w4a16", blocks[0].wo.weight))  # float weight, no scale
-    with pytest.raises(OperatorError, match="blocks.0.wo: linear_w4a16 needs packed uint8 weights"):
+    with pytest.raises(OperatorError, match="blocks.0.wo: linear_w4a16 takes qweight as uint8, got float32"):
         export_onnx(tiny.config, ModelWeights(w.tok_embeddings, blocks, w.norm, w.lm_head), BUCKET, tmp_path / "m.onnx")
 
 
-def test_int8_record_without_scale_is_refused(tiny, tmp_path):
+def test_int8_record_holding_float_weights_is_refused(tiny, tmp_path):
     blocks = list(tiny.weights.blocks)
     blocks[0] = replace(blocks[0], wo=LinearWeights("linear_w8a16", blocks[0].wo.weight))  # float weight, no scale
-    with pytest.raises(OperatorError, match="blocks.0.wo: linear_w8a16 needs an int8 weight"):
+    with pytest.raises(OperatorError, match="blocks.0.wo: linear_w8a16 takes qweight as int8, got float32"):
         export_onnx(tiny.config, replace(tiny.weights, blocks=blocks), BUCKET, tmp_path / "m.onnx")
 
 

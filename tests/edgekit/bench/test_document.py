@@ -56,10 +56,23 @@ def test_shape_of_ignores_names_and_token_ids_but_not_dimensions():
     assert shape_of(dataclasses.replace(renamed, n_layers=29)) is None
 
 
-def test_mismatch_is_reported_with_both_token_lists():
-    r = _row("edgekit", "int8", 128, 1.0, tokens=[1, 2, 3], reference_tokens=[1, 2, 4], tokens_match=False, first_mismatch=2)
+def test_mismatch_is_reported_with_both_token_lists_and_the_references_margin():
+    r = _row("edgekit", "int8", 128, 1.0, tokens=[1, 2, 3], reference_tokens=[1, 2, 4], tokens_match=False, first_mismatch=2,
+             margin_at_mismatch=0.004, logit_scale_at_mismatch=8.0)
     (line,) = mismatches([r, _row("compile", "int8", 128, 1.0, tokens_match=True)])
     assert "token 2 differs" in line and "[1, 2, 3]" in line and "[1, 2, 4]" in line
+    assert "near-tie" in line and "0.004 apart (0.05% of its largest)" in line
+    wide = r.model_copy(update={"margin_at_mismatch": 2.0})
+    assert "wide margin" in mismatches([wide])[0]
+
+
+def test_check_tokens_records_the_references_margin_where_the_tokens_part():
+    from edgekit.bench.runner import ReferenceRun, _check_tokens
+
+    r = _row("edgekit", "int8", 128, 1.0)
+    _check_tokens(r, [5, 6, 9, 9], ReferenceRun([5, 6, 7, 8], [1.0, 0.5, 0.01, 2.0], [9.0, 9.0, 8.0, 9.0]))
+    assert (r.tokens_match, r.first_mismatch, r.margin_at_mismatch, r.logit_scale_at_mismatch) == (False, 2, 0.01, 8.0)
+    assert r.reference_margins == [1.0, 0.5, 0.01, 2.0]
 
 
 def test_document_round_trips_through_json_and_rejects_unknown_keys():

@@ -64,3 +64,100 @@ def test_w8a8_build_plans_w8a8_with_the_per_layer_precisions_that_ran(w8a8_build
     assert plan["precision"]["lm_head"] == operator(weights.lm_head.op).scheme
     assert {t["op"] for t in plan["tiles"]} == set(result.manifest.precision)
     assert result.manifest.precision["linear_w8a8"] == "w8a8"
+
+
+# -- a written plan is what the build executes ------------------------------------------------------------------
+
+TINY = dict(model="preset:tiny", dev_key=True, context=128, buckets=(16, 64), onnx=False)
+
+
+def _plan_file(tmp_path, *args: str):
+    """`edgekit plan preset:tiny ... -o plan.json`, as a user runs it."""
+    from typer.testing import CliRunner
+
+    from edgekit.cli import _register_commands, app
+
+    _register_commands()
+    path = tmp_path / "plan.json"
+    res = CliRunner().invoke(app, ["plan", "preset:tiny", "--target", "orin", "--context", "128", "--buckets", "16,64",
+                                   *args, "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    return path
+
+
+def _files(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
+def test_plan_json_operators_are_the_bundles_plugins(tmp_path, precision):
+    from edgekit.kernels.variants import op_kernels
+
+    result = build_bundle(BuildOptions(target="orin", out=tmp_path / "b", precision=precision, cache_dir=tmp_path / "c",
+                                       **TINY))
+    plan = json.loads((result.out / "plan.json").read_text())
+    with_kernels = {o["op"] for o in plan["operators"] if o["op"] in op_kernels()}
+    assert with_kernels == {p.op for p in result.manifest.plugins}
+    assert {t["op"] for t in plan["tiles"]} == with_kernels  # every shipped operator has the plan's tiles
+    paths = {o["op"]: o["paths"] for o in plan["operators"]}
+    assert paths["attention_prefill"] == ["prefill"] and paths["fused_norm_swiglu"] == ["fused"]
+    assert plan["shapes"]["batch_buckets"] == [1] and plan["budgets"]["jitter_budget_ms"] > 0
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_written_plan_builds_the_same_bundle_as_build(tmp_path, precision):
+    path = _plan_file(tmp_path, "--precision", precision)
+    cache = tmp_path / "cache"
+    direct = build_bundle(BuildOptions(target="orin", out=tmp_path / "direct", precision=precision, cache_dir=cache, **TINY))
+    planned = build_bundle(BuildOptions(out=tmp_path / "planned", plan=path, cache_dir=cache,
+                                        **{k: v for k, v in TINY.items() if k not in ("context", "buckets")}))
+    a, b = _files(direct.out), _files(planned.out)
+    assert sorted(a) == sorted(b)
+    differ = [name for name in a if a[name] != b[name]]
+    assert differ == [], differ  # ed25519 signatures are deterministic: the bundles are byte for byte the same
+    assert json.loads(a["plan.json"]) == json.loads(path.read_text())
+
+
+def test_a_plan_for_another_model_or_precision_is_refused_saying_why(tmp_path):
+    from edgekit.errors import PlanError
+
+    path = _plan_file(tmp_path, "--precision", "int8")
+    opts = dict(dev_key=True, onnx=False, cache_dir=tmp_path / "c", plan=path)
+    with pytest.raises(PlanError, match="another model"):
+        build_bundle(BuildOptions(model="preset:smollm2-135m", out=tmp_path / "x", **opts))
+    with pytest.raises(PlanError, match="--precision fp16 disagrees with the plan's int8"):
+        build_bundle(BuildOptions(model="preset:tiny", out=tmp_path / "y", precision="fp16", **opts))
+    with pytest.raises(PlanError, match="--context 256 disagrees"):
+        build_bundle(BuildOptions(model="preset:tiny", out=tmp_path / "z", context=256, **opts))
+    doc = json.loads(path.read_text())
+    doc["shapes"]["context"] = "long"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=r"plan field shapes\.context"):
+        build_bundle(BuildOptions(model="preset:tiny", out=tmp_path / "w", **opts))
+    assert not any((tmp_path / n).exists() for n in "xyzw")  # refused before anything was written
+
+
+def test_a_plan_the_quantizer_did_not_reach_is_refused(tmp_path):
+    """The accuracy gate decides per layer; a plan that says otherwise is not executed."""
+    from edgekit.builder.plan_contract import check_plan_precision
+    from edgekit.errors import PlanError
+    from edgekit.plan.document import Plan
+
+    plan = Plan.from_dict(json.loads(_plan_file(tmp_path, "--precision", "int8").read_text()))
+    decided = plan.precision.from_dict(plan.precision.to_dict())
+    decided.set(1, "w_down", "fp16")  # what --allow-mixed does to a sensitive layer
+    with pytest.raises(PlanError, match="layer 1 w_down is w8a16; quantization made it fp16"):
+        check_plan_precision(plan, decided)
+    assert check_plan_precision(plan, plan.precision) is plan
+
+
+def test_the_plan_document_reads_back_equal_and_refuses_a_stranger(tmp_path):
+    from edgekit.errors import PlanError
+    from edgekit.plan.document import Plan
+
+    doc = json.loads(_plan_file(tmp_path).read_text())
+    assert Plan.from_dict(doc).to_dict() == doc
+    with pytest.raises(PlanError, match="version 1"):
+        Plan.from_dict({**doc, "format_version": 1})
+    with pytest.raises(PlanError, match="has no budgets"):
+        Plan.from_dict({k: v for k, v in doc.items() if k != "budgets"})

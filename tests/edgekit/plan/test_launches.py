@@ -24,7 +24,7 @@ def _plan(precision: str, model: str = "smollm2-135m"):
 def test_a_plan_whose_weights_take_the_fused_operators_ships_and_counts_them(precision):
     plan = _plan(precision)
     cfg = preset_config("smollm2-135m")
-    assert set(fused_operators()) <= set(plan.operators())
+    assert set(fused_operators()) <= set(plan.operator_names())
     path = plan.to_dict()["decode"]["path"]
     assert path["path"] == "fused" and set(path["fused_operators"]) == set(fused_operators())
     # per layer: qkv, attention split + (combine inside) o-proj, gate/up, down; outside: embedding gather, lengths,
@@ -41,7 +41,7 @@ def test_a_w8a8_plan_fuses_only_the_head_and_counts_the_rest_per_operator():
     plan = _plan("w8a8")
     path = plan.to_dict()["decode"]["path"]
     assert path["path"] == "fused" and path["fused_operators"] == ["fused_head_argmax"]
-    assert "linear_w8a8" in path["operators"] and "fused_norm_qkv_rope" not in plan.operators()
+    assert "linear_w8a8" in path["operators"] and "fused_norm_qkv_rope" not in plan.operator_names()
     assert all(row["decode_full"]["n_kernels"] == path["kernels_per_token"] for row in plan.roofline)
 
 
