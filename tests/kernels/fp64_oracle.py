@@ -28,6 +28,13 @@ def swiglu(gu):
     return g / (1.0 + np.exp(-g)) * u
 
 
+def geglu(gu):
+    gu = f64(gu)
+    f = gu.shape[-1] // 2
+    g, u = gu[..., :f], gu[..., f:]
+    return 0.5 * g * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3))) * u
+
+
 def linear(x, w, b=None):
     y = f64(x) @ f64(w).T
     return y if b is None else y + f64(b)
@@ -74,7 +81,7 @@ def _softmax_rows(scores):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention_prefill(q, k, v, seq_lens, scale=None):
+def attention_prefill(q, k, v, seq_lens, scale=None, window=0):
     q, k, v = f64(q), f64(k), f64(v)
     B, Hq, T, D = q.shape
     G = Hq // k.shape[1]
@@ -83,10 +90,14 @@ def attention_prefill(q, k, v, seq_lens, scale=None):
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     for b in range(B):
         hidden = (j > i) | (j >= int(seq_lens[b]))  # (T, T): future keys and padding keys
+        if window:
+            hidden |= i - j >= window  # keys before the query's sliding window
         for h in range(Hq):
             s = q[b, h] @ k[b, h // G].T * scale  # (T, T)
             s[hidden] = -np.inf
-            out[b, h] = _softmax_rows(s) @ v[b, h // G]
+            for t in range(T):  # a row that sees no key (padding past its window) is zero by the rule
+                if not np.isinf(s[t]).all():
+                    out[b, h, t] = _softmax_rows(s[t:t + 1]) @ v[b, h // G]
     return out
 
 
@@ -118,6 +129,18 @@ def rope(qkv, cos, sin, n_heads, n_kv_heads):
         heads[:, h, :, :half] = x1 * c - x2 * s
         heads[:, h, :, half:] = x2 * c + x1 * s
     return heads[:, :n_heads], heads[:, n_heads:n_heads + n_kv_heads], heads[:, n_heads + n_kv_heads:]
+
+
+def qk_norm_rope(qkv, q_norm, k_norm, cos, sin, n_heads, n_kv_heads, eps):
+    """RMSNorm of every Q head by q_norm and K head by k_norm (over head_dim), then rope."""
+    x = f64(qkv).copy()
+    B, T, W = x.shape
+    H = n_heads + 2 * n_kv_heads
+    D = W // H
+    heads = x.reshape(B, T, H, D)
+    for h in range(n_heads + n_kv_heads):
+        heads[:, :, h] = rmsnorm(heads[:, :, h], q_norm if h < n_heads else k_norm, eps)
+    return rope(heads.reshape(B, T, W), cos, sin, n_heads, n_kv_heads)
 
 
 def qkv_rope(x, w, b, cos, sin, n_heads, n_kv_heads):
