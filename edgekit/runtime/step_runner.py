@@ -32,7 +32,7 @@ import torch
 
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
-from edgekit.model.kv_cache import StaticKVCache
+from edgekit.model.kv_cache import StaticKVCache, ring_prefix
 from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, DecodePath, select_decode_path
 from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
 from edgekit.runtime.op_usage import OpUsage, changed_operators
@@ -59,7 +59,8 @@ class RowPrefillCache:
         self.cache, self.slot = cache, slot  # slot: (1,) long on the cache's device
         self.batch, self.max_seq_len = 1, cache.max_seq_len
 
-    def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None) -> None:
+        k, v = ring_prefix(k, v, self.cache.k[layer].shape[2], seq_lens)  # a sliding-window layer keeps its window
         T = k.shape[2]
         self.cache.k[layer][self.slot, :, :T] = k  # (1, Hkv, T, D) into row `slot`
         self.cache.v[layer][self.slot, :, :T] = v
