@@ -6,6 +6,8 @@
 - W8A16 GEMV (decode, M=1) vs fp16 F.linear (cuBLAS) and vs the naive path (dequantise in PyTorch, then F.linear)
 - W8A16 GEMM (prefill) vs fp16 F.linear
 - achieved GB/s vs a device-to-device copy measured in the same run
+- Qwen3 / Gemma 3 operators: qk_norm_rope and geglu vs their eager torch composition (GB/s), and Gemma 3's
+  sliding-window prefill (window 512, head_dim 256) vs SDPA with the window as a mask and vs full causal attention
 
 Every time is CUDA-graph replay (the host's ~20 us eager launch cost would hide the kernels), per call,
 with many calls per graph. Memory-bound working sets cycle through enough weight / KV copies to exceed
@@ -191,6 +193,61 @@ def bench_prefill(lengths, sweep: bool, log) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- Qwen3 / Gemma 3 operators
+def _eager_qk_norm_rope(qkv, qn, kn, cos, sin, hq, hkv, eps):
+    from edgekit.kernels.qk_norm_rope import qk_norm_rope_reference
+
+    return qk_norm_rope_reference(qkv, qn, kn, cos, sin, hq, hkv, eps)
+
+
+def bench_family(copy_gbps: float, l2: int, log) -> list[dict]:
+    """qk_norm_rope and geglu (memory-bound: GB/s of what they read and write) against the eager torch composition
+    of their references; the sliding-window prefill against SDPA given the window as a boolean mask."""
+    from edgekit.kernels.geglu import geglu_reference
+    from edgekit.kernels.rope import rope_frequencies
+
+    rows = []
+    for name, hq, hkv, d, t in (("qwen3-0.6b", 16, 8, 128, 512), ("gemma-3-1b", 4, 1, 256, 512)):
+        width = (hq + 2 * hkv) * d
+        n = max(1, math.ceil(L2_MULTIPLE * l2 / (t * width * 2 * 2)))  # copies cycled past the L2
+        qkvs = [torch.randn(1, t, width, device="cuda", dtype=H) for _ in range(n)]
+        qn, kn = torch.ones(d, device="cuda", dtype=H), torch.ones(d, device="cuda", dtype=H)
+        cos, sin = (x[None].cuda() for x in rope_frequencies(d, t, 1e6))
+        op = TritonOp("qk_norm_rope")
+        moved = 2 * t * width * 2  # read qkv, write q, k, v
+        t_e = graph_time_us([lambda x=x: op(x, qn, kn, cos, sin, hq, hkv, 1e-6) for x in qkvs])
+        t_t = graph_time_us([lambda x=x: _eager_qk_norm_rope(x, qn, kn, cos, sin, hq, hkv, 1e-6) for x in qkvs])
+        rows.append({"op": "qk_norm_rope", "shape": f"{name} T={t}", "edgekit_us": t_e, "torch_eager_us": t_t,
+                     "edgekit_gbps": moved / t_e / 1e3, "copy_fraction": moved / t_e / 1e3 / copy_gbps})
+        log(f"qk_norm_rope {name} T={t}: {t_e:.1f} us ({moved / t_e / 1e3:.0f} GB/s), eager torch {t_t:.1f} us")
+    for name, rows_, f in (("gemma-3-1b decode", 1, 6912), ("gemma-3-1b prefill", 512, 6912)):
+        n = max(1, math.ceil(L2_MULTIPLE * l2 / (rows_ * 3 * f * 2)))
+        gus = [torch.randn(rows_, 2 * f, device="cuda", dtype=H) for _ in range(n)]
+        op = TritonOp("geglu")
+        moved = rows_ * 3 * f * 2
+        t_e = graph_time_us([lambda g=g: op(g) for g in gus])
+        t_t = graph_time_us([lambda g=g: geglu_reference(g) for g in gus])
+        rows.append({"op": "geglu", "shape": name, "edgekit_us": t_e, "torch_eager_us": t_t,
+                     "edgekit_gbps": moved / t_e / 1e3, "copy_fraction": moved / t_e / 1e3 / copy_gbps})
+        log(f"geglu {name}: {t_e:.1f} us ({moved / t_e / 1e3:.0f} GB/s), eager torch {t_t:.1f} us")
+    for T in (1024, 4096):
+        hq, hkv, d, window = 4, 1, 256, 512
+        q, k, v = (torch.randn(1, h, T, d, device="cuda", dtype=H) for h in (hq, hkv, hkv))
+        sl = torch.tensor([T], device="cuda", dtype=torch.int32)
+        pos = torch.arange(T, device="cuda")
+        mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)  # (T, T)
+        ke, ve = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+        op = TritonOp("attention_prefill")
+        t_w = graph_time_us([lambda: op(q, k, v, sl, None, window)], min_calls=8)
+        t_full = graph_time_us([lambda: op(q, k, v, sl, None, 0)], min_calls=8)
+        t_sdpa = graph_time_us([lambda: F.scaled_dot_product_attention(q, ke, ve, attn_mask=mask)], min_calls=8)
+        rows.append({"op": "attention_prefill window=512", "shape": f"gemma-3-1b T={T}", "edgekit_us": t_w,
+                     "edgekit_full_causal_us": t_full, "sdpa_masked_us": t_sdpa})
+        log(f"attention_prefill gemma-3-1b T={T} window {window}: {t_w:.1f} us (full causal {t_full:.1f} us, "
+            f"SDPA with the window as a mask {t_sdpa:.1f} us)")
+    return rows
+
+
 # --------------------------------------------------------------------------- attention decode
 DECODE_MODELS = [("llama-3.1-8b", 32, 8, 128), ("llama-3.2-1b", 32, 8, 64), ("qwen2.5-1.5b", 12, 2, 128)]
 
@@ -371,7 +428,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer lengths and contexts")
     ap.add_argument("--sweep", choices=["all", "gemv", "none"], default="all",
                     help="which sections also time a small tile sweep (default: all)")
-    ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm"], action="append")
+    ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm", "family"], action="append")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU (measured numbers only; run it on the GPU machine)", file=sys.stderr)
@@ -385,7 +442,7 @@ def main() -> int:
     l2 = int(getattr(props, "L2_cache_size", 60 << 20) or (60 << 20))
     sweep = args.sweep == "all"
     gemv_sweep = args.sweep in ("all", "gemv")
-    only = set(args.only or ["prefill", "decode", "gemv", "gemm"])
+    only = set(args.only or ["prefill", "decode", "gemv", "gemm", "family"])
     out = {"device": props.name, "sm_count": props.multi_processor_count, "l2_bytes": l2,
            "torch": torch.__version__, "triton": __import__("triton").__version__,
            "method": "CUDA graph replay, median of 5 trials; memory-bound working sets >= 4x L2; measured on GPU"}
@@ -406,7 +463,8 @@ def main() -> int:
     gemv_sweep_log: list = []
     out["gemv_sweep"] = gemv_sweep_log
     runners = {"gemv": lambda: bench_gemv(copy, l2, gemv_sweep, log, gemv_sweep_log), "decode": lambda: bench_decode(contexts, copy, l2, sweep, log),
-               "prefill": lambda: bench_prefill(lengths, sweep, log), "gemm": lambda: bench_gemm(log)}
+               "prefill": lambda: bench_prefill(lengths, sweep, log), "gemm": lambda: bench_gemm(log),
+               "family": lambda: bench_family(copy, l2, log)}
     for name, run in runners.items():
         if name in only:
             sections[name] = run()
