@@ -178,11 +178,12 @@ def tiny():
     return load_model("preset:tiny")
 
 
-def write_family_gguf(path, model) -> None:
+def write_family_gguf(path, model, projections: str | None = None) -> None:
     """A Qwen3 or Gemma 3 transformers model as llama.cpp's convert_hf_to_gguf.py writes it (F32): the family's
     architecture keys and tensor names (gguf-py's own tables), Q/K rows as stored (only llama is permuted), and for
     Gemma every norm weight written as 1 + w (Gemma3Model.norm_shift) with no local RoPE base, window pattern or
-    query scale key (llama.cpp fixes them: 10000, one global layer in 6, 1/sqrt(head_dim))."""
+    query scale key (llama.cpp fixes them: 10000, one global layer in 6, 1/sqrt(head_dim)). ``projections``: a GGML
+    type (e.g. "Q4_0") the block projections are quantized to by gguf-py, as llama-quantize would store them."""
     import gguf
 
     cfg = model.config
@@ -238,8 +239,12 @@ def write_family_gguf(path, model) -> None:
                 writer.add_tensor(names[T.OUTPUT] + ".weight", w)
         else:
             _, _, i, rest = name.split(".", 3)  # model.layers.{i}.<module>.weight
-            writer.add_tensor(names[block[rest.removesuffix(".weight")]].format(bid=i) + ".weight",
-                              np.ascontiguousarray(w))
+            gguf_name = names[block[rest.removesuffix(".weight")]].format(bid=i) + ".weight"
+            if projections and not name.endswith("norm.weight"):
+                q = gguf.GGMLQuantizationType[projections]
+                writer.add_tensor(gguf_name, gguf.quants.quantize(np.ascontiguousarray(w), q), raw_dtype=q)
+            else:
+                writer.add_tensor(gguf_name, np.ascontiguousarray(w))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
