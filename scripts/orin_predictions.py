@@ -35,7 +35,8 @@ def rows(presets: list[str], targets: list[str], precision: str) -> list[dict]:
             r = fastest_mode_row(plan["roofline"])
             anchor = next(iter(anchors_for(cfg, name)), None)
             out.append({
-                "preset": preset, "target": name, "power_mode": r["power_mode"], "precision": plan["precision"]["label"],
+                "preset": preset, "target": name, "power_mode": r["power_mode"],
+                "precision": plan["precision"]["label"],
                 "predicted_decode_tokens_per_s": round(r["decode_short"]["tokens_per_s"], 1),
                 "predicted_at_kv_len": r["decode_short"]["kv_len"], "predicted": r["label"],
                 "published_decode_tokens_per_s": anchor.decode_tokens_per_s if anchor else None,

@@ -312,5 +312,6 @@ def _print_anchors(d: dict) -> None:
         console.print(
             f"published beside this prediction: {a.decode_tokens_per_s:g} tok/s decode on {a.board} ({a.setting}; "
             f"measured by others: {a.source}); this plan PREDICTS {r['decode_short']['tokens_per_s']:.0f} tok/s at "
-            f"ctx {r['decode_short']['kv_len']} in {r['power_mode']} ({d['precision']['label']}, roofline, not measured)",
+            f"ctx {r['decode_short']['kv_len']} in {r['power_mode']} ({d['precision']['label']}, roofline, "
+            "not measured)",
             highlight=False)
