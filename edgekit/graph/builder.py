@@ -191,6 +191,12 @@ class GraphBuilder:
                           ("o",), scale=scale, window=window)["o"]
         return self.node("merge_heads", "merge_heads", {"x": o})["y"]
 
+    def gated_mlp(self, h: str, prefix: str, act: str) -> str:
+        """The gated MLP of block ``prefix``: the packed gate/up projection, the gated activation operator ``act``
+        ("swiglu", "geglu") over it, the down projection: (B, T, C) rows back."""
+        y = self.op(act, act, gate_up=self.linear(h, f"{prefix}.w_gate_up", "w_gate_up"))  # (B, T, F)
+        return self.linear(y, f"{prefix}.w_down", "w_down")
+
     def op(self, op: str, name: str, **inputs: str) -> str:
         """An elementwise operator of one output (swiglu, ...)."""
         return self.node(op, name, inputs)["y"]

@@ -35,8 +35,7 @@ def gemma3(b: GraphBuilder) -> dict[str, str]:
         o = b.rmsnorm(b.linear(o, f"{p}.wo", "wo"), f"{p}.post_attn_norm", "post_attn_norm", eps)
         x = b.add(x, o, "attn_residual")
         h = b.rmsnorm(x, f"{p}.ffn_norm", "ffn_norm", eps)
-        y = b.op(act, act, gate_up=b.linear(h, f"{p}.w_gate_up", "w_gate_up"))  # (B, T, F)
-        y = b.rmsnorm(b.linear(y, f"{p}.w_down", "w_down"), f"{p}.post_ffn_norm", "post_ffn_norm", eps)
+        y = b.rmsnorm(b.gated_mlp(h, p, act), f"{p}.post_ffn_norm", "post_ffn_norm", eps)
         return b.add(x, y, "ffn_residual")
 
     for i in range(cfg.n_layers):

@@ -79,6 +79,30 @@ def _permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _add_header(writer, cfg, rope_theta: float) -> None:
+    """A transformers config's shape, and a byte-level BPE vocabulary of its size, as GGUF metadata."""
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    tokens = byte_level_vocab()
+    tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges([])
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+
 def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: int | None = None,
                      projection_types: dict[str, str] | None = None, table_type: str | None = None,
                      tied: bool = False) -> None:
@@ -102,26 +126,7 @@ def write_llama_gguf(path, model, *, architecture: str = "llama", truncate_to: i
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny-test-llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(cfg.rope_theta if hasattr(cfg, "rope_theta") else 10000.0)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    tokens = byte_level_vocab()
-    tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
-    writer.add_token_merges([])
-    writer.add_token_scores([0.0] * len(tokens))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    _add_header(writer, cfg, cfg.rope_theta if hasattr(cfg, "rope_theta") else 10000.0)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     names = {
         "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -202,29 +207,12 @@ def write_family_gguf(path, model, projections: str | None = None) -> None:
         block["post_attention_layernorm"] = T.FFN_NORM
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-test-{arch}")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    rope = cfg.rope_parameters
+    _add_header(writer, cfg, (rope.get("full_attention") or rope)["rope_theta"])
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    rope = cfg.rope_parameters
-    writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
     if arch == "gemma3":
         writer.add_sliding_window(cfg.sliding_window)
-    writer.add_vocab_size(cfg.vocab_size)
-    tokens = byte_level_vocab()
-    tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
-    writer.add_token_merges([])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
     shift = 1.0 if arch == "gemma3" else 0.0
     for name, t in model.state_dict().items():
         w = t.detach().float().numpy()
