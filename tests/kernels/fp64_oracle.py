@@ -28,6 +28,13 @@ def swiglu(gu):
     return g / (1.0 + np.exp(-g)) * u
 
 
+def geglu(gu):
+    gu = f64(gu)
+    f = gu.shape[-1] // 2
+    g, u = gu[..., :f], gu[..., f:]
+    return 0.5 * g * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3))) * u
+
+
 def linear(x, w, b=None):
     y = f64(x) @ f64(w).T
     return y if b is None else y + f64(b)
@@ -118,6 +125,18 @@ def rope(qkv, cos, sin, n_heads, n_kv_heads):
         heads[:, h, :, :half] = x1 * c - x2 * s
         heads[:, h, :, half:] = x2 * c + x1 * s
     return heads[:, :n_heads], heads[:, n_heads:n_heads + n_kv_heads], heads[:, n_heads + n_kv_heads:]
+
+
+def qk_norm_rope(qkv, q_norm, k_norm, cos, sin, n_heads, n_kv_heads, eps):
+    """Per-head RMSNorm of the Q heads (weight q_norm) and the K heads (k_norm), V heads untouched, then ``rope``."""
+    x = f64(qkv).copy()
+    B, T, W = x.shape
+    H = n_heads + 2 * n_kv_heads
+    D = W // H
+    for h in range(n_heads + n_kv_heads):
+        cols = slice(h * D, (h + 1) * D)
+        x[:, :, cols] = rmsnorm(x[:, :, cols], q_norm if h < n_heads else k_norm, eps)
+    return rope(x, cos, sin, n_heads, n_kv_heads)
 
 
 def qkv_rope(x, w, b, cos, sin, n_heads, n_kv_heads):
