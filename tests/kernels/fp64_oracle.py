@@ -128,15 +128,15 @@ def rope(qkv, cos, sin, n_heads, n_kv_heads):
 
 
 def qk_norm_rope(qkv, q_norm, k_norm, cos, sin, n_heads, n_kv_heads, eps):
-    """Per-head RMSNorm of the Q heads (weight q_norm) and the K heads (k_norm), V heads untouched, then ``rope``."""
+    """RMSNorm of every Q head by q_norm and K head by k_norm (over head_dim), then rope."""
     x = f64(qkv).copy()
     B, T, W = x.shape
     H = n_heads + 2 * n_kv_heads
     D = W // H
+    heads = x.reshape(B, T, H, D)
     for h in range(n_heads + n_kv_heads):
-        cols = slice(h * D, (h + 1) * D)
-        x[:, :, cols] = rmsnorm(x[:, :, cols], q_norm if h < n_heads else k_norm, eps)
-    return rope(x, cos, sin, n_heads, n_kv_heads)
+        heads[:, :, h] = rmsnorm(heads[:, :, h], q_norm if h < n_heads else k_norm, eps)
+    return rope(heads.reshape(B, T, W), cos, sin, n_heads, n_kv_heads)
 
 
 def qkv_rope(x, w, b, cos, sin, n_heads, n_kv_heads):
