@@ -139,7 +139,7 @@ class RingCache:
         self.k = [torch.zeros(shape(r), dtype=dtype, device=device) for r in rows]
         self.v = [torch.zeros(shape(r), dtype=dtype, device=device) for r in rows]
         self.split_arrivals = [torch.zeros(batch, cfg.n_kv_heads, dtype=torch.int32, device=device) for _ in rows]
-        self.batch = batch
+        self.batch, self.max_seq_len = batch, max(rows)
 
     def write_token(self, layer, k, v, rows_at):
         at, b = rows_at % self.k[layer].shape[2], torch.arange(self.batch)
