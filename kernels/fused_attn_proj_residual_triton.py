@@ -145,24 +145,34 @@ SPLIT = dataclasses.replace(
 )
 
 
-def _params(w_type: str, scale_value) -> tuple[Param, ...]:
-    """fused_proj_residual's kernel, its x being this operator's attention output ``o``."""
-    return (
-        Param("x_ptr", "*act", ptr("o")),
-        Param("w_ptr", w_type, ptr("weight")),
-        Param("s_ptr", "*fp32", scale_value),
-        Param("b_ptr", "*act", ptr("bias")),
-        Param("r_ptr", "*act", ptr("residual")),
-        Param("y_ptr", "*act", ptr("y")),
-        Param("N", "i32", shape("weight", 0)),
-        Param("K", "i32", shape("o", 1), div16=True),  # INT4 weights hold K / 2 bytes a row
-        Param("stride_xm", "i32", stride("o", 0), div16=True),
-        Param("stride_wn", "i32", stride("weight", 0), div16=True),
-        Param("stride_rm", "i32", stride("residual", 0), div16=True),
-        Param("stride_ym", "i32", stride("y", 0), div16=True),
-        Param("has_bias", "i32", {"present": "bias"}),
-        *int4_params(),
-    )
+def o_proj_params(residual: bool):
+    """The output GEMV's parameters, its x being the attention output ``o``: fused_proj_residual's kernel (with
+    ``residual``), or fused_attn_proj's GEMV without one."""
+    def params(w_type: str, scale_value) -> tuple[Param, ...]:
+        def only_residual(*ps):
+            return ps if residual else ()
+
+        return (
+            Param("x_ptr", "*act", ptr("o")),
+            Param("w_ptr", w_type, ptr("weight")),
+            Param("s_ptr", "*fp32", scale_value),
+            Param("b_ptr", "*act", ptr("bias")),
+            *only_residual(Param("r_ptr", "*act", ptr("residual"))),
+            Param("y_ptr", "*act", ptr("y")),
+            Param("N", "i32", shape("weight", 0)),
+            Param("K", "i32", shape("o", 1), div16=True),  # INT4 weights hold K / 2 bytes a row
+            Param("stride_xm", "i32", stride("o", 0), div16=True),
+            Param("stride_wn", "i32", stride("weight", 0), div16=True),
+            *only_residual(Param("stride_rm", "i32", stride("residual", 0), div16=True)),
+            Param("stride_ym", "i32", stride("y", 0), div16=True),
+            Param("has_bias", "i32", {"present": "bias"}),
+            *int4_params(),
+        )
+
+    return params
+
+
+_params = o_proj_params(residual=True)
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "attn_o_proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),

@@ -17,14 +17,13 @@ import triton
 import triton.language as tl
 
 from edgekit.kernels.fused_attn_proj_residual_triton import SPLIT as SPLIT_WITH_RESIDUAL
-from edgekit.kernels.fused_attn_proj_residual_triton import attn_proj_program
+from edgekit.kernels.fused_attn_proj_residual_triton import attn_proj_program, o_proj_params
 from edgekit.kernels.fused_gemv_triton import (
-    _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, int4_params, weight_kernels,
+    _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, weight_kernels,
 )
 from edgekit.kernels.fused_proj_residual_triton import _default as _proj_default
 from edgekit.kernels.fused_proj_residual_triton import _space as _proj_space
-from edgekit.kernels.kernel_def import OpKernels, Param
-from edgekit.kernels.launch_rule import ptr, shape, stride
+from edgekit.kernels.kernel_def import OpKernels
 # the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
 from edgekit.kernels.fused_attn_proj import prepare
 
@@ -53,25 +52,9 @@ def _attn_o_proj_kernel(
 SPLIT = dataclasses.replace(SPLIT_WITH_RESIDUAL, op=OP_NAME)  # the same kernel: its output is the o buffer
 
 
-def _params(w_type: str, scale_value) -> tuple[Param, ...]:
-    return (
-        Param("x_ptr", "*act", ptr("o")),
-        Param("w_ptr", w_type, ptr("weight")),
-        Param("s_ptr", "*fp32", scale_value),
-        Param("b_ptr", "*act", ptr("bias")),
-        Param("y_ptr", "*act", ptr("y")),
-        Param("N", "i32", shape("weight", 0)),
-        Param("K", "i32", shape("o", 1), div16=True),  # INT4 weights hold K / 2 bytes a row
-        Param("stride_xm", "i32", stride("o", 0), div16=True),
-        Param("stride_wn", "i32", stride("weight", 0), div16=True),
-        Param("stride_ym", "i32", stride("y", 0), div16=True),
-        Param("has_bias", "i32", {"present": "bias"}),
-        *int4_params(),
-    )
-
-
-FP, W8, W4 = weight_kernels(OP_NAME, "attn_o_proj", _attn_o_proj_kernel, _params, ("BLOCK_N", "BLOCK_K"),
-                            _proj_space, _proj_default, default_w4=lambda s: _proj_default(s, int4=True))
+FP, W8, W4 = weight_kernels(OP_NAME, "attn_o_proj", _attn_o_proj_kernel, o_proj_params(residual=False),
+                            ("BLOCK_N", "BLOCK_K"), _proj_space, _proj_default,
+                            default_w4=lambda s: _proj_default(s, int4=True))
 
 
 program = attn_proj_program(OP_NAME, SPLIT, (FP, W8, W4), residual=False)

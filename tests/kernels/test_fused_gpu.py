@@ -89,7 +89,8 @@ def test_fused_int4_operator_with_large_fp16_activations_matches_fp64(ops, op, B
 
 
 @pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])
-@pytest.mark.parametrize("op", ["fused_norm_qkv_rope", "fused_norm_swiglu", "fused_proj_residual"])
+@pytest.mark.parametrize("op", ["fused_norm_qkv_rope", "fused_norm_swiglu", "fused_proj_residual",
+                                "fused_norm_qkv_qknorm_rope", "fused_norm_geglu"])
 @settings(max_examples=int(os.environ.get("FUSED_STAGED_EXAMPLES", "4")), deadline=None)
 @given(B=st.integers(1, 3), C=st.sampled_from([576, 1088, 2048]), block_k=st.sampled_from([128, 256]),
        stages=st.sampled_from([2, 3, 5]), warps=st.sampled_from([2, 4]), bias=st.booleans(),
@@ -106,8 +107,9 @@ def test_staged_tiles_match_fp64(op, fmt, B, C, block_k, stages, warps, bias, se
     from edgekit.kernels.variants import default_variants
 
     suffix = {"fp16": "_fp", "int8": "_w8", "int4": "_w4"}[fmt]
-    base = next(v for k, v in default_variants(op, head_dim=64, n_out=2 * C, k_in=C).items() if k.endswith(suffix))
-    rows_key = "PAIRS" if op == "fused_norm_qkv_rope" else "BLOCK_N"
+    facts = dict(head_dim=64, n_heads=8, n_kv_heads=2, n_out=2 * C, k_in=C)
+    base = next(v for k, v in default_variants(op, **facts).items() if k.endswith(suffix))
+    rows_key = "PAIRS" if op in ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope") else "BLOCK_N"
     v = dataclasses.replace(base, constexprs={**base.constexprs, rows_key: 4, "BLOCK_K": block_k}, num_warps=warps,
                             num_stages=stages)
     w4 = {"group": 64, "symmetric": False, "scale_dtype": torch.float16} if fmt == "int4" else None
@@ -160,30 +162,3 @@ def test_family_fused_int4_operator_matches_fp64(ops, op, B, groups, group, symm
                             seed=seed, n_heads=hq, n_kv_heads=hkv, head_dim=d, F=3 * group * groups // 2 + 8,
                             N=group * groups + 16, S=S, w4=w4, act_range=act_range)
     assert all(r <= 1.0 for r in ratios.values()), (w4, act_range, ratios)
-
-
-@pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])
-@pytest.mark.parametrize("op", ["fused_norm_qkv_qknorm_rope", "fused_norm_geglu"])
-@settings(max_examples=int(os.environ.get("FUSED_STAGED_EXAMPLES", "4")), deadline=None)
-@given(B=st.integers(1, 3), C=st.sampled_from([576, 1088, 2048]), block_k=st.sampled_from([128, 256]),
-       stages=st.sampled_from([2, 3, 5]), warps=st.sampled_from([2, 4]), bias=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_family_staged_tiles_match_fp64(op, fmt, B, C, block_k, stages, warps, bias, seed):
-    """The staged K loop (cp.async) of the QK-norm QKV and the GeGLU kernels, as test_staged_tiles_match_fp64."""
-    import dataclasses
-
-    import torch
-
-    from edgekit.kernels.triton_backend import TritonOp
-    from edgekit.kernels.variants import default_variants
-
-    suffix = {"fp16": "_fp", "int8": "_w8", "int4": "_w4"}[fmt]
-    facts = dict(head_dim=64, n_heads=8, n_kv_heads=2, n_out=2 * C, k_in=C)
-    base = next(v for k, v in default_variants(op, **facts).items() if k.endswith(suffix))
-    rows_key = "PAIRS" if op == "fused_norm_qkv_qknorm_rope" else "BLOCK_N"
-    v = dataclasses.replace(base, constexprs={**base.constexprs, rows_key: 4, "BLOCK_K": block_k}, num_warps=warps,
-                            num_stages=stages)
-    w4 = {"group": 64, "symmetric": False, "scale_dtype": torch.float16} if fmt == "int4" else None
-    ratios = check_case(op, TritonOp(op, {v.kernel: v}), B=B, C=C, int8=fmt == "int8", bias=bias, seed=seed,
-                        n_heads=8, n_kv_heads=2, head_dim=64, F=3 * C // 2 + 64, N=C + 64, S=300, w4=w4)
-    assert all(r <= 1.0 for r in ratios.values()), (v.label(), ratios)
