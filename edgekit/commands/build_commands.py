@@ -371,12 +371,14 @@ def serve(
     from edgekit.cli_common import err_console
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.runtime.bundle_runtime import open_bundle
-    from edgekit.runtime.http_guard import make_uvicorn_server, read_admin_token
+    from edgekit.runtime.http_guard import bind_listener, make_uvicorn_server, read_admin_token
+    from edgekit.runtime.plugin_store import StoreOwner
     from edgekit.runtime.server import create_app
     from edgekit.runtime.serving import ServingStack, open_store
 
     # Everything the operator can get wrong is checked before the bundle loads and before the store's
-    # start-up recovery runs: a typo must not cost a plugin its probation.
+    # start-up recovery runs: a typo must not cost a plugin its probation. Then the port is bound and the store
+    # claimed (a second server on it exits here, having touched nothing), and only then does anything load.
     _check_decode_path(preferred_path)
     token = read_admin_token(admin_token_file)
     keys = [load_public_key(p) for p in (trust or [])]
@@ -384,9 +386,12 @@ def serve(
         raise BundleError("no trusted key given: a bundle is served only if it is signed by a key you trust",
                           hint="pass --trust DIR/edgekit.pub")
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
-    b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden)
     store_dir = store or Path(str(bundle).rstrip("/") + ".store")
-    st = open_store(store_dir, b, keys, allow_dev_key=allow_dev_key)
+    listener = bind_listener(host, port)
+    port = listener.getsockname()[1]  # --port 0: the one the system picked
+    owner = StoreOwner.claim(store_dir)
+    b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden)
+    st = open_store(store_dir, b, keys, allow_dev_key=allow_dev_key, owner=owner)
     for line in st.recovery:
         err_console.print(f"[yellow]store recovered:[/] {line}")
     server_log = JsonlLogger(log or store_dir / "server.jsonl")
@@ -409,6 +414,6 @@ def serve(
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")
     try:
-        server.run()  # SIGINT/SIGTERM end this cleanly
+        server.run(sockets=[listener])  # SIGINT/SIGTERM end this cleanly
     finally:
         stack.close()  # probation progress saved with a clean-stop mark: the next start resumes it

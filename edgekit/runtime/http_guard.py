@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import json
 import signal
+import socket
 import stat
 import threading
 import time
@@ -202,6 +204,31 @@ def protocol_with_header_timeout(header_timeout_s: float) -> type[H11Protocol]:
                 self.transport.close()
 
     return HeaderTimeoutProtocol
+
+
+class PortInUseError(EdgekitError):
+    """The address `serve` was asked to listen on is taken (another server, or a second `edgekit serve`)."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port, made before anything slow happens: a busy port is one line at once, not
+    an error after the model load. uvicorn serves on it (``Server.run(sockets=[...])``); a client that connects
+    while the model loads waits in the backlog and is served when the server starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart does not wait out TIME_WAIT (as uvicorn)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUseError(f"port {port} on {host} is in use by another process; nothing was loaded",
+                                 hint="stop that process or pass another --port (--port 0 picks a free one)") from None
+        raise EdgekitError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                           hint="pass an address of this machine with --host and a port you may bind") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def make_uvicorn_server(app, host: str = "127.0.0.1", port: int = 0, *, header_timeout_s: float = 5.0,

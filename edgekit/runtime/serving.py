@@ -171,6 +171,8 @@ class ServingStack:
                     self._event("probation_not_saved", op=op, reason=str(e))
         if self.log is not None:
             self.log.close()
+        if self.store is not None:
+            self.store.close()  # the runtime's claim on the store: another server may own it from now on
 
     def _shed_load(self) -> None:
         self._event("shed_load")
@@ -338,8 +340,10 @@ class ServingStack:
             f"p50 {after.p50_ms:.2f} ms (was {before.p50_ms:.2f}), jitter {after.jitter_ms:.2f} ms (was {before.jitter_ms:.2f})")
 
 
-def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key: bool):
-    """The device's plugin store for this bundle: the device's arch, the bundle's golden vectors as a second check."""
+def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key: bool, owner=None):
+    """The device's plugin store for this bundle: the device's arch, the bundle's golden vectors as a second check.
+    The runtime owns it (``owner``: a ``StoreOwner`` claimed earlier, else claimed here): a store another runtime
+    owns raises StoreInUseError before anything in it is touched."""
     from edgekit.bundle.keys import trust
     from edgekit.bundle.plugin import TRITON_HIDDEN_ARGS
     from edgekit.runtime.plugin_checks import golden_checker, package_verifier, runner_factory
@@ -363,4 +367,5 @@ def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key:
         golden_check=golden_checker(runner_factory("auto"), bundle_golden=bundle_golden),
         rollback_unconfirmed=True,
         bundle_plugins={ref.op: ref.version for ref in bundle.manifest.plugins},
+        owner=owner,
     )

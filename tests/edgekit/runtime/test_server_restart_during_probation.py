@@ -26,6 +26,7 @@ def _left_on_probation(bundle_dir, store_dir, requests: int):
     stack.admin.install(plugin_packages(bundle_dir, "swiglu", [2])[0])
     _serve_requests(stack, requests)
     stack.engine.close()
+    stack.store.close()  # the kernel drops a killed server's claim on the store (an flock)
     return stack
 
 
