@@ -122,6 +122,16 @@ def numeric_fault(step: str) -> NumericFaultError:
                              hint="retry; the server logs a nonfinite_logits event and rolls back a plugin on probation")
 
 
+def _sample(logits: torch.Tensor, job: Job) -> int:
+    """The next token of one request from its logits (1, V). A failure is this request's alone."""
+    try:
+        return int(_pick(logits, job.sampling, job._generator)[0])
+    except RuntimeError as e:
+        raise EdgekitError(f"sampling failed for this request (temperature {job.sampling.temperature:g}, top_p "
+                           f"{job.sampling.top_p:g}: {e}); the other requests of the step were not affected",
+                           hint="retry; temperature 0 decodes greedily") from e
+
+
 class Engine:
     def __init__(self, decoder: Decoder, tokenizer, shapes: StaticShapes, *, max_waiting: int = 8,
                  stop_ids: tuple[int, ...] = (), model_name: str = "edgekit",
@@ -419,7 +429,7 @@ class Engine:
             raise numeric_fault(f"the prefill of {len(job.prompt_ids)} prompt tokens")
         if job.sampling.temperature > 0:
             job._generator = torch.Generator().manual_seed(job.sampling.seed)
-        tok = int(_pick(logits, job.sampling, job._generator)[0])
+        tok = _sample(logits, job)
         now = time.perf_counter()
         job.stats.prompt_tokens, job.stats.bucket = len(job.prompt_ids), job.bucket
         job.stats.first_token_at_s = time.monotonic()
@@ -470,8 +480,14 @@ class Engine:
             if rows[i] is None:  # failed above
                 continue
             row = rows[i]
-            s = row.job.sampling
-            tok = step.greedy[i] if s.temperature <= 0 else int(_pick(step.logits[i : i + 1], s, row.job._generator)[0])
+            if row.job.sampling.temperature <= 0:
+                tok = step.greedy[i]
+            else:
+                try:
+                    tok = _sample(step.logits[i : i + 1], row.job)
+                except EdgekitError as e:  # this row's request fails; the others of the step go on
+                    self._fail_rows([i], None, e)
+                    continue
             row.job.stats.token_times_s.append(now - row.t_last)
             row.job.stats.decode_s = now - row.t_start
             row.t_last = now
