@@ -80,6 +80,10 @@ class _Metrics:
         rows = Gauge("edgekit_sequences_decoding", "Sequences in the decode batch", registry=reg)
         rows.set_function(engine.active_rows)
         reg.register(_DecodePathCollector(engine))
+        self.logs: list[JsonlLogger] = []  # every app's log on this engine (tests make several apps)
+        dropped = Gauge("edgekit_log_records_dropped", "Log records lost to failed writes (disk full, ...): counted "
+                        "instead of failing the request", registry=reg)
+        dropped.set_function(lambda: sum(log.dropped for log in self.logs))
         self._pauses_seen = 0
         self._engine = engine
 
@@ -130,6 +134,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     auth = AdminAuth(token)
     metrics = getattr(engine, "server_metrics", None) or _Metrics(engine)  # families register once per registry
     engine.server_metrics = metrics
+    if log is not None:
+        metrics.logs.append(log)
     tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgekit-tokenize")
     admin_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin-http")
     app.state.engine, app.state.metrics, app.state.token_feed = engine, metrics, None
@@ -246,25 +252,37 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             enc = ChunkEncoder(rid, created, engine.model_name, chat)
 
             async def sse() -> AsyncIterator[bytes]:
-                status = 200
+                status, reasons = 200, None
+                # a hang-up is noticed when it happens, not at the next write (text held back writes nothing)
+                watcher = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
                 try:
                     if chat:
                         for i in range(n):
                             yield enc.role(i)
                     async for i, delta in choices.deltas():
                         yield enc.delta(delta, i)
+                    if choices.hung_up():
+                        status, reasons = 499, ["cancelled"] * n
+                        return
+                    reasons = [choices.finish_reason(i) for i in range(n)]
                     for i in range(n):
-                        yield enc.finish(choices.finish_reason(i), i)
+                        yield enc.finish(reasons[i], i)
                     if req.include_usage_in_stream():
                         yield enc.usage(usage(len(ids), choices.completion_tokens()))
                     yield enc.done()
                 except EdgekitError as e:  # headers are sent: report in-band, as OpenAI's servers do
                     status = 429 if isinstance(e, OverloadedError) else 500
                     yield b"data: " + error_body(status, str(e)) + b"\n\n"
+                except (asyncio.CancelledError, GeneratorExit):  # the client hung up mid-stream: its rows are freed
+                    status, reasons = 499, ["cancelled"] * n
+                    choices.cancel()
+                    raise
                 finally:
+                    watcher.cancel()
+                    reasons = reasons or [j.finish_reason for j in choices.jobs]
                     metrics.tokens.inc(choices.completion_tokens())
                     record(route, status, t0, stream=True, prompt_tokens=len(ids), completion_tokens=choices.completion_tokens(),
-                           finish_reason=[j.finish_reason for j in choices.jobs] if n > 1 else choices.jobs[0].finish_reason)
+                           finish_reason=reasons if n > 1 else reasons[0])
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
