@@ -59,6 +59,14 @@ class EngineClosedError(EdgekitError):
     """The engine was shut down while the request waited or ran."""
 
 
+class ChatTemplateError(EdgekitError):
+    """A conversation the model's chat template cannot turn into a prompt (HTTP 400)."""
+
+
+# OpenAI chat roles -> the roles chat templates know
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
 @dataclass
 class Completion:
     token_ids: list[int]
@@ -240,10 +248,24 @@ class Engine:
         if self.tokenizer is None:
             raise EdgekitError("this model has no tokenizer", hint="serve a model or bundle that ships one")
         if messages is not None:
-            system = next((m["content"] for m in messages if m.get("role") == "system"), None)
-            user = "\n".join(m["content"] for m in messages if m.get("role") == "user")
-            return self.tokenizer.encode_chat(user, system)
+            return self._encode_messages(messages)
         return self.tokenizer.encode(prompt or "")
+
+    def _encode_messages(self, messages: list[dict]) -> list[int]:
+        """Every message through the model's chat template, in order; ``developer`` is OpenAI's newer name for
+        ``system``. A conversation the template refuses is a ChatTemplateError (HTTP 400), never a silent drop."""
+        from jinja2 import TemplateError
+
+        if not self.tokenizer.chat_template:
+            raise ChatTemplateError("this model has no chat template, so a conversation cannot be turned into a "
+                                    "prompt", hint="send the text to /v1/completions instead")
+        msgs = [{"role": CHAT_ROLES[m["role"]], "content": m["content"]} for m in messages]
+        try:
+            return self.tokenizer.encode_messages(msgs)
+        except TemplateError as e:
+            raise ChatTemplateError(f"the model's chat template refused these messages (roles "
+                                    f"{[m['role'] for m in messages]}): {e}",
+                                    hint="send the roles the model's template knows, in the order it expects") from e
 
     def submit(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None, *,
                truncate: bool = False, stop_ids: tuple[int, ...] | None = None,

@@ -35,7 +35,7 @@ from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
 from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.choices import Choices
-from edgekit.runtime.engine import Engine, EngineClosedError, OverloadedError
+from edgekit.runtime.engine import ChatTemplateError, Engine, EngineClosedError, OverloadedError
 from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
 from edgekit.runtime.openai_schema import ChatRequest, CompletionRequest, validation_message
 from edgekit.runtime.plugin_store import StoreBusyError
@@ -183,7 +183,10 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                 raise _Refused(413, f"messages hold {chars} characters; at most {max_prompt_chars} can fit the largest "
                                     f"prompt bucket ({engine.shapes.buckets[-1]} tokens)", "messages")
             msgs = [m.model_dump() for m in req.messages]
-            return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(messages=msgs))
+            try:
+                return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(messages=msgs))
+            except ChatTemplateError as e:
+                raise _Refused(400, str(e), "messages") from e
         if isinstance(req.prompt, list):
             bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
             if bad is not None:
