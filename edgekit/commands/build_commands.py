@@ -358,6 +358,7 @@ def serve(
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay prefill and decode as CUDA graphs (GPU only), as `edgekit run` does."),
     preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),
     header_timeout_s: float = typer.Option(5.0, "--header-timeout-s", min=0.1, help="Close a connection whose request headers take longer than this."),
+    shutdown_deadline_s: float = typer.Option(10.0, "--shutdown-deadline-s", min=0.0, help="On SIGTERM/SIGINT answers in flight end at their next token; responses still open after this many seconds are cut."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only at start-up."),
     watchdog: bool = typer.Option(True, "--watchdog/--no-watchdog", help="Run the latency/power watchdog (budgets from the bundle's target)."),
     watchdog_log: Optional[Path] = typer.Option(None, "--watchdog-log", help="JSONL log of samples and events for `edgekit report` (default: STORE/watchdog.jsonl)."),
@@ -404,7 +405,8 @@ def serve(
         profile = load_target(b.manifest.target.name).model_dump() if b.manifest.target.name else None
         stack.start_watchdog(PolicyConfig.from_profile(profile), log_path=watchdog_log or store_dir / "watchdog.jsonl")
     app = create_app(stack.engine, admin_token=token, plugins=stack.admin, log=server_log)
-    server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s)
+    server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s, on_shutdown=stack.engine.finish_all,
+                                 shutdown_deadline_s=shutdown_deadline_s)
     # Everything loaded so far lives as long as the server: keep it out of the collector's way, so a gen-2
     # collection under load does not stall the device thread for hundreds of milliseconds.
     gc.freeze()

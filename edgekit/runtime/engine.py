@@ -87,7 +87,7 @@ class Job:
     on_token: Callable[[int], None] | None = None
     on_done: Callable[["Job"], None] | None = None
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # stop | length | cancelled | error
+    finish_reason: str | None = None  # stop | length | cancelled | shutdown | error
     error: Exception | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
     enqueued_s: float = field(default_factory=time.monotonic)
@@ -180,6 +180,7 @@ class Engine:
         self._rows: list[_Row | None] = [None] * self.batch_buckets[-1]
         self._prefilling: set[int] = set()  # rows handed to a request whose prefill has not finished
         self._closed = False
+        self._draining = False  # finish_all: new work refused, sequences in flight end at their next token
         self.swap_pauses_s: list[float] = []
         self.step_batches: dict[int, int] = {b: 0 for b in self.batch_buckets}  # decode steps per batch bucket
         self.shed_until = 0.0  # a watchdog action may ask to refuse new requests until then (monotonic s)
@@ -289,7 +290,7 @@ class Engine:
                     (lambda tok, i=i: on_token(i, tok)) if on_token is not None else None, on_done)
                 for i, s in enumerate(samplings)]
         with self._cv:
-            if self._closed:
+            if self._closed or self._draining:
                 raise EngineClosedError("the server is shutting down", hint="retry against a running server")
             if len(self._waiting) + len(jobs) > self.max_waiting + self._free_rows():
                 raise OverloadedError(f"the server is at capacity: {len(self._waiting)} requests wait for "
@@ -328,6 +329,18 @@ class Engine:
 
     def active_rows(self) -> int:
         return sum(r is not None for r in self._rows)
+
+    def finish_all(self) -> None:
+        """A graceful shutdown's first step (SIGTERM): refuse new requests (HTTP 503) and those still waiting, and end
+        every sequence in flight at its next token (finish reason "shutdown"; "length" to an OpenAI client), so each
+        answer and stream completes properly before the server exits. The device thread keeps running."""
+        with self._cv:
+            self._draining = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._cv.notify_all()
+        for job in waiting:
+            job.error = EngineClosedError("the server is shutting down", hint="retry against a running server")
+            self._finish(job, "error")
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Refuse new work, fail what waits, let the device thread finish its step and stop."""
@@ -527,6 +540,8 @@ class Engine:
         reason = None
         if job.cancelled:
             reason = "cancelled"
+        elif self._draining:
+            reason = "shutdown"
         elif tok in job.stop_ids:
             reason = "stop"
         elif len(job.tokens) >= job.max_new_tokens:

@@ -231,13 +231,28 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+DEFAULT_SHUTDOWN_DEADLINE_S = 10.0
+
+
 def make_uvicorn_server(app, host: str = "127.0.0.1", port: int = 0, *, header_timeout_s: float = 5.0,
-                        keep_alive_s: float = 5.0, max_connections: int = 512):
+                        keep_alive_s: float = 5.0, max_connections: int = 512,
+                        on_shutdown: Callable[[], None] | None = None,
+                        shutdown_deadline_s: float = DEFAULT_SHUTDOWN_DEADLINE_S):
     """The uvicorn server every entry point uses (serve, tests, scripts): loopback unless told, header
-    deadline, idle keep-alive deadline, and a cap on open connections (more get 503)."""
+    deadline, idle keep-alive deadline, and a cap on open connections (more get 503).
+
+    Shutdown (SIGTERM, SIGINT): ``on_shutdown`` runs once, on its own thread (a signal handler must not take the
+    engine's lock the interrupted thread may hold): the engine ends every answer in flight at its next token.
+    uvicorn then waits for the responses to finish, at most ``shutdown_deadline_s``, and cancels what is left."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first and on_shutdown is not None:
+                threading.Thread(target=on_shutdown, name="edgekit-shutdown", daemon=True).start()
+
         @contextlib.contextmanager
         def capture_signals(self):
             """SIGINT/SIGTERM end `run()` after the graceful shutdown. (uvicorn's own version re-raises the
@@ -254,5 +269,6 @@ def make_uvicorn_server(app, host: str = "127.0.0.1", port: int = 0, *, header_t
                     signal.signal(sig, handler)
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=protocol_with_header_timeout(header_timeout_s),
-                            timeout_keep_alive=keep_alive_s, limit_concurrency=max_connections, lifespan="off")
+                            timeout_keep_alive=keep_alive_s, limit_concurrency=max_connections, lifespan="off",
+                            timeout_graceful_shutdown=shutdown_deadline_s)
     return Server(config)
