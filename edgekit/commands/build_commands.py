@@ -358,6 +358,7 @@ def serve(
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay prefill and decode as CUDA graphs (GPU only), as `edgekit run` does."),
     preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),
     header_timeout_s: float = typer.Option(5.0, "--header-timeout-s", min=0.1, help="Close a connection whose request headers take longer than this."),
+    max_connections_per_client: int = typer.Option(64, "--max-connections-per-client", min=1, help="Open connections one client address may hold (more get 429 at once); behind a reverse proxy every client has its address."),
     shutdown_deadline_s: float = typer.Option(10.0, "--shutdown-deadline-s", min=0.0, help="On SIGTERM/SIGINT answers in flight end at their next token; responses still open after this many seconds are cut."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only at start-up."),
     watchdog: bool = typer.Option(True, "--watchdog/--no-watchdog", help="Run the latency/power watchdog (budgets from the bundle's target)."),
@@ -406,7 +407,8 @@ def serve(
         stack.start_watchdog(PolicyConfig.from_profile(profile), log_path=watchdog_log or store_dir / "watchdog.jsonl")
     app = create_app(stack.engine, admin_token=token, plugins=stack.admin, log=server_log)
     server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s, on_shutdown=stack.engine.finish_all,
-                                 shutdown_deadline_s=shutdown_deadline_s)
+                                 shutdown_deadline_s=shutdown_deadline_s,
+                                 max_connections_per_client=max_connections_per_client)
     # Everything loaded so far lives as long as the server: keep it out of the collector's way, so a gen-2
     # collection under load does not stall the device thread for hundreds of milliseconds.
     gc.freeze()

@@ -8,7 +8,8 @@ streams in, a body deadline, a header deadline per connection, and the admin tok
   then sees it from memory.
 - ``protocol_with_header_timeout``: uvicorn's h11 protocol, plus a timer that
   closes a connection whose request headers have not all arrived in time (a
-  slow-loris client holds nothing for long).
+  slow-loris client holds nothing for long), and a cap on open connections per
+  client address (one client cannot take every connection slot).
 - ``read_admin_token``: the token file must exist, be readable by its owner only
   (the rule private keys follow) and hold a long token.
 """
@@ -163,26 +164,61 @@ class RequestGuard:
         return await self.app(scope, replay, send)
 
 
-def protocol_with_header_timeout(header_timeout_s: float) -> type[H11Protocol]:
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 64
+
+
+def protocol_with_header_timeout(header_timeout_s: float,
+                                 max_connections_per_client: int | None = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+                                 ) -> type[H11Protocol]:
     """uvicorn's h11 protocol that closes a connection whose request line and headers take longer than
-    `header_timeout_s` to arrive (uvicorn itself waits forever). Idle keep-alive connections keep uvicorn's
-    own `timeout_keep_alive`."""
+    `header_timeout_s` to arrive (uvicorn itself waits forever), and holds each client address to
+    `max_connections_per_client` open connections. Idle keep-alive connections keep uvicorn's own `timeout_keep_alive`.
+
+    The per-address cap is what keeps the server's global connection cap from being one client's to take: 600
+    half-sent headers, reopened as the deadline closed them, held every slot and every other client got 503. A
+    connection over its address's cap is answered 429 and closed before uvicorn counts it. (Behind a reverse proxy
+    every client has the proxy's address: raise the cap to the global one there.)"""
+    open_per_client: dict[str, int] = {}  # this server's connections by client address (the event loop's thread)
+    over_cap = _raw_error(429, f"too many open connections from your address (at most {max_connections_per_client}); "
+                               "close some and retry", {"Retry-After": "1"})
 
     class HeaderTimeoutProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _client_key: str | None = None  # set once admitted: None means refused (uvicorn never saw it)
 
         def connection_made(self, transport) -> None:
+            peer = transport.get_extra_info("peername")
+            key = str(peer[0]) if peer else "?"
+            if max_connections_per_client is not None and open_per_client.get(key, 0) >= max_connections_per_client:
+                transport.write(over_cap)
+                transport.close()
+                return
+            open_per_client[key] = open_per_client.get(key, 0) + 1
+            self._client_key = key
             super().connection_made(transport)
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if self._client_key is None:
+                return
             if self._header_timer is None and not self._in_request():
                 self._arm()  # the next request on a kept-alive connection starts its own clock
             super().data_received(data)
             if self._in_request():
                 self._disarm()
 
+        def eof_received(self) -> None:
+            if self._client_key is not None:
+                super().eof_received()
+
         def connection_lost(self, exc) -> None:
+            if self._client_key is None:
+                return
+            left = open_per_client.get(self._client_key, 1) - 1
+            if left > 0:
+                open_per_client[self._client_key] = left
+            else:
+                open_per_client.pop(self._client_key, None)
             self._disarm()
             super().connection_lost(exc)
 
@@ -204,6 +240,15 @@ def protocol_with_header_timeout(header_timeout_s: float) -> type[H11Protocol]:
                 self.transport.close()
 
     return HeaderTimeoutProtocol
+
+
+def _raw_error(status: int, message: str, headers: dict[str, str]) -> bytes:
+    """A whole HTTP/1.1 error response as bytes, for a connection refused before any request is parsed."""
+    body = error_body(status, message)
+    reason = {429: "Too Many Requests"}.get(status, "Error")
+    head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json", f"Content-Length: {len(body)}",
+            "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 class PortInUseError(EdgekitError):
@@ -236,10 +281,12 @@ DEFAULT_SHUTDOWN_DEADLINE_S = 10.0
 
 def make_uvicorn_server(app, host: str = "127.0.0.1", port: int = 0, *, header_timeout_s: float = 5.0,
                         keep_alive_s: float = 5.0, max_connections: int = 512,
+                        max_connections_per_client: int | None = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
                         on_shutdown: Callable[[], None] | None = None,
                         shutdown_deadline_s: float = DEFAULT_SHUTDOWN_DEADLINE_S):
     """The uvicorn server every entry point uses (serve, tests, scripts): loopback unless told, header
-    deadline, idle keep-alive deadline, and a cap on open connections (more get 503).
+    deadline, idle keep-alive deadline, a cap on open connections (more get 503) and one per client address
+    (more get 429 at once).
 
     Shutdown (SIGTERM, SIGINT): ``on_shutdown`` runs once, on its own thread (a signal handler must not take the
     engine's lock the interrupted thread may hold): the engine ends every answer in flight at its next token.
@@ -268,7 +315,8 @@ def make_uvicorn_server(app, host: str = "127.0.0.1", port: int = 0, *, header_t
                 for sig, handler in original.items():
                     signal.signal(sig, handler)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=protocol_with_header_timeout(header_timeout_s),
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            http=protocol_with_header_timeout(header_timeout_s, max_connections_per_client),
                             timeout_keep_alive=keep_alive_s, limit_concurrency=max_connections, lifespan="off",
                             timeout_graceful_shutdown=shutdown_deadline_s)
     return Server(config)
