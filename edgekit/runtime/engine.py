@@ -49,6 +49,9 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4)
 # A request answered (served or refused) within ~1 s on a busy 2-core CPU: a waiter's time in the queue plus its
 # decode. 0.5 s of queue left too little for 16 tokens under 32 clients (2 of 44k requests at 1.03 s, 2026-12-01).
 DEFAULT_MAX_QUEUE_WAIT_S = 0.35
+# No request runs longer than this from its arrival: it ends with finish reason "time_limit" ("length" to an OpenAI
+# client) and frees its rows. Generous for a long answer on a slow device; it bounds what one client can hold.
+DEFAULT_MAX_REQUEST_S = 300.0
 
 
 class OverloadedError(EdgekitError):
@@ -57,6 +60,10 @@ class OverloadedError(EdgekitError):
 
 class EngineClosedError(EdgekitError):
     """The engine was shut down while the request waited or ran."""
+
+
+class RequestTooLargeError(EdgekitError):
+    """A request asks for more decode-row tokens (choices x new tokens) than one request may hold (HTTP 400)."""
 
 
 class ChatTemplateError(EdgekitError):
@@ -87,7 +94,7 @@ class Job:
     on_token: Callable[[int], None] | None = None
     on_done: Callable[["Job"], None] | None = None
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # stop | length | cancelled | shutdown | error
+    finish_reason: str | None = None  # stop | length | time_limit | cancelled | shutdown | error
     error: Exception | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
     enqueued_s: float = field(default_factory=time.monotonic)
@@ -145,7 +152,8 @@ class Engine:
                  stop_ids: tuple[int, ...] = (), model_name: str = "edgekit",
                  batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
                  cuda_graphs: bool = True, tracker: LatencyTracker | None = None,
-                 decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None):
+                 decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None,
+                 max_request_row_tokens: int | None = None, max_request_s: float | None = DEFAULT_MAX_REQUEST_S):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
             raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
         if decode_path not in DECODE_PATHS:
@@ -158,6 +166,10 @@ class Engine:
         self.batch_buckets = tuple(batch_buckets)
         self.max_waiting = max_waiting
         self.max_queue_wait_s = max_queue_wait_s
+        # Per-request caps, so one request cannot hold every row for minutes (n=4 x 2047 tokens did, 13 min on a CPU):
+        # choices x new tokens at most one full row of the KV cache by default, and a wall time (None: no cap).
+        self.max_request_row_tokens = max_request_row_tokens or shapes.max_seq_len
+        self.max_request_s = max_request_s
         self.graphs = cuda_graphs and decoder.device.type == "cuda"
         # the one latency tracker: its histograms are the server's /metrics latency families, and the watchdog reads it
         self.tracker = tracker or LatencyTracker()
@@ -283,6 +295,13 @@ class Engine:
         """One sequence per sampling config for the same prompt (OpenAI's ``n``), queued together or refused together:
         they decode as parallel rows of the batch. ``on_token(index, token)`` says which sequence a token is for."""
         ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
+        asked = len(samplings) * max_new_tokens
+        if asked > self.max_request_row_tokens:
+            raise RequestTooLargeError(
+                f"n={len(samplings)} x max_tokens={max_new_tokens} = {asked} decode-row tokens; one request may hold "
+                f"at most {self.max_request_row_tokens} (one full row of the KV cache): every choice holds a decode "
+                "row until its last token", hint=f"ask for n x max_tokens <= {self.max_request_row_tokens}, or send "
+                                                 "several requests")
         if time.monotonic() < self.shed_until:
             raise OverloadedError("shedding load on a watchdog budget breach", hint="retry shortly")
         stops = self.stop_ids if stop_ids is None else stop_ids
@@ -542,6 +561,8 @@ class Engine:
             reason = "cancelled"
         elif self._draining:
             reason = "shutdown"
+        elif self.max_request_s is not None and time.monotonic() - job.enqueued_s >= self.max_request_s:
+            reason = "time_limit"
         elif tok in job.stop_ids:
             reason = "stop"
         elif len(job.tokens) >= job.max_new_tokens:

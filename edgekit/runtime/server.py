@@ -35,7 +35,8 @@ from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
 from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.choices import Choices
-from edgekit.runtime.engine import ChatTemplateError, Engine, EngineClosedError, OverloadedError
+from edgekit.runtime.engine import (ChatTemplateError, Engine, EngineClosedError, OverloadedError,
+                                    RequestTooLargeError)
 from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
 from edgekit.runtime.openai_schema import ChatRequest, CompletionRequest, validation_message
 from edgekit.runtime.plugin_store import StoreBusyError
@@ -211,8 +212,11 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                                                 on_token=choices.on_token, on_done=choices.on_done))
         except OverloadedError as e:
             raise _Refused(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from e
-        except ShapeError as e:
-            raise _Refused(413, str(e), "prompt") from e
+        except RequestTooLargeError as e:
+            raise _Refused(400, str(e), "n" if req.n > 1 else req.new_tokens_field()) from e
+        except ShapeError as e:  # its hint names CLI flags; an HTTP client sends fields
+            raise _Refused(413, f"{e.message}; shorten the prompt or ask for fewer {req.new_tokens_field()}",
+                           "prompt") from e
         except EngineClosedError as e:
             raise _Refused(503, str(e)) from e
 
