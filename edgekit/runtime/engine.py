@@ -52,6 +52,10 @@ DEFAULT_MAX_QUEUE_WAIT_S = 0.35
 # No request runs longer than this from its arrival: it ends with finish reason "time_limit" ("length" to an OpenAI
 # client) and frees its rows. Generous for a long answer on a slow device; it bounds what one client can hold.
 DEFAULT_MAX_REQUEST_S = 300.0
+# Prompt tokens per prefill chunk on an eager (CPU) runner: on the 2-core development machine a 64-token chunk of the
+# 135M default model costs about one batch-4 decode step (~0.7 s under load), so streams slow down during a long
+# prompt but never stall (a whole 2046-token prefill held them ~70 s).
+DEFAULT_PREFILL_CHUNK_TOKENS = 64
 
 
 class OverloadedError(EdgekitError):
@@ -122,6 +126,15 @@ class _Flight:
 
 
 @dataclass
+class _Prefill:
+    """A request given a row whose prompt is not (all) in the cache yet."""
+
+    slot: int
+    job: Job
+    done: int = 0  # prompt tokens already in the row (a chunked prefill's progress)
+
+
+@dataclass
 class _Row:
     job: Job
     position: int  # position of the next token fed
@@ -153,7 +166,8 @@ class Engine:
                  batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
                  cuda_graphs: bool = True, tracker: LatencyTracker | None = None,
                  decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None,
-                 max_request_row_tokens: int | None = None, max_request_s: float | None = DEFAULT_MAX_REQUEST_S):
+                 max_request_row_tokens: int | None = None, max_request_s: float | None = DEFAULT_MAX_REQUEST_S,
+                 prefill_chunk_tokens: int | None = None):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
             raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
         if decode_path not in DECODE_PATHS:
@@ -191,6 +205,13 @@ class Engine:
         self._waiting: deque[Job] = deque()
         self._rows: list[_Row | None] = [None] * self.batch_buckets[-1]
         self._prefilling: set[int] = set()  # rows handed to a request whose prefill has not finished
+        self._prefills: deque[_Prefill] = deque()  # those requests, oldest first (the device thread's own)
+        # A prompt longer than this is prefilled in chunks of it between decode steps (None: in one piece). Off for
+        # graphed runners: a whole prompt bucket is one CUDA-graph replay of a few ms there.
+        self.prefill_chunk_tokens = (None if prefill_chunk_tokens == 0 else prefill_chunk_tokens
+                                     if prefill_chunk_tokens is not None
+                                     else None if self.graphs else DEFAULT_PREFILL_CHUNK_TOKENS)
+        self.prefill_units: deque[tuple[int, float]] = deque(maxlen=1024)  # (prompt tokens, seconds) per unit run
         self._closed = False
         self._draining = False  # finish_all: new work refused, sequences in flight end at their next token
         self.swap_pauses_s: list[float] = []
@@ -372,14 +393,17 @@ class Engine:
     def _serve(self) -> None:
         while True:
             with self._cv:
-                while not self._closed and not self._waiting and not any(self._rows) and self._next_runner is None:
+                while (not self._closed and not self._waiting and not any(self._rows) and self._next_runner is None
+                       and not self._prefills):
                     self._cv.wait()
                 if self._closed:
                     break
                 admitted = self._admit()
                 runner, self._next_runner = self._next_runner, None
-            if (admitted or runner is not None) and self._flight is not None:
-                try:  # a new row or new kernels: the step in flight finishes first, on what it started with
+            self._prefills.extend(_Prefill(slot, job) for slot, job in admitted)
+            prefill = self._prefills[0] if self._prefills else None
+            if (prefill is not None or runner is not None) and self._flight is not None:
+                try:  # a row being filled or new kernels: the step in flight finishes first, on what it started with
                     self._drain()
                 except Exception as e:
                     self._fail_decoding(e)
@@ -390,16 +414,8 @@ class Engine:
                 self._retired.append(self._runner)
                 self._runner = runner
                 self.swap_pauses_s.append(time.perf_counter() - t)
-            # A failure of the model itself (plugins fall back inside GuardedOp) fails the requests it
-            # touched, never the device thread.
-            for slot, job in admitted:
-                try:
-                    self._prefill(slot, job)
-                except Exception as e:
-                    self._fail_rows([slot], job, e)
-                finally:
-                    with self._cv:
-                        self._prefilling.discard(slot)
+            if prefill is not None:
+                self._prefill_turn()
             if any(self._rows):
                 try:
                     self._decode_step()
@@ -466,10 +482,61 @@ class Engine:
         self._expire_waiting()
         admitted = []
         for slot, row in enumerate(self._rows):
-            if row is None and self._waiting:
+            if row is None and slot not in self._prefilling and self._waiting:
                 admitted.append((slot, self._waiting.popleft()))
                 self._prefilling.add(slot)
         return admitted
+
+    def _prefill_turn(self) -> None:
+        """Prefill work between two decode steps: whole short prompts while their buckets fit one chunk's worth of
+        tokens (at least one), or one chunk of a long prompt; then the rows already answering take their step. So a
+        long prompt cannot stall the streams for longer than one chunk. (No chunking: every waiting prompt.)
+        A failure of the model itself (plugins fall back inside GuardedOp) fails the request it touched, never the
+        device thread."""
+        budget, spent = self.prefill_chunk_tokens, 0
+        while self._prefills:
+            p = self._prefills[0]
+            chunked = budget is not None and len(p.job.prompt_ids) > budget
+            cost = budget if chunked else p.job.bucket
+            if budget is not None and spent and spent + cost > budget:
+                return
+            try:
+                filled = self._prefill_unit(p)
+            except Exception as e:
+                self._fail_rows([p.slot], p.job, e)
+                filled = True
+            spent += cost
+            if not filled:
+                return
+            self._prefills.popleft()
+            with self._cv:
+                self._prefilling.discard(p.slot)
+
+    def _prefill_unit(self, p: _Prefill) -> bool:
+        """One unit of a request's prefill: its whole prompt (a bucket) or, when the prompt is longer than a chunk,
+        its next chunk. True when the prompt is all in and the first token emitted (or the request ended)."""
+        job = p.job
+        if job.cancelled:
+            self._finish(job, "cancelled")
+            return True
+        if self._draining:
+            raise EngineClosedError("the server shut down before this request's prompt was read",
+                                    hint="retry against a running server")
+        n, chunk = len(job.prompt_ids), self.prefill_chunk_tokens
+        t = time.perf_counter()
+        if chunk is None or n <= chunk:
+            self._prefill(p.slot, job)
+            self.prefill_units.append((n, time.perf_counter() - t))
+            return True
+        end = min(p.done + chunk, n)
+        tokens = torch.tensor([job.prompt_ids[p.done:end]], dtype=torch.long, device=self.decoder.device)  # (1, C)
+        logits = self._runner.prefill_chunk(p.slot, tokens, p.done)  # (1, V)
+        self.prefill_units.append((end - p.done, time.perf_counter() - t))
+        p.done = end
+        if end < n:
+            return False
+        self._first_token(p.slot, job, logits)
+        return True
 
     def _prefill(self, slot: int, job: Job) -> None:
         dev = self.decoder.device
@@ -477,6 +544,10 @@ class Engine:
         tokens[0, : len(job.prompt_ids)] = torch.tensor(job.prompt_ids, dtype=torch.long)
         seq_lens = torch.tensor([len(job.prompt_ids)], dtype=torch.long)  # (1,)
         logits = self._runner.prefill(slot, tokens.to(dev), seq_lens.to(dev))  # (1, V)
+        self._first_token(slot, job, logits)
+
+    def _first_token(self, slot: int, job: Job, logits: torch.Tensor) -> None:
+        """The prompt is in row ``slot``: check its logits (1, V), pick the first token, and the row decodes."""
         if not bool(torch.isfinite(logits).all()):
             if self.on_nonfinite is not None:
                 self.on_nonfinite()
@@ -500,9 +571,11 @@ class Engine:
         flight, self._flight = self._flight, None
         if flight is None:
             pad = self._pad_id()
-            # free rows below b decode a pad at position 0: never read (a prefill rewrites the row first)
+            # free rows below b decode a pad that is never read: at position 0 (a prefill rewrites the row first), or,
+            # in a row whose prompt is coming in chunks, at the position its next chunk rewrites first
+            parked = {p.slot: p.done for p in self._prefills}
             tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
-            positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
+            positions = [rows[i].position if rows[i] is not None else parked.get(i, 0) for i in range(b)]
             active = [int(rows[i] is not None) for i in range(b)]
             flight = _Flight(self._runner, self._runner.launch(b, tokens, positions, active), b,
                              {i: rows[i] for i in occupied})
@@ -588,7 +661,8 @@ class Engine:
 
     def _fail_all(self, error: Exception) -> None:
         with self._cv:
-            jobs = list(self._waiting) + [r.job for r in self._rows if r is not None]
+            jobs = list(self._waiting) + [p.job for p in self._prefills] + [r.job for r in self._rows if r is not None]
+            self._prefills.clear()
             self._waiting.clear()
             self._rows = [None] * len(self._rows)
         for job in jobs:

@@ -90,7 +90,7 @@ class ServingStack:
     def __init__(self, bundle: OpenedBundle, store=None, *, max_waiting: int = 8, policy: ProbationPolicy | None = None,
                  model_name: str | None = None, cuda_graphs: bool = True, batch_buckets: tuple[int, ...] | None = None,
                  max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S, log: JsonlLogger | None = None, decode_path: str | None = None,
-                 max_request_s: float | None = DEFAULT_MAX_REQUEST_S):
+                 max_request_s: float | None = DEFAULT_MAX_REQUEST_S, prefill_chunk_tokens: int | None = None):
         from edgekit.runtime.engine import DEFAULT_BATCH_BUCKETS
         from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH
         from edgekit.runtime.plugin_admin import StoreAdmin
@@ -113,7 +113,7 @@ class ServingStack:
                              stop_ids=bundle.config.eos_token_ids, model_name=model_name or bundle.config.name,
                              cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or DEFAULT_BATCH_BUCKETS,
                              max_queue_wait_s=max_queue_wait_s, decode_path=decode_path or DEFAULT_DECODE_PATH,
-                             max_request_s=max_request_s)
+                             max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens)
         self._recent_ms: deque[float] = deque(maxlen=512)  # per-token decode latency of recent requests
         self._probation: dict[str, _Probation] = {}
         self._lock = threading.Lock()  # guards the probation records and latency windows (held for microseconds)

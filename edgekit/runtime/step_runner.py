@@ -33,6 +33,7 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
+from edgekit.runtime.chunked_prefill import prefill_chunk
 from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, DecodePath, select_decode_path
 from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
 from edgekit.runtime.op_usage import OpUsage, changed_operators
@@ -122,6 +123,11 @@ class StepRunner(abc.ABC):
         finally:
             self._pending -= 1  # read back or failed: either way no longer in flight
         return StepResult(launch.logits, both[: launch.batch], [bool(f) for f in both[launch.batch:]])
+
+    def prefill_chunk(self, slot: int, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Prompt tokens (1, C) at positions [start, start + C) of row ``slot``, after [0, start) are in; eager, on
+        this runner's table (``chunked_prefill``). The logits of the chunk's last token (1, V)."""
+        return prefill_chunk(self.decoder, self.cache, slot, tokens, start)
 
     def step(self, batch: int, tokens: list[int], positions: list[int], active: list[int] | None = None) -> StepResult:
         """One synchronous decode step of rows [0, batch): their logits (b, V), greedy picks and finiteness flags."""
@@ -225,6 +231,7 @@ class GraphedRunner(StepRunner):
             raise ValueError("CUDA graphs need the decoder on a CUDA device")
         super().__init__()
         self.table, self.cache, self.graphed = table, cache, True
+        self.decoder = decoder.with_ops(table)  # eager work beside the graphs (a chunked prefill)
         usage = OpUsage()
         dec = decoder.with_ops(usage.watch(table))
         step_decoder, self.decode_path = select_decode_path(dec, cache, baseline, prefer=prefer)
