@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import atexit
+import random
 import threading
 import time
 from collections import deque
@@ -123,6 +124,19 @@ class _Flight:
     launch: Launch
     batch: int
     rows: dict[int, "_Row"]
+    arm: str | None = None  # during a trial: "trial" or "control" (the step is timed for the probation)
+    t0: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrialStep:
+    """One decode step of an A/B trial, timed from launch to read-back on the device thread."""
+
+    trial: int  # the trial's id (``Engine.trial_id`` after the switch that started it)
+    arm: str  # "trial": the table with the new operator; "control": the table it replaced
+    batch: int  # the step's batch bucket: arms are compared at the same batch size only
+    seconds: float
+    pair: int  # the two steps of a pair (one per arm, in a random order) ran back to back
 
 
 @dataclass
@@ -199,6 +213,16 @@ class Engine:
         self._flight: _Flight | None = None  # a decode step launched and not read back yet
         self.swap_prepares: list[dict] = []  # per switch_operator: seconds preparing, graphs captured and kept
         self._next_runner = None  # set by switch_operator, taken by the device thread between steps
+        # A/B trials (switch_operator(trial=True)): the control runner, published with the new runner and taken by the
+        # device thread in the same turn; steps alternate between the two and are timed into trial_steps
+        self.trial_id = 0  # counts switches: the id of the trial the last switch started (if it started one)
+        self._control = None  # the device thread's control runner (None: no trial)
+        self._control_trial = 0
+        self._control_next, self._control_changed = None, False
+        self._trial_pair: list[str] = []  # the arms left in the current pair of trial steps
+        self._trial_order = random.Random(0)
+        self._trial_pair_no = 0
+        self.trial_steps: deque[TrialStep] = deque(maxlen=8192)
         self._retired: list = []  # runners switched away from, waiting to be freed off the device thread
         self._switch_lock = threading.Lock()  # serializes swaps (prepare + publish), never held by the device thread
         self._cv = threading.Condition()
@@ -249,11 +273,20 @@ class Engine:
                            baseline=self._baseline_sources, prefer=self.preferred_decode_path,
                            fused_on_cpu=self._fused_on_cpu, previous=previous)
 
-    def switch_operator(self, op: str, fn: Callable | None, source: str) -> float:
+    def switch_operator(self, op: str, fn: Callable | None, source: str, *, trial: bool = False,
+                        control_fn: Callable | None = None) -> float:
         """Point `op` at `fn` (None: back to the torch reference). Prepared here; the device thread switches
         between two steps (that pause is recorded in `swap_pauses_s`). Returns the seconds spent preparing
         (on a GPU: warming up and capturing the graphs that use `op`; the others are kept), all of it off the
-        serving path. ``swap_prepares`` records each one."""
+        serving path. ``swap_prepares`` records each one.
+
+        ``trial``: keep the table this switch replaces as a control arm: decode steps alternate between the two
+        (read back one by one) and each is timed in ``trial_steps`` under ``trial_id``, so a probation compares
+        like with like (same load, same batch sizes) until ``end_trial``. Any later switch ends the trial.
+        ``control_fn``: the control arm's entry for ``op`` on an eager runner, so it pays the same per-call
+        bookkeeping as the trial's (a probation checks every output of the new plugin: on a CPU under load that
+        alone made an identical plugin's steps 20% slower). Graphs replay kernels only: their control is the
+        runner the switch replaces."""
         t = time.perf_counter()
         # gpu_admin_work: freeing retired graphs and capturing new ones never overlap a golden check or a capture
         # on the other admin thread (a rollback on serving's admin worker beside an install on the HTTP admin pool)
@@ -268,14 +301,42 @@ class Engine:
             with self._cv:
                 latest = self._next_runner or self._runner
             runner = self._make_runner(new, previous=latest)  # graphs captured here, off the serving path
+            control = latest
+            if trial and control_fn is not None and not self.graphs:
+                before = self._table.copy()
+                before.set(op, control_fn, source=before.sources().get(op, "reference"))
+                control = self._make_runner(before, previous=latest)
             self.swap_prepares.append({"op": op, "prepare_s": time.perf_counter() - t,
                                        "captured": list(getattr(runner, "captured", [])),
                                        "reused": list(getattr(runner, "reused", []))})
             with self._cv:
                 self._table = new
                 self._next_runner = runner
+                self.trial_id += 1
+                self._control_next, self._control_changed = (control if trial else None), True
                 self._cv.notify_all()
         return time.perf_counter() - t
+
+    def end_trial(self, trial: int) -> None:
+        """Stop alternating with the control arm of trial ``trial`` (no-op if a later switch already ended it)."""
+        with self._cv:
+            if self.trial_id == trial:
+                self._control_next, self._control_changed = None, True
+                self._cv.notify_all()
+
+    def trial_pairs(self, trial: int) -> dict[int, list[tuple[float, float]]]:
+        """{batch bucket: [(trial arm's step seconds, control arm's)]} of trial ``trial`` so far: the two steps of
+        each pair ran back to back at the same batch size (pairs whose batch changed in between are left out)."""
+        halves: dict[int, dict[str, TrialStep]] = {}
+        for step in list(self.trial_steps):
+            if step.trial == trial:
+                halves.setdefault(step.pair, {})[step.arm] = step
+        out: dict[int, list[tuple[float, float]]] = {}
+        for pair in halves.values():
+            t, c = pair.get("trial"), pair.get("control")
+            if t is not None and c is not None and t.batch == c.batch:
+                out.setdefault(t.batch, []).append((t.seconds, c.seconds))
+        return out
 
     # -- requests --------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
@@ -400,6 +461,11 @@ class Engine:
                     break
                 admitted = self._admit()
                 runner, self._next_runner = self._next_runner, None
+                if self._control_changed:  # a trial's control arm starts or ends with this turn's runner
+                    if self._control is not None:
+                        self._retired.append(self._control)  # freed by the next switch, off the serving path
+                    self._control, self._control_trial = self._control_next, self.trial_id
+                    self._control_next, self._control_changed = None, False
             self._prefills.extend(_Prefill(slot, job) for slot, job in admitted)
             prefill = self._prefills[0] if self._prefills else None
             if (prefill is not None or runner is not None) and self._flight is not None:
@@ -577,13 +643,25 @@ class Engine:
             tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
             positions = [rows[i].position if rows[i] is not None else parked.get(i, 0) for i in range(b)]
             active = [int(rows[i] is not None) for i in range(b)]
-            flight = _Flight(self._runner, self._runner.launch(b, tokens, positions, active), b,
-                             {i: rows[i] for i in occupied})
+            runner, arm = self._runner, None
+            if self._control is not None:  # a trial: one step on each arm per pair, in a random order
+                if not self._trial_pair:  # strict alternation lined up with the server's own period-2 rhythm
+                    self._trial_pair = self._trial_order.sample(["trial", "control"], 2)  # (coalesced wake-ups): 0.77x
+                    self._trial_pair_no += 1
+                arm = self._trial_pair.pop()
+                runner = self._control if arm == "control" else self._runner
+            t0 = time.perf_counter()
+            flight = _Flight(runner, runner.launch(b, tokens, positions, active), b, {i: rows[i] for i in occupied},
+                             arm, t0)
         same_rows = len(flight.rows) == len(occupied) and all(flight.rows.get(i) is rows[i] for i in occupied)
         if (self.lookahead and same_rows and flight.batch == b and flight.runner is self._runner
-                and all(rows[i].job.sampling.temperature <= 0 for i in occupied)):
+                and self._control is None and all(rows[i].job.sampling.temperature <= 0 for i in occupied)):
             self._flight = _Flight(self._runner, self._runner.launch(b), b, flight.rows)
-        self._apply(flight, flight.runner.collect(flight.launch))
+        step = flight.runner.collect(flight.launch)
+        if flight.arm is not None:  # read back at once (no lookahead in a trial): launch to result, per arm
+            self.trial_steps.append(TrialStep(self._control_trial, flight.arm, b, time.perf_counter() - flight.t0,
+                                              self._trial_pair_no))
+        self._apply(flight, step)
         if self._flight is not None and not any(rows):  # every row finished: nothing will read the lookahead
             self._drain()
 

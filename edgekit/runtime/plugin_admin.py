@@ -50,8 +50,8 @@ class StoreAdmin:
             )
         return result.to_dict()
 
-    def rollback(self, op: str, reason: str = "rollback requested") -> dict[str, Any]:
-        self.store.rollback(op, reason)
+    def rollback(self, op: str, reason: str = "rollback requested", *, block: bool = True) -> dict[str, Any]:
+        self.store.rollback(op, reason, block=block)
         self._activate(op)
         return self.store.pointer(op).model_dump()
 
