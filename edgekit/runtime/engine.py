@@ -53,6 +53,7 @@ DEFAULT_MAX_QUEUE_WAIT_S = 0.35
 # No request runs longer than this from its arrival: it ends with finish reason "time_limit" ("length" to an OpenAI
 # client) and frees its rows. Generous for a long answer on a slow device; it bounds what one client can hold.
 DEFAULT_MAX_REQUEST_S = 300.0
+DEFAULT_MAX_ADMISSION_WAIT_S = 0.1
 # Prompt tokens per prefill chunk on an eager (CPU) runner: on the 2-core development machine a 64-token chunk of the
 # 135M default model costs about one batch-4 decode step (~0.7 s under load), so streams slow down during a long
 # prompt but never stall (a whole 2046-token prefill held them ~70 s).
@@ -194,6 +195,12 @@ class Engine:
         self.batch_buckets = tuple(batch_buckets)
         self.max_waiting = max_waiting
         self.max_queue_wait_s = max_queue_wait_s
+        # Admission by expected wait: a request that would wait longer than this for a row is refused (429) at once
+        # instead of waiting in line, so an admitted request's time to first token stays near its unloaded one (32
+        # clients ignoring Retry-After, default model, CPU: admitted p50 TTFB 2.9x one client's with waits of up to
+        # the queue deadline, #32). Judged on the measured decode step (``_step_s``, a moving average).
+        self.max_admission_wait_s = min(max_queue_wait_s, DEFAULT_MAX_ADMISSION_WAIT_S)
+        self._step_s: float | None = None
         # Per-request caps, so one request cannot hold every row for minutes (n=4 x 2047 tokens did, 13 min on a CPU):
         # choices x new tokens at most one full row of the KV cache by default, and a wall time (None: no cap).
         self.max_request_row_tokens = max_request_row_tokens or shapes.max_seq_len
@@ -398,6 +405,10 @@ class Engine:
                                       f"{len(self._rows)} decode rows" + (f" ({len(jobs)} sequences asked for)"
                                                                           if len(jobs) > 1 else ""),
                                       hint="retry shortly")
+            wait = self._expected_wait_s(len(self._waiting) + len(jobs))
+            if wait > self.max_admission_wait_s:
+                raise OverloadedError(f"the server is at capacity: a decode row is expected to free in {wait:.2f} s "
+                                      f"(a request may wait {self.max_admission_wait_s:.2f} s)", hint="retry shortly")
             self._waiting.extend(jobs)
             self._cv.notify_all()
         return jobs
@@ -418,7 +429,19 @@ class Engine:
         return sum(r is None and i not in self._prefilling for i, r in enumerate(self._rows))
 
     def _full(self) -> bool:
-        return len(self._waiting) >= self.max_waiting + self._free_rows()
+        return (len(self._waiting) >= self.max_waiting + self._free_rows()
+                or self._expected_wait_s(len(self._waiting) + 1) > self.max_admission_wait_s)
+
+    def _expected_wait_s(self, nth: int) -> float:
+        """When the ``nth`` request in line (1: the first) would get a row: the rows free now, then the decoding rows
+        by their tokens left at the measured step time (an upper bound: a stop token frees a row sooner). Rows still
+        being prefilled count as taken for a whole answer. Without a measured step yet: 0 (nothing to go on)."""
+        if nth <= self._free_rows() or self._step_s is None:
+            return 0.0
+        left = sorted(r.job.max_new_tokens - len(r.job.tokens) for r in self._rows if r is not None)
+        left += sorted(p.job.max_new_tokens for p in self._prefills)
+        k = nth - self._free_rows() - 1
+        return left[k] * self._step_s if k < len(left) else float("inf")
 
     def full(self) -> bool:
         """Whether a request submitted now would be refused for capacity (a hint, without the lock: the HTTP
@@ -566,6 +589,11 @@ class Engine:
             cost = budget if chunked else p.job.bucket
             if budget is not None and spent and spent + cost > budget:
                 return
+            if not chunked and self._runner.batched_prefill:  # whole prompts of one bucket: one forward for all
+                group = self._same_bucket(p.job.bucket, None if budget is None else max(budget - spent, cost))
+                self._prefill_group(group)
+                spent += cost * len(group)
+                continue
             try:
                 filled = self._prefill_unit(p)
             except Exception as e:
@@ -574,9 +602,57 @@ class Engine:
             spent += cost
             if not filled:
                 return
-            self._prefills.popleft()
-            with self._cv:
-                self._prefilling.discard(p.slot)
+            self._prefill_done(p)
+
+    def _prefill_done(self, p: _Prefill) -> None:
+        self._prefills.remove(p)
+        with self._cv:
+            self._prefilling.discard(p.slot)
+
+    def _same_bucket(self, bucket: int, tokens: int | None) -> list[_Prefill]:
+        """The waiting whole-prompt prefills of ``bucket``, oldest first, within ``tokens`` of padded prompt."""
+        group = []
+        for p in self._prefills:
+            if p.job.bucket != bucket or (self.prefill_chunk_tokens is not None
+                                          and len(p.job.prompt_ids) > self.prefill_chunk_tokens):
+                continue
+            if tokens is not None and group and (len(group) + 1) * bucket > tokens:
+                break
+            group.append(p)
+        return group
+
+    def _prefill_group(self, group: list[_Prefill]) -> None:
+        """Whole prompts of one bucket in one batched forward; each request then succeeds or fails on its own."""
+        live = []
+        for p in group:
+            if p.job.cancelled:
+                self._finish(p.job, "cancelled")
+            elif self._draining:
+                self._fail_rows([p.slot], p.job, EngineClosedError("the server shut down before this request's "
+                                                                   "prompt was read", hint="retry against a running server"))
+            else:
+                live.append(p)
+        if live:
+            dev, T = self.decoder.device, live[0].job.bucket
+            tokens = torch.full((len(live), T), self._pad_id(), dtype=torch.long)  # (B, T)
+            for i, p in enumerate(live):
+                tokens[i, : len(p.job.prompt_ids)] = torch.tensor(p.job.prompt_ids, dtype=torch.long)
+            seq_lens = torch.tensor([len(p.job.prompt_ids) for p in live], dtype=torch.long)  # (B,)
+            t = time.perf_counter()
+            try:
+                logits = self._runner.prefill_rows([p.slot for p in live], tokens.to(dev), seq_lens.to(dev))  # (B, V)
+            except Exception as e:
+                for p in live:
+                    self._fail_rows([p.slot], p.job, e)
+                logits = None
+            self.prefill_units.append((sum(len(p.job.prompt_ids) for p in live), time.perf_counter() - t))
+            for i, p in enumerate(live if logits is not None else []):
+                try:
+                    self._first_token(p.slot, p.job, logits[i : i + 1])
+                except Exception as e:
+                    self._fail_rows([p.slot], p.job, e)
+        for p in group:
+            self._prefill_done(p)
 
     def _prefill_unit(self, p: _Prefill) -> bool:
         """One unit of a request's prefill: its whole prompt (a bucket) or, when the prompt is longer than a chunk,
@@ -658,6 +734,9 @@ class Engine:
                 and self._control is None and all(rows[i].job.sampling.temperature <= 0 for i in occupied)):
             self._flight = _Flight(self._runner, self._runner.launch(b), b, flight.rows)
         step = flight.runner.collect(flight.launch)
+        if flight.t0:  # launched from host values and read back here: one whole step, for admission's estimate
+            took = time.perf_counter() - flight.t0
+            self._step_s = took if self._step_s is None else 0.8 * self._step_s + 0.2 * took
         if flight.arm is not None:  # read back at once (no lookahead in a trial): launch to result, per arm
             self.trial_steps.append(TrialStep(self._control_trial, flight.arm, b, time.perf_counter() - flight.t0,
                                               self._trial_pair_no))

@@ -101,11 +101,14 @@ class AdminAuth:
 class RequestGuard:
     def __init__(self, app, *, auth: AdminAuth, is_admin: Callable[[str], bool], body_limit: Callable[[str], int],
                  body_timeout_s: float = 10.0, on_refusal: Callable[[str, int, str], None] | None = None,
-                 overloaded: Callable[[str], bool] | None = None, retry_after_s: int = 1):
+                 overloaded: Callable[[str], bool] | None = None, retry_after_s: int = 1,
+                 refusal_delay_s: float = 0.0):
         self.app, self.auth, self.is_admin, self.body_limit = app, auth, is_admin, body_limit
         self.body_timeout_s = body_timeout_s
-        # (path) -> whether the server is at capacity for it: a flood is refused before any body is read or parsed
+        # (path) -> whether the server is at capacity for it: a flood is refused before any body is read or parsed,
+        # after `refusal_delay_s` (see REFUSAL_DELAY_S in server.py)
         self.overloaded, self.retry_after_s = overloaded, retry_after_s
+        self.refusal_delay_s = refusal_delay_s
         self.on_refusal = on_refusal  # (path, status, message): counted and logged like any answer
 
     async def __call__(self, scope, receive, send):
@@ -127,6 +130,7 @@ class RequestGuard:
             if refused is not None:
                 return await refuse(refused[0], refused[1], refused[2])
         if self.overloaded is not None and self.overloaded(path):
+            await asyncio.sleep(self.refusal_delay_s)
             return await refuse(429, "the server is at capacity (every decode row busy and the queue full, or shedding "
                                      "load); retry shortly",
                                 {"Retry-After": str(self.retry_after_s)})

@@ -57,12 +57,12 @@ class RowPrefillCache:
     graph per prompt bucket serves every slot (the slot is an input, like the tokens)."""
 
     def __init__(self, cache: StaticKVCache, slot: torch.Tensor):
-        self.cache, self.slot = cache, slot  # slot: (1,) long on the cache's device
-        self.batch, self.max_seq_len = 1, cache.max_seq_len
+        self.cache, self.slot = cache, slot  # slot: (B,) long on the cache's device (B = 1 in a graph)
+        self.batch, self.max_seq_len = slot.shape[0], cache.max_seq_len
 
     def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         T = k.shape[2]
-        self.cache.k[layer][self.slot, :, :T] = k  # (1, Hkv, T, D) into row `slot`
+        self.cache.k[layer][self.slot, :, :T] = k  # (B, Hkv, T, D) into rows `slot`
         self.cache.v[layer][self.slot, :, :T] = v
 
 
@@ -96,6 +96,7 @@ class StepRunner(abc.ABC):
     pad token and position. The caller launches from the host again whenever the rows change."""
 
     pipelines = False  # whether a lookahead step overlaps the host's work (only a GPU's asynchronous launch does)
+    batched_prefill = False  # whether prefill_rows takes several rows at once (eager: yes; a graph is batch 1)
 
     def __init__(self) -> None:
         self._fed: int | None = None  # the batch bucket whose device inputs hold fed-back values
@@ -158,10 +159,18 @@ class EagerRunner(StepRunner):
             why = "no GPU" if dev.type != "cuda" else "CUDA graphs are off"
             self.decode_path = DecodePath("per-operator", f"eager decode ({why}): the fused path is a CUDA graph")
 
+    batched_prefill = True
+
     def prefill(self, slot: int, tokens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         """tokens (1, T), seq_lens (1,) -> logits (1, V); keys and values land in row `slot`."""
-        row = torch.tensor([slot], dtype=torch.long, device=self.cache.k[0].device)
-        return self.decoder.prefill(tokens, seq_lens, RowPrefillCache(self.cache, row))
+        return self.prefill_rows([slot], tokens, seq_lens)
+
+    def prefill_rows(self, slots: list[int], tokens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Several prompts of one bucket in one forward: tokens (B, T), seq_lens (B,) -> logits (B, V); row i's keys
+        and values land in row ``slots[i]``. (On a CPU four 16-token prompts cost about one: a small prefill is the
+        30 layers' fixed overhead; one by one, the fourth request of a burst waited for three.)"""
+        rows = torch.tensor(slots, dtype=torch.long, device=self.cache.k[0].device)
+        return self.decoder.prefill(tokens, seq_lens, RowPrefillCache(self.cache, rows))
 
     def _launch(self, batch: int, values: torch.Tensor | None) -> Launch:
         inputs = self._inputs[batch]  # (3, b)
