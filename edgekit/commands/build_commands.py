@@ -354,6 +354,7 @@ def serve(
     store: Optional[Path] = typer.Option(None, "--store", help="Plugin store directory for over-the-air swaps (default: <bundle>.store)."),
     max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for a decode row; more get HTTP 429 at once."),
     max_queue_wait_ms: float = typer.Option(350, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429 (default: the engine's DEFAULT_MAX_QUEUE_WAIT_S)."),
+    model_id: Optional[str] = typer.Option(None, "--model-id", help="The model's id in /v1/models and answers (default: the model's name as an identifier)."),
     max_request_s: float = typer.Option(300.0, "--max-request-s", min=0.1, help="A request that runs longer than this (from its arrival) ends with finish reason length and frees its rows."),
     prefill_chunk_tokens: Optional[int] = typer.Option(None, "--prefill-chunk-tokens", min=0, help="Prefill prompts longer than this in chunks between decode steps, so a long prompt never stalls the streams (default: 64 without CUDA graphs, off with them; 0: off)."),
     batch: int = typer.Option(4, "--batch", min=1, max=64, help="Sequences decoded together at most (static batch buckets 1, 2, 4, ... up to this)."),
@@ -401,7 +402,7 @@ def serve(
     server_log = JsonlLogger(log or store_dir / "server.jsonl")
     stack = ServingStack(b, st, max_waiting=max_waiting, cuda_graphs=cuda_graphs, batch_buckets=buckets,
                          max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log, decode_path=preferred_path,
-                         max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens)
+                         max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens, model_name=model_id)
     if watchdog:
         from edgekit.plan.targets import load_target
         from edgekit.power.policy import PolicyConfig

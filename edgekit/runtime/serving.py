@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,12 @@ from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.bundle_runtime import OpenedBundle
 from edgekit.runtime.engine import DEFAULT_MAX_QUEUE_WAIT_S, DEFAULT_MAX_REQUEST_S, Engine
 from edgekit.runtime.gpu_admin_lock import gpu_admin_work
+
+
+def model_id(name: str) -> str:
+    """The id /v1/models and every answer give the model: its name as an identifier, as OpenAI-style ids are
+    ("Smollm2 135M 8k Lc100K Mix1 Ep2", a GGUF's display name, -> "smollm2-135m-8k-lc100k-mix1-ep2")."""
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-.") or "edgekit"
 
 
 def _all_finite(out) -> bool:
@@ -117,7 +124,7 @@ class ServingStack:
         self.events: list[dict] = []  # before the engine: its start-up captures graphs, and a fault there is an event
         dec = bundle.decoder(base)
         self.engine = Engine(dec, bundle.tokenizer, bundle.shapes, max_waiting=max_waiting,
-                             stop_ids=bundle.config.eos_token_ids, model_name=model_name or bundle.config.name,
+                             stop_ids=bundle.config.eos_token_ids, model_name=model_name or model_id(bundle.config.name),
                              cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or DEFAULT_BATCH_BUCKETS,
                              max_queue_wait_s=max_queue_wait_s, decode_path=decode_path or DEFAULT_DECODE_PATH,
                              max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens)
