@@ -51,18 +51,30 @@ class SamplingConfig:
     top_p: float = 1.0  # nucleus: keep the smallest set of tokens whose probability reaches top_p
 
 
+# Below this temperature sampling is greedy: the distribution is one-hot to float32 precision anyway, and dividing a
+# real model's logits (~40) by 1e-37 overflows float32 (inf -> NaN -> torch.multinomial raises), below ~1e-45 the
+# temperature itself is 0 in float32.
+MIN_SAMPLING_TEMPERATURE = 1e-6
+
+
 def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator | None) -> torch.Tensor:
-    if sampling.temperature <= 0:
+    """Next tokens (B,) from logits (B, V): greedy at temperature 0 (or below ``MIN_SAMPLING_TEMPERATURE``), else
+    sampled with top-k / top-p. Numerically safe for every temperature and top_p in range: the logits are scaled
+    relative to each row's best one (every scaled value <= 0, so nothing overflows), and top_p keeps the most
+    likely token however small it is (1e-300 is 0 in float32)."""
+    if sampling.temperature < MIN_SAMPLING_TEMPERATURE:
         return logits.argmax(dim=-1)
-    logits = logits.float() / sampling.temperature
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / sampling.temperature  # (B, V), <= 0
     if 0 < sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1, None]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if sampling.top_p < 1.0:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        # drop a token when the tokens ranked above it already reach top_p (the first token always stays)
+        # drop a token when the tokens ranked above it already reach top_p; the first token always stays
         drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= sampling.top_p
+        drop_sorted[..., 0] = False
         probs = probs.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), 0.0)
     return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
 

@@ -254,7 +254,9 @@ def _decode_max_splits(s: dict) -> int:
 def _decode_default(s: dict):
     d = _head_dim(s)
     ms = _decode_max_splits(s)
-    return {"HEAD_DIM": d, "BLOCK_N": 64 if d >= 128 else 128, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}, 4, 3
+    # head_dim 256 (Gemma 3) at BLOCK_N 64 stages 141 KB of K/V tiles on sm_87 (cross-compiled): over the 128 KB budget
+    block_n = 128 if d < 128 else 64 if d < 256 else 32
+    return {"HEAD_DIM": d, "BLOCK_N": block_n, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}, 4, 3
 
 
 def _decode_smem(c, warps, stages, nbytes):

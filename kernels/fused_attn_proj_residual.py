@@ -70,7 +70,13 @@ def _shape(t, a) -> dict:
 
 
 def prepare(q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias, residual, sm_scale=None):
-    op = SPEC.name
+    return prepare_attn_proj(SPEC.name, q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias, residual,
+                             sm_scale)
+
+
+def prepare_attn_proj(op: str, q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias, residual,
+                      sm_scale=None):
+    """Host checks of an attention + output projection call (``residual`` None: fused_attn_proj, which has none)."""
     hc.ndim(op, q, "q", 3, "(B, Hq, D)")
     for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         hc.ndim(op, t, n, 4, "(B, Hkv, S, D)")
@@ -89,13 +95,14 @@ def prepare(q, k_cache, v_cache, seq_lens, arrivals, weight, scale, offset, bias
     if bias is not None:
         hc.same_dtype(op, bias, "bias", q, "q")
         hc.vector(op, bias, "bias", N)
-    hc.same_dtype(op, residual, "residual", q, "q")
-    if tuple(residual.shape) != (B, N):
-        raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({B}, {N})")
-    hc.unit_last_stride(op, residual, "residual")
+    if residual is not None:
+        hc.same_dtype(op, residual, "residual", q, "q")
+        if tuple(residual.shape) != (B, N):
+            raise OperatorError(f"{op}: residual has shape {tuple(residual.shape)}; expected ({B}, {N})")
+        hc.unit_last_stride(op, residual, "residual")
     sl = hc.seq_lens_i32(op, seq_lens, B)
     tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": sl, "arrivals": arrivals, **operands,
-               "bias": bias, "residual": residual}
+               "bias": bias, **({"residual": residual} if residual is not None else {})}
     attrs = {"sm_scale": default_scale(D) if sm_scale is None else float(sm_scale), **w_attrs}
     return tensors, attrs, lambda bufs: bufs["y"]
 

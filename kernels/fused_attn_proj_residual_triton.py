@@ -145,61 +145,80 @@ SPLIT = dataclasses.replace(
 )
 
 
-def _params(w_type: str, scale_value) -> tuple[Param, ...]:
-    """fused_proj_residual's kernel, its x being this operator's attention output ``o``."""
-    return (
-        Param("x_ptr", "*act", ptr("o")),
-        Param("w_ptr", w_type, ptr("weight")),
-        Param("s_ptr", "*fp32", scale_value),
-        Param("b_ptr", "*act", ptr("bias")),
-        Param("r_ptr", "*act", ptr("residual")),
-        Param("y_ptr", "*act", ptr("y")),
-        Param("N", "i32", shape("weight", 0)),
-        Param("K", "i32", shape("o", 1), div16=True),  # INT4 weights hold K / 2 bytes a row
-        Param("stride_xm", "i32", stride("o", 0), div16=True),
-        Param("stride_wn", "i32", stride("weight", 0), div16=True),
-        Param("stride_rm", "i32", stride("residual", 0), div16=True),
-        Param("stride_ym", "i32", stride("y", 0), div16=True),
-        Param("has_bias", "i32", {"present": "bias"}),
-        *int4_params(),
-    )
+def o_proj_params(residual: bool):
+    """The output GEMV's parameters, its x being the attention output ``o``: fused_proj_residual's kernel (with
+    ``residual``), or fused_attn_proj's GEMV without one."""
+    def params(w_type: str, scale_value) -> tuple[Param, ...]:
+        def only_residual(*ps):
+            return ps if residual else ()
+
+        return (
+            Param("x_ptr", "*act", ptr("o")),
+            Param("w_ptr", w_type, ptr("weight")),
+            Param("s_ptr", "*fp32", scale_value),
+            Param("b_ptr", "*act", ptr("bias")),
+            *only_residual(Param("r_ptr", "*act", ptr("residual"))),
+            Param("y_ptr", "*act", ptr("y")),
+            Param("N", "i32", shape("weight", 0)),
+            Param("K", "i32", shape("o", 1), div16=True),  # INT4 weights hold K / 2 bytes a row
+            Param("stride_xm", "i32", stride("o", 0), div16=True),
+            Param("stride_wn", "i32", stride("weight", 0), div16=True),
+            *only_residual(Param("stride_rm", "i32", stride("residual", 0), div16=True)),
+            Param("stride_ym", "i32", stride("y", 0), div16=True),
+            Param("has_bias", "i32", {"present": "bias"}),
+            *int4_params(),
+        )
+
+    return params
+
+
+_params = o_proj_params(residual=True)
 
 
 FP, W8, W4 = weight_kernels(OP_NAME, "attn_o_proj_residual", _proj_residual_kernel, _params, ("BLOCK_N", "BLOCK_K"),
                             _proj_space, _proj_default, default_w4=lambda s: _proj_default(s, int4=True))
 
 
-def program(variants) -> dict:
-    cs = variants[SPLIT.kernel].constexprs
-    B, Hq, Hkv = shape("q", 0), shape("q", 1), shape("k_cache", 1)
-    D, MS = cs["HEAD_DIM"], cs["MAX_SPLITS"]
+def attn_proj_program(op: str, split, kernels: tuple, residual: bool):
+    """The launch program of split-KV attention (``split``) then the output GEMV (``kernels``: float, INT8, INT4),
+    adding ``residual`` (this operator) or not (fused_attn_proj)."""
+    def program(variants) -> dict:
+        cs = variants[split.kernel].constexprs
+        B, Hq, Hkv = shape("q", 0), shape("q", 1), shape("k_cache", 1)
+        D, MS = cs["HEAD_DIM"], cs["MAX_SPLITS"]
 
-    launches, checks = format_launches(OP_NAME, (FP, W8, W4), variants,
-                                          lambda v: [cdiv(shape("weight", 0), v.constexprs["BLOCK_N"]), B, 1])
-    return program_doc(
-        OP_NAME, ["q", "k_cache", "v_cache", "seq_lens", "arrivals", "weight", "scale", *INT4_INPUTS, "bias", "residual"],
-        ["scale", *INT4_INPUTS, "bias"], ["sm_scale", *INT4_ATTRS],
-        checks=checks + [
-            check("eq", shape("q", 2), D, f"head_dim must equal the compiled HEAD_DIM {D}"),
-            check("le", {"floordiv": [Hq, Hkv]}, cs["BLOCK_G"], f"query heads per KV head must fit BLOCK_G {cs['BLOCK_G']}"),
-            check("le", {"floordiv": [Hq, Hkv]}, cs["COMBINE_G"],
-                  f"query heads per KV head must fit COMBINE_G {cs['COMBINE_G']}"),
-            check("eq", shape("arrivals", 0), B, "arrivals must hold one counter per (sequence, KV head)"),
-            check("eq", shape("arrivals", 1), Hkv, "arrivals must hold one counter per (sequence, KV head)"),
-            weight_columns_check(mul(Hq, D), "weight columns must equal n_heads * head_dim"),
-            check("eq", shape("residual", 1), shape("weight", 0), "residual width must equal weight rows"),
-        ],
-        let=[["NUM_SPLITS", num_splits_rule(cs)]],  # attention_decode's split count
-        buffers=[
-            {"name": "o_part", "shape": [B, Hq, MS, D], "dtype": "fp32"},
-            {"name": "lse", "shape": [B, Hq, MS], "dtype": "fp32"},
-            {"name": "o", "shape": [B, mul(Hq, D)], "dtype": {"like": "q"}},
-            {"name": "y", "shape": [B, shape("weight", 0)], "dtype": {"like": "q"}},
-        ],
-        launches=[launch_of(SPLIT, [sym("NUM_SPLITS"), mul(B, Hkv), 1])] + launches,
-        outputs=["y"],
-    )
+        launches, checks = format_launches(op, kernels, variants,
+                                           lambda v: [cdiv(shape("weight", 0), v.constexprs["BLOCK_N"]), B, 1])
+        return program_doc(
+            op, ["q", "k_cache", "v_cache", "seq_lens", "arrivals", "weight", "scale", *INT4_INPUTS, "bias",
+                 *(["residual"] if residual else [])],
+            ["scale", *INT4_INPUTS, "bias"], ["sm_scale", *INT4_ATTRS],
+            checks=checks + [
+                check("eq", shape("q", 2), D, f"head_dim must equal the compiled HEAD_DIM {D}"),
+                check("le", {"floordiv": [Hq, Hkv]}, cs["BLOCK_G"],
+                      f"query heads per KV head must fit BLOCK_G {cs['BLOCK_G']}"),
+                check("le", {"floordiv": [Hq, Hkv]}, cs["COMBINE_G"],
+                      f"query heads per KV head must fit COMBINE_G {cs['COMBINE_G']}"),
+                check("eq", shape("arrivals", 0), B, "arrivals must hold one counter per (sequence, KV head)"),
+                check("eq", shape("arrivals", 1), Hkv, "arrivals must hold one counter per (sequence, KV head)"),
+                weight_columns_check(mul(Hq, D), "weight columns must equal n_heads * head_dim"),
+                *([check("eq", shape("residual", 1), shape("weight", 0), "residual width must equal weight rows")]
+                  if residual else []),
+            ],
+            let=[["NUM_SPLITS", num_splits_rule(cs)]],  # attention_decode's split count
+            buffers=[
+                {"name": "o_part", "shape": [B, Hq, MS, D], "dtype": "fp32"},
+                {"name": "lse", "shape": [B, Hq, MS], "dtype": "fp32"},
+                {"name": "o", "shape": [B, mul(Hq, D)], "dtype": {"like": "q"}},
+                {"name": "y", "shape": [B, shape("weight", 0)], "dtype": {"like": "q"}},
+            ],
+            launches=[launch_of(split, [sym("NUM_SPLITS"), mul(B, Hkv), 1])] + launches,
+            outputs=["y"],
+        )
+
+    return program
 
 
+program = attn_proj_program(OP_NAME, SPLIT, (FP, W8, W4), residual=True)
 OP = OpKernels(op=OP_NAME, kernels=(SPLIT, FP, W8, W4), program=program, prepare=prepare,
                required=((SPLIT.kernel,), (FP.kernel, W8.kernel, W4.kernel)))

@@ -70,7 +70,16 @@ def _shape(t, a) -> dict:
 
 def prepare(x, norm_weight, weight, scale, offset, bias, cos, sin, positions, k_cache, v_cache, eps, n_heads,
             n_kv_heads):
-    op = SPEC.name
+    tensors, w_attrs = check_qkv_call(SPEC.name, x, norm_weight, weight, scale, offset, bias, cos, sin, positions,
+                                      k_cache, v_cache, n_heads, n_kv_heads)
+    attrs = {"eps": float(eps), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads), **w_attrs}
+    return tensors, attrs, lambda bufs: bufs["q"]
+
+
+def check_qkv_call(op: str, x, norm_weight, weight, scale, offset, bias, cos, sin, positions, k_cache, v_cache,
+                   n_heads, n_kv_heads) -> tuple[dict, dict]:
+    """Host checks of a norm -> QKV -> RoPE -> cache call (this operator's and fused_norm_qkv_qknorm_rope's common
+    operands): (tensors, the weight format's attributes)."""
     hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset),
                ("bias", bias),
                ("cos", cos), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache))
@@ -104,8 +113,7 @@ def prepare(x, norm_weight, weight, scale, offset, bias, cos, sin, positions, k_
                             f"layout ({B}, {n_kv_heads}, S, {D})")
     tensors = {"x": x, "norm_weight": norm_weight, **operands, "bias": bias, "cos": cos,
                "sin": sin, "positions": positions, "k_cache": k_cache, "v_cache": v_cache}
-    attrs = {"eps": float(eps), "n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads), **w_attrs}
-    return tensors, attrs, lambda bufs: bufs["q"]
+    return tensors, w_attrs
 
 
 # A decode layer's attention input: rmsnorm -> (one-token view) -> QKV -> RoPE -> cache write -> q of the token

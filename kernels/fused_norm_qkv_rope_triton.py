@@ -87,14 +87,22 @@ def _norm_qkv_rope_program(
     tl.store(dst + HALF, o2)
 
 
-def _params(w_type: str, scale_value) -> tuple[Param, ...]:
+def qkv_params(w_type: str, scale_value, qk_norm: bool = False) -> tuple[Param, ...]:
+    """The kernel parameters of this operator, or (``qk_norm``) of fused_norm_qkv_qknorm_rope: the same with its
+    per-head norm weights, cache slots, group counters and workspace, and the QK-norm's eps."""
+    def only_qk(*params):
+        return params if qk_norm else ()
+
     return (
         *operand_params(w_type, scale_value, norm=True, bias=True),
+        *only_qk(Param("qn_ptr", "*act", ptr("q_norm")), Param("kn_ptr", "*act", ptr("k_norm"))),
         Param("cos_ptr", "*fp32", ptr("cos")),
         Param("sin_ptr", "*fp32", ptr("sin")),
         Param("pos_ptr", "*i64", ptr("positions")),
+        *only_qk(Param("slot_ptr", "*i64", ptr("slots"))),
         Param("kc_ptr", "*act", ptr("k_cache")),
         Param("vc_ptr", "*act", ptr("v_cache")),
+        *only_qk(Param("arr_ptr", "*i32", ptr("arrivals")), Param("ws_ptr", "*act", ptr("qk_rows"))),
         Param("q_ptr", "*act", ptr("q")),
         *reduction_params("C"),
         Param("stride_cs", "i32", stride("cos", 0)),
@@ -104,6 +112,7 @@ def _params(w_type: str, scale_value) -> tuple[Param, ...]:
         Param("stride_qb", "i32", stride("q", 0), div16=True),
         Param("has_bias", "i32", {"present": "bias"}),
         Param("eps", "fp32", attr("eps")),
+        *only_qk(Param("qk_eps", "fp32", attr("qk_eps"))),
         Param("n_heads", "i32", attr("n_heads")),
         Param("n_kv_heads", "i32", attr("n_kv_heads")),
         *int4_params(),
@@ -122,8 +131,8 @@ def _default(s: dict, int4: bool = False):
     return {"HALF": half, "PAIRS": max(1, min(rows // 2, half)), "BLOCK_K": block_k}, warps, 1
 
 
-FP, W8, W4 = weight_kernels(OP_NAME, "norm_qkv_rope", _norm_qkv_rope_kernel, _params, ("HALF", "PAIRS", "BLOCK_K"),
-                            _space, _default, default_w4=lambda s: _default(s, int4=True),
+FP, W8, W4 = weight_kernels(OP_NAME, "norm_qkv_rope", _norm_qkv_rope_kernel, qkv_params,
+                            ("HALF", "PAIRS", "BLOCK_K"), _space, _default, default_w4=lambda s: _default(s, int4=True),
                             rows_a_step=lambda c: 2 * c["PAIRS"])  # both halves of each rotation pair
 
 

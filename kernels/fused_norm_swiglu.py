@@ -41,18 +41,25 @@ def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dic
     return {**golden_norm_input(cfg, rows, g), **golden_weight(g, 2 * F, C, bias=False)}, {"eps": cfg.rms_norm_eps}
 
 
-def prepare(x, norm_weight, weight, scale, offset, eps):
-    op = SPEC.name
-    hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset))
-    hc.act_dtype(op, x, "x")
-    hc.ndim(op, x, "x", 2, "(B, C)")
-    hc.unit_last_stride(op, x, "x")
-    if weight.dim() != 2 or weight.shape[0] % 2:
-        raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected (2F, C) with gate rows then up rows")
-    operands, attrs = weight_operands(op, x, weight, scale, offset, weight.shape[0], x.shape[1])
-    hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
-    hc.vector(op, norm_weight, "norm_weight", x.shape[1])
-    return {"x": x, "norm_weight": norm_weight, **operands}, {"eps": float(eps), **attrs}, lambda bufs: bufs["y"]
+def gate_up_prepare(op: str):
+    """The host checks of a norm -> gate/up GEMV -> gated activation call (this operator's, fused_norm_geglu's)."""
+    def prepare(x, norm_weight, weight, scale, offset, eps):
+        hc.on_cuda(op, ("x", x), ("norm_weight", norm_weight), ("weight", weight), ("scale", scale), ("offset", offset))
+        hc.act_dtype(op, x, "x")
+        hc.ndim(op, x, "x", 2, "(B, C)")
+        hc.unit_last_stride(op, x, "x")
+        if weight.dim() != 2 or weight.shape[0] % 2:
+            raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected (2F, C) with gate rows then "
+                                f"up rows")
+        operands, attrs = weight_operands(op, x, weight, scale, offset, weight.shape[0], x.shape[1])
+        hc.same_dtype(op, norm_weight, "norm_weight", x, "x")
+        hc.vector(op, norm_weight, "norm_weight", x.shape[1])
+        return {"x": x, "norm_weight": norm_weight, **operands}, {"eps": float(eps), **attrs}, lambda bufs: bufs["y"]
+
+    return prepare
+
+
+prepare = gate_up_prepare(SPEC.name)
 
 
 # rmsnorm -> packed gate/up projection (no bias) -> SwiGLU

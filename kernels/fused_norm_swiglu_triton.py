@@ -102,20 +102,28 @@ FP, W8, W4 = weight_kernels(OP_NAME, "norm_swiglu", _norm_swiglu_kernel, _params
                             rows_a_step=lambda c: 2 * c["BLOCK_N"])  # gate and up rows
 
 
-def program(variants) -> dict:
-    F = {"floordiv": [shape("weight", 0), 2]}
-    launches, checks = format_launches(OP_NAME, (FP, W8, W4), variants,
-                                          lambda v: [cdiv(F, v.constexprs["BLOCK_N"]), shape("x", 0), 1])
-    return program_doc(
-        OP_NAME, ["x", "norm_weight", "weight", "scale", *INT4_INPUTS], ["scale", *INT4_INPUTS], ["eps", *INT4_ATTRS],
-        checks=checks + [weight_columns_check(shape("x", 1), "weight columns must equal x's width"),
-                         check("multiple_of", shape("weight", 0), 2, "weight packs gate and up rows: an even count")],
-        let=[],
-        buffers=[{"name": "y", "shape": [shape("x", 0), F], "dtype": {"like": "x"}}],
-        launches=launches,
-        outputs=["y"],
-    )
+def gate_up_program(op: str, kernels: tuple):
+    """The launch program of a norm -> gate/up GEMV -> gated activation operator (this one, fused_norm_geglu):
+    ``kernels`` its float, INT8 and INT4 KernelDefs."""
+    def program(variants) -> dict:
+        F = {"floordiv": [shape("weight", 0), 2]}
+        launches, checks = format_launches(op, kernels, variants,
+                                           lambda v: [cdiv(F, v.constexprs["BLOCK_N"]), shape("x", 0), 1])
+        return program_doc(
+            op, ["x", "norm_weight", "weight", "scale", *INT4_INPUTS], ["scale", *INT4_INPUTS], ["eps", *INT4_ATTRS],
+            checks=checks + [
+                weight_columns_check(shape("x", 1), "weight columns must equal x's width"),
+                check("multiple_of", shape("weight", 0), 2, "weight packs gate and up rows: an even count"),
+            ],
+            let=[],
+            buffers=[{"name": "y", "shape": [shape("x", 0), F], "dtype": {"like": "x"}}],
+            launches=launches,
+            outputs=["y"],
+        )
+
+    return program
 
 
+program = gate_up_program(OP_NAME, (FP, W8, W4))
 OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4), program=program, prepare=prepare,
                required=((FP.kernel, W8.kernel, W4.kernel),))

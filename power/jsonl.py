@@ -1,21 +1,19 @@
-"""The watchdog's log: one JSON object per line, appended as it happens.
+"""The watchdog's and the server's logs: one JSON object per line, appended as it happens.
 
 Record types: ``meta`` (once, first: format version, sensors, policy),
 ``sample`` (a power/thermal reading), ``latency`` (window percentiles per
-metric) and ``event``. Appending keeps every record written before a crash; the
-reader skips a torn last line (and any other line that is not JSON) and says
-how many it skipped.
-
-A log that reaches ``max_bytes`` (64 MiB by default) is rotated: it becomes
-``NAME.1`` (replacing the one before) and a new ``NAME`` starts with the same
-meta record, so a device's disk holds at most two logs' worth and each file
-stands alone for `edgekit report`.
+metric) and ``event`` (the server adds ``request``). Appending keeps every record
+written before a crash; the reader skips a torn last line (and any other line
+that is not JSON) and says how many it skipped. A log is bounded (rotated at
+``max_bytes``, ``backups`` old files kept), mode 0600, and a write that fails is
+counted and dropped, never raised.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -26,59 +24,143 @@ from typing import Any
 from edgekit.errors import EdgekitError
 
 LOG_FORMAT_VERSION = 1
-DEFAULT_MAX_BYTES = 64 * 2**20  # then NAME -> NAME.1: a device running for months keeps two logs, not gigabytes
+
+
+# Bounds of one log: the file is rotated (LOG.1, LOG.2, ...) when it would pass max_bytes, and at most `backups` old
+# files are kept. A 429 flood logs ~40 KB/s and an idle watchdog ~7 KB/s: without a bound either fills a device's disk.
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_BACKUPS = 3
+_PENDING_MAX_BYTES = 64 * 1024  # written at once past this, whatever the flush interval
 
 
 class JsonlLogger:
-    def __init__(self, path: str | Path, flush_interval_s: float = 1.0, max_bytes: int | None = DEFAULT_MAX_BYTES):
+    """Appends JSON records, one a line, to a file of mode 0600 (logs name plugins, clients and errors).
+
+    Never raises after it is open: a record that cannot be written (disk full, ``/dev/full``, a file removed under
+    it) is counted in ``dropped`` and the caller goes on; a request must not fail because its log line did.
+    Records are buffered and written at most every ``flush_interval_s`` (or at once with ``flush=True``).
+    Rotation happens between whole lines, and each new file opens with the meta record again, so every file
+    stands alone for `edgekit report`."""
+
+    def __init__(self, path: str | Path, flush_interval_s: float = 1.0, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                 backups: int = DEFAULT_BACKUPS):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self.max_bytes, self.backups = max_bytes, backups
+        self._fd: int | None = self._open()  # an unopenable path raises here, where the caller can say so
+        self._size = os.fstat(self._fd).st_size
         self._lock = threading.Lock()
         self.flush_interval_s = flush_interval_s
         self._last_flush = time.monotonic()
-        self.records = 0
-        self.max_bytes = max_bytes
+        self._pending: list[str] = []
+        self._pending_bytes = 0
+        self._meta_line: str | None = None  # written again at the top of a rotated log
+        self.records = 0  # records handed to write()
+        self.dropped = 0  # of those, lost to a failed write
         self.rotations = 0
-        self._meta: dict[str, Any] | None = None  # written again at the top of a rotated log
+        self.last_error: str | None = None
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:  # an older log made with the umask's mode
+            os.fchmod(fd, 0o600)
+        return fd
 
     def write(self, record: dict[str, Any], flush: bool = False) -> None:
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         with self._lock:
-            if self._f.closed:
+            if self._fd is None:
                 return
-            if self.max_bytes is not None and self._f.tell() + len(line) > self.max_bytes and self._f.tell() > 0:
-                self._rotate()
-            self._f.write(line)
+            self._pending.append(line)
+            self._pending_bytes += len(line)
             self.records += 1
             now = time.monotonic()
-            if flush or now - self._last_flush >= self.flush_interval_s:
-                self._f.flush()
+            if flush or now - self._last_flush >= self.flush_interval_s or self._pending_bytes > _PENDING_MAX_BYTES:
+                self._flush_locked()
                 self._last_flush = now
 
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        """Writes the pending lines, rotating before a line that would take the file past max_bytes."""
+        if not self._pending or self._fd is None:
+            return
+        lines, self._pending, self._pending_bytes = self._pending, [], 0
+        chunk: list[bytes] = []
+        chunk_bytes = 0
+        for line in lines:
+            data = line.encode("utf-8", "replace")
+            if self._size + chunk_bytes + len(data) > self.max_bytes and self._size + chunk_bytes > 0:
+                self._write_lines(chunk)
+                chunk, chunk_bytes = [], 0
+                self._rotate()
+            chunk.append(data)
+            chunk_bytes += len(data)
+        self._write_lines(chunk)
+
+    def _write_lines(self, lines: list[bytes], *, count: bool = True) -> None:
+        if not lines or self._fd is None:
+            return
+        try:
+            view = memoryview(b"".join(lines))
+            total = len(view)
+            while view:
+                view = view[os.write(self._fd, view):]
+            self._size += total
+        except OSError as e:  # counted, never raised into a request or the watchdog
+            if count:
+                self.dropped += len(lines)
+            self.last_error = f"{type(e).__name__}: {e}"
+
     def _rotate(self) -> None:
-        """NAME -> NAME.1 (atomic rename), then a fresh NAME opening with the meta record. Under the lock."""
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-        self._f = open(self.path, "a", encoding="utf-8")
-        self.rotations += 1
-        if self._meta is not None:
-            self._f.write(json.dumps({**self._meta, "rotated_from": f"{self.path.name}.1"}, separators=(",", ":"),
-                                     default=str) + "\n")
+        """LOG -> LOG.1 -> LOG.2 ... (the oldest beyond `backups` is replaced); a new LOG that opens with the meta
+        record. On failure the old file is kept and the next flush tries again."""
+        try:
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+                return  # a device or pipe: nothing to rotate
+            if self.backups <= 0:
+                os.ftruncate(self._fd, 0)
+            else:
+                for i in range(self.backups - 1, 0, -1):
+                    older = self.path.with_name(f"{self.path.name}.{i}")
+                    if older.exists():
+                        os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
+                os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+                fd, self._fd = self._fd, self._open()
+                os.close(fd)
+            self._size = 0
+            self.rotations += 1
+        except OSError as e:
+            self.last_error = f"rotation failed: {type(e).__name__}: {e}"
+            return
+        if self._meta_line is not None:
+            meta = json.loads(self._meta_line)
+            meta["rotated_from"] = f"{self.path.name}.1"
+            self._write_lines([(json.dumps(meta, separators=(",", ":"), default=str) + "\n").encode()], count=False)
 
     def meta(self, **fields: Any) -> None:
         record = {"type": "meta", "format_version": LOG_FORMAT_VERSION, "t_s": time.time(), **fields}
-        self._meta = record
+        self._meta_line = json.dumps(record, separators=(",", ":"), default=str)
         self.write(record, flush=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
 
     def close(self) -> None:
         with self._lock:
-            if not self._f.closed:
-                self._f.flush()
-                os.fsync(self._f.fileno())
-                self._f.close()
+            if self._fd is None:
+                return
+            self._flush_locked()
+            try:
+                os.fsync(self._fd)
+            except OSError:  # a device or a full disk: what could be written was
+                pass
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> "JsonlLogger":
         return self

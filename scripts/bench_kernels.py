@@ -5,15 +5,18 @@
 - attention decode (split-KV) vs SDPA (flash backend) at 1k-32k context, batch 1
 - W8A16 GEMV (decode, M=1) vs fp16 F.linear (cuBLAS) and vs the naive path (dequantise in PyTorch, then F.linear)
 - W8A16 GEMM (prefill) vs fp16 F.linear
+- the Qwen3 / Gemma 3 fused decode operators (QK-norm QKV, attention + o-projection, norm + GeGLU, norm + residual)
+  vs the per-operator calls they replace, at qwen3-0.6b / qwen3-1.7b / gemma-3-1b shapes, FP16 / INT8 / INT4 weights
+- the Qwen3 / Gemma 3 operators (--only family_ops): qk_norm_rope and geglu vs their eager torch composition (GB/s),
+  and Gemma 3's sliding-window prefill (window 512, head_dim 256) vs SDPA with the window as a mask and vs full
+  causal attention
 - achieved GB/s vs a device-to-device copy measured in the same run
-- Qwen3 / Gemma 3 operators: qk_norm_rope and geglu vs their eager torch composition (GB/s), and Gemma 3's
-  sliding-window prefill (window 512, head_dim 256) vs SDPA with the window as a mask and vs full causal attention
 
 Every time is CUDA-graph replay (the host's ~20 us eager launch cost would hide the kernels), per call,
 with many calls per graph. Memory-bound working sets cycle through enough weight / KV copies to exceed
 4x the L2 (H200: 60 MB), so the figures are HBM figures. Prints a table; --json PATH writes everything.
 
-    python scripts/bench_kernels.py --json $OUT/bench_kernels.json [--quick] [--sweep all|gemv|none]
+    python scripts/bench_kernels.py --json $OUT/bench_kernels.json [--quick] [--sweep all|gemv|none] [--only family --only family_ops]
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ def _eager_qk_norm_rope(qkv, qn, kn, cos, sin, hq, hkv, eps):
     return qk_norm_rope_reference(qkv, qn, kn, cos, sin, hq, hkv, eps)
 
 
-def bench_family(copy_gbps: float, l2: int, log) -> list[dict]:
+def bench_family_ops(copy_gbps: float, l2: int, log) -> list[dict]:
     """qk_norm_rope and geglu (memory-bound: GB/s of what they read and write) against the eager torch composition
     of their references; the sliding-window prefill against SDPA given the window as a boolean mask."""
     from edgekit.kernels.geglu import geglu_reference
@@ -405,6 +408,115 @@ def bench_gemm(log) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- Qwen3 / Gemma 3 fused decode operators
+# hidden, intermediate, query heads, KV heads, head_dim (the models' configs); decode at depth 512 (the issue's)
+FAMILY_MODELS = [("qwen3-0.6b", 1024, 3072, 16, 8, 128), ("qwen3-1.7b", 2048, 6144, 16, 8, 128),
+                 ("gemma-3-1b", 1152, 6912, 4, 1, 256)]
+FAMILY_DEPTH = 512
+
+
+def _projection(n: int, k: int, precision: str):
+    """A LinearWeights record of an (n, k) projection in ``precision`` (fp16, int8 = W8A16, int4 = W4A16 group 128)."""
+    from edgekit.kernels.int4_layout import quantize_int4_rtn
+    from edgekit.kernels.linear import LinearWeights
+    from edgekit.quant.weights import quantize_per_channel
+
+    w = torch.randn(n, k, device="cuda") / k ** 0.5
+    if precision == "int8":
+        q, scale = quantize_per_channel(w)
+        return LinearWeights("linear_w8a16", q, None, scale)
+    if precision == "int4":
+        q, scale, offset = quantize_int4_rtn(w, 128)
+        return LinearWeights("linear_w4a16", q, None, scale, offset=offset)
+    return LinearWeights("linear", w.to(H))
+
+
+def _family_calls(op: str, shape: tuple, precision: str, table, fused, lw, state: dict):
+    """(fused call, the per-operator calls it replaces as one callable, bytes the fused call must read) of one
+    decode step of ``op`` on projection ``lw``. The families' own per-operator ops run from ``table`` where they are
+    registered, else their formulas in torch (kernels/family_math.py)."""
+    from edgekit.kernels.family_math import geglu_math, qk_norm_rope_math
+    from edgekit.kernels.registry import OPERATORS
+
+    _, C, F_, hq, hkv, d = shape
+    x, nw, eps = state["x"], state["nw"], 1e-6
+
+    def rmsnorm(t):
+        return table.get("rmsnorm")(t, nw, eps)
+
+    def linear(t):
+        return table.get(lw.op)(t, *lw.operator_args())
+
+    if op == "fused_norm_qkv_qknorm_rope":
+        qn, kn, cos, sin, pos, kc, vc, arr = (state[k] for k in ("qn", "kn", "cos", "sin", "pos", "kc", "vc", "arr"))
+        qk = table.get("qk_norm_rope") if "qk_norm_rope" in OPERATORS else (
+            lambda qkv, a, b, c, s, h, g, e: qk_norm_rope_math(qkv, a, b, c, s, h, g, e))
+
+        def unfused():
+            q, k, v = qk(linear(rmsnorm(x))[:, None], qn, kn, cos[pos][:, None], sin[pos][:, None], hq, hkv, eps)
+            kc[0, :, pos[0]], vc[0, :, pos[0]] = k[0, :, 0], v[0, :, 0]
+            return q
+
+        return (lambda: fused(x, nw, lw.weight, lw.scale, lw.offset, None, qn, kn, cos, sin, pos, pos, kc, vc, arr,
+                              eps, eps, hq, hkv)), unfused, lw.nbytes()
+    if op == "fused_attn_proj":
+        q, kc, vc, lens, arr = (state[k] for k in ("q", "kc", "vc", "lens", "arr"))
+        kv_bytes = 2 * hkv * FAMILY_DEPTH * d * 2
+        return (lambda: fused(q, kc, vc, lens, arr, lw.weight, lw.scale, lw.offset, None, d ** -0.5)), \
+            (lambda: linear(table.get("attention_decode")(q, kc, vc, lens, d ** -0.5).reshape(1, -1))), \
+            lw.nbytes() + kv_bytes
+    if op == "fused_norm_geglu":
+        act = table.get("geglu") if "geglu" in OPERATORS else geglu_math
+        return (lambda: fused(x, nw, lw.weight, lw.scale, lw.offset, eps)), (lambda: act(linear(rmsnorm(x)))), \
+            lw.nbytes()
+    r = state["r"]  # norm_residual: a row of the stream; latency, not bandwidth
+    return (lambda: fused(x, nw, r, eps)), (lambda: r + rmsnorm(x)), 3 * 2 * C
+
+
+def bench_family_fused(copy_gbps, l2, precisions, log) -> list[dict]:
+    from edgekit.kernels.rope import rope_frequencies
+    from edgekit.kernels.triton_backend import triton_dispatch_table
+
+    table = triton_dispatch_table()
+    rows = []
+    for shape in FAMILY_MODELS:
+        name, C, F_, hq, hkv, d = shape
+        kc = torch.randn(1, hkv, 2 * FAMILY_DEPTH, d, device="cuda", dtype=H)
+        cos, sin = (t.cuda() for t in rope_frequencies(d, 2 * FAMILY_DEPTH, 1e6))
+        state = {"x": torch.randn(1, C, device="cuda", dtype=H), "nw": torch.ones(C, device="cuda", dtype=H),
+                 "r": torch.randn(1, C, device="cuda", dtype=H), "qn": torch.ones(d, device="cuda", dtype=H),
+                 "kn": torch.ones(d, device="cuda", dtype=H), "cos": cos, "sin": sin,
+                 "pos": torch.tensor([FAMILY_DEPTH], device="cuda"), "kc": kc, "vc": kc.clone(),
+                 "arr": torch.zeros(1, hkv, dtype=torch.int32, device="cuda"),
+                 "q": torch.randn(1, hq, d, device="cuda", dtype=H),
+                 "lens": torch.tensor([FAMILY_DEPTH], device="cuda", dtype=torch.int32)}
+        weights = {"fused_norm_qkv_qknorm_rope": ((hq + 2 * hkv) * d, C), "fused_attn_proj": (C, hq * d),
+                   "fused_norm_geglu": (2 * F_, C), "norm_residual": None}
+        for op, nk in weights.items():
+            for precision in (precisions if nk else ["fp16"]):
+                one = _projection(*nk, precision).nbytes() if nk else 0
+                lws = [_projection(*nk, precision) if nk else None for _ in range(copies_for(one, l2) if nk else 1)]
+                fused = table.get(op)
+                calls = [_family_calls(op, shape, precision, table, fused, lw, state) for lw in lws]
+                try:
+                    t_fused = graph_time_us([c[0] for c in calls])
+                    t_unfused = graph_time_us([c[1] for c in calls])
+                except Exception as e:  # a call that fails on this GPU is reported, not hidden
+                    log(f"family  {name:11s} {op:27s} {precision:5s} FAILED {type(e).__name__}: {str(e)[:160]}")
+                    rows.append({"model": name, "op": op, "precision": precision, "error": str(e)[:300]})
+                    continue
+                gbps = calls[0][2] / (t_fused * 1e-6) / 1e9
+                row = {"model": name, "op": op, "precision": precision, "copies": len(lws), "fused_us": t_fused,
+                       "per_operator_us": t_unfused, "speedup": t_unfused / t_fused, "bytes": calls[0][2],
+                       "fused_gbps": gbps, "fraction_of_copy": gbps / copy_gbps}
+                rows.append(row)
+                log(f"family  {name:11s} {op:27s} {precision:5s} fused {t_fused:6.2f} us  per-operator "
+                    f"{t_unfused:6.2f} us  x{row['speedup']:.2f}  {row['fraction_of_copy'] * 100:5.1f}% of copy")
+                del lws, calls
+                torch.cuda.empty_cache()
+    return rows
+
+
 # --------------------------------------------------------------------------- goals
 def goals(prefill, decode, gemv) -> dict:
     g = {}
@@ -428,7 +540,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer lengths and contexts")
     ap.add_argument("--sweep", choices=["all", "gemv", "none"], default="all",
                     help="which sections also time a small tile sweep (default: all)")
-    ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm", "family"], action="append")
+    ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm", "family", "family_ops"],
+                    action="append")
+    ap.add_argument("--family-precisions", default="fp16,int8,int4",
+                    help="weights of the Qwen3 / Gemma 3 fused operators' section (comma list of fp16, int8, int4)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU (measured numbers only; run it on the GPU machine)", file=sys.stderr)
@@ -442,7 +557,7 @@ def main() -> int:
     l2 = int(getattr(props, "L2_cache_size", 60 << 20) or (60 << 20))
     sweep = args.sweep == "all"
     gemv_sweep = args.sweep in ("all", "gemv")
-    only = set(args.only or ["prefill", "decode", "gemv", "gemm", "family"])
+    only = set(args.only or ["prefill", "decode", "gemv", "gemm", "family", "family_ops"])
     out = {"device": props.name, "sm_count": props.multi_processor_count, "l2_bytes": l2,
            "torch": torch.__version__, "triton": __import__("triton").__version__,
            "method": "CUDA graph replay, median of 5 trials; memory-bound working sets >= 4x L2; measured on GPU"}
@@ -464,7 +579,8 @@ def main() -> int:
     out["gemv_sweep"] = gemv_sweep_log
     runners = {"gemv": lambda: bench_gemv(copy, l2, gemv_sweep, log, gemv_sweep_log), "decode": lambda: bench_decode(contexts, copy, l2, sweep, log),
                "prefill": lambda: bench_prefill(lengths, sweep, log), "gemm": lambda: bench_gemm(log),
-               "family": lambda: bench_family(copy, l2, log)}
+               "family": lambda: bench_family_fused(copy, l2, args.family_precisions.split(","), log),
+               "family_ops": lambda: bench_family_ops(copy, l2, log)}
     for name, run in runners.items():
         if name in only:
             sections[name] = run()

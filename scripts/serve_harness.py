@@ -86,7 +86,7 @@ def serving(bundle, *, max_waiting: int, batch_buckets=(1, 2, 4, 8), max_queue_w
                          log=JsonlLogger(tmp / "store" / "server.jsonl"), decode_path=decode_path)
     app = create_app(stack.engine, admin_token=ADMIN_TOKEN, plugins=stack.admin, log=stack.log)
     gc.freeze()  # as `serve` does: start-up objects out of the collector's way (no long gen-2 pauses under load)
-    srv = make_uvicorn_server(app, "127.0.0.1", 0)
+    srv = make_uvicorn_server(app, "127.0.0.1", 0, on_shutdown=stack.engine.finish_all)
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
     while not srv.started:

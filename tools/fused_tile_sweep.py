@@ -21,7 +21,10 @@ llama-3.2-1b: qkv best 8 x 2048 at 4 warps 5.15 us (default then 16 x 2048: 5.65
 (4.17), gate/up 64 x 1024 at 4 warps 10.07 (32 x 1024: 11.52), down 4 x 4096 at 4 warps 6.23 (6.95); the rule
 in fused_gemv_triton.int4_gemv_tile now picks the qkv, o and down winners.
 
-  python tools/fused_tile_sweep.py [--json out.json] [--budget-s 120]
+Qwen3 / Gemma 3 presets (--presets qwen3-0.6b,gemma-3-1b) sweep their own fused GEMVs: the QK-norm QKV, Gemma's
+o-projection without the residual (fused_attn_proj, timed with its split-KV attention at 512 keys) and GeGLU.
+
+  python tools/fused_tile_sweep.py [--json out.json] [--budget-s 120] [--presets smollm2-135m,qwen3-0.6b]
 """
 
 from __future__ import annotations
@@ -42,9 +45,22 @@ WORKING_SET = 256 << 20
 
 
 def _cases(cfg):
+    """(fused operator, n, k) of each GEMV of the preset's fused decode layer: the QKV, the o-projection (the GEMV of
+    fused_attn_proj_residual is fused_proj_residual's kernel; fused_attn_proj's is its own), gate/up and down (a
+    family whose down projection has a norm before its residual add runs it per operator: not swept)."""
+    from edgekit.graph.builder import LinearSchemes
+    from edgekit.graph.paths import fused_step_operators
+
     C, F, qkv = cfg.hidden_size, cfg.intermediate_size, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-    return [("fused_norm_qkv_rope", qkv, C), ("fused_proj_residual", C, cfg.q_size),
-            ("fused_norm_swiglu", 2 * F, C), ("fused_proj_residual", C, F)]
+    step = set(fused_step_operators(cfg, LinearSchemes.uniform(cfg.n_layers)))
+
+    def first(*ops):
+        return next(op for op in ops if op in step)
+
+    cases = [(first("fused_norm_qkv_qknorm_rope", "fused_norm_qkv_rope"), qkv, C),
+             ("fused_attn_proj" if "fused_attn_proj" in step else "fused_proj_residual", C, cfg.q_size),
+             (first("fused_norm_geglu", "fused_norm_swiglu"), 2 * F, C)]
+    return cases + ([("fused_proj_residual", C, F)] if "fused_proj_residual" in step else [])
 
 
 def _args(op, cfg, w, dev):
@@ -54,13 +70,23 @@ def _args(op, cfg, w, dev):
     w, scale, offset = (w + (None,) * (3 - len(w))) if isinstance(w, tuple) else (w, None, None)
     C = w.shape[1] * (2 if w.dtype == torch.uint8 else 1)  # packed INT4: two codes a byte
     x = torch.randn(1, C, device=dev, dtype=h)
-    if op == "fused_norm_qkv_rope":
+    kc = torch.randn(1, cfg.n_kv_heads, 1024, cfg.head_dim, device=dev, dtype=h)
+    if op in ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope"):
         from edgekit.kernels.rope import rope_frequencies
 
         cos, sin = (t.to(dev) for t in rope_frequencies(cfg.head_dim, 1024, 10000.0))
-        kc = torch.zeros(1, cfg.n_kv_heads, 1024, cfg.head_dim, device=dev, dtype=h)
-        return (x, torch.ones(C, device=dev, dtype=h), w, scale, offset, None, cos, sin, torch.tensor([5], device=dev),
-                kc, kc.clone(), 1e-5, cfg.n_heads, cfg.n_kv_heads)
+        pos, nw = torch.tensor([5], device=dev), torch.ones(C, device=dev, dtype=h)
+        if op == "fused_norm_qkv_rope":
+            return (x, nw, w, scale, offset, None, cos, sin, pos, kc, kc.clone(), 1e-5, cfg.n_heads, cfg.n_kv_heads)
+        head_w = torch.ones(cfg.head_dim, device=dev, dtype=h)
+        arrivals = torch.zeros(1, cfg.n_kv_heads, dtype=torch.int32, device=dev)
+        return (x, nw, w, scale, offset, None, head_w, head_w, cos, sin, pos, pos, kc, kc.clone(), arrivals, 1e-5, 1e-5,
+                cfg.n_heads, cfg.n_kv_heads)
+    if op == "fused_attn_proj":  # the o-projection after the split-KV attention over 512 keys
+        q = torch.randn(1, cfg.n_heads, cfg.head_dim, device=dev, dtype=h)
+        arrivals = torch.zeros(1, cfg.n_kv_heads, dtype=torch.int32, device=dev)
+        return (q, kc, kc.clone(), torch.tensor([512], device=dev, dtype=torch.int32), arrivals, w, scale, offset, None,
+                cfg.head_dim ** -0.5)
     if op == "fused_proj_residual":
         return (x, w, scale, offset, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
     return (x, torch.ones(C, device=dev, dtype=h), w, scale, offset, 1e-5)
@@ -72,14 +98,16 @@ SUFFIX = {"fp16": "_fp", "int8": "_w8", "int4": "_w4"}
 WEIGHT_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 0.5}
 
 
-def _candidates(op, n, k, head_dim, precision: str, limit: int = 0):
+def _candidates(op, n, k, cfg, precision: str, limit: int = 0):
     """The default tile, then staged tiles (K loop pipelined through shared memory, ``loop_stages``): a short K step
     (128-1024), 2-5 stages in flight, 16-128 weights a thread a step (INT4: 32-256), at most 64 KB of staged weights
     a program and at least one program an SM. ``limit``: keep that many, spread over the space (0: all)."""
-    base = default_variants(op, head_dim=head_dim, n_out=n, k_in=k)
+    head_dim = cfg.head_dim
+    base = default_variants(op, head_dim=head_dim, n_out=n, k_in=k, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)
     dflt = next(v for name, v in base.items() if name.endswith(SUFFIX[precision]))
-    rows_key = "PAIRS" if op == "fused_norm_qkv_rope" else "BLOCK_N"
-    paired = op in ("fused_norm_qkv_rope", "fused_norm_swiglu")  # the key counts pairs of weight rows
+    rows_key = "PAIRS" if op in ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope") else "BLOCK_N"
+    # the key counts pairs of weight rows
+    paired = op in ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope", "fused_norm_swiglu", "fused_norm_geglu")
     lo, hi = (32, 256) if precision == "int4" else (16, 128)
     staged = []
     for bk in (128, 256, 512, 1024):
@@ -98,7 +126,8 @@ def _candidates(op, n, k, head_dim, precision: str, limit: int = 0):
         staged = staged[:1]
     elif limit and len(staged) > limit:
         staged = [staged[round(i * (len(staged) - 1) / (limit - 1))] for i in range(limit)]
-    return [(dflt, True)] + [(v, False) for v in staged if v != dflt]
+    others = {name: v for name, v in base.items() if not name.endswith(("_fp", "_w8", "_w4"))}  # attention's split
+    return [({**others, dflt.kernel: dflt}, True)] + [({**others, v.kernel: v}, False) for v in staged if v != dflt]
 
 
 def main() -> int:
@@ -106,7 +135,7 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--budget-s", type=float, default=120)
     ap.add_argument("--precisions", default="fp16,int8", help="comma list of fp16, int8, int4 (W4A16, asymmetric, group 128 or the largest dividing K)")
-    ap.add_argument("--presets", default=",".join(SHAPES))
+    ap.add_argument("--presets", default=",".join(SHAPES), help="comma list of presets (edgekit.model.presets)")
     ap.add_argument("--ops", default="", help="comma list of fused operators to sweep (default: all four GEMVs)")
     ap.add_argument("--limit", type=int, default=0, help="candidates an operator and precision (0: all)")
     args = ap.parse_args()
@@ -121,8 +150,9 @@ def main() -> int:
     dst = torch.empty_like(src)
     bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
     del src, dst
-    cases = [(p, SHAPES[p], op, n, k, prec) for prec in args.precisions.split(",") for p in args.presets.split(",")
-             for op, n, k in _cases(SHAPES[p]) if not args.ops or op in args.ops.split(",")]
+    cases = [(p, preset_config(p), op, n, k, prec) for prec in args.precisions.split(",")
+             for p in args.presets.split(",") for op, n, k in _cases(preset_config(p))
+             if not args.ops or op in args.ops.split(",")]
     per_case = args.budget_s / max(1, len(cases))  # every case gets its share: none starves the later ones
     for preset, cfg, op, n, k, precision in cases:
         end = time.time() + per_case
@@ -139,10 +169,11 @@ def main() -> int:
                    torch.rand(n, device=dev) / (127 * k ** 0.5)) for _ in range(copies)]
         else:
             ws = [torch.randn(n, k, device=dev).to(torch.float16) / k ** 0.5 for _ in range(copies)]
-        for v, is_default in _candidates(op, n, k, cfg.head_dim, precision, args.limit):
+        for variants, is_default in _candidates(op, n, k, cfg, precision, args.limit):
             if time.time() > end:
                 break
-            fn = TritonOp(op, {v.kernel: v})
+            v = next(v for name, v in variants.items() if name.endswith(SUFFIX[precision]))
+            fn = TritonOp(op, variants)
             calls = [_args(op, cfg, w, dev) for w in ws]
 
             def run():

@@ -23,10 +23,10 @@ import torch
 from edgekit import __version__
 from edgekit.cache import BuildCache, cache_key, cache_limit_bytes, package_source_hash
 from edgekit.errors import BundleError
+from edgekit.precision_names import DEFAULT_PRECISION
 
 PLUGIN_VERSION = 1
 DEFAULT_TARGET = "orin"
-DEFAULT_PRECISION = "int8"
 
 
 @dataclass
@@ -296,7 +296,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     else:
         weights = _checked_weights(loaded, opts.model, steps).weights.to(dtype=torch.float16)
 
-    decided = PrecisionPlan.from_weights(weights)  # a build's KV cache is FP16 (the fused operators write it)
+    decided = PrecisionPlan.from_weights(weights, quant_report=quant_report)  # a build's KV cache is FP16
 
     def plan_compiling():
         from edgekit.kernels.variants import op_kernels

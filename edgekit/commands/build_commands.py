@@ -378,10 +378,15 @@ def serve(
     store: Optional[Path] = typer.Option(None, "--store", help="Plugin store directory for over-the-air swaps (default: <bundle>.store)."),
     max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for a decode row; more get HTTP 429 at once."),
     max_queue_wait_ms: float = typer.Option(350, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429 at once."),
+    model_id: Optional[str] = typer.Option(None, "--model-id", help="The model's id in /v1/models and answers (default: the model's name as an identifier)."),
+    max_request_s: float = typer.Option(300.0, "--max-request-s", min=0.1, help="A request that runs longer than this (from its arrival) ends with finish reason length and frees its rows."),
+    prefill_chunk_tokens: Optional[int] = typer.Option(None, "--prefill-chunk-tokens", min=0, help="Prefill prompts longer than this in chunks between decode steps, so a long prompt never stalls the streams (default: 64 without CUDA graphs, off with them; 0: off)."),
     batch: int = typer.Option(4, "--batch", min=1, max=64, help="Sequences decoded together at most (static batch buckets 1, 2, 4, ... up to this)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay prefill and decode as CUDA graphs (GPU only), as `edgekit run` does."),
     preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),
     header_timeout_s: float = typer.Option(5.0, "--header-timeout-s", min=0.1, help="Close a connection whose request headers take longer than this."),
+    max_connections_per_client: int = typer.Option(64, "--max-connections-per-client", min=1, help="Open connections one client address may hold (more get 429 at once); behind a reverse proxy every client has its address."),
+    shutdown_deadline_s: float = typer.Option(10.0, "--shutdown-deadline-s", min=0.0, help="On SIGTERM/SIGINT answers in flight end at their next token; responses still open after this many seconds are cut."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only at start-up."),
     watchdog: bool = typer.Option(True, "--watchdog/--no-watchdog", help="Run the latency/power watchdog (budgets from the bundle's target)."),
     watchdog_log: Optional[Path] = typer.Option(None, "--watchdog-log", help="JSONL log of samples and events for `edgekit report` (default: STORE/watchdog.jsonl)."),
@@ -395,12 +400,14 @@ def serve(
     from edgekit.cli_common import err_console
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.runtime.bundle_runtime import open_bundle
-    from edgekit.runtime.http_guard import make_uvicorn_server, read_admin_token
+    from edgekit.runtime.http_guard import bind_listener, make_uvicorn_server, read_admin_token
+    from edgekit.runtime.plugin_store import StoreOwner
     from edgekit.runtime.server import create_app
     from edgekit.runtime.serving import ServingStack, open_store
 
     # Everything the operator can get wrong is checked before the bundle loads and before the store's
-    # start-up recovery runs: a typo must not cost a plugin its probation.
+    # start-up recovery runs: a typo must not cost a plugin its probation. Then the port is bound and the store
+    # claimed (a second server on it exits here, having touched nothing), and only then does anything load.
     _check_decode_path(preferred_path)
     token = read_admin_token(admin_token_file)
     keys = [load_public_key(p) for p in (trust or [])]
@@ -408,14 +415,18 @@ def serve(
         raise BundleError("no trusted key given: a bundle is served only if it is signed by a key you trust",
                           hint="pass --trust DIR/edgekit.pub")
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
-    b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden)
     store_dir = store or Path(str(bundle).rstrip("/") + ".store")
-    st = open_store(store_dir, b, keys, allow_dev_key=allow_dev_key)
+    listener = bind_listener(host, port)
+    port = listener.getsockname()[1]  # --port 0: the one the system picked
+    owner = StoreOwner.claim(store_dir)
+    b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden)
+    st = open_store(store_dir, b, keys, allow_dev_key=allow_dev_key, owner=owner)
     for line in st.recovery:
         err_console.print(f"[yellow]store recovered:[/] {line}")
     server_log = JsonlLogger(log or store_dir / "server.jsonl")
     stack = ServingStack(b, st, max_waiting=max_waiting, cuda_graphs=cuda_graphs, batch_buckets=buckets,
-                         max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log, decode_path=preferred_path)
+                         max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log, decode_path=preferred_path,
+                         max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens, model_name=model_id)
     if watchdog:
         from edgekit.plan.targets import load_target
         from edgekit.power.policy import PolicyConfig
@@ -423,7 +434,9 @@ def serve(
         profile = load_target(b.manifest.target.name).model_dump() if b.manifest.target.name else None
         stack.start_watchdog(PolicyConfig.from_profile(profile), log_path=watchdog_log or store_dir / "watchdog.jsonl")
     app = create_app(stack.engine, admin_token=token, plugins=stack.admin, log=server_log)
-    server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s)
+    server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s, on_shutdown=stack.engine.finish_all,
+                                 shutdown_deadline_s=shutdown_deadline_s,
+                                 max_connections_per_client=max_connections_per_client)
     # Everything loaded so far lives as long as the server: keep it out of the collector's way, so a gen-2
     # collection under load does not stall the device thread for hundreds of milliseconds.
     gc.freeze()
@@ -433,6 +446,6 @@ def serve(
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")
     try:
-        server.run()  # SIGINT/SIGTERM end this cleanly
+        server.run(sockets=[listener])  # SIGINT/SIGTERM end this cleanly
     finally:
         stack.close()  # probation progress saved with a clean-stop mark: the next start resumes it

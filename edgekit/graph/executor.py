@@ -12,7 +12,8 @@ dictionary lookups, not spec walks.
 The context carries everything a forward reads besides the graph: the table, the
 weights, the cache, the step's state, the RoPE tables, and two calibration hooks
 (a projection's input seen before it runs and its output rewritten after, and a
-``kv_transform`` applied to the keys and values attention reads).
+``kv_transform`` applied to the keys and values attention reads), and for a
+prompt prefilled in chunks the cache history its attention reads.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class ExecContext:
     state: dict[str, torch.Tensor] = field(default_factory=dict)  # "@tokens", "@positions", "@seq_lens"
     blocks: Mapping[int, Any] | None = None  # block index -> weights standing in for the model's own
     kv_transform: Callable | None = None  # (layer, k, v) -> (k, v), before attention reads them
+    # A chunk of a longer prompt: attention reads the row's cache so far (layer -> k, v), not the chunk's own K/V
+    kv_history: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
     on_linear_input: LinearHook | None = None
     on_linear_output: LinearOutputHook | None = None
     _kv_read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)

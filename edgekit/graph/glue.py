@@ -99,6 +99,8 @@ def _kv_store(ctx, node, ins) -> dict:
         return {}
     if ctx.cache is not None:
         ctx.cache.write_prefix(layer, k, v, ins.get("seq_lens"))
+    if ctx.kv_history is not None:  # a prompt's chunk attends to the row's positions before it as well
+        k, v = ctx.kv_history(layer)
     return {"k": k, "v": v}
 
 

@@ -70,6 +70,11 @@ def _why_not(nodes: list[Node], f: Fusion, consumers: dict[str, list[int]], star
             return f"{n.name} runs {n.op} ({s} weights); it takes {', '.join(f.schemes)}"
         if s is not None and not f.takes_bias and n.attrs.get("bias"):
             return f"{n.name} has a bias; it takes none"
+    for key, binding in f.inputs.items():  # what the fused node reads must exist once the run's nodes are gone
+        i, _, role = binding.partition(".")
+        v = None if binding.startswith("@") else nodes[int(i)].inputs.get(role.partition("#")[0])
+        if v in made:
+            return f"{nodes[int(i)].name}'s {role} ({key} of the fused operator) is made inside the run"
     bound, end = set(f.outputs.values()), start + len(nodes)
     for j, n in enumerate(nodes):
         for role, v in n.outputs.items():

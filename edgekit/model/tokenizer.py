@@ -31,6 +31,11 @@ class Tokenizer:
 
     def encode_chat(self, user_message: str, system: str | None = None) -> list[int]:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_message}]
+        return self.encode_messages(messages)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """A conversation ({"role", "content"} dicts, in order) through the chat template, ready for the answer.
+        A template that refuses it (roles it does not know or order) raises jinja2's TemplateError."""
         out = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
         return list(ids)

@@ -75,6 +75,9 @@ class PrecisionPlan:
             lw = int4[0]
             plan.int4_group = lw.in_features // lw.scale.shape[1]
             plan.int4_group_bytes = lw.scale.element_size() * (2 if lw.offset is not None else 1)
+        if quant_report is not None and quant_report.get("fp_layers"):
+            plan.notes.append("kept in FP16 by the accuracy gate (most sensitive first): "
+                              + ", ".join(quant_report["fp_layers"]))
         return plan
 
     @classmethod

@@ -3,7 +3,7 @@
 The sequences share one token channel (token_feed.py); a token carries the
 index of its choice. Deltas come per choice and per batch of tokens that
 arrived together (possibly "" while text is held back, so a stream shows
-progress every step). Leaving the iteration early (a client hang-up, an
+progress every step; not for an end-of-sequence token alone, which ends it). Leaving the iteration early (a client hang-up, an
 error) cancels every sequence, which frees their decode rows at the next step.
 """
 
@@ -65,7 +65,8 @@ class Choices:
                     delta = "".join(text.push(t) for t in toks)  # incremental: constant work per token
                     if text.stopped:
                         self.jobs[i].cancel()
-                    yield i, delta
+                    if delta or not all(t in self.jobs[i].stop_ids for t in toks):  # an end-of-sequence token alone
+                        yield i, delta  # is no progress: its empty chunk would come right before the finish chunk
                 for job in finished:
                     if job.error is not None:
                         raise job.error
@@ -92,4 +93,6 @@ class Choices:
         return any(j.finish_reason == "cancelled" and not t.stopped for j, t in zip(self.jobs, self.texts))
 
     def completion_tokens(self) -> int:
-        return sum(len(j.tokens) for j in self.jobs)
+        """Tokens of the answer as returned: a choice cut by a stop string counts up to the token that completed
+        it, not the ones its sequence generated before the cancel reached the device thread."""
+        return sum(len(t.tokens) if t.stopped else len(j.tokens) for j, t in zip(self.jobs, self.texts))

@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import atexit
+import random
 import threading
 import time
 from collections import deque
@@ -49,6 +50,14 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4)
 # A request answered (served or refused) within ~1 s on a busy 2-core CPU: a waiter's time in the queue plus its
 # decode. 0.5 s of queue left too little for 16 tokens under 32 clients (2 of 44k requests at 1.03 s, 2026-12-01).
 DEFAULT_MAX_QUEUE_WAIT_S = 0.35
+# No request runs longer than this from its arrival: it ends with finish reason "time_limit" ("length" to an OpenAI
+# client) and frees its rows. Generous for a long answer on a slow device; it bounds what one client can hold.
+DEFAULT_MAX_REQUEST_S = 300.0
+DEFAULT_MAX_ADMISSION_WAIT_S = 0.1
+# Prompt tokens per prefill chunk on an eager (CPU) runner: on the 2-core development machine a 64-token chunk of the
+# 135M default model costs about one batch-4 decode step (~0.7 s under load), so streams slow down during a long
+# prompt but never stall (a whole 2046-token prefill held them ~70 s).
+DEFAULT_PREFILL_CHUNK_TOKENS = 64
 
 
 class OverloadedError(EdgekitError):
@@ -57,6 +66,18 @@ class OverloadedError(EdgekitError):
 
 class EngineClosedError(EdgekitError):
     """The engine was shut down while the request waited or ran."""
+
+
+class RequestTooLargeError(EdgekitError):
+    """A request asks for more decode-row tokens (choices x new tokens) than one request may hold (HTTP 400)."""
+
+
+class ChatTemplateError(EdgekitError):
+    """A conversation the model's chat template cannot turn into a prompt (HTTP 400)."""
+
+
+# OpenAI chat roles -> the roles chat templates know
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 @dataclass
@@ -79,7 +100,7 @@ class Job:
     on_token: Callable[[int], None] | None = None
     on_done: Callable[["Job"], None] | None = None
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # stop | length | cancelled | error
+    finish_reason: str | None = None  # stop | length | time_limit | cancelled | shutdown | error
     error: Exception | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
     enqueued_s: float = field(default_factory=time.monotonic)
@@ -104,6 +125,28 @@ class _Flight:
     launch: Launch
     batch: int
     rows: dict[int, "_Row"]
+    arm: str | None = None  # during a trial: "trial" or "control" (the step is timed for the probation)
+    t0: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrialStep:
+    """One decode step of an A/B trial, timed from launch to read-back on the device thread."""
+
+    trial: int  # the trial's id (``Engine.trial_id`` after the switch that started it)
+    arm: str  # "trial": the table with the new operator; "control": the table it replaced
+    batch: int  # the step's batch bucket: arms are compared at the same batch size only
+    seconds: float
+    pair: int  # the two steps of a pair (one per arm, in a random order) ran back to back
+
+
+@dataclass
+class _Prefill:
+    """A request given a row whose prompt is not (all) in the cache yet."""
+
+    slot: int
+    job: Job
+    done: int = 0  # prompt tokens already in the row (a chunked prefill's progress)
 
 
 @dataclass
@@ -122,12 +165,24 @@ def numeric_fault(step: str) -> NumericFaultError:
                              hint="retry; the server logs a nonfinite_logits event and rolls back a plugin on probation")
 
 
+def _sample(logits: torch.Tensor, job: Job) -> int:
+    """The next token of one request from its logits (1, V). A failure is this request's alone."""
+    try:
+        return int(_pick(logits, job.sampling, job._generator)[0])
+    except RuntimeError as e:
+        raise EdgekitError(f"sampling failed for this request (temperature {job.sampling.temperature:g}, top_p "
+                           f"{job.sampling.top_p:g}: {e}); the other requests of the step were not affected",
+                           hint="retry; temperature 0 decodes greedily") from e
+
+
 class Engine:
     def __init__(self, decoder: Decoder, tokenizer, shapes: StaticShapes, *, max_waiting: int = 8,
                  stop_ids: tuple[int, ...] = (), model_name: str = "edgekit",
                  batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
                  cuda_graphs: bool = True, tracker: LatencyTracker | None = None,
-                 decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None):
+                 decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None,
+                 max_request_row_tokens: int | None = None, max_request_s: float | None = DEFAULT_MAX_REQUEST_S,
+                 prefill_chunk_tokens: int | None = None):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
             raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
         if decode_path not in DECODE_PATHS:
@@ -140,6 +195,16 @@ class Engine:
         self.batch_buckets = tuple(batch_buckets)
         self.max_waiting = max_waiting
         self.max_queue_wait_s = max_queue_wait_s
+        # Admission by expected wait: a request that would wait longer than this for a row is refused (429) at once
+        # instead of waiting in line, so an admitted request's time to first token stays near its unloaded one (32
+        # clients ignoring Retry-After, default model, CPU: admitted p50 TTFB 2.9x one client's with waits of up to
+        # the queue deadline, #32). Judged on the measured decode step (``_step_s``, a moving average).
+        self.max_admission_wait_s = min(max_queue_wait_s, DEFAULT_MAX_ADMISSION_WAIT_S)
+        self._step_s: float | None = None
+        # Per-request caps, so one request cannot hold every row for minutes (n=4 x 2047 tokens did, 13 min on a CPU):
+        # choices x new tokens at most one full row of the KV cache by default, and a wall time (None: no cap).
+        self.max_request_row_tokens = max_request_row_tokens or shapes.max_seq_len
+        self.max_request_s = max_request_s
         self.graphs = cuda_graphs and decoder.device.type == "cuda"
         # the one latency tracker: its histograms are the server's /metrics latency families, and the watchdog reads it
         self.tracker = tracker or LatencyTracker()
@@ -155,13 +220,31 @@ class Engine:
         self._flight: _Flight | None = None  # a decode step launched and not read back yet
         self.swap_prepares: list[dict] = []  # per switch_operator: seconds preparing, graphs captured and kept
         self._next_runner = None  # set by switch_operator, taken by the device thread between steps
+        # A/B trials (switch_operator(trial=True)): the control runner, published with the new runner and taken by the
+        # device thread in the same turn; steps alternate between the two and are timed into trial_steps
+        self.trial_id = 0  # counts switches: the id of the trial the last switch started (if it started one)
+        self._control = None  # the device thread's control runner (None: no trial)
+        self._control_trial = 0
+        self._control_next, self._control_changed = None, False
+        self._trial_pair: list[str] = []  # the arms left in the current pair of trial steps
+        self._trial_order = random.Random(0)
+        self._trial_pair_no = 0
+        self.trial_steps: deque[TrialStep] = deque(maxlen=8192)
         self._retired: list = []  # runners switched away from, waiting to be freed off the device thread
         self._switch_lock = threading.Lock()  # serializes swaps (prepare + publish), never held by the device thread
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._rows: list[_Row | None] = [None] * self.batch_buckets[-1]
         self._prefilling: set[int] = set()  # rows handed to a request whose prefill has not finished
+        self._prefills: deque[_Prefill] = deque()  # those requests, oldest first (the device thread's own)
+        # A prompt longer than this is prefilled in chunks of it between decode steps (None: in one piece). Off for
+        # graphed runners: a whole prompt bucket is one CUDA-graph replay of a few ms there.
+        self.prefill_chunk_tokens = (None if prefill_chunk_tokens == 0 else prefill_chunk_tokens
+                                     if prefill_chunk_tokens is not None
+                                     else None if self.graphs else DEFAULT_PREFILL_CHUNK_TOKENS)
+        self.prefill_units: deque[tuple[int, float]] = deque(maxlen=1024)  # (prompt tokens, seconds) per unit run
         self._closed = False
+        self._draining = False  # finish_all: new work refused, sequences in flight end at their next token
         self.swap_pauses_s: list[float] = []
         self.step_batches: dict[int, int] = {b: 0 for b in self.batch_buckets}  # decode steps per batch bucket
         self.shed_until = 0.0  # a watchdog action may ask to refuse new requests until then (monotonic s)
@@ -197,11 +280,20 @@ class Engine:
                            baseline=self._baseline_sources, prefer=self.preferred_decode_path,
                            fused_on_cpu=self._fused_on_cpu, previous=previous)
 
-    def switch_operator(self, op: str, fn: Callable | None, source: str) -> float:
+    def switch_operator(self, op: str, fn: Callable | None, source: str, *, trial: bool = False,
+                        control_fn: Callable | None = None) -> float:
         """Point `op` at `fn` (None: back to the torch reference). Prepared here; the device thread switches
         between two steps (that pause is recorded in `swap_pauses_s`). Returns the seconds spent preparing
         (on a GPU: warming up and capturing the graphs that use `op`; the others are kept), all of it off the
-        serving path. ``swap_prepares`` records each one."""
+        serving path. ``swap_prepares`` records each one.
+
+        ``trial``: keep the table this switch replaces as a control arm: decode steps alternate between the two
+        (read back one by one) and each is timed in ``trial_steps`` under ``trial_id``, so a probation compares
+        like with like (same load, same batch sizes) until ``end_trial``. Any later switch ends the trial.
+        ``control_fn``: the control arm's entry for ``op`` on an eager runner, so it pays the same per-call
+        bookkeeping as the trial's (a probation checks every output of the new plugin: on a CPU under load that
+        alone made an identical plugin's steps 20% slower). Graphs replay kernels only: their control is the
+        runner the switch replaces."""
         t = time.perf_counter()
         # gpu_admin_work: freeing retired graphs and capturing new ones never overlap a golden check or a capture
         # on the other admin thread (a rollback on serving's admin worker beside an install on the HTTP admin pool)
@@ -216,24 +308,66 @@ class Engine:
             with self._cv:
                 latest = self._next_runner or self._runner
             runner = self._make_runner(new, previous=latest)  # graphs captured here, off the serving path
+            control = latest
+            if trial and control_fn is not None and not self.graphs:
+                before = self._table.copy()
+                before.set(op, control_fn, source=before.sources().get(op, "reference"))
+                control = self._make_runner(before, previous=latest)
             self.swap_prepares.append({"op": op, "prepare_s": time.perf_counter() - t,
                                        "captured": list(getattr(runner, "captured", [])),
                                        "reused": list(getattr(runner, "reused", []))})
             with self._cv:
                 self._table = new
                 self._next_runner = runner
+                self.trial_id += 1
+                self._control_next, self._control_changed = (control if trial else None), True
                 self._cv.notify_all()
         return time.perf_counter() - t
+
+    def end_trial(self, trial: int) -> None:
+        """Stop alternating with the control arm of trial ``trial`` (no-op if a later switch already ended it)."""
+        with self._cv:
+            if self.trial_id == trial:
+                self._control_next, self._control_changed = None, True
+                self._cv.notify_all()
+
+    def trial_pairs(self, trial: int) -> dict[int, list[tuple[float, float]]]:
+        """{batch bucket: [(trial arm's step seconds, control arm's)]} of trial ``trial`` so far: the two steps of
+        each pair ran back to back at the same batch size (pairs whose batch changed in between are left out)."""
+        halves: dict[int, dict[str, TrialStep]] = {}
+        for step in list(self.trial_steps):
+            if step.trial == trial:
+                halves.setdefault(step.pair, {})[step.arm] = step
+        out: dict[int, list[tuple[float, float]]] = {}
+        for pair in halves.values():
+            t, c = pair.get("trial"), pair.get("control")
+            if t is not None and c is not None and t.batch == c.batch:
+                out.setdefault(t.batch, []).append((t.seconds, c.seconds))
+        return out
 
     # -- requests --------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
         if self.tokenizer is None:
             raise EdgekitError("this model has no tokenizer", hint="serve a model or bundle that ships one")
         if messages is not None:
-            system = next((m["content"] for m in messages if m.get("role") == "system"), None)
-            user = "\n".join(m["content"] for m in messages if m.get("role") == "user")
-            return self.tokenizer.encode_chat(user, system)
+            return self._encode_messages(messages)
         return self.tokenizer.encode(prompt or "")
+
+    def _encode_messages(self, messages: list[dict]) -> list[int]:
+        """Every message through the model's chat template, in order; ``developer`` is OpenAI's newer name for
+        ``system``. A conversation the template refuses is a ChatTemplateError (HTTP 400), never a silent drop."""
+        from jinja2 import TemplateError
+
+        if not self.tokenizer.chat_template:
+            raise ChatTemplateError("this model has no chat template, so a conversation cannot be turned into a "
+                                    "prompt", hint="send the text to /v1/completions instead")
+        msgs = [{"role": CHAT_ROLES[m["role"]], "content": m["content"]} for m in messages]
+        try:
+            return self.tokenizer.encode_messages(msgs)
+        except TemplateError as e:
+            raise ChatTemplateError(f"the model's chat template refused these messages (roles "
+                                    f"{[m['role'] for m in messages]}): {e}",
+                                    hint="send the roles the model's template knows, in the order it expects") from e
 
     def submit(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None, *,
                truncate: bool = False, stop_ids: tuple[int, ...] | None = None,
@@ -250,6 +384,13 @@ class Engine:
         """One sequence per sampling config for the same prompt (OpenAI's ``n``), queued together or refused together:
         they decode as parallel rows of the batch. ``on_token(index, token)`` says which sequence a token is for."""
         ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
+        asked = len(samplings) * max_new_tokens
+        if asked > self.max_request_row_tokens:
+            raise RequestTooLargeError(
+                f"n={len(samplings)} x max_tokens={max_new_tokens} = {asked} decode-row tokens; one request may hold "
+                f"at most {self.max_request_row_tokens} (one full row of the KV cache): every choice holds a decode "
+                "row until its last token", hint=f"ask for n x max_tokens <= {self.max_request_row_tokens}, or send "
+                                                 "several requests")
         if time.monotonic() < self.shed_until:
             raise OverloadedError("shedding load on a watchdog budget breach", hint="retry shortly")
         stops = self.stop_ids if stop_ids is None else stop_ids
@@ -257,13 +398,17 @@ class Engine:
                     (lambda tok, i=i: on_token(i, tok)) if on_token is not None else None, on_done)
                 for i, s in enumerate(samplings)]
         with self._cv:
-            if self._closed:
+            if self._closed or self._draining:
                 raise EngineClosedError("the server is shutting down", hint="retry against a running server")
             if len(self._waiting) + len(jobs) > self.max_waiting + self._free_rows():
                 raise OverloadedError(f"the server is at capacity: {len(self._waiting)} requests wait for "
                                       f"{len(self._rows)} decode rows" + (f" ({len(jobs)} sequences asked for)"
                                                                           if len(jobs) > 1 else ""),
                                       hint="retry shortly")
+            wait = self._expected_wait_s(len(self._waiting) + len(jobs))
+            if wait > self.max_admission_wait_s:
+                raise OverloadedError(f"the server is at capacity: a decode row is expected to free in {wait:.2f} s "
+                                      f"(a request may wait {self.max_admission_wait_s:.2f} s)", hint="retry shortly")
             self._waiting.extend(jobs)
             self._cv.notify_all()
         return jobs
@@ -284,7 +429,19 @@ class Engine:
         return sum(r is None and i not in self._prefilling for i, r in enumerate(self._rows))
 
     def _full(self) -> bool:
-        return len(self._waiting) >= self.max_waiting + self._free_rows()
+        return (len(self._waiting) >= self.max_waiting + self._free_rows()
+                or self._expected_wait_s(len(self._waiting) + 1) > self.max_admission_wait_s)
+
+    def _expected_wait_s(self, nth: int) -> float:
+        """When the ``nth`` request in line (1: the first) would get a row: the rows free now, then the decoding rows
+        by their tokens left at the measured step time (an upper bound: a stop token frees a row sooner). Rows still
+        being prefilled count as taken for a whole answer. Without a measured step yet: 0 (nothing to go on)."""
+        if nth <= self._free_rows() or self._step_s is None:
+            return 0.0
+        left = sorted(r.job.max_new_tokens - len(r.job.tokens) for r in self._rows if r is not None)
+        left += sorted(p.job.max_new_tokens for p in self._prefills)
+        k = nth - self._free_rows() - 1
+        return left[k] * self._step_s if k < len(left) else float("inf")
 
     def full(self) -> bool:
         """Whether a request submitted now would be refused for capacity (a hint, without the lock: the HTTP
@@ -297,6 +454,18 @@ class Engine:
     def active_rows(self) -> int:
         return sum(r is not None for r in self._rows)
 
+    def finish_all(self) -> None:
+        """A graceful shutdown's first step (SIGTERM): refuse new requests (HTTP 503) and those still waiting, and end
+        every sequence in flight at its next token (finish reason "shutdown"; "length" to an OpenAI client), so each
+        answer and stream completes properly before the server exits. The device thread keeps running."""
+        with self._cv:
+            self._draining = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._cv.notify_all()
+        for job in waiting:
+            job.error = EngineClosedError("the server is shutting down", hint="retry against a running server")
+            self._finish(job, "error")
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Refuse new work, fail what waits, let the device thread finish its step and stop."""
         with self._cv:
@@ -308,14 +477,22 @@ class Engine:
     def _serve(self) -> None:
         while True:
             with self._cv:
-                while not self._closed and not self._waiting and not any(self._rows) and self._next_runner is None:
+                while (not self._closed and not self._waiting and not any(self._rows) and self._next_runner is None
+                       and not self._prefills):
                     self._cv.wait()
                 if self._closed:
                     break
                 admitted = self._admit()
                 runner, self._next_runner = self._next_runner, None
-            if (admitted or runner is not None) and self._flight is not None:
-                try:  # a new row or new kernels: the step in flight finishes first, on what it started with
+                if self._control_changed:  # a trial's control arm starts or ends with this turn's runner
+                    if self._control is not None:
+                        self._retired.append(self._control)  # freed by the next switch, off the serving path
+                    self._control, self._control_trial = self._control_next, self.trial_id
+                    self._control_next, self._control_changed = None, False
+            self._prefills.extend(_Prefill(slot, job) for slot, job in admitted)
+            prefill = self._prefills[0] if self._prefills else None
+            if (prefill is not None or runner is not None) and self._flight is not None:
+                try:  # a row being filled or new kernels: the step in flight finishes first, on what it started with
                     self._drain()
                 except Exception as e:
                     self._fail_decoding(e)
@@ -326,16 +503,8 @@ class Engine:
                 self._retired.append(self._runner)
                 self._runner = runner
                 self.swap_pauses_s.append(time.perf_counter() - t)
-            # A failure of the model itself (plugins fall back inside GuardedOp) fails the requests it
-            # touched, never the device thread.
-            for slot, job in admitted:
-                try:
-                    self._prefill(slot, job)
-                except Exception as e:
-                    self._fail_rows([slot], job, e)
-                finally:
-                    with self._cv:
-                        self._prefilling.discard(slot)
+            if prefill is not None:
+                self._prefill_turn()
             if any(self._rows):
                 try:
                     self._decode_step()
@@ -402,10 +571,114 @@ class Engine:
         self._expire_waiting()
         admitted = []
         for slot, row in enumerate(self._rows):
-            if row is None and self._waiting:
+            if row is None and slot not in self._prefilling and self._waiting:
                 admitted.append((slot, self._waiting.popleft()))
                 self._prefilling.add(slot)
         return admitted
+
+    def _prefill_turn(self) -> None:
+        """Prefill work between two decode steps: whole short prompts while their buckets fit one chunk's worth of
+        tokens (at least one), or one chunk of a long prompt; then the rows already answering take their step. So a
+        long prompt cannot stall the streams for longer than one chunk. (No chunking: every waiting prompt.)
+        A failure of the model itself (plugins fall back inside GuardedOp) fails the request it touched, never the
+        device thread."""
+        budget, spent = self.prefill_chunk_tokens, 0
+        while self._prefills:
+            p = self._prefills[0]
+            chunked = budget is not None and len(p.job.prompt_ids) > budget
+            cost = budget if chunked else p.job.bucket
+            if budget is not None and spent and spent + cost > budget:
+                return
+            if not chunked and self._runner.batched_prefill:  # whole prompts of one bucket: one forward for all
+                group = self._same_bucket(p.job.bucket, None if budget is None else max(budget - spent, cost))
+                self._prefill_group(group)
+                spent += cost * len(group)
+                continue
+            try:
+                filled = self._prefill_unit(p)
+            except Exception as e:
+                self._fail_rows([p.slot], p.job, e)
+                filled = True
+            spent += cost
+            if not filled:
+                return
+            self._prefill_done(p)
+
+    def _prefill_done(self, p: _Prefill) -> None:
+        self._prefills.remove(p)
+        with self._cv:
+            self._prefilling.discard(p.slot)
+
+    def _same_bucket(self, bucket: int, tokens: int | None) -> list[_Prefill]:
+        """The waiting whole-prompt prefills of ``bucket``, oldest first, within ``tokens`` of padded prompt."""
+        group = []
+        for p in self._prefills:
+            if p.job.bucket != bucket or (self.prefill_chunk_tokens is not None
+                                          and len(p.job.prompt_ids) > self.prefill_chunk_tokens):
+                continue
+            if tokens is not None and group and (len(group) + 1) * bucket > tokens:
+                break
+            group.append(p)
+        return group
+
+    def _prefill_group(self, group: list[_Prefill]) -> None:
+        """Whole prompts of one bucket in one batched forward; each request then succeeds or fails on its own."""
+        live = []
+        for p in group:
+            if p.job.cancelled:
+                self._finish(p.job, "cancelled")
+            elif self._draining:
+                self._fail_rows([p.slot], p.job, EngineClosedError("the server shut down before this request's "
+                                                                   "prompt was read", hint="retry against a running server"))
+            else:
+                live.append(p)
+        if live:
+            dev, T = self.decoder.device, live[0].job.bucket
+            tokens = torch.full((len(live), T), self._pad_id(), dtype=torch.long)  # (B, T)
+            for i, p in enumerate(live):
+                tokens[i, : len(p.job.prompt_ids)] = torch.tensor(p.job.prompt_ids, dtype=torch.long)
+            seq_lens = torch.tensor([len(p.job.prompt_ids) for p in live], dtype=torch.long)  # (B,)
+            t = time.perf_counter()
+            try:
+                logits = self._runner.prefill_rows([p.slot for p in live], tokens.to(dev), seq_lens.to(dev))  # (B, V)
+            except Exception as e:
+                for p in live:
+                    self._fail_rows([p.slot], p.job, e)
+                logits = None
+            self.prefill_units.append((sum(len(p.job.prompt_ids) for p in live), time.perf_counter() - t))
+            for i, p in enumerate(live if logits is not None else []):
+                try:
+                    self._first_token(p.slot, p.job, logits[i : i + 1])
+                except Exception as e:
+                    self._fail_rows([p.slot], p.job, e)
+        for p in group:
+            self._prefill_done(p)
+
+    def _prefill_unit(self, p: _Prefill) -> bool:
+        """One unit of a request's prefill: its whole prompt (a bucket) or, when the prompt is longer than a chunk,
+        its next chunk. True when the prompt is all in and the first token emitted (or the request ended)."""
+        job = p.job
+        if job.cancelled:
+            self._finish(job, "cancelled")
+            return True
+        if self._draining:
+            raise EngineClosedError("the server shut down before this request's prompt was read",
+                                    hint="retry against a running server")
+        n, chunk = len(job.prompt_ids), self.prefill_chunk_tokens
+        t = time.perf_counter()
+        if chunk is None or n <= chunk:
+            self._prefill(p.slot, job)
+            self.prefill_units.append((n, time.perf_counter() - t))
+            return True
+        end = min(p.done + chunk, n)
+        tokens = torch.tensor([job.prompt_ids[p.done:end]], dtype=torch.long, device=self.decoder.device)  # (1, C)
+        logits = self._runner.prefill_chunk(p.slot, tokens, p.done)  # (1, V)
+        self.prefill_units.append((end - p.done, time.perf_counter() - t))
+        p.done = end
+        if end < n:
+            return False
+        self._first_token(p.slot, job, logits)
+        return True
 
     def _prefill(self, slot: int, job: Job) -> None:
         dev = self.decoder.device
@@ -413,13 +686,17 @@ class Engine:
         tokens[0, : len(job.prompt_ids)] = torch.tensor(job.prompt_ids, dtype=torch.long)
         seq_lens = torch.tensor([len(job.prompt_ids)], dtype=torch.long)  # (1,)
         logits = self._runner.prefill(slot, tokens.to(dev), seq_lens.to(dev))  # (1, V)
+        self._first_token(slot, job, logits)
+
+    def _first_token(self, slot: int, job: Job, logits: torch.Tensor) -> None:
+        """The prompt is in row ``slot``: check its logits (1, V), pick the first token, and the row decodes."""
         if not bool(torch.isfinite(logits).all()):
             if self.on_nonfinite is not None:
                 self.on_nonfinite()
             raise numeric_fault(f"the prefill of {len(job.prompt_ids)} prompt tokens")
         if job.sampling.temperature > 0:
             job._generator = torch.Generator().manual_seed(job.sampling.seed)
-        tok = int(_pick(logits, job.sampling, job._generator)[0])
+        tok = _sample(logits, job)
         now = time.perf_counter()
         job.stats.prompt_tokens, job.stats.bucket = len(job.prompt_ids), job.bucket
         job.stats.first_token_at_s = time.monotonic()
@@ -436,17 +713,34 @@ class Engine:
         flight, self._flight = self._flight, None
         if flight is None:
             pad = self._pad_id()
-            # free rows below b decode a pad at position 0: never read (a prefill rewrites the row first)
+            # free rows below b decode a pad that is never read: at position 0 (a prefill rewrites the row first), or,
+            # in a row whose prompt is coming in chunks, at the position its next chunk rewrites first
+            parked = {p.slot: p.done for p in self._prefills}
             tokens = [rows[i].last if rows[i] is not None else pad for i in range(b)]
-            positions = [rows[i].position if rows[i] is not None else 0 for i in range(b)]
+            positions = [rows[i].position if rows[i] is not None else parked.get(i, 0) for i in range(b)]
             active = [int(rows[i] is not None) for i in range(b)]
-            flight = _Flight(self._runner, self._runner.launch(b, tokens, positions, active), b,
-                             {i: rows[i] for i in occupied})
+            runner, arm = self._runner, None
+            if self._control is not None:  # a trial: one step on each arm per pair, in a random order
+                if not self._trial_pair:  # strict alternation lined up with the server's own period-2 rhythm
+                    self._trial_pair = self._trial_order.sample(["trial", "control"], 2)  # (coalesced wake-ups): 0.77x
+                    self._trial_pair_no += 1
+                arm = self._trial_pair.pop()
+                runner = self._control if arm == "control" else self._runner
+            t0 = time.perf_counter()
+            flight = _Flight(runner, runner.launch(b, tokens, positions, active), b, {i: rows[i] for i in occupied},
+                             arm, t0)
         same_rows = len(flight.rows) == len(occupied) and all(flight.rows.get(i) is rows[i] for i in occupied)
         if (self.lookahead and same_rows and flight.batch == b and flight.runner is self._runner
-                and all(rows[i].job.sampling.temperature <= 0 for i in occupied)):
+                and self._control is None and all(rows[i].job.sampling.temperature <= 0 for i in occupied)):
             self._flight = _Flight(self._runner, self._runner.launch(b), b, flight.rows)
-        self._apply(flight, flight.runner.collect(flight.launch))
+        step = flight.runner.collect(flight.launch)
+        if flight.t0:  # launched from host values and read back here: one whole step, for admission's estimate
+            took = time.perf_counter() - flight.t0
+            self._step_s = took if self._step_s is None else 0.8 * self._step_s + 0.2 * took
+        if flight.arm is not None:  # read back at once (no lookahead in a trial): launch to result, per arm
+            self.trial_steps.append(TrialStep(self._control_trial, flight.arm, b, time.perf_counter() - flight.t0,
+                                              self._trial_pair_no))
+        self._apply(flight, step)
         if self._flight is not None and not any(rows):  # every row finished: nothing will read the lookahead
             self._drain()
 
@@ -470,8 +764,14 @@ class Engine:
             if rows[i] is None:  # failed above
                 continue
             row = rows[i]
-            s = row.job.sampling
-            tok = step.greedy[i] if s.temperature <= 0 else int(_pick(step.logits[i : i + 1], s, row.job._generator)[0])
+            if row.job.sampling.temperature <= 0:
+                tok = step.greedy[i]
+            else:
+                try:
+                    tok = _sample(step.logits[i : i + 1], row.job)
+                except EdgekitError as e:  # this row's request fails; the others of the step go on
+                    self._fail_rows([i], None, e)
+                    continue
             row.job.stats.token_times_s.append(now - row.t_last)
             row.job.stats.decode_s = now - row.t_start
             row.t_last = now
@@ -489,6 +789,10 @@ class Engine:
         reason = None
         if job.cancelled:
             reason = "cancelled"
+        elif self._draining:
+            reason = "shutdown"
+        elif self.max_request_s is not None and time.monotonic() - job.enqueued_s >= self.max_request_s:
+            reason = "time_limit"
         elif tok in job.stop_ids:
             reason = "stop"
         elif len(job.tokens) >= job.max_new_tokens:
@@ -514,7 +818,8 @@ class Engine:
 
     def _fail_all(self, error: Exception) -> None:
         with self._cv:
-            jobs = list(self._waiting) + [r.job for r in self._rows if r is not None]
+            jobs = list(self._waiting) + [p.job for p in self._prefills] + [r.job for r in self._rows if r is not None]
+            self._prefills.clear()
             self._waiting.clear()
             self._rows = [None] * len(self._rows)
         for job in jobs:

@@ -8,7 +8,8 @@ streams in, a body deadline, a header deadline per connection, and the admin tok
   then sees it from memory.
 - ``protocol_with_header_timeout``: uvicorn's h11 protocol, plus a timer that
   closes a connection whose request headers have not all arrived in time (a
-  slow-loris client holds nothing for long).
+  slow-loris client holds nothing for long), and a cap on open connections per
+  client address (one client cannot take every connection slot).
 - ``read_admin_token``: the token file must exist, be readable by its owner only
   (the rule private keys follow) and hold a long token.
 """
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import json
 import signal
+import socket
 import stat
 import threading
 import time
@@ -98,11 +101,14 @@ class AdminAuth:
 class RequestGuard:
     def __init__(self, app, *, auth: AdminAuth, is_admin: Callable[[str], bool], body_limit: Callable[[str], int],
                  body_timeout_s: float = 10.0, on_refusal: Callable[[str, int, str], None] | None = None,
-                 overloaded: Callable[[str], bool] | None = None, retry_after_s: int = 1):
+                 overloaded: Callable[[str], bool] | None = None, retry_after_s: int = 1,
+                 refusal_delay_s: float = 0.0):
         self.app, self.auth, self.is_admin, self.body_limit = app, auth, is_admin, body_limit
         self.body_timeout_s = body_timeout_s
-        # (path) -> whether the server is at capacity for it: a flood is refused before any body is read or parsed
+        # (path) -> whether the server is at capacity for it: a flood is refused before any body is read or parsed,
+        # after `refusal_delay_s` (see REFUSAL_DELAY_S in server.py)
         self.overloaded, self.retry_after_s = overloaded, retry_after_s
+        self.refusal_delay_s = refusal_delay_s
         self.on_refusal = on_refusal  # (path, status, message): counted and logged like any answer
 
     async def __call__(self, scope, receive, send):
@@ -124,6 +130,7 @@ class RequestGuard:
             if refused is not None:
                 return await refuse(refused[0], refused[1], refused[2])
         if self.overloaded is not None and self.overloaded(path):
+            await asyncio.sleep(self.refusal_delay_s)
             return await refuse(429, "the server is at capacity (every decode row busy and the queue full, or shedding "
                                      "load); retry shortly",
                                 {"Retry-After": str(self.retry_after_s)})
@@ -161,26 +168,61 @@ class RequestGuard:
         return await self.app(scope, replay, send)
 
 
-def protocol_with_header_timeout(header_timeout_s: float) -> type[H11Protocol]:
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 64
+
+
+def protocol_with_header_timeout(header_timeout_s: float,
+                                 max_connections_per_client: int | None = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+                                 ) -> type[H11Protocol]:
     """uvicorn's h11 protocol that closes a connection whose request line and headers take longer than
-    `header_timeout_s` to arrive (uvicorn itself waits forever). Idle keep-alive connections keep uvicorn's
-    own `timeout_keep_alive`."""
+    `header_timeout_s` to arrive (uvicorn itself waits forever), and holds each client address to
+    `max_connections_per_client` open connections. Idle keep-alive connections keep uvicorn's own `timeout_keep_alive`.
+
+    The per-address cap is what keeps the server's global connection cap from being one client's to take: 600
+    half-sent headers, reopened as the deadline closed them, held every slot and every other client got 503. A
+    connection over its address's cap is answered 429 and closed before uvicorn counts it. (Behind a reverse proxy
+    every client has the proxy's address: raise the cap to the global one there.)"""
+    open_per_client: dict[str, int] = {}  # this server's connections by client address (the event loop's thread)
+    over_cap = _raw_error(429, f"too many open connections from your address (at most {max_connections_per_client}); "
+                               "close some and retry", {"Retry-After": "1"})
 
     class HeaderTimeoutProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _client_key: str | None = None  # set once admitted: None means refused (uvicorn never saw it)
 
         def connection_made(self, transport) -> None:
+            peer = transport.get_extra_info("peername")
+            key = str(peer[0]) if peer else "?"
+            if max_connections_per_client is not None and open_per_client.get(key, 0) >= max_connections_per_client:
+                transport.write(over_cap)
+                transport.close()
+                return
+            open_per_client[key] = open_per_client.get(key, 0) + 1
+            self._client_key = key
             super().connection_made(transport)
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if self._client_key is None:
+                return
             if self._header_timer is None and not self._in_request():
                 self._arm()  # the next request on a kept-alive connection starts its own clock
             super().data_received(data)
             if self._in_request():
                 self._disarm()
 
+        def eof_received(self) -> None:
+            if self._client_key is not None:
+                super().eof_received()
+
         def connection_lost(self, exc) -> None:
+            if self._client_key is None:
+                return
+            left = open_per_client.get(self._client_key, 1) - 1
+            if left > 0:
+                open_per_client[self._client_key] = left
+            else:
+                open_per_client.pop(self._client_key, None)
             self._disarm()
             super().connection_lost(exc)
 
@@ -204,13 +246,64 @@ def protocol_with_header_timeout(header_timeout_s: float) -> type[H11Protocol]:
     return HeaderTimeoutProtocol
 
 
+def _raw_error(status: int, message: str, headers: dict[str, str]) -> bytes:
+    """A whole HTTP/1.1 error response as bytes, for a connection refused before any request is parsed."""
+    body = error_body(status, message)
+    reason = {429: "Too Many Requests"}.get(status, "Error")
+    head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json", f"Content-Length: {len(body)}",
+            "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class PortInUseError(EdgekitError):
+    """The address `serve` was asked to listen on is taken (another server, or a second `edgekit serve`)."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port, made before anything slow happens: a busy port is one line at once, not
+    an error after the model load. uvicorn serves on it (``Server.run(sockets=[...])``); a client that connects
+    while the model loads waits in the backlog and is served when the server starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart does not wait out TIME_WAIT (as uvicorn)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUseError(f"port {port} on {host} is in use by another process; nothing was loaded",
+                                 hint="stop that process or pass another --port (--port 0 picks a free one)") from None
+        raise EdgekitError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                           hint="pass an address of this machine with --host and a port you may bind") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+DEFAULT_SHUTDOWN_DEADLINE_S = 10.0
+
+
 def make_uvicorn_server(app, host: str = "127.0.0.1", port: int = 0, *, header_timeout_s: float = 5.0,
-                        keep_alive_s: float = 5.0, max_connections: int = 512):
+                        keep_alive_s: float = 5.0, max_connections: int = 512,
+                        max_connections_per_client: int | None = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+                        on_shutdown: Callable[[], None] | None = None,
+                        shutdown_deadline_s: float = DEFAULT_SHUTDOWN_DEADLINE_S):
     """The uvicorn server every entry point uses (serve, tests, scripts): loopback unless told, header
-    deadline, idle keep-alive deadline, and a cap on open connections (more get 503)."""
+    deadline, idle keep-alive deadline, a cap on open connections (more get 503) and one per client address
+    (more get 429 at once).
+
+    Shutdown (SIGTERM, SIGINT): ``on_shutdown`` runs once, on its own thread (a signal handler must not take the
+    engine's lock the interrupted thread may hold): the engine ends every answer in flight at its next token.
+    uvicorn then waits for the responses to finish, at most ``shutdown_deadline_s``, and cancels what is left."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first and on_shutdown is not None:
+                threading.Thread(target=on_shutdown, name="edgekit-shutdown", daemon=True).start()
+
         @contextlib.contextmanager
         def capture_signals(self):
             """SIGINT/SIGTERM end `run()` after the graceful shutdown. (uvicorn's own version re-raises the
@@ -226,6 +319,8 @@ def make_uvicorn_server(app, host: str = "127.0.0.1", port: int = 0, *, header_t
                 for sig, handler in original.items():
                     signal.signal(sig, handler)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=protocol_with_header_timeout(header_timeout_s),
-                            timeout_keep_alive=keep_alive_s, limit_concurrency=max_connections, lifespan="off")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            http=protocol_with_header_timeout(header_timeout_s, max_connections_per_client),
+                            timeout_keep_alive=keep_alive_s, limit_concurrency=max_connections, lifespan="off",
+                            timeout_graceful_shutdown=shutdown_deadline_s)
     return Server(config)

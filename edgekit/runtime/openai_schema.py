@@ -10,7 +10,7 @@ choices decode as parallel rows of one batch, and the batch is small.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,6 +18,7 @@ MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
 MAX_CHOICES = 4  # n: each choice is one decode row, and serve's default batch is 4 rows
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
+MAX_PROMPT_IDS = 65_536  # more than any prompt bucket edgekit plans
 
 # Fields of the OpenAI API this server does not implement: a request that sets them gets a 400 naming them.
 UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "best_of", "suffix", "logit_bias", "presence_penalty",
@@ -103,7 +104,9 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int]  # text, or token ids as the OpenAI API allows
+    # text, or token ids as the OpenAI API allows; an id list longer than any prompt bucket is refused by its length
+    # before its items are checked (a 1 MB body holds ~500k ids)
+    prompt: str | Annotated[list[int], Field(max_length=MAX_PROMPT_IDS)]
 
     @field_validator("prompt")
     @classmethod

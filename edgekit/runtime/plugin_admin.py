@@ -56,8 +56,8 @@ class StoreAdmin:
             self.on_event("plugin_kernels_unchecked", op=result.op, version=result.version, detail=golden["note"])
         return {**result.to_dict(), "golden_check": golden}
 
-    def rollback(self, op: str, reason: str = "rollback requested") -> dict[str, Any]:
-        self.store.rollback(op, reason)
+    def rollback(self, op: str, reason: str = "rollback requested", *, block: bool = True) -> dict[str, Any]:
+        self.store.rollback(op, reason, block=block)
         self._activate(op)
         return self.store.pointer(op).model_dump()
 

@@ -3,6 +3,8 @@
 Layout under the store root::
 
     .lock                          flock'd by every mutation (server and agent may share a store)
+    .owner.lock                    flock'd for its whole life by the one runtime (serve) that owns the store:
+                                   taken before start-up recovery, so a second server touches nothing
     tmp/                           received packages (receive step); emptied at start-up
     ops/<op>/active                pointer: {"version", "previous", "history", "base", "state", "blocked", ...}
     ops/<op>/<version>/            one slot per kept version: the plugin's files,
@@ -42,7 +44,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Literal, Mapping
 
@@ -97,6 +99,53 @@ class StoreError(BundleError):
 
 class StoreBusyError(StoreError):
     """Another process held the store's lock for longer than LOCK_TIMEOUT_S: retry later."""
+
+
+class StoreInUseError(StoreError):
+    """Another runtime (an `edgekit serve`) owns this store: a second one must not recover or serve it."""
+
+
+OWNER_LOCK = ".owner.lock"
+
+
+class StoreOwner:
+    """The exclusive, crash-safe claim of one runtime on a store: an flock held for the runtime's life.
+
+    Recovery with ``rollback_unconfirmed`` rolls back whatever is on probation, which is right after a crash and
+    wrong while another server still serves it: so it runs only under this claim. The kernel drops an flock when
+    its holder dies (kill -9 included), so a crash never leaves the store claimed."""
+
+    def __init__(self, root: Path, fd: int):
+        self.root, self._fd = root, fd
+
+    @classmethod
+    def claim(cls, root: str | os.PathLike) -> "StoreOwner":
+        """Claim the store at ``root`` (created if needed) or raise StoreInUseError at once, changing nothing."""
+        root = Path(root)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(root / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise StoreError(f"cannot open the plugin store at {root}: {e}", hint="pass a writable --store directory") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreInUseError(f"plugin store {root} is in use by another edgekit serve (pid {holder}); it was not "
+                                  "touched", hint="stop that server first, or pass another --store") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the message a second server prints
+        return cls(root, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
 
 
 def default_known_abi() -> dict[str, int]:
@@ -218,6 +267,7 @@ class PluginStore:
         self._checkpoint = checkpoint
         self.events: list[Event] = []
         self.recovery: list[str] = []  # what open() repaired, one line each
+        self.owner: StoreOwner | None = None  # the runtime's claim (open with rollback_unconfirmed)
 
     @property
     def golden_check(self) -> GoldenCheck | None:
@@ -236,6 +286,7 @@ class PluginStore:
         checkpoint: Checkpoint | None = None,
         rollback_unconfirmed: bool = False,
         bundle_plugins: Mapping[str, Any] | None = None,
+        owner: StoreOwner | None = None,
     ) -> "PluginStore":
         """Open (creating if needed) and recover the store at `root`.
 
@@ -243,19 +294,34 @@ class PluginStore:
         installed versions and used as the last rung before the reference on rollback.
 
         ``rollback_unconfirmed``: a version still on probation at start-up is rolled
-        back (boot-count style: a restart before confirmation counts against it).
+        back (boot-count style: a restart before confirmation counts against it). Only the store's owner
+        may do that: ``owner`` (claimed earlier, e.g. before a long model load), else claimed here; a store
+        another runtime owns raises StoreInUseError before anything is touched. ``close()`` releases it.
         """
         root = Path(root)
-        try:
-            (root / "tmp").mkdir(parents=True, exist_ok=True)
-            (root / "ops").mkdir(exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot create the plugin store at {root}: {e}", hint="pass a writable --store directory") from e
+        if rollback_unconfirmed and owner is None:
+            owner = StoreOwner.claim(root)
         store = cls(root, policy=policy, verify=verify, golden_check=golden_check, checkpoint=checkpoint,
                     bundle_plugins=bundle_plugins)
-        with store._locked():
-            store._recover(rollback_unconfirmed)
+        store.owner = owner
+        try:
+            try:
+                (root / "tmp").mkdir(parents=True, exist_ok=True)
+                (root / "ops").mkdir(exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot create the plugin store at {root}: {e}",
+                                 hint="pass a writable --store directory") from e
+            with store._locked():
+                store._recover(rollback_unconfirmed)
+        except BaseException:
+            store.close()
+            raise
         return store
+
+    def close(self) -> None:
+        """Release the runtime's claim on the store (if it holds one); the store object stays readable."""
+        if self.owner is not None:
+            self.owner.release()
 
     def _recover(self, rollback_unconfirmed: bool) -> None:
         for leftover in sorted((self.root / "tmp").iterdir()):
@@ -412,7 +478,7 @@ class PluginStore:
                 op = check_name("operator", plugin.op)
                 current = self._current_pointer(op)
                 version = admit(
-                    plugin, self.policy, current.op_state(),
+                    plugin, self.policy, self._admission_state(current),
                     allow_downgrade=allow_downgrade, allow_blocked=allow_blocked, expect=expect,
                 )
                 step("verified")
@@ -464,18 +530,20 @@ class PluginStore:
                 self._write_pointer(new)
         return new
 
-    def rollback(self, op: str, reason: str = "manual rollback") -> Pointer:
+    def rollback(self, op: str, reason: str = "manual rollback", *, block: bool = True) -> Pointer:
         """Step one rung down in one atomic write: the previous store version, an older one, the bundle's
         own plugin, then the reference.
 
-        A rolled-back store version is blocked so an agent does not re-install it; its slot is deleted.
+        A rolled-back store version is blocked so an agent does not re-install it (``block``; a probation that
+        failed on latency alone passes False: the plugin did nothing wrong that a quieter device would not
+        forgive); its slot is deleted either way.
         """
         with self._locked():
             p = self._current_pointer(check_name("operator", op))
             _, source = self.serving(p)
             if source == "reference":
                 raise StoreError(f"{op} already runs on the reference; there is nothing to roll back")
-            new = _rolled_back(p, reason)
+            new = _rolled_back(p, reason, block=block)
             self._write_pointer(new, between=lambda: self._step("rollback", "pointer_temp_written"))
             self._step("rollback", "switched")
             self._collect_quietly(op, new)
@@ -590,6 +658,17 @@ class PluginStore:
             durable.remove_tree_atomically(op_dir / name)
 
     # -- slots and pointers ------------------------------------------------------
+    def _admission_state(self, p: Pointer) -> OpState:
+        """The pointer's admission state with the bundle's own plugin counted: it is the active version while no
+        store version serves, and its version is a floor (a store plugin of the bundle's version or older would
+        silently replace the bundle's own, which was verified with the bundle)."""
+        state = p.op_state()
+        bundle = self.bundle_plugins.get(p.op)
+        if bundle is None:
+            return state
+        active = state.active if state.active is not None or p.base != "bundle" else bundle
+        return replace(state, active=active, floor=_newest(state.floor, bundle))
+
     def _slot_dir(self, op: str, version: str) -> Path:
         return self.root / "ops" / op / canonical_version(version)
 
@@ -704,16 +783,17 @@ def _newest(a: str | None, b: str | None) -> str | None:
     return max((v for v in (a, b) if v is not None), key=version_key, default=None)
 
 
-def _rolled_back(p: Pointer, reason: str) -> Pointer:
+def _rolled_back(p: Pointer, reason: str, *, block: bool = True) -> Pointer:
     """One rung down. From a store version: the previous one (older ones move up); from the base
-    (no store version left): the bundle's own plugin gives way to the reference."""
+    (no store version left): the bundle's own plugin gives way to the reference. ``block``: the rolled-back
+    version may not be installed again."""
     if p.version is None:
         return p.model_copy(update={"base": "reference", "state": "confirmed", "changed_at": _now(),
                                     "note": f"rolled back the bundle's own plugin: {reason}"})
     return Pointer(
         op=p.op, version=p.previous, previous=p.history[-1] if p.history else None, history=p.history[:-1],
-        base=p.base, state="confirmed", blocked=_add(p.blocked, p.version), note=f"rolled back {p.version}: {reason}",
-        floor=_newest(p.floor, p.version),
+        base=p.base, state="confirmed", blocked=_add(p.blocked, p.version) if block else p.blocked,
+        note=f"rolled back {p.version}: {reason}", floor=_newest(p.floor, p.version),
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Protocol
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -35,9 +36,10 @@ from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
 from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.choices import Choices
-from edgekit.runtime.engine import Engine, EngineClosedError, OverloadedError
+from edgekit.runtime.engine import (ChatTemplateError, Engine, EngineClosedError, OverloadedError,
+                                    RequestTooLargeError)
 from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
-from edgekit.runtime.openai_schema import ChatRequest, CompletionRequest, validation_message
+from edgekit.runtime.openai_schema import MAX_PROMPT_IDS, ChatRequest, CompletionRequest, validation_message
 from edgekit.runtime.plugin_store import StoreBusyError
 from edgekit.runtime.sse_chunks import ChunkEncoder
 from edgekit.runtime.text_stream import TextStream
@@ -49,7 +51,13 @@ MAX_REQUEST_BODY_BYTES = 1024 * 1024
 # refused before it is tokenized.
 MAX_CHARS_PER_TOKEN = 32
 DEFAULT_MAX_TOKENS = 64
+INLINE_PARSE_BYTES = 16 * 1024  # bodies up to this are parsed on the event loop (a thread hop costs more)
 RETRY_AFTER_S = 1
+# A capacity refusal (429) is answered after this long, not at once: a client that ignores Retry-After and retries
+# at once then retries ~2 times a second instead of hundreds. 32 such clients sent 570 requests/s at the default
+# model on a 2-core CPU and took the cores from the requests being served (0.5 served/s, their time to first byte
+# 6x one client's). The wait costs the server a sleeping coroutine; the answer still comes within 1 s.
+REFUSAL_DELAY_S = 0.5
 ADMIN_PREFIX = "/v1/plugins"
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions")
 SWAP_PAUSE_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 1.0)
@@ -80,6 +88,10 @@ class _Metrics:
         rows = Gauge("edgekit_sequences_decoding", "Sequences in the decode batch", registry=reg)
         rows.set_function(engine.active_rows)
         reg.register(_DecodePathCollector(engine))
+        self.logs: list[JsonlLogger] = []  # every app's log on this engine (tests make several apps)
+        dropped = Gauge("edgekit_log_records_dropped", "Log records lost to failed writes (disk full, ...): counted "
+                        "instead of failing the request", registry=reg)
+        dropped.set_function(lambda: sum(log.dropped for log in self.logs))
         self._pauses_seen = 0
         self._engine = engine
 
@@ -124,13 +136,16 @@ def _error(status: int, message: str, param: str | None = None, headers: dict | 
 def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_token: str | None = None,
                plugins: PluginAdmin | None = None, extra_registries: list[Any] | None = None,
                log: JsonlLogger | None = None, max_body_bytes: int = MAX_REQUEST_BODY_BYTES,
-               body_timeout_s: float = 10.0) -> FastAPI:
+               body_timeout_s: float = 10.0, refusal_delay_s: float = REFUSAL_DELAY_S) -> FastAPI:
     app = FastAPI(title="edgekit", docs_url=None, redoc_url=None, openapi_url=None)
     token = admin_token if admin_token is not None else read_admin_token(admin_token_file)
     auth = AdminAuth(token)
     metrics = getattr(engine, "server_metrics", None) or _Metrics(engine)  # families register once per registry
     engine.server_metrics = metrics
+    if log is not None:
+        metrics.logs.append(log)
     tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgekit-tokenize")
+    parse_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-parse")  # one: the loop vies with one
     admin_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin-http")
     app.state.engine, app.state.metrics, app.state.token_feed = engine, metrics, None
     vocab = engine.decoder.config.vocab_size
@@ -150,7 +165,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                        body_limit=lambda p: upload_limit() if p.startswith(ADMIN_PREFIX) else max_body_bytes,
                        body_timeout_s=body_timeout_s,
                        on_refusal=lambda path, status, msg: record(route_of(path), status, time.perf_counter(), error=msg),
-                       overloaded=lambda p: p in INFERENCE_PATHS and engine.full(), retry_after_s=RETRY_AFTER_S)
+                       overloaded=lambda p: p in INFERENCE_PATHS and engine.full(), retry_after_s=RETRY_AFTER_S,
+                       refusal_delay_s=refusal_delay_s)
 
     def record(route: str, status: int, t0: float, **fields) -> None:
         metrics.requests.labels(route, str(status)).inc()
@@ -177,7 +193,10 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                 raise _Refused(413, f"messages hold {chars} characters; at most {max_prompt_chars} can fit the largest "
                                     f"prompt bucket ({engine.shapes.buckets[-1]} tokens)", "messages")
             msgs = [m.model_dump() for m in req.messages]
-            return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(messages=msgs))
+            try:
+                return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(messages=msgs))
+            except ChatTemplateError as e:
+                raise _Refused(400, str(e), "messages") from e
         if isinstance(req.prompt, list):
             bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
             if bad is not None:
@@ -202,8 +221,11 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                                                 on_token=choices.on_token, on_done=choices.on_done))
         except OverloadedError as e:
             raise _Refused(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from e
-        except ShapeError as e:
-            raise _Refused(413, str(e), "prompt") from e
+        except RequestTooLargeError as e:
+            raise _Refused(400, str(e), "n" if req.n > 1 else req.new_tokens_field()) from e
+        except ShapeError as e:  # its hint names CLI flags; an HTTP client sends fields
+            raise _Refused(413, f"{e.message}; shorten the prompt or ask for fewer {req.new_tokens_field()}",
+                           "prompt") from e
         except EngineClosedError as e:
             raise _Refused(503, str(e)) from e
 
@@ -225,6 +247,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             ids = await prompt_ids(req)
             start(req, ids, choices)
         except _Refused as e:
+            if e.status == 429:  # at capacity: held as the middleware holds a flood's refusals
+                await asyncio.sleep(refusal_delay_s)
             record(route, e.status, t0, param=e.param)
             return _error(e.status, e.message, e.param, e.headers)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -246,25 +270,37 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             enc = ChunkEncoder(rid, created, engine.model_name, chat)
 
             async def sse() -> AsyncIterator[bytes]:
-                status = 200
+                status, reasons = 200, None
+                # a hang-up is noticed when it happens, not at the next write (text held back writes nothing)
+                watcher = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
                 try:
                     if chat:
                         for i in range(n):
                             yield enc.role(i)
                     async for i, delta in choices.deltas():
                         yield enc.delta(delta, i)
+                    if choices.hung_up():
+                        status, reasons = 499, ["cancelled"] * n
+                        return
+                    reasons = [choices.finish_reason(i) for i in range(n)]
                     for i in range(n):
-                        yield enc.finish(choices.finish_reason(i), i)
+                        yield enc.finish(reasons[i], i)
                     if req.include_usage_in_stream():
                         yield enc.usage(usage(len(ids), choices.completion_tokens()))
                     yield enc.done()
                 except EdgekitError as e:  # headers are sent: report in-band, as OpenAI's servers do
                     status = 429 if isinstance(e, OverloadedError) else 500
                     yield b"data: " + error_body(status, str(e)) + b"\n\n"
+                except (asyncio.CancelledError, GeneratorExit):  # the client hung up mid-stream: its rows are freed
+                    status, reasons = 499, ["cancelled"] * n
+                    choices.cancel()
+                    raise
                 finally:
+                    watcher.cancel()
+                    reasons = reasons or [j.finish_reason for j in choices.jobs]
                     metrics.tokens.inc(choices.completion_tokens())
                     record(route, status, t0, stream=True, prompt_tokens=len(ids), completion_tokens=choices.completion_tokens(),
-                           finish_reason=[j.finish_reason for j in choices.jobs] if n > 1 else choices.jobs[0].finish_reason)
+                           finish_reason=reasons if n > 1 else reasons[0])
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -293,13 +329,21 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": engine.model_name, "choices": out, "usage": usage(len(ids), n_out)}
 
+    async def parsed(request: Request, model):
+        """The body as ``model``: small bodies here, bigger ones on the parse thread (JSON and validation of a body
+        near the 1 MB limit take tens of ms that the loop would otherwise stall for: 32 at once held it 2-4.7 s)."""
+        body = await request.body()
+        if len(body) <= INLINE_PARSE_BYTES:
+            return _validate(model, body)
+        return await asyncio.get_running_loop().run_in_executor(parse_pool, _validate, model, body)
+
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        return await handle(req, "completions", False, request)
+    async def completions(request: Request):
+        return await handle(await parsed(request, CompletionRequest), "completions", False, request)
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
-        return await handle(req, "chat", True, request)
+    async def chat(request: Request):
+        return await handle(await parsed(request, ChatRequest), "chat", True, request)
 
     @app.get("/v1/models")
     async def models():
@@ -386,9 +430,16 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     # -- errors --------------------------------------------------------------------
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
-        param, message = validation_message(list(e.errors()))
-        record(route_of(request.url.path), 400, time.perf_counter(), param=param, error=message)
-        return _error(400, message, param)
+        errors = list(e.errors())
+        param, message = validation_message(errors)
+        status = 400
+        if any(err.get("type") == "too_long" and err.get("loc", ())[:1] == ("prompt",) for err in errors):
+            # a token-id prompt over the schema's cap cannot fit any bucket: too large, as a long text prompt is
+            status, param = 413, "prompt"
+            message = (f"prompt holds more than {MAX_PROMPT_IDS} token ids; the largest prompt bucket is "
+                       f"{engine.shapes.buckets[-1]} tokens: shorten the prompt")
+        record(route_of(request.url.path), status, time.perf_counter(), param=param, error=message)
+        return _error(status, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
@@ -401,6 +452,21 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         return _error(500, f"{type(e).__name__}: the server could not complete the request")
 
     return app
+
+
+def _validate(model, body: bytes):
+    """A request body as ``model``, or RequestValidationError as FastAPI raises it. Python's JSON parser, as FastAPI
+    uses: it reads NaN and lone surrogates, which the validators then refuse by field name."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(e, "pos", 0)),
+                                       "msg": "JSON decode error", "input": {},
+                                       "ctx": {"error": getattr(e, "msg", str(e))}}]) from e
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from e
 
 
 async def _cancel_on_disconnect(request: Request, choices: Choices) -> None:

@@ -5,19 +5,24 @@
   makes that one call fall back to the previous implementation, takes the
   operator's plugin out of service (rollback in the store) and records an
   event; the rest of the model keeps running and the request succeeds.
-- A new plugin starts on probation: its per-token decode latency over the next
-  requests is compared with the window before the swap; a slowdown beyond the
-  budget, extra jitter beyond the jitter budget, or a fault rolls it back,
-  otherwise it is confirmed.
+- A new plugin starts on probation, in an A/B trial: the engine's decode steps
+  alternate between the new table and the one it replaced, each timed, so both
+  arms see the same load and batch sizes (before/after windows could not tell a
+  busy device from a slow plugin: 32 ordinary clients sank an identical one).
+  After ``ProbationPolicy.requests`` requests with enough paired steps, a step
+  time beyond the slowdown budget or extra spread beyond the jitter budget rolls
+  it back without blocking it (it was slow here, not wrong); a fault rolls it
+  back and blocks it; otherwise it is confirmed. The watchdog's
+  ``rollback_plugin`` action asks the same trial.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -26,8 +31,14 @@ import torch
 from edgekit.errors import EdgekitError
 from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.bundle_runtime import OpenedBundle
-from edgekit.runtime.engine import DEFAULT_MAX_QUEUE_WAIT_S, Engine
+from edgekit.runtime.engine import DEFAULT_MAX_QUEUE_WAIT_S, DEFAULT_MAX_REQUEST_S, Engine
 from edgekit.runtime.gpu_admin_lock import gpu_admin_work
+
+
+def model_id(name: str) -> str:
+    """The id /v1/models and every answer give the model: its name as an identifier, as OpenAI-style ids are
+    ("Smollm2 135M 8k Lc100K Mix1 Ep2", a GGUF's display name, -> "smollm2-135m-8k-lc100k-mix1-ep2")."""
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-.") or "edgekit"
 
 
 def _all_finite(out) -> bool:
@@ -68,19 +79,22 @@ class GuardedOp:
 
 @dataclass
 class ProbationPolicy:
-    requests: int = 8  # requests served by the new plugin before it is confirmed
-    max_slowdown: float = 0.5  # median per-token latency may grow by at most 50%
-    jitter_budget_ms: float = 5.0  # p99 - p50 of per-token latency may grow by at most this
+    requests: int = 8  # requests served by the new plugin before a verdict
+    max_requests: int = 512  # still too few paired decode steps by then: confirmed on its golden vectors alone
+    max_slowdown: float = 0.10  # its decode steps may take at most 10% longer than the control arm's
+    jitter_budget_ms: float = 5.0  # its step spread (p90 - p50) may exceed the control's by at most this (+ tolerance)
+    jitter_tolerance: float = 0.5  # ... plus this fraction of the control's own spread
+    min_samples: int = 64  # step pairs (one step on each arm at one batch size) before any verdict
 
 
 @dataclass
 class _Probation:
     op: str
     version: str
-    baseline_ms: list[float]
-    seen_ms: list[float] = field(default_factory=list)
+    trial: int  # the engine's A/B trial: its steps alternate with the table this plugin replaced
     requests: int = 0
     faults: int = 0
+    deciding: bool = False  # a verdict is being made on the admin worker
 
 
 class ServingStack:
@@ -89,7 +103,8 @@ class ServingStack:
 
     def __init__(self, bundle: OpenedBundle, store=None, *, max_waiting: int = 8, policy: ProbationPolicy | None = None,
                  model_name: str | None = None, cuda_graphs: bool = True, batch_buckets: tuple[int, ...] | None = None,
-                 max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S, log: JsonlLogger | None = None, decode_path: str | None = None):
+                 max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S, log: JsonlLogger | None = None, decode_path: str | None = None,
+                 max_request_s: float | None = DEFAULT_MAX_REQUEST_S, prefill_chunk_tokens: int | None = None):
         from edgekit.runtime.engine import DEFAULT_BATCH_BUCKETS
         from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH
         from edgekit.runtime.plugin_admin import StoreAdmin
@@ -109,17 +124,12 @@ class ServingStack:
         self.events: list[dict] = []  # before the engine: its start-up captures graphs, and a fault there is an event
         dec = bundle.decoder(base)
         self.engine = Engine(dec, bundle.tokenizer, bundle.shapes, max_waiting=max_waiting,
-                             stop_ids=bundle.config.eos_token_ids, model_name=model_name or bundle.config.name,
+                             stop_ids=bundle.config.eos_token_ids, model_name=model_name or model_id(bundle.config.name),
                              cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or DEFAULT_BATCH_BUCKETS,
-                             max_queue_wait_s=max_queue_wait_s, decode_path=decode_path or DEFAULT_DECODE_PATH)
-        self._recent_ms: deque[float] = deque(maxlen=512)  # per-token decode latency of recent requests
+                             max_queue_wait_s=max_queue_wait_s, decode_path=decode_path or DEFAULT_DECODE_PATH,
+                             max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens)
         self._probation: dict[str, _Probation] = {}
-        self._lock = threading.Lock()  # guards the probation records and latency windows (held for microseconds)
-        # Latency samples are representative only from requests that overlapped no switch's preparation (its graph
-        # captures run beside the serving thread and slow it): under an 8-client load on the H200, 5 of 10 healthy
-        # plugins failed probation while such requests counted (2026-12-01). _observe checks these two.
-        self._switching = 0  # switches being prepared now
-        self._quiet_since = 0.0  # time.monotonic() when the last one ended
+        self._lock = threading.Lock()  # guards the probation records (held for microseconds)
         # store work triggered by inference runs here, in order, off the device thread
         self.admin_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin")
         self.store = store
@@ -133,9 +143,11 @@ class ServingStack:
             self.admin.sync()
 
     def start_watchdog(self, policy=None, sensors=None, log_path: Path | None = None):
-        """Latency tracker + power sensors + policies; breaches become events, and `rollback_probation`
-        (roll back every plugin still on probation) and `shed_load` are registered as its actions.
-        The watchdog reads the engine's tracker: one set of latency histograms in /metrics."""
+        """Latency tracker + power sensors + policies; breaches become events, and ``rollback_plugin`` (roll back a
+        plugin on probation that its A/B trial shows to be slower) and ``shed_load`` are registered as its actions,
+        under the names the policy raises. The watchdog reads the engine's tracker: one set of latency histograms
+        in /metrics."""
+        from edgekit.power.actions import ROLLBACK_PLUGIN, SHED_LOAD
         from edgekit.power.jsonl import JsonlLogger
         from edgekit.power.sensors.discover import absent_names, local_sensors
         from edgekit.power.watchdog import Watchdog
@@ -147,10 +159,9 @@ class ServingStack:
         wd = Watchdog(sensors=sensors, policy=policy, tracker=self.engine.tracker, absent_sensors=absent,
                       logger=JsonlLogger(log_path) if log_path else None,
                       on_event=lambda e: self._event("watchdog", detail=e.to_dict() if hasattr(e, "to_dict") else str(e)))
-        wd.actions.register("rollback_probation", lambda *a, **k: [self.admin_worker.submit(self._rollback, op, "watchdog budget breach")
-                                                                    for op in list(self._probation)],
-                            "roll back every operator plugin still on probation")
-        wd.actions.register("shed_load", lambda *a, **k: self._shed_load(), "refuse new requests for a moment (HTTP 429)")
+        wd.actions.register(ROLLBACK_PLUGIN, self._watchdog_rollback,
+                            "roll back a plugin on probation whose decode steps are slower than the control arm's")
+        wd.actions.register(SHED_LOAD, lambda *a, **k: self._shed_load(), "refuse new requests for a moment (HTTP 429)")
         self.watchdog = wd.start()
         return wd
 
@@ -171,6 +182,30 @@ class ServingStack:
                     self._event("probation_not_saved", op=op, reason=str(e))
         if self.log is not None:
             self.log.close()
+        if self.store is not None:
+            self.store.close()  # the runtime's claim on the store: another server may own it from now on
+
+    def _watchdog_rollback(self, event) -> str:
+        """The watchdog's ``rollback_plugin`` action on a latency event: every plugin on probation whose A/B trial so
+        far shows it slower or less steady than the table it replaced is rolled back (not blocked: it did not fail,
+        it was slow here). A plugin that runs as fast as its control is kept: the event is the load's, not its (under
+        32 clients token jitter went 42 -> 958 ms with an identical plugin); with too few paired steps the verdict
+        waits for the end of the probation. Returns what it did, for the event's record."""
+        with self._lock:
+            probations = list(self._probation.values())
+        said = []
+        for p in probations:
+            v = self._judge(p)
+            if v.regressed:
+                self.admin_worker.submit(self._end_probation, p, False, f"watchdog {event.kind} event: "
+                                         + "; ".join(v.reasons))
+                said.append(f"{p.op} v{p.version}: rolling back ({'; '.join(v.reasons)})")
+            elif v.outcome == "undecided":
+                said.append(f"{p.op} v{p.version}: kept for now ({v.reasons[0]})")
+            else:
+                said.append(f"{p.op} v{p.version}: kept: its steps run {v.evidence['step_time_ratio']:.2f}x the "
+                            "control's at the same batch sizes, so the breach is not its")
+        return "; ".join(said) or "no plugin on probation"
 
     def _shed_load(self) -> None:
         self._event("shed_load")
@@ -185,15 +220,18 @@ class ServingStack:
         # costs one reduction per step instead of three small ops per operator call (a third of a CPU step).
         return GuardedOp(op, fn, fallback or OPERATORS[op].reference, self._fault, check_finite=probation)
 
-    def _install(self, op: str, fn: Callable, source: str, fallback: Callable | None, probation: bool) -> float:
-        with self._lock:
-            self._switching += 1
-        try:
-            return self.engine.switch_operator(op, self._guarded(op, fn, fallback, probation), source)
-        finally:
-            with self._lock:
-                self._switching -= 1
-                self._quiet_since = time.monotonic()
+    def _install(self, op: str, fn: Callable, source: str, fallback: Callable | None, probation: bool) -> int:
+        """Switch the engine's entry for ``op``; a plugin on probation starts an A/B trial against the table it
+        replaces. Returns the trial's id. (Under gpu_admin_work, held by _on_change: no other switch in between.)"""
+        control = None
+        if probation:  # what the trial is compared with: the implementation it replaces, checked the same way
+            from edgekit.kernels.registry import OPERATORS
+
+            control = GuardedOp(op, fallback or OPERATORS[op].reference, OPERATORS[op].reference,
+                                on_fault=lambda *_: None, check_finite=True)
+        self.engine.switch_operator(op, self._guarded(op, fn, fallback, probation), source, trial=probation,
+                                    control_fn=control)
+        return self.engine.trial_id
 
     def _on_change(self, op: str, plugin) -> None:
         """The store's decision -> the engine's dispatch entry (called after install, rollback and at start).
@@ -222,12 +260,10 @@ class ServingStack:
         self.load_ms.append((time.perf_counter() - t) * 1e3)  # the plugin's module load (cubin/PTX) on the device
         pointer = self.store.pointer(op)
         on_probation = pointer.state == "probation"
-        baseline = list(self._recent_ms)  # the latencies before the switch's preparation (graph captures) slows any
-        self._install(op, impl, source, fallback=previous, probation=on_probation)
-        # the plugin it replaced was judged until now; this one from now on (on representative requests: _observe)
+        trial = self._install(op, impl, source, fallback=previous, probation=on_probation)
         with self._lock:
             if on_probation:  # a new install, or one resumed after a clean restart (with the requests it had served)
-                self._probation[op] = _Probation(op, str(plugin.version), baseline, requests=pointer.probation_requests)
+                self._probation[op] = _Probation(op, str(plugin.version), trial, requests=pointer.probation_requests)
             else:
                 self._probation.pop(op, None)
 
@@ -271,37 +307,30 @@ class ServingStack:
         if self.store.pointer(op).version is not None:
             self._rollback(op, reason)
 
-    def _rollback(self, op: str, reason: str) -> None:
+    def _rollback(self, op: str, reason: str, *, block: bool = True) -> None:
         try:
-            self.admin.rollback(op, reason)
-            self._event("rollback", op=op, reason=reason)
+            self.admin.rollback(op, reason, block=block)
+            self._event("rollback", op=op, reason=reason, blocked=block)
         except Exception as e:  # keep serving whatever is active; report why the rollback failed
             self._event("rollback_failed", op=op, reason=f"{type(e).__name__}: {e}")
 
     def _observe(self, stats) -> None:
-        """On the device thread: count the request (one that overlapped no switch) for every probation; decide and
-        write on the admin worker."""
-        ms = [t * 1000 for t in stats.token_times_s]
-        finished, progress = [], []
-        started = stats.first_token_at_s
+        """On the device thread, per finished request: count it for every probation; verdicts and store writes run
+        on the admin worker."""
+        due, progress = [], []
         with self._lock:
-            # a request under way at a switch also ran partly on the operator before it: not any plugin's own
-            if self._switching or (started is not None and started < self._quiet_since):
-                return
-            for op, p in list(self._probation.items()):
-                p.seen_ms.extend(ms)
+            for p in self._probation.values():
                 p.requests += 1
-                if p.requests >= self.policy.requests:
-                    finished.append(p)
-                    del self._probation[op]
+                if p.requests >= self.policy.requests and not p.deciding:
+                    p.deciding = True
+                    due.append(p)
                 else:
-                    progress.append((op, p.version, p.requests))
-            self._recent_ms.extend(ms)
+                    progress.append((p.op, p.version, p.requests))
         if self.admin is None:
             return
         for op, version, requests in progress:
             self.admin_worker.submit(self._save_progress, op, version, requests)
-        for p in finished:
+        for p in due:
             self.admin_worker.submit(self._decide, p)
 
     def _save_progress(self, op: str, version: str, requests: int) -> None:
@@ -310,36 +339,59 @@ class ServingStack:
         except EdgekitError as e:  # the store is busy: the count is re-saved with the next request
             self._event("probation_not_saved", op=op, reason=str(e))
 
+    def _judge(self, p: _Probation, final: bool = False):
+        """The A/B verdict so far (edgekit.power.probation.judge_paired) on the trial's decode steps; ``final``: the
+        median decides even where its confidence interval still straddles the limit."""
+        from edgekit.power.probation import judge_paired
+
+        pairs = {b: [(t * 1000, c * 1000) for t, c in v] for b, v in self.engine.trial_pairs(p.trial).items()}
+        pol = self.policy
+        return judge_paired(pairs, max_slowdown=pol.max_slowdown,
+                            jitter_budget_ms=pol.jitter_budget_ms, jitter_tolerance=pol.jitter_tolerance,
+                            min_samples=pol.min_samples, faults=p.faults, final=final)
+
     def _decide(self, p: _Probation) -> None:
-        ok, why = self._verdict(p)
-        if ok:
+        """On the admin worker: confirm, roll back, or (too few paired steps, and requests left) wait for more."""
+        v = self._judge(p, final=p.requests >= self.policy.max_requests)
+        if v.outcome == "undecided" and p.requests < self.policy.max_requests:
+            with self._lock:
+                p.deciding = False
+            self._save_progress(p.op, p.version, p.requests)
+            return
+        if v.outcome == "undecided":  # final, and still fewer pairs than min_samples
+            self._end_probation(p, True, f"{v.reasons[0]} after {p.requests} requests; confirmed on its golden "
+                                         "vectors alone")
+        elif v.regressed:
+            self._end_probation(p, False, "; ".join(v.reasons), evidence=v.evidence)
+        else:
+            lo, hi = v.evidence["ratio_interval"]
+            self._end_probation(p, True, f"decode steps {v.evidence['step_time_ratio']:.2f}x the control's (95% "
+                                         f"{lo:.2f}-{hi:.2f}x over {v.evidence['pairs']} pairs at the same batch "
+                                         "sizes)", evidence=v.evidence)
+
+    def _end_probation(self, p: _Probation, passed: bool, why: str, evidence: dict | None = None) -> None:
+        """On the admin worker: the trial ends; the plugin is confirmed, or rolled back. A latency verdict does not
+        block the version (it did nothing wrong that a quieter device would not forgive); a fault does."""
+        with self._lock:
+            if self._probation.get(p.op) is not p:
+                return  # already ended (a fault's rollback, the watchdog, a newer install)
+            del self._probation[p.op]
+        self.engine.end_trial(p.trial)
+        if passed:
             try:
                 self.admin.confirm(p.op)
-                self._event("probation_passed", op=p.op, detail=why)
+                self._event("probation_passed", op=p.op, detail=why, evidence=evidence)
             except EdgekitError as e:  # stays on probation in the store; a restart resumes it
                 self._event("confirm_failed", op=p.op, reason=str(e))
         else:
-            self._event("probation_failed", op=p.op, detail=why)
-            self._rollback(p.op, f"probation: {why}")
-
-    def _verdict(self, p: _Probation) -> tuple[bool, str]:
-        """The watchdog's before/after judgement (edgekit.power.probation) on per-token decode latency."""
-        from edgekit.power.latency import window_stats
-        from edgekit.power.probation import judge_probation
-
-        before = window_stats("token", p.baseline_ms, 0.0) if p.baseline_ms else None
-        after = window_stats("token", p.seen_ms, 0.0) if p.seen_ms else None
-        v = judge_probation(before, after, jitter_budget_ms=self.policy.jitter_budget_ms,
-                            p50_tolerance=self.policy.max_slowdown, jitter_tolerance_ms=self.policy.jitter_budget_ms,
-                            nonfinite_after=p.faults, min_samples=8)
-        if v.outcome == "undecided":
-            return True, "not enough decode steps to compare; confirmed on its golden vectors alone"
-        return (not v.regressed), "; ".join(v.reasons) or (
-            f"p50 {after.p50_ms:.2f} ms (was {before.p50_ms:.2f}), jitter {after.jitter_ms:.2f} ms (was {before.jitter_ms:.2f})")
+            self._event("probation_failed", op=p.op, detail=why, evidence=evidence)
+            self._rollback(p.op, f"probation: {why}", block=p.faults > 0)
 
 
-def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key: bool):
-    """The device's plugin store for this bundle: the device's arch, the bundle's golden vectors as a second check."""
+def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key: bool, owner=None):
+    """The device's plugin store for this bundle: the device's arch, the bundle's golden vectors as a second check.
+    The runtime owns it (``owner``: a ``StoreOwner`` claimed earlier, else claimed here): a store another runtime
+    owns raises StoreInUseError before anything in it is touched."""
     from edgekit.bundle.keys import trust
     from edgekit.bundle.plugin import TRITON_HIDDEN_ARGS
     from edgekit.runtime.plugin_checks import golden_checker, package_verifier, runner_factory
@@ -363,4 +415,5 @@ def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key:
         golden_check=golden_checker(runner_factory("auto"), bundle_golden=bundle_golden),
         rollback_unconfirmed=True,
         bundle_plugins={ref.op: ref.version for ref in bundle.manifest.plugins},
+        owner=owner,
     )

@@ -113,6 +113,27 @@ def run_clients(base_url: str, body: dict, *, clients: int, seconds: float, stre
     return [asdict(r) for r in records]
 
 
+def post_bodies(base_url: str, body: bytes, *, clients: int, seconds: float, path: str = "/v1/completions") -> list[int]:
+    """`clients` threads post the same raw JSON body back to back for `seconds`; the statuses (0: no answer)."""
+    statuses: list[int] = []
+    deadline = time.monotonic() + seconds
+
+    def client() -> None:
+        with httpx.Client(base_url=base_url, timeout=max(seconds, 30)) as c:
+            while time.monotonic() < deadline:
+                try:
+                    statuses.append(c.post(path, content=body, headers={"Content-Type": "application/json"}).status_code)
+                except httpx.HTTPError:
+                    statuses.append(0)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 120)
+    return statuses
+
+
 @dataclass
 class LoadResult:
     requests_ok: int = 0

@@ -17,7 +17,7 @@ from typing import Callable
 class TextStream:
     def __init__(self, decode: Callable[[list[int]], str], stops: list[str]):
         self.decode, self.stops = decode, stops
-        self.tokens: list[int] = []
+        self.tokens: list[int] = []  # pushed until a stop string was complete: what the returned text came from
         self.stopped = False  # a stop string was seen: the caller cancels generation
         self._prefix = 0  # tokens[_prefix:_read] is the context already turned into text
         self._read = 0
@@ -35,12 +35,12 @@ class TextStream:
         if len(now) > len(before) and not now.endswith("\ufffd"):
             self._text += now[len(before):]
             self._prefix, self._read = self._read, len(self.tokens)
-        for s in self.stops:
-            at = self._text.find(s, max(self._sent - len(s), 0))
-            if at >= 0:
-                self.stopped = True
-                self._text = self._text[:at]
-                return self._release(len(self._text))
+        # the earliest match of any stop string, whatever the order of the list (one token may complete several)
+        hits = [at for s in self.stops if (at := self._text.find(s, max(self._sent - len(s), 0))) >= 0]
+        if hits:
+            self.stopped = True
+            self._text = self._text[:min(hits)]
+            return self._release(len(self._text))
         return self._release(len(self._text) - self._hold)
 
     def finish(self) -> str:

@@ -1,16 +1,23 @@
 """CPU load, memory and (where the OS reports them) temperatures through psutil.
 
 This is the sensor every machine has, so the monitor always shows something.
-``psutil.cpu_percent(None)`` measures since its previous call, which is why the
-first read of a fresh sensor reports 0 % and the sensor is not read faster
-than once a second (a read costs ~0.1-0.5 ms of CPU, and these numbers move slowly).
+``psutil.cpu_percent(None)`` measures since its previous call: the sensor primes it when made, and a read that
+comes too soon after the previous one (the watchdog's first tick, right after start) has no interval to measure
+over and reports no CPU load (None) rather than psutil's meaningless 0 %. The sensor is not read faster than once
+a second (a read costs ~0.1-0.5 ms of CPU, and these numbers move slowly).
 """
 
 from __future__ import annotations
 
+import time
+
 from edgekit.power.sample import PowerSample
 from edgekit.power.sensors.base import Sensor
 from edgekit.power.sensors.thermal import valid_temp_c, zone_name
+
+
+# Below this since the previous cpu_percent call, psutil's answer is a count of a few scheduler ticks (often 0.0).
+MIN_CPU_INTERVAL_S = 0.1
 
 
 class SystemSensor(Sensor):
@@ -24,6 +31,7 @@ class SystemSensor(Sensor):
 
             self._psutil = psutil
             psutil.cpu_percent(None)  # prime the counter
+            self._cpu_at = time.monotonic()
         except ImportError:
             self._psutil = None
 
@@ -45,7 +53,9 @@ class SystemSensor(Sensor):
                             temps.setdefault(key, float(e.current))
             except OSError:
                 pass
+        load, now = float(ps.cpu_percent(None)), time.monotonic()
+        measured, self._cpu_at = now - self._cpu_at >= MIN_CPU_INTERVAL_S, now
         return PowerSample(
-            t_s=t, source=self.name, cpu_load_pct=float(ps.cpu_percent(None)),
+            t_s=t, source=self.name, cpu_load_pct=load if measured else None,
             mem_used_mb=(vm.total - vm.available) / 2**20, mem_total_mb=vm.total / 2**20, temps_c=temps,
         )

@@ -39,7 +39,13 @@ def _precision_default(command: str) -> str:
 
 
 def test_plan_build_and_quantize_share_the_default():
-    assert _precision_default("plan") == _precision_default("build") == _precision_default("quantize") == DEFAULT_PRECISION == "int8"
+    assert _precision_default("plan") == _precision_default("quantize") == DEFAULT_PRECISION == "int8"
+    # build's option is unset by default (a --plan decides it); without a plan the build takes the same default
+    from edgekit.builder import pipeline
+
+    assert _precision_default("build") is None and pipeline.DEFAULT_PRECISION is DEFAULT_PRECISION
+    build_help = next(p.help for p in cli.cli_command().commands["build"].params if p.name == "precision")
+    assert f"Default: {DEFAULT_PRECISION}" in build_help
 
 
 def test_every_precision_option_offers_int4():

@@ -18,8 +18,11 @@ from edgekit.kernels.rope import rope_frequencies
 
 FUSED_OPS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_proj_residual", "fused_norm_swiglu",
              "fused_head_argmax")
-# the operators with INT4 (W4A16) kernels: every one
+# the fused decode operators of the QK-norm / post-norm families (Qwen3, Gemma 3)
+FAMILY_FUSED_OPS = ("fused_norm_qkv_qknorm_rope", "fused_attn_proj", "fused_norm_geglu", "norm_residual")
+# the operators with INT4 (W4A16) kernels: every one that multiplies by a weight
 INT4_OPS = FUSED_OPS
+FAMILY_INT4_OPS = tuple(op for op in FAMILY_FUSED_OPS if op != "norm_residual")
 
 
 def _weights(g, n, k, int8: bool, dtype, device, w4: dict | None = None, act_range: float | None = None):
@@ -92,27 +95,43 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
     def lin(x64, w64, b):
         return x64 @ w64.T + (0.0 if b is None else oracle.f64(b))
 
-    if op == "fused_norm_qkv_rope":
+    if op in ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope"):
+        qk_norm = op == "fused_norm_qkv_qknorm_rope"
         D, H = head_dim, n_heads + 2 * n_kv_heads
         w, s, off, w64 = _weights(g, H * D, C, int8, h, device, w4, act_range)
         b = maybe_bias(H * D)
         cos, sin = rope_frequencies(D, S, 10000.0)
         cos, sin = cos.to(device), sin.to(device)
         positions = torch.randint(0, S, (B,), generator=g).to(device)
-        kc = torch.randn(B, n_kv_heads, S, D, generator=g).to(h).to(device)
-        vc = torch.randn(B, n_kv_heads, S, D, generator=g).to(h).to(device)
+        # QK-norm: a ring of ~S/3 rows (a sliding-window layer's cache), written at position % rows, not the position
+        rows_s = max(1, S // 3) if qk_norm else S
+        slots = positions % rows_s
+        kc = torch.randn(B, n_kv_heads, rows_s, D, generator=g).to(h).to(device)
+        vc = torch.randn(B, n_kv_heads, rows_s, D, generator=g).to(h).to(device)
         k_before, v_before = kc.clone(), vc.clone()
-        q = fn(x, nw, w, s, off, b, cos, sin, positions, kc, vc, eps, n_heads, n_kv_heads)
         qkv = lin(xn, w64, b)[:, None]  # (B, 1, H D)
         pos = positions.cpu()
-        wq, wk, wv = oracle.rope(qkv, cos.cpu()[pos][:, None], sin.cpu()[pos][:, None], n_heads, n_kv_heads)
-        rows = torch.arange(B)
+        c64, s64 = cos.cpu()[pos][:, None], sin.cpu()[pos][:, None]
+        flags = {}
+        if qk_norm:
+            qn = (1.0 + 0.2 * torch.randn(D, generator=g)).to(h).to(device)
+            kn = (1.0 + 0.2 * torch.randn(D, generator=g)).to(h).to(device)
+            arrivals = torch.zeros(B, n_kv_heads, dtype=torch.int32, device=device)
+            q = fn(x, nw, w, s, off, b, qn, kn, cos, sin, positions, slots, kc, vc, arrivals, eps, eps, n_heads,
+                   n_kv_heads)
+            wq, wk, wv = oracle.qk_norm_rope(qkv, qn, kn, c64, s64, n_heads, n_kv_heads, eps)
+            flags["arrivals left non-zero"] = float("inf") if int(arrivals.abs().sum()) else 0.0
+        else:
+            q = fn(x, nw, w, s, off, b, cos, sin, positions, kc, vc, eps, n_heads, n_kv_heads)
+            wq, wk, wv = oracle.rope(qkv, c64, s64, n_heads, n_kv_heads)
+        rows, at = torch.arange(B), slots.cpu()
         kc_c, vc_c, kb, vb = kc.cpu(), vc.cpu(), k_before.cpu(), v_before.cpu()
-        kb[rows, :, pos], vb[rows, :, pos] = kc_c[rows, :, pos], vc_c[rows, :, pos]
-        others = float(not (torch.equal(kb, kc_c) and torch.equal(vb, vc_c)))  # only each sequence's position written
-        return {"q": _ratio(op, q, wq[:, :, 0]), "k_cache[pos]": _ratio(op, kc_c[rows, :, pos], wk[:, :, 0]),
-                "v_cache[pos]": _ratio(op, vc_c[rows, :, pos], wv[:, :, 0]), "other cache rows changed": others}
-    if op == "fused_attn_proj_residual":
+        kb[rows, :, at], vb[rows, :, at] = kc_c[rows, :, at], vc_c[rows, :, at]
+        others = float(not (torch.equal(kb, kc_c) and torch.equal(vb, vc_c)))  # only each sequence's row written
+        return {"q": _ratio(op, q, wq[:, :, 0]), "k_cache[slot]": _ratio(op, kc_c[rows, :, at], wk[:, :, 0]),
+                "v_cache[slot]": _ratio(op, vc_c[rows, :, at], wv[:, :, 0]), "other cache rows changed": others,
+                **flags}
+    if op in ("fused_attn_proj_residual", "fused_attn_proj"):
         D, Hq, Hkv = head_dim, n_heads, n_kv_heads
         q = torch.randn(B, Hq, D, generator=g).to(h).to(device)
         kc = torch.randn(B, Hkv, S, D, generator=g).to(h).to(device)
@@ -124,22 +143,33 @@ def check_case(op: str, fn, *, B: int, C: int, int8: bool, bias: bool, seed: int
         seq_lens = torch.randint(min_seq_len, S + 1, (B,), generator=g, dtype=torch.int32).to(device)  # ragged
         w, s, off, w64 = _weights(g, N, Hq * D, int8, h, device, w4, act_range)
         b = maybe_bias(N)
-        res = torch.randn(B, N, generator=g).to(h).to(device)
         arrivals = torch.zeros(B, Hkv, dtype=torch.int32, device=device)
-        y = fn(q, kc, vc, seq_lens, arrivals, w, s, off, b, res, D ** -0.5)
-        o = oracle.attention_decode(q, kc, vc, seq_lens, D ** -0.5).reshape(B, Hq * D)
+        sm_scale = 0.7 * D ** -0.5  # not the default: Gemma's query scale comes from its config
+        o = oracle.attention_decode(q, kc, vc, seq_lens, sm_scale).reshape(B, Hq * D)
+        if op == "fused_attn_proj":
+            y, want = fn(q, kc, vc, seq_lens, arrivals, w, s, off, b, sm_scale), lin(o, w64, b)
+        else:
+            res = torch.randn(B, N, generator=g).to(h).to(device)
+            y = fn(q, kc, vc, seq_lens, arrivals, w, s, off, b, res, sm_scale)
+            want = oracle.f64(res) + lin(o, w64, b)
         left = float("inf") if int(arrivals.abs().sum()) else 0.0  # not zero: the next call would merge too early
-        return {"y": _ratio(op, y, oracle.f64(res) + lin(o, w64, b)), "arrivals left non-zero": left}
+        return {"y": _ratio(op, y, want), "arrivals left non-zero": left}
     if op == "fused_proj_residual":
         w, s, off, w64 = _weights(g, N, C, int8, h, device, w4, act_range)
         b = maybe_bias(N)
         res = torch.randn(B, N, generator=g).to(h).to(device)
         y = fn(x, w, s, off, b, res)
         return {"y": _ratio(op, y, oracle.f64(res) + lin(oracle.f64(x), w64, b))}
-    if op == "fused_norm_swiglu":
+    if op in ("fused_norm_swiglu", "fused_norm_geglu"):
         w, s, off, w64 = _weights(g, 2 * F, C, int8, h, device, w4, act_range)
         y = fn(x, nw, w, s, off, eps)
-        return {"y": _ratio(op, y, oracle.swiglu(lin(xn, w64, None)))}
+        act = oracle.swiglu if op == "fused_norm_swiglu" else oracle.geglu
+        return {"y": _ratio(op, y, act(lin(xn, w64, None)))}
+    if op == "norm_residual":
+        res = torch.randn(B, C, generator=g).to(h).to(device)
+        branch = (x.float() * 5).to(h)  # a branch of another scale than the stream: the norm brings it to O(1)
+        y = fn(branch, nw, res, eps)
+        return {"y": _ratio(op, y, oracle.f64(res) + oracle.rmsnorm(branch, nw, eps))}
     if op == "fused_head_argmax":
         w, s, off, w64 = _weights(g, V, C, int8, h, device, w4, act_range)
         b = maybe_bias(V)

@@ -1,5 +1,5 @@
 """Every fused decode kernel cross-compiles (no GPU) for the Orin (sm_87) and the H200 (sm_90) within 128 KB of
-shared memory and without register spills, at the head dims the presets use."""
+shared memory and without register spills, at the head dims the presets use (and the Qwen3 / Gemma 3 shapes)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from edgekit.kernels.aot import compile_variant
 from edgekit.kernels.variants import default_variants
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fused_cases import FUSED_OPS  # noqa: E402
+from fused_cases import FAMILY_FUSED_OPS, FUSED_OPS  # noqa: E402
 
 ORIN_SMEM_BUDGET = 128 * 1024
 
@@ -70,3 +70,33 @@ def test_staged_default_tiles_compile_to_asynchronous_copies(arch):
         assert "cp.async" in ck.ptx and ck.shared_bytes <= ORIN_SMEM_BUDGET, (v.label(), ck.shared_bytes)
         plain = compile_variant(dataclasses.replace(v, num_stages=1), arch)
         assert "cp.async" not in plain.ptx and plain.shared_bytes < ck.shared_bytes, v.label()
+
+
+# Qwen3 / Gemma 3 shapes: hidden, intermediate, query heads, KV heads, head_dim (the models' configs)
+FAMILY_SHAPES = {"qwen3-0.6b": (1024, 3072, 16, 8, 128), "qwen3-4b": (2560, 9728, 32, 8, 128),
+                 "gemma-3-1b": (1152, 6912, 4, 1, 256)}
+
+
+def family_facts(op: str, model: str) -> dict:
+    """The shape facts a plan tiles ``op``'s kernels at for ``model`` (the weight its decode calls multiply)."""
+    C, F, hq, hkv, d = FAMILY_SHAPES[model]
+    weight = {"fused_norm_qkv_qknorm_rope": ((hq + 2 * hkv) * d, C), "fused_attn_proj": (C, hq * d),
+              "fused_norm_geglu": (2 * F, C)}.get(op)
+    return {"head_dim": d, "n_heads": hq, "n_kv_heads": hkv, "hidden_size": C,
+            **({"n_out": weight[0], "k_in": weight[1]} if weight else {})}
+
+
+@pytest.mark.parametrize("arch", [87, 90])
+@pytest.mark.parametrize("op", FAMILY_FUSED_OPS)
+def test_family_fused_kernels_compile_within_128_kb_without_spills_at_the_models_shapes(op, arch):
+    """Every default variant of the Qwen3 / Gemma 3 fused operators (float, INT8 and INT4 kernels, FP16 and BF16) at
+    each model's shapes, and at the shape-less default a plan without facts gets."""
+    facts = [family_facts(op, m) for m in FAMILY_SHAPES] + [{"head_dim": 64}]
+    for f in facts:
+        for dtype in ("fp16", "bf16"):
+            for kernel, v in default_variants(op, dtype=dtype, **f).items():
+                ck = compile_variant(v, arch, budget_bytes=ORIN_SMEM_BUDGET)
+                assert ck.shared_bytes <= ORIN_SMEM_BUDGET, (v.label(), ck.shared_bytes)
+                if ck.registers is not None:
+                    assert ck.registers <= 255, (v.label(), ck.registers)
+                    assert ck.spills in (None, {"stores": 0, "loads": 0}), (v.label(), ck.registers, ck.spills)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fused_cases import FUSED_OPS, INT4_OPS, check_case  # noqa: E402
+from fused_cases import FAMILY_FUSED_OPS, FAMILY_INT4_OPS, FUSED_OPS, INT4_OPS, check_case  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -89,7 +89,8 @@ def test_fused_int4_operator_with_large_fp16_activations_matches_fp64(ops, op, B
 
 
 @pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])
-@pytest.mark.parametrize("op", ["fused_norm_qkv_rope", "fused_norm_swiglu", "fused_proj_residual"])
+@pytest.mark.parametrize("op", ["fused_norm_qkv_rope", "fused_norm_swiglu", "fused_proj_residual",
+                                "fused_norm_qkv_qknorm_rope", "fused_norm_geglu"])
 @settings(max_examples=int(os.environ.get("FUSED_STAGED_EXAMPLES", "4")), deadline=None)
 @given(B=st.integers(1, 3), C=st.sampled_from([576, 1088, 2048]), block_k=st.sampled_from([128, 256]),
        stages=st.sampled_from([2, 3, 5]), warps=st.sampled_from([2, 4]), bias=st.booleans(),
@@ -106,11 +107,58 @@ def test_staged_tiles_match_fp64(op, fmt, B, C, block_k, stages, warps, bias, se
     from edgekit.kernels.variants import default_variants
 
     suffix = {"fp16": "_fp", "int8": "_w8", "int4": "_w4"}[fmt]
-    base = next(v for k, v in default_variants(op, head_dim=64, n_out=2 * C, k_in=C).items() if k.endswith(suffix))
-    rows_key = "PAIRS" if op == "fused_norm_qkv_rope" else "BLOCK_N"
+    facts = dict(head_dim=64, n_heads=8, n_kv_heads=2, n_out=2 * C, k_in=C)
+    base = next(v for k, v in default_variants(op, **facts).items() if k.endswith(suffix))
+    rows_key = "PAIRS" if op in ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope") else "BLOCK_N"
     v = dataclasses.replace(base, constexprs={**base.constexprs, rows_key: 4, "BLOCK_K": block_k}, num_warps=warps,
                             num_stages=stages)
     w4 = {"group": 64, "symmetric": False, "scale_dtype": torch.float16} if fmt == "int4" else None
     ratios = check_case(op, TritonOp(op, {v.kernel: v}), B=B, C=C, int8=fmt == "int8", bias=bias, seed=seed,
                         n_heads=8, n_kv_heads=2, head_dim=64, F=3 * C // 2 + 64, N=C + 64, S=300, w4=w4)
     assert all(r <= 1.0 for r in ratios.values()), (v.label(), ratios)
+
+
+# Qwen3 / Gemma 3 head shapes: (query heads, KV heads, head_dim) of qwen3-0.6b / -1.7b, qwen3-4b, gemma-3-1b, and an
+# MHA and a GQA-3 shape (the group the QK-norm kernel's counters gather: 1 to 4 query heads a KV head)
+FAMILY_HEADS = [(16, 8, 128), (32, 8, 128), (4, 1, 256), (4, 4, 64), (9, 3, 64)]
+
+
+@pytest.mark.parametrize("op", FAMILY_FUSED_OPS)
+@settings(max_examples=12, deadline=None)
+@given(B=st.integers(1, 3), C=st.sampled_from([64, 96, 1024, 1152, 2048]), int8=st.booleans(), bias=st.booleans(),
+       heads=st.sampled_from(FAMILY_HEADS), S=st.sampled_from([40, 700, 3000]), seed=st.integers(0, 2**16),
+       pdl=st.sampled_from([0, 2]))
+def test_family_fused_operator_matches_fp64(ops, op, B, C, int8, bias, heads, S, seed, pdl):
+    """The Qwen3 / Gemma 3 fused operators: float and INT8 weights; the QK-norm QKV writes a ring of S/3 rows at
+    position % rows, its per-group counters left at zero; attention + o-projection without the residual."""
+    from edgekit.kernels.pdl_triton import step_launches
+
+    hq, hkv, d = heads
+    with step_launches(pdl):
+        ratios = check_case(op, ops[op], B=B, C=C, int8=int8, bias=bias, seed=seed, n_heads=hq, n_kv_heads=hkv,
+                            head_dim=d, F=3 * C // 2 + 8, N=C + 16, S=S)
+    assert all(r <= 1.0 for r in ratios.values()), ratios
+
+
+@pytest.mark.parametrize("op", FAMILY_INT4_OPS)
+@settings(max_examples=int(os.environ.get("FUSED_INT4_EXAMPLES", "12")), deadline=None)
+@given(B=st.integers(1, 3), groups=st.sampled_from([1, 3, 9, 16]), group=st.sampled_from([32, 64, 128]),
+       symmetric=st.booleans(), scale_dtype=st.sampled_from(["float16", "float32"]), bias=st.booleans(),
+       heads=st.sampled_from(FAMILY_HEADS), S=st.sampled_from([40, 700, 3000]), seed=st.integers(0, 2**16),
+       pdl=st.sampled_from([0, 2]), act_range=st.sampled_from([None, 8000.0]))
+def test_family_fused_int4_operator_matches_fp64(ops, op, B, groups, group, symmetric, scale_dtype, bias, heads, S,
+                                                  seed, pdl, act_range):
+    """INT4 (W4A16) weights, also with FP16 activations up to 8000 (the half2 decode's range, its inline PTX)."""
+    import torch
+
+    from edgekit.kernels.pdl_triton import step_launches
+
+    hq, hkv, d = heads
+    if op == "fused_attn_proj" and (hq * d) % group:
+        group = 32
+    w4 = {"group": group, "symmetric": symmetric, "scale_dtype": getattr(torch, scale_dtype)}
+    with step_launches(pdl):
+        ratios = check_case(op, ops[op], B=B, C=group * groups, int8=False, bias=bias and act_range is None,
+                            seed=seed, n_heads=hq, n_kv_heads=hkv, head_dim=d, F=3 * group * groups // 2 + 8,
+                            N=group * groups + 16, S=S, w4=w4, act_range=act_range)
+    assert all(r <= 1.0 for r in ratios.values()), (w4, act_range, ratios)

@@ -18,7 +18,7 @@ from edgekit.kernels.aot import _source, compile_variant
 from edgekit.kernels.variants import default_variants, op_kernels
 
 PDL_OPS = ("fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_norm_swiglu", "fused_proj_residual",
-           "fused_head_argmax")
+           "fused_head_argmax", "fused_norm_qkv_qknorm_rope", "fused_attn_proj", "fused_norm_geglu", "norm_residual")
 
 
 def _pdl_kernels(op):

@@ -62,9 +62,18 @@ def test_rapl_absent_or_unreadable(tmp_path):
 
 
 def test_system_sensor_reports_this_machine():
+    import time
+
     s = SystemSensor(temperatures=False)
+    time.sleep(0.15)
     r = s.read(0.0)
     assert r.available and r.source == "system"
     assert 0.0 < r.mem_used_mb < r.mem_total_mb
     assert 0.0 <= r.cpu_load_pct <= 100.0
     assert r.rails_mw == {} and r.total_mw is None  # psutil knows no power
+
+
+def test_a_first_cpu_load_read_right_after_start_is_none_not_0():
+    """#33 (low): the watchdog's first sample said cpu_load_pct 0.0: psutil had no interval to measure over."""
+    r = SystemSensor(temperatures=False).read(0.0)
+    assert r.available and r.cpu_load_pct is None and r.mem_total_mb > 0

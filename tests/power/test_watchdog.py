@@ -202,12 +202,12 @@ def test_an_idle_server_logs_its_emptied_latency_window_once_then_nothing(tmp_pa
 
 
 def _records_after_close(log, kind):
-    log._f.flush()
+    log.flush()
     return _records(log.path, kind)
 
 
 def test_a_log_that_reaches_its_size_limit_is_rotated_and_the_new_file_opens_with_the_meta(tmp_path):
-    log = JsonlLogger(tmp_path / "watchdog.jsonl", max_bytes=4000)
+    log = JsonlLogger(tmp_path / "watchdog.jsonl", max_bytes=4000, backups=1)
     log.meta(policy={"jitter_budget_ms": 5.0})
     for i in range(200):
         log.write({"type": "sample", "t_s": float(i), "rails_mw": {"VDD_IN": 4200.0}, "total_mw": 4200.0})

@@ -43,19 +43,23 @@ def test_bundle_has_every_part_and_verifies(tiny_bundle):
 
 
 def test_the_fused_decode_operators_ship_as_signed_plugins_that_verify(tiny_bundle):
-    from edgekit.graph.paths import fused_operators
+    from edgekit.graph.builder import LinearSchemes
+    from edgekit.graph.paths import fused_step_operators
+    from edgekit.model.presets import preset_config
 
     result, _ = tiny_bundle
+    cfg = preset_config("tiny")
+    own = fused_step_operators(cfg, LinearSchemes.uniform(cfg.n_layers))  # the Llama family's fused operators
     plan = json.loads((result.out / "plan.json").read_bytes())
-    assert plan["decode"]["path"]["path"] == "fused" and set(plan["decode"]["path"]["operators"]) == set(fused_operators())
+    assert plan["decode"]["path"]["path"] == "fused" and set(plan["decode"]["path"]["operators"]) == set(own)
     shipped = {p.op: p for p in result.manifest.plugins}
-    for op in fused_operators():
+    for op in own:
         assert op in shipped, f"{op} is not a plugin of the bundle"
         kernels = [o for o in result.summary["operators"] if o["op"] == op]
         assert kernels and all(o["arch"] == "sm_87" and o["shared_bytes"] <= 131072 for o in kernels)
         assert {o["kernel"] for o in kernels} == {t["kernel"] for t in plan["tiles"] if t["op"] == op}  # the plan's variants
     report = verify_bundle(result.out, [development_key().public_key], allow_dev_key=True)
-    for op in fused_operators():
+    for op in own:
         plugin = [c for c in report.checks if c.check == "plugin" and c.file == f"{shipped[op].path}/plugin.json"]
         golden = [c for c in report.checks if c.check == "golden" and c.file.startswith(f"{shipped[op].path}/golden")]
         assert plugin and plugin[0].status == "pass"

@@ -89,12 +89,15 @@ def test_plugin_golden_vectors_pass_on_the_gpu(build_arch, signing_key, public_k
 
 
 @pytest.mark.gpu
-def test_verify_bundle_runs_plugins_on_the_gpu(tmp_path, signing_key, public_key):
-    from edgekit.runtime.gpu_runner import plugin_runner
+def test_verify_bundle_runs_plugins_on_the_gpu(tmp_path, signing_key, public_key, monkeypatch):
+    """The golden check launches the plugin's own kernels on CUDA tensors (its answers come back to the host: the
+    check runs on a stream of its own, gpu_runner.on_own_stream, so the outputs it compares are host copies)."""
     from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
     from edgekit.bundle.verify import verify_bundle
     from edgekit.bundle.writer import BundleWriter
+    from edgekit.kernels import launcher
     from edgekit.kernels.launcher import device_arch
+    from edgekit.runtime.gpu_runner import plugin_runner
 
     arch = device_arch()
     compiled, program = _compiled_rmsnorm(arch)
@@ -104,18 +107,13 @@ def test_verify_bundle_runs_plugins_on_the_gpu(tmp_path, signing_key, public_key
         w.finish(key=signing_key, target=Target(name="gpu", arch=arch), model=ModelIdentity(name="m", source_kind="preset"),
                  plan={}, precision={"rmsnorm": "fp16"}, buckets=Buckets(prompt_lengths=(32, 64), max_seq_len=64, batch=1))
     seen = []
-    make = plugin_runner
+    launch = launcher.PluginOp.__call__
 
-    def spy_factory(root):
-        run = make(root)
+    def spy(self, *args):
+        seen.append(next(a.device.type for a in args if isinstance(a, torch.Tensor)))
+        return launch(self, *args)
 
-        def spy(op, inputs, attrs, plugin):
-            out = run(op, inputs, attrs, plugin)
-            seen.append(out.device.type)
-            return out
-
-        return spy
-
-    report = verify_bundle(tmp_path / "b", [public_key], runner_for_root=spy_factory)
+    monkeypatch.setattr(launcher.PluginOp, "__call__", spy)
+    report = verify_bundle(tmp_path / "b", [public_key], runner_for_root=plugin_runner)
     assert report.ok, [c.to_dict() for c in report.failures]
-    assert seen == ["cuda", "cuda"]
+    assert seen == ["cuda", "cuda"]  # the plugin's golden case and the model-level one, both on the plugin's kernels

@@ -8,7 +8,7 @@ import pytest
 
 from edgekit.graph.glue import GLUE
 from edgekit.graph.node import DECODE
-from edgekit.graph.paths import FUSED, PER_OPERATOR, fused_operators, path_graph
+from edgekit.graph.paths import FUSED, PER_OPERATOR, fused_step_operators, path_graph
 from edgekit.model.presets import preset_config
 from edgekit.plan.launches import count_pass
 from edgekit.plan.planner import make_plan
@@ -24,9 +24,12 @@ def _plan(precision: str, model: str = "smollm2-135m"):
 def test_a_plan_whose_weights_take_the_fused_operators_ships_and_counts_them(precision):
     plan = _plan(precision)
     cfg = preset_config("smollm2-135m")
-    assert set(fused_operators()) <= set(plan.operator_names())
+    own = fused_step_operators(cfg, plan.precision.linear_schemes())
+    layer_ops = {"fused_norm_qkv_rope", "fused_attn_proj_residual", "fused_norm_swiglu", "fused_proj_residual"}
+    assert layer_ops <= set(own) <= layer_ops | {"fused_head_argmax"}  # the Llama family's (not Qwen3's / Gemma's)
+    assert set(own) <= set(plan.operator_names())
     path = plan.to_dict()["decode"]["path"]
-    assert path["path"] == "fused" and set(path["fused_operators"]) == set(fused_operators())
+    assert path["path"] == "fused" and set(path["fused_operators"]) == set(own)
     # per layer: qkv, attention split + (combine inside) o-proj, gate/up, down; outside: embedding gather, lengths,
     # head GEMV + argmax reduce -- each read from the graph and the operators' launch programs
     assert (path["kernels_per_layer"], path["kernels_outside_layers"]) == (5, 4)

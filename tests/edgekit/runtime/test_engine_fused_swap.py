@@ -14,7 +14,7 @@ from edgekit.generate import Generator
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.loader import load_model
 from edgekit.runtime.engine import Engine, OverloadedError
-from edgekit.graph.paths import fused_operators
+from edgekit.graph.paths import fused_operators, fused_step_operators
 from edgekit.shapes import StaticShapes
 
 SHAPES = StaticShapes(buckets=(16, 32), max_seq_len=64)
@@ -49,7 +49,8 @@ def test_swap_under_load_falls_back_visibly_and_fails_no_request(model):
     engine = Engine(model.decoder().with_ops(_counting_table(calls)), None, SHAPES, max_waiting=8, fused_on_cpu=True)
     try:
         before = engine.decode_path.to_dict()
-        assert before["path"] == "fused" and before["operator_sources"] == {op: "plugin:v1" for op in fused_operators()}
+        own = fused_step_operators(model.config, engine.decoder.schemes)  # the Llama family's fused operators
+        assert before["path"] == "fused" and before["operator_sources"] == {op: "plugin:v1" for op in own}
         prompts = [[3 + i, 4, 5 + i % 7] for i in range(REQUESTS)]
         want = {tuple(p): Generator(model.decoder(), SHAPES).generate(p, 6)[0] for p in prompts}  # per-operator reference
         results, errors, lock = [], [], threading.Lock()

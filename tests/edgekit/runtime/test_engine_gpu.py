@@ -69,14 +69,15 @@ def test_a_bundles_fused_plugins_serve_and_a_swap_falls_back_without_failing_a_r
     hand-over pauses p99 <= 5 ms."""
     from gpu_bundles import tiny_h200_bundle
 
-    from edgekit.graph.paths import fused_operators
+    from edgekit.graph.paths import fused_step_operators
 
     b = tiny_h200_bundle(tmp_path)
     e = Engine(b.decoder(), None, b.shapes, cuda_graphs=True)
     try:
         path = e.decode_path
         assert path.name == "fused", path.reason
-        assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in fused_operators()}
+        own = fused_step_operators(e.decoder.config, e.decoder.schemes)  # the Llama family's fused operators
+        assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in own}
         jobs = [e.submit(p, 48, stop_ids=()) for p in PROMPTS * 3]
         swiglu = e.table.get("swiglu")
         swaps = threading.Thread(target=lambda: [e.switch_operator("swiglu", swiglu, f"plugin:v{i}") for i in range(2, 6)])

@@ -16,10 +16,12 @@ from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
-from edgekit.graph.paths import fused_operators
+from edgekit.graph.builder import LinearSchemes
+from edgekit.graph.paths import fused_operators, fused_step_operators
 from edgekit.runtime.fused_decode import FusedDecoder, fused_path_blocker, select_decode_path
 
-FUSED_OPS = fused_operators()
+# the fused operators of the tiny (Llama-family) model's fused step; fused_operators() lists every family's
+FUSED_OPS = fused_step_operators(preset_config("tiny"), LinearSchemes.uniform(preset_config("tiny").n_layers))
 
 
 def _w8a16(weights):
@@ -52,13 +54,30 @@ def _w4a16(weights):
     return weights
 
 
+def _preset(name: str):
+    from edgekit.errors import ModelLoadError
+
+    try:
+        return preset_config(name)
+    except ModelLoadError:  # the Qwen3 / Gemma 3 presets come with their families' graphs (issue 30)
+        pytest.skip(f"no preset {name!r} on this branch: it arrives with the Qwen3 / Gemma 3 families")
+
+
+# the Llama family (Qwen2 shape), Qwen3 (QK-norm) and Gemma 3 (QK-norm, post-norms, GeGLU, a 4-row ring that the
+# 6-token prompt and the decode steps wrap around): each on the fused operators of its own fused step
+FAMILY_OPS = {"tiny": "fused_norm_qkv_rope", "tiny-qwen3": "fused_norm_qkv_qknorm_rope",
+              "tiny-gemma3": "fused_norm_geglu"}
+
+
+@pytest.mark.parametrize("preset", sorted(FAMILY_OPS))
 @pytest.mark.parametrize("precision", ["fp", "int8", "int4"])
-def test_fused_steps_match_the_per_operator_decoder(precision):
-    cfg = preset_config("tiny")
+def test_fused_steps_match_the_per_operator_decoder(precision, preset):
+    cfg = _preset(preset)
     w = random_weights(cfg, seed=3)
     w = {"fp": lambda w: w, "int8": _w8a16, "int4": _w4a16}[precision](w)
     dec = Decoder(cfg, w, DispatchTable())
     fused = FusedDecoder(dec)
+    assert FAMILY_OPS[preset] in fused_step_operators(cfg, dec.schemes)
     cache_a, cache_b = dec.new_cache(2, 32), dec.new_cache(2, 32)
     tokens = torch.tensor([5, 17])
     prompt = torch.randint(0, cfg.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
@@ -182,7 +201,8 @@ def test_a_bundle_without_fused_plugins_jit_compiles_only_the_missing_ones(monke
     import edgekit.runtime.fused_decode as fd
 
     table = DispatchTable()
-    shipped, missing = FUSED_OPS[0], FUSED_OPS[1:]
+    shipped = FUSED_OPS[0]
+    missing = [op for op in fused_operators() if op != shipped]
     table.set(shipped, table.get(shipped), source="plugin:v1")
     monkeypatch.setattr(tb, "triton_ops", lambda: {op: (lambda *a: None) for op in missing})
     out = fd.with_fused_kernels(table)

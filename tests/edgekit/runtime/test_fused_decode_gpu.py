@@ -104,7 +104,7 @@ def test_a_bundle_runs_its_shipped_fused_plugins_with_no_jit(tmp_path, precision
     plugin:v1, nothing JIT-compiled), their golden vectors pass on the GPU at open, and the greedy tokens equal
     the per-operator step's."""
     from edgekit.builder import BuildOptions, build_bundle
-    from edgekit.graph.paths import fused_operators
+    from edgekit.graph.paths import fused_step_operators
     from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.cuda_graphs import GraphedDecodeStep
     from edgekit.runtime.fused_decode import select_decode_path
@@ -114,11 +114,12 @@ def test_a_bundle_runs_its_shipped_fused_plugins_with_no_jit(tmp_path, precision
     build_bundle(opts)
     b = open_bundle(opts.out, [], allow_dev_key=True, device="cuda")  # golden vectors run through the plugins
     dec = b.decoder()
-    assert all(dec.ops.sources()[op] == "plugin:v1" for op in fused_operators())
+    own = fused_step_operators(dec.config, dec.schemes)  # the Llama family's fused operators
+    assert all(dec.ops.sources()[op] == "plugin:v1" for op in own)
     cache = dec.new_cache(1, b.shapes.max_seq_len)
     step_decoder, path = select_decode_path(dec, cache)
     assert path.name == "fused", path.reason
-    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in fused_operators()}
+    assert path.to_dict()["operator_sources"] == {op: "plugin:v1" for op in own}
     prompt = torch.tensor([[5, 9, 200, 31]], device="cuda")
     lens = torch.tensor([4], device="cuda")
     per_op_cache = dec.new_cache(1, b.shapes.max_seq_len)

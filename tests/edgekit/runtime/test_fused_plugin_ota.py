@@ -10,8 +10,10 @@ import pytest
 from edgekit.builder.kernel_source import pack_from_kernel_source
 from edgekit.bundle.keys import development_key
 from edgekit.errors import OperatorError
-from edgekit.graph.paths import fused_operators
+from edgekit.graph.builder import LinearSchemes
+from edgekit.graph.paths import fused_step_operators
 from edgekit.kernels.registry import operator
+from edgekit.model.presets import preset_config
 
 OP = "fused_proj_residual"
 SHIPPED = Path(operator(OP).kernels.kernels[0].fn.fn.__code__.co_filename)  # kernels/fused_proj_residual_triton.py
@@ -27,8 +29,9 @@ def _source(tmp_path: Path, old: str = "", new: str = "") -> Path:
     return path
 
 
-def test_the_tiny_bundle_ships_every_fused_operator(tiny_bundle):
-    for op in fused_operators():
+def test_the_tiny_bundle_ships_every_fused_operator_of_its_fused_step(tiny_bundle):
+    cfg = preset_config("tiny")
+    for op in fused_step_operators(cfg, LinearSchemes.uniform(cfg.n_layers)):
         assert (tiny_bundle / "plugins" / op / "1" / "plugin.json").is_file(), op
 
 

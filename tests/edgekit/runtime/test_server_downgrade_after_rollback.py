@@ -39,7 +39,25 @@ def test_the_floor_survives_a_restart(tiny_bundle, tmp_path):
     store.install(v4)
     store.confirm("rmsnorm")
     store.rollback("rmsnorm")
+    store.close()  # the runtime stopped: its claim on the store is released
     reopened = open_store(tmp_path / "store", b, [], allow_dev_key=True)
     with pytest.raises(SwapRefused) as refused:
         reopened.install(v2)
     assert refused.value.reason == "downgrade"
+
+
+def test_a_signed_plugin_of_the_bundles_own_version_cannot_replace_the_bundles_own(tiny_server, tiny_bundle):
+    """#32 row 12: rmsnorm v1 (the version the bundle ships) uploaded to a fresh store was accepted and replaced the
+    bundle's own plugin. Now the bundle's version counts in the downgrade check, on a store that never saw it."""
+    url, stack, auth = tiny_server
+    assert stack.store.bundle_plugins["rmsnorm"] == "1"
+    before = stack.engine.table.sources()["rmsnorm"]
+    same = plugin_packages(tiny_bundle, "rmsnorm", [1])[0]
+    with httpx.Client(base_url=url, headers=auth, timeout=60) as c:
+        r = c.post("/v1/plugins", files={"file": ("p.tar", same)})
+        assert r.status_code == 422 and "downgrade" in r.json()["error"]["message"], r.text
+        assert stack.store.pointer("rmsnorm").version is None and stack.engine.table.sources()["rmsnorm"] == before
+        assert c.post("/v1/plugins", files={"file": ("p.tar", plugin_packages(tiny_bundle, "rmsnorm", [2])[0])}
+                      ).status_code == 200  # a newer one still installs
+    assert stack.store.pointer("rmsnorm").version == "2"
+    assert before.startswith("plugin:v1") or before == "reference", before

@@ -22,14 +22,16 @@ def test_half_sent_headers_are_dropped_and_real_clients_are_served(tiny_server):
             s = socket.create_connection((host, int(port)), timeout=5)
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl")  # and nothing more
             socks.append(s)
-        r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}, timeout=10)
-        assert r.status_code == 200
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10) as c:  # another client
+            assert c.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}).status_code == 200
         time.sleep(2.0)
         closed = 0
         for s in socks:
             s.settimeout(3)
             try:
-                closed += s.recv(1024) == b""  # end of stream: the server closed it
+                while s.recv(1024):  # over the address's cap: a 429, then the end of the stream
+                    pass
+                closed += 1  # end of stream: the server closed it
             except ConnectionResetError:
                 closed += 1
             except socket.timeout:  # still held open
@@ -52,3 +54,58 @@ def test_a_slow_but_complete_request_within_the_timeout_is_served(tiny_server):
         while chunk := s.recv(65536):
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 200")
+
+
+def test_a_reconnect_loop_of_half_sent_headers_from_one_address_cannot_lock_out_another(tiny_stack):
+    """#32 row 4: 600 half-sent headers, reopened as the server closed them, held every connection slot (global cap
+    plus a 5 s header deadline), so every other client got 503. Now each client address has its own cap: the
+    flood's surplus is refused at once and a client from another address is served. (Scaled down: a global cap of
+    100, 150 sockets from 127.0.0.1; the other client connects from 127.0.0.2, also loopback.)"""
+    import threading
+
+    from conftest import live_server
+    from edgekit.runtime.server import create_app
+
+    stop = threading.Event()
+    socks: list[socket.socket] = []
+
+    def flood(host: str, port: int) -> None:  # keep 150 half-open connections, reopening as they are closed
+        while not stop.is_set():
+            for s in list(socks):
+                s.setblocking(False)
+                try:
+                    if s.recv(1024) == b"":
+                        socks.remove(s)
+                        s.close()
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    socks.remove(s)
+                    s.close()
+            while len(socks) < 150 and not stop.is_set():
+                try:
+                    s = socket.create_connection((host, port), timeout=2)
+                    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+                    socks.append(s)
+                except OSError:
+                    break
+            time.sleep(0.05)
+
+    app = create_app(tiny_stack.engine)
+    with live_server(app, header_timeout_s=1.0, max_connections=100) as url:
+        host, port = url.removeprefix("http://").split(":")
+        attacker = threading.Thread(target=flood, args=(host, int(port)), daemon=True)
+        attacker.start()
+        try:
+            time.sleep(2.5)  # two header deadlines: the loop has reopened what the server closed
+            statuses = []
+            with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10) as c:
+                for _ in range(10):
+                    statuses.append(c.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}).status_code)
+                    time.sleep(0.1)
+        finally:
+            stop.set()
+            attacker.join(10)
+            for s in socks:
+                s.close()
+    assert statuses == [200] * 10, statuses

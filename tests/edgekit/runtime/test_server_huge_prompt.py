@@ -61,3 +61,13 @@ def test_tokenization_does_not_block_other_clients(smol_engine, monkeypatch):
         slow.join(30)
     assert r.status_code == 200
     assert waited < 1.5, f"/healthz waited {waited:.2f} s behind a tokenization"
+
+
+def test_a_413_tells_an_http_client_what_to_send_not_which_cli_flags_to_pass(smol_engine):
+    """#33 (low): the 413 for a prompt that does not fit said "lower --max-new-tokens, or pass --truncate"."""
+    c = TestClient(create_app(smol_engine))
+    too_long = list(range(1, smol_engine.shapes.buckets[-1] + 10))
+    r = c.post("/v1/completions", json={"prompt": too_long, "max_tokens": 4})
+    assert r.status_code == 413, r.text
+    message = r.json()["error"]["message"]
+    assert "--" not in message and "max_tokens" in message and "shorten the prompt" in message, message

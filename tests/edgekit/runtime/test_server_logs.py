@@ -31,3 +31,22 @@ def test_requests_swaps_rollbacks_and_faults_are_json_lines(tiny_server, tiny_bu
     kinds = [r["kind"] for r in records if r["type"] == "event"]
     assert "operator_fault" in kinds and "rollback" in kinds
     assert stack.store.pointer("rmsnorm").version is None
+
+
+def test_an_unwritable_log_never_turns_a_request_into_a_500(tiny_stack, tmp_path):
+    """#32 row 7: `serve --log /dev/full`. Every answer keeps its own status; the lost records are counted."""
+    from conftest import ADMIN_TOKEN, live_server, write_admin_token
+    from edgekit.power.jsonl import JsonlLogger
+    from edgekit.runtime.server import create_app
+
+    full = JsonlLogger("/dev/full", flush_interval_s=0.0)
+    tok = write_admin_token(tmp_path / "admin.token", ADMIN_TOKEN)
+    app = create_app(tiny_stack.engine, admin_token_file=str(tok), plugins=tiny_stack.admin, log=full)
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        assert c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3}).status_code == 200
+        assert c.post("/v1/completions", json={"prompt": [1], "temperature": -1}).status_code == 400
+        assert c.get("/v1/plugins").status_code == 401
+        assert c.get("/v1/plugins", headers={"Authorization": "Bearer nope"}).status_code == 401
+        metrics = c.get("/metrics").text
+    assert full.dropped >= 4
+    assert "edgekit_log_records_dropped" in metrics

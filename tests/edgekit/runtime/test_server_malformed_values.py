@@ -68,3 +68,11 @@ def test_huge_top_k_is_clamped_to_the_vocabulary_and_served(client):
 def test_the_server_still_serves_after_every_malformed_request(client):
     r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize("sampling", ['"temperature": 4e-38', '"temperature": 1e-45', '"temperature": 0.7, "top_p": 1e-300'])
+def test_extreme_but_valid_sampling_values_are_served_not_500(client, sampling):
+    """#32 row 10: in-range values that overflowed the sampler (500 before); now sampled safely (greedy below a floor)."""
+    r = _post(client, "/v1/completions", '{"prompt": "The capital of France is", "max_tokens": 3, %s}' % sampling)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3

@@ -119,3 +119,19 @@ def test_top_p_is_applied(url):
     wide = [httpx.post(url + "/v1/completions", json={**base, "temperature": 2.0, "seed": s}, timeout=60).json()
             ["choices"][0]["text"] for s in (1, 2, 3)]
     assert any(w != greedy for w in wide)  # without the nucleus the same seeds do wander
+
+
+def test_the_model_id_is_an_identifier_not_a_gguf_display_name():
+    """#33 (low): /v1/models said "Smollm2 135M 8k Lc100K Mix1 Ep2" (the GGUF's general.name)."""
+    from edgekit.runtime.serving import model_id
+
+    assert model_id("Smollm2 135M 8k Lc100K Mix1 Ep2") == "smollm2-135m-8k-lc100k-mix1-ep2"
+    assert model_id("preset:tiny") == "preset-tiny" and model_id("  ") == "edgekit"
+
+
+def test_a_served_bundle_names_its_model_by_id(tiny_server):
+    import httpx
+
+    url, stack, _ = tiny_server
+    models = httpx.get(url + "/v1/models", timeout=30).json()["data"]
+    assert [m["id"] for m in models] == ["preset-tiny"]

@@ -26,12 +26,13 @@ def _left_on_probation(bundle_dir, store_dir, requests: int):
     stack.admin.install(plugin_packages(bundle_dir, "swiglu", [2])[0])
     _serve_requests(stack, requests)
     stack.engine.close()
+    stack.store.close()  # the kernel drops a killed server's claim on the store (an flock)
     return stack
 
 
 def _serve_requests(stack, n: int) -> None:
     for _ in range(n):
-        stack.engine.complete([1, 2, 3], 3)
+        stack.engine.complete([1, 2, 3], 24)  # enough decode steps on both arms of the A/B trial for a verdict
     stack.admin_worker.submit(lambda: None).result(10)  # the probation bookkeeping has been written
 
 
@@ -50,12 +51,12 @@ def test_clean_restart_resumes_probation_where_it_stopped(tiny_bundle, tmp_path)
         assert (p.version, p.state, p.clean_stop) == ("2", "probation", False)  # not rolled back, not blocked
         assert "2" not in p.blocked and any("resumes probation" in line for line in again.store.recovery)
         assert again._probation["swiglu"].requests == 3
-        _serve_requests(again, again.policy.requests - 3)
-        for _ in range(100):
+        _serve_requests(again, again.policy.requests - 3)  # the verdict is due from here on
+        for _ in range(40):  # until the A/B trial has enough step pairs to decide
             if again.store.pointer("swiglu").state == "confirmed":
                 break
-            again.admin_worker.submit(lambda: None).result(10)
-        assert again.store.pointer("swiglu").state == "confirmed"
+            _serve_requests(again, 1)
+        assert again.store.pointer("swiglu").state == "confirmed", again.events[-3:]
     finally:
         again.close()
 

@@ -24,7 +24,7 @@ def test_inference_is_served_while_the_store_lock_is_held(tiny_server, tiny_bund
         fd = os.open(stack.store.root / ".lock", os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)  # held by "someone else" for the whole probation and beyond
         try:
-            replies = [c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3})
+            replies = [c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 24})  # steps for a verdict
                        for _ in range(stack.policy.requests + 2)]
             stack.admin_worker.submit(lambda: None).result(30)  # the worker tried (and failed) to confirm
             r = c.post("/v1/plugins/swiglu/rollback", headers=auth)

@@ -118,7 +118,7 @@ def test_probation_rolls_back_a_slower_plugin(server, bundle_dir):
     url, stack = server
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=url, timeout=60) as c:
-        for _ in range(4):  # a baseline window of per-token latencies
+        for _ in range(4):  # serving before the swap
             assert c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 6}).status_code == 200
         assert c.post("/v1/plugins", files={"file": ("p.tar", _packages(bundle_dir, "rmsnorm", [2])[0])}, headers=auth).status_code == 200
         g = stack.engine.table.get("rmsnorm")
@@ -126,16 +126,15 @@ def test_probation_rolls_back_a_slower_plugin(server, bundle_dir):
         fast = g.fn
 
         def slow(*a):
-            time.sleep(0.004)  # 4 ms per call, 5 calls per token: far beyond the 50% slowdown budget
+            time.sleep(0.004)  # 4 ms per call, 5 calls per token: far beyond the 10% slowdown budget
             return fast(*a)
 
         g.fn = slow
-        for _ in range(stack.policy.requests):
-            assert c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 6}).status_code == 200
-    for _ in range(100):
-        if any(e["kind"] == "rollback" for e in stack.events):
-            break
-        time.sleep(0.05)
+        for _ in range(60):  # until the A/B trial has enough step pairs for a verdict
+            assert c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 12}).status_code == 200
+            stack.admin_worker.submit(lambda: None).result(30)
+            if any(e["kind"] == "rollback" for e in stack.events):
+                break
     kinds = [e["kind"] for e in stack.events]
     assert "probation_failed" in kinds and "rollback" in kinds
     assert stack.store.pointer("rmsnorm").version is None  # back to the bundle's plugin
@@ -160,38 +159,3 @@ def test_watchdog_sees_requests_and_its_actions_are_wired(bundle_dir, tmp_path):
         assert c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}).status_code == 429
     finally:
         wd.stop()
-
-
-def test_a_request_under_way_at_the_switch_does_not_count_for_the_new_plugin(server, bundle_dir):
-    """Probation judges the plugin on the requests it served from their first token. One that was decoding when it
-    took over ran partly on the old operator (here slowed, as a swap's graph captures slow the serving thread on a
-    GPU); counted, its slow tokens failed healthy plugins. Counted or not shows in the store's probation count: FIFO
-    admin work means that after one later request the count is 2 if the earlier one counted, 1 if not."""
-    import threading
-
-    import httpx
-
-    url, stack = server
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    g = stack.engine.table.get("rmsnorm")
-    fast = g.fn
-
-    def slow(*a):
-        time.sleep(0.025)  # 40 tokens x 5 calls: seconds of decode, far longer than the install
-        return fast(*a)
-
-    g.fn = slow
-    started = threading.Event()
-    job = stack.engine.submit([1, 2], 40, stop_ids=(), on_token=lambda tok: started.set())
-    assert started.wait(30)
-    with httpx.Client(base_url=url, timeout=60) as c:
-        r = c.post("/v1/plugins", files={"file": ("p.tar", _packages(bundle_dir, "rmsnorm", [2])[0])}, headers=auth)
-        assert r.status_code == 200, r.text
-        assert not job.done.is_set(), "the request finished before the switch: it cannot show the rule"
-        assert job.done.wait(60) and job.error is None
-        assert c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 4}).status_code == 200
-    for _ in range(100):
-        if stack.store.pointer("rmsnorm").probation_requests >= 1:
-            break
-        time.sleep(0.05)
-    assert stack.store.pointer("rmsnorm").probation_requests == 1

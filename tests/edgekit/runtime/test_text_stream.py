@@ -52,3 +52,18 @@ def test_stop_string_with_a_real_tokenizer(default_model):
     s = TextStream(tok.decode, [". The"])
     out = "".join(s.push(i) for i in ids if not s.stopped) + s.finish()
     assert out == "The answer is 42" and s.stopped
+
+
+def test_stop_list_order_does_not_matter_the_earliest_match_wins():
+    """#32 row 13: stop [" ", "w"] and ["w", " "] cut at different places when one token brought both (the list's
+    first match won, so the returned text could contain a stop string). Now the earliest match wins."""
+    vocab = {0: "hello", 1: " wor", 2: "ld"}
+
+    def decode(ids):
+        return "".join(vocab[i] for i in ids)
+
+    for stops in ([" ", "w"], ["w", " "]):
+        s = TextStream(decode, stops)
+        out = "".join(s.push(t) for t in (0, 1, 2) if not s.stopped) + s.finish()
+        assert out == "hello" and s.stopped, (stops, out)
+        assert s.tokens == [0, 1]  # what was returned (and what usage counts): up to the token that completed it

@@ -1,0 +1,50 @@
+"""#32 row 3: one request that holds every decode row for minutes (n=4, ignore_eos, max_tokens 2047).
+
+Before: it was admitted, took all four rows, and everyone else got 429 for ~13 minutes. Now a request may hold
+at most one full row's worth of tokens (n x max_tokens <= the KV cache length; more is a 400 naming n and
+max_tokens), and none runs past a wall-time cap (it ends with finish reason "length", its rows freed)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from edgekit.kernels.rmsnorm import rmsnorm_reference
+
+
+def _slow(x, w, eps):  # a step of ~50 ms: a long answer holds its rows for seconds
+    time.sleep(0.01)
+    return rmsnorm_reference(x, w, eps)
+
+
+def test_n4_ignore_eos_max_tokens_request_cannot_take_every_row(tiny_server):
+    url, stack, _ = tiny_server
+    stack.engine.switch_operator("rmsnorm", _slow, "plugin:slow")
+    longest = stack.engine.shapes.max_seq_len - 8  # with the 2-token prompt: one full row
+    hog: list[httpx.Response] = []
+    t = threading.Thread(target=lambda: hog.append(httpx.post(url + "/v1/completions", timeout=120, json={
+        "prompt": [1, 2], "n": 4, "ignore_eos": True, "max_tokens": longest, "temperature": 0.8})), daemon=True)
+    t.start()
+    time.sleep(1.0)  # the hog is decoding if it was admitted
+    r = httpx.post(url + "/v1/completions", json={"prompt": [3, 4], "max_tokens": 4}, timeout=60)
+    t.join(120)
+    assert r.status_code == 200, r.text  # the other client is served
+    assert hog[0].status_code == 400, hog[0].text
+    err = hog[0].json()["error"]
+    assert err["param"] == "n" and "n=4" in err["message"] and f"max_tokens={longest}" in err["message"], err
+    one_row = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": longest, "ignore_eos": True},
+                         timeout=120)
+    assert one_row.status_code == 200 and one_row.json()["usage"]["completion_tokens"] == longest  # one full row is fine
+
+
+def test_a_request_past_its_wall_time_cap_ends_and_frees_its_row(tiny_stack):
+    engine = tiny_stack.engine
+    engine.max_request_s = 0.5
+    engine.switch_operator("rmsnorm", _slow, "plugin:slow")
+    t = time.perf_counter()
+    job = engine.submit([1, 2], 60, stop_ids=())
+    assert job.done.wait(30) and job.error is None
+    assert job.finish_reason == "time_limit" and 2 <= len(job.tokens) < 60
+    assert time.perf_counter() - t < 3.0 and engine.active_rows() == 0
