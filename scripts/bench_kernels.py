@@ -197,16 +197,11 @@ def bench_prefill(lengths, sweep: bool, log) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- Qwen3 / Gemma 3 operators
-def _eager_qk_norm_rope(qkv, qn, kn, cos, sin, hq, hkv, eps):
-    from edgekit.kernels.qk_norm_rope import qk_norm_rope_reference
-
-    return qk_norm_rope_reference(qkv, qn, kn, cos, sin, hq, hkv, eps)
-
-
 def bench_family_ops(copy_gbps: float, l2: int, log) -> list[dict]:
     """qk_norm_rope and geglu (memory-bound: GB/s of what they read and write) against the eager torch composition
     of their references; the sliding-window prefill against SDPA given the window as a boolean mask."""
     from edgekit.kernels.geglu import geglu_reference
+    from edgekit.kernels.qk_norm_rope import qk_norm_rope_reference
     from edgekit.kernels.rope import rope_frequencies
 
     rows = []
@@ -219,7 +214,7 @@ def bench_family_ops(copy_gbps: float, l2: int, log) -> list[dict]:
         op = TritonOp("qk_norm_rope")
         moved = 2 * t * width * 2  # read qkv, write q, k, v
         t_e = graph_time_us([lambda x=x: op(x, qn, kn, cos, sin, hq, hkv, 1e-6) for x in qkvs])
-        t_t = graph_time_us([lambda x=x: _eager_qk_norm_rope(x, qn, kn, cos, sin, hq, hkv, 1e-6) for x in qkvs])
+        t_t = graph_time_us([lambda x=x: qk_norm_rope_reference(x, qn, kn, cos, sin, hq, hkv, 1e-6) for x in qkvs])
         rows.append({"op": "qk_norm_rope", "shape": f"{name} T={t}", "edgekit_us": t_e, "torch_eager_us": t_t,
                      "edgekit_gbps": moved / t_e / 1e3, "copy_fraction": moved / t_e / 1e3 / copy_gbps})
         log(f"qk_norm_rope {name} T={t}: {t_e:.1f} us ({moved / t_e / 1e3:.0f} GB/s), eager torch {t_t:.1f} us")
@@ -433,11 +428,7 @@ def _projection(n: int, k: int, precision: str):
 
 def _family_calls(op: str, shape: tuple, precision: str, table, fused, lw, state: dict):
     """(fused call, the per-operator calls it replaces as one callable, bytes the fused call must read) of one
-    decode step of ``op`` on projection ``lw``. The families' own per-operator ops run from ``table`` where they are
-    registered, else their formulas in torch (kernels/family_math.py)."""
-    from edgekit.kernels.family_math import geglu_math, qk_norm_rope_math
-    from edgekit.kernels.registry import OPERATORS
-
+    decode step of ``op`` on projection ``lw``, each per-operator call from ``table``."""
     _, C, F_, hq, hkv, d = shape
     x, nw, eps = state["x"], state["nw"], 1e-6
 
@@ -449,8 +440,7 @@ def _family_calls(op: str, shape: tuple, precision: str, table, fused, lw, state
 
     if op == "fused_norm_qkv_qknorm_rope":
         qn, kn, cos, sin, pos, kc, vc, arr = (state[k] for k in ("qn", "kn", "cos", "sin", "pos", "kc", "vc", "arr"))
-        qk = table.get("qk_norm_rope") if "qk_norm_rope" in OPERATORS else (
-            lambda qkv, a, b, c, s, h, g, e: qk_norm_rope_math(qkv, a, b, c, s, h, g, e))
+        qk = table.get("qk_norm_rope")
 
         def unfused():
             q, k, v = qk(linear(rmsnorm(x))[:, None], qn, kn, cos[pos][:, None], sin[pos][:, None], hq, hkv, eps)
@@ -466,7 +456,7 @@ def _family_calls(op: str, shape: tuple, precision: str, table, fused, lw, state
             (lambda: linear(table.get("attention_decode")(q, kc, vc, lens, d ** -0.5).reshape(1, -1))), \
             lw.nbytes() + kv_bytes
     if op == "fused_norm_geglu":
-        act = table.get("geglu") if "geglu" in OPERATORS else geglu_math
+        act = table.get("geglu")
         return (lambda: fused(x, nw, lw.weight, lw.scale, lw.offset, eps)), (lambda: act(linear(rmsnorm(x)))), \
             lw.nbytes()
     r = state["r"]  # norm_residual: a row of the stream; latency, not bandwidth
