@@ -97,11 +97,13 @@ def _kv_store(ctx, node, ins) -> dict:
     if ctx.phase == DECODE:
         ctx.cache.write_token(layer, k, v, ins["slots"])
         return {}
+    attended = k, v
+    if ctx.kv_history is not None:  # a prompt's chunk attends to the row's positions before it as well: copied out
+        past_k, past_v = ctx.kv_history(layer)  # before its own positions overwrite a sliding-window ring's oldest rows
+        attended = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
     if ctx.cache is not None:
         ctx.cache.write_prefix(layer, k, v, ins.get("seq_lens"))
-    if ctx.kv_history is not None:  # a prompt's chunk attends to the row's positions before it as well
-        k, v = ctx.kv_history(layer)
-    return {"k": k, "v": v}
+    return {"k": attended[0], "v": attended[1]}
 
 
 def _merge_heads(ctx, node, ins) -> dict:
