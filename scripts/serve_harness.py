@@ -52,11 +52,12 @@ def scratch_dir() -> Path:
 
 
 def build_tiny_bundle(out: Path) -> Path:
-    """A small fp16 bundle of the tiny preset, signed with the development key (CPU smoke runs)."""
+    """A small fp16 bundle of the tiny preset planned for 4 sequences at once, signed with the development key (CPU
+    smoke runs)."""
     from edgekit.builder import BuildOptions, build_bundle
 
     opts = BuildOptions(model="preset:tiny", target="orin", out=out / "bundle", dev_key=True, precision="fp16",
-                        context=256, buckets=(16, 32, 64), onnx=False, cache_dir=out / "cache")
+                        context=256, buckets=(16, 32, 64), batch=4, onnx=False, cache_dir=out / "cache")
     return build_bundle(opts).out
 
 
