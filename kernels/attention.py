@@ -3,7 +3,11 @@
 Masking rule shared by both ops: query position i of sequence b may attend to
 key position j when j <= i (causal, prefill only) and j < seq_lens[b]
 (padding / unused cache). Query rows at or beyond seq_lens[b] in a prefill are
-padding: their output is defined by the same rule but is never used.
+padding: their output is defined by the same rule but is never used. A prefill
+with a sliding ``window`` > 0 (Gemma 3's local layers) also requires
+i - j < window (a padding row may then see no key at all: its output is zero,
+never NaN, so nothing non-finite reaches the cache); decode over such a layer reads its ring cache (the last
+``window`` positions, in any row order) with seq_lens clamped to the window.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, Tens
 
 PREFILL_SPEC = OpSpec(
     name="attention_prefill",
-    abi_version=1,
+    abi_version=2,  # 2: the window attribute
     inputs=(
         TensorSpec("q", "(B, Hq, T, D)", FLOAT_DTYPES),
         TensorSpec("k", "(B, Hkv, T, D)", FLOAT_DTYPES),
@@ -29,9 +33,10 @@ PREFILL_SPEC = OpSpec(
         TensorSpec("seq_lens", "(B,)", ("int32", "int64")),
     ),
     outputs=(TensorSpec("o", "(B, Hq, T, D)", FLOAT_DTYPES),),
-    attributes=("scale",),
+    attributes=("scale", "window"),
     tolerance=REDUCTION_TOLERANCE,
-    doc="Causal GQA attention over one padded chunk; keys at or beyond seq_lens[b] are masked.",
+    doc="Causal GQA attention over one padded chunk; keys at or beyond seq_lens[b] are masked, and with window > 0 "
+        "keys window or more positions before the query.",
 )
 
 DECODE_SPEC = OpSpec(
@@ -70,7 +75,8 @@ def default_scale(head_dim: int) -> float:
 
 
 def attention_prefill_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     B, Hq, T, D = q.shape
     Hkv = k.shape[1]
@@ -82,9 +88,13 @@ def attention_prefill_reference(
     scores = (qg @ kf.transpose(-1, -2)) * scale  # (B, Hkv, G, T, T)
     pos = torch.arange(T, device=q.device)
     causal = pos[None, :] <= pos[:, None]  # (T, T): key j <= query i
+    if window:
+        causal &= pos[:, None] - pos[None, :] < window  # and i - j < window
     valid_key = pos[None, :] < seq_lens.to(q.device)[:, None]  # (B, T)
     allowed = causal[None, None, None] & valid_key[:, None, None, None, :]  # (B, 1, 1, T, T)
     probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    if window:  # a padding row past its window sees no key: zeros, not NaN
+        probs = torch.where(allowed.any(-1, keepdim=True), probs, 0.0)
     return (probs @ vf).view(B, Hq, T, D).to(q.dtype)
 
 
@@ -113,8 +123,10 @@ def attention_decode_reference(
 def prefill_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
     D, Hq, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     real = max(1, rows - rows // 7)  # a padded bucket: the last rows are padding
+    # a model with sliding-window layers: a window short enough that the golden call exercises it
+    window = min(cfg.sliding_window, max(1, rows // 2)) if getattr(cfg, "sliding_window", None) else 0
     return ({"q": golden_rand(g, 1, Hq, rows, D), "k": golden_rand(g, 1, Hkv, rows, D), "v": golden_rand(g, 1, Hkv, rows, D),
-             "seq_lens": torch.tensor([real], dtype=torch.int32)}, {"scale": D ** -0.5})
+             "seq_lens": torch.tensor([real], dtype=torch.int32)}, {"scale": D ** -0.5, "window": window})
 
 
 def decode_golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
@@ -139,11 +151,19 @@ def onnx_attention_prefill(b, i: dict, out: list[str]) -> None:
     T = b("Squeeze", b("Shape", i["q"], start=2, end=3))
     pos = b("Range", b.const(0, np.int64), T, b.const(1, np.int64))  # (T,)
     key = b("Unsqueeze", pos, b.const([0], np.int64))  # (1, T): key j
-    causal = b("LessOrEqual", key, b("Unsqueeze", pos, b.const([1], np.int64)))  # (T, T): j <= i
+    query = b("Unsqueeze", pos, b.const([1], np.int64))  # (T, 1): query i
+    causal = b("LessOrEqual", key, query)  # (T, T): j <= i
+    # window > 0: also i - j < window (a window of 0 is every key: i - j < T + 1)
+    window = b("Cast", b.attr_const("window", "int"), to=b.INT64)
+    window = b("Where", b("Greater", window, b.const(0, np.int64)), window, b("Add", T, b.const(1, np.int64)))
+    causal = b("And", causal, b("Less", b("Sub", query, key), window))
     lens = b("Unsqueeze", b("Cast", i["seq_lens"], to=b.INT64), b.const([1], np.int64))  # (B, 1)
     valid = b("Unsqueeze", b("Less", key, lens), b.const([1, 2, 3], np.int64))  # (B, 1, 1, 1, T): j < seq_lens[b]
-    masked = b("Where", b("And", causal, valid), scores, b.const(-np.inf))
-    probs = b("Softmax", masked, axis=-1)
+    allowed = b("And", causal, valid)  # (B, 1, 1, T, T)
+    masked = b("Where", allowed, scores, b.const(-np.inf))
+    # a padding row past its window sees no key: zeros, not NaN
+    seen = b("Greater", b("ReduceMax", b("Cast", allowed, to=b.FLOAT), axes=[-1], keepdims=1), b.const(0.0))
+    probs = b("Where", seen, b("Softmax", masked, axis=-1), b.const(0.0))
     o = b("Reshape", b("MatMul", probs, v5), b("Shape", i["q"]))  # (B, Hq, T, D)
     b.like(o, i["q"], out[0])
 
@@ -186,7 +206,7 @@ def _prepare_heads(op: str, q, k, v, names: tuple[str, str, str], t_axis: int):
     hc.head_dim_ok(op, D)
 
 
-def prepare_prefill(q, k, v, seq_lens, scale=None):
+def prepare_prefill(q, k, v, seq_lens, scale=None, window=None):
     op = "attention_prefill"
     for n, t in (("q", q), ("k", k), ("v", v)):
         hc.ndim(op, t, n, 4, "(B, H, T, D)")
@@ -195,7 +215,10 @@ def prepare_prefill(q, k, v, seq_lens, scale=None):
         raise OperatorError(f"{op}: q has T={q.shape[2]} but k has T={k.shape[2]}; expected one padded chunk")
     sl = hc.seq_lens_i32(op, seq_lens, q.shape[0])
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    return {"q": q, "k": k, "v": v, "seq_lens": sl}, {"scale": scale}, lambda bufs: bufs["o"]
+    window = int(window or 0)
+    if window < 0:
+        raise OperatorError(f"{op}: window {window}; expected a positive number of positions, or 0 for full attention")
+    return {"q": q, "k": k, "v": v, "seq_lens": sl}, {"scale": scale, "window": window}, lambda bufs: bufs["o"]
 
 
 def prepare_decode(q, k_cache, v_cache, seq_lens, scale=None):
@@ -214,7 +237,7 @@ OPERATORS = (
              prefill_golden_inputs, call_shape=_heads("k"), triton="attention_triton:PREFILL_OP",
              prepare=prepare_prefill,
              tiles_at={"attention_prefill_fwd": PREFILL}, grid=_prefill_grid,
-             onnx=OnnxFunction("AttentionPrefill", ("scale",), onnx_attention_prefill)),
+             onnx=OnnxFunction("AttentionPrefill", ("scale", "window"), onnx_attention_prefill)),
     Operator(DECODE_SPEC, attention_decode_reference, OpPrecision("attention_decode", "none", "fp16", "fp32", "fp16"),
              decode_golden_inputs, call_shape=_heads("k_cache"), triton="attention_triton:DECODE_OP",
              prepare=prepare_decode,

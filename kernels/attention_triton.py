@@ -1,7 +1,8 @@
 """Grouped-query attention as Triton kernels: flash-style prefill and split-KV (flash-decoding) decode.
 
 References and the masking rule: ``kernels/attention.py`` (key j is visible to
-query i of sequence b when j <= i (prefill) and j < seq_lens[b]).
+query i of sequence b when j <= i (prefill) and j < seq_lens[b]; with a
+sliding window W > 0 also i - j < W).
 
 Prefill (``_attn_prefill_kernel``): one program per (BLOCK_M query rows, batch,
 query head). Scores and the online softmax are FP32 (exp2 with the scale
@@ -9,6 +10,8 @@ folded into log2 units); P is rounded to the activation dtype for the P @ V
 tensor-core product, which accumulates in FP32. Key blocks wholly visible to
 every row of the tile run without masks; only the diagonal block and the block
 holding seq_lens[b] pay for masking, and blocks past seq_lens[b] are skipped.
+With a window, key blocks wholly before every row's window are skipped too,
+and the blocks its lower edge cuts through are masked.
 
 Decode: the static cache (B, Hkv, S, D) is split along S. ``_attn_decode_split_kernel``
 runs one program per (split, batch, KV head) and serves all G query heads of
@@ -38,7 +41,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_n, offs_d, seq_len,
+def _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_n, offs_d, seq_len, window,
                    qk_scale, lo, hi, MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n  # (BLOCK_N,)
@@ -50,10 +53,15 @@ def _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BM, BN), log2 units
         if MASKED:
             allowed = (cols[None, :] <= offs_m[:, None]) & (cols[None, :] < seq_len)
+            allowed = allowed & (offs_m[:, None] - cols[None, :] < window)
             qk = tl.where(allowed, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        if MASKED:  # a row that has seen no key yet (a sliding window's cut block): -inf - -inf would be NaN
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        p = tl.exp2(qk - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
             v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
@@ -70,7 +78,7 @@ def _attn_prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, seq_lens_ptr, sm_scale,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-    H, T, GROUP,
+    H, T, GROUP, WINDOW,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Longest tiles (latest query rows) first: causal work grows with the row index.
@@ -93,11 +101,20 @@ def _attn_prefill_kernel(
     qk_scale = sm_scale * 1.4426950408889634
     hi = tl.minimum((start_m + 1) * BLOCK_M, seq_len)
     lo_masked = tl.minimum(start_m * BLOCK_M, seq_len) // BLOCK_N * BLOCK_N
+    # Sliding window (WINDOW > 0): keys before the first row's window are skipped; blocks that start before the
+    # last row's window (first key last_row - WINDOW + 1) are masked; the rest up to the diagonal run unmasked.
+    # WINDOW = 0 (full attention) makes every bound 0: the plain causal loops above.
+    window = tl.where(WINDOW > 0, WINDOW, T + BLOCK_M)  # no row is T + BLOCK_M past a key
+    lo_window = tl.maximum(start_m * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
+    lo_full = tl.minimum(tl.cdiv(tl.maximum((start_m + 1) * BLOCK_M - window, 0), BLOCK_N) * BLOCK_N, lo_masked)
+    lo_window = tl.minimum(lo_window, lo_full)
     acc, l_i, m_i = _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-                                   seq_len, qk_scale, 0, lo_masked, False, BLOCK_N)
+                                   seq_len, window, qk_scale, lo_window, lo_full, True, BLOCK_N)
     acc, l_i, m_i = _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-                                   seq_len, qk_scale, lo_masked, hi, True, BLOCK_N)
-    out = acc / l_i[:, None]
+                                   seq_len, window, qk_scale, lo_full, lo_masked, False, BLOCK_N)
+    acc, l_i, m_i = _prefill_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+                                   seq_len, window, qk_scale, lo_masked, hi, True, BLOCK_N)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a padding row past its window sees no key: zeros
     tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
 
@@ -203,9 +220,11 @@ def _prefill_space(s: dict) -> list:
 
 def _prefill_default(s: dict):
     d = _head_dim(s)
-    if d <= 64:  # 4 warps at BLOCK_M=128 spill on sm_87 (255 registers)
-        return {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3
-    return {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3
+    if d >= 256:
+        # Gemma 3: 128 x 64 tiles in 3 stages compile to 212,992 B on sm_87 (262,144 B on sm_90) and spill; 64 x 32
+        # in 2 stages take 69,632 B (98,304 B on sm_90), 239 registers, no spills (cross-compiled, Triton 3.x)
+        return {"HEAD_DIM": d, "BLOCK_M": 64, "BLOCK_N": 32}, 8, 2
+    return {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3  # 4 warps at BLOCK_M=128 spill on sm_87
 
 
 def _prefill_smem(c, warps, stages, nbytes):
@@ -229,6 +248,10 @@ def _decode_space(s: dict) -> list:
 
 
 def _decode_max_splits(s: dict) -> int:
+    """MAX_SPLITS of the decode kernels: the ``max_splits`` fact where the split kernel's is already chosen (the
+    reduce reads its workspace), else the default."""
+    if s.get("max_splits"):
+        return int(s["max_splits"])
     # H200 sweep (batch 1, 8k context): 16 splits best with 8 KV heads, 64 with 2: about 128 split programs.
     # More splits only add partials for the reduce kernel to read.
     return min(64, max(16, pow2_at_least(-(-128 // max(1, int(s.get("n_kv_heads", 8)))))))
@@ -240,6 +263,13 @@ def _decode_default(s: dict):
     # head_dim 256 (Gemma 3) at BLOCK_N 64 stages 141 KB of K/V tiles on sm_87 (cross-compiled): over the 128 KB budget
     block_n = 128 if d < 128 else 64 if d < 256 else 32
     return {"HEAD_DIM": d, "BLOCK_N": block_n, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}, 4, 3
+
+
+def _reduce_default(s: dict):
+    d, ms = _head_dim(s), _decode_max_splits(s)
+    # the reduce holds all MAX_SPLITS partial rows of HEAD_DIM floats in registers: at most 128 a thread. 2 warps at
+    # 64 x 128 use 153 registers; at 64 x 256 (Gemma 3) they spill 112 B on sm_87, 4 warps use 96 (cross-compiled)
+    return {"HEAD_DIM": d, "MAX_SPLITS": ms}, max(2, ms * d // (32 * 128)), 1
 
 
 def _decode_smem(c, warps, stages, nbytes):
@@ -258,6 +288,7 @@ ATTN_PREFILL_FWD = KernelDef(
         *(Param(f"stride_{t}{a}", "i32", stride(t, i), div16=True) for t in "qkvo" for i, a in enumerate("bht")),
         Param("H", "i32", shape("q", 1)), Param("T", "i32", shape("q", 2)),
         Param("GROUP", "i32", {"floordiv": [shape("q", 1), shape("k", 1)]}),
+        Param("WINDOW", "i32", attr("window")),
     ),
     constexpr_names=("HEAD_DIM", "BLOCK_M", "BLOCK_N"),
     precision={"input": "{act}", "accumulate": "fp32 (scores, softmax, P@V); P rounded to {act} for the P@V dot",
@@ -308,8 +339,8 @@ ATTN_DECODE_REDUCE = KernelDef(
     constexpr_names=("HEAD_DIM", "MAX_SPLITS"),
     precision={"input": "fp32 partials", "accumulate": "fp32", "output": "{act}"},
     uses_shared_memory=False,
-    space=lambda s: [({"HEAD_DIM": _head_dim(s), "MAX_SPLITS": ms}, w, 1) for ms in (16, 32, 64, 128) for w in (1, 2, 4)],
-    default=lambda s: ({"HEAD_DIM": _head_dim(s), "MAX_SPLITS": _decode_max_splits(s)}, 2, 1),
+    space=lambda s: [({"HEAD_DIM": _head_dim(s), "MAX_SPLITS": ms}, w, 1) for ms in (16, 32, 64, 128) for w in (1, 2, 4, 8)],
+    default=_reduce_default,
     smem_estimate=lambda c, warps, stages, nbytes: 8 * c["HEAD_DIM"],  # cross-warp reduction over the splits
 )
 
@@ -322,7 +353,7 @@ def prefill_program(variants) -> dict:
     c = variants["attention_prefill_fwd"].constexprs
     B, Hq, T = shape("q", 0), shape("q", 1), shape("q", 2)
     return program_doc(
-        "attention_prefill", ["q", "k", "v", "seq_lens"], [], ["scale"],
+        "attention_prefill", ["q", "k", "v", "seq_lens"], [], ["scale", "window"],
         checks=_head_checks("q", 3, c["HEAD_DIM"]),
         let=[],
         buffers=[{"name": "o", "shape": [B, Hq, T, c["HEAD_DIM"]], "dtype": {"like": "q"}}],

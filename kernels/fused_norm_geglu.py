@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.family_math import geglu_math
 from edgekit.kernels.fused_decode_common import (
     FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, project, weight_inputs, weight_shape,
 )
 from edgekit.kernels.fused_norm_swiglu import gate_up_prepare, golden_inputs
 from edgekit.kernels.fusion import Fusion
+from edgekit.kernels.geglu import geglu_reference
 from edgekit.kernels.operator import DECODE, Operator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
@@ -27,7 +27,7 @@ SPEC = OpSpec(
 
 
 def fused_norm_geglu_reference(x, norm_weight, weight, scale, offset, eps: float) -> torch.Tensor:
-    return geglu_math(project(rmsnorm_reference(x, norm_weight, eps), weight, scale, None, offset))
+    return geglu_reference(project(rmsnorm_reference(x, norm_weight, eps), weight, scale, None, offset))
 
 
 prepare = gate_up_prepare(SPEC.name)

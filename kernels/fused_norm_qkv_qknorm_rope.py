@@ -21,7 +21,6 @@ import torch
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.family_math import qk_norm_rope_math
 from edgekit.kernels.fused_decode_common import (
     FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs,
     weight_shape,
@@ -29,6 +28,7 @@ from edgekit.kernels.fused_decode_common import (
 from edgekit.kernels.fused_norm_qkv_rope import check_qkv_call
 from edgekit.kernels.fusion import Fusion
 from edgekit.kernels.operator import DECODE, Operator, golden_rand
+from edgekit.kernels.qk_norm_rope import qk_norm_rope_reference
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.rope import rope_frequencies
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
@@ -65,7 +65,7 @@ def fused_norm_qkv_qknorm_rope_reference(x, norm_weight, weight, scale, offset, 
     B = x.shape[0]
     qkv = project(rmsnorm_reference(x, norm_weight, eps), weight, scale, bias, offset)  # (B, (Hq + 2 Hkv) D)
     c, s = cos[positions][:, None], sin[positions][:, None]  # (B, 1, D/2)
-    q, k, v = qk_norm_rope_math(qkv[:, None], q_norm, k_norm, c, s, n_heads, n_kv_heads, qk_eps)  # (B, H*, 1, D)
+    q, k, v = qk_norm_rope_reference(qkv[:, None], q_norm, k_norm, c, s, n_heads, n_kv_heads, qk_eps)  # (B, H*, 1, D)
     rows = torch.arange(B, device=slots.device)
     k_cache[rows, :, slots] = k[:, :, 0].to(k_cache.dtype)
     v_cache[rows, :, slots] = v[:, :, 0].to(v_cache.dtype)

@@ -40,15 +40,23 @@ def onnx_swiglu(b, i: dict, out: list[str]) -> None:
     b.like(b("Mul", b("Mul", gate, b("Sigmoid", gate)), up), i["gate_up"], out[0])
 
 
-def prepare(gate_up: torch.Tensor):
-    op = "swiglu"
-    hc.on_cuda(op, ("gate_up", gate_up))
-    hc.act_dtype(op, gate_up, "gate_up")
-    if gate_up.shape[-1] % 2:
-        raise OperatorError(f"{op}: gate_up has odd width {gate_up.shape[-1]}; expected 2F ([gate | up])")
-    g2 = hc.rows(op, gate_up, "gate_up")  # (M, 2F)
-    out_shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
-    return {"gate_up": g2}, {}, lambda bufs: bufs["y"].view(out_shape)
+def prepare_gated(op: str):
+    """The host side of a gated activation over packed [gate | up] rows (SwiGLU's, GeGLU's): (..., 2F) activations
+    as (M, 2F) rows; the result (..., F)."""
+
+    def prepare(gate_up: torch.Tensor):
+        hc.on_cuda(op, ("gate_up", gate_up))
+        hc.act_dtype(op, gate_up, "gate_up")
+        if gate_up.shape[-1] % 2:
+            raise OperatorError(f"{op}: gate_up has odd width {gate_up.shape[-1]}; expected 2F ([gate | up])")
+        g2 = hc.rows(op, gate_up, "gate_up")  # (M, 2F)
+        out_shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+        return {"gate_up": g2}, {}, lambda bufs: bufs["y"].view(out_shape)
+
+    return prepare
+
+
+prepare = prepare_gated("swiglu")
 
 
 OPERATORS = (

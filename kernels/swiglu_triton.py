@@ -49,17 +49,23 @@ SWIGLU_FWD = KernelDef(
 )
 
 
-def program(variants) -> dict:
-    block = variants["swiglu_fwd"].constexprs["BLOCK_F"]
-    F = {"floordiv": [shape("gate_up", 1), 2]}
-    return program_doc(
-        "swiglu", ["gate_up"], [], [],
-        checks=[check("multiple_of", shape("gate_up", 1), 2, "gate_up packs gate and up: its width must be even")],
-        let=[],
-        buffers=[{"name": "y", "shape": [shape("gate_up", 0), F], "dtype": {"like": "gate_up"}}],
-        launches=[launch_of(SWIGLU_FWD, [shape("gate_up", 0), cdiv(F, block), 1])],
-        outputs=["y"],
-    )
+def gated_program(kdef: KernelDef):
+    """The launch program of a gated activation kernel over packed [gate | up] rows (SwiGLU's, GeGLU's)."""
+
+    def program(variants) -> dict:
+        block = variants[kdef.kernel].constexprs["BLOCK_F"]
+        F = {"floordiv": [shape("gate_up", 1), 2]}
+        return program_doc(
+            kdef.op, ["gate_up"], [], [],
+            checks=[check("multiple_of", shape("gate_up", 1), 2, "gate_up packs gate and up: its width must be even")],
+            let=[],
+            buffers=[{"name": "y", "shape": [shape("gate_up", 0), F], "dtype": {"like": "gate_up"}}],
+            launches=[launch_of(kdef, [shape("gate_up", 0), cdiv(F, block), 1])],
+            outputs=["y"],
+        )
+
+    return program
 
 
-OP = OpKernels(op="swiglu", kernels=(SWIGLU_FWD,), program=program, prepare=prepare, required=(("swiglu_fwd",),))
+OP = OpKernels(op="swiglu", kernels=(SWIGLU_FWD,), program=gated_program(SWIGLU_FWD), prepare=prepare,
+               required=(("swiglu_fwd",),))

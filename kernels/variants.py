@@ -129,7 +129,7 @@ def shared_memory_ops() -> list[str]:
 
 
 def _check_shape(op: str, shape: dict) -> None:
-    needs_head_dim = op in ("attention_prefill", "attention_decode", "qkv_rope", "rope")
+    needs_head_dim = op in ("attention_prefill", "attention_decode", "qkv_rope", "rope", "qk_norm_rope")
     if needs_head_dim and not shape.get("head_dim"):
         raise OperatorError(f"tile_space({op!r}) needs head_dim=...")
 

@@ -7,13 +7,16 @@
 - W8A16 GEMM (prefill) vs fp16 F.linear
 - the Qwen3 / Gemma 3 fused decode operators (QK-norm QKV, attention + o-projection, norm + GeGLU, norm + residual)
   vs the per-operator calls they replace, at qwen3-0.6b / qwen3-1.7b / gemma-3-1b shapes, FP16 / INT8 / INT4 weights
+- the Qwen3 / Gemma 3 operators (--only family_ops): qk_norm_rope and geglu vs their eager torch composition (GB/s),
+  and Gemma 3's sliding-window prefill (window 512, head_dim 256) vs SDPA with the window as a mask and vs full
+  causal attention
 - achieved GB/s vs a device-to-device copy measured in the same run
 
 Every time is CUDA-graph replay (the host's ~20 us eager launch cost would hide the kernels), per call,
 with many calls per graph. Memory-bound working sets cycle through enough weight / KV copies to exceed
 4x the L2 (H200: 60 MB), so the figures are HBM figures. Prints a table; --json PATH writes everything.
 
-    python scripts/bench_kernels.py --json $OUT/bench_kernels.json [--quick] [--sweep all|gemv|none] [--only family]
+    python scripts/bench_kernels.py --json $OUT/bench_kernels.json [--quick] [--sweep all|gemv|none] [--only family --only family_ops]
 """
 
 from __future__ import annotations
@@ -190,6 +193,56 @@ def bench_prefill(lengths, sweep: bool, log) -> list[dict]:
             log(f"prefill {name:14s} T={T:5d}  sdpa {row['sdpa_tflops']:6.1f} TF/s  edgekit {row['edgekit_tflops']:6.1f} "
                 f"TF/s  x{row['ratio_vs_sdpa']:.2f}  ({v_best.label()})")
             del q, k, v
+    return rows
+
+
+# --------------------------------------------------------------------------- Qwen3 / Gemma 3 operators
+def bench_family_ops(copy_gbps: float, l2: int, log) -> list[dict]:
+    """qk_norm_rope and geglu (memory-bound: GB/s of what they read and write) against the eager torch composition
+    of their references; the sliding-window prefill against SDPA given the window as a boolean mask."""
+    from edgekit.kernels.geglu import geglu_reference
+    from edgekit.kernels.qk_norm_rope import qk_norm_rope_reference
+    from edgekit.kernels.rope import rope_frequencies
+
+    rows = []
+    for name, hq, hkv, d, t in (("qwen3-0.6b", 16, 8, 128, 512), ("gemma-3-1b", 4, 1, 256, 512)):
+        width = (hq + 2 * hkv) * d
+        n = max(1, math.ceil(L2_MULTIPLE * l2 / (t * width * 2 * 2)))  # copies cycled past the L2
+        qkvs = [torch.randn(1, t, width, device="cuda", dtype=H) for _ in range(n)]
+        qn, kn = torch.ones(d, device="cuda", dtype=H), torch.ones(d, device="cuda", dtype=H)
+        cos, sin = (x[None].cuda() for x in rope_frequencies(d, t, 1e6))
+        op = TritonOp("qk_norm_rope")
+        moved = 2 * t * width * 2  # read qkv, write q, k, v
+        t_e = graph_time_us([lambda x=x: op(x, qn, kn, cos, sin, hq, hkv, 1e-6) for x in qkvs])
+        t_t = graph_time_us([lambda x=x: qk_norm_rope_reference(x, qn, kn, cos, sin, hq, hkv, 1e-6) for x in qkvs])
+        rows.append({"op": "qk_norm_rope", "shape": f"{name} T={t}", "edgekit_us": t_e, "torch_eager_us": t_t,
+                     "edgekit_gbps": moved / t_e / 1e3, "copy_fraction": moved / t_e / 1e3 / copy_gbps})
+        log(f"qk_norm_rope {name} T={t}: {t_e:.1f} us ({moved / t_e / 1e3:.0f} GB/s), eager torch {t_t:.1f} us")
+    for name, rows_, f in (("gemma-3-1b decode", 1, 6912), ("gemma-3-1b prefill", 512, 6912)):
+        n = max(1, math.ceil(L2_MULTIPLE * l2 / (rows_ * 3 * f * 2)))
+        gus = [torch.randn(rows_, 2 * f, device="cuda", dtype=H) for _ in range(n)]
+        op = TritonOp("geglu")
+        moved = rows_ * 3 * f * 2
+        t_e = graph_time_us([lambda g=g: op(g) for g in gus])
+        t_t = graph_time_us([lambda g=g: geglu_reference(g) for g in gus])
+        rows.append({"op": "geglu", "shape": name, "edgekit_us": t_e, "torch_eager_us": t_t,
+                     "edgekit_gbps": moved / t_e / 1e3, "copy_fraction": moved / t_e / 1e3 / copy_gbps})
+        log(f"geglu {name}: {t_e:.1f} us ({moved / t_e / 1e3:.0f} GB/s), eager torch {t_t:.1f} us")
+    for T in (1024, 4096):
+        hq, hkv, d, window = 4, 1, 256, 512
+        q, k, v = (torch.randn(1, h, T, d, device="cuda", dtype=H) for h in (hq, hkv, hkv))
+        sl = torch.tensor([T], device="cuda", dtype=torch.int32)
+        pos = torch.arange(T, device="cuda")
+        mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)  # (T, T)
+        ke, ve = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+        op = TritonOp("attention_prefill")
+        t_w = graph_time_us([lambda: op(q, k, v, sl, None, window)], min_calls=8)
+        t_full = graph_time_us([lambda: op(q, k, v, sl, None, 0)], min_calls=8)
+        t_sdpa = graph_time_us([lambda: F.scaled_dot_product_attention(q, ke, ve, attn_mask=mask)], min_calls=8)
+        rows.append({"op": "attention_prefill window=512", "shape": f"gemma-3-1b T={T}", "edgekit_us": t_w,
+                     "edgekit_full_causal_us": t_full, "sdpa_masked_us": t_sdpa})
+        log(f"attention_prefill gemma-3-1b T={T} window {window}: {t_w:.1f} us (full causal {t_full:.1f} us, "
+            f"SDPA with the window as a mask {t_sdpa:.1f} us)")
     return rows
 
 
@@ -375,11 +428,7 @@ def _projection(n: int, k: int, precision: str):
 
 def _family_calls(op: str, shape: tuple, precision: str, table, fused, lw, state: dict):
     """(fused call, the per-operator calls it replaces as one callable, bytes the fused call must read) of one
-    decode step of ``op`` on projection ``lw``. The families' own per-operator ops run from ``table`` where they are
-    registered, else their formulas in torch (kernels/family_math.py)."""
-    from edgekit.kernels.family_math import geglu_math, qk_norm_rope_math
-    from edgekit.kernels.registry import OPERATORS
-
+    decode step of ``op`` on projection ``lw``, each per-operator call from ``table``."""
     _, C, F_, hq, hkv, d = shape
     x, nw, eps = state["x"], state["nw"], 1e-6
 
@@ -391,8 +440,7 @@ def _family_calls(op: str, shape: tuple, precision: str, table, fused, lw, state
 
     if op == "fused_norm_qkv_qknorm_rope":
         qn, kn, cos, sin, pos, kc, vc, arr = (state[k] for k in ("qn", "kn", "cos", "sin", "pos", "kc", "vc", "arr"))
-        qk = table.get("qk_norm_rope") if "qk_norm_rope" in OPERATORS else (
-            lambda qkv, a, b, c, s, h, g, e: qk_norm_rope_math(qkv, a, b, c, s, h, g, e))
+        qk = table.get("qk_norm_rope")
 
         def unfused():
             q, k, v = qk(linear(rmsnorm(x))[:, None], qn, kn, cos[pos][:, None], sin[pos][:, None], hq, hkv, eps)
@@ -408,7 +456,7 @@ def _family_calls(op: str, shape: tuple, precision: str, table, fused, lw, state
             (lambda: linear(table.get("attention_decode")(q, kc, vc, lens, d ** -0.5).reshape(1, -1))), \
             lw.nbytes() + kv_bytes
     if op == "fused_norm_geglu":
-        act = table.get("geglu") if "geglu" in OPERATORS else geglu_math
+        act = table.get("geglu")
         return (lambda: fused(x, nw, lw.weight, lw.scale, lw.offset, eps)), (lambda: act(linear(rmsnorm(x)))), \
             lw.nbytes()
     r = state["r"]  # norm_residual: a row of the stream; latency, not bandwidth
@@ -482,7 +530,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer lengths and contexts")
     ap.add_argument("--sweep", choices=["all", "gemv", "none"], default="all",
                     help="which sections also time a small tile sweep (default: all)")
-    ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm", "family"], action="append")
+    ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm", "family", "family_ops"],
+                    action="append")
     ap.add_argument("--family-precisions", default="fp16,int8,int4",
                     help="weights of the Qwen3 / Gemma 3 fused operators' section (comma list of fp16, int8, int4)")
     args = ap.parse_args()
@@ -498,7 +547,7 @@ def main() -> int:
     l2 = int(getattr(props, "L2_cache_size", 60 << 20) or (60 << 20))
     sweep = args.sweep == "all"
     gemv_sweep = args.sweep in ("all", "gemv")
-    only = set(args.only or ["prefill", "decode", "gemv", "gemm", "family"])
+    only = set(args.only or ["prefill", "decode", "gemv", "gemm", "family", "family_ops"])
     out = {"device": props.name, "sm_count": props.multi_processor_count, "l2_bytes": l2,
            "torch": torch.__version__, "triton": __import__("triton").__version__,
            "method": "CUDA graph replay, median of 5 trials; memory-bound working sets >= 4x L2; measured on GPU"}
@@ -520,7 +569,8 @@ def main() -> int:
     out["gemv_sweep"] = gemv_sweep_log
     runners = {"gemv": lambda: bench_gemv(copy, l2, gemv_sweep, log, gemv_sweep_log), "decode": lambda: bench_decode(contexts, copy, l2, sweep, log),
                "prefill": lambda: bench_prefill(lengths, sweep, log), "gemm": lambda: bench_gemm(log),
-               "family": lambda: bench_family_fused(copy, l2, args.family_precisions.split(","), log)}
+               "family": lambda: bench_family_fused(copy, l2, args.family_precisions.split(","), log),
+               "family_ops": lambda: bench_family_ops(copy, l2, log)}
     for name, run in runners.items():
         if name in only:
             sections[name] = run()

@@ -53,7 +53,9 @@ def _agreement(per_op_engine, first, depth: int) -> dict:
     token, got = FusedDecoder(dec, with_fused_kernels(dec.ops)).decode_token(first, pos, twin)
     got = got.float()
     scale = float(want.abs().max())
-    kv = max(float((a[:, :, depth] - b[:, :, depth]).abs().max()) for a, b in zip(src.k + src.v, twin.k + twin.v))
+    # the row each layer wrote: the position, or position % window in a sliding-window layer's ring
+    kv = max(float((a[:, :, depth % a.shape[2]] - b[:, :, depth % a.shape[2]]).abs().max())
+             for a, b in zip(src.k + src.v, twin.k + twin.v))
     return {"max_abs_logit_diff": float((got - want).abs().max()), "max_abs_logit": scale,
             "argmax_equal": int(token[0]) == int(want.argmax(-1)[0]), "max_abs_kv_diff_at_position": kv}
 

@@ -225,7 +225,7 @@ def _static_tensors(decoder: Decoder, cache: StaticKVCache) -> list[torch.Tensor
     out += [t for t in (w.lm_head.weight, w.lm_head.bias, w.lm_head.scale, w.lm_head.smooth, w.lm_head.offset)
             if t is not None]
     for b in w.blocks:
-        out += [b.attn_norm, b.ffn_norm]
+        out += list(b.norms().values())
         for lw in b.linears().values():
             out += [t for t in (lw.weight, lw.bias, lw.scale, lw.smooth) if t is not None]
     seen, uniq = set(), []

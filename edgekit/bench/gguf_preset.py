@@ -7,10 +7,18 @@ tokens up to the vocabulary size. Matrices are F16, norms F32 (llama.cpp's
 convention); ``llama-quantize`` makes the Q8_0 / Q4_K_M copies. Values are
 random (speed does not depend on them); edgekit loads the file back through its
 GGUF loader like any other model file.
+
+The llama, qwen3 and gemma3 architectures are written with llama.cpp's keys and
+tensor names for them (gguf-py's tables): Qwen3's and Gemma 3's head_dim
+(``key_length``), QK-norms, and Gemma 3's post-norms and sliding window. Gemma
+3's norm weights are stored as llama.cpp runs them, 1 + w (here 1); its window
+pattern, local RoPE base and query scale are llama.cpp's fixed ones, so a
+preset with others is refused rather than benchmarked as a different model.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +26,9 @@ import numpy as np
 from edgekit.model.config import ModelConfig
 
 GGUF_F16_FILE_TYPE = 1  # llama.cpp's LLAMA_FTYPE_MOSTLY_F16
+ARCHITECTURES = ("llama", "qwen3", "gemma3")
+# what llama.cpp runs every gemma3 file with (llama-model.cpp): one global layer in 6, local RoPE base 10000
+LLAMA_CPP_GEMMA3 = {"sliding_window_pattern": 6, "rope_local_theta": 10000.0}
 
 
 def _vocab(n: int) -> tuple[list[bytes], list[float], list[int]]:
@@ -30,19 +41,43 @@ def _vocab(n: int) -> tuple[list[bytes], list[float], list[int]]:
     return tokens[:n], [0.0] * n, [int(t) for t in types[:n]]
 
 
-def write_random_gguf(cfg: ModelConfig, path: Path, seed: int = 0) -> Path:
-    """A llama-architecture F16 GGUF of ``cfg``'s shape with random weights (std 0.02; norms 1)."""
+def _check_writable(cfg: ModelConfig) -> None:
+    if cfg.architecture not in ARCHITECTURES:
+        raise ValueError(f"write_random_gguf writes {', '.join(ARCHITECTURES)} files; got {cfg.architecture!r}")
+    if cfg.architecture == "gemma3":
+        fixed = {"sliding_window_pattern": cfg.sliding_window_pattern, "rope_local_theta": cfg.rope_local_theta}
+        if fixed != LLAMA_CPP_GEMMA3 or not math.isclose(cfg.attention_scale, cfg.head_dim ** -0.5):
+            raise ValueError(f"{cfg.name}: llama.cpp runs every gemma3 file with {LLAMA_CPP_GEMMA3} and a query scale "
+                             f"of 1/sqrt(head_dim); this preset has {fixed}, query scale {cfg.attention_scale}")
+
+
+def _block_tensors(cfg: ModelConfig) -> dict:
+    """llama.cpp's block tensor -> its shape (rows, cols), or (n,) for a norm."""
     import gguf
 
-    if cfg.architecture != "llama":
-        raise ValueError(f"write_random_gguf writes llama-architecture files; got {cfg.architecture!r}")
+    T = gguf.MODEL_TENSOR
+    C, F, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes = {T.ATTN_NORM: (C,), T.ATTN_Q: (cfg.q_size, C), T.ATTN_K: (cfg.kv_size, C), T.ATTN_V: (cfg.kv_size, C),
+              T.ATTN_OUT: (C, cfg.q_size), T.FFN_NORM: (C,), T.FFN_GATE: (F, C), T.FFN_UP: (F, C), T.FFN_DOWN: (C, F)}
+    if cfg.qk_norm:
+        shapes.update({T.ATTN_Q_NORM: (D,), T.ATTN_K_NORM: (D,)})
+    if cfg.post_norms:
+        shapes.update({T.ATTN_POST_NORM: (C,), T.FFN_POST_NORM: (C,)})
+    return shapes
+
+
+def write_random_gguf(cfg: ModelConfig, path: Path, seed: int = 0) -> Path:
+    """An F16 GGUF of ``cfg``'s shape and architecture with random weights (std 0.02; norms 1)."""
+    import gguf
+
+    _check_writable(cfg)
     rng = np.random.default_rng(seed)
 
     def mat(rows: int, cols: int, std: float = 0.02) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float16)
 
     path = Path(path)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), cfg.architecture)
     w.add_name(cfg.name.replace("preset:", "") + "-random")
     w.add_context_length(cfg.max_position_len)
     w.add_embedding_length(cfg.hidden_size)
@@ -51,8 +86,13 @@ def write_random_gguf(cfg: ModelConfig, path: Path, seed: int = 0) -> Path:
     w.add_head_count(cfg.n_heads)
     w.add_head_count_kv(cfg.n_kv_heads)
     w.add_rope_dimension_count(cfg.head_dim)
+    if cfg.architecture != "llama":  # head_dim apart from hidden / heads (Qwen3 0.6B: 128 vs 64)
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if cfg.sliding_window:
+        w.add_sliding_window(cfg.sliding_window)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(GGUF_F16_FILE_TYPE)
     tokens, scores, types = _vocab(cfg.vocab_size)
@@ -62,19 +102,13 @@ def write_random_gguf(cfg: ModelConfig, path: Path, seed: int = 0) -> Path:
     w.add_token_types(types)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    C, F, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    names, C = gguf.TENSOR_NAMES, cfg.hidden_size
     w.add_tensor("token_embd.weight", mat(cfg.vocab_size, C, 1.0))
+    blocks = _block_tensors(cfg)
     for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(C, dtype=np.float32))
-        w.add_tensor(p + "attn_q.weight", mat(cfg.n_heads * D, C))
-        w.add_tensor(p + "attn_k.weight", mat(cfg.n_kv_heads * D, C))
-        w.add_tensor(p + "attn_v.weight", mat(cfg.n_kv_heads * D, C))
-        w.add_tensor(p + "attn_output.weight", mat(C, cfg.n_heads * D))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(C, dtype=np.float32))
-        w.add_tensor(p + "ffn_gate.weight", mat(F, C))
-        w.add_tensor(p + "ffn_up.weight", mat(F, C))
-        w.add_tensor(p + "ffn_down.weight", mat(C, F))
+        for tensor, shape in blocks.items():
+            name = names[tensor].format(bid=i) + ".weight"
+            w.add_tensor(name, np.ones(shape, dtype=np.float32) if len(shape) == 1 else mat(*shape))
     w.add_tensor("output_norm.weight", np.ones(C, dtype=np.float32))
     if not cfg.tie_embeddings:
         w.add_tensor("output.weight", mat(cfg.vocab_size, C))

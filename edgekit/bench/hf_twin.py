@@ -5,6 +5,9 @@ into one ``w_gate_up`` (gate rows, then up rows); transformers keeps them
 apart. Both use the "rotate half" RoPE layout, so splitting the rows back is
 the whole mapping (no Q/K permutation, unlike GGUF). INT8 layers map to their
 dequantized floating-point weight: transformers has no W8A16 linear of its own.
+Qwen3 and Gemma 3 twins carry the QK-norms and post-norms under their own
+names (``model.weights.hf_norm_names``); Gemma's norms are stored as w of its
+x * (1 + w), the intake's offset taken back.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import ModelWeights
 from edgekit.model.embedding import QuantizedEmbedding
+from edgekit.model.hf_loader import HF_NORM_OFFSET
+from edgekit.model.weights import hf_norm_names
 
 # edgekit architecture -> (transformers config class, causal-LM class)
 _CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
 }
 
 
@@ -69,13 +76,32 @@ def hf_config(cfg: ModelConfig, weights: ModelWeights | None = None):
             raise UnsupportedModelError(f"{cfg.name}: a {cfg.architecture} model with Q/K/V bias has no transformers twin")
     if cfg.architecture == "mistral":
         kw["sliding_window"] = None
+    if cfg.architecture == "gemma3":
+        kw.update(_gemma3_config(cfg))
     return conf_cls(**kw)
+
+
+def _gemma3_config(cfg: ModelConfig) -> dict:
+    """Gemma3TextConfig's keys past Llama's for ``cfg``."""
+    scalar = cfg.attention_scale ** -2  # transformers' config takes an int (256 for the published models)
+    if abs(scalar - round(scalar)) > 1e-6 * scalar:
+        raise UnsupportedModelError(f"{cfg.name}: query scale {cfg.attention_scale} is not 1/sqrt of an integer; "
+                                    "transformers' Gemma 3 (query_pre_attn_scalar: int) cannot express it")
+    return dict(
+        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=round(scalar),
+        sliding_window=cfg.sliding_window or cfg.max_position_len,
+        layer_types=["sliding_attention" if cfg.is_local(i) else "full_attention" for i in range(cfg.n_layers)],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                         "sliding_attention": {"rope_type": "default",
+                                               "rope_theta": cfg.rope_local_theta or cfg.rope_theta}},
+    )
 
 
 def hf_state_dict(cfg: ModelConfig, weights: ModelWeights) -> dict[str, torch.Tensor]:
     """transformers parameter names -> tensors (views of edgekit's, or dequantized copies for INT8 layers)."""
     sd: dict[str, torch.Tensor] = {}
     split_qkv = (cfg.q_size, cfg.kv_size, cfg.kv_size)
+    norm_names, offset = hf_norm_names(cfg), HF_NORM_OFFSET.get(cfg.architecture, 0.0)
     for i, b in enumerate(weights.blocks):
         p = f"model.layers.{i}."
         wqkv = b.wqkv.dequantized()  # ((Hq + 2 Hkv) D, C)
@@ -91,12 +117,12 @@ def hf_state_dict(cfg: ModelConfig, weights: ModelWeights) -> dict[str, torch.Te
         sd[p + "mlp.gate_proj.weight"] = gate
         sd[p + "mlp.up_proj.weight"] = up
         sd[p + "mlp.down_proj.weight"] = b.w_down.dequantized()
-        sd[p + "input_layernorm.weight"] = b.attn_norm
-        sd[p + "post_attention_layernorm.weight"] = b.ffn_norm
+        for field, name in norm_names.items():
+            sd[p + name] = getattr(b, field) - offset
     emb = weights.tok_embeddings
     emb = emb.dequantized() if isinstance(emb, QuantizedEmbedding) else emb
     sd["model.embed_tokens.weight"] = emb
-    sd["model.norm.weight"] = weights.norm
+    sd["model.norm.weight"] = weights.norm - offset
     sd["lm_head.weight"] = emb if _tied(cfg, weights) else weights.lm_head.dequantized()
     return sd
 

@@ -48,7 +48,7 @@ def weight_bytes_per_token(weights: ModelWeights) -> int:
     n = 0
     for b in weights.blocks:
         n += sum(lw.nbytes() for lw in b.linears().values())
-        n += _nbytes(b.attn_norm) + _nbytes(b.ffn_norm)
+        n += sum(_nbytes(t) for t in b.norms().values())
     n += _nbytes(weights.norm) + weights.lm_head.nbytes()
     emb = weights.tok_embeddings
     # the looked-up row (of a tied quantized head: its codes and scales)
@@ -57,9 +57,11 @@ def weight_bytes_per_token(weights: ModelWeights) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, attended_len: float, kv_bytes_per_element: float) -> int:
-    """K and V of ``attended_len`` positions read, plus one position written, over every layer."""
-    per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * kv_bytes_per_element  # K and V
-    return int(round(per_position * (attended_len + 1)))
+    """K and V of ``attended_len`` positions read (a sliding-window layer's ring: at most its window), plus one
+    position written, over every layer."""
+    per_position = 2 * cfg.n_kv_heads * cfg.head_dim * kv_bytes_per_element  # K and V of one layer
+    read = sum(min(attended_len, cfg.window(i)) if cfg.window(i) else attended_len for i in range(cfg.n_layers))
+    return int(round(per_position * (read + cfg.n_layers)))
 
 
 def mean_attended_len(context_len: int, new_tokens: int) -> float:

@@ -127,7 +127,7 @@ def _cast(w: ModelWeights, device, dtype: torch.dtype) -> ModelWeights:
     tied = w.lm_head.weight is w.tok_embeddings
     head = LinearWeights("linear", emb, mv(w.lm_head.bias)) if tied else w.lm_head.to(device, dtype)
     blocks = [
-        BlockWeights(attn_norm=mv(b.attn_norm), ffn_norm=mv(b.ffn_norm),
+        BlockWeights(**{name: mv(t) for name, t in b.norms().items()},
                      **{name: lw.to(device, dtype) for name, lw in b.linears().items()})
         for b in w.blocks
     ]
@@ -156,8 +156,7 @@ def quantized(w: ModelWeights, precision: str) -> ModelWeights:
         return int4_linear(lw) if precision.startswith("int4") else quantize_linear(lw, "w8a16", name)
 
     blocks = [
-        BlockWeights(attn_norm=b.attn_norm, ffn_norm=b.ffn_norm,
-                     **{name: make(lw, f"blocks.{i}.{name}") for name, lw in b.linears().items()})
+        BlockWeights(**b.norms(), **{name: make(lw, f"blocks.{i}.{name}") for name, lw in b.linears().items()})
         for i, b in enumerate(w.blocks)
     ]
     head, emb = w.lm_head, w.tok_embeddings

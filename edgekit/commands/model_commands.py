@@ -17,16 +17,45 @@ MODEL_HELP = ("A .gguf file, a Hugging Face model directory, preset:NAME (random
 BYTES_PER_PRECISION = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
 
 
+def _family_features(cfg) -> str:
+    """What a config adds to a Llama block, in words (empty for a plain Llama-family model)."""
+    features = [
+        "QK-norm" if cfg.qk_norm else "",
+        "post-norms" if cfg.post_norms else "",
+        "GeGLU (tanh GELU)" if cfg.activation == "gelu_tanh" else "",
+        f"embedding x {cfg.embedding_scale:.4g}" if cfg.embedding_scale else "",
+        f"query scale {cfg.query_scale:.4g}" if cfg.query_scale else "",
+    ]
+    if cfg.sliding_window:
+        local = sum(cfg.is_local(i) for i in range(cfg.n_layers))
+        features.append(f"sliding window {cfg.sliding_window} on {local} of {cfg.n_layers} layers (ring KV cache"
+                        + (f", RoPE base {cfg.rope_local_theta:g}" if cfg.rope_local_theta else "") + ")")
+    return ", ".join(f for f in features if f)
+
+
+def _kv_bytes(cfg) -> dict:
+    """FP16 KV cache bytes per token of context, and the fixed bytes of the sliding-window layers' rings (their
+    cache stops growing at the window: only the full-attention layers grow per token)."""
+    per_layer_position = 2 * cfg.n_kv_heads * cfg.head_dim * 2  # K and V, FP16
+    local = sum(cfg.is_local(i) for i in range(cfg.n_layers))
+    rings = {"kv_cache_ring_bytes_fp16": per_layer_position * local * cfg.sliding_window} if local else {}
+    return {"kv_cache_bytes_per_token_fp16": per_layer_position * (cfg.n_layers - local), **rings}
+
+
 def _info_dict(model) -> dict:
+    from edgekit.graph.families import family_of
+
     cfg = model.config
     counts = cfg.parameter_counts()
     return {
         "name": cfg.name,
+        "family": family_of(cfg.architecture),
+        "family_features": _family_features(cfg),
         "source": model.source.to_dict(),
         "config": cfg.to_dict(),
         "parameters": {"total": cfg.n_params, **counts},
         "weight_bytes": {p: int(cfg.n_params * b) for p, b in BYTES_PER_PRECISION.items()},
-        "kv_cache_bytes_per_token_fp16": cfg.kv_cache_bytes(1, 1, 2.0),
+        **_kv_bytes(cfg),
         "linear_shapes": {k: list(v) for k, v in cfg.linear_shapes().items()},
         "stored_as": _stored_as(model),
         "notes": model.notes,
@@ -97,7 +126,8 @@ def info(
     cfg = m.config
     t = Table(title=f"{cfg.name} ({m.source.kind}: {m.source.location})", show_header=False)
     for k, v in [
-        ("architecture", cfg.architecture),
+        ("architecture / family", f"{cfg.architecture} / {d['family']} (edgekit/graph/{d['family']}.py)"),
+        *([("family features", d["family_features"])] if d["family_features"] else []),
         ("layers", cfg.n_layers),
         ("hidden / MLP", f"{cfg.hidden_size} / {cfg.intermediate_size}"),
         ("heads / KV heads / head dim", f"{cfg.n_heads} / {cfg.n_kv_heads} / {cfg.head_dim} (GQA {cfg.gqa_ratio})"),
@@ -116,7 +146,9 @@ def info(
             t.add_row(f"  {k}", how)
     for p, n in d["weight_bytes"].items():
         t.add_row(f"weights at {p}", fmt_bytes(n))
-    t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"]))
+    t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"])
+              + (f" + {fmt_bytes(d['kv_cache_ring_bytes_fp16'])} of sliding-window rings"
+                 if "kv_cache_ring_bytes_fp16" in d else ""))
     console.print(t)
     if model is None:
         console.print("the default model: SmolLM2-135M-Instruct as a Q4_1 GGUF file (4-bit weights with per-block scales, "

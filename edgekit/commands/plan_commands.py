@@ -294,5 +294,24 @@ def print_plan(d: dict) -> None:
         f"{a['kernel_overhead_us']:g} µs per kernel ('bound only' leaves it out); energy = {a['energy']}; "
         f"prefill: mem/com = memory- or compute-bound. * headline mode.[/]"
     )
+    _print_anchors(d)
     for n in d.get("notes", []) + d["precision"].get("notes", []):
         console.print(f"[yellow]note:[/] {n}")
+
+
+def _print_anchors(d: dict) -> None:
+    """Published decode figures for a model of this shape on this target, beside this plan's prediction."""
+    from edgekit.model.config import ModelConfig
+    from edgekit.plan.anchors import anchors_for, fastest_mode_row
+
+    anchors = anchors_for(ModelConfig.from_dict(d["model"]["config"]), d["target"]["name"])
+    if not anchors:
+        return
+    r = fastest_mode_row(d["roofline"])
+    for a in anchors:
+        console.print(
+            f"published beside this prediction: {a.decode_tokens_per_s:g} tok/s decode on {a.board} ({a.setting}; "
+            f"measured by others: {a.source}); this plan PREDICTS {r['decode_short']['tokens_per_s']:.0f} tok/s at "
+            f"ctx {r['decode_short']['kv_len']} in {r['power_mode']} ({d['precision']['label']}, roofline, "
+            "not measured)",
+            highlight=False)

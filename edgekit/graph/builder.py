@@ -136,6 +136,17 @@ class GraphBuilder:
             return "@seq_lens"
         return self.node("seq_lens", "seq_lens", {"positions": "@positions"}, ("seq_lens",))["seq_lens"]
 
+    def window_state(self, window: int) -> dict[str, str]:
+        """What the sliding-window layers of ``window`` positions attend with: {"seq_lens", "slots"}. In a decode step
+        the ring row each token is written to (position % window) and the rows attended (min(position + 1, window));
+        in a prefill the sequence lengths (the window is the attention operator's)."""
+        if not self.decode:
+            return {"seq_lens": "@seq_lens", "slots": "@positions"}
+        at = {"positions": "@positions"}
+        slots = self.node("kv_slots", f"kv_slots.w{window}", at, ("slots",), window=window)["slots"]
+        lens = self.node("window_lens", f"window_lens.w{window}", at, ("seq_lens",), window=window)["seq_lens"]
+        return {"seq_lens": lens, "slots": slots}
+
     def rmsnorm(self, x: str, weight: str, name: str, eps: float) -> str:
         return self.node("rmsnorm", name, {"x": x}, weights={"weight": weight}, eps=eps)["y"]
 
@@ -145,27 +156,46 @@ class GraphBuilder:
         bias = bool(getattr(self.cfg, "qkv_bias", False)) and path.endswith(".wqkv")
         return self.node(op, name, {"x": x}, weights={PROJ: path}, bias=bias)["y"]
 
-    def qkv_rope(self, h: str, path: str, tables: Mapping[str, str], rope: str) -> tuple[str, str, str]:
-        """The packed QKV projection, split into heads with RoPE applied: q (B, Hq, T, D), k, v (B, Hkv, T, D)."""
+    def qkv_rope(self, h: str, path: str, tables: Mapping[str, str], rope: str,
+                 qk_norm: tuple[str, str] | None = None, eps: float | None = None) -> tuple[str, str, str]:
+        """The packed QKV projection, split into heads with RoPE applied: q (B, Hq, T, D), k, v (B, Hkv, T, D).
+        ``qk_norm``: the weight paths of the per-head RMSNorm of Q and K applied before RoPE (``qk_norm_rope``)."""
         if self.decode:  # a decode step is a one-token sequence for the projection and RoPE
             h = self.node("as_tokens", "qkv_in", {"x": h})["y"]
         qkv = self.linear(h, path, "wqkv")
-        out = self.node("rope", "rope", {"qkv": qkv, "cos": tables["cos"], "sin": tables["sin"]}, ("q", "k", "v"),
-                        n_heads=self.cfg.n_heads, n_kv_heads=self.cfg.n_kv_heads, rope=rope)
+        heads = dict(n_heads=self.cfg.n_heads, n_kv_heads=self.cfg.n_kv_heads)
+        ins = {"qkv": qkv, "cos": tables["cos"], "sin": tables["sin"]}
+        if qk_norm is None:
+            out = self.node("rope", "rope", ins, ("q", "k", "v"), **heads, rope=rope)
+        else:
+            out = self.node("qk_norm_rope", "qk_norm_rope", ins, ("q", "k", "v"),
+                            {"q_norm": qk_norm[0], "k_norm": qk_norm[1]}, **heads, eps=eps, rope=rope)
         return out["q"], out["k"], out["v"]
 
-    def attention(self, q: str, k: str, v: str, seq_lens: str, scale: float) -> str:
-        """KV-cache write, attention, heads merged back into rows: (B, T, Hq D), or (B, Hq D) in a decode step."""
+    def attention(self, q: str, k: str, v: str, seq_lens: str, scale: float, window: int = 0,
+                  slots: str = "@positions") -> str:
+        """KV-cache write, attention, heads merged back into rows: (B, T, Hq D), or (B, Hq D) in a decode step.
+
+        A sliding-window layer (``window`` > 0) attends to the last ``window`` positions: its decode step writes its
+        ring row ``slots`` and reads ``seq_lens`` rows of the ring (``window_state``); its prefill masks by the
+        window and keeps each sequence's last real positions in the ring."""
         if self.decode:
-            self.node("kv_store", "kv_store", {"k": k, "v": v}, ())
+            self.node("kv_store", "kv_store", {"k": k, "v": v, "slots": slots}, ())
             q = self.node("select_token", "q_token", {"x": q})["y"]
             o = self.node("attention_decode", "attention", {"q": q, "k_cache": "@k_read", "v_cache": "@v_read",
                                                             "seq_lens": seq_lens}, ("o",), scale=scale)["o"]
         else:
-            kv = self.node("kv_store", "kv_store", {"k": k, "v": v}, ("k", "v"))
+            kv = self.node("kv_store", "kv_store", {"k": k, "v": v, **({"seq_lens": "@seq_lens"} if window else {})},
+                           ("k", "v"))
             o = self.node("attention_prefill", "attention", {"q": q, "k": kv["k"], "v": kv["v"], "seq_lens": seq_lens},
-                          ("o",), scale=scale)["o"]
+                          ("o",), scale=scale, window=window)["o"]
         return self.node("merge_heads", "merge_heads", {"x": o})["y"]
+
+    def gated_mlp(self, h: str, prefix: str, act: str) -> str:
+        """The gated MLP of block ``prefix``: the packed gate/up projection, the gated activation operator ``act``
+        ("swiglu", "geglu") over it, the down projection: (B, T, C) rows back."""
+        y = self.op(act, act, gate_up=self.linear(h, f"{prefix}.w_gate_up", "w_gate_up"))  # (B, T, F)
+        return self.linear(y, f"{prefix}.w_down", "w_down")
 
     def op(self, op: str, name: str, **inputs: str) -> str:
         """An elementwise operator of one output (swiglu, ...)."""

@@ -60,7 +60,8 @@ class ExecContext:
     state: dict[str, torch.Tensor] = field(default_factory=dict)  # "@tokens", "@positions", "@seq_lens"
     blocks: Mapping[int, Any] | None = None  # block index -> weights standing in for the model's own
     kv_transform: Callable | None = None  # (layer, k, v) -> (k, v), before attention reads them
-    # A chunk of a longer prompt: attention reads the row's cache so far (layer -> k, v), not the chunk's own K/V
+    # A chunk of a longer prompt: attention reads the row's earlier positions it may see (layer -> k, v, read before
+    # the chunk's own are written), then the chunk's own K/V
     kv_history: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
     on_linear_input: LinearHook | None = None
     on_linear_output: LinearOutputHook | None = None

@@ -10,14 +10,24 @@ from typing import Mapping
 
 from edgekit.errors import ConfigError
 from edgekit.graph.builder import Family, GraphBuilder, LinearSchemes
+from edgekit.graph.gemma3 import gemma3
 from edgekit.graph.llama import llama
 from edgekit.graph.node import Graph
+from edgekit.graph.qwen3 import qwen3
 
-FAMILIES: Mapping[str, Family] = {"llama": llama, "mistral": llama, "qwen2": llama}
+FAMILIES: Mapping[str, Family] = {"llama": llama, "mistral": llama, "qwen2": llama, "qwen3": qwen3, "gemma3": gemma3}
 
 
 def supported_architectures() -> tuple[str, ...]:
     return tuple(FAMILIES)
+
+
+def family_of(architecture: str) -> str:
+    """The graph family an architecture runs as (the function, and module, of its forward): qwen2 -> "llama"."""
+    family = FAMILIES.get(architecture)
+    if family is None:
+        raise ConfigError(f"architecture {architecture!r} has no graph; supported: {', '.join(FAMILIES)}")
+    return family.__name__
 
 
 def graph_for(config, schemes: LinearSchemes, phase: str) -> Graph:

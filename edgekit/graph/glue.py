@@ -1,7 +1,8 @@
 """Glue ops: the few steps between operators that are not swappable operators themselves.
 
 The embedding gather, the RoPE tables a step reads, residual adds, KV-cache
-writes and the reshapes between attention heads and rows. Each is declared once
+writes (and, for sliding-window layers, the ring rows a decode step writes and
+the lengths it attends to) and the reshapes between attention heads and rows. Each is declared once
 here with its torch implementation and the number of GPU kernels it launches per
 phase (the planner's count walks the graph: a view launches none); the ONNX
 export maps each to standard ONNX ops (``export/onnx_glue.py``: one emitter per glue op).
@@ -63,6 +64,19 @@ def _seq_lens(ctx, node, ins) -> dict:
     return {"seq_lens": lens}
 
 
+def _kv_slots(ctx, node, ins) -> dict:
+    """(B,) the ring row a decode step writes in a sliding-window layer's cache: position % window."""
+    return {"slots": torch.remainder(ins["positions"], node.attrs["window"])}
+
+
+def _window_lens(ctx, node, ins) -> dict:
+    """(B,) int32 rows a decode step attends to in a sliding-window layer's ring: min(position + 1, window)."""
+    positions = ins["positions"]
+    lens = torch.empty_like(positions, dtype=torch.int32)
+    torch.add(positions, 1, out=lens)
+    return {"seq_lens": lens.clamp_(max=node.attrs["window"])}
+
+
 def _as_tokens(ctx, node, ins) -> dict:
     return {"y": ins["x"][:, None]}  # (B, N) -> (B, 1, N): a decode step as a one-token sequence
 
@@ -72,18 +86,24 @@ def _select_token(ctx, node, ins) -> dict:
 
 
 def _kv_store(ctx, node, ins) -> dict:
-    """Write this layer's K and V into the cache; a prefill (and a calibration window) attends to what it returns."""
+    """Write this layer's K and V into the cache; a prefill (and a calibration window) attends to what it returns.
+
+    A decode step writes each sequence's token at its cache row ``slots`` (its position, or position % window in a
+    sliding-window layer's ring); a sliding-window layer's prefill passes the sequence lengths, so a chunk longer
+    than the ring keeps each sequence's last real positions (``model.kv_cache.ring_prefix``)."""
     k, v, layer = ins["k"], ins["v"], node.layer
     if ctx.kv_transform is not None:  # calibration: record, or the INT8 cache's round trip
         k, v = ctx.kv_transform(layer, k, v)
     if ctx.phase == DECODE:
-        ctx.cache.write_token(layer, k, v, ctx.state["@positions"])
+        ctx.cache.write_token(layer, k, v, ins["slots"])
         return {}
+    attended = k, v
+    if ctx.kv_history is not None:  # a prompt's chunk attends to the row's positions before it as well: copied out
+        past_k, past_v = ctx.kv_history(layer)  # before its own positions overwrite a sliding-window ring's oldest rows
+        attended = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
     if ctx.cache is not None:
-        ctx.cache.write_prefix(layer, k, v)
-    if ctx.kv_history is not None:  # a prompt's chunk attends to the row's positions before it as well
-        k, v = ctx.kv_history(layer)
-    return {"k": k, "v": v}
+        ctx.cache.write_prefix(layer, k, v, ins.get("seq_lens"))
+    return {"k": attended[0], "v": attended[1]}
 
 
 def _merge_heads(ctx, node, ins) -> dict:
@@ -108,6 +128,9 @@ GLUE: dict[str, GlueOp] = {g.name: g for g in (
     GlueOp("rope_tables", _rope_tables, {PREFILL: 0, DECODE: 2, SEQUENCE: 0},
            doc="the RoPE cos/sin rows of the step's positions (a decode step gathers them)"),
     GlueOp("seq_lens", _seq_lens, {DECODE: 1}, doc="position + 1 as int32"),
+    GlueOp("kv_slots", _kv_slots, {DECODE: 1}, doc="a sliding-window layer's ring row: position % window"),
+    GlueOp("window_lens", _window_lens, {DECODE: 2},
+           doc="a sliding-window layer's attended rows: min(position + 1, window)"),
     GlueOp("as_tokens", _as_tokens, {DECODE: 0}, doc="(B, N) as a one-token sequence (B, 1, N)"),
     GlueOp("select_token", _select_token, {DECODE: 0}, doc="(B, H, 1, D) -> (B, H, D)"),
     GlueOp("kv_store", _kv_store, {PREFILL: 2, DECODE: 3, SEQUENCE: 0}, side_effect=True,

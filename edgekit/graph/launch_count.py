@@ -59,7 +59,7 @@ def count_launches(graph: Graph, weights, cache, *, batch: int, tokens: int, sm_
     decode step): {"total", "per_layer" (block 0's), "outside_layers", "operators" (by registry op), "glue" (torch
     kernels between them)}."""
     table = _CountingTable(variants, {"sm_count": sm_count, "max_shared_bytes": max_shared_bytes})
-    rows, half = cache.k[0].shape[2], cache.k[0].shape[3] // 2
+    rows, half = cache.max_seq_len, cache.k[0].shape[3] // 2  # the RoPE tables cover every position
 
     def tables(name: str):
         return (torch.empty(rows, half, dtype=torch.float32, device="meta"),) * 2

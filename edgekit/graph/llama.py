@@ -19,8 +19,7 @@ def llama(b: GraphBuilder) -> dict[str, str]:
         o = b.attention(q, k, v, seq_lens, default_scale(cfg.head_dim))  # (B, T, Hq D)
         x = b.add(x, b.linear(o, f"{p}.wo", "wo"), "attn_residual")
         h = b.rmsnorm(x, f"{p}.ffn_norm", "ffn_norm", eps)
-        act = b.op("swiglu", "swiglu", gate_up=b.linear(h, f"{p}.w_gate_up", "w_gate_up"))  # (B, T, F)
-        return b.add(x, b.linear(act, f"{p}.w_down", "w_down"), "ffn_residual")
+        return b.add(x, b.gated_mlp(h, p, "swiglu"), "ffn_residual")
 
     for i in range(cfg.n_layers):
         x = b.block(i, x, block)

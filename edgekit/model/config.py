@@ -1,10 +1,31 @@
-"""The shape of a Llama-family decoder, independent of where it was loaded from."""
+"""The shape of a decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 3), independent of where it was loaded from.
+
+The fields past ``name``'s neighbours describe what the newer families add to a
+Llama block, each with a default that leaves a Llama model unchanged: per-head
+RMSNorm on Q and K (``qk_norm``), the MLP's gate activation, norms after the
+attention and MLP branches (``post_norms``), a scaled embedding, a query scale
+other than 1/sqrt(head_dim), and sliding-window attention on every layer but
+each ``sliding_window_pattern``-th (Gemma 3: layers 5, 11, 17, ... are global),
+with its own RoPE base.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+from edgekit.errors import ConfigError
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's gate activation: SwiGLU, GeGLU (tanh GELU)
+
+
+def window_pattern(local: list[bool]) -> int | None:
+    """The ``sliding_window_pattern`` that marks exactly the layers ``local`` marks as sliding-window ones (0: all of
+    them), or None when they do not repeat one global layer every N layers (not expressible)."""
+    pattern = 0 if all(local) else local.index(False) + 1
+    ok = [pattern == 0 or (i + 1) % pattern != 0 for i in range(len(local))] == list(local)
+    return pattern if ok else None
 
 
 @dataclass(frozen=True)
@@ -30,9 +51,50 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     name: str = "model"
+    qk_norm: bool = False  # RMSNorm over each head of Q and K (weights (D,)) before RoPE: Qwen3, Gemma 3
+    activation: str = "silu"  # one of ACTIVATIONS
+    post_norms: bool = False  # RMSNorm on the attention and MLP outputs before their residual adds: Gemma 3
+    embedding_scale: float | None = None  # the embedding rows times this (Gemma: sqrt(hidden)); None: 1
+    query_scale: float | None = None  # attention's score scale; None: 1/sqrt(head_dim)
+    sliding_window: int | None = None  # keys a local layer's query sees (itself included); None: every layer global
+    sliding_window_pattern: int = 0  # layer i is global when (i + 1) % pattern == 0, else local; 0: all local
+    rope_local_theta: float | None = None  # RoPE base of the local layers; None: rope_theta
 
     def __post_init__(self) -> None:
         assert self.n_heads % self.n_kv_heads == 0, "grouped-query attention needs n_heads % n_kv_heads == 0"
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"{self.name}: activation {self.activation!r} is not supported; expected one of "
+                              f"{', '.join(ACTIVATIONS)}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(f"{self.name}: sliding_window {self.sliding_window}; expected a positive number of "
+                              "positions, or none for full attention")
+        if self.sliding_window_pattern < 0:
+            raise ConfigError(f"{self.name}: sliding_window_pattern {self.sliding_window_pattern}; expected >= 0")
+
+    def is_local(self, layer: int) -> bool:
+        """Whether ``layer`` attends to a sliding window (its KV cache is a ring of ``sliding_window`` rows)."""
+        if self.sliding_window is None:
+            return False
+        p = self.sliding_window_pattern
+        return p == 0 or (layer + 1) % p != 0
+
+    def window(self, layer: int) -> int:
+        """The attention window of ``layer``: 0 for full attention."""
+        return self.sliding_window if self.is_local(layer) else 0
+
+    def kv_rows(self, layer: int, max_seq_len: int) -> int:
+        """Rows of ``layer``'s KV cache for ``max_seq_len`` positions: a local layer keeps only its window."""
+        return min(self.sliding_window, max_seq_len) if self.is_local(layer) else max_seq_len
+
+    def rope_theta_of(self, layer: int) -> float:
+        """The RoPE base ``layer`` rotates with."""
+        if self.is_local(layer) and self.rope_local_theta is not None:
+            return self.rope_local_theta
+        return self.rope_theta
+
+    @property
+    def attention_scale(self) -> float:
+        return self.query_scale if self.query_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     @property
     def gqa_ratio(self) -> int:
@@ -56,10 +118,16 @@ class ModelConfig:
             "w_down": (c, f),
         }
 
+    @property
+    def norm_size_per_block(self) -> int:
+        """Norm weights of one block: attention and MLP input norms, plus QK-norms (D each) and post-norms."""
+        qk, post = 2 * self.head_dim if self.qk_norm else 0, 2 * self.hidden_size if self.post_norms else 0
+        return 2 * self.hidden_size + qk + post
+
     def parameter_counts(self) -> dict[str, int]:
         """Parameters by role. The LM head counts zero when tied to the embedding."""
         per_block_linear = sum(o * i for o, i in self.linear_shapes().values())
-        per_block_other = 2 * self.hidden_size + (self.q_size + 2 * self.kv_size if self.qkv_bias else 0)
+        per_block_other = self.norm_size_per_block + (self.q_size + 2 * self.kv_size if self.qkv_bias else 0)
         embed = self.vocab_size * self.hidden_size
         return {
             "embedding": embed,
@@ -73,8 +141,12 @@ class ModelConfig:
     def n_params(self) -> int:
         return sum(self.parameter_counts().values())
 
+    def kv_positions(self, max_seq_len: int) -> int:
+        """Cache rows of every layer together for ``max_seq_len`` positions (a local layer's ring counts its window)."""
+        return sum(self.kv_rows(i, max_seq_len) for i in range(self.n_layers))
+
     def kv_cache_bytes(self, max_seq_len: int, batch: int, bytes_per_element: float) -> int:
-        return int(2 * self.n_layers * batch * self.n_kv_heads * max_seq_len * self.head_dim * bytes_per_element)
+        return int(2 * batch * self.n_kv_heads * self.kv_positions(max_seq_len) * self.head_dim * bytes_per_element)
 
     def to_dict(self) -> dict:
         d = asdict(self)

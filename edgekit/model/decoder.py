@@ -33,9 +33,21 @@ class BlockWeights:
     ffn_norm: torch.Tensor  # (C,)
     w_gate_up: LinearWeights  # (2F, C), gate rows then up rows
     w_down: LinearWeights  # (C, F)
+    q_norm: torch.Tensor | None = None  # (D,) per-head RMSNorm of Q (config.qk_norm)
+    k_norm: torch.Tensor | None = None  # (D,) per-head RMSNorm of K
+    post_attn_norm: torch.Tensor | None = None  # (C,) RMSNorm of the attention output (config.post_norms)
+    post_ffn_norm: torch.Tensor | None = None  # (C,) RMSNorm of the MLP output
 
     def linears(self) -> dict[str, LinearWeights]:
         return {"wqkv": self.wqkv, "wo": self.wo, "w_gate_up": self.w_gate_up, "w_down": self.w_down}
+
+    def norms(self) -> dict[str, torch.Tensor]:
+        """Every norm weight the block has, by field name (the optional ones only when present)."""
+        return {name: t for name in NORM_FIELDS if (t := getattr(self, name)) is not None}
+
+
+# BlockWeights' norm fields: attn_norm and ffn_norm always, the rest when the family has them
+NORM_FIELDS = ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
 
 
 @dataclass
@@ -65,10 +77,8 @@ class ModelWeights:
         return ModelWeights(
             tok_embeddings=emb,
             blocks=[
-                BlockWeights(
-                    attn_norm=mv(b.attn_norm), wqkv=b.wqkv.to(device, dtype), wo=b.wo.to(device, dtype),
-                    ffn_norm=mv(b.ffn_norm), w_gate_up=b.w_gate_up.to(device, dtype), w_down=b.w_down.to(device, dtype),
-                )
+                BlockWeights(**{k: mv(t) for k, t in b.norms().items()},
+                             **{k: lw.to(device, dtype) for k, lw in b.linears().items()})
                 for b in self.blocks
             ],
             norm=mv(self.norm),
@@ -79,7 +89,7 @@ class ModelWeights:
         n = embedding_nbytes(self.tok_embeddings) + self.norm.numel() * self.norm.element_size()
         for b in self.blocks:
             n += sum(lw.nbytes() for lw in b.linears().values())
-            n += (b.attn_norm.numel() + b.ffn_norm.numel()) * b.attn_norm.element_size()
+            n += sum(t.numel() * t.element_size() for t in b.norms().values())
         if isinstance(self.tok_embeddings, QuantizedEmbedding) or self.lm_head.weight.data_ptr() != self.tok_embeddings.data_ptr():
             n += self.lm_head.nbytes()
         return n

@@ -1,8 +1,16 @@
-"""Read a Llama-family model from a GGUF file (llama.cpp's format).
+"""Read a model from a GGUF file (llama.cpp's format): Llama, Mistral, Qwen2, Qwen3 and Gemma 3.
 
 Every tensor is dequantized to FP32, except, with ``keep_int4``, the projections
 stored in a 4-bit GGML format: those are taken in bit for bit as W4A16 records
 (edgekit/model/gguf_types.py says which type goes which way).
+
+What llama.cpp's converter did to each family is undone here and nowhere else:
+it permutes the Q/K rows of llama-architecture files only (Qwen and Gemma use
+the "rotate half" RoPE as stored); it writes Gemma's norm weights as 1 + w
+already (the form edgekit runs, so nothing is added); it names Gemma's MLP input
+norm ``ffn_norm`` and its output norms ``post_attention_norm`` /
+``post_ffw_norm``. Gemma 3 settings its GGUF files leave out are llama.cpp's own
+(local RoPE base 10000, one global layer in 6).
 """
 
 from __future__ import annotations
@@ -10,11 +18,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import math
+
 import numpy as np
 import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
-from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, window_pattern
 from edgekit.model.gguf_types import LOSSLESS_INT4_TYPES, Int4Tensor, Int8GroupTensor, check_type, int4_from_gguf
 
 # GGUF tensor names -> Hugging Face names (per block: "blk.{i}." -> "model.layers.{i}.")
@@ -31,7 +41,19 @@ _BLOCK_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+# A family with post-norms (Gemma 3) names its block norms differently on both sides
+_POST_NORM_NAMES = {
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+_PERMUTED_QK = ("llama", "mistral")  # the architectures whose Q/K rows llama.cpp's converter permutes
+# Gemma 3 settings llama.cpp does not read from the file (llama-model.cpp: set_swa_pattern(6), local base 10000)
+_GEMMA3_PATTERN, _GEMMA3_LOCAL_THETA = 6, 10000.0
+_GEMMA3_27B_LAYERS = 62  # llama.cpp scales the 27B model's queries by 1/sqrt(hidden / heads), others by head_dim
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
@@ -82,12 +104,38 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
+def _gemma3_fields(reader, path: Path, hidden: int, n_heads: int, head_dim: int, n_layers: int) -> dict:
+    """The ModelConfig fields of a gemma3 file past Llama's."""
+    scaling = _field(reader, "gemma3.rope.scaling.type")
+    factor = float(_field(reader, "gemma3.rope.scaling.factor", 1.0))
+    if scaling not in (None, "none") and factor != 1.0:
+        raise UnsupportedModelError(f"{path}: RoPE scaling {scaling} x{factor} on the global layers; edgekit has plain "
+                                    "RoPE only", hint="gemma-3-1b has none; the larger Gemma 3 models scale theirs")
+    if _field(reader, "gemma3.final_logit_softcapping") is not None:
+        raise UnsupportedModelError(f"{path}: final logit soft-capping (Gemma 2 style); Gemma 3 has none")
+    window = _field(reader, "gemma3.attention.sliding_window")
+    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", _GEMMA3_PATTERN)
+    if isinstance(pattern, list):  # per layer, True where sliding
+        local, pattern = pattern, window_pattern([bool(x) for x in pattern])
+        if pattern is None:
+            raise UnsupportedModelError(f"{path}: sliding-window layers {local} do not repeat one global layer "
+                                        "every N layers", hint="edgekit runs Gemma 3's one global layer in N")
+    pre_attn = hidden / n_heads if n_layers == _GEMMA3_27B_LAYERS else head_dim  # query_pre_attn_scalar
+    return {
+        "post_norms": True, "activation": "gelu_tanh", "embedding_scale": math.sqrt(hidden),
+        "query_scale": pre_attn ** -0.5,
+        "sliding_window": int(window) if window else None,
+        "sliding_window_pattern": int(pattern),
+        "rope_local_theta": float(_field(reader, "gemma3.rope.freq_base_swa", _GEMMA3_LOCAL_THETA)),
+    }
+
+
 def config_from_gguf(reader, path: Path) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
             f"{path}: architecture {arch!r} is not supported; expected one of {', '.join(SUPPORTED_ARCHITECTURES)}",
-            hint="edgekit runs Llama-family decoders (Llama, SmolLM2, Qwen2, Mistral)",
+            hint="edgekit runs the Llama (Llama, SmolLM2, Mistral, Qwen2), Qwen3 and Gemma 3 families",
         )
 
     def need(key: str):
@@ -105,12 +153,14 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    n_layers = int(need("block_count"))
+    family = _gemma3_fields(reader, path, hidden, n_heads, head_dim, n_layers) if arch == "gemma3" else {}
     return ModelConfig(
         architecture=arch,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
-        n_layers=int(need("block_count")),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
@@ -122,6 +172,8 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         name=str(_field(reader, "general.name", path.stem)),
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        **family,
     )
 
 
@@ -133,13 +185,14 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, cfg: ModelConfig) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     if gguf_name.startswith("blk."):
         _, idx, rest = gguf_name.split(".", 2)
-        if rest in _BLOCK_NAMES:
-            return f"model.layers.{idx}.{_BLOCK_NAMES[rest]}"
+        names = {**_BLOCK_NAMES, **_POST_NORM_NAMES} if cfg.post_norms else _BLOCK_NAMES
+        if rest in names:
+            return f"model.layers.{idx}.{names[rest]}"
     return None
 
 
@@ -160,7 +213,7 @@ def load_gguf(path: Path, *, keep_int4: bool = False, keep_q8_0: bool = False
     cfg = config_from_gguf(reader, path)
     sd: dict[str, torch.Tensor | Int4Tensor] = {}
     for t in reader.tensors:
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, cfg)
         if name is None:
             continue  # e.g. rope_freqs: recomputed from the config
         check_type(t.name, t.tensor_type.name, str(path))
@@ -176,7 +229,7 @@ def load_gguf(path: Path, *, keep_int4: bool = False, keep_q8_0: bool = False
                 raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name} of type {t.tensor_type.name} ({e})") from e
             w = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
         # llama.cpp permutes the Q and K rows of Llama-style models for its interleaved RoPE.
-        if cfg.architecture in ("llama", "mistral"):
+        if cfg.architecture in _PERMUTED_QK:
             heads = None
             if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
                 heads = cfg.n_heads

@@ -1,14 +1,85 @@
-"""Read a Hugging Face style model directory: config.json + *.safetensors (+ tokenizer files)."""
+"""Read a Hugging Face style model directory: config.json + *.safetensors (+ tokenizer files).
+
+Families beyond Llama's carry their own keys: Qwen3 (``qwen3``: QK-norm, its own
+head_dim) and Gemma 3 (``gemma3_text``, or ``gemma3`` with the text model's
+config under ``text_config`` and its tensors under ``language_model``: QK-norm,
+post-norms, GeGLU, a scaled embedding, ``query_pre_attn_scalar`` and sliding
+windows on the layers ``layer_types`` (or ``sliding_window_pattern``) marks).
+Gemma's RMSNorm multiplies by (1 + w): ``HF_NORM_OFFSET`` says so, and the
+weights fold it in at intake.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
-from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, window_pattern
+
+# Hugging Face model_type -> edgekit architecture, where they differ
+_MODEL_TYPES = {"gemma3_text": "gemma3"}
+# What a norm weight stored by transformers is short of: Gemma's RMSNorm computes x * (1 + w)
+HF_NORM_OFFSET = {"gemma3": 1.0}
+_GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+
+
+def _unsupported(cfg_path: Path, what: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{cfg_path}: {what}", hint="edgekit runs the Llama, Mistral, Qwen2, Qwen3 and "
+                                                           "Gemma 3 text families as published")
+
+
+def _rope_theta(c: dict, layer_type: str | None = None, default: float = 10000.0) -> float:
+    """A RoPE base from either config style: ``rope_theta`` (older files) or ``rope_parameters`` (per layer type)."""
+    params = c.get("rope_parameters") or {}
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    return float(params.get("rope_theta") or c.get("rope_theta") or default)
+
+
+def _sliding_pattern(c: dict, cfg_path: Path) -> tuple[int | None, int]:
+    """(sliding_window, sliding_window_pattern) of a Gemma 3 config: local layers from ``layer_types`` when given
+    (checked to repeat with a period edgekit expresses: global iff (i + 1) % pattern == 0), else the pattern key."""
+    window = c.get("sliding_window")
+    types = c.get("layer_types")
+    if not types:
+        pattern = int(c.get("sliding_window_pattern", 6))
+        return (int(window), pattern) if window and pattern != 1 else (None, 0)
+    local = [t == "sliding_attention" for t in types]
+    if not any(local) or not window:
+        return None, 0
+    pattern = window_pattern(local)
+    if pattern is None:
+        raise _unsupported(cfg_path, f"layer_types {types} do not repeat one global layer every N layers")
+    return int(window), pattern
+
+
+def _family_fields(arch: str, c: dict, hidden: int, cfg_path: Path) -> dict:
+    """The ModelConfig fields past Llama's that ``arch``'s config sets."""
+    if arch == "qwen3":
+        return {"qk_norm": True}
+    if arch != "gemma3":
+        return {}
+    act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in _GELU_TANH:
+        raise _unsupported(cfg_path, f"hidden_activation {act!r}; expected one of {', '.join(_GELU_TANH)}")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if c.get(key) is not None:
+            raise _unsupported(cfg_path, f"{key} {c[key]} (Gemma 2 style soft-capping); Gemma 3 has none")
+    scaling = c.get("rope_scaling") or ((c.get("rope_parameters") or {}).get("full_attention") or {})
+    if scaling.get("rope_type", scaling.get("type", "default")) != "default" and scaling.get("factor", 1.0) != 1.0:
+        raise _unsupported(cfg_path, f"RoPE scaling {scaling} on the global layers; edgekit has plain RoPE only "
+                                     "(gemma-3-1b has none; the larger Gemma 3 models scale theirs)")
+    window, pattern = _sliding_pattern(c, cfg_path)
+    return {
+        "qk_norm": True, "post_norms": True, "activation": "gelu_tanh", "embedding_scale": math.sqrt(hidden),
+        "query_scale": float(c.get("query_pre_attn_scalar", 256)) ** -0.5, "sliding_window": window,
+        "sliding_window_pattern": pattern,
+        "rope_local_theta": float(c.get("rope_local_base_freq") or _rope_theta(c, "sliding_attention", 10000.0)),
+    }
 
 
 def config_from_hf(directory: Path) -> ModelConfig:
@@ -22,14 +93,19 @@ def config_from_hf(directory: Path) -> ModelConfig:
         c = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{cfg_path}: not valid JSON ({e})") from e
-    arch = c.get("model_type")
+    if c.get("model_type") == "gemma3" and isinstance(c.get("text_config"), dict):  # the multimodal wrapper
+        c = {**c["text_config"], "model_type": "gemma3", "_name_or_path": c.get("_name_or_path"),
+             "tie_word_embeddings": c["text_config"].get("tie_word_embeddings", c.get("tie_word_embeddings", True))}
+    arch = _MODEL_TYPES.get(c.get("model_type"), c.get("model_type"))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
-            f"{cfg_path}: model_type {arch!r} is not supported; expected one of {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"{cfg_path}: model_type {c.get('model_type')!r} is not supported; expected one of "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (gemma3_text for Gemma 3)"
         )
     try:
         n_heads = int(c["num_attention_heads"])
         hidden = int(c["hidden_size"])
+        n_layers = int(c["num_hidden_layers"])
         eos = c.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return ModelConfig(
@@ -37,21 +113,41 @@ def config_from_hf(directory: Path) -> ModelConfig:
             vocab_size=int(c["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(c["intermediate_size"]),
-            n_layers=int(c["num_hidden_layers"]),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
             head_dim=int(c.get("head_dim") or hidden // n_heads),
             max_position_len=int(c.get("max_position_embeddings", 2048)),
-            rope_theta=float(c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rope_theta=_rope_theta(c, "full_attention"),
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-5)),
             qkv_bias=arch == "qwen2" or bool(c.get("attention_bias", False)),
             tie_embeddings=bool(c.get("tie_word_embeddings", False)),
             bos_token_id=c.get("bos_token_id"),
             eos_token_ids=eos_ids,
             name=c.get("_name_or_path") or directory.name,
+            **_family_fields(arch, c, hidden, cfg_path),
         )
     except KeyError as e:
         raise ModelLoadError(f"{cfg_path}: required key {e.args[0]!r} is missing") from e
+
+
+# A multimodal Gemma 3 checkpoint's text model, under either transformers layout -> the causal LM's names
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+
+
+def _text_model_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The causal LM's tensors of a checkpoint: a multimodal one's text model renamed (its vision tower left out)."""
+    if not any(k.startswith(("model.language_model.", "language_model.")) for k in sd):
+        return sd
+    out = {}
+    for k, t in sd.items():
+        for prefix, to in _TEXT_PREFIXES:
+            if k.startswith(prefix):
+                out[to + k[len(prefix):]] = t
+        if k == "lm_head.weight":
+            out[k] = t
+    return out
 
 
 def load_hf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
@@ -66,4 +162,4 @@ def load_hf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
             sd.update(load_file(str(f)))
         except Exception as e:
             raise ModelLoadError(f"{f}: cannot read safetensors ({e})", hint="the file may be truncated") from e
-    return sd
+    return _text_model_names(sd)

@@ -27,7 +27,7 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import INT8_MAX, MIN_SCALE
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
-from edgekit.model.kv_cache import StaticKVCache, new_split_arrivals
+from edgekit.model.kv_cache import StaticKVCache, layer_shapes, new_split_arrivals, ring_prefix
 
 
 def scales_from_absmax(absmax: torch.Tensor) -> torch.Tensor:
@@ -85,23 +85,24 @@ class Int8KVCache(StaticKVCache):
     def __init__(self, config: ModelConfig, batch: int, max_seq_len: int, dtype: torch.dtype, device="cpu", *, scales: KVScales):
         # Not calling StaticKVCache.__init__: it would allocate the float buffers this class replaces.
         scales.check(config)
-        shape = (batch, config.n_kv_heads, max_seq_len, config.head_dim)  # (B, Hkv, S, D)
-        self.k = [torch.zeros(shape, dtype=torch.int8, device=device) for _ in range(config.n_layers)]
-        self.v = [torch.zeros(shape, dtype=torch.int8, device=device) for _ in range(config.n_layers)]
+        shapes = layer_shapes(config, batch, max_seq_len)  # (B, Hkv, rows, D) a layer
+        self.k = [torch.zeros(s, dtype=torch.int8, device=device) for s in shapes]
+        self.v = [torch.zeros(s, dtype=torch.int8, device=device) for s in shapes]
         self.k_scale = [s.to(device) for s in scales.k]
         self.v_scale = [s.to(device) for s in scales.v]
         self.batch, self.max_seq_len, self.dtype = batch, max_seq_len, dtype
         self.split_arrivals = new_split_arrivals(config, batch, device)
 
-    def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None) -> None:
+        k, v = ring_prefix(k, v, self.k[layer].shape[2], seq_lens)
         T = k.shape[2]
         self.k[layer][:, :, :T] = quantize_kv(k, self.k_scale[layer])
         self.v[layer][:, :, :T] = quantize_kv(v, self.v_scale[layer])
 
-    def write_token(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
-        rows = torch.arange(self.batch, device=positions.device)
-        self.k[layer][rows, :, positions] = quantize_kv(k, self.k_scale[layer])[:, :, 0]
-        self.v[layer][rows, :, positions] = quantize_kv(v, self.v_scale[layer])[:, :, 0]
+    def write_token(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> None:
+        batch = torch.arange(self.batch, device=rows.device)
+        self.k[layer][batch, :, rows] = quantize_kv(k, self.k_scale[layer])[:, :, 0]
+        self.v[layer][batch, :, rows] = quantize_kv(v, self.v_scale[layer])[:, :, 0]
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return (

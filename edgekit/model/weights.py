@@ -1,7 +1,10 @@
 """Assemble decoder weights from a Hugging Face-named state dict, or make random ones for a preset.
 
 Q, K and V are packed into one ``wqkv`` projection and gate/up into one
-``w_gate_up`` so that each becomes a single operator call. Projections a GGUF
+``w_gate_up`` so that each becomes a single operator call. The block's norms
+are named by the family's layout (``hf_norm_names``): Gemma's
+``post_attention_layernorm`` is the attention output's norm, Llama's the MLP's
+input norm. Projections a GGUF
 file stores in 4 bits arrive as ``Int4Tensor`` (with ``load_gguf(keep_int4=True)``)
 and stay W4A16 records when every part of a fused projection is 4-bit.
 """
@@ -62,8 +65,33 @@ def _projection(sd, parts: list[tuple[str, tuple[int, int]]], source: str, bias:
     return LinearWeights("linear", torch.cat([t.dequantized() if isinstance(t, Int4Tensor) else t for t in ts]), bias)
 
 
-def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor], source: str) -> ModelWeights:
+def hf_norm_names(cfg: ModelConfig) -> dict[str, str]:
+    """BlockWeights norm field -> its Hugging Face tensor name under ``model.layers.{i}.``."""
+    names = {"attn_norm": "input_layernorm.weight"}
+    if cfg.post_norms:  # Gemma: a norm after each branch, and the MLP's input norm is pre_feedforward_layernorm
+        names.update(post_attn_norm="post_attention_layernorm.weight", ffn_norm="pre_feedforward_layernorm.weight",
+                     post_ffn_norm="post_feedforward_layernorm.weight")
+    else:
+        names["ffn_norm"] = "post_attention_layernorm.weight"
+    if cfg.qk_norm:
+        names.update(q_norm="self_attn.q_norm.weight", k_norm="self_attn.k_norm.weight")
+    return names
+
+
+def norm_shapes(cfg: ModelConfig) -> dict[str, tuple[int]]:
+    """The BlockWeights norm fields a block of ``cfg`` has, and their shapes: (D,) for QK-norms, else (C,)."""
+    return {f: (cfg.head_dim if f in ("q_norm", "k_norm") else cfg.hidden_size,) for f in hf_norm_names(cfg)}
+
+
+def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor], source: str,
+                               norm_offset: float = 0.0) -> ModelWeights:
+    """``norm_offset``: added to every norm weight in FP32 (Gemma's checkpoints store w of an RMSNorm by 1 + w)."""
     C, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+
+    def norm(name: str, shape: tuple[int]) -> torch.Tensor:
+        return _take(sd, name, shape, source) + norm_offset
+
+    norm_names, shapes = hf_norm_names(cfg), norm_shapes(cfg)
     blocks = []
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
@@ -77,15 +105,14 @@ def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor],
         qkv = [(p + "self_attn.q_proj.weight", (cfg.q_size, C)), (p + "self_attn.k_proj.weight", (cfg.kv_size, C)),
                (p + "self_attn.v_proj.weight", (cfg.kv_size, C))]
         blocks.append(BlockWeights(
-            attn_norm=_take(sd, p + "input_layernorm.weight", (C,), source),
+            **{f: norm(p + name, shapes[f]) for f, name in norm_names.items()},
             wqkv=_projection(sd, qkv, source, bias),
             wo=_projection(sd, [(p + "self_attn.o_proj.weight", (C, cfg.q_size))], source),
-            ffn_norm=_take(sd, p + "post_attention_layernorm.weight", (C,), source),
             w_gate_up=_projection(sd, [(p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C))], source),
             w_down=_projection(sd, [(p + "mlp.down_proj.weight", (C, F))], source),
         ))
     emb, head = _head_and_embedding(sd, cfg, source)
-    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=_take(sd, "model.norm.weight", (C,), source), lm_head=head)
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=norm("model.norm.weight", (C,)), lm_head=head)
 
 
 def random_weights(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu") -> ModelWeights:
@@ -102,10 +129,9 @@ def random_weights(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.f
     qkv_out = cfg.q_size + 2 * cfg.kv_size
     blocks = [
         BlockWeights(
-            attn_norm=ones(C),
+            **{f: ones(*shape) for f, shape in norm_shapes(cfg).items()},
             wqkv=LinearWeights("linear", rnd(qkv_out, C), rnd(qkv_out) if cfg.qkv_bias else None),
             wo=LinearWeights("linear", rnd(C, cfg.q_size)),
-            ffn_norm=ones(C),
             w_gate_up=LinearWeights("linear", rnd(2 * F, C)),
             w_down=LinearWeights("linear", rnd(C, F)),
         )
@@ -133,8 +159,9 @@ def empty_weights(cfg: ModelConfig, schemes, grouping=None, device="meta", dtype
     def vec(n: int) -> torch.Tensor:
         return torch.empty(n, dtype=dtype, device=device)
 
-    blocks = [BlockWeights(attn_norm=vec(C), wqkv=rec(f"blocks.{i}.wqkv", "wqkv"), wo=rec(f"blocks.{i}.wo", "wo"),
-                           ffn_norm=vec(C), w_gate_up=rec(f"blocks.{i}.w_gate_up", "w_gate_up"),
+    blocks = [BlockWeights(**{f: vec(*shape) for f, shape in norm_shapes(cfg).items()},
+                           wqkv=rec(f"blocks.{i}.wqkv", "wqkv"), wo=rec(f"blocks.{i}.wo", "wo"),
+                           w_gate_up=rec(f"blocks.{i}.w_gate_up", "w_gate_up"),
                            w_down=rec(f"blocks.{i}.w_down", "w_down"))
               for i in range(cfg.n_layers)]
     head = empty_linear(schemes.lm_head, cfg.vocab_size, C, False, grouping, device, dtype)

@@ -3,6 +3,7 @@
 Written by the build and by ``edgekit quantize``, read by the device runtime
 (which never imports the quantizer). ``model.safetensors`` holds, by name:
     tok_embeddings, norm, blocks.{i}.attn_norm, blocks.{i}.ffn_norm   FP (storage dtype, FP16 by default)
+    blocks.{i}.q_norm, k_norm (D,), post_attn_norm, post_ffn_norm     FP, when the config's family has them
     {layer}.qweight int8 (N, K), {layer}.scale fp32 (N,)             an INT8 layer
     {layer}.smooth fp32 (K,)                                         W8A8 with SmoothQuant
     {layer}.qweight uint8 (N, K/2), {layer}.scale fp16|fp32 (N, K/G)  a W4A16 layer (kernels/int4_layout.py:
@@ -51,6 +52,7 @@ from edgekit.model.decoder import BlockWeights, Decoder, ModelWeights
 from edgekit.model.embedding import QuantizedEmbedding
 from edgekit.model.kv_int8 import KVScales, make_decoder
 from edgekit.model.layers import HEAD, dtype_name, layer_names, named_linears
+from edgekit.model.weights import norm_shapes
 
 FORMAT = "edgekit-quant"
 FORMAT_VERSION = 1
@@ -93,8 +95,8 @@ def serialize(config: ModelConfig, weights: ModelWeights, kv_scales: KVScales | 
     if not emb_in_head:
         tensors["tok_embeddings"] = fp(weights.tok_embeddings)
     for i, b in enumerate(weights.blocks):
-        tensors[f"blocks.{i}.attn_norm"] = fp(b.attn_norm)
-        tensors[f"blocks.{i}.ffn_norm"] = fp(b.ffn_norm)
+        for name, t in b.norms().items():
+            tensors[f"blocks.{i}.{name}"] = fp(t)
     layers = {}
     for name, lw in named_linears(weights).items():
         if lw.op not in _OPS:
@@ -217,10 +219,11 @@ def load_weights_file(directory: Path, dtype: torch.dtype = torch.float32, devic
         smooth = r.get(f"{name}.smooth", (K,), "scale") if m.get("smooth") else None
         return LinearWeights(m["op"], r.get(f"{name}.qweight", (N, K), "int8"), bias, r.get(f"{name}.scale", (N,), "scale"), smooth)
 
+    norms = norm_shapes(cfg)
     blocks = [
         BlockWeights(
-            attn_norm=r.get(f"blocks.{i}.attn_norm", (C,), "fp"), wqkv=layer(f"blocks.{i}.wqkv"), wo=layer(f"blocks.{i}.wo"),
-            ffn_norm=r.get(f"blocks.{i}.ffn_norm", (C,), "fp"), w_gate_up=layer(f"blocks.{i}.w_gate_up"),
+            **{name: r.get(f"blocks.{i}.{name}", shape, "fp") for name, shape in norms.items()},
+            wqkv=layer(f"blocks.{i}.wqkv"), wo=layer(f"blocks.{i}.wo"), w_gate_up=layer(f"blocks.{i}.w_gate_up"),
             w_down=layer(f"blocks.{i}.w_down"),
         )
         for i in range(cfg.n_layers)

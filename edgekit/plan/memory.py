@@ -5,8 +5,9 @@
                  + OS headroom (unified memory only)  + free
 
 Static shapes make every term exact up front: the KV cache is allocated once
-for ``batch x context``, activations are sized for the largest bucket, and
-the workspace for the decode split-K partials. Nothing grows at run time.
+for ``batch x context`` (a sliding-window layer's ring for ``batch x window``:
+``ModelConfig.kv_cache_bytes``), activations are sized for the largest bucket,
+and the workspace for the decode split-K partials. Nothing grows at run time.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ def activation_bytes(cfg: ModelConfig, batch: int, max_bucket: int) -> int:
 
 
 def workspace_bytes(cfg: ModelConfig, batch: int, context: int, decode_slots: int) -> int:
-    """Decode split-K partials and the fp32 RoPE tables.
+    """Decode split-K partials and the fp32 RoPE tables (two with a local RoPE base of its own).
 
     The decode kernel allocates (B, Hq, MAX_SPLITS) slots of an fp32 output row
     plus its log-sum-exp, whatever number of splits a call uses."""
     partials = batch * cfg.n_heads * decode_slots * (cfg.head_dim + 1) * FP32
-    rope = 2 * context * (cfg.head_dim // 2) * FP32
+    tables = 2 if cfg.rope_local_theta is not None and any(cfg.is_local(i) for i in range(cfg.n_layers)) else 1
+    rope = tables * 2 * context * (cfg.head_dim // 2) * FP32
     return partials + rope
 
 

@@ -133,7 +133,7 @@ class PrecisionPlan:
         embed = 0 if cfg.tie_embeddings and self.lm_head != "fp16" else cfg.vocab_size * cfg.hidden_size * 2
         lm = 0 if tied_fp else linear_bytes(cfg.vocab_size, cfg.hidden_size, self.lm_head, bias=False,
                                             int4_group=self.int4_group, int4_group_bytes=self.int4_group_bytes)
-        norms = (2 * cfg.n_layers + 1) * cfg.hidden_size * 2
+        norms = (cfg.n_layers * cfg.norm_size_per_block + cfg.hidden_size) * 2
         return {"embedding": embed, "blocks_linear": blocks, "norms": norms, "lm_head": lm}
 
     def to_dict(self) -> dict:

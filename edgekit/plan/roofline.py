@@ -23,6 +23,9 @@ Prefill (a bucket of T tokens, batch B) does
 ``flops = 2 x B x T x params_in_matmuls + 2 x B x layers x Hq x T^2 x D``
 (causal attention: half of the 4 T^2 D) plus the LM head on the last token,
 and moves the weights, the KV it writes and its activations once per layer.
+A sliding-window layer (window W) reads min(L, W) positions, attends to
+T^2/2 - (T - W)^2/2 query-key pairs of a longer bucket and writes min(T, W)
+rows of its ring: ``layers x L`` above is summed layer by layer.
 Decode is memory-bound for every model and target here; prefill of a
 long bucket is compute-bound.
 """
@@ -54,6 +57,16 @@ def _matmul_params(cfg: ModelConfig, precision: PrecisionPlan) -> tuple[float, f
                 fp16 += o * i
     fp16 += cfg.vocab_size * cfg.hidden_size  # LM head (fp16)
     return fp16, int8
+
+
+def _attended_pairs(cfg: ModelConfig, tokens: int) -> float:
+    """Causal query-key pairs of a prefill of ``tokens``, summed over the layers (T^2 / 2 a full-attention layer,
+    less the pairs a sliding window hides)."""
+    total = 0.0
+    for i in range(cfg.n_layers):
+        w = cfg.window(i)
+        total += tokens * tokens / 2 - ((tokens - w) ** 2 / 2 if 0 < w < tokens else 0)
+    return total
 
 
 def _streamed_weight_bytes(cfg: ModelConfig, precision: PrecisionPlan) -> int:
@@ -116,9 +129,9 @@ def decode_estimate(
 ) -> PassEstimate:
     """One decode step; ``n_kernels`` (edgekit.plan.launches) each add the target's fixed kernel overhead."""
     p16, p8 = _matmul_params(cfg, precision)
-    kv_read = batch * 2 * cfg.n_layers * cfg.n_kv_heads * kv_len * cfg.head_dim * precision.kv_bytes_per_element
+    kv_read = batch * 2 * cfg.kv_positions(kv_len) * cfg.n_kv_heads * cfg.head_dim * precision.kv_bytes_per_element
     bytes_ = _streamed_weight_bytes(cfg, precision) + kv_read
-    attn_flops = 4.0 * batch * cfg.n_layers * cfg.n_heads * kv_len * cfg.head_dim
+    attn_flops = 4.0 * batch * cfg.kv_positions(kv_len) * cfg.n_heads * cfg.head_dim
     t_mem, t_cmp = _times(target, mode, bytes_, 2 * batch * p16 + attn_flops, 2 * batch * p8)
     n = n_kernels
     return PassEstimate(batch, bytes_, 2 * batch * (p16 + p8) + attn_flops, t_mem, t_cmp, n, n * target.roofline.kernel_overhead_us * 1e-6)
@@ -132,9 +145,9 @@ def prefill_estimate(
     bt = batch * bucket
     # Matmuls over every token except the LM head, which runs on the last token of each sequence only.
     lin16, lin8 = 2.0 * bt * (p16 - lm), 2.0 * bt * p8
-    attn = 2.0 * batch * cfg.n_layers * cfg.n_heads * bucket * bucket * cfg.head_dim
+    attn = 4.0 * batch * cfg.n_heads * cfg.head_dim * _attended_pairs(cfg, bucket)
     head = 2.0 * batch * lm
-    kv_write = bt * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * precision.kv_bytes_per_element
+    kv_write = batch * 2 * cfg.kv_positions(bucket) * cfg.n_kv_heads * cfg.head_dim * precision.kv_bytes_per_element
     per_token_act = 2 * cfg.hidden_size + (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size + 3 * cfg.intermediate_size
     act_traffic = 2 * 2 * bt * per_token_act * cfg.n_layers  # fp16, written once and read once per layer
     bytes_ = _streamed_weight_bytes(cfg, precision) + kv_write + act_traffic

@@ -17,8 +17,10 @@ For a kernel that stages tiles in shared memory:
    and read its real shared bytes and ptxas register/spill report; if the
    compiled bytes exceed the budget or its registers do not fit an SM, drop
    it and compile the next, up to ``MAX_COMPILES``. A variant that spills
-   registers is passed over too, but kept as the fallback if no spill-free
-   one turns up.
+   registers is passed over too; if no spill-free one turns up, the kernel's
+   default variant is compiled (the best-ranked tiles may all be register-bound:
+   INT4 GEMM tiles of 128 x 64 x 128 in 4 stages); only if that one spills too
+   (or does not fit) does the best spilling candidate stand.
 
 A kernel that does not tile through shared memory (GEMV, reductions,
 elementwise) takes its default variant, compiled the same way, so every
@@ -185,8 +187,10 @@ def solve_kernel(
     want_splits: int | None = None,
     max_compiles: int = MAX_COMPILES,
     shape: dict | None = None,
+    default=None,
 ) -> TileChoice:
-    """The best candidate whose compiled shared bytes fit ``budget_bytes``; PlanError when none does.
+    """The best candidate whose compiled shared bytes fit ``budget_bytes``; PlanError when none does. ``default``:
+    the kernel's default variant, compiled when every candidate compiled fits but spills.
 
     ``compile_fn(v)`` returns an object with ``shared_bytes``, ``name``, ``triton_version``,
     ``registers`` and ``spills`` (kernels.aot.CompiledKernel) or raises an EdgekitError.
@@ -219,31 +223,50 @@ def solve_kernel(
             reason="; ".join(why), compiled=ck,
         )
 
-    for rank, (v, est) in enumerate(fitting[:max_compiles], 1):
+    def confirmed(v, est: int):
+        """(compiled kernel, spilled bytes) of a candidate that fits the budget and the SM's registers, else None
+        (its rejection recorded)."""
         try:
             ck = compile_fn(v)
         except EdgekitError as e:  # over budget once compiled, or Triton could not compile it
             rejected.append(Rejection(v.label(), est, getattr(e, "compiled_bytes", None), e.message))
-            continue
+            return None
         spill = None if ck.spills is None else int(ck.spills.get("stores", 0)) + int(ck.spills.get("loads", 0))
         threads = v.num_warps * 32
         if ck.shared_bytes > budget_bytes:
             rejected.append(Rejection(v.label(), est, ck.shared_bytes, f"compiled {ck.shared_bytes} B > budget {budget_bytes} B"))
-            continue
+            return None
         if ck.registers is not None and ck.registers * threads > registers_per_sm:
             rejected.append(Rejection(v.label(), est, ck.shared_bytes,
                                       f"{ck.registers} registers x {threads} threads exceed the SM's {registers_per_sm}"))
-            continue
+            return None
         if spill:
             rejected.append(Rejection(v.label(), est, ck.shared_bytes, f"spills {spill} B of registers to local memory"))
+        return ck, spill
+
+    for rank, (v, est) in enumerate(fitting[:max_compiles], 1):
+        got = confirmed(v, est)
+        if got is None:
+            continue
+        ck, spill = got
+        if spill:
             if spilling is None:
                 spilling = (rank, v, est, ck, spill)
             continue
         return choice(rank, v, est, ck, spill)
+    compiled = {v.label() for v, _ in fitting[:max_compiles]}
+    if spilling is not None and default is not None and default.label() not in compiled:
+        ranks = {v.label(): rank for rank, (v, _) in enumerate(fitting, 1)}
+        est = estimate(default)
+        got = confirmed(default, est) if default.label() in ranks else None
+        if got is not None and not got[1]:
+            note = f"the kernel's default variant: the {len(compiled)} best-ranked candidates compiled fit but spill"
+            return choice(ranks[default.label()], default, est, got[0], got[1], note=note)
     if spilling is not None:
         rank, v, est, ck, spill = spilling
         rejected[:] = [r for r in rejected if r.variant != v.label()]
-        return choice(rank, v, est, ck, spill, note=f"spills {spill} B: no spill-free candidate among the {max_compiles} compiled")
+        return choice(rank, v, est, ck, spill,
+                      note=f"spills {spill} B: no spill-free candidate among the {max_compiles} compiled, nor the default")
     tried = "; ".join(f"{r.variant}: {r.reason}" for r in rejected[:3])
     smallest = min(e for _, e in scored)
     raise PlanError(
@@ -395,7 +418,10 @@ def solve_all(
             partner = next((c.variant.constexprs for k, c in chosen.items() if k in SPLIT_KV_KERNELS), None)
             space = [v for v in kv.tile_space(op, dtype=dtype, **shape)
                      if v.kernel == kernel and _agrees_with_split(v.constexprs, partner)]
-            defaults = kv.default_variants(op, dtype=dtype, **shape)
+            # a kernel reading the split kernel's workspace: its default at that split count (the reduce's warps
+            # grow with the partial rows it holds)
+            split = {"max_splits": partner["MAX_SPLITS"]} if partner and "MAX_SPLITS" in partner else {}
+            defaults = kv.default_variants(op, dtype=dtype, **shape, **split)
             if progress:
                 progress(f"{op}/{kernel}: {len(space)} candidates, compiling for {target.arch}")
             if kdef.uses_shared_memory and op in smem_ops and space:
@@ -405,6 +431,7 @@ def solve_all(
                     estimate=kv.estimate_shared_bytes, compile_fn=compile_fn, registers_per_sm=target.gpu.registers_per_sm,
                     programs=grid, programs_target=wanted, default_warps=defaults[kernel].num_warps,
                     want_splits=want_splits if kernel in SPLIT_KV_KERNELS else None, shape=shape,
+                    default=defaults[kernel],
                 )
             else:
                 v = defaults[kernel]

@@ -41,6 +41,13 @@ from edgekit.quant.progress import SILENT, Steps
 
 
 SNR_W4A16_DB = 12.0
+_LOG_FLOAT_MAX = math.log(1.7976931348623157e308)
+
+
+def exp_or_inf(x: float) -> float:
+    """exp(x), or inf where a double cannot hold it: a random-weight model's mean NLL passes 709 nats a token
+    (gemma-3-1b's preset, 262k-token head), and its perplexity is infinite, not a crash."""
+    return math.exp(x) if x <= _LOG_FLOAT_MAX else math.inf
 
 
 @dataclass
@@ -216,11 +223,10 @@ def evaluate(
             first_div.append(int(miss[0]) if miss.numel() else None)
             advance()
     n = ref.n_scored
-    ppl_fp, ppl_q = math.exp(nll_fp / n), math.exp(nll_q / n)
     return {
-        "fp_perplexity": ppl_fp,
-        "quant_perplexity": ppl_q,
-        "perplexity_increase": ppl_q / ppl_fp - 1.0,
+        "fp_perplexity": exp_or_inf(nll_fp / n),
+        "quant_perplexity": exp_or_inf(nll_q / n),
+        "perplexity_increase": exp_or_inf((nll_q - nll_fp) / n) - 1.0,  # quant / fp - 1, finite where both overflow
         "greedy_agreement": agree / total if total else None,
         "greedy_positions": total,
         "first_disagreement": first_div,
@@ -266,4 +272,4 @@ def perplexity(decoder: Decoder, windows: list[torch.Tensor], kv_transform: KVTr
             nll += _nll_sum(_log_probs(lg), w[0].to(lg.device))
             n += w.shape[1] - 1
             advance()
-    return {"perplexity": math.exp(nll / n), "tokens_scored": n}
+    return {"perplexity": exp_or_inf(nll / n), "tokens_scored": n}

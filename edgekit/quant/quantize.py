@@ -179,8 +179,8 @@ def _stored_fp(fp_weights: ModelWeights, dt: torch.dtype) -> ModelWeights:
         tied = fp_weights.lm_head.weight is fp_weights.tok_embeddings
         head = LinearWeights("linear", emb, round_through(fp_weights.lm_head.bias, dt)) if tied else lin(fp_weights.lm_head)
     blocks = [
-        type(b)(attn_norm=round_through(b.attn_norm, dt), wqkv=lin(b.wqkv), wo=lin(b.wo),
-                ffn_norm=round_through(b.ffn_norm, dt), w_gate_up=lin(b.w_gate_up), w_down=lin(b.w_down))
+        replace(b, **{k: round_through(t, dt) for k, t in b.norms().items()},
+                **{k: lin(lw) for k, lw in b.linears().items()})
         for b in fp_weights.blocks
     ]
     return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=round_through(fp_weights.norm, dt), lm_head=head)

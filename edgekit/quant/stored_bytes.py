@@ -38,8 +38,7 @@ def linear_bytes(lw: LinearWeights, dt: torch.dtype) -> int:
 
 
 def _norm_bytes(weights: ModelWeights, dt: torch.dtype) -> int:
-    return tensor_bytes(weights.norm, dt) + sum(tensor_bytes(b.attn_norm, dt) + tensor_bytes(b.ffn_norm, dt)
-                                                for b in weights.blocks)
+    return tensor_bytes(weights.norm, dt) + sum(tensor_bytes(t, dt) for b in weights.blocks for t in b.norms().values())
 
 
 def model_bytes(weights: ModelWeights, dt: torch.dtype) -> int:

@@ -8,11 +8,19 @@ already answering, so no stream pauses for longer than one chunk.
 A chunk is the model's own prefill graph (the one declared forward, docs/architecture.md)
 walked over tokens [start, start + C) of one row, with three things of the step
 changed: the RoPE rows start at ``start``, the keys and values land in the row
-at those positions, and attention reads the row's cache up to the chunk's last
-position (causal, as the prefill). That attention is the torch math
+at those positions, and attention reads the row's earlier positions (those its
+queries may see) before the chunk's own (causal, as the prefill; within the
+window for a sliding-window layer). That attention is the torch math
 (``attend_chunk``), not the ``attention_prefill`` operator, whose kernels attend
 within one padded bucket; every other node runs through the decoder's dispatch
 table, plugins included.
+
+A sliding-window layer (Gemma 3's local layers) keeps a ring of R = min(window,
+max_seq_len) rows, position p in row p % R. A chunk reads the R - 1 positions
+before it from the ring (the most a query of the chunk may see besides its own
+chunk's) before its own positions overwrite the oldest rows, and writes its last
+R positions at their rows; a full-attention layer is the same rule with R rows
+for every position (nothing wraps).
 """
 
 from __future__ import annotations
@@ -28,28 +36,69 @@ from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
 
 
-def _row_window(cache: StaticKVCache, slot: int, start: int, stop: int | None) -> StaticKVCache:
-    """Row ``slot`` of ``cache`` from position ``start`` to ``stop`` as a batch-1 cache sharing its memory: its
-    ``write_prefix`` writes at ``start``, its ``layer`` reads [start, stop). A quantized cache keeps its scales."""
+def _row_rows(cache: StaticKVCache, slot: int, layer: int, first: int, stop: int) -> StaticKVCache:
+    """Rows [first, stop) of row ``slot``'s ``layer`` as a batch-1 cache sharing the memory (every other layer
+    empty): its ``write_prefix`` writes at ``first``, its ``layer`` reads those rows (a quantized cache keeps its
+    scales and dequantizes them)."""
     view = object.__new__(type(cache))
     view.__dict__.update(cache.__dict__)
-    view.k = [t[slot : slot + 1, :, start:stop] for t in cache.k]
-    view.v = [t[slot : slot + 1, :, start:stop] for t in cache.v]
+    view.k = [t[slot : slot + 1, :, first:stop] if i == layer else t[:0] for i, t in enumerate(cache.k)]
+    view.v = [t[slot : slot + 1, :, first:stop] if i == layer else t[:0] for i, t in enumerate(cache.v)]
     view.batch = 1
     return view
 
 
-def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float) -> torch.Tensor:
-    """Queries of positions [start, start + C) over keys [0, S) of one row, causal: q (1, Hq, C, D), k and v
-    (1, Hkv, S, D) with S = start + C. Returns (1, Hq, C, D). Query heads are grouped by the KV head they read,
-    so K and V are never copied per query head."""
+class ChunkRow:
+    """Row ``slot`` of ``cache`` as one chunk of positions [start, start + C) writes and reads it."""
+
+    def __init__(self, cache: StaticKVCache, slot: int, start: int):
+        self.cache, self.slot, self.start = cache, slot, start
+        self.batch, self.max_seq_len = 1, cache.max_seq_len
+
+    def _rows(self, layer: int) -> int:
+        return self.cache.k[layer].shape[2]
+
+    def history(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) (1, Hkv, P, D) of the positions before the chunk its queries may see, oldest first, as decode
+        reads them: [start - R + 1, start) of a ring of R rows, [0, start) of a full-attention layer."""
+        R = self._rows(layer)
+        first = max(0, self.start - R + 1)
+        if self.start <= R:  # not wrapped: position p in row p
+            return _row_rows(self.cache, self.slot, layer, first, self.start).layer(layer)
+        k, v = _row_rows(self.cache, self.slot, layer, 0, R).layer(layer)  # (1, Hkv, R, D)
+        rows = torch.remainder(torch.arange(first, self.start, device=k.device), R)
+        return k.index_select(2, rows), v.index_select(2, rows)
+
+    def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None) -> None:
+        """The chunk's keys and values (1, Hkv, C, D), every position real: its last R positions, position p at row
+        p % R (at most two runs of rows: up to the ring's end, then from its start)."""
+        R, C = self._rows(layer), k.shape[2]
+        keep = min(C, R)
+        p = self.start + C - keep  # the first position kept
+        while keep:
+            row = p % R
+            n = min(keep, R - row)
+            at = p - self.start  # position p's index in the chunk
+            _row_rows(self.cache, self.slot, layer, row, row + n).write_prefix(layer, k[:, :, at : at + n],
+                                                                                v[:, :, at : at + n])
+            p, keep = p + n, keep - n
+
+
+def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
+                 window: int = 0) -> torch.Tensor:
+    """Queries of positions [start, start + C) of one row over the S keys of positions [start + C - S, start + C),
+    causal, and within ``window`` positions if > 0: q (1, Hq, C, D), k and v (1, Hkv, S, D). Returns (1, Hq, C, D).
+    Query heads are grouped by the KV head they read, so K and V are never copied per query head."""
     _, Hq, C, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     acc = accumulate_dtype(q.dtype)
     qg = q.to(acc).reshape(1, Hkv, (Hq // Hkv) * C, D)  # (1, Hkv, G*C, D): head h reads KV head h // G
     scores = (qg @ k.to(acc).transpose(-1, -2)) * scale  # (1, Hkv, G*C, S)
     q_pos = start + torch.arange(C, device=q.device).repeat(Hq // Hkv)  # (G*C,)
-    allowed = torch.arange(S, device=q.device)[None, :] <= q_pos[:, None]  # (G*C, S)
+    k_pos = start + C - S + torch.arange(S, device=q.device)  # (S,)
+    allowed = k_pos[None, :] <= q_pos[:, None]  # (G*C, S)
+    if window:
+        allowed &= q_pos[:, None] - k_pos[None, :] < window
     probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     return (probs @ v.to(acc)).reshape(1, Hq, C, D).to(q.dtype)
 
@@ -62,7 +111,7 @@ class _ChunkOps:
 
     def get(self, name: str):
         if name == "attention_prefill":
-            return lambda q, k, v, seq_lens, scale: attend_chunk(q, k, v, self._start, scale)
+            return lambda q, k, v, seq_lens, scale, window=0: attend_chunk(q, k, v, self._start, scale, window)
         return self._ops.get(name)
 
 
@@ -72,11 +121,10 @@ def prefill_chunk(decoder: Decoder, cache: StaticKVCache, slot: int, tokens: tor
     Their keys and values land in the row; returns the logits of the chunk's last token (1, V)."""
     C = tokens.shape[1]
     graph = decoder.graph(PREFILL)
-    seen = _row_window(cache, slot, 0, start + C)  # read as decode reads it (dequantized if INT8)
+    row = ChunkRow(cache, slot, start)
     ctx = dataclasses.replace(
-        decoder.context(PREFILL, _row_window(cache, slot, start, None), tokens=tokens,
-                        seq_lens=torch.tensor([C], dtype=torch.int32, device=tokens.device)),
+        decoder.context(PREFILL, row, tokens=tokens, seq_lens=torch.tensor([C], dtype=torch.int32, device=tokens.device)),
         ops=_ChunkOps(decoder.ops, start),
         tables=lambda name: tuple(t[start:] for t in decoder.rope_tables(name)),
-        kv_history=lambda layer: seen.layer(layer))
+        kv_history=row.history)
     return run_graph(graph, ctx)[graph.outputs["logits"]]  # (1, V)

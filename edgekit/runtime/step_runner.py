@@ -32,7 +32,7 @@ import torch
 
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
-from edgekit.model.kv_cache import StaticKVCache
+from edgekit.model.kv_cache import StaticKVCache, ring_prefix
 from edgekit.runtime.chunked_prefill import prefill_chunk
 from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, DecodePath, select_decode_path
 from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
@@ -60,7 +60,8 @@ class RowPrefillCache:
         self.cache, self.slot = cache, slot  # slot: (B,) long on the cache's device (B = 1 in a graph)
         self.batch, self.max_seq_len = slot.shape[0], cache.max_seq_len
 
-    def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_prefix(self, layer: int, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None = None) -> None:
+        k, v = ring_prefix(k, v, self.cache.k[layer].shape[2], seq_lens)  # a sliding-window layer keeps its window
         T = k.shape[2]
         self.cache.k[layer][self.slot, :, :T] = k  # (B, Hkv, T, D) into rows `slot`
         self.cache.v[layer][self.slot, :, :T] = v

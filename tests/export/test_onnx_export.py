@@ -228,10 +228,11 @@ def test_tensorrt_copy_has_no_functions_and_plugin_attributes(tiny, tmp_path):
     onnx.checker.check_model(trt, full_check=True)
     custom = [n for n in trt.graph.node if n.domain == DOMAIN]
     assert [n.op_type for n in custom] == [n.op_type for n in main.graph.node if n.domain == DOMAIN]
+    abi = {op.op_type: str(op.spec.abi_version).encode() for op in CUSTOM_OPS.values()}
     for node in custom:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["plugin_namespace"] == PLUGIN_NAMESPACE.encode()
-        assert attrs["plugin_version"] == b"1"
+        assert attrs["plugin_version"] == abi[node.op_type]  # the operator's ABI version (attention_prefill: 2)
         assert node.overload == ""
     # Without bodies nothing here can run it, and the refusal says so.
     with pytest.raises(ExportError, match="onnxruntime could not load"):

@@ -165,7 +165,9 @@ def test_attention_prefill(T, kv, group, D, dtype, data):
     B, Hq = 2, kv * group
     q, k, v = randn(g, B, Hq, T, D, dtype=dtype), randn(g, B, kv, T, D, dtype=dtype), randn(g, B, kv, T, D, dtype=dtype)
     lens = torch.tensor([data.draw(st.integers(1, T)) for _ in range(B)])
-    (o,) = run_op("attention_prefill", {"q": q, "k": k, "v": v, "seq_lens": lens}, scale=default_scale(D))
-    want = OPERATORS["attention_prefill"].reference(q, k, v, lens)
+    window = data.draw(st.integers(0, T))  # 0: full causal attention; else a sliding window (padding rows may see none)
+    (o,) = run_op("attention_prefill", {"q": q, "k": k, "v": v, "seq_lens": lens}, scale=default_scale(D),
+                  window=window)
+    want = OPERATORS["attention_prefill"].reference(q, k, v, lens, None, window)
     # Rows at or beyond seq_lens are padding (never read), but the rule defines them too: compare all rows.
     assert_matches("attention_prefill", o, want)

@@ -103,3 +103,22 @@ def test_a_record_field_its_operator_does_not_take_is_refused_not_dropped(tiny):
     smooth = torch.ones(q.in_features)  # a SmoothQuant divisor: only linear_w8a8 applies one
     with pytest.raises(OperatorError, match="blocks.0.wo: the linear_w8a16 weights carry a smooth"):
         build_prefill_model(tiny.config, _with_wo(tiny, replace(q, smooth=smooth)), BUCKET)
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-gemma3"])
+def test_qwen3_and_gemma3_export_as_their_graphs_and_match_the_decoder(tmp_path, preset):
+    """QKNormRope, GeGLU and the windowed AttentionPrefill from the same graph walk; Gemma's bucket of 16 spans its
+    window of 4 (and a padded row past its window), and its logits still match."""
+    m = load_model(f"preset:{preset}", seed=3)
+    g = torch.Generator().manual_seed(9)
+    for b in m.weights.blocks:  # perturb the norms the random preset sets to 1, so each one shows
+        for t in b.norms().values():
+            t.add_(torch.randn(t.shape, generator=g) * 0.3)
+    r = export_onnx(m.config, m.weights, BUCKET, tmp_path / "m.onnx", batch=2)
+    assert r.op_counts["QKNormRope"] == m.config.n_layers and ("GeGLU" in r.op_counts) == (preset == "tiny-gemma3")
+    attention = [n for n in onnx.load(r.path).graph.node if n.op_type == "AttentionPrefill"]
+    windows = [onnx.helper.get_attribute_value(a) for n in attention for a in n.attribute if a.name == "window"]
+    assert windows == [m.config.window(i) for i in range(m.config.n_layers)]
+    tokens = torch.randint(3, m.config.vocab_size, (2, BUCKET), generator=g)
+    p = check_parity(m.config, m.weights, r.path, tokens, torch.tensor([16, 5]))
+    assert p.ok and p.argmax_equal, p

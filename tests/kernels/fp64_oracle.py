@@ -81,7 +81,7 @@ def _softmax_rows(scores):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention_prefill(q, k, v, seq_lens, scale=None):
+def attention_prefill(q, k, v, seq_lens, scale=None, window=0):
     q, k, v = f64(q), f64(k), f64(v)
     B, Hq, T, D = q.shape
     G = Hq // k.shape[1]
@@ -90,10 +90,14 @@ def attention_prefill(q, k, v, seq_lens, scale=None):
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     for b in range(B):
         hidden = (j > i) | (j >= int(seq_lens[b]))  # (T, T): future keys and padding keys
+        if window:
+            hidden |= i - j >= window  # keys before the query's sliding window
         for h in range(Hq):
             s = q[b, h] @ k[b, h // G].T * scale  # (T, T)
             s[hidden] = -np.inf
-            out[b, h] = _softmax_rows(s) @ v[b, h // G]
+            for t in range(T):  # a row that sees no key (padding past its window) is zero by the rule
+                if not np.isinf(s[t]).all():
+                    out[b, h, t] = _softmax_rows(s[t:t + 1]) @ v[b, h // G]
     return out
 
 

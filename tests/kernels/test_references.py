@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgekit.kernels import attention, linear, rmsnorm, rope, swiglu
+from edgekit.kernels import attention, geglu, linear, qk_norm_rope, rmsnorm, rope, swiglu
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fp64_oracle as oracle  # noqa: E402
@@ -168,3 +168,68 @@ def test_attention_prefill_padding_rows_follow_the_rule(dt):
     k2[:, :, 3:] = 100.0  # padding keys: must not matter
     v2[:, :, 3:] = -100.0
     torch.testing.assert_close(attention.attention_prefill_reference(q, k2, v2, seq_lens), out)
+
+
+@settings(max_examples=10, deadline=None)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), ratio=gqa, d=head_dims, t=st.integers(1, 21), dt=dtype_names,
+       data=st.data())
+def test_attention_prefill_with_a_sliding_window_matches_the_oracle(b, hkv, ratio, d, t, dt, data):
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    dtype = DTYPES[dt]
+    q, k, v = (_rand(g, (b, h, t, d), dtype) for h in (hkv * ratio, hkv, hkv))
+    seq_lens = torch.tensor([data.draw(st.integers(1, t)) for _ in range(b)])
+    window = data.draw(st.integers(1, t))
+    _assert_close(attention.attention_prefill_reference(q, k, v, seq_lens, None, window),
+                  oracle.attention_prefill(q, k, v, seq_lens, None, window), attention.PREFILL_SPEC, dt)
+
+
+def test_a_sliding_window_hides_older_keys_and_a_row_that_sees_none_is_zero():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (_rand(g, (1, 2, 8, 16), torch.float32) for _ in range(3))
+    seq_lens = torch.tensor([3])
+    out = attention.attention_prefill_reference(q, k, v, seq_lens, None, 2)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 0], v2[:, :, 0] = 50.0, -50.0  # key 0 is outside the window of queries 2..: must not matter there
+    moved = attention.attention_prefill_reference(q, k2, v2, seq_lens, None, 2)
+    torch.testing.assert_close(moved[:, :, 2:], out[:, :, 2:])
+    assert not torch.equal(attention.attention_prefill_reference(q, k2, v2, seq_lens)[:, :, 2], out[:, :, 2])
+    # rows 4..7 (padding, past their window of 2) see no key: zeros
+    assert torch.isfinite(out).all() and torch.equal(out[:, :, 4:], torch.zeros_like(out[:, :, 4:]))
+
+
+@SETTINGS
+@given(b=st.integers(1, 2), t=st.integers(1, 9), hkv=st.integers(1, 2), ratio=gqa, d=head_dims, dt=dtype_names,
+       seed=st.integers(0, 2**16))
+def test_qk_norm_rope_reference_matches_the_oracle(b, t, hkv, ratio, d, dt, seed):
+    g = torch.Generator().manual_seed(seed)
+    dtype = DTYPES[dt]
+    hq = hkv * ratio
+    table = torch.float64 if dtype == torch.float64 else torch.float32
+    cos, sin = rope.rope_frequencies(d, t + 3, 1e6, table)
+    pos = torch.randint(0, t + 3, (b, t), generator=g)
+    cos, sin = cos[pos], sin[pos]  # (B, T, D/2)
+    qkv = _rand(g, (b, t, (hq + 2 * hkv) * d), dtype, 3.0)
+    qn, kn = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype), (1 + 0.3 * torch.randn(d, generator=g)).to(dtype)
+    got = qk_norm_rope.qk_norm_rope_reference(qkv, qn, kn, cos, sin, hq, hkv, 1e-6)
+    for x, want in zip(got, oracle.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hkv, 1e-6)):
+        _assert_close(x, want, qk_norm_rope.SPEC, dt)
+
+
+def test_qk_norm_rope_normalizes_each_head_on_its_own():
+    # Scaling one K head's input by 1000 leaves every output unchanged (RMSNorm is scale-free per head); V passes
+    qkv = _rand(torch.Generator().manual_seed(5), (1, 3, (2 + 2 * 1) * 16), torch.float64)
+    cos, sin = rope.rope_frequencies(16, 3, 10000.0, torch.float64)
+    args = (torch.ones(16, dtype=torch.float64), torch.ones(16, dtype=torch.float64), cos[None], sin[None], 2, 1, 0.0)
+    scaled = qkv.clone()
+    scaled[..., 2 * 16:3 * 16] *= 1000.0  # the K head
+    a, b = qk_norm_rope.qk_norm_rope_reference(qkv, *args), qk_norm_rope.qk_norm_rope_reference(scaled, *args)
+    torch.testing.assert_close(a[1], b[1])
+    torch.testing.assert_close(a[0], b[0])
+    torch.testing.assert_close(a[2], qkv.view(1, 3, 4, 16)[:, :, 3:].transpose(1, 2))
+
+
+@SETTINGS
+@given(rows=st.integers(1, 5), f=st.integers(1, 70), dt=dtype_names, seed=st.integers(0, 2**16))
+def test_geglu_reference_matches_the_oracle(rows, f, dt, seed):
+    gu = _rand(torch.Generator().manual_seed(seed), (rows, 2 * f), DTYPES[dt], 3.0)
+    _assert_close(geglu.geglu_reference(gu), oracle.geglu(gu), geglu.SPEC, dt)

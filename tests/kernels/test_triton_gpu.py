@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgekit.errors import OperatorError
-from edgekit.kernels import attention, linear, rmsnorm, rope, swiglu
+from edgekit.kernels import attention, geglu, linear, qk_norm_rope, rmsnorm, rope, swiglu
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fp64_oracle as oracle  # noqa: E402
@@ -116,6 +116,39 @@ def test_attention_prefill(ops, b, hkv, ratio, d, t, dt, data):
     seq_lens = torch.tensor([data.draw(st.integers(1, t)) for _ in range(b)], device="cuda")
     _close(attention.PREFILL_SPEC, dt, ops["attention_prefill"](q, k, v, seq_lens, None),
            oracle.attention_prefill(q, k, v, seq_lens.cpu()))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), ratio=st.sampled_from([1, 4, 8]), d=st.sampled_from([128, 256]),
+       t=st.integers(1, 1100), dt=dts, data=st.data())
+def test_attention_prefill_with_a_sliding_window(ops, b, hkv, ratio, d, t, dt, data):
+    g = _gen(data.draw(st.integers(0, 9999)))
+    q, k, v = (_rand(g, (b, h, t, d), dt) for h in (hkv * ratio, hkv, hkv))
+    seq_lens = torch.tensor([data.draw(st.integers(1, t)) for _ in range(b)], device="cuda")
+    window = data.draw(st.sampled_from([1, 17, 512, max(1, t // 3)]))  # 512: Gemma 3's
+    _close(attention.PREFILL_SPEC, dt, ops["attention_prefill"](q, k, v, seq_lens, None, window),
+           oracle.attention_prefill(q, k, v, seq_lens.cpu(), None, window))
+
+
+@SETTINGS
+@given(b=st.integers(1, 2), t=st.integers(1, 40), hkv=st.integers(1, 8), ratio=st.sampled_from([1, 2, 4]),
+       d=st.sampled_from([128, 256]), dt=dts, seed=st.integers(0, 9999))
+def test_qk_norm_rope(ops, b, t, hkv, ratio, d, dt, seed):
+    g = _gen(seed)
+    hq = hkv * ratio
+    qkv = _rand(g, (b, t, (hq + 2 * hkv) * d), dt, 3.0)
+    qn, kn = (1 + 0.3 * _rand(g, (d,), "float32")).to(DT[dt]), (1 + 0.3 * _rand(g, (d,), "float32")).to(DT[dt])
+    cos, sin = rope.rope_frequencies(d, t, 1e6)
+    cos, sin = cos[None].expand(b, t, -1).cuda(), sin[None].expand(b, t, -1).cuda()
+    _close(qk_norm_rope.SPEC, dt, ops["qk_norm_rope"](qkv, qn, kn, cos, sin, hq, hkv, 1e-6),
+           oracle.qk_norm_rope(qkv, qn, kn, cos, sin, hq, hkv, 1e-6))
+
+
+@SETTINGS
+@given(rows=st.integers(1, 70), f=st.integers(1, 7000), dt=dts, seed=st.integers(0, 9999))
+def test_geglu(ops, rows, f, dt, seed):
+    gu = _rand(_gen(seed), (rows, 2 * f), dt, 3.0)
+    _close(geglu.SPEC, dt, ops["geglu"](gu), oracle.geglu(gu))
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

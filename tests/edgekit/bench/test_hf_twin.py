@@ -22,9 +22,9 @@ TINY_LLAMA = dataclasses.replace(TINY, architecture="llama", qkv_bias=False, tie
 def _weights(cfg, seed):
     w = random_weights(cfg, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
-    for b in w.blocks:  # random_weights sets norms to 1: perturb them so a swapped norm would show
-        b.attn_norm.add_(torch.randn(b.attn_norm.shape, generator=g) * 0.2)
-        b.ffn_norm.add_(torch.randn(b.ffn_norm.shape, generator=g) * 0.2)
+    for b in w.blocks:  # random_weights sets norms to 1: perturb them (QK- and post-norms too) so a swap would show
+        for t in b.norms().values():
+            t.add_(torch.randn(t.shape, generator=g) * 0.2)
     w.norm.add_(torch.randn(w.norm.shape, generator=g) * 0.2)
     return w
 
@@ -40,7 +40,8 @@ def _edgekit_logits_per_position(cfg, w, ids: torch.Tensor) -> torch.Tensor:
     return torch.stack(out)  # (T, V)
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY_LLAMA], ids=["qwen2-bias-untied", "llama-tied"])
+@pytest.mark.parametrize("cfg", [TINY, TINY_LLAMA, PRESETS["tiny-qwen3"], PRESETS["tiny-gemma3"]],
+                         ids=["qwen2-bias-untied", "llama-tied", "qwen3", "gemma3-sliding-window"])
 @pytest.mark.parametrize("precision", ["fp16", "int8-head"])
 def test_twin_gives_the_same_logits_at_every_position(cfg, precision):
     w = quantized(_weights(cfg, seed=3), precision)  # "fp16" leaves the FP32 test weights as they are

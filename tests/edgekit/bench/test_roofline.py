@@ -54,6 +54,12 @@ def test_kv_bytes_and_mean_attended_length():
     assert mean_attended_len(128, 64) == pytest.approx(sum(steps) / len(steps))
 
 
+def test_a_sliding_window_layer_reads_at_most_its_window():
+    cfg = PRESETS["gemma-3-1b"]  # 22 layers on a window of 512, 4 global; 1 KV head x 256 dims x K, V x 2 bytes
+    assert kv_bytes_per_token(cfg, 2048, 2.0) == 1024 * (22 * 512 + 4 * 2048 + 26)
+    assert kv_bytes_per_token(cfg, 100, 2.0) == 1024 * (26 * 100 + 26)
+
+
 def test_roofline_ceiling_and_fraction():
     assert roofline_tokens_per_s(2_000_000_000, 4.0e12) == pytest.approx(2000.0)
     assert roofline_fraction(1500.0, 2_000_000_000, 4.0e12) == pytest.approx(0.75)

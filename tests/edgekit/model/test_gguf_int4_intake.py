@@ -183,3 +183,22 @@ def test_plan_int4_of_a_4bit_gguf_costs_the_group_it_will_keep(q4_1_llama, tmp_p
     fp16 = 2 * (w.tok_embeddings.numel() + w.lm_head.weight.numel() + w.norm.numel()
                 + sum(b.attn_norm.numel() + b.ffn_norm.numel() for b in w.blocks))
     assert plan["memory"]["weights_bytes"] == proj + fp16
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_qwen3_and_gemma3_4bit_projections_are_taken_in_bit_for_bit(tmp_path, family, qtype):
+    from .conftest import small_gemma3_llamacpp, small_qwen3, write_family_gguf  # noqa: TID252
+
+    path = tmp_path / f"{family}-{qtype}.gguf"
+    write_family_gguf(path, small_qwen3() if family == "qwen3" else small_gemma3_llamacpp(), projections=qtype)
+    packed = load_model(str(path), tokenizer=False, keep_int4=True)
+    float_ = load_model(str(path), tokenizer=False)  # the same file dequantized to FP32
+    for b, f in zip(packed.weights.blocks, float_.weights.blocks):
+        for name, lw in b.linears().items():
+            assert lw.op == "linear_w4a16", name
+            assert torch.equal(dequantize_int4(lw.weight, lw.scale, lw.offset), getattr(f, name).weight)
+        assert all(torch.equal(t, f.norms()[k]) for k, t in b.norms().items())  # QK- and post-norms as written
+    ids = torch.randint(3, 320, (1, 14), generator=torch.Generator().manual_seed(2))
+    logits = [m.decoder().prefill(ids, torch.tensor([14]), m.decoder().new_cache(1, 16)) for m in (packed, float_)]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)

@@ -37,3 +37,20 @@ def test_info_on_a_gguf_parses_its_header_once(tiny_gguf, monkeypatch, capsys):
         assert e.code == 0
     assert json.loads(capsys.readouterr().out)["stored_as"]["format"] == "gguf"
     assert len(parsed) == 1
+
+
+def test_info_names_the_family_and_what_it_adds_to_a_llama_block(tmp_path):
+    from .conftest import small_gemma3, write_family_gguf  # noqa: TID252 (importlib mode resolves the conftest)
+
+    path = tmp_path / "g.gguf"
+    write_family_gguf(path, small_gemma3())
+    for model, family in (("preset:qwen3-0.6b", "qwen3"), ("preset:qwen2.5-0.5b", "llama"), (str(path), "gemma3")):
+        r = subprocess.run([sys.executable, "-m", "edgekit", "info", model, "--json"], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        info = json.loads(r.stdout)
+        assert info["family"] == family, model
+    assert "sliding window 6 on 4 of 4 layers" in info["family_features"]  # the GGUF: llama.cpp has one global in 6
+    r = subprocess.run([sys.executable, "-m", "edgekit", "info", "preset:gemma-3-1b"], capture_output=True, text=True,
+                       timeout=300)
+    assert "gemma3 / gemma3 (edgekit/graph/gemma3.py)" in r.stdout and "of sliding-window rings" in r.stdout

@@ -63,9 +63,13 @@ def test_every_preset_describes_a_consistent_shape(name):
 
 def test_preset_parameter_counts_match_published_sizes():
     # published sizes (tied embeddings counted once)
-    expected_millions = {"smollm2-135m": 134.5, "qwen2.5-1.5b": 1543.7, "llama-3.2-1b": 1235.8}
+    expected_millions = {"smollm2-135m": 134.5, "qwen2.5-1.5b": 1543.7, "llama-3.2-1b": 1235.8, "gemma-3-1b": 999.9}
     for name, millions in expected_millions.items():
         assert abs(PRESETS[name].n_params / 1e6 - millions) < 1.0, name
+    # Qwen3's model cards give the non-embedding count: 0.44B, 1.4B, 3.6B
+    for name, billions in {"qwen3-0.6b": 0.44, "qwen3-1.7b": 1.4, "qwen3-4b": 3.6}.items():
+        cfg = PRESETS[name]
+        assert round((cfg.n_params - cfg.parameter_counts()["embedding"]) / 1e9, 2 if billions < 1 else 1) == billions
 
 
 def test_tiny_preset_runs_and_is_seeded():
@@ -94,7 +98,7 @@ def test_directory_without_config_json(tmp_path):
 
 def test_directory_with_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(UnsupportedModelError, match="gpt2"):
+    with pytest.raises(UnsupportedModelError, match="gpt2.*expected one of llama, mistral, qwen2, qwen3, gemma3"):
         load_model(str(tmp_path))
 
 
@@ -116,7 +120,7 @@ def test_truncated_gguf(tiny_gguf, tmp_path):
 def test_gguf_of_unsupported_architecture(tmp_path):
     p = tmp_path / "phi.gguf"
     write_llama_gguf(p, hf_model("llama"), architecture="phi3")
-    with pytest.raises(UnsupportedModelError, match="phi3"):
+    with pytest.raises(UnsupportedModelError, match="phi3.*expected one of llama, mistral, qwen2, qwen3, gemma3"):
         load_model(str(p))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 
@@ -100,3 +101,23 @@ def test_misfit_says_by_how_much_and_every_suggestion_fits(preset, target, conte
 def test_nothing_fits_says_so():
     with pytest.raises(PlanError, match="nothing fits"):
         make_plan(preset_config("mistral-7b"), load_target("orin-nano-4gb"), solve_tiles=False)
+
+
+def test_qwen3_4b_int4_with_a_4096_token_cache_fits_an_8gb_orin_nano_with_the_os_headroom():
+    """The issue's question, answered by the memory plan: yes, with 2.5 GiB to spare (PREDICTED from shapes)."""
+    cfg, t = preset_config("qwen3-4b"), load_target("orin-nano-8gb")
+    m = make_plan(cfg, t, precision="int4", context=4096, solve_tiles=False).memory
+    assert m.fits and m.os_headroom == int(t.memory.os_headroom_gib * 1024**3) > 0
+    assert m.kv_cache == 36 * 2 * 8 * 4096 * 128 * 2 == 576 * 1024**2  # 36 layers of K and V, FP16
+    assert 2.4 * 1024**3 < m.weights < 2.6 * 1024**3  # INT4 blocks + the tied FP16 embedding (389 M parameters)
+    assert 2.4 * 1024**3 < m.free_bytes < 2.6 * 1024**3
+
+
+def test_a_sliding_window_layer_caches_only_its_window():
+    gemma = preset_config("gemma-3-1b")  # 22 local layers (window 512), 4 global
+    full = dataclasses.replace(gemma, sliding_window=None)
+    assert full.kv_cache_bytes(32768, 1, 2.0) == 26 * 2 * 1 * 32768 * 256 * 2  # 3.25 GiB if every layer kept all
+    assert gemma.kv_cache_bytes(32768, 1, 2.0) == (4 * 32768 + 22 * 512) * 2 * 256 * 2  # 0.52 GiB with rings
+    assert gemma.kv_cache_bytes(300, 1, 2.0) == full.kv_cache_bytes(300, 1, 2.0)  # a context inside the window
+    m = make_plan(gemma, load_target("orin-nano-4gb"), precision="int4", context=32768, solve_tiles=False).memory
+    assert m.kv_cache == gemma.kv_cache_bytes(32768, 1, 2.0)

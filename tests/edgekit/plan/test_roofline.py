@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from edgekit.model.presets import preset_config
@@ -94,3 +96,17 @@ def test_kernel_count_comes_from_the_operators_launch_programs():
     # INT8 QKV cannot use the fused projection: a separate GEMV (and rope) per block
     assert w8["operators"]["rope"] == n and "qkv_rope" not in w8["operators"]
     assert w8["operators"]["linear_w8a16"] >= 4 * n and w8["operators"]["linear"] in (1, 2)
+
+
+def test_sliding_window_layers_read_and_attend_only_their_window():
+    cfg = preset_config("gemma-3-1b")  # 4 global layers, 22 local ones (window 512)
+    t = load_target("orin-nano-8gb")
+    mode, pp = t.power_mode("25W"), PrecisionPlan.uniform(cfg, "w4a16")
+    long, short = (decode_estimate(cfg, pp, t, mode, batch=1, kv_len=n, n_kernels=0) for n in (4096, 512))
+    per_position = 2 * cfg.n_kv_heads * cfg.head_dim * 2  # K and V of one layer, FP16
+    assert long.bytes - short.bytes == 4 * (4096 - 512) * per_position  # past the window only global layers grow
+    pre = prefill_estimate(cfg, pp, t, mode, batch=1, bucket=1024, n_kernels=0)
+    full = prefill_estimate(dataclasses.replace(cfg, sliding_window=None), pp, t, mode, batch=1, bucket=1024,
+                            n_kernels=0)
+    hidden_pairs = 22 * (1024 - 512) ** 2 / 2  # query-key pairs the windows hide
+    assert full.flops - pre.flops == pytest.approx(4 * cfg.n_heads * cfg.head_dim * hidden_pairs)

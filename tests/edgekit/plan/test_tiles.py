@@ -71,6 +71,26 @@ def test_orin_plan_tiles_are_compiled_for_sm87_within_128k():
     assert split.constexprs["MAX_SPLITS"] == reduce.constexprs["MAX_SPLITS"]
 
 
+# the presets whose bundles are built for the Orin and benchmarked (head_dim 64, 128 and Gemma 3's 256)
+ORIN_PRESETS = ("smollm2-135m", "llama-3.2-1b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "gemma-3-1b")
+
+
+@pytest.mark.parametrize("scheme", ["fp16", "w8a16", "w4a16"])
+@pytest.mark.parametrize("model", ORIN_PRESETS)
+def test_every_kernel_an_orin_build_of_a_preset_compiles_fits_128k_without_spills(model, scheme):
+    """What `edgekit build --target orin` compiles (the plan's tiles for every operator of both paths, at the
+    build's default shapes): within the 128 KB budget and without register spills, as ptxas reports them for sm_87.
+    Before: Gemma 3's decode reduce spilled 112 B (head_dim 256 at 2 warps), and every INT4 plan took a spilling
+    INT4 GEMM tile (the 8 best-ranked candidates all spill)."""
+    cfg = preset_config(model)
+    choices = solve_all(cfg, load_target("orin"), PrecisionPlan.uniform(cfg, scheme), batch=1,
+                        buckets=(32, 512, 2048), context=2048)
+    assert {c.op for c in choices} >= {"attention_prefill", "attention_decode", "rmsnorm"}
+    for c in choices:
+        assert c.arch == "sm_87" and c.shared_bytes <= 131072, c.to_dict()
+        assert c.spill_bytes == 0, (c.variant.label(), c.registers, c.spill_bytes, c.reason)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     budget_kb=st.integers(48, 228),
@@ -128,3 +148,30 @@ def test_a_compiled_overrun_is_dropped_for_the_next_candidate():
     assert second.variant != first.variant and second.shared_bytes <= tight
     assert second.rejected[0].variant == first.variant.label() and "shared memory" in second.rejected[0].reason
     assert isinstance(SharedMemoryBudgetError("x"), PlanError)
+
+
+def test_when_every_compiled_candidate_spills_the_kernels_default_is_compiled_and_taken():
+    space = _space("linear_gemm", 64)
+    default = kv.default_variants("linear", head_dim=64, rows=2048)["linear_gemm"]
+    assert default in space
+
+    def compile_fn(v):  # every tile spills but the default's
+        return _Fake(kv.estimate_shared_bytes(v), registers=255, spills={"stores": 0 if v == default else 64, "loads": 0})
+
+    solve = lambda **kw: solve_kernel(space, budget_bytes=128 * KB, per_sm_bytes=167936, arch="sm_87",  # noqa: E731
+                                      estimate=kv.estimate_shared_bytes, compile_fn=compile_fn, max_compiles=2, **kw)
+    chosen = solve(default=default)
+    assert chosen.variant == default and chosen.spill_bytes == 0 and "default variant" in chosen.reason
+    assert [r.reason for r in chosen.rejected] == ["spills 64 B of registers to local memory"] * 2
+    assert solve().spill_bytes == 64  # without a default to fall back on: the best spilling candidate
+
+
+def test_the_decode_reduce_takes_warps_for_the_split_count_the_plan_chose():
+    """The reduce holds MAX_SPLITS x head_dim partials in registers: on the H200 a batch-1 Gemma 3 plan splits its
+    one KV head 128 ways, and the reduce (its default was 2 warps whatever the split count) must not spill."""
+    cfg = preset_config("gemma-3-1b")
+    choices = solve_all(cfg, load_target("h200"), PrecisionPlan.uniform(cfg), batch=1, buckets=(64,), context=2048)
+    split = next(c for c in choices if c.kernel == "attention_decode_split")
+    reduce = next(c for c in choices if c.kernel == "attention_decode_reduce")
+    assert split.constexprs["MAX_SPLITS"] == reduce.constexprs["MAX_SPLITS"] == 128
+    assert reduce.variant.num_warps == 8 and reduce.spill_bytes == 0, (reduce.registers, reduce.spill_bytes)

@@ -3,6 +3,7 @@ and with mixed precision keeps exactly the offending layer in floating point."""
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -87,3 +88,17 @@ def test_thresholds_are_validated_and_overridable():
         GateConfig.for_mode("w8a16", min_greedy_agreement=1.5)
     with pytest.raises(QuantizationError, match="unknown quantization mode"):
         GateConfig.for_mode("int4")
+
+
+def test_a_model_scoring_text_past_709_nats_a_token_gets_infinite_perplexities_and_a_finite_ratio(tiny):
+    """A random-weight model with a steep LM head (gemma-3-1b's preset: `edgekit build --precision int8` died in
+    math.exp) scores the held-out text at more than 709 nats a token: a double cannot hold its perplexity."""
+    cfg = tiny.config
+    steep = replace(tiny.weights, lm_head=LinearWeights("linear", tiny.weights.lm_head.weight * 3000.0))
+    ops = DispatchTable()
+    ref = build_reference(Decoder(cfg, steep, ops), heldout_eval_text(tiny, GATE), GATE.new_tokens)
+    q = quantize_layers(steep, "w8a16", None, 0.5, include_head=False)
+    m = evaluate(Decoder(cfg, with_layers(steep, q), ops), ref)
+    assert m["fp_perplexity"] == m["quant_perplexity"] == math.inf
+    assert math.isfinite(m["perplexity_increase"]) and m["perplexity_increase"] > -1.0
+    assert isinstance(check(m, GATE), list)

@@ -1,4 +1,6 @@
-"""Chunked prefill computes what the whole-prompt prefill computes: the same cache row and the same logits."""
+"""Chunked prefill computes what the whole-prompt prefill computes: the same cache row and the same logits, for a
+Llama-family model and for Gemma 3's sliding-window layers, whose ring of 4 rows a chunk wraps (tiny-gemma3: layers 0
+and 1 local with a window of 4, layer 2 global)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,12 @@ from edgekit.runtime.chunked_prefill import prefill_chunk
 from edgekit.runtime.step_runner import RowPrefillCache
 
 
-@pytest.fixture(scope="module")
-def model():
-    return load_model("preset:tiny", seed=5)
+@pytest.fixture(scope="module", params=["tiny", "tiny-gemma3"])
+def model(request):
+    return load_model(f"preset:{request.param}", seed=5)
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 16, 40])
+@pytest.mark.parametrize("chunk", [1, 3, 7, 16, 40])
 def test_a_prompt_in_chunks_fills_its_row_as_one_prefill_does(model, chunk):
     dec = model.decoder()
     T, slot = 40, 2
@@ -26,7 +28,7 @@ def test_a_prompt_in_chunks_fills_its_row_as_one_prefill_does(model, chunk):
     for start in range(0, T, chunk):
         got = prefill_chunk(dec, chunked, slot, prompt[:, start : start + chunk], start)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    for layer in range(model.config.n_layers):
+    for layer in range(model.config.n_layers):  # a ring layer: its 4 rows, the prompt's last 4 positions at p % 4
         torch.testing.assert_close(chunked.k[layer][slot, :, :T], whole.k[layer][slot, :, :T], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(chunked.v[layer][slot, :, :T], whole.v[layer][slot, :, :T], rtol=1e-5, atol=1e-5)
         assert not chunked.k[layer][[0, 1, 3]].any()  # the other rows are untouched

@@ -223,3 +223,32 @@ def test_a_prefill_with_non_finite_logits_fails_its_request(engine):
     assert job.done.wait(30)
     assert isinstance(job.error, NumericFaultError) and "prefill of 3 prompt tokens" in str(job.error), job.error
     assert job.tokens == [] and faults
+
+
+def test_a_sliding_window_model_serves_batched_requests_with_the_tokens_they_get_alone():
+    """Gemma 3's ring caches on the server path: each request's prompt is prefilled alone into its row of the shared
+    cache (a bucket longer than the window of 4: the ring keeps the prompt's own last positions, not the padding),
+    then the rows decode together past the window."""
+    import torch
+
+    model = load_model("preset:tiny-gemma3", seed=2)
+    g = torch.Generator().manual_seed(0)
+    # the preset's random weights make every step repeat its input token (the scaled embedding dominates the tied
+    # head): wider norms and projections make the tokens depend on what the cache holds
+    model.weights.norm.copy_(torch.randn(model.weights.norm.shape, generator=g) * 3)
+    for b in model.weights.blocks:
+        for t in b.norms().values():
+            t.add_(torch.randn(t.shape, generator=g) * 3)
+        for lw in b.linears().values():
+            lw.weight.mul_(10)
+    prompts = [list(range(30, 43)), [7, 8, 9, 10, 11], [1, 2], list(range(60, 77))]
+    alone = [Generator(model.decoder(), SHAPES).generate(p, 10)[0] for p in prompts]
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=4)
+    try:
+        jobs = [e.submit(p, 10) for p in prompts]
+        for j in jobs:
+            assert j.done.wait(30) and j.error is None
+        assert [j.tokens for j in jobs] == alone
+        assert sum(len(set(t)) for t in alone) > len(alone) + 4  # not each request repeating one token
+    finally:
+        e.close()

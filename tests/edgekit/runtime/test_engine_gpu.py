@@ -154,7 +154,8 @@ def test_a_swap_recaptures_only_the_graphs_that_call_the_operator(decoder):
     e = Engine(decoder, None, SHAPES, cuda_graphs=True)
     try:
         want = _staggered(e, 24)
-        e.switch_operator("attention_prefill", lambda q, k, v, s, sc: attention_prefill_reference(q, k, v, s, sc), "plugin:v2")
+        e.switch_operator("attention_prefill", lambda q, k, v, s, sc, w: attention_prefill_reference(q, k, v, s, sc, w),
+                          "plugin:v2")
         prep = e.swap_prepares[-1]
         assert prep["captured"] == [f"prefill T={T}" for T in SHAPES.buckets], prep
         assert prep["reused"] == [f"decode b={b}" for b in e.batch_buckets], prep

@@ -6,6 +6,7 @@ prefilled a chunk at a time between decode steps: no stream pauses for longer th
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -13,6 +14,7 @@ import pytest
 
 from edgekit.generate import Generator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
+from edgekit.model.decoder import Decoder
 from edgekit.model.loader import load_model
 from edgekit.runtime.engine import Engine
 from edgekit.shapes import StaticShapes
@@ -66,3 +68,36 @@ def test_a_prompt_prefilled_in_chunks_gets_the_tokens_it_gets_alone(model):
         assert sum(1 for n, _ in e.prefill_units if n == 8) >= 38 // 8 + 31 // 8
     finally:
         e.close()
+
+
+def _gemma3_attending():
+    """tiny-gemma3 whose blocks' post-norms are scaled 16x: with its random weights the embedding (scaled by 8)
+    outweighs every block's output and greedy decoding repeats the prompt's last token whatever attention reads."""
+    gemma = load_model("preset:tiny-gemma3", seed=5)
+    blocks = [dataclasses.replace(b, post_attn_norm=16 * b.post_attn_norm, post_ffn_norm=16 * b.post_ffn_norm)
+              for b in gemma.weights.blocks]
+    return gemma.config, dataclasses.replace(gemma.weights, blocks=blocks)
+
+
+def test_a_gemma3_prompt_in_chunks_past_its_sliding_window_gets_the_greedy_tokens_of_an_unchunked_server():
+    """tiny-gemma3's local layers keep a ring of 4 rows: a chunk of 8 wraps it, and the next chunk's queries must
+    still see the 3 positions before them that the ring holds (a parked decode step writes the row's next position,
+    in the ring too). Chunked serving answers what a server prefilling whole prompts answers."""
+    cfg, weights = _gemma3_attending()
+    assert cfg.kv_rows(0, SHAPES.max_seq_len) == 4 and cfg.kv_rows(2, SHAPES.max_seq_len) == SHAPES.max_seq_len
+    prompts = [list(range(20, 58)), [3, 4, 5], list(range(100, 131)), list(range(200, 209))]
+    answers = {}
+    for chunk in (0, 8):  # 0: whole prompts
+        e = Engine(Decoder(cfg, weights), None, SHAPES, max_waiting=4, prefill_chunk_tokens=chunk)
+        try:
+            jobs = [e.submit(p, 12, stop_ids=()) for p in prompts]
+            for j in jobs:
+                assert j.done.wait(60) and j.error is None, j.error
+            answers[chunk] = [j.tokens for j in jobs]
+            if chunk:
+                assert sum(1 for n, _ in e.prefill_units if n == 8) >= 38 // 8 + 31 // 8 + 1
+        finally:
+            e.close()
+    assert answers[8] == answers[0]
+    assert answers[0] == [Generator(Decoder(cfg, weights), SHAPES).generate(p, 12)[0] for p in prompts]
+    assert len({t for a in answers[0] for t in a}) > 8  # the answers depend on what attention reads

@@ -1,0 +1,66 @@
+"""Hugging Face folders of the newer families: Gemma 3's multimodal wrapper (its text model under text_config and
+language_model), and the Gemma settings edgekit cannot run refused by name rather than run wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from edgekit.errors import UnsupportedModelError
+from edgekit.model.hf_loader import config_from_hf
+from edgekit.model.loader import load_model
+
+from .conftest import small_gemma3  # noqa: TID252 (importlib mode resolves the package-less conftest)
+
+
+def _saved(tmp_path):
+    model = small_gemma3()
+    model.save_pretrained(str(tmp_path), safe_serialization=True)
+    return model, json.loads((tmp_path / "config.json").read_text())
+
+
+@torch.no_grad()
+def test_a_multimodal_gemma3_checkpoint_loads_its_text_model(tmp_path):
+    model, text = _saved(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": text,
+        "vision_config": {"model_type": "siglip_vision_model"}}))
+    (f,) = tmp_path.glob("*.safetensors")
+    sd = load_file(str(f))  # the older layout (language_model.model.*), plus a vision tensor edgekit leaves out
+    wrapped = {k.replace("model.", "language_model.model.", 1): v for k, v in sd.items()}
+    wrapped["vision_tower.vision_model.embeddings.patch_embedding.weight"] = torch.zeros(4, 3)
+    save_file(wrapped, str(f), metadata={"format": "pt"})
+    loaded = load_model(str(tmp_path), tokenizer=False)
+    assert loaded.config.architecture == "gemma3" and loaded.config.sliding_window == 6
+    ids = torch.randint(3, 320, (1, 12), generator=torch.Generator().manual_seed(1))
+    dec = loaded.decoder()
+    got = dec.prefill(ids, torch.tensor([12]), dec.new_cache(1, 16))[0]
+    want = model(ids).logits[0, -1]
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("change, refused", [
+    ({"layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]},
+     "do not repeat one global layer"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "RoPE scaling"),
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+    ({"hidden_activation": "relu"}, "hidden_activation 'relu'"),
+])
+def test_gemma3_settings_edgekit_cannot_run_are_refused_by_name(tmp_path, change, refused):
+    _, cfg = _saved(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(UnsupportedModelError, match=refused):
+        config_from_hf(tmp_path)
+
+
+def test_an_older_gemma3_config_with_the_pattern_key_reads_the_same(tmp_path):
+    _, cfg = _saved(tmp_path)
+    for key in ("layer_types", "rope_parameters"):
+        cfg.pop(key)
+    cfg.update(sliding_window_pattern=2, rope_theta=1e6, rope_local_base_freq=1000.0)  # the published files' keys
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    got = config_from_hf(tmp_path)
+    assert (got.sliding_window, got.sliding_window_pattern, got.rope_theta, got.rope_local_theta) == (6, 2, 1e6, 1e3)
