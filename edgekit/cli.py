@@ -68,8 +68,9 @@ def _register_commands() -> None:
 def _value_name(param, ctx) -> str:
     """A short name for what an option takes (PATH, INT, NUM, TEXT): typer's own (`<list[Path]>`, `<float range>`)
     took so many of 80 columns that rich cut the flag names themselves (`--admin-token-fi…`)."""
-    shown = (param.display_type(ctx) or "").lower()
-    for word, name in (("path", "PATH"), ("int", "INT"), ("float", "NUM")):
+    display = getattr(param, "display_type", None)  # typer 0.2x's own click; an older typer runs click's options
+    shown = ((display(ctx) if callable(display) else getattr(param.type, "name", "")) or "").lower()
+    for word, name in (("path", "PATH"), ("file", "PATH"), ("directory", "PATH"), ("int", "INT"), ("float", "NUM")):
         if word in shown:
             return name
     return "TEXT"

@@ -36,7 +36,7 @@ from tuf.api.serialization.json import JSONSerializer
 
 from edgekit.errors import EdgekitError
 from edgekit import durable
-from edgekit.runtime.plugin_policy import CUSTOM_KEY, VerifiedPluginLike, canonical_version, check_name, normalize_arch
+from edgekit.bundle.plugin_identity import CUSTOM_KEY, VerifiedPluginLike, canonical_version, check_name, normalize_arch
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
 # How long each role's signature stays valid. The timestamp is short on purpose:

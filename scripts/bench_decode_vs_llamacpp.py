@@ -34,7 +34,8 @@ from edgekit.bench.decode_vs_llamacpp import DEFAULT_ENGINES, ENGINES, run, tabl
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--presets", default="smollm2-135m,llama-3.2-1b")
+    ap.add_argument("--presets", default="smollm2-135m,llama-3.2-1b",
+                    help="comma list; PRESET:fp16+int4 measures only those precisions of that preset")
     ap.add_argument("--precisions", default="fp16,int8")
     ap.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                     help=f"comma list of edgekit engines: {', '.join(ENGINES)} (edgekit = the per-operator step)")

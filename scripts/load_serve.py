@@ -7,7 +7,7 @@ answer may be a 5xx, every rollback must complete in under 1 s, and (``--stream`
 the clients stream) the admitted requests' p50 time to first byte must be at
 most ``--ttfb-factor`` (2) times the p50 of one client alone, measured first in
 the same run (``--baseline-s``). The server runs with `edgekit serve`'s defaults
-(admission queue of 8, 0.35 s queue deadline, batch buckets 1/2/4) in this
+(admission queue of 8, 0.35 s queue deadline, the bundle's planned batch buckets) in this
 process; the clients run in a spawned process. Prints a table and JSON (--json
 PATH), labelled with the machine's load average.
 
@@ -60,7 +60,7 @@ def main() -> None:
     load_before = os.getloadavg()
     admin_log: list[dict] = []
 
-    with serving(b, max_waiting=8, batch_buckets=(1, 2, 4), max_queue_wait_s=args.queue_deadline_s) as (url, stack), client_process() as pool:
+    with serving(b, max_waiting=8, max_queue_wait_s=args.queue_deadline_s) as (url, stack), client_process() as pool:
         start = threading.Event()
 
         def admin() -> None:  # an install, then a rollback, spread evenly over the run

@@ -52,11 +52,12 @@ def scratch_dir() -> Path:
 
 
 def build_tiny_bundle(out: Path) -> Path:
-    """A small fp16 bundle of the tiny preset, signed with the development key (CPU smoke runs)."""
+    """A small fp16 bundle of the tiny preset planned for 4 sequences at once, signed with the development key (CPU
+    smoke runs)."""
     from edgekit.builder import BuildOptions, build_bundle
 
     opts = BuildOptions(model="preset:tiny", target="orin", out=out / "bundle", dev_key=True, precision="fp16",
-                        context=256, buckets=(16, 32, 64), onnx=False, cache_dir=out / "cache")
+                        context=256, buckets=(16, 32, 64), batch=4, onnx=False, cache_dir=out / "cache")
     return build_bundle(opts).out
 
 
@@ -72,7 +73,7 @@ def plugin_packages(bundle, op: str, versions) -> list[bytes]:
 
 
 @contextlib.contextmanager
-def serving(bundle, *, max_waiting: int, batch_buckets=(1, 2, 4, 8), max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
+def serving(bundle, *, max_waiting: int, batch_buckets=None, max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S,
             cuda_graphs: bool = True, decode_path: str | None = None):
     """(base URL, stack) of the bundle served on loopback, with a fresh plugin store and a JSON-lines log."""
     from edgekit.power.jsonl import JsonlLogger
@@ -82,7 +83,7 @@ def serving(bundle, *, max_waiting: int, batch_buckets=(1, 2, 4, 8), max_queue_w
 
     tmp = scratch_dir()
     stack = ServingStack(bundle, open_store(tmp / "store", bundle, [], allow_dev_key=True), max_waiting=max_waiting,
-                         batch_buckets=tuple(batch_buckets), max_queue_wait_s=max_queue_wait_s, cuda_graphs=cuda_graphs,
+                         batch_buckets=tuple(batch_buckets) if batch_buckets else None, max_queue_wait_s=max_queue_wait_s, cuda_graphs=cuda_graphs,
                          log=JsonlLogger(tmp / "store" / "server.jsonl"), decode_path=decode_path)
     app = create_app(stack.engine, admin_token=ADMIN_TOKEN, plugins=stack.admin, log=stack.log)
     gc.freeze()  # as `serve` does: start-up objects out of the collector's way (no long gen-2 pauses under load)

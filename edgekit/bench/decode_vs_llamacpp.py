@@ -77,7 +77,7 @@ def _measure_engine(engine, prompt, depth: int, n: int, repeats: int, dev) -> di
             "top_kernels": prof["top_kernels"], "first_tokens": tokens[:8], "_first": first}
 
 
-def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
+def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict, precisions: tuple[str, ...] | None = None) -> list[dict]:
     from edgekit.bench.engines import RuntimeEngine
     from edgekit.bench.fused_engine import FusedRuntimeEngine
     from edgekit.bench.roofline import decode_bytes, mean_attended_len, roofline_tokens_per_s
@@ -103,7 +103,7 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict) -> list[dict]:
     max_seq = -(-(depth + n + 32) // 64) * 64
     prompt = torch.randint(0, cfg.vocab_size, (1, depth), generator=torch.Generator().manual_seed(1)).to(dev)
     rows = []
-    for precision in args.precisions:
+    for precision in precisions or args.precisions:
         wp = quantized(w16, precision)
         attended = mean_attended_len(depth, n)
         nbytes = decode_bytes(cfg, wp, attended, 2.0).total
@@ -212,6 +212,21 @@ def int4_over_int8(doc: dict) -> dict[tuple[str, str], float]:
     return {(m, e): tps[(m, e, "int4")] / v for (m, e, p), v in tps.items() if p == "int8" and (m, e, "int4") in tps}
 
 
+def preset_precisions(presets: str, default: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """"smollm2-135m:fp16,qwen3-0.6b" -> {"smollm2-135m": ("fp16",), "qwen3-0.6b": default}: a ``:p1+p2`` suffix
+    narrows one preset's precisions (the llama.cpp copies made for it follow)."""
+    out = {}
+    for spec in presets.split(","):
+        preset, _, only = spec.strip().partition(":")
+        precisions = tuple(only.split("+")) if only else default
+        unknown = [p for p in precisions if p not in LLAMA_KIND]
+        if not preset or unknown:
+            raise ValueError(f"preset spec {spec!r}: expected PRESET or PRESET:P1+P2 with precisions from "
+                             f"{', '.join(LLAMA_KIND)}")
+        out[preset] = precisions
+    return out
+
+
 def run(args) -> dict:
     """The whole measurement; ``args`` has the script's options (presets, precisions, depth, tokens, repeats, workdir,
     llama_bench, llama_quantize, wait_llama_s, json, random_weights). Writes ``args.json`` after every model."""
@@ -231,7 +246,8 @@ def run(args) -> dict:
             args.json.write_text(json.dumps(doc, indent=1, default=str))
 
     files = {}
-    for preset in args.presets.split(","):
+    precisions_of = preset_precisions(args.presets, tuple(args.precisions))
+    for preset in precisions_of:
         f16 = None
         if not args.random_weights:
             f16 = args.workdir / f"{preset}-f16.gguf"
@@ -240,7 +256,7 @@ def run(args) -> dict:
             _log(f"{preset}: wrote {f16.name} ({f16.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.1f}s")
             files[preset] = f16
             doc["files"][preset] = {"F16": f16.name}
-        doc["edgekit"].extend(bench_edgekit(preset, f16, args, dev, bw))
+        doc["edgekit"].extend(bench_edgekit(preset, f16, args, dev, bw, precisions_of[preset]))
         save()
         print(table(doc), flush=True)
     if files and _wait_for(args.llama_bench, args.wait_llama_s) and _wait_for(args.llama_quantize, 5):
@@ -249,7 +265,7 @@ def run(args) -> dict:
         for preset, f16 in files.items():
             try:
                 by_name = {f16.name: "F16"}
-                for kind in sorted({LLAMA_KIND[p] for p in args.precisions if p in LLAMA_KIND} - {"F16"}):
+                for kind in sorted({LLAMA_KIND[p] for p in precisions_of[preset] if p in LLAMA_KIND} - {"F16"}):
                     q = quantize_gguf(args.llama_quantize, f16, f16.with_name(f"{preset}-{kind.lower()}.gguf"), kind)
                     doc["files"][preset][kind] = q.name
                     by_name[q.name] = kind

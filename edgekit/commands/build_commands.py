@@ -381,14 +381,14 @@ def serve(
     model_id: Optional[str] = typer.Option(None, "--model-id", help="The model's id in /v1/models and answers (default: the model's name as an identifier)."),
     max_request_s: float = typer.Option(300.0, "--max-request-s", min=0.1, help="A request that runs longer than this (from its arrival) ends with finish reason length and frees its rows."),
     prefill_chunk_tokens: Optional[int] = typer.Option(None, "--prefill-chunk-tokens", min=0, help="Prefill prompts longer than this in chunks between decode steps, so a long prompt never stalls the streams (default: 64 without CUDA graphs, off with them; 0: off)."),
-    batch: int = typer.Option(4, "--batch", min=1, max=64, help="Sequences decoded together at most (static batch buckets 1, 2, 4, ... up to this)."),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1, max=64, help="Sequences decoded together at most (default: the bundle's planned batch, `build --batch`; at most that; static batch buckets 1, 2, 4, ... up to it)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay prefill and decode as CUDA graphs (GPU only), as `edgekit run` does."),
     preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),
     header_timeout_s: float = typer.Option(5.0, "--header-timeout-s", min=0.1, help="Close a connection whose request headers take longer than this."),
     max_connections_per_client: int = typer.Option(64, "--max-connections-per-client", min=1, help="Open connections one client address may hold (more get 429 at once); behind a reverse proxy every client has its address."),
     shutdown_deadline_s: float = typer.Option(10.0, "--shutdown-deadline-s", min=0.0, help="On SIGTERM/SIGINT answers in flight end at their next token; responses still open after this many seconds are cut."),
     skip_golden: bool = typer.Option(False, "--skip-golden", help="Verify signature and hashes only at start-up."),
-    watchdog: bool = typer.Option(True, "--watchdog/--no-watchdog", help="Run the latency/power watchdog (budgets from the bundle's target)."),
+    watchdog: bool = typer.Option(True, "--watchdog/--no-watchdog", help="Run the latency/power watchdog (budgets from the bundle's plan, made for its target)."),
     watchdog_log: Optional[Path] = typer.Option(None, "--watchdog-log", help="JSONL log of samples and events for `edgekit report` (default: STORE/watchdog.jsonl)."),
     log: Optional[Path] = typer.Option(None, "--log", help="JSON-lines log of requests, swaps, rollbacks and watchdog events (default: STORE/server.jsonl)."),
 ) -> None:
@@ -414,12 +414,12 @@ def serve(
     if not keys and not allow_dev_key:
         raise BundleError("no trusted key given: a bundle is served only if it is signed by a key you trust",
                           hint="pass --trust DIR/edgekit.pub")
-    buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
     store_dir = store or Path(str(bundle).rstrip("/") + ".store")
     listener = bind_listener(host, port)
     port = listener.getsockname()[1]  # --port 0: the one the system picked
     owner = StoreOwner.claim(store_dir)
     b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden)
+    buckets = b.serving_buckets(batch)  # before the store's recovery: a refused --batch touches nothing
     st = open_store(store_dir, b, keys, allow_dev_key=allow_dev_key, owner=owner)
     for line in st.recovery:
         err_console.print(f"[yellow]store recovered:[/] {line}")
@@ -428,11 +428,10 @@ def serve(
                          max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log, decode_path=preferred_path,
                          max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens, model_name=model_id)
     if watchdog:
-        from edgekit.plan.targets import load_target
-        from edgekit.power.policy import PolicyConfig
-
-        profile = load_target(b.manifest.target.name).model_dump() if b.manifest.target.name else None
-        stack.start_watchdog(PolicyConfig.from_profile(profile), log_path=watchdog_log or store_dir / "watchdog.jsonl")
+        if b.watchdog_budgets is None:
+            err_console.print("[yellow]note:[/] the bundle's plan records no watchdog budgets (an older build): the "
+                              "watchdog's defaults apply; rebuild to hold it to the target's")
+        stack.start_watchdog(log_path=watchdog_log or store_dir / "watchdog.jsonl")  # budgets: the bundle's plan
     app = create_app(stack.engine, admin_token=token, plugins=stack.admin, log=server_log)
     server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s, on_shutdown=stack.engine.finish_all,
                                  shutdown_deadline_s=shutdown_deadline_s,

@@ -40,8 +40,9 @@ def _embed(ctx, node, ins) -> dict:
     else:
         x = table[tokens]
     scale = node.attrs.get("scale")
-    if scale is not None:  # rounded to the activation dtype first, as the reference implementations do
-        x = x * torch.tensor(scale, dtype=x.dtype, device=x.device)
+    if scale is not None:  # rounded to the activation dtype first, as the reference implementations do; held as a
+        # Python float (exact): a tensor made on the device here is a host copy, which a CUDA graph capture refuses
+        x = x * torch.tensor(scale, dtype=x.dtype).item()
     return {"x": x}
 
 

@@ -30,7 +30,7 @@ from tuf.api.metadata import Metadata, TargetFile, Targets
 from tuf.ngclient import Updater, Urllib3Fetcher
 
 from edgekit.errors import EdgekitError
-from edgekit.runtime.plugin_policy import CUSTOM_KEY, SwapRefused, canonical_version, normalize_arch, version_key
+from edgekit.bundle.plugin_identity import CUSTOM_KEY, SwapRefused, canonical_version, normalize_arch, version_key
 from edgekit.runtime.plugin_store import PluginStore
 
 SOCKET_TIMEOUT_S = 10

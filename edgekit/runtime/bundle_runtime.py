@@ -42,6 +42,39 @@ class OpenedBundle:
     def backend(self) -> str:
         return "plugins" if self.device.type == "cuda" else "reference"
 
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """The decode batch sizes this bundle serves: its plan's (the KV cache, tiles and memory plan were sized for
+        the largest). A bundle whose plan predates them serves powers of two up to its manifest's batch."""
+        planned = (self.manifest.plan.get("shapes") or {}).get("batch_buckets")
+        batch = self.shapes.batch
+        if planned is None:
+            return tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
+        if (not isinstance(planned, list) or not all(isinstance(b, int) and b >= 1 for b in planned)
+                or planned != sorted(set(planned)) or planned[-1] != batch):
+            raise BundleError(f"{self.root}: the plan's batch buckets {planned!r} are not increasing sizes ending at "
+                              f"the manifest's batch {batch}", hint="rebuild the bundle with this edgekit")
+        return tuple(planned)
+
+    def serving_buckets(self, batch: int | None) -> tuple[int, ...]:
+        """The batch buckets of serving at most ``batch`` sequences together (None: the plan's batch). More than the
+        plan's batch is refused: the bundle's KV cache, tiles and memory plan were made for at most that many."""
+        planned = self.batch_buckets
+        if batch is None:
+            return planned
+        if batch > planned[-1]:
+            raise BundleError(f"batch {batch} is more than bundle {self.root} was planned for ({planned[-1]}): its KV "
+                              f"cache, kernel tiles and memory plan are sized for {planned[-1]} sequences",
+                              hint=f"serve with --batch {planned[-1]} or less, or rebuild with `edgekit build --batch "
+                                   f"{batch}`")
+        return tuple(b for b in planned if b < batch) + (batch,)
+
+    @property
+    def watchdog_budgets(self) -> dict | None:
+        """The watchdog's budgets the plan recorded for the bundle's target (None: a plan that predates them)."""
+        budgets = self.manifest.plan.get("budgets")
+        return dict(budgets) if isinstance(budgets, dict) else None
+
     def plugin_dir(self, op: str) -> Path | None:
         refs = [p for p in self.manifest.plugins if p.op == op]
         return self.root / max(refs, key=lambda p: p.version).path if refs else None

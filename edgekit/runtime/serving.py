@@ -105,7 +105,6 @@ class ServingStack:
                  model_name: str | None = None, cuda_graphs: bool = True, batch_buckets: tuple[int, ...] | None = None,
                  max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S, log: JsonlLogger | None = None, decode_path: str | None = None,
                  max_request_s: float | None = DEFAULT_MAX_REQUEST_S, prefill_chunk_tokens: int | None = None):
-        from edgekit.runtime.engine import DEFAULT_BATCH_BUCKETS
         from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH
         from edgekit.runtime.plugin_admin import StoreAdmin
 
@@ -125,7 +124,7 @@ class ServingStack:
         dec = bundle.decoder(base)
         self.engine = Engine(dec, bundle.tokenizer, bundle.shapes, max_waiting=max_waiting,
                              stop_ids=bundle.config.eos_token_ids, model_name=model_name or model_id(bundle.config.name),
-                             cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or DEFAULT_BATCH_BUCKETS,
+                             cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or bundle.batch_buckets,
                              max_queue_wait_s=max_queue_wait_s, decode_path=decode_path or DEFAULT_DECODE_PATH,
                              max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens)
         self._probation: dict[str, _Probation] = {}
@@ -146,12 +145,17 @@ class ServingStack:
         """Latency tracker + power sensors + policies; breaches become events, and ``rollback_plugin`` (roll back a
         plugin on probation that its A/B trial shows to be slower) and ``shed_load`` are registered as its actions,
         under the names the policy raises. The watchdog reads the engine's tracker: one set of latency histograms
-        in /metrics."""
+        in /metrics. Without a ``policy`` the budgets are the bundle's plan's (made for the target it was built for,
+        whatever profiles this device has installed), else the watchdog's defaults."""
         from edgekit.power.actions import ROLLBACK_PLUGIN, SHED_LOAD
         from edgekit.power.jsonl import JsonlLogger
+        from edgekit.power.policy import PolicyConfig
         from edgekit.power.sensors.discover import absent_names, local_sensors
         from edgekit.power.watchdog import Watchdog
 
+        if policy is None:
+            budgets = self.bundle.watchdog_budgets
+            policy = PolicyConfig.from_profile({"watchdog": budgets} if budgets else None)
         absent: list[str] = []
         if sensors is None:
             sensors, notes = local_sensors()

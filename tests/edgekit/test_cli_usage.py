@@ -113,3 +113,15 @@ def test_help_at_80_columns_shows_every_flag_name_whole(path):
         for flag in (*param.opts, *param.secondary_opts):
             if flag.startswith("--") and not param.hidden:
                 assert flag in r.stdout, flag
+
+
+def test_value_names_come_from_clicks_own_types_under_a_typer_without_display_type():
+    """typer before 0.2x runs click's options, which have no `display_type`: `edgekit` died on every command there
+    (the H200 image's typer, 2026-12-04) before it parsed a flag."""
+    import click
+
+    from edgekit.cli import _value_name
+
+    names = {t: _value_name(click.Option(["--x"], type=t), None)
+             for t in (click.INT, click.IntRange(0, 3), click.FLOAT, click.Path(), click.File(), click.STRING)}
+    assert list(names.values()) == ["INT", "INT", "NUM", "PATH", "PATH", "TEXT"]

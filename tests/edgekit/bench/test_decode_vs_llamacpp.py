@@ -3,6 +3,8 @@ the GPU machine; here the ratios and the layout are checked)."""
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +95,12 @@ def test_the_table_gives_int4_over_int8_of_the_same_run():
     assert line.startswith("smollm2-135m edgekit-fused: int4 / int8 decode tokens/s = 1.60") and ">= 1.6" in line
     doc["edgekit"][-1].pop("decode_tokens_per_s")  # an int4 row that failed: no ratio
     assert "int4 / int8" not in table(doc)
+
+
+def test_a_preset_spec_narrows_that_presets_precisions_and_refuses_an_unknown_one():
+    from edgekit.bench.decode_vs_llamacpp import preset_precisions
+
+    got = preset_precisions("smollm2-135m:fp16,qwen3-0.6b,gemma-3-1b:int8+int4", ("fp16", "int8", "int4"))
+    assert got == {"smollm2-135m": ("fp16",), "qwen3-0.6b": ("fp16", "int8", "int4"), "gemma-3-1b": ("int8", "int4")}
+    with pytest.raises(ValueError, match="int3"):
+        preset_precisions("qwen3-0.6b:int3", ("fp16",))

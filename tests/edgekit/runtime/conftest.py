@@ -79,12 +79,12 @@ def live_server(app, **kw):
 
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory):
-    """A signed fp16 bundle of the tiny preset (dev key), built once per session."""
+    """A signed fp16 bundle of the tiny preset (dev key) planned for 4 sequences at once, built once per session."""
     from edgekit.builder import BuildOptions, build_bundle
 
     d = tmp_path_factory.mktemp("tiny-bundle")
     opts = BuildOptions(model="preset:tiny", target="orin", out=d / "bundle", dev_key=True, precision="fp16",
-                        context=64, buckets=(16, 32), onnx=False, cache_dir=d / "cache")
+                        context=64, buckets=(16, 32), batch=4, onnx=False, cache_dir=d / "cache")
     return build_bundle(opts).out
 
 

@@ -15,12 +15,12 @@ from edgekit.model.weights import random_weights
 pytestmark = pytest.mark.gpu
 
 
-def _decoder(precision: str):
+def _decoder(precision: str, preset: str = "smollm2-135m", n_layers: int = 4):
     from edgekit.bench.runner import _cast, quantized
     from edgekit.kernels.triton_backend import triton_dispatch_table
     from edgekit.model.decoder import Decoder
 
-    cfg = dataclasses.replace(preset_config("smollm2-135m"), n_layers=4)
+    cfg = dataclasses.replace(preset_config(preset), n_layers=n_layers)
     w = quantized(_cast(random_weights(cfg, seed=2, dtype=torch.float16), "cuda", torch.float16), precision)
     return Decoder(cfg, w, triton_dispatch_table())
 
@@ -67,6 +67,21 @@ def test_graphed_int4_fused_step_matches_the_per_operator_step(batch):
     assert path.name == "fused" and path.launches_per_token == 5 * 4 + 4
     assert set(path.sources.values()) == {"triton"}
     _follows_the_per_operator_step(dec, step_decoder, caches, batch)
+
+
+@pytest.mark.parametrize("preset,n_layers", [("qwen3-0.6b", 2), ("gemma-3-1b", 6)])
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_graphed_steps_of_the_newer_families_match_the_per_operator_step(preset, n_layers, precision):
+    """Qwen3 (QK-norm) and Gemma 3 (scaled embedding, post-norms, GeGLU, five sliding-window layers and a global
+    one) at their published head shapes: both steps are captured as CUDA graphs (nothing on their way may copy from
+    the host: Gemma's embedding scale once did) and the fused one follows the per-operator one."""
+    from edgekit.runtime.fused_decode import select_decode_path
+
+    dec = _decoder(precision, preset, n_layers)
+    caches = [dec.new_cache(2, 256), dec.new_cache(2, 256)]
+    step_decoder, path = select_decode_path(dec, caches[1], prefer="fused")
+    assert path.name == "fused"
+    _follows_the_per_operator_step(dec, step_decoder, caches, 2)
 
 
 def test_a_swapped_operator_takes_decode_back_to_the_per_operator_path():
