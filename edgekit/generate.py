@@ -89,8 +89,9 @@ class Generator:
         self.prefill_step = prefill_step
         self.shapes = shapes
         self.pad_token_id = pad_token_id
-        # the cache is preallocated once and may be shared by generators that never run concurrently
-        self.cache = cache if cache is not None else decoder.new_cache(shapes.batch, shapes.max_seq_len)
+        # the cache is preallocated once and may be shared by generators that never run concurrently; one row: a
+        # Generator decodes one sequence, whatever batch the shapes (a bundle's plan) serve
+        self.cache = cache if cache is not None else decoder.new_cache(1, shapes.max_seq_len)
 
     def stream(
         self,

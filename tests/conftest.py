@@ -10,6 +10,13 @@ from pathlib import Path
 
 import pytest
 
+# `python -m pytest` from the repository root puts the root first on sys.path, where kernels/ (the sources of
+# edgekit.kernels) shadows the `kernels` distribution that transformers >= 5 imports at load (Hugging Face hub
+# kernels): every test building a transformers model failed with "cannot import name 'CUDAProperties' from
+# 'kernels'". The tests import edgekit from its installed package, never from the root.
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+
 
 def _has_cuda() -> bool:
     try:

@@ -25,7 +25,7 @@ def run_generator(b: OpenedBundle, ids: list[int], max_new_tokens: int, *, cuda_
     the path ``select_decode_path`` picks (``prefer``: its preferred path, default the fused one), replayed as a
     CUDA graph, and the prompt's bucket is captured as a prefill graph before any clock starts."""
     dec = b.decoder()
-    cache = dec.new_cache(b.shapes.batch, b.shapes.max_seq_len)
+    cache = dec.new_cache(1, b.shapes.max_seq_len)  # one sequence, whatever batch the bundle's plan serves
     step = prefill_step = None
     prefill_path = "eager"
     decode_path = {"path": "per-operator", "launches_per_token": None,

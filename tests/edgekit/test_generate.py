@@ -82,3 +82,12 @@ def test_a_prefill_step_replaces_the_decoder_prefill():
     a, _ = Generator(dec, shapes, pad_token_id=0).generate([3, 4, 5], 6)
     b, _ = Generator(dec, shapes, pad_token_id=0, prefill_step=prefill_step).generate([3, 4, 5], 6)
     assert a == b and calls == [(1, 16)]
+
+
+def test_a_generator_over_shapes_planned_for_4_sequences_decodes_its_one_sequence():
+    """`edgekit run` of a bundle planned for batch 4 failed at its first decode step: the Generator's cache had 4
+    rows for its 1 sequence ("shape '[1, 4, 16]' is invalid for input of size 256")."""
+    m = load_model("preset:tiny", seed=7)
+    alone, _ = Generator(m.decoder(), StaticShapes(buckets=(16,), max_seq_len=64)).generate([5, 9], 6)
+    gen = Generator(m.decoder(), StaticShapes(buckets=(16,), max_seq_len=64, batch=4))
+    assert gen.generate([5, 9], 6)[0] == alone and gen.cache.batch == 1
