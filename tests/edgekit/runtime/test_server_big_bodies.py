@@ -45,4 +45,5 @@ def test_32_parallel_bodies_just_under_1_mb_do_not_stall_the_event_loop(tiny_sta
         statuses = flood.result(timeout=120)
     assert statuses and set(statuses) <= {413, 429}, set(statuses)  # too long for any bucket: refused, not served
     waits.sort()
-    assert waits[-1] < 0.5, f"/healthz waited up to {waits[-1]:.2f} s behind the bodies (p50 {waits[len(waits) // 2]:.3f} s)"
+    # before: 3-4.7 s; a CI runner's 2 shared cores alone gave 0.50 s once (0.37 s p50), hence 1 s
+    assert waits[-1] < 1.0, f"/healthz waited up to {waits[-1]:.2f} s behind the bodies (p50 {waits[len(waits) // 2]:.3f} s)"
