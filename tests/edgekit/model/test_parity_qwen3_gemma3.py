@@ -124,8 +124,10 @@ def test_a_padded_batch_keeps_each_sequences_window_in_the_ring(tmp_path):
         assert _close(torch.stack([x[b] for x in got]), want) <= RTOL
 
 
-@pytest.mark.parametrize("preset, source", [("qwen3-0.6b", "hf"), ("qwen3-0.6b", "gguf"), ("qwen3-1.7b", "hf"),
-                                            ("qwen3-4b", "hf"), ("gemma-3-1b", "hf"), ("gemma-3-1b", "gguf")])
+# each family from both sources; Qwen3's 0.6B shape from a GGUF, its 4B shape (the widest: 2560 wide, 32 query heads)
+# from a folder (1.7B sits between them: same head size and KV heads; dropped to keep CI under 15 minutes)
+@pytest.mark.parametrize("preset, source", [("qwen3-0.6b", "gguf"), ("qwen3-4b", "hf"), ("gemma-3-1b", "hf"),
+                                            ("gemma-3-1b", "gguf")])
 def test_two_layers_of_the_published_shapes_match_transformers(tmp_path, preset, source):
     gemma = preset.startswith("gemma")
     # llama.cpp runs a gemma3 file's first 5 layers of every 6 as local: a 2-layer file has no global layer
