@@ -16,6 +16,13 @@ DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)
 DEFAULT_MAX_SEQ_LEN = 2048
 
 
+def batch_buckets_for(batch: int) -> tuple[int, ...]:
+    """The decode batch sizes a bundle planned for ``batch`` sequences serves: powers of two below it, and it (the KV
+    cache, the tiles and the memory plan are sized for ``batch``). The planner writes them into the plan; a device
+    reading a bundle whose plan predates them derives the same."""
+    return tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
+
+
 @dataclass(frozen=True)
 class StaticShapes:
     buckets: tuple[int, ...] = DEFAULT_BUCKETS

@@ -76,7 +76,7 @@ class PlannedShapes:
     buckets: tuple[int, ...]  # prompt buckets (prefill graphs)
     context: int  # KV cache length in tokens
     batch: int  # the most sequences decoded together: KV cache, memory, tiles and predictions are sized for it
-    batch_buckets: tuple[int, ...]  # the decode batch sizes the device serves (planner.batch_buckets_for(batch))
+    batch_buckets: tuple[int, ...]  # the decode batch sizes the device serves (shapes.batch_buckets_for(batch))
 
     def __post_init__(self):
         if not self.batch_buckets or sorted(set(self.batch_buckets)) != list(self.batch_buckets):

@@ -37,7 +37,7 @@ from edgekit.graph.node import DECODE, PREFILL
 from edgekit.graph.paths import FUSED, PER_OPERATOR, fused_blocker, fused_step_operators, path_graph, registry_ops
 from edgekit.plan.launches import count_pass
 from edgekit.plan.tiles import ShapeFacts, TileChoice, kernel_shapes, needed_ops, solve_all
-from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes
+from edgekit.shapes import DEFAULT_MAX_SEQ_LEN, StaticShapes, batch_buckets_for
 
 DEFAULT_DECODE_BLOCK_N = 32  # the smallest decode BLOCK_N: the most splits, before the solver has chosen
 DEFAULT_DECODE_MAX_SPLITS = 128  # the largest workspace any decode variant allocates
@@ -93,12 +93,6 @@ def _versions() -> Versions:
     except Exception:  # triton is optional on hosts that only read plans
         tv = None
     return Versions(__version__, tv)
-
-
-def batch_buckets_for(batch: int) -> tuple[int, ...]:
-    """The decode batch sizes a bundle planned for ``batch`` sequences serves: powers of two below it, and it (the KV
-    cache, the tiles and the memory plan are sized for ``batch``)."""
-    return tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
 
 
 def check_memory(cfg: ModelConfig, target: Target, precision: str | PrecisionPlan, *, context: int | None, batch: int,

@@ -22,7 +22,7 @@ from edgekit.errors import BundleError, EdgekitError
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
-from edgekit.shapes import StaticShapes
+from edgekit.shapes import StaticShapes, batch_buckets_for
 
 
 @dataclass
@@ -49,7 +49,7 @@ class OpenedBundle:
         planned = (self.manifest.plan.get("shapes") or {}).get("batch_buckets")
         batch = self.shapes.batch
         if planned is None:
-            return tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < batch) + (batch,)
+            return batch_buckets_for(batch)
         if (not isinstance(planned, list) or not all(isinstance(b, int) and b >= 1 for b in planned)
                 or planned != sorted(set(planned)) or planned[-1] != batch):
             raise BundleError(f"{self.root}: the plan's batch buckets {planned!r} are not increasing sizes ending at "
