@@ -54,7 +54,7 @@ class JsonlLogger:
         self._last_flush = time.monotonic()
         self._pending: list[str] = []
         self._pending_bytes = 0
-        self._meta_line: str | None = None  # written again at the top of a rotated log
+        self._meta: dict[str, Any] | None = None  # written again at the top of a rotated log
         self.records = 0  # records handed to write()
         self.dropped = 0  # of those, lost to a failed write
         self.rotations = 0
@@ -136,14 +136,13 @@ class JsonlLogger:
         except OSError as e:
             self.last_error = f"rotation failed: {type(e).__name__}: {e}"
             return
-        if self._meta_line is not None:
-            meta = json.loads(self._meta_line)
-            meta["rotated_from"] = f"{self.path.name}.1"
+        if self._meta is not None:
+            meta = {**self._meta, "rotated_from": f"{self.path.name}.1"}
             self._write_lines([(json.dumps(meta, separators=(",", ":"), default=str) + "\n").encode()], count=False)
 
     def meta(self, **fields: Any) -> None:
         record = {"type": "meta", "format_version": LOG_FORMAT_VERSION, "t_s": time.time(), **fields}
-        self._meta_line = json.dumps(record, separators=(",", ":"), default=str)
+        self._meta = record
         self.write(record, flush=True)
 
     @property
