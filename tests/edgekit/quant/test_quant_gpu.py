@@ -63,7 +63,11 @@ def test_triton_int8_matches_the_cpu_reference(model, mode, kv_int8):
     kv = prep.kv_scales.roundtrip if prep.kv_scales is not None else None
     lc = all_logits(cpu, seq, kv)[0].double()
     lg = all_logits(gpu, seq.cuda(), kv)[0].double().cpu()
-    snr = 10 * math.log10(float(lc.pow(2).sum() / (lc - lg).pow(2).sum().clamp_min(1e-300)))
+    snr = _snr_db(lc, lg)
+    # The floor: the same torch reference operators on this GPU. Only the device's rounding differs from the CPU,
+    # and a W8A8 model amplifies last-bit differences (a value near a rounding boundary flips one INT8 step).
+    floor_dec = make_decoder(cfg, weights.to(device="cuda"), DispatchTable(), prep.kv_scales)
+    floor = _snr_db(lc, all_logits(floor_dec, seq.cuda(), kv)[0].double().cpu())
     same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if same is not None:
         # Two roundings of one W8A8 model may part where the reference itself hesitates: the reference's top two
@@ -76,10 +80,20 @@ def test_triton_int8_matches_the_cpu_reference(model, mode, kv_int8):
                                                    f"largest apart: not a rounding near-tie")
     print(f"{mode}{' + INT8 KV' if kv_int8 else ''}: greedy tokens identical for "
           f"{NEW_TOKENS if same is None else same}/{NEW_TOKENS}{'' if same is None else ' (then a near-tie)'}; "
-          f"teacher-forced logits SNR GPU vs CPU {snr:.1f} dB (FP32 activations)")
-    # W8A8 rounds activations per token: a value at a rounding tie may round differently in the two
-    # implementations, so the logits agree closely but not to the last bit.
-    # Measured on the H200 (preset:smollm2-135m shapes): W8A16 passes 40 dB; W8A8 gave 35.8-35.9 dB with all
-    # 32 tokens identical. 30 dB = error energy below 0.1% of the logits' energy. (With the default model's real
-    # weights, 2026-12-04, both W8A8 cases failed the old all-32-identical check; the figures are in the note.)
-    assert snr > (40.0 if mode == "w8a16" else 30.0)
+          f"teacher-forced logits SNR GPU vs CPU {snr:.1f} dB (FP32 activations); torch reference on the GPU vs "
+          f"the CPU {floor:.1f} dB")
+    if mode == "w8a16":
+        assert snr > 40.0
+    else:
+        # W8A8 rounds activations per token: two implementations part by INT8 flips where a value sits at a rounding
+        # boundary, so the Triton path is held to the device's own floor, not to a fixed figure. Measured on the
+        # H200 (2026-12-04): random preset weights 35.8-35.9 dB; the default model's real weights 21.6 / 23.6 dB
+        # (no INT8 KV / INT8 KV) with the torch reference on the same GPU at 21.1 dB (no INT8 KV): per block, a
+        # block alone stays above 90 dB from the CPU's input but for one or two blocks where a flip lands
+        # (tools/w8a8_divergence.py). 30 dB = error energy below 0.1% of the logits'; floor - 6 dB = at most 4x the
+        # error energy of the reference operators on this device. A defect (a wrong scale, a lost row) is far below.
+        assert snr > min(30.0, floor - 6.0), f"{mode}: {snr:.1f} dB vs the device floor {floor:.1f} dB"
+
+
+def _snr_db(ref: torch.Tensor, got: torch.Tensor) -> float:
+    return 10 * math.log10(float(ref.pow(2).sum() / (ref - got).pow(2).sum().clamp_min(1e-300)))
