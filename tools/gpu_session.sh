@@ -14,9 +14,12 @@
 #        each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
 #   bash tools/gpu_session.sh verify PRESETS   `edgekit verify` of the orin bundles the suite call built: golden
 #        vectors through the sm_87 PTX, JIT-compiled for this GPU.
+#   bash tools/gpu_session.sh park             only park .devcarry_a/part (and install .whl) for a later suite/diag call.
 #   bash tools/gpu_session.sh diag             tools/w8a8_divergence.py on the joined default model (as suite joins it).
 #   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
-# Carry .whl (the wheels the GPU machine lacks: tools/gpu_setup.sh) with the first call. Each stage ends by LIMIT_S.
+# Carry .whl (the wheels the GPU machine lacks: tools/gpu_setup.sh) with the first call. A call that comes back
+# "warm": false ran on a fresh machine: what earlier calls left in /tmp (wheels, parked half, llama.cpp) is gone, and
+# a carried folder stays only until a call that does not name it: park and join in back-to-back calls. Each stage ends by LIMIT_S.
 set -uo pipefail
 stage=${1:?stage: bench, suite, verify or long}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -93,6 +96,9 @@ verify)
       > "$OUT/verify_orin_$p.json" 2> "/tmp/builds/verify_$p.log"
     echo "verify $p on the GPU (sm_87 PTX) rc=$?"; tail -2 "/tmp/builds/verify_$p.log"
   done
+  ;;
+park)
+  mkdir -p /tmp/parts && cp "$R/.devcarry_a/part" /tmp/parts/a && ls -la /tmp/parts/a
   ;;
 diag)
   join_model
