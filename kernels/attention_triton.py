@@ -34,7 +34,7 @@ from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, p
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 from edgekit.kernels.pdl_triton import _pdl_enter
 # the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
-from edgekit.kernels.attention import _prepare_heads, prepare_decode, prepare_prefill
+from edgekit.kernels.attention import prepare_decode, prepare_prefill
 
 LOG2E = 1.4426950408889634
 # DECODE_PROGRAMS_PER_SM (split-KV occupancy target) is kernels/attention.py's: the planner reads it there

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 
 from edgekit.errors import OperatorError
 from edgekit.kernels.registry import OPERATORS

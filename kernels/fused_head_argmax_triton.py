@@ -19,7 +19,7 @@ from edgekit.kernels.fused_gemv_triton import (
     int4_gemv_tile, int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
-from edgekit.kernels.launch_rule import attr, cdiv, check, ptr, shape, stride, sym
+from edgekit.kernels.launch_rule import attr, cdiv, ptr, shape, stride, sym
 from edgekit.kernels.pdl_triton import _pdl_enter
 # the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
 from edgekit.kernels.fused_head_argmax import prepare

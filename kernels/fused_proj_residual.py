@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_decode_common import (
     FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, golden_weight, project, weight_inputs, weight_operands,

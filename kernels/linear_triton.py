@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 import triton
 import triton.language as tl
 
@@ -52,7 +51,7 @@ from edgekit.errors import OperatorError
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
 # the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
-from edgekit.kernels.linear import _prepare_common, prepare_linear, prepare_w8a16, prepare_w8a8
+from edgekit.kernels.linear import prepare_linear, prepare_w8a16, prepare_w8a8
 
 # Decode calls of this many rows take the GEMV kernel when both are planned; more rows take the tensor-core
 # GEMM. Measured on the H200 (tools/gemv_lab.py --production): FP32-FMA GEMVs over 4-8 rows (per-row

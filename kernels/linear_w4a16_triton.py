@@ -64,8 +64,8 @@ import triton.language as tl
 
 from edgekit.kernels.int4_half2_triton import UNSCALE, activation_pairs, load_where_used, subblock_dots_half2
 from edgekit.kernels.int4_layout import SUBBLOCK
-from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
-from edgekit.kernels.launch_rule import cdiv, check, mul, ptr, shape, stride, sym
+from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, program_doc
+from edgekit.kernels.launch_rule import check, mul, ptr, shape, stride, sym
 from edgekit.kernels.linear_triton import (_PTX_DEQUANT, _gemm_space, _gemv_splits, _mm_launches, _split_k_blocks,
                                           _split_k_sum)
 # the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton

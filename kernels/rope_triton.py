@@ -22,7 +22,7 @@ from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, p
 from edgekit.kernels.launch_rule import cdiv, check, ptr, shape, stride
 from edgekit.kernels.launch_rule import attr as _attr
 # the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
-from edgekit.kernels.rope import _check_tables, _heads, prepare_qkv_rope, prepare_rope
+from edgekit.kernels.rope import prepare_qkv_rope, prepare_rope
 
 
 @triton.jit

@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 from typing import Iterable, Mapping
 
-import torch
 
 from edgekit.errors import OperatorError
 from edgekit.kernels.dispatch import DispatchTable

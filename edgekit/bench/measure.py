@@ -61,7 +61,6 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, repeats: int = 1
     if not torch.equal(dst[:1024], src[:1024]):
         raise RuntimeError("the bandwidth copy did not copy")
     t = median(times)
-    del src, dst
     return {
         "buffer_bytes": n * 2,
         "median_s": t,

@@ -86,7 +86,7 @@ def norm_shapes(cfg: ModelConfig) -> dict[str, tuple[int]]:
 def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor], source: str,
                                norm_offset: float = 0.0) -> ModelWeights:
     """``norm_offset``: added to every norm weight in FP32 (Gemma's checkpoints store w of an RMSNorm by 1 + w)."""
-    C, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    C, F = cfg.hidden_size, cfg.intermediate_size
 
     def norm(name: str, shape: tuple[int]) -> torch.Tensor:
         return _take(sd, name, shape, source) + norm_offset
