@@ -33,14 +33,22 @@ def _slowed(extra_s: float):
     return swiglu_slower
 
 
-def _under_load(url: str, stack, seconds: float, until) -> list[dict]:
-    """32 careless clients (they retry a 429 at once) in another process, until `until()` or `seconds` pass."""
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        load = pool.submit(run_clients, url, {"prompt": [1, 2, 3, 4], "max_tokens": 16}, clients=32, seconds=seconds)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not until():
+def _under_load(url: str, stack, seconds: float, until, at_least_s: float = 0.0) -> list[dict]:
+    """32 careless clients (they retry a 429 at once) in another process, for at least `at_least_s`, then until
+    `until()` or `seconds` pass. The clients stop once `until()` holds (the verdict lands within seconds; the load
+    ran the whole 40 s window before, each of these tests waiting ~35 s after its verdict)."""
+    ctx = get_context("spawn")
+    with ctx.Manager() as manager, ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        stop = manager.Event()
+        load = pool.submit(run_clients, url, {"prompt": [1, 2, 3, 4], "max_tokens": 16}, clients=32, seconds=seconds,
+                           stop=stop)
+        start = time.monotonic()
+        while time.monotonic() < start + seconds and (time.monotonic() < start + at_least_s or not until()):
             time.sleep(0.2)
-        return load.result(timeout=seconds + 120)
+        stop.set()
+        records = load.result(timeout=seconds + 120)
+    stack.admin_worker.submit(lambda: None).result(30)  # a verdict's store write and event, if one was under way
+    return records
 
 
 def _decided(stack, op: str):
@@ -62,14 +70,16 @@ def test_an_identical_plugin_passes_probation_under_32_clients_ignoring_retry_af
     r = httpx.post(url + "/v1/plugins", headers=auth, timeout=60,
                    files={"file": ("p.tar", plugin_packages(tiny_bundle, "swiglu", [2])[0])})
     assert r.status_code == 200, r.text
-    records = _under_load(url, stack, LOAD_S, _decided(stack, "swiglu"))
+    records = _under_load(url, stack, LOAD_S, _decided(stack, "swiglu"), at_least_s=8.0)
     p = stack.store.pointer("swiglu")
     verdicts = [e for e in stack.events if e["kind"] in ("probation_passed", "probation_failed", "rollback")]
     assert (p.version, p.state) == ("2", "confirmed"), verdicts
     assert [e["kind"] for e in verdicts] == ["probation_passed"], verdicts
-    assert sum(r["status"] == 200 for r in records) > 50 and all(r["status"] in (200, 429) for r in records)
+    answered = sum(r["status"] == 200 for r in records)
+    assert answered > 50 and all(r["status"] in (200, 429) for r in records)
     jitter = [e for e in stack.watchdog.events if e.kind == "jitter"]
-    print(f"{len(records)} requests, {len(jitter)} watchdog jitter events, verdict: {verdicts[0]['detail']}")
+    print(f"{len(records)} requests ({answered} answered), {len(jitter)} watchdog jitter events, "
+          f"verdict: {verdicts[0]['detail']}")
 
 
 def test_a_20_percent_slower_plugin_is_rolled_back_under_the_same_load_and_not_blocked(watched, tiny_bundle,
