@@ -21,6 +21,7 @@ class GenerationStats:
     decode_s: float = 0.0
     token_times_s: list[float] = field(default_factory=list)
     first_token_at_s: float | None = None  # time.monotonic() when the first token was ready (the serving engine)
+    queue_s: float = 0.0  # how long the request waited for a decode row (the serving engine; part of prefill_s)
 
     @property
     def decode_tokens_per_s(self) -> float | None:

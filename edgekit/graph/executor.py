@@ -65,6 +65,7 @@ class ExecContext:
     kv_history: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
     on_linear_input: LinearHook | None = None
     on_linear_output: LinearOutputHook | None = None
+    before_node: Callable[[], None] | None = None  # called before each node runs (a server's admission point)
     _kv_read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def weight(self, path: str):
@@ -147,6 +148,8 @@ def run_graph(graph: Graph, ctx: ExecContext, env: dict[str, torch.Tensor] | Non
     calls = _plan(graph)
     for call in (calls if nodes is None else [calls[i] for i in nodes]):
         node = call.node
+        if ctx.before_node is not None:
+            ctx.before_node()
 
         def value(kind: str, key: str):
             if kind == "value":

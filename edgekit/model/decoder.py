@@ -10,6 +10,7 @@ cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -111,6 +112,10 @@ class Decoder:
         self.dtype = weights.tok_embeddings.dtype
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    # Called before each operator of a decode step (None: nothing): a server prefills a newly arrived prompt there
+    # rather than after the step (runtime.engine, prefill_mid_step). Set on a ``with_ops`` view, it is that view's.
+    between_decode_nodes: Callable[[], None] | None = None
+
     def with_ops(self, ops: DispatchTable) -> "Decoder":
         """The same model (weights shared, not copied) calling operators through another table."""
         view = object.__new__(type(self))
@@ -167,5 +172,7 @@ class Decoder:
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """tokens (B,) at positions (B,): one step. Returns logits (B, V)."""
         g = self.graph(DECODE)
-        env = run_graph(g, self.context(DECODE, cache, tokens=tokens, positions=positions))
+        ctx = self.context(DECODE, cache, tokens=tokens, positions=positions)
+        ctx.before_node = self.between_decode_nodes
+        env = run_graph(g, ctx)
         return env[g.outputs["logits"]]

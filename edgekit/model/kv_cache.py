@@ -50,6 +50,16 @@ def ring_prefix(k: torch.Tensor, v: torch.Tensor, rows: int, seq_lens: torch.Ten
     return k.gather(2, index), v.gather(2, index)
 
 
+def copy_prompt_rows(src: "StaticKVCache", src_row: int, dst: "StaticKVCache", dst_row: int, n: int) -> None:
+    """The keys/values of a prompt of ``n`` tokens prefilled into row ``src_row`` of ``src`` (a cache of at least
+    ``n`` positions, of the same kind) to row ``dst_row`` of ``dst``: each layer's first min(n, its rows) rows. A
+    ring shorter than the prompt holds the same rows in both (its window), so they are copied whole."""
+    for layer in range(len(src.k)):
+        rows = min(n, src.k[layer].shape[2])
+        dst.k[layer][dst_row, :, :rows] = src.k[layer][src_row, :, :rows]
+        dst.v[layer][dst_row, :, :rows] = src.v[layer][src_row, :, :rows]
+
+
 class StaticKVCache:
     def __init__(self, config: ModelConfig, batch: int, max_seq_len: int, dtype: torch.dtype, device="cpu"):
         shapes = layer_shapes(config, batch, max_seq_len)

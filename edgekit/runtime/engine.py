@@ -40,10 +40,11 @@ from edgekit.errors import EdgekitError, NumericFaultError
 from edgekit.generate import GenerationStats, SamplingConfig, _pick
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
+from edgekit.model.kv_cache import copy_prompt_rows
 from edgekit.power.latency import LatencyTracker
 from edgekit.runtime.fused_decode import DECODE_PATHS, DEFAULT_DECODE_PATH, DecodePath
 from edgekit.runtime.gpu_admin_lock import gpu_admin_work
-from edgekit.runtime.step_runner import Launch, make_runner
+from edgekit.runtime.step_runner import Launch, RowPrefillCache, make_runner
 from edgekit.shapes import StaticShapes
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4)
@@ -53,11 +54,17 @@ DEFAULT_MAX_QUEUE_WAIT_S = 0.35
 # No request runs longer than this from its arrival: it ends with finish reason "time_limit" ("length" to an OpenAI
 # client) and frees its rows. Generous for a long answer on a slow device; it bounds what one client can hold.
 DEFAULT_MAX_REQUEST_S = 300.0
-DEFAULT_MAX_ADMISSION_WAIT_S = 0.1
+DEFAULT_MAX_ADMISSION_WAIT_S = 0.05
 # Prompt tokens per prefill chunk on an eager (CPU) runner: on the 2-core development machine a 64-token chunk of the
 # 135M default model costs about one batch-4 decode step (~0.7 s under load), so streams slow down during a long
 # prompt but never stall (a whole 2046-token prefill held them ~70 s).
 DEFAULT_PREFILL_CHUNK_TOKENS = 64
+# On a CPU a short prompt that arrives while rows decode is prefilled inside the decode step, between two of its
+# operators (``prefill_mid_step``), and its first token goes out at once. Prefilled between two steps instead, an
+# admitted request waited for the rest of the step in flight before its prefill could start: under 32 clients
+# ignoring Retry-After (default model, 2 cores) admitted requests' p50 time to first token was 290 ms against 80 ms
+# for one client alone. On a second thread the prefill competed with the step for the cores: 170 ms on a box whose
+# other core was busy.
 
 
 class OverloadedError(EdgekitError):
@@ -182,7 +189,7 @@ class Engine:
                  cuda_graphs: bool = True, tracker: LatencyTracker | None = None,
                  decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None,
                  max_request_row_tokens: int | None = None, max_request_s: float | None = DEFAULT_MAX_REQUEST_S,
-                 prefill_chunk_tokens: int | None = None):
+                 prefill_chunk_tokens: int | None = None, prefill_mid_step: bool | None = None):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
             raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
         if decode_path not in DECODE_PATHS:
@@ -198,9 +205,12 @@ class Engine:
         # Admission by expected wait: a request that would wait longer than this for a row is refused (429) at once
         # instead of waiting in line, so an admitted request's time to first token stays near its unloaded one (32
         # clients ignoring Retry-After, default model, CPU: admitted p50 TTFB 2.9x one client's with waits of up to
-        # the queue deadline, #32). Judged on the measured decode step (``_step_s``, a moving average).
+        # the queue deadline, #32). Judged on the measured decode step (``_step_s``, a moving average) and how far the
+        # step in progress is. 0.1 s admitted requests to rows that freed a whole step later on a 2-core CPU (a step of
+        # the default model takes ~0.1 s there): they waited for it, then for each other's prefills (p90 0.2 s).
         self.max_admission_wait_s = min(max_queue_wait_s, DEFAULT_MAX_ADMISSION_WAIT_S)
         self._step_s: float | None = None
+        self._step_started: float | None = None  # perf_counter at the launch of the step in progress (eager runners)
         # Per-request caps, so one request cannot hold every row for minutes (n=4 x 2047 tokens did, 13 min on a CPU):
         # choices x new tokens at most one full row of the KV cache by default, and a wall time (None: no cap).
         self.max_request_row_tokens = max_request_row_tokens or shapes.max_seq_len
@@ -243,6 +253,20 @@ class Engine:
                                      if prefill_chunk_tokens is not None
                                      else None if self.graphs else DEFAULT_PREFILL_CHUNK_TOKENS)
         self.prefill_units: deque[tuple[int, float]] = deque(maxlen=1024)  # (prompt tokens, seconds) per unit run
+        # Prefill inside a decode step (eager runners on a CPU, by default; a graph cannot be paused): the step calls
+        # back before each operator; waiters are admitted there to free rows, the short prompts (up to one chunk) are
+        # prefilled into a scratch cache and answer their first token; after the step the device thread copies their
+        # keys/values into their rows, which decode from then on. Longer prompts take the chunked prefill between
+        # steps, as before (fairness).
+        self.prefill_mid_step = (not self.graphs and not self.lookahead and decoder.device.type == "cpu"
+                                 if prefill_mid_step is None else prefill_mid_step and not self.graphs)
+        self.mid_step_prefill_tokens = self.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
+        self._early: dict[int, Job] = {}  # rows prefilled inside a step, first token out, not decoding yet (lock)
+        self._in_step_busy = False  # a prefill inside the step is running (the callback does not nest)
+        self.prompts_prefilled_in_step = 0  # how many prompts were prefilled inside a decode step (a figure to read)
+        self._in_step_s = 0.0  # seconds the step in progress spent on prefills inside it (not the step's own time)
+        self._early_cache = (decoder.new_cache(self.batch_buckets[-1], self.mid_step_prefill_tokens)
+                             if self.prefill_mid_step else None)
         self._closed = False
         self._draining = False  # finish_all: new work refused, sequences in flight end at their next token
         self.swap_pauses_s: list[float] = []
@@ -276,9 +300,12 @@ class Engine:
         return runner.decode_path
 
     def _make_runner(self, table: DispatchTable, previous=None):
-        return make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs,
-                           baseline=self._baseline_sources, prefer=self.preferred_decode_path,
-                           fused_on_cpu=self._fused_on_cpu, previous=previous)
+        runner = make_runner(self.decoder, table, self._cache, self.batch_buckets, self.shapes.buckets, self.graphs,
+                             baseline=self._baseline_sources, prefer=self.preferred_decode_path,
+                             fused_on_cpu=self._fused_on_cpu, previous=previous)
+        if not runner.graphed:  # an eager step calls back between its operators (prefill_mid_step)
+            runner.decoder.between_decode_nodes = self._between_decode_nodes
+        return runner
 
     def switch_operator(self, op: str, fn: Callable | None, source: str, *, trial: bool = False,
                         control_fn: Callable | None = None) -> float:
@@ -434,14 +461,19 @@ class Engine:
 
     def _expected_wait_s(self, nth: int) -> float:
         """When the ``nth`` request in line (1: the first) would get a row: the rows free now, then the decoding rows
-        by their tokens left at the measured step time (an upper bound: a stop token frees a row sooner). Rows still
-        being prefilled count as taken for a whole answer. Without a measured step yet: 0 (nothing to go on)."""
+        by their tokens left at the measured step time, less what the step in progress has already run (an upper
+        bound: a stop token frees a row sooner). Rows still being prefilled count as taken for a whole answer. Without
+        a measured step yet: 0 (nothing to go on)."""
         if nth <= self._free_rows() or self._step_s is None:
             return 0.0
         left = sorted(r.job.max_new_tokens - len(r.job.tokens) for r in self._rows if r is not None)
-        left += sorted(p.job.max_new_tokens for p in self._prefills)
+        left += sorted([p.job.max_new_tokens for p in self._prefills] + [j.max_new_tokens for j in self._early.values()])
         k = nth - self._free_rows() - 1
-        return left[k] * self._step_s if k < len(left) else float("inf")
+        if k >= len(left):
+            return float("inf")
+        started = self._step_started
+        ran = 0.0 if started is None else min(time.perf_counter() - started, self._step_s)
+        return left[k] * self._step_s - ran
 
     def full(self) -> bool:
         """Whether a request submitted now would be refused for capacity (a hint, without the lock: the HTTP
@@ -478,7 +510,7 @@ class Engine:
         while True:
             with self._cv:
                 while (not self._closed and not self._waiting and not any(self._rows) and self._next_runner is None
-                       and not self._prefills):
+                       and not self._prefills and not self._early):
                     self._cv.wait()
                 if self._closed:
                     break
@@ -496,6 +528,8 @@ class Engine:
                     self._drain()
                 except Exception as e:
                     self._fail_decoding(e)
+            if self._early:
+                self._take_early_rows()
             if runner is not None:  # a swap: the only pause it causes is this hand-over between two steps
                 t = time.perf_counter()
                 # the old runner (its CUDA graphs and their memory) is released by the next switch_operator, on
@@ -572,7 +606,9 @@ class Engine:
         admitted = []
         for slot, row in enumerate(self._rows):
             if row is None and slot not in self._prefilling and self._waiting:
-                admitted.append((slot, self._waiting.popleft()))
+                job = self._waiting.popleft()
+                job.stats.queue_s = time.monotonic() - job.enqueued_s
+                admitted.append((slot, job))
                 self._prefilling.add(slot)
         return admitted
 
@@ -586,13 +622,13 @@ class Engine:
         while self._prefills:
             p = self._prefills[0]
             chunked = budget is not None and len(p.job.prompt_ids) > budget
-            cost = budget if chunked else p.job.bucket
+            cost = budget if chunked else self._prefill_width([p.job])
             if budget is not None and spent and spent + cost > budget:
                 return
             if not chunked and self._runner.batched_prefill:  # whole prompts of one bucket: one forward for all
                 group = self._same_bucket(p.job.bucket, None if budget is None else max(budget - spent, cost))
                 self._prefill_group(group)
-                spent += cost * len(group)
+                spent += self._prefill_width([q.job for q in group]) * len(group)
                 continue
             try:
                 filled = self._prefill_unit(p)
@@ -616,10 +652,20 @@ class Engine:
             if p.job.bucket != bucket or (self.prefill_chunk_tokens is not None
                                           and len(p.job.prompt_ids) > self.prefill_chunk_tokens):
                 continue
-            if tokens is not None and group and (len(group) + 1) * bucket > tokens:
+            width = self._prefill_width([q.job for q in group] + [p.job])
+            if tokens is not None and group and (len(group) + 1) * width > tokens:
                 break
             group.append(p)
         return group
+
+    def _prefill_width(self, jobs: list[Job]) -> int:
+        """The prompt width a prefill of ``jobs`` (one bucket) runs at: their bucket where the runner has static
+        shapes (a CUDA graph per bucket), else the longest prompt among them. On a CPU every padded position costs
+        as much as a real one: an 8-token prompt padded to its 32-token bucket took 130 ms of the default model's
+        prefill instead of 77 (one thread), and every stream waited for it."""
+        if self._runner.static_prefill_shapes:
+            return jobs[0].bucket
+        return max(len(j.prompt_ids) for j in jobs)
 
     def _prefill_group(self, group: list[_Prefill]) -> None:
         """Whole prompts of one bucket in one batched forward; each request then succeeds or fails on its own."""
@@ -633,7 +679,7 @@ class Engine:
             else:
                 live.append(p)
         if live:
-            dev, T = self.decoder.device, live[0].job.bucket
+            dev, T = self.decoder.device, self._prefill_width([p.job for p in live])
             tokens = torch.full((len(live), T), self._pad_id(), dtype=torch.long)  # (B, T)
             for i, p in enumerate(live):
                 tokens[i, : len(p.job.prompt_ids)] = torch.tensor(p.job.prompt_ids, dtype=torch.long)
@@ -680,9 +726,91 @@ class Engine:
         self._first_token(p.slot, job, logits)
         return True
 
+    # -- prefill inside a decode step (prefill_mid_step) ---------------------------
+    def _between_decode_nodes(self) -> None:
+        """Called by an eager decode step before each of its operators, on the device thread: waiters get the free
+        rows now rather than after the step; short prompts are prefilled here, long ones wait for the step's end."""
+        if not self._waiting or not self.prefill_mid_step or self._in_step_busy:
+            return
+        t = time.perf_counter()
+        self._in_step_busy = True
+        try:
+            with self._cv:
+                admitted = self._admit()
+                runner = self._next_runner or self._runner  # a swap published before the request counts for it
+                short = [(slot, job) for slot, job in admitted if len(job.prompt_ids) <= self.mid_step_prefill_tokens]
+                self._early.update(short)
+            self._prefills.extend(_Prefill(slot, job) for slot, job in admitted
+                                  if len(job.prompt_ids) > self.mid_step_prefill_tokens)
+            if short:
+                self._prefill_early(runner, short)
+        finally:
+            self._in_step_busy = False
+            self._in_step_s += time.perf_counter() - t
+
+    def _prefill_early(self, runner, admitted: list[tuple[int, Job]]) -> None:
+        """Whole short prompts in one forward into the scratch cache's rows of the same numbers; each first token
+        goes out at once, and the rows decode from the step after this one on (``_take_early_rows``)."""
+        live = []
+        for slot, job in admitted:
+            if job.cancelled:
+                self._end_early(slot, job, "cancelled")
+            elif self._draining:
+                self._end_early(slot, job, "error", EngineClosedError(
+                    "the server shut down before this request's prompt was read", hint="retry against a running server"))
+            else:
+                live.append((slot, job))
+        if not live:
+            return
+        width = max(len(job.prompt_ids) for _, job in live)
+        tokens = torch.full((len(live), width), self._pad_id(), dtype=torch.long)  # (B, T)
+        for i, (_, job) in enumerate(live):
+            tokens[i, : len(job.prompt_ids)] = torch.tensor(job.prompt_ids, dtype=torch.long)
+        seq_lens = torch.tensor([len(job.prompt_ids) for _, job in live], dtype=torch.long)  # (B,)
+        rows = torch.tensor([slot for slot, _ in live], dtype=torch.long)
+        t = time.perf_counter()
+        try:
+            logits = runner.decoder.prefill(tokens, seq_lens, RowPrefillCache(self._early_cache, rows))  # (B, V)
+        except Exception as e:  # the model failed (plugins fall back inside GuardedOp): these requests fail
+            for slot, job in live:
+                self._end_early(slot, job, "error", e)
+            return
+        self.prefill_units.append((int(seq_lens.sum()), time.perf_counter() - t))
+        self.prompts_prefilled_in_step += len(live)
+        for i, (slot, job) in enumerate(live):
+            try:
+                tok = self._pick_first(job, logits[i : i + 1])
+            except Exception as e:
+                self._end_early(slot, job, "error", e)
+                continue
+            self._hand_out(job, tok)
+
+    def _end_early(self, slot: int, job: Job, reason: str, error: Exception | None = None) -> None:
+        """A request prefilled inside a step ends before its row decodes (cancelled, failed): the row is free again."""
+        if error is not None:
+            job.error = error if isinstance(error, EdgekitError) else EdgekitError(
+                f"generation failed: {type(error).__name__}: {error}")
+        with self._cv:
+            self._early.pop(slot, None)
+            self._prefilling.discard(slot)
+        self._finish(job, reason)
+
+    def _take_early_rows(self) -> None:
+        """Between two steps: the prompts prefilled inside the last one go from the scratch cache into their rows,
+        which decode from their first token on (or end there)."""
+        with self._cv:
+            early, self._early = self._early, {}
+            self._prefilling.difference_update(early)
+        for slot, job in early.items():
+            n = len(job.prompt_ids)
+            copy_prompt_rows(self._early_cache, slot, self._cache, slot, n)
+            now = time.perf_counter()
+            self._rows[slot] = _Row(job, n, job.tokens[-1], now, now)
+            self._end_if_done(slot, job.tokens[-1])
+
     def _prefill(self, slot: int, job: Job) -> None:
         dev = self.decoder.device
-        tokens = torch.full((1, job.bucket), self._pad_id(), dtype=torch.long)  # (1, T)
+        tokens = torch.full((1, self._prefill_width([job])), self._pad_id(), dtype=torch.long)  # (1, T)
         tokens[0, : len(job.prompt_ids)] = torch.tensor(job.prompt_ids, dtype=torch.long)
         seq_lens = torch.tensor([len(job.prompt_ids)], dtype=torch.long)  # (1,)
         logits = self._runner.prefill(slot, tokens.to(dev), seq_lens.to(dev))  # (1, V)
@@ -690,6 +818,13 @@ class Engine:
 
     def _first_token(self, slot: int, job: Job, logits: torch.Tensor) -> None:
         """The prompt is in row ``slot``: check its logits (1, V), pick the first token, and the row decodes."""
+        tok = self._pick_first(job, logits)
+        now = time.perf_counter()
+        self._rows[slot] = _Row(job, len(job.prompt_ids), tok, now, now)
+        self._emit(slot, tok)
+
+    def _pick_first(self, job: Job, logits: torch.Tensor) -> int:
+        """The first token of ``job`` from its prompt's logits (1, V), checked finite; its time to first token."""
         if not bool(torch.isfinite(logits).all()):
             if self.on_nonfinite is not None:
                 self.on_nonfinite()
@@ -697,12 +832,10 @@ class Engine:
         if job.sampling.temperature > 0:
             job._generator = torch.Generator().manual_seed(job.sampling.seed)
         tok = _sample(logits, job)
-        now = time.perf_counter()
         job.stats.prompt_tokens, job.stats.bucket = len(job.prompt_ids), job.bucket
         job.stats.first_token_at_s = time.monotonic()
         job.stats.prefill_s = job.stats.first_token_at_s - job.enqueued_s  # time to first token, queue wait included
-        self._rows[slot] = _Row(job, len(job.prompt_ids), tok, now, now)
-        self._emit(slot, tok)
+        return tok
 
     def _decode_step(self) -> None:
         """One decode step of the occupied rows, read back while the next one (a lookahead) already runs when it can:
@@ -727,19 +860,23 @@ class Engine:
                 arm = self._trial_pair.pop()
                 runner = self._control if arm == "control" else self._runner
             t0 = time.perf_counter()
+            self._in_step_s = 0.0
+            self._step_started = None if runner.graphed else t0  # an eager launch runs the whole step
             flight = _Flight(runner, runner.launch(b, tokens, positions, active), b, {i: rows[i] for i in occupied},
                              arm, t0)
+            self._step_started = None
         same_rows = len(flight.rows) == len(occupied) and all(flight.rows.get(i) is rows[i] for i in occupied)
         if (self.lookahead and same_rows and flight.batch == b and flight.runner is self._runner
                 and self._control is None and all(rows[i].job.sampling.temperature <= 0 for i in occupied)):
             self._flight = _Flight(self._runner, self._runner.launch(b), b, flight.rows)
         step = flight.runner.collect(flight.launch)
         if flight.t0:  # launched from host values and read back here: one whole step, for admission's estimate
-            took = time.perf_counter() - flight.t0
+            took = time.perf_counter() - flight.t0  # wall time, prefills inside it included: rows free at that pace
             self._step_s = took if self._step_s is None else 0.8 * self._step_s + 0.2 * took
         if flight.arm is not None:  # read back at once (no lookahead in a trial): launch to result, per arm
-            self.trial_steps.append(TrialStep(self._control_trial, flight.arm, b, time.perf_counter() - flight.t0,
-                                              self._trial_pair_no))
+            # prefills inside the step are no arm's own time
+            self.trial_steps.append(TrialStep(self._control_trial, flight.arm, b,
+                                              time.perf_counter() - flight.t0 - self._in_step_s, self._trial_pair_no))
         self._apply(flight, step)
         if self._flight is not None and not any(rows):  # every row finished: nothing will read the lookahead
             self._drain()
@@ -780,12 +917,20 @@ class Engine:
             self._emit(i, tok)
 
     def _emit(self, slot: int, tok: int) -> None:
-        row = self._rows[slot]
-        job = row.job
+        job = self._rows[slot].job
+        self._hand_out(job, tok)
+        self._end_if_done(slot, tok)
+
+    @staticmethod
+    def _hand_out(job: Job, tok: int) -> None:
         job.tokens.append(tok)
         job.stats.new_tokens = len(job.tokens)
         if job.on_token is not None:
             job.on_token(tok)
+
+    def _end_if_done(self, slot: int, tok: int) -> None:
+        """The request in row ``slot`` ends here if ``tok`` (its latest) or anything else says so; its row is freed."""
+        job = self._rows[slot].job
         reason = None
         if job.cancelled:
             reason = "cancelled"
@@ -819,6 +964,8 @@ class Engine:
     def _fail_all(self, error: Exception) -> None:
         with self._cv:
             jobs = list(self._waiting) + [p.job for p in self._prefills] + [r.job for r in self._rows if r is not None]
+            jobs += list(self._early.values())
+            self._early.clear()
             self._prefills.clear()
             self._waiting.clear()
             self._rows = [None] * len(self._rows)

@@ -129,6 +129,14 @@ class _Refused(Exception):
         self.status, self.message, self.param, self.headers = status, message, param, headers or {}
 
 
+def _first_token_ms(stats) -> dict:
+    """A served request's log fields: time to its first token (from its arrival) and the part of it spent waiting
+    for a decode row; absent for a request that never got one (its first token never came)."""
+    if stats.first_token_at_s is None:
+        return {}
+    return {"ttft_ms": round(stats.prefill_s * 1000, 3), "queue_ms": round(stats.queue_s * 1000, 3)}
+
+
 def _error(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content=json.loads(error_body(status, message, param)), headers=headers)
 
@@ -300,7 +308,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                     reasons = reasons or [j.finish_reason for j in choices.jobs]
                     metrics.tokens.inc(choices.completion_tokens())
                     record(route, status, t0, stream=True, prompt_tokens=len(ids), completion_tokens=choices.completion_tokens(),
-                           finish_reason=reasons if n > 1 else reasons[0])
+                           finish_reason=reasons if n > 1 else reasons[0], **_first_token_ms(choices.jobs[0].stats))
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -322,7 +330,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             return _error(499, "the client closed the connection before the answer was ready")
         reasons = [choices.finish_reason(i) for i in range(n)]
         record(route, 200, t0, prompt_tokens=len(ids), completion_tokens=n_out,
-               finish_reason=reasons if n > 1 else reasons[0], ttft_ms=round(choices.jobs[0].stats.prefill_s * 1000, 3))
+               finish_reason=reasons if n > 1 else reasons[0], **_first_token_ms(choices.jobs[0].stats))
         out = [({"index": i, "message": {"role": "assistant", "content": t.text}, "logprobs": None, "finish_reason": r}
                 if chat else {"index": i, "text": t.text, "logprobs": None, "finish_reason": r})
                for i, (t, r) in enumerate(zip(choices.texts, reasons))]

@@ -98,6 +98,7 @@ class StepRunner(abc.ABC):
 
     pipelines = False  # whether a lookahead step overlaps the host's work (only a GPU's asynchronous launch does)
     batched_prefill = False  # whether prefill_rows takes several rows at once (eager: yes; a graph is batch 1)
+    static_prefill_shapes = True  # whether a prefill must be padded to its prompt bucket (a graph: one per bucket)
 
     def __init__(self) -> None:
         self._fed: int | None = None  # the batch bucket whose device inputs hold fed-back values
@@ -161,6 +162,7 @@ class EagerRunner(StepRunner):
             self.decode_path = DecodePath("per-operator", f"eager decode ({why}): the fused path is a CUDA graph")
 
     batched_prefill = True
+    static_prefill_shapes = False  # eager: a prompt is prefilled at its own length, no padded positions to pay for
 
     def prefill(self, slot: int, tokens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         """tokens (1, T), seq_lens (1,) -> logits (1, V); keys and values land in row `slot`."""
