@@ -10,7 +10,9 @@ the kernel signature's dtype, and launches on torch's current stream.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
 
@@ -22,18 +24,41 @@ TORCH_DTYPES = {
 }
 
 _DEVICE_PROPS: dict[int, dict[str, int]] = {}
+_SEEN_SMS = threading.local()  # per thread: the SM count launch rules see instead of the device's (launch_sm_count)
+
+
+@contextmanager
+def launch_sm_count(sm_count: int | None) -> Iterator[None]:
+    """Launch rules run on this thread see ``sm_count`` SMs (None: the device's own count).
+
+    Why: work confined to part of a GPU (a CUDA green context, edgekit.bench.sm_partition) still reads the whole
+    device from ``torch.cuda.get_device_properties``, so a rule that sizes its grid by the SM count (split-K GEMV,
+    split-KV attention) would size it for 132 SMs while 8 run it. An Orin reports its own 16 (or a power mode's 8).
+    Grids are resolved at each call, so a CUDA graph captured inside keeps the grids sized here.
+    """
+    if sm_count is not None and sm_count < 1:
+        raise ValueError(f"launch rules need a positive SM count, got {sm_count}")
+    before = getattr(_SEEN_SMS, "n", None)
+    _SEEN_SMS.n = sm_count
+    try:
+        yield
+    finally:
+        _SEEN_SMS.n = before
 
 
 def device_properties(device: torch.device) -> dict[str, int]:
-    """The device facts a launch rule may read (``{"device": "sm_count"}``)."""
+    """The device facts a launch rule may read (``{"device": "sm_count"}``); the SM count as ``launch_sm_count`` sets it."""
     if device.type != "cuda":  # Triton's CPU interpreter (tests): a pretend device
-        return {"sm_count": 8, "max_shared_bytes": 0}
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _DEVICE_PROPS:
-        p = torch.cuda.get_device_properties(index)
-        smem = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "max_shared_memory_per_block_optin", 0)
-        _DEVICE_PROPS[index] = {"sm_count": int(p.multi_processor_count), "max_shared_bytes": int(smem or 0)}
-    return _DEVICE_PROPS[index]
+        props = {"sm_count": 8, "max_shared_bytes": 0}
+    else:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _DEVICE_PROPS:
+            p = torch.cuda.get_device_properties(index)
+            smem = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "max_shared_memory_per_block_optin", 0)
+            _DEVICE_PROPS[index] = {"sm_count": int(p.multi_processor_count), "max_shared_bytes": int(smem or 0)}
+        props = _DEVICE_PROPS[index]
+    seen = getattr(_SEEN_SMS, "n", None)
+    return props if seen is None else {**props, "sm_count": seen}
 
 
 class Launcher(Protocol):

@@ -73,6 +73,14 @@ class TritonOp:
                 self._programs[key] = entry
         return entry
 
+    def variants_used(self) -> dict[str, str]:
+        """kernel -> label of the variant(s) this operator has launched it with so far (a report of what ran)."""
+        seen: dict[str, set[str]] = {}
+        for _, launchers in list(self._programs.values()):
+            for kernel, launcher in launchers.items():
+                seen.setdefault(kernel, set()).add(launcher.variant.label())
+        return {kernel: " | ".join(sorted(labels)) for kernel, labels in seen.items()}
+
     def __call__(self, *args):
         tensors, attrs, finish = self.kernels.prepare(*args)
         act = next(t for t in tensors.values() if t is not None and t.is_floating_point())

@@ -14,7 +14,7 @@ import torch
 
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
-from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
+from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work, side_stream
 
 
 class GraphedDecodeStep:
@@ -31,7 +31,7 @@ class GraphedDecodeStep:
         # Warm up on a side stream (allocations, autotuning, lazy module loads) before capture.
         # These steps write position 0 of the cache, which every prefill overwrites.
         with gpu_admin_work():  # warm-up and capture never overlap other admin GPU work (gpu_admin_lock)
-            side = torch.cuda.Stream()
+            side = side_stream()  # pinned to a green context's stream where one is (gpu_admin_lock)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(warmup):

@@ -41,10 +41,42 @@ def held_here() -> bool:
     return getattr(_depth, "n", 0) > 0
 
 
+_pinned = threading.local()  # per thread: the stream warm-ups and captures use instead of a side stream of their own
+
+
 @contextmanager
-def capture_graph(graph, stream=None) -> Iterator[None]:
-    """``torch.cuda.graph(graph, stream=stream)`` under the lock, in thread-local capture mode."""
+def pinned_stream(stream) -> Iterator[None]:
+    """On this thread, warm-ups (``side_stream``) and captures (``capture_graph`` without a stream) use ``stream``.
+
+    Why: the side stream ``torch.cuda.Stream()`` gives, and the one ``torch.cuda.graph`` captures on by default, come
+    from torch's per-device stream pool (at::cuda::getStreamFromPool), made once in the context current at the time
+    (the primary one). A stream runs its work with its own context's SMs, so while a green context's stream is
+    current (edgekit.bench.sm_partition) that work, and every kernel of a graph captured there, would run on the
+    whole GPU. Pinned to the green context's stream, warm-up, capture and replay all stay inside it.
+    """
+    before = getattr(_pinned, "stream", None)
+    _pinned.stream = stream
+    try:
+        yield
+    finally:
+        _pinned.stream = before
+
+
+def side_stream():
+    """The stream a warm-up before a capture runs on: the pinned one, else a side stream from torch's pool."""
     import torch
 
+    pinned = getattr(_pinned, "stream", None)
+    return pinned if pinned is not None else torch.cuda.Stream()
+
+
+@contextmanager
+def capture_graph(graph, stream=None) -> Iterator[None]:
+    """``torch.cuda.graph(graph, stream=stream)`` under the lock, in thread-local capture mode; without ``stream``,
+    on the pinned stream (``pinned_stream``) where there is one, else on torch.cuda.graph's own side stream."""
+    import torch
+
+    if stream is None:
+        stream = getattr(_pinned, "stream", None)
     with gpu_admin_work(), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
         yield

@@ -15,7 +15,7 @@ import torch
 
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache
-from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
+from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work, side_stream
 
 
 class GraphedPrefill:
@@ -36,7 +36,7 @@ class GraphedPrefill:
         tokens = torch.zeros(batch, bucket, dtype=torch.long, device=dev)  # (B, T) static input
         seq_lens = torch.full((batch,), bucket, dtype=torch.long, device=dev)  # (B,)
         with gpu_admin_work():  # warm-up and capture never overlap other admin GPU work (gpu_admin_lock)
-            side = torch.cuda.Stream()
+            side = side_stream()  # pinned to a green context's stream where one is (gpu_admin_lock)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up off the capture: Triton JIT, lazy loads, allocator
                 self.decoder.prefill(tokens, seq_lens, self.cache)

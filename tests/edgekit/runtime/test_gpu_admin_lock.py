@@ -143,3 +143,20 @@ def test_the_lock_is_reentrant_on_one_thread_and_exclusive_across_threads():
         t.join()
         assert other == [False]
     assert not held_here()
+
+
+def test_a_pinned_stream_is_the_side_stream_and_the_capture_stream_of_this_thread_only():
+    # why: torch's own side streams come from its pool, made in the primary context, so a warm-up or capture there
+    # would escape a green context (edgekit.bench.sm_partition); pinned, they use the partition's stream
+    import edgekit.runtime.gpu_admin_lock as lock
+
+    pinned, other = object(), []
+    with lock.pinned_stream(pinned):
+        assert lock.side_stream() is pinned
+        t = threading.Thread(target=lambda: other.append(getattr(lock._pinned, "stream", None)))
+        t.start()
+        t.join()
+        with lock.pinned_stream(None):  # nested: None unpins
+            assert getattr(lock._pinned, "stream", None) is None
+        assert lock.side_stream() is pinned
+    assert getattr(lock._pinned, "stream", None) is None and other == [None]
