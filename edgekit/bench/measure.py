@@ -47,17 +47,36 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
-def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, repeats: int = 10) -> dict:
+COPY_METHODS = {
+    "memcpy": "torch copy_ (a device-to-device cudaMemcpyAsync)",
+    # an elementwise kernel runs on the SMs of the stream's context by construction: inside an SM partition it is
+    # the copy the partition's own kernels can reach (whether the driver's memcpy honours a green context's SM set
+    # is not documented)
+    "kernel": "torch.mul(src, 1, out=dst) (an elementwise kernel on the SMs)",
+}
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, repeats: int = 10, via: str = "memcpy") -> dict:
     """Device-to-device copy of an ``nbytes`` buffer: (bytes read + bytes written) / median time.
 
-    2 GiB is far beyond the 60 MB L2, so every repeat streams from HBM.
+    2 GiB is far beyond the 60 MB L2, so every repeat streams from HBM. Runs on the current stream. ``via``: "memcpy"
+    (the benchmark's roofline) or "kernel" (an elementwise kernel: see COPY_METHODS).
     """
+    if via not in COPY_METHODS:
+        raise ValueError(f"copy via {via!r}; expected one of {sorted(COPY_METHODS)}")
     n = nbytes // 2
     src = torch.randint(-30000, 30000, (n,), dtype=torch.int16, device=device)  # random data, never zeros
     dst = torch.empty_like(src)
+
+    def copy():
+        if via == "memcpy":
+            dst.copy_(src)
+        else:
+            torch.mul(src, 1, out=dst)
+
     for _ in range(2):
-        dst.copy_(src)
-    times = [timed(lambda: dst.copy_(src), device)[1] for _ in range(repeats)]
+        copy()
+    times = [timed(copy, device)[1] for _ in range(repeats)]
     if not torch.equal(dst[:1024], src[:1024]):
         raise RuntimeError("the bandwidth copy did not copy")
     t = median(times)
@@ -66,7 +85,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, repeats: int = 1
         "median_s": t,
         "bytes_per_s": 2 * n * 2 / t,  # read + write
         "repeats": repeats,
-        "method": "torch copy_ of a 2 GiB int16 buffer, CUDA events, median; bytes read + written",
+        "method": f"{COPY_METHODS[via]} of a {n * 2 / 2**30:g} GiB int16 buffer, CUDA events, median; bytes read + written",
     }
 
 

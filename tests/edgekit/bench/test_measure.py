@@ -51,3 +51,16 @@ def test_meter_without_counter_reports_why_and_measures_no_energy():
 def test_timed_returns_the_result_and_the_duration():
     out, s = timed(lambda: time.sleep(0.02) or 7, torch.device("cpu"))
     assert out == 7 and 0.02 <= s < 1.0
+
+
+def test_the_copy_runs_as_memcpy_or_as_an_elementwise_kernel_and_says_which():
+    import pytest
+    import torch
+
+    from edgekit.bench.measure import copy_bandwidth
+
+    for via, says in (("memcpy", "cudaMemcpyAsync"), ("kernel", "elementwise kernel")):
+        bw = copy_bandwidth(torch.device("cpu"), nbytes=1 << 20, repeats=2, via=via)  # the CPU: plumbing only
+        assert bw["buffer_bytes"] == 1 << 20 and bw["bytes_per_s"] > 0 and says in bw["method"]
+    with pytest.raises(ValueError, match="expected one of"):
+        copy_bandwidth(torch.device("cpu"), nbytes=1 << 10, via="dma")
