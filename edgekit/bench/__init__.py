@@ -11,8 +11,13 @@ Map of the package:
 - ``engines``: the contenders behind one interface: edgekit's runtime (Triton table + CUDA-graph
   replay), edgekit's reference model under ``torch.compile(mode="reduce-overhead")``,
   transformers' eager ``generate`` and transformers' static cache + compile.
+- ``stepped``: one stepped engine measured: prompt, the reference path's tokens, timed prefill and
+  decode loop, token check, roofline.
 - ``runner``: runs every (model, precision, engine, context), checks the greedy tokens against
   the reference path, and assembles the JSON document (rows, ratios, goals).
+- ``sm_partition``, ``sm_probe``, ``partition_run``: ``--sms``: the fused decode confined to N SMs
+  by a CUDA green context (an Orin's SM count), against the copy bandwidth of the same partition,
+  with the orin plan's tiles and alternatives.
 - ``report``: the rich tables.
 
 Every number it produces is measured in one process and run; the JSON says on which device.

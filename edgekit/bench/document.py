@@ -46,6 +46,39 @@ class Roofline(_Doc):
     fraction: Optional[float] = None  # measured decode tokens/s over the ceiling
 
 
+PARTITION_ENGINE = "edgekit-fused-sms"  # edgekit's fused decode confined to part of the GPU (edgekit bench --sms)
+# the tiles a confined run is measured with: the planner's for the orin target first (the question: do they win there?)
+TILE_CANDIDATES = {
+    "orin-plan": "the planner's tiles for target orin (edgekit plan --target orin, at this model and context), "
+                 "launch rules sized for the partition's SMs (as an Orin sizes them for its own)",
+    "jit-default": "the Triton JIT's default tiles (what the whole-GPU edgekit-fused rows run), launch rules sized for "
+                   "the partition's SMs",
+    "orin-plan@device-sms": "the planner's orin tiles, launch rules sized for the whole device's SMs (split-KV / "
+                            "split-K as on the whole GPU)",
+}
+ORIN_PLAN = "orin-plan"
+WIN_TOLERANCE = 0.02  # the orin plan "wins" within 2% of the best candidate: repeats of one figure vary about that much
+
+
+class SmPartition(_Doc):
+    """Where a PARTITION_ENGINE row ran: which SMs, with which tiles, against which copy bandwidth."""
+
+    requested_sms: int
+    confined: bool  # False: no green context here, nothing was confined (``reason``; what ran instead: ``instead``)
+    tiles: str  # a TILE_CANDIDATES key ("-": nothing ran)
+    sm_count: Optional[int] = None  # SMs the green context holds: CUDA rounds a request up to its granularity
+    sm_count_source: str = ""
+    observed_sms: Optional[int] = None  # distinct SMs a wide probe grid launched into the partition ran on
+    device_sms: Optional[int] = None
+    api: Optional[str] = None  # what made the green context
+    launch_rule_sms: Optional[int] = None  # the SM count the launch rules sized grids for
+    tile_choices: dict[str, str] = Field(default_factory=dict)  # fused-step kernel -> the variant that ran
+    copy_bytes_per_s: Optional[float] = None  # the roofline's bandwidth: the kernel copy measured in the partition
+    copy_bandwidth: dict[str, dict] = Field(default_factory=dict)  # "kernel", "memcpy" (inside), "kernel_whole_device"
+    reason: Optional[str] = None
+    instead: Optional[str] = None
+
+
 class Row(_Doc):
     model: str
     precision: str
@@ -83,6 +116,7 @@ class Row(_Doc):
     roofline: Optional[Roofline] = None
     profile: Optional[dict] = None  # edgekit rows: kernels per token, kernel vs wall time, top kernels
     baseline_detail: Optional[dict] = None  # llama.cpp rows: file, stdev, build, the command that ran
+    partition: Optional[SmPartition] = None  # PARTITION_ENGINE rows: the SMs, tiles and bandwidth of the run
 
 
 class Ratio(_Doc):
@@ -107,6 +141,26 @@ class GoalResult(_Doc):
     detail: str = ""
 
 
+class PartitionResult(_Doc):
+    """One (model, precision, SMs asked, context) of edgekit bench --sms: every tile candidate's decode, which won."""
+
+    model: str
+    precision: str
+    requested_sms: int
+    context: int
+    sm_count: Optional[int] = None
+    confined: bool = False
+    copy_bytes_per_s: Optional[float] = None
+    decode_tokens_per_s: dict[str, float] = Field(default_factory=dict)  # tile candidate -> tokens/s (rows that ran)
+    roofline_fraction: dict[str, float] = Field(default_factory=dict)  # candidate -> of the partition's copy roofline
+    best: Optional[str] = None  # the candidate with the highest decode rate
+    orin_plan_vs_best: Optional[float] = None  # the orin plan's rate over the best's (1.0: it is the best)
+    orin_plan_wins: Optional[bool] = None  # within WIN_TOLERANCE of the best
+    whole_device_tokens_per_s: Optional[float] = None  # the run's edgekit-fused row (all SMs, JIT tiles)
+    orin_tiles: dict[str, str] = Field(default_factory=dict)  # the fused step's kernels as the orin plan tiles them
+    detail: str = ""  # what did not run, and why
+
+
 class BenchDocument(_Doc):
     schema_: str = Field(SCHEMA, alias="schema")
     measured_on: str
@@ -120,6 +174,7 @@ class BenchDocument(_Doc):
     ratios: list[Ratio] = Field(default_factory=list)
     goals: list[GoalResult] = Field(default_factory=list)
     mismatches: list[str] = Field(default_factory=list)
+    sm_partitions: list[PartitionResult] = Field(default_factory=list)  # edgekit bench --sms, derived from the rows
     notes: list[str] = Field(default_factory=list)
     elapsed_s: Optional[float] = None
 
@@ -133,7 +188,8 @@ class BenchDocument(_Doc):
 def ratios(rows: list[Row]) -> list[Ratio]:
     """edgekit's runtime over every baseline measured at the same model and context (both rows ok); llama.cpp's
     rows only at the precision their file type matches (``LLAMA_CPP_MATCH``)."""
-    ok = [r for r in rows if r.status == "ok" and r.decode_tokens_per_s]
+    # confined rows are edgekit's too, on part of the GPU: compared with each other (partition_results), never paired
+    ok = [r for r in rows if r.status == "ok" and r.decode_tokens_per_s and r.engine != PARTITION_ENGINE]
     out = []
     for e in (r for r in ok if r.engine in EDGEKIT_ENGINES):
         for b in (r for r in ok if r.engine not in EDGEKIT_ENGINES and r.model == e.model and r.context == e.context):
@@ -243,9 +299,49 @@ def mismatches(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
         if r.tokens_match is False:
-            out.append(f"{r.model} {r.precision} {r.engine} ctx {r.context}: token {r.first_mismatch} differs, "
+            where = "" if r.partition is None else f" ({r.partition.sm_count or r.partition.requested_sms} SMs, {r.partition.tiles})"
+            out.append(f"{r.model} {r.precision} {r.engine}{where} ctx {r.context}: token {r.first_mismatch} differs, "
                        f"{margin_verdict(r.margin_at_mismatch, r.logit_scale_at_mismatch)} "
                        f"(got {r.tokens}, reference {r.reference_tokens})")
+    return out
+
+
+def partition_results(rows: list[Row]) -> list[PartitionResult]:
+    """PARTITION_ENGINE rows grouped by (model, precision, SMs asked, context): each candidate's rate, the best, and how
+    the orin plan's tiles did against it."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.engine == PARTITION_ENGINE and r.partition is not None:
+            groups.setdefault((r.model, r.precision, r.partition.requested_sms, r.context), []).append(r)
+    out = []
+    for (model, precision, asked, context), group in groups.items():
+        res = PartitionResult(model=model, precision=precision, requested_sms=asked, context=context)
+        why = []
+        for r in group:
+            p = r.partition
+            res.sm_count = res.sm_count or p.sm_count
+            res.confined = res.confined or p.confined
+            res.copy_bytes_per_s = res.copy_bytes_per_s or p.copy_bytes_per_s
+            if p.tiles == ORIN_PLAN and p.tile_choices:
+                res.orin_tiles = dict(p.tile_choices)
+            if r.status == "ok" and r.decode_tokens_per_s:
+                res.decode_tokens_per_s[p.tiles] = r.decode_tokens_per_s
+                if r.roofline is not None and r.roofline.fraction is not None:
+                    res.roofline_fraction[p.tiles] = r.roofline.fraction
+            elif r.error != p.reason:  # a reason the partition already gives is said once, below
+                why.append(f"{p.tiles}: {r.status}" + (f" ({r.error})" if r.error else ""))
+        if res.decode_tokens_per_s:
+            res.best = max(res.decode_tokens_per_s, key=res.decode_tokens_per_s.get)
+            if ORIN_PLAN in res.decode_tokens_per_s:
+                res.orin_plan_vs_best = res.decode_tokens_per_s[ORIN_PLAN] / res.decode_tokens_per_s[res.best]
+                res.orin_plan_wins = res.orin_plan_vs_best >= 1 - WIN_TOLERANCE
+        whole = _find(rows, model, "edgekit-fused", precision, context)
+        if whole is not None and whole.status == "ok":
+            res.whole_device_tokens_per_s = whole.decode_tokens_per_s
+        unconfined = sorted({f"not confined: {r.partition.reason}; instead: {r.partition.instead or 'nothing ran'}"
+                             for r in group if not r.partition.confined and r.partition.reason})
+        res.detail = "; ".join(unconfined + why)
+        out.append(res)
     return out
 
 
@@ -253,4 +349,5 @@ def finish(doc: BenchDocument, shapes: dict[str, Optional[str]]) -> BenchDocumen
     doc.ratios = ratios(doc.rows)
     doc.goals = evaluate_goals(doc.rows, shapes)
     doc.mismatches = mismatches(doc.rows)
+    doc.sm_partitions = partition_results(doc.rows)
     return doc

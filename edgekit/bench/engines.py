@@ -28,6 +28,8 @@ from edgekit.model.kv_cache import StaticKVCache
 ENGINE_LABELS = {
     "edgekit": "edgekit runtime: Triton kernels + CUDA-graph replay (GraphedDecodeStep)",
     "edgekit-fused": "edgekit runtime, fused decode super-operators + CUDA-graph replay (FusedDecoder)",
+    "edgekit-fused-sms": "edgekit runtime, fused decode + CUDA-graph replay confined to part of the GPU's SMs "
+                         "(a CUDA green context; edgekit bench --sms)",
     "compile": "edgekit reference ops + torch.compile(mode='reduce-overhead'), gpt-fast style",
     "hf-eager": "transformers generate, eager (dynamic cache, SDPA)",
     "hf-compile": "transformers generate, static cache + torch.compile(mode='reduce-overhead')",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from edgekit.bench.document import NEAR_TIE, BenchDocument, Row
+from edgekit.bench.document import NEAR_TIE, PARTITION_ENGINE, WIN_TOLERANCE, BenchDocument, Row
 
 SHORT_ENGINE = {"edgekit": "edgekit", "edgekit-fused": "edgekit fused", "compile": "torch.compile", "hf-eager": "HF eager", "hf-compile": "HF static+compile",
                 "llama.cpp": "llama.cpp"}
@@ -34,6 +34,8 @@ def rows_table(doc: BenchDocument) -> Table:
                        ("W", "right"), ("mJ/tok", "right"), ("roofline", "right"), ("tokens", "left")):
         t.add_column(name, justify=just)
     for r in doc.rows:
+        if r.engine == PARTITION_ENGINE:
+            continue  # their own table (partitions_table)
         model = r.model.removeprefix("preset:")
         if r.status != "ok":
             colour = "red" if r.status == "failed" else "yellow"
@@ -52,6 +54,68 @@ def rows_table(doc: BenchDocument) -> Table:
             _tokens_cell(r),
         )
     return t
+
+
+def _sms_cell(r: Row) -> str:
+    p = r.partition
+    if not p.confined:
+        return f"{p.requested_sms} [yellow](not confined)[/]"
+    got = "?" if p.sm_count is None else str(p.sm_count)
+    seen = "" if p.observed_sms is None else f", {p.observed_sms} seen"
+    return (f"{got}{seen}" if p.sm_count == p.requested_sms else f"{p.requested_sms} -> {got}{seen}") + f" of {p.device_sms}"
+
+
+def partitions_table(doc: BenchDocument) -> Table:
+    """The --sms rows: one per (model, precision, SMs, tile candidate, context)."""
+    t = Table(title=f"Orin-shaped: the fused decode confined to part of the GPU's SMs (CUDA green contexts), measured on "
+                    f"{doc.measured_on}", title_justify="left")
+    for name, just in (("model", "left"), ("prec", "left"), ("SMs", "left"), ("tiles", "left"), ("rules@SMs", "right"),
+                       ("ctx", "right"), ("decode tok/s", "right"), ("copy GB/s", "right"), ("roofline", "right"),
+                       ("vs all SMs", "right"), ("tokens", "left")):
+        t.add_column(name, justify=just)
+    whole = {(r.model, r.precision, r.context): r.decode_tokens_per_s for r in doc.rows
+             if r.engine == "edgekit-fused" and r.status == "ok"}
+    for r in doc.rows:
+        if r.engine != PARTITION_ENGINE or r.partition is None:
+            continue
+        p = r.partition
+        head = (r.model.removeprefix("preset:"), r.precision, _sms_cell(r), p.tiles, _f(p.launch_rule_sms, "d"), str(r.context))
+        if r.status != "ok":
+            colour = "red" if r.status == "failed" else "yellow"
+            t.add_row(*head, f"[{colour}]{r.status}[/]", "", "", "", f"[{colour}]{(r.error or '')[:70]}[/]")
+            continue
+        full = whole.get((r.model, r.precision, r.context))
+        t.add_row(*head, _f(r.decode_tokens_per_s, ",.1f"),
+                  _f(None if p.copy_bytes_per_s is None else p.copy_bytes_per_s / 1e9, ",.0f"),
+                  _f(None if r.roofline is None or r.roofline.fraction is None else 100 * r.roofline.fraction, ".0f")
+                  + ("%" if r.roofline else ""),
+                  _f(None if not full else r.decode_tokens_per_s / full, ".2f") + ("x" if full else ""),
+                  _tokens_cell(r))
+    return t
+
+
+def partition_lines(doc: BenchDocument) -> list[str]:
+    """Per (model, precision, SMs, context): the winning tiles, and the orin plan's against them; the orin tiles."""
+    out, tiles_shown = [], set()
+    for q in doc.sm_partitions:
+        name = f"{q.model.removeprefix('preset:')} {q.precision} {q.sm_count or q.requested_sms} SMs ctx {q.context}"
+        if not q.decode_tokens_per_s:
+            out.append(f"{name}: nothing measured ({q.detail or 'no row ran'})")
+            continue
+        line = f"{name}: best {q.best} {q.decode_tokens_per_s[q.best]:,.1f} tok/s"
+        if q.orin_plan_vs_best is not None:
+            verdict = "wins" if q.orin_plan_vs_best >= 1 else (
+                f"wins within {100 * WIN_TOLERANCE:.0f}%" if q.orin_plan_wins else "[bold red]loses[/]")
+            line += f"; orin plan {q.orin_plan_vs_best:.3f}x of it ({verdict})"
+        if not q.confined:
+            line += " [yellow](not confined)[/]"
+        out.append(line)
+        key = (q.model, q.precision)
+        if q.orin_tiles and key not in tiles_shown:
+            tiles_shown.add(key)
+            out.append(f"  orin plan's fused-step tiles for {q.model.removeprefix('preset:')} {q.precision}: "
+                       + "; ".join(v for v in q.orin_tiles.values()))  # labels: kernel[constexprs] warps stages dtype
+    return out
 
 
 def ratios_table(doc: BenchDocument) -> Table:
@@ -104,6 +168,10 @@ def print_report(doc: BenchDocument, console: Console) -> None:
     if doc.copy_bandwidth:
         console.print(f"roofline = copy bandwidth {doc.copy_bandwidth['bytes_per_s'] / 1e9:,.0f} GB/s (measured on "
                       f"{doc.measured_on}, same run) / bytes read per decoded token (weights at their precision + KV cache)")
+    if any(r.engine == PARTITION_ENGINE for r in doc.rows):
+        console.print(partitions_table(doc))
+        for line in partition_lines(doc):
+            console.print(f"  {line}", highlight=False)
     if doc.ratios:
         console.print(ratios_table(doc))
     if doc.goals:

@@ -40,6 +40,8 @@ from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import BlockWeights, ModelWeights
 from edgekit.model.embedding import tied_embedding
 
+MAX_SMS = 1024  # a sanity bound on --sms (the device's own count is checked when the partition is made)
+
 
 @dataclass
 class BenchSettings:
@@ -61,6 +63,7 @@ class BenchSettings:
     llama_quantize: Optional[str] = None  # llama-quantize: Q8_0 / Q4_K_M copies of a preset's F16 GGUF
     gguf_dir: Optional[str] = None  # where a preset's GGUF files are written (default: a temporary folder)
     fused: bool = True  # also measure edgekit's fused decode path (the one `edgekit run` takes when it can)
+    sms: tuple[int, ...] = ()  # also run the fused decode confined to each of these SM counts (edgekit.bench.partition_run)
 
     def validate(self) -> None:
         bad = [p for p in self.precisions if p not in PRECISIONS]
@@ -77,6 +80,10 @@ class BenchSettings:
         for name, v in (("new tokens", self.new_tokens), ("transformers new tokens", self.hf_new_tokens), ("repeats", self.repeats)):
             if v < 1:
                 raise BenchmarkError(f"{name} must be >= 1, got {v}")
+        bad = [n for n in self.sms if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SMS]
+        if bad or len(set(self.sms)) != len(self.sms):
+            raise BenchmarkError(f"--sms takes distinct SM counts in [1, {MAX_SMS}], got {list(self.sms)}",
+                                 hint="e.g. --sms 8,16 (an Orin has 16 SMs, 8 in its 30 W mode)")
         if not 1 <= self.check_tokens <= min(self.new_tokens, self.hf_new_tokens) + 1:
             raise BenchmarkError(f"check tokens must be in [1, {min(self.new_tokens, self.hf_new_tokens) + 1}] "
                                  f"(the first token plus the decoded ones), got {self.check_tokens}")
@@ -312,6 +319,7 @@ class BenchRun:
             device=info, settings={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(s).items()},
                                    "max_seq_len": s.max_seq_len, "precision_meaning": {p: PRECISIONS[p] for p in s.precisions},
                                    "engines": {e: ENGINE_LABELS[e] for e in ("edgekit", *(("edgekit-fused",) if s.fused else ()),
+                                                                               *((docm.PARTITION_ENGINE,) if s.sms else ()),
                                                                                *s.baselines)}},
         )
         doc.notes.append(f"every figure measured on {where} in this one process; medians of {s.repeats} repeats after warm-up")
@@ -343,6 +351,10 @@ class BenchRun:
                 continue
             self._run_task(task, store, refs, doc, where, meter, bw, deadline)
             self._publish(doc)
+        if s.sms:  # last: the Orin-shaped rows reuse the reference tokens and leave the whole-GPU rows undisturbed
+            from edgekit.bench.partition_run import PartitionRuns
+
+            PartitionRuns(s, device, where, self.log, self._publish, deadline).run(doc, store, refs, self._shapes)
         store.drop()
         if meter is not None:
             meter.close()

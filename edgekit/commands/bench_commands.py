@@ -40,6 +40,19 @@ def _bench_precisions(text: str, quantize_head: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(chosen))
 
 
+def _sms(text: Optional[str]) -> tuple[int, ...]:
+    """--sms: distinct positive SM counts, in the order given (the device's own count is checked on the device)."""
+    from edgekit.errors import BenchmarkError
+
+    if text is None:
+        return ()
+    counts = _csv(text, int, "sms")
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise BenchmarkError(f"--sms takes distinct positive SM counts, got {text!r}",
+                             hint="e.g. --sms 8,16 (an Orin has 16 SMs, 8 in its 30 W mode)")
+    return counts
+
+
 def _refuse_bundle(spec: str) -> None:
     from edgekit.errors import BenchmarkError
 
@@ -71,6 +84,11 @@ def bench(
     llama_quantize: Optional[str] = typer.Option(None, "--llama-quantize", help="llama.cpp's llama-quantize: also measure llama.cpp on Q8_0 and Q4_K_M copies of a preset's F16 GGUF."),
     gguf_dir: Optional[Path] = typer.Option(None, "--gguf-dir", help="Keep the GGUF files written for presets here (default: a temporary folder, removed after the run)."),
     fused: bool = typer.Option(True, "--fused/--no-fused", help="Also measure edgekit's fused decode path (rows edgekit-fused), the one `edgekit run` takes."),
+    sms: Optional[str] = typer.Option(None, "--sms",
+                                      help="Also run the fused decode confined to each of these SM counts with a CUDA green context "
+                                           "(comma-separated, e.g. 8,16: an Orin's 16 SMs and its 30 W mode's 8): rows edgekit-fused-sms, "
+                                           "against the copy bandwidth measured in the same partition, with the orin plan's tiles and "
+                                           "alternatives. Without green contexts the rows say why and what ran instead."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per figure (the median is reported)."),
     check_tokens: Optional[int] = typer.Option(None, "--check-tokens", min=1,
                                                help="Greedy tokens compared with the torch reference path [default: 8, at most the tokens generated]."),
@@ -103,12 +121,15 @@ def bench(
     for spec in specs:
         _refuse_bundle(spec)
     chosen = () if baselines.strip() == "none" else _csv(baselines, str, "baselines")
+    sm_counts = _sms(sms)
+    if sm_counts and device != "cuda":
+        note(f"--sms on a {device} run: SM partitions need a CUDA GPU, so their rows are recorded as skipped, with the reason")
     settings = BenchSettings(
         models=specs, precisions=_bench_precisions(precision, quantize_head), contexts=_csv(contexts, int, "contexts"),
         new_tokens=new_tokens, hf_new_tokens=hf_new_tokens, repeats=repeats, baselines=chosen,
         check_tokens=check_tokens or min(8, min(new_tokens, hf_new_tokens) + 1), seed=seed, energy=energy, prefill_graph=prefill_graph, profile=profile,
         time_budget_s=time_budget_s, device=device, llama_bench=llama_bench, llama_quantize=llama_quantize,
-        gguf_dir=str(gguf_dir) if gguf_dir else None, fused=fused,
+        gguf_dir=str(gguf_dir) if gguf_dir else None, fused=fused, sms=sm_counts,
     )
 
     def write(doc) -> None:
@@ -122,8 +143,8 @@ def bench(
     print_report(doc, console)
     if json_path is not None:
         err_console.print(f"wrote {json_path}")
-    from edgekit.bench.document import EDGEKIT_ENGINES
+    from edgekit.bench.document import EDGEKIT_ENGINES, PARTITION_ENGINE
 
-    if any(r.engine in EDGEKIT_ENGINES and r.tokens_match is False for r in doc.rows):
+    if any(r.engine in (*EDGEKIT_ENGINES, PARTITION_ENGINE) and r.tokens_match is False for r in doc.rows):
         err_console.print("[bold red]edgekit's runtime disagrees with the reference path (see TOKEN MISMATCH above)[/]")
         raise typer.Exit(1)

@@ -60,3 +60,37 @@ def test_int4_and_the_quantized_head_variants_are_named_in_the_one_vocabulary():
     assert _bench_precisions("int8,int4", quantize_head=True) == ("int8", "int4", "int8-head", "int4-head")
     assert _bench_precisions("fp16", quantize_head=True) == ("fp16", "int8-head")  # the old meaning of the flag
     assert {"int4", "int4-head"} <= set(PRECISIONS)
+
+
+def test_sms_is_a_list_of_distinct_positive_counts():
+    import pytest
+
+    from edgekit.commands.bench_commands import _sms
+    from edgekit.errors import BenchmarkError
+    from edgekit.bench.runner import BenchSettings
+
+    assert _sms(None) == () and _sms("8,16") == (8, 16) and _sms(" 16 , 8 ") == (16, 8)
+    for bad in ("8,8", "0", "-8", "eight", ","):
+        with pytest.raises(BenchmarkError, match="--sms"):
+            _sms(bad)
+    with pytest.raises(BenchmarkError, match=r"--sms takes distinct SM counts in \[1, 1024\]"):
+        BenchSettings(models=["preset:tiny"], sms=(8, 4096)).validate()
+
+
+def test_sms_on_a_cpu_run_is_a_notice_and_skipped_rows_that_say_why(tmp_path):
+    _register_commands()
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, [
+        "bench", "preset:tiny", "--device", "cpu", "--baselines", "none", "--precision", "fp16", "--contexts", "16",
+        "--new-tokens", "4", "--hf-new-tokens", "4", "--check-tokens", "5", "--repeats", "1", "--sms", "8,16",
+        "--json", str(out),
+    ])
+    assert res.exit_code == 0, res.output
+    assert "--sms on a cpu run" in res.output
+    doc = BenchDocument.model_validate(json.loads(out.read_text()))
+    confined = [r for r in doc.rows if r.engine == "edgekit-fused-sms"]
+    assert sorted(r.partition.requested_sms for r in confined) == [8, 16]
+    assert all(r.status == "skipped" and "need a CUDA GPU" in r.error for r in confined)
+    assert {q.requested_sms for q in doc.sm_partitions} == {8, 16}
+    assert all(not q.decode_tokens_per_s and "need a CUDA GPU" in q.detail for q in doc.sm_partitions)
+    assert "edgekit-fused-sms" in doc.settings["engines"] and doc.settings["sms"] == [8, 16]

@@ -84,3 +84,70 @@ def test_document_round_trips_through_json_and_rejects_unknown_keys():
     assert BenchDocument.model_validate(d).to_json_dict() == d
     with pytest.raises(ValidationError):
         BenchDocument.model_validate({**d, "rows": [{**d["rows"][0], "tok_per_s": 1}]})
+
+
+# --------------------------------------------------------------------------- edgekit bench --sms
+def _confined(tiles, tps, ctx=512, sms=16, status="ok", roof=None, **kw):
+    from edgekit.bench.document import PARTITION_ENGINE, SmPartition
+
+    part = SmPartition(requested_sms=sms, confined=True, tiles=tiles, sm_count=sms, device_sms=132,
+                       launch_rule_sms=132 if tiles.endswith("@device-sms") else sms, copy_bytes_per_s=1.0e12,
+                       tile_choices={"fused_attn_proj_residual/attn_split_combine": f"attn_split_combine[{tiles}]"})
+    return _row(PARTITION_ENGINE, "fp16", ctx, tps, model="preset:smollm2-135m", status=status, partition=part,
+                roofline=roof, **kw)
+
+
+def test_partition_results_name_the_best_tiles_and_how_the_orin_plan_did():
+    from edgekit.bench.document import partition_results
+
+    roof = Roofline(bytes_per_token=1, weight_bytes=1, kv_bytes=0, attended_len=1.0, tokens_per_s=2000.0, fraction=0.5)
+    rows = [
+        _row("edgekit-fused", "fp16", 512, 2000.0, model="preset:smollm2-135m"),  # the whole GPU, same run
+        _confined("orin-plan", 990.0, roof=roof),
+        _confined("jit-default", 1000.0),
+        _confined("orin-plan@device-sms", None, status="failed", error="setup: boom"),
+        _confined("orin-plan", 600.0, sms=8),
+    ]
+    by = {(q.requested_sms, q.context): q for q in partition_results(rows)}
+    q = by[(16, 512)]
+    assert q.best == "jit-default" and q.decode_tokens_per_s == {"orin-plan": 990.0, "jit-default": 1000.0}
+    assert q.orin_plan_vs_best == pytest.approx(0.99) and q.orin_plan_wins is True  # within 2%
+    assert q.whole_device_tokens_per_s == 2000.0 and q.sm_count == 16 and q.confined
+    assert q.roofline_fraction == {"orin-plan": 0.5}
+    assert q.orin_tiles == {"fused_attn_proj_residual/attn_split_combine": "attn_split_combine[orin-plan]"}
+    assert "orin-plan@device-sms: failed (setup: boom)" in q.detail
+    alone = by[(8, 512)]
+    assert alone.best == "orin-plan" and alone.orin_plan_vs_best == 1.0 and alone.orin_plan_wins
+
+
+def test_the_orin_plan_loses_past_the_tolerance():
+    from edgekit.bench.document import partition_results
+
+    (q,) = partition_results([_confined("orin-plan", 900.0), _confined("jit-default", 1000.0)])
+    assert q.orin_plan_vs_best == pytest.approx(0.9) and q.orin_plan_wins is False
+
+
+def test_confined_rows_are_never_paired_as_baselines_and_their_mismatches_say_where():
+    rows = [_row("edgekit", "fp16", 512, 900.0, model="preset:smollm2-135m"),
+            _confined("orin-plan", 100.0, tokens=[1, 2], reference_tokens=[1, 3], tokens_match=False, first_mismatch=1)]
+    assert ratios(rows) == []
+    (m,) = mismatches(rows)
+    assert "edgekit-fused-sms (16 SMs, orin-plan) ctx 512: token 1 differs" in m
+
+
+def test_an_unconfined_partition_says_why_and_what_ran_instead():
+    from edgekit.bench.document import PARTITION_ENGINE, SmPartition, partition_results
+
+    part = SmPartition(requested_sms=8, confined=False, tiles="orin-plan", reason="no green context: x",
+                       instead="the same engines on the whole GPU, launch rules sized for 8 SMs")
+    (q,) = partition_results([_row(PARTITION_ENGINE, "fp16", 128, 500.0, partition=part)])
+    assert not q.confined and q.best == "orin-plan"
+    assert q.detail == "not confined: no green context: x; instead: the same engines on the whole GPU, launch rules sized for 8 SMs"
+
+
+def test_a_document_with_confined_rows_round_trips_through_json():
+    doc = BenchDocument(measured_on="GPU (x)", created="now", device={}, settings={},
+                        rows=[_confined("orin-plan", 990.0), _confined("jit-default", 1000.0)])
+    finish(doc, {})
+    again = BenchDocument.model_validate(doc.to_json_dict())
+    assert again.rows[0].partition.tiles == "orin-plan" and again.sm_partitions[0].best == "jit-default"
