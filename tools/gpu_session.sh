@@ -17,11 +17,16 @@
 #   bash tools/gpu_session.sh park             only park .devcarry_a/part (and install .whl) for a later suite/diag call.
 #   bash tools/gpu_session.sh diag             tools/w8a8_divergence.py on the joined default model (as suite joins it).
 #   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
+#   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
+#        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
+#        plan's tiles against the JIT's and against launch rules sized for all SMs) on PRESETS (default
+#        smollm2-135m,llama-3.2-1b), FP16, context 512; $OUT/sms.json, the tables in $OUT/sms.txt. SMS, CONTEXTS,
+#        TOKENS, REPEATS override. Without green contexts the rows say why and what ran instead.
 # Carry .whl (the wheels the GPU machine lacks: tools/gpu_setup.sh) with the first call. A call that comes back
 # "warm": false ran on a fresh machine: what earlier calls left in /tmp (wheels, parked half, llama.cpp) is gone, and
 # a carried folder stays only until a call that does not name it: park and join in back-to-back calls. Each stage ends by LIMIT_S.
 set -uo pipefail
-stage=${1:?stage: bench, suite, verify or long}
+stage=${1:?stage: bench, suite, verify, park, diag, long or sms}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 LIMIT_S=${LIMIT_S:-570}
@@ -109,6 +114,19 @@ long)
   timeout $(left) python3 "$R/tools/long_context_check.py" --preset llama-3.2-1b --precision int8 --depth 4096 --tokens 16 \
     --json "$OUT/long_context.json" > "$OUT/long_context.log" 2>&1
   echo "long-context check rc=$?"; head -5 "$OUT/long_context.log"
+  ;;
+sms)
+  specs=$(for p in $(echo "${2:-smollm2-135m,llama-3.2-1b}" | tr ',' ' '); do printf 'preset:%s ' "$p"; done)
+  python3 -c "import torch, torch.cuda.green_contexts as g; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'green contexts:', getattr(g, 'SUPPORTED', '?'), 'Stream():', hasattr(g.GreenContext, 'Stream'))" 2>&1 | tail -1
+  python3 -c "from cuda.bindings import driver; print('cuda-python driver bindings:', driver.__name__)" 2>&1 | tail -1
+  # shellcheck disable=SC2086  # one argument a preset
+  timeout $(left) python3 -m edgekit bench $specs --precision fp16 --baselines none --contexts "${CONTEXTS:-512}" \
+    --new-tokens "${TOKENS:-64}" --repeats "${REPEATS:-3}" --sms "${SMS:-8,16}" --no-profile --no-prefill-graph \
+    --no-energy --time-budget-s $(( $(left) - 90 )) --json "$OUT/sms.json" > "$OUT/sms.txt" 2> "$OUT/sms_stderr.log"
+  echo "sms bench rc=$? at +$(( $(date +%s) - T0 )) s"
+  sed -n '/Orin-shaped/,$p' "$OUT/sms.txt" | head -60
+  grep -E "^--sms|green context|rounded|Traceback|Error" "$OUT/sms_stderr.log" | head -20
   ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
