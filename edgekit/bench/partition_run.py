@@ -118,7 +118,11 @@ class PartitionRuns:
 
     # ---------------------------------------------------------------- partitions
     def _open(self, n: int, whole_kernel_copy: dict) -> _Slot:
-        got = open_partition(n, self.device)
+        try:
+            got = open_partition(n, self.device)
+        except Exception as e:  # noqa: BLE001 - whatever the API raised is this partition's reason, not the run's end
+            traceback.print_exc()
+            got = Unavailable(n, f"making the green context raised {_short(e)}")
         if isinstance(got, Unavailable):
             instead = INSTEAD.format(n=n)
             self.log(f"--sms {n}: {got.reason}; instead: {instead}")

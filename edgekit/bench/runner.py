@@ -354,7 +354,12 @@ class BenchRun:
         if s.sms:  # last: the Orin-shaped rows reuse the reference tokens and leave the whole-GPU rows undisturbed
             from edgekit.bench.partition_run import PartitionRuns
 
-            PartitionRuns(s, device, where, self.log, self._publish, deadline).run(doc, store, refs, self._shapes)
+            try:
+                PartitionRuns(s, device, where, self.log, self._publish, deadline).run(doc, store, refs, self._shapes)
+            except Exception as e:  # noqa: BLE001 - rows recorded so far stand; the report says where it stopped
+                traceback.print_exc()
+                self.log(f"--sms rows stopped: {_short(e)}")
+                doc.notes.append(f"--sms rows stopped early: {_short(e)}")
         store.drop()
         if meter is not None:
             meter.close()

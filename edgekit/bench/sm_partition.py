@@ -214,14 +214,14 @@ def open_on(num_sms: int, index: int, device_sms: int, device: torch.device, gc,
     else:
         try:
             return _torch_partition(gc, driver, num_sms, index, device_sms)
-        except (RuntimeError, TypeError, AttributeError) as e:  # a build, driver or version that cannot
+        except Exception as e:  # noqa: BLE001 - a build, driver or version that cannot: the next API, and say why
             reasons.append(f"torch's green context: {type(e).__name__}: {e}")
     if isinstance(driver, str):
         reasons.append(driver)
     else:
         try:
             return _driver_partition(driver, num_sms, index, device_sms, device)
-        except (RuntimeError, AttributeError) as e:  # AttributeError: bindings older than the green-context API
+        except Exception as e:  # noqa: BLE001 - e.g. AttributeError: bindings older than the green-context API
             reasons.append(f"cuda-python's driver API: {type(e).__name__}: {e}")
     return Unavailable(num_sms, "no green context: " + "; ".join(reasons))
 
