@@ -16,7 +16,7 @@ set -uo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-8}; PER_TEST_S=${PER_TEST_S:-300}; PER_FILE_S=${PER_FILE_S:-420}; BUDGET_S=${BUDGET_S:-470}
 OUT=${OUT:-$R/out}/test_gpu; mkdir -p "$OUT/junit" "$OUT/logs"
-SERIAL_FILES="tests/edgekit/runtime/test_engine_gpu.py tests/power/test_nvml.py"
+SERIAL_FILES="tests/edgekit/runtime/test_engine_gpu.py tests/power/test_nvml.py tests/edgekit/bench/test_sm_partition_gpu.py"
 cd "$R"
 if [ -x .venv/bin/python ]; then
   . .venv/bin/activate; RUN_DIR=$R
