@@ -44,17 +44,59 @@ def default_model():
     return load_model()
 
 
+# The interpreter checks of tests/kernels are single-threaded processes of 20 s to 4 min each (~10 min in all on a
+# 2-core CI machine, most of the suite's slowest tests): when the first of them is asked for, every one whose test
+# was collected starts, as many at once as there are cores, so they overlap each other and the compile-only tests
+# between them; each test still waits for and judges its own. Only tests/kernels' checks: the runtime's tests time
+# servers, and a background process would skew them.
+_PREFETCHED_CHECKS = {
+    "test_decode_feedback.py": "feedback_interpret_check.py",
+    "test_family_fused_interpreter.py": "family_fused_interpret_check.py",
+    "test_family_ops_interpreter.py": "family_ops_interpret_check.py",
+    "test_fused_int4_interpreter.py": "fused_int4_interpret_check.py",
+    "test_fused_interpreter.py": "fused_interpret_check.py",
+    "test_interpreter.py": "interpret_check.py",
+    "test_w4a16_interpreter.py": "w4a16_interpret_check.py",
+    "test_w8a16_grouped_triton.py": "w8a16_grouped_interpret_check.py",
+}
+_KERNEL_TESTS = _ROOT / "tests" / "kernels"
+_collected_checks: set[Path] = set()
+
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        path = Path(str(item.fspath))
+        if path.parent == _KERNEL_TESTS and path.name in _PREFETCHED_CHECKS:
+            _collected_checks.add(_KERNEL_TESTS / _PREFETCHED_CHECKS[path.name])
+
+
+def _run_interpreted(argv: list[str], timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def interpreter_json():
     """Runs a check script under Triton's CPU interpreter in a fresh process (TRITON_INTERPRET must be set before
     Triton is imported) and returns the JSON it prints on its last stdout line; a failed run fails the test with the
     end of its stderr. ``script``: a path, or Python source with ``code=True``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 1), thread_name_prefix="interpreter-check")
+    started: dict[Path, object] = {}
 
     def run(script, *, timeout: int = 900, code: bool = False):
-        argv = [sys.executable, "-c", script] if code else [sys.executable, str(Path(script))]
-        r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
-                           timeout=timeout)
+        if code:
+            r = _run_interpreted([sys.executable, "-c", script], timeout)
+        else:
+            path = Path(script).resolve()
+            if path in _collected_checks and path not in started:  # its own first, then the others in the background
+                for p in [path, *sorted(_collected_checks - {path} - set(started))]:
+                    started[p] = pool.submit(_run_interpreted, [sys.executable, str(p)], 1500)
+            r = (started[path].result() if path in started
+                 else _run_interpreted([sys.executable, str(path)], timeout))
         assert r.returncode == 0, r.stderr[-3000:]
         return json.loads(r.stdout.strip().splitlines()[-1])
 
-    return run
+    yield run
+    pool.shutdown(wait=True, cancel_futures=True)
