@@ -167,6 +167,8 @@ def _server_side(log: Path, load_started: float) -> dict:
     """The server's own view of the streamed 200s, from its log: time from arrival to the first token and the part
     spent waiting for a decode row (p50), for the one-client phase and the load (split at the load's start). What
     the client sees beyond that is HTTP and the event loop."""
+    from edgekit.runtime.swap_load import quantile
+
     out = {}
     try:
         lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
@@ -175,8 +177,6 @@ def _server_side(log: Path, load_started: float) -> dict:
     served = [r for r in lines if r.get("status") == 200 and r.get("stream") and "ttft_ms" in r]
     for phase, rows in (("one_client", [r for r in served if r["t_s"] < load_started]),
                         ("under_load", [r for r in served if r["t_s"] >= load_started])):
-        from edgekit.runtime.swap_load import quantile
-
         if rows:
             out[f"server_{phase}"] = {"requests": len(rows), "ttft_p50_ms": quantile([r["ttft_ms"] for r in rows], 0.5),
                                       "queue_p50_ms": quantile([r["queue_ms"] for r in rows], 0.5)}
