@@ -380,7 +380,7 @@ def serve(
     max_queue_wait_ms: float = typer.Option(350, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429 at once."),
     model_id: Optional[str] = typer.Option(None, "--model-id", help="The model's id in /v1/models and answers (default: the model's name as an identifier)."),
     max_request_s: float = typer.Option(300.0, "--max-request-s", min=0.1, help="A request that runs longer than this (from its arrival) ends with finish reason length and frees its rows."),
-    prefill_chunk_tokens: Optional[int] = typer.Option(None, "--prefill-chunk-tokens", min=0, help="Prefill prompts longer than this in chunks between decode steps, so a long prompt never stalls the streams (default: 64 without CUDA graphs, off with them; 0: off)."),
+    prefill_chunk_tokens: Optional[int] = typer.Option(None, "--prefill-chunk-tokens", min=0, help="Prefill prompts longer than this in slices between decode steps, each slice sized so that it and the decode step after it take no longer than this many prompt tokens at a prompt's start: no stream waits longer than one such chunk (default: 128 without CUDA graphs, off with them; 0: off)."),
     batch: Optional[int] = typer.Option(None, "--batch", min=1, max=64, help="Sequences decoded together at most (default: the bundle's planned batch, `build --batch`; at most that; static batch buckets 1, 2, 4, ... up to it)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="Replay prefill and decode as CUDA graphs (GPU only), as `edgekit run` does."),
     preferred_path: str = typer.Option("fused", "--decode-path", help=DECODE_PATH_HELP),

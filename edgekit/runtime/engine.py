@@ -44,6 +44,7 @@ from edgekit.model.kv_cache import copy_prompt_rows
 from edgekit.power.latency import LatencyTracker
 from edgekit.runtime.fused_decode import DECODE_PATHS, DEFAULT_DECODE_PATH, DecodePath
 from edgekit.runtime.gpu_admin_lock import gpu_admin_work
+from edgekit.runtime.prefill_slicing import PrefillCost
 from edgekit.runtime.step_runner import Launch, RowPrefillCache, make_runner
 from edgekit.shapes import StaticShapes
 
@@ -55,10 +56,15 @@ DEFAULT_MAX_QUEUE_WAIT_S = 0.35
 # client) and frees its rows. Generous for a long answer on a slow device; it bounds what one client can hold.
 DEFAULT_MAX_REQUEST_S = 300.0
 DEFAULT_MAX_ADMISSION_WAIT_S = 0.05
-# Prompt tokens per prefill chunk on an eager (CPU) runner: on the 2-core development machine a 64-token chunk of the
-# 135M default model costs about one batch-4 decode step (~0.7 s under load), so streams slow down during a long
-# prompt but never stall (a whole 2046-token prefill held them ~70 s).
-DEFAULT_PREFILL_CHUNK_TOKENS = 64
+# Prompt tokens per prefill chunk on an eager (CPU) runner. One chunk's time is what the streams may wait between two
+# tokens while a long prompt comes in (a slice of it and their own step, ``prefill_slicing``); a whole 2046-token
+# prefill held them ~70 s. On the 2-core development machine a forward of the default model costs ~180 ms whatever
+# its length and a batch-4 decode step ~210 ms: a 64-token chunk (~480 ms) left slices of ~7 tokens and the 2046
+# tokens took 142 s; 128 tokens (~1 s) leaves slices of 10-60 and they take ~47 s (31-43 s in one piece).
+DEFAULT_PREFILL_CHUNK_TOKENS = 128
+# Short prompts up to this many tokens are prefilled inside a decode step (``prefill_mid_step``): the step they stretch
+# stays within a chunk's time.
+MID_STEP_PREFILL_TOKENS = 64
 # On a CPU a short prompt that arrives while rows decode is prefilled inside the decode step, between two of its
 # operators (``prefill_mid_step``), and its first token goes out at once. Prefilled between two steps instead, an
 # admitted request waited for the rest of the step in flight before its prefill could start: under 32 clients
@@ -154,6 +160,7 @@ class _Prefill:
     slot: int
     job: Job
     done: int = 0  # prompt tokens already in the row (a chunked prefill's progress)
+    slice_ended: float | None = None  # perf_counter at the end of its last slice
 
 
 @dataclass
@@ -253,6 +260,10 @@ class Engine:
                                      if prefill_chunk_tokens is not None
                                      else None if self.graphs else DEFAULT_PREFILL_CHUNK_TOKENS)
         self.prefill_units: deque[tuple[int, float]] = deque(maxlen=1024)  # (prompt tokens, seconds) per unit run
+        # A long prompt's slices are sized in time, not tokens: each slice and the decode step after it fit one chunk's
+        # time (``prefill_chunk_tokens`` at a prompt's start), learnt from the batch-1 prefills run here.
+        self.prefill_cost = PrefillCost()
+        self._turn_rest_s: float | None = None  # what a turn costs besides a slice (step, streaming), measured between slices
         # Prefill inside a decode step (eager runners on a CPU, by default; a graph cannot be paused): the step calls
         # back before each operator; waiters are admitted there to free rows, the short prompts (up to one chunk) are
         # prefilled into a scratch cache and answer their first token; after the step the device thread copies their
@@ -260,7 +271,7 @@ class Engine:
         # steps, as before (fairness).
         self.prefill_mid_step = (not self.graphs and not self.lookahead and decoder.device.type == "cpu"
                                  if prefill_mid_step is None else prefill_mid_step and not self.graphs)
-        self.mid_step_prefill_tokens = self.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
+        self.mid_step_prefill_tokens = min(self.prefill_chunk_tokens or MID_STEP_PREFILL_TOKENS, MID_STEP_PREFILL_TOKENS)
         self._early: dict[int, Job] = {}  # rows prefilled inside a step, first token out, not decoding yet (lock)
         self._in_step_busy = False  # a prefill inside the step is running (the callback does not nest)
         self.prompts_prefilled_in_step = 0  # how many prompts were prefilled inside a decode step (a figure to read)
@@ -621,7 +632,7 @@ class Engine:
         budget, spent = self.prefill_chunk_tokens, 0
         while self._prefills:
             p = self._prefills[0]
-            chunked = budget is not None and len(p.job.prompt_ids) > budget
+            chunked = budget is not None and self._sliced(p)
             cost = budget if chunked else self._prefill_width([p.job])
             if budget is not None and spent and spent + cost > budget:
                 return
@@ -649,8 +660,7 @@ class Engine:
         """The waiting whole-prompt prefills of ``bucket``, oldest first, within ``tokens`` of padded prompt."""
         group = []
         for p in self._prefills:
-            if p.job.bucket != bucket or (self.prefill_chunk_tokens is not None
-                                          and len(p.job.prompt_ids) > self.prefill_chunk_tokens):
+            if p.job.bucket != bucket or (self.prefill_chunk_tokens is not None and self._sliced(p)):
                 continue
             width = self._prefill_width([q.job for q in group] + [p.job])
             if tokens is not None and group and (len(group) + 1) * width > tokens:
@@ -691,7 +701,7 @@ class Engine:
                 for p in live:
                     self._fail_rows([p.slot], p.job, e)
                 logits = None
-            self.prefill_units.append((sum(len(p.job.prompt_ids) for p in live), time.perf_counter() - t))
+            self._unit_ran(0, T * len(live), time.perf_counter() - t, sum(len(p.job.prompt_ids) for p in live))
             for i, p in enumerate(live if logits is not None else []):
                 try:
                     self._first_token(p.slot, p.job, logits[i : i + 1])
@@ -712,19 +722,44 @@ class Engine:
                                     hint="retry against a running server")
         n, chunk = len(job.prompt_ids), self.prefill_chunk_tokens
         t = time.perf_counter()
-        if chunk is None or n <= chunk:
+        if chunk is None or not self._sliced(p):
             self._prefill(p.slot, job)
-            self.prefill_units.append((n, time.perf_counter() - t))
+            self._unit_ran(0, self._prefill_width([job]), time.perf_counter() - t, n)
             return True
-        end = min(p.done + chunk, n)
+        if p.slice_ended is not None:  # the rest of the turn since this prompt's last slice: the step, streaming
+            rest = t - p.slice_ended
+            self._turn_rest_s = rest if self._turn_rest_s is None else 0.7 * self._turn_rest_s + 0.3 * rest
+        end = p.done + self._slice_tokens(p.done, n - p.done)
         tokens = torch.tensor([job.prompt_ids[p.done:end]], dtype=torch.long, device=self.decoder.device)  # (1, C)
         logits = self._runner.prefill_chunk(p.slot, tokens, p.done)  # (1, V)
-        self.prefill_units.append((end - p.done, time.perf_counter() - t))
+        p.slice_ended = time.perf_counter()
+        self._unit_ran(p.done, end - p.done, p.slice_ended - t)
         p.done = end
         if end < n:
             return False
         self._first_token(p.slot, job, logits)
         return True
+
+    def _sliced(self, p: _Prefill) -> bool:
+        """Whether ``p``'s prompt goes in slices: it is longer than a chunk, or rows decode and the whole prompt
+        would not fit one chunk's time with their step. A short prompt (up to ``mid_step_prefill_tokens``) never is:
+        a forward's fixed cost makes slices of it dearer than the prompt, and it fits a chunk's time with a step."""
+        n = len(p.job.prompt_ids)
+        return p.done > 0 or (n > self.mid_step_prefill_tokens and n > self._slice_tokens(0, n))
+
+    def _slice_tokens(self, start: int, remaining: int) -> int:
+        """The next slice of a long prompt at ``start``: a whole chunk while no row decodes (nobody waits on it),
+        else what fits one chunk's time together with the decode step that follows (``prefill_slicing``)."""
+        chunk = self.prefill_chunk_tokens
+        if not any(r is not None for r in self._rows):
+            return min(chunk, remaining)
+        return self.prefill_cost.slice_tokens(chunk, start, remaining, max(self._step_s or 0.0, self._turn_rest_s or 0.0))
+
+    def _unit_ran(self, start: int, computed: int, seconds: float, prompt_tokens: int | None = None) -> None:
+        """A prefill forward of ``computed`` token positions (rows x width) from position ``start`` took ``seconds``
+        (``prompt_tokens`` of them real, default all): recorded, and learnt from for the slices' cost model."""
+        self.prefill_units.append((computed if prompt_tokens is None else prompt_tokens, seconds))
+        self.prefill_cost.observe(start, computed, seconds)
 
     # -- prefill inside a decode step (prefill_mid_step) ---------------------------
     def _between_decode_nodes(self) -> None:
@@ -775,7 +810,7 @@ class Engine:
             for slot, job in live:
                 self._end_early(slot, job, "error", e)
             return
-        self.prefill_units.append((int(seq_lens.sum()), time.perf_counter() - t))
+        self._unit_ran(0, width * len(live), time.perf_counter() - t, int(seq_lens.sum()))
         self.prompts_prefilled_in_step += len(live)
         for i, (slot, job) in enumerate(live):
             try:

@@ -2,7 +2,8 @@
 
 Before: the whole prompt was prefilled on the device thread in one piece, and every stream and every new request
 stalled for as long (~70 s for 2046 tokens of the default model on a CPU). Now a prompt longer than a chunk is
-prefilled a chunk at a time between decode steps: no stream pauses for longer than about one chunk."""
+prefilled a slice at a time between decode steps, each slice sized so that it and the decode step after it fit one
+chunk's time: no stream pauses for longer than one chunk."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from edgekit.runtime.engine import Engine
 from edgekit.shapes import StaticShapes
 
 SHAPES = StaticShapes(buckets=(16, 32, 512), max_seq_len=576)
-PER_TOKEN_S = 4e-4  # the slowed rmsnorm's cost per row-token: a prefill's cost grows with its tokens, as on a CPU
+PER_TOKEN_S = 1e-3  # the slowed rmsnorm's cost per row-token: a prefill's cost grows with its tokens, as on a CPU
 
 
 @pytest.fixture(scope="module")
@@ -33,25 +34,34 @@ def _costly(x, w, eps):
     return rmsnorm_reference(x, w, eps)
 
 
-def test_a_long_prompt_arriving_during_4_streams_pauses_none_longer_than_a_chunk(model):
+def test_a_long_prompt_arriving_during_4_streams_pauses_none_longer_than_one_chunks_time(model):
+    """One chunk's time is measured in the same engine: a 32-token prompt prefilled while nothing else runs. Slices
+    of a fixed 32 tokens failed this: a stream then waited for a whole chunk *and* its own decode step (the sleeps
+    alone make that 36/32 of a chunk)."""
     e = Engine(model.decoder(), None, SHAPES, max_waiting=4, batch_buckets=(1, 2, 4, 8), prefill_chunk_tokens=32)
     try:
         e.switch_operator("rmsnorm", _costly, "plugin:costly")
+        one_chunk = e.submit(list(range(40, 72)), 1, stop_ids=())
+        assert one_chunk.done.wait(30) and one_chunk.error is None
+        chunk_s = e.prefill_units[-1][1]
         stamps: list[list[float]] = [[] for _ in range(4)]
-        streams = [e.submit([3 + i, 4, 5], 60, stop_ids=(), on_token=lambda _, i=i: stamps[i].append(time.perf_counter()))
+        streams = [e.submit([3 + i, 4, 5], 200, stop_ids=(), on_token=lambda _, i=i: stamps[i].append(time.perf_counter()))
                    for i in range(4)]
         while min(len(s) for s in stamps) < 5:  # all four are streaming
             time.sleep(0.01)
+        units_before = len(e.prefill_units)
+        t_arrive = time.perf_counter()
         long_prompt = e.submit(list(range(6, 486)), 1, stop_ids=())  # 480 tokens, one new token
         assert long_prompt.done.wait(60) and long_prompt.error is None
+        t_done = time.perf_counter()
         for j in streams:
-            assert j.done.wait(60) and j.error is None
-        units = [s for n, s in e.prefill_units if n == 32 or n == 480 % 32]
-        gaps = [b - a for s in stamps for a, b in zip(s, s[1:])]
-        whole_s = 480 * 5 * PER_TOKEN_S  # what one piece would have held every stream for (~1 s)
-        assert len(units) >= 480 // 32, e.prefill_units
-        assert max(gaps) < whole_s / 2.5, (f"a stream paused {max(gaps):.3f} s; one chunk took {max(units):.3f} s, "
-                                           f"the whole prompt would hold {whole_s:.2f} s")
+            j.cancel()
+            j.done.wait(60)
+        slices = [n for n, _ in list(e.prefill_units)[units_before:]]
+        gaps = [b - a for s in stamps for a, b in zip(s, s[1:]) if b >= t_arrive and a <= t_done]
+        assert sum(slices) == 480 and len(slices) > 480 // 32, slices  # in slices smaller than a chunk
+        assert max(gaps) <= 1.1 * chunk_s, (f"a stream paused {max(gaps):.3f} s; one chunk takes {chunk_s:.3f} s; "
+                                            f"slices {slices}")
     finally:
         e.close()
 
@@ -65,7 +75,7 @@ def test_a_prompt_prefilled_in_chunks_gets_the_tokens_it_gets_alone(model):
         for j in jobs:
             assert j.done.wait(30) and j.error is None, j.error
         assert [j.tokens for j in jobs] == alone
-        assert sum(1 for n, _ in e.prefill_units if n == 8) >= 38 // 8 + 31 // 8
+        assert sum(1 for n, _ in e.prefill_units if n <= 8) >= 38 // 8 + 31 // 8
     finally:
         e.close()
 
@@ -95,7 +105,7 @@ def test_a_gemma3_prompt_in_chunks_past_its_sliding_window_gets_the_greedy_token
                 assert j.done.wait(60) and j.error is None, j.error
             answers[chunk] = [j.tokens for j in jobs]
             if chunk:
-                assert sum(1 for n, _ in e.prefill_units if n == 8) >= 38 // 8 + 31 // 8 + 1
+                assert sum(1 for n, _ in e.prefill_units if n <= 8) >= 38 // 8 + 31 // 8 + 1
         finally:
             e.close()
     assert answers[8] == answers[0]
