@@ -161,6 +161,7 @@ class _Prefill:
     job: Job
     done: int = 0  # prompt tokens already in the row (a chunked prefill's progress)
     slice_ended: float | None = None  # perf_counter at the end of its last slice
+    last_slice: tuple[int, float] | None = None  # its last slice: tokens, seconds
 
 
 @dataclass
@@ -729,10 +730,11 @@ class Engine:
         if p.slice_ended is not None:  # the rest of the turn since this prompt's last slice: the step, streaming
             rest = t - p.slice_ended
             self._turn_rest_s = rest if self._turn_rest_s is None else 0.7 * self._turn_rest_s + 0.3 * rest
-        end = p.done + self._slice_tokens(p.done, n - p.done)
+        end = p.done + self._slice_tokens(n - p.done, p.last_slice)
         tokens = torch.tensor([job.prompt_ids[p.done:end]], dtype=torch.long, device=self.decoder.device)  # (1, C)
         logits = self._runner.prefill_chunk(p.slot, tokens, p.done)  # (1, V)
         p.slice_ended = time.perf_counter()
+        p.last_slice = (end - p.done, p.slice_ended - t)
         self._unit_ran(p.done, end - p.done, p.slice_ended - t)
         p.done = end
         if end < n:
@@ -745,15 +747,17 @@ class Engine:
         would not fit one chunk's time with their step. A short prompt (up to ``mid_step_prefill_tokens``) never is:
         a forward's fixed cost makes slices of it dearer than the prompt, and it fits a chunk's time with a step."""
         n = len(p.job.prompt_ids)
-        return p.done > 0 or (n > self.mid_step_prefill_tokens and n > self._slice_tokens(0, n))
+        return p.done > 0 or (n > self.mid_step_prefill_tokens and n > self._slice_tokens(n))
 
-    def _slice_tokens(self, start: int, remaining: int) -> int:
-        """The next slice of a long prompt at ``start``: a whole chunk while no row decodes (nobody waits on it),
-        else what fits one chunk's time together with the decode step that follows (``prefill_slicing``)."""
+    def _slice_tokens(self, remaining: int, last: tuple[int, float] | None = None) -> int:
+        """The next slice of a prompt with ``remaining`` tokens to go (``last``: its last slice, tokens and seconds): a
+        whole chunk while no row decodes (nobody waits on it), else what fits one chunk's time together with the rest
+        of the turn that follows (``prefill_slicing``)."""
         chunk = self.prefill_chunk_tokens
         if not any(r is not None for r in self._rows):
             return min(chunk, remaining)
-        return self.prefill_cost.slice_tokens(chunk, start, remaining, max(self._step_s or 0.0, self._turn_rest_s or 0.0))
+        return self.prefill_cost.slice_tokens(chunk, remaining, max(self._step_s or 0.0, self._turn_rest_s or 0.0),
+                                              last)
 
     def _unit_ran(self, start: int, computed: int, seconds: float, prompt_tokens: int | None = None) -> None:
         """A prefill forward of ``computed`` token positions (rows x width) from position ``start`` took ``seconds``

@@ -11,12 +11,13 @@ is sized so that it and the decode step after it fit that time (with a margin): 
 one chunk's time at any depth, and the prompt takes more, smaller slices as it deepens. As vLLM's chunked prefill
 counts the decode tokens of a step inside its token budget, the decode step here counts inside the chunk's time.
 
-The cost model is learnt from the prefills the engine runs itself (start position, tokens, seconds): a forward of
-L prompt tokens from position p costs ``fixed_s + L * (token_s + depth_s * (p + L / 2))`` seconds. ``fixed_s`` is a
-forward's own cost whatever its length (on a CPU, every weight read once and every operator's overhead: most of a
-decode step, ~180 ms of the default model's 474 ms chunk of 64 on 2 cores), ``token_s`` a token's share and
-``depth_s`` attention's, per position attended. A least-squares fit over the recent forwards, each coefficient
-kept at or above zero. Before two lengths are known the first slice is a short probe.
+One chunk's time is learnt from the prefills the engine runs from a prompt's start: a forward of L tokens costs
+``fixed_s + L * token_s`` (``fixed_s`` a forward's own cost whatever its length: on a CPU every weight read once and
+every operator's overhead, ~180 ms of the default model's 474 ms chunk of 64 on 2 cores), a least-squares line
+through the recent ones. A prompt's first slice is sized on that line; each next one by feedback from the last:
+its tokens scaled by how far its time was from the time it had (at most 1.5x up or 2x down a slice), which follows
+attention's growing share as the prompt deepens and a CPU that gets busier, without a model of either. (A global
+fit of depth as well, tried first, was thrown off by a busy CPU's noise: a 105-token slice at depth took 1.9 s.)
 """
 
 from __future__ import annotations
@@ -26,78 +27,59 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PROBE_TOKENS = 16  # the first slice before any cost is known: ~1/4 of a default chunk
-MIN_SLICE_TOKENS = 4  # a step slower than a chunk still lets a prompt advance by this much
-MARGIN = 0.85  # of the chunk's time the slice and the step may plan to use (timing noise on a busy CPU)
-WINDOW = 64  # the recent forwards the law is fitted to (a swap or a busier CPU changes it)
+PROBE_TOKENS = 16  # the first slice before any cost is known: ~1/8 of a default chunk
+MIN_SLICE_TOKENS = 4  # a turn slower than a chunk still lets a prompt advance by this much
+MARGIN = 0.8  # of the chunk's time a slice and the rest of its turn may plan to use (a busy 2-core CPU's noise)
+WINDOW = 32  # the recent forwards from a prompt's start the line is fitted to
 MIN_LENGTH_SPREAD = 8  # tokens the observed lengths must spread over before a fixed cost is told from a token's
-MIN_DEPTH_SPREAD = 64  # positions the observed mean depths must spread over before attention's share is fitted
+GROW, SHRINK = 1.5, 0.5  # the most a slice may grow or shrink against the last one of its prompt
 
 
 @dataclass
 class PrefillCost:
-    """Seconds a prefill of L tokens from position p costs: ``fixed_s + L * (token_s + depth_s * (p + L / 2))``."""
+    """What a forward of L tokens from a prompt's start costs, ``fixed_s + L * token_s``, and the slices it implies."""
 
     fixed_s: float = 0.0
     token_s: float | None = None  # None: nothing observed yet
-    depth_s: float = 0.0
-    # how far the forwards ran over (or under) the fit's prediction just before each was run, a moving average: the
-    # law is a simplification (an operator's cost is not linear in its rows) and a busy CPU drifts
-    bias: float = 1.0
-    _seen: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # (start, tokens, seconds)
+    _seen: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # (tokens, seconds)
     _warm: bool = False  # the first forward was seen (and not learnt from: allocations, lazy set-up)
 
     def observe(self, start: int, tokens: int, seconds: float) -> None:
-        """A forward of ``tokens`` prompt tokens (rows x width for a batch) from position ``start`` took ``seconds``."""
-        if tokens < 1 or seconds <= 0:
+        """A forward of ``tokens`` token positions (rows x width for a batch) from ``start`` took ``seconds``; only
+        those from a prompt's start teach the line (a slice at depth also pays for attention)."""
+        if tokens < 1 or seconds <= 0 or start != 0:
             return
         if not self._warm:  # the default model's first chunk took 1.35 s on a CPU, its next ones ~1.0 s
             self._warm = True
             return
-        if self.token_s is not None:
-            self.bias = 0.7 * self.bias + 0.3 * seconds / max(self.seconds(start, tokens), 1e-9)
-        self._seen.append((start, tokens, seconds))
-        obs = np.array(self._seen, dtype=np.float64)  # (n, 3)
-        p, n, s = obs[:, 0], obs[:, 1], obs[:, 2]
-        features = {"fixed": np.ones_like(n), "token": n, "depth": n * (p + n / 2)}
-        use = ["token"]
+        self._seen.append((tokens, seconds))
+        n = np.array([t for t, _ in self._seen], dtype=np.float64)
+        s = np.array([x for _, x in self._seen], dtype=np.float64)
         if n.max() - n.min() >= MIN_LENGTH_SPREAD:
-            use.insert(0, "fixed")
-        if (p + n / 2).max() - (p + n / 2).min() >= MIN_DEPTH_SPREAD:
-            use.append("depth")
-        coef = {}
-        while use:  # least squares; a coefficient that comes out negative is dropped (held at zero) and the rest refit
-            x = np.stack([features[k] for k in use], axis=1)
-            sol = dict(zip(use, np.linalg.lstsq(x, s, rcond=None)[0]))
-            bad = [k for k in use if sol[k] < 0 and k != "token"]
-            if not bad:
-                coef = sol
-                break
-            use.remove(bad[0])
-        token = coef.get("token", 0.0)
-        if token <= 0:  # noise made a token free: fall back to the plain mean per token
-            coef, token = {}, float((s / n).mean())
-        self.fixed_s, self.token_s, self.depth_s = float(coef.get("fixed", 0.0)), float(token), float(coef.get("depth", 0.0))
-
-    def seconds(self, start: int, tokens: int) -> float:
-        """Predicted time of a forward of ``tokens`` from position ``start`` (needs an observation)."""
-        return self.fixed_s + tokens * (self.token_s + self.depth_s * (start + tokens / 2))
+            fixed, token = np.linalg.lstsq(np.stack([np.ones_like(n), n], axis=1), s, rcond=None)[0]
+            if fixed >= 0 and token > 0:
+                self.fixed_s, self.token_s = float(fixed), float(token)
+                return
+        self.fixed_s, self.token_s = 0.0, float((s / n).mean())  # one length, or noise: the plain mean per token
 
     def chunk_s(self, chunk: int) -> float | None:
         """One chunk's time: ``chunk`` tokens at the start of a prompt (None: nothing measured yet)."""
-        return None if self.token_s is None else self.seconds(0, chunk)
+        return None if self.token_s is None else self.fixed_s + chunk * self.token_s
 
-    def slice_tokens(self, chunk: int, start: int, remaining: int, step_s: float) -> int:
-        """Tokens of the next slice of a prompt at position ``start`` with ``remaining`` tokens to go, when the rest
-        of the engine's turn (the decode step, streaming the tokens) takes ``step_s`` seconds: the most whose predicted
-        time plus that fits MARGIN of one chunk's time, at least MIN_SLICE_TOKENS, at most a chunk."""
+    def slice_tokens(self, chunk: int, remaining: int, rest_s: float,
+                     last: tuple[int, float] | None = None) -> int:
+        """Tokens of a prompt's next slice, ``remaining`` to go, when the rest of the engine's turn (the decode step,
+        streaming the tokens) takes ``rest_s`` seconds: what fits MARGIN of one chunk's time with that rest, from the
+        line for a first slice, from ``last`` (the prompt's last slice: tokens, seconds) after; at least
+        MIN_SLICE_TOKENS, at most a chunk."""
         if self.token_s is None:
             return max(1, min(PROBE_TOKENS, chunk, remaining))
-        # the slice's own tokens, in the fit's seconds: what is left of the chunk after the step and the fixed cost,
-        # shrunk by how far forwards have lately run over the fit (one chunk's time is the fit's, unbiased)
-        avail = (MARGIN * self.chunk_s(chunk) - step_s) / max(self.bias, 0.5) - self.fixed_s
-        first = self.token_s + self.depth_s * start  # the slice's first token
-        # n * (first + depth_s * n / 2) = avail, solved for n (the root written without cancellation: depth_s may be
-        # zero or tiny)
-        n = 0 if avail <= 0 else int(2 * avail / (first + (first * first + 2 * self.depth_s * avail) ** 0.5))
+        avail = MARGIN * self.chunk_s(chunk) - rest_s  # the slice's own time
+        if avail <= 0:  # the rest of the turn alone fills the chunk's time
+            n = 0
+        elif last is None:
+            n = int((avail - self.fixed_s) / self.token_s)
+        else:
+            tokens, seconds = last
+            n = int(tokens * min(GROW, max(SHRINK, avail / max(seconds, 1e-9))))
         return max(1, min(max(n, MIN_SLICE_TOKENS), chunk, remaining))
