@@ -59,8 +59,9 @@ DEFAULT_MAX_ADMISSION_WAIT_S = 0.05
 # Prompt tokens per prefill chunk on an eager (CPU) runner. One chunk's time is what the streams may wait between two
 # tokens while a long prompt comes in (a slice of it and their own step, ``prefill_slicing``); a whole 2046-token
 # prefill held them ~70 s. On the 2-core development machine a forward of the default model costs ~180 ms whatever
-# its length and a batch-4 decode step ~210 ms: a 64-token chunk (~480 ms) left slices of ~7 tokens and the 2046
-# tokens took 142 s; 128 tokens (~1 s) leaves slices of 10-60 and they take ~47 s (31-43 s in one piece).
+# its length and a batch-4 decode step ~210-390 ms: a 64-token chunk (~480 ms) left slices of ~7 tokens and the 2046
+# tokens took 142 s; 128 tokens (0.8-1.2 s) left slices of ~17-50 and 64-148 s (31-48 s in one piece) in 2026-12-04's
+# runs. A mixed step (a slice's tokens in the decode step's own forward) would pay the fixed cost once: not built.
 DEFAULT_PREFILL_CHUNK_TOKENS = 128
 # Short prompts up to this many tokens are prefilled inside a decode step (``prefill_mid_step``): the step they stretch
 # stays within a chunk's time.
@@ -261,8 +262,8 @@ class Engine:
                                      if prefill_chunk_tokens is not None
                                      else None if self.graphs else DEFAULT_PREFILL_CHUNK_TOKENS)
         self.prefill_units: deque[tuple[int, float]] = deque(maxlen=1024)  # (prompt tokens, seconds) per unit run
-        # A long prompt's slices are sized in time, not tokens: each slice and the decode step after it fit one chunk's
-        # time (``prefill_chunk_tokens`` at a prompt's start), learnt from the batch-1 prefills run here.
+        # A long prompt's slices are sized in time, not tokens: each slice and the rest of the turn after it fit one
+        # chunk's time (``prefill_chunk_tokens`` at a prompt's start), learnt from the prefills run here.
         self.prefill_cost = PrefillCost()
         self._turn_rest_s: float | None = None  # what a turn costs besides a slice (step, streaming), measured between slices
         # Prefill inside a decode step (eager runners on a CPU, by default; a graph cannot be paused): the step calls
