@@ -61,7 +61,9 @@ DEFAULT_MAX_ADMISSION_WAIT_S = 0.05
 # prefill held them ~70 s. On the 2-core development machine a forward of the default model costs ~180 ms whatever
 # its length and a batch-4 decode step ~210-390 ms: a 64-token chunk (~480 ms) left slices of ~7 tokens and the 2046
 # tokens took 142 s; 128 tokens (0.8-1.2 s) left slices of ~17-50 and 64-148 s (31-48 s in one piece) in 2026-12-04's
-# runs. A mixed step (a slice's tokens in the decode step's own forward) would pay the fixed cost once: not built.
+# runs at a margin of 0.8 (prefill_slicing.MARGIN), but pauses over a chunk in 2 of 3 runs; at 0.65 (none over in 4
+# runs) a slow turn leaves most slices at the 4-token minimum and the prompt took 77-301 s, up to the 300 s request
+# limit below. A mixed step (a slice's tokens in the decode step's own forward) would pay the fixed cost once: not built.
 DEFAULT_PREFILL_CHUNK_TOKENS = 128
 # Short prompts up to this many tokens are prefilled inside a decode step (``prefill_mid_step``): the step they stretch
 # stays within a chunk's time.
