@@ -27,8 +27,16 @@ def _metrics_table(title: str, m: dict, gate: dict | None) -> Table:
         t.add_column(col, justify="left" if col == "metric" else "right")
     t.add_row("perplexity (FP)", f"{m['fp_perplexity']:.3f}", "")
     t.add_row("perplexity (quantized)", f"{m['quant_perplexity']:.3f}", "")
-    t.add_row("perplexity increase", _pct(m["perplexity_increase"]),
-              f"<= {_pct(gate['max_ppl_increase'])}" if gate else "")
+    from edgekit.quant.gate import JUDGED_BY_TEXT
+
+    judged = m.get("judged_increase", m["perplexity_increase"])
+    if m.get("judged_by") in (None, JUDGED_BY_TEXT):
+        t.add_row("perplexity increase", _pct(m["perplexity_increase"]),
+                  f"<= {_pct(gate['max_ppl_increase'])}" if gate else "")
+    else:  # the FP model scores the text worse than a uniform guess: the bound holds the KL's increase
+        t.add_row("perplexity increase (text, not judged)", _pct(m["perplexity_increase"]), "")
+        t.add_row(f"perplexity increase on {m['judged_by']}", _pct(judged),
+                  f"<= {_pct(gate['max_ppl_increase'])}" if gate else "")
     if m.get("greedy_agreement") is not None:
         t.add_row(f"greedy agreement ({m['greedy_positions']} positions)", f"{100 * m['greedy_agreement']:.1f}%",
                   f">= {100 * gate['min_greedy_agreement']:.1f}%" if gate else "")
@@ -57,7 +65,8 @@ def _print_report(report: dict, top: int) -> None:
     if len(gate.get("attempts", [])) > 1:
         for a in gate["attempts"][1:]:
             m = a["metrics"]
-            console.print(f"mixed precision, {len(a['fp_layers'])} layer(s) in FP: perplexity {_pct(m['perplexity_increase'])}, "
+            judged = m.get("judged_increase", m["perplexity_increase"])  # what the verdict held to its bound
+            console.print(f"mixed precision, {len(a['fp_layers'])} layer(s) in FP: perplexity {_pct(judged)}, "
                           f"agreement {100 * (m['greedy_agreement'] or 0):.1f}%, SNR {m['logits_snr_db']:.1f} dB -> "
                           + ("[green]pass[/]" if not a["failures"] else "[red]fail[/]"))
     if "sensitivity" in report:

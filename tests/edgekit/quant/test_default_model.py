@@ -26,6 +26,9 @@ def test_w8a16_passes_the_gate_and_generates_the_scored_tokens(default_model):
     m = r.report["gate"]["metrics"]
     assert r.report["gate"]["passed"], r.report["gate"]["failures"]
     assert m["greedy_positions"] == 128 and m["perplexity_increase"] <= 0.01
+    # a real model scores real text better than a uniform guess: the text judges it (gate.JUDGED_BY_TEXT)
+    assert m["fp_perplexity"] < m["vocab_size"] and m["judged_by"] == "held-out text"
+    assert m["judged_increase"] == m["perplexity_increase"]
 
     # Greedy generation with the plain reference table (int64 W8A8 product, W8A16 reference) ...
     prompt = heldout_eval_text(default_model, gate).prompts[0]

@@ -102,3 +102,44 @@ def test_a_model_scoring_text_past_709_nats_a_token_gets_infinite_perplexities_a
     assert m["fp_perplexity"] == m["quant_perplexity"] == math.inf
     assert math.isfinite(m["perplexity_increase"]) and m["perplexity_increase"] > -1.0
     assert isinstance(check(m, GATE), list)
+
+
+def test_a_model_that_scores_the_text_worse_than_a_uniform_guess_is_judged_on_its_own_predictions(tiny, planted):
+    """Random preset weights (qwen3-1.7b's: FP perplexity ~3.8e184; its INT8 model +74% on the text, every layer's
+    KL 0) cannot be judged by held-out text: the bound then holds exp(mean KL(fp || quant)) - 1. Here a steep head
+    and block weights perturbed by 20% (logits SNR ~48 dB, every greedy token kept) give +7% on the text, which
+    failed the gate, and ~0.2% by the KL, which passes; a broken layer still fails, and says why."""
+    import torch
+
+    from edgekit.quant.gate import JUDGED_BY_KL
+    from edgekit.quant.quantize import named_linears
+
+    cfg, ops = tiny.config, DispatchTable()
+    text = heldout_eval_text(tiny, GATE)
+
+    def steep(weights):
+        return replace(weights, lm_head=LinearWeights("linear", weights.lm_head.weight * 1000.0))
+
+    def gate_of(fp, changed):
+        ref = build_reference(Decoder(cfg, fp, ops), text, GATE.new_tokens)
+        return evaluate(Decoder(cfg, with_layers(fp, changed), ops), ref)
+
+    g = torch.Generator().manual_seed(0)
+    fp = steep(tiny.weights)
+    perturbed = {n: LinearWeights("linear", lw.weight * (1 + 0.2 * torch.randn(lw.weight.shape, generator=g)), lw.bias)
+                 for n, lw in named_linears(fp).items() if n.startswith("blocks.")}
+    sound = gate_of(fp, perturbed)
+    assert sound["fp_perplexity"] > cfg.vocab_size and sound["judged_by"] == JUDGED_BY_KL
+    assert sound["judged_increase"] == pytest.approx(math.exp(sound["mean_kl_nats"]) - 1.0)
+    assert sound["judged_increase"] <= GATE.max_ppl_increase < sound["perplexity_increase"]
+    assert check(sound, GATE) == []
+    broken_fp = steep(planted.weights)
+    broken = gate_of(broken_fp, quantize_layers(broken_fp, "w8a16", None, 0.5, include_head=False))
+    assert broken["judged_by"] == JUDGED_BY_KL and broken["judged_increase"] > GATE.max_ppl_increase
+    assert any("worse than a uniform guess" in f and f"{cfg.vocab_size} tokens" in f for f in check(broken, GATE))
+    # a quantized model whose logits are NaN fails by the KL too (a NaN compares false with every bound)
+    nan_layer = {"blocks.0.w_down": LinearWeights("linear", fp.blocks[0].w_down.weight * float("nan"))}
+    poisoned = gate_of(fp, nan_layer)
+    assert poisoned["judged_by"] == JUDGED_BY_KL and poisoned["judged_increase"] == math.inf
+    assert any(f.startswith("perplexity on the FP model's own predictions") for f in check(poisoned, GATE))
+    # (a model the text can judge: the real default model, tests/edgekit/quant/test_default_model.py)
