@@ -10,8 +10,9 @@ model operator (no weights, no numerics: integer copies), so it is not in the
 registry; ``feedback_reference`` is the torch code it replaces, and the
 interpreter test holds the kernel to it.
 
-Launched with programmatic dependent launch on sm_90+ like the fused decode
-kernels (kernels/pdl_triton.py), so it does not break their launch chain.
+Launched with programmatic dependent launch on sm_90+ where the step asks for
+one level everywhere (kernels/pdl_triton.py), so it does not break their launch
+chain; under a per-operator ask it belongs to no operator and launches plainly.
 """
 
 from __future__ import annotations

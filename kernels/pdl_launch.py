@@ -26,40 +26,81 @@ ENV = "EDGEKIT_PDL"
 # 1037, int8 1480 -> 1368, int4 1642 -> 1658 (within run-to-run noise): the rule stands.
 AUTO_MAX_WEIGHT_BYTES_PER_KERNEL = 4 * 1024 * 1024
 
+# A step's ask is a level for every PDL kernel it launches, or a level per operator (the others plain). Selective:
+# only the attention operators' launches (the split-KV attention, then the projection GEMV after it) use PDL, so
+# the projection's programs start beside the attention, whose short, latency-bound kernel leaves most SMs and most
+# of the bandwidth idle, and fetch their weight rows into L2 before they wait for it; every other kernel launches
+# plainly, so no program waits early in an SM that a bandwidth-bound GEMV could use (why level 2 everywhere lost
+# at 1B). The projection's prefetch is its first BLOCK_K tile: the whole row at the default tiles up to K = 2048.
+AFTER_ATTENTION = "attn"
+AFTER_ATTENTION_OPS = {"fused_attn_proj_residual": 2, "fused_attn_proj": 2}
+StepAsk = int | dict
+
 _ARCH_BY_DEVICE: dict[int, int] = {}
-_STEP_LEVEL: ContextVar[int] = ContextVar("edgekit_pdl_step_level", default=0)
+_STEP_LEVEL: ContextVar[StepAsk] = ContextVar("edgekit_pdl_step_level", default=0)
 
 
-def requested_level() -> int | None:
-    """The level forced by ``EDGEKIT_PDL`` (None when unset: each decode step decides); a clear error for a bad one."""
+def requested_level() -> StepAsk | None:
+    """What ``EDGEKIT_PDL`` forces (None when unset: each decode step decides): a level for every launch, or
+    ``attn`` for the attention operators' launches only; a clear error for a bad value."""
     from edgekit.errors import OperatorError
 
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return None
-    if raw not in {str(v) for v in LEVELS}:
-        raise OperatorError(f"{ENV}={raw!r}; expected one of {', '.join(map(str, LEVELS))} "
-                            "(0 off, 1 overlap launches, 2 also prefetch weights)",
-                            hint=f"unset {ENV} to let the decode step decide")
-    return int(raw)
+    if raw in {str(v) for v in LEVELS}:
+        return int(raw)
+    ask, unknown = {}, []
+    for name in raw.split("+"):  # operators at level 2, the others plain (how the sweeps try a policy)
+        if name == AFTER_ATTENTION:
+            ask.update(AFTER_ATTENTION_OPS)
+        elif name in _pdl_operators():
+            ask[name] = 2
+        else:
+            unknown.append(name)
+    if unknown:
+        raise OperatorError(f"{ENV}={raw!r}; expected one of {', '.join(map(str, LEVELS))}, {AFTER_ATTENTION}, or "
+                            f"operators joined by '+' (level 2 for those only); unknown: {', '.join(unknown)}",
+                            hint=f"0 off, 1 overlap launches, 2 also prefetch weights, {AFTER_ATTENTION}: 2 for the "
+                                 f"attention operators only; unset {ENV} to let the decode step decide")
+    return ask
 
 
-def auto_level(weight_bytes_per_kernel: float) -> int:
-    """The level a decode step whose GEMV kernels read this many weight bytes each (mean) asks for."""
-    return DEFAULT_LEVEL if weight_bytes_per_kernel <= AUTO_MAX_WEIGHT_BYTES_PER_KERNEL else 0
+def _pdl_operators() -> set[str]:
+    """The operators with kernels (a name outside them is a typo; their Triton modules are not imported here)."""
+    from edgekit.kernels.registry import with_kernels
+
+    return set(with_kernels())
 
 
-def level_for(arch: int, forced: int | None, step: int) -> int:
-    """The level of one launch on an sm_<arch> GPU: 0 below sm_90 whatever was asked, else the forced level
-    (EDGEKIT_PDL), else the level of the decode step being launched (0 outside one)."""
+# Above the bound, PDL for the attention operators only (AFTER_ATTENTION_OPS) against none, measured on the H200
+# (2026-12-04, batch 1, depth 512, random weights, interleaved runs, tools/pdl_sweep.py): qwen3-1.7b fp16 722.6 ->
+# 741.5 tok/s, int8 911.3 -> 938.4, int4 969.3 -> 992.7; qwen3-0.6b fp16 1143.4 -> 1197.3, int8 1292.5 -> 1339.0;
+# gemma-3-1b fp16 726.4 -> 741.4; llama-3.2-1b fp16 1143.3 -> 1161.0. Adding the gate/up GEMV (733.4), the QKV
+# GEMV (711.8) or it and the down projection (711.8) to the attention operators lost at qwen3-1.7b fp16 (attn:
+# 744.7 in the same runs): a GEMV launched early takes SM slots from the bandwidth-bound kernel before it.
+def auto_level(weight_bytes_per_kernel: float) -> StepAsk:
+    """What a decode step whose GEMV kernels read this many weight bytes each (mean) asks for."""
+    if weight_bytes_per_kernel <= AUTO_MAX_WEIGHT_BYTES_PER_KERNEL:
+        return DEFAULT_LEVEL
+    return dict(AFTER_ATTENTION_OPS)
+
+
+def _level_of(ask: StepAsk, op: str | None) -> int:
+    return int(ask.get(op, 0)) if isinstance(ask, dict) else int(ask)
+
+
+def level_for(arch: int, forced: StepAsk | None, step: StepAsk, op: str | None = None) -> int:
+    """The level of one launch of operator ``op``'s kernel on an sm_<arch> GPU: 0 below sm_90 whatever was asked,
+    else what EDGEKIT_PDL forces, else what the decode step being launched asks (0 outside one)."""
     if arch < MIN_ARCH:
         return 0
-    return step if forced is None else forced
+    return _level_of(step if forced is None else forced, op)
 
 
 @contextmanager
-def step_launches(level: int):
-    """Launches made inside use PDL ``level`` (unless EDGEKIT_PDL forces one): a decode step's choice."""
+def step_launches(level: StepAsk):
+    """Launches made inside use PDL as ``level`` asks (unless EDGEKIT_PDL forces it): a decode step's choice."""
     token = _STEP_LEVEL.set(level)
     try:
         yield
@@ -67,14 +108,16 @@ def step_launches(level: int):
         _STEP_LEVEL.reset(token)
 
 
-def jit_launch_options(device) -> dict:
-    """Keyword arguments for a Triton JIT launch of a kernel with the PDL switch on ``device`` now ({}: plain)."""
-    level = pdl_level(device)
+def jit_launch_options(device, op: str | None = None) -> dict:
+    """Keyword arguments for a Triton JIT launch of operator ``op``'s kernel with the PDL switch on ``device`` now
+    ({}: plain)."""
+    level = pdl_level(device, op)
     return {"PDL": level, "launch_pdl": True} if level else {}
 
 
-def pdl_level(device) -> int:
-    """The level the JIT launcher uses for a launch on ``device`` (a torch device) now: 0 for the CPU interpreter."""
+def pdl_level(device, op: str | None = None) -> int:
+    """The level the JIT launcher uses for a launch of operator ``op``'s kernel on ``device`` (a torch device) now:
+    0 for the CPU interpreter."""
     import torch
 
     if device is None or device.type != "cuda":
@@ -83,4 +126,4 @@ def pdl_level(device) -> int:
     if index not in _ARCH_BY_DEVICE:
         major, minor = torch.cuda.get_device_capability(index)
         _ARCH_BY_DEVICE[index] = 10 * major + minor
-    return level_for(_ARCH_BY_DEVICE[index], requested_level(), _STEP_LEVEL.get())
+    return level_for(_ARCH_BY_DEVICE[index], requested_level(), _STEP_LEVEL.get(), op)

@@ -19,11 +19,13 @@ whose ``KernelDef.pdl`` is set:
 - 1: wait + launch_dependents only (launch latency overlapped).
 - 2: also prefetch the program's first weight tile into L2 before the wait.
 
-``pdl_level(device)`` says which level the JIT launcher uses: 0 below sm_90;
-else ``EDGEKIT_PDL`` where set (0, 1 or 2 forces it everywhere); else the
-level of the fused decode step being launched (``step_launches``: the step
-asks for ``DEFAULT_LEVEL`` when its kernels are short, ``auto_level``), 0
-outside one. Triton launches the kernel with the PDL attribute
+``pdl_level(device, op)`` says which level the JIT launcher uses for a kernel
+of operator ``op``: 0 below sm_90; else what ``EDGEKIT_PDL`` forces (0, 1 or 2
+everywhere, ``attn`` or operators joined by ``+``: level 2 for those only);
+else what the fused decode step being launched asks (``step_launches``, a
+level or a level per operator: ``DEFAULT_LEVEL`` everywhere when its kernels
+are short, level 2 for the attention operators only when they are not,
+``auto_level``), 0 outside one. Triton launches the kernel with the PDL attribute
 (``launch_pdl=True``), and CUDA graph capture keeps the programmatic edges
 (the graphed step got faster on the H200; greedy tokens equal the
 per-operator step's: tests/edgekit/runtime/test_fused_decode_gpu.py).
@@ -37,8 +39,8 @@ import triton.language as tl
 # the host side (levels, the auto rule, the launch switch) lives in kernels/pdl_launch.py, importable without Triton;
 # re-exported here for the kernels and tools that know it by this module
 from edgekit.kernels.pdl_launch import (  # noqa: F401
-    _STEP_LEVEL, AUTO_MAX_WEIGHT_BYTES_PER_KERNEL, DEFAULT_LEVEL, ENV, LEVELS, MIN_ARCH, auto_level, jit_launch_options,
-    level_for, pdl_level, requested_level, step_launches,
+    _STEP_LEVEL, AFTER_ATTENTION, AFTER_ATTENTION_OPS, AUTO_MAX_WEIGHT_BYTES_PER_KERNEL, DEFAULT_LEVEL, ENV, LEVELS,
+    MIN_ARCH, auto_level, jit_launch_options, level_for, pdl_level, requested_level, step_launches,
 )
 
 L2_LINE_BYTES = 128

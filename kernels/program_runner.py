@@ -154,7 +154,7 @@ class JitLauncher:
         if self.kdef.pdl:  # programmatic dependent launch where the running decode step asks for it (sm_90+)
             from edgekit.kernels.pdl_triton import jit_launch_options
 
-            launch = jit_launch_options(device)
+            launch = jit_launch_options(device, self.kdef.op)
         # Triton's JIT launches on torch's current stream (the `stream` argument is the same stream).
         self.kdef.fn[tuple(grid)](*call_args, **dict(v.constexprs), **self.kdef.launch_constexprs(v.num_stages),
                                   **launch, num_warps=v.num_warps, num_stages=v.num_stages)

@@ -16,6 +16,9 @@
 #        vectors through the sm_87 PTX, JIT-compiled for this GPU.
 #   bash tools/gpu_session.sh park             only park .devcarry_a/part (and install .whl) for a later suite/diag call.
 #   bash tools/gpu_session.sh diag             tools/w8a8_divergence.py on the joined default model (as suite joins it).
+#   bash tools/gpu_session.sh pdl SPECS        tools/pdl_sweep.py: decode tok/s at each EDGEKIT_PDL value (LEVELS, default
+#        0,2,attn), runs interleaved; SPECS as bench's (PRESET:fp16+int8); PROFILE="preset:X --precision P" then
+#        profiles that step at each of PROFILE_LEVELS (default 0,attn). $OUT/pdl.txt, pdl_PRESET.json.
 #   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
 #   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
 #        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
@@ -27,7 +30,7 @@
 # "warm": false ran on a fresh machine: what earlier calls left in /tmp (wheels, parked half, llama.cpp) is gone, and
 # a carried folder stays only until a call that does not name it: park and join in back-to-back calls. Each stage ends by LIMIT_S.
 set -uo pipefail
-stage=${1:?stage: bench, suite, verify, park, diag, long or sms}
+stage=${1:?stage: bench, suite, verify, park, diag, long, sms or pdl}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 LIMIT_S=${LIMIT_S:-570}
@@ -134,6 +137,28 @@ sms)
       -p no:cacheprovider -q -rs "$R/tests/edgekit/bench/test_sm_partition_gpu.py" > "$OUT/sms_tests.txt" 2>&1
     echo "sm-partition GPU tests rc=$? at +$(( $(date +%s) - T0 )) s"
     grep -E "passed|failed|skipped|Error|assert" "$OUT/sms_tests.txt" | tail -12
+  fi
+  ;;
+pdl)
+  # decode tok/s at each EDGEKIT_PDL value (LEVELS, default 0,2,attn), interleaved runs, random preset weights
+  specs=${2:?specs}
+  for spec in ${specs//,/ }; do
+    p=${spec%%:*}; precs=${spec#*:}; [ "$precs" = "$spec" ] && precs=fp16
+    [ "$(left)" -gt 60 ] || { echo "no time left for $spec"; break; }
+    timeout $(( $(left) - 20 )) python3 "$R/tools/pdl_sweep.py" "preset:$p" --precisions "${precs//+/,}" \
+      --levels "${LEVELS:-0,2,attn}" --repeats "${REPEATS:-5}" --tokens "${TOKENS:-64}" --json "$OUT/pdl_$p.json" \
+      2> "$OUT/pdl_stderr_$p.log" | grep -v '^{' | tee -a "$OUT/pdl.txt"
+    echo "pdl sweep $spec rc=${PIPESTATUS[0]} at +$(( $(date +%s) - T0 )) s"
+    grep -E "Traceback|Error" "$OUT/pdl_stderr_$p.log" | tail -3
+  done
+  if [ -n "${PROFILE:-}" ]; then  # kernel times of one preset's fused step at each level
+    for lv in $(echo "${PROFILE_LEVELS:-0,attn}" | tr ',' ' '); do
+      [ "$(left)" -gt 30 ] || { echo "no time left to profile at $lv"; break; }
+      t=$(( $(left) - 10 )); [ "$t" -gt 70 ] && t=70
+      EDGEKIT_PDL=$lv timeout "$t" python3 "$R/tools/profile_decode.py" $PROFILE --engine fused \
+        --json "$OUT/profile_pdl_$lv.json" > "$OUT/profile_pdl_$lv.txt" 2>&1
+      echo "profile at EDGEKIT_PDL=$lv rc=$?"; tail -14 "$OUT/profile_pdl_$lv.txt"
+    done
   fi
   ;;
 *) echo "unknown stage $stage"; exit 2 ;;

@@ -27,7 +27,7 @@ class FusedGreedyFeedback(GreedyFeedback):
         from edgekit.kernels.pdl_launch import step_launches
 
         nxt, _ = self.decoder.decode_token(tokens, positions, cache)  # (1,)
-        with step_launches(self.decoder.pdl):  # launched like the step's kernels: the PDL chain goes on
+        with step_launches(self.decoder.pdl):  # as the step asks: in its PDL chain where every kernel is
             feedback_step(nxt, tokens, positions, self.count, self.out)  # one launch: record, feed back, advance
         return nxt
 

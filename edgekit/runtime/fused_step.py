@@ -38,7 +38,8 @@ class FusedDecoder:
         self.dtype = decoder.dtype
         self.graph = decoder.graph(DECODE, FUSED)
         self.last_token: torch.Tensor | None = None  # (B,) greedy tokens of the last step, on the device
-        # programmatic dependent launch on sm_90+ (kernels/pdl_launch.py): pays when the kernels are short
+        # programmatic dependent launch on sm_90+ (kernels/pdl_launch.py): for every kernel when they are short, for
+        # the attention operators' launches only when they are not (measured on the H200: pdl_launch.auto_level)
         self.pdl = auto_level(weight_bytes_per_kernel(decoder.weights))
 
     def new_cache(self, batch: int, max_seq_len: int) -> StaticKVCache:

@@ -50,9 +50,26 @@ def test_the_level_comes_from_the_environment_and_a_bad_one_is_refused(monkeypat
     assert pdl_triton.requested_level() is None
     monkeypatch.setenv(pdl_triton.ENV, "1")
     assert pdl_triton.requested_level() == 1
-    monkeypatch.setenv(pdl_triton.ENV, "on")
-    with pytest.raises(OperatorError, match=r"EDGEKIT_PDL='on'; expected one of 0, 1, 2"):
-        pdl_triton.requested_level()
+    monkeypatch.setenv(pdl_triton.ENV, "attn")
+    assert pdl_triton.requested_level() == pdl_triton.AFTER_ATTENTION_OPS
+    monkeypatch.setenv(pdl_triton.ENV, "attn+fused_norm_swiglu")
+    assert pdl_triton.requested_level() == {**pdl_triton.AFTER_ATTENTION_OPS, "fused_norm_swiglu": 2}
+    for bad, unknown in (("on", "on"), ("attn+fused_norm_swigl", "fused_norm_swigl")):
+        monkeypatch.setenv(pdl_triton.ENV, bad)
+        with pytest.raises(OperatorError, match=re.escape(f"EDGEKIT_PDL='{bad}'; expected one of 0, 1, 2, attn") + f".*unknown: {unknown} "):
+            pdl_triton.requested_level()
+
+
+def test_an_ask_per_operator_sets_pdl_only_for_the_attention_operators_launches():
+    """``attn``: the split-KV attention lets the projection after it launch early (which prefetches its weights);
+    every other kernel of the step launches plainly, and so does a launch outside any operator."""
+    ask = pdl_triton.AFTER_ATTENTION_OPS
+    assert {op: pdl_triton.level_for(90, None, ask, op) for op in PDL_OPS} == {
+        op: 2 if op in ("fused_attn_proj_residual", "fused_attn_proj") else 0 for op in PDL_OPS}
+    assert pdl_triton.level_for(90, None, ask, None) == 0
+    assert pdl_triton.level_for(87, None, ask, "fused_attn_proj") == 0  # no griddepcontrol below Hopper
+    assert pdl_triton.level_for(90, ask, 2, "fused_norm_swiglu") == 0  # EDGEKIT_PDL=attn wins over the step's 2
+    assert pdl_triton.level_for(90, 1, ask, "fused_norm_swiglu") == 1  # and a forced level over the step's ask
 
 
 def _meta_weights(preset: str, int8: bool):
@@ -67,12 +84,14 @@ def _meta_weights(preset: str, int8: bool):
 
 @pytest.mark.parametrize("int8", [False, True])
 def test_the_fused_step_asks_for_pdl_where_it_was_measured_faster(int8):
-    """H200, 2026-12-01: PDL made smollm2-135m's fused step faster and llama-3.2-1b's slower (pdl_triton.py)."""
+    """H200, 2026-12-01: PDL everywhere made smollm2-135m's fused step faster and llama-3.2-1b's slower; 2026-12-04:
+    PDL for the attention operators only made the 1B-class steps faster (pdl_launch.py)."""
     from edgekit.runtime.fused_step import weight_bytes_per_kernel
 
     small, large = (weight_bytes_per_kernel(_meta_weights(p, int8)) for p in ("smollm2-135m", "llama-3.2-1b"))
     assert small < pdl_triton.AUTO_MAX_WEIGHT_BYTES_PER_KERNEL < large
-    assert pdl_triton.auto_level(small) == pdl_triton.DEFAULT_LEVEL and pdl_triton.auto_level(large) == 0
+    assert pdl_triton.auto_level(small) == pdl_triton.DEFAULT_LEVEL
+    assert pdl_triton.auto_level(large) == pdl_triton.AFTER_ATTENTION_OPS
 
 
 def test_a_step_level_holds_only_inside_the_step():
@@ -117,3 +136,18 @@ def test_on_hopper_only_weight_prefetches_come_before_the_wait(op):
                 assert prefetch and max(prefetch) < wait, kdef.kernel
             else:
                 assert not prefetch, kdef.kernel
+
+
+def test_a_launch_gets_the_level_its_operator_is_asked_for(monkeypatch):
+    """The JIT launcher's options follow the operator of the kernel launched (program_runner passes its op)."""
+    from edgekit.kernels import pdl_launch
+
+    monkeypatch.delenv(pdl_triton.ENV, raising=False)
+    monkeypatch.setitem(pdl_launch._ARCH_BY_DEVICE, 0, 90)  # an sm_90 device 0, without asking CUDA
+    dev = torch.device("cuda:0")
+    with pdl_triton.step_launches(pdl_triton.AFTER_ATTENTION_OPS):
+        assert pdl_triton.jit_launch_options(dev, "fused_attn_proj_residual") == {"PDL": 2, "launch_pdl": True}
+        assert pdl_triton.jit_launch_options(dev, "fused_norm_swiglu") == {}
+        assert pdl_triton.jit_launch_options(dev) == {}
+    with pdl_triton.step_launches(2):
+        assert pdl_triton.jit_launch_options(dev, "fused_norm_swiglu") == {"PDL": 2, "launch_pdl": True}
