@@ -37,6 +37,10 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=2046)
     ap.add_argument("--chunk", type=int, default=128, help="prefill chunk in tokens (serve --prefill-chunk-tokens)")
     ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--max-request-s", type=float, default=None,
+                    help="the engine's request time limit (default none; `edgekit serve` ends a request 300 s after "
+                         "its arrival, and a prompt is then due within half of that: slices grow to meet it, and a "
+                         "stream may wait longer than a chunk)")
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
 
@@ -53,10 +57,10 @@ def main() -> int:
     shapes = StaticShapes(buckets=(16, bucket), max_seq_len=bucket + 512)
     prompt = [(7 * i + 11) % model.config.vocab_size for i in range(args.prompt_tokens)]
 
-    # no request time limit: the serve default (300 s from arrival) ended the streams before a slow prompt's last
-    # slices on this 2-core CPU (2026-12-04, 301 s), which then ran with nobody left to wait for them
+    # no request time limit by default: the serve default (300 s from arrival) once ended the streams before a slow
+    # prompt's last slices on this 2-core CPU (2026-12-04, 301 s), which then ran with nobody left to wait for them
     engine = Engine(dec, None, shapes, max_waiting=8, batch_buckets=(1, 2, 4, 8), prefill_chunk_tokens=args.chunk,
-                    max_request_s=None)
+                    max_request_s=args.max_request_s)
     stamps: list[list[float]] = [[] for _ in range(args.streams)]
     try:
         alone = []  # one chunk's time, nothing else running: the median of 3 after a warm-up (the first forward's
@@ -113,6 +117,7 @@ def main() -> int:
         "long_prompt_s": t_done - t_arrive,
         "long_prompt_finish_reason": long_job.finish_reason,
         "serve_request_limit_s": DEFAULT_MAX_REQUEST_S,  # what `edgekit serve` would allow the prompt from arrival
+        "engine_request_limit_s": args.max_request_s,  # what this run's engine allowed (None: no limit)
         "streams_decoding_throughout": streams_alive,
         "whole_prompt_prefill_s": whole_s,
         "slice_tokens_and_s": [[n, round(sec, 4)] for n, sec in slices],

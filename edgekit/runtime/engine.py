@@ -44,7 +44,7 @@ from edgekit.model.kv_cache import copy_prompt_rows
 from edgekit.power.latency import LatencyTracker
 from edgekit.runtime.fused_decode import DECODE_PATHS, DEFAULT_DECODE_PATH, DecodePath
 from edgekit.runtime.gpu_admin_lock import gpu_admin_work
-from edgekit.runtime.prefill_slicing import PrefillCost
+from edgekit.runtime.prefill_slicing import PROMPT_SHARE, PrefillCost
 from edgekit.runtime.step_runner import Launch, RowPrefillCache, make_runner
 from edgekit.shapes import StaticShapes
 
@@ -733,7 +733,7 @@ class Engine:
         if p.slice_ended is not None:  # the rest of the turn since this prompt's last slice: the step, streaming
             rest = t - p.slice_ended
             self._turn_rest_s = rest if self._turn_rest_s is None else 0.7 * self._turn_rest_s + 0.3 * rest
-        end = p.done + self._slice_tokens(n - p.done, p.last_slice)
+        end = p.done + self._slice_tokens(n - p.done, p.last_slice, self._prompt_due_in_s(job))
         tokens = torch.tensor([job.prompt_ids[p.done:end]], dtype=torch.long, device=self.decoder.device)  # (1, C)
         logits = self._runner.prefill_chunk(p.slot, tokens, p.done)  # (1, V)
         p.slice_ended = time.perf_counter()
@@ -752,15 +752,24 @@ class Engine:
         n = len(p.job.prompt_ids)
         return p.done > 0 or (n > self.mid_step_prefill_tokens and n > self._slice_tokens(n))
 
-    def _slice_tokens(self, remaining: int, last: tuple[int, float] | None = None) -> int:
-        """The next slice of a prompt with ``remaining`` tokens to go (``last``: its last slice, tokens and seconds): a
-        whole chunk while no row decodes (nobody waits on it), else what fits one chunk's time together with the rest
-        of the turn that follows (``prefill_slicing``)."""
+    def _slice_tokens(self, remaining: int, last: tuple[int, float] | None = None,
+                      due_in_s: float | None = None) -> int:
+        """The next slice of a prompt with ``remaining`` tokens to go (``last``: its last slice, tokens and seconds;
+        ``due_in_s``: when it must be in): a whole chunk while no row decodes (nobody waits on it), else what fits one
+        chunk's time together with the rest of the turn that follows, or the pace that meets the due time
+        (``prefill_slicing``)."""
         chunk = self.prefill_chunk_tokens
         if not any(r is not None for r in self._rows):
             return min(chunk, remaining)
         return self.prefill_cost.slice_tokens(chunk, remaining, max(self._step_s or 0.0, self._turn_rest_s or 0.0),
-                                              last)
+                                              last, due_in_s)
+
+    def _prompt_due_in_s(self, job: Job) -> float | None:
+        """Seconds until ``job``'s prompt should be in: PROMPT_SHARE of its time limit from its arrival (None: no
+        limit). A slow turn must not slice a prompt so thin that the limit ends the request before its answer."""
+        if self.max_request_s is None:
+            return None
+        return job.enqueued_s + PROMPT_SHARE * self.max_request_s - time.monotonic()
 
     def _unit_ran(self, start: int, computed: int, seconds: float, prompt_tokens: int | None = None) -> None:
         """A prefill forward of ``computed`` token positions (rows x width) from position ``start`` took ``seconds``

@@ -18,10 +18,17 @@ through the recent ones. A prompt's first slice is sized on that line; each next
 its tokens scaled by how far its time was from the time it had (at most 1.5x up or 2x down a slice), which follows
 attention's growing share as the prompt deepens and a CPU that gets busier, without a model of either. (A global
 fit of depth as well, tried first, was thrown off by a busy CPU's noise: a 105-token slice at depth took 1.9 s.)
+
+Fairness must not cost the prompt its answer: where a request has a time limit, a prompt is due within
+``PROMPT_SHARE`` of it, and a slice is never smaller than the pace that meets that due time (``pace_floor``). On the
+2-core CPU a slow turn shrank slices to the 4-token floor, a forward's fixed cost was paid ~500 times, and a 2046-token
+prompt under 4 streams took up to 301 s against `edgekit serve`'s 300 s limit (2026-12-04). Where the pace floor
+rules, a stream may wait longer than one chunk (at most a chunk's slice and its step, the fixed-chunk cadence).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,6 +43,18 @@ MARGIN = 0.65
 WINDOW = 32  # the recent forwards from a prompt's start the line is fitted to
 MIN_LENGTH_SPREAD = 8  # tokens the observed lengths must spread over before a fixed cost is told from a token's
 GROW, SHRINK = 1.5, 0.5  # the most a slice may grow or shrink against the last one of its prompt
+PROMPT_SHARE = 0.5  # of a request's time limit its prompt may take to come in: the rest is for its answer
+
+
+def pace_floor(remaining: int, per_turn_s: float, token_s: float, due_in_s: float | None) -> int:
+    """The fewest tokens per slice that bring ``remaining`` prompt tokens in within ``due_in_s`` seconds, when every
+    turn (a slice's fixed cost, the decode step, streaming) costs ``per_turn_s`` beside ``token_s`` per prompt token:
+    slices of n take ``ceil(remaining / n) * per_turn_s + remaining * token_s``. 0 without a due time; all of
+    ``remaining`` when even one turn cannot meet it (the caller caps it at a chunk)."""
+    if due_in_s is None or remaining <= 0:
+        return 0
+    turns = math.floor((due_in_s - remaining * token_s) / per_turn_s) if per_turn_s > 0 else remaining
+    return remaining if turns < 1 else math.ceil(remaining / min(turns, remaining))
 
 
 @dataclass
@@ -70,11 +89,12 @@ class PrefillCost:
         return None if self.token_s is None else self.fixed_s + chunk * self.token_s
 
     def slice_tokens(self, chunk: int, remaining: int, rest_s: float,
-                     last: tuple[int, float] | None = None) -> int:
+                     last: tuple[int, float] | None = None, due_in_s: float | None = None) -> int:
         """Tokens of a prompt's next slice, ``remaining`` to go, when the rest of the engine's turn (the decode step,
         streaming the tokens) takes ``rest_s`` seconds: what fits MARGIN of one chunk's time with that rest, from the
         line for a first slice, from ``last`` (the prompt's last slice: tokens, seconds) after; at least
-        MIN_SLICE_TOKENS, at most a chunk."""
+        MIN_SLICE_TOKENS and the pace that brings the prompt in within ``due_in_s`` seconds (None: no due time),
+        at most a chunk."""
         if self.token_s is None:
             return max(1, min(PROBE_TOKENS, chunk, remaining))
         avail = MARGIN * self.chunk_s(chunk) - rest_s  # the slice's own time
@@ -85,4 +105,7 @@ class PrefillCost:
         else:
             tokens, seconds = last
             n = int(tokens * min(GROW, max(SHRINK, avail / max(seconds, 1e-9))))
-        return max(1, min(max(n, MIN_SLICE_TOKENS), chunk, remaining))
+        # a token's cost at this depth from the last slice (attention grows with it), the line's before one
+        token_s = self.token_s if last is None else max(self.token_s, (last[1] - self.fixed_s) / max(last[0], 1))
+        floor = max(MIN_SLICE_TOKENS, pace_floor(remaining, self.fixed_s + rest_s, token_s, due_in_s))
+        return max(1, min(max(n, floor), chunk, remaining))

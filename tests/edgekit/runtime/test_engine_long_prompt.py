@@ -18,6 +18,7 @@ from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.model.decoder import Decoder
 from edgekit.model.loader import load_model
 from edgekit.runtime.engine import Engine
+from edgekit.runtime.prefill_slicing import MIN_SLICE_TOKENS, PROMPT_SHARE
 from edgekit.shapes import StaticShapes
 
 SHAPES = StaticShapes(buckets=(16, 32, 512), max_seq_len=576)
@@ -62,6 +63,49 @@ def test_a_long_prompt_arriving_during_4_streams_pauses_none_longer_than_one_chu
         assert sum(slices) == 480 and len(slices) > 480 // 32, slices  # in slices smaller than a chunk
         assert max(gaps) <= 1.1 * chunk_s, (f"a stream paused {max(gaps):.3f} s; one chunk takes {chunk_s:.3f} s; "
                                             f"slices {slices}")
+    finally:
+        e.close()
+
+
+FIXED_S = 20e-3  # a slowed rmsnorm call's own cost: 5 calls make a forward's fixed cost, as a CPU's is
+
+
+def _fixed_and_costly(x, w, eps):
+    time.sleep(FIXED_S + PER_TOKEN_S * x[..., 0].numel())
+    return rmsnorm_reference(x, w, eps)
+
+
+def test_a_long_prompt_under_turns_slower_than_its_slices_comes_in_before_its_time_limit(model):
+    """Forwards whose fixed cost is most of a chunk's time (as on the 2-core CPU) and a decode step of 4 rows that
+    leaves no room for a slice's fixed cost in the chunk's time: slicing for the streams alone shrank every slice to
+    the 4-token floor, paid the fixed cost 120 times (~29 s) and the request reached its 12 s time limit with its
+    first token (2046 tokens of the default model under 4 streams took up to 301 s against serve's 300 s). The
+    prompt is due within PROMPT_SHARE of its limit: slices grow to the pace that meets that."""
+    limit_s = 12.0
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=4, batch_buckets=(1, 2, 4, 8), prefill_chunk_tokens=32,
+               max_request_s=limit_s)
+    try:
+        e.switch_operator("rmsnorm", _fixed_and_costly, "plugin:costly")
+        for n in (32, 32, 8, 32, 8):  # the cost line: a warm-up, then two lengths
+            alone = e.submit(list(range(40, 40 + n)), 1, stop_ids=())
+            assert alone.done.wait(30) and alone.error is None
+        streams = [e.submit([3 + i, 4, 5], 500, stop_ids=()) for i in range(4)]
+        while not all(len(s.tokens) >= 3 for s in streams):  # all four are decoding
+            time.sleep(0.01)
+        units_before = len(e.prefill_units)
+        t_arrive = time.monotonic()
+        long_prompt = e.submit(list(range(6, 486)), 1, stop_ids=())  # 480 tokens, one new token
+        assert long_prompt.done.wait(60) and long_prompt.error is None
+        took_s = time.monotonic() - t_arrive
+        decoding = all(s.finish_reason is None for s in streams)
+        for j in streams:
+            j.cancel()
+            j.done.wait(60)
+        slices = [n for n, _ in list(e.prefill_units)[units_before:]]
+        assert long_prompt.finish_reason == "length" and len(long_prompt.tokens) == 1, long_prompt.finish_reason
+        assert took_s <= 1.25 * PROMPT_SHARE * limit_s, (took_s, slices)
+        assert decoding and sum(slices) == 480, slices  # the streams decoded throughout: every slice was paced
+        assert max(slices) > MIN_SLICE_TOKENS, slices
     finally:
         e.close()
 

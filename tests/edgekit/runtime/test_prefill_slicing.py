@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgekit.runtime.prefill_slicing import GROW, MARGIN, MIN_SLICE_TOKENS, PROBE_TOKENS, SHRINK, PrefillCost
+from edgekit.runtime.prefill_slicing import (
+    GROW, MARGIN, MIN_SLICE_TOKENS, PROBE_TOKENS, SHRINK, PrefillCost, pace_floor,
+)
 
 
 def _law(f: float, a: float, b: float, start: int, n: int) -> float:
@@ -81,3 +83,51 @@ def test_a_slice_that_ran_over_makes_the_next_smaller_and_one_that_ran_short_a_b
     assert cost.slice_tokens(128, 2000, 0.2, (40, avail / 4)) == int(40 * GROW)
     assert cost.slice_tokens(128, 2000, 10.0, (40, 1.0)) == MIN_SLICE_TOKENS  # a turn slower than a chunk
     assert cost.slice_tokens(128, 3, 0.2, (40, avail / 4)) == 3  # never past the prompt's end
+
+
+@settings(max_examples=300, deadline=None)
+@given(remaining=st.integers(1, 8000), per_turn=st.floats(1e-3, 1.0), token=st.floats(1e-5, 1e-2),
+       due=st.floats(0.1, 600))
+def test_the_pace_floor_is_the_fewest_tokens_per_slice_that_meet_the_due_time(remaining, per_turn, token, due):
+    n = pace_floor(remaining, per_turn, token, due)
+    assert 1 <= n <= remaining
+
+    def total(k: int) -> float:  # k tokens a slice: ceil(remaining / k) turns, each paying per_turn
+        return -(-remaining // k) * per_turn + remaining * token
+
+    if total(remaining) > due:  # not even one forward meets it: all of it now (the engine caps it at a chunk)
+        assert n == remaining
+    else:
+        assert total(n) <= due * (1 + 1e-9)
+        assert n == 1 or total(n - 1) > due * (1 - 1e-9)
+
+
+def test_no_due_time_means_no_floor():
+    assert pace_floor(2046, 0.5, 5e-3, None) == 0 and pace_floor(0, 0.5, 5e-3, 10.0) == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(f=st.floats(0.05, 0.3), a=st.floats(1e-3, 1e-2), rest_frac=st.floats(0.35, 2.0), prompt=st.integers(500, 4000),
+       share=st.floats(0.3, 0.9))
+def test_under_turns_slower_than_a_slice_fits_a_prompt_still_comes_in_by_its_due_time(f, a, rest_frac, prompt, share):
+    """The 2-core CPU's case: a forward's fixed cost f is most of a chunk, and the rest of a turn (4 rows' decode
+    step) leaves no room for it in the chunk's time, so slicing for the streams alone falls to the 4-token floor and
+    pays f prompt / 4 times. With a due time that chunk-sized slices could meet, the slices meet it (the pace is
+    re-judged every slice, from a token's cost at the last slice's depth)."""
+    chunk = 128
+    cost = _learnt(f, a)
+    rest = rest_frac * cost.chunk_s(chunk)
+
+    def run(due: float | None) -> float:
+        done, last, clock = 0, None, 0.0
+        while done < prompt:
+            n = cost.slice_tokens(chunk, prompt - done, rest, last, None if due is None else due - clock)
+            s = _law(f, a, 0, done, n)
+            clock += s + rest
+            done, last = done + n, (n, s)
+        return clock
+
+    whole_chunks = -(-prompt // chunk) * (f + rest) + prompt * a  # the fastest slicing at most a chunk
+    due = whole_chunks / share
+    assert run(None) > due or rest_frac < MARGIN  # without a due time the prompt would be late
+    assert run(due) <= due * (1 + 1e-9)
