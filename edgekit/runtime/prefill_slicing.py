@@ -105,7 +105,11 @@ class PrefillCost:
         else:
             tokens, seconds = last
             n = int(tokens * min(GROW, max(SHRINK, avail / max(seconds, 1e-9))))
-        # a token's cost at this depth from the last slice (attention grows with it), the line's before one
+        # a token's cost at this depth from the last slice (attention grows with it), the line's before one; the pace
+        # grows by at most GROW a slice, so that one slow small slice (its fixed cost is most of it) cannot pass for
+        # a dear token and jump the prompt to whole chunks
         token_s = self.token_s if last is None else max(self.token_s, (last[1] - self.fixed_s) / max(last[0], 1))
         floor = max(MIN_SLICE_TOKENS, pace_floor(remaining, self.fixed_s + rest_s, token_s, due_in_s))
+        if last is not None:
+            floor = min(floor, max(int(GROW * last[0]), MIN_SLICE_TOKENS))
         return max(1, min(max(n, floor), chunk, remaining))

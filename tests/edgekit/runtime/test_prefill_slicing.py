@@ -131,3 +131,12 @@ def test_under_turns_slower_than_a_slice_fits_a_prompt_still_comes_in_by_its_due
     due = whole_chunks / share
     assert run(None) > due or rest_frac < MARGIN  # without a due time the prompt would be late
     assert run(due) <= due * (1 + 1e-9)
+
+
+def test_one_slow_small_slice_does_not_jump_the_prompt_to_whole_chunks():
+    """A 4-token slice is mostly a forward's fixed cost: one that ran slow (0.6 s against ~0.2) reads as a token 20x
+    dearer than it is, and the pace for the rest of a 2000-token prompt due in 150 s would be every token at once.
+    The pace grows by at most GROW a slice and is judged again on the next one."""
+    cost = _learnt(0.18, 4.6e-3)
+    assert cost.slice_tokens(128, 2000, 0.3, (4, 0.6), 150.0) == int(GROW * 4)
+    assert cost.slice_tokens(128, 2000, 0.3, (4, 0.6), None) == MIN_SLICE_TOKENS  # no due time: the fairness size
