@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from functools import lru_cache
 from contextvars import ContextVar
 
 MIN_ARCH = 90  # griddepcontrol: Hopper and newer
@@ -43,11 +44,19 @@ _STEP_LEVEL: ContextVar[StepAsk] = ContextVar("edgekit_pdl_step_level", default=
 def requested_level() -> StepAsk | None:
     """What ``EDGEKIT_PDL`` forces (None when unset: each decode step decides): a level for every launch, or
     ``attn`` for the attention operators' launches only; a clear error for a bad value."""
-    from edgekit.errors import OperatorError
-
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return None
+    ask = _parsed_ask(raw)
+    return dict(ask) if isinstance(ask, dict) else ask  # a copy: the parse is cached
+
+
+@lru_cache(maxsize=8)
+def _parsed_ask(raw: str) -> StepAsk:
+    """``EDGEKIT_PDL``'s value parsed once per value: the JIT launcher asks on every launch, and a list of operators
+    is checked against the registry (a bad value raises every time: errors are not cached)."""
+    from edgekit.errors import OperatorError
+
     if raw in {str(v) for v in LEVELS}:
         return int(raw)
     ask, unknown = {}, []
