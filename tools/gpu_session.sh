@@ -26,7 +26,8 @@
 #        smollm2-135m,llama-3.2-1b), FP16, context 512; $OUT/sms.json, the tables in $OUT/sms.txt. SMS, CONTEXTS,
 #        TOKENS, REPEATS override. Without green contexts the rows say why and what ran instead. Then, in the time
 #        left (TESTS=0 skips), tests/edgekit/bench/test_sm_partition_gpu.py ($OUT/sms_tests.txt).
-# Carry .whl (the wheels the GPU machine lacks: tools/gpu_setup.sh) with the first call. A call that comes back
+# Carry .whl (the wheels the GPU machine lacks: tools/gpu_setup.sh) with the first call. `bash tools/gpu_carry.sh`
+# makes .whl, .llamacpp and the two .devcarry halves here in about a minute. A call that comes back
 # "warm": false ran on a fresh machine: what earlier calls left in /tmp (wheels, parked half, llama.cpp) is gone, and
 # a carried folder stays only until a call that does not name it: park and join in back-to-back calls. Each stage ends by LIMIT_S.
 set -uo pipefail
