@@ -27,7 +27,7 @@ def _metrics_table(title: str, m: dict, gate: dict | None) -> Table:
         t.add_column(col, justify="left" if col == "metric" else "right")
     t.add_row("perplexity (FP)", f"{m['fp_perplexity']:.3f}", "")
     t.add_row("perplexity (quantized)", f"{m['quant_perplexity']:.3f}", "")
-    from edgekit.quant.gate import JUDGED_BY_TEXT
+    from edgekit.quant.judged_by import JUDGED_BY_TEXT
 
     judged = m.get("judged_increase", m["perplexity_increase"])
     if m.get("judged_by") in (None, JUDGED_BY_TEXT):

@@ -41,12 +41,11 @@ import torch
 from edgekit.errors import QuantizationError
 from edgekit.model.decoder import Decoder
 from edgekit.quant.forward import KVTransform, embed, logits, run_blocks
+from edgekit.quant.judged_by import JUDGED_BY_KL, JUDGED_BY_TEXT
 from edgekit.quant.progress import SILENT, Steps
 
 
 SNR_W4A16_DB = 12.0
-JUDGED_BY_TEXT = "held-out text"
-JUDGED_BY_KL = "the FP model's own predictions (it scores the text worse than a uniform guess)"
 _LOG_FLOAT_MAX = math.log(1.7976931348623157e308)
 
 

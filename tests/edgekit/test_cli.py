@@ -295,6 +295,20 @@ def test_the_build_summary_states_the_accuracy_gate_whole_on_one_line():
                                "text)")
 
 
+def test_the_gate_line_names_the_fp_models_predictions_where_they_judged_and_not_the_text():
+    """A random-weight preset's gate is judged by exp(mean KL) - 1: the line gave that figure but still said
+    "held-out text" at its end."""
+    from edgekit.cli_common import gate_line
+    from edgekit.quant.judged_by import JUDGED_BY_KL
+
+    gate = {"passed": False, "config": {"max_ppl_increase": 0.01, "min_greedy_agreement": 0.95, "min_logits_snr_db": 20.0},
+            "metrics": {"perplexity_increase": 0.737, "judged_increase": 0.0321, "judged_by": JUDGED_BY_KL,
+                        "greedy_agreement": None, "logits_snr_db": 25.0}}
+    line = gate_line(gate)
+    assert line.startswith(f"accuracy gate FAILED: perplexity +3.21% on {JUDGED_BY_KL} (at most +1.00%)")
+    assert "held-out text" not in line and "+73.70%" not in line and line.endswith("(measured on the CPU)")
+
+
 def test_plan_in_ci_prints_each_kernel_it_solves_with_the_elapsed_time():
     import re
 
