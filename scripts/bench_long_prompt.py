@@ -6,8 +6,9 @@ a slice at a time between decode steps, each slice sized so that it and the deco
 time (``edgekit/runtime/prefill_slicing.py``). This measures, on the default model's real weights (or any model),
 in one run on this machine:
 
-- one chunk's time: a ``--chunk``-token prompt prefilled by the same engine while nothing else runs (the median of
-  3, after a warm-up);
+- one chunk's time: a ``--chunk``-token prompt prefilled by the same engine while nothing else runs, 3 times
+  before the run (after a warm-up) and 3 times after it: the median of the 6 is the reference, so a machine that
+  speeds up or slows down during the run (a shared VM's neighbours) moves it as it moves the pauses;
 - the 4 streams' gaps between tokens while a ``--prompt-tokens`` (2046) prompt is prefilled;
 - the long prompt's slices (tokens and seconds), and one decode step's time before it arrived;
 - the same prompt prefilled in one piece (``--chunk 0``'s behaviour), alone, for comparison.
@@ -62,14 +63,19 @@ def main() -> int:
     engine = Engine(dec, None, shapes, max_waiting=8, batch_buckets=(1, 2, 4, 8), prefill_chunk_tokens=args.chunk,
                     max_request_s=args.max_request_s)
     stamps: list[list[float]] = [[] for _ in range(args.streams)]
-    try:
-        alone = []  # one chunk's time, nothing else running: the median of 3 after a warm-up (the first forward's
-        for k in range(4):  # allocations would stretch the budget)
+
+    def chunks_alone(n: int, first: int) -> list[float]:
+        """One chunk's time, nothing else running: each a ``--chunk``-token prompt of its own."""
+        out = []
+        for k in range(first, first + n):
             one_chunk = engine.submit([(5 * i + 3 + k) % model.config.vocab_size for i in range(args.chunk)], 1,
                                       stop_ids=())
             one_chunk.done.wait(3600)
-            alone.append(engine.prefill_units[-1][1])
-        chunk_s = statistics.median(alone[1:])
+            out.append(engine.prefill_units[-1][1])
+        return out
+
+    try:
+        alone_before = chunks_alone(4, 0)[1:]  # after a warm-up: the first forward's allocations would stretch it
         streams = [engine.submit([3 + i, 4, 5], shapes.max_seq_len - 8, stop_ids=(),  # streaming before, during, after
                                  on_token=lambda _, i=i: stamps[i].append(time.perf_counter()))
                    for i in range(args.streams)]
@@ -85,8 +91,10 @@ def main() -> int:
         for j in streams:
             j.cancel()
             j.done.wait(3600)
-        slices = list(engine.prefill_units)[units_before:]  # the long prompt's (tokens, seconds), in order
+        slices = list(engine.prefill_units)[units_before:]  # the long prompt's (tokens, seconds), taken before
         engine_chunk_s = engine.prefill_cost.chunk_s(args.chunk)  # the time the engine sized its slices against
+        alone_after = chunks_alone(3, 4)  # the after-run chunks add their own units
+        chunk_s = statistics.median(alone_before + alone_after)
     finally:
         engine.close()
     during = [b - a for s in stamps for a, b in zip(s, s[1:]) if b >= t_arrive and a <= t_done]
@@ -106,7 +114,8 @@ def main() -> int:
                        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores",
         "model": model.config.name, "prompt_tokens": args.prompt_tokens, "chunk_tokens": args.chunk,
         "streams": args.streams,
-        "one_chunk_s": chunk_s, "engine_one_chunk_s": engine_chunk_s,
+        "one_chunk_s": chunk_s, "one_chunk_s_before": alone_before, "one_chunk_s_after": alone_after,
+        "engine_one_chunk_s": engine_chunk_s,
         "decode_step_s_p50_before": step_s,
         "slices": len(slices), "slice_tokens_min": min(n for n, _ in slices),
         "slice_tokens_max": max(n for n, _ in slices),
@@ -125,7 +134,10 @@ def main() -> int:
     doc["verdict"] = ("PASS" if doc["stream_gap_s_max_during"] <= chunk_s and streams_alive else "FAIL") + \
         f": longest stream pause {max(during) * 1000:.0f} ms <= one chunk's time {chunk_s * 1000:.0f} ms" + \
         ("" if streams_alive else "; but a stream ended before the prompt was answered")
-    rows = [("one chunk, alone", chunk_s), ("one chunk, the engine's estimate", engine_chunk_s or float("nan")), ("decode step (p50, before)", step_s),
+    rows = [("one chunk, alone (median)", chunk_s),
+            ("one chunk, alone, before (median)", statistics.median(alone_before)),
+            ("one chunk, alone, after (median)", statistics.median(alone_after)),
+            ("one chunk, the engine's estimate", engine_chunk_s or float("nan")), ("decode step (p50, before)", step_s),
             ("prompt slice (max)", doc["slice_s_max"]), ("prompt slice (p50)", doc["slice_s_p50"]),
             ("stream pause during (max)", doc["stream_gap_s_max_during"]),
             ("stream pause during (p99)", doc["stream_gap_s_p99_during"]),

@@ -3,8 +3,10 @@
 # w_gate_up, llama-3.2-1b lm_head), the half2 tiles without (DECODE 3) and with (DECODE 4) the next step's words
 # loaded ahead: speed of light, occupancy, launch stats (registers), warp stall reasons, memory workload, as CSV
 # under $OUT/ncu/ plus a short summary of the metrics that say why a tile stops short of the copy bandwidth.
-# Then the fused norm + gate/up + SwiGLU kernel at llama-3.2-1b for each of SWIGLU_PRECISIONS (default int4).
-# Usage from the repo root on the GPU machine: [GEMV_SPECS=...] [SWIGLU_PRECISIONS="int4 int8 fp16"] bash tools/gpu_ncu_w4a16.sh
+# Then fused decode kernels of a preset's step (FUSED_SPECS; default the norm + gate/up + SwiGLU kernel at
+# llama-3.2-1b for each of SWIGLU_PRECISIONS, default int4).
+# Usage from the repo root on the GPU machine: [GEMV_SPECS=...] [SWIGLU_PRECISIONS="int4 int8 fp16"]
+#   [FUSED_SPECS="KERNEL_REGEX:PRESET:PRECISION ..."] bash tools/gpu_ncu_w4a16.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/ncu"
 source tools/gpu_setup.sh > "$OUT/ncu/setup.log" 2>&1 || { tail -5 "$OUT/ncu/setup.log"; exit 1; }
@@ -38,14 +40,21 @@ stalls = sorted(((float(v), n.split("stalled_")[1].split("_per_issue")[0]) for n
 print("   stalls/issue: " + ", ".join(f"{n} {v:.2f}" for v, n in stalls[:7]))
 PY
 done
-# the fused norm + gate/up + SwiGLU kernel of the llama-3.2-1b decode step (the step's largest kernel), one launch
-# from a fused decode under ncu (random preset weights, depth 512), at each of SWIGLU_PRECISIONS (default int4)
-for prec in ${SWIGLU_PRECISIONS:-int4}; do
-  timeout "${SWIGLU_S:-150}" ncu --clock-control none --cache-control all -k regex:norm_swiglu --launch-skip 40 \
-    --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --csv \
-    --page details python3 "$R/tools/profile_decode.py" preset:llama-3.2-1b --precision "$prec" --engine fused \
-    --steps 4 > "$OUT/ncu/swiglu_${prec}_1b.csv" 2> "$OUT/ncu/swiglu_${prec}_1b.err"
-  echo "== fused swiglu $prec 1B rc=$?"
-  grep -E '"(Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|No Eligible|Block Limit Registers)"' \
-    "$OUT/ncu/swiglu_${prec}_1b.csv" | awk -F'","' '{print "   " $(NF-2) " = " $NF " " $(NF-1)}' | tr -d '"' | sort -u | head -12
+# fused decode kernels, one launch each from a fused decode under ncu (random preset weights, depth 512):
+# FUSED_SPECS="KERNEL_REGEX:PRESET:PRECISION ..." (default: the llama-3.2-1b norm + gate/up + SwiGLU kernel, the
+# step's largest, at each of SWIGLU_PRECISIONS, default int4). For #30's lever, e.g.
+# FUSED_SPECS="norm_qkv_qknorm_rope:qwen3-1.7b:fp16 norm_qkv_rope:llama-3.2-1b:fp16 norm_swiglu:qwen3-1.7b:fp16"
+# (GEMV_SPECS= skips the W4A16 part): the QKV kernels ran at ~46-48% of copy where norm_swiglu ran at ~80%.
+specs=${FUSED_SPECS:-$(for p in ${SWIGLU_PRECISIONS:-int4}; do printf 'norm_swiglu:llama-3.2-1b:%s ' "$p"; done)}
+for spec in $specs; do
+  IFS=: read -r kern preset prec <<< "$spec"
+  tag="${kern}_${preset}_${prec}"
+  timeout "${FUSED_S:-${SWIGLU_S:-150}}" ncu --clock-control none --cache-control all -k "regex:$kern" \
+    --launch-skip 40 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details \
+    python3 "$R/tools/profile_decode.py" "preset:$preset" --precision "$prec" --engine fused --steps 4 \
+    > "$OUT/ncu/$tag.csv" 2> "$OUT/ncu/$tag.err"
+  echo "== fused $tag rc=$?"
+  grep -E '"(Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Grid Size|Block Size|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|No Eligible|Block Limit Registers)"' \
+    "$OUT/ncu/$tag.csv" | awk -F'","' '{print "   " $(NF-2) " = " $NF " " $(NF-1)}' | tr -d '"' | sort -u | head -14
 done
