@@ -20,6 +20,7 @@ from edgekit.export.onnx_embedding import quantized_gather
 from edgekit.export.onnx_writer import OnnxGraphWriter
 from edgekit.graph.node import Node
 from edgekit.kernels.rope import rope_frequencies
+from edgekit.model.rope_scaling import table_scaling
 from edgekit.model.embedding import QuantizedEmbedding
 
 Emitter = Callable[[OnnxGraphWriter, Node, Mapping[str, str]], dict[str, str]]
@@ -42,7 +43,8 @@ def _embed(w: OnnxGraphWriter, node: Node, ins: Mapping[str, str]) -> dict[str, 
 def _rope_tables(w: OnnxGraphWriter, node: Node, ins: Mapping[str, str]) -> dict[str, str]:
     """cos/sin (B, T, D/2) of positions [0, T) of the node's RoPE table: FP32, as the decoder's tables."""
     theta = w.graph.rope[node.attrs["rope"]]
-    cos, sin = rope_frequencies(w.config.head_dim, w.bucket, theta, torch.float32)  # (T, D/2)
+    cos, sin = rope_frequencies(w.config.head_dim, w.bucket, theta, torch.float32,  # (T, D/2)
+                                scaling=table_scaling(w.config, node.attrs["rope"]))
     shape = w.const(f"{node.name}.shape", np.array([w.batch, w.bucket, w.config.head_dim // 2], np.int64))
     out = {}
     for role, table in (("cos", cos), ("sin", sin)):

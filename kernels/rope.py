@@ -6,6 +6,8 @@ RoPE uses the "rotate half" layout of Hugging Face Llama: a head vector
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -52,11 +54,49 @@ QKV_ROPE_SPEC = OpSpec(
 )
 
 
-def rope_frequencies(head_dim: int, max_len: int, theta: float, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables (max_len, head_dim/2), computed in FP64 and rounded once."""
+def rope_frequencies(head_dim: int, max_len: int, theta: float, dtype=torch.float32,
+                     scaling: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (max_len, head_dim/2), computed in FP64 and rounded once. ``scaling``: a RoPE scaling's
+    (name, value) pairs (``edgekit/model/rope_scaling.py``): it changes the frequencies, and YaRN scales the tables."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv_freq, table_scale = scaled_inv_freq(inv_freq, head_dim, theta, dict(scaling))
     angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)  # (S, D/2)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    return (angles.cos() * table_scale).to(dtype), (angles.sin() * table_scale).to(dtype)
+
+
+def scaled_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, s: dict) -> tuple[torch.Tensor, float]:
+    """The frequencies (FP64, (D/2,)) and cos/sin scale of a RoPE scaling, as transformers' ROPE_INIT_FUNCTIONS
+    compute them (linear, llama3, yarn) or as a GGUF's ``rope_freqs`` tensor divides them (freq_factors)."""
+    kind = s.get("type")
+    if kind is None:
+        return inv_freq, 1.0
+    if kind == "linear":
+        return inv_freq / s["factor"], 1.0
+    if kind == "freq_factors":
+        return inv_freq / torch.tensor(s["factors"], dtype=torch.float64), 1.0
+    if kind == "llama3":
+        factor, low, high, old = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_positions"]
+        wavelen = 2 * math.pi / inv_freq
+        out = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, (1 - smooth) * out / factor + smooth * out, out), 1.0
+    if kind == "yarn":
+        factor, old = s["factor"], s["original_max_positions"]
+
+        def correction_dim(rotations: float) -> float:
+            return head_dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        lo, hi = correction_dim(s["beta_fast"]), correction_dim(s["beta_slow"])
+        if s["truncate"]:
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, head_dim - 1)
+        hi = hi + 0.001 if lo == hi else hi  # as transformers: no singular ramp
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+        keep = 1 - ramp  # 1: the original frequency (extrapolated), 0: divided by the factor (interpolated)
+        return inv_freq / factor * (1 - keep) + inv_freq * keep, s["attention_factor"]
+    raise OperatorError(f"RoPE scaling type {kind!r} is not implemented; expected linear, llama3, yarn or "
+                        "freq_factors")
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

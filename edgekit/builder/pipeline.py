@@ -118,6 +118,11 @@ def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[di
     return compiled
 
 
+# What a cached intake's config.json holds; a new ModelConfig field read from the file bumps it, or an entry cached
+# before would come back without it (2: rope_scaling, which a Llama 3 GGUF's rope_freqs sets)
+INTAKE_CONFIG_FORMAT = 2
+
+
 def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False, keep_q8_0: bool = False):
     """The model's config and tokenizer, cached by the weights' hash; the weights themselves load on demand.
 
@@ -139,7 +144,7 @@ def _intake(spec: str | None, cache: BuildCache, keep_int4: bool = False, keep_q
     digest = file_sha256(path) if kind == "gguf" else None
     if digest is None:  # a directory: hashing it is the loader's job
         return load_model(spec, keep_int4=keep_int4, keep_q8_0=keep_q8_0)
-    key = cache_key(stage="intake", kind=kind, sha256=digest, edgekit=__version__)
+    key = cache_key(stage="intake", kind=kind, sha256=digest, edgekit=__version__, config_format=INTAKE_CONFIG_FORMAT)
     hit = cache.get("intake", key)
     if hit is None:
         loaded = load_model(spec, keep_int4=keep_int4, keep_q8_0=keep_q8_0)

@@ -123,8 +123,11 @@ def info(
     if json_out:
         print_json(d)
         return
+    from edgekit.model.rope_scaling import describe as describe_rope_scaling
+
     cfg = m.config
-    t = Table(title=f"{cfg.name} ({m.source.kind}: {m.source.location})", show_header=False)
+    where = m.source.kind if str(m.source.location) == cfg.name else f"{m.source.kind}: {m.source.location}"
+    t = Table(title=f"{cfg.name} ({where})", show_header=False)
     for k, v in [
         ("architecture / family", f"{cfg.architecture} / {d['family']} (edgekit/graph/{d['family']}.py)"),
         *([("family features", d["family_features"])] if d["family_features"] else []),
@@ -134,6 +137,7 @@ def info(
         ("vocab", cfg.vocab_size),
         ("max positions", cfg.max_position_len),
         ("RoPE theta", cfg.rope_theta),
+        ("RoPE scaling", describe_rope_scaling(cfg.rope_scaling)),
         ("QKV bias / tied embeddings", f"{cfg.qkv_bias} / {cfg.tie_embeddings}"),
         ("parameters", f"{cfg.n_params:,} ({cfg.n_params / 1e6:.1f} M)"),
     ]:

@@ -59,6 +59,8 @@ class ModelConfig:
     sliding_window: int | None = None  # keys a local layer's query sees (itself included); None: every layer global
     sliding_window_pattern: int = 0  # layer i is global when (i + 1) % pattern == 0, else local; 0: all local
     rope_local_theta: float | None = None  # RoPE base of the local layers; None: rope_theta
+    # the full-attention layers' RoPE scaling, sorted (name, value) pairs (edgekit/model/rope_scaling.py); (): none
+    rope_scaling: tuple = ()
 
     def __post_init__(self) -> None:
         assert self.n_heads % self.n_kv_heads == 0, "grouped-query attention needs n_heads % n_kv_heads == 0"
@@ -68,6 +70,10 @@ class ModelConfig:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ConfigError(f"{self.name}: sliding_window {self.sliding_window}; expected a positive number of "
                               "positions, or none for full attention")
+        factors = dict(self.rope_scaling).get("factors")
+        if factors is not None and len(factors) != self.head_dim // 2:
+            raise ConfigError(f"{self.name}: {len(factors)} RoPE frequency divisors; expected head_dim / 2 = "
+                              f"{self.head_dim // 2}")
         if self.sliding_window_pattern < 0:
             raise ConfigError(f"{self.name}: sliding_window_pattern {self.sliding_window_pattern}; expected >= 0")
 
@@ -157,4 +163,5 @@ class ModelConfig:
     def from_dict(cls, d: dict) -> "ModelConfig":
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        d["rope_scaling"] = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in d.get("rope_scaling", ()))
         return cls(**d)

@@ -21,6 +21,7 @@ from edgekit.graph.paths import BASE, PER_OPERATOR, path_graph
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.rope import rope_frequencies
+from edgekit.model.rope_scaling import table_scaling
 from edgekit.model.config import ModelConfig
 from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied
 from edgekit.model.kv_cache import StaticKVCache
@@ -147,7 +148,8 @@ class Decoder:
         if name not in self._tables:
             theta = self.graph(PREFILL).rope[name]
             table_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-            cos, sin = rope_frequencies(self.config.head_dim, self.config.max_position_len, theta, table_dtype)
+            cos, sin = rope_frequencies(self.config.head_dim, self.config.max_position_len, theta, table_dtype,
+                                        scaling=table_scaling(self.config, name))
             self._tables[name] = (cos.to(self.device), sin.to(self.device))
         return self._tables[name]
 

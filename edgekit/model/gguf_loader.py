@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
+from edgekit.model import rope_scaling
 from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, window_pattern
 from edgekit.model.gguf_types import LOSSLESS_INT4_TYPES, Int4Tensor, Int8GroupTensor, check_type, int4_from_gguf
 
@@ -144,11 +145,6 @@ def _field(reader, key: str, default=None):
 
 def _gemma3_fields(reader, path: Path, hidden: int, n_heads: int, head_dim: int, n_layers: int) -> dict:
     """The ModelConfig fields of a gemma3 file past Llama's."""
-    scaling = _field(reader, "gemma3.rope.scaling.type")
-    factor = float(_field(reader, "gemma3.rope.scaling.factor", 1.0))
-    if scaling not in (None, "none") and factor != 1.0:
-        raise UnsupportedModelError(f"{path}: RoPE scaling {scaling} x{factor} on the global layers; edgekit has plain "
-                                    "RoPE only", hint="gemma-3-1b has none; the larger Gemma 3 models scale theirs")
     if _field(reader, "gemma3.final_logit_softcapping") is not None:
         raise UnsupportedModelError(f"{path}: final logit soft-capping (Gemma 2 style); Gemma 3 has none")
     window = _field(reader, "gemma3.attention.sliding_window")
@@ -211,6 +207,7 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
         eos_token_ids=(int(eos),) if eos is not None else (),
         name=str(_field(reader, "general.name", path.stem)),
         qk_norm="blk.0.attn_q_norm.weight" in names,
+        rope_scaling=rope_scaling.from_gguf(reader, arch, path, _field),
         **family,
     )
 
@@ -253,7 +250,7 @@ def load_gguf(path: Path, *, keep_int4: bool = False, keep_q8_0: bool = False
     for t in reader.tensors:
         name = _hf_name(t.name, cfg)
         if name is None:
-            continue  # e.g. rope_freqs: recomputed from the config
+            continue  # e.g. rope_freqs: read into the config's rope_scaling
         check_type(t.name, t.tensor_type.name, str(path))
         if keep_int4 and t.tensor_type.name in LOSSLESS_INT4_TYPES and name.endswith(_INT4_INTAKE):
             w = int4_from_gguf(t.tensor_type.name, np.asarray(t.data))

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
+from edgekit.model import rope_scaling
 from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, window_pattern
 
 # Hugging Face model_type -> edgekit architecture, where they differ
@@ -69,10 +70,6 @@ def _family_fields(arch: str, c: dict, hidden: int, cfg_path: Path) -> dict:
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if c.get(key) is not None:
             raise _unsupported(cfg_path, f"{key} {c[key]} (Gemma 2 style soft-capping); Gemma 3 has none")
-    scaling = c.get("rope_scaling") or ((c.get("rope_parameters") or {}).get("full_attention") or {})
-    if scaling.get("rope_type", scaling.get("type", "default")) != "default" and scaling.get("factor", 1.0) != 1.0:
-        raise _unsupported(cfg_path, f"RoPE scaling {scaling} on the global layers; edgekit has plain RoPE only "
-                                     "(gemma-3-1b has none; the larger Gemma 3 models scale theirs)")
     window, pattern = _sliding_pattern(c, cfg_path)
     return {
         "qk_norm": True, "post_norms": True, "activation": "gelu_tanh", "embedding_scale": math.sqrt(hidden),
@@ -125,6 +122,7 @@ def config_from_hf(directory: Path) -> ModelConfig:
             bos_token_id=c.get("bos_token_id"),
             eos_token_ids=eos_ids,
             name=c.get("_name_or_path") or directory.name,
+            rope_scaling=rope_scaling.from_hf(c, cfg_path, int(c.get("head_dim") or hidden // n_heads)),
             **_family_fields(arch, c, hidden, cfg_path),
         )
     except KeyError as e:

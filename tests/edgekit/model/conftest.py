@@ -211,6 +211,14 @@ def write_family_gguf(path, model, projections: str | None = None) -> None:
     _add_header(writer, cfg, (rope.get("full_attention") or rope)["rope_theta"])
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
+    theta, D = (rope.get("full_attention") or rope)["rope_theta"], cfg.head_dim
+    plain = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    rotary = model.model.rotary_emb  # Gemma 3 keeps one set per layer type
+    scaled = getattr(rotary, "inv_freq", None)
+    scaled = getattr(rotary, "full_attention_inv_freq", None) if scaled is None else scaled
+    if scaled is not None and not torch.allclose(scaled.double(), plain, rtol=1e-6):  # llama3: llama.cpp's divisors
+        scaled = scaled.double()
+        writer.add_tensor("rope_freqs.weight", (plain / scaled).float().numpy())
     if arch == "gemma3":
         writer.add_sliding_window(cfg.sliding_window)
     shift = 1.0 if arch == "gemma3" else 0.0

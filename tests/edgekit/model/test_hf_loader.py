@@ -45,7 +45,7 @@ def test_a_multimodal_gemma3_checkpoint_loads_its_text_model(tmp_path):
 @pytest.mark.parametrize("change, refused", [
     ({"layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]},
      "do not repeat one global layer"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "RoPE scaling"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 8.0}}, "RoPE scaling type 'dynamic'"),
     ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
     ({"hidden_activation": "relu"}, "hidden_activation 'relu'"),
 ])

@@ -20,7 +20,7 @@ from edgekit.model.loader import load_model
 from edgekit.model.presets import preset_config
 
 from .conftest import (  # noqa: TID252 (importlib mode resolves the package-less conftest)
-    hf_family_model, small_gemma3, small_gemma3_llamacpp, small_qwen3, write_family_gguf,
+    FAMILY_SMALL, hf_family_model, small_gemma3, small_gemma3_llamacpp, small_qwen3, write_family_gguf,
 )
 
 RTOL = 1e-4  # FP32 logits: max |edgekit - transformers| <= RTOL * max |transformers|
@@ -144,3 +144,29 @@ def test_two_layers_of_the_published_shapes_match_transformers(tmp_path, preset,
         want = dataclasses.replace(want, bos_token_id=got.bos_token_id, eos_token_ids=got.eos_token_ids,
                                    rms_norm_eps=got.rms_norm_eps, sliding_window_pattern=6 if gemma else 0)
     assert got == want
+
+
+# RoPE scalings as published configs write them, sized so the small model's 32-dim heads cross each one's bands: a
+# model run with plain RoPE instead (edgekit ignored them all until 2026-12-04) differs far beyond RTOL
+ROPE_SCALINGS = {
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},  # Qwen3's long context
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},  # Llama 3.1 / 3.2
+    "linear": {"rope_type": "linear", "factor": 2.0},
+}
+
+
+@pytest.mark.parametrize("kind, source", [("yarn", "hf"), ("llama3", "hf"), ("linear", "hf"), ("llama3", "gguf")])
+def test_a_model_with_rope_scaling_matches_transformers(tmp_path, kind, source):
+    """The GGUF carries llama3's divisors as llama.cpp's converter writes them: the ``rope_freqs`` tensor."""
+    model = hf_family_model("qwen3", num_hidden_layers=3, tie_word_embeddings=True, initializer_range=0.2,
+                            rope_parameters={"rope_theta": 1e6, **ROPE_SCALINGS[kind]}, **FAMILY_SMALL)
+    loaded = check_parity(model, tmp_path, source, prompt_len=24, prefill_len=5)
+    assert dict(loaded.config.rope_scaling)["type"] == (kind if source == "hf" else "freq_factors")
+    plain = dataclasses.replace(loaded.config, rope_scaling=())
+    ids = torch.arange(3, 27)[None]
+    dec = loaded.decoder()
+    scaled_logits = dec.prefill(ids, torch.tensor([24]), dec.new_cache(1, 32))
+    plain_dec = dataclasses.replace(loaded, config=plain).decoder()
+    plain_logits = plain_dec.prefill(ids, torch.tensor([24]), plain_dec.new_cache(1, 32))
+    assert _close(plain_logits, scaled_logits) > 100 * RTOL  # the scaling is what the parity above depended on
