@@ -475,6 +475,7 @@ def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_rep
             "head_embedding": quant_report.get("head_embedding")},
         "onnx": onnx_info,
         "signed_with_dev_key": dev_key,
+        "has_tokenizer": "tokenizer" in parts,  # without one, run and serve take and give token ids
         "bundle_bytes_by_part": parts,
         "bundle_bytes": sum(parts.values()),
         "stage_seconds": seconds,

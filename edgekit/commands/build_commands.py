@@ -197,6 +197,10 @@ def _print_build_summary(s: dict) -> None:
                       "(EDGEKIT_CACHE_MAX_GB)")
     if s["signed_with_dev_key"]:
         console.print("[yellow]signed with the public development key: devices refuse it unless told --allow-dev-key[/]")
+    if not s["has_tokenizer"] and not s["model"]["name"].startswith("preset:"):
+        console.print(f"[yellow]no tokenizer: {s['model']['name']} had no tokenizer.json, so the bundle has none; "
+                      "`edgekit run` feeds a prompt's UTF-8 bytes as token ids and prints token ids, `edgekit serve` "
+                      "refuses text. Add the model's tokenizer.json to its folder and build again[/]")
 
 
 # ---------------------------------------------------------------------------- verify
@@ -343,10 +347,13 @@ def run(
         raise BundleError("no trusted key given: a bundle runs only if it is signed by a key you trust",
                           hint="pass --trust DIR/edgekit.pub")
     b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden, device=device)
+    notes = list(b.notes)
     if b.tokenizer is not None:
         ids = b.tokenizer.encode(prompt) if raw or not b.tokenizer.chat_template else b.tokenizer.encode_chat(prompt)
     else:
         ids = [c % b.config.vocab_size for c in prompt.encode()]
+        notes.append("this bundle has no tokenizer: the prompt went in as its UTF-8 bytes (as token ids) and the "
+                     "answer is token ids; build from a model folder with tokenizer.json for text")
     setup = run_generator(b, ids, max_new_tokens, cuda_graphs=cuda_graphs, truncate=truncate,
                           prefer=preferred_path)
     gen, decode_path, prefill_path = setup.generator, setup.decode_path, setup.prefill_path
@@ -356,12 +363,12 @@ def run(
     where = f"measured on the {'GPU' if b.device.type == 'cuda' else 'CPU'} ({b.backend})"
     if json_out:
         print_json({"text": text, "token_ids": out, "prompt_ids": ids, "backend": b.backend, "operators": gen.decoder.ops.sources(),
-                    "decode_path": decode_path, "prefill_path": prefill_path, "stats": {**stats.to_dict(), "measured_on": where}, "notes": b.notes})
+                    "decode_path": decode_path, "prefill_path": prefill_path, "stats": {**stats.to_dict(), "measured_on": where}, "notes": notes})
         return
     sys.stdout.write(text + "\n")
     err_console.print(f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; first token "
                       f"{stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()}, {where}[/]")
-    for note in b.notes:
+    for note in notes:
         err_console.print(f"[yellow]note:[/] {note}")
 
 

@@ -104,3 +104,21 @@ def test_an_int4_head_stays_unfused_while_the_layers_run_fused(tied_bundle):
     assert fused_path_blocker(int4, cache, table, table.sources()) is None
     assert "fused_head_argmax" not in fused_step_operators(q.config, int4.schemes)
     assert "fused_norm_swiglu" in fused_step_operators(q.config, int4.schemes)
+
+
+def test_a_folder_without_a_tokenizer_builds_a_bundle_that_says_so_and_runs_on_token_ids(tied_bundle, capsys):
+    """The folder has no tokenizer.json: the build said nothing of it and `run` printed token ids as the answer."""
+    from typer.testing import CliRunner
+
+    from edgekit.cli import app
+    from edgekit.commands.build_commands import _print_build_summary
+
+    assert tied_bundle.summary["has_tokenizer"] is False and not (tied_bundle.out / "tokenizer").exists()
+    _print_build_summary(tied_bundle.summary)
+    assert "no tokenizer" in " ".join(capsys.readouterr().out.split())
+    r = CliRunner().invoke(app, ["run", str(tied_bundle.out), "--allow-dev-key", "-p", "hi", "-n", "3", "--json",
+                                 "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["prompt_ids"] == [ord("h"), ord("i")] and doc["text"] == " ".join(map(str, doc["token_ids"]))
+    assert any("no tokenizer" in n for n in doc["notes"])
