@@ -22,12 +22,18 @@ class GenerationStats:
     token_times_s: list[float] = field(default_factory=list)
     first_token_at_s: float | None = None  # time.monotonic() when the first token was ready (the serving engine)
     queue_s: float = 0.0  # how long the request waited for a decode row (the serving engine; part of prefill_s)
+    prefill_chunks: int = 0  # a prompt longer than the largest bucket: the chunks of that bucket it was prefilled in
 
     @property
     def decode_tokens_per_s(self) -> float | None:
         """Decode speed, or None when no decode step ran (one new token comes from the prefill alone)."""
         steps = max(self.new_tokens - 1, 0)
         return steps / self.decode_s if steps and self.decode_s > 0 else None
+
+    def prompt_summary(self) -> str:
+        """"N prompt tokens (bucket B)", or the chunks a prompt longer than the largest bucket was prefilled in."""
+        how = (f"{self.prefill_chunks} chunks of {self.bucket}" if self.prefill_chunks else f"bucket {self.bucket}")
+        return f"{self.prompt_tokens} prompt tokens ({how})"
 
     def decode_summary(self) -> str:
         tps = self.decode_tokens_per_s
@@ -37,6 +43,7 @@ class GenerationStats:
         return {
             "prompt_tokens": self.prompt_tokens,
             "bucket": self.bucket,
+            "prefill_chunks": self.prefill_chunks,
             "new_tokens": self.new_tokens,
             "time_to_first_token_s": self.prefill_s,
             "decode_s": self.decode_s,
@@ -106,16 +113,19 @@ class Generator:
         """Yield new token ids one at a time (batch 1)."""
         sampling = sampling or SamplingConfig()
         stats = stats if stats is not None else GenerationStats()
-        ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
+        ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate, chunked=True)
         dev = self.decoder.device
         gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0 else None
-        tokens = torch.full((1, bucket), self.pad_token_id, dtype=torch.long, device=dev)  # (1, T)
-        tokens[0, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=dev)
         seq_lens = torch.tensor([len(ids)], dtype=torch.long, device=dev)
         stats.prompt_tokens, stats.bucket = len(ids), bucket
 
         t0 = time.perf_counter()
-        logits = (self.prefill_step or self.decoder.prefill)(tokens, seq_lens, self.cache)
+        if len(ids) > bucket:  # longer than the largest bucket (a context past it): the cache bounds it, not the bucket
+            logits = self._prefill_in_chunks(ids, bucket, stats)
+        else:
+            tokens = torch.full((1, bucket), self.pad_token_id, dtype=torch.long, device=dev)  # (1, T)
+            tokens[0, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=dev)
+            logits = (self.prefill_step or self.decoder.prefill)(tokens, seq_lens, self.cache)
         nxt = _pick(logits, sampling, gen)
         tok = int(nxt[0])
         stats.prefill_s = time.perf_counter() - t0
@@ -141,6 +151,18 @@ class Generator:
             yield tok
             if tok in stop_ids:
                 return
+
+    def _prefill_in_chunks(self, ids: list[int], chunk: int, stats: GenerationStats) -> torch.Tensor:
+        """The prompt's keys and values a ``chunk`` of tokens at a time (the serving engine's chunked prefill: the
+        prefill graph over each chunk, attention to the positions before it); the last token's logits (1, V)."""
+        from edgekit.runtime.chunked_prefill import prefill_chunk
+
+        dev = self.decoder.device
+        for start in range(0, len(ids), chunk):
+            part = torch.tensor([ids[start:start + chunk]], dtype=torch.long, device=dev)
+            logits = prefill_chunk(self.decoder, self.cache, 0, part, start)
+            stats.prefill_chunks += 1
+        return logits
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, **kw) -> tuple[list[int], GenerationStats]:
         stats = GenerationStats()

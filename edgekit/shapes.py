@@ -62,10 +62,12 @@ class StaticShapes:
             hint="shorten the prompt, build with a larger bucket, or pass --truncate to keep its last tokens",
         )
 
-    def fit_prompt(self, ids: list[int], max_new_tokens: int, truncate: bool = False) -> tuple[list[int], int]:
+    def fit_prompt(self, ids: list[int], max_new_tokens: int, truncate: bool = False,
+                   chunked: bool = False) -> tuple[list[int], int]:
         """Check (or, with truncate, cut from the left) a prompt so it and its completion fit.
 
-        Returns (ids, bucket)."""
+        ``chunked``: the caller prefills a prompt longer than the largest bucket in chunks of that bucket, so only the
+        KV cache bounds it (the bucket returned is then the largest). Returns (ids, bucket)."""
         if max_new_tokens < 1:
             raise ShapeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_new_tokens >= self.max_seq_len:
@@ -73,17 +75,20 @@ class StaticShapes:
                 f"max_new_tokens={max_new_tokens} does not fit the KV cache of {self.max_seq_len} tokens",
                 hint=f"ask for at most {self.max_seq_len - 1} new tokens or use a longer context",
             )
-        limit = min(self.buckets[-1], self.max_seq_len - max_new_tokens)
+        limit = self.max_seq_len - max_new_tokens if chunked else min(self.buckets[-1], self.max_seq_len - max_new_tokens)
         if len(ids) > limit:
             if not truncate:
+                by_bucket = not chunked and limit == self.buckets[-1]
                 why = (
                     f"the largest bucket is {self.buckets[-1]} tokens"
-                    if limit == self.buckets[-1]
+                    if by_bucket
                     else f"the KV cache holds {self.max_seq_len} tokens and {max_new_tokens} are reserved for the answer"
                 )
                 raise ShapeError(
                     f"prompt of {len(ids)} tokens is too long: at most {limit} fit ({why})",
-                    hint="shorten the prompt, lower --max-new-tokens, or pass --truncate to keep its last tokens",
+                    hint=("shorten the prompt, build with a larger bucket (--buckets), or pass --truncate to keep its "
+                          "last tokens") if by_bucket else
+                         "shorten the prompt, lower --max-new-tokens, or pass --truncate to keep its last tokens",
                 )
             ids = ids[-limit:]
-        return ids, self.bucket_for(len(ids))
+        return ids, self.bucket_for(min(len(ids), self.buckets[-1]))

@@ -366,7 +366,7 @@ def run(
                     "decode_path": decode_path, "prefill_path": prefill_path, "stats": {**stats.to_dict(), "measured_on": where}, "notes": notes})
         return
     sys.stdout.write(text + "\n")
-    err_console.print(f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; first token "
+    err_console.print(f"[dim]{stats.prompt_summary()}, {stats.new_tokens} new; first token "
                       f"{stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()}, {where}[/]")
     for note in notes:
         err_console.print(f"[yellow]note:[/] {note}")

@@ -222,7 +222,7 @@ def generate(
         sys.stdout.write(text)
     sys.stdout.write("\n")
     err_console.print(
-        f"[dim]{stats.prompt_tokens} prompt tokens (bucket {stats.bucket}), {stats.new_tokens} new; "
+        f"[dim]{stats.prompt_summary()}, {stats.new_tokens} new; "
         f"first token {stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()} "
         f"(measured on the {gen.decoder.device.type.upper()}, FP32 reference operators)[/]"
     )

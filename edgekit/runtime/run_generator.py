@@ -40,9 +40,12 @@ def run_generator(b: OpenedBundle, ids: list[int], max_new_tokens: int, *, cuda_
         step = GraphedDecodeStep(step_decoder, cache)
         decode_path = path.to_dict()
         prefill_step = GraphedPrefill(dec, cache)
-        bucket = b.shapes.fit_prompt(ids, max_new_tokens, truncate)[1]
-        prefill_step.capture(1, bucket)  # the Generator prefills one sequence; captured before the clock starts
-        prefill_path = f"cuda-graph (bucket {bucket})"
+        fitted, bucket = b.shapes.fit_prompt(ids, max_new_tokens, truncate, chunked=True)
+        if len(fitted) <= bucket:
+            prefill_step.capture(1, bucket)  # the Generator prefills one sequence; captured before the clock starts
+            prefill_path = f"cuda-graph (bucket {bucket})"
+        else:  # longer than the largest bucket: the Generator prefills it in chunks of that bucket, eagerly
+            prefill_path = f"eager, chunks of {bucket} tokens (the prompt is longer than the largest bucket)"
     gen = Generator(dec, b.shapes, b.tokenizer.pad_token_id if b.tokenizer else 0, cache=cache, decode_step=step,
                     prefill_step=prefill_step)
     return RunSetup(gen, decode_path, prefill_path)
