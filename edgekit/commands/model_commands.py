@@ -42,6 +42,17 @@ def _kv_bytes(cfg) -> dict:
     return {"kv_cache_bytes_per_token_fp16": per_layer_position * (cfg.n_layers - local), **rings}
 
 
+def _weight_bytes(cfg) -> dict[str, int]:
+    """Bytes of the weights at each precision, as `edgekit plan` and a default build count them: counting the
+    embedding at 4 bits and leaving out the group scales understated gemma-3-1b's INT4 weights by 2x."""
+    from edgekit.plan.precision import PrecisionPlan
+
+    out = {p: int(cfg.n_params * BYTES_PER_PRECISION[p]) for p in ("fp32", "fp16")}
+    for p, scheme in (("int8", "w8a16"), ("int4", "w4a16")):
+        out[p] = sum(PrecisionPlan.uniform(cfg, scheme).weight_bytes(cfg).values())
+    return out
+
+
 def _info_dict(model) -> dict:
     from edgekit.graph.families import family_of
 
@@ -54,7 +65,10 @@ def _info_dict(model) -> dict:
         "source": model.source.to_dict(),
         "config": cfg.to_dict(),
         "parameters": {"total": cfg.n_params, **counts},
-        "weight_bytes": {p: int(cfg.n_params * b) for p, b in BYTES_PER_PRECISION.items()},
+        "weight_bytes": _weight_bytes(cfg),
+        "weight_bytes_means": "fp32 / fp16: every parameter at that width; int8 / int4: what a default build stores "
+                              "(projections quantized with their scales, embedding and LM head in FP16 unless "
+                              "--quantize-head)",
         **_kv_bytes(cfg),
         "linear_shapes": {k: list(v) for k, v in cfg.linear_shapes().items()},
         "stored_as": _stored_as(model),
@@ -149,7 +163,8 @@ def info(
         for k, how in stored["intake_int4"].items():
             t.add_row(f"  {k}", how)
     for p, n in d["weight_bytes"].items():
-        t.add_row(f"weights at {p}", fmt_bytes(n))
+        t.add_row(f"weights at {p}", fmt_bytes(n) + (" (a default build: embedding / head FP16, with scales)"
+                                                     if p in ("int8", "int4") else ""))
     t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"])
               + (f" + {fmt_bytes(d['kv_cache_ring_bytes_fp16'])} of sliding-window rings"
                  if "kv_cache_ring_bytes_fp16" in d else ""))

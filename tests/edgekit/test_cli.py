@@ -32,7 +32,14 @@ def test_info_preset_json():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["config"]["n_kv_heads"] == 2 and d["config"]["qkv_bias"] is True
-    assert d["weight_bytes"]["int8"] == d["parameters"]["total"]
+    # int8 / int4 are what a default build stores, as `edgekit plan` counts them: the FP16 embedding and head, the
+    # projections with their scales (counting every parameter at 8 or 4 bits understated them up to 2x)
+    p = d["parameters"]
+    embedding_fp16 = 2 * p["embedding"]
+    assert d["weight_bytes"]["int8"] > p["blocks_linear"] + embedding_fp16 > d["weight_bytes"]["int4"]
+    assert d["weight_bytes"]["int4"] > p["blocks_linear"] // 2 + embedding_fp16
+    plan = edgekit("plan", "preset:qwen2.5-1.5b", "--target", "orin", "--precision", "int4", "--no-tiles", "--json")
+    assert json.loads(plan.stdout)["memory"]["weights_bytes"] == d["weight_bytes"]["int4"], plan.stderr
 
 
 @pytest.mark.parametrize(
