@@ -35,10 +35,14 @@ def read_plan(path: Path) -> Plan:
 
 def check_plan_inputs(plan: Plan, config, source: dict, target) -> None:
     """The plan was made for this model (config and, for files, the same bytes) and this target profile."""
-    if plan.model.config != config.to_dict():
-        diff = sorted(k for k in config.to_dict() if plan.model.config.get(k) != config.to_dict()[k])
-        raise PlanError(f"the plan was made for another model: {', '.join(diff[:4])} differ "
-                        f"(plan: {plan.model.name}, model: {config.name})", hint=REPLAN)
+    # the name is where the model was found (a folder's name when its config names none): a copy or a renamed
+    # folder is the same model; the shape fields and, for files, the bytes decide
+    ours = {k: v for k, v in config.to_dict().items() if k != "name"}
+    diff = sorted(k for k in ours if plan.model.config.get(k) != ours[k])
+    if diff:
+        raise PlanError(f"the plan was made for another model: {', '.join(diff[:4])} "
+                        f"{'differs' if len(diff) == 1 else 'differ'} (plan: {plan.model.name}, model: {config.name})",
+                        hint=REPLAN)
     planned = (plan.model.source or {}).get("sha256")
     if planned and source.get("sha256") and planned != source["sha256"]:
         raise PlanError(f"the plan was made for {plan.model.source.get('location')} (sha256 {planned[:12]}...), not "

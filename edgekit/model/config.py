@@ -157,6 +157,8 @@ class ModelConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
+        # as JSON gives it back (a plan or bundle compares its stored config with this): lists, not tuples
+        d["rope_scaling"] = [[k, list(v) if isinstance(v, tuple) else v] for k, v in self.rope_scaling]
         return d
 
     @classmethod

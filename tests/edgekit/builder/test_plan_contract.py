@@ -161,3 +161,29 @@ def test_the_plan_document_reads_back_equal_and_refuses_a_stranger(tmp_path):
         Plan.from_dict({**doc, "format_version": 1})
     with pytest.raises(PlanError, match="has no budgets"):
         Plan.from_dict({k: v for k, v in doc.items() if k != "budgets"})
+
+
+def test_a_plan_holds_the_models_shape_not_its_folders_name_and_reads_a_scaled_rope_back_equal():
+    """A copied or renamed folder (no _name_or_path in its config) was refused as 'another model: name differ'; a
+    config with a RoPE scaling, read back from the plan's JSON, must equal the model's own."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from edgekit.builder.plan_contract import check_plan_inputs
+    from edgekit.errors import PlanError
+    from edgekit.model.presets import preset_config
+    from edgekit.plan.document import PlannedTarget
+    from edgekit.plan.targets import load_target
+
+    target = load_target("orin")
+    cfg = dataclasses.replace(preset_config("preset:tiny"), name="my-model",
+                              rope_scaling=(("factors", (1.0,) * 8), ("type", "freq_factors")))
+    plan = SimpleNamespace(model=SimpleNamespace(config=json.loads(json.dumps(cfg.to_dict())), name="my-model",
+                                                 source={}), target=PlannedTarget.of(target))
+    check_plan_inputs(plan, dataclasses.replace(cfg, name="my-model-copy"), {}, target)  # same shape: taken
+    with pytest.raises(PlanError, match=r"another model: head_dim, rope_scaling differ \(plan: my-model"):
+        check_plan_inputs(plan, dataclasses.replace(cfg, head_dim=32, rope_scaling=(("factors", (1.0,) * 16),
+                                                                                     ("type", "freq_factors"))),
+                          {}, target)
+    with pytest.raises(PlanError, match="another model: rope_scaling differs"):
+        check_plan_inputs(plan, dataclasses.replace(cfg, rope_scaling=()), {}, target)
