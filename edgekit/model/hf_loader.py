@@ -161,3 +161,48 @@ def load_hf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         except Exception as e:
             raise ModelLoadError(f"{f}: cannot read safetensors ({e})", hint="the file may be truncated") from e
     return _text_model_names(sd)
+
+
+def check_hf_headers(directory: Path, cfg: ModelConfig) -> None:
+    """What `edgekit info` and `plan` read of a folder without loading its weights: every safetensors file whole
+    (its header's last tensor ends inside the file) and the shapes the config implies for the first and last
+    blocks and the embedding. Without this a config missing head_dim, or a truncated file, planned happily with
+    wrong figures and failed only at build time."""
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{directory}: no *.safetensors weight files", hint="save the model with safe_serialization=True")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        size = f.stat().st_size
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                if not 0 < n <= size - 8:
+                    raise ValueError(f"a header of {n} bytes in a file of {size}")
+                header = json.loads(fh.read(n))
+            tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+            end = 8 + n + max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise ModelLoadError(f"{f}: cannot read safetensors ({e})", hint="the file may be truncated") from e
+        if end > size:
+            raise ModelLoadError(f"{f}: truncated: its header describes {end} bytes, the file holds {size}",
+                                 hint="download or save the model again")
+        shapes.update({k: tuple(v["shape"]) for k, v in tensors.items()})
+    shapes = _text_model_names(shapes)
+    D, C = cfg.head_dim, cfg.hidden_size
+    expect = {"model.embed_tokens.weight": (cfg.vocab_size, C)}
+    for i in (0, cfg.n_layers - 1):
+        p = f"model.layers.{i}."
+        expect.update({p + "self_attn.q_proj.weight": (cfg.n_heads * D, C), p + "self_attn.k_proj.weight":
+                       (cfg.n_kv_heads * D, C), p + "mlp.down_proj.weight": (C, cfg.intermediate_size)})
+        if cfg.qk_norm:
+            expect[p + "self_attn.q_norm.weight"] = (D,)
+    for name, shape in expect.items():
+        got = shapes.get(name)
+        if got is None:
+            raise ModelLoadError(f"{directory}: tensor {name!r} is missing (the config says {cfg.n_layers} layers)",
+                                 hint="the folder is incomplete, or its config.json belongs to another model")
+        if got != shape:
+            raise ModelLoadError(f"{directory}: tensor {name!r} has shape {got}, expected {shape} from the model "
+                                 "config", hint="config.json does not match the weights (e.g. a missing head_dim: "
+                                                "hidden_size / num_attention_heads is assumed)")

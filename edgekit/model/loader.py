@@ -114,11 +114,13 @@ def load_model(spec: str | None = None, *, weights: bool = True, tokenizer: bool
         tok = tokenizer_from_gguf(path) if tokenizer else None
         return LoadedModel(cfg, ModelSource("gguf", str(path), file_sha256(path)), w, tok)
 
-    from edgekit.model.hf_loader import HF_NORM_OFFSET, config_from_hf, load_hf_state_dict
+    from edgekit.model.hf_loader import HF_NORM_OFFSET, check_hf_headers, config_from_hf, load_hf_state_dict
     from edgekit.model.tokenizer import tokenizer_from_directory
     from edgekit.model.weights import weights_from_hf_state_dict
 
     cfg = config_from_hf(path)
+    if not weights:  # info and plan: the weights' headers, so their figures are for the model that is there
+        check_hf_headers(path, cfg)
     w = weights_from_hf_state_dict(cfg, load_hf_state_dict(path), str(path),
                                    HF_NORM_OFFSET.get(cfg.architecture, 0.0)) if weights else None
     digest = hashlib.sha256()

@@ -64,3 +64,24 @@ def test_an_older_gemma3_config_with_the_pattern_key_reads_the_same(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     got = config_from_hf(tmp_path)
     assert (got.sliding_window, got.sliding_window_pattern, got.rope_theta, got.rope_local_theta) == (6, 2, 1e6, 1e3)
+
+
+def test_info_and_plan_read_the_weights_headers_a_config_that_does_not_match_or_a_truncated_file_is_refused(tmp_path):
+    """Loading without weights (info, plan) took a config missing head_dim (hidden / heads assumed: 16, the weights'
+    32) and a truncated safetensors file, and printed plans for a model that is not there."""
+    from edgekit.errors import ModelLoadError
+
+    _, cfg = _saved(tmp_path)
+    assert load_model(str(tmp_path), weights=False, tokenizer=False).config.head_dim == cfg["head_dim"]
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "head_dim"}))
+    with pytest.raises(ModelLoadError, match=r"q_proj.weight' has shape \(\d+, \d+\), expected .* missing head_dim"):
+        load_model(str(tmp_path), weights=False, tokenizer=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (f,) = tmp_path.glob("*.safetensors")
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) - 100])
+    with pytest.raises(ModelLoadError, match="truncated: its header describes"):
+        load_model(str(tmp_path), weights=False, tokenizer=False)
+    f.write_bytes(data[:5])
+    with pytest.raises(ModelLoadError, match="cannot read safetensors"):
+        load_model(str(tmp_path), weights=False, tokenizer=False)
