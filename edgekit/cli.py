@@ -105,6 +105,12 @@ HOST_EXTRA_PACKAGES = frozenset({"triton", "transformers", "gguf", "onnx", "onnx
 ABORTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
+def _json_on_stdout(argv: list[str]) -> bool:
+    """Whether the command asked for JSON on stdout (``--json``); ``bench``'s ``--json`` names a file instead."""
+    words = [a for a in argv if not a.startswith("-")]
+    return "--json" in argv and (not words or words[0] != "bench")
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # OpenMP workers that spin while they wait are a disaster on a shared or busy CPU: measured on the 2-core
@@ -117,6 +123,11 @@ def main() -> None:
         code = cli_command().main(prog_name="edgekit", standalone_mode=False)
     except EdgekitError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        if _json_on_stdout(sys.argv[1:]):  # a script reading stdout gets a document, not nothing
+            import json
+
+            print(json.dumps({"ok": False, "error": {"type": type(e).__name__, "message": e.message,
+                                                     "hint": e.hint, "exit_code": e.exit_code}}, indent=1))
         sys.exit(e.exit_code)
     except ClickException as e:  # usage errors: unknown flag or command, missing argument, bad value
         sys.exit(show_usage_error(e, err_console))

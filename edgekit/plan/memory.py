@@ -228,7 +228,7 @@ def misfit_error(cfg: ModelConfig, target: Target, mem: MemoryPlan, options: lis
         + (f" after {fmt_bytes(mem.os_headroom)} OS headroom and {fmt_bytes(mem.runtime_reserve)} runtime reserve"
            if mem.os_headroom else f" after {fmt_bytes(mem.runtime_reserve)} runtime reserve")
     )
-    msg = f"{cfg.name} does not fit {target.name}: needs {fmt_bytes(mem.model_bytes)} ({parts}); {avail}: {fmt_bytes(over)} over"
+    msg = f"{cfg.name} does not fit {target.name} (predicted memory plan): needs {fmt_bytes(mem.model_bytes)} ({parts}); {avail}: {fmt_bytes(over)} over"
     if options:
         single = not any(" --" in o.flags for o in options)
         hint = ("would fit: " if single else "no single change fits; these would: ")

@@ -323,3 +323,15 @@ def test_plan_in_ci_prints_each_kernel_it_solves_with_the_elapsed_time():
     assert r.returncode == 0, r.stderr
     assert re.search(r"^\[ *\d+\.\d s\] orin: rmsnorm/rmsnorm_fwd: \d+ candidates, compiling for sm_87$", r.stderr, re.M)
     assert json.loads(r.stdout)["target"]["name"] == "orin"  # stdout stays JSON
+
+
+def test_a_plan_that_does_not_fit_answers_json_on_stdout_when_asked():
+    """`plan --json` of a model too big for the target printed nothing on stdout (only a line on stderr): a script
+    reading stdout got an empty document."""
+    r = edgekit("plan", "preset:qwen3-4b", "--target", "orin-nano-8gb", "--precision", "int4", "--context", "32768",
+                "--no-tiles", "--json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "PlanError" and doc["error"]["exit_code"] == 2
+    assert "does not fit orin-nano-8gb (predicted memory plan)" in doc["error"]["message"]
+    assert "--kv-precision int8" in doc["error"]["hint"] and "error:" in r.stderr
