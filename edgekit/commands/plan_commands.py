@@ -175,7 +175,9 @@ def plan(
     if output:
         _atomic_write_json(output, d)
     if json_out:
-        print_json(d)
+        from edgekit.plan.anchors import anchors_beside
+
+        print_json({**d, "published_beside_prediction": anchors_beside(d)})  # not part of the plan file
         return
     print_plan(d)
     if output:
@@ -301,17 +303,12 @@ def print_plan(d: dict) -> None:
 
 def _print_anchors(d: dict) -> None:
     """Published decode figures for a model of this shape on this target, beside this plan's prediction."""
-    from edgekit.model.config import ModelConfig
-    from edgekit.plan.anchors import anchors_for, fastest_mode_row
+    from edgekit.plan.anchors import anchors_beside
 
-    anchors = anchors_for(ModelConfig.from_dict(d["model"]["config"]), d["target"]["name"])
-    if not anchors:
-        return
-    r = fastest_mode_row(d["roofline"])
-    for a in anchors:
+    for a in anchors_beside(d):
         console.print(
-            f"published beside this prediction: {a.decode_tokens_per_s:g} tok/s decode on {a.board} ({a.setting}; "
-            f"measured by others: {a.source}); this plan PREDICTS {r['decode_short']['tokens_per_s']:.0f} tok/s at "
-            f"ctx {r['decode_short']['kv_len']} in {r['power_mode']} ({d['precision']['label']}, roofline, "
-            "not measured)",
+            f"published beside this prediction: {a['published_decode_tokens_per_s']:g} tok/s decode on {a['board']} "
+            f"({a['setting']}; measured by others: {a['source']}); this plan PREDICTS "
+            f"{a['predicted_decode_tokens_per_s']:.0f} tok/s at ctx {a['predicted_at_kv_len']} in "
+            f"{a['predicted_power_mode']} ({d['precision']['label']}, roofline, not measured)",
             highlight=False)

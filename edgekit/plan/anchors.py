@@ -37,6 +37,12 @@ ANCHORS = (
 )
 
 
+# Targets whose decode figures are another board's: edgekit's default `orin` profile is an AGX Orin 64GB's SMs,
+# clocks, bandwidth and power modes held to 24 GB of memory (targets/orin.yaml), so that board's figures stand
+# beside it too (they were shown for --target agx-orin-64gb only)
+SAME_BOARD = {"orin": "agx-orin-64gb"}
+
+
 def same_shape(cfg: ModelConfig, preset: str) -> bool:
     want = preset_config(preset)
     return all(getattr(cfg, f) == getattr(want, f) for f in _SHAPE)
@@ -44,7 +50,22 @@ def same_shape(cfg: ModelConfig, preset: str) -> bool:
 
 def anchors_for(cfg: ModelConfig, target: str) -> list[Anchor]:
     """The published figures for a model of ``cfg``'s shape on ``target``."""
-    return [a for a in ANCHORS if a.target == target and same_shape(cfg, a.preset)]
+    board = SAME_BOARD.get(target, target)
+    return [a for a in ANCHORS if a.target == board and same_shape(cfg, a.preset)]
+
+
+def anchors_beside(d: dict) -> list[dict]:
+    """The published figures for a plan document ``d`` (``Plan.to_dict()``), each beside the plan's prediction at
+    the fastest power mode: what ``edgekit plan`` prints, for ``--json``."""
+    found = anchors_for(ModelConfig.from_dict(d["model"]["config"]), d["target"]["name"])
+    if not found:
+        return []
+    r = fastest_mode_row(d["roofline"])
+    return [{"board": a.board, "published_decode_tokens_per_s": a.decode_tokens_per_s, "setting": a.setting,
+             "source": a.source, "measured_by": "others (published)",
+             "predicted_decode_tokens_per_s": r["decode_short"]["tokens_per_s"], "predicted_at_kv_len":
+             r["decode_short"]["kv_len"], "predicted_power_mode": r["power_mode"],
+             "predicted_by": "edgekit's roofline model (not measured)"} for a in found]
 
 
 def fastest_mode_row(roofline: list[dict]) -> dict:
