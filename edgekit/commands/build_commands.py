@@ -87,7 +87,7 @@ def build(
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the accuracy gate fails, keep the most sensitive layers in FP16 instead of stopping."),
     quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too, behind the same accuracy gate (when tied, the one quantized matrix is the embedding too: no FP16 copy is kept)."),
     head_precision: Optional[str] = typer.Option(None, "--head-precision", help="With --quantize-head: int8 or int4 for the LM head (default: --precision's, and a GGUF Q8_0 table is kept bit for bit as grouped INT8); an int4 model may keep an int8 head; int8 re-quantizes a Q8_0 table per row, the form the fused decode head takes."),
-    context: Optional[int] = typer.Option(None, "--context", help="KV cache length in tokens (default: the planner's)."),
+    context: Optional[int] = typer.Option(None, "--context", min=16, help="KV cache length in tokens (prompt + answer; at least 16). Default: 2048, or less if the model has fewer positions."),
     batch: Optional[int] = typer.Option(None, "--batch", min=1, help="The most sequences the device decodes together (default 1; serve runs batch buckets 1, 2, 4, ... up to it)."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Execute this plan (`edgekit plan -o FILE`) as written: its target, precision, shapes and tiles; refused, saying why, if it was made for another model or target."),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated prompt buckets, e.g. 64,256,1024."),

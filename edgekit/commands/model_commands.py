@@ -38,7 +38,9 @@ def _kv_bytes(cfg) -> dict:
     cache stops growing at the window: only the full-attention layers grow per token)."""
     per_layer_position = 2 * cfg.n_kv_heads * cfg.head_dim * 2  # K and V, FP16
     local = sum(cfg.is_local(i) for i in range(cfg.n_layers))
-    rings = {"kv_cache_ring_bytes_fp16": per_layer_position * local * cfg.sliding_window} if local else {}
+    # a ring never holds more positions than the model has (kv_rows: a window past them is capped at the cache)
+    ring_rows = min(cfg.sliding_window, cfg.max_position_len) if local else 0
+    rings = {"kv_cache_ring_bytes_fp16": per_layer_position * local * ring_rows} if local else {}
     return {"kv_cache_bytes_per_token_fp16": per_layer_position * (cfg.n_layers - local), **rings}
 
 
@@ -165,9 +167,9 @@ def info(
     for p, n in d["weight_bytes"].items():
         t.add_row(f"weights at {p}", fmt_bytes(n) + (" (a default build: embedding / head FP16, with scales)"
                                                      if p in ("int8", "int4") else ""))
-    t.add_row("KV cache per token (fp16)", fmt_bytes(d["kv_cache_bytes_per_token_fp16"])
-              + (f" + {fmt_bytes(d['kv_cache_ring_bytes_fp16'])} of sliding-window rings"
-                 if "kv_cache_ring_bytes_fp16" in d else ""))
+    t.add_row("KV cache (fp16)", f"{fmt_bytes(d['kv_cache_bytes_per_token_fp16'])} per token of context"
+              + (f", plus {fmt_bytes(d['kv_cache_ring_bytes_fp16'])} for the sliding-window layers' rings (fixed: at "
+                 "most the window, or the model's positions)" if "kv_cache_ring_bytes_fp16" in d else ""))
     console.print(t)
     if model is None:
         console.print("the default model: SmolLM2-135M-Instruct as a Q4_1 GGUF file (4-bit weights with per-block scales, "

@@ -51,6 +51,23 @@ def test_info_names_the_family_and_what_it_adds_to_a_llama_block(tmp_path):
         info = json.loads(r.stdout)
         assert info["family"] == family, model
     assert "sliding window 6 on 4 of 4 layers" in info["family_features"]  # the GGUF: llama.cpp has one global in 6
+    import os
+
     r = subprocess.run([sys.executable, "-m", "edgekit", "info", "preset:gemma-3-1b"], capture_output=True, text=True,
-                       timeout=300)
-    assert "gemma3 / gemma3 (edgekit/graph/gemma3.py)" in r.stdout and "of sliding-window rings" in r.stdout
+                       timeout=300, env={**os.environ, "COLUMNS": "250"})  # a row a line
+    assert "gemma3 / gemma3 (edgekit/graph/gemma3.py)" in r.stdout
+    assert "per token of context, plus" in r.stdout and "for the sliding-window layers' rings (fixed" in r.stdout
+
+
+def test_a_window_past_the_models_positions_is_a_ring_of_its_positions():
+    """A Gemma 3 config whose sliding_window (4096) exceeds its positions (256) was said to hold rings of 4096."""
+    import dataclasses
+
+    from edgekit.commands.model_commands import _kv_bytes
+    from edgekit.model.presets import preset_config
+
+    cfg = dataclasses.replace(preset_config("gemma-3-1b"), sliding_window=4096, max_position_len=256)
+    local = sum(cfg.is_local(i) for i in range(cfg.n_layers))
+    per_position = 2 * cfg.n_kv_heads * cfg.head_dim * 2
+    assert _kv_bytes(cfg)["kv_cache_ring_bytes_fp16"] == per_position * local * 256 == per_position * sum(
+        cfg.kv_rows(i, 256) for i in range(cfg.n_layers) if cfg.is_local(i))
