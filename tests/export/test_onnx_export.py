@@ -265,3 +265,20 @@ def test_refused_arguments_say_what_and_how(tiny, tmp_path):
     with pytest.raises(ExportError, match="no such directory"):
         export_onnx(tiny.config, tiny.weights, BUCKET, tmp_path / "missing" / "m.onnx")
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_a_scaled_rope_is_exported_as_the_decoder_runs_it(tiny, tmp_path):
+    """The ONNX graph's RoPE tables come from the config's scaling (Llama 3's, a Qwen3's yarn), as the decoder's do."""
+    scaled = replace(tiny.config, rope_scaling=(("attention_factor", 1.2), ("beta_fast", 32.0), ("beta_slow", 1.0),
+                                                ("factor", 4.0), ("original_max_positions", 8.0), ("truncate", True),
+                                                ("type", "yarn")))
+    tokens, lens = padded_batch([BUCKET])
+    r = export_onnx(scaled, tiny.weights, BUCKET, tmp_path / "s.onnx")
+    p = check_parity(scaled, tiny.weights, r.path, tokens, lens)
+    assert p.ok and p.argmax_equal, p
+    plain = export_onnx(tiny.config, tiny.weights, BUCKET, tmp_path / "p.onnx")
+    a = onnx_prefill(onnxruntime_session(r.path), tokens, lens)
+    b = onnx_prefill(onnxruntime_session(plain.path), tokens, lens)
+    # the tables changed what the graph computes, by far more than it differs from the scaled reference (random
+    # weights attend almost uniformly, so RoPE moves tiny's logits by ~1e-4 only; parity is ~1e-7)
+    assert np.abs(a - b).max() > 100 * max(p.max_abs_diff, 1e-7)
