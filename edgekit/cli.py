@@ -126,8 +126,8 @@ def main() -> None:
         if _json_on_stdout(sys.argv[1:]):  # a script reading stdout gets a document, not nothing
             import json
 
-            print(json.dumps({"ok": False, "error": {"type": type(e).__name__, "message": e.message,
-                                                     "hint": e.hint, "exit_code": e.exit_code}}, indent=1))
+            print(json.dumps({"ok": False, "error": {"type": type(e).__name__, "message": e.message,  # one line:
+                                                     "hint": e.hint, "exit_code": e.exit_code}}))  # JSON-lines streams
         sys.exit(e.exit_code)
     except ClickException as e:  # usage errors: unknown flag or command, missing argument, bad value
         sys.exit(show_usage_error(e, err_console))

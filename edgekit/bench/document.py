@@ -205,7 +205,7 @@ def ratios(rows: list[Row]) -> list[Ratio]:
 # --------------------------------------------------------------------------- goals
 def shape_of(cfg: ModelConfig) -> Optional[str]:
     """The preset whose shape ``cfg`` has (names, token ids and max length aside), else None."""
-    ignore = {"name", "bos_token_id", "eos_token_ids", "max_position_len"}
+    ignore = {"name", "bos_token_id", "eos_token_ids", "max_position_len", "rope_scaling"}
 
     def key(c: ModelConfig) -> tuple:
         return tuple((f.name, getattr(c, f.name)) for f in dataclasses.fields(c) if f.name not in ignore)

@@ -76,9 +76,33 @@ def hf_config(cfg: ModelConfig, weights: ModelWeights | None = None):
             raise UnsupportedModelError(f"{cfg.name}: a {cfg.architecture} model with Q/K/V bias has no transformers twin")
     if cfg.architecture == "mistral":
         kw["sliding_window"] = None
+    if cfg.rope_scaling and cfg.architecture != "gemma3":  # transformers 5's style (unscaled: unchanged)
+        del kw["rope_theta"]
+        kw["rope_parameters"] = hf_rope_parameters(cfg)
     if cfg.architecture == "gemma3":
         kw.update(_gemma3_config(cfg))
     return conf_cls(**kw)
+
+
+def hf_rope_parameters(cfg: ModelConfig) -> dict:
+    """transformers' rope_parameters of the full-attention layers for ``cfg.rope_scaling`` (edgekit/model/
+    rope_scaling.py): the twin must rotate as edgekit does, or its tokens are another model's."""
+    s = dict(cfg.rope_scaling)
+    kind = s.get("type")
+    if kind is None:
+        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if kind == "freq_factors":
+        raise UnsupportedModelError(f"{cfg.name}: RoPE divisors from a GGUF's rope_freqs tensor have no transformers "
+                                    "config; the twin would rotate otherwise than the model")
+    out = {"rope_type": kind, "rope_theta": cfg.rope_theta, "factor": s["factor"]}
+    if kind == "llama3":
+        out.update(low_freq_factor=s["low_freq_factor"], high_freq_factor=s["high_freq_factor"],
+                   original_max_position_embeddings=int(s["original_max_positions"]))
+    if kind == "yarn":
+        out.update(original_max_position_embeddings=int(s["original_max_positions"]),
+                   attention_factor=s["attention_factor"], beta_fast=s["beta_fast"], beta_slow=s["beta_slow"],
+                   truncate=s["truncate"])
+    return out
 
 
 def _gemma3_config(cfg: ModelConfig) -> dict:
@@ -91,7 +115,7 @@ def _gemma3_config(cfg: ModelConfig) -> dict:
         hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=round(scalar),
         sliding_window=cfg.sliding_window or cfg.max_position_len,
         layer_types=["sliding_attention" if cfg.is_local(i) else "full_attention" for i in range(cfg.n_layers)],
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        rope_parameters={"full_attention": hf_rope_parameters(cfg),
                          "sliding_attention": {"rope_type": "default",
                                                "rope_theta": cfg.rope_local_theta or cfg.rope_theta}},
     )

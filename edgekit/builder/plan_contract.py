@@ -37,8 +37,14 @@ def check_plan_inputs(plan: Plan, config, source: dict, target) -> None:
     """The plan was made for this model (config and, for files, the same bytes) and this target profile."""
     # the name is where the model was found (a folder's name when its config names none): a copy or a renamed
     # folder is the same model; the shape fields and, for files, the bytes decide
+    from edgekit.model.config import ModelConfig
+
     ours = {k: v for k, v in config.to_dict().items() if k != "name"}
-    diff = sorted(k for k in ours if plan.model.config.get(k) != ours[k])
+    try:  # the plan's config read as a config (fields it predates take their defaults), then compared as written
+        theirs = ModelConfig.from_dict(plan.model.config).to_dict()
+    except (TypeError, ValueError):  # a field this edgekit does not know: compare as written, it will differ
+        theirs = dict(plan.model.config)
+    diff = sorted(k for k in (set(ours) | set(theirs)) - {"name"} if theirs.get(k) != ours.get(k))
     if diff:
         raise PlanError(f"the plan was made for another model: {', '.join(diff[:4])} "
                         f"{'differs' if len(diff) == 1 else 'differ'} (plan: {plan.model.name}, model: {config.name})",

@@ -157,8 +157,13 @@ class ModelConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
-        # as JSON gives it back (a plan or bundle compares its stored config with this): lists, not tuples
-        d["rope_scaling"] = [[k, list(v) if isinstance(v, tuple) else v] for k, v in self.rope_scaling]
+        # as JSON gives it back (a plan or bundle compares its stored config with this): lists, not tuples; left out
+        # when there is none, so a plan, bundle or weights file of an unscaled model reads as before the field existed
+        # (an older edgekit's ModelConfig(**d) would refuse the key)
+        if self.rope_scaling:
+            d["rope_scaling"] = [[k, list(v) if isinstance(v, tuple) else v] for k, v in self.rope_scaling]
+        else:
+            del d["rope_scaling"]
         return d
 
     @classmethod

@@ -63,12 +63,15 @@ def from_hf(c: dict, source: Path, head_dim: int, layer_type: str = "full_attent
     if float(p.get("partial_rotary_factor", 1.0)) != 1.0:
         raise _refuse(source, f"partial_rotary_factor {p['partial_rotary_factor']} (RoPE on part of a head)")
     factor = p.get("factor")
+    if factor is None and kind in ("linear", "llama3"):
+        raise _refuse(source, f"RoPE scaling {kind!r} without a factor ({p})")
     if kind == "linear":
         return () if float(factor) == 1.0 else (("factor", float(factor)), ("type", "linear"))
     if kind == "llama3":
         return tuple(sorted({"type": "llama3", "factor": float(factor), "low_freq_factor": float(p["low_freq_factor"]),
                              "high_freq_factor": float(p["high_freq_factor"]),
-                             "original_max_positions": float(p["original_max_position_embeddings"])}.items()))
+                             "original_max_positions": float(p.get("original_max_position_embeddings")
+                                                             or c["max_position_embeddings"])}.items()))
     if kind == "yarn":
         old = float(p.get("original_max_position_embeddings") or c.get("max_position_embeddings"))
         factor = float(factor) if factor is not None else float(c["max_position_embeddings"]) / old

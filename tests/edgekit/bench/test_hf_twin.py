@@ -19,6 +19,20 @@ TINY = PRESETS["tiny"]  # qwen2: QKV bias, untied head, GQA 2
 TINY_LLAMA = dataclasses.replace(TINY, architecture="llama", qkv_bias=False, tie_embeddings=True, name="tiny-llama")
 
 
+def _scaled(cfg, **rope_scaling):
+    """``cfg`` with a RoPE scaling as a published config writes it (the twin must rotate as edgekit does)."""
+    from edgekit.model.rope_scaling import from_hf
+
+    return dataclasses.replace(cfg, rope_scaling=from_hf({"rope_scaling": rope_scaling, "max_position_embeddings":
+                                                         cfg.max_position_len}, "config.json", cfg.head_dim))
+
+
+SCALED = [_scaled(TINY_LLAMA, rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=4),
+          _scaled(PRESETS["tiny-qwen3"], rope_type="yarn", factor=4.0, original_max_position_embeddings=8),
+          _scaled(PRESETS["tiny-gemma3"], rope_type="linear", factor=4.0)]
+
+
 def _weights(cfg, seed):
     w = random_weights(cfg, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -53,6 +67,22 @@ def test_twin_gives_the_same_logits_at_every_position(cfg, precision):
     scale = hf.abs().max()
     assert scale > 0.1  # the logits are not degenerate
     torch.testing.assert_close(hf, ek, atol=1e-4 * float(scale), rtol=1e-4)
+
+
+@pytest.mark.parametrize("cfg", SCALED, ids=["llama-llama3", "qwen3-yarn", "gemma3-linear"])
+def test_a_scaled_models_twin_rotates_as_edgekit_does(cfg):
+    """The twin took only rope_theta: a Llama 3 / yarn / scaled Gemma 3 twin rotated plainly. Random tiny weights
+    attend almost uniformly (RoPE moves their logits by ~1e-4 only), so the check is relative: the scaled twin is
+    10x closer to edgekit than a plain one."""
+    w = _weights(cfg, seed=3)
+    ids = torch.randint(0, cfg.vocab_size, (1, 24), generator=torch.Generator().manual_seed(5))
+    ek = _edgekit_logits_per_position(cfg, w, ids)
+    err = {}
+    for name, c in (("scaled", cfg), ("plain", dataclasses.replace(cfg, rope_scaling=()))):
+        with torch.no_grad():
+            hf = build_hf_model(c, w)(ids).logits[0]
+        err[name] = float((hf - ek).abs().max() / hf.abs().max())
+    assert err["scaled"] < 1e-5 and err["plain"] > 10 * err["scaled"], err
 
 
 def test_tied_twin_keeps_one_embedding_and_untied_keeps_its_head():

@@ -187,3 +187,9 @@ def test_a_plan_holds_the_models_shape_not_its_folders_name_and_reads_a_scaled_r
                           {}, target)
     with pytest.raises(PlanError, match="another model: rope_scaling differs"):
         check_plan_inputs(plan, dataclasses.replace(cfg, rope_scaling=()), {}, target)
+    # a plan written before the field existed (no rope_scaling key) holds an unscaled model as it did
+    plain = dataclasses.replace(cfg, rope_scaling=())
+    old = {k: v for k, v in plain.to_dict().items() if k != "rope_scaling"}
+    assert "rope_scaling" not in plain.to_dict()  # an unscaled config writes what older edgekits wrote
+    check_plan_inputs(SimpleNamespace(model=SimpleNamespace(config=old, name="my-model", source={}),
+                                      target=PlannedTarget.of(target)), plain, {}, target)

@@ -121,3 +121,13 @@ def test_a_gguf_yarn_is_refused_and_its_linear_and_rope_freqs_are_read():
     got = dict(rope_scaling.from_gguf(_Reader({}, [freqs]), "llama", "m.gguf", _field))
     assert got == {"type": "freq_factors", "factors": (1.0, 1.5, 8.0)}
     assert rope_scaling.from_gguf(_Reader({"llama.rope.scaling.type": "none"}), "llama", "m.gguf", _field) == ()
+
+
+def test_a_llama3_without_its_original_length_takes_the_models_and_a_factorless_scaling_is_refused():
+    """As transformers reads them: llama3's original_max_position_embeddings defaults to max_position_embeddings;
+    a linear scaling whose factor is null was a TypeError traceback."""
+    c = {"max_position_embeddings": 8192, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+                                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0}}
+    assert dict(rope_scaling.from_hf(c, "config.json", 64))["original_max_positions"] == 8192
+    with pytest.raises(UnsupportedModelError, match="'linear' without a factor"):
+        rope_scaling.from_hf({"rope_scaling": {"rope_type": "linear", "factor": None}}, "config.json", 64)
