@@ -155,7 +155,7 @@ class Generator:
     def _prefill_in_chunks(self, ids: list[int], chunk: int, stats: GenerationStats) -> torch.Tensor:
         """The prompt's keys and values a ``chunk`` of tokens at a time (the serving engine's chunked prefill: the
         prefill graph over each chunk, attention to the positions before it); the last token's logits (1, V)."""
-        from edgekit.runtime.chunked_prefill import prefill_chunk
+        from edgekit.model.chunked_prefill import prefill_chunk
 
         dev = self.decoder.device
         for start in range(0, len(ids), chunk):

@@ -33,7 +33,7 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache, ring_prefix
-from edgekit.runtime.chunked_prefill import prefill_chunk
+from edgekit.model.chunked_prefill import prefill_chunk
 from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, DecodePath, select_decode_path
 from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
 from edgekit.runtime.op_usage import OpUsage, changed_operators

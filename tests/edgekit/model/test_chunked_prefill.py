@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from edgekit.model.loader import load_model
-from edgekit.runtime.chunked_prefill import prefill_chunk
+from edgekit.model.chunked_prefill import prefill_chunk
 from edgekit.runtime.step_runner import RowPrefillCache
 
 

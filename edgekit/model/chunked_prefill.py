@@ -1,5 +1,9 @@
 """Chunked prefill: a long prompt enters its KV-cache row a chunk at a time, between the other rows' decode steps.
 
+Also how ``edgekit run`` / ``generate`` (edgekit/generate.py) take a prompt longer than the largest bucket. It
+lives with the model (the decoder's graph, cache and tables are all it reads) so both the server's runtime and the
+generator use it without the generator importing the runtime.
+
 A whole-prompt prefill runs on the device thread in one piece: a 2046-token
 prompt stalled every stream of the server for ~70 s on a CPU (#32). The engine
 instead runs at most one chunk per loop turn, then a decode step of the rows
