@@ -16,7 +16,7 @@ import typer.main
 from rich.markup import escape
 
 from edgekit import __version__
-from edgekit.cli_common import err_console
+from edgekit.cli_common import err_console, json_was_printed
 from edgekit.cli_usage import ClickException, show_usage_error
 from edgekit.errors import EdgekitError
 
@@ -123,7 +123,7 @@ def main() -> None:
         code = cli_command().main(prog_name="edgekit", standalone_mode=False)
     except EdgekitError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        if _json_on_stdout(sys.argv[1:]):  # a script reading stdout gets a document, not nothing
+        if _json_on_stdout(sys.argv[1:]) and not json_was_printed():  # a script reading stdout gets a document
             import json
 
             print(json.dumps({"ok": False, "error": {"type": type(e).__name__, "message": e.message,  # one line:

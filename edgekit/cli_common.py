@@ -25,9 +25,17 @@ console = _console()
 err_console = _console(stderr=True)
 
 
+_JSON_PRINTED = []  # a document went out: a failure after it (verify's report, then exit 2) adds no second one
+
+
 def print_json(data: Any) -> None:
     """Machine-readable output on stdout (nothing else is printed there when --json is given)."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    _JSON_PRINTED.append(True)
+
+
+def json_was_printed() -> bool:
+    return bool(_JSON_PRINTED)
 
 
 def note(text: str) -> None:
