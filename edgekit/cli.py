@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from edgekit import __version__
 from edgekit.cli_common import err_console, json_was_printed
-from edgekit.cli_usage import ClickException, show_usage_error
+from edgekit.cli_usage import ClickException, show_usage_error, usage_line
 from edgekit.errors import EdgekitError
 
 app = typer.Typer(
@@ -111,6 +111,16 @@ def _json_on_stdout(argv: list[str]) -> bool:
     return "--json" in argv and (not words or words[0] != "bench")
 
 
+def _json_error(kind: str, message: str, hint: str | None, exit_code: int) -> None:
+    """Where the command was asked for JSON on stdout and printed none, a script reading it gets a document, not
+    nothing: one line (JSON-lines streams such as `power monitor --json` stay one object a line)."""
+    if _json_on_stdout(sys.argv[1:]) and not json_was_printed():
+        import json
+
+        print(json.dumps({"ok": False, "error": {"type": kind, "message": message, "hint": hint,
+                                                 "exit_code": exit_code}}))
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # OpenMP workers that spin while they wait are a disaster on a shared or busy CPU: measured on the 2-core
@@ -123,14 +133,12 @@ def main() -> None:
         code = cli_command().main(prog_name="edgekit", standalone_mode=False)
     except EdgekitError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        if _json_on_stdout(sys.argv[1:]) and not json_was_printed():  # a script reading stdout gets a document
-            import json
-
-            print(json.dumps({"ok": False, "error": {"type": type(e).__name__, "message": e.message,  # one line:
-                                                     "hint": e.hint, "exit_code": e.exit_code}}))  # JSON-lines streams
+        _json_error(type(e).__name__, e.message, e.hint, e.exit_code)
         sys.exit(e.exit_code)
     except ClickException as e:  # usage errors: unknown flag or command, missing argument, bad value
-        sys.exit(show_usage_error(e, err_console))
+        code = show_usage_error(e, err_console)
+        _json_error("UsageError", usage_line(e), None, code)
+        sys.exit(code)
     except (typer.Exit, SystemExit) as e:
         code = getattr(e, "exit_code", getattr(e, "code", 0))
     except (typer.Abort, KeyboardInterrupt):  # interrupted before or after typer's own handler

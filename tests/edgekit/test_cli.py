@@ -335,3 +335,11 @@ def test_a_plan_that_does_not_fit_answers_json_on_stdout_when_asked():
     assert doc["ok"] is False and doc["error"]["type"] == "PlanError" and doc["error"]["exit_code"] == 2
     assert "does not fit orin-nano-8gb (predicted memory plan)" in doc["error"]["message"]
     assert "--kv-precision int8" in doc["error"]["hint"] and "error:" in r.stderr
+
+
+def test_a_usage_error_under_json_answers_a_document_too():
+    """A bad value (click's own check) printed only its line on stderr, stdout empty."""
+    r = edgekit("plan", "preset:tiny", "--target", "orin", "--context", "3", "--json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    assert doc["error"]["type"] == "UsageError" and "--context" in doc["error"]["message"] and "error:" in r.stderr
