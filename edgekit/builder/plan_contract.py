@@ -39,7 +39,7 @@ def check_plan_inputs(plan: Plan, config, source: dict, target) -> None:
     # folder is the same model; the shape fields and, for files, the bytes decide
     from edgekit.model.config import ModelConfig
 
-    ours = {k: v for k, v in config.to_dict().items() if k != "name"}
+    ours = config.to_dict()
     try:  # the plan's config read as a config (fields it predates take their defaults), then compared as written
         theirs = ModelConfig.from_dict(plan.model.config).to_dict()
     except (TypeError, ValueError):  # a field this edgekit does not know: compare as written, it will differ

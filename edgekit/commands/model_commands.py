@@ -37,11 +37,11 @@ def _kv_bytes(cfg) -> dict:
     """FP16 KV cache bytes per token of context, and the fixed bytes of the sliding-window layers' rings (their
     cache stops growing at the window: only the full-attention layers grow per token)."""
     per_layer_position = 2 * cfg.n_kv_heads * cfg.head_dim * 2  # K and V, FP16
-    local = sum(cfg.is_local(i) for i in range(cfg.n_layers))
-    # a ring never holds more positions than the model has (kv_rows: a window past them is capped at the cache)
-    ring_rows = min(cfg.sliding_window, cfg.max_position_len) if local else 0
-    rings = {"kv_cache_ring_bytes_fp16": per_layer_position * local * ring_rows} if local else {}
-    return {"kv_cache_bytes_per_token_fp16": per_layer_position * (cfg.n_layers - local), **rings}
+    local = [i for i in range(cfg.n_layers) if cfg.is_local(i)]
+    # a ring's rows as the cache sizes them (kv_rows: a window past the model's positions is capped at them)
+    ring_rows = sum(cfg.kv_rows(i, cfg.max_position_len) for i in local)
+    rings = {"kv_cache_ring_bytes_fp16": per_layer_position * ring_rows} if local else {}
+    return {"kv_cache_bytes_per_token_fp16": per_layer_position * (cfg.n_layers - len(local)), **rings}
 
 
 def _weight_bytes(cfg) -> dict[str, int]:

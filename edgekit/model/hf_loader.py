@@ -148,14 +148,18 @@ def _text_model_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_hf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
+def _weight_files(directory: Path) -> list[Path]:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{directory}: no *.safetensors weight files", hint="save the model with safe_serialization=True")
+    return files
+
+
+def load_hf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
     sd: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in _weight_files(directory):
         try:
             sd.update(load_file(str(f)))
         except Exception as e:
@@ -168,11 +172,8 @@ def check_hf_headers(directory: Path, cfg: ModelConfig) -> None:
     (its header's last tensor ends inside the file) and the shapes the config implies for the first and last
     blocks and the embedding. Without this a config missing head_dim, or a truncated file, planned happily with
     wrong figures and failed only at build time."""
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{directory}: no *.safetensors weight files", hint="save the model with safe_serialization=True")
     shapes: dict[str, tuple[int, ...]] = {}
-    for f in files:
+    for f in _weight_files(directory):
         size = f.stat().st_size
         try:
             with open(f, "rb") as fh:
