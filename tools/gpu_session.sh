@@ -20,6 +20,11 @@
 #        0,2,attn), runs interleaved; SPECS as bench's (PRESET:fp16+int8); PROFILE="preset:X --precision P" then
 #        profiles that step at each of PROFILE_LEVELS (default 0,attn). $OUT/pdl.txt, pdl_PRESET.json.
 #   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
+#   AB_BASE=.ab_base bash tools/gpu_session.sh ab PRESET OPS   a kernel change A/B: the fused GEMVs OPS (comma list)
+#        of PRESET at their default tiles (tools/fused_tile_sweep.py --limit 1), the base tree (AB_BASE: `git archive`
+#        of the base commit, carried) then this tree, AB_ROUNDS (2) times interleaved, AB_PRECISIONS (fp16); then,
+#        in the time left, this tree's sweep of those GEMVs (SWEEP_PRESETS, SWEEP_OPS; SWEEP_LIMIT candidates each).
+#        PRESET may be a comma list. $OUT/ab.txt, $OUT/sweep.txt.
 #   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
 #        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
 #        plan's tiles against the JIT's and against launch rules sized for all SMs) on PRESETS (default
@@ -31,7 +36,7 @@
 # "warm": false ran on a fresh machine: what earlier calls left in /tmp (wheels, parked half, llama.cpp) is gone, and
 # a carried folder stays only until a call that does not name it: park and join in back-to-back calls. Each stage ends by LIMIT_S.
 set -uo pipefail
-stage=${1:?stage: bench, suite, verify, park, diag, long, sms or pdl}
+stage=${1:?stage: bench, suite, verify, park, diag, long, sms, pdl or ab}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 LIMIT_S=${LIMIT_S:-570}
@@ -160,6 +165,29 @@ pdl)
         --json "$OUT/profile_pdl_$lv.json" > "$OUT/profile_pdl_$lv.txt" 2>&1
       echo "profile at EDGEKIT_PDL=$lv rc=$?"; tail -14 "$OUT/profile_pdl_$lv.txt"
     done
+  fi
+  ;;
+ab)
+  preset=${2:?preset}; ops=${3:?ops}; base="$R/${AB_BASE:?AB_BASE: the base tree (git archive), carried}"
+  rm -rf /tmp/pkg_base && mkdir -p /tmp/pkg_base/edgekit  # the base tree's package, as gpu_setup.sh maps this one
+  for f in "$base"/edgekit/*; do ln -s "$f" /tmp/pkg_base/edgekit/; done
+  for d in kernels power export targets; do ln -s "$base/$d" "/tmp/pkg_base/edgekit/$d"; done
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    for side in base head; do
+      pkg=/tmp/pkg; tree=$R; [ "$side" = base ] && { pkg=/tmp/pkg_base; tree=$base; }
+      PYTHONPATH=$pkg:/tmp/site timeout 150 python3 "$tree/tools/fused_tile_sweep.py" --presets "$preset" --ops "$ops" \
+        --precisions "${AB_PRECISIONS:-fp16}" --limit 1 --budget-s 60 --json "$OUT/ab_${side}_$r.json" \
+        > "/tmp/ab_${side}_$r.txt" 2>&1
+      echo "ab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/ab.txt"
+      grep -E " default " "/tmp/ab_${side}_$r.txt" | tee -a "$OUT/ab.txt"
+    done
+  done
+  if [ "$(left)" -gt 60 ]; then
+    timeout $(( $(left) - 15 )) python3 "$R/tools/fused_tile_sweep.py" --presets "${SWEEP_PRESETS:-$preset}" \
+      --ops "${SWEEP_OPS:-$ops}" \
+      --precisions "${AB_PRECISIONS:-fp16}" --limit "${SWEEP_LIMIT:-16}" --budget-s $(( $(left) - 45 )) \
+      --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1
+    echo "sweep rc=$? at +$(( $(date +%s) - T0 )) s"; grep -E " default " "$OUT/sweep.txt"
   fi
   ;;
 *) echo "unknown stage $stage"; exit 2 ;;
