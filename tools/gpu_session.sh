@@ -20,11 +20,13 @@
 #        0,2,attn), runs interleaved; SPECS as bench's (PRESET:fp16+int8); PROFILE="preset:X --precision P" then
 #        profiles that step at each of PROFILE_LEVELS (default 0,attn). $OUT/pdl.txt, pdl_PRESET.json.
 #   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
-#   AB_BASE=.ab_base bash tools/gpu_session.sh ab PRESET OPS   a kernel change A/B: the fused GEMVs OPS (comma list)
-#        of PRESET at their default tiles (tools/fused_tile_sweep.py --limit 1), the base tree (AB_BASE: `git archive`
-#        of the base commit, carried) then this tree, AB_ROUNDS (2) times interleaved, AB_PRECISIONS (fp16); then,
-#        in the time left, this tree's sweep of those GEMVs (SWEEP_PRESETS, SWEEP_OPS; SWEEP_LIMIT candidates each).
-#        PRESET may be a comma list. $OUT/ab.txt, $OUT/sweep.txt.
+#   AB_BASE=".ab_base [.ab_b ...]" bash tools/gpu_session.sh ab PRESET OPS   a kernel change A/B: the fused GEMVs OPS
+#        (comma list) of PRESET at their default tiles (tools/fused_tile_sweep.py --limit 1), each base tree (AB_BASE:
+#        folders of the repo root holding `git archive` of a base commit, carried) then this tree, AB_ROUNDS (2) times
+#        interleaved, AB_PRECISIONS (fp16); then,
+#        in the time left (SWEEP=0: none), this tree's sweep of those GEMVs (SWEEP_PRESETS, SWEEP_OPS; SWEEP_LIMIT candidates each).
+#        PRESET may be a comma list. $OUT/ab.txt, $OUT/sweep.txt. The bench stage runs the same A/B first (while
+#        llama.cpp builds) where AB_PRESETS and AB_OPS are set.
 #   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
 #        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
 #        plan's tiles against the JIT's and against launch rules sized for all SMs) on PRESETS (default
@@ -65,6 +67,22 @@ join_model() {  # the default model, where the tests look for it (once per warm 
     echo "the default model's two halves are not both here: its GPU tests will fail to load it"
   fi
 }
+ab_kernels() {  # $1 presets, $2 ops: each base tree of AB_BASE, then this tree, at the GEMVs' default tiles
+  for base in ${AB_BASE:?AB_BASE: the base trees (git archive), carried}; do  # each base tree's package, as
+    rm -rf "/tmp/pkg_$base" && mkdir -p "/tmp/pkg_$base/edgekit"            # gpu_setup.sh maps this one
+    for f in "$R/$base"/edgekit/*; do ln -s "$f" "/tmp/pkg_$base/edgekit/"; done
+    for d in kernels power export targets; do ln -s "$R/$base/$d" "/tmp/pkg_$base/edgekit/$d"; done
+  done
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    for side in $AB_BASE head; do
+      pkg=/tmp/pkg; tree=$R; [ "$side" != head ] && { pkg=/tmp/pkg_$side; tree=$R/$side; }
+      PYTHONPATH=$pkg:/tmp/site timeout 150 python3 "$tree/tools/fused_tile_sweep.py" --presets "$1" --ops "$2" \
+        --precisions "${AB_PRECISIONS:-fp16}" --limit 1 --budget-s 60 > "/tmp/ab${side}_$r.txt" 2>&1
+      echo "ab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/ab.txt"
+      grep -E " default " "/tmp/ab${side}_$r.txt" | tee -a "$OUT/ab.txt"
+    done
+  done
+}
 case "$stage" in
 bench)
   specs=${2:?specs}
@@ -79,6 +97,7 @@ bench)
       echo "llama.cpp build rc=$? at +$(( $(date +%s) - T0 )) s" > /tmp/lc/done.txt ) &
   fi
   [ -n "${ORIN_BUILDS:-}" ] && orin_builds "$ORIN_BUILDS"
+  [ -n "${AB_PRESETS:-}" ] && ab_kernels "$AB_PRESETS" "${AB_OPS:?AB_OPS}"  # a kernel A/B while llama.cpp builds
   if [ -n "${PROFILE:-}" ]; then  # PROFILE="preset:X --precision fp16": kernel times of the fused step, while llama.cpp builds
     timeout 150 python3 "$R/tools/profile_decode.py" $PROFILE --engine fused --json "$OUT/profile.json" > "$OUT/profile.txt" 2>&1
     echo "profile rc=$?"; tail -22 "$OUT/profile.txt"
@@ -168,23 +187,10 @@ pdl)
   fi
   ;;
 ab)
-  preset=${2:?preset}; ops=${3:?ops}; base="$R/${AB_BASE:?AB_BASE: the base tree (git archive), carried}"
-  rm -rf /tmp/pkg_base && mkdir -p /tmp/pkg_base/edgekit  # the base tree's package, as gpu_setup.sh maps this one
-  for f in "$base"/edgekit/*; do ln -s "$f" /tmp/pkg_base/edgekit/; done
-  for d in kernels power export targets; do ln -s "$base/$d" "/tmp/pkg_base/edgekit/$d"; done
-  for r in $(seq "${AB_ROUNDS:-2}"); do
-    for side in base head; do
-      pkg=/tmp/pkg; tree=$R; [ "$side" = base ] && { pkg=/tmp/pkg_base; tree=$base; }
-      PYTHONPATH=$pkg:/tmp/site timeout 150 python3 "$tree/tools/fused_tile_sweep.py" --presets "$preset" --ops "$ops" \
-        --precisions "${AB_PRECISIONS:-fp16}" --limit 1 --budget-s 60 --json "$OUT/ab_${side}_$r.json" \
-        > "/tmp/ab_${side}_$r.txt" 2>&1
-      echo "ab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/ab.txt"
-      grep -E " default " "/tmp/ab_${side}_$r.txt" | tee -a "$OUT/ab.txt"
-    done
-  done
-  if [ "$(left)" -gt 60 ]; then
-    timeout $(( $(left) - 15 )) python3 "$R/tools/fused_tile_sweep.py" --presets "${SWEEP_PRESETS:-$preset}" \
-      --ops "${SWEEP_OPS:-$ops}" \
+  ab_kernels "${2:?presets}" "${3:?ops}"
+  if [ "${SWEEP:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
+    timeout $(( $(left) - 15 )) python3 "$R/tools/fused_tile_sweep.py" --presets "${SWEEP_PRESETS:-$2}" \
+      --ops "${SWEEP_OPS:-$3}" \
       --precisions "${AB_PRECISIONS:-fp16}" --limit "${SWEEP_LIMIT:-16}" --budget-s $(( $(left) - 45 )) \
       --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1
     echo "sweep rc=$? at +$(( $(date +%s) - T0 )) s"; grep -E " default " "$OUT/sweep.txt"
