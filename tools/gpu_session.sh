@@ -23,9 +23,8 @@
 #   AB_BASE=".ab_base [.ab_b ...]" bash tools/gpu_session.sh ab PRESET OPS   a kernel change A/B: the fused GEMVs OPS
 #        (comma list) of PRESET at their default tiles (tools/fused_tile_sweep.py --limit 1), each base tree (AB_BASE:
 #        folders of the repo root holding `git archive` of a base commit, carried) then this tree, AB_ROUNDS (2) times
-#        interleaved, AB_PRECISIONS (fp16); then,
-#        in the time left (SWEEP=0: none), this tree's sweep of those GEMVs (SWEEP_PRESETS, SWEEP_OPS; SWEEP_LIMIT candidates each).
-#        PRESET may be a comma list. $OUT/ab.txt, $OUT/sweep.txt. The bench stage runs the same A/B first (while
+#        interleaved, AB_PRECISIONS (fp16); then, in the time left (SWEEP=0: none), this tree's sweep of those
+#        GEMVs (SWEEP_PRESETS, SWEEP_OPS; SWEEP_LIMIT candidates each). PRESET may be a comma list. $OUT/ab.txt, $OUT/sweep.txt. The bench stage runs the same A/B first (while
 #        llama.cpp builds) where AB_PRESETS and AB_OPS are set.
 #   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
 #        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
@@ -68,10 +67,8 @@ join_model() {  # the default model, where the tests look for it (once per warm 
   fi
 }
 ab_kernels() {  # $1 presets, $2 ops: each base tree of AB_BASE, then this tree, at the GEMVs' default tiles
-  for base in ${AB_BASE:?AB_BASE: the base trees (git archive), carried}; do  # each base tree's package, as
-    rm -rf "/tmp/pkg_$base" && mkdir -p "/tmp/pkg_$base/edgekit"            # gpu_setup.sh maps this one
-    for f in "$R/$base"/edgekit/*; do ln -s "$f" "/tmp/pkg_$base/edgekit/"; done
-    for d in kernels power export targets; do ln -s "$R/$base/$d" "/tmp/pkg_$base/edgekit/$d"; done
+  for base in ${AB_BASE:?AB_BASE: the base trees (git archive), carried}; do
+    map_package "$R/$base" "/tmp/pkg_$base"  # each base tree's package, as gpu_setup.sh maps this one
   done
   for r in $(seq "${AB_ROUNDS:-2}"); do
     for side in $AB_BASE head; do

@@ -9,9 +9,12 @@ R=$(pwd)
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 fi
-rm -rf /tmp/pkg && mkdir -p /tmp/pkg/edgekit
-for f in "$R"/edgekit/*; do ln -s "$f" /tmp/pkg/edgekit/; done
-for d in kernels power export targets; do ln -s "$R/$d" "/tmp/pkg/edgekit/$d"; done
+map_package() {  # $1 a source tree, $2 the folder to put on PYTHONPATH: pyproject's package-dir mapping as symlinks
+  rm -rf "$2" && mkdir -p "$2/edgekit"
+  for f in "$1"/edgekit/*; do ln -s "$f" "$2/edgekit/"; done
+  for d in kernels power export targets; do ln -s "$1/$d" "$2/edgekit/$d"; done
+}
+map_package "$R" /tmp/pkg
 export PYTHONPATH=/tmp/pkg:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export EDGEKIT_RUN_DIR=/tmp/run && mkdir -p "$EDGEKIT_RUN_DIR"
