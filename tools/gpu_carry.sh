@@ -11,6 +11,11 @@
 # Every folder is git-ignored; each is made again only when missing (FORCE=1 remakes all). Sizes are checked
 # against the 64 MiB a call may carry. Needs the set-up venv (.venv, scripts/setup.sh) for the default model.
 # Usage: bash tools/gpu_carry.sh [whl|llamacpp|model ...]   (default: all three)
+#
+# A kernel A/B's base trees (gpu_session.sh ab, AB_BASE) on demand, always remade:
+#   bash tools/gpu_carry.sh ab DEST REV [PATH=REV ...]
+# DEST (.ab_base or .ab_mid, git-ignored) gets `git archive REV` trimmed to what the A/B imports (~2.6 MB); each
+# PATH=REV then takes that file from another commit (a tree with one of two changes: which change gained what).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -88,11 +93,25 @@ make_model() {
   size_ok .devcarry_a; size_ok .devcarry_b
 }
 
+make_ab() {  # $1 DEST, $2 REV, then PATH=REV overrides
+  local dest=${1:?ab: DEST (.ab_base, .ab_mid)} rev=${2:?ab: REV (a commit or branch)}; shift 2
+  case "$dest" in .ab_base|.ab_mid) ;; *) echo "ab: DEST must be .ab_base or .ab_mid (git-ignored), got '$dest'" >&2; exit 2 ;; esac
+  rm -rf "$dest.new" && mkdir "$dest.new"
+  git archive "$rev" edgekit kernels power export targets pyproject.toml setup.py tools/fused_tile_sweep.py \
+    | tar -x -C "$dest.new"
+  local o
+  for o in "$@"; do git show "${o#*=}:${o%%=*}" > "$dest.new/${o%%=*}"; done
+  rm -rf "$dest" && mv "$dest.new" "$dest"
+  echo "$dest: $(git rev-parse --short "$rev")$([ $# -gt 0 ] && echo " with $*")"
+  size_ok "$dest"
+}
+
+if [ "${1:-}" = ab ]; then shift; make_ab "$@"; exit; fi
 for s in $stages; do
   case "$s" in
     whl) make_whl ;;
     llamacpp) make_llamacpp ;;
     model) make_model ;;
-    *) echo "unknown stage '$s': expected whl, llamacpp or model" >&2; exit 2 ;;
+    *) echo "unknown stage '$s': expected whl, llamacpp, model or ab DEST REV" >&2; exit 2 ;;
   esac
 done
