@@ -20,6 +20,7 @@ import torch
 from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model import rope_scaling
 from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, window_pattern
+from edgekit.model.weights import hf_block_tensors
 
 # Hugging Face model_type -> edgekit architecture, where they differ
 _MODEL_TYPES = {"gemma3_text": "gemma3"}
@@ -190,14 +191,9 @@ def check_hf_headers(directory: Path, cfg: ModelConfig) -> None:
                                  hint="download or save the model again")
         shapes.update({k: tuple(v["shape"]) for k, v in tensors.items()})
     shapes = _text_model_names(shapes)
-    D, C = cfg.head_dim, cfg.hidden_size
-    expect = {"model.embed_tokens.weight": (cfg.vocab_size, C)}
-    for i in (0, cfg.n_layers - 1):
-        p = f"model.layers.{i}."
-        expect.update({p + "self_attn.q_proj.weight": (cfg.n_heads * D, C), p + "self_attn.k_proj.weight":
-                       (cfg.n_kv_heads * D, C), p + "mlp.down_proj.weight": (C, cfg.intermediate_size)})
-        if cfg.qk_norm:
-            expect[p + "self_attn.q_norm.weight"] = (D,)
+    expect = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)}
+    for i in (0, cfg.n_layers - 1):  # the loader's own table (weights.hf_block_tensors): every tensor of a block
+        expect.update(t for parts in hf_block_tensors(cfg, i).values() for t in parts)
     for name, shape in expect.items():
         got = shapes.get(name)
         if got is None:

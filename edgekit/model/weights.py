@@ -26,7 +26,7 @@ from edgekit.model.gguf_types import Int4Tensor, Int8GroupTensor, concat_int4
 def _take_any(sd: Mapping[str, torch.Tensor | Int4Tensor], name: str, shape: tuple[int, ...], source: str):
     """The tensor as stored: FP32, or an Int4Tensor whose packed rows are checked against ``shape``."""
     if name not in sd:
-        raise ModelLoadError(f"{source}: tensor {name!r} is missing", hint="the file is incomplete or not a Llama-family model")
+        raise ModelLoadError(f"{source}: tensor {name!r} is missing", hint="the file is incomplete, or its config describes another model")
     t = sd[name]
     got = (t.qweight.shape[0], t.qweight.shape[1] * 2) if isinstance(t, Int4Tensor) else tuple(
         t.qweight.shape if isinstance(t, Int8GroupTensor) else t.shape)
@@ -83,36 +83,41 @@ def norm_shapes(cfg: ModelConfig) -> dict[str, tuple[int]]:
     return {f: (cfg.head_dim if f in ("q_norm", "k_norm") else cfg.hidden_size,) for f in hf_norm_names(cfg)}
 
 
+def hf_block_tensors(cfg: ModelConfig, i: int) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    """Block ``i``'s BlockWeights fields -> the Hugging Face tensors (name, shape) each is made of, in packing order
+    (Q, K, V into ``wqkv``; gate, up into ``w_gate_up``; ``qkv_bias`` where the family has one). One table for the
+    loader and for the header check that reads a folder without loading it (hf_loader.check_hf_headers)."""
+    C, F, p = cfg.hidden_size, cfg.intermediate_size, f"model.layers.{i}."
+    out: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    out["wqkv"] = [(p + "self_attn.q_proj.weight", (cfg.q_size, C)), (p + "self_attn.k_proj.weight", (cfg.kv_size, C)),
+                   (p + "self_attn.v_proj.weight", (cfg.kv_size, C))]
+    if cfg.qkv_bias:
+        out["qkv_bias"] = [(p + "self_attn.q_proj.bias", (cfg.q_size,)), (p + "self_attn.k_proj.bias", (cfg.kv_size,)),
+                           (p + "self_attn.v_proj.bias", (cfg.kv_size,))]
+    out["wo"] = [(p + "self_attn.o_proj.weight", (C, cfg.q_size))]
+    out["w_gate_up"] = [(p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C))]
+    out["w_down"] = [(p + "mlp.down_proj.weight", (C, F))]
+    shapes = norm_shapes(cfg)  # after the projections: a wrong head_dim is named by a 2-D shape first
+    out.update({f: [(p + name, shapes[f])] for f, name in hf_norm_names(cfg).items()})
+    return out
+
+
 def weights_from_hf_state_dict(cfg: ModelConfig, sd: Mapping[str, torch.Tensor], source: str,
                                norm_offset: float = 0.0) -> ModelWeights:
     """``norm_offset``: added to every norm weight in FP32 (Gemma's checkpoints store w of an RMSNorm by 1 + w)."""
-    C, F = cfg.hidden_size, cfg.intermediate_size
-
-    def norm(name: str, shape: tuple[int]) -> torch.Tensor:
-        return _take(sd, name, shape, source) + norm_offset
-
-    norm_names, shapes = hf_norm_names(cfg), norm_shapes(cfg)
     blocks = []
     for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        bias = None
-        if cfg.qkv_bias:
-            bias = torch.cat([
-                _take(sd, p + "self_attn.q_proj.bias", (cfg.q_size,), source),
-                _take(sd, p + "self_attn.k_proj.bias", (cfg.kv_size,), source),
-                _take(sd, p + "self_attn.v_proj.bias", (cfg.kv_size,), source),
-            ])
-        qkv = [(p + "self_attn.q_proj.weight", (cfg.q_size, C)), (p + "self_attn.k_proj.weight", (cfg.kv_size, C)),
-               (p + "self_attn.v_proj.weight", (cfg.kv_size, C))]
+        parts = hf_block_tensors(cfg, i)
+        bias = torch.cat([_take(sd, n, s, source) for n, s in parts["qkv_bias"]]) if "qkv_bias" in parts else None
         blocks.append(BlockWeights(
-            **{f: norm(p + name, shapes[f]) for f, name in norm_names.items()},
-            wqkv=_projection(sd, qkv, source, bias),
-            wo=_projection(sd, [(p + "self_attn.o_proj.weight", (C, cfg.q_size))], source),
-            w_gate_up=_projection(sd, [(p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C))], source),
-            w_down=_projection(sd, [(p + "mlp.down_proj.weight", (C, F))], source),
+            **{f: _take(sd, *parts[f][0], source) + norm_offset for f in hf_norm_names(cfg)},
+            wqkv=_projection(sd, parts["wqkv"], source, bias),
+            **{f: _projection(sd, parts[f], source) for f in ("wo", "w_gate_up", "w_down")},
         ))
     emb, head = _head_and_embedding(sd, cfg, source)
-    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=norm("model.norm.weight", (C,)), lm_head=head)
+    C = cfg.hidden_size
+    return ModelWeights(tok_embeddings=emb, blocks=blocks, norm=_take(sd, "model.norm.weight", (C,), source) + norm_offset,
+                        lm_head=head)
 
 
 def random_weights(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu") -> ModelWeights:

@@ -85,3 +85,22 @@ def test_info_and_plan_read_the_weights_headers_a_config_that_does_not_match_or_
     f.write_bytes(data[:5])
     with pytest.raises(ModelLoadError, match="cannot read safetensors"):
         load_model(str(tmp_path), weights=False, tokenizer=False)
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"attention_bias": True}, r"'model.layers.0.self_attn.q_proj.bias' is missing"),  # a bias the folder lacks
+    ({"num_hidden_layers": 6, "layer_types": ["sliding_attention", "full_attention"] * 3},
+     r"'model.layers.5.self_attn.q_proj.weight' is missing"),  # more blocks than the folder holds
+])
+def test_the_header_check_reads_the_loaders_own_tensor_table(tmp_path, change, named):
+    """info and plan check every tensor of the first and last blocks that the loader would take (one table,
+    weights.hf_block_tensors), so a config the weights do not match is refused before a plan is printed, not at
+    build time."""
+    from edgekit.errors import ModelLoadError
+
+    _, cfg = _saved(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ModelLoadError, match=named):
+        load_model(str(tmp_path), weights=False, tokenizer=False)
+    with pytest.raises(ModelLoadError, match="is missing"):  # what the full load would have said, later
+        load_model(str(tmp_path), tokenizer=False)
