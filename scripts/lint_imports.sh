@@ -5,11 +5,12 @@
 # copy staged in the layout the wheel installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/package_dirs.sh
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/edgekit"
 tar --exclude=__pycache__ -cf - -C edgekit . | tar -xf - -C "$stage/edgekit"
-for sub in kernels power export targets; do
+for sub in $MAPPED_DIRS; do
   mkdir -p "$stage/edgekit/$sub"
   tar --exclude=__pycache__ -cf - -C "$sub" . | tar -xf - -C "$stage/edgekit/$sub"
 done

@@ -24,6 +24,7 @@ LIMIT=$((64 * 1024 * 1024))
 LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-0.3.36}
 KINDS=${KINDS:-/work/.library/device/KINDS.md}
 stages=${*:-whl llamacpp model}
+source scripts/package_dirs.sh
 
 size_ok() {  # $1: a path; fails where it would not fit one call
   local n; n=$(du -sb "$1" | cut -f1)
@@ -97,7 +98,7 @@ make_ab() {  # $1 DEST, $2 REV, then PATH=REV overrides
   local dest=${1:?ab: DEST (.ab_base, .ab_mid)} rev=${2:?ab: REV (a commit or branch)}; shift 2
   case "$dest" in .ab_base|.ab_mid) ;; *) echo "ab: DEST must be .ab_base or .ab_mid (git-ignored), got '$dest'" >&2; exit 2 ;; esac
   rm -rf "$dest.new" && mkdir "$dest.new"
-  git archive "$rev" edgekit kernels power export targets pyproject.toml setup.py tools/fused_tile_sweep.py \
+  git archive "$rev" edgekit $MAPPED_DIRS pyproject.toml setup.py tools/fused_tile_sweep.py \
     | tar -x -C "$dest.new"
   local o
   for o in "$@"; do git show "${o#*=}:${o%%=*}" > "$dest.new/${o%%=*}"; done

@@ -6,13 +6,14 @@
 # should `cd "$EDGEKIT_RUN_DIR"` (outside the repo) before running python.
 # Usage: source tools/gpu_setup.sh   (sets R=repo root, PYTHONPATH, EDGEKIT_RUN_DIR)
 R=$(pwd)
+source "$R/scripts/package_dirs.sh"  # MAPPED_DIRS: the package-dir mapping's folders, read from setup.py
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 fi
 map_package() {  # $1 a source tree, $2 the folder to put on PYTHONPATH: pyproject's package-dir mapping as symlinks
   rm -rf "$2" && mkdir -p "$2/edgekit"
   for f in "$1"/edgekit/*; do ln -s "$f" "$2/edgekit/"; done
-  for d in kernels power export targets; do ln -s "$1/$d" "$2/edgekit/$d"; done
+  for d in $MAPPED_DIRS; do ln -s "$1/$d" "$2/edgekit/$d"; done
 }
 map_package "$R" /tmp/pkg
 export PYTHONPATH=/tmp/pkg:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
