@@ -222,7 +222,7 @@ def _static_tensors(decoder: Decoder, cache: StaticKVCache) -> list[torch.Tensor
     w = decoder.weights
     # a tied quantized head is the embedding table: its tensors are listed with the head
     emb = [] if isinstance(w.tok_embeddings, QuantizedEmbedding) else [w.tok_embeddings]
-    tables = [t for name in decoder.graph(PREFILL).rope for t in decoder.rope_tables(name)]
+    tables = [t for name in decoder.graph(PREFILL).rope for t in decoder.rope_tables(name, cache.max_seq_len)]
     out = [*emb, w.norm, *tables, *cache.k, *cache.v]
     out += [t for t in (w.lm_head.weight, w.lm_head.bias, w.lm_head.scale, w.lm_head.smooth, w.lm_head.offset)
             if t is not None]

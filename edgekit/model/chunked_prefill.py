@@ -129,6 +129,6 @@ def prefill_chunk(decoder: Decoder, cache: StaticKVCache, slot: int, tokens: tor
     ctx = dataclasses.replace(
         decoder.context(PREFILL, row, tokens=tokens, seq_lens=torch.tensor([C], dtype=torch.int32, device=tokens.device)),
         ops=_ChunkOps(decoder.ops, start),
-        tables=lambda name: tuple(t[start:] for t in decoder.rope_tables(name)),
+        tables=lambda name: tuple(t[start:] for t in decoder.rope_tables(name, cache.max_seq_len)),
         kv_history=row.history)
     return run_graph(graph, ctx)[graph.outputs["logits"]]  # (1, V)

@@ -9,6 +9,7 @@ cache.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -112,6 +113,7 @@ class Decoder:
         self.device = weights.tok_embeddings.device
         self.dtype = weights.tok_embeddings.dtype
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._retired_tables: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown, still read by captured graphs
 
     # Called before each operator of a decode step (None: nothing): a server prefills a newly arrived prompt there
     # rather than after the step (runtime.engine, prefill_mid_step). Set on a ``with_ops`` view, it is that view's.
@@ -142,13 +144,20 @@ class Decoder:
             path = BASE
         return path_graph(self.config, LinearSchemes.of_weights(self.weights, blocks), phase, path)
 
-    def rope_tables(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) (S, D/2) of the graph's RoPE table ``name``, made once on the weights' device. FP32 for every
-        activation dtype (FP64 for an FP64 reference run)."""
-        if name not in self._tables:
+    def rope_tables(self, name: str, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) (S, D/2) of the graph's RoPE table ``name`` on the weights' device, FP32 for every activation
+        dtype (FP64 for an FP64 reference run), covering at least ``rows`` positions (a run's cache length; None:
+        every position the model was trained for). Sized to what runs ask, as the memory plan counts them: a table
+        of every trained position was 32 MB for Llama 3.2 (128k positions) whatever the context. A larger ask makes
+        a larger table; the smaller one is kept alive, since a CUDA graph captured with it still reads it."""
+        need = self.config.max_position_len if rows is None else rows
+        have = self._tables.get(name)
+        if have is None or have[0].shape[0] < need:
+            if have is not None:
+                self._retired_tables.append(have)
             theta = self.graph(PREFILL).rope[name]
             table_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-            cos, sin = rope_frequencies(self.config.head_dim, self.config.max_position_len, theta, table_dtype,
+            cos, sin = rope_frequencies(self.config.head_dim, need, theta, table_dtype,
                                         scaling=table_scaling(self.config, name))
             self._tables[name] = (cos.to(self.device), sin.to(self.device))
         return self._tables[name]
@@ -158,7 +167,9 @@ class Decoder:
 
         A table that observes projections (calibration: ``on_linear_input(node, record, x)``; tuning:
         ``on_linear_output(node, record, y) -> y``) has them called around each projection node."""
-        return ExecContext(phase, self.ops, self.weights, self.rope_tables, cache,
+        tokens = state.get("tokens")  # a run without a cache (a whole sequence) reads its own length of positions
+        rows = cache.max_seq_len if cache is not None else (tokens.shape[-1] if tokens is not None else None)
+        return ExecContext(phase, self.ops, self.weights, functools.partial(self.rope_tables, rows=rows), cache,
                            {f"@{k}": v for k, v in state.items() if v is not None},
                            on_linear_input=getattr(self.ops, "on_linear_input", None),
                            on_linear_output=getattr(self.ops, "on_linear_output", None))
