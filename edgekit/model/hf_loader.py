@@ -106,6 +106,7 @@ def config_from_hf(directory: Path) -> ModelConfig:
         n_layers = int(c["num_hidden_layers"])
         eos = c.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        scaling = rope_scaling.from_hf(c, cfg_path, int(c.get("head_dim") or hidden // n_heads))
         return ModelConfig(
             architecture=arch,
             vocab_size=int(c["vocab_size"]),
@@ -115,7 +116,7 @@ def config_from_hf(directory: Path) -> ModelConfig:
             n_heads=n_heads,
             n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
             head_dim=int(c.get("head_dim") or hidden // n_heads),
-            max_position_len=int(c.get("max_position_embeddings", 2048)),
+            max_position_len=rope_scaling.positions_reached(scaling, int(c.get("max_position_embeddings", 2048))),
             rope_theta=_rope_theta(c, "full_attention"),
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-5)),
             qkv_bias=arch == "qwen2" or bool(c.get("attention_bias", False)),
@@ -123,7 +124,7 @@ def config_from_hf(directory: Path) -> ModelConfig:
             bos_token_id=c.get("bos_token_id"),
             eos_token_ids=eos_ids,
             name=c.get("_name_or_path") or directory.name,
-            rope_scaling=rope_scaling.from_hf(c, cfg_path, int(c.get("head_dim") or hidden // n_heads)),
+            rope_scaling=scaling,
             **_family_fields(arch, c, hidden, cfg_path),
         )
     except KeyError as e:

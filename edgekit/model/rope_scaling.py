@@ -87,6 +87,16 @@ def from_hf(c: dict, source: Path, head_dim: int, layer_type: str = "full_attent
     raise _refuse(source, f"RoPE scaling type {kind!r} ({p}) is not implemented")
 
 
+def positions_reached(scaling: tuple, max_positions: int) -> int:
+    """How many positions a model runs at with its scaling. YaRN stretches the original context by its factor
+    (Qwen3's cards: 32768 x 4 = 131072 while config.json keeps max_position_embeddings 40960; vLLM takes the same
+    product as the model's length); llama3 and linear configs already state their extended length."""
+    s = dict(scaling)
+    if s.get("type") == "yarn":
+        return max(max_positions, int(s["original_max_positions"] * s["factor"]))
+    return max_positions
+
+
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     import math
 

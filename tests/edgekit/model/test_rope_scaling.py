@@ -131,3 +131,28 @@ def test_a_llama3_without_its_original_length_takes_the_models_and_a_factorless_
     assert dict(rope_scaling.from_hf(c, "config.json", 64))["original_max_positions"] == 8192
     with pytest.raises(UnsupportedModelError, match="'linear' without a factor"):
         rope_scaling.from_hf({"rope_scaling": {"rope_type": "linear", "factor": None}}, "config.json", 64)
+
+
+def test_a_yarn_config_runs_at_its_stretched_length(tmp_path):
+    """Qwen3's card adds yarn x4 over 32768 positions while config.json keeps max_position_embeddings 40960: the
+    model runs at 131072 positions (vLLM's length for it), so a context past 40960 is planned, not refused; llama3
+    configs already state their extended length and keep it."""
+    from edgekit.model.hf_loader import config_from_hf
+    from edgekit.errors import PlanError
+    from edgekit.plan.planner import _checked_context
+
+    c = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 512, "hidden_size": 64,
+         "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 32, "max_position_embeddings": 40960, "rope_theta": 1e6, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    assert config_from_hf(tmp_path).max_position_len == 40960
+    c["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    cfg = config_from_hf(tmp_path)
+    assert cfg.max_position_len == 131072
+    assert _checked_context(cfg, 65536) == 65536
+    with pytest.raises(PlanError, match="131072 positions"):
+        _checked_context(cfg, 131073)
+    llama3 = {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    assert rope_scaling.positions_reached(rope_scaling.from_hf(llama3, "config.json", 64), 131072) == 131072
