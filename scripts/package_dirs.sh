@@ -2,7 +2,8 @@
 # PACKAGE_DIRS) maps into the edgekit package (edgekit.kernels -> kernels/, ...). Scripts that stage the package
 # the way the wheel installs it (scripts/lint_imports.sh, tools/gpu_setup.sh, tools/gpu_carry.sh's A/B trees)
 # read the list from there instead of keeping their own. setup.py is parsed, not imported (importing it builds).
-MAPPED_DIRS=$(python3 - "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/setup.py" <<'PY'
+# PACKAGE_DIRS_SETUP: another setup.py to read (an A/B base commit's own, written to a file).
+MAPPED_DIRS=$(python3 - "${PACKAGE_DIRS_SETUP:-$(CDPATH= cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." >/dev/null && pwd)/setup.py}" <<'PY'
 import ast, sys
 
 tree = ast.parse(open(sys.argv[1]).read())

@@ -97,12 +97,15 @@ make_model() {
 make_ab() {  # $1 DEST, $2 REV, then PATH=REV overrides
   local dest=${1:?ab: DEST (.ab_base, .ab_mid)} rev=${2:?ab: REV (a commit or branch)}; shift 2
   case "$dest" in .ab_base|.ab_mid) ;; *) echo "ab: DEST must be .ab_base or .ab_mid (git-ignored), got '$dest'" >&2; exit 2 ;; esac
-  rm -rf "$dest.new" && mkdir "$dest.new"
-  git archive "$rev" edgekit $MAPPED_DIRS pyproject.toml setup.py tools/fused_tile_sweep.py \
-    | tar -x -C "$dest.new"
+  local tmp; tmp=$(mktemp -d)  # built outside the repo: a failure leaves nothing a call would carry
+  trap "rm -rf '$tmp'" EXIT  # expanded now: the local is gone when the trap runs
+  git show "$rev:setup.py" > "$tmp/setup.py"  # REV's own mapped folders (an older commit may have fewer)
+  local dirs; dirs=$(PACKAGE_DIRS_SETUP="$tmp/setup.py" bash -c 'source scripts/package_dirs.sh && echo "$MAPPED_DIRS"')
+  mkdir "$tmp/tree"
+  git archive "$rev" edgekit $dirs pyproject.toml setup.py tools/fused_tile_sweep.py | tar -x -C "$tmp/tree"
   local o
-  for o in "$@"; do git show "${o#*=}:${o%%=*}" > "$dest.new/${o%%=*}"; done
-  rm -rf "$dest" && mv "$dest.new" "$dest"
+  for o in "$@"; do mkdir -p "$(dirname "$tmp/tree/${o%%=*}")"; git show "${o#*=}:${o%%=*}" > "$tmp/tree/${o%%=*}"; done
+  rm -rf "$dest" && mv "$tmp/tree" "$dest"
   echo "$dest: $(git rev-parse --short "$rev")$([ $# -gt 0 ] && echo " with $*")"
   size_ok "$dest"
 }

@@ -6,7 +6,7 @@
 # should `cd "$EDGEKIT_RUN_DIR"` (outside the repo) before running python.
 # Usage: source tools/gpu_setup.sh   (sets R=repo root, PYTHONPATH, EDGEKIT_RUN_DIR)
 R=$(pwd)
-source "$R/scripts/package_dirs.sh"  # MAPPED_DIRS: the package-dir mapping's folders, read from setup.py
+source "$R/scripts/package_dirs.sh" || return 1  # MAPPED_DIRS: the package-dir mapping's folders, read from setup.py
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 fi

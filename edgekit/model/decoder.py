@@ -10,6 +10,7 @@ cache.
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -114,6 +115,7 @@ class Decoder:
         self.dtype = weights.tok_embeddings.dtype
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._retired_tables: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown, still read by captured graphs
+        self._tables_lock = threading.Lock()  # shared with with_ops views, as the tables are
 
     # Called before each operator of a decode step (None: nothing): a server prefills a newly arrived prompt there
     # rather than after the step (runtime.engine, prefill_mid_step). Set on a ``with_ops`` view, it is that view's.
@@ -152,15 +154,19 @@ class Decoder:
         a larger table; the smaller one is kept alive, since a CUDA graph captured with it still reads it."""
         need = self.config.max_position_len if rows is None else rows
         have = self._tables.get(name)
-        if have is None or have[0].shape[0] < need:
-            if have is not None:
-                self._retired_tables.append(have)
-            theta = self.graph(PREFILL).rope[name]
-            table_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-            cos, sin = rope_frequencies(self.config.head_dim, need, theta, table_dtype,
-                                        scaling=table_scaling(self.config, name))
-            self._tables[name] = (cos.to(self.device), sin.to(self.device))
-        return self._tables[name]
+        if have is not None and have[0].shape[0] >= need:
+            return have
+        with self._tables_lock:  # two threads growing at once must not drop a table a graph was captured with
+            have = self._tables.get(name)
+            if have is None or have[0].shape[0] < need:
+                if have is not None:
+                    self._retired_tables.append(have)
+                theta = self.graph(PREFILL).rope[name]
+                table_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+                cos, sin = rope_frequencies(self.config.head_dim, need, theta, table_dtype,
+                                            scaling=table_scaling(self.config, name))
+                self._tables[name] = (cos.to(self.device), sin.to(self.device))
+            return self._tables[name]
 
     def context(self, phase: str, cache=None, **state) -> ExecContext:
         """What running one of this decoder's graphs reads besides the graph (``state``: tokens, positions, ...).
