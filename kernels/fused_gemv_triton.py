@@ -207,9 +207,10 @@ def _int4_fma(acc, words, x, s, m, has_offset, BLOCK_R: tl.constexpr, BLOCK_K: t
 def _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, K, stride_wn,
                NORM: tl.constexpr, W_FORMAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                sf_ptr=0, sh_ptr=0, oh_ptr=0, of_ptr=0, stride_sn=0, has_offset=0, scale_f32=0, group_shift=0,
-               NORM_BLOCK_K: tl.constexpr = 0, STAGES: tl.constexpr = 1):
+               NORM_BLOCK_K: tl.constexpr = 0, STAGES: tl.constexpr = 1, NORM_FACTORED: tl.constexpr = 0):
     """sum_k W[rows, k] * h[k] in FP32, h = x (NORM false) or act(x * rstd * nw) (NORM true, rstd = ``_row_rstd``
-    of the row with ``eps``, summed in NORM_BLOCK_K steps, 0: BLOCK_K). rows: (BLOCK_R,).
+    of the row with ``eps``, summed in NORM_BLOCK_K steps, 0: BLOCK_K). rows: (BLOCK_R,). Float weights with NORM
+    and NORM_FACTORED: ``_norm_gemv_rows_float`` (rstd applied after the sum, h not rounded; the QKV kernels).
 
     Each step loads its weight tile, then its activation. STAGES > 1 (the variant's num_stages): the loop carries it,
     so Triton stages the next STAGES - 1 steps' loads through shared memory by asynchronous copies (cp.async) while
@@ -226,6 +227,8 @@ def _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, K, stride_wn,
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     acc = _gemv_acc(BLOCK_R, BLOCK_K, W_FORMAT)
+    if NORM and NORM_FACTORED and W_FORMAT == 0:  # float weights: the norm's scale comes out of the sum (below)
+        return _norm_gemv_rows_float(x_row, nw_ptr, eps, w_rows, K, acc, BLOCK_R, BLOCK_K, STAGES)
     if NORM:
         rstd = _row_rstd(x_row, K, eps, BLOCK_K if NORM_BLOCK_K == 0 else NORM_BLOCK_K)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
@@ -239,6 +242,45 @@ def _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, K, stride_wn,
         acc = _gemv_fma(acc, w, x, W_FORMAT, BLOCK_R, BLOCK_K, rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn,
                         has_offset, scale_f32, group_shift)
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _norm_gemv_rows_float(x_row, nw_ptr, eps, w_rows, K, acc, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                          STAGES: tl.constexpr):
+    """``_gemv_rows`` with NORM for float weights: rstd * sum_k W[rows, k] * (x[k] * nw[k]), all in FP32, the sum of
+    squares gathered in the same loop.
+
+    Why not the norm first (``_row_rstd``, as INT8 and INT4 weights still do): its reduction over x (a load, a
+    cross-warp sum through shared memory, a barrier) comes before the first weight load, so every program of the
+    kernel waits one activation round trip and a barrier before its weight stream starts: on the H200 the fused
+    norm -> GEMV kernels paid ~1.5 us a launch more than the plain GEMVs beside them (qwen3-1.7b, fp16, CUDA-graph
+    replay: norm + gate/up 50 MB 15.6 us against down 25 MB 8.3 us and the o-projection 8 MB 4.6 us). Here the
+    weights stream from the first instruction.
+
+    Where (H200, 2026-12-05, fp16, CUDA-graph replay at the default tiles, mean of two interleaved rounds, main's
+    kernels against this in every fused norm -> GEMV kernel): the QKV kernels gained at every shape (qwen3-1.7b
+    qk-norm 9.83 -> 9.68 us with that kernel's tail change, gemma-3-1b 7.87 -> 6.08, qwen3-0.6b 9.72 -> 6.67,
+    llama-3.2-1b plain QKV 7.21 -> 6.54), the gate/up kernels lost at three shapes of four (qwen3-1.7b 15.76 ->
+    16.89, llama-3.2-1b 19.55 -> 21.07, gemma-3-1b GeGLU 13.95 -> 15.59; qwen3-0.6b 7.06 -> 5.97): only the QKV
+    kernels take it (NORM_FACTORED), where a program's few rows make the norm's wait a large part of its time.
+    Why the gate/up kernels lose is not known (not profiled: the FP32 product over the whole tile is a guess).
+
+    Numerics: the activation is not rounded to FP16 between the norm and the GEMV (the per-operator path rounds it
+    there), so the result is nearer the FP64 reference, not bit-identical to the per-operator path. INT8 / INT4 keep the rounded activation: their dot products take it in the activation
+    dtype (the INT4 half2 path's range), and x * nw unnormalised need not fit there."""
+    rk = tl.arange(0, BLOCK_K)
+    ss = tl.zeros((BLOCK_K // 16,), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        k = k0 + rk
+        kmask = k < K
+        w = _load_weight_tile(w_rows, k0, K, 0, BLOCK_K)
+        x = tl.load(x_row + k, mask=kmask, other=0.0, cache_modifier=".cg").to(tl.float32)  # (BLOCK_K,)
+        nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        ss += tl.sum(tl.reshape(x * x, (BLOCK_K // 16, 16)), axis=1)
+        prod = w.to(tl.float32) * (x * nw)[None, :]
+        acc = acc + tl.sum(tl.reshape(prod, (BLOCK_R, BLOCK_K // 16, 16)), axis=2)
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(ss, axis=0), K * 1.0) + eps))  # as _row_rstd
+    return tl.sum(acc, axis=1) * rstd
 
 
 @triton.jit

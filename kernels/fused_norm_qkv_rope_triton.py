@@ -71,7 +71,8 @@ def _norm_qkv_rope_program(
     c = tl.load(cos_ptr + pos * stride_cs + j)
     s = tl.load(sin_ptr + pos * stride_cs + j)
     acc = _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, C, stride_wn, True, W_FORMAT, 2 * PAIRS, BLOCK_K,
-                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift, STAGES=STAGES)
+                     s_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32, group_shift, STAGES=STAGES,
+                     NORM_FACTORED=1)  # the norm's scale after the sum: _norm_gemv_rows_float says why
     y = _epilogue_apply(acc, scale, bias, has_bias, W_FORMAT, x_ptr.dtype.element_ty)  # (2 PAIRS,) qkv as rounded
     x1, x2 = tl.split(tl.reshape(y, (PAIRS, 2)))  # first and second half of each pair
     rotated = head < n_heads + n_kv_heads  # Q and K heads rotate, V heads do not
