@@ -20,8 +20,14 @@ export PYTHONPATH=/tmp/pkg:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export EDGEKIT_RUN_DIR=/tmp/run && mkdir -p "$EDGEKIT_RUN_DIR"
 (cd "$EDGEKIT_RUN_DIR" && python3 - <<'PY'
+import importlib.util, sys
 import torch, triton, edgekit.kernels.aot, edgekit.power
+# the wheels .whl carries: a fresh machine without them would run on and fail test by test (gguf intake, TUF, serve)
+missing = [m for m in ("gguf", "tuf", "fastapi", "cryptography") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"gpu_setup: {', '.join(missing)} not importable: this machine has not had .whl installed (a fresh "
+             "machine forgets earlier calls' installs); carry .whl with this call (tools/gpu_carry.sh makes it)")
 print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
 PY
-)
+) || return 1
