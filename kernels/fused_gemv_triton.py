@@ -88,7 +88,14 @@ def _row_rstd(x_row, K, eps, BLOCK_K: tl.constexpr):
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_row + k0 + rk, mask=(k0 + rk) < K, other=0.0, cache_modifier=".cg").to(tl.float32)
         ss += x * x
-    return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(ss, axis=0), K * 1.0) + eps))
+    return _rstd(tl.sum(ss, axis=0), K, eps)
+
+
+@triton.jit
+def _rstd(sum_sq, n, eps):
+    """1 / sqrt(sum_sq / n + eps) with IEEE-rounded division and square root (not the approximate ones), as the
+    RMSNorm kernels compute it: the fused norms match the per-operator path's rstd."""
+    return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(sum_sq, n * 1.0) + eps))
 
 
 @triton.jit
@@ -266,8 +273,9 @@ def _norm_gemv_rows_float(x_row, nw_ptr, eps, w_rows, K, acc, BLOCK_R: tl.conste
     Why the gate/up kernels lose is not known (not profiled: the FP32 product over the whole tile is a guess).
 
     Numerics: the activation is not rounded to FP16 between the norm and the GEMV (the per-operator path rounds it
-    there), so the result is nearer the FP64 reference, not bit-identical to the per-operator path. INT8 / INT4 keep the rounded activation: their dot products take it in the activation
-    dtype (the INT4 half2 path's range), and x * nw unnormalised need not fit there."""
+    there), so the result is nearer the FP64 reference, not bit-identical to the per-operator path. INT8 / INT4
+    keep the rounded activation: their dot products take it in the activation dtype (the INT4 half2 path's range),
+    and x * nw unnormalised need not fit there."""
     rk = tl.arange(0, BLOCK_K)
     ss = tl.zeros((BLOCK_K // 16,), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
@@ -279,8 +287,7 @@ def _norm_gemv_rows_float(x_row, nw_ptr, eps, w_rows, K, acc, BLOCK_R: tl.conste
         ss += tl.sum(tl.reshape(x * x, (BLOCK_K // 16, 16)), axis=1)
         prod = w.to(tl.float32) * (x * nw)[None, :]
         acc = acc + tl.sum(tl.reshape(prod, (BLOCK_R, BLOCK_K // 16, 16)), axis=2)
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(ss, axis=0), K * 1.0) + eps))  # as _row_rstd
-    return tl.sum(acc, axis=1) * rstd
+    return tl.sum(acc, axis=1) * _rstd(tl.sum(ss, axis=0), K, eps)
 
 
 @triton.jit

@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from edgekit.kernels.fused_gemv_triton import (
-    INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
-    weight_kernels,
+    INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, _rstd,
+    format_launches, weight_kernels,
 )
 from edgekit.kernels.fused_norm_qkv_rope_triton import _default as _pairs_default
 from edgekit.kernels.fused_norm_qkv_rope_triton import _qkv_rows, qkv_params
@@ -109,7 +109,7 @@ def _qk_norm_rope_group(ws_ptr, qw1, qw2, kw1, kw2, cos_row, sin_row, q_ptr, kc_
     x1 = tl.load(src, mask=live[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)  # (HEADS_P, HALF)
     x2 = tl.load(src + HALF, mask=live[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
     ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(ss, 2.0 * HALF) + qk_eps))[:, None]  # IEEE, as rmsnorm
+    rstd = _rstd(ss, 2 * HALF, qk_eps)[:, None]
     w1 = tl.where(is_q[:, None], qw1[None, :], kw1[None, :])
     w2 = tl.where(is_q[:, None], qw2[None, :], kw2[None, :])
     DTYPE: tl.constexpr = q_ptr.dtype.element_ty
