@@ -32,7 +32,7 @@ from edgekit.errors import OperatorError
 from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
-from edgekit.kernels.pdl_triton import _pdl_enter
+from edgekit.kernels.pdl_triton import _pdl_enter, _prefetch_rows_l2
 # the host side (call checks, canonical form) lives with the operator: a device loads plugins without Triton
 from edgekit.kernels.attention import prepare_decode, prepare_prefill
 
@@ -127,11 +127,41 @@ def _attn_decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MAX_SPLITS: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
+    _prefetch_split_kv(tl.program_id(0), tl.program_id(1), k_ptr, v_ptr, seq_lens_ptr, stride_kb, stride_kh, stride_kt,
+                       stride_vb, stride_vh, stride_vt, Hkv, S, NUM_SPLITS, HEAD_DIM, BLOCK_N, PDL)
     _pdl_enter(PDL)
     _attn_decode_split_program(
         tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, Hkv, GROUP, S, NUM_SPLITS,
         HEAD_DIM, BLOCK_N, BLOCK_G, MAX_SPLITS)
+
+
+@triton.jit
+def _split_rows(seq_lens_ptr, b, S, NUM_SPLITS, split, BLOCK_N: tl.constexpr):
+    """[start, end) of the cache rows split ``split`` of sequence ``b`` reads: the sequence's keys cut in NUM_SPLITS
+    chunks of whole BLOCK_N blocks (balanced per sequence, on the device), never past the cache."""
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    return start, tl.minimum(start + chunk, seq_len)
+
+
+@triton.jit
+def _prefetch_split_kv(split, bh, k_ptr, v_ptr, seq_lens_ptr, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
+                       stride_vt, Hkv, S, NUM_SPLITS, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                       PDL: tl.constexpr):
+    """At PDL level 2, before the wait: ask L2 for the program's first key and value tile. Only what the kernel before
+    (the QKV operator) does not write is read: the sequence lengths (made at the step's start) and the cache rows
+    (the newest row, which it does write, may come in early or late: a prefetch only warms L2, the coherent level).
+    Rows past the split's end fetch row 0 of the head (in bounds whatever the length)."""
+    if PDL == 2:
+        b = (bh // Hkv).to(tl.int64)
+        hk = (bh % Hkv).to(tl.int64)
+        start, end = _split_rows(seq_lens_ptr, b, S, NUM_SPLITS, split, BLOCK_N)
+        rows = start + tl.arange(0, BLOCK_N)
+        rows = tl.where(rows < end, rows, 0)
+        _prefetch_rows_l2(k_ptr + b * stride_kb + hk * stride_kh, rows, HEAD_DIM, stride_kt, HEAD_DIM)
+        _prefetch_rows_l2(v_ptr + b * stride_vb + hk * stride_vh, rows, HEAD_DIM, stride_vt, HEAD_DIM)
 
 
 @triton.jit
@@ -145,10 +175,7 @@ def _attn_decode_split_program(
     .cg: the fused QKV operator writes them just before, and L1 is not coherent across programs)."""
     b = (bh // Hkv).to(tl.int64)
     hk = (bh % Hkv).to(tl.int64)
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)  # never read past the cache
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # balanced per sequence, on the device
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    start, end = _split_rows(seq_lens_ptr, b, S, NUM_SPLITS, split, BLOCK_N)
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from edgekit.kernels.attention_triton import (
-    ATTN_DECODE_SPLIT, _attn_decode_split_program, _decode_default, _decode_space, num_splits_rule,
+    ATTN_DECODE_SPLIT, _attn_decode_split_program, _decode_default, _decode_space, _prefetch_split_kv, num_splits_rule,
 )
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, format_launches,
@@ -91,8 +91,10 @@ def _attn_split_combine_kernel(
 
     The merge reads only the splits that hold keys ([0, n_live): split s starts at s * chunk, as the split program
     computes it) in steps of SPLIT_STEP, for COMBINE_G >= GROUP heads (not the tensor cores' BLOCK_G >= 16 rows)."""
-    _pdl_enter(PDL)
     split, bh = tl.program_id(0), tl.program_id(1)
+    _prefetch_split_kv(split, bh, k_ptr, v_ptr, seq_lens_ptr, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
+                       stride_vt, Hkv, S, NUM_SPLITS, HEAD_DIM, BLOCK_N, PDL)
+    _pdl_enter(PDL)
     _attn_decode_split_program(
         split, bh, q_ptr, k_ptr, v_ptr, seq_lens_ptr, o_part_ptr, lse_ptr, sm_scale,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, Hkv, GROUP, S, NUM_SPLITS,

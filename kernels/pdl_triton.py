@@ -17,7 +17,10 @@ whose ``KernelDef.pdl`` is set:
   ``griddepcontrol``; plugins are launched plainly by ``launcher.py``), and so
   does Triton's CPU interpreter.
 - 1: wait + launch_dependents only (launch latency overlapped).
-- 2: also prefetch the program's first weight tile into L2 before the wait.
+- 2: also prefetch the program's first weight tile into L2 before the wait (the
+  split-KV attention: its first key / value tile, ``_prefetch_split_kv``).
+- 3 (``TRIGGER``): launched plainly, no wait; the next kernel may launch at the
+  start (the QKV operators before the attention: pdl_launch.py says why).
 
 ``pdl_level(device, op)`` says which level the JIT launcher uses for a kernel
 of operator ``op``: 0 below sm_90; else what ``EDGEKIT_PDL`` forces (0, 1 or 2
@@ -40,7 +43,7 @@ import triton.language as tl
 # re-exported here for the kernels and tools that know it by this module
 from edgekit.kernels.pdl_launch import (  # noqa: F401
     _STEP_LEVEL, AFTER_ATTENTION, AFTER_ATTENTION_OPS, AUTO_MAX_WEIGHT_BYTES_PER_KERNEL, DEFAULT_LEVEL, ENV, LEVELS,
-    MIN_ARCH, auto_level, jit_launch_options, level_for, pdl_level, requested_level, step_launches,
+    MIN_ARCH, QKV_OPS, TRIGGER, auto_level, jit_launch_options, level_for, pdl_level, requested_level, step_launches,
 )
 
 L2_LINE_BYTES = 128
@@ -60,8 +63,11 @@ def _prefetch_rows_l2(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _pdl_enter(PDL: tl.constexpr):
-    """Wait for the previous kernel of the stream (its writes visible), then let the next one launch. PDL 0: nothing."""
-    if PDL > 0:
+    """Wait for the previous kernel of the stream (its writes visible), then let the next one launch. PDL 0: nothing;
+    PDL 3 (TRIGGER: a plain launch, already ordered after the previous kernel): only let the next one launch."""
+    if PDL == 3:
+        tl.extra.cuda.gdc_launch_dependents()
+    elif PDL > 0:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 
@@ -69,6 +75,6 @@ def _pdl_enter(PDL: tl.constexpr):
 @triton.jit
 def _pdl_enter_after_weights(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """``_pdl_enter`` for a GEMV program: at level 2 its weight rows' first K tile is requested first (no wait)."""
-    if PDL > 1:
+    if PDL == 2:
         _prefetch_rows_l2(w_ptr, rows, K, stride_wn, BLOCK_K)
     _pdl_enter(PDL)

@@ -12,6 +12,13 @@
 # against the 64 MiB a call may carry. Needs the set-up venv (.venv, scripts/setup.sh) for the default model.
 # Usage: bash tools/gpu_carry.sh [whl|llamacpp|model ...]   (default: all three)
 #
+# llama.cpp prebuilt here (saves the GPU call the ~6 min build), on demand:
+#   bash tools/gpu_carry.sh llamacpp-prebuilt
+# .llamacpp/prebuilt.tar.xz: llama-bench and llama-quantize built from .llamacpp/llama.cpp.tar.xz with the bench
+# stage's CMake flags (sm_90, CUDA, Release) and static llama/ggml libraries (cudart and cuBLAS stay shared: the GPU
+# machine's). Needs nvcc 13 with cuBLAS (e.g. the nvidia-cublas 13.0 wheel's headers and libraries copied into the
+# toolkit) and a libcuda.so to link against (lib64/stubs); ~40 min on 2 cores. The bench stage checks that it runs
+# there and builds from source where it does not.
 # A kernel A/B's base trees (gpu_session.sh ab, AB_BASE) on demand, always remade:
 #   bash tools/gpu_carry.sh ab DEST REV [PATH=REV ...]
 # DEST (.ab_base or .ab_mid, git-ignored) gets `git archive REV` trimmed to what the A/B imports (~2.6 MB); each
@@ -94,6 +101,21 @@ make_model() {
   size_ok .devcarry_a; size_ok .devcarry_b
 }
 
+make_llamacpp_prebuilt() {
+  make_llamacpp
+  local tmp; tmp=$(mktemp -d)
+  tar xJf .llamacpp/llama.cpp.tar.xz -C "$tmp"
+  (cd "$tmp/llama.cpp" && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF \
+    -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release > "$tmp/cfg.log" && \
+    nice cmake --build build --target llama-bench llama-quantize -j "$(nproc)" > "$tmp/build.log") || {
+    tail -20 "$tmp/cfg.log" "$tmp/build.log" >&2; return 1; }
+  tar cJf .llamacpp/prebuilt.tar.xz.new -C "$tmp/llama.cpp/build/bin" llama-bench llama-quantize
+  mv .llamacpp/prebuilt.tar.xz.new .llamacpp/prebuilt.tar.xz
+  rm -rf "$tmp"
+  size_ok .llamacpp
+}
+
 make_ab() {  # $1 DEST, $2 REV, then PATH=REV overrides
   local dest=${1:?ab: DEST (.ab_base, .ab_mid)} rev=${2:?ab: REV (a commit or branch)}; shift 2
   case "$dest" in .ab_base|.ab_mid) ;; *) echo "ab: DEST must be .ab_base or .ab_mid (git-ignored), got '$dest'" >&2; exit 2 ;; esac
@@ -116,6 +138,7 @@ for s in $stages; do
     whl) make_whl ;;
     llamacpp) make_llamacpp ;;
     model) make_model ;;
-    *) echo "unknown stage '$s': expected whl, llamacpp, model or ab DEST REV" >&2; exit 2 ;;
+    llamacpp-prebuilt) make_llamacpp_prebuilt ;;
+    *) echo "unknown stage '$s': expected whl, llamacpp, model, llamacpp-prebuilt or ab DEST REV" >&2; exit 2 ;;
   esac
 done

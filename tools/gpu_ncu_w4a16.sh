@@ -45,13 +45,16 @@ done
 # step's largest, at each of SWIGLU_PRECISIONS, default int4). For #30's lever, e.g.
 # FUSED_SPECS="norm_qkv_qknorm_rope:qwen3-1.7b:fp16 norm_qkv_rope:llama-3.2-1b:fp16 norm_swiglu:qwen3-1.7b:fp16"
 # (GEMV_SPECS= skips the W4A16 part): the QKV kernels ran at ~46-48% of copy where norm_swiglu ran at ~80%.
+# FUSED_COUNT launches each (2: both proj_residual launches of a layer, the o-projection and the down projection);
+# the stall reasons (cycles stalled per issued instruction) are in the CSV's command-line metrics.
 specs=${FUSED_SPECS:-$(for p in ${SWIGLU_PRECISIONS:-int4}; do printf 'norm_swiglu:llama-3.2-1b:%s ' "$p"; done)}
 for spec in $specs; do
   IFS=: read -r kern preset prec <<< "$spec"
   tag="${kern}_${preset}_${prec}"
   timeout "${FUSED_S:-${SWIGLU_S:-150}}" ncu --clock-control none --cache-control all -k "regex:$kern" \
-    --launch-skip 40 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details \
+    --launch-skip 40 --launch-count "${FUSED_COUNT:-1}" --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv --page details \
     python3 "$R/tools/profile_decode.py" "preset:$preset" --precision "$prec" --engine fused --steps 4 \
     > "$OUT/ncu/$tag.csv" 2> "$OUT/ncu/$tag.err"
   echo "== fused $tag rc=$?"

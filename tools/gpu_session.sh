@@ -25,7 +25,9 @@
 #        folders of the repo root holding `git archive` of a base commit, carried) then this tree, AB_ROUNDS (2) times
 #        interleaved, AB_PRECISIONS (fp16); then, in the time left (SWEEP=0: none), this tree's sweep of those
 #        GEMVs (SWEEP_PRESETS, SWEEP_OPS; SWEEP_LIMIT candidates each). PRESET may be a comma list. $OUT/ab.txt, $OUT/sweep.txt. The bench stage runs the same A/B first (while
-#        llama.cpp builds) where AB_PRESETS and AB_OPS are set.
+#        llama.cpp builds) where AB_PRESETS and AB_OPS are set, and the pdl stage's sweep where PDL_AB="SPECS" and
+#        LEVELS are. A carried .llamacpp/prebuilt.tar.xz (llama-bench, llama-quantize built from the same source and
+#        flags elsewhere: tools/gpu_carry.sh llamacpp-prebuilt) is used where it runs, and the build skipped.
 #   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
 #        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
 #        plan's tiles against the JIT's and against launch rules sized for all SMs) on PRESETS (default
@@ -84,6 +86,16 @@ case "$stage" in
 bench)
   specs=${2:?specs}
   [ -f "$R/.devcarry_a/part" ] && mkdir -p /tmp/parts && cp "$R/.devcarry_a/part" /tmp/parts/a
+  if [ ! -e /tmp/lc/ready/llama-bench ] && [ -f "$R/.llamacpp/prebuilt.tar.xz" ]; then  # built here (tools/gpu_carry.sh
+    # llamacpp-prebuilt: the same source and flags): used where it runs on this machine, else built as below
+    # the CUDA runtime and cuBLAS it links: the toolkit's, else the ones torch's wheels bring
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$(python3 -c "import os, nvidia; print(os.path.join(nvidia.__path__[0], 'cu13', 'lib'))" 2>/dev/null):${LD_LIBRARY_PATH:-}
+    mkdir -p /tmp/lc/pre && tar xJf "$R/.llamacpp/prebuilt.tar.xz" -C /tmp/lc/pre && \
+      /tmp/lc/pre/llama-bench --help > /tmp/lc/pre_check.log 2>&1 && mkdir -p /tmp/lc/ready && \
+      ln -sf /tmp/lc/pre/llama-bench /tmp/lc/pre/llama-quantize /tmp/lc/ready/ && \
+      echo "llama.cpp prebuilt (carried) runs here: not built" > /tmp/lc/done.txt
+    cat /tmp/lc/done.txt 2>/dev/null || { echo "the carried llama.cpp does not run here:"; tail -3 /tmp/lc/pre_check.log; }
+  fi
   if [ ! -e /tmp/lc/ready/llama-bench ] && [ ! -d "$LC" ]; then
     ( mkdir -p /tmp/lc && tar xJf "$R/.llamacpp/llama.cpp.tar.xz" -C /tmp/lc && cd $LC && \
       cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
@@ -95,6 +107,15 @@ bench)
   fi
   [ -n "${ORIN_BUILDS:-}" ] && orin_builds "$ORIN_BUILDS"
   [ -n "${AB_PRESETS:-}" ] && ab_kernels "$AB_PRESETS" "${AB_OPS:?AB_OPS}"  # a kernel A/B while llama.cpp builds
+  if [ -n "${PDL_AB:-}" ]; then  # PDL_AB="SPECS" (pdl's SPECS): tok/s at each of LEVELS, interleaved, while llama.cpp builds
+    for spec in ${PDL_AB//,/ }; do
+      p=${spec%%:*}; precs=${spec#*:}; [ "$precs" = "$spec" ] && precs=fp16
+      timeout 150 python3 "$R/tools/pdl_sweep.py" "preset:$p" --precisions "${precs//+/,}" --levels "${LEVELS:?LEVELS}" \
+        --repeats "${PDL_REPEATS:-5}" --tokens "${TOKENS:-64}" --json "$OUT/pdl_$p.json" 2> "$OUT/pdl_stderr_$p.log" \
+        | grep -v '^{' | tee -a "$OUT/pdl.txt"
+      echo "pdl sweep $spec rc=${PIPESTATUS[0]} at +$(( $(date +%s) - T0 )) s"
+    done
+  fi
   if [ -n "${PROFILE:-}" ]; then  # PROFILE="preset:X --precision fp16": kernel times of the fused step, while llama.cpp builds
     timeout 150 python3 "$R/tools/profile_decode.py" $PROFILE --engine fused --json "$OUT/profile.json" > "$OUT/profile.txt" 2>&1
     echo "profile rc=$?"; tail -22 "$OUT/profile.txt"

@@ -61,11 +61,13 @@ def test_the_level_comes_from_the_environment_and_a_bad_one_is_refused(monkeypat
 
 
 def test_an_ask_per_operator_sets_pdl_only_for_the_attention_operators_launches():
-    """``attn``: the split-KV attention lets the projection after it launch early (which prefetches its weights);
-    every other kernel of the step launches plainly, and so does a launch outside any operator."""
+    """``attn``: the split-KV attention lets the projection after it launch early (which prefetches its weights), the
+    QKV operators before it let it launch early (TRIGGER: launched plainly themselves); every other kernel of the
+    step launches plainly, and so does a launch outside any operator."""
     ask = pdl_triton.AFTER_ATTENTION_OPS
-    assert {op: pdl_triton.level_for(90, None, ask, op) for op in PDL_OPS} == {
-        op: 2 if op in ("fused_attn_proj_residual", "fused_attn_proj") else 0 for op in PDL_OPS}
+    want = {"fused_attn_proj_residual": 2, "fused_attn_proj": 2,
+            "fused_norm_qkv_rope": pdl_triton.TRIGGER, "fused_norm_qkv_qknorm_rope": pdl_triton.TRIGGER}
+    assert {op: pdl_triton.level_for(90, None, ask, op) for op in PDL_OPS} == {op: want.get(op, 0) for op in PDL_OPS}
     assert pdl_triton.level_for(90, None, ask, None) == 0
     assert pdl_triton.level_for(87, None, ask, "fused_attn_proj") == 0  # no griddepcontrol below Hopper
     assert pdl_triton.level_for(90, ask, 2, "fused_norm_swiglu") == 0  # EDGEKIT_PDL=attn wins over the step's 2
@@ -128,14 +130,37 @@ def test_on_hopper_only_weight_prefetches_come_before_the_wait(op):
             assert body.count("griddepcontrol.wait") == 1 and body.count("griddepcontrol.launch_dependents") == 1
             wait = body.index("griddepcontrol.wait")
             assert body.index("griddepcontrol.launch_dependents") > wait
-            memory = [m.start() for m in re.finditer(r"\b(ld|st|atom|red)\.global|\bcp\.async", body)]
-            assert memory and min(memory) > wait, f"{kdef.kernel}: a global access before the wait (level {level})"
+            writes = [m.start() for m in re.finditer(r"\b(st|atom|red)\.global|\bcp\.async", body)]
+            reads = [m.start() for m in re.finditer(r"\bld\.global", body)]
+            assert writes and min(writes) > wait, f"{kdef.kernel}: a write before the wait (level {level})"
+            # the split-KV attention reads the sequence lengths (made at the step's start) to prefetch its first
+            # key / value tile at level 2; nothing else reads before the wait
+            reads_kv = level == 2 and any(p.name == "seq_lens_ptr" for p in kdef.params)
+            assert reads and (reads_kv or min(reads) > wait), f"{kdef.kernel}: a read before the wait (level {level})"
             prefetch = [m.start() for m in re.finditer(r"prefetch\.global\.L2", body)]
             takes_weights = any(p.name == "w_ptr" for p in kdef.params)
-            if level == 2 and takes_weights:
+            if level == 2 and (takes_weights or reads_kv):
                 assert prefetch and max(prefetch) < wait, kdef.kernel
             else:
                 assert not prefetch, kdef.kernel
+
+
+@pytest.mark.parametrize("op", PDL_OPS)
+def test_on_hopper_a_trigger_level_kernel_only_lets_the_next_one_launch(op):
+    """Level TRIGGER (the QKV operators before the attention): launched plainly, so no wait and no prefetch; the one
+    launch_dependents comes before the kernel's first global access, at its start."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    for kdef, v in _pdl_kernels(op):
+        ck = triton.compile(_source(kdef, v, ASTSource, pdl=pdl_triton.TRIGGER), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": v.num_warps, "num_stages": v.num_stages})
+        body = _body(ck.asm["ptx"])
+        assert "griddepcontrol.wait" not in body and "prefetch.global.L2" not in body, kdef.kernel
+        assert body.count("griddepcontrol.launch_dependents") == 1, kdef.kernel
+        memory = [m.start() for m in re.finditer(r"\b(ld|st|atom|red)\.global|\bcp\.async", body)]
+        assert memory and min(memory) > body.index("griddepcontrol.launch_dependents"), kdef.kernel
 
 
 def test_a_launch_gets_the_level_its_operator_is_asked_for(monkeypatch):
@@ -147,6 +172,8 @@ def test_a_launch_gets_the_level_its_operator_is_asked_for(monkeypatch):
     dev = torch.device("cuda:0")
     with pdl_triton.step_launches(pdl_triton.AFTER_ATTENTION_OPS):
         assert pdl_triton.jit_launch_options(dev, "fused_attn_proj_residual") == {"PDL": 2, "launch_pdl": True}
+        for qkv in pdl_triton.QKV_OPS:  # a plain launch: PDL's attribute only on the kernel that waits
+            assert pdl_triton.jit_launch_options(dev, qkv) == {"PDL": pdl_triton.TRIGGER}
         assert pdl_triton.jit_launch_options(dev, "fused_norm_swiglu") == {}
         assert pdl_triton.jit_launch_options(dev) == {}
     with pdl_triton.step_launches(2):
