@@ -14,7 +14,8 @@
 #
 # llama.cpp prebuilt here (saves the GPU call the ~6 min build), on demand:
 #   bash tools/gpu_carry.sh llamacpp-prebuilt
-# .llamacpp/prebuilt.tar.xz: llama-bench and llama-quantize built from .llamacpp/llama.cpp.tar.xz with the bench
+# .llamacpp_pre/prebuilt.tar.xz (its own folder: carried instead of the source where the parked model half needs
+# the room): llama-bench and llama-quantize built from .llamacpp/llama.cpp.tar.xz with the bench
 # stage's CMake flags (sm_90, CUDA, Release) and static llama/ggml libraries (cudart and cuBLAS stay shared: the GPU
 # machine's). Needs nvcc 13 with cuBLAS (e.g. the nvidia-cublas 13.0 wheel's headers and libraries copied into the
 # toolkit) and a libcuda.so to link against (lib64/stubs); ~40 min on 2 cores. The bench stage checks that it runs
@@ -110,10 +111,11 @@ make_llamacpp_prebuilt() {
     -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release > "$tmp/cfg.log" && \
     nice cmake --build build --target llama-bench llama-quantize -j "$(nproc)" > "$tmp/build.log") || {
     tail -20 "$tmp/cfg.log" "$tmp/build.log" >&2; return 1; }
-  tar cJf .llamacpp/prebuilt.tar.xz.new -C "$tmp/llama.cpp/build/bin" llama-bench llama-quantize
-  mv .llamacpp/prebuilt.tar.xz.new .llamacpp/prebuilt.tar.xz
+  mkdir -p .llamacpp_pre
+  tar cJf .llamacpp_pre/prebuilt.tar.xz.new -C "$tmp/llama.cpp/build/bin" llama-bench llama-quantize
+  mv .llamacpp_pre/prebuilt.tar.xz.new .llamacpp_pre/prebuilt.tar.xz
   rm -rf "$tmp"
-  size_ok .llamacpp
+  size_ok .llamacpp_pre
 }
 
 make_ab() {  # $1 DEST, $2 REV, then PATH=REV overrides

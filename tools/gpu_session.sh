@@ -26,8 +26,8 @@
 #        interleaved, AB_PRECISIONS (fp16); then, in the time left (SWEEP=0: none), this tree's sweep of those
 #        GEMVs (SWEEP_PRESETS, SWEEP_OPS; SWEEP_LIMIT candidates each). PRESET may be a comma list. $OUT/ab.txt, $OUT/sweep.txt. The bench stage runs the same A/B first (while
 #        llama.cpp builds) where AB_PRESETS and AB_OPS are set, and the pdl stage's sweep where PDL_AB="SPECS" and
-#        LEVELS are. A carried .llamacpp/prebuilt.tar.xz (llama-bench, llama-quantize built from the same source and
-#        flags elsewhere: tools/gpu_carry.sh llamacpp-prebuilt) is used where it runs, and the build skipped.
+#        LEVELS are. A carried .llamacpp_pre/prebuilt.tar.xz (llama-bench, llama-quantize built from the same source
+#        and flags elsewhere: tools/gpu_carry.sh llamacpp-prebuilt) is used where it runs, and the build skipped.
 #   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
 #        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
 #        plan's tiles against the JIT's and against launch rules sized for all SMs) on PRESETS (default
@@ -86,11 +86,11 @@ case "$stage" in
 bench)
   specs=${2:?specs}
   [ -f "$R/.devcarry_a/part" ] && mkdir -p /tmp/parts && cp "$R/.devcarry_a/part" /tmp/parts/a
-  if [ ! -e /tmp/lc/ready/llama-bench ] && [ -f "$R/.llamacpp/prebuilt.tar.xz" ]; then  # built here (tools/gpu_carry.sh
+  if [ ! -e /tmp/lc/ready/llama-bench ] && [ -f "$R/.llamacpp_pre/prebuilt.tar.xz" ]; then  # built here (tools/gpu_carry.sh
     # llamacpp-prebuilt: the same source and flags): used where it runs on this machine, else built as below
     # the CUDA runtime and cuBLAS it links: the toolkit's, else the ones torch's wheels bring
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$(python3 -c "import os, nvidia; print(os.path.join(nvidia.__path__[0], 'cu13', 'lib'))" 2>/dev/null):${LD_LIBRARY_PATH:-}
-    mkdir -p /tmp/lc/pre && tar xJf "$R/.llamacpp/prebuilt.tar.xz" -C /tmp/lc/pre && \
+    mkdir -p /tmp/lc/pre && tar xJf "$R/.llamacpp_pre/prebuilt.tar.xz" -C /tmp/lc/pre && \
       /tmp/lc/pre/llama-bench --help > /tmp/lc/pre_check.log 2>&1 && mkdir -p /tmp/lc/ready && \
       ln -sf /tmp/lc/pre/llama-bench /tmp/lc/pre/llama-quantize /tmp/lc/ready/ && \
       echo "llama.cpp prebuilt (carried) runs here: not built" > /tmp/lc/done.txt
