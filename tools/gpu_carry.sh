@@ -106,13 +106,19 @@ make_llamacpp_prebuilt() {
   make_llamacpp
   local tmp; tmp=$(mktemp -d)
   tar xJf .llamacpp/llama.cpp.tar.xz -C "$tmp"
-  (cd "$tmp/llama.cpp" && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF \
-    -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release > "$tmp/cfg.log" && \
-    nice cmake --build build --target llama-bench llama-quantize -j "$(nproc)" > "$tmp/build.log") || {
+  local flags="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+    -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release"
+  # llama-quantize is CPU code: built without CUDA it is 7 MB, not 66 (both must fit one call beside .whl)
+  # shellcheck disable=SC2086  # flags: one word each
+  (cd "$tmp/llama.cpp" && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 $flags > "$tmp/cfg.log" &&
+    nice cmake --build build --target llama-bench -j "$(nproc)" > "$tmp/build.log" &&
+    cmake -B build-cpu -G Ninja -DGGML_CUDA=OFF $flags >> "$tmp/cfg.log" &&
+    nice cmake --build build-cpu --target llama-quantize -j "$(nproc)" >> "$tmp/build.log") || {
     tail -20 "$tmp/cfg.log" "$tmp/build.log" >&2; return 1; }
-  mkdir -p .llamacpp_pre
-  tar cJf .llamacpp_pre/prebuilt.tar.xz.new -C "$tmp/llama.cpp/build/bin" llama-bench llama-quantize
+  mkdir -p .llamacpp_pre "$tmp/bin"
+  cp "$tmp/llama.cpp/build/bin/llama-bench" "$tmp/llama.cpp/build-cpu/bin/llama-quantize" "$tmp/bin/"
+  strip --strip-unneeded "$tmp/bin/"*
+  tar cJf .llamacpp_pre/prebuilt.tar.xz.new -C "$tmp/bin" llama-bench llama-quantize
   mv .llamacpp_pre/prebuilt.tar.xz.new .llamacpp_pre/prebuilt.tar.xz
   rm -rf "$tmp"
   size_ok .llamacpp_pre
