@@ -41,7 +41,10 @@ AUTO_MAX_WEIGHT_BYTES_PER_KERNEL = 4 * 1024 * 1024
 # and an L2 prefetch of their first key / value tile (attention_triton._prefetch_split_kv). Without the trigger a
 # dependent launches only when the whole QKV grid has left, and its wait comes at once. H100, qwen3-1.7b fp16,
 # depth 512, PDL off (ncu / torch profiler, 2026-12-05): the attention kernel took 6.5-7.2 us a layer for 2 MB of
-# keys and values (0.16% of DRAM throughput, 6% occupancy): a chain of latencies, not bytes.
+# keys and values (0.16% of DRAM throughput, 6% occupancy): a chain of latencies, not bytes. With the trigger and
+# the prefetch against without (H100, same call, interleaved, 5 repeats, tools/pdl_sweep.py, levels ``attn`` against
+# ``fused_attn_proj_residual+fused_attn_proj``): qwen3-1.7b fp16 606.4 -> 613.1 tok/s (+1.1%), gemma-3-1b fp16
+# 694.7 -> 694.9 (no change). A small step; not measured on the H200.
 AFTER_ATTENTION = "attn"
 TRIGGER = 3
 QKV_OPS = ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope")
