@@ -153,15 +153,16 @@ def _prefetch_split_kv(split, bh, k_ptr, v_ptr, seq_lens_ptr, stride_kb, stride_
     """At PDL level 2, before the wait: ask L2 for the program's first key and value tile. Only what the kernel before
     (the QKV operator) does not write is read: the sequence lengths (made at the step's start) and the cache rows
     (the newest row, which it does write, may come in early or late: a prefetch only warms L2, the coherent level).
-    Rows past the split's end fetch row 0 of the head (in bounds whatever the length)."""
+    A split without keys fetches nothing; rows past a split's end fetch its first row again (in bounds)."""
     if PDL == 2:
         b = (bh // Hkv).to(tl.int64)
         hk = (bh % Hkv).to(tl.int64)
         start, end = _split_rows(seq_lens_ptr, b, S, NUM_SPLITS, split, BLOCK_N)
-        rows = start + tl.arange(0, BLOCK_N)
-        rows = tl.where(rows < end, rows, 0)
-        _prefetch_rows_l2(k_ptr + b * stride_kb + hk * stride_kh, rows, HEAD_DIM, stride_kt, HEAD_DIM)
-        _prefetch_rows_l2(v_ptr + b * stride_vb + hk * stride_vh, rows, HEAD_DIM, stride_vt, HEAD_DIM)
+        if start < end:
+            rows = start + tl.arange(0, BLOCK_N)
+            rows = tl.where(rows < end, rows, start)
+            _prefetch_rows_l2(k_ptr + b * stride_kb + hk * stride_kh, rows, HEAD_DIM, stride_kt, HEAD_DIM)
+            _prefetch_rows_l2(v_ptr + b * stride_vb + hk * stride_vh, rows, HEAD_DIM, stride_vt, HEAD_DIM)
 
 
 @triton.jit

@@ -42,9 +42,10 @@ AUTO_MAX_WEIGHT_BYTES_PER_KERNEL = 4 * 1024 * 1024
 # dependent launches only when the whole QKV grid has left, and its wait comes at once. H100, qwen3-1.7b fp16,
 # depth 512, PDL off (ncu / torch profiler, 2026-12-05): the attention kernel took 6.5-7.2 us a layer for 2 MB of
 # keys and values (0.16% of DRAM throughput, 6% occupancy): a chain of latencies, not bytes. With the trigger and
-# the prefetch against without (H100, same call, interleaved, 5 repeats, tools/pdl_sweep.py, levels ``attn`` against
-# ``fused_attn_proj_residual+fused_attn_proj``): qwen3-1.7b fp16 606.4 -> 613.1 tok/s (+1.1%), gemma-3-1b fp16
-# 694.7 -> 694.9 (no change). A small step; not measured on the H200.
+# the prefetch against the prefetch alone (H100, same call, interleaved, 5 repeats, tools/pdl_sweep.py, levels
+# ``attn`` against ``fused_attn_proj_residual+fused_attn_proj``: the attention at 2 prefetches in both, but without
+# the trigger it has no time to): qwen3-1.7b fp16 606.4 -> 613.1 tok/s (+1.1%), gemma-3-1b fp16 694.7 -> 694.9 (no
+# change). A small step; not measured on the H200, nor against the tree before the prefetch.
 AFTER_ATTENTION = "attn"
 TRIGGER = 3
 QKV_OPS = ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope")
@@ -73,19 +74,17 @@ def _parsed_ask(raw: str) -> StepAsk:
 
     if raw in {str(v) for v in LEVELS}:
         return int(raw)
-    ask, unknown = {}, []
-    for name in raw.split("+"):  # operators at level 2, the others plain (how the sweeps try a policy)
-        if name == AFTER_ATTENTION:
-            ask.update(AFTER_ATTENTION_OPS)
-        elif name in _pdl_operators():
-            ask[name] = 2
-        else:
-            unknown.append(name)
+    names = raw.split("+")  # operators at level 2, the others plain (how the sweeps try a policy)
+    unknown = [n for n in names if n != AFTER_ATTENTION and n not in _pdl_operators()]
     if unknown:
         raise OperatorError(f"{ENV}={raw!r}; expected one of {', '.join(map(str, LEVELS))}, {AFTER_ATTENTION}, or "
                             f"operators joined by '+' (level 2 for those only); unknown: {', '.join(unknown)}",
                             hint=f"0 off, 1 overlap launches, 2 also prefetch weights, {AFTER_ATTENTION}: 2 for the "
-                                 f"attention operators only; unset {ENV} to let the decode step decide")
+                                 f"attention operators and the QKV operators' early trigger ({TRIGGER}); unset {ENV} "
+                                 f"to let the decode step decide")
+    # ``attn`` first, then the named operators at 2 whatever the order (a named QKV operator waits, not triggers)
+    ask = dict(AFTER_ATTENTION_OPS) if AFTER_ATTENTION in names else {}
+    ask.update({n: 2 for n in names if n != AFTER_ATTENTION})
     return ask
 
 
