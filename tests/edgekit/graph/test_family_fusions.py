@@ -212,3 +212,21 @@ def test_predicted_kernels_a_layer_of_the_fused_qwen3_and_gemma3_steps(model, sc
             assert down in (1, 2) and c["per_layer"] == 6 + down, c
             assert c["outside_layers"] == 7  # and the local layers' ring slots (1) and clamped lengths (2)
         print(f"PREDICTED {model} {scheme} sm={sms}: {c['per_layer']} kernels a layer, {c['outside_layers']} outside")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_the_attention_reads_sequence_lengths_made_before_the_qkv_operator(family):
+    """The attention prefetches its keys and values before its PDL wait, from the sequence lengths (pdl_launch.py:
+    the QKV operator lets it launch at its start); that read is safe only while the lengths come from a node that
+    runs before the layer's QKV operator, never from one between it and the attention."""
+    from edgekit.kernels.pdl_launch import AFTER_ATTENTION_OPS, QKV_OPS
+
+    _, fused = _graphs(_config(family))
+    nodes = list(fused.graph.nodes)
+    made_at = {v: i for i, n in enumerate(nodes) for v in n.outputs.values()}
+    attentions = [i for i, n in enumerate(nodes) if AFTER_ATTENTION_OPS.get(n.op) == 2]
+    assert len(attentions) == 2  # one a layer
+    for i in attentions:
+        qkv = max(j for j in range(i) if nodes[j].op in QKV_OPS)
+        assert qkv == i - 1, f"{nodes[i].name}: launched right after its QKV operator"
+        assert made_at[nodes[i].inputs["seq_lens"]] < qkv, f"{nodes[i].name}'s sequence lengths are made after the QKV"
