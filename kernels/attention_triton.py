@@ -137,11 +137,18 @@ def _attn_decode_split_kernel(
 
 
 @triton.jit
-def _split_rows(seq_lens_ptr, b, S, NUM_SPLITS, split, BLOCK_N: tl.constexpr):
-    """[start, end) of the cache rows split ``split`` of sequence ``b`` reads: the sequence's keys cut in NUM_SPLITS
-    chunks of whole BLOCK_N blocks (balanced per sequence, on the device), never past the cache."""
+def split_chunk(seq_lens_ptr, b, S, NUM_SPLITS, BLOCK_N: tl.constexpr):
+    """(keys, chunk) of sequence ``b``: its keys (never past the cache) and the rows each split reads, the keys cut in
+    NUM_SPLITS chunks of whole BLOCK_N blocks (balanced per sequence, on the device). The one rule the splits
+    (``_split_rows``) and the merge that counts them (fused_attn_proj_residual_triton.live_splits) share."""
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    return seq_len, tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def _split_rows(seq_lens_ptr, b, S, NUM_SPLITS, split, BLOCK_N: tl.constexpr):
+    """[start, end) of the cache rows split ``split`` of sequence ``b`` reads (``split_chunk``)."""
+    seq_len, chunk = split_chunk(seq_lens_ptr, b, S, NUM_SPLITS, BLOCK_N)
     start = split * chunk
     return start, tl.minimum(start + chunk, seq_len)
 
@@ -285,12 +292,33 @@ def _decode_max_splits(s: dict) -> int:
     return min(64, max(16, pow2_at_least(-(-128 // max(1, int(s.get("n_kv_heads", 8)))))))
 
 
+# The per-block shared memory a default decode tile may stage without a device to ask (a plan cross-compiled for a
+# target): the orin profile's 128 KB budget. The JIT path passes the running GPU's opt-in limit instead
+# (``shared_bytes_per_block``, kernels/triton_backend.py).
+DEFAULT_DECODE_SMEM_BYTES = 128 * 1024
+
+
 def _decode_default(s: dict):
+    """The split kernel's default: the longest key block (at most 128) whose three pipeline stages of K/V tiles fit
+    the device's shared memory per block (``shared_bytes_per_block``; else DEFAULT_DECODE_SMEM_BYTES).
+
+    Longer blocks won inside the graphed decode step wherever they fit (H100, step_ab.py, depth 512, interleaved A/B,
+    2026-12-05): qwen3-1.7b (head_dim 128) BLOCK_N 128 against 64: fp16 613.0 -> 624.8 tok/s, int8 813.1 -> 834.4,
+    int4 900.7 -> 928.0, depth 2048 572.9 -> 596.9; qwen3-0.6b fp16 1096 -> 1141; gemma-3-1b (head_dim 256) BLOCK_N 64
+    against 32: 695.1 -> 745.0. Those tiles stage 139,264 and 143,360 B: within an sm_90's 227 KB, over sm_87's
+    128 KB budget (head_dim 128 takes BLOCK_N 64 there, 256 takes 32, as before). Two stages of the longer block
+    lost (609.1 / 714.3 tok/s): the three-stage prologue issues the values' load beside the keys'."""
     d = _head_dim(s)
     ms = _decode_max_splits(s)
-    # head_dim 256 (Gemma 3) at BLOCK_N 64 stages 141 KB of K/V tiles on sm_87 (cross-compiled): over the 128 KB budget
-    block_n = 128 if d < 128 else 64 if d < 256 else 32
-    return {"HEAD_DIM": d, "BLOCK_N": block_n, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}, 4, 3
+    budget = int(s.get("shared_bytes_per_block") or DEFAULT_DECODE_SMEM_BYTES)
+    warps, stages = 4, 3
+    block_n = 32
+    for bn in (128, 64):
+        c = {"HEAD_DIM": d, "BLOCK_N": bn, "BLOCK_G": _block_g(s)}
+        if _decode_smem(c, warps, stages, int(s.get("act_bytes") or 2)) <= budget:
+            block_n = bn
+            break
+    return {"HEAD_DIM": d, "BLOCK_N": block_n, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}, warps, stages
 
 
 def _reduce_default(s: dict):

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from edgekit.kernels.attention_triton import (
     ATTN_DECODE_SPLIT, _attn_decode_split_program, _decode_default, _decode_space, _prefetch_split_kv, num_splits_rule,
+    split_chunk,
 )
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, format_launches,
@@ -73,9 +74,8 @@ def _combine_heads(part_ptr, lse_ptr, row, hmask, n_live,
 @triton.jit
 def live_splits(seq_lens_ptr, b, S, n_splits, BLOCK_N: tl.constexpr):
     """Splits of sequence ``b`` that hold keys: [0, n_live), as ``_attn_decode_split_program`` cuts the cache
-    (chunks of whole BLOCK_N blocks); the merge reads only those."""
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b, cache_modifier=".cg"), S)
-    chunk = tl.cdiv(tl.cdiv(seq_len, n_splits), BLOCK_N) * BLOCK_N
+    (``split_chunk``: chunks of whole BLOCK_N blocks); the merge reads only those."""
+    seq_len, chunk = split_chunk(seq_lens_ptr, b, S, n_splits, BLOCK_N)
     return tl.cdiv(seq_len, tl.maximum(chunk, 1))
 
 

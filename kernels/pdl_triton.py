@@ -47,6 +47,7 @@ from edgekit.kernels.pdl_launch import (  # noqa: F401
 )
 
 L2_LINE_BYTES = 128
+_TRIGGER_LEVEL = tl.constexpr(TRIGGER)  # the host's level number, as the kernels compare it
 
 
 @triton.jit
@@ -65,7 +66,7 @@ def _prefetch_rows_l2(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr):
 def _pdl_enter(PDL: tl.constexpr):
     """Wait for the previous kernel of the stream (its writes visible), then let the next one launch. PDL 0: nothing;
     PDL 3 (TRIGGER: a plain launch, already ordered after the previous kernel): only let the next one launch."""
-    if PDL == 3:
+    if PDL == _TRIGGER_LEVEL:
         tl.extra.cuda.gdc_launch_dependents()
     elif PDL > 0:
         tl.extra.cuda.gdc_wait()

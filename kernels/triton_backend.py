@@ -4,13 +4,14 @@
 (source "triton") check their inputs, bring them into the canonical form of
 the operator's launch program, and run that program through Triton's JIT.
 Variants come from ``variants`` (e.g. a plan's choice) where given, else the
-defaults of ``kernels.variants`` for the shapes of the first call (cached per
-shape). Programs are the same documents a plugin carries, so the JIT path
+defaults of ``kernels.variants`` for the shapes of the first call and the GPU
+it runs on (cached per shape). Programs are the same documents a plugin carries, so the JIT path
 exercises the very launch rules shipped to devices.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Iterable, Mapping
 
@@ -22,6 +23,22 @@ from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.variants import KernelVariant, default_variants, kernels_of, op_kernels, op_program
 
 VariantChoice = KernelVariant | Mapping[str, KernelVariant] | Iterable[KernelVariant]
+
+
+def _device_facts(tensors) -> dict:
+    """What the default tiles may know of the GPU a call runs on: its opt-in shared memory per block (the decode
+    attention stages longer key blocks where it has room: attention_triton._decode_default). None on the CPU."""
+    import torch
+
+    t = next((t for t in tensors.values() if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    return {} if t is None else _gpu_facts(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_facts(index: int) -> dict:
+    import torch
+
+    return {"shared_bytes_per_block": torch.cuda.get_device_properties(index).shared_memory_per_block_optin}
 
 
 def _facts_key(facts: dict) -> tuple:
@@ -56,7 +73,7 @@ class TritonOp:
         self._lock = threading.Lock()
 
     def _program_for(self, dtype: str, tensors, attrs) -> tuple[dict, dict[str, JitLauncher]]:
-        facts = OPERATORS[self.op].call_shape(tensors, attrs)
+        facts = {**OPERATORS[self.op].call_shape(tensors, attrs), **_device_facts(tensors)}
         key = (dtype, None) if self._fixed is not None else (dtype, _facts_key(facts))
         entry = self._programs.get(key)
         if entry is None:

@@ -28,7 +28,8 @@ from fused_int4_interpret_check import narrow_k  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from edgekit.kernels.triton_backend import triton_ops  # noqa: E402
+from edgekit.kernels.triton_backend import TritonOp, triton_ops  # noqa: E402
+from edgekit.kernels.variants import default_variants  # noqa: E402
 
 results: list[dict] = []
 HEADS = dict(n_heads=4, n_kv_heads=2, head_dim=32)  # attention's K = n_heads * head_dim = 128
@@ -57,6 +58,15 @@ def main() -> None:
     # 900-1200 keys in 8 splits of 128-256: 5-8 splits hold keys, more than one SPLIT_STEP (4) of the merge's loop
     record("fused_attn_proj fp16 B=2 S=1200", ops["fused_attn_proj"], "fused_attn_proj", B=2, C=64, int8=False,
            bias=False, seed=len(results), S=1200, min_seq_len=900, **HEADS)
+
+    # the key block a GPU with room for it takes (attention_triton._decode_default; an sm_90 opts in to 227 KB a
+    # block): 128 keys at head_dim 128, 700 keys in several blocks and splits
+    wide = default_variants("fused_attn_proj", head_dim=128, n_heads=4, n_kv_heads=2, n_out=64, k_in=512,
+                            shared_bytes_per_block=232448)
+    assert wide["attn_split_combine"].constexprs["BLOCK_N"] == 128, wide
+    record("fused_attn_proj fp16 B=2 S=900 D=128 BLOCK_N=128", TritonOp("fused_attn_proj", wide), "fused_attn_proj",
+           B=2, C=64, int8=False, bias=False, seed=len(results), S=900, min_seq_len=700, n_heads=4, n_kv_heads=2,
+           head_dim=128)
 
     @settings(max_examples=int(os.environ.get("FAMILY_INT4_EXAMPLES", "6")), deadline=None, database=None)
     @given(op=st.sampled_from(FAMILY_INT4_OPS), group=st.sampled_from([32, 64, 128]), groups=st.integers(1, 3),

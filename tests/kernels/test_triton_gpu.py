@@ -162,6 +162,25 @@ def test_attention_decode(ops, b, hkv, ratio, d, s, dt, data):
            oracle.attention_decode(q, kc, vc, seq_lens.cpu()))
 
 
+@pytest.mark.parametrize("d, room_for", [(128, 128), (256, 64)])
+def test_decode_attention_takes_the_key_block_this_gpus_shared_memory_holds(d, room_for):
+    """The JIT path tells the defaults what this GPU lets a block opt in to (kernels/triton_backend.py): an sm_90
+    (227 KB) stages 128-key blocks at head_dim 128 and 64-key blocks at 256 (139,264 / 143,360 B); a GPU without the
+    room takes the orin-sized 64 / 32. What it computes matches FP64 at several splits."""
+    from edgekit.kernels.triton_backend import TritonOp
+
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    want = room_for if optin >= {128: 139264, 256: 143360}[d] else room_for // 2
+    g = _gen(d)
+    q = _rand(g, (2, 4, d), "float16")
+    kc, vc = _rand(g, (2, 2, 1500, d), "float16"), _rand(g, (2, 2, 1500, d), "float16")
+    seq_lens = torch.tensor([1500, 777], device="cuda")
+    op = TritonOp("attention_decode")
+    got = op(q, kc, vc, seq_lens, None)
+    assert f"BLOCK_N={want}," in op.variants_used()["attention_decode_split"], (optin, op.variants_used())
+    _close(attention.DECODE_SPEC, "float16", got, oracle.attention_decode(q, kc, vc, seq_lens.cpu()))
+
+
 @SETTINGS
 @given(b=st.integers(1, 2), t=st.integers(1, 40), hkv=st.integers(1, 2), ratio=gqa, d=head_dims, c=st.integers(16, 700),
        bias=st.booleans(), dt=dts, seed=st.integers(0, 9999))

@@ -121,6 +121,26 @@ def test_tile_space_is_valid_and_contains_the_default(op):
         assert v in space
 
 
+SM90_OPTIN = 232448  # 227 KB: what an H100 / H200 lets one block opt in to
+
+
+@pytest.mark.parametrize("op", ["attention_decode", "fused_attn_proj_residual", "fused_attn_proj"])
+@pytest.mark.parametrize("head_dim, orin_block, sm90_block, sm90_fp32_block",
+                         [(64, 128, 128, 128), (128, 64, 128, 64), (256, 32, 64, 32)])
+def test_decode_attention_takes_the_longest_key_block_the_gpu_has_room_for(op, head_dim, orin_block, sm90_block,
+                                                                          sm90_fp32_block):
+    shape = dict(head_dim=head_dim, n_heads=8, n_kv_heads=2, n_out=256, k_in=8 * head_dim)
+    split = next(k for k in kernels_of(op) if "split" in k)
+    orin = default_variants(op, **shape)[split]  # no device: the orin profile's 128 KB
+    sm90 = default_variants(op, **shape, shared_bytes_per_block=SM90_OPTIN)[split]
+    fp32 = default_variants(op, dtype="fp32", **shape, shared_bytes_per_block=SM90_OPTIN)[split]
+    assert (orin.constexprs["BLOCK_N"], sm90.constexprs["BLOCK_N"]) == (orin_block, sm90_block)
+    assert fp32.constexprs["BLOCK_N"] == sm90_fp32_block  # twice the bytes an element
+    assert sm90 in tile_space(op, **shape)
+    assert compile_variant(sm90, 90).shared_bytes <= SM90_OPTIN  # what the device will be asked for
+    assert compile_variant(orin, 87).shared_bytes <= ORIN_BUDGET
+
+
 def test_variant_is_hashable_and_round_trips():
     v = default_variants("attention_decode", head_dim=64, n_heads=32, n_kv_heads=8)["attention_decode_split"]
     assert v.constexprs["BLOCK_G"] == 16 and hash(v) == hash(KernelVariant.from_dict(v.to_dict()))
