@@ -16,7 +16,7 @@
 #        vectors through the sm_87 PTX, JIT-compiled for this GPU.
 #   bash tools/gpu_session.sh park             only park .devcarry_a/part (and install .whl) for a later suite/diag call.
 #   bash tools/gpu_session.sh diag             tools/w8a8_divergence.py on the joined default model (as suite joins it).
-#   bash tools/gpu_session.sh pdl SPECS        tools/pdl_sweep.py: decode tok/s at each EDGEKIT_PDL value (LEVELS, default
+#   bash tools/gpu_session.sh pdl SPECS        tools/step_ab.py: decode tok/s at each EDGEKIT_PDL value (LEVELS, default
 #        0,2,attn), runs interleaved; SPECS as bench's (PRESET:fp16+int8); PROFILE="preset:X --precision P" then
 #        profiles that step at each of PROFILE_LEVELS (default 0,attn). $OUT/pdl.txt, pdl_PRESET.json.
 #   bash tools/gpu_session.sh long             tools/long_context_check.py: llama-3.2-1b INT8 at depth 4096.
@@ -68,6 +68,11 @@ join_model() {  # the default model, where the tests look for it (once per warm 
     echo "the default model's two halves are not both here: its GPU tests will fail to load it"
   fi
 }
+pdl_arms() {  # LEVELS (comma list of EDGEKIT_PDL values) -> step_ab.py's arms: pdl:L1;pdl:L2;...
+  local out="" lv
+  for lv in ${1//,/ }; do out="$out${out:+;}pdl:$lv"; done
+  echo "$out"
+}
 ab_kernels() {  # $1 presets, $2 ops: each base tree of AB_BASE, then this tree, at the GEMVs' default tiles
   for base in ${AB_BASE:?AB_BASE: the base trees (git archive), carried}; do
     map_package "$R/$base" "/tmp/pkg_$base"  # each base tree's package, as gpu_setup.sh maps this one
@@ -110,7 +115,7 @@ bench)
   if [ -n "${PDL_AB:-}" ]; then  # PDL_AB="SPECS" (pdl's SPECS): tok/s at each of LEVELS, interleaved, while llama.cpp builds
     for spec in ${PDL_AB//,/ }; do
       p=${spec%%:*}; precs=${spec#*:}; [ "$precs" = "$spec" ] && precs=fp16
-      timeout 150 python3 "$R/tools/pdl_sweep.py" "preset:$p" --precisions "${precs//+/,}" --levels "${LEVELS:?LEVELS}" \
+      timeout 150 python3 "$R/tools/step_ab.py" "preset:$p" --precisions "${precs//+/,}" --arms "$(pdl_arms "${LEVELS:?LEVELS}")" \
         --repeats "${PDL_REPEATS:-5}" --tokens "${TOKENS:-64}" --json "$OUT/pdl_$p.json" 2> "$OUT/pdl_stderr_$p.log" \
         | grep -v '^{' | tee -a "$OUT/pdl.txt"
       echo "pdl sweep $spec rc=${PIPESTATUS[0]} at +$(( $(date +%s) - T0 )) s"
@@ -188,8 +193,8 @@ pdl)
   for spec in ${specs//,/ }; do
     p=${spec%%:*}; precs=${spec#*:}; [ "$precs" = "$spec" ] && precs=fp16
     [ "$(left)" -gt 60 ] || { echo "no time left for $spec"; break; }
-    timeout $(( $(left) - 20 )) python3 "$R/tools/pdl_sweep.py" "preset:$p" --precisions "${precs//+/,}" \
-      --levels "${LEVELS:-0,2,attn}" --repeats "${REPEATS:-5}" --tokens "${TOKENS:-64}" --json "$OUT/pdl_$p.json" \
+    timeout $(( $(left) - 20 )) python3 "$R/tools/step_ab.py" "preset:$p" --precisions "${precs//+/,}" \
+      --arms "$(pdl_arms "${LEVELS:-0,2,attn}")" --repeats "${REPEATS:-5}" --tokens "${TOKENS:-64}" --json "$OUT/pdl_$p.json" \
       2> "$OUT/pdl_stderr_$p.log" | grep -v '^{' | tee -a "$OUT/pdl.txt"
     echo "pdl sweep $spec rc=${PIPESTATUS[0]} at +$(( $(date +%s) - T0 )) s"
     grep -E "Traceback|Error" "$OUT/pdl_stderr_$p.log" | tail -3

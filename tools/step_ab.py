@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
-"""Decode tokens/s of the fused path with one kernel's tile (or every kernel's shared-memory carveout) changed, GPU only.
+"""Decode tokens/s of the fused path with one thing changed (a kernel's tile, the PDL level, every kernel's
+shared-memory carveout), arm against arm inside the whole graphed step, GPU only.
 
 A kernel's tile is timed alone by tools/fused_tile_sweep.py and tools/attn_tile_sweep.py; this times it inside the
-whole graphed decode step, where what runs beside it matters: an SM holds programs of two kernels at once (the
-programmatic dependent launch lets the next kernel's programs in early) only where both fit one split of its
-unified L1 / shared memory, so a kernel staging 72 KB of tiles between GEMVs that stage none may make the SMs
-reconfigure at every boundary. Arms:
+step, where what runs beside it matters (the programmatic dependent launch lets the next kernel's programs onto an
+SM early, where both fit its unified L1 / shared memory). An arm is ``base`` or parts joined by '+':
 
-- ``base``: the default tiles;
-- ``KERNEL:sN[,wM][,NAME=VALUE...]``: KERNEL (a kernel name, e.g. attn_split_combine) at num_stages N (and M
-  warps) with the given constexprs, every other kernel at its default; several joined by '+';
-- ``carveout:P`` (joined to tile parts by '+'): every compiled kernel's preferred
-  shared-memory carveout set to P percent (cuFuncSetAttribute) before the arm's graph is captured.
+- ``KERNEL:sN[,wM][,NAME=VALUE...]``: KERNEL (a kernel name, e.g. attn_split_combine) at num_stages N (and M warps)
+  with the given constexprs, every other kernel at its default;
+- ``pdl:LEVEL`` (the last part): EDGEKIT_PDL=LEVEL (kernels/pdl_launch.py: 0, 1, 2, attn or operators joined by
+  '+') while the arm is captured and timed; arms without it run with the environment as given;
+- ``carveout:P``: every compiled kernel's preferred shared-memory carveout set to P percent (cuFuncSetAttribute)
+  before the arm's graph is captured.
 
-Each arm gets its own engine on one set of random preset weights (batch 1, --context tokens of depth); the arms
-without a carveout are timed interleaved (the order rotated), then the carveout arms the same way after the
-attribute is set (it belongs to the compiled kernel, which every engine shares; the phases are not interleaved,
-so put a ``base``-tiled carveout arm beside the others). Prints a table and JSON; says what it was measured on.
+Per (model, precision), one set of random preset weights, one engine per arm (batch 1, --context tokens of depth),
+median of --repeats timed runs of --tokens greedy steps; the arms without a carveout run interleaved (the order
+rotated), then the carveout arms the same way after the attribute is set (it belongs to the compiled kernel, which
+every engine shares; the phases are not interleaved, so put a ``base``-tiled carveout arm beside the others). Prints
+a table and JSON; says what it was measured on.
 
-    python3 tools/step_ab.py preset:qwen3-1.7b --precision fp16 \
+    python3 tools/step_ab.py preset:qwen3-1.7b --precisions fp16 \
         --arms "base;attn_split_combine:s1;carveout:100;attn_split_combine:s1+carveout:100" --json ab.json
+    python3 tools/step_ab.py preset:llama-3.2-1b --precisions fp16,int8 --arms "pdl:0;pdl:2;pdl:attn"
+
+H200, 2026-12-01 (depth 512, PDL levels; was tools/pdl_sweep.py): llama-3.2-1b fp16 1107 / 1085 / 1064 tok/s at
+levels 0 / 1 / 2, int8 1439 / 1277 / 1305; smollm2-135m fp16 1764 at 0 vs 2296 at 2, int8 1773 vs 2017. A level that
+waited as 2 but let the next kernel launch only at the programs' exit (no early trigger) gave 1067 (fp16) and 1446
+(int8) at 1B and lost at 135m: not kept. So at 1B no PDL variant pays everywhere; the auto rule
+(pdl_triton.auto_level) stands, with ``attn`` (PDL for the attention operators' launches only) for the 1B-class steps.
 
 H100 80GB HBM3, 2026-12-05, depth 512, 64 tokens, median of 5-7 interleaved runs (spread 0.1-0.3%; an arm equal to
 the default measured within 0.2% of ``base``), fp16 tok/s:
@@ -38,9 +46,11 @@ the default measured within 0.2% of ``base``), fp16 tok/s:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
+import os
 import statistics
 import sys
 
@@ -50,15 +60,27 @@ from edgekit.bench.fused_engine import FusedRuntimeEngine
 from edgekit.bench.measure import timed
 from edgekit.bench.runner import _cast, _prompt, quantized
 from edgekit.kernels import triton_backend
+from edgekit.kernels.pdl_triton import ENV
 from edgekit.model.presets import preset_config
 from edgekit.model.weights import random_weights
 
 _DEFAULT_VARIANTS = triton_backend.default_variants
 
 
-def parse_arm(text: str) -> tuple[list[dict], int | None]:
-    """``KERNEL:sN[,wM][,K=V...]`` parts and/or ``carveout:P`` joined by '+' -> ([{kernel, stages, constexprs}], P | None)."""
-    tiles, carve = [], None
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    tiles: tuple = ()
+    pdl: str | None = None
+    carveout: int | None = None
+
+
+def parse_arm(text: str) -> Arm:
+    """``base`` or ``KERNEL:sN[,wM][,K=V...]`` and ``carveout:P`` parts joined by '+', then ``pdl:LEVEL``."""
+    tiles, pdl, carve = [], None, None
+    if "pdl:" in text:  # the last part: a level may name operators joined by '+'
+        text, _, pdl = text.partition("pdl:")
+        if not pdl:
+            sys.exit(f"arm {text!r}: pdl: wants a level (0, 1, 2, attn or operators joined by '+')")
     for part in filter(None, text.split("+")):
         if part == "base":
             continue
@@ -73,7 +95,24 @@ def parse_arm(text: str) -> tuple[list[dict], int | None]:
             sys.exit(f"arm {text!r}: expected KERNEL:sN[,wN][,NAME=VALUE...], e.g. attn_split_combine:s1,w2,BLOCK_N=32")
         tiles.append({"kernel": name, "stages": int(fields[0][1:]), "warps": int(warps[0][1:]) if warps else None,
                       "constexprs": {k: int(v) for k, v in (f.split("=") for f in consts)}})
-    return tiles, carve
+    return Arm(tuple(tiles), pdl, carve)
+
+
+@contextlib.contextmanager
+def pdl_env(level: str | None):
+    """EDGEKIT_PDL=level inside (the level is read at every launch: set while capturing and replaying)."""
+    if level is None:
+        yield
+        return
+    before = os.environ.get(ENV)
+    os.environ[ENV] = level
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
 
 
 def use_tiles(tiles: list[dict]) -> None:
@@ -115,38 +154,43 @@ def set_carveout(percent: int) -> int:
     return n
 
 
-def run_phase(cfg, w, arms: list[str], a, dev, rows: list, carveout: int | None = None) -> None:
-    engines, secs = {}, {arm: [] for arm in arms}
-    if carveout is not None:  # compile every arm's kernels first: the attribute belongs to a compiled kernel
-        for arm in arms:
-            use_tiles(parse_arm(arm)[0])
-            eng = FusedRuntimeEngine(cfg, w, a.context + a.tokens + 64, a.tokens)
-            eng.decode(eng.prefill(_prompt(cfg, a.context, 0, "cuda")), a.context, 2)
-            eng.close()
-        print(f"carveout {carveout}% set on {set_carveout(carveout)} compiled kernels", flush=True)
-    for arm in arms:
-        use_tiles(parse_arm(arm)[0])
+def _engine(cfg, w, arm: Arm, a):
+    use_tiles(list(arm.tiles))
+    with pdl_env(arm.pdl):
         eng = FusedRuntimeEngine(cfg, w, a.context + a.tokens + 64, a.tokens)
         first = eng.prefill(_prompt(cfg, a.context, 0, "cuda"))
         eng.decode(first, a.context, a.tokens)  # compiles, captures, warms
-        engines[arm] = (eng, first)
     use_tiles([])
+    return eng, first
+
+
+def run_phase(cfg, w, model: str, precision: str, arms: list[str], a, dev, rows: list) -> None:
+    carveout = parse_arm(arms[0]).carveout
+    if carveout is not None:  # compile every arm's kernels first: the attribute belongs to a compiled kernel
+        for arm in arms:
+            _engine(cfg, w, parse_arm(arm), a)[0].close()
+        print(f"carveout {carveout}% set on {set_carveout(carveout)} compiled kernels", flush=True)
+    engines = {arm: _engine(cfg, w, parse_arm(arm), a) for arm in arms}
+    secs = {arm: [] for arm in arms}
     for r in range(a.repeats):  # interleaved, the order rotated: a clock or neighbour drift hits all alike
         for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
             eng, first = engines[arm]
-            secs[arm].append(timed(lambda: eng.decode(first, a.context, a.tokens), dev)[1])
+            with pdl_env(parse_arm(arm).pdl):
+                secs[arm].append(timed(lambda: eng.decode(first, a.context, a.tokens), dev)[1])
     for arm, (eng, _) in engines.items():
         tps = a.tokens / statistics.median(secs[arm])
-        rows.append({"model": a.model, "precision": a.precision, "arm": arm, "decode_tokens_per_s": tps,
+        rows.append({"model": model, "precision": precision, "arm": arm, "decode_tokens_per_s": tps,
                      "runs_s": secs[arm]})
-        print(f"{a.model:22} {a.precision:5} {arm:48}: {tps:8.1f} tok/s", flush=True)
+        print(f"{model:22} {precision:5} {arm:48}: {tps:8.1f} tok/s", flush=True)
         eng.close()
+    if carveout is not None:
+        set_carveout(-1)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", help="preset:NAME")
-    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("models", nargs="+", help="preset:NAME ...")
+    ap.add_argument("--precisions", default="fp16", help="comma list: fp16, int8, int4")
     ap.add_argument("--arms", default="base;attn_split_combine:s1", help="';'-separated arms (see above)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
@@ -154,18 +198,19 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     arms = [x.strip() for x in a.arms.split(";") if x.strip()]
-    for arm in arms:
-        parse_arm(arm)  # bad syntax stops here, before any GPU work
+    phases: dict[int | None, list[str]] = {}
+    for arm in arms:  # bad syntax stops here, before any GPU work
+        phases.setdefault(parse_arm(arm).carveout, []).append(arm)
     dev = torch.device("cuda")
-    cfg = preset_config(a.model)
-    w = quantized(_cast(random_weights(cfg, seed=0, dtype=torch.float16), "cuda", torch.float16), a.precision)
     rows: list = []
-    plain = [arm for arm in arms if parse_arm(arm)[1] is None]
-    if plain:
-        run_phase(cfg, w, plain, a, dev, rows)
-    for percent in sorted({parse_arm(arm)[1] for arm in arms} - {None}):
-        run_phase(cfg, w, [arm for arm in arms if parse_arm(arm)[1] == percent], a, dev, rows, carveout=percent)
-        set_carveout(-1)
+    for spec in a.models:
+        cfg = preset_config(spec)
+        for prec in a.precisions.split(","):
+            w = quantized(_cast(random_weights(cfg, seed=0, dtype=torch.float16), "cuda", torch.float16), prec)
+            for carveout in sorted(phases, key=lambda c: -1 if c is None else c):
+                run_phase(cfg, w, spec, prec, phases[carveout], a, dev, rows)
+            del w
+            torch.cuda.empty_cache()
     doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(dev)})", "batch": 1, "context": a.context,
            "tokens": a.tokens, "rows": rows}
     print(json.dumps(doc))
