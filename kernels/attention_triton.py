@@ -305,9 +305,10 @@ def _decode_default(s: dict):
     Longer blocks won inside the graphed decode step wherever they fit (H100, step_ab.py, depth 512, interleaved A/B,
     2026-12-05): qwen3-1.7b (head_dim 128) BLOCK_N 128 against 64: fp16 613.0 -> 624.8 tok/s, int8 813.1 -> 834.4,
     int4 900.7 -> 928.0, depth 2048 572.9 -> 596.9; qwen3-0.6b fp16 1096 -> 1141; gemma-3-1b (head_dim 256) BLOCK_N 64
-    against 32: 695.1 -> 745.0. Those tiles stage 139,264 and 143,360 B: within an sm_90's 227 KB, over sm_87's
-    128 KB budget (head_dim 128 takes BLOCK_N 64 there, 256 takes 32, as before). Two stages of the longer block
-    lost (609.1 / 714.3 tok/s): the three-stage prologue issues the values' load beside the keys'."""
+    against 32: 695.1 -> 745.0. Those tiles stage 139,264 and 143,360 B: within an sm_90's 227 KB, over the orin
+    budget (FP16 head_dim 128 takes BLOCK_N 64 there, 256 takes 32, as before; FP32 activations, twice the bytes,
+    take the next shorter block, where they used to exceed it). Two stages of the longer block lost (609.1 / 714.3
+    tok/s). Only sm_90+ GPUs report their room (triton_backend.gpu_tile_facts): measured there only."""
     d = _head_dim(s)
     ms = _decode_max_splits(s)
     budget = int(s.get("shared_bytes_per_block") or DEFAULT_DECODE_SMEM_BYTES)

@@ -39,13 +39,13 @@ AUTO_MAX_WEIGHT_BYTES_PER_KERNEL = 4 * 1024 * 1024
 # start. The attention's programs then take SM slots as the QKV programs leave, while the last ones (the QK-norm
 # tail, the slowest) still run, and spend that time on what does not depend on the QKV kernel: the sequence length
 # and an L2 prefetch of their first key / value tile (attention_triton._prefetch_split_kv). Without the trigger a
-# dependent launches only when the whole QKV grid has left, and its wait comes at once. H100, qwen3-1.7b fp16,
-# depth 512, PDL off (ncu / torch profiler, 2026-12-05): the attention kernel took 6.5-7.2 us a layer for 2 MB of
-# keys and values (0.16% of DRAM throughput, 6% occupancy): a chain of latencies, not bytes. With the trigger and
-# the prefetch against the prefetch alone (H100, same call, interleaved, 5 repeats, tools/step_ab.py pdl: arms, levels
-# ``attn`` against ``fused_attn_proj_residual+fused_attn_proj``: the attention at 2 prefetches in both, but without
-# the trigger it has no time to): qwen3-1.7b fp16 606.4 -> 613.1 tok/s (+1.1%), gemma-3-1b fp16 694.7 -> 694.9 (no
-# change). A small step; not measured on the H200, nor against the tree before the prefetch.
+# dependent launches only when the whole QKV grid has left, and its wait comes at once. H100, qwen3-1.7b fp16, depth
+# 512, PDL off (ncu / torch profiler, 2026-12-05): the attention kernel took 6.5-7.2 us a layer for 2 MB of keys and
+# values (0.16% of DRAM throughput, 6% occupancy): a chain of latencies, not bytes. With the trigger and the prefetch
+# against the prefetch alone (H100, same call, interleaved, 5 repeats, tools/pdl_sweep.py, now tools/step_ab.py's pdl:
+# arms; levels ``attn`` against ``fused_attn_proj_residual+fused_attn_proj``: the attention at 2 prefetches in both, but
+# without the trigger it has no time to): qwen3-1.7b fp16 606.4 -> 613.1 tok/s (+1.1%), gemma-3-1b fp16 694.7 -> 694.9
+# (no change). A small step; not measured on the H200, nor against the tree before the prefetch.
 AFTER_ATTENTION = "attn"
 TRIGGER = 3
 QKV_OPS = ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope")
@@ -96,11 +96,11 @@ def _pdl_operators() -> set[str]:
 
 
 # Above the bound, PDL for the attention operators only (AFTER_ATTENTION_OPS) against none, measured on the H200
-# (2026-12-04, batch 1, depth 512, random weights, interleaved runs, tools/step_ab.py pdl: arms): qwen3-1.7b fp16 722.6 ->
-# 741.5 tok/s, int8 911.3 -> 938.4, int4 969.3 -> 992.7; qwen3-0.6b fp16 1143.4 -> 1197.3, int8 1292.5 -> 1339.0;
-# gemma-3-1b fp16 726.4 -> 741.4; llama-3.2-1b fp16 1143.3 -> 1161.0. Adding the gate/up GEMV (733.4), the QKV
-# GEMV (711.8) or it and the down projection (711.8) to the attention operators lost at qwen3-1.7b fp16 (attn:
-# 744.7 in the same runs): a GEMV launched early takes SM slots from the bandwidth-bound kernel before it.
+# (2026-12-04, batch 1, depth 512, random weights, interleaved runs, tools/pdl_sweep.py, now tools/step_ab.py's pdl:
+# arms): qwen3-1.7b fp16 722.6 -> 741.5 tok/s, int8 911.3 -> 938.4, int4 969.3 -> 992.7; qwen3-0.6b fp16 1143.4 ->
+# 1197.3, int8 1292.5 -> 1339.0; gemma-3-1b fp16 726.4 -> 741.4; llama-3.2-1b fp16 1143.3 -> 1161.0. Adding the gate/up
+# GEMV (733.4), the QKV GEMV (711.8) or it and the down projection (711.8) to the attention operators lost at qwen3-1.7b
+# fp16 (attn: 744.7 in the same runs): a GEMV launched early takes SM slots from the bandwidth-bound kernel before it.
 def auto_level(weight_bytes_per_kernel: float) -> StepAsk:
     """What a decode step whose GEMV kernels read this many weight bytes each (mean) asks for."""
     if weight_bytes_per_kernel <= AUTO_MAX_WEIGHT_BYTES_PER_KERNEL:

@@ -11,7 +11,6 @@ exercises the very launch rules shipped to devices.
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Iterable, Mapping
 
@@ -26,19 +25,32 @@ VariantChoice = KernelVariant | Mapping[str, KernelVariant] | Iterable[KernelVar
 
 
 def _device_facts(tensors) -> dict:
-    """What the default tiles may know of the GPU a call runs on: its opt-in shared memory per block (the decode
-    attention stages longer key blocks where it has room: attention_triton._decode_default). None on the CPU."""
+    """``gpu_tile_facts`` of the GPU a call runs on; none on the CPU (Triton's interpreter)."""
     import torch
 
     t = next((t for t in tensors.values() if isinstance(t, torch.Tensor) and t.is_cuda), None)
-    return {} if t is None else _gpu_facts(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return {} if t is None else gpu_tile_facts(t.device)
 
 
-@functools.lru_cache(maxsize=None)
-def _gpu_facts(index: int) -> dict:
+def gpu_tile_facts(device) -> dict:
+    """What the default tiles may know of a GPU (kernels/variants.py's shape keywords): on sm_90 and newer its opt-in
+    shared memory per block, where the decode attention stages longer key blocks (attention_triton._decode_default,
+    measured on an H100). Below sm_90 (an A100; an Orin running the JIT path: 163 KB a block) nothing: the defaults
+    keep the orin budget there until measured."""
     import torch
 
-    return {"shared_bytes_per_block": torch.cuda.get_device_properties(index).shared_memory_per_block_optin}
+    from edgekit.kernels.program_runner import device_properties
+
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _TILE_FACTS:  # asked at every operator call: once a GPU
+        smem = device_properties(device)["max_shared_bytes"]  # 0 where this torch does not report it
+        hopper = torch.cuda.get_device_capability(index)[0] >= 9
+        _TILE_FACTS[index] = {"shared_bytes_per_block": smem} if hopper and smem else {}
+    return _TILE_FACTS[index]
+
+
+_TILE_FACTS: dict[int, dict] = {}
 
 
 def _facts_key(facts: dict) -> tuple:
@@ -73,8 +85,11 @@ class TritonOp:
         self._lock = threading.Lock()
 
     def _program_for(self, dtype: str, tensors, attrs) -> tuple[dict, dict[str, JitLauncher]]:
-        facts = {**OPERATORS[self.op].call_shape(tensors, attrs), **_device_facts(tensors)}
-        key = (dtype, None) if self._fixed is not None else (dtype, _facts_key(facts))
+        if self._fixed is not None:  # planned variants: no facts to choose by
+            key = (dtype, None)
+        else:
+            facts = {**OPERATORS[self.op].call_shape(tensors, attrs), **_device_facts(tensors)}
+            key = (dtype, _facts_key(facts))
         entry = self._programs.get(key)
         if entry is None:
             if self._fixed is not None:

@@ -156,7 +156,8 @@ def tile_space(op: str, *, head_dim: int | None = None, dtype: str = "fp16", **s
 
 
 def default_variants(op: str, *, head_dim: int | None = None, dtype: str = "fp16", **shape) -> dict[str, KernelVariant]:
-    """A sensible variant for each kernel of ``op`` (within 128 KB of shared memory for sm_87)."""
+    """A sensible variant for each kernel of ``op``: within 128 KB of shared memory for sm_87, unless
+    ``shared_bytes_per_block`` (a GPU's opt-in limit: the JIT path on sm_90+) allows a decode attention more."""
     shape = {**shape, "head_dim": head_dim, "act_bytes": ACT_DTYPES.get(dtype, 2)}
     _check_shape(op, shape)
     return {k.kernel: _variant(k, k.default(shape), dtype) for k in _op(op).kernels}

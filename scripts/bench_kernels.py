@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from edgekit.kernels.aot import compile_variant
-from edgekit.kernels.triton_backend import TritonOp
+from edgekit.kernels.triton_backend import TritonOp, gpu_tile_facts
 from edgekit.kernels.variants import KernelVariant, default_variants, tile_space
 
 H = torch.float16
@@ -271,7 +271,7 @@ def decode_candidates(shape: dict, sweep: bool) -> list[dict]:
 def bench_decode(contexts, copy_gbps, l2, sweep: bool, log) -> list[dict]:
     rows = []
     for name, hq, hkv, d in DECODE_MODELS:
-        shape = dict(head_dim=d, n_heads=hq, n_kv_heads=hkv)
+        shape = dict(head_dim=d, n_heads=hq, n_kv_heads=hkv, **gpu_tile_facts("cuda"))  # the tile the JIT path runs
         best = None
         for L in contexts:
             kv_bytes = 2 * hkv * L * d * 2

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench_kernels import graph_time_us
-from edgekit.kernels.triton_backend import TritonOp
+from edgekit.kernels.triton_backend import TritonOp, gpu_tile_facts
 from edgekit.kernels.variants import default_variants
 from edgekit.model.presets import preset_config
 
@@ -67,7 +67,8 @@ def main() -> int:
     dev, h = torch.device("cuda"), torch.float16
     B, Hq, Hkv, D, C = 1, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
     S = a.depth + 128
-    facts = {"head_dim": D, "n_heads": Hq, "n_kv_heads": Hkv, "n_out": C, "k_in": Hq * D}
+    facts = {"head_dim": D, "n_heads": Hq, "n_kv_heads": Hkv, "n_out": C, "k_in": Hq * D,
+             **gpu_tile_facts(dev)}  # the default the JIT path runs on this GPU
     dflt = default_variants(OP, **facts)
     proj = dflt["attn_o_proj_residual_fp"]
     layers = []

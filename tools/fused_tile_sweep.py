@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from edgekit.kernels.triton_backend import TritonOp
+from edgekit.kernels.triton_backend import TritonOp, gpu_tile_facts
 from edgekit.kernels.variants import KernelVariant, default_variants
 from edgekit.model.presets import preset_config
 
@@ -103,7 +103,8 @@ def _candidates(op, n, k, cfg, precision: str, limit: int = 0):
     (128-1024), 2-5 stages in flight, 16-128 weights a thread a step (INT4: 32-256), at most 64 KB of staged weights
     a program and at least one program an SM. ``limit``: keep that many, spread over the space (0: all)."""
     head_dim = cfg.head_dim
-    base = default_variants(op, head_dim=head_dim, n_out=n, k_in=k, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)
+    base = default_variants(op, head_dim=head_dim, n_out=n, k_in=k, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                            **gpu_tile_facts("cuda"))  # the default the JIT path runs on this GPU
     dflt = next(v for name, v in base.items() if name.endswith(SUFFIX[precision]))
     rows_key = "PAIRS" if op in ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope") else "BLOCK_N"
     # the key counts pairs of weight rows

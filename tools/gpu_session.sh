@@ -113,9 +113,10 @@ bench)
   [ -n "${ORIN_BUILDS:-}" ] && orin_builds "$ORIN_BUILDS"
   [ -n "${AB_PRESETS:-}" ] && ab_kernels "$AB_PRESETS" "${AB_OPS:?AB_OPS}"  # a kernel A/B while llama.cpp builds
   if [ -n "${PDL_AB:-}" ]; then  # PDL_AB="SPECS" (pdl's SPECS): tok/s at each of LEVELS, interleaved, while llama.cpp builds
+    : "${LEVELS:?PDL_AB needs LEVELS (comma list of EDGEKIT_PDL values)}"
     for spec in ${PDL_AB//,/ }; do
       p=${spec%%:*}; precs=${spec#*:}; [ "$precs" = "$spec" ] && precs=fp16
-      timeout 150 python3 "$R/tools/step_ab.py" "preset:$p" --precisions "${precs//+/,}" --arms "$(pdl_arms "${LEVELS:?LEVELS}")" \
+      timeout 150 python3 "$R/tools/step_ab.py" "preset:$p" --precisions "${precs//+/,}" --arms "$(pdl_arms "$LEVELS")" \
         --repeats "${PDL_REPEATS:-5}" --tokens "${TOKENS:-64}" --json "$OUT/pdl_$p.json" 2> "$OUT/pdl_stderr_$p.log" \
         | grep -v '^{' | tee -a "$OUT/pdl.txt"
       echo "pdl sweep $spec rc=${PIPESTATUS[0]} at +$(( $(date +%s) - T0 )) s"

@@ -198,6 +198,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     arms = [x.strip() for x in a.arms.split(";") if x.strip()]
+    if not arms or len(set(arms)) != len(arms):
+        sys.exit(f"--arms {a.arms!r}: expected distinct ';'-separated arms, e.g. 'base;attn_split_combine:s1'")
     phases: dict[int | None, list[str]] = {}
     for arm in arms:  # bad syntax stops here, before any GPU work
         phases.setdefault(parse_arm(arm).carveout, []).append(arm)

@@ -36,7 +36,7 @@ def _pdl_kernels(op):
         yield kdefs[kernel], v
     staged = {v for k_in, n_out in ((2048, 16384), (8192, 2048))
               for kernel, v in default_variants(op, head_dim=64, k_in=k_in, n_out=n_out).items()
-              if v.num_stages > 1 and kdefs[kernel].loop_stages}
+              if v.num_stages > 1 and kdefs[kernel].loop_stages and kernel not in PARTLY_PDL.get(op, ())}
     for v in sorted(staged, key=lambda v: v.label()):
         yield kdefs[v.kernel], v
 

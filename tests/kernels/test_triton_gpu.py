@@ -165,12 +165,14 @@ def test_attention_decode(ops, b, hkv, ratio, d, s, dt, data):
 @pytest.mark.parametrize("d, room_for", [(128, 128), (256, 64)])
 def test_decode_attention_takes_the_key_block_this_gpus_shared_memory_holds(d, room_for):
     """The JIT path tells the defaults what this GPU lets a block opt in to (kernels/triton_backend.py): an sm_90
-    (227 KB) stages 128-key blocks at head_dim 128 and 64-key blocks at 256 (139,264 / 143,360 B); a GPU without the
-    room takes the orin-sized 64 / 32. What it computes matches FP64 at several splits."""
-    from edgekit.kernels.triton_backend import TritonOp
+    (227 KB) stages 128-key blocks at head_dim 128 and 64-key blocks at 256 (139,264 / 143,360 B); an older GPU or
+    one without the room takes the orin-sized 64 / 32. What it computes matches FP64 at several splits."""
+    from edgekit.kernels.attention_triton import _decode_smem
+    from edgekit.kernels.triton_backend import TritonOp, gpu_tile_facts
 
-    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    want = room_for if optin >= {128: 139264, 256: 143360}[d] else room_for // 2
+    room = gpu_tile_facts(torch.device("cuda")).get("shared_bytes_per_block", 0)  # sm_90+ only
+    staged = _decode_smem({"HEAD_DIM": d, "BLOCK_N": room_for, "BLOCK_G": 16}, 4, 3, 2)
+    want = room_for if room >= staged else room_for // 2
     g = _gen(d)
     q = _rand(g, (2, 4, d), "float16")
     kc, vc = _rand(g, (2, 2, 1500, d), "float16"), _rand(g, (2, 2, 1500, d), "float16")
