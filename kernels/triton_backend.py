@@ -17,7 +17,7 @@ from typing import Iterable, Mapping
 
 from edgekit.errors import OperatorError
 from edgekit.kernels.dispatch import DispatchTable
-from edgekit.kernels.program_runner import JitLauncher, run_program
+from edgekit.kernels.program_runner import JitLauncher, device_properties, run_program
 from edgekit.kernels.registry import OPERATORS
 from edgekit.kernels.variants import KernelVariant, default_variants, kernels_of, op_kernels, op_program
 
@@ -39,18 +39,9 @@ def gpu_tile_facts(device) -> dict:
     keep the orin budget there until measured."""
     import torch
 
-    from edgekit.kernels.program_runner import device_properties
-
-    device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _TILE_FACTS:  # asked at every operator call: once a GPU
-        smem = device_properties(device)["max_shared_bytes"]  # 0 where this torch does not report it
-        hopper = torch.cuda.get_device_capability(index)[0] >= 9
-        _TILE_FACTS[index] = {"shared_bytes_per_block": smem} if hopper and smem else {}
-    return _TILE_FACTS[index]
-
-
-_TILE_FACTS: dict[int, dict] = {}
+    props = device_properties(torch.device(device))  # cached a GPU: asked at every operator call
+    smem = props["max_shared_bytes"]  # 0 where this torch does not report it
+    return {"shared_bytes_per_block": smem} if props["arch"] >= 90 and smem else {}
 
 
 def _facts_key(facts: dict) -> tuple:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels import program_runner, triton_backend
+from edgekit.kernels import triton_backend
 from edgekit.kernels.variants import default_variants
 
 SM90_OPTIN = 232448  # 227 KB a block, as an H100 / H200 reports it
@@ -39,10 +39,8 @@ def test_only_a_hopper_or_newer_gpu_reports_its_shared_memory_to_the_defaults(mo
     """Longer key blocks were measured on an H100; an A100 or an Orin running the JIT path (163 KB a block) keeps the
     orin-sized defaults until measured there; a torch that does not report the opt-in size (before 2.7) tells none."""
     cuda0 = torch.device("cuda", 0)
-    for capability, optin, want in (((9, 0), SM90_OPTIN, {"shared_bytes_per_block": SM90_OPTIN}),
-                                    ((8, 7), 166912, {}), ((9, 0), 0, {})):
-        monkeypatch.setattr(triton_backend, "_TILE_FACTS", {})
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, c=capability: c)
-        monkeypatch.setattr(program_runner, "device_properties",
-                            lambda device, o=optin: {"sm_count": 132, "max_shared_bytes": o})
-        assert triton_backend.gpu_tile_facts(cuda0) == want, (capability, optin)
+    for arch, optin, want in ((90, SM90_OPTIN, {"shared_bytes_per_block": SM90_OPTIN}), (87, 166912, {}),
+                              (90, 0, {})):
+        monkeypatch.setattr(triton_backend, "device_properties",
+                            lambda device, a=arch, o=optin: {"sm_count": 132, "max_shared_bytes": o, "arch": a})
+        assert triton_backend.gpu_tile_facts(cuda0) == want, (arch, optin)

@@ -179,7 +179,7 @@ def test_decode_attention_takes_the_key_block_this_gpus_shared_memory_holds(d, r
     seq_lens = torch.tensor([1500, 777], device="cuda")
     op = TritonOp("attention_decode")
     got = op(q, kc, vc, seq_lens, None)
-    assert f"BLOCK_N={want}," in op.variants_used()["attention_decode_split"], (optin, op.variants_used())
+    assert f"BLOCK_N={want}," in op.variants_used()["attention_decode_split"], (room, op.variants_used())
     _close(attention.DECODE_SPEC, "float16", got, oracle.attention_decode(q, kc, vc, seq_lens.cpu()))
 
 
