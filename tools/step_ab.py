@@ -164,24 +164,26 @@ def _engine(cfg, w, arm: Arm, a):
     return eng, first
 
 
-def run_phase(cfg, w, model: str, precision: str, arms: list[str], a, dev, rows: list) -> None:
-    carveout = parse_arm(arms[0]).carveout
+def run_phase(cfg, w, model: str, precision: str, arms: dict[str, Arm], a, dev, rows: list) -> None:
+    """``arms``: text -> parsed arm, every one with the same carveout."""
+    carveout = next(iter(arms.values())).carveout
     if carveout is not None:  # compile every arm's kernels first: the attribute belongs to a compiled kernel
-        for arm in arms:
-            _engine(cfg, w, parse_arm(arm), a)[0].close()
+        for arm in arms.values():
+            _engine(cfg, w, arm, a)[0].close()
         print(f"carveout {carveout}% set on {set_carveout(carveout)} compiled kernels", flush=True)
-    engines = {arm: _engine(cfg, w, parse_arm(arm), a) for arm in arms}
-    secs = {arm: [] for arm in arms}
+    engines = {text: _engine(cfg, w, arm, a) for text, arm in arms.items()}
+    order = list(arms)
+    secs = {text: [] for text in order}
     for r in range(a.repeats):  # interleaved, the order rotated: a clock or neighbour drift hits all alike
-        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
-            eng, first = engines[arm]
-            with pdl_env(parse_arm(arm).pdl):
-                secs[arm].append(timed(lambda: eng.decode(first, a.context, a.tokens), dev)[1])
-    for arm, (eng, _) in engines.items():
-        tps = a.tokens / statistics.median(secs[arm])
-        rows.append({"model": model, "precision": precision, "arm": arm, "decode_tokens_per_s": tps,
-                     "runs_s": secs[arm]})
-        print(f"{model:22} {precision:5} {arm:48}: {tps:8.1f} tok/s", flush=True)
+        for text in order[r % len(order):] + order[:r % len(order)]:
+            eng, first = engines[text]
+            with pdl_env(arms[text].pdl):
+                secs[text].append(timed(lambda: eng.decode(first, a.context, a.tokens), dev)[1])
+    for text, (eng, _) in engines.items():
+        tps = a.tokens / statistics.median(secs[text])
+        rows.append({"model": model, "precision": precision, "arm": text, "decode_tokens_per_s": tps,
+                     "runs_s": secs[text]})
+        print(f"{model:22} {precision:5} {text:48}: {tps:8.1f} tok/s", flush=True)
         eng.close()
     if carveout is not None:
         set_carveout(-1)
@@ -200,9 +202,10 @@ def main() -> None:
     arms = [x.strip() for x in a.arms.split(";") if x.strip()]
     if not arms or len(set(arms)) != len(arms):
         sys.exit(f"--arms {a.arms!r}: expected distinct ';'-separated arms, e.g. 'base;attn_split_combine:s1'")
-    phases: dict[int | None, list[str]] = {}
-    for arm in arms:  # bad syntax stops here, before any GPU work
-        phases.setdefault(parse_arm(arm).carveout, []).append(arm)
+    phases: dict[int | None, dict[str, Arm]] = {}
+    for text in arms:  # bad syntax stops here, before any GPU work
+        arm = parse_arm(text)
+        phases.setdefault(arm.carveout, {})[text] = arm
     dev = torch.device("cuda")
     rows: list = []
     for spec in a.models:
