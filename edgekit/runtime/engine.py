@@ -8,6 +8,9 @@
   flight, one per KV-cache row. A request that arrives is prefilled into a free
   row between two decode steps; the rows then decode together, the step padded
   to the smallest batch bucket (1/2/4...) that covers every occupied row.
+  A prompt longer than the largest prompt bucket goes in eagerly, in chunks of
+  at most that bucket (``chunked_prefill``, as `edgekit run` takes it): only the
+  KV cache bounds a prompt.
 - Operators change between steps: ``switch_operator`` prepares the new table
   (and, on a GPU, captures its CUDA graphs) on the caller's thread; the device
   thread picks the new runner up before its next step. That hand-over is the
@@ -275,7 +278,8 @@ class Engine:
         # steps, as before (fairness).
         self.prefill_mid_step = (not self.graphs and not self.lookahead and decoder.device.type == "cpu"
                                  if prefill_mid_step is None else prefill_mid_step and not self.graphs)
-        self.mid_step_prefill_tokens = min(self.prefill_chunk_tokens or MID_STEP_PREFILL_TOKENS, MID_STEP_PREFILL_TOKENS)
+        self.mid_step_prefill_tokens = min(self.prefill_chunk_tokens or MID_STEP_PREFILL_TOKENS, MID_STEP_PREFILL_TOKENS,
+                                           shapes.buckets[-1])  # a prompt past every bucket goes in chunks
         self._early: dict[int, Job] = {}  # rows prefilled inside a step, first token out, not decoding yet (lock)
         self._in_step_busy = False  # a prefill inside the step is running (the callback does not nest)
         self.prompts_prefilled_in_step = 0  # how many prompts were prefilled inside a decode step (a figure to read)
@@ -425,7 +429,9 @@ class Engine:
                      on_done: Callable[[Job], None] | None = None) -> list[Job]:
         """One sequence per sampling config for the same prompt (OpenAI's ``n``), queued together or refused together:
         they decode as parallel rows of the batch. ``on_token(index, token)`` says which sequence a token is for."""
-        ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate)
+        # a prompt longer than the largest bucket goes in chunks of at most that bucket (``_sliced``), as `edgekit
+        # run` takes it: only the KV cache bounds it
+        ids, bucket = self.shapes.fit_prompt(prompt_ids, max_new_tokens, truncate, chunked=True)
         asked = len(samplings) * max_new_tokens
         if asked > self.max_request_row_tokens:
             raise RequestTooLargeError(
@@ -636,8 +642,8 @@ class Engine:
         budget, spent = self.prefill_chunk_tokens, 0
         while self._prefills:
             p = self._prefills[0]
-            chunked = budget is not None and self._sliced(p)
-            cost = budget if chunked else self._prefill_width([p.job])
+            chunked = self._sliced(p)
+            cost = (budget or self.shapes.buckets[-1]) if chunked else self._prefill_width([p.job])
             if budget is not None and spent and spent + cost > budget:
                 return
             if not chunked and self._runner.batched_prefill:  # whole prompts of one bucket: one forward for all
@@ -664,7 +670,7 @@ class Engine:
         """The waiting whole-prompt prefills of ``bucket``, oldest first, within ``tokens`` of padded prompt."""
         group = []
         for p in self._prefills:
-            if p.job.bucket != bucket or (self.prefill_chunk_tokens is not None and self._sliced(p)):
+            if p.job.bucket != bucket or self._sliced(p):
                 continue
             width = self._prefill_width([q.job for q in group] + [p.job])
             if tokens is not None and group and (len(group) + 1) * width > tokens:
@@ -724,9 +730,9 @@ class Engine:
         if self._draining:
             raise EngineClosedError("the server shut down before this request's prompt was read",
                                     hint="retry against a running server")
-        n, chunk = len(job.prompt_ids), self.prefill_chunk_tokens
+        n = len(job.prompt_ids)
         t = time.perf_counter()
-        if chunk is None or not self._sliced(p):
+        if not self._sliced(p):
             self._prefill(p.slot, job)
             self._unit_ran(0, self._prefill_width([job]), time.perf_counter() - t, n)
             return True
@@ -750,7 +756,11 @@ class Engine:
         would not fit one chunk's time with their step. A short prompt (up to ``mid_step_prefill_tokens``) never is:
         a forward's fixed cost makes slices of it dearer than the prompt, and it fits a chunk's time with a step."""
         n = len(p.job.prompt_ids)
-        return p.done > 0 or (n > self.mid_step_prefill_tokens and n > self._slice_tokens(n))
+        if p.done > 0 or n > self.shapes.buckets[-1]:  # under way, or no prefill shape holds it
+            return True
+        if self.prefill_chunk_tokens is None:  # no chunking: whole prompts
+            return False
+        return n > self.mid_step_prefill_tokens and n > self._slice_tokens(n)
 
     def _slice_tokens(self, remaining: int, last: tuple[int, float] | None = None,
                       due_in_s: float | None = None) -> int:
@@ -759,6 +769,8 @@ class Engine:
         chunk's time together with the rest of the turn that follows, or the pace that meets the due time
         (``prefill_slicing``)."""
         chunk = self.prefill_chunk_tokens
+        if chunk is None:  # no chunking asked for: a prompt past every bucket goes in chunks of the largest
+            return min(self.shapes.buckets[-1], remaining)
         if not any(r is not None for r in self._rows):
             return min(chunk, remaining)
         return self.prefill_cost.slice_tokens(chunk, remaining, max(self._step_s or 0.0, self._turn_rest_s or 0.0),

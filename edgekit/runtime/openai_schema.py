@@ -18,7 +18,7 @@ MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
 MAX_CHOICES = 4  # n: each choice is one decode row, and serve's default batch is 4 rows
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
-MAX_PROMPT_IDS = 65_536  # more than any prompt bucket edgekit plans
+MAX_PROMPT_IDS = 65_536  # a cap on the items parsed before the KV cache's own bound is checked
 
 # Fields of the OpenAI API this server does not implement: a request that sets them gets a 400 naming them.
 UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "best_of", "suffix", "logit_bias", "presence_penalty",

@@ -47,7 +47,7 @@ from edgekit.runtime.token_feed import TokenFeed
 
 MAX_PLUGIN_UPLOAD_BYTES = MAX_PACKAGE_BYTES  # an upload is one signed plugin package: the format's cap
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
-# A token is rarely longer than this many characters: text longer than (largest bucket x this) cannot fit and is
+# A token is rarely longer than this many characters: text longer than (KV cache length x this) cannot fit and is
 # refused before it is tokenized.
 MAX_CHARS_PER_TOKEN = 32
 DEFAULT_MAX_TOKENS = 64
@@ -157,7 +157,9 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     admin_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekit-admin-http")
     app.state.engine, app.state.metrics, app.state.token_feed = engine, metrics, None
     vocab = engine.decoder.config.vocab_size
-    max_prompt_chars = engine.shapes.buckets[-1] * MAX_CHARS_PER_TOKEN
+    # a prompt past the largest bucket is prefilled in chunks: only the KV cache bounds it (what can never fit it is
+    # refused before tokenization)
+    max_prompt_chars = engine.shapes.max_seq_len * MAX_CHARS_PER_TOKEN
 
     def upload_limit() -> int:  # read at request time: tests lower it
         return MAX_PLUGIN_UPLOAD_BYTES
@@ -198,8 +200,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         if isinstance(req, ChatRequest):
             chars = sum(len(m.content) for m in req.messages)
             if chars > max_prompt_chars:
-                raise _Refused(413, f"messages hold {chars} characters; at most {max_prompt_chars} can fit the largest "
-                                    f"prompt bucket ({engine.shapes.buckets[-1]} tokens)", "messages")
+                raise _Refused(413, f"messages hold {chars} characters; at most {max_prompt_chars} can fit the KV "
+                                    f"cache ({engine.shapes.max_seq_len} tokens)", "messages")
             msgs = [m.model_dump() for m in req.messages]
             try:
                 return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(messages=msgs))
@@ -211,8 +213,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                 raise _Refused(400, f"prompt: token id {bad} is out of range; token ids must be in [0, {vocab})", "prompt")
             return list(req.prompt)
         if len(req.prompt) > max_prompt_chars:
-            raise _Refused(413, f"prompt of {len(req.prompt)} characters cannot fit the largest prompt bucket "
-                                f"({engine.shapes.buckets[-1]} tokens); send at most {max_prompt_chars} characters",
+            raise _Refused(413, f"prompt of {len(req.prompt)} characters cannot fit the KV cache "
+                                f"({engine.shapes.max_seq_len} tokens); send at most {max_prompt_chars} characters",
                            "prompt")
         text = req.prompt
         return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(prompt=text))
@@ -442,10 +444,10 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         param, message = validation_message(errors)
         status = 400
         if any(err.get("type") == "too_long" and err.get("loc", ())[:1] == ("prompt",) for err in errors):
-            # a token-id prompt over the schema's cap cannot fit any bucket: too large, as a long text prompt is
+            # a token-id prompt over the schema's cap: too large, as a long text prompt is
             status, param = 413, "prompt"
-            message = (f"prompt holds more than {MAX_PROMPT_IDS} token ids; the largest prompt bucket is "
-                       f"{engine.shapes.buckets[-1]} tokens: shorten the prompt")
+            message = (f"prompt holds more than {MAX_PROMPT_IDS} token ids (this server's cap); the KV cache holds "
+                       f"{engine.shapes.max_seq_len} tokens: shorten the prompt")
         record(route_of(request.url.path), status, time.perf_counter(), param=param, error=message)
         return _error(status, message, param)
 

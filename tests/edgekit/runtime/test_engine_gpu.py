@@ -166,3 +166,22 @@ def test_a_swap_recaptures_only_the_graphs_that_call_the_operator(decoder):
         assert _staggered(e, 24) == want
     finally:
         e.close()
+
+def test_a_graphed_engine_serves_a_prompt_past_its_largest_bucket_as_one_whole_prefill_would(default_model):
+    """The graphed runner has no prefill graph longer than the largest bucket (32): such a prompt goes in eager chunks
+    of that bucket (the server used to refuse it). Real weights, FP32 on the GPU, against one whole prefill."""
+    from edgekit.generate import Generator
+
+    dec = default_model.decoder(device="cuda", dtype=torch.float32)
+    prompt = default_model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:70]
+    assert len(prompt) == 70
+    whole = Generator(dec, StaticShapes(buckets=(96,), max_seq_len=96)).generate(prompt, 12)[0]
+    e = Engine(dec, None, SHAPES, cuda_graphs=True)
+    try:
+        assert e.graphed
+        job = e.submit(prompt, 12, stop_ids=())
+        assert job.done.wait(120) and job.error is None, job.error
+        assert job.tokens == whole
+        assert [n for n, _ in e.prefill_units] == [32, 32, 6]
+    finally:
+        e.close()

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from edgekit.errors import ShapeError
 from edgekit.generate import Generator
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.model.decoder import Decoder
@@ -122,6 +123,29 @@ def test_a_prompt_prefilled_in_chunks_gets_the_tokens_it_gets_alone(model):
         assert sum(1 for n, _ in e.prefill_units if n <= 8) >= 38 // 8 + 31 // 8
     finally:
         e.close()
+
+
+def test_a_prompt_past_the_largest_bucket_is_served_in_chunks_of_that_bucket(model):
+    """A server built with buckets shorter than its KV cache refused such prompts (413) while `edgekit run` took them
+    in chunks. Now the engine takes them too, with or without chunked prefill for fairness, and answers what one
+    whole prefill answers; only the KV cache bounds a prompt."""
+    shapes = StaticShapes(buckets=(16, 32), max_seq_len=96)
+    prompt = list(range(20, 90))  # 70 tokens: past the largest bucket
+    whole = Generator(model.decoder(), StaticShapes(buckets=(96,), max_seq_len=96)).generate(prompt, 8)[0]
+    for chunk in (0, 8):  # 0: no chunking for fairness (graphed runners' default)
+        e = Engine(model.decoder(), None, shapes, max_waiting=4, prefill_chunk_tokens=chunk)
+        try:
+            job = e.submit(prompt, 8, stop_ids=())
+            assert job.done.wait(60) and job.error is None, job.error
+            assert job.tokens == whole, chunk
+            slices = [n for n, _ in e.prefill_units]
+            assert sum(slices) == 70 and max(slices) <= (chunk or 32), slices
+            if not chunk:
+                assert slices == [32, 32, 6]  # nothing else runs: chunks of the largest bucket
+            with pytest.raises(ShapeError, match=r"at most 88 fit \(the KV cache holds 96 tokens"):
+                e.submit(list(range(1, 90)), 8, stop_ids=())  # 89 + 8 > 96
+        finally:
+            e.close()
 
 
 def _gemma3_attending():

@@ -63,9 +63,10 @@ def test_completion_and_length_finish(client):
 
 
 def test_over_length_prompt_is_413_with_the_limit(client):
+    """Past the largest bucket (64) a prompt is prefilled in chunks; the KV cache (96, 4 kept for the answer) bounds it."""
     r = client.post("/v1/completions", json={"prompt": "word " * 200, "max_tokens": 4})
     assert r.status_code == 413
-    assert "at most 64 fit" in r.json()["detail"]
+    assert "at most 92 fit (the KV cache holds 96 tokens" in r.json()["detail"]
 
 
 def test_bad_request_body_is_400_naming_the_field(client):

@@ -66,8 +66,23 @@ def test_tokenization_does_not_block_other_clients(smol_engine, monkeypatch):
 def test_a_413_tells_an_http_client_what_to_send_not_which_cli_flags_to_pass(smol_engine):
     """#33 (low): the 413 for a prompt that does not fit said "lower --max-new-tokens, or pass --truncate"."""
     c = TestClient(create_app(smol_engine))
-    too_long = list(range(1, smol_engine.shapes.buckets[-1] + 10))
+    too_long = list(range(1, smol_engine.shapes.max_seq_len + 10))
     r = c.post("/v1/completions", json={"prompt": too_long, "max_tokens": 4})
     assert r.status_code == 413, r.text
     message = r.json()["error"]["message"]
     assert "--" not in message and "max_tokens" in message and "shorten the prompt" in message, message
+
+
+def test_a_prompt_past_the_largest_bucket_is_answered(smol_engine):
+    """Buckets (32, 64), KV cache 96: a 73-token prompt used to get a 413 from the server while `edgekit run` answered
+    it; it is prefilled in chunks of the largest bucket and answered as one whole prefill would."""
+    from edgekit.generate import Generator
+    from edgekit.shapes import StaticShapes
+
+    prompt = list(range(1, smol_engine.shapes.buckets[-1] + 10))
+    c = TestClient(create_app(smol_engine))
+    r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(prompt)
+    whole = Generator(smol_engine.decoder, StaticShapes(buckets=(96,), max_seq_len=96)).generate(prompt, 4)[0]
+    assert r.json()["choices"][0]["text"] == smol_engine.decode_text(whole)
