@@ -101,6 +101,8 @@ def _pdl_operators() -> set[str]:
 # 1197.3, int8 1292.5 -> 1339.0; gemma-3-1b fp16 726.4 -> 741.4; llama-3.2-1b fp16 1143.3 -> 1161.0. Adding the gate/up
 # GEMV (733.4), the QKV GEMV (711.8) or it and the down projection (711.8) to the attention operators lost at qwen3-1.7b
 # fp16 (attn: 744.7 in the same runs): a GEMV launched early takes SM slots from the bandwidth-bound kernel before it.
+# Letting it launch only after the kernel before has streamed its weights (that kernel's trigger after its K loop) lost
+# too (H100, 2026-12-05: qwen3-1.7b fp16 -2.9%, gemma-3-1b fp16 -2.9%; tools/step_ab.py's docstring).
 def auto_level(weight_bytes_per_kernel: float) -> StepAsk:
     """What a decode step whose GEMV kernels read this many weight bytes each (mean) asks for."""
     if weight_bytes_per_kernel <= AUTO_MAX_WEIGHT_BYTES_PER_KERNEL:
