@@ -41,6 +41,9 @@ the default measured within 0.2% of ``base``), fp16 tok/s:
 - no other single change won by more than 1.4% on qwen3-1.7b and qwen3-0.6b: the QKV's 4 pairs a program, 8 warps
   or 1024-wide K steps; the o-projection's 2 or 8 rows or 8 warps; gate/up's 4 rows or 8 warps; down at 3 stages or
   8 rows; the attention at 2 warps (+0.8% / +1.4%; with 128-key blocks +0.0%), 8 warps (-1.2% / -1.8%) or 8 splits.
+- fewer attention splits at depth 512 (the rule gives 5, 4-5 of them holding keys, with 128-key blocks): MAX_SPLITS=2
+  qwen3-1.7b 628.1 -> 598.1 (-4.8%), gemma-3-1b 745.4 -> 703.5 (-5.6%); one split 573.1 (-8.8%) / 632.1 (-15%): the
+  merge costs less than the key blocks a split would read one after another (tree 3759e0a).
 
 H100 80GB HBM3, 2026-12-05 (tree 3759e0a, 5 interleaved runs, every arm's greedy tokens equal to ``base``'s): a
 "late trigger" level on every fused GEMV after the attention (launched with PDL, its first weight tile prefetched
