@@ -262,8 +262,9 @@ def print_plan(d: dict) -> None:
     line = f"buckets {shapes['buckets']} ({b['method']})"
     if b.get("trace"):
         tr, uni = b["trace"], b["uniform"]
-        line += (f"; on {tr['source']} ({tr['requests']} requests): coverage {_pct(tr['coverage'])}, padding waste "
-                 f"{_pct(tr['waste'])} vs uniform {uni['buckets']}: waste {_pct(uni['waste'])}")
+        chunked = (f" (+{tr['chunked']} past the largest bucket, prefilled in chunks)" if tr.get("chunked") else "")
+        line += (f"; on {tr['source']} ({tr['requests']} requests): coverage {_pct(tr['coverage'])}{chunked}, padding "
+                 f"waste {_pct(tr['waste'])} vs uniform {uni['buckets']}: waste {_pct(uni['waste'])}")
     console.print(line)
 
     t = Table(title=f"Memory map: {fmt_bytes(mem['total_bytes'])} (from shapes)")

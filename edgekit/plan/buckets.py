@@ -85,6 +85,9 @@ class BucketReport:
     real_tokens: int  # prompt tokens of covered requests
     padded_tokens: int  # tokens computed for them (bucket lengths)
     per_bucket: tuple[int, ...]  # covered requests served by each bucket
+    # prompt past the largest bucket, prompt + completion within the context: served, but prefilled eagerly in chunks
+    # of the largest bucket (runtime.engine, edgekit run), not by a bucket's graph
+    chunked: int = 0
 
     @property
     def coverage(self) -> float:
@@ -103,6 +106,7 @@ class BucketReport:
             "buckets": list(self.buckets), "method": self.method, "requests": self.requests, "covered": self.covered,
             "coverage": round(self.coverage, 6), "real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
             "padding_tokens": self.padding_tokens, "waste": round(self.waste, 6), "per_bucket": list(self.per_bucket),
+            "chunked": self.chunked,
         }
 
 
@@ -110,13 +114,15 @@ def evaluate(buckets: tuple[int, ...] | list[int], trace: Trace, context: int, m
     """Coverage and padding waste of ``buckets`` on ``trace`` with a KV cache of ``context`` tokens."""
     b = np.asarray(sorted(buckets), dtype=np.int64)
     p, c = trace.prompt_tokens, trace.completion_tokens
-    covered = (p <= b[-1]) & (p + c <= context)
+    fits = p + c <= context
+    covered = (p <= b[-1]) & fits
     idx = np.searchsorted(b, p[covered], side="left")  # smallest bucket >= prompt
     padded = b[idx]
     per_bucket = np.bincount(idx, minlength=len(b))
     return BucketReport(
         buckets=tuple(int(x) for x in b), method=method, requests=len(trace), covered=int(covered.sum()),
         real_tokens=int(p[covered].sum()), padded_tokens=int(padded.sum()), per_bucket=tuple(int(x) for x in per_bucket),
+        chunked=int((fits & ~covered).sum()),
     )
 
 

@@ -62,8 +62,14 @@ def test_buckets_never_exceed_context_and_long_requests_are_uncovered():
     assert chosen[-1] <= 1024
     rep = evaluate(chosen, trace, 1024, "dp")
     # 900 + 200 > 1024 and 5000 > 1024: two of four requests cannot be served
-    assert rep.covered == 2 and rep.coverage == 0.5
+    assert rep.covered == 2 and rep.coverage == 0.5 and rep.chunked == 0
     assert sum(rep.per_bucket) == rep.covered
+
+
+def test_a_request_past_the_largest_bucket_that_fits_the_context_is_counted_as_chunked_not_covered():
+    """The server prefills such a prompt eagerly in chunks of the largest bucket: served, but by no bucket."""
+    rep = evaluate((64, 128), _trace([10, 100, 300, 1000], [10, 10, 10, 100]), 1024, "given")
+    assert rep.covered == 2 and rep.chunked == 1 and rep.to_dict()["chunked"] == 1  # 1000 + 100 > 1024: neither
 
 
 def test_waste_accounting():

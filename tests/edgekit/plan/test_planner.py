@@ -76,3 +76,12 @@ def test_cli_json_without_tiles():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["memory"]["fits"] and d["target"]["name"] == "agx-orin-64gb"
+
+
+def test_cli_says_how_many_trace_requests_go_past_the_largest_bucket_in_chunks(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"prompt_tokens": p, "completion_tokens": 10}) + "\n" for p in (10, 300, 2000)))
+    r = subprocess.run([sys.executable, "-m", "edgekit", "plan", "preset:tiny", "--buckets", "64,128", "--trace",
+                        str(trace), "--context", "1024", "--no-tiles"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "coverage 33.3% (+1 past the largest bucket, prefilled in chunks)" in r.stdout, r.stdout
