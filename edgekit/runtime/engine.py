@@ -636,14 +636,16 @@ class Engine:
     def _prefill_turn(self) -> None:
         """Prefill work between two decode steps: whole short prompts while their buckets fit one chunk's worth of
         tokens (at least one), or one chunk of a long prompt; then the rows already answering take their step. So a
-        long prompt cannot stall the streams for longer than one chunk. (No chunking: every waiting prompt.)
+        long prompt cannot stall the streams for longer than one chunk. (No chunking: every waiting prompt, and one
+        chunk of the largest bucket of each prompt past every bucket.)
         A failure of the model itself (plugins fall back inside GuardedOp) fails the request it touched, never the
         device thread."""
-        budget, spent = self.prefill_chunk_tokens, 0
-        while self._prefills:
-            p = self._prefills[0]
+        budget, spent, largest = self.prefill_chunk_tokens, 0, self.shapes.buckets[-1]
+        for p in list(self._prefills):
+            if p not in self._prefills:  # prefilled with its bucket's group already
+                continue
             chunked = self._sliced(p)
-            cost = (budget or self.shapes.buckets[-1]) if chunked else self._prefill_width([p.job])
+            cost = min(budget or largest, largest) if chunked else self._prefill_width([p.job])
             if budget is not None and spent and spent + cost > budget:
                 return
             if not chunked and self._runner.batched_prefill:  # whole prompts of one bucket: one forward for all
@@ -658,7 +660,9 @@ class Engine:
                 filled = True
             spent += cost
             if not filled:
-                return
+                if budget is not None:
+                    return  # one chunk a turn: the rows decode before the prompt's next slice
+                continue  # without chunking only a prompt past every bucket goes in pieces; the others go now
             self._prefill_done(p)
 
     def _prefill_done(self, p: _Prefill) -> None:
@@ -742,6 +746,8 @@ class Engine:
         end = p.done + self._slice_tokens(n - p.done, p.last_slice, self._prompt_due_in_s(job))
         tokens = torch.tensor([job.prompt_ids[p.done:end]], dtype=torch.long, device=self.decoder.device)  # (1, C)
         logits = self._runner.prefill_chunk(p.slot, tokens, p.done)  # (1, V)
+        if n > self.shapes.buckets[-1]:
+            job.stats.prefill_chunks += 1  # no bucket holds it: the pieces it took (GenerationStats)
         p.slice_ended = time.perf_counter()
         p.last_slice = (end - p.done, p.slice_ended - t)
         self._unit_ran(p.done, end - p.done, p.slice_ended - t)
@@ -768,13 +774,15 @@ class Engine:
         ``due_in_s``: when it must be in): a whole chunk while no row decodes (nobody waits on it), else what fits one
         chunk's time together with the rest of the turn that follows, or the pace that meets the due time
         (``prefill_slicing``)."""
-        chunk = self.prefill_chunk_tokens
+        chunk, largest = self.prefill_chunk_tokens, self.shapes.buckets[-1]
         if chunk is None:  # no chunking asked for: a prompt past every bucket goes in chunks of the largest
-            return min(self.shapes.buckets[-1], remaining)
+            return min(largest, remaining)
         if not any(r is not None for r in self._rows):
-            return min(chunk, remaining)
-        return self.prefill_cost.slice_tokens(chunk, remaining, max(self._step_s or 0.0, self._turn_rest_s or 0.0),
-                                              last, due_in_s)
+            return min(chunk, remaining, largest)
+        # never past the largest bucket: the memory plan sizes a prefill's activations for it
+        return min(largest, self.prefill_cost.slice_tokens(chunk, remaining, max(self._step_s or 0.0,
+                                                                                 self._turn_rest_s or 0.0),
+                                                           last, due_in_s))
 
     def _prompt_due_in_s(self, job: Job) -> float | None:
         """Seconds until ``job``'s prompt should be in: PROMPT_SHARE of its time limit from its arrival (None: no

@@ -104,8 +104,8 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    # text, or token ids as the OpenAI API allows; an id list longer than any prompt bucket is refused by its length
-    # before its items are checked (a 1 MB body holds ~500k ids)
+    # text, or token ids as the OpenAI API allows; an id list over MAX_PROMPT_IDS is refused by its length before its
+    # items are checked (a 1 MB body holds ~500k ids); the KV cache bounds the rest
     prompt: str | Annotated[list[int], Field(max_length=MAX_PROMPT_IDS)]
 
     @field_validator("prompt")

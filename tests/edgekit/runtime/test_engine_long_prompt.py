@@ -125,27 +125,49 @@ def test_a_prompt_prefilled_in_chunks_gets_the_tokens_it_gets_alone(model):
         e.close()
 
 
-def test_a_prompt_past_the_largest_bucket_is_served_in_chunks_of_that_bucket(model):
+def test_a_prompt_past_the_largest_bucket_is_served_in_chunks_of_that_bucket():
     """A server built with buckets shorter than its KV cache refused such prompts (413) while `edgekit run` took them
-    in chunks. Now the engine takes them too, with or without chunked prefill for fairness, and answers what one
-    whole prefill answers; only the KV cache bounds a prompt."""
-    shapes = StaticShapes(buckets=(16, 32), max_seq_len=96)
+    in chunks. Now the engine takes them in pieces of at most the largest bucket (the memory plan sizes a prefill for
+    it) with chunking off (graphed runners), in chunks of 8, and with the CPU's default chunk of 128, and answers
+    what one whole prefill answers; only the KV cache bounds a prompt. The model's answer depends on the first
+    chunk's tokens (a chunk that forgot the positions before it would change it)."""
+    cfg, weights = _gemma3_attending()
+    shapes, whole_shapes = StaticShapes(buckets=(16, 32), max_seq_len=96), StaticShapes(buckets=(96,), max_seq_len=96)
     prompt = list(range(20, 90))  # 70 tokens: past the largest bucket
-    whole = Generator(model.decoder(), StaticShapes(buckets=(96,), max_seq_len=96)).generate(prompt, 8)[0]
-    for chunk in (0, 8):  # 0: no chunking for fairness (graphed runners' default)
-        e = Engine(model.decoder(), None, shapes, max_waiting=4, prefill_chunk_tokens=chunk)
+    whole = Generator(Decoder(cfg, weights), whole_shapes).generate(prompt, 8)[0]
+    other_start = Generator(Decoder(cfg, weights), whole_shapes).generate(list(range(120, 152)) + prompt[32:], 8)[0]
+    assert whole != other_start  # the answer reads the first chunk
+    for chunk in (0, 8, None):  # 0: no chunking for fairness (graphed runners' default); None: the engine's default
+        e = Engine(Decoder(cfg, weights), None, shapes, max_waiting=4, prefill_chunk_tokens=chunk)
         try:
             job = e.submit(prompt, 8, stop_ids=())
             assert job.done.wait(60) and job.error is None, job.error
             assert job.tokens == whole, chunk
+            assert job.stats.prefill_chunks == len(e.prefill_units)
             slices = [n for n, _ in e.prefill_units]
-            assert sum(slices) == 70 and max(slices) <= (chunk or 32), slices
-            if not chunk:
-                assert slices == [32, 32, 6]  # nothing else runs: chunks of the largest bucket
+            assert sum(slices) == 70 and max(slices) <= (chunk or 32), (chunk, slices)
+            if chunk != 8:
+                assert slices == [32, 32, 6], (chunk, slices)  # nothing else runs: chunks of the largest bucket
             with pytest.raises(ShapeError, match=r"at most 88 fit \(the KV cache holds 96 tokens"):
                 e.submit(list(range(1, 90)), 8, stop_ids=())  # 89 + 8 > 96
         finally:
             e.close()
+
+
+def test_without_chunking_a_short_prompt_does_not_wait_for_every_chunk_of_a_long_one(model):
+    """With chunking off only a prompt past every bucket goes in pieces, one a turn; the prompts behind it are
+    prefilled in the turns between, not after its last piece."""
+    e = Engine(model.decoder(), None, StaticShapes(buckets=(16, 32), max_seq_len=96), max_waiting=4,
+               prefill_chunk_tokens=0, prefill_mid_step=False)
+    try:
+        long_job = e.submit(list(range(20, 90)), 4, stop_ids=())
+        short_job = e.submit([3, 4, 5], 4, stop_ids=())
+        for j in (long_job, short_job):
+            assert j.done.wait(60) and j.error is None, j.error
+        slices = [n for n, _ in e.prefill_units]
+        assert sorted(slices) == [3, 6, 32, 32] and slices[-1] == 6, slices  # the short prompt went before the end
+    finally:
+        e.close()
 
 
 def _gemma3_attending():
