@@ -154,11 +154,15 @@ def test_a_prompt_past_the_largest_bucket_is_served_in_chunks_of_that_bucket():
             e.close()
 
 
-def test_without_chunking_a_short_prompt_does_not_wait_for_every_chunk_of_a_long_one(model):
+@pytest.mark.parametrize("graph_like", [False, True], ids=["eager", "graph-like"])
+def test_without_chunking_a_short_prompt_does_not_wait_for_every_chunk_of_a_long_one(model, graph_like):
     """With chunking off only a prompt past every bucket goes in pieces, one a turn; the prompts behind it are
-    prefilled in the turns between, not after its last piece."""
+    prefilled in the turns between, not after its last piece. ``graph-like``: the runner declares what a CUDA-graphed
+    one does (a prompt padded to its bucket, one prompt a forward), the engine path a GPU server takes."""
     e = Engine(model.decoder(), None, StaticShapes(buckets=(16, 32), max_seq_len=96), max_waiting=4,
                prefill_chunk_tokens=0, prefill_mid_step=False)
+    if graph_like:
+        e._runner.batched_prefill, e._runner.static_prefill_shapes = False, True
     try:
         long_job = e.submit(list(range(20, 90)), 4, stop_ids=())
         short_job = e.submit([3, 4, 5], 4, stop_ids=())
