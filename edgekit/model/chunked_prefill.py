@@ -88,23 +88,42 @@ class ChunkRow:
             p, keep = p + n, keep - n
 
 
+# Keys a step of a chunk's attention reads. Its FP32 scores are (Hq x C, KEY_BLOCK), not (Hq x C, S): at qwen3-1.7b
+# a 512-token chunk at depth 4096 held ~400 MB of scores, probabilities and mask in one piece (16 heads x 512 x 4096
+# x 4 B each), over what the memory plan counts for a prefill; in blocks it holds ~50 MB whatever the depth.
+KEY_BLOCK = 512
+
+
 def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
                  window: int = 0) -> torch.Tensor:
     """Queries of positions [start, start + C) of one row over the S keys of positions [start + C - S, start + C),
     causal, and within ``window`` positions if > 0: q (1, Hq, C, D), k and v (1, Hkv, S, D). Returns (1, Hq, C, D).
-    Query heads are grouped by the KV head they read, so K and V are never copied per query head."""
+    Query heads are grouped by the KV head they read, so K and V are never copied per query head. The keys go
+    KEY_BLOCK at a time with an online softmax (running max and sum, as flash attention), in FP32 (FP64 for an FP64
+    run)."""
     _, Hq, C, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     acc = accumulate_dtype(q.dtype)
     qg = q.to(acc).reshape(1, Hkv, (Hq // Hkv) * C, D)  # (1, Hkv, G*C, D): head h reads KV head h // G
-    scores = (qg @ k.to(acc).transpose(-1, -2)) * scale  # (1, Hkv, G*C, S)
     q_pos = start + torch.arange(C, device=q.device).repeat(Hq // Hkv)  # (G*C,)
-    k_pos = start + C - S + torch.arange(S, device=q.device)  # (S,)
-    allowed = k_pos[None, :] <= q_pos[:, None]  # (G*C, S)
-    if window:
-        allowed &= q_pos[:, None] - k_pos[None, :] < window
-    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    return (probs @ v.to(acc)).reshape(1, Hq, C, D).to(q.dtype)
+    m = torch.full((1, Hkv, qg.shape[2], 1), float("-inf"), dtype=acc, device=q.device)  # running max
+    den = torch.zeros_like(m)
+    num = torch.zeros_like(qg)
+    for j in range(0, S, KEY_BLOCK):
+        kb, vb = k[:, :, j : j + KEY_BLOCK].to(acc), v[:, :, j : j + KEY_BLOCK].to(acc)  # (1, Hkv, Sb, D)
+        k_pos = start + C - S + j + torch.arange(kb.shape[2], device=q.device)  # (Sb,)
+        allowed = k_pos[None, :] <= q_pos[:, None]  # (G*C, Sb)
+        if window:
+            allowed &= q_pos[:, None] - k_pos[None, :] < window
+        scores = ((qg @ kb.transpose(-1, -2)) * scale).masked_fill(~allowed, float("-inf"))  # (1, Hkv, G*C, Sb)
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        base = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet: no NaN
+        p = torch.exp(scores - base)
+        alpha = torch.exp(m - base)
+        den = den * alpha + p.sum(-1, keepdim=True)
+        num = num * alpha + p @ vb
+        m = m_new
+    return (num / den).reshape(1, Hq, C, D).to(q.dtype)  # every query sees its own key: den > 0
 
 
 class _ChunkOps:

@@ -4,9 +4,14 @@ and 1 local with a window of 4, layer 2 global)."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from edgekit.model import chunked_prefill
 from edgekit.model.loader import load_model
 from edgekit.model.chunked_prefill import prefill_chunk
 from edgekit.runtime.step_runner import RowPrefillCache
@@ -32,3 +37,38 @@ def test_a_prompt_in_chunks_fills_its_row_as_one_prefill_does(model, chunk):
         torch.testing.assert_close(chunked.k[layer][slot, :, :T], whole.k[layer][slot, :, :T], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(chunked.v[layer][slot, :, :T], whole.v[layer][slot, :, :T], rtol=1e-5, atol=1e-5)
         assert not chunked.k[layer][[0, 1, 3]].any()  # the other rows are untouched
+
+
+def _attend_fp64(q, k, v, start, scale, window):
+    """The chunk's attention in one softmax, FP64 (the oracle)."""
+    _, Hq, C, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    kq, vq = k.double().repeat_interleave(G, dim=1), v.double().repeat_interleave(G, dim=1)  # (1, Hq, S, D)
+    scores = (q.double() @ kq.transpose(-1, -2)) * scale  # (1, Hq, C, S)
+    q_pos = start + torch.arange(C)[:, None]
+    k_pos = start + C - S + torch.arange(S)[None, :]
+    allowed = (k_pos <= q_pos) & ((q_pos - k_pos < window) if window else True)
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vq
+
+
+@settings(max_examples=40, deadline=None)
+@given(C=st.integers(1, 24), history=st.integers(0, 70), groups=st.sampled_from([(1, 1), (4, 2), (6, 1)]),
+       window=st.sampled_from([0, 3, 16]), block=st.sampled_from([1, 7, 16, 512]), seed=st.integers(0, 2**16))
+def test_the_chunk_attention_in_key_blocks_matches_one_fp64_softmax(C, history, groups, window, block, seed):
+    """attend_chunk's online softmax over KEY_BLOCK keys at a time (blocks of 1 to 512, so one to ~90 steps; a
+    window that hides whole blocks from some queries) against one FP64 softmax; FP32 inputs."""
+    Hq, Hkv = groups
+    g = torch.Generator().manual_seed(seed)
+    S, D, start = history + C, 8, history + 5  # keys of positions [start + C - S, start + C)
+    q, k, v = (torch.randn(1, h, n, D, generator=g) for h, n in ((Hq, C), (Hkv, S), (Hkv, S)))
+    with patch.object(chunked_prefill, "KEY_BLOCK", block):
+        got = chunked_prefill.attend_chunk(q, k, v, start, 0.35, window)
+    torch.testing.assert_close(got.double(), _attend_fp64(q, k, v, start, 0.35, window), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [4, 9])
+def test_a_prompt_in_chunks_fills_its_row_as_one_prefill_does_with_short_key_blocks(model, block):
+    """The whole-model check above with the chunk's attention taking several key blocks (every chunk past the first)."""
+    with patch.object(chunked_prefill, "KEY_BLOCK", block):
+        test_a_prompt_in_chunks_fills_its_row_as_one_prefill_does(model, 16)
