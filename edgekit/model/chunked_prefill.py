@@ -88,19 +88,21 @@ class ChunkRow:
             p, keep = p + n, keep - n
 
 
-# Keys a step of a chunk's attention reads. Its FP32 scores are (Hq x C, KEY_BLOCK), not (Hq x C, S): at qwen3-1.7b
-# a 512-token chunk at depth 4096 held ~400 MB of scores, probabilities and mask in one piece (16 heads x 512 x 4096
-# x 4 B each), over what the memory plan counts for a prefill; in blocks it holds ~50 MB whatever the depth.
-KEY_BLOCK = 512
+# Score elements a step of a chunk's attention holds: its keys are taken SCORE_ELEMENTS // (Hq x C) at a time (at
+# least one), so each of its FP32 scores, masked scores and probabilities is at most 16 MiB. In one piece, a 512-token
+# chunk of qwen3-1.7b at depth 4096 held 3 x 128 MiB of them (16 heads x 512 x 4096 x 4 B each), over what the memory
+# plan counts for a prefill; a short slice (a server's, while rows decode) still takes its keys in a few long steps,
+# not in many short ones that would each pay ~30 operations' launch cost.
+SCORE_ELEMENTS = 4 * 1024 * 1024
 
 
 def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
                  window: int = 0) -> torch.Tensor:
     """Queries of positions [start, start + C) of one row over the S keys of positions [start + C - S, start + C),
     causal, and within ``window`` positions if > 0: q (1, Hq, C, D), k and v (1, Hkv, S, D). Returns (1, Hq, C, D).
-    Query heads are grouped by the KV head they read, so K and V are never copied per query head. The keys go
-    KEY_BLOCK at a time with an online softmax (running max and sum, as flash attention), in FP32 (FP64 for an FP64
-    run)."""
+    Query heads are grouped by the KV head they read, so K and V are never copied per query head. The keys go in
+    blocks (SCORE_ELEMENTS) with an online softmax (running max and sum, as flash attention), in FP32 (FP64 for an
+    FP64 run)."""
     _, Hq, C, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     acc = accumulate_dtype(q.dtype)
@@ -109,8 +111,9 @@ def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, 
     m = torch.full((1, Hkv, qg.shape[2], 1), float("-inf"), dtype=acc, device=q.device)  # running max
     den = torch.zeros_like(m)
     num = torch.zeros_like(qg)
-    for j in range(0, S, KEY_BLOCK):
-        kb, vb = k[:, :, j : j + KEY_BLOCK].to(acc), v[:, :, j : j + KEY_BLOCK].to(acc)  # (1, Hkv, Sb, D)
+    block = max(1, SCORE_ELEMENTS // (Hq * C))
+    for j in range(0, S, block):
+        kb, vb = k[:, :, j : j + block].to(acc), v[:, :, j : j + block].to(acc)  # (1, Hkv, Sb, D)
         k_pos = start + C - S + j + torch.arange(kb.shape[2], device=q.device)  # (Sb,)
         allowed = k_pos[None, :] <= q_pos[:, None]  # (G*C, Sb)
         if window:
