@@ -278,8 +278,8 @@ class Engine:
         # steps, as before (fairness).
         self.prefill_mid_step = (not self.graphs and not self.lookahead and decoder.device.type == "cpu"
                                  if prefill_mid_step is None else prefill_mid_step and not self.graphs)
-        self.mid_step_prefill_tokens = min(self.prefill_chunk_tokens or MID_STEP_PREFILL_TOKENS, MID_STEP_PREFILL_TOKENS,
-                                           shapes.buckets[-1])  # a prompt past every bucket goes in chunks
+        self.mid_step_prefill_tokens = min(self.prefill_chunk_tokens or MID_STEP_PREFILL_TOKENS,
+                                           MID_STEP_PREFILL_TOKENS, shapes.buckets[-1])  # past every bucket: chunks
         self._early: dict[int, Job] = {}  # rows prefilled inside a step, first token out, not decoding yet (lock)
         self._in_step_busy = False  # a prefill inside the step is running (the callback does not nest)
         self.prompts_prefilled_in_step = 0  # how many prompts were prefilled inside a decode step (a figure to read)
@@ -774,15 +774,16 @@ class Engine:
         ``due_in_s``: when it must be in): a whole chunk while no row decodes (nobody waits on it), else what fits one
         chunk's time together with the rest of the turn that follows, or the pace that meets the due time
         (``prefill_slicing``)."""
-        chunk, largest = self.prefill_chunk_tokens, self.shapes.buckets[-1]
+        chunk = self.prefill_chunk_tokens
         if chunk is None:  # no chunking asked for: a prompt past every bucket goes in chunks of the largest
-            return min(largest, remaining)
-        if not any(r is not None for r in self._rows):
-            return min(chunk, remaining, largest)
+            want = remaining
+        elif not any(r is not None for r in self._rows):
+            want = min(chunk, remaining)
+        else:
+            want = self.prefill_cost.slice_tokens(chunk, remaining, max(self._step_s or 0.0, self._turn_rest_s or 0.0),
+                                                  last, due_in_s)
         # never past the largest bucket: the memory plan sizes a prefill's activations for it
-        return min(largest, self.prefill_cost.slice_tokens(chunk, remaining, max(self._step_s or 0.0,
-                                                                                 self._turn_rest_s or 0.0),
-                                                           last, due_in_s))
+        return min(want, self.shapes.buckets[-1])
 
     def _prompt_due_in_s(self, job: Job) -> float | None:
         """Seconds until ``job``'s prompt should be in: PROMPT_SHARE of its time limit from its arrival (None: no
