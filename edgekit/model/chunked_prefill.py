@@ -129,8 +129,14 @@ def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, 
     return (num / den).reshape(1, Hq, C, D).to(q.dtype)  # every query sees its own key: den > 0
 
 
+# The prefill graph's operators a chunk answers itself rather than through the dispatch table (a plugin for one of
+# them is not called by a chunked prompt: the serving stack's probation does not count such a request for it)
+CHUNK_ANSWERS = frozenset({"attention_prefill"})
+
+
 class _ChunkOps:
-    """The decoder's dispatch table, with ``attention_prefill`` answered for a chunk starting at ``start``."""
+    """The decoder's dispatch table, with ``attention_prefill`` (CHUNK_ANSWERS) answered for a chunk starting at
+    ``start``."""
 
     def __init__(self, ops, start: int):
         self._ops, self._start = ops, start

@@ -9,7 +9,9 @@
   alternate between the new table and the one it replaced, each timed, so both
   arms see the same load and batch sizes (before/after windows could not tell a
   busy device from a slow plugin: 32 ordinary clients sank an identical one).
-  After ``ProbationPolicy.requests`` requests with enough paired steps, a step
+  After ``ProbationPolicy.requests`` requests whose work called the plugin
+  (``_observe``: a chunked prompt does not call ``attention_prefill``, a
+  one-token answer no decode operator) with enough paired steps, a step
   time beyond the slowdown budget or extra spread beyond the jitter budget rolls
   it back without blocking it (it was slow here, not wrong); a fault rolls it
   back and blocks it; otherwise it is confirmed. The watchdog's
@@ -92,9 +94,10 @@ class _Probation:
     op: str
     version: str
     trial: int  # the engine's A/B trial: its steps alternate with the table this plugin replaced
-    requests: int = 0
+    requests: int = 0  # finished requests whose work called the plugin (the count the store keeps)
     faults: int = 0
     deciding: bool = False  # a verdict is being made on the admin worker
+    served: int = 0  # finished requests since it went on probation in this process, whether they called it or not
 
 
 class ServingStack:
@@ -319,11 +322,23 @@ class ServingStack:
             self._event("rollback_failed", op=op, reason=f"{type(e).__name__}: {e}")
 
     def _observe(self, stats) -> None:
-        """On the device thread, per finished request: count it for every probation; verdicts and store writes run
-        on the admin worker."""
+        """On the device thread, per finished request: count it for every probation whose plugin its work called;
+        verdicts and store writes run on the admin worker.
+
+        A request that did not call a plugin says nothing about it: a prompt prefilled in chunks answers its own
+        attention (not ``attention_prefill``), a one-token answer takes no decode step, a trial's control steps run
+        the table the plugin replaced, and the fused decode path calls none of the per-operator decode operators.
+        Such requests count only towards ``max_requests``, after which a plugin that no request called is judged
+        all the same (confirmed on its golden vectors alone unless its trial's steps say otherwise)."""
         due, progress = [], []
         with self._lock:
             for p in self._probation.values():
+                p.served += 1
+                if stats.ops_called is not None and p.op not in stats.ops_called:
+                    if p.served >= self.policy.max_requests and not p.deciding:
+                        p.deciding = True
+                        due.append(p)
+                    continue
                 p.requests += 1
                 if p.requests >= self.policy.requests and not p.deciding:
                     p.deciding = True
@@ -356,15 +371,16 @@ class ServingStack:
 
     def _decide(self, p: _Probation) -> None:
         """On the admin worker: confirm, roll back, or (too few paired steps, and requests left) wait for more."""
-        v = self._judge(p, final=p.requests >= self.policy.max_requests)
-        if v.outcome == "undecided" and p.requests < self.policy.max_requests:
+        final = max(p.requests, p.served) >= self.policy.max_requests
+        v = self._judge(p, final=final)
+        if v.outcome == "undecided" and not final:
             with self._lock:
                 p.deciding = False
             self._save_progress(p.op, p.version, p.requests)
             return
         if v.outcome == "undecided":  # final, and still fewer pairs than min_samples
-            self._end_probation(p, True, f"{v.reasons[0]} after {p.requests} requests; confirmed on its golden "
-                                         "vectors alone")
+            self._end_probation(p, True, f"{v.reasons[0]} after {p.requests} requests that called it ({p.served} "
+                                         "served); confirmed on its golden vectors alone")
         elif v.regressed:
             self._end_probation(p, False, "; ".join(v.reasons), evidence=v.evidence)
         else:

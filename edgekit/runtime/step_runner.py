@@ -33,7 +33,9 @@ import torch
 from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache, ring_prefix
-from edgekit.model.chunked_prefill import prefill_chunk
+from edgekit.graph.node import DECODE, PREFILL
+from edgekit.graph.paths import FUSED, PER_OPERATOR
+from edgekit.model.chunked_prefill import CHUNK_ANSWERS, prefill_chunk
 from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, DecodePath, select_decode_path
 from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
 from edgekit.runtime.op_usage import OpUsage, changed_operators
@@ -103,6 +105,25 @@ class StepRunner(abc.ABC):
     def __init__(self) -> None:
         self._fed: int | None = None  # the batch bucket whose device inputs hold fed-back values
         self._pending = 0  # launches not collected yet
+        self._ops_called: dict[str, frozenset[str]] = {}
+
+    def ops_called(self, work: str) -> frozenset[str]:
+        """The operators one unit of ``work`` calls on this runner, from the graph it runs: ``decode`` (a step on
+        its decode path), ``prefill`` (a whole prompt) or ``chunk`` (a piece of one, whose attention the chunk
+        answers itself: chunked_prefill.CHUNK_ANSWERS). The engine gathers them per request, so that a plugin on
+        probation is judged only by the requests that called it."""
+        ops = self._ops_called.get(work)
+        if ops is None:
+            if work == "decode":
+                path = FUSED if self.decode_path.name == FUSED else PER_OPERATOR
+                ops = frozenset(n.op for n in self.decoder.graph(DECODE, path).nodes)
+            elif work in ("prefill", "chunk"):
+                ops = frozenset(n.op for n in self.decoder.graph(PREFILL).nodes)
+                ops = ops - CHUNK_ANSWERS if work == "chunk" else ops
+            else:
+                raise ValueError(f"unknown work {work!r}; expected decode, prefill or chunk")
+            self._ops_called[work] = ops
+        return ops
 
     def launch(self, batch: int, tokens: list[int] | None = None, positions: list[int] | None = None,
                active: list[int] | None = None) -> Launch:
