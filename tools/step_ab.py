@@ -52,6 +52,24 @@ next kernel's programs would take SM slots only during the last wave's epilogue;
 2 as in ``attn``) against ``attn``: qwen3-1.7b fp16 627.1 -> 608.7 tok/s (-2.9%), int8 836.3 -> 827.9 (-1.0%);
 gemma-3-1b fp16 744.8 -> 723.1 (-2.9%), int8 798.4 -> 786.0 (-1.5%). With the trigger at the programs' exit (above)
 it lost as well: a GEMV that waits on the kernel before it costs more than the launch it hides. Not kept.
+
+H100 80GB HBM3, 2026-12-05 (main 7369d00, 5 interleaved runs, fp16 unless said), with a patch that is not in the tree
+(constexpr switches on the two kernels): upper bounds of what is left around the attention, each arm doing less work
+than the step must (its tokens are wrong; only its time is read):
+- the QKV kernel without its QK-norm tail (each program writes its rows unnormalised, no arrival counter):
+  qwen3-1.7b 633.8 -> 645.5 tok/s (+1.8%), gemma-3-1b 750.6 -> 779.5 (+3.9%). Moving the QK-norm and RoPE into the
+  attention's programs (stop 46's candidate) would save less than that, as the attention would take that work on:
+  it cannot close the 3% qwen3-1.7b fp16 lacks of 1.5x llama.cpp on its own;
+- the attention's programs returning at once after their wait (zeros as the output): +5.6% / +8.2%; both: +9.0% /
+  +13.1%. So the whole split-KV attention with its merge costs ~3 us a layer of the step at depth 512 (Nsight
+  Compute, same GPU, the kernel alone: 40 programs of 128 threads, 139 KB of shared memory at 3 stages, ~2100 SASS
+  instructions, its stall samples spread over the launch, the loads, the MMAs and the merge: no single hot spot).
+Two changes measured with real work against main, tokens equal in every arm (qwen3-1.7b fp16 / int8, gemma-3-1b
+fp16 / int8): the sequence length read before the PDL wait instead of after it (one L2 round trip off the
+attention's chain): 620.3 / 854.9 / 752.8 / 798.9 against 619.9 / 853.7 / 751.5 / 799.6, no change; the output
+projection's first weight tile loaded into registers before its wait rather than only prefetched into L2: 620.3 /
+854.9 / 752.8 / 798.9 against 627.7 / 841.3 / 741.9 / 799.3 (-1.2%, +1.6%, +1.5%, 0.0): no rule that wins at every
+shape. Neither kept.
 """
 
 from __future__ import annotations
