@@ -87,3 +87,36 @@ def test_the_declared_operators_are_the_ones_the_work_calls(tiny_stack):
     with watched.recording() as used:
         decoder.decode(torch.tensor([1]), torch.tensor([16]), cache)
     assert used == runner.ops_called("decode") & have
+
+
+def test_a_request_on_the_fused_decode_path_calls_the_fused_operators_not_the_per_operator_ones():
+    """On the fused path a decode step calls the fused super-operators (a per-operator decode plugin such as
+    swiglu's is not called by it: the prefill still is); what a request gathers says so, and matches the calls."""
+    from collections import Counter
+
+    from edgekit.graph.paths import fused_operators
+    from edgekit.kernels.dispatch import DispatchTable
+    from edgekit.model.loader import load_model
+    from edgekit.runtime.engine import Engine
+    from edgekit.shapes import StaticShapes
+
+    model = load_model("preset:tiny", seed=5)
+    calls: Counter = Counter()
+    table = DispatchTable()
+    for op in list(table.sources()) + fused_operators():  # the fused operators filed as a bundle's plugins would be
+        fn = table.get(op)
+        table.set(op, lambda *a, _op=op, _fn=fn: (calls.update([_op]), _fn(*a))[1],
+                  source="plugin:v1" if op in fused_operators() else "reference")
+    engine = Engine(model.decoder().with_ops(table), None, StaticShapes(buckets=(16,), max_seq_len=32),
+                    fused_on_cpu=True)
+    try:
+        assert engine.decode_path.name == "fused"
+        decode = engine._runner.ops_called("decode")
+        assert "swiglu" not in decode and "fused_norm_qkv_rope" in decode
+        prefill = engine._runner.ops_called("prefill")
+        stats = engine.complete([3, 4, 5], 4).stats
+        assert stats.ops_called == decode | prefill
+        assert set(calls) == stats.ops_called & set(calls)  # every op called is one the request says it called
+        assert set(calls) == stats.ops_called & set(table.sources())  # and every such op was called
+    finally:
+        engine.close()
