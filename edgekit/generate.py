@@ -23,9 +23,9 @@ class GenerationStats:
     first_token_at_s: float | None = None  # time.monotonic() when the first token was ready (the serving engine)
     queue_s: float = 0.0  # how long the request waited for a decode row (the serving engine; part of prefill_s)
     prefill_chunks: int = 0  # a prompt longer than the largest bucket: the chunks of that bucket it was prefilled in
-    # the dispatch operators the request's work called (the serving engine; None: not recorded): a plugin on probation
-    # is judged only by the requests that called it
-    ops_called: frozenset[str] | None = None
+    # (operator, source) of the dispatch entries the request's work called (the serving engine; None: not recorded):
+    # a plugin on probation is judged only by the requests that called it
+    ops_called: frozenset[tuple[str, str]] | None = None
 
     @property
     def decode_tokens_per_s(self) -> float | None:

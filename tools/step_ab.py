@@ -69,7 +69,10 @@ fp16 / int8): the sequence length read before the PDL wait instead of after it (
 attention's chain): 620.3 / 854.9 / 752.8 / 798.9 against 619.9 / 853.7 / 751.5 / 799.6, no change; the output
 projection's first weight tile loaded into registers before its wait rather than only prefetched into L2: 620.3 /
 854.9 / 752.8 / 798.9 against 627.7 / 841.3 / 741.9 / 799.3 (-1.2%, +1.6%, +1.5%, 0.0): no rule that wins at every
-shape. Neither kept.
+shape. Neither kept. The attention's value tile requested with its key tile (before the QK product, one stage: 40 KB
+of shared memory instead of 139 KB, both tiles in flight without the pipeliner's prologue) against the default
+three stages: qwen3-1.7b 634.4 -> 623.8 (-1.7%; one stage as it was 610.1), gemma-3-1b 750.7 -> 751.8 (+0.1%; 8
+warps 754.9), qwen3-0.6b 1140.6 -> 1098.4 (-3.7%); two stages -2.6% / -4.1% / -6.3%. Not kept.
 """
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ class Job:
     finish_reason: str | None = None  # stop | length | time_limit | cancelled | shutdown | error
     error: Exception | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
-    ops_called: set[str] = field(default_factory=set)  # what its prefill and decode steps called (StepRunner.ops_called)
+    # (operator, source) its prefills and decode steps called (StepRunner.ops_called)
+    ops_called: set[tuple[str, str]] = field(default_factory=set)
     enqueued_s: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     _cancelled: bool = False
@@ -853,6 +854,7 @@ class Engine:
         self._unit_ran(0, width * len(live), time.perf_counter() - t, int(seq_lens.sum()))
         self.prompts_prefilled_in_step += len(live)
         for i, (slot, job) in enumerate(live):
+            job.ops_called |= runner.ops_called("prefill")
             try:
                 tok = self._pick_first(job, logits[i : i + 1])
             except Exception as e:
@@ -985,7 +987,7 @@ class Engine:
                 except EdgekitError as e:  # this row's request fails; the others of the step go on
                     self._fail_rows([i], None, e)
                     continue
-            row.job.ops_called |= flight.runner.ops_called("decode")  # a trial's control arm: the table it replaced
+            row.job.ops_called |= flight.runner.ops_called("decode")  # a trial's control arm: the sources it kept
             row.job.stats.token_times_s.append(now - row.t_last)
             row.job.stats.decode_s = now - row.t_start
             row.t_last = now

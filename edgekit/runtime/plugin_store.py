@@ -180,7 +180,8 @@ class Pointer(BaseModel):
     changed_at: str = Field(default_factory=_now)
     note: str = ""
     floor: str | None = None  # the newest version ever installed; survives rollbacks (downgrade check)
-    probation_requests: int = 0  # requests the version on probation has served so far (survives restarts)
+    probation_requests: int = 0  # requests that called the version on probation so far (survives restarts)
+    probation_served: int = 0  # requests served while it was on probation, calling it or not (survives restarts)
     clean_stop: bool = False  # the runtime stopped cleanly while this version was on probation
 
     def op_state(self) -> OpState:
@@ -518,14 +519,17 @@ class PluginStore:
         self.events.append(Event("confirmed", op, f"{new.version} confirmed"))
         return new
 
-    def record_probation(self, op: str, version: str, requests: int, *, clean_stop: bool = False) -> Pointer:
-        """Persist how far `version` of `op` got on probation (and whether the runtime is stopping cleanly),
-        so a restart resumes its probation instead of rolling a healthy plugin back."""
+    def record_probation(self, op: str, version: str, requests: int, *, served: int | None = None,
+                         clean_stop: bool = False) -> Pointer:
+        """Persist how far `version` of `op` got on probation: ``requests`` that called it, ``served`` in all (None:
+        as recorded), and whether the runtime is stopping cleanly, so a restart resumes its probation instead of
+        rolling a healthy plugin back."""
         with self._locked():
             p = self._current_pointer(check_name("operator", op))
             if p.state != "probation" or p.version != version:
                 return p  # confirmed or rolled back meanwhile: nothing to record
-            new = p.model_copy(update={"probation_requests": requests, "clean_stop": clean_stop})
+            new = p.model_copy(update={"probation_requests": requests, "clean_stop": clean_stop,
+                                       "probation_served": p.probation_served if served is None else served})
             if new != p:
                 self._write_pointer(new)
         return new

@@ -94,10 +94,11 @@ class _Probation:
     op: str
     version: str
     trial: int  # the engine's A/B trial: its steps alternate with the table this plugin replaced
-    requests: int = 0  # finished requests whose work called the plugin (the count the store keeps)
+    source: str  # its dispatch entry's source: what a request's ops_called names it by
+    requests: int = 0  # finished requests whose work called the plugin
     faults: int = 0
     deciding: bool = False  # a verdict is being made on the admin worker
-    served: int = 0  # finished requests since it went on probation in this process, whether they called it or not
+    served: int = 0  # finished requests while it was on probation, whether they called it or not (both persisted)
 
 
 class ServingStack:
@@ -181,10 +182,10 @@ class ServingStack:
         self.admin_worker.shutdown(wait=True)
         if self.store is not None:
             with self._lock:
-                pending = [(p.op, p.version, p.requests) for p in self._probation.values()]
-            for op, version, requests in pending:
+                pending = [(p.op, p.version, p.requests, p.served) for p in self._probation.values()]
+            for op, version, requests, served in pending:
                 try:
-                    self.store.record_probation(op, version, requests, clean_stop=True)
+                    self.store.record_probation(op, version, requests, served=served, clean_stop=True)
                 except EdgekitError as e:  # the next start treats it as a crash: rolls it back, safely
                     self._event("probation_not_saved", op=op, reason=str(e))
         if self.log is not None:
@@ -270,7 +271,8 @@ class ServingStack:
         trial = self._install(op, impl, source, fallback=previous, probation=on_probation)
         with self._lock:
             if on_probation:  # a new install, or one resumed after a clean restart (with the requests it had served)
-                self._probation[op] = _Probation(op, str(plugin.version), trial, requests=pointer.probation_requests)
+                self._probation[op] = _Probation(op, str(plugin.version), trial, source,
+                                                 requests=pointer.probation_requests, served=pointer.probation_served)
             else:
                 self._probation.pop(op, None)
 
@@ -326,35 +328,32 @@ class ServingStack:
         verdicts and store writes run on the admin worker.
 
         A request that did not call a plugin says nothing about it: a prompt prefilled in chunks answers its own
-        attention (not ``attention_prefill``), a one-token answer takes no decode step, a trial's control steps run
-        the table the plugin replaced, and the fused decode path calls none of the per-operator decode operators.
-        Such requests count only towards ``max_requests``, after which a plugin that no request called is judged
-        all the same (confirmed on its golden vectors alone unless its trial's steps say otherwise)."""
+        attention (not ``attention_prefill``), a one-token answer takes no decode step, a trial's control steps and
+        the steps before the switch run the implementation the plugin replaced (another source), and the fused
+        decode path calls none of the per-operator decode operators. Such requests count only towards
+        ``max_requests`` served, after which the plugin is judged all the same (confirmed on its golden vectors alone
+        unless its trial's steps say otherwise)."""
         due, progress = [], []
         with self._lock:
             for p in self._probation.values():
                 p.served += 1
-                if stats.ops_called is not None and p.op not in stats.ops_called:
-                    if p.served >= self.policy.max_requests and not p.deciding:
-                        p.deciding = True
-                        due.append(p)
-                    continue
-                p.requests += 1
-                if p.requests >= self.policy.requests and not p.deciding:
+                if stats.ops_called is None or (p.op, p.source) in stats.ops_called:
+                    p.requests += 1
+                if not p.deciding and (p.requests >= self.policy.requests or p.served >= self.policy.max_requests):
                     p.deciding = True
                     due.append(p)
                 else:
-                    progress.append((p.op, p.version, p.requests))
+                    progress.append((p.op, p.version, p.requests, p.served))
         if self.admin is None:
             return
-        for op, version, requests in progress:
-            self.admin_worker.submit(self._save_progress, op, version, requests)
+        for op, version, requests, served in progress:
+            self.admin_worker.submit(self._save_progress, op, version, requests, served)
         for p in due:
             self.admin_worker.submit(self._decide, p)
 
-    def _save_progress(self, op: str, version: str, requests: int) -> None:
+    def _save_progress(self, op: str, version: str, requests: int, served: int) -> None:
         try:
-            self.store.record_probation(op, version, requests)
+            self.store.record_probation(op, version, requests, served=served)
         except EdgekitError as e:  # the store is busy: the count is re-saved with the next request
             self._event("probation_not_saved", op=op, reason=str(e))
 
@@ -376,7 +375,7 @@ class ServingStack:
         if v.outcome == "undecided" and not final:
             with self._lock:
                 p.deciding = False
-            self._save_progress(p.op, p.version, p.requests)
+            self._save_progress(p.op, p.version, p.requests, p.served)
             return
         if v.outcome == "undecided":  # final, and still fewer pairs than min_samples
             self._end_probation(p, True, f"{v.reasons[0]} after {p.requests} requests that called it ({p.served} "

@@ -105,23 +105,26 @@ class StepRunner(abc.ABC):
     def __init__(self) -> None:
         self._fed: int | None = None  # the batch bucket whose device inputs hold fed-back values
         self._pending = 0  # launches not collected yet
-        self._ops_called: dict[str, frozenset[str]] = {}
+        self._ops_called: dict[str, frozenset[tuple[str, str]]] = {}
 
-    def ops_called(self, work: str) -> frozenset[str]:
-        """The operators one unit of ``work`` calls on this runner, from the graph it runs: ``decode`` (a step on
-        its decode path), ``prefill`` (a whole prompt) or ``chunk`` (a piece of one, whose attention the chunk
-        answers itself: chunked_prefill.CHUNK_ANSWERS). The engine gathers them per request, so that a plugin on
-        probation is judged only by the requests that called it."""
+    def ops_called(self, work: str) -> frozenset[tuple[str, str]]:
+        """(operator, source) of each table entry one unit of ``work`` calls on this runner, from the graph it runs:
+        ``decode`` (a step on its decode path), ``prefill`` (a whole prompt) or ``chunk`` (a piece of one, whose
+        attention the chunk answers itself: chunked_prefill.CHUNK_ANSWERS). The engine gathers them per request, so
+        that a plugin on probation is judged only by the requests that called it: the source tells the plugin from
+        the implementation it replaced (a trial's control arm, a runner from before the switch)."""
         ops = self._ops_called.get(work)
         if ops is None:
             if work == "decode":
                 path = FUSED if self.decode_path.name == FUSED else PER_OPERATOR
-                ops = frozenset(n.op for n in self.decoder.graph(DECODE, path).nodes)
+                names = {n.op for n in self.decoder.graph(DECODE, path).nodes}
             elif work in ("prefill", "chunk"):
-                ops = frozenset(n.op for n in self.decoder.graph(PREFILL).nodes)
-                ops = ops - CHUNK_ANSWERS if work == "chunk" else ops
+                names = {n.op for n in self.decoder.graph(PREFILL).nodes}
+                names = names - CHUNK_ANSWERS if work == "chunk" else names
             else:
                 raise ValueError(f"unknown work {work!r}; expected decode, prefill or chunk")
+            sources = self.table.sources()
+            ops = frozenset((op, sources[op]) for op in names if op in sources)  # glue ops are no table entries
             self._ops_called[work] = ops
         return ops
 

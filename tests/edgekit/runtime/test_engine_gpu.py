@@ -102,6 +102,14 @@ def test_graphed_engine_decodes_on_the_path_run_takes(decoder):
     e = Engine(decoder, None, SHAPES, cuda_graphs=True)
     try:
         assert e.decode_path.name == run_path.name, (e.decode_path, run_path)
+        # what a request says its work called (a probation counts it by this): the graphed prefill's table entries
+        # and the graphed step's, on the path it runs (the fused one calls no per-operator swiglu; its JIT kernels
+        # are no table entries, so no plugin of theirs can be on probation)
+        stats = e.complete([1, 2, 3], 4).stats
+        assert stats.ops_called == e._runner.ops_called("prefill") | e._runner.ops_called("decode")
+        assert ("attention_prefill", e.table.sources()["attention_prefill"]) in stats.ops_called
+        decode_ops = {op for op, _ in e._runner.ops_called("decode")}
+        assert ("swiglu" in decode_ops) == (run_path.name != "fused") and decode_ops <= set(e.table.sources())
         original, source = e.table.get("rmsnorm"), e.table.sources()["rmsnorm"]
         e.switch_operator("rmsnorm", lambda x, w, eps: rmsnorm_reference(x, w, eps), "plugin:test")
         assert e.submit([1, 2, 3], 4, stop_ids=()).done.wait(60)  # a step: the new runner is in use

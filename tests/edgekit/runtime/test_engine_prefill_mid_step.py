@@ -94,6 +94,9 @@ def test_a_prompt_that_ends_at_its_first_token_frees_its_row(tiny):
     try:
         assert e.prompts_prefilled_in_step == 1
         assert len(arrived[0].tokens) == 1 and arrived[0].finish_reason == "length"
+        # its prefill called the prefill's operators (a plugin on probation among them counts this request)
+        assert ("attention_prefill", "reference") in arrived[0].stats.ops_called
+        assert not any(op == "attention_decode" for op, _ in arrived[0].stats.ops_called)  # and no decode step
         deadline = time.monotonic() + 10
         while e._free_rows() < 4 and time.monotonic() < deadline:  # the stream's row ends with its request too
             time.sleep(0.01)

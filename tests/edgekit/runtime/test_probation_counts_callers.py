@@ -1,10 +1,11 @@
 """A plugin on probation is judged by the requests whose work called it.
 
 Before: every finished request counted towards every probation, so an ``attention_prefill`` plugin could be
-confirmed by requests whose long prompts went in chunks (a chunk answers its own attention) and a decode operator's
-by one-token answers that never took a decode step. Now the engine gathers, per request, the operators its prefill
-and decode steps called (``StepRunner.ops_called``, from the graphs they run), and the stack counts a request only
-for the plugins among them."""
+confirmed by requests whose long prompts went in chunks (a chunk answers its own attention), a decode operator's by
+one-token answers that never took a decode step or by steps of the trial's control arm. Now the engine gathers, per
+request, the (operator, source) entries its prefill and decode steps called (``StepRunner.ops_called``, from the
+graphs they run), and the stack counts a request only for the plugins among them; every request counts towards
+``max_requests`` served, after which the plugin is judged in any case (both counts survive a restart)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,31 @@ def _served(stack, prompt_len: int, new_tokens: int):
     return done.stats
 
 
+def _ops(stats) -> set[str]:
+    return {op for op, _ in stats.ops_called}
+
+
 def test_a_chunked_prompt_does_not_count_for_an_attention_prefill_plugin(tiny_stack, tiny_bundle):
     stack = tiny_stack
     stack.admin.install(plugin_packages(tiny_bundle, "attention_prefill", [2])[0])
     p = stack._probation["attention_prefill"]
     largest = stack.engine.shapes.buckets[-1]
 
-    chunked = _served(stack, largest + 8, 2)  # past the largest bucket: prefilled in chunks
-    assert chunked.prefill_chunks >= 2 and "attention_prefill" not in chunked.ops_called
+    chunked = _served(stack, largest + 8, 1)  # past the largest bucket: prefilled in chunks; one token, no step
+    assert chunked.prefill_chunks >= 2
+    assert _ops(chunked) == _ops_of(stack, "chunk")  # its chunks' operators, recorded
+    assert "attention_prefill" not in _ops(chunked) and "rmsnorm" in _ops(chunked)
     assert (p.requests, p.served) == (0, 1)
 
     whole = _served(stack, 8, 2)  # one bucket: the plugin's attention ran
-    assert "attention_prefill" in whole.ops_called
+    assert ("attention_prefill", p.source) in whole.ops_called
     assert (p.requests, p.served) == (1, 2)
-    assert stack.store.pointer("attention_prefill").probation_requests == 1  # what a restart resumes from
+    pointer = stack.store.pointer("attention_prefill")
+    assert (pointer.probation_requests, pointer.probation_served) == (1, 2)  # what a restart resumes from
+
+
+def _ops_of(stack, work: str) -> set[str]:
+    return {op for op, _ in stack.engine._runner.ops_called(work)}
 
 
 def test_a_one_token_answer_does_not_count_for_a_decode_operator(tiny_stack, tiny_bundle):
@@ -42,23 +54,57 @@ def test_a_one_token_answer_does_not_count_for_a_decode_operator(tiny_stack, tin
     p = stack._probation["attention_decode"]
 
     one = _served(stack, 8, 1)  # its one token comes from the prefill: no decode step ran
-    assert one.new_tokens == 1 and "attention_decode" not in one.ops_called
+    assert one.new_tokens == 1 and "attention_decode" not in _ops(one)
     assert (p.requests, p.served) == (0, 1)
 
-    _served(stack, 8, 4)
-    assert (p.requests, p.served) == (1, 2)
 
-
-def test_a_plugin_no_request_calls_is_judged_after_max_requests(tiny_stack, tiny_bundle):
+def test_only_steps_on_the_trial_arm_call_the_plugin(tiny_stack, tiny_bundle):
+    """During the A/B trial a request's decode steps run on either arm; a request whose steps all ran on the control
+    arm called the implementation the plugin replaced (its source), not the plugin."""
     stack = tiny_stack
-    stack.policy.max_requests = 3
-    stack.admin.install(plugin_packages(tiny_bundle, "attention_prefill", [2])[0])
-    largest = stack.engine.shapes.buckets[-1]
-    for _ in range(3):
-        _served(stack, largest + 4, 2)
-    assert stack.store.pointer("attention_prefill").state == "confirmed"
-    passed = [e for e in stack.events if e["kind"] == "probation_passed" and e["op"] == "attention_prefill"]
-    assert passed and "0 requests that called it (3 served)" in passed[-1]["detail"], stack.events[-3:]
+    stack.policy.requests = 10_000  # no verdict in this test
+    replaced = stack.engine.table.sources()["attention_decode"]
+    stack.admin.install(plugin_packages(tiny_bundle, "attention_decode", [2])[0])
+    p = stack._probation["attention_decode"]
+    arms = []
+    for _ in range(16):  # two tokens: exactly one decode step, on one arm
+        before = len(stack.engine.trial_steps)
+        stats = _served(stack, 8, 2)
+        steps = list(stack.engine.trial_steps)[before:]
+        assert len(steps) == 1
+        arms.append(steps[0].arm)
+        sources = {src for op, src in stats.ops_called if op == "attention_decode"}
+        assert sources == ({p.source} if steps[0].arm == "trial" else {replaced}), (steps[0].arm, sources)
+    assert {"trial", "control"} <= set(arms)  # both arms came up
+    assert (p.requests, p.served) == (arms.count("trial"), 16)
+
+
+def test_a_plugin_no_request_calls_is_judged_after_max_requests_even_across_a_restart(tiny_bundle, tmp_path):
+    from edgekit.runtime.bundle_runtime import open_bundle
+    from edgekit.runtime.serving import ServingStack, open_store
+
+    def stack():
+        b = open_bundle(tiny_bundle, [], allow_dev_key=True, device="cpu", golden=False)
+        s = ServingStack(b, open_store(tmp_path / "store", b, [], allow_dev_key=True))
+        s.policy.max_requests = 4
+        return s
+
+    first = stack()
+    first.admin.install(plugin_packages(tiny_bundle, "attention_prefill", [2])[0])
+    largest = first.engine.shapes.buckets[-1]
+    for _ in range(2):
+        _served(first, largest + 4, 2)
+    first.close()  # a clean stop: the probation resumes, with both counts
+    again = stack()
+    try:
+        assert (again._probation["attention_prefill"].requests, again._probation["attention_prefill"].served) == (0, 2)
+        for _ in range(2):
+            _served(again, largest + 4, 2)
+        assert again.store.pointer("attention_prefill").state == "confirmed"
+        passed = [e for e in again.events if e["kind"] == "probation_passed" and e["op"] == "attention_prefill"]
+        assert passed and "0 requests that called it (4 served)" in passed[-1]["detail"], again.events[-3:]
+    finally:
+        again.close()
 
 
 def test_the_declared_operators_are_the_ones_the_work_calls(tiny_stack):
@@ -66,27 +112,29 @@ def test_the_declared_operators_are_the_ones_the_work_calls(tiny_stack):
     or a plugin could be called by requests that are not counted for it."""
     import torch
 
-    engine = tiny_stack.engine
-    runner = engine._runner
-    table = runner.table
-    watched = OpUsage()
-    decoder = runner.decoder.with_ops(watched.watch(table))
-    have = set(table.sources())
-    cache = decoder.new_cache(1, engine.shapes.max_seq_len)
-    tokens = torch.arange(1, 9).reshape(1, 8)
-
     from edgekit.model.chunked_prefill import prefill_chunk
     from edgekit.runtime.step_runner import RowPrefillCache
 
+    engine = tiny_stack.engine
+    runner = engine._runner
+    watched = OpUsage()
+    decoder = runner.decoder.with_ops(watched.watch(runner.table))
+    cache = decoder.new_cache(1, engine.shapes.max_seq_len)
+    tokens = torch.arange(1, 9).reshape(1, 8)
+    sources = runner.table.sources()
+
+    def pairs(used):
+        return {(op, sources[op]) for op in used}
+
     with watched.recording() as used:
         decoder.prefill(tokens, torch.tensor([8]), RowPrefillCache(cache, torch.tensor([0])))
-    assert used == runner.ops_called("prefill") & have
+    assert pairs(used) == runner.ops_called("prefill")
     with watched.recording() as used:
         prefill_chunk(decoder, cache, 0, tokens, 8)
-    assert used == runner.ops_called("chunk") & have and not used & CHUNK_ANSWERS
+    assert pairs(used) == runner.ops_called("chunk") and not used & CHUNK_ANSWERS
     with watched.recording() as used:
         decoder.decode(torch.tensor([1]), torch.tensor([16]), cache)
-    assert used == runner.ops_called("decode") & have
+    assert pairs(used) == runner.ops_called("decode")
 
 
 def test_a_request_on_the_fused_decode_path_calls_the_fused_operators_not_the_per_operator_ones():
@@ -111,12 +159,11 @@ def test_a_request_on_the_fused_decode_path_calls_the_fused_operators_not_the_pe
                     fused_on_cpu=True)
     try:
         assert engine.decode_path.name == "fused"
-        decode = engine._runner.ops_called("decode")
+        decode = {op for op, _ in engine._runner.ops_called("decode")}
         assert "swiglu" not in decode and "fused_norm_qkv_rope" in decode
-        prefill = engine._runner.ops_called("prefill")
         stats = engine.complete([3, 4, 5], 4).stats
-        assert stats.ops_called == decode | prefill
-        assert set(calls) == stats.ops_called & set(calls)  # every op called is one the request says it called
-        assert set(calls) == stats.ops_called & set(table.sources())  # and every such op was called
+        assert stats.ops_called == engine._runner.ops_called("decode") | engine._runner.ops_called("prefill")
+        assert set(calls) == {op for op, _ in stats.ops_called}  # exactly the entries it called
+        assert ("fused_norm_qkv_rope", "plugin:v1") in stats.ops_called
     finally:
         engine.close()
