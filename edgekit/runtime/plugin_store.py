@@ -188,7 +188,10 @@ class Pointer(BaseModel):
         return OpState(active=self.version, previous=self.previous, blocked=self.blocked, floor=self.floor)
 
     def to_bytes(self) -> bytes:
-        return (json.dumps(self.model_dump(), indent=2, sort_keys=True) + "\n").encode()
+        # probation_served is written only while it counts something: a runtime from before the field (its Pointer
+        # forbids unknown keys) still reads every other pointer, as it read them before
+        skip = {"probation_served"} if self.probation_served == 0 else None
+        return (json.dumps(self.model_dump(exclude=skip), indent=2, sort_keys=True) + "\n").encode()
 
 
 class SlotRecord(BaseModel):
@@ -513,7 +516,8 @@ class PluginStore:
             p = self._current_pointer(check_name("operator", op))
             if p.state != "probation":
                 return p
-            new = p.model_copy(update={"state": "confirmed", "changed_at": _now(), "note": "confirmed"})
+            new = p.model_copy(update={"state": "confirmed", "changed_at": _now(), "note": "confirmed",
+                                       "probation_served": 0})
             self._write_pointer(new, between=lambda: self._step("confirm", "pointer_temp_written"))
             self._step("confirm", "switched")
         self.events.append(Event("confirmed", op, f"{new.version} confirmed"))

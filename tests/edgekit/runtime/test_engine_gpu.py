@@ -103,8 +103,8 @@ def test_graphed_engine_decodes_on_the_path_run_takes(decoder):
     try:
         assert e.decode_path.name == run_path.name, (e.decode_path, run_path)
         # what a request says its work called (a probation counts it by this): the graphed prefill's table entries
-        # and the graphed step's, on the path it runs (the fused one calls no per-operator swiglu; its JIT kernels
-        # are no table entries, so no plugin of theirs can be on probation)
+        # and the graphed step's, on the path it runs (the fused one calls no per-operator swiglu; its operators are
+        # the table's entries by name, here "reference" ones that the JIT kernels stand in for)
         stats = e.complete([1, 2, 3], 4).stats
         assert stats.ops_called == e._runner.ops_called("prefill") | e._runner.ops_called("decode")
         assert ("attention_prefill", e.table.sources()["attention_prefill"]) in stats.ops_called

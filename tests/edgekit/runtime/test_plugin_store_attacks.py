@@ -525,8 +525,11 @@ def test_pointer_files_are_sorted_indented_json_a_person_can_read_on_the_device(
     assert p.to_bytes() == (
         b'{\n  "base": "bundle",\n  "blocked": [],\n  "changed_at": "2026-12-01T00:00:00+00:00",\n  "clean_stop": false,\n'
         b'  "floor": null,\n  "format": 1,\n  "history": [],\n  "note": "",\n  "op": "rmsnorm",\n  "previous": "1",\n'
-        b'  "probation_requests": 0,\n  "probation_served": 0,\n  "state": "confirmed",\n  "version": "2"\n}\n'
-    )
+        b'  "probation_requests": 0,\n  "state": "confirmed",\n  "version": "2"\n}\n'
+    )  # no probation_served while it is 0: a runtime from before the field reads the file
+    during = p.model_copy(update={"state": "probation", "probation_requests": 3, "probation_served": 5})
+    assert b'"probation_served": 5' in during.to_bytes()
+    assert plugin_store.Pointer.model_validate_json(during.to_bytes()) == during
 
 
 def test_slot_records_are_indented_json(store):
