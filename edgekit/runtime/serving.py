@@ -280,7 +280,10 @@ class ServingStack:
         if self.bundle.device.type == "cuda":
             from edgekit.runtime.gpu_runner import load_plugin_op
 
-            return load_plugin_op(plugin.metadata, plugin.files.__getitem__, self.bundle.device), f"plugin:v{plugin.version}"
+            # "(store)": never the bundle's own label for the same version (a store version resumed under a newer
+            # bundle that ships it too), which a probation's control arm may hold (_observe tells them by it)
+            return (load_plugin_op(plugin.metadata, plugin.files.__getitem__, self.bundle.device),
+                    f"plugin:v{plugin.version} (store)")
         from edgekit.kernels.registry import OPERATORS
 
         # No GPU: the plugin's kernels cannot run here; the operator keeps the reference math and the
