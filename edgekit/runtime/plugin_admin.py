@@ -65,8 +65,12 @@ class StoreAdmin:
         return self.store.confirm(op).model_dump()
 
     def sync(self) -> dict[str, str | None]:
-        """At start-up: hand every operator's active plugin to the runtime. Returns op -> version serving."""
-        for op in self.store.ops():
+        """At start-up: hand every operator's active plugin to the runtime. Returns op -> version serving.
+
+        Versions on probation go last: a switch ends the A/B trial that is running, so a resumed probation
+        switched before a confirmed operator would have no trial left to collect its step pairs in."""
+        ops = sorted(self.store.ops(), key=lambda op: self.store.pointer(op).state == "probation")  # stable
+        for op in ops:
             self._activate(op)
         return {op: self.store.pointer(op).version for op in self.store.ops()}
 

@@ -133,3 +133,27 @@ def test_sigterm_of_a_real_server_keeps_the_probation(tiny_bundle, tmp_path):
     log = [json.loads(line) for line in (store_dir / "server.jsonl").read_text().splitlines()]
     assert any(r.get("type") == "request" and r.get("route") == "plugins" and r.get("action") == "install" for r in log)
     assert any(r.get("type") == "request" and r.get("route") == "completions" for r in log)
+
+
+def test_a_resumed_probation_keeps_its_trial_when_another_operator_is_switched_at_start(tiny_bundle, tmp_path):
+    """At start-up every operator's active plugin is switched in; a switch ends the running A/B trial. A probation
+    resumed before a confirmed operator's switch (here attention_decode before swiglu, in name order) had its trial
+    ended at once and collected no step pairs: versions on probation are now switched last."""
+    store_dir = tmp_path / "store"
+    stack = _stack(tiny_bundle, store_dir)
+    stack.admin.install(plugin_packages(tiny_bundle, "swiglu", [2])[0])
+    stack.admin.confirm("swiglu")
+    with stack._lock:
+        stack._probation.pop("swiglu", None)
+    stack.admin.install(plugin_packages(tiny_bundle, "attention_decode", [2])[0])
+    stack.close()
+
+    again = _stack(tiny_bundle, store_dir)
+    try:
+        assert again.store.pointer("swiglu").state == "confirmed"
+        p = again._probation["attention_decode"]
+        again.policy.requests = 10_000  # no verdict: only the pairs are read
+        _serve_requests(again, 3)
+        assert sum(len(v) for v in again.engine.trial_pairs(p.trial).values()) > 0
+    finally:
+        again.close()
