@@ -122,8 +122,9 @@ class Job:
     finish_reason: str | None = None  # stop | length | time_limit | cancelled | shutdown | error
     error: Exception | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
-    # (operator, source) its prefills and decode steps called (StepRunner.ops_called)
-    ops_called: set[tuple[str, str]] = field(default_factory=set)
+    # the (operator, source) sets its prefills and decode steps called (StepRunner.ops_called: a few shared frozensets,
+    # so a decode step adds a reference, not its entries; joined once when the request ends)
+    ops_called: set[frozenset[tuple[str, str]]] = field(default_factory=set)
     enqueued_s: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     _cancelled: bool = False
@@ -719,7 +720,7 @@ class Engine:
                 logits = None
             self._unit_ran(0, T * len(live), time.perf_counter() - t, sum(len(p.job.prompt_ids) for p in live))
             for i, p in enumerate(live if logits is not None else []):
-                p.job.ops_called |= self._runner.ops_called("prefill")
+                p.job.ops_called.add(self._runner.ops_called("prefill"))
                 try:
                     self._first_token(p.slot, p.job, logits[i : i + 1])
                 except Exception as e:
@@ -749,7 +750,7 @@ class Engine:
         end = p.done + self._slice_tokens(n - p.done, p.last_slice, self._prompt_due_in_s(job))
         tokens = torch.tensor([job.prompt_ids[p.done:end]], dtype=torch.long, device=self.decoder.device)  # (1, C)
         logits = self._runner.prefill_chunk(p.slot, tokens, p.done)  # (1, V)
-        job.ops_called |= self._runner.ops_called("chunk")
+        job.ops_called.add(self._runner.ops_called("chunk"))
         if n > self.shapes.buckets[-1]:
             job.stats.prefill_chunks += 1  # no bucket holds it: the pieces it took (GenerationStats)
         p.slice_ended = time.perf_counter()
@@ -854,7 +855,7 @@ class Engine:
         self._unit_ran(0, width * len(live), time.perf_counter() - t, int(seq_lens.sum()))
         self.prompts_prefilled_in_step += len(live)
         for i, (slot, job) in enumerate(live):
-            job.ops_called |= runner.ops_called("prefill")
+            job.ops_called.add(runner.ops_called("prefill"))
             try:
                 tok = self._pick_first(job, logits[i : i + 1])
             except Exception as e:
@@ -891,7 +892,7 @@ class Engine:
         tokens[0, : len(job.prompt_ids)] = torch.tensor(job.prompt_ids, dtype=torch.long)
         seq_lens = torch.tensor([len(job.prompt_ids)], dtype=torch.long)  # (1,)
         logits = self._runner.prefill(slot, tokens.to(dev), seq_lens.to(dev))  # (1, V)
-        job.ops_called |= self._runner.ops_called("prefill")
+        job.ops_called.add(self._runner.ops_called("prefill"))
         self._first_token(slot, job, logits)
 
     def _first_token(self, slot: int, job: Job, logits: torch.Tensor) -> None:
@@ -987,7 +988,7 @@ class Engine:
                 except EdgekitError as e:  # this row's request fails; the others of the step go on
                     self._fail_rows([i], None, e)
                     continue
-            row.job.ops_called |= flight.runner.ops_called("decode")  # a trial's control arm: the sources it kept
+            row.job.ops_called.add(flight.runner.ops_called("decode"))  # a trial's control arm: the sources it kept
             row.job.stats.token_times_s.append(now - row.t_last)
             row.job.stats.decode_s = now - row.t_start
             row.t_last = now
@@ -1027,7 +1028,7 @@ class Engine:
 
     def _finish(self, job: Job, reason: str) -> None:
         job.finish_reason = reason
-        job.stats.ops_called = frozenset(job.ops_called)
+        job.stats.ops_called = frozenset().union(*job.ops_called)
         if reason in ("stop", "length"):
             st = job.stats
             self.tracker.record_request(st.prefill_s, st.prefill_s + st.decode_s, st.token_times_s)

@@ -34,7 +34,6 @@ from edgekit.kernels.dispatch import DispatchTable
 from edgekit.model.decoder import Decoder
 from edgekit.model.kv_cache import StaticKVCache, ring_prefix
 from edgekit.graph.node import DECODE, PREFILL
-from edgekit.graph.paths import FUSED, PER_OPERATOR
 from edgekit.model.chunked_prefill import CHUNK_ANSWERS, prefill_chunk
 from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH, DecodePath, select_decode_path
 from edgekit.runtime.gpu_admin_lock import capture_graph, gpu_admin_work
@@ -115,9 +114,8 @@ class StepRunner(abc.ABC):
         the implementation it replaced (a trial's control arm, a runner from before the switch)."""
         ops = self._ops_called.get(work)
         if ops is None:
-            if work == "decode":
-                path = FUSED if self.decode_path.name == FUSED else PER_OPERATOR
-                names = {n.op for n in self.decoder.graph(DECODE, path).nodes}
+            if work == "decode":  # the path's name is the graph's (fused or per-operator)
+                names = {n.op for n in self.decoder.graph(DECODE, self.decode_path.name).nodes}
             elif work in ("prefill", "chunk"):
                 names = {n.op for n in self.decoder.graph(PREFILL).nodes}
                 names = names - CHUNK_ANSWERS if work == "chunk" else names
