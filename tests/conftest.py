@@ -45,10 +45,11 @@ def default_model():
 
 
 # The interpreter checks of tests/kernels are single-threaded processes of 20 s to 4 min each (~10 min in all on a
-# 2-core CI machine, most of the suite's slowest tests): when the first of them is asked for, every one whose test
-# was collected starts, as many at once as there are cores, so they overlap each other and the compile-only tests
-# between them; each test still waits for and judges its own. Only tests/kernels' checks: the runtime's tests time
-# servers, and a background process would skew them.
+# 2-core CI machine, most of the suite's slowest tests): in a plain pytest run, when the first of them is asked for,
+# every one whose test was collected starts, as many at once as there are cores, so they overlap each other and the
+# compile-only tests between them; each test still waits for and judges its own. Only tests/kernels' checks: the
+# runtime's tests time servers, and a background process would skew them. Under pytest-xdist (scripts/test.sh's
+# parallel phase) nothing is prefetched: every worker collects every test, so each would start all the checks.
 _PREFETCHED_CHECKS = {
     "test_decode_feedback.py": "feedback_interpret_check.py",
     "test_family_fused_interpreter.py": "family_fused_interpret_check.py",
@@ -64,6 +65,8 @@ _collected_checks: set[Path] = set()
 
 
 def pytest_collection_finish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under pytest-xdist (scripts/test.sh) the workers are the parallelism: each check runs with its test
     for item in session.items:
         path = Path(str(item.fspath))
         if path.parent == _KERNEL_TESTS and path.name in _PREFETCHED_CHECKS:

@@ -9,6 +9,8 @@ import pytest
 from edgekit.power.latency import LatencyTracker, timed_stream
 from edgekit.power.sampler import AdaptiveSampler, moved
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 
 class FakeClock:
     def __init__(self, t: float = 100.0):

@@ -15,6 +15,8 @@ from edgekit.power.sensors.discover import local_sensors
 from edgekit.power.sensors.power_mode import parse_nvpmodel_query, read_power_mode
 from edgekit.power.sensors.tegrastats_live import TegrastatsSensor
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 FIX = Path(__file__).parent / "fixtures"
 BIN = FIX / "bin"
 NANO_LOG = FIX / "tegrastats/orin-nano-8gb-load-step.log"

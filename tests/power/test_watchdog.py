@@ -24,6 +24,8 @@ from edgekit.power.sensors.hwmon_ina3221 import Ina3221Sensor
 from edgekit.power.sensors.thermal import ThermalSensor
 from edgekit.power.watchdog import Watchdog
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 
 

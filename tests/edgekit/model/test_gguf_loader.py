@@ -53,6 +53,7 @@ def test_every_metadata_type_parses_as_ggufs_own_reader_parses_it(tmp_path, endi
     assert got.fields["test.int64s"].contents() == [-(2**40), 0, 2**40]
 
 
+@pytest.mark.serial  # times a refusal / a parse: run alone (scripts/test.sh)
 def test_the_default_models_header_parses_as_ggufs_own_reader_parses_it_at_least_5x_faster():
     path = str(default_model_path())  # 49k tokens: 2.2 s element by element, 0.12 s in bulk on an idle core
 

@@ -82,6 +82,7 @@ def test_sampling_rows_keep_their_own_seed_in_a_batch(engine, model):
     assert jobs[0].tokens == alone
 
 
+@pytest.mark.serial  # times a refusal / a parse: run alone (scripts/test.sh)
 def test_a_full_queue_refuses_at_once(model):
     e = Engine(model.decoder(), None, SHAPES, max_waiting=0, batch_buckets=(1,))
     hold = threading.Event()

@@ -17,6 +17,8 @@ from edgekit.runtime.engine import Engine, OverloadedError
 from edgekit.graph.paths import fused_operators, fused_step_operators
 from edgekit.shapes import StaticShapes
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 SHAPES = StaticShapes(buckets=(16, 32), max_seq_len=64)
 REQUESTS, CLIENTS, DEADLINE_S = 24, 3, 120  # bounded in count and in time
 

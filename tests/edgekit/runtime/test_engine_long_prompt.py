@@ -22,6 +22,8 @@ from edgekit.runtime.engine import Engine
 from edgekit.runtime.prefill_slicing import MIN_SLICE_TOKENS, PROMPT_SHARE
 from edgekit.shapes import StaticShapes
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 SHAPES = StaticShapes(buckets=(16, 32, 512), max_seq_len=576)
 PER_TOKEN_S = 1e-3  # the slowed rmsnorm's cost per row-token: a prefill's cost grows with its tokens, as on a CPU
 

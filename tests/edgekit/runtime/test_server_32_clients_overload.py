@@ -11,10 +11,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from conftest import plugin_packages
 
 from edgekit.kernels.rmsnorm import rmsnorm_reference
+
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
 
 
 def test_32_clients_get_an_answer_or_a_429_fast_and_a_rollback_does_not_wait(tiny_server, tiny_bundle):

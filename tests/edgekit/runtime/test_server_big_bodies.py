@@ -20,6 +20,8 @@ from conftest import live_server
 from edgekit.runtime.server import MAX_REQUEST_BODY_BYTES, create_app
 from edgekit.runtime.swap_load import post_bodies
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 
 IDS = b'{"max_tokens": 2, "prompt": [' + b",".join([b"1"] * ((MAX_REQUEST_BODY_BYTES - 64) // 2)) + b"]}"
 TEXT = b'{"max_tokens": 2, "prompt": "' + "é ☃ word ".encode() * ((MAX_REQUEST_BODY_BYTES - 64) // 14) + b'"}'

@@ -13,9 +13,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
+import pytest
+
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.runtime.server import REFUSAL_DELAY_S
 from edgekit.runtime.swap_load import run_clients
+
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
 
 SECONDS = 8.0
 

@@ -16,6 +16,8 @@ from conftest import live_server
 
 from edgekit.runtime.server import MAX_REQUEST_BODY_BYTES, create_app
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 
 @pytest.fixture()
 def url(smol_engine):

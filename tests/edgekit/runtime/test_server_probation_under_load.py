@@ -23,6 +23,8 @@ from edgekit.kernels.swiglu import swiglu_reference
 from edgekit.power.policy import PolicyConfig
 from edgekit.runtime.swap_load import run_clients
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 LOAD_S = 40.0
 
 

@@ -10,8 +10,11 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from edgekit.kernels.rmsnorm import rmsnorm_reference
+
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
 
 
 def _slow(x, w, eps):  # a step of ~50 ms: a long answer holds its rows for seconds

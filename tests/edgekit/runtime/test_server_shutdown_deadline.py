@@ -20,6 +20,8 @@ from edgekit.runtime.engine import EngineClosedError
 from edgekit.runtime.http_guard import make_uvicorn_server
 from edgekit.runtime.server import create_app
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 
 def test_sigterm_during_a_long_stream_ends_it_with_a_finish_reason_and_exits_fast(tiny_stack):
     engine = tiny_stack.engine

@@ -9,6 +9,9 @@ import socket
 import time
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
 
 
 def _raw_post(url: str, headers: dict[str, str], first_bytes: bytes) -> tuple[bytes, socket.socket]:

@@ -14,6 +14,8 @@ from edgekit.runtime.server import create_app
 from edgekit.runtime.serving import ServingStack, open_store
 from edgekit.runtime.swap_load import run_swap_load
 
+pytestmark = pytest.mark.serial  # it times wall-clock behaviour: scripts/test.sh runs it alone, after the parallel phase
+
 TOKEN = "load-test-admin-token-0123456789"
 
 
