@@ -73,6 +73,15 @@ shape. Neither kept. The attention's value tile requested with its key tile (bef
 of shared memory instead of 139 KB, both tiles in flight without the pipeliner's prologue) against the default
 three stages: qwen3-1.7b 634.4 -> 623.8 (-1.7%; one stage as it was 610.1), gemma-3-1b 750.7 -> 751.8 (+0.1%; 8
 warps 754.9), qwen3-0.6b 1140.6 -> 1098.4 (-3.7%); two stages -2.6% / -4.1% / -6.3%. Not kept.
+
+H100 80GB HBM3, 2026-12-06 (main 4424e76, depth 512, fp16). tools/profile_decode.py (fused, qwen3-1.7b): 1.599 ms a
+token, 145 kernels; per kernel (durations overlap under PDL) gate/up 19.37 us, the two projections 9.21 us on
+average, the QK-norm QKV 9.85 us, the attention 8.03 us, the head 203 us (622 MB: ~3.06 TB/s, at the copy
+bandwidth: the head is not where the step loses). tools/fused_tile_sweep.py alone: QKV 10.24 us (best candidate
+9.79 us, 57% of copy bandwidth), o 5.19 (5.09, 55%), gate/up 19.69 (best, 85%), down 10.76 (10.64, 79%). The QKV's
+best candidate in the step (norm_qkv_qknorm_rope_fp:s4,w4,BLOCK_K=256,PAIRS=8, tokens equal): qwen3-1.7b 627.4 ->
+631.7 (+0.7%), gemma-3-1b 746.1 -> 752.8 (+0.9%), qwen3-4b 296.9 -> 299.6 (+0.9%), qwen3-0.6b 1135.7 -> 1134.6
+(-0.1%). Under 1% and not measured on the H200: not adopted.
 """
 
 from __future__ import annotations
