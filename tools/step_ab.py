@@ -82,6 +82,13 @@ bandwidth: the head is not where the step loses). tools/fused_tile_sweep.py alon
 best candidate in the step (norm_qkv_qknorm_rope_fp:s4,w4,BLOCK_K=256,PAIRS=8, tokens equal): qwen3-1.7b 627.4 ->
 631.7 (+0.7%), gemma-3-1b 746.1 -> 752.8 (+0.9%), qwen3-4b 296.9 -> 299.6 (+0.9%), qwen3-0.6b 1135.7 -> 1134.6
 (-0.1%). Under 1% and not measured on the H200: not adopted.
+
+H100 80GB HBM3, 2026-12-06 (main 2331c07, depth 512, fp16, 7 interleaved runs): the down projection launched with PDL
+beside the attention operators (``pdl:attn+fused_proj_residual``: its programs start while gate/up streams and
+prefetch their first weight tile) against ``base``: qwen3-1.7b 627.0 -> 620.6 tok/s (-1.0%), qwen3-0.6b 1137.0 ->
+1137.5, gemma-3-1b 746.9 -> 746.6. Not adopted. The arms of 2331c07's note measured again on the same day: pdl:0
+597.9, pdl:2 578.5, the QKV's swept tile 631.8 (base 627.6), gate/up at 4 pairs 626.4, down at 8 rows and 8 warps
+623.8, the attention at 2 warps 613.7. One kernel for the whole MLP: tools/mlp_fusion_lab.py (it lost).
 """
 
 from __future__ import annotations
