@@ -16,7 +16,11 @@ through TritonOp, PDL off; arguments as tools/fused_tile_sweep.py makes them):
 - ``chain``: QKV -> o -> gate/up -> down, as the step orders them (without the attention between QKV and o);
 - ``prefetch<=N MB``: the same, each successor whose weights are at most N MB prefetched during its predecessor
   (gate/up's are 50 MB at qwen3-1.7b, as large as the L2: prefetched only where N allows);
-- ``L2-warm``: the chain over one layer's weights replayed (an upper bound: every weight in L2 already).
+- ``L2-warm``: the chain over one layer's weights replayed (an upper bound: every weight in L2 already), only where a
+  layer's weights are at most half the L2 (not at qwen3-1.7b: 96 MB a layer).
+
+A successor is prefetched only where its weights and the running kernel's fit the L2 together (else the running
+kernel's stream evicts the prefetched lines before they are read).
 
     python tools/l2_prefetch_lab.py --presets qwen3-1.7b,smollm2-135m --json $OUT/l2_prefetch.json   # GPU
 
@@ -66,6 +70,9 @@ def main() -> int:
     ap.add_argument("--presets", default="qwen3-1.7b,smollm2-135m")
     ap.add_argument("--limits-mb", default="10,30", help="comma list of N: an arm prefetching successors of <= N MB")
     ap.add_argument("--programs", type=int, default=16, help="programs of the prefetch kernel")
+    ap.add_argument("--priority", type=int, default=0,
+                    help="the prefetch stream's priority (negative: higher; -1 lets its programs in before the "
+                         "running GEMV's later ones)")
     ap.add_argument("--json")
     args = ap.parse_args()
     from triton.testing import do_bench_cudagraph
@@ -78,7 +85,8 @@ def main() -> int:
     dst = torch.empty_like(src)
     bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
     del src, dst
-    side = torch.cuda.Stream(dev)
+    l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0)) or (50 << 20)
+    side = torch.cuda.Stream(dev, priority=args.priority)
     rows = []
     for preset in args.presets.split(","):
         cfg = preset_config(preset)
@@ -96,7 +104,9 @@ def main() -> int:
                 for j, (fn, a) in enumerate(zip(ops, layer)):
                     nxt = (li, j + 1) if j + 1 < len(layer) else (li + 1, 0)
                     w_next = weights[nxt[0] % len(weights)][nxt[1]] if limit_bytes else None
-                    fork = w_next is not None and w_next.numel() * 2 <= limit_bytes
+                    # the successor's weights must fit L2 beside the ones the running kernel streams through it
+                    fork = (w_next is not None and w_next.nbytes <= limit_bytes
+                            and w_next.nbytes + weights[li % len(weights)][j].nbytes <= l2)
                     if fork:
                         side.wait_stream(main_stream)
                         with torch.cuda.stream(side):
@@ -105,7 +115,12 @@ def main() -> int:
                     if fork:
                         main_stream.wait_stream(side)
 
-        arms = [("chain", lambda: chain(layers), copies), ("L2-warm", lambda: chain(layers[:1] * copies), copies)]
+        arms = [("chain", lambda: chain(layers), copies)]
+        if layer_bytes <= l2 // 2:  # a bound only where one layer's weights stay in L2 across the replay
+            arms.append(("L2-warm", lambda: chain(layers[:1] * copies), copies))
+        else:
+            rows.append({"preset": preset, "arm": "L2-warm", "skipped": f"a layer's {layer_bytes >> 20} MB of "
+                         f"weights do not stay in the {l2 >> 20} MB L2"})
         arms += [(f"prefetch<={mb} MB", (lambda mb=mb: chain(layers, int(mb) << 20)), copies)
                  for mb in args.limits_mb.split(",")]
         for name, fn, n in arms:
@@ -114,10 +129,14 @@ def main() -> int:
                          "bandwidth_fraction": layer_bytes / (us * 1e-6) / bw})
         del layers, weights
         torch.cuda.empty_cache()
-    doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(dev)})", "copy_bytes_per_s": bw, "rows": rows}
+    doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(dev)})", "copy_bytes_per_s": bw, "l2_bytes": l2,
+           "side_stream_priority": args.priority, "EDGEKIT_PDL": os.environ.get("EDGEKIT_PDL"), "rows": rows}
     print(f"measured on {doc['measured_on']}, copy bandwidth {bw / 1e12:.2f} TB/s; a layer's four fused GEMVs, "
           f"CUDA-graph replay, PDL off")
     for r in rows:
+        if "skipped" in r:
+            print(f"{r['preset']:13} {r['arm']:18} n/a: {r['skipped']}")
+            continue
         print(f"{r['preset']:13} {r['arm']:18} {r['us_per_layer']:7.2f} us a layer  "
               f"{100 * r['bandwidth_fraction']:5.1f}% of copy bw")
     if args.json:

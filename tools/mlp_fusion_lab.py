@@ -344,6 +344,7 @@ def main() -> int:
             if F % bf or time.time() > deadline:
                 continue
             mlp = FusedMLP(C, F, bf, trans, warps, dev, programs, pre)
+            laid = None  # the candidate's down weights, freed whether it runs or fails
             try:
                 err = check(mlp, layers[0], eps)
                 laid = [mlp.down_weight(L["w_down"]) for L in layers]
@@ -354,6 +355,7 @@ def main() -> int:
                 us = 1000 * do_bench_cudagraph(run) / copies
             except Exception as e:  # noqa: BLE001 - a candidate that fails is recorded
                 rows.append({"preset": preset, "arm": mlp.label(), "error": str(e)[:300]})
+                del laid
                 continue
             rows.append({"preset": preset, "arm": mlp.label(), "us_per_layer": us, "max_err_ulp": err,
                          "bandwidth_fraction": nbytes / (us * 1e-6) / bw})
