@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 from edgekit.errors import EdgekitError, PlanError
 from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits
@@ -389,8 +389,10 @@ def solve_all(
     dtype: str = "fp16",
     progress: Callable[[str], None] | None = None,
     compile_fn: Callable | None = None,
+    ops: Collection[str] | None = None,
 ) -> list[TileChoice]:
-    """A confirmed variant for every kernel of every operator the plan needs."""
+    """A confirmed variant for every kernel of every operator the plan needs (of ``ops`` only, where given: one
+    operator's tiles, e.g. the decode attention's, without compiling the others)."""
     from edgekit.kernels import variants as kv
     from edgekit.kernels.aot import compile_variant
 
@@ -409,6 +411,8 @@ def solve_all(
     smem_ops = set(kv.shared_memory_ops())
     choices: list[TileChoice] = []
     for op in needed_ops(cfg, precision):
+        if ops is not None and op not in ops:
+            continue
         if op not in kv.op_kernels():
             continue  # no Triton kernels for it (yet): the build uses the torch reference
         chosen: dict[str, TileChoice] = {}
