@@ -61,15 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _rstd_of(x_ptr, C, eps, BLOCK_K: tl.constexpr):
-    rk = tl.arange(0, BLOCK_K)
-    ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, C, BLOCK_K):
-        x = tl.load(x_ptr + k0 + rk, mask=(k0 + rk) < C, other=0.0, cache_modifier=".cg").to(tl.float32)
-        ss += x * x
-    return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(ss, axis=0), C * 1.0) + eps))
+from edgekit.kernels.fused_gemv_triton import _row_rstd  # the fused kernels' RMSNorm rstd (IEEE div / sqrt)
 
 
 @triton.jit
@@ -133,7 +125,7 @@ def _mlp_kernel(x_ptr, nw_ptr, wgu_ptr, wd_ptr, r_ptr, acc_ptr, cnt_ptr, y_ptr, 
     """One slice of BLOCK_F intermediate rows a program; its (C,) partial added in BLOCK_C chunks of atomics."""
     f = tl.program_id(0) * BLOCK_F + tl.arange(0, BLOCK_F)
     f_live = f < F
-    a = _swiglu_rows(x_ptr, nw_ptr, wgu_ptr, _rstd_of(x_ptr, C, eps, BLOCK_K), f, f_live, C, F, BLOCK_F, BLOCK_K)
+    a = _swiglu_rows(x_ptr, nw_ptr, wgu_ptr, _row_rstd(x_ptr, C, eps, BLOCK_K), f, f_live, C, F, BLOCK_F, BLOCK_K)
     rc = tl.arange(0, BLOCK_C)
     for c0 in range(0, C, BLOCK_C):
         c = c0 + rc
@@ -153,7 +145,7 @@ def _mlp_preload_kernel(x_ptr, nw_ptr, wgu_ptr, wd_ptr, r_ptr, acc_ptr, cnt_ptr,
     c = tl.arange(0, C_P)
     cm = c < C
     wd = tl.load(wd_ptr + f[:, None] * C + c[None, :], mask=f_live[:, None] & cm[None, :], other=0.0)
-    a = _swiglu_rows(x_ptr, nw_ptr, wgu_ptr, _rstd_of(x_ptr, C, eps, BLOCK_K), f, f_live, C, F, BLOCK_F, BLOCK_K)
+    a = _swiglu_rows(x_ptr, nw_ptr, wgu_ptr, _row_rstd(x_ptr, C, eps, BLOCK_K), f, f_live, C, F, BLOCK_F, BLOCK_K)
     tl.atomic_add(acc_ptr + c, tl.sum(wd.to(tl.float32) * a[:, None], axis=0), mask=cm, sem="relaxed", scope="gpu")
     _arrive_and_finish(acc_ptr, cnt_ptr, r_ptr, y_ptr, C, C_P)
 
@@ -163,7 +155,7 @@ def _mlp_held_kernel(x_ptr, nw_ptr, wgu_ptr, wd_ptr, r_ptr, acc_ptr, cnt_ptr, y_
                      BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, C_P: tl.constexpr, TRANS: tl.constexpr):
     """Fewer atomics: a program takes every num_programs-th slice of BLOCK_F rows and holds its (C,) partial in
     registers across them (C_P >= C in one tile), adding it once."""
-    rstd = _rstd_of(x_ptr, C, eps, BLOCK_K)
+    rstd = _row_rstd(x_ptr, C, eps, BLOCK_K)
     c = tl.arange(0, C_P)
     cm = c < C
     part = tl.zeros((C_P,), dtype=tl.float32)
