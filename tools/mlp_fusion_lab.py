@@ -8,16 +8,19 @@ here does both in one launch, which the intermediate's independence allows: prog
 intermediate rows, computes them (norm, gate/up, SwiGLU, rounded to the activation dtype as the shipped pair
 rounds the intermediate), multiplies them by the down weight's matching BLOCK_F columns (or rows of its transpose,
 ``TRANS``: contiguous) and adds its (C,) partial into an FP32 accumulator with relaxed atomics. The last program
-to arrive (a counter, the QK-norm QKV's pattern) adds the residual, rounds, writes the output and puts the
-accumulator and the counter back to zero. The sum order over the intermediate then varies from run to run (FP32
-rounding, before the one rounding to the activation dtype): a decision for the product, not made here.
+to arrive (a counter, the QK-norm QKV's pattern) rounds the sum (the projection's output, as fused_proj_residual
+rounds it), adds the residual, rounds, writes the output and puts the accumulator and the counter back to zero.
+The sum order over the intermediate then varies from run to run (FP32 rounding, before the rounding to the
+activation dtype): a decision for the product, not made here.
 
-Each arm first runs against an FP64 reference (the RMSNorm and SwiGLU roundings of the per-operator path), then is
-timed in a CUDA-graph replay over enough copies of the layer's weights to exceed L2, per layer:
+Each arm first runs against an FP64 reference with the pair's roundings (``reference``), then is timed in a
+CUDA-graph replay over enough copies of the layer's weights to exceed L2, per layer:
 
 - ``pair``: the shipped two operators at their default tiles (TritonOp), at the PDL level the step asks for that
-  shape (``pdl_launch.auto_level``) and with PDL off;
-- ``fused[...]``: the prototype at each (BLOCK_F, TRANS, warps) candidate.
+  shape (``pdl_launch.auto_level``), with PDL off and at level 2;
+- ``fused[...]``: the prototype at each candidate (BLOCK_F, N: the down weight as stored / T: its transpose, warps,
+  P=programs holding the partial across slices, ``pre``: the down rows requested first); ``--arms all`` is the
+  first run's grid, ``next`` (the default) the second run's.
 
     python tools/mlp_fusion_lab.py --presets smollm2-135m,qwen3-1.7b --json $OUT/mlp_lab.json   # GPU
     TRITON_INTERPRET=1 python tools/mlp_fusion_lab.py --check-cpu                              # CPU: numerics only
