@@ -28,12 +28,22 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _interpreter_checks_first(items)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _interpreter_checks_first(items) -> None:
+    """Under pytest-xdist (scripts/test.sh's parallel phase): the tests of ``*_interpreter.py`` files first, in their
+    order. They are the suite's longest single tests (10-55 s each on a 2-core CI machine, mostly in tests/kernels, the
+    end of the collection), and work stealing hands out the end of a queue last: one of them started late kept one
+    worker busy after the others had finished. Every worker sorts its identical collection the same way."""
+    items.sort(key=lambda item: not Path(str(item.fspath)).name.endswith("_interpreter.py"))  # stable
 
 
 @pytest.fixture(scope="session")
