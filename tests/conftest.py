@@ -27,8 +27,13 @@ def _has_cuda() -> bool:
         return False
 
 
+def _under_xdist() -> bool:
+    """A pytest-xdist worker (scripts/test.sh's parallel phase): every worker collects every test."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if _under_xdist():
         _interpreter_checks_first(items)
     if _has_cuda():
         return
@@ -75,7 +80,7 @@ _collected_checks: set[Path] = set()
 
 
 def pytest_collection_finish(session):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if _under_xdist():
         return  # under pytest-xdist (scripts/test.sh) the workers are the parallelism: each check runs with its test
     for item in session.items:
         path = Path(str(item.fspath))
