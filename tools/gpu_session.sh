@@ -28,6 +28,7 @@
 #        llama.cpp builds) where AB_PRESETS and AB_OPS are set, and the pdl stage's sweep where PDL_AB="SPECS" and
 #        LEVELS are. A carried .llamacpp_pre/prebuilt.tar.xz (llama-bench, llama-quantize built from the same source
 #        and flags elsewhere: tools/gpu_carry.sh llamacpp-prebuilt) is used where it runs, and the build skipped.
+#        MEANWHILE="command" runs any bounded GPU command there too (a lab, step_ab): $OUT/meanwhile.txt.
 #   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
 #        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
 #        plan's tiles against the JIT's and against launch rules sized for all SMs) on PRESETS (default
@@ -121,6 +122,10 @@ bench)
         | grep -v '^{' | tee -a "$OUT/pdl.txt"
       echo "pdl sweep $spec rc=${PIPESTATUS[0]} at +$(( $(date +%s) - T0 )) s"
     done
+  fi
+  if [ -n "${MEANWHILE:-}" ]; then  # MEANWHILE="command": any bounded GPU command (a lab, step_ab) while llama.cpp builds
+    bash -c "$MEANWHILE" > "$OUT/meanwhile.txt" 2>&1
+    echo "meanwhile rc=$? at +$(( $(date +%s) - T0 )) s"; grep -v Warning "$OUT/meanwhile.txt" | tail -40
   fi
   if [ -n "${PROFILE:-}" ]; then  # PROFILE="preset:X --precision fp16": kernel times of the fused step, while llama.cpp builds
     timeout 150 python3 "$R/tools/profile_decode.py" $PROFILE --engine fused --json "$OUT/profile.json" > "$OUT/profile.txt" 2>&1

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""What do a decode layer's kernel boundaries cost, and do one-wave GEMVs let PDL hide them? A lab.
+
+On the H100 a layer's four fused GEMVs of qwen3-1.7b, chained in a CUDA graph, take ~47 us for 96 MB: 71% of the
+copy bandwidth, ~3.8 us a kernel above the bytes (tools/l2_prefetch_lab.py). PDL (programmatic dependent launch,
+kernels/pdl_triton.py) is meant to hide a boundary: the next kernel's programs start before the running kernel
+ends and request their first weights. It pays at 135M, whose GEMVs are one wave of programs, and loses at 1B-class
+shapes (pdl_launch.py), whose GEMVs are several waves (512-3072 programs): there the next kernel's early programs
+take SM slots that the running kernel's later waves needed. The question here: if each GEMV is one wave of
+programs that loop over their rows (grid-stride: program p owns row tiles p, p + P, ...), so that the next kernel's
+early programs have only the room left beside a running wave to take, does PDL then pay at 1B shapes too?
+
+Per layer, over enough layers of distinct weights to exceed L2, the chain QKV -> o -> gate/up -> down (float
+weights; the QKV and both projections as fused_proj_residual's GEMV, gate/up as fused_norm_swiglu's, so every arm
+runs the same per-row arithmetic; the shipped QKV kernel's QK-norm tail is left out of all arms):
+
+- ``shipped, PDL L``: the shipped kernels (TritonOp, default tiles) at PDL level L (0 off, 1, 2);
+- ``wave xW, PDL L``: the same program functions with the same tiles, warps and stages, in a grid of W programs an
+  SM (at most one a row tile) that loop over their row tiles, at PDL level L;
+- ``one GEMV``: a single fused_proj_residual launch over a weight of the layer's bytes: the layer's bytes with no
+  boundary at all (the bound the others are read against).
+
+Every wave arm's outputs are checked equal (bit for bit) to the shipped kernels' on one layer first.
+
+    python tools/wave_gemv_lab.py --presets qwen3-1.7b,qwen3-0.6b,smollm2-135m --json $OUT/wave.json   # GPU
+    TRITON_INTERPRET=1 python tools/wave_gemv_lab.py --check-cpu   # the wave kernels equal the shipped, CPU
+
+Figures are measured on the GPU the script runs on.
+
+H100 80GB HBM3, 2026-12-06 (copy 3.01 TB/s, 132 SMs; us a layer, four runs on one day agree within ~0.5 us):
+
+    shape         shipped PDL 0 / 1 / 2     wave x1 / x2 / x4 at PDL 0 (best PDL)     one GEMV of the bytes
+    qwen3-1.7b    43.0-43.5 / 48.0 / 48.9   - / 55.7 / 44.9-45.8 (PDL 0)               34.1-34.8 (97% of copy)
+    gemma-3-1b    30.5-30.9 / 32.4 / 32.1   - / 46.0 / 33.4-34.2 (PDL 0)               22.2-22.3
+    qwen3-0.6b    21.9-22.6 / 19.4-20.3     32.5 / 24.0 / 22.0-22.4 (x4 PDL 1: 19.6-20.0)  12.9-13.0
+    smollm2-135m  13.3 / 10.8 / 9.0         17.9 / 13.9 / 12.6 (x4 PDL 2: 9.4)          5.2
+
+- The four boundaries cost ~9 us a layer at qwen3-1.7b (the same bytes as one GEMV stream at 97% of copy): ~2.2 us
+  a kernel, a quarter of the layer.
+- One-wave GEMVs do not help: never faster than the shipped grids at any PDL level, much slower at one or two
+  programs an SM (fewer bytes in flight). So the loss PDL shows at 1B shapes (levels 1 and 2 cost qwen3-1.7b 5 us a
+  layer here) is not the next kernel's programs taking slots from a running kernel's later waves. Not pursued.
+- The QKV operator of each family in the same chain, against the plain GEMV of its weight (qwen3-1.7b / gemma-3-1b,
+  us a layer in the chain; alone in brackets): plain 43.3 / 30.7 (7.9 / 2.9 alone); the input norm and GEMV
+  (``norm_gemv``) +1.1 / -0.2 (9.0 / 3.6); with RoPE and the cache write (fused_norm_qkv_rope) +1.5 / +0.9 (9.3 /
+  3.5); with the QK-norm tail (fused_norm_qkv_qknorm_rope, what Qwen3 and Gemma 3 run) +2.4 / +2.3 (10.2 / 5.3). Moving
+  the QK-norm and RoPE into the attention's programs would save at most the last step over ``norm_gemv``: 1.4 us a
+  layer at qwen3-1.7b (~2.4% of its step on this GPU), 2.5 us at gemma-3-1b (~4.8%), less what the attention takes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from edgekit.kernels.fused_gemv_triton import _pdl_enter_gemv
+from edgekit.kernels.fused_norm_swiglu_triton import _gate_up_rows, _norm_swiglu_program
+from edgekit.kernels.fused_proj_residual_triton import _proj_residual_program
+
+
+@triton.jit
+def _wave_proj_residual(x_ptr, w_ptr, r_ptr, y_ptr, N, K, stride_wn,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    first = tl.program_id(0)
+    _pdl_enter_gemv(w_ptr, (first * BLOCK_N + tl.arange(0, BLOCK_N)) % N, K, stride_wn, BLOCK_K, 0, PDL)
+    b = tl.program_id(1).to(tl.int64)
+    for pid in range(first, tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
+        _proj_residual_program(pid, b, x_ptr, w_ptr, w_ptr, w_ptr, r_ptr, y_ptr, N, K, 0, stride_wn, 0, 0, 0,
+                               BLOCK_N, BLOCK_K, 0, STAGES=STAGES)
+
+
+@triton.jit
+def _wave_norm_swiglu(x_ptr, nw_ptr, w_ptr, y_ptr, F, C, stride_wn, eps,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+    first = tl.program_id(0)
+    _pdl_enter_gemv(w_ptr, _gate_up_rows(first, F, BLOCK_N), C, stride_wn, BLOCK_K, 0, PDL)
+    b = tl.program_id(1).to(tl.int64)
+    for pid in range(first, tl.cdiv(F, BLOCK_N), tl.num_programs(0)):
+        _norm_swiglu_program(pid, b, x_ptr, nw_ptr, w_ptr, w_ptr, y_ptr, F, C, 0, stride_wn, 0, eps,
+                             BLOCK_N, BLOCK_K, 0, STAGES=STAGES)
+
+
+def _shipped_tile(op: str, n: int, k: int, dev) -> tuple[dict, int, int]:
+    """The constexprs, warps and stages the shipped float kernel of ``op`` takes at an n x k weight on this GPU."""
+    from edgekit.kernels.triton_backend import _device_facts
+    from edgekit.kernels.variants import default_variants
+
+    probe = torch.empty(1, device=dev)
+    v = next(v for name, v in default_variants(op, n_out=n, k_in=k, **_device_facts({"x": probe})).items()
+             if name.endswith("_fp"))
+    return v.constexprs, v.num_warps, v.num_stages
+
+
+class Layer:
+    """One layer's four GEMVs: weights, inputs and outputs (batch 1, FP16)."""
+
+    def __init__(self, cfg, dev, seed: int):
+        g = torch.Generator(device=dev).manual_seed(seed)
+        C, F, qkv = cfg.hidden_size, cfg.intermediate_size, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        h = torch.float16
+
+        def w(n, k):
+            return (torch.randn(n, k, device=dev, generator=g) / k ** 0.5).to(h)
+
+        self.w = {"qkv": w(qkv, C), "o": w(C, cfg.q_size), "gate_up": w(2 * F, C), "down": w(C, F)}
+        self.x = torch.randn(1, C, device=dev, generator=g).to(h)
+        self.nw = torch.ones(C, device=dev, dtype=h)
+        self.r_qkv, self.r_c = torch.zeros(1, qkv, device=dev, dtype=h), torch.randn(1, C, device=dev, generator=g).to(h)
+        self.q = torch.randn(1, cfg.q_size, device=dev, generator=g).to(h)
+        self.m = torch.empty(1, F, device=dev, dtype=h)
+        self.out = {name: torch.empty(1, n, device=dev, dtype=h) for name, n in (("qkv", qkv), ("o", C), ("down", C))}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.w.values())
+
+
+def shipped_chain(L: Layer, proj, swiglu, eps: float, qkv=None) -> dict:
+    """``qkv``: (operator, its arguments) run as the QKV instead of the plain GEMV (its outputs go elsewhere)."""
+    out = {"qkv": qkv[0](*qkv[1]) if qkv else proj(L.x, L.w["qkv"], None, None, None, L.r_qkv),
+           "o": proj(L.q, L.w["o"], None, None, None, L.r_c)}
+    out["m"] = swiglu(out["o"], L.nw, L.w["gate_up"], None, None, eps)
+    out["down"] = proj(out["m"], L.w["down"], None, None, None, out["o"])
+    return out
+
+
+def wave_chain(L: Layer, tiles: dict, per_sm: int, sms: int, level: int, eps: float) -> dict:
+    opts = {"PDL": level, "launch_pdl": True} if level else {"PDL": 0}
+
+    def proj(x, w, r, y, tile):
+        (c, warps, stages) = tile
+        n, k = w.shape
+        grid = (min(triton.cdiv(n, c["BLOCK_N"]), per_sm * sms), 1)
+        _wave_proj_residual[grid](x, w, r, y, n, k, w.stride(0), BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
+                                  STAGES=stages, num_warps=warps, num_stages=stages, **opts)
+        return y
+
+    proj(L.x, L.w["qkv"], L.r_qkv, L.out["qkv"], tiles["qkv"])
+    proj(L.q, L.w["o"], L.r_c, L.out["o"], tiles["o"])
+    c, warps, stages = tiles["gate_up"]
+    F, C = L.w["gate_up"].shape[0] // 2, L.w["gate_up"].shape[1]
+    grid = (min(triton.cdiv(F, c["BLOCK_N"]), per_sm * sms), 1)
+    _wave_norm_swiglu[grid](L.out["o"], L.nw, L.w["gate_up"], L.m, F, C, L.w["gate_up"].stride(0), eps,
+                            BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], STAGES=stages, num_warps=warps,
+                            num_stages=stages, **opts)
+    proj(L.m, L.w["down"], L.out["o"], L.out["down"], tiles["down"])
+    return {"qkv": L.out["qkv"], "o": L.out["o"], "m": L.m, "down": L.out["down"]}
+
+
+def check_cpu() -> int:
+    """The wave kernels through Triton's interpreter (TRITON_INTERPRET=1) on small shapes, a few programs looping
+    over many row tiles: their outputs must equal the shipped kernels' bit for bit."""
+    from types import SimpleNamespace
+
+    from edgekit.builder.interpreted_kernel import _shim_interpreter
+    from edgekit.kernels.triton_backend import TritonOp
+
+    _shim_interpreter()  # Triton 3.6's interpreter and NumPy >= 2.4: loops over runtime bounds
+    proj, swiglu = TritonOp("fused_proj_residual"), TritonOp("fused_norm_swiglu")
+    bad = 0
+    for C, F, heads, kv, d in ((64, 96, 4, 2, 16), (96, 160, 6, 2, 16)):
+        cfg = SimpleNamespace(hidden_size=C, intermediate_size=F, n_heads=heads, n_kv_heads=kv, head_dim=d,
+                              q_size=heads * d)
+        L = Layer(cfg, torch.device("cpu"), C)
+        tiles = {name: _shipped_tile("fused_norm_swiglu" if name == "gate_up" else "fused_proj_residual", *w.shape,
+                                     torch.device("cpu")) for name, w in L.w.items()}
+        want = {k: v.clone() for k, v in shipped_chain(L, proj, swiglu, 1e-6).items()}
+        for programs in (1, 3):
+            for t in (*L.out.values(), L.m):
+                t.fill_(float("nan"))  # a row tile the loop skipped stays NaN
+            got = wave_chain(L, tiles, programs, 1, 0, 1e-6)
+            differ = [k for k in want if not torch.equal(want[k], got[k])]
+            bad += bool(differ)
+            print(f"C={C} F={F} {programs} program(s): " + (f"DIFFER {differ}" if differ else "equal to the shipped"))
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--presets", default="qwen3-1.7b,qwen3-0.6b,smollm2-135m")
+    ap.add_argument("--per-sm", default="1,2,4", help="comma list of W: wave arms with W programs an SM")
+    ap.add_argument("--levels", default="0,2", help="comma list of PDL levels for the shipped and wave arms")
+    ap.add_argument("--qkv-ops", default="fused_norm_qkv_qknorm_rope,fused_norm_qkv_rope,norm_gemv",
+                    help="QKV operators timed in the shipped chain (PDL 0) instead of the plain GEMV, and alone "
+                         "(norm_gemv: the input norm and the GEMV without RoPE, fused_norm_swiglu's kernel)")
+    ap.add_argument("--json")
+    ap.add_argument("--check-cpu", action="store_true", help="the wave kernels through the interpreter (TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    if args.check_cpu:
+        return check_cpu()
+    from triton.testing import do_bench_cudagraph
+
+    from edgekit.kernels.pdl_launch import step_launches
+    from edgekit.kernels.triton_backend import TritonOp
+    from edgekit.model.presets import preset_config
+
+    dev = torch.device("cuda")
+    src = torch.empty(1 << 28, dtype=torch.int8, device=dev)
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
+    del src, dst
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    proj, swiglu = TritonOp("fused_proj_residual"), TritonOp("fused_norm_swiglu")
+    levels = [int(v) for v in args.levels.split(",")]
+    rows = []
+    for preset in args.presets.split(","):
+        cfg = preset_config(preset)
+        eps = 1e-6
+        first = Layer(cfg, dev, 0)
+        copies = max(2, min(48, (400 << 20) // first.nbytes))
+        layers = [first] + [Layer(cfg, dev, i) for i in range(1, copies)]
+        tiles = {name: _shipped_tile("fused_norm_swiglu" if name == "gate_up" else "fused_proj_residual",
+                                     *w.shape, dev) for name, w in first.w.items()}
+
+        def record(arm, fn, nbytes=first.nbytes):
+            us = 1000 * do_bench_cudagraph(fn) / copies
+            rows.append({"preset": preset, "arm": arm, "us_per_layer": us, "bytes": nbytes,
+                         "bandwidth_fraction": nbytes / (us * 1e-6) / bw})
+
+        want = {k: v.clone() for k, v in shipped_chain(first, proj, swiglu, eps).items()}
+        for level in levels:
+            def run(level=level):
+                with step_launches(level):
+                    for L in layers:
+                        shipped_chain(L, proj, swiglu, eps)
+            record(f"shipped, PDL {level}", run)
+        for per_sm in (int(v) for v in args.per_sm.split(",")):
+            for level in levels:
+                for t in (*first.out.values(), first.m):
+                    t.fill_(float("nan"))  # a row tile the loop skipped stays NaN
+                got = wave_chain(first, tiles, per_sm, sms, level, eps)
+                torch.cuda.synchronize()
+                differ = [k for k in want if not torch.equal(want[k], got[k])]
+                if differ:
+                    rows.append({"preset": preset, "arm": f"wave x{per_sm}, PDL {level}",
+                                 "error": f"outputs differ from the shipped kernels': {differ}"})
+                    continue
+
+                def run(per_sm=per_sm, level=level):
+                    for L in layers:
+                        wave_chain(L, tiles, per_sm, sms, level, eps)
+                record(f"wave x{per_sm}, PDL {level}", run)
+        # the QKV operators the families run, in the chain and alone, against the plain GEMV of the same weight
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from fused_tile_sweep import _args
+
+        def qkv_alone(op=None, calls=None):
+            for L, call in zip(layers, calls or layers):
+                if op is None:
+                    proj(L.x, L.w["qkv"], None, None, None, L.r_qkv)
+                else:
+                    op(*call)
+        record("QKV alone: plain GEMV", qkv_alone, first.w["qkv"].nbytes)
+        for name in filter(None, args.qkv_ops.split(",")):
+            if name == "norm_gemv":  # the input norm and the GEMV alone: fused_norm_swiglu's kernel over the rows
+                op, calls = swiglu, [(L.x, L.nw, L.w["qkv"], None, None, eps) for L in layers]
+            else:
+                op, calls = TritonOp(name), [_args(name, cfg, L.w["qkv"], dev) for L in layers]
+
+            def run(op=op, calls=calls):
+                for L, call in zip(layers, calls):
+                    shipped_chain(L, proj, swiglu, eps, (op, call))
+            record(f"shipped, {name} QKV, PDL 0", run)
+            record(f"QKV alone: {name}", lambda op=op, calls=calls: qkv_alone(op, calls), first.w["qkv"].nbytes)
+            del calls
+        # the bound: the layer's bytes as one GEMV (no boundary)
+        C = cfg.hidden_size
+        big = [torch.randn(first.nbytes // (2 * C), C, device=dev).to(torch.float16) for _ in range(copies)]
+        r = torch.zeros(1, big[0].shape[0], device=dev, dtype=torch.float16)
+
+        def one():
+            for w in big:
+                proj(first.x, w, None, None, None, r)
+        record("one GEMV", one)
+        del layers, big, first
+        torch.cuda.empty_cache()
+        rows[-1]["tiles"] = {k: [dict(c), w, s] for k, (c, w, s) in tiles.items()}
+    doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(dev)})", "copy_bytes_per_s": bw, "sms": sms,
+           "rows": rows}
+    print(f"measured on {doc['measured_on']}, copy bandwidth {bw / 1e12:.2f} TB/s, {sms} SMs; a layer's four "
+          f"GEMVs (QKV, o, gate/up, down), CUDA-graph replay")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['preset']:13} {r['arm']:18} ERROR {r['error']}")
+            continue
+        print(f"{r['preset']:13} {r['arm']:44} {r['us_per_layer']:7.2f} us a layer  "
+              f"{100 * r['bandwidth_fraction']:5.1f}% of copy bw")
+    if args.json:
+        open(args.json, "w").write(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
