@@ -124,7 +124,7 @@ bench)
     done
   fi
   if [ -n "${MEANWHILE:-}" ]; then  # MEANWHILE="command": any bounded GPU command (a lab, step_ab) while llama.cpp builds
-    bash -c "$MEANWHILE" > "$OUT/meanwhile.txt" 2>&1
+    R="$R" bash -c "$MEANWHILE" > "$OUT/meanwhile.txt" 2>&1
     echo "meanwhile rc=$? at +$(( $(date +%s) - T0 )) s"; grep -v Warning "$OUT/meanwhile.txt" | tail -40
   fi
   if [ -n "${PROFILE:-}" ]; then  # PROFILE="preset:X --precision fp16": kernel times of the fused step, while llama.cpp builds
