@@ -142,7 +142,12 @@ _SPILL_RE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
-    """Registers and spill bytes reported by the ptxas bundled with Triton (None where it is unavailable)."""
+    """Registers and spill bytes reported by the ptxas bundled with Triton (None where it is unavailable).
+
+    A second ptxas run beside the one inside triton.compile (which keeps its report to itself): ~0.1-1 s a kernel, a
+    fifth of a compile whose IR Triton's own cache already holds. So the report is kept in Triton's cache too
+    (TRITON_CACHE_DIR), keyed by the PTX and the ptxas binary: a planner's rejected candidates and the same kernel in
+    another process or build cost it once."""
     try:
         import triton.backends.nvidia as nv
     except ImportError:  # pragma: no cover
@@ -151,12 +156,60 @@ def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
     m = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.M)
     if not os.path.exists(ptxas) or m is None:
         return None, None
+    st = os.stat(ptxas)
+    key = hashlib.sha256(f"ptxas-stats-1\0{ptxas}\0{st.st_size}\0{st.st_mtime_ns}\0{ptx}".encode()).hexdigest()
+    cached = _stats_cached(key)
+    if cached is not None:
+        return cached
+    stats = _run_ptxas_stats(ptxas, m.group(1), ptx)
+    if stats != (None, None):
+        _stats_put(key, stats)
+    return stats
+
+
+_STATS_FILE = "ptxas_stats.json"
+
+
+def _stats_cached(key: str) -> tuple[int | None, dict | None] | None:
+    """The kept report of ``key``, or None (a miss, or an entry that is not exactly what _stats_put writes)."""
+    try:
+        from triton.runtime.cache import get_cache_manager
+
+        path = get_cache_manager(key).get_file(_STATS_FILE)
+        if path is None:
+            return None
+        with open(path) as f:
+            doc = json.load(f)
+    except Exception:  # noqa: BLE001 - an unreadable cache is a miss, never a wrong answer
+        return None
+    if not isinstance(doc, dict):
+        return None
+    regs, spill = doc.get("registers"), doc.get("spills")
+    if not (regs is None or (type(regs) is int and regs >= 0)):
+        return None
+    if not (spill is None or (isinstance(spill, dict) and set(spill) == {"stores", "loads"}
+                              and all(type(v) is int and v >= 0 for v in spill.values()))):
+        return None
+    return regs, spill
+
+
+def _stats_put(key: str, stats: tuple[int | None, dict | None]) -> None:
+    try:
+        from triton.runtime.cache import get_cache_manager
+
+        # Triton's file cache writes a temp file and renames it over the entry: a reader never sees half of one
+        get_cache_manager(key).put(json.dumps({"registers": stats[0], "spills": stats[1]}), _STATS_FILE, binary=False)
+    except Exception:  # noqa: BLE001 - a cache that cannot be written costs the next run a ptxas call, nothing more
+        pass
+
+
+def _run_ptxas_stats(ptxas: str, gpu_name: str, ptx: str) -> tuple[int | None, dict | None]:
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
         try:
-            r = subprocess.run([ptxas, "-v", "--gpu-name", m.group(1), src, "-o", os.path.join(d, "k.cubin")],
+            r = subprocess.run([ptxas, "-v", "--gpu-name", gpu_name, src, "-o", os.path.join(d, "k.cubin")],
                                capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired):
             return None, None
