@@ -144,10 +144,11 @@ _SPILL_RE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
     """Registers and spill bytes reported by the ptxas bundled with Triton (None where it is unavailable).
 
-    A second ptxas run beside the one inside triton.compile (which keeps its report to itself): ~0.1-1 s a kernel, a
-    fifth of a compile whose IR Triton's own cache already holds. So the report is kept in Triton's cache too
-    (TRITON_CACHE_DIR), keyed by the PTX and the ptxas binary: a planner's rejected candidates and the same kernel in
-    another process or build cost it once."""
+    A second ptxas run beside the one inside triton.compile (which keeps its report to itself). Where Triton's cache
+    already holds a kernel's compile, that run was most of what a compile cost: 353 runs, 32.9 s of a 50 s run of
+    the compile tests (2026-12-06, 2 cores). So a complete report is kept in Triton's cache too (TRITON_CACHE_DIR),
+    keyed by the PTX and the ptxas binary: a planner's rejected candidates and the same kernel in another test, worker
+    or build cost it once. TRITON_ALWAYS_COMPILE and EDGEKIT_NO_COMPILE_CACHE skip it, as they skip the compiles."""
     try:
         import triton.backends.nvidia as nv
     except ImportError:  # pragma: no cover
@@ -156,22 +157,45 @@ def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
     m = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.M)
     if not os.path.exists(ptxas) or m is None:
         return None, None
-    st = os.stat(ptxas)
-    key = hashlib.sha256(f"ptxas-stats-1\0{ptxas}\0{st.st_size}\0{st.st_mtime_ns}\0{ptx}".encode()).hexdigest()
-    cached = _stats_cached(key)
+    use_cache = not (os.environ.get("TRITON_ALWAYS_COMPILE") or os.environ.get("EDGEKIT_NO_COMPILE_CACHE"))
+    key = _stats_key(ptxas, ptx)
+    cached = _stats_cached(key) if use_cache else None
     if cached is not None:
         return cached
-    stats = _run_ptxas_stats(ptxas, m.group(1), ptx)
-    if stats != (None, None):
+    stats, complete = _run_ptxas_stats(ptxas, m.group(1), ptx)
+    if complete and use_cache:
         _stats_put(key, stats)
     return stats
 
 
 _STATS_FILE = "ptxas_stats.json"
+_STATS_VERSION = 1  # bump when _run_ptxas_stats's command line or what it reads from the report changes
 
 
-def _stats_cached(key: str) -> tuple[int | None, dict | None] | None:
-    """The kept report of ``key``, or None (a miss, or an entry that is not exactly what _stats_put writes)."""
+def _stats_key(ptxas: str, ptx: str) -> str:
+    """The cache key of a report: what ptxas was given (the PTX, its .target line included) and which ptxas ran."""
+    st = os.stat(ptxas)
+    return hashlib.sha256(f"ptxas-stats-{_STATS_VERSION}\0{ptxas}\0{st.st_size}\0{st.st_mtime_ns}\0{ptx}".encode()).hexdigest()
+
+
+def _stats_doc(stats: tuple[int, dict]) -> dict:
+    return {"registers": stats[0], "spills": stats[1]}
+
+
+def _stats_from_doc(doc) -> tuple[int, dict] | None:
+    """The report a kept entry holds; None unless it is exactly what _stats_doc writes for a complete report."""
+    if not isinstance(doc, dict) or set(doc) != {"registers", "spills"}:
+        return None
+    regs, spills = doc["registers"], doc["spills"]
+    if type(regs) is not int or regs < 0 or not isinstance(spills, dict) or set(spills) != {"stores", "loads"}:
+        return None
+    if not all(type(v) is int and v >= 0 for v in spills.values()):
+        return None
+    return regs, dict(spills)
+
+
+def _stats_cached(key: str) -> tuple[int, dict] | None:
+    """The kept report of ``key``; None on a miss or an unreadable or malformed entry (never a wrong answer)."""
     try:
         from triton.runtime.cache import get_cache_manager
 
@@ -179,31 +203,25 @@ def _stats_cached(key: str) -> tuple[int | None, dict | None] | None:
         if path is None:
             return None
         with open(path) as f:
-            doc = json.load(f)
-    except Exception:  # noqa: BLE001 - an unreadable cache is a miss, never a wrong answer
+            return _stats_from_doc(json.load(f))
+    except Exception:  # noqa: BLE001 - the cache only saves a ptxas run
         return None
-    if not isinstance(doc, dict):
-        return None
-    regs, spill = doc.get("registers"), doc.get("spills")
-    if not (regs is None or (type(regs) is int and regs >= 0)):
-        return None
-    if not (spill is None or (isinstance(spill, dict) and set(spill) == {"stores", "loads"}
-                              and all(type(v) is int and v >= 0 for v in spill.values()))):
-        return None
-    return regs, spill
 
 
-def _stats_put(key: str, stats: tuple[int | None, dict | None]) -> None:
+def _stats_put(key: str, stats: tuple[int, dict]) -> None:
+    """Keep a complete report (Triton's file cache writes a temp file and renames it over the entry: a reader never
+    sees half of one); a cache that cannot be written costs the next run a ptxas call, nothing more."""
     try:
         from triton.runtime.cache import get_cache_manager
 
-        # Triton's file cache writes a temp file and renames it over the entry: a reader never sees half of one
-        get_cache_manager(key).put(json.dumps({"registers": stats[0], "spills": stats[1]}), _STATS_FILE, binary=False)
-    except Exception:  # noqa: BLE001 - a cache that cannot be written costs the next run a ptxas call, nothing more
+        get_cache_manager(key).put(json.dumps(_stats_doc(stats)), _STATS_FILE, binary=False)
+    except Exception:  # noqa: BLE001
         pass
 
 
-def _run_ptxas_stats(ptxas: str, gpu_name: str, ptx: str) -> tuple[int | None, dict | None]:
+def _run_ptxas_stats(ptxas: str, gpu_name: str, ptx: str) -> tuple[tuple[int | None, dict | None], bool]:
+    """(registers, spills) as ptxas -v reports them, and whether the report is complete (ptxas succeeded and printed
+    both lines: only then is it kept)."""
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
@@ -212,11 +230,12 @@ def _run_ptxas_stats(ptxas: str, gpu_name: str, ptx: str) -> tuple[int | None, d
             r = subprocess.run([ptxas, "-v", "--gpu-name", gpu_name, src, "-o", os.path.join(d, "k.cubin")],
                                capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired):
-            return None, None
+            return (None, None), False
     text = r.stdout + r.stderr
     regs, spill = _REG_RE.search(text), _SPILL_RE.search(text)
-    return (int(regs.group(1)) if regs else None,
-            {"stores": int(spill.group(1)), "loads": int(spill.group(2))} if spill else None)
+    stats = (int(regs.group(1)) if regs else None,
+             {"stores": int(spill.group(1)), "loads": int(spill.group(2))} if spill else None)
+    return stats, r.returncode == 0 and _stats_from_doc(_stats_doc(stats)) is not None
 
 
 ptxas_stats = _ptxas_stats  # (registers, spills) of PTX from the bundled ptxas, for kernels outside the registry

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.kernels import aot
-from edgekit.kernels.variants import default_variants
+pytest.importorskip("triton")
+
+from edgekit.kernels import aot  # noqa: E402
+from edgekit.kernels.variants import default_variants  # noqa: E402
 
 
 @pytest.fixture()
@@ -57,9 +59,11 @@ def test_another_kernel_gets_its_own_report(triton_cache, monkeypatch):
     assert len(runs) == 2 and len(list(triton_cache.rglob(aot._STATS_FILE))) == 2
 
 
-@pytest.mark.parametrize("kept", ["not json", "[]", '{"registers": -1, "spills": null}',
+@pytest.mark.parametrize("kept", ["not json", "[]", "{}", '{"registers": null, "spills": null}',
+                                  '{"registers": 40, "spills": null}', '{"registers": -1, "spills": null}',
                                   '{"registers": 40, "spills": {"stores": 0}}',
-                                  '{"registers": "40", "spills": {"stores": 0, "loads": 0}}'])
+                                  '{"registers": "40", "spills": {"stores": 0, "loads": 0}}',
+                                  '{"registers": 40, "spills": {"stores": 0, "loads": 0}, "more": 1}'])
 def test_an_entry_that_is_not_what_was_written_is_a_miss_and_is_replaced(triton_cache, monkeypatch, kept):
     runs = _counting_ptxas(monkeypatch)
     ptx = _ptx()
@@ -77,3 +81,29 @@ def test_a_cache_that_cannot_be_written_still_answers(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(blocked / "triton"))  # under a file: no folder can be made
     runs = _counting_ptxas(monkeypatch)
     assert aot._ptxas_stats(ptx)[0] > 0 and aot._ptxas_stats(ptx)[0] > 0 and len(runs) == 2
+
+
+def test_a_failed_ptxas_run_is_not_kept(triton_cache, monkeypatch):
+    ptx = _ptx()
+    monkeypatch.setattr(aot, "_run_ptxas_stats", lambda *a: ((40, None), False))  # as when ptxas exits non-zero
+    assert aot._ptxas_stats(ptx) == (40, None)
+    assert not list(triton_cache.rglob(aot._STATS_FILE))
+
+
+def test_another_ptxas_binary_is_another_key(tmp_path):
+    ptxas = tmp_path / "ptxas"
+    ptxas.write_bytes(b"one")
+    first = aot._stats_key(str(ptxas), "ptx")
+    ptxas.write_bytes(b"other")  # another size (and time): an upgraded ptxas reports afresh
+    assert aot._stats_key(str(ptxas), "ptx") != first
+    assert aot._stats_key(str(ptxas), "ptx 2") != aot._stats_key(str(ptxas), "ptx")
+
+
+@pytest.mark.parametrize("switch", ["TRITON_ALWAYS_COMPILE", "EDGEKIT_NO_COMPILE_CACHE"])
+def test_the_recompile_switches_skip_the_kept_reports(triton_cache, monkeypatch, switch):
+    ptx = _ptx()
+    runs = _counting_ptxas(monkeypatch)
+    aot._ptxas_stats(ptx)
+    monkeypatch.setenv(switch, "1")
+    aot._ptxas_stats(ptx)
+    assert len(runs) == 2 and len(list(triton_cache.rglob(aot._STATS_FILE))) == 1
