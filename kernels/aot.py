@@ -175,7 +175,8 @@ _STATS_VERSION = 1  # bump when _run_ptxas_stats's command line or what it reads
 def _stats_key(ptxas: str, ptx: str) -> str:
     """The cache key of a report: what ptxas was given (the PTX, its .target line included) and which ptxas ran."""
     st = os.stat(ptxas)
-    return hashlib.sha256(f"ptxas-stats-{_STATS_VERSION}\0{ptxas}\0{st.st_size}\0{st.st_mtime_ns}\0{ptx}".encode()).hexdigest()
+    described = f"ptxas-stats-{_STATS_VERSION}\0{ptxas}\0{st.st_size}\0{st.st_mtime_ns}\0{ptx}"
+    return hashlib.sha256(described.encode()).hexdigest()
 
 
 def _stats_doc(stats: tuple[int, dict]) -> dict:
