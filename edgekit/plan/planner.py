@@ -15,6 +15,8 @@ manifest; ``Plan.from_dict`` reads it back.
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 from typing import Callable
 
@@ -229,20 +231,25 @@ def make_plan(
     decode_path_name = PER_OPERATOR if no_fused else FUSED
     smem = target.gpu.shared_memory.per_block_optin_bytes
 
+    # a target's power modes mostly leave the same SMs on: each SM count is counted once (a pass is ~0.1-1 s)
+    @functools.lru_cache(maxsize=None)
     def decode_kernels(sms: int) -> dict:
         """The decode step the bundle will run (the fused path where its weights allow, else per operator), counted."""
         counted = count_pass(cfg, pp, variants, phase=DECODE, path=decode_path_name, batch=batch, tokens=1,
                              context=context, sm_count=sms, max_shared_bytes=smem)
         return {"path": decode_path_name, **counted}
 
+    @functools.lru_cache(maxsize=None)
+    def prefill_kernels(sms: int) -> int:
+        return count_pass(cfg, pp, variants, phase=PREFILL, path=PER_OPERATOR, batch=batch, tokens=chosen[-1],
+                          context=context, sm_count=sms, max_shared_bytes=smem)["total"]
+
     def kernel_counts(mode) -> tuple[int, int]:
-        prefill = count_pass(cfg, pp, variants, phase=PREFILL, path=PER_OPERATOR, batch=batch, tokens=chosen[-1],
-                             context=context, sm_count=mode.active_sms, max_shared_bytes=smem)["total"]
-        return decode_kernels(mode.active_sms)["total"], prefill
+        return decode_kernels(mode.active_sms)["total"], prefill_kernels(mode.active_sms)
 
     roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1],
                           kernel_counts=kernel_counts)
-    counted = decode_kernels(mode.active_sms)
+    counted = dict(decode_kernels(mode.active_sms))
     decode_path = DecodePathPlan(
         path=counted["path"],
         reason=("the weights take the fused operators: decode runs the fused path's super-operators "

@@ -1,0 +1,75 @@
+"""edgekit/graph/launch_count.py: a pass's repeated calls (a model's layers) take the first one's count and output
+layouts, and the count is the one every call evaluated would give."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgekit.graph import launch_count
+from edgekit.graph.node import DECODE, PREFILL
+from edgekit.graph.paths import FUSED, PER_OPERATOR, path_graph
+from edgekit.kernels.weight_schemes import Grouping
+from edgekit.model.kv_cache import StaticKVCache
+from edgekit.model.presets import preset_config
+from edgekit.model.weights import empty_weights
+from edgekit.plan.precision import PrecisionPlan
+from edgekit.plan.targets import load_target
+
+
+def _count(model: str, precision: str, phase: str, path: str, sms: int) -> dict:
+    """The kernels of one pass at the JIT path's variants for its shapes (count_launches' default)."""
+    cfg = preset_config(model)
+    pp = PrecisionPlan.uniform(cfg, precision)
+    schemes = pp.linear_schemes()
+    weights = empty_weights(cfg, schemes, Grouping(pp.int4_group, pp.int4_group_bytes))
+    cache = StaticKVCache(cfg, 1, 256, torch.float16, "meta")
+    return launch_count.count_launches(path_graph(cfg, schemes, phase, path), weights, cache, batch=1,
+                                       tokens=1 if phase == DECODE else 32, sm_count=sms,
+                                       max_shared_bytes=load_target("orin").gpu.shared_memory.per_block_optin_bytes)
+
+
+@pytest.mark.parametrize("model, precision, phase, path, sms", [
+    ("qwen3-0.6b", "fp16", DECODE, FUSED, 16), ("gemma-3-1b", "w8a16", DECODE, FUSED, 8),
+    ("smollm2-135m", "w4a16", DECODE, PER_OPERATOR, 16), ("gemma-3-1b", "fp16", PREFILL, PER_OPERATOR, 16),
+])
+def test_the_count_equals_every_call_evaluated_and_evaluates_one_layer_of_calls(monkeypatch, model, precision, phase,
+                                                                                  path, sms):
+    evaluated = []
+    real = launch_count._CountingTable._count
+
+    def counted(self, op, args):
+        evaluated.append(op)
+        return real(self, op, args)
+
+    monkeypatch.setattr(launch_count._CountingTable, "_count", counted)
+    quick = _count(model, precision, phase, path, sms)
+    quick_calls = len(evaluated)
+    evaluated.clear()
+    monkeypatch.setattr(launch_count._CountingTable, "get", lambda self, op: (lambda *a: self._count(op, a)))
+    assert _count(model, precision, phase, path, sms) == quick  # every call evaluated: the same figures
+    cfg = preset_config(model)
+    # repeated layers cost nothing: at most two layers' calls (Gemma 3's local and global) and the ones outside
+    assert quick_calls <= 2 * len(evaluated) / cfg.n_layers + 8 < len(evaluated), (quick_calls, len(evaluated))
+
+
+def test_a_call_is_never_taken_for_one_with_another_layout_or_value():
+    a = torch.empty(4, 8, dtype=torch.float16, device="meta")
+    key = launch_count._meta_key
+    assert key(a) == key(torch.empty(4, 8, dtype=torch.float16, device="meta"))
+    assert key(a) != key(torch.empty(8, 4, dtype=torch.float16, device="meta").t())  # same shape, other strides
+    assert key(a) != key(a.to(torch.float32)) and key(a) != key(a[1:])
+    assert key(1) != key(1.0) != key(True) and key(None) != key(0)
+    assert key(object()) != key(object())  # anything else is its own
+
+
+def test_a_repeated_call_answers_fresh_meta_tensors_of_the_first_ones_layout():
+    device = {"sm_count": 16, "max_shared_bytes": 1 << 17}
+    table = launch_count._CountingTable(launch_count.default_call_variants, device)
+    x = torch.empty(2, 64, dtype=torch.float16, device="meta")
+    w = torch.empty(64, dtype=torch.float16, device="meta")
+    first = table.get("rmsnorm")(x, w, 1e-6)
+    again = table.get("rmsnorm")(x, w, 1e-6)
+    assert table.calls == [table.calls[0]] * 2 and again is not first
+    assert (again.shape, again.stride(), again.dtype, again.device) == (first.shape, first.stride(), first.dtype,
+                                                                        first.device)
