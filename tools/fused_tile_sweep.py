@@ -44,6 +44,16 @@ SHAPES = {"smollm2-135m": preset_config("smollm2-135m"), "llama-3.2-1b": preset_
 WORKING_SET = 256 << 20
 
 
+def graphed_copy_bandwidth(dev, nbytes: int = 1 << 28) -> float:
+    """Bytes a second that a CUDA-graph replay of one device-to-device copy moves (read + write): the roofline the
+    GPU tools read their kernels' times against."""
+    from triton.testing import do_bench_cudagraph
+
+    src = torch.empty(nbytes, dtype=torch.int8, device=dev)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
+
+
 def _cases(cfg):
     """(fused operator, n, k) of each GEMV of the preset's fused decode layer: the QKV, the o-projection (the GEMV of
     fused_attn_proj_residual is fused_proj_residual's kernel; fused_attn_proj's is its own), gate/up and down (a
@@ -145,12 +155,8 @@ def main() -> int:
     from triton.testing import do_bench_cudagraph
 
     dev = torch.device("cuda")
-    bw = None
     rows = []
-    src = torch.empty(1 << 28, dtype=torch.int8, device=dev)
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
-    del src, dst
+    bw = graphed_copy_bandwidth(dev)
     cases = [(p, preset_config(p), op, n, k, prec) for prec in args.precisions.split(",")
              for p in args.presets.split(",") for op, n, k in _cases(preset_config(p))
              if not args.ops or op in args.ops.split(",")]

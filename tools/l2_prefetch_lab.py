@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fused_tile_sweep import _args, _cases  # noqa: E402 (the sweep's shapes and call arguments)
+from fused_tile_sweep import _args, _cases, graphed_copy_bandwidth  # noqa: E402 (the sweep's shapes, call arguments)
 
 LINE_BYTES = 128
 
@@ -84,10 +84,7 @@ def main() -> int:
     from edgekit.model.presets import preset_config
 
     dev = torch.device("cuda")
-    src = torch.empty(1 << 28, dtype=torch.int8, device=dev)
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
-    del src, dst
+    bw = graphed_copy_bandwidth(dev)
     l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0)) or (50 << 20)
     side = torch.cuda.Stream(dev, priority=args.priority)
     rows = []

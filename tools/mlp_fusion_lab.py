@@ -57,12 +57,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fused_tile_sweep import graphed_copy_bandwidth  # noqa: E402 (the GPU tools' roofline)
 
 from edgekit.kernels.fused_gemv_triton import _row_rstd  # the fused kernels' RMSNorm rstd (IEEE div / sqrt)
 
@@ -295,10 +299,7 @@ def main() -> int:
     from edgekit.model.presets import preset_config
 
     dev = torch.device("cuda")
-    src = torch.empty(1 << 28, dtype=torch.int8, device=dev)
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
-    del src, dst
+    bw = graphed_copy_bandwidth(dev)
     swiglu, down = TritonOp("fused_norm_swiglu"), TritonOp("fused_proj_residual")
     rows = []
     for preset in args.presets.split(","):

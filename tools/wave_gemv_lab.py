@@ -63,6 +63,9 @@ import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fused_tile_sweep import graphed_copy_bandwidth  # noqa: E402 (the GPU tools' roofline)
+
 from edgekit.kernels.fused_gemv_triton import _pdl_enter_gemv
 from edgekit.kernels.fused_norm_swiglu_triton import _gate_up_rows, _norm_swiglu_program
 from edgekit.kernels.fused_proj_residual_triton import _proj_residual_program
@@ -210,10 +213,7 @@ def main() -> int:
     from edgekit.model.presets import preset_config
 
     dev = torch.device("cuda")
-    src = torch.empty(1 << 28, dtype=torch.int8, device=dev)
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() / (do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3)
-    del src, dst
+    bw = graphed_copy_bandwidth(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     proj, swiglu = TritonOp("fused_proj_residual"), TritonOp("fused_norm_swiglu")
     levels = [int(v) for v in args.levels.split(",")]
@@ -261,7 +261,6 @@ def main() -> int:
                         wave_chain(L, tiles, per_sm, sms, level, eps, warps_all)
                 record(f"{arm}, PDL {level}", run)
         # the QKV operators the families run, in the chain and alone, against the plain GEMV of the same weight
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from fused_tile_sweep import _args
 
         def qkv_alone(op=None, calls=None):
