@@ -16,16 +16,41 @@ from edgekit.kernels.rmsnorm import rmsnorm_reference
 from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 from edgekit.kernels.swiglu import swiglu_reference
 
-SPEC = OpSpec(
-    name="fused_norm_swiglu",
-    abi_version=1,
-    inputs=(TensorSpec("x", "(B, C)", FLOAT_DTYPES), TensorSpec("norm_weight", "(C,)", FLOAT_DTYPES),
-            *weight_inputs("2F", "C", bias=False)),
-    outputs=(TensorSpec("y", "(B, F)", FLOAT_DTYPES),),
-    attributes=("eps",),
-    tolerance=REDUCTION_TOLERANCE,
-    doc="y = silu(g) * u with [g | u] = rmsnorm(x) @ W.T; W packs the gate rows then the up rows.",
-)
+
+def gate_up_spec(name: str, gated: str) -> OpSpec:
+    """The spec of a norm -> packed gate/up GEMV -> gated activation operator (this one, fused_norm_geglu): ``gated``
+    the activation's formula in g and u."""
+    return OpSpec(
+        name=name,
+        abi_version=1,
+        inputs=(TensorSpec("x", "(B, C)", FLOAT_DTYPES), TensorSpec("norm_weight", "(C,)", FLOAT_DTYPES),
+                *weight_inputs("2F", "C", bias=False)),
+        outputs=(TensorSpec("y", "(B, F)", FLOAT_DTYPES),),
+        attributes=("eps",),
+        tolerance=REDUCTION_TOLERANCE,
+        doc=f"y = {gated} with [g | u] = rmsnorm(x) @ W.T; W packs the gate rows then the up rows.",
+    )
+
+
+def gate_up_operator(spec: OpSpec, reference, activation: str) -> Operator:
+    """Its registry entry: the fusion of rmsnorm -> packed gate/up projection (no bias) -> ``activation`` (the
+    golden call is this operator's for both: same operands), the Triton kernels of ``<spec.name>_triton``."""
+    kernel = spec.name.removeprefix("fused_")
+    fusion = Fusion(
+        pattern=("rmsnorm", "linear", activation),
+        inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "1.proj"},
+        attributes={"eps": "0.eps"},
+        outputs={"y": "2.y"},
+        schemes=FUSED_SCHEMES,
+        takes_bias=False,
+    )
+    return Operator(spec, reference, fused_precision(spec.name), golden_inputs,
+                    call_shape=lambda t, a: weight_shape(t), triton=f"{spec.name}_triton:OP",
+                    prepare=gate_up_prepare(spec.name),
+                    tiles_at={f"{kernel}_{f}": DECODE for f in ("fp", "w8", "w4")}, fusion=fusion)
+
+
+SPEC = gate_up_spec("fused_norm_swiglu", "silu(g) * u")
 
 
 def fused_norm_swiglu_reference(x, norm_weight, weight, scale, offset, eps: float) -> torch.Tensor:
@@ -61,19 +86,4 @@ def gate_up_prepare(op: str):
 
 prepare = gate_up_prepare(SPEC.name)
 
-
-# rmsnorm -> packed gate/up projection (no bias) -> SwiGLU
-FUSION = Fusion(
-    pattern=("rmsnorm", "linear", "swiglu"),
-    inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "1.proj"},
-    attributes={"eps": "0.eps"},
-    outputs={"y": "2.y"},
-    schemes=FUSED_SCHEMES,
-    takes_bias=False,
-)
-
-OPERATORS = (
-    Operator(SPEC, fused_norm_swiglu_reference, fused_precision(SPEC.name), golden_inputs,
-             call_shape=lambda t, a: weight_shape(t), triton="fused_norm_swiglu_triton:OP", prepare=prepare,
-             tiles_at={"norm_swiglu_fp": DECODE, "norm_swiglu_w8": DECODE, "norm_swiglu_w4": DECODE}, fusion=FUSION),
-)
+OPERATORS = (gate_up_operator(SPEC, fused_norm_swiglu_reference, "swiglu"),)
