@@ -18,5 +18,4 @@ def fused_norm_geglu_reference(x, norm_weight, weight, scale, offset, eps: float
 
 prepare = gate_up_prepare(SPEC.name)
 
-# rmsnorm -> packed gate/up projection (no bias) -> GeGLU; the golden call is fused_norm_swiglu's (same operands)
-OPERATORS = (gate_up_operator(SPEC, fused_norm_geglu_reference, "geglu"),)
+OPERATORS = (gate_up_operator(SPEC, fused_norm_geglu_reference, prepare, "geglu"),)

@@ -17,9 +17,9 @@ from edgekit.kernels.spec import REDUCTION_TOLERANCE, OpSpec, TensorSpec
 from edgekit.kernels.swiglu import swiglu_reference
 
 
-def gate_up_spec(name: str, gated: str) -> OpSpec:
-    """The spec of a norm -> packed gate/up GEMV -> gated activation operator (this one, fused_norm_geglu): ``gated``
-    the activation's formula in g and u."""
+def gate_up_spec(name: str, formula: str) -> OpSpec:
+    """The spec of a norm -> packed gate/up GEMV -> gated activation operator (this one, fused_norm_geglu):
+    ``formula`` the activation's, in g and u."""
     return OpSpec(
         name=name,
         abi_version=1,
@@ -28,14 +28,14 @@ def gate_up_spec(name: str, gated: str) -> OpSpec:
         outputs=(TensorSpec("y", "(B, F)", FLOAT_DTYPES),),
         attributes=("eps",),
         tolerance=REDUCTION_TOLERANCE,
-        doc=f"y = {gated} with [g | u] = rmsnorm(x) @ W.T; W packs the gate rows then the up rows.",
+        doc=f"y = {formula} with [g | u] = rmsnorm(x) @ W.T; W packs the gate rows then the up rows.",
     )
 
 
-def gate_up_operator(spec: OpSpec, reference, activation: str) -> Operator:
-    """Its registry entry: the fusion of rmsnorm -> packed gate/up projection (no bias) -> ``activation`` (the
-    golden call is this operator's for both: same operands), the Triton kernels of ``<spec.name>_triton``."""
-    kernel = spec.name.removeprefix("fused_")
+def gate_up_operator(spec: OpSpec, reference, prepare, activation: str) -> Operator:
+    """The registry entry of such an operator: the fusion of rmsnorm -> packed gate/up projection (no bias) ->
+    ``activation``, the Triton kernels of ``<spec.name>_triton``, this operator's golden call (the same operands)."""
+    tile_prefix = spec.name.removeprefix("fused_")
     fusion = Fusion(
         pattern=("rmsnorm", "linear", activation),
         inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "1.proj"},
@@ -46,8 +46,8 @@ def gate_up_operator(spec: OpSpec, reference, activation: str) -> Operator:
     )
     return Operator(spec, reference, fused_precision(spec.name), golden_inputs,
                     call_shape=lambda t, a: weight_shape(t), triton=f"{spec.name}_triton:OP",
-                    prepare=gate_up_prepare(spec.name),
-                    tiles_at={f"{kernel}_{f}": DECODE for f in ("fp", "w8", "w4")}, fusion=fusion)
+                    prepare=prepare, tiles_at={f"{tile_prefix}_{f}": DECODE for f in ("fp", "w8", "w4")},
+                    fusion=fusion)
 
 
 SPEC = gate_up_spec("fused_norm_swiglu", "silu(g) * u")
@@ -86,4 +86,4 @@ def gate_up_prepare(op: str):
 
 prepare = gate_up_prepare(SPEC.name)
 
-OPERATORS = (gate_up_operator(SPEC, fused_norm_swiglu_reference, "swiglu"),)
+OPERATORS = (gate_up_operator(SPEC, fused_norm_swiglu_reference, prepare, "swiglu"),)

@@ -38,16 +38,23 @@ def _meta_key(x):
         return (type(x).__name__, tuple(_meta_key(v) for v in x))
     if x is None or isinstance(x, (bool, int, float, str)):
         return ("value", type(x).__name__, x)
-    return ("object", id(x))  # anything else (none is passed today): never taken for another call's
+    raise _NotKeyed  # anything else (none is passed today): the call is evaluated every time
 
 
-def _layout(x):
-    """A reference's output, kept as layouts: remade as fresh meta tensors for a repeated call."""
+class _NotKeyed(Exception):
+    """A call whose arguments or outputs the memo does not describe: evaluated, never taken from another's."""
+
+
+def _layout(x, inputs: tuple):
+    """A reference's output as layouts, remade as fresh meta tensors for a repeated call: fresh tensors (no offset into
+    a storage, none of the call's inputs returned as is) or tuples of them; anything else is not kept."""
     if isinstance(x, torch.Tensor):
+        if x.storage_offset() or any(x is a for a in inputs):
+            raise _NotKeyed
         return ("tensor", tuple(x.shape), tuple(x.stride()), x.dtype)
     if isinstance(x, tuple):
-        return ("tuple", tuple(_layout(v) for v in x))
-    return ("value", x)
+        return ("tuple", tuple(_layout(v, inputs) for v in x))
+    raise _NotKeyed
 
 
 def _remake(layout):
@@ -55,9 +62,7 @@ def _remake(layout):
     if kind == "tensor":
         shape, stride, dtype = rest
         return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-    if kind == "tuple":
-        return tuple(_remake(v) for v in rest[0])
-    return rest[0]
+    return tuple(_remake(v) for v in rest[0])
 
 
 class _CountingTable:
@@ -75,28 +80,37 @@ class _CountingTable:
 
     def get(self, op: str):
         def call(*args):
-            key = (op, tuple(_meta_key(a) for a in args))
-            seen = self._seen.get(key)
-            if seen is None:
-                out = self._count(op, args)
-                seen = self._seen[key] = (self.calls[-1], _layout(out))
-                return out
-            self.calls.append(seen[0])
-            return _remake(seen[1])
+            try:
+                key = (op, tuple(_meta_key(a) for a in args))
+            except _NotKeyed:
+                key = None
+            seen = self._seen.get(key) if key is not None else None
+            if seen is not None:
+                self.calls.append(seen[0])
+                return _remake(seen[1])
+            count, out = self._count(op, args)
+            self.calls.append(count)
+            if key is not None:
+                try:
+                    self._seen[key] = (count, _layout(out, args))
+                except _NotKeyed:
+                    pass
+            return out
 
         return call
 
-    def _count(self, op: str, args: tuple):
+    def _count(self, op: str, args: tuple) -> tuple[int, object]:
+        """(kernels the call launches, the reference's meta outputs)."""
         from edgekit.kernels.launch_count import launched_kernels
 
         rec = operator(op)
         if rec.kernels is None:  # no GPU kernels: its torch reference runs, counted as one launch (its matmul)
-            self.calls.append(1)
+            count = 1
         else:
             tensors, attrs, _ = rec.kernels.prepare(*args)
             variants = self.variants(op, rec.call_shape(tensors, attrs))
-            self.calls.append(len(launched_kernels(op, variants, args, self.device)))
-        return rec.reference(*args)
+            count = len(launched_kernels(op, variants, args, self.device))
+        return count, rec.reference(*args)
 
 
 def count_launches(graph: Graph, weights, cache, *, batch: int, tokens: int, sm_count: int, max_shared_bytes: int,

@@ -249,7 +249,7 @@ def make_plan(
 
     roof = roofline_table(cfg, pp, target, batch=batch, context=context, prefill_bucket=chosen[-1],
                           kernel_counts=kernel_counts)
-    counted = dict(decode_kernels(mode.active_sms))
+    counted = decode_kernels(mode.active_sms)  # read only below: the cached dict itself
     decode_path = DecodePathPlan(
         path=counted["path"],
         reason=("the weights take the fused operators: decode runs the fused path's super-operators "

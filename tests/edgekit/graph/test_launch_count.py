@@ -46,7 +46,15 @@ def test_the_count_equals_every_call_evaluated_and_evaluates_one_layer_of_calls(
     quick = _count(model, precision, phase, path, sms)
     quick_calls = len(evaluated)
     evaluated.clear()
-    monkeypatch.setattr(launch_count._CountingTable, "get", lambda self, op: (lambda *a: self._count(op, a)))
+    def every_call_evaluated(self, op):
+        def call(*args):
+            count, out = self._count(op, args)
+            self.calls.append(count)
+            return out
+
+        return call
+
+    monkeypatch.setattr(launch_count._CountingTable, "get", every_call_evaluated)
     assert _count(model, precision, phase, path, sms) == quick  # every call evaluated: the same figures
     cfg = preset_config(model)
     # repeated layers cost nothing: at most two layers' calls (Gemma 3's local and global) and the ones outside
@@ -59,17 +67,53 @@ def test_a_call_is_never_taken_for_one_with_another_layout_or_value():
     assert key(a) == key(torch.empty(4, 8, dtype=torch.float16, device="meta"))
     assert key(a) != key(torch.empty(8, 4, dtype=torch.float16, device="meta").t())  # same shape, other strides
     assert key(a) != key(a.to(torch.float32)) and key(a) != key(a[1:])
-    assert key(1) != key(1.0) != key(True) and key(None) != key(0)
-    assert key(object()) != key(object())  # anything else is its own
+    assert key(1) != key(1.0) and key(1) != key(True) and key(1.0) != key(True) and key(None) != key(0)
+    with pytest.raises(launch_count._NotKeyed):  # anything else: the call is evaluated every time
+        key(object())
 
 
-def test_a_repeated_call_answers_fresh_meta_tensors_of_the_first_ones_layout():
+def _spied_table(monkeypatch) -> tuple:
+    evaluated = []
+    real = launch_count._CountingTable._count
+
+    def counted(self, op, args):
+        evaluated.append(op)
+        return real(self, op, args)
+
+    monkeypatch.setattr(launch_count._CountingTable, "_count", counted)
     device = {"sm_count": 16, "max_shared_bytes": 1 << 17}
-    table = launch_count._CountingTable(launch_count.default_call_variants, device)
+    return launch_count._CountingTable(launch_count.default_call_variants, device), evaluated
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
+
+
+def test_a_repeated_call_is_evaluated_once_and_answers_fresh_meta_tensors_of_the_first_ones_layout(monkeypatch):
+    table, evaluated = _spied_table(monkeypatch)
     x = torch.empty(2, 64, dtype=torch.float16, device="meta")
     w = torch.empty(64, dtype=torch.float16, device="meta")
     first = table.get("rmsnorm")(x, w, 1e-6)
     again = table.get("rmsnorm")(x, w, 1e-6)
-    assert table.calls == [table.calls[0]] * 2 and again is not first
-    assert (again.shape, again.stride(), again.dtype, again.device) == (first.shape, first.stride(), first.dtype,
-                                                                        first.device)
+    other = table.get("rmsnorm")(x, w, 1e-5)  # another value: evaluated
+    assert evaluated == ["rmsnorm", "rmsnorm"] and table.calls == [table.calls[0]] * 3
+    assert again is not first and _same_layout(again, first) and _same_layout(other, first)
+    # several outputs: a tuple of fresh tensors
+    qkv = torch.empty(1, 3, (4 + 2 * 2) * 16, dtype=torch.float16, device="meta")
+    cos = sin = torch.empty(1, 3, 8, dtype=torch.float32, device="meta")
+    q1 = table.get("rope")(qkv, cos, sin, 4, 2)
+    q2 = table.get("rope")(qkv, cos, sin, 4, 2)
+    assert evaluated.count("rope") == 1 and isinstance(q2, tuple) and len(q2) == len(q1) == 3
+    assert all(a is not b and _same_layout(a, b) for a, b in zip(q1, q2))
+
+
+def test_a_call_returning_an_input_or_a_view_is_evaluated_every_time(monkeypatch):
+    table, evaluated = _spied_table(monkeypatch)
+    x = torch.empty(2, 64, dtype=torch.float16, device="meta")
+    for returned in (lambda args: args[0], lambda args: args[0][1:]):
+        evaluated.clear()
+        monkeypatch.setattr(launch_count._CountingTable, "_count",
+                            lambda self, op, args, returned=returned: (evaluated.append(op), (1, returned(args)))[1])
+        table._seen.clear()
+        assert table.get("rmsnorm")(x) is not None and table.get("rmsnorm")(x) is not None
+        assert evaluated == ["rmsnorm", "rmsnorm"]
