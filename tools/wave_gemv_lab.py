@@ -36,7 +36,7 @@ H100 80GB HBM3, 2026-12-06 (copy 3.01 TB/s, 132 SMs; us a layer, four runs on on
     smollm2-135m  13.3 / 10.8 / 9.0         17.9 / 13.9 / 12.6 (x4 PDL 2: 9.4)          5.2
 
 - The four boundaries cost ~9 us a layer at qwen3-1.7b (the same bytes as one GEMV stream at 97% of copy): ~2.2 us
-  a kernel, a quarter of the layer.
+  a kernel, a fifth of the layer.
 - One-wave GEMVs do not help: never faster than the shipped grids at any PDL level, much slower at one or two
   programs an SM (fewer bytes in flight). So the loss PDL shows at 1B shapes (levels 1 and 2 cost qwen3-1.7b 5 us a
   layer here) is not the next kernel's programs taking slots from a running kernel's later waves. Not pursued.
