@@ -31,7 +31,7 @@ def test_cpu_run_writes_a_valid_document_with_failed_and_measured_rows(tmp_path)
         e, f, h = by[("edgekit", ctx)], by[("edgekit-fused", ctx)], by[("hf-eager", ctx)]
         assert e.status == "failed" and "CUDA" in e.error
         assert f.status == "failed" and "fused decode path cannot run here" in f.error and "CUDA" in f.error
-        assert h.status == "ok" and h.decode_tokens_per_s > 0 and h.ttft_ms > 0
+        assert h.status == "ok" and h.decode_tokens_per_s > 0 and h.ttft_ms > 0, h.error
         assert h.tokens_checked == 5 and h.tokens_match is True
     assert doc.ratios == []  # nothing to pair with a failed edgekit row
     assert doc.models["preset:tiny"]["shape_of"] == "tiny"
