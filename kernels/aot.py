@@ -157,7 +157,7 @@ def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
     m = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.M)
     if not os.path.exists(ptxas) or m is None:
         return None, None
-    use_cache = not (os.environ.get("TRITON_ALWAYS_COMPILE") or os.environ.get("EDGEKIT_NO_COMPILE_CACHE"))
+    use_cache = not (os.environ.get("TRITON_ALWAYS_COMPILE") or _no_compile_cache())
     key = _stats_key(ptxas, ptx)
     cached = _stats_cached(key) if use_cache else None
     if cached is not None:
@@ -166,6 +166,11 @@ def _ptxas_stats(ptx: str) -> tuple[int | None, dict | None]:
     if complete and use_cache:
         _stats_put(key, stats)
     return stats
+
+
+def _no_compile_cache() -> bool:
+    """EDGEKIT_NO_COMPILE_CACHE: every compile (and its ptxas report) done afresh, none read from or kept in a cache."""
+    return bool(os.environ.get("EDGEKIT_NO_COMPILE_CACHE"))
 
 
 _STATS_FILE = "ptxas_stats.json"
@@ -329,14 +334,14 @@ def _store_key(v: KernelVariant, arch: int, ptx_version, with_stats: bool, trito
 
 def _from_store(store, v, arch, ptx_version, with_stats, triton_version) -> CompiledKernel | None:
     """A compile this machine already did; None when absent, without a store or with EDGEKIT_NO_COMPILE_CACHE."""
-    if store is None or os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
+    if store is None or _no_compile_cache():
         return None
     hit = store.get("compile", _store_key(v, arch, ptx_version, with_stats, triton_version))
     return compiled_from_json(hit["kernel.json"]) if hit else None
 
 
 def _to_store(store, ck: CompiledKernel, ptx_version, with_stats) -> None:
-    if store is None or os.environ.get("EDGEKIT_NO_COMPILE_CACHE"):
+    if store is None or _no_compile_cache():
         return
     key = _store_key(ck.variant, ck.arch, ptx_version, with_stats, ck.triton_version)
     store.put("compile", key, {"kernel.json": compiled_to_json(ck)})

@@ -30,6 +30,10 @@ def default_call_variants(op: str, facts: Mapping) -> Mapping:
     return default_variants(op, dtype="fp16", **facts)
 
 
+class _NotKeyed(Exception):
+    """A call whose arguments or outputs the memo does not describe: evaluated, never taken from another's."""
+
+
 def _meta_key(x):
     """What a meta call's count and outputs depend on in an argument: a tensor's layout, any other value itself."""
     if isinstance(x, torch.Tensor):
@@ -39,10 +43,6 @@ def _meta_key(x):
     if x is None or isinstance(x, (bool, int, float, str)):
         return ("value", type(x).__name__, x)
     raise _NotKeyed  # anything else (none is passed today): the call is evaluated every time
-
-
-class _NotKeyed(Exception):
-    """A call whose arguments or outputs the memo does not describe: evaluated, never taken from another's."""
 
 
 def _layout(x, inputs: tuple):

@@ -16,7 +16,6 @@ manifest; ``Plan.from_dict`` reads it back.
 from __future__ import annotations
 
 import functools
-
 from pathlib import Path
 from typing import Callable
 

@@ -29,12 +29,8 @@ def _count(model: str, precision: str, phase: str, path: str, sms: int) -> dict:
                                        max_shared_bytes=load_target("orin").gpu.shared_memory.per_block_optin_bytes)
 
 
-@pytest.mark.parametrize("model, precision, phase, path, sms", [
-    ("qwen3-0.6b", "fp16", DECODE, FUSED, 16), ("gemma-3-1b", "w8a16", DECODE, FUSED, 8),
-    ("smollm2-135m", "w4a16", DECODE, PER_OPERATOR, 16), ("gemma-3-1b", "fp16", PREFILL, PER_OPERATOR, 16),
-])
-def test_the_count_equals_every_call_evaluated_and_evaluates_one_layer_of_calls(monkeypatch, model, precision, phase,
-                                                                                  path, sms):
+def _spy_on_evaluations(monkeypatch) -> list:
+    """The operators of the calls the counting tables evaluate (not take from an earlier call), in order."""
     evaluated = []
     real = launch_count._CountingTable._count
 
@@ -43,9 +39,20 @@ def test_the_count_equals_every_call_evaluated_and_evaluates_one_layer_of_calls(
         return real(self, op, args)
 
     monkeypatch.setattr(launch_count._CountingTable, "_count", counted)
+    return evaluated
+
+
+@pytest.mark.parametrize("model, precision, phase, path, sms", [
+    ("qwen3-0.6b", "fp16", DECODE, FUSED, 16), ("gemma-3-1b", "w8a16", DECODE, FUSED, 8),
+    ("smollm2-135m", "w4a16", DECODE, PER_OPERATOR, 16), ("gemma-3-1b", "fp16", PREFILL, PER_OPERATOR, 16),
+])
+def test_the_count_equals_every_call_evaluated_and_evaluates_one_layer_of_calls(monkeypatch, model, precision, phase,
+                                                                                  path, sms):
+    evaluated = _spy_on_evaluations(monkeypatch)
     quick = _count(model, precision, phase, path, sms)
     quick_calls = len(evaluated)
     evaluated.clear()
+
     def every_call_evaluated(self, op):
         def call(*args):
             count, out = self._count(op, args)
@@ -73,14 +80,7 @@ def test_a_call_is_never_taken_for_one_with_another_layout_or_value():
 
 
 def _spied_table(monkeypatch) -> tuple:
-    evaluated = []
-    real = launch_count._CountingTable._count
-
-    def counted(self, op, args):
-        evaluated.append(op)
-        return real(self, op, args)
-
-    monkeypatch.setattr(launch_count._CountingTable, "_count", counted)
+    evaluated = _spy_on_evaluations(monkeypatch)
     device = {"sm_count": 16, "max_shared_bytes": 1 << 17}
     return launch_count._CountingTable(launch_count.default_call_variants, device), evaluated
 
