@@ -24,6 +24,8 @@ Every wave arm's outputs are checked equal (bit for bit) to the shipped kernels'
 
     python tools/wave_gemv_lab.py --presets qwen3-1.7b,qwen3-0.6b,smollm2-135m --json $OUT/wave.json   # GPU
     TRITON_INTERPRET=1 python tools/wave_gemv_lab.py --check-cpu   # the wave kernels equal the shipped, CPU
+    python tools/wave_gemv_lab.py --presets qwen3-1.7b,smollm2-135m --per-sm 4 --levels 0,1 --qkv-ops "" \
+        --ticket 4p0,4p0o1,4p0o1q1,4p0o1s16,4p0o1q2s16z100,4p1o1s16   # the ticket layer's arms (GPU, ~40 s)
 
 Figures are measured on the GPU the script runs on.
 
@@ -50,6 +52,33 @@ H100 80GB HBM3, 2026-12-06 (copy 3.01 TB/s, 132 SMs; us a layer, four runs on on
   3.5); with the QK-norm tail (fused_norm_qkv_qknorm_rope, what Qwen3 and Gemma 3 run) +2.4 / +2.3 (10.2 / 5.3). Moving
   the QK-norm and RoPE into the attention's programs would save at most the last step over ``norm_gemv``: 1.4 us a
   layer at qwen3-1.7b (~2.4% of its step on this GPU), 2.5 us at gemma-3-1b (~4.8%), less what the attention takes on.
+
+``ticket layer`` (``--ticket``): the layer's four GEMVs as ONE launch, no kernel boundary inside it. Each program
+takes a ticket (or its program id), runs a row tile of its stage at the shipped tile, and a program of a later stage
+first spins until the stage before it has signalled every program done (a counter; release / acquire), optionally
+prefetching its weights into L2 while it waits. Outputs equal the shipped chain's (checked before and after the
+timed replays; bit for bit under the interpreter, ``--check-cpu``). H100 80GB HBM3, 2026-12-06, us a layer:
+
+    arm (W warps; p prefetch; o1 program ids; q poll; s stripes)   qwen3-1.7b        smollm2-135m
+    shipped, PDL 0 / 1                                              43.1-43.4 / 48.3  13.0 / 10.6
+    w4, ticket atomic + an exit counter, p0 / p1 / p2               58.8 / 61.1 / 66.9  16.7 / 17.5 / 17.6
+    w8, the same                                                    60.4 / 67.0 / 82.2  17.3 / 17.4 / 17.5
+    w4, ticket atomic (the last down program resets: no exit counter)  51.6           15.3
+    w4 o1 (program ids)                                             48.2-50.0         13.6-14.4
+    w4 o1, acquire loads instead of atomic polls                    53.2              17.7
+    w4 o1, counters striped over 16 / 32 lines                      64.8 / 69.0       21.1 / 22.9
+    w4 o1 s16, relaxed loads + one fence, 0 / 100 / 500 ns sleeps   91.6 / 90.8 / 89.7  44.4 / 43.4 / 39.7
+    w4 o1 s16, first K tile / all rows prefetched into L2           69.1 / 78.6       20.4 / 20.3
+
+- No arm beats the four kernels it replaces, at either size: one launch with counter waits costs more than the
+  boundaries it removes (~2.2 us a kernel at qwen3-1.7b). What it costs scales with the atomics on one address:
+  dropping one atomic a program (of ~5,100 at qwen3-1.7b; two runs) saved ~7 us a layer, the ticket ~3 us. The
+  waiting programs' polls are the rest: every cheaper-looking poll (plain loads, more counters to spread them,
+  sleeps) made it slower, and so did prefetching weights while waiting (L2 traffic beside the running stage).
+- One difference from the chain: Triton does not stage a K loop inside the kernel's branches (64 bytes of shared
+  memory), so qwen3-1.7b's down stage runs unstaged here (shipped: 5 stages); at 135M every tile is unstaged anyway.
+- So a persistent or one-launch decode built on Triton-level counters (issue #31's first item) is not the way to
+  fewer boundaries on this GPU; the kernels stay separate, and PDL (where it pays) hides their launches.
 """
 
 from __future__ import annotations
@@ -57,6 +86,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import torch
@@ -69,6 +99,7 @@ from fused_tile_sweep import graphed_copy_bandwidth  # noqa: E402 (the GPU tools
 from edgekit.kernels.fused_gemv_triton import _pdl_enter_gemv
 from edgekit.kernels.fused_norm_swiglu_triton import _gate_up_rows, _norm_swiglu_program
 from edgekit.kernels.fused_proj_residual_triton import _proj_residual_program
+from edgekit.kernels.pdl_triton import _prefetch_rows_l2
 
 
 @triton.jit
@@ -91,6 +122,127 @@ def _wave_norm_swiglu(x_ptr, nw_ptr, w_ptr, y_ptr, F, C, stride_wn, eps,
     for pid in range(first, tl.cdiv(F, BLOCK_N), tl.num_programs(0)):
         _norm_swiglu_program(pid, b, x_ptr, nw_ptr, w_ptr, w_ptr, y_ptr, F, C, 0, stride_wn, 0, eps,
                              BLOCK_N, BLOCK_K, 0, STAGES=STAGES)
+
+
+LINE_INTS = tl.constexpr(32)  # one counter a 128-byte line: stripes on distinct lines (and L2 slices)
+
+
+@triton.jit
+def _wait_count(stage_ptr, want, STRIPES: tl.constexpr, POLL: tl.constexpr, SLEEP: tl.constexpr):
+    """Spin until a stage's counters (``STRIPES`` of them, a line apart) sum to ``want``, the producers' stores then
+    visible. POLL 0: atomic adds of 0 with acquire (read-modify-writes, queued at the counter's L2 slice with the
+    producers' releases); 1: acquire loads; 2: relaxed loads, then one acquire fence. 1, 2 and SLEEP (ns of
+    nanosleep between polls) are inline PTX: not in Triton's interpreter."""
+    ptrs = stage_ptr + tl.arange(0, STRIPES) * LINE_INTS
+    seen = _poll(ptrs, POLL)
+    while seen < want:
+        if SLEEP > 0:
+            seen = _nanosleep(seen, SLEEP)
+        seen = _poll(ptrs, POLL)
+    if POLL == 2:
+        seen = tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [seen], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+    tl.debug_barrier()  # the acquire above comes before every thread's activation loads
+
+
+@triton.jit
+def _poll(ptrs, POLL: tl.constexpr):
+    if POLL == 0:
+        c = tl.atomic_add(ptrs, 0, sem="acquire", scope="gpu")
+    elif POLL == 1:
+        c = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    else:
+        c = tl.load(ptrs, volatile=True)
+    return tl.sum(c)
+
+
+@triton.jit
+def _nanosleep(v, NS: tl.constexpr):
+    return tl.inline_asm_elementwise(f"nanosleep.u32 {NS}; mov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_ahead(w_ptr, rows, K, stride_wn, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """Before a stage's wait: nothing (0), the rows' first K tile (1) or all of the rows (2) requested into L2."""
+    if PREFETCH == 1:
+        _prefetch_rows_l2(w_ptr, rows, K, stride_wn, BLOCK_K)
+    elif PREFETCH == 2:
+        for k0 in range(0, K, BLOCK_K):
+            _prefetch_rows_l2(w_ptr + k0, rows, K - k0, stride_wn, BLOCK_K)
+
+
+@triton.jit
+def _ticket_layer(sync_ptr, x_ptr, q_ptr, nw_ptr, w_qkv, w_o, w_gu, w_down, r_qkv, r_c, y_qkv, y_o, m_ptr, y_down,
+                  C, F, NQKV, QS, eps,
+                  BN1: tl.constexpr, BK1: tl.constexpr, S1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr,
+                  S2: tl.constexpr, BN3: tl.constexpr, BK3: tl.constexpr, S3: tl.constexpr, BN4: tl.constexpr,
+                  BK4: tl.constexpr, S4: tl.constexpr, PREFETCH: tl.constexpr, ORDER: tl.constexpr,
+                  POLL: tl.constexpr, STRIPES: tl.constexpr, SLEEP: tl.constexpr):
+    """A layer's four GEMVs in one launch. Each program takes a ticket (sync[0]) instead of its program id, so every
+    lower ticket belongs to a program already running: a stage's programs can spin on the stage before them
+    (programs finished a stage, over ``STRIPES`` counters a line apart: program t adds to stripe t % STRIPES)
+    without waiting on programs that have no SM. The o-projection waits
+    for the QKV as the chain's kernel order makes it (it reads q, not the QKV's output, as the chain's does); the
+    last down program to finish sets the counters back to zero for the next launch. ORDER 1: the program id as
+    the ticket (no atomic); POLL: how a wait reads its counter (``_wait_count``)."""
+    if ORDER == 0:
+        t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+    else:  # the program id: trusts the GPU to start programs in order (it does in practice; not promised)
+        t = tl.program_id(0)
+    n1 = tl.cdiv(NQKV, BN1)
+    n2 = n1 + tl.cdiv(C, BN2)
+    n3 = n2 + tl.cdiv(F, BN3)
+    n4 = n3 + tl.cdiv(C, BN4)
+    b = tl.program_id(1).to(tl.int64)
+    if t < n1:
+        _proj_residual_program(t, b, x_ptr, w_qkv, w_qkv, w_qkv, r_qkv, y_qkv, NQKV, C, 0, C, 0, 0, 0,
+                               BN1, BK1, 0, STAGES=S1)
+    elif t < n2:
+        p = t - n1
+        _prefetch_ahead(w_o, (p * BN2 + tl.arange(0, BN2)) % C, QS, QS, BK2, PREFETCH)
+        _wait_count(sync_ptr + LINE_INTS, n1, STRIPES, POLL, SLEEP)
+        _proj_residual_program(p, b, q_ptr, w_o, w_o, w_o, r_c, y_o, C, QS, 0, QS, 0, 0, 0, BN2, BK2, 0, STAGES=S2)
+    elif t < n3:
+        p = t - n2
+        _prefetch_ahead(w_gu, _gate_up_rows(p, F, BN3), C, C, BK3, PREFETCH)
+        _wait_count(sync_ptr + LINE_INTS * (1 + STRIPES), n2 - n1, STRIPES, POLL, SLEEP)
+        _norm_swiglu_program(p, b, y_o, nw_ptr, w_gu, w_gu, m_ptr, F, C, 0, C, 0, eps, BN3, BK3, 0, STAGES=S3)
+    else:
+        p = t - n3
+        _prefetch_ahead(w_down, (p * BN4 + tl.arange(0, BN4)) % C, F, F, BK4, PREFETCH)
+        _wait_count(sync_ptr + LINE_INTS * (1 + 2 * STRIPES), n3 - n2, STRIPES, POLL, SLEEP)
+        _proj_residual_program(p, b, m_ptr, w_down, w_down, w_down, y_o, y_down, C, F, 0, F, 0, 0, 0,
+                               BN4, BK4, 0, STAGES=S4)
+    stage = (t >= n1).to(tl.int32) + (t >= n2).to(tl.int32) + (t >= n3).to(tl.int32)
+    tl.debug_barrier()  # every thread's output stores come before the release below
+    if stage < 3:
+        tl.atomic_add(sync_ptr + LINE_INTS * (1 + stage * STRIPES + t % STRIPES), 1, sem="release", scope="gpu")
+    # the last down program to finish (sync[1]): every other program has taken its ticket and signalled its stage
+    elif tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == n4 - n3 - 1:
+        tl.atomic_xchg(sync_ptr + tl.arange(0, 2), 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(sync_ptr + LINE_INTS * (1 + tl.arange(0, 4 * STRIPES)), 0, sem="relaxed", scope="gpu")
+
+
+def ticket_layer(L: "Layer", tiles: dict, warps: int, prefetch: int, eps: float, order: int = 0, poll: int = 0,
+                 stripes: int = 1, sleep: int = 0) -> dict:
+    """The layer as one ``_ticket_layer`` launch at ``warps`` warps a program, each stage at its shipped tile."""
+    C, QS = L.w["o"].shape
+    F = L.w["gate_up"].shape[0] // 2
+    NQKV = L.w["qkv"].shape[0]
+    t = {name: tiles[name] for name in ("qkv", "o", "gate_up", "down")}
+    counts = [triton.cdiv(n, t[name][0]["BLOCK_N"]) for name, n in (("qkv", NQKV), ("o", C), ("gate_up", F),
+                                                                     ("down", C))]
+    const = {}
+    for i, name in enumerate(("qkv", "o", "gate_up", "down"), 1):
+        c, _, stages = t[name]
+        const.update({f"BN{i}": c["BLOCK_N"], f"BK{i}": c["BLOCK_K"], f"S{i}": stages})
+    _ticket_layer[(sum(counts), 1)](L.sync, L.x, L.q, L.nw, L.w["qkv"], L.w["o"], L.w["gate_up"], L.w["down"],
+                                    L.r_qkv, L.r_c, L.out["qkv"], L.out["o"], L.m, L.out["down"], C, F, NQKV, QS, eps,
+                                    PREFETCH=prefetch, ORDER=order, POLL=poll, STRIPES=stripes, SLEEP=sleep,
+                                    num_warps=warps, num_stages=1, **const)
+    return {"qkv": L.out["qkv"], "o": L.out["o"], "m": L.m, "down": L.out["down"]}
 
 
 def _shipped_tile(op: str, n: int, k: int, dev) -> tuple[dict, int, int]:
@@ -122,6 +274,8 @@ class Layer:
         self.q = torch.randn(1, cfg.q_size, device=dev, generator=g).to(h)
         self.m = torch.empty(1, F, device=dev, dtype=h)
         self.out = {name: torch.empty(1, n, device=dev, dtype=h) for name, n in (("qkv", qkv), ("o", C), ("down", C))}
+        # the ticket layer's ticket and stage counters (each on its own line, up to 32 stripes a stage)
+        self.sync = torch.zeros(LINE_INTS.value * (1 + 4 * 32), device=dev, dtype=torch.int32)
 
     @property
     def nbytes(self) -> int:
@@ -189,6 +343,16 @@ def check_cpu() -> int:
             differ = [k for k in want if not torch.equal(want[k], got[k])]
             bad += bool(differ)
             print(f"C={C} F={F} {programs} program(s): " + (f"DIFFER {differ}" if differ else "equal to the shipped"))
+        for order in (0, 1):  # the interpreter runs programs in order (waits met), no inline asm (prefetch, POLL 1)
+            for t in (*L.out.values(), L.m):
+                t.fill_(float("nan"))
+            got = ticket_layer(L, tiles, 4, 0, 1e-6, order, stripes=1 + 3 * order)  # 4: not a divisor of the counts
+            differ = [k for k in want if not torch.equal(want[k], got[k])]
+            if L.sync.any():
+                differ.append(f"counters left at {L.sync.tolist()}")
+            bad += bool(differ)
+            print(f"C={C} F={F} ticket layer, order {order}: "
+                  + (f"DIFFER {differ}" if differ else "equal to the shipped, counters back at zero"))
     return 1 if bad else 0
 
 
@@ -201,6 +365,12 @@ def main() -> int:
     ap.add_argument("--qkv-ops", default="fused_norm_qkv_qknorm_rope,fused_norm_qkv_rope,norm_gemv",
                     help="QKV operators timed in the shipped chain (PDL 0) instead of the plain GEMV, and alone "
                          "(norm_gemv: the input norm and the GEMV without RoPE, fused_norm_swiglu's kernel)")
+    ap.add_argument("--ticket", default="4p0,4p0o1q1",
+                    help="comma list of WpPoOqQsSzZ: the layer as one launch of ticketed programs at W warps, "
+                         "prefetching nothing (P 0), the first K tile (1) or all of its rows (2) into L2 before a "
+                         "stage's wait; "
+                         "O 1: program ids as tickets; Q: how waits poll, S: counters a stage, Z: ns of sleep a poll "
+                         "(_wait_count)")
     ap.add_argument("--json")
     ap.add_argument("--check-cpu", action="store_true", help="the wave kernels through the interpreter (TRITON_INTERPRET=1)")
     args = ap.parse_args()
@@ -260,6 +430,33 @@ def main() -> int:
                     for L in layers:
                         wave_chain(L, tiles, per_sm, sms, level, eps, warps_all)
                 record(f"{arm}, PDL {level}", run)
+        for spec in filter(None, args.ticket.split(",")):  # WpPoOqQ: the layer as one ticketed launch
+            m = re.fullmatch(r"(\d+)(?:p(\d))?(?:o(\d))?(?:q(\d))?(?:s(\d+))?(?:z(\d+))?", spec)
+            warps, prefetch, order, poll, stripes, sleep = (int(v or 0) for v in m.groups())
+            stripes = stripes or 1
+            arm = f"ticket layer w{warps} p{prefetch} o{order} q{poll} s{stripes} z{sleep}"
+            same_warps = all(w == warps for _, w, _ in tiles.values())
+
+            def matches(got, same_warps=same_warps):  # other warps sum a row in another order: FP16 rounding
+                return [k for k in want if not (torch.equal(want[k], got[k]) if same_warps
+                                                else torch.allclose(want[k], got[k], rtol=2e-3, atol=2e-3))]
+            for t in (*first.out.values(), first.m):
+                t.fill_(float("nan"))
+            differ = matches(ticket_layer(first, tiles, warps, prefetch, eps, order, poll, stripes, sleep))
+            torch.cuda.synchronize()
+            if differ or first.sync.any():
+                rows.append({"preset": preset, "arm": arm, "error": f"outputs differ: {differ}, counters "
+                                                                    f"{first.sync.tolist()}"})
+                continue
+
+            def run(warps=warps, prefetch=prefetch, order=order, poll=poll, stripes=stripes, sleep=sleep):
+                for L in layers:
+                    ticket_layer(L, tiles, warps, prefetch, eps, order, poll, stripes, sleep)
+            record(arm, run)
+            again = ticket_layer(first, tiles, warps, prefetch, eps, order, poll, stripes, sleep)
+            differ = matches({k: v.clone() for k, v in again.items()})
+            if differ or first.sync.any():  # a race the first check missed, after the timed replays
+                rows[-1]["error"] = f"after the timed runs: outputs differ {differ}, counters {first.sync.tolist()}"
         # the QKV operators the families run, in the chain and alone, against the plain GEMV of the same weight
         from fused_tile_sweep import _args
 
