@@ -147,8 +147,27 @@ def _default(s: dict, int4: bool = False):
     return {**c, "HEADS_P": _heads_p(s)}, w, n
 
 
+# The float kernel's K loop staged through shared memory (4 stages of 256-wide steps, 8 pairs a program: 27 KB) from
+# Gemma 3 1B's width up. Measured in the graphed decode step against the unstaged 2 pairs x 2048 (H100 80GB HBM3,
+# tools/step_ab.py, depth 512, interleaved runs, greedy tokens equal, 2026-12-06): qwen3-1.7b fp16 627.4 -> 631.7
+# tok/s (+0.7%; again on another tree 627.6 -> 631.8), gemma-3-1b (C 1152) 746.1 -> 752.8 (+0.9%), qwen3-4b 296.9
+# -> 299.6 (+0.9%); qwen3-0.6b (C 1024) 1135.7 -> 1134.6, so not below 1152. On the H200 (step_ab, 5 interleaved runs,
+# tokens equal, 2026-12-06): qwen3-1.7b 767.6 -> 778.4 (+1.4%), gemma-3-1b 823.8 -> 827.2 (+0.4%); its FP64 GPU tests
+# (tests/kernels/test_fused_gpu.py -k qknorm) pass there at this tile. Why staging pays for this GEMV and not for
+# the other fused ones at these widths was not profiled. The INT8 and INT4 kernels keep their unstaged defaults.
+STAGED_FROM_K = 1152
+
+
+def _default_fp(s: dict):
+    c, w, n = _default(s)
+    if int(s.get("k_in") or 0) >= STAGED_FROM_K and c["HALF"] % 8 == 0:
+        return {**c, "PAIRS": 8, "BLOCK_K": 256}, 4, 4
+    return c, w, n
+
+
 FP, W8, W4 = weight_kernels(OP_NAME, "norm_qkv_qknorm_rope", _norm_qkv_qknorm_rope_kernel, _params,
-                            ("HALF", "PAIRS", "BLOCK_K", "HEADS_P"), _space, _default,
+                            ("HALF", "PAIRS", "BLOCK_K", "HEADS_P"), _space, _default_fp,
+                            default_w8=_default,
                             default_w4=lambda s: _default(s, int4=True),
                             rows_a_step=lambda c: 2 * c["PAIRS"])  # both halves of each rotation pair
 
