@@ -81,7 +81,8 @@ bandwidth: the head is not where the step loses). tools/fused_tile_sweep.py alon
 9.79 us, 57% of copy bandwidth), o 5.19 (5.09, 55%), gate/up 19.69 (best, 85%), down 10.76 (10.64, 79%). The QKV's
 best candidate in the step (norm_qkv_qknorm_rope_fp:s4,w4,BLOCK_K=256,PAIRS=8, tokens equal): qwen3-1.7b 627.4 ->
 631.7 (+0.7%), gemma-3-1b 746.1 -> 752.8 (+0.9%), qwen3-4b 296.9 -> 299.6 (+0.9%), qwen3-0.6b 1135.7 -> 1134.6
-(-0.1%). Under 1% and not measured on the H200: not adopted.
+(-0.1%). Under 1% and not measured on the H200: not adopted then. On the H200 (2026-12-06) it gave qwen3-1.7b +1.4%
+(767.6 -> 778.4), gemma-3-1b +0.4%: the default from C >= 1152 since (fused_norm_qkv_qknorm_rope_triton._default_fp).
 
 H100 80GB HBM3, 2026-12-06 (main 2331c07, depth 512, fp16, 7 interleaved runs): the down projection launched with PDL
 beside the attention operators (``pdl:attn+fused_proj_residual``: its programs start while gate/up streams and
