@@ -49,17 +49,22 @@ def test_staged_default_tiles_compile_to_asynchronous_copies(arch):
 
     from edgekit.model.presets import preset_config
 
-    staged = []
-    for model, op in (("llama-3.2-1b", "fused_norm_swiglu"), ("llama-3.2-1b", "fused_proj_residual"),
-                      ("qwen3-1.7b", "fused_norm_qkv_qknorm_rope"), ("gemma-3-1b", "fused_norm_qkv_qknorm_rope")):
-        cfg = preset_config(model)
-        staged += [v for v in default_variants(op, **step_facts(op, cfg)).values() if v.num_stages > 1]
+    qknorm = "fused_norm_qkv_qknorm_rope"
+    hopper = {"shared_bytes_per_block": 232448}  # what the JIT path tells the defaults on an H100 / H200
+
+    def defaults(model, op, **gpu):
+        return default_variants(op, **step_facts(op, preset_config(model)), **gpu).values()
+
+    staged = [v for model, op, gpu in (("llama-3.2-1b", "fused_norm_swiglu", {}),
+                                       ("llama-3.2-1b", "fused_proj_residual", {}),
+                                       ("qwen3-1.7b", qknorm, hopper), ("gemma-3-1b", qknorm, hopper))
+              for v in defaults(model, op, **gpu) if v.num_stages > 1]
     assert {v.kernel for v in staged} >= {"norm_swiglu_w4", "proj_residual_fp", "proj_residual_w8",
                                           "norm_qkv_qknorm_rope_fp"}
-    # below Gemma 3 1B's width the QK-norm QKV stays unstaged (qwen3-0.6b measured no gain)
-    cfg = preset_config("qwen3-0.6b")
-    assert all(v.num_stages == 1 for v in default_variants("fused_norm_qkv_qknorm_rope",
-                                                           **step_facts("fused_norm_qkv_qknorm_rope", cfg)).values())
+    # the QK-norm QKV stages only on an sm_90 GPU (where it was measured) and from Gemma 3 1B's width up (qwen3-0.6b
+    # measured no gain): a planned (orin) variant and qwen3-0.6b's stay unstaged
+    assert all(v.num_stages == 1 for v in defaults("qwen3-1.7b", qknorm))
+    assert all(v.num_stages == 1 for v in defaults("qwen3-0.6b", qknorm, **hopper))
     for v in staged:
         ck = compile_variant(v, arch, budget_bytes=ORIN_SMEM_BUDGET)
         assert "cp.async" in ck.ptx and ck.shared_bytes <= ORIN_SMEM_BUDGET, (v.label(), ck.shared_bytes)
