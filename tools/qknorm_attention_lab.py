@@ -40,6 +40,9 @@ candidate's output and new cache rows bit-equal to the shipped chain's, on the G
   holds the slot does not wait for its store to come back) loses another ~1 us: the extra step is longer than the
   round trip it saves.
 - So the QK-norm and RoPE stay in the QKV operator (issue #30's candidate from stop 50: not built).
+- Since these runs the shipped QKV's float tile is staged from C 1152 on sm_90 (55822e3), and the lab uses the JIT's
+  default tiles: a rerun compares against that. The register arm's loop then also guards a block holding only the
+  skipped key (it gave NaN at depths where the new key sits alone in its split, never at 512).
 """
 
 from __future__ import annotations
@@ -167,8 +170,11 @@ def _attn_qknorm_kernel(
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         qk = tl.where(((cols < end) & (cols != skip))[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        # a block holding only the skipped key has no score yet: no NaN from -inf - -inf (the shipped loop never
+        # sees such a block)
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk - base[:, None])
+        alpha = tl.exp2(m_i - base)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0, cache_modifier=".cg")
         acc = acc * alpha[:, None]
@@ -329,7 +335,8 @@ def check_cpu() -> int:
 
     _shim_interpreter()
     bad = 0
-    for C, heads, kv, d, depth in ((64, 4, 2, 16, 40), (64, 4, 1, 32, 70)):
+    # depth 300 at D 16: several splits, the new key outside split 0 (and alone in its split's last block at 129)
+    for C, heads, kv, d, depth in ((64, 4, 2, 16, 40), (64, 4, 1, 32, 70), (64, 4, 2, 16, 300), (64, 4, 2, 16, 129)):
         cfg = SimpleNamespace(hidden_size=C, n_heads=heads, n_kv_heads=kv, head_dim=d)
         for new_key in (0, 1):
             r = compare(cfg, torch.device("cpu"), 1e-6, depth, new_key)
@@ -382,6 +389,10 @@ def main() -> int:
             arms = (("shipped", run_shipped, None), ("candidate, new key via cache", run_candidate, checks[0]),
                     ("candidate, new key in registers", lambda ask=ask: run_candidate(ask, 1), checks[1]))
             for arm, fn, check in arms:
+                if check is not None and not (check["y_max_abs"] <= 2e-3 and check["v_row_equal"]
+                                              and check["k_row_max_abs"] <= 2e-3):
+                    rows.append({"preset": preset, "arm": f"{arm}, {label}", "error": f"differs: {check}"})
+                    continue  # a wrong candidate is not timed
                 us = 1000 * do_bench_cudagraph(fn) / copies
                 rows.append({"preset": preset, "arm": f"{arm}, {label}", "us_per_layer": us, "check": check})
         del layers, first
@@ -391,6 +402,9 @@ def main() -> int:
     print(f"measured on {doc['measured_on']}, copy bandwidth {bw / 1e12:.2f} TB/s; QKV + attention + o-projection "
           f"a layer, depth {args.depth}, CUDA-graph replay")
     for r in rows:
+        if "error" in r:
+            print(f"{r['preset']:12} {r['arm']:42} ERROR {r['error']}")
+            continue
         c = r["check"]
         verdict = "" if c is None else (f"  output {'equal' if c['y_equal'] else 'max diff %.3g' % c['y_max_abs']}, "
                                         f"new rows {'equal' if c['k_row_equal'] and c['v_row_equal'] else 'DIFFER'}")
