@@ -48,13 +48,19 @@ def test_32_parallel_bodies_just_under_1_mb_do_not_stall_the_event_loop(tiny_sta
         statuses = flood.result(timeout=120)
     assert statuses and set(statuses) <= {413, 429}, set(statuses)  # too long for any bucket: refused, not served
     waits.sort()
-    # before: 3-4.7 s; a CI runner's 2 shared cores alone gave 0.50 s once (0.37 s p50), hence 1 s on such a machine.
-    # Every cost here (receiving the bodies, parsing one off the loop while it holds the GIL) scales with the CPU's
-    # speed, so the bound does too: on a day this 2-core VM ran Python ~3x slower (json.loads of IDS 63 ms), the
-    # fixed server's slowest /healthz was 1.9-2.5 s, and the old one would take ~3x its 3-4.7 s.
+    # before: 3-4.7 s, every wait (the loop parsed each body itself, one after another). Fixed, a /healthz still waits
+    # for the GIL behind the worker threads' json.loads calls (tens of ms each, one C call): a CI runner's 2 shared
+    # cores alone gave 0.50 s once (0.37 s p50); this 2-core VM, alone, 0.53-0.74 s slowest over 12-16 requests (p50
+    # 0.19-0.43 s), and 1.18 s once inside a full CI run (p50 0.74 s). Hence the median held to 1 s and the slowest to
+    # 2 s: both still well under the old stalls. Every cost here (receiving the bodies, parsing one off the loop
+    # while it holds the GIL) scales with the CPU's speed, so the bounds do too: on a day this VM ran Python ~3x
+    # slower (json.loads of IDS 63 ms), the fixed server's slowest /healthz was 1.9-2.5 s, and the old one would take
+    # ~3x its 3-4.7 s.
     slower = _cpu_slowdown()
-    assert waits[-1] < 1.0 * slower, (f"/healthz waited up to {waits[-1]:.2f} s behind the bodies (p50 "
-                                      f"{waits[len(waits) // 2]:.3f} s; bound {slower:.1f} s on this CPU)")
+    p50 = waits[len(waits) // 2]
+    assert p50 < 1.0 * slower and waits[-1] < 2.0 * slower, (
+        f"/healthz waited up to {waits[-1]:.2f} s behind the bodies (p50 {p50:.3f} s over {len(waits)} requests; "
+        f"bounds {slower:.1f} s for the p50, {2 * slower:.1f} s for the slowest on this CPU)")
 
 
 REFERENCE_PARSE_S = 0.020  # json.loads(IDS) on the runner the 1 s bound was set on (estimated: ~3x faster than 63 ms)
