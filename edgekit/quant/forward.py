@@ -42,7 +42,7 @@ def embed(decoder: Decoder, tokens: torch.Tensor) -> torch.Tensor:
     tokens = tokens.to(decoder.device)
     ctx = decoder.context(SEQUENCE, tokens=tokens)
     first = [i for i, n in enumerate(g.nodes) if g.streams[0][0] in n.outputs.values()]
-    return run_graph(g, ctx, nodes=first)[g.streams[0][0]]
+    return run_graph(g, ctx, nodes=first, keep=(g.streams[0][0],))[g.streams[0][0]]
 
 
 @torch.no_grad()
@@ -58,8 +58,10 @@ def run_blocks(
     stop = len(g.streams) if stop is None else stop
     if stop <= start:
         return x
-    env = run_graph(g, _window(decoder, x, kv_transform), {g.streams[start][0]: x}, block_nodes(g, start, stop))
-    return env[g.streams[stop - 1][1]]
+    out = g.streams[stop - 1][1]
+    env = run_graph(g, _window(decoder, x, kv_transform), {g.streams[start][0]: x}, block_nodes(g, start, stop),
+                    keep=(out,))  # one layer's intermediates alive at a time, not every layer's
+    return env[out]
 
 
 def block_output(decoder: Decoder, b: BlockWeights, x: torch.Tensor, i: int = 0,
@@ -67,7 +69,8 @@ def block_output(decoder: Decoder, b: BlockWeights, x: torch.Tensor, i: int = 0,
     """One block ``b`` (as block i) on hidden states x (B, T, C) of full sequences; differentiable where the caller
     enables gradients (edgekit.quant.int4_tuning tunes the float parameters through it; run_blocks does not)."""
     g = decoder.graph(SEQUENCE, blocks={i: b})
-    env = run_graph(g, _window(decoder, x, kv_transform, {i: b}), {g.streams[i][0]: x}, block_nodes(g, i, i + 1))
+    env = run_graph(g, _window(decoder, x, kv_transform, {i: b}), {g.streams[i][0]: x}, block_nodes(g, i, i + 1),
+                    keep=(g.streams[i][1],))
     return env[g.streams[i][1]]
 
 
@@ -80,7 +83,7 @@ def logits(decoder: Decoder, x: torch.Tensor) -> torch.Tensor:
 def head_logits(decoder: Decoder, x: torch.Tensor) -> torch.Tensor:
     """``logits``, differentiable where the caller enables gradients (int4_tuning)."""
     g = decoder.graph(SEQUENCE)
-    env = run_graph(g, _window(decoder, x, None), {g.streams[-1][1]: x}, head_nodes(g))
+    env = run_graph(g, _window(decoder, x, None), {g.streams[-1][1]: x}, head_nodes(g), keep=(g.outputs["logits"],))
     return env[g.outputs["logits"]]
 
 

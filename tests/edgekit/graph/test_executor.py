@@ -1,0 +1,54 @@
+"""run_graph's ``keep``: a pass returns only the values asked for and lets every other one go after its last reader,
+so a teacher-forced pass over many layers holds about one layer's intermediates, not all of them."""
+
+from __future__ import annotations
+
+import torch
+
+from edgekit.graph.executor import block_nodes, run_graph
+from edgekit.graph.node import SEQUENCE
+from edgekit.model.decoder import Decoder
+from edgekit.model.loader import load_model
+from edgekit.quant.forward import _window, embed
+
+
+class _PeakDict(dict):
+    """An env that remembers how many values it held at once."""
+
+    peak = 0
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.peak = max(self.peak, len(self))
+
+
+def _pass(dec: Decoder, x: torch.Tensor, keep=None) -> _PeakDict:
+    g = dec.graph(SEQUENCE)
+    env = _PeakDict({g.streams[0][0]: x})
+    return run_graph(g, _window(dec, x, None), env, block_nodes(g, 0, len(g.streams)), keep=keep)
+
+
+def test_keep_returns_the_same_output_and_only_what_was_kept():
+    for preset in ("preset:tiny-qwen3", "preset:tiny-gemma3"):  # QK-norm; post-norms and sliding-window layers
+        m = load_model(preset, tokenizer=False)
+        dec = Decoder(m.config, m.weights)
+        g = dec.graph(SEQUENCE)
+        x = embed(dec, torch.arange(3, 40)[None] % m.config.vocab_size)
+        out = g.streams[-1][1]
+        full, kept = _pass(dec, x), _pass(dec, x, keep=(out,))
+        assert torch.equal(kept[out], full[out]), preset
+        assert set(kept) == {out}, sorted(kept)  # the seeded stream too is let go (the caller holds its own)
+        assert len(full) > 4 * m.config.n_layers  # without keep: every layer's values stay
+
+
+def test_keep_holds_about_one_layers_values_at_a_time():
+    m = load_model("preset:tiny-qwen3", tokenizer=False)
+    dec = Decoder(m.config, m.weights)
+    g = dec.graph(SEQUENCE)
+    x = embed(dec, torch.arange(5, 37)[None])
+    per_layer = max(sum(len(n.outputs) for n in g.layer_nodes(i)) for i in range(m.config.n_layers))
+    prelude = sum(len(g.nodes[i].outputs) for i in block_nodes(g, 0, 0))  # RoPE rows, sequence lengths
+    kept = _pass(dec, x, keep=(g.streams[-1][1],))
+    full = _pass(dec, x)
+    assert kept.peak <= prelude + per_layer + 2, (kept.peak, prelude, per_layer)
+    assert full.peak >= prelude + m.config.n_layers * (per_layer - 1), (full.peak, per_layer)
