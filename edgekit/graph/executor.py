@@ -158,16 +158,20 @@ def _dead_after(calls: list[_Call], keep: frozenset[str]) -> list[tuple[str, ...
 
 def run_graph(graph: Graph, ctx: ExecContext, env: dict[str, torch.Tensor] | None = None,
               nodes: Iterable[int] | None = None, keep: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-    """Run ``graph`` (or its nodes at the indices ``nodes``, in order) and return every value computed, by name.
+    """Run ``graph`` (or its nodes at the indices ``nodes``, in order) and return the values by name: every value
+    computed, or with ``keep`` only those.
 
-    ``env`` seeds values (a calibration pass starting at block i seeds that block's incoming stream). ``keep``: only
-    those values are returned, and every other one (a seeded one too) is let go after the last node of the run that
-    reads it. Without it a teacher-forced pass over 8 windows of 256 tokens holds every layer's intermediates to its
-    end: the quantizer's passes (quant/forward.py) keep only their output, and an `edgekit build preset:qwen3-0.6b
-    --target orin` peaked at 7.0 GB of RSS on the CPU instead of 13.2 GB, its bundle byte for byte the same."""
+    ``env`` seeds values (a calibration pass starting at block i seeds that block's incoming stream). ``keep`` (names):
+    the values the run computes or reads that are not kept are let go after the last node of the run that reads them
+    (a seeded one too; a seeded one the run never reads stays). Without it a teacher-forced pass over 8 windows of
+    256 tokens holds every layer's intermediates to its end: the quantizer's passes (quant/forward.py) keep only their
+    output, and `edgekit build preset:qwen3-0.6b --target orin` peaked at 7.0 GB of RSS on the CPU instead of
+    13.2 GB, its bundle byte for byte the same."""
     env = {} if env is None else env
     calls = _plan(graph)
     run = calls if nodes is None else [calls[i] for i in nodes]
+    if isinstance(keep, str):
+        raise TypeError(f"keep takes value names, e.g. ({keep!r},), not one string")
     dead = _dead_after(run, frozenset(keep)) if keep is not None else None
     for at, call in enumerate(run):
         node = call.node
