@@ -156,9 +156,8 @@ def _default(s: dict, int4: bool = False):
 # (tests/kernels/test_fused_gpu.py -k qknorm) pass there at this tile. Why staging pays for this GEMV and not for
 # the other fused ones at these widths was not profiled. Measured on sm_90 only, so taken only where a call runs on
 # an sm_90+ GPU (the JIT path tells the defaults ``shared_bytes_per_block`` there, as for the decode attention's
-# key blocks):
-# planned variants (an orin bundle) keep the unstaged tile, until measured on an Orin. The INT8 and INT4 kernels keep
-# their unstaged defaults.
+# key blocks): planned variants (an orin bundle) keep the unstaged tile, until measured on an Orin. The INT8 and INT4
+# kernels keep their unstaged defaults.
 STAGED_FROM_K = 1152
 
 
