@@ -315,6 +315,12 @@ def _int4_prepared(loaded: LoadedModel, cal: Int4Calibration, fp_weights: ModelW
     )
 
 
+def _gentler_precision(mode: str) -> str:
+    """The --precision a failed gate's hint points to: the next scheme that quantizes less (a W8A16 failure was
+    once told to use W8A16, the precision it had just failed at)."""
+    return "--precision fp16 (no quantization)" if mode == "w8a16" else "--precision int8 (W8A16)"
+
+
 def quantize_model(
     loaded: LoadedModel,
     mode: str = "w8a16",
@@ -461,12 +467,12 @@ def quantize_model(
                 kept += f" and {len(final['int8_layers'])} more in INT8"
             msg = (f"the {name_of_quant_mode(mode)} model fails the accuracy gate even with the {kept}: {why}; "
                    f"most sensitive layers: {worst}")
-            hint = "relax the gate thresholds, raise the mixed-precision limit, or use --precision int8 (W8A16)"
+            hint = f"relax the gate thresholds, raise the mixed-precision limit, or use {_gentler_precision(mode)}"
         else:
             msg = f"the {name_of_quant_mode(mode)} model fails the accuracy gate: {why}; the layers that hurt most: {worst}"
-            hint = ("pass --allow-mixed to move the most sensitive layers to INT8 (then floating point), or use --precision int8"
+            hint = ("pass --allow-mixed to move the most sensitive layers to INT8 (then floating point), "
                     if mode == "w4a16" else
-                    "pass --allow-mixed to keep the most sensitive layers in floating point, or use --precision int8 (W8A16)")
+                    "pass --allow-mixed to keep the most sensitive layers in floating point, ") + f"or use {_gentler_precision(mode)}"
         if kv_int8 and report["gate"]["kv_int8_alone"]["failures"]:
             msg += "; the INT8 KV cache alone already fails the gate"
             hint = "drop --kv-int8"

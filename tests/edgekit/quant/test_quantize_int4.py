@@ -74,6 +74,7 @@ def test_rtn_fails_on_a_planted_layer_and_names_it_gptq_and_the_default_do_not(p
     with pytest.raises(GateFailedError) as exc:
         quantize_model(planted, "w4a16", gate=GATE, options=opts)
     assert "blocks.1.w_gate_up" in str(exc.value) and "--allow-mixed" in str(exc.value)
+    assert "--precision int8" in str(exc.value)  # the gentler scheme an INT4 failure points to
     assert exc.value.report["sensitivity"]["layers"][0]["layer"] == "blocks.1.w_gate_up"
     # GPTQ sees from H that the planted input channel is never driven and does not let it stretch the grid
     r = quantize_model(planted, "w4a16", gate=GATE, options=replace(opts, int4_method="gptq"))
