@@ -11,8 +11,8 @@ import torch
 
 from edgekit.kernels import host_checks as hc
 from edgekit.kernels.fused_decode_common import (
-    FLOAT_DTYPES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs, weight_operands,
-    weight_shape,
+    FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, golden_norm_input, golden_weight, project, weight_inputs,
+    weight_operands, weight_shape,
 )
 from edgekit.kernels.fusion import HEAD, Fusion
 from edgekit.kernels.operator import DECODE, Operator
@@ -73,14 +73,14 @@ def prepare(x, norm_weight, weight, scale, offset, bias, eps):
     return tensors, {"eps": float(eps), **w_attrs}, lambda bufs: (bufs["token"], bufs["logits"])
 
 
-# final rmsnorm -> LM head, plus the greedy token on the device. Its INT4 kernel is checked against the FP64 oracle
-# under Triton's CPU interpreter only: INT4 heads stay unfused until it has run on a GPU.
+# final rmsnorm -> LM head, plus the greedy token on the device, for FP16, INT8 and INT4 heads (the INT4 kernel
+# passes the FP64 oracle on the GPU: tests/kernels/test_fused_gpu.py's INT4 operators include this one).
 FUSION = Fusion(
     pattern=("rmsnorm", "linear"),
     inputs={"x": "0.x", "norm_weight": "0.weight", "proj": "1.proj"},
     attributes={"eps": "0.eps"},
     outputs={"token": "+token", "logits": "1.y"},
-    schemes=("fp16", "w8a16"),
+    schemes=FUSED_SCHEMES,
     scope=HEAD,
 )
 

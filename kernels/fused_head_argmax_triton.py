@@ -109,8 +109,7 @@ def _default_w4(s: dict):
     return {"BLOCK_N": 32, "BLOCK_K": block_k}, warps, 1
 
 
-# float, INT8 and INT4 weights (the runtime's fused path still takes FP16 or INT8 heads only:
-# fused_head_argmax.FUSION's schemes, until the INT4 kernel has run on a GPU)
+# float, INT8 and INT4 weights (fused_head_argmax.FUSION's schemes: the fused path takes each)
 FP, W8, W4 = weight_kernels(OP_NAME, "head_logits", _head_logits_kernel, _params, ("BLOCK_N", "BLOCK_K"),
                             _space, _default, default_w4=_default_w4)
 

