@@ -153,11 +153,13 @@ def test_a_bundle_runs_its_shipped_fused_plugins_with_no_jit(tmp_path, precision
 
 def test_the_default_model_with_int4_blocks_and_an_int4_head_decodes_fused_as_on_the_cpu():
     """Real weights (the default model, the smollm2-135m preset where it does not load): W4A16 blocks and the tied
-    INT4 head (the embedding's table) on the graphed fused step, FP16 activations, give the CPU reference's greedy
-    tokens (FP32 activations, torch reference operators), or part from them only where the reference's top two
-    logits are a near-tie; every step's logits stay within FP16 rounding of the reference's teacher-forced ones."""
-    from edgekit.bench.document import NEAR_TIE
-    from edgekit.bench.runner import _cast
+    INT4 head (the embedding's table) on the graphed fused step, FP16 activations, fed the CPU reference's greedy
+    tokens (FP32 activations, torch reference operators) for 32 steps. At every step its logits stay as close to the
+    reference's as the GPU's per-operator step's are (FP16 rounding, the floor), and its device-side token is the
+    reference's wherever the reference's top two logits are further apart than twice the step's own error.
+
+    Teacher-forced, not free-running: fed the same tokens, every step is checked, not only those before a first
+    flip at a close call. Measured on an H100: largest error 0.39% of the largest logit (per-operator step 0.29%)."""
     from edgekit.errors import ModelLoadError
     from edgekit.generate import Generator
     from edgekit.kernels.dispatch import DispatchTable
@@ -186,31 +188,34 @@ def test_the_default_model_with_int4_blocks_and_an_int4_head_decodes_fused_as_on
     want, _ = Generator(cpu, StaticShapes.for_context(128)).generate(prompt, n)
     ref = all_logits(cpu, torch.tensor([prompt + want]))[0].double()  # teacher-forced, (T, V)
 
-    gpu = Decoder(cfg, _cast(weights, "cuda", torch.float16), triton_dispatch_table())
-    cache = gpu.new_cache(1, 128)
-    step, path = select_decode_path(gpu, cache, prefer="fused")
+    gpu = Decoder(cfg, weights.to(device="cuda", dtype=torch.float16), triton_dispatch_table())
+    caches = [gpu.new_cache(1, 128), gpu.new_cache(1, 128)]
+    step, path = select_decode_path(gpu, caches[1], prefer="fused")
     assert path.name == "fused" and path.sources["fused_head_argmax"] == "triton", path.to_dict()
+    # captured before the prefill: a capture's warm-up steps write position 0 of its cache
+    per_op, fused = GraphedDecodeStep(gpu, caches[0]), GraphedDecodeStep(step, caches[1])
     lens = torch.tensor([len(prompt)], device="cuda")
-    tok = gpu.prefill(torch.tensor([prompt], device="cuda"), lens, cache).argmax(-1)
-    graphed, got, errors = GraphedDecodeStep(step, cache), [int(tok)], []
-    pos = lens.clone()
+    firsts = [gpu.prefill(torch.tensor([prompt], device="cuda"), lens, c).argmax(-1) for c in caches]
+    assert [int(t) for t in firsts] == [want[0]] * 2
+    err = {"per-operator": [], "fused": []}
     for i in range(n - 1):
-        if got[-1] != want[i]:
-            break
-        logits = graphed(tok, pos).double().cpu()[0]
+        tok, pos = torch.tensor([want[i]], device="cuda"), lens + i
         row = ref[len(prompt) + i]
-        errors.append(float((logits - row).abs().max()) / float(row.abs().max()))
-        tok, pos = step.last_token.clone(), pos + 1
-        assert int(tok) == int(logits.argmax())  # the step's device-side pick is its logits' argmax
-        got.append(int(tok))
-    parted = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-    if parted is not None:
-        row = ref[len(prompt) - 1 + parted]
+        scale = float(row.abs().max())
+        floor = per_op(tok, pos).double().cpu()[0]
+        logits = fused(tok, pos).double().cpu()[0]
+        err["per-operator"].append(float((floor - row).abs().max()) / scale)
+        err["fused"].append(float((logits - row).abs().max()) / scale)
+        picked = int(step.last_token[0])
+        assert picked == int(logits.argmax())  # the step's device-side pick is its logits' argmax
         top2 = row.topk(2).values
-        rel = float(top2[0] - top2[1]) / float(row.abs().max())
-        assert rel < NEAR_TIE, (f"greedy token {parted} differs ({got[parted]} vs {want[parted]}) where the "
-                                f"reference's top two logits are {rel:.2%} of its largest apart: not a near-tie")
-    print(f"{'real weights' if model.tokenizer is not None else 'preset'}: greedy tokens identical for "
-          f"{n if parted is None else parted}/{n}; logits vs the CPU reference: max error {max(errors):.2%} of the "
-          f"largest logit over {len(errors)} steps")
-    assert max(errors) <= 3e-2
+        margin = float(top2[0] - top2[1]) / scale
+        assert picked == want[i + 1] or margin <= 2 * err["fused"][-1], (
+            f"step {i}: token {picked}, the reference's {want[i + 1]} leads by {margin:.2%} of the largest logit, "
+            f"more than twice the step's error {err['fused'][-1]:.2%}")
+    worst = {k: max(v) for k, v in err.items()}
+    print(f"{'real weights' if model.tokenizer is not None else 'preset'}: {n - 1} teacher-forced steps; logits vs "
+          f"the CPU reference, largest error as a share of the largest logit: fused {worst['fused']:.3%}, "
+          f"per-operator GPU step {worst['per-operator']:.3%}")
+    # a defect (a wrong group scale, a lost row, the wrong head rows) is orders of magnitude past FP16 rounding
+    assert worst["fused"] <= max(2 * worst["per-operator"], 1e-2)
