@@ -24,6 +24,11 @@ in fused_gemv_triton.int4_gemv_tile now picks the qkv, o and down winners.
 Qwen3 / Gemma 3 presets (--presets qwen3-0.6b,gemma-3-1b) sweep their own fused GEMVs: the QK-norm QKV, Gemma's
 o-projection without the residual (fused_attn_proj, timed with its split-KV attention at 512 keys) and GeGLU.
 
+--ops fused_head_argmax sweeps the LM head (final norm -> head GEMV -> argmax partials; V x C), at the float
+kernel's 32 rows (the head's kernels share BLOCK_N: one partials layout), unstaged and staged. Its INT4 kernel took
+76.3 us for llama-3.2-1b's 139 MB of INT4 head in a fused int4-head step (H100, 2026-12-06: 61% of copy bandwidth,
+where the INT8 head read 97% and the FP16 head 104%); not yet swept.
+
   python tools/fused_tile_sweep.py [--json out.json] [--budget-s 120] [--presets smollm2-135m,qwen3-0.6b]
 """
 
@@ -70,7 +75,10 @@ def _cases(cfg):
     cases = [(first("fused_norm_qkv_qknorm_rope", "fused_norm_qkv_rope"), qkv, C),
              ("fused_attn_proj" if "fused_attn_proj" in step else "fused_proj_residual", C, cfg.q_size),
              (first("fused_norm_geglu", "fused_norm_swiglu"), 2 * F, C)]
-    return cases + ([("fused_proj_residual", C, F)] if "fused_proj_residual" in step else [])
+    return cases + ([("fused_proj_residual", C, F)] if "fused_proj_residual" in step else []) + [(HEAD, cfg.vocab_size, C)]
+
+
+HEAD = "fused_head_argmax"  # swept only when --ops names it (its BLOCK_N is shared by its three weight kernels)
 
 
 def _args(op, cfg, w, dev):
@@ -99,6 +107,8 @@ def _args(op, cfg, w, dev):
                 cfg.head_dim ** -0.5)
     if op == "fused_proj_residual":
         return (x, w, scale, offset, None, torch.randn(1, w.shape[0], device=dev, dtype=h))
+    if op == HEAD:
+        return (x, torch.ones(C, device=dev, dtype=h), w, scale, offset, None, 1e-5)
     return (x, torch.ones(C, device=dev, dtype=h), w, scale, offset, 1e-5)
 
 
@@ -121,15 +131,16 @@ def _candidates(op, n, k, cfg, precision: str, limit: int = 0):
     paired = op in ("fused_norm_qkv_rope", "fused_norm_qkv_qknorm_rope", "fused_norm_swiglu", "fused_norm_geglu")
     lo, hi = (32, 256) if precision == "int4" else (16, 128)
     staged = []
-    for bk in (128, 256, 512, 1024):
-        for key in (1, 2, 4, 8, 16, 32, 64):
+    for bk in (128, 256, 512, 1024) + ((2048,) if op == HEAD else ()):
+        for key in ((dflt.constexprs["BLOCK_N"],) if op == HEAD else (1, 2, 4, 8, 16, 32, 64)):
             rows = key * (2 if paired else 1)
             for warps in (2, 4, 8):
-                for stages in (2, 3, 4, 5):
+                for stages in ((1, 2, 3, 4) if op == HEAD else (2, 3, 4, 5)):  # the head: unstaged tiles too
                     per_thread = rows * bk // (32 * warps)
                     tile_bytes = rows * bk * WEIGHT_BYTES[precision]
                     pairs_fit = rows_key != "PAIRS" or (key <= head_dim // 2 and (head_dim // 2) % key == 0)
-                    if (pairs_fit and bk * 2 <= k and lo <= per_thread <= hi and stages * tile_bytes <= 65536
+                    if (pairs_fit and bk * (2 if stages > 1 else 1) <= k and lo <= per_thread <= hi
+                            and stages * tile_bytes <= 65536
                             and n // rows >= 132 and stages <= k // bk):
                         c = {**dflt.constexprs, rows_key: key, "BLOCK_K": bk}
                         staged.append(KernelVariant(op, dflt.kernel, c, warps, stages, "fp16"))
@@ -147,7 +158,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=120)
     ap.add_argument("--precisions", default="fp16,int8", help="comma list of fp16, int8, int4 (W4A16, asymmetric, group 128 or the largest dividing K)")
     ap.add_argument("--presets", default=",".join(SHAPES), help="comma list of presets (edgekit.model.presets)")
-    ap.add_argument("--ops", default="", help="comma list of fused operators to sweep (default: all four GEMVs)")
+    ap.add_argument("--ops", default="", help="comma list of fused operators to sweep (default: the layer's four GEMVs; "
+                    "fused_head_argmax: the LM head)")
     ap.add_argument("--limit", type=int, default=0, help="candidates an operator and precision (0: all)")
     args = ap.parse_args()
     if args.limit < 0:
@@ -159,7 +171,7 @@ def main() -> int:
     bw = graphed_copy_bandwidth(dev)
     cases = [(p, preset_config(p), op, n, k, prec) for prec in args.precisions.split(",")
              for p in args.presets.split(",") for op, n, k in _cases(preset_config(p))
-             if not args.ops or op in args.ops.split(",")]
+             if ((op in args.ops.split(",")) if args.ops else op != HEAD)]
     per_case = args.budget_s / max(1, len(cases))  # every case gets its share: none starves the later ones
     for preset, cfg, op, n, k, precision in cases:
         end = time.time() + per_case
