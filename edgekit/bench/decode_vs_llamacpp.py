@@ -11,9 +11,10 @@ llama-quantize, load the F16 file back with edgekit's GGUF loader, and measure i
 - agreement of the two paths on one step from the same cache: logits difference, argmax, the cache rows written;
 - llama.cpp: ``llama-bench -p D -n N -d D -fa 1 -ngl 99`` on F16 and Q8_0 (``edgekit.bench.llamacpp``).
 
-int4 (W4A16 g128 RTN blocks, FP16 head) runs on the fused path like the others, and int4-head (an INT4 LM head)
-runs where the decode graph's fusions take it (``engines_for``). Every row records the decode path it ran, and the table prints it
-and the INT4 / INT8 tokens/s of each (model, engine) measured in the same run.
+int4 (W4A16 g128 RTN blocks, FP16 head) runs on the fused path like the others, as do int8-head and int4-head (the
+LM head quantized too, compared with the same llama.cpp file as int8 / int4) where the decode graph's fusions take
+them (``engines_for``). Every row records the decode path it ran, and the table prints it and the INT4 / INT8
+tokens/s of each (model, engine) measured in the same run (``INT4_PAIRS``).
 
 All figures are measured on the local GPU (random weights: speed does not depend on values).
 """
@@ -31,7 +32,7 @@ import torch
 ENGINES = ("edgekit", "edgekit-fused")  # per-operator, fused super-operators
 DEFAULT_ENGINES = ("edgekit-fused",)
 # the llama.cpp file each edgekit precision is compared with (llama-quantize makes the quantized ones from the F16 file)
-LLAMA_KIND = {"fp16": "F16", "int8": "Q8_0", "int4": "Q4_K_M", "int4-head": "Q4_K_M"}
+LLAMA_KIND = {"fp16": "F16", "int8": "Q8_0", "int4": "Q4_K_M", "int8-head": "Q8_0", "int4-head": "Q4_K_M"}
 
 
 def _log(msg: str) -> None:
@@ -197,19 +198,26 @@ def table(doc: dict) -> str:
                      f"{100 * r['roofline_fraction']:7.1f}% {base or float('nan'):9.0f} "
                      f"{(tps / base) if base else float('nan'):6.2f} {r['ttft_graphed_ms']:8.2f} "
                      f"{(1000 * doc['depth'] / pp) if pp else float('nan'):11.2f}")
-    lines += [f"{model} {engine}: int4 / int8 decode tokens/s = {ratio:.2f} (the roofline issue's goal: >= {INT4_OVER_INT8_GOAL})"
-              for (model, engine), ratio in int4_over_int8(doc).items()]
+    lines += [f"{model} {engine}: {pair} decode tokens/s = {ratio:.2f} (the roofline issue's goal: >= {INT4_OVER_INT8_GOAL})"
+              for (model, engine, pair), ratio in int4_over_int8(doc).items()]
     return "\n".join(lines)
 
 
 INT4_OVER_INT8_GOAL = 1.6  # the roofline issue (#31, was #14): llama-3.2-1b INT4 decode >= 1.6x edgekit INT8 (H200, batch 1, depth 512)
 
 
-def int4_over_int8(doc: dict) -> dict[tuple[str, str], float]:
-    """(model, engine) -> INT4 tokens/s / INT8 tokens/s, for every pair of rows of one run that both measured."""
+# the INT4 rows set against INT8 ones: the FP16-head pair, and INT4 with its INT4 head (#31 reads its goal "with the
+# INT4 head") against INT8 with its FP16 head and with its INT8 head
+INT4_PAIRS = (("int4", "int8"), ("int4-head", "int8"), ("int4-head", "int8-head"))
+
+
+def int4_over_int8(doc: dict) -> dict[tuple[str, str, str], float]:
+    """(model, engine, "int4 / int8") -> INT4 tokens/s / INT8 tokens/s for each of INT4_PAIRS that both rows of
+    one run measured."""
     tps = {(r["model"], r["engine"], r["precision"]): r["decode_tokens_per_s"] for r in doc["edgekit"]
            if r.get("decode_tokens_per_s")}
-    return {(m, e): tps[(m, e, "int4")] / v for (m, e, p), v in tps.items() if p == "int8" and (m, e, "int4") in tps}
+    return {(m, e, f"{four} / {eight}"): tps[(m, e, four)] / v for four, eight in INT4_PAIRS
+            for (m, e, p), v in tps.items() if p == eight and (m, e, four) in tps}
 
 
 def preset_precisions(presets: str, default: tuple[str, ...]) -> dict[str, tuple[str, ...]]:

@@ -99,6 +99,12 @@ def test_the_table_gives_int4_over_int8_of_the_same_run():
     assert line.startswith("smollm2-135m edgekit-fused: int4 / int8 decode tokens/s = 1.60") and ">= 1.6" in line
     doc["edgekit"][-1].pop("decode_tokens_per_s")  # an int4 row that failed: no ratio
     assert "int4 / int8" not in table(doc)
+    # with the heads quantized too: INT4 with its INT4 head against INT8 with an FP16 and with an INT8 head
+    doc["edgekit"] += [{**doc["edgekit"][1], "precision": "int4-head", "decode_tokens_per_s": 2655.0},
+                       {**doc["edgekit"][1], "precision": "int8-head", "decode_tokens_per_s": 2124.0}]
+    pairs = {line.split(": ")[1].split(" decode")[0]: line for line in table(doc).splitlines() if " decode tokens/s = " in line}
+    assert set(pairs) == {"int4-head / int8", "int4-head / int8-head"}  # the failed int4 row still gives none
+    assert "= 1.50 " in pairs["int4-head / int8"] and "= 1.25 " in pairs["int4-head / int8-head"]
 
 
 def test_a_preset_spec_narrows_that_presets_precisions_and_refuses_an_unknown_one():
