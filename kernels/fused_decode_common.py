@@ -22,7 +22,7 @@ from edgekit.kernels.rmsnorm import golden_inputs as rmsnorm_golden_inputs
 from edgekit.kernels.spec import FLOAT_DTYPES, TensorSpec
 
 WEIGHT_DTYPES = FLOAT_DTYPES + ("int8",)
-FUSED_SCHEMES = ("fp16", "w8a16", "w4a16")  # the weight schemes the fused layer GEMVs take (kernels/weight_schemes.py)
+FUSED_SCHEMES = ("fp16", "w8a16", "w4a16")  # the weight schemes the fused GEMVs take, the head's too (weight_schemes.py)
 INT4_WEIGHT_DTYPES = WEIGHT_DTYPES + ("uint8",)
 
 

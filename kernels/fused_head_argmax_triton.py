@@ -104,7 +104,9 @@ def _default(s: dict):
 
 def _default_w4(s: dict):
     # INT4 weights: the INT4 GEMVs' K step (fused_gemv_triton.int4_gemv_tile: ~128 weights a thread, at most 4 warps)
-    # at the float kernel's 32 rows, which every head kernel shares (one partials layout). Not yet timed on a GPU.
+    # at the float kernel's 32 rows, which every head kernel shares (one partials layout). Not swept; in a fused
+    # int4-head step it read llama-3.2-1b's 139 MB head in 76.3 us, 61% of copy bandwidth (H100, 2026-12-06; the INT8
+    # head 97%): tools/fused_tile_sweep.py --ops fused_head_argmax --precisions int4 sweeps it.
     _, block_k, warps = int4_gemv_tile(s)
     return {"BLOCK_N": 32, "BLOCK_K": block_k}, warps, 1
 

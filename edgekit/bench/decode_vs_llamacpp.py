@@ -183,7 +183,7 @@ def table(doc: dict) -> str:
     llama = {(r["model"], r["file_kind"], r["test"]): r["tokens_per_s"] for r in doc.get("llama_cpp", [])}
     lines = [f"decode tokens/s, batch 1, depth {doc['depth']}, {doc['tokens']} new tokens; measured on the GPU "
              f"({doc['device']}); copy bandwidth {doc['bandwidth']['bytes_per_s'] / 1e9:.0f} GB/s",
-             f"{'model':14} {'prec':5} {'engine':18} {'path':12} {'tok/s':>7} {'kern/tok':>8} {'roofline':>8} "
+             f"{'model':14} {'prec':9} {'engine':18} {'path':12} {'tok/s':>7} {'kern/tok':>8} {'roofline':>8} "
              f"{'llama.cpp':>9} {'ratio':>6} {'TTFT ms':>8} {'llama pp ms':>11}"]
     for r in doc["edgekit"]:
         kind = LLAMA_KIND.get(r["precision"], "Q8_0")
@@ -191,10 +191,10 @@ def table(doc: dict) -> str:
         pp = llama.get((r["model"], kind, "pp"))
         tps = r.get("decode_tokens_per_s")
         if tps is None:
-            lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:18} error: {r.get('error', '')[:80]}")
+            lines.append(f"{r['model']:14} {r['precision']:9} {r['engine']:18} error: {r.get('error', '')[:80]}")
             continue
         path = (r.get("decode_path") or {}).get("path", "-")  # the decode path the row ran (select_decode_path's)
-        lines.append(f"{r['model']:14} {r['precision']:5} {r['engine']:18} {path:12} {tps:7.0f} {r['kernels_per_token']:8.0f} "
+        lines.append(f"{r['model']:14} {r['precision']:9} {r['engine']:18} {path:12} {tps:7.0f} {r['kernels_per_token']:8.0f} "
                      f"{100 * r['roofline_fraction']:7.1f}% {base or float('nan'):9.0f} "
                      f"{(tps / base) if base else float('nan'):6.2f} {r['ttft_graphed_ms']:8.2f} "
                      f"{(1000 * doc['depth'] / pp) if pp else float('nan'):11.2f}")

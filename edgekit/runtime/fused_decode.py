@@ -93,7 +93,10 @@ def fused_path_blocker(decoder: Decoder, cache, table: DispatchTable, baseline: 
     sources = table.sources()
     for op in fused_step_operators(decoder.config, decoder.schemes):
         if sources.get(op, "reference") == "reference":
-            return f"{op} has no GPU implementation in the table (torch reference)"
+            # e.g. a bundle built before this operator took its weights (INT4 heads were fused on 2026-12-06) run
+            # where Triton cannot compile it
+            return (f"{op} has no GPU implementation in the table (torch reference): the bundle ships no plugin for "
+                    f"it and no Triton JIT compiled one; rebuild the bundle with this edgekit to run the fused path")
     if baseline is not None:
         for op in sorted(swap_sensitive(decoder.config, decoder.schemes)):
             if op in baseline and sources.get(op) != baseline[op]:

@@ -36,16 +36,15 @@ def main() -> None:
                 ratios = check_case(op, ops[op], B=2, C=64, int8=int8, bias=False, seed=len(results), device="cpu",
                                     S=1200, min_seq_len=900)
                 results.append({"case": f"{op} {'w8a16' if int8 else 'fp16'} B=2 S=1200", "ratios": ratios})
-    # the golden vectors a bundle carries for each layer operator (FP64 expected outputs; FP16, INT8 and INT4
-    # weights: every kernel a plugin ships), through the kernels as a plugin runs them (spec-order call)
+    # the golden vectors a bundle carries for each fused operator, the LM head's included (FP64 expected outputs;
+    # FP16, INT8 and INT4 weights: every kernel a plugin ships), through the kernels as a plugin runs them
+    # (spec-order call)
     from edgekit.builder.golden import golden_cases
     from edgekit.bundle.golden import check_case as check_golden
     from edgekit.model.presets import preset_config
     from edgekit.runtime.gpu_runner import call_with_spec_order
 
     for op in FUSED_OPS:
-        if op == "fused_head_argmax":
-            continue  # float / INT8 heads: the cases above
         for c in golden_cases(op, preset_config("tiny"), buckets=(16,), context=64):
             v = check_golden(op, c, lambda op, inputs, attrs, plugin: call_with_spec_order(ops[op], op, inputs, attrs))
             results.append({"case": f"golden {c.meta.name}", "ratios": {"golden": v.max_ratio if v.ok else float("inf")}})

@@ -1,6 +1,6 @@
 """A tied model built with --quantize-head: the bundle stores one INT8 matrix for the lookup and the head (no
 FP16 table), verifies, and every runtime path answers like the quantized reference (CPU: per-operator and fused
-references); an INT4 head that the fused operators cannot take makes the path fall back and say why."""
+references); a tied INT4 head runs on the fused path with the layers."""
 
 from __future__ import annotations
 

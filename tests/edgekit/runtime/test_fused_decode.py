@@ -125,7 +125,8 @@ def test_the_path_falls_back_and_says_why():
     assert "QuantizedCache" in fused_path_blocker(cuda_like, qcache, table, baseline)
     table_ref = table.copy()
     table_ref.reset("fused_head_argmax")
-    assert "fused_head_argmax" in fused_path_blocker(cuda_like, cache, table_ref, baseline)
+    why = fused_path_blocker(cuda_like, cache, table_ref, baseline)
+    assert "fused_head_argmax" in why and "rebuild the bundle" in why  # what to do about it
 
 
 def test_a_device_without_triton_decodes_per_operator(monkeypatch):

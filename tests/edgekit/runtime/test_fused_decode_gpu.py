@@ -66,7 +66,7 @@ def test_graphed_int4_fused_step_matches_the_per_operator_step(batch, precision)
     caches = [dec.new_cache(batch, 256), dec.new_cache(batch, 256)]
     step_decoder, path = select_decode_path(dec, caches[1])
     assert path.name == "fused" and path.launches_per_token == 5 * 4 + 4
-    assert set(path.sources.values()) == {"triton"}
+    assert set(path.sources.values()) == {"triton"} and "fused_head_argmax" in path.sources  # the INT4 head too
     _follows_the_per_operator_step(dec, step_decoder, caches, batch)
 
 
@@ -81,7 +81,7 @@ def test_graphed_steps_of_the_newer_families_match_the_per_operator_step(preset,
     dec = _decoder(precision, preset, n_layers)
     caches = [dec.new_cache(2, 256), dec.new_cache(2, 256)]
     step_decoder, path = select_decode_path(dec, caches[1], prefer="fused")
-    assert path.name == "fused"
+    assert path.name == "fused" and "fused_head_argmax" in path.sources
     _follows_the_per_operator_step(dec, step_decoder, caches, 2)
 
 
@@ -195,8 +195,12 @@ def test_the_default_model_with_int4_blocks_and_an_int4_head_decodes_fused_as_on
     # captured before the prefill: a capture's warm-up steps write position 0 of its cache
     per_op, fused = GraphedDecodeStep(gpu, caches[0]), GraphedDecodeStep(step, caches[1])
     lens = torch.tensor([len(prompt)], device="cuda")
-    firsts = [gpu.prefill(torch.tensor([prompt], device="cuda"), lens, c).argmax(-1) for c in caches]
-    assert [int(t) for t in firsts] == [want[0]] * 2
+    firsts = [gpu.prefill(torch.tensor([prompt], device="cuda"), lens, c) for c in caches]
+    row = ref[len(prompt) - 1]
+    for first in firsts:  # the prefill's token: the reference's, or a close call within the prefill's own error
+        error = float((first.double().cpu()[0] - row).abs().max()) / float(row.abs().max())
+        top2 = row.topk(2).values
+        assert int(first.argmax()) == want[0] or float(top2[0] - top2[1]) / float(row.abs().max()) <= 2 * error
     err = {"per-operator": [], "fused": []}
     for i in range(n - 1):
         tok, pos = torch.tensor([want[i]], device="cuda"), lens + i
