@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from edgekit.bench import release_goals
+
 ENGINES = ("edgekit", "edgekit-fused")  # per-operator, fused super-operators
 DEFAULT_ENGINES = ("edgekit-fused",)
 # the llama.cpp file each edgekit precision is compared with (llama-quantize makes the quantized ones from the F16 file)
@@ -200,6 +202,9 @@ def table(doc: dict) -> str:
                      f"{(1000 * doc['depth'] / pp) if pp else float('nan'):11.2f}")
     lines += [f"{model} {engine}: {pair} decode tokens/s = {ratio:.2f} (the roofline issue's goal: >= {INT4_OVER_INT8_GOAL})"
               for (model, engine, pair), ratio in int4_over_int8(doc).items()]
+    goals = release_goals.evaluate(doc, LLAMA_KIND)
+    if goals:
+        lines += ["the issues' speed goals, in this run (release_goals.py):", *release_goals.goal_lines(goals)]
     return "\n".join(lines)
 
 
@@ -250,6 +255,7 @@ def run(args) -> dict:
            "note": "measured on the GPU; random weights of each preset's shape, written once as F16 GGUF and read by both engines"}
 
     def save():
+        doc["goals"] = release_goals.evaluate(doc, LLAMA_KIND)
         if args.json:
             args.json.write_text(json.dumps(doc, indent=1, default=str))
 

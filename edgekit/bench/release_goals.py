@@ -1,0 +1,93 @@
+"""The open issues' speed goals, read off one decode-vs-llama.cpp run (``scripts/bench_decode_vs_llamacpp.py``).
+
+Each goal names the issue that sets it, the preset shape and precision it is about, and what it compares: edgekit's
+fused decode against llama.cpp on the same GGUF file (the ratio of tokens/s), against the copy-bandwidth roofline
+measured in the same run, or against edgekit's own INT8 row. A goal whose rows the run did not measure says so
+(``met`` None) instead of passing. The figures are the run's: measured on its GPU (the issues ask for an H200).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FUSED = "edgekit-fused"
+
+
+@dataclass(frozen=True)
+class SpeedGoal:
+    issue: str
+    model: str  # the preset
+    precision: str  # edgekit's row
+    kind: str  # "llama.cpp": tokens/s over llama.cpp's on the paired file; "roofline": share of it; "over": tokens/s
+    # over edgekit's row of ``other`` precision
+    target: float
+    other: str | None = None
+
+    def describe(self) -> str:
+        what = {"llama.cpp": "x llama.cpp", "roofline": " of the copy-bandwidth roofline",
+                "over": f"x edgekit {self.other}"}[self.kind]
+        target = f"{self.target:.0%}" if self.kind == "roofline" else f"{self.target:g}"
+        return f"{self.issue} {self.model} {self.precision} >= {target}{what}"
+
+
+SPEED_GOALS = (
+    # the models Jetson users run (Qwen3, Gemma 3): >= 1.5x llama.cpp at batch 1, depth 512, every precision
+    *(SpeedGoal("#30", m, p, "llama.cpp", 1.5) for m in ("qwen3-0.6b", "qwen3-1.7b", "gemma-3-1b")
+      for p in ("fp16", "int8", "int4")),
+    # to the bandwidth roofline: the 1B shape near the copy bandwidth (INT4 with its INT4 head), INT4 paying for
+    # its bytes, and 3x llama.cpp where launches dominate (135M)
+    SpeedGoal("#31", "llama-3.2-1b", "fp16", "roofline", 0.80),
+    SpeedGoal("#31", "llama-3.2-1b", "int8", "roofline", 0.75),
+    SpeedGoal("#31", "llama-3.2-1b", "int4-head", "roofline", 0.70),
+    SpeedGoal("#31", "llama-3.2-1b", "int4-head", "over", 1.6, other="int8"),
+    SpeedGoal("#31", "smollm2-135m", "fp16", "llama.cpp", 3.0),
+    SpeedGoal("#31", "smollm2-135m", "int8", "llama.cpp", 3.0),
+)
+
+
+def evaluate(doc: dict, llama_kind: dict[str, str], goals=SPEED_GOALS) -> list[dict]:
+    """Each goal about a model the run ``doc`` (the script's JSON) measured: measured, target, met (None: its rows
+    are missing), detail. ``llama_kind``: the llama.cpp file each precision is compared with (F16, Q8_0, Q4_K_M)."""
+    models = {r["model"] for r in doc.get("edgekit", [])}
+    tps = {(r["model"], r["precision"]): r for r in doc.get("edgekit", [])
+           if r.get("engine") == FUSED and r.get("decode_tokens_per_s")}
+    llama = {(r["model"], r["file_kind"]): r["tokens_per_s"] for r in doc.get("llama_cpp", [])
+             if r.get("test") == "tg" and not math.isnan(r.get("tokens_per_s", math.nan))}  # NaN: a failed run
+    out = []
+    for g in (g for g in goals if g.model in models):
+        row = tps.get((g.model, g.precision))
+        measured, detail = None, None
+        if row is None:
+            detail = f"no {FUSED} {g.precision} row of {g.model} in this run"
+        elif g.kind == "roofline":
+            measured = row.get("roofline_fraction")
+            detail = f"{row['decode_tokens_per_s']:.0f} tok/s" if measured is not None else "no roofline in the row"
+        else:
+            if g.kind == "llama.cpp":
+                kind = llama_kind[g.precision]
+                base, of = llama.get((g.model, kind)), f"llama.cpp {kind}"
+            else:
+                other = tps.get((g.model, g.other))
+                base, of = (other["decode_tokens_per_s"] if other else None), f"edgekit {g.other}"
+            if base:
+                measured = row["decode_tokens_per_s"] / base
+                detail = f"{row['decode_tokens_per_s']:.0f} vs {base:.0f} tok/s, {of}"
+            else:
+                detail = f"no {of} figure of {g.model} in this run"
+        out.append({"goal": g.describe(), "issue": g.issue, "model": g.model, "precision": g.precision,
+                    "target": g.target, "measured": measured, "met": None if measured is None else measured >= g.target,
+                    "detail": detail})
+    return out
+
+
+def goal_lines(results: list[dict]) -> list[str]:
+    """A line per goal: MET / MISSED with the figure, or NOT MEASURED with why."""
+    lines = []
+    for r in results:
+        if r["met"] is None:
+            lines.append(f"NOT MEASURED  {r['goal']}: {r['detail']}")
+            continue
+        value = f"{r['measured']:.1%}" if "roofline" in r["goal"] else f"{r['measured']:.2f}x"
+        lines.append(f"{'MET' if r['met'] else 'MISSED':12}  {r['goal']}: {value} ({r['detail']})")
+    return lines
