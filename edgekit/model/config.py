@@ -20,6 +20,51 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's gate activation: SwiGLU, GeGLU (tanh GELU)
 
 
+@dataclass(frozen=True)
+class ArchitectureTraits:
+    """What an architecture's name implies beyond a Llama block, whichever file format it comes from: the loaders
+    read the traits instead of naming families (a new family that only combines these is a line here).
+
+    ``fields``: ModelConfig fields the architecture fixes. ``scaled_embedding``: rows times sqrt(hidden).
+    ``windowed``: its local layers attend to a sliding window; ``window_pattern`` and ``local_theta`` are the
+    architecture's defaults where a file leaves them out (llama.cpp fixes both for gemma3 files).
+    ``query_scalar``: (hidden, heads, head_dim, layers) -> the score scale's 1 / scalar**2 where a file does not
+    say (GGUF files never do); None: 1/sqrt(head_dim)."""
+
+    fields: tuple = ()
+    scaled_embedding: bool = False
+    windowed: bool = False
+    window_pattern: int = 0
+    local_theta: float | None = None
+    query_scalar: object = None
+
+    def config_fields(self, hidden: int) -> dict:
+        """The ModelConfig fields these traits fix for a model of width ``hidden``."""
+        out = dict(self.fields)
+        if self.scaled_embedding:
+            out["embedding_scale"] = math.sqrt(hidden)
+        return out
+
+
+def _gemma3_query_scalar(hidden: int, n_heads: int, head_dim: int, n_layers: int) -> float:
+    # llama.cpp (llama-model.cpp): the 27B model (62 layers) scales queries by 1/sqrt(hidden / heads), the others by
+    # 1/sqrt(head_dim) (transformers' query_pre_attn_scalar of the published configs)
+    return hidden / n_heads if n_layers == 62 else head_dim
+
+
+ARCHITECTURE_TRAITS = {
+    "qwen3": ArchitectureTraits(fields=(("qk_norm", True),)),
+    "gemma3": ArchitectureTraits(fields=(("qk_norm", True), ("post_norms", True), ("activation", "gelu_tanh")),
+                                 scaled_embedding=True, windowed=True, window_pattern=6, local_theta=10000.0,
+                                 query_scalar=_gemma3_query_scalar),
+}
+
+
+def traits_of(architecture: str) -> ArchitectureTraits:
+    """The architecture's traits (a Llama block's: none)."""
+    return ARCHITECTURE_TRAITS.get(architecture, ArchitectureTraits())
+
+
 def window_pattern(local: list[bool]) -> int | None:
     """The ``sliding_window_pattern`` that marks exactly the layers ``local`` marks as sliding-window ones (0: all of
     them), or None when they do not repeat one global layer every N layers (not expressible)."""

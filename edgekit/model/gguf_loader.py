@@ -9,8 +9,9 @@ it permutes the Q/K rows of llama-architecture files only (Qwen and Gemma use
 the "rotate half" RoPE as stored); it writes Gemma's norm weights as 1 + w
 already (the form edgekit runs, so nothing is added); it names Gemma's MLP input
 norm ``ffn_norm`` and its output norms ``post_attention_norm`` /
-``post_ffw_norm``. Gemma 3 settings its GGUF files leave out are llama.cpp's own
-(local RoPE base 10000, one global layer in 6).
+``post_ffw_norm``. Settings an architecture's files leave out are its traits'
+(model/config.py: for Gemma 3, llama.cpp's own local RoPE base 10000 and one global
+layer in 6).
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import math
-
 import numpy as np
 import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model import rope_scaling
-from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, window_pattern
+from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, traits_of, window_pattern
 from edgekit.model.gguf_types import LOSSLESS_INT4_TYPES, Int4Tensor, Int8GroupTensor, check_type, int4_from_gguf
 
 # GGUF tensor names -> Hugging Face names (per block: "blk.{i}." -> "model.layers.{i}.")
@@ -52,9 +51,6 @@ _POST_NORM_NAMES = {
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 _PERMUTED_QK = ("llama", "mistral")  # the architectures whose Q/K rows llama.cpp's converter permutes
-# Gemma 3 settings llama.cpp does not read from the file (llama-model.cpp: set_swa_pattern(6), local base 10000)
-_GEMMA3_PATTERN, _GEMMA3_LOCAL_THETA = 6, 10000.0
-_GEMMA3_27B_LAYERS = 62  # llama.cpp scales the 27B model's queries by 1/sqrt(hidden / heads), others by head_dim
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
@@ -143,25 +139,27 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
-def _gemma3_fields(reader, path: Path, hidden: int, n_heads: int, head_dim: int, n_layers: int) -> dict:
-    """The ModelConfig fields of a gemma3 file past Llama's."""
-    if _field(reader, "gemma3.final_logit_softcapping") is not None:
-        raise UnsupportedModelError(f"{path}: final logit soft-capping (Gemma 2 style); Gemma 3 has none")
-    window = _field(reader, "gemma3.attention.sliding_window")
-    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", _GEMMA3_PATTERN)
+def _family_fields(reader, path: Path, arch: str, hidden: int, n_heads: int, head_dim: int, n_layers: int) -> dict:
+    """The ModelConfig fields past Llama's: the architecture's traits (model/config.py), and for one with local
+    layers its window keys ({arch}.attention.sliding_window, ..._pattern, {arch}.rope.freq_base_swa), the traits'
+    defaults where the file leaves them out."""
+    if _field(reader, f"{arch}.final_logit_softcapping") is not None:
+        raise UnsupportedModelError(f"{path}: final logit soft-capping (Gemma 2 style); edgekit does not apply it")
+    traits = traits_of(arch)
+    out = traits.config_fields(hidden)
+    if traits.query_scalar is not None:
+        out["query_scale"] = traits.query_scalar(hidden, n_heads, head_dim, n_layers) ** -0.5
+    if not traits.windowed:
+        return out
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern", traits.window_pattern)
     if isinstance(pattern, list):  # per layer, True where sliding
         local, pattern = pattern, window_pattern([bool(x) for x in pattern])
         if pattern is None:
             raise UnsupportedModelError(f"{path}: sliding-window layers {local} do not repeat one global layer "
-                                        "every N layers", hint="edgekit runs Gemma 3's one global layer in N")
-    pre_attn = hidden / n_heads if n_layers == _GEMMA3_27B_LAYERS else head_dim  # query_pre_attn_scalar
-    return {
-        "post_norms": True, "activation": "gelu_tanh", "embedding_scale": math.sqrt(hidden),
-        "query_scale": pre_attn ** -0.5,
-        "sliding_window": int(window) if window else None,
-        "sliding_window_pattern": int(pattern),
-        "rope_local_theta": float(_field(reader, "gemma3.rope.freq_base_swa", _GEMMA3_LOCAL_THETA)),
-    }
+                                        "every N layers", hint="edgekit runs one global layer every N layers")
+    return {**out, "sliding_window": int(window) if window else None, "sliding_window_pattern": int(pattern),
+            "rope_local_theta": float(_field(reader, f"{arch}.rope.freq_base_swa", traits.local_theta))}
 
 
 def config_from_gguf(reader, path: Path) -> ModelConfig:
@@ -188,7 +186,9 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     n_layers = int(need("block_count"))
-    family = _gemma3_fields(reader, path, hidden, n_heads, head_dim, n_layers) if arch == "gemma3" else {}
+    # QK-norm from the tensors the file holds, then what the architecture fixes
+    family = {"qk_norm": "blk.0.attn_q_norm.weight" in names,
+              **_family_fields(reader, path, arch, hidden, n_heads, head_dim, n_layers)}
     return ModelConfig(
         architecture=arch,
         vocab_size=vocab,
@@ -206,7 +206,6 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=(int(eos),) if eos is not None else (),
         name=str(_field(reader, "general.name", path.stem)),
-        qk_norm="blk.0.attn_q_norm.weight" in names,
         rope_scaling=rope_scaling.from_gguf(reader, arch, path, _field),
         **family,
     )

@@ -1,25 +1,25 @@
 """Read a Hugging Face style model directory: config.json + *.safetensors (+ tokenizer files).
 
-Families beyond Llama's carry their own keys: Qwen3 (``qwen3``: QK-norm, its own
-head_dim) and Gemma 3 (``gemma3_text``, or ``gemma3`` with the text model's
-config under ``text_config`` and its tensors under ``language_model``: QK-norm,
-post-norms, GeGLU, a scaled embedding, ``query_pre_attn_scalar`` and sliding
-windows on the layers ``layer_types`` (or ``sliding_window_pattern``) marks).
-Gemma's RMSNorm multiplies by (1 + w): ``HF_NORM_OFFSET`` says so, and the
-weights fold it in at intake.
+What an architecture implies beyond a Llama block (QK-norm, post-norms, GeGLU, a
+scaled embedding, sliding windows) comes from its traits (model/config.py); its
+config's keys complete them: ``head_dim``, ``query_pre_attn_scalar`` and the
+sliding windows on the layers ``layer_types`` (or ``sliding_window_pattern``)
+marks. What is particular to transformers' files stays here: Gemma 3 comes as
+``gemma3_text``, or ``gemma3`` with the text model's config under ``text_config``
+and its tensors under ``language_model``, and its RMSNorm multiplies by (1 + w):
+``HF_NORM_OFFSET`` says so, and the weights fold it in at intake.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model import rope_scaling
-from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, window_pattern
+from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, traits_of, window_pattern
 from edgekit.model.weights import hf_block_tensors
 
 # Hugging Face model_type -> edgekit architecture, where they differ
@@ -42,13 +42,14 @@ def _rope_theta(c: dict, layer_type: str | None = None, default: float = 10000.0
     return float(params.get("rope_theta") or c.get("rope_theta") or default)
 
 
-def _sliding_pattern(c: dict, cfg_path: Path) -> tuple[int | None, int]:
-    """(sliding_window, sliding_window_pattern) of a Gemma 3 config: local layers from ``layer_types`` when given
-    (checked to repeat with a period edgekit expresses: global iff (i + 1) % pattern == 0), else the pattern key."""
+def _sliding_pattern(c: dict, cfg_path: Path, default_pattern: int) -> tuple[int | None, int]:
+    """(sliding_window, sliding_window_pattern) of a windowed architecture's config: local layers from
+    ``layer_types`` when given (checked to repeat with a period edgekit expresses: global iff (i + 1) % pattern ==
+    0), else the pattern key (the architecture's default where it is absent)."""
     window = c.get("sliding_window")
     types = c.get("layer_types")
     if not types:
-        pattern = int(c.get("sliding_window_pattern", 6))
+        pattern = int(c.get("sliding_window_pattern", default_pattern))
         return (int(window), pattern) if window and pattern != 1 else (None, 0)
     local = [t == "sliding_attention" for t in types]
     if not any(local) or not window:
@@ -59,25 +60,29 @@ def _sliding_pattern(c: dict, cfg_path: Path) -> tuple[int | None, int]:
     return int(window), pattern
 
 
-def _family_fields(arch: str, c: dict, hidden: int, cfg_path: Path) -> dict:
-    """The ModelConfig fields past Llama's that ``arch``'s config sets."""
-    if arch == "qwen3":
-        return {"qk_norm": True}
-    if arch != "gemma3":
-        return {}
-    act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
-    if act not in _GELU_TANH:
-        raise _unsupported(cfg_path, f"hidden_activation {act!r}; expected one of {', '.join(_GELU_TANH)}")
+def _family_fields(arch: str, c: dict, hidden: int, n_heads: int, head_dim: int, n_layers: int,
+                   cfg_path: Path) -> dict:
+    """The ModelConfig fields past Llama's: the architecture's traits (model/config.py) checked against and
+    completed by its config's keys (the activation, soft-capping, query_pre_attn_scalar, the sliding windows)."""
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if c.get(key) is not None:
-            raise _unsupported(cfg_path, f"{key} {c[key]} (Gemma 2 style soft-capping); Gemma 3 has none")
-    window, pattern = _sliding_pattern(c, cfg_path)
-    return {
-        "qk_norm": True, "post_norms": True, "activation": "gelu_tanh", "embedding_scale": math.sqrt(hidden),
-        "query_scale": float(c.get("query_pre_attn_scalar", 256)) ** -0.5, "sliding_window": window,
-        "sliding_window_pattern": pattern,
-        "rope_local_theta": float(c.get("rope_local_base_freq") or _rope_theta(c, "sliding_attention", 10000.0)),
-    }
+            raise _unsupported(cfg_path, f"{key} {c[key]} (Gemma 2 style soft-capping); edgekit does not apply it")
+    traits = traits_of(arch)
+    out = traits.config_fields(hidden)
+    if out.get("activation") == "gelu_tanh":
+        act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in _GELU_TANH:
+            raise _unsupported(cfg_path, f"hidden_activation {act!r}; expected one of {', '.join(_GELU_TANH)}")
+    if c.get("query_pre_attn_scalar") is not None:
+        out["query_scale"] = float(c["query_pre_attn_scalar"]) ** -0.5
+    elif traits.query_scalar is not None:
+        out["query_scale"] = traits.query_scalar(hidden, n_heads, head_dim, n_layers) ** -0.5
+    if traits.windowed:
+        window, pattern = _sliding_pattern(c, cfg_path, traits.window_pattern)
+        out.update(sliding_window=window, sliding_window_pattern=pattern,
+                   rope_local_theta=float(c.get("rope_local_base_freq")
+                                          or _rope_theta(c, "sliding_attention", traits.local_theta)))
+    return out
 
 
 def config_from_hf(directory: Path) -> ModelConfig:
@@ -125,7 +130,8 @@ def config_from_hf(directory: Path) -> ModelConfig:
             eos_token_ids=eos_ids,
             name=c.get("_name_or_path") or directory.name,
             rope_scaling=scaling,
-            **_family_fields(arch, c, hidden, cfg_path),
+            **_family_fields(arch, c, hidden, n_heads, int(c.get("head_dim") or hidden // n_heads), n_layers,
+                             cfg_path),
         )
     except KeyError as e:
         raise ModelLoadError(f"{cfg_path}: required key {e.args[0]!r} is missing") from e
