@@ -23,14 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.model.config import ModelConfig, traits_of
+from edgekit.model.config import ModelConfig
 
 GGUF_F16_FILE_TYPE = 1  # llama.cpp's LLAMA_FTYPE_MOSTLY_F16
 ARCHITECTURES = ("llama", "qwen3", "gemma3")
-# what llama.cpp runs every gemma3 file with (llama-model.cpp), the defaults of the architecture's traits: one global
-# layer in 6, local RoPE base 10000
-LLAMA_CPP_GEMMA3 = {"sliding_window_pattern": traits_of("gemma3").window_pattern,
-                    "rope_local_theta": traits_of("gemma3").local_theta}
+# what llama.cpp runs every gemma3 file with (llama-model.cpp): one global layer in 6, local RoPE base 10000 (written
+# out, not read from the architecture's traits: a check of them)
+LLAMA_CPP_GEMMA3 = {"sliding_window_pattern": 6, "rope_local_theta": 10000.0}
 
 
 def _vocab(n: int) -> tuple[list[bytes], list[float], list[int]]:

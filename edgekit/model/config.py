@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from edgekit.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's gate activation: SwiGLU, GeGLU (tanh GELU)
+
+
+# ModelConfig's fields past a Llama block's: what a family adds, each defaulting to the Llama behaviour
+FAMILY_FIELDS = ("qk_norm", "activation", "post_norms", "embedding_scale", "query_scale", "sliding_window",
+                 "sliding_window_pattern", "rope_local_theta")
 
 
 @dataclass(frozen=True)
@@ -28,15 +34,23 @@ class ArchitectureTraits:
     ``fields``: ModelConfig fields the architecture fixes. ``scaled_embedding``: rows times sqrt(hidden).
     ``windowed``: its local layers attend to a sliding window; ``window_pattern`` and ``local_theta`` are the
     architecture's defaults where a file leaves them out (llama.cpp fixes both for gemma3 files).
-    ``query_scalar``: (hidden, heads, head_dim, layers) -> the score scale's 1 / scalar**2 where a file does not
-    say (GGUF files never do); None: 1/sqrt(head_dim)."""
+    ``gguf_query_scalar``: an architecture that scales its scores by 1/sqrt(a scalar) other than head_dim, the
+    scalar llama.cpp takes from the shape (hidden, heads, head_dim, layers), since GGUF files never carry it (a
+    transformers config does: its ``query_pre_attn_scalar``); None: 1/sqrt(head_dim)."""
 
     fields: tuple = ()
     scaled_embedding: bool = False
     windowed: bool = False
     window_pattern: int = 0
     local_theta: float | None = None
-    query_scalar: object = None
+    gguf_query_scalar: Callable[[int, int, int, int], float] | None = None
+
+    def __post_init__(self) -> None:
+        # the loaders set every other field themselves (from the file): a trait may fix only a family field
+        stray = sorted({name for name, _ in self.fields} - set(FAMILY_FIELDS))
+        if stray:
+            raise ConfigError(f"architecture traits may fix only the family fields {', '.join(FAMILY_FIELDS)}; "
+                              f"got {', '.join(stray)}")
 
     def config_fields(self, hidden: int) -> dict:
         """The ModelConfig fields these traits fix for a model of width ``hidden``."""
@@ -56,7 +70,7 @@ ARCHITECTURE_TRAITS = {
     "qwen3": ArchitectureTraits(fields=(("qk_norm", True),)),
     "gemma3": ArchitectureTraits(fields=(("qk_norm", True), ("post_norms", True), ("activation", "gelu_tanh")),
                                  scaled_embedding=True, windowed=True, window_pattern=6, local_theta=10000.0,
-                                 query_scalar=_gemma3_query_scalar),
+                                 gguf_query_scalar=_gemma3_query_scalar),
 }
 
 

@@ -143,12 +143,13 @@ def _family_fields(reader, path: Path, arch: str, hidden: int, n_heads: int, hea
     """The ModelConfig fields past Llama's: the architecture's traits (model/config.py), and for one with local
     layers its window keys ({arch}.attention.sliding_window, ..._pattern, {arch}.rope.freq_base_swa), the traits'
     defaults where the file leaves them out."""
-    if _field(reader, f"{arch}.final_logit_softcapping") is not None:
-        raise UnsupportedModelError(f"{path}: final logit soft-capping (Gemma 2 style); edgekit does not apply it")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if _field(reader, f"{arch}.{key}") is not None:
+            raise UnsupportedModelError(f"{path}: {arch}.{key} (Gemma 2 style soft-capping); edgekit does not apply it")
     traits = traits_of(arch)
     out = traits.config_fields(hidden)
-    if traits.query_scalar is not None:
-        out["query_scale"] = traits.query_scalar(hidden, n_heads, head_dim, n_layers) ** -0.5
+    if traits.gguf_query_scalar is not None:
+        out["query_scale"] = traits.gguf_query_scalar(hidden, n_heads, head_dim, n_layers) ** -0.5
     if not traits.windowed:
         return out
     window = _field(reader, f"{arch}.attention.sliding_window")
@@ -186,7 +187,7 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     n_layers = int(need("block_count"))
-    # QK-norm from the tensors the file holds, then what the architecture fixes
+    # QK-norm from the tensors the file holds, unless the architecture fixes it (then a missing one is named at load)
     family = {"qk_norm": "blk.0.attn_q_norm.weight" in names,
               **_family_fields(reader, path, arch, hidden, n_heads, head_dim, n_layers)}
     return ModelConfig(

@@ -27,6 +27,8 @@ _MODEL_TYPES = {"gemma3_text": "gemma3"}
 # What a norm weight stored by transformers is short of: Gemma's RMSNorm computes x * (1 + w)
 HF_NORM_OFFSET = {"gemma3": 1.0}
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+# transformers' default query_pre_attn_scalar (Gemma3TextConfig): a saved text_config may leave a default key out
+_QUERY_PRE_ATTN_SCALAR = 256
 
 
 def _unsupported(cfg_path: Path, what: str) -> UnsupportedModelError:
@@ -60,8 +62,7 @@ def _sliding_pattern(c: dict, cfg_path: Path, default_pattern: int) -> tuple[int
     return int(window), pattern
 
 
-def _family_fields(arch: str, c: dict, hidden: int, n_heads: int, head_dim: int, n_layers: int,
-                   cfg_path: Path) -> dict:
+def _family_fields(arch: str, c: dict, hidden: int, cfg_path: Path) -> dict:
     """The ModelConfig fields past Llama's: the architecture's traits (model/config.py) checked against and
     completed by its config's keys (the activation, soft-capping, query_pre_attn_scalar, the sliding windows)."""
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
@@ -73,10 +74,8 @@ def _family_fields(arch: str, c: dict, hidden: int, n_heads: int, head_dim: int,
         act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
         if act not in _GELU_TANH:
             raise _unsupported(cfg_path, f"hidden_activation {act!r}; expected one of {', '.join(_GELU_TANH)}")
-    if c.get("query_pre_attn_scalar") is not None:
-        out["query_scale"] = float(c["query_pre_attn_scalar"]) ** -0.5
-    elif traits.query_scalar is not None:
-        out["query_scale"] = traits.query_scalar(hidden, n_heads, head_dim, n_layers) ** -0.5
+    if traits.gguf_query_scalar is not None:  # an architecture whose score scale is not 1/sqrt(head_dim)
+        out["query_scale"] = float(c.get("query_pre_attn_scalar") or _QUERY_PRE_ATTN_SCALAR) ** -0.5
     if traits.windowed:
         window, pattern = _sliding_pattern(c, cfg_path, traits.window_pattern)
         out.update(sliding_window=window, sliding_window_pattern=pattern,
@@ -130,8 +129,7 @@ def config_from_hf(directory: Path) -> ModelConfig:
             eos_token_ids=eos_ids,
             name=c.get("_name_or_path") or directory.name,
             rope_scaling=scaling,
-            **_family_fields(arch, c, hidden, n_heads, int(c.get("head_dim") or hidden // n_heads), n_layers,
-                             cfg_path),
+            **_family_fields(arch, c, hidden, cfg_path),
         )
     except KeyError as e:
         raise ModelLoadError(f"{cfg_path}: required key {e.args[0]!r} is missing") from e

@@ -56,6 +56,17 @@ def test_gemma3_settings_edgekit_cannot_run_are_refused_by_name(tmp_path, change
         config_from_hf(tmp_path)
 
 
+def test_a_gemma3_config_without_query_pre_attn_scalar_takes_transformers_default(tmp_path):
+    """transformers saves a multimodal checkpoint's text_config without the keys at their defaults: a missing
+    query_pre_attn_scalar means its 256, not llama.cpp's rule for GGUF files (head_dim: 16 here)."""
+    _, cfg = _saved(tmp_path)
+    assert cfg["head_dim"] != 256
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "query_pre_attn_scalar"}))
+    assert config_from_hf(tmp_path).query_scale == 256 ** -0.5
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert config_from_hf(tmp_path).query_scale == cfg["query_pre_attn_scalar"] ** -0.5
+
+
 def test_an_older_gemma3_config_with_the_pattern_key_reads_the_same(tmp_path):
     _, cfg = _saved(tmp_path)
     for key in ("layer_types", "rope_parameters"):
