@@ -19,6 +19,9 @@ from edgekit.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's gate activation: SwiGLU, GeGLU (tanh GELU)
+# logit soft-capping (Gemma 2 style), which edgekit does not apply: a file that sets either is refused (the GGUF key
+# is prefixed by the architecture)
+SOFTCAPPING_KEYS = ("final_logit_softcapping", "attn_logit_softcapping")
 
 
 # ModelConfig's fields past a Llama block's: what a family adds, each defaulting to the Llama behaviour

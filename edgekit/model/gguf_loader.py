@@ -24,7 +24,7 @@ import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model import rope_scaling
-from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, traits_of, window_pattern
+from edgekit.model.config import SOFTCAPPING_KEYS, SUPPORTED_ARCHITECTURES, ModelConfig, traits_of, window_pattern
 from edgekit.model.gguf_types import LOSSLESS_INT4_TYPES, Int4Tensor, Int8GroupTensor, check_type, int4_from_gguf
 
 # GGUF tensor names -> Hugging Face names (per block: "blk.{i}." -> "model.layers.{i}.")
@@ -143,7 +143,7 @@ def _family_fields(reader, path: Path, arch: str, hidden: int, n_heads: int, hea
     """The ModelConfig fields past Llama's: the architecture's traits (model/config.py), and for one with local
     layers its window keys ({arch}.attention.sliding_window, ..._pattern, {arch}.rope.freq_base_swa), the traits'
     defaults where the file leaves them out."""
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+    for key in SOFTCAPPING_KEYS:
         if _field(reader, f"{arch}.{key}") is not None:
             raise UnsupportedModelError(f"{path}: {arch}.{key} (Gemma 2 style soft-capping); edgekit does not apply it")
     traits = traits_of(arch)

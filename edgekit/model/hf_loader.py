@@ -19,7 +19,7 @@ import torch
 
 from edgekit.errors import ModelLoadError, UnsupportedModelError
 from edgekit.model import rope_scaling
-from edgekit.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, traits_of, window_pattern
+from edgekit.model.config import SOFTCAPPING_KEYS, SUPPORTED_ARCHITECTURES, ModelConfig, traits_of, window_pattern
 from edgekit.model.weights import hf_block_tensors
 
 # Hugging Face model_type -> edgekit architecture, where they differ
@@ -65,7 +65,7 @@ def _sliding_pattern(c: dict, cfg_path: Path, default_pattern: int) -> tuple[int
 def _family_fields(arch: str, c: dict, hidden: int, cfg_path: Path) -> dict:
     """The ModelConfig fields past Llama's: the architecture's traits (model/config.py) checked against and
     completed by its config's keys (the activation, soft-capping, query_pre_attn_scalar, the sliding windows)."""
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+    for key in SOFTCAPPING_KEYS:
         if c.get(key) is not None:
             raise _unsupported(cfg_path, f"{key} {c[key]} (Gemma 2 style soft-capping); edgekit does not apply it")
     traits = traits_of(arch)
