@@ -71,18 +71,44 @@ def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
     return codes.reshape(n, half * 2)
 
 
+_NIBBLE_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _nibble_table(dtype: torch.dtype, device: torch.device, centred: bool) -> torch.Tensor:
+    """(256, 2) of a byte's two codes in ``dtype``: [b, 0] = low nibble, [b, 1] = high (less 8 if ``centred``)."""
+    if device.type == "meta":  # shapes only (a kernel count): nothing to make, nothing to count
+        return torch.empty(256, 2, dtype=dtype, device=device)
+    key = (dtype, device, centred)
+    table = _NIBBLE_TABLES.get(key)
+    if table is None:  # made once a device and dtype, before any CUDA-graph capture (the step's warm-up runs first)
+        b = torch.arange(256)
+        table = torch.stack((b & 0x0F, b >> 4), dim=1) - (SYMMETRIC_ZERO if centred else 0)
+        table = _NIBBLE_TABLES[key] = table.to(device=device, dtype=dtype)
+    return table
+
+
 def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The weights (N, K) the packed tensors stand for, computed in FP32 (FP64 if ``dtype`` is float64)."""
+    """The weights (N, K) the packed tensors stand for, computed in FP32 (FP64 if ``dtype`` is float64).
+
+    Few kernels, because a tied INT4 embedding runs this on every decode step (its rows): each byte's two codes
+    come from a 256-entry table (one gather instead of mask, shift, concatenation and a cast), already centred in
+    the symmetric form, and the group scales broadcast over a view instead of being repeated to K. The values are
+    those of q * scale (+ offset) in the accumulation dtype, products and sums rounded as before."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
+    n, half = qweight.shape
     g = group_size(qweight, scale)
-    q = unpack_int4(qweight).to(acc)
-    s = scale.to(acc).repeat_interleave(g, dim=-1)
-    if offset is None:
-        w = (q - SYMMETRIC_ZERO) * s
-    else:
-        w = q * s + offset.to(acc).repeat_interleave(g, dim=-1)
-    return w.to(dtype)
+    if half % (SUBBLOCK // 2):
+        raise ValueError(f"packed INT4 rows must hold whole {SUBBLOCK}-element sub-blocks, got {half} bytes")
+    table = _nibble_table(acc, qweight.device, centred=offset is None)
+    pairs = table.index_select(0, qweight.reshape(-1).to(torch.int32))  # (N * K/2, 2): byte j -> elements j, j + 16
+    # (N, groups, sub-blocks a group, 2, 16) in element order: a strided view, made contiguous by the product below
+    q = pairs.view(n, half // (SUBBLOCK // 2), SUBBLOCK // 2, 2).transpose(-1, -2).unflatten(1, (-1, g // SUBBLOCK))
+    # written into an element-order buffer: a product left to take q's strides would need a copy to reshape
+    w = torch.mul(q, scale[:, :, None, None, None], out=torch.empty(q.shape, dtype=acc, device=q.device))
+    if offset is not None:
+        w.add_(offset[:, :, None, None, None])
+    return w.view(n, half * 2).to(dtype)
 
 
 def int4_group_params(wg: torch.Tensor, symmetric: bool, scale_dtype: torch.dtype = torch.float16,

@@ -137,8 +137,8 @@ class LinearWeights:
         (FP32; FP64 for an oracle). ``rows``: only those output rows (a tied embedding's lookup). A float record
         returns its weight as stored."""
 
-        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-            return t if t is None or rows is None else t[rows]
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:  # index_select: one plain gather kernel a tensor
+            return t if t is None or rows is None else t.index_select(0, rows)
 
         if self.op == "linear":
             return pick(self.weight)

@@ -19,7 +19,7 @@ prompt prefilled in chunks the cache history its attention reads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
 
@@ -66,6 +66,7 @@ class ExecContext:
     on_linear_input: LinearHook | None = None
     on_linear_output: LinearOutputHook | None = None
     before_node: Callable[[], None] | None = None  # called before each node runs (a server's admission point)
+    around_glue: Callable[[Node], ContextManager] | None = None  # entered around each glue node's torch ops (counting)
     _kv_read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def weight(self, path: str):
@@ -189,7 +190,11 @@ def run_graph(graph: Graph, ctx: ExecContext, env: dict[str, torch.Tensor] | Non
 
         if call.glue:
             ins = {role: value(kind, key) for role, (kind, key) in zip(call.roles, call.args)}
-            outs = GLUE[node.op].run(ctx, node, ins)
+            if ctx.around_glue is None:
+                outs = GLUE[node.op].run(ctx, node, ins)
+            else:
+                with ctx.around_glue(node):
+                    outs = GLUE[node.op].run(ctx, node, ins)
         else:
             args = [value(kind, key) for kind, key in call.args]
             record = ctx.weight(call.projection) if call.projection and (ctx.on_linear_input or ctx.on_linear_output) \

@@ -3,8 +3,8 @@
 The embedding gather, the RoPE tables a step reads, residual adds, KV-cache
 writes (and, for sliding-window layers, the ring rows a decode step writes and
 the lengths it attends to) and the reshapes between attention heads and rows. Each is declared once
-here with its torch implementation and the number of GPU kernels it launches per
-phase (the planner's count walks the graph: a view launches none); the ONNX
+here with its torch implementation; the planner counts the GPU kernels it launches by
+running it on shape-only tensors (``graph.launch_count``: a view launches none); the ONNX
 export maps each to standard ONNX ops (``export/onnx_glue.py``: one emitter per glue op).
 
 An implementation takes the executor's context, the node and its resolved inputs
@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from edgekit.graph.node import DECODE, PREFILL, SEQUENCE
+from edgekit.graph.node import DECODE
 
 Impl = Callable[[Any, Any, Mapping[str, Any]], dict]
 
@@ -27,7 +27,6 @@ Impl = Callable[[Any, Any, Mapping[str, Any]], dict]
 class GlueOp:
     name: str
     run: Impl
-    launches: Mapping[str, int]  # phase -> torch kernels launched on a GPU (0: a view)
     side_effect: bool = False  # writes state (the KV cache): never removed as dead code
     doc: str = ""
 
@@ -125,20 +124,20 @@ def _last_token(ctx, node, ins) -> dict:
 
 
 GLUE: dict[str, GlueOp] = {g.name: g for g in (
-    GlueOp("embed", _embed, {PREFILL: 1, DECODE: 1, SEQUENCE: 1}, doc="token rows of the embedding table [x scale]"),
-    GlueOp("rope_tables", _rope_tables, {PREFILL: 0, DECODE: 2, SEQUENCE: 0},
+    GlueOp("embed", _embed, doc="token rows of the embedding table [x scale]"),
+    GlueOp("rope_tables", _rope_tables,
            doc="the RoPE cos/sin rows of the step's positions (a decode step gathers them)"),
-    GlueOp("seq_lens", _seq_lens, {DECODE: 1}, doc="position + 1 as int32"),
-    GlueOp("kv_slots", _kv_slots, {DECODE: 1}, doc="a sliding-window layer's ring row: position % window"),
-    GlueOp("window_lens", _window_lens, {DECODE: 2},
+    GlueOp("seq_lens", _seq_lens, doc="position + 1 as int32"),
+    GlueOp("kv_slots", _kv_slots, doc="a sliding-window layer's ring row: position % window"),
+    GlueOp("window_lens", _window_lens,
            doc="a sliding-window layer's attended rows: min(position + 1, window)"),
-    GlueOp("as_tokens", _as_tokens, {DECODE: 0}, doc="(B, N) as a one-token sequence (B, 1, N)"),
-    GlueOp("select_token", _select_token, {DECODE: 0}, doc="(B, H, 1, D) -> (B, H, D)"),
-    GlueOp("kv_store", _kv_store, {PREFILL: 2, DECODE: 3, SEQUENCE: 0}, side_effect=True,
+    GlueOp("as_tokens", _as_tokens, doc="(B, N) as a one-token sequence (B, 1, N)"),
+    GlueOp("select_token", _select_token, doc="(B, H, 1, D) -> (B, H, D)"),
+    GlueOp("kv_store", _kv_store, side_effect=True,
            doc="K and V into the layer's cache (prefill: a prefix copy each; decode: the rows, one index_put each)"),
-    GlueOp("merge_heads", _merge_heads, {PREFILL: 1, DECODE: 0, SEQUENCE: 1}, doc="heads back into rows"),
-    GlueOp("add", _add, {PREFILL: 1, DECODE: 1, SEQUENCE: 1}, doc="a residual add"),
-    GlueOp("last_token", _last_token, {PREFILL: 2}, doc="each sequence's hidden state at its last real token"),
+    GlueOp("merge_heads", _merge_heads, doc="heads back into rows"),
+    GlueOp("add", _add, doc="a residual add"),
+    GlueOp("last_token", _last_token, doc="each sequence's hidden state at its last real token"),
 )}
 
 

@@ -4,15 +4,21 @@ The graph runs on shape-only "meta" tensors through a table whose every entry as
 the operator's launch program which kernels the call launches (``kernels.launch_count``:
 the split-K GEMV's second launch, the decode reduce are decided as the device
 decides them for the given SM count) and returns the reference's meta outputs; a
-glue node counts the torch kernels ``graph.glue`` declares for the phase. Nothing
+glue node's torch kernels are counted as its implementation dispatches them on those
+tensors (every aten op that computes, not a view or an allocation), so a glue whose
+work depends on its weights (a tied quantized embedding dequantizes the rows it
+gathers: 8 kernels for an INT4 table, 1 for a float one) is counted as it runs. Nothing
 is counted twice and nothing is listed by hand: the count is the graph's.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable, Mapping
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from edgekit.graph.executor import ExecContext, run_graph
 from edgekit.graph.glue import GLUE
@@ -113,6 +119,36 @@ class _CountingTable:
         return count, rec.reference(*args)
 
 
+# aten ops that launch nothing on a GPU beyond what their name says: allocations and metadata-only reshapes that
+# torch does not tag as views
+_NOT_KERNELS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::_unsafe_view",
+                          "aten::detach", "aten::alias", "aten::lift_fresh"})
+
+
+class _GlueKernels(TorchDispatchMode):
+    """Counts the GPU kernels of the torch ops a glue node dispatches on meta tensors, by node name (a host-side
+    tensor, such as a Python scalar made a tensor to read it back, launches nothing on the device)."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_node: dict[str, int] = {}
+        self._node = None
+
+    @contextmanager
+    def around(self, node):
+        self._node = node.name
+        self.by_node.setdefault(node.name, 0)
+        with self:
+            yield
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and func._schema.name not in _NOT_KERNELS and any(
+                isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tree_leaves((args, kwargs, out))):
+            self.by_node[self._node] += 1
+        return out
+
+
 def count_launches(graph: Graph, weights, cache, *, batch: int, tokens: int, sm_count: int, max_shared_bytes: int,
                    variants: Variants = default_call_variants) -> dict:
     """Kernels of one pass of ``graph`` on ``weights`` and ``cache`` (meta tensors) at ``batch`` x ``tokens`` (1 for a
@@ -130,10 +166,11 @@ def count_launches(graph: Graph, weights, cache, *, batch: int, tokens: int, sm_
     else:
         state = {"@tokens": torch.empty(batch, tokens, dtype=torch.long, device="meta"),
                  "@seq_lens": torch.empty(batch, dtype=torch.int32, device="meta")}
-    run_graph(graph, ExecContext(graph.phase, table, weights, tables, cache, state))
+    glue = _GlueKernels()
+    run_graph(graph, ExecContext(graph.phase, table, weights, tables, cache, state, around_glue=glue.around))
     per_node, calls = [], iter(table.calls)
     for n in graph.nodes:
-        per_node.append(GLUE[n.op].launches.get(graph.phase, 0) if n.op in GLUE else next(calls))
+        per_node.append(glue.by_node[n.name] if n.op in GLUE else next(calls))
     by_op: dict[str, int] = {}
     for n, k in zip(graph.nodes, per_node):
         if n.op not in GLUE:

@@ -50,6 +50,26 @@ def test_rtn_error_within_half_a_step_and_dequant_exact_in_fp32(group, groups, s
     assert ((d32 - w).abs() <= 0.5 * step * (1 + 1e-3) + 1e-6).all()
 
 
+@settings(max_examples=30, deadline=None)
+@given(group=st.sampled_from([32, 64, 128]), groups=st.integers(1, 3), symmetric=st.booleans(),
+       scale_dtype=st.sampled_from([torch.float16, torch.float32]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16]), seed=st.integers(0, 2**31 - 1))
+def test_dequantize_is_the_layouts_formula_element_by_element(group, groups, symmetric, scale_dtype, dtype, seed):
+    # the table gather and broadcast scales (few kernels: a tied embedding runs this every step) give exactly
+    # q * scale + offset, or (q - 8) * scale, in the accumulation dtype, then rounded once to the asked dtype
+    g = torch.Generator().manual_seed(seed)
+    q, s, off = quantize_int4_rtn(torch.randn(5, group * groups, generator=g), group, symmetric=symmetric,
+                                  scale_dtype=scale_dtype)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    codes, step = unpack_int4(q).to(acc), s.to(acc).repeat_interleave(group, dim=-1)
+    expect = (codes - 8) * step if off is None else codes * step + off.to(acc).repeat_interleave(group, dim=-1)
+    got = dequantize_int4(q, s, off, dtype=dtype)
+    assert got.dtype == dtype and got.is_contiguous() and torch.equal(got, expect.to(dtype))
+    rows = torch.tensor([3, 0, 3])
+    lw = LinearWeights("linear_w4a16", q, scale=s, offset=off)
+    assert torch.equal(lw.dequantized(rows, acc), expect[rows])  # a tied embedding's rows
+
+
 def test_bad_groups_and_codes_are_refused():
     with pytest.raises(ValueError, match="group size 48"):
         check_group(96, 48)

@@ -210,7 +210,8 @@ def test_predicted_kernels_a_layer_of_the_fused_qwen3_and_gemma3_steps(model, sc
         else:
             down = ops[{"fp16": "linear", "w8a16": "linear_w8a16", "w4a16": "linear_w4a16"}[scheme]] // cfg.n_layers
             assert down in (1, 2) and c["per_layer"] == 6 + down, c
-            assert c["outside_layers"] == 7  # and the local layers' ring slots (1) and clamped lengths (2)
+            # and the embedding's sqrt(hidden) scale (1), the local layers' ring slots (1) and clamped lengths (2)
+            assert c["outside_layers"] == 8
         print(f"PREDICTED {model} {scheme} sm={sms}: {c['per_layer']} kernels a layer, {c['outside_layers']} outside")
 
 

@@ -7,7 +7,10 @@ import json
 import pytest
 
 from edgekit.graph.glue import GLUE
-from edgekit.graph.node import DECODE
+import torch
+
+from edgekit.graph.builder import LinearSchemes
+from edgekit.graph.node import DECODE, PREFILL
 from edgekit.graph.paths import FUSED, PER_OPERATOR, fused_step_operators, path_graph
 from edgekit.model.presets import preset_config
 from edgekit.plan.launches import count_pass
@@ -68,7 +71,60 @@ def test_the_fused_step_predicts_fewer_kernels_than_the_per_operator_step():
         assert c["total"] == cfg.n_layers * c["per_layer"] + c["outside_layers"]
     # the glue is the graph's: the per-operator step's residual adds, cache writes and RoPE gathers
     g = path_graph(cfg, pp.linear_schemes(), DECODE)
-    assert per_op["glue"] == sum(GLUE[n.op].launches[DECODE] for n in g.nodes if n.op in GLUE)
+    assert per_op["glue"] == sum(DECODE_GLUE_KERNELS[n.op] for n in g.nodes if n.op in GLUE)
+
+
+# torch kernels a decode step's glue launches on a GPU, written out from each glue's implementation (graph/glue.py)
+DECODE_GLUE_KERNELS = {"embed": 1,  # index_select of the token rows
+                       "rope_tables": 2,  # the cos and sin rows of the positions
+                       "seq_lens": 1, "add": 1,
+                       "kv_store": 3,  # the slots, then one index_put for K and one for V
+                       "as_tokens": 0, "select_token": 0, "merge_heads": 0}  # views
+
+
+def _glue_of(name: str, precision: str, phase: str = DECODE, tokens: int = 1) -> dict:
+    """{glue op: kernels} of the per-operator pass of preset ``name`` at ``precision`` (its tied head quantized with the
+    blocks), counted by the planner."""
+    from edgekit.graph.launch_count import count_launches
+    from edgekit.graph.paths import PER_OPERATOR
+    from edgekit.model.kv_cache import StaticKVCache
+    from edgekit.model.weights import empty_weights
+
+    cfg = preset_config(name)
+    schemes = LinearSchemes.uniform(cfg.n_layers, precision, precision)
+    weights, cache = empty_weights(cfg, schemes), StaticKVCache(cfg, 1, 64, torch.float16, "meta")
+    g = path_graph(cfg, schemes, phase, PER_OPERATOR)
+    counts = count_launches(g, weights, cache, batch=1, tokens=tokens, sm_count=16, max_shared_bytes=166912)
+    glue_nodes = [n for n in g.nodes if n.op in GLUE]
+    return {"total": counts["glue"], "nodes": glue_nodes}
+
+
+def test_a_tied_quantized_embedding_counts_the_kernels_of_its_row_dequantization():
+    # smollm2-135m ties its head: quantized, the lookup gathers and dequantizes rows of the head's record instead of
+    # one index_select. INT4 (asymmetric groups): codes, scales, offsets gathered (3), codes to int32 indices, the
+    # nibble table's gather, x scale, + offset, to FP16: 8. INT8: codes and row scales gathered, codes to FP32,
+    # x scale, to FP16: 5. (Counted as 1 before the planner ran the glue: the int4-head step measured 13 more
+    # kernels on an H100 than the plan said.)
+    fp = _glue_of("smollm2-135m", "fp16")
+    assert fp["total"] == sum(DECODE_GLUE_KERNELS[n.op] for n in fp["nodes"])
+    assert _glue_of("smollm2-135m", "w4a16")["total"] == fp["total"] + 8 - 1
+    assert _glue_of("smollm2-135m", "w8a16")["total"] == fp["total"] + 5 - 1
+
+
+def test_gemmas_embedding_scale_and_the_prefills_last_token_gather_are_counted():
+    # Gemma 3 multiplies the looked-up rows by sqrt(hidden): a second kernel; a prefill's last-token gather makes
+    # the batch's row indices (arange), their positions (lengths - 1) and gathers: 3
+    gemma = _glue_of("gemma-3-1b", "fp16")
+    embed_nodes = [n for n in gemma["nodes"] if n.op == "embed"]
+    assert len(embed_nodes) == 1 and embed_nodes[0].attrs.get("scale") is not None
+    expected = {**DECODE_GLUE_KERNELS, "embed": 2, "kv_slots": 1, "window_lens": 2}
+    assert gemma["total"] == sum(expected[n.op] for n in gemma["nodes"])
+    prefill = _glue_of("smollm2-135m", "fp16", phase=PREFILL, tokens=8)
+    assert sum(n.op == "last_token" for n in prefill["nodes"]) == 1
+    prefill_kernels = {"embed": 1, "rope_tables": 0,  # the tables' first rows: a view
+                       "kv_store": 2,  # one prefix copy each for K and V
+                       "merge_heads": 1, "add": 1, "last_token": 3}  # merge_heads: heads back into rows is a copy
+    assert prefill["total"] == sum(prefill_kernels[n.op] for n in prefill["nodes"])
 
 
 def test_edgekit_plan_says_which_decode_path_its_predictions_count():
