@@ -16,7 +16,7 @@ import triton.language as tl
 
 from edgekit.kernels.fused_gemv_triton import (
     INT4_ATTRS, INT4_INPUTS, _epilogue_apply, _epilogue_operands, _gemv_rows, _pdl_enter_gemv, format_launches,
-    int4_gemv_tile, int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels,
+    int4_params, operand_params, reduction_params, weight_columns_check, weight_kernels,
 )
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, ptr, shape, stride, sym
@@ -102,13 +102,18 @@ def _default(s: dict):
     return {"BLOCK_N": 32, "BLOCK_K": 256}, 4, 1
 
 
+HEAD_W4_BLOCK_K, HEAD_W4_WARPS, HEAD_W4_STAGES = 256, 2, 4
+
+
 def _default_w4(s: dict):
-    # INT4 weights: the INT4 GEMVs' K step (fused_gemv_triton.int4_gemv_tile: ~128 weights a thread, at most 4 warps)
-    # at the float kernel's 32 rows, which every head kernel shares (one partials layout). Not swept; in a fused
-    # int4-head step it read llama-3.2-1b's 139 MB head in 76.3 us, 61% of copy bandwidth (H100, 2026-12-06; the INT8
-    # head 97%): tools/fused_tile_sweep.py --ops fused_head_argmax --precisions int4 sweeps it.
-    _, block_k, warps = int4_gemv_tile(s)
-    return {"BLOCK_N": 32, "BLOCK_K": block_k}, warps, 1
+    # INT4 weights at the float kernel's 32 rows, which every head kernel shares (one partials layout): a short K
+    # step (128 weights a thread at 2 warps) whose next 3 steps' loads are staged through shared memory (16 KB), at
+    # most one stage a step. Swept on an H100 (2026-12-06, tools/fused_tile_sweep.py --ops fused_head_argmax
+    # --precisions int4, llama-3.2-1b's 128256 x 2048 head, 36 candidates): 57.7 us, 80% of copy bandwidth, where
+    # the INT4 GEMVs' rule (int4_gemv_tile: 32 x 1024 at 4 warps, unstaged) took 79.5 us (58%); 512 x 3 stages and 4
+    # warps within 1%, every unstaged tile >= 60.8 us.
+    k = int(s.get("k_in") or 2048)
+    return {"BLOCK_N": 32, "BLOCK_K": HEAD_W4_BLOCK_K}, HEAD_W4_WARPS, max(1, min(HEAD_W4_STAGES, k // HEAD_W4_BLOCK_K))
 
 
 # float, INT8 and INT4 weights (fused_head_argmax.FUSION's schemes: the fused path takes each)
