@@ -104,10 +104,16 @@ def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Te
     pairs = table.index_select(0, qweight.reshape(-1).to(torch.int32))  # (N * K/2, 2): byte j -> elements j, j + 16
     # (N, groups, sub-blocks a group, 2, 16) in element order: a strided view, made contiguous by the product below
     q = pairs.view(n, half // (SUBBLOCK // 2), SUBBLOCK // 2, 2).transpose(-1, -2).unflatten(1, (-1, g // SUBBLOCK))
-    # written into an element-order buffer: a product left to take q's strides would need a copy to reshape
-    w = torch.mul(q, scale[:, :, None, None, None], out=torch.empty(q.shape, dtype=acc, device=q.device))
-    if offset is not None:
-        w.add_(offset[:, :, None, None, None])
+    s = scale[:, :, None, None, None]
+    o = None if offset is None else offset[:, :, None, None, None]
+    grads = torch.is_grad_enabled() and (scale.requires_grad or (o is not None and o.requires_grad))
+    if torch.compiler.is_compiling() or grads:  # out= has no autograd, and torch.compile's functional form drops
+        w = q * s if o is None else q * s + o  # its layout: the plain product (compile fuses the copy it needs)
+        return w.reshape(n, half * 2).to(dtype)
+    # eagerly, into an element-order buffer: a product left to take q's strides would need a copy to reshape
+    w = torch.mul(q, s, out=torch.empty(q.shape, dtype=acc, device=q.device))
+    if o is not None:
+        w.add_(o)
     return w.view(n, half * 2).to(dtype)
 
 

@@ -70,6 +70,21 @@ def test_dequantize_is_the_layouts_formula_element_by_element(group, groups, sym
     assert torch.equal(lw.dequantized(rows, acc), expect[rows])  # a tied embedding's rows
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_dequantize_traces_under_torch_compile_and_takes_gradients(symmetric):
+    # the bench's compiled baseline runs the W4A16 reference under torch.compile, whose functional form once lost the
+    # element-order buffer the eager path writes into ("cannot view ... strides"); the scale tuning differentiates it
+    q, s, off = quantize_int4_rtn(torch.randn(8, 128, generator=torch.Generator().manual_seed(0)), 64,
+                                  symmetric=symmetric)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: dequantize_int4(*a, dtype=torch.float16), fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(q, s, off), dequantize_int4(q, s, off, dtype=torch.float16))
+    scale = s.float().requires_grad_()
+    w = dequantize_int4(q, scale, off)
+    (w * torch.arange(128.0)).sum().backward()
+    assert torch.equal(w.detach(), dequantize_int4(q, s.float(), off)) and float(scale.grad.abs().sum()) > 0
+
+
 def test_bad_groups_and_codes_are_refused():
     with pytest.raises(ValueError, match="group size 48"):
         check_group(96, 48)

@@ -83,10 +83,9 @@ DECODE_GLUE_KERNELS = {"embed": 1,  # index_select of the token rows
 
 
 def _glue_of(name: str, precision: str, phase: str = DECODE, tokens: int = 1) -> dict:
-    """{glue op: kernels} of the per-operator pass of preset ``name`` at ``precision`` (its tied head quantized with the
-    blocks), counted by the planner."""
+    """{"total": the glue kernels the planner counts, "nodes": the glue nodes} of the per-operator pass of preset
+    ``name`` at ``precision`` (its tied head quantized with the blocks)."""
     from edgekit.graph.launch_count import count_launches
-    from edgekit.graph.paths import PER_OPERATOR
     from edgekit.model.kv_cache import StaticKVCache
     from edgekit.model.weights import empty_weights
 

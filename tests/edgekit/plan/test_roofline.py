@@ -66,9 +66,8 @@ def test_longer_cache_slows_decode():
 
 
 def test_kernel_count_comes_from_the_operators_launch_programs():
-    from edgekit.graph.glue import GLUE
     from edgekit.graph.node import DECODE
-    from edgekit.graph.paths import PER_OPERATOR, path_graph
+    from edgekit.graph.paths import PER_OPERATOR
     from edgekit.kernels.variants import default_variants
     from edgekit.plan.launches import count_pass
 
@@ -86,11 +85,9 @@ def test_kernel_count_comes_from_the_operators_launch_programs():
         "rmsnorm": 2 * n + 1, "qkv_rope": n, "attention_decode": 2 * n, "swiglu": n}
     # 3 GEMVs a block + the LM head, each a second launch when its program splits K (a 16-SM device: it does)
     assert 3 * n + 1 < fp16["operators"]["linear"] <= 2 * (3 * n + 1)
-    g = path_graph(cfg, PrecisionPlan.uniform(cfg, "fp16").linear_schemes(), DECODE)
     # the glue between them: per block 2 residual adds and the cache write (slots + K + V); the embedding gather,
     # the RoPE rows (cos, sin) and the lengths once (tests/edgekit/plan/test_launches.py counts each glue op)
     assert fp16["glue"] == n * (2 + 3) + 1 + 2 + 1
-    assert sum(x.op in GLUE for x in g.nodes) > 0
     assert fp16["total"] == sum(fp16["operators"].values()) + fp16["glue"]
     # a device with many SMs wants split-K for the same shapes at least as often
     big = count_pass(cfg, PrecisionPlan.uniform(cfg, "fp16"), variants, sm_count=132, max_shared_bytes=232448, **kw)
