@@ -122,7 +122,8 @@ class _CountingTable:
 
 # aten ops that launch nothing on a GPU beyond what their name says: allocations and metadata-only reshapes that
 # torch does not tag as views
-_NOT_KERNELS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::_unsafe_view",
+_NOT_KERNELS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::empty_permuted",
+                          "aten::new_empty", "aten::new_empty_strided", "aten::resize_", "aten::_unsafe_view",
                           "aten::detach", "aten::alias", "aten::lift_fresh"})
 
 
