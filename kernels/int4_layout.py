@@ -61,11 +61,17 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return packed.reshape(n, k // 2).contiguous()
 
 
-def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
-    """Packed uint8 (N, K/2) -> codes uint8 (N, K) in 0..15 (inverse of ``pack_int4``)."""
+def _packed_shape(qweight: torch.Tensor) -> tuple[int, int]:
+    """(N, K/2) of a packed weight whose rows hold whole sub-blocks; refused otherwise."""
     n, half = qweight.shape
     if half % (SUBBLOCK // 2):
         raise ValueError(f"packed INT4 rows must hold whole {SUBBLOCK}-element sub-blocks, got {half} bytes")
+    return n, half
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """Packed uint8 (N, K/2) -> codes uint8 (N, K) in 0..15 (inverse of ``pack_int4``)."""
+    n, half = _packed_shape(qweight)
     b = qweight.reshape(n, half // (SUBBLOCK // 2), 1, SUBBLOCK // 2)
     codes = torch.cat((b & 0x0F, b >> 4), dim=2)  # (N, blocks, 2, 16)
     return codes.reshape(n, half * 2)
@@ -96,10 +102,8 @@ def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Te
     the symmetric form, and the group scales broadcast over a view instead of being repeated to K. The values are
     those of q * scale (+ offset) in the accumulation dtype, products and sums rounded as before."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    n, half = qweight.shape
     g = group_size(qweight, scale)
-    if half % (SUBBLOCK // 2):
-        raise ValueError(f"packed INT4 rows must hold whole {SUBBLOCK}-element sub-blocks, got {half} bytes")
+    n, half = _packed_shape(qweight)
     table = _nibble_table(acc, qweight.device, centred=offset is None)
     pairs = table.index_select(0, qweight.reshape(-1).to(torch.int32))  # (N * K/2, 2): byte j -> elements j, j + 16
     # (N, groups, sub-blocks a group, 2, 16) in element order: a strided view, made contiguous by the product below
