@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from edgekit.kernels.precision import plain_ops_needed
+
 SUBBLOCK = 32  # elements per nibble-order block (GGML's QK4_0 / QK4_1)
 GROUP_SIZES = (32, 64, 128)
 SYMMETRIC_ZERO = 8  # the code that stands for 0.0 in the symmetric form
@@ -95,12 +97,15 @@ def _nibble_table(dtype: torch.dtype, device: torch.device, centred: bool) -> to
 
 def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The weights (N, K) the packed tensors stand for, computed in FP32 (FP64 if ``dtype`` is float64).
+    """The weights (N, K) the packed tensors stand for, computed in FP32 (FP64 if ``dtype`` is float64), returned in
+    ``dtype``.
 
     Few kernels, because a tied INT4 embedding runs this on every decode step (its rows): each byte's two codes
     come from a 256-entry table (one gather instead of mask, shift, concatenation and a cast), already centred in
-    the symmetric form, and the group scales broadcast over a view instead of being repeated to K. The values are
-    those of q * scale (+ offset) in the accumulation dtype, products and sums rounded as before."""
+    the symmetric form, the group scales broadcast over a view instead of being repeated to K, and the last op
+    writes ``dtype`` itself (torch computes in its inputs' dtype and rounds once on the store, as a cast would)
+    instead of a cast kernel after it. The values are those of q * scale (+ offset) in the accumulation dtype,
+    rounded to ``dtype``: products and sums rounded as before."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     g = group_size(qweight, scale)
     n, half = _packed_shape(qweight)
@@ -110,15 +115,18 @@ def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Te
     q = pairs.view(n, half // (SUBBLOCK // 2), SUBBLOCK // 2, 2).transpose(-1, -2).unflatten(1, (-1, g // SUBBLOCK))
     s = scale[:, :, None, None, None]
     o = None if offset is None else offset[:, :, None, None, None]
-    grads = torch.is_grad_enabled() and (scale.requires_grad or (o is not None and o.requires_grad))
-    if torch.compiler.is_compiling() or grads:  # out= has no autograd, and torch.compile's functional form drops
-        w = q * s if o is None else q * s + o  # its layout: the plain product (compile fuses the copy it needs)
+    if plain_ops_needed(scale, o):  # the plain product (compile fuses the copy it needs)
+        w = q * s if o is None else q * s + o
         return w.reshape(n, half * 2).to(dtype)
     # eagerly, into an element-order buffer: a product left to take q's strides would need a copy to reshape
-    w = torch.mul(q, s, out=torch.empty(q.shape, dtype=acc, device=q.device))
-    if o is not None:
-        w.add_(o)
-    return w.view(n, half * 2).to(dtype)
+    def buffer(t: torch.dtype) -> torch.Tensor:
+        return torch.empty(q.shape, dtype=t, device=q.device)
+
+    if o is None:
+        w = torch.mul(q, s, out=buffer(dtype))
+    else:
+        w = torch.add(torch.mul(q, s, out=buffer(acc)), o, out=buffer(dtype))
+    return w.view(n, half * 2)
 
 
 def int4_group_params(wg: torch.Tensor, symmetric: bool, scale_dtype: torch.dtype = torch.float16,

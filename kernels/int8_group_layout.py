@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from edgekit.kernels.precision import product_in
+
 GROUP_SIZES = (32, 64, 128)
 Q8_0_BLOCK = 32  # weights per GGML Q8_0 block
 Q8_0_BLOCK_BYTES = 2 + Q8_0_BLOCK  # fp16 d, then the codes
@@ -37,10 +39,13 @@ def group_size(qweight: torch.Tensor, scale: torch.Tensor) -> int:
 
 
 def dequantize_int8_grouped(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The weights (..., K) the codes stand for, computed in FP32 (FP64 if ``dtype`` is float64); any leading shape."""
+    """The weights (..., K) the codes stand for, computed in FP32 (FP64 if ``dtype`` is float64), returned in
+    ``dtype``; any leading shape. The scales broadcast over the groups' view and the product writes ``dtype`` (torch
+    computes it in the accumulation dtype and rounds once on the store, as a cast would): a tied Q8_0 embedding runs
+    this on its rows every decode step."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     g = group_size(qweight, scale)
-    return (qweight.to(acc) * scale.to(acc).repeat_interleave(g, dim=-1)).to(dtype)
+    return product_in(qweight.unflatten(-1, (-1, g)), scale.to(acc)[..., None], dtype).flatten(-2)  # (..., K/G, G)
 
 
 def from_q8_0(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

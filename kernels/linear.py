@@ -18,7 +18,7 @@ from edgekit.kernels.operator import (DECODE, GOLDEN_MAX_N, PREFILL, OnnxFunctio
                                       golden_rand)
 from edgekit.kernels.int4_layout import GROUP_SIZES, Q_MAX, SUBBLOCK, SYMMETRIC_ZERO, dequantize_int4, pack_int4
 from edgekit.kernels.int8_group_layout import dequantize_int8_grouped
-from edgekit.kernels.precision import accumulate_dtype
+from edgekit.kernels.precision import accumulate_dtype, product_in
 from edgekit.kernels.spec import FLOAT_DTYPES, REDUCTION_TOLERANCE, OpSpec, TensorSpec, Tolerance
 from edgekit.kernels.weight_schemes import INT8_GGUF_GROUP, SCHEMES, Grouping, int4_group_for
 
@@ -132,24 +132,31 @@ class LinearWeights:
         parts = (self.weight, self.bias, self.scale, self.smooth, self.offset)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
-    def dequantized(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def dequantized(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The floating-point weight this record stands for (with SmoothQuant folded back), computed in ``dtype``
-        (FP32; FP64 for an oracle). ``rows``: only those output rows (a tied embedding's lookup). A float record
-        returns its weight as stored."""
+        (FP32; FP64 for an oracle) and returned in ``out_dtype`` (default ``dtype``): each value rounded once from
+        the computed one, by the last op writing that dtype (a lookup's activation dtype without a cast kernel).
+        ``rows``: only those output rows (a tied embedding's lookup). A float record returns its weight as stored."""
 
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:  # index_select: one plain gather kernel a tensor
             return t if t is None or rows is None else t.index_select(0, rows)
 
+        out_dtype = dtype if out_dtype is None else out_dtype
         if self.op == "linear":
             return pick(self.weight)
-        if self.op == "linear_w4a16":
-            return dequantize_int4(pick(self.weight), pick(self.scale), pick(self.offset), dtype=dtype)
+        if self.op == "linear_w4a16":  # computed in FP32 (FP64 for float64), returned in the dtype asked
+            return dequantize_int4(pick(self.weight), pick(self.scale), pick(self.offset),
+                                   dtype=dtype if dtype == torch.float64 else out_dtype)
         if self.op == "linear_w8a16_grouped":
-            return dequantize_int8_grouped(pick(self.weight), pick(self.scale), dtype=dtype)
-        w = pick(self.weight).to(dtype) * pick(self.scale).to(dtype)[:, None]  # INT8: one scale per row
-        if self.smooth is not None:  # W8A8: the SmoothQuant divisor is per input column
-            w = w / self.smooth.to(dtype)[None, :]
-        return w
+            return dequantize_int8_grouped(pick(self.weight), pick(self.scale),
+                                           dtype=dtype if dtype == torch.float64 else out_dtype)
+        # INT8: one scale per row; the int8 codes convert inside the product (computed in ``dtype``, the scales')
+        codes, scale = pick(self.weight), pick(self.scale).to(dtype)[:, None]
+        if self.smooth is None:
+            return product_in(codes, scale, out_dtype)
+        # W8A8: the SmoothQuant divisor is per input column
+        return ((codes * scale) / self.smooth.to(dtype)[None, :]).to(out_dtype)
 
     def to(self, device=None, dtype=None) -> "LinearWeights":
         """Move to a device; ``dtype`` applies only to floating-point weights and the bias."""

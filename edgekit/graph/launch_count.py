@@ -7,7 +7,7 @@ decides them for the given SM count) and returns the reference's meta outputs; a
 glue node's torch kernels are counted as its implementation dispatches them on those
 tensors (every aten op that computes, not a view or an allocation), so a glue whose
 work depends on its weights (a tied quantized embedding dequantizes the rows it
-gathers: 8 kernels for an asymmetric INT4 table and FP16 activations, 1 for a float
+gathers: 7 kernels for an asymmetric INT4 table and FP16 activations, 1 for a float
 table) is counted as it runs. Nothing
 is counted twice and nothing is listed by hand: the count is the graph's.
 """

@@ -49,8 +49,8 @@ class QuantizedEmbedding:
     def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
         """Rows ``tokens`` (any shape) dequantized: (..., C) in ``self.dtype``."""
         acc = torch.float64 if self.dtype == torch.float64 else torch.float32
-        rows = self.head.dequantized(tokens.reshape(-1), acc)
-        return rows.to(self.dtype).reshape(*tokens.shape, self.shape[1])
+        rows = self.head.dequantized(tokens.reshape(-1), acc, out_dtype=self.dtype)
+        return rows.reshape(*tokens.shape, self.shape[1])
 
     def dequantized(self) -> torch.Tensor:
         """The whole (V, C) table in ``self.dtype`` (for exports and comparisons, never kept by the model)."""

@@ -7,6 +7,7 @@ import torch
 
 from edgekit.errors import QuantizationError
 from edgekit.kernels.int4_layout import dequantize_int4, quantize_int4_rtn
+from edgekit.kernels.int8_group_layout import quantize_int8_grouped
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied, lookup, tied_embedding
 
@@ -31,8 +32,14 @@ def int4_head(symmetric: bool, group: int = 32) -> LinearWeights:
     return LinearWeights("linear_w4a16", q, None, s, offset=off)
 
 
+def int8_grouped_head() -> LinearWeights:
+    q, s = quantize_int8_grouped(_float_head(), 32)
+    return LinearWeights("linear_w8a16_grouped", q, None, s)
+
+
 HEADS = {"int8": lambda: int8_head(), "int8_smooth": lambda: int8_head(smooth=True),
-         "int4_asym": lambda: int4_head(False), "int4_sym_g64": lambda: int4_head(True, 64)}
+         "int4_asym": lambda: int4_head(False), "int4_sym_g64": lambda: int4_head(True, 64),
+         "int8_grouped": int8_grouped_head}
 
 
 @pytest.mark.parametrize("kind", sorted(HEADS))
@@ -45,6 +52,35 @@ def test_gathered_rows_are_the_heads_dequantized_rows(kind):
     assert torch.equal(rows, head.dequantized()[tokens])  # exact: the same arithmetic per element
     assert emb.shape == (V, C) and emb.device == head.weight.device
     assert torch.equal(emb.dequantized(), head.dequantized())
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rows_in_a_16_bit_dtype_are_the_fp32_rows_rounded_once(kind, dtype):
+    # the lookup's last op writes the activation dtype itself (no cast kernel after it): the values must be those of
+    # the FP32 dequantization cast, bit for bit (a product computed in 16 bits would differ)
+    head = HEADS[kind]()
+    if kind.startswith("int4"):  # FP32 scales as well (GGUF Q4_K's): products no longer exact in FP16
+        head = LinearWeights(head.op, head.weight, None, head.scale.float() * 1.0001,
+                             offset=None if head.offset is None else head.offset.float())
+    tokens = torch.tensor([0, 5, 95, 5, 17, 60])
+    rows = QuantizedEmbedding(head, dtype)[tokens]
+    assert rows.dtype == dtype
+    assert torch.equal(rows, head.dequantized()[tokens].to(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_rows_gathered_on_the_gpu_are_the_cpus(kind):
+    # the GPU's product writing FP16 / BF16 must round the FP32 value once, as the CPU reference does
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    head = HEADS[kind]()
+    tokens = torch.tensor([0, 5, 95, 5, 17, 60])
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        cpu = QuantizedEmbedding(head, dtype)[tokens]
+        gpu = QuantizedEmbedding(head.to("cuda"), dtype)[tokens.cuda()]
+        assert gpu.dtype == dtype and torch.equal(gpu.cpu(), cpu), (kind, dtype)
 
 
 def test_rows_come_out_in_the_activation_dtype_and_fp64_is_exact():
