@@ -124,6 +124,8 @@ def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Te
 
     if o is None:
         w = torch.mul(q, s, out=buffer(dtype))
+    elif dtype == acc:  # in place: a whole table's dequantization holds no third copy
+        w = torch.mul(q, s, out=buffer(acc)).add_(o)
     else:
         w = torch.add(torch.mul(q, s, out=buffer(acc)), o, out=buffer(dtype))
     return w.view(n, half * 2)

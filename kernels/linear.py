@@ -145,12 +145,12 @@ class LinearWeights:
         out_dtype = dtype if out_dtype is None else out_dtype
         if self.op == "linear":
             return pick(self.weight)
-        if self.op == "linear_w4a16":  # computed in FP32 (FP64 for float64), returned in the dtype asked
-            return dequantize_int4(pick(self.weight), pick(self.scale), pick(self.offset),
-                                   dtype=dtype if dtype == torch.float64 else out_dtype)
+        if accumulate_dtype(out_dtype) != accumulate_dtype(dtype):  # e.g. an FP64 oracle asked for FP16 values
+            return self.dequantized(rows, dtype).to(out_dtype)
+        if self.op == "linear_w4a16":  # computed in ``dtype``'s accumulation dtype, returned in ``out_dtype``
+            return dequantize_int4(pick(self.weight), pick(self.scale), pick(self.offset), dtype=out_dtype)
         if self.op == "linear_w8a16_grouped":
-            return dequantize_int8_grouped(pick(self.weight), pick(self.scale),
-                                           dtype=dtype if dtype == torch.float64 else out_dtype)
+            return dequantize_int8_grouped(pick(self.weight), pick(self.scale), dtype=out_dtype)
         # INT8: one scale per row; the int8 codes convert inside the product (computed in ``dtype``, the scales')
         codes, scale = pick(self.weight), pick(self.scale).to(dtype)[:, None]
         if self.smooth is None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edgekit.errors import QuantizationError
-from edgekit.kernels.int4_layout import dequantize_int4, quantize_int4_rtn
+from edgekit.kernels.int4_layout import dequantize_int4, quantize_int4_rtn, unpack_int4
 from edgekit.kernels.int8_group_layout import quantize_int8_grouped
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.embedding import QuantizedEmbedding, embedding_nbytes, is_tied, lookup, tied_embedding
@@ -54,19 +54,43 @@ def test_gathered_rows_are_the_heads_dequantized_rows(kind):
     assert torch.equal(emb.dequantized(), head.dequantized())
 
 
-@pytest.mark.parametrize("kind", sorted(HEADS))
+def _oracle_rows(head: LinearWeights, tokens: torch.Tensor) -> torch.Tensor:
+    """The rows by the layouts' formulas, written out here in FP64 and rounded to FP32 as the FP32 code rounds them:
+    q * s (+ o) for INT4 (each product exact in FP32 for these scales; the sum rounded once), codes x scale for INT8."""
+    w, s = head.weight[tokens], head.scale[tokens].double()
+    if head.op == "linear_w4a16":
+        q = unpack_int4(w).double()
+        q = q - 8 if head.offset is None else q
+        prod = (q.unflatten(-1, (s.shape[-1], -1)) * s[..., None]).float().double()  # rounded to FP32
+        if head.offset is not None:
+            prod = prod + head.offset[tokens].double()[..., None]
+        return prod.float().flatten(-2)
+    if head.op == "linear_w8a16_grouped":
+        return (w.double().unflatten(-1, (s.shape[-1], -1)) * s[..., None]).float().flatten(-2)
+    return (w.double() * s[:, None]).float()  # INT8 per row (no smooth)
+
+
+@pytest.mark.parametrize("kind", sorted(k for k in HEADS if k != "int8_smooth"))
+@pytest.mark.parametrize("scales", ["stored", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_rows_in_a_16_bit_dtype_are_the_fp32_rows_rounded_once(kind, dtype):
-    # the lookup's last op writes the activation dtype itself (no cast kernel after it): the values must be those of
-    # the FP32 dequantization cast, bit for bit (a product computed in 16 bits would differ)
+def test_rows_in_a_16_bit_dtype_are_the_fp32_rows_rounded_once(kind, scales, dtype):
+    # the lookup's last op writes the activation dtype itself (no cast kernel after it): the values must be the FP32
+    # dequantization's rounded once, bit for bit (a product computed in 16 bits, or rounded before the offset, differs)
     head = HEADS[kind]()
-    if kind.startswith("int4"):  # FP32 scales as well (GGUF Q4_K's): products no longer exact in FP16
+    if scales == "fp32":  # FP32 scales (GGUF Q4_K's), not FP16 values: products no longer exact in 16 bits
         head = LinearWeights(head.op, head.weight, None, head.scale.float() * 1.0001,
-                             offset=None if head.offset is None else head.offset.float())
+                             offset=None if head.offset is None else head.offset.float() * 1.0001)
     tokens = torch.tensor([0, 5, 95, 5, 17, 60])
     rows = QuantizedEmbedding(head, dtype)[tokens]
     assert rows.dtype == dtype
-    assert torch.equal(rows, head.dequantized()[tokens].to(dtype))
+    assert torch.equal(rows, _oracle_rows(head, tokens).to(dtype))
+
+
+def test_an_fp64_oracle_asked_for_16_bit_rows_computes_in_fp64():
+    head = int4_head(False)
+    rows = head.dequantized(torch.tensor([3, 9]), torch.float64, out_dtype=torch.float16)
+    exact = dequantize_int4(head.weight, head.scale, head.offset, dtype=torch.float64)[[3, 9]]
+    assert rows.dtype == torch.float16 and torch.equal(rows, exact.to(torch.float16))
 
 
 @pytest.mark.gpu
