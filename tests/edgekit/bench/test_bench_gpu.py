@@ -43,6 +43,24 @@ def test_profile_splits_the_graphed_step_into_its_kernels():
     assert any("gemv" in k["name"] for k in p["top_kernels"])
 
 
+@pytest.mark.parametrize("preset,precision", [("tiny", "fp16"), ("tiny-qwen3", "int8-head"),
+                                               ("tiny-qwen3", "int4-head")])
+def test_the_fused_step_launches_the_kernels_the_planner_counts(preset, precision):
+    # what the profiler sees a graphed fused step launch is what the planner counted on meta tensors (its glue ops'
+    # torch kernels included: a tied quantized table's lookup, tiny-qwen3's), plus the loop's feedback kernel; the
+    # decode call's reset (a few copies) is spread over its 32 tokens. A planner that miscounts (an INT4 lookup once
+    # counted as 1 kernel ran 8) fails it.
+    from edgekit.bench.fused_engine import FusedRuntimeEngine
+    from edgekit.bench.profile import profile_decode
+
+    cfg = PRESETS[preset]
+    w = quantized(_cast(random_weights(cfg, seed=3), "cuda", torch.float16), precision)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4)).cuda()
+    eng = FusedRuntimeEngine(cfg, w, 128, 32)
+    p = profile_decode(eng, eng.prefill(prompt), 40, 32)
+    assert round(p["kernels_per_token"]) == eng.path.launches_per_token + 1, p["top_kernels"]
+
+
 def test_compiled_reference_engine_decodes_the_reference_tokens():
     apply_inductor_flags()
     w, prompt, ref = _setup("int8")
