@@ -13,7 +13,8 @@
 #
 # A suite that outgrows one bounded run (the GPU machine's calls end at 10 minutes) finishes in a second one:
 # RESUME=1 with the same OUT keeps the files that passed (their rows and reports) and runs the rest (failed, timed
-# out, not run); test_gpu.json then holds every test of both runs. FILES="tests/a_gpu.py ..." runs only those files.
+# out, not run, or whose report lacks a test collected now); test_gpu.json then holds every test of both runs.
+# FILES="tests/a_gpu.py ..." runs only those files (with RESUME=1, files outside FILES are not kept).
 # (H100, 2026-12-06: 135 tests, six files at a time; the two longest files, 225 s and 245 s side by side, were killed
 # at PER_FILE_S while sharing the machine with four others, and passed in a second run.)
 #
@@ -41,11 +42,32 @@ targets=("$R/tests"); [ -n "$FILES" ] && { targets=(); for f in $FILES; do targe
 python3 -m pytest -c "$R/pyproject.toml" --rootdir "$R" -p no:cacheprovider -q -m gpu --collect-only "${targets[@]}" \
   2>"$OUT/collect.err" | grep "::" > "$OUT/ids.txt"
 cut -d: -f1 "$OUT/ids.txt" | sort -u > "$OUT/files.txt"
-if [ "$RESUME" = 1 ] && [ -s "$OUT/files.tsv" ]; then  # keep the files that passed (and are still collected)
-  awk -F'\t' 'NR == FNR {want[$1]; next} $2 == "0" && ($1 in want)' "$OUT/files.txt" "$OUT/files.tsv" > "$OUT/kept.tsv"
-  mv "$OUT/kept.tsv" "$OUT/files.tsv"
+[ -s "$OUT/ids.txt" ] || { echo "== no GPU tests collected:"; tail -5 "$OUT/collect.err"; }
+for f in $FILES; do grep -qx -F "$f" "$OUT/files.txt" || echo "== FILES names $f, which holds no GPU test here"; done
+if [ "$RESUME" = 1 ] && [ -s "$OUT/files.tsv" ]; then
+  # keep a file that passed before only if its report holds every test collected now (the tree may have changed)
+  python3 - "$OUT" <<'PY'
+import pathlib, sys, xml.etree.ElementTree as ET
+
+out = pathlib.Path(sys.argv[1])
+ids: dict[str, set[str]] = {}
+for tid in (out / "ids.txt").read_text().split():
+    f, _, rest = tid.partition("::")
+    ids.setdefault(f, set()).add(rest)
+kept = []
+for line in (out / "files.tsv").read_text().splitlines():
+    f, rc, _ = line.split("\t")
+    report = out / "junit" / (f.replace("/", "_") + ".xml")
+    if rc != "0" or f not in ids or not report.exists():
+        continue
+    names = {c.get("name") for c in ET.parse(report).getroot().iter("testcase")}
+    if all(rest.split("::")[-1] in names for rest in ids[f]):
+        kept.append(line)
+(out / "files.tsv").write_text("".join(line + "\n" for line in kept))
+PY
   echo "== resuming: $(wc -l < "$OUT/files.tsv") files passed before and are kept"
 else
+  [ "$RESUME" = 1 ] && echo "== RESUME=1, but no earlier run in $OUT: running every file"
   : > "$OUT/files.tsv"; rm -f "$OUT"/junit/*.xml  # a report left by an earlier run must not stand for this one
 fi
 cut -f1 "$OUT/files.tsv" > "$OUT/kept.txt"
@@ -70,7 +92,7 @@ run_file() {  # one test file in a process of its own; a budget already spent le
 export -f run_file
 grep -v -x -F -f "$OUT/kept.txt" "$OUT/files.txt" > "$OUT/todo.txt"
 grep -v -x -F -f <(tr ' ' '\n' <<< "$SERIAL_FILES") "$OUT/todo.txt" | xargs -r -d '\n' -P "$JOBS" -I{} bash -c 'run_file "$1"' _ {}
-for f in $SERIAL_FILES; do grep -qx "$f" "$OUT/todo.txt" && run_file "$f"; done
+for f in $SERIAL_FILES; do grep -qx -F "$f" "$OUT/todo.txt" && run_file "$f"; done
 
 python3 - "$OUT" "$(( $(date +%s) - T0 ))" <<'PY'
 import json, pathlib, sys, xml.etree.ElementTree as ET
