@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.precision import plain_ops_needed
+from edgekit.kernels.precision import accumulate_dtype, plain_ops_needed
 
 SUBBLOCK = 32  # elements per nibble-order block (GGML's QK4_0 / QK4_1)
 GROUP_SIZES = (32, 64, 128)
@@ -106,7 +106,7 @@ def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Te
     writes ``dtype`` itself (torch computes in its inputs' dtype and rounds once on the store, as a cast would)
     instead of a cast kernel after it. The values are those of q * scale (+ offset) in the accumulation dtype,
     rounded to ``dtype``: products and sums rounded as before."""
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = accumulate_dtype(dtype)
     g = group_size(qweight, scale)
     n, half = _packed_shape(qweight)
     table = _nibble_table(acc, qweight.device, centred=offset is None)

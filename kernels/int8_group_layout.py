@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from edgekit.kernels.precision import product_in
+from edgekit.kernels.precision import accumulate_dtype, product_in
 
 GROUP_SIZES = (32, 64, 128)
 Q8_0_BLOCK = 32  # weights per GGML Q8_0 block
@@ -43,7 +43,7 @@ def dequantize_int8_grouped(qweight: torch.Tensor, scale: torch.Tensor, dtype: t
     ``dtype``; any leading shape. The scales broadcast over the groups' view and the product writes ``dtype`` (torch
     computes it in the accumulation dtype and rounds once on the store, as a cast would): a tied Q8_0 embedding runs
     this on its rows every decode step."""
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = accumulate_dtype(dtype)
     g = group_size(qweight, scale)
     return product_in(qweight.unflatten(-1, (-1, g)), scale.to(acc)[..., None], dtype).flatten(-2)  # (..., K/G, G)
 

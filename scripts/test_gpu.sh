@@ -68,10 +68,11 @@ PY
   echo "== resuming: $(wc -l < "$OUT/files.tsv") files passed before and are kept"
 else
   [ "$RESUME" = 1 ] && echo "== RESUME=1, but no earlier run in $OUT: running every file"
-  : > "$OUT/files.tsv"; rm -f "$OUT"/junit/*.xml  # a report left by an earlier run must not stand for this one
+  : > "$OUT/files.tsv"
 fi
 cut -f1 "$OUT/files.tsv" > "$OUT/kept.txt"
-for xml in "$OUT"/junit/*.xml; do  # only the kept files' reports stand: the others are this run's to write
+# only the kept files' reports stand (none in a fresh run): a report an earlier run left must not stand for this one
+for xml in "$OUT"/junit/*.xml; do
   [ -e "$xml" ] || continue
   grep -qx -F "$(basename "$xml" .xml)" <(tr '/' '_' < "$OUT/kept.txt") || rm -f "$xml"
 done

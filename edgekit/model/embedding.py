@@ -22,6 +22,7 @@ import torch
 
 from edgekit.errors import QuantizationError
 from edgekit.kernels.linear import LinearWeights
+from edgekit.kernels.precision import accumulate_dtype
 
 # Head operators whose rows can be gathered and dequantized one at a time.
 GATHERABLE_OPS = ("linear_w8a16", "linear_w8a8", "linear_w4a16", "linear_w8a16_grouped")
@@ -48,8 +49,7 @@ class QuantizedEmbedding:
 
     def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
         """Rows ``tokens`` (any shape) dequantized: (..., C) in ``self.dtype``."""
-        acc = torch.float64 if self.dtype == torch.float64 else torch.float32
-        rows = self.head.dequantized(tokens.reshape(-1), acc, out_dtype=self.dtype)
+        rows = self.head.dequantized(tokens.reshape(-1), accumulate_dtype(self.dtype), out_dtype=self.dtype)
         return rows.reshape(*tokens.shape, self.shape[1])
 
     def dequantized(self) -> torch.Tensor:
