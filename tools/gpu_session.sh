@@ -35,6 +35,9 @@
 #        LEVELS are. A carried .llamacpp_pre/prebuilt.tar.xz (llama-bench, llama-quantize built from the same source
 #        and flags elsewhere: tools/gpu_carry.sh llamacpp-prebuilt) is used where it runs, and the build skipped.
 #        MEANWHILE="command" runs any bounded GPU command there too (a lab, step_ab): $OUT/meanwhile.txt.
+#   AB_BASE=".ab_base" bash tools/gpu_session.sh stepab PRESET [PRECISIONS]   a code change's A/B in the whole graphed
+#        step: tools/step_ab.py's ARMS (default base; HEAD_ARMS: this tree's, e.g. tile arms for the changed kernel) in
+#        each base tree then this tree, AB_ROUNDS (2) times in turn, REPEATS runs each; $OUT/stepab.txt and JSON.
 #   bash tools/gpu_session.sh sms [PRESETS]    the Orin-shaped rows: `edgekit bench --sms 8,16` (the fused decode confined
 #        to 8 and 16 SMs by CUDA green contexts, against the copy bandwidth measured in the same partition, the orin
 #        plan's tiles against the JIT's and against launch rules sized for all SMs) on PRESETS (default
@@ -46,7 +49,7 @@
 # "warm": false ran on a fresh machine: what earlier calls left in /tmp (wheels, parked half, llama.cpp) is gone, and
 # a carried folder stays only until a call that does not name it: park and join in back-to-back calls. Each stage ends by LIMIT_S.
 set -uo pipefail
-stage=${1:?stage: bench, suite, tests, builds, verify, park, diag, long, sms, pdl or ab}
+stage=${1:?stage: bench, suite, tests, builds, verify, park, diag, long, sms, pdl, ab or stepab}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 LIMIT_S=${LIMIT_S:-570}
@@ -257,6 +260,21 @@ ab)
       --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1
     echo "sweep rc=$? at +$(( $(date +%s) - T0 )) s"; grep -E " default " "$OUT/sweep.txt"
   fi
+  ;;
+stepab)  # a code change's whole-step A/B: tools/step_ab.py (ARMS, default base; HEAD_ARMS for this tree) on PRESET at
+  # PRECISIONS (default int4-head), each base tree of AB_BASE then this tree, AB_ROUNDS (2) times in turn
+  for base in ${AB_BASE:?AB_BASE: the base trees (git archive), carried}; do map_package "$R/$base" "/tmp/pkg_$base"; done
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    for side in $AB_BASE head; do
+      pkg=/tmp/pkg; tree=$R; arms=${HEAD_ARMS:-${ARMS:-base}}
+      [ "$side" != head ] && { pkg=/tmp/pkg_$side; tree=$R/$side; arms=${ARMS:-base}; }
+      PYTHONPATH=$pkg:/tmp/site timeout $(( $(left) - 10 )) python3 "$tree/tools/step_ab.py" "preset:${2:?stepab: PRESET}" \
+        --precisions "${3:-int4-head}" --arms "$arms" --repeats "${REPEATS:-5}" --json "$OUT/stepab_${side}_$r.json" \
+        > "/tmp/stepab_${side}_$r.txt" 2>&1
+      echo "stepab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/stepab.txt"
+      grep " tok/s" "/tmp/stepab_${side}_$r.txt" | tee -a "$OUT/stepab.txt"
+    done
+  done
   ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
