@@ -29,12 +29,16 @@ GEMV's decoders, chosen at compile time by the activation dtype (``_int4_fma``):
 
 - FP16 activations: the half2 decode (DECODE 3, kernels/int4_half2_triton.py: nibbles to FP16 with the 0x6400
   magic number and LOP3 in inline PTX, HFMA2 products summed in FP16 within a 32-element sub-block, x pre-scaled
-  by 1/16 for range). The activation becomes the decode's activation pairs and their sum once per K step, shared
-  by every row a thread holds. A row read as stored (the o-projection, the down projection) is loaded as the
-  W4A16 GEMV loads it: each sub-block's words by the threads that hold its weights (``_int4_fma_from_row``). An
-  RMS-normalised step is computed in registers and made into words by bit operations (``activation_pairs_of``:
-  one trip through shared memory a step, behind barriers). The group scales are loaded as DECODE 3 loads them
-  (``_int4_group_params``: inline PTX loads, in the dot products' layout).
+  by 1/16 for range). The activation step, computed in registers (RMS-normalised, or combined from split-KV
+  partials), becomes the decode's activation pairs and their sum once per K step (``activation_pairs_of``: one
+  trip through shared memory a step), shared by every row a thread holds; the group scales are loaded as DECODE 3
+  loads them (``_int4_group_params``: inline PTX loads, in the dot products' layout).
+  Measured and not kept (H100, 2026-12-06, llama-3.2-1b int4-head step, tools/gpu_session.sh stepab): loading each
+  sub-block's 16 activation words in the threads that hold its weights, as the W4A16 GEMV does, takes the shared
+  memory and its 8 barriers out of the down projection's K loop (67 -> 56 registers), but the words are 4-byte
+  loads 64 B apart: through L2 (.cg, as activations are read here) the step fell from 1728.6 to 904.4 tok/s, with
+  L1-cached loads (which the coherence rule below forbids) to 1633.9. Also normalising those words in place for the
+  RMSNorm kernels: 691.6 tok/s.
 - BF16 / FP32 activations: the FP32 word decode (DECODE 2, ``linear_w4a16_triton._word_dots``: nibbles to FP32
   with one shift and one LOP3, exact products), the activation taken apart into its per-byte vectors once per
   step (``_int4_activation_runs``).
@@ -72,9 +76,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgekit.kernels.int4_half2_triton import (
-    UNSCALE, _split4, activation_pairs, activation_pairs_of, subblock_dots_half2,
-)
+from edgekit.kernels.int4_half2_triton import UNSCALE, _split4, activation_pairs_of, subblock_dots_half2
 from edgekit.kernels.linear_triton import _int8_to_f32
 from edgekit.kernels.linear_w4a16_triton import _group_params, _group_params_at, _scale_rows, _word_dots
 from edgekit.kernels.pdl_triton import _pdl_enter_after_weights
@@ -199,7 +201,10 @@ def _int4_fma(acc, words, x, s, m, has_offset, BLOCK_R: tl.constexpr, BLOCK_K: t
     HALF2: tl.constexpr = x.dtype == tl.float16
     if HALF2:
         pairs, x_sum = activation_pairs_of(x, BLOCK_K)  # (SB,) x 16, (SB,): sums of x / 16
-        acc = _half2_step(acc, words, pairs, x_sum, s, m, has_offset, BLOCK_R, BLOCK_K)
+        dot = subblock_dots_half2(tl.reshape(words, (BLOCK_R, BLOCK_K // 32, 4)), pairs)  # sum (q - 8) x / 16
+        acc += (s * UNSCALE) * dot  # x 16 is exact: the sums took x / 16
+        if has_offset != 0:  # centred codes for both forms: q s + m = (q - 8) s + (m + 8 s)
+            acc += ((m + 8.0 * s) * UNSCALE) * x_sum[None, :]
     else:
         zero = tl.where(has_offset != 0, 0.0, 8.0)  # symmetric: w = (q - 8) s; with offsets: w = q s + m
         lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xs_lo, xs_hi = _int4_activation_runs(x, BLOCK_K)
@@ -243,44 +248,13 @@ def _gemv_rows(x_row, nw_ptr, eps, w_ptr, rows, K, stride_wn,
         k = k0 + rk
         kmask = k < K
         w = _load_weight_tile(w_rows, k0, K, W_FORMAT, BLOCK_K)
-        if W_FORMAT == 2 and not NORM and x_row.dtype.element_ty == tl.float16:
-            acc = _int4_fma_from_row(acc, w, x_row, rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn,
-                                     has_offset, scale_f32, group_shift, BLOCK_R, BLOCK_K)
-        else:
-            x = tl.load(x_row + k, mask=kmask, other=0.0, cache_modifier=".cg")  # (BLOCK_K,)
-            if NORM:
-                nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-                x = (x.to(tl.float32) * rstd * nw).to(x_row.dtype.element_ty)
-            acc = _gemv_fma(acc, w, x, W_FORMAT, BLOCK_R, BLOCK_K, rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr,
-                            stride_sn, has_offset, scale_f32, group_shift)
+        x = tl.load(x_row + k, mask=kmask, other=0.0, cache_modifier=".cg")  # (BLOCK_K,)
+        if NORM:
+            nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            x = (x.to(tl.float32) * rstd * nw).to(x_row.dtype.element_ty)
+        acc = _gemv_fma(acc, w, x, W_FORMAT, BLOCK_R, BLOCK_K, rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn,
+                        has_offset, scale_f32, group_shift)
     return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def _int4_fma_from_row(acc, words, x_row, rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset,
-                       scale_f32, group_shift, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``_int4_fma``'s half2 step for an FP16 activation read as stored (no RMSNorm): each sub-block's activation
-    words loaded by the threads that hold its weights (``activation_pairs``, as the W4A16 GEMV loads them), where
-    a step computed in registers (``activation_pairs_of``) moves its halves to those threads through shared
-    memory, behind a barrier, every step. The same words, so the same values."""
-    SB: tl.constexpr = BLOCK_K // 32
-    sb = tl.arange(0, SB)
-    pairs, x_sum = activation_pairs(x_row.to(tl.pointer_type(tl.int32)), k0 // 2 + sb * 16, k0 + sb * 32 < K,
-                                    ".cg")  # 16 x (SB,), (SB,) FP32 sums of x / 16
-    s, m = _int4_group_params(rows, k0, K, sf_ptr, sh_ptr, oh_ptr, of_ptr, stride_sn, has_offset, scale_f32,
-                              group_shift, True, BLOCK_K)  # (BLOCK_R, SB) FP32
-    return _half2_step(acc, words, pairs, x_sum, s, m, has_offset, BLOCK_R, BLOCK_K)
-
-
-@triton.jit
-def _half2_step(acc, words, pairs, x_sum, s, m, has_offset, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc (BLOCK_R, SB) += the half2 sub-block dots of the step's packed ``words`` with the activation ``pairs``
-    (and their sums ``x_sum``, of x / 16), scaled by the group scales ``s`` (and offsets ``m``)."""
-    dot = subblock_dots_half2(tl.reshape(words, (BLOCK_R, BLOCK_K // 32, 4)), pairs)  # sum (q - 8) x / 16
-    acc += (s * UNSCALE) * dot  # x 16 is exact: the sums took x / 16
-    if has_offset != 0:  # centred codes for both forms: q s + m = (q - 8) s + (m + 8 s)
-        acc += ((m + 8.0 * s) * UNSCALE) * x_sum[None, :]
-    return acc
 
 
 @triton.jit

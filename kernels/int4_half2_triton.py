@@ -179,31 +179,22 @@ def load_where_used(ptrs):
 
 
 @triton.jit
-def activation_pairs(x_words, at, live, CACHE: tl.constexpr):
+def activation_pairs(x_words, at, live):
     """The 16 activation pairs of each sub-block (the order ``subblock_dots_half2`` takes them, pre-scaled by
     1/16) and the FP32 sum of its 32 scaled activations: 16 x (SB,) int32, (SB,) float32.
 
     ``x_words``: int32 pointer over the FP16 activation row (word p = {x[2p], x[2p+1]}); ``at`` (SB,): each
     sub-block's first word; ``live`` (SB,): sub-blocks inside K. Sixteen word loads per sub-block, each a (SB,)
-    tensor: computed where the weight tile's rows need them, so every row a thread holds shares them. ``CACHE``:
-    the loads' cache modifier (".cg" where the previous kernel of a step wrote the row)."""
+    tensor: computed where the weight tile's rows need them, so every row a thread holds shares them."""
     return pairs_of_words((
-        tl.load(x_words + at, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 1, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 2, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 3, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 4, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 5, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 6, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 7, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 8, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 9, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 10, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 11, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 12, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 13, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 14, mask=live, other=0, cache_modifier=CACHE),
-        tl.load(x_words + at + 15, mask=live, other=0, cache_modifier=CACHE)))
+        tl.load(x_words + at, mask=live, other=0), tl.load(x_words + at + 1, mask=live, other=0),
+        tl.load(x_words + at + 2, mask=live, other=0), tl.load(x_words + at + 3, mask=live, other=0),
+        tl.load(x_words + at + 4, mask=live, other=0), tl.load(x_words + at + 5, mask=live, other=0),
+        tl.load(x_words + at + 6, mask=live, other=0), tl.load(x_words + at + 7, mask=live, other=0),
+        tl.load(x_words + at + 8, mask=live, other=0), tl.load(x_words + at + 9, mask=live, other=0),
+        tl.load(x_words + at + 10, mask=live, other=0), tl.load(x_words + at + 11, mask=live, other=0),
+        tl.load(x_words + at + 12, mask=live, other=0), tl.load(x_words + at + 13, mask=live, other=0),
+        tl.load(x_words + at + 14, mask=live, other=0), tl.load(x_words + at + 15, mask=live, other=0)))
 
 
 @triton.jit

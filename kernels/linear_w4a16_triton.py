@@ -220,7 +220,7 @@ def _dots_half2_of(words, x_row, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.const
     sb = tl.arange(0, SB)
     live = k0 + sb * 32 < K  # (SB,)
     x_words = x_row.to(tl.pointer_type(tl.int32))
-    pairs, x_sum = activation_pairs(x_words, k0 // 2 + sb * 16, live, "")  # 16 x (SB,), (SB,)
+    pairs, x_sum = activation_pairs(x_words, k0 // 2 + sb * 16, live)  # 16 x (SB,), (SB,)
     dot = subblock_dots_half2(words, pairs)  # (BN, SB)
     return dot, x_sum
 

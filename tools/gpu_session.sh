@@ -266,9 +266,9 @@ stepab)  # a code change's whole-step A/B: tools/step_ab.py (ARMS, default base;
   for base in ${AB_BASE:?AB_BASE: the base trees (git archive), carried}; do map_package "$R/$base" "/tmp/pkg_$base"; done
   for r in $(seq "${AB_ROUNDS:-2}"); do
     for side in $AB_BASE head; do
-      pkg=/tmp/pkg; tree=$R; arms=${HEAD_ARMS:-${ARMS:-base}}
-      [ "$side" != head ] && { pkg=/tmp/pkg_$side; tree=$R/$side; arms=${ARMS:-base}; }
-      PYTHONPATH=$pkg:/tmp/site timeout $(( $(left) - 10 )) python3 "$tree/tools/step_ab.py" "preset:${2:?stepab: PRESET}" \
+      pkg=/tmp/pkg; arms=${HEAD_ARMS:-${ARMS:-base}}  # this tree's step_ab.py on each tree's package (a trimmed base tree has none)
+      [ "$side" != head ] && { pkg=/tmp/pkg_$side; arms=${ARMS:-base}; }
+      PYTHONPATH=$pkg:/tmp/site timeout $(( $(left) - 10 )) python3 "$R/tools/step_ab.py" "preset:${2:?stepab: PRESET}" \
         --precisions "${3:-int4-head}" --arms "$arms" --repeats "${REPEATS:-5}" --json "$OUT/stepab_${side}_$r.json" \
         > "/tmp/stepab_${side}_$r.txt" 2>&1
       echo "stepab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/stepab.txt"

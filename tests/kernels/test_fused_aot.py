@@ -109,22 +109,3 @@ def test_family_fused_kernels_compile_within_128_kb_without_spills_at_the_shape_
             assert ck.shared_bytes <= ORIN_SMEM_BUDGET, (v.label(), ck.shared_bytes)
             if ck.registers is not None:
                 assert ck.spills in (None, {"stores": 0, "loads": 0}), (v.label(), ck.registers, ck.spills)
-
-
-@pytest.mark.parametrize("arch", [87, 90])
-def test_int4_gemvs_that_read_their_activation_as_stored_need_no_barrier_in_their_k_loop(arch):
-    """The o-projection and the down projection read their FP16 activation row as stored (no RMSNorm). Their INT4
-    K loop loads each sub-block's activation words in the threads that hold its weights (fused_gemv_triton.
-    _int4_fma_from_row), where a step held in registers has Triton move its halves to those threads through shared
-    memory behind barriers every step (8 BAR.SYNC and 4 STSM a step at llama-3.2-1b's down projection before)."""
-    from edgekit.kernels.sass_stats import disassemble, main_loop
-    from edgekit.model.presets import preset_config
-
-    cfg = preset_config("llama-3.2-1b")
-    kernels = {"fused_proj_residual": "proj_residual_w4", "fused_attn_proj_residual": "attn_o_proj_residual_w4",
-               "fused_attn_proj": "attn_o_proj_w4"}
-    for op, kernel in kernels.items():
-        v = default_variants(op, dtype="fp16", **step_facts(op, cfg))[kernel]
-        loop = " ".join(main_loop(disassemble(compile_variant(v, arch).cubin)))
-        assert "LDG" in loop, v.label()  # the K loop itself, with its weight loads
-        assert not any(f" {shared}" in loop for shared in ("BAR", "STS", "LDS")), (v.label(), arch)
