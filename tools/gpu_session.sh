@@ -92,19 +92,33 @@ pdl_arms() {  # LEVELS (comma list of EDGEKIT_PDL values) -> step_ab.py's arms: 
   for lv in ${1//,/ }; do out="$out${out:+;}pdl:$lv"; done
   echo "$out"
 }
-ab_kernels() {  # $1 presets, $2 ops: each base tree of AB_BASE, then this tree, at the GEMVs' default tiles
+ab_sides() {  # $1 ARGS...: run "$1 ARGS..." on each base tree of AB_BASE, then this tree, AB_ROUNDS (2) times in turn,
+  # with side (the base tree's folder, "head" for this tree), r (the round), pkg (its package) and tree (its folder)
+  local base
   for base in ${AB_BASE:?AB_BASE: the base trees (git archive), carried}; do
     map_package "$R/$base" "/tmp/pkg_$base"  # each base tree's package, as gpu_setup.sh maps this one
   done
   for r in $(seq "${AB_ROUNDS:-2}"); do
     for side in $AB_BASE head; do
       pkg=/tmp/pkg; tree=$R; [ "$side" != head ] && { pkg=/tmp/pkg_$side; tree=$R/$side; }
-      PYTHONPATH=$pkg:/tmp/site timeout 150 python3 "$tree/tools/fused_tile_sweep.py" --presets "$1" --ops "$2" \
-        --precisions "${AB_PRECISIONS:-fp16}" --limit 1 --budget-s 60 > "/tmp/ab${side}_$r.txt" 2>&1
-      echo "ab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/ab.txt"
-      grep -E " default " "/tmp/ab${side}_$r.txt" | tee -a "$OUT/ab.txt"
+      "$@"
     done
   done
+}
+ab_kernel_side() {  # $1 presets, $2 ops: one side's GEMVs at their default tiles (ab_sides)
+  PYTHONPATH=$pkg:/tmp/site timeout 150 python3 "$tree/tools/fused_tile_sweep.py" --presets "$1" --ops "$2" \
+    --precisions "${AB_PRECISIONS:-fp16}" --limit 1 --budget-s 60 > "/tmp/ab${side}_$r.txt" 2>&1
+  echo "ab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/ab.txt"
+  grep -E " default " "/tmp/ab${side}_$r.txt" | tee -a "$OUT/ab.txt"
+}
+ab_kernels() { ab_sides ab_kernel_side "$1" "$2"; }  # $1 presets, $2 ops
+step_side() {  # $1 preset, $2 precisions: one side's whole graphed step (ab_sides), this tree's step_ab.py on the
+  # side's package (a trimmed base tree has no step_ab.py); HEAD_ARMS are this tree's arms, ARMS every tree's
+  local arms=${ARMS:-base}; [ "$side" = head ] && arms=${HEAD_ARMS:-$arms}
+  PYTHONPATH=$pkg:/tmp/site timeout $(( $(left) - 10 )) python3 "$R/tools/step_ab.py" "preset:$1" --precisions "$2" \
+    --arms "$arms" --repeats "${REPEATS:-5}" --json "$OUT/stepab_${side}_$r.json" > "/tmp/stepab_${side}_$r.txt" 2>&1
+  echo "stepab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/stepab.txt"
+  grep " tok/s" "/tmp/stepab_${side}_$r.txt" | tee -a "$OUT/stepab.txt"
 }
 case "$stage" in
 bench)
@@ -261,20 +275,9 @@ ab)
     echo "sweep rc=$? at +$(( $(date +%s) - T0 )) s"; grep -E " default " "$OUT/sweep.txt"
   fi
   ;;
-stepab)  # a code change's whole-step A/B: tools/step_ab.py (ARMS, default base; HEAD_ARMS for this tree) on PRESET at
-  # PRECISIONS (default int4-head), each base tree of AB_BASE then this tree, AB_ROUNDS (2) times in turn
-  for base in ${AB_BASE:?AB_BASE: the base trees (git archive), carried}; do map_package "$R/$base" "/tmp/pkg_$base"; done
-  for r in $(seq "${AB_ROUNDS:-2}"); do
-    for side in $AB_BASE head; do
-      pkg=/tmp/pkg; arms=${HEAD_ARMS:-${ARMS:-base}}  # this tree's step_ab.py on each tree's package (a trimmed base tree has none)
-      [ "$side" != head ] && { pkg=/tmp/pkg_$side; arms=${ARMS:-base}; }
-      PYTHONPATH=$pkg:/tmp/site timeout $(( $(left) - 10 )) python3 "$R/tools/step_ab.py" "preset:${2:?stepab: PRESET}" \
-        --precisions "${3:-int4-head}" --arms "$arms" --repeats "${REPEATS:-5}" --json "$OUT/stepab_${side}_$r.json" \
-        > "/tmp/stepab_${side}_$r.txt" 2>&1
-      echo "stepab $side round $r rc=$? at +$(( $(date +%s) - T0 )) s" | tee -a "$OUT/stepab.txt"
-      grep " tok/s" "/tmp/stepab_${side}_$r.txt" | tee -a "$OUT/stepab.txt"
-    done
-  done
+stepab)  # a code change's whole-step A/B: tools/step_ab.py on PRESET at PRECISIONS (default int4-head), each base tree
+  # of AB_BASE then this tree, AB_ROUNDS (2) times in turn
+  ab_sides step_side "${2:?stepab: PRESET}" "${3:-int4-head}"
   ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
