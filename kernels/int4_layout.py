@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.precision import accumulate_dtype, plain_ops_needed
+from edgekit.kernels.precision import accumulate_dtype, plain_ops_needed, product_in
 
 SUBBLOCK = 32  # elements per nibble-order block (GGML's QK4_0 / QK4_1)
 GROUP_SIZES = (32, 64, 128)
@@ -123,7 +123,7 @@ def dequantize_int4(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Te
         return torch.empty(q.shape, dtype=t, device=q.device)
 
     if o is None:
-        w = torch.mul(q, s, out=buffer(dtype))
+        w = product_in(q, s, dtype)
     elif dtype == acc:  # in place: a whole table's dequantization holds no third copy
         w = torch.mul(q, s, out=buffer(acc)).add_(o)
     else:
