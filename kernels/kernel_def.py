@@ -19,6 +19,19 @@ from typing import Any, Callable, Mapping
 # Activation dtypes the Triton kernels take, and their sizes. FP64 runs only in the torch references.
 ACT_DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
 TORCH_DTYPE_TO_ACT = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+# An operator none of whose tensors is an activation (a table lookup: integer tokens, quantized rows, scales in their
+# stored dtype) names its activation dtype in its host step's attributes as ``act_code``, a number a program can check
+ACT_CODES = {"fp16": 1, "bf16": 2, "fp32": 3}
+
+
+def call_act_dtype(tensors, attrs) -> str:
+    """The activation dtype ("fp16", ...) of a prepared call: its ``act_code`` attribute, else its first floating
+    tensor's dtype."""
+    code = attrs.get("act_code")
+    if code is not None:
+        return next(name for name, c in ACT_CODES.items() if c == code)
+    act = next(t for t in tensors.values() if t is not None and t.is_floating_point())
+    return TORCH_DTYPE_TO_ACT[str(act.dtype)]
 
 
 @dataclass(frozen=True)

@@ -107,11 +107,9 @@ class TritonOp:
 
     def __call__(self, *args):
         tensors, attrs, finish = self.kernels.prepare(*args)
-        act = next(t for t in tensors.values() if t is not None and t.is_floating_point())
-        from edgekit.kernels.kernel_def import TORCH_DTYPE_TO_ACT
+        from edgekit.kernels.kernel_def import call_act_dtype
 
-        dtype = TORCH_DTYPE_TO_ACT[str(act.dtype)]
-        program, launchers = self._program_for(dtype, tensors, attrs)
+        program, launchers = self._program_for(call_act_dtype(tensors, attrs), tensors, attrs)
         return finish(run_program(program, tensors, attrs, launchers))
 
 

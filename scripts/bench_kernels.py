@@ -10,13 +10,14 @@
 - the Qwen3 / Gemma 3 operators (--only family_ops): qk_norm_rope and geglu vs their eager torch composition (GB/s),
   and Gemma 3's sliding-window prefill (window 512, head_dim 256) vs SDPA with the window as a mask and vs full
   causal attention
+- the tied quantized table's lookup (--only lookup): fused_tied_lookup's one kernel vs the torch ops it replaces
 - achieved GB/s vs a device-to-device copy measured in the same run
 
 Every time is CUDA-graph replay (the host's ~20 us eager launch cost would hide the kernels), per call,
 with many calls per graph. Memory-bound working sets cycle through enough weight / KV copies to exceed
 4x the L2 (H200: 60 MB), so the figures are HBM figures. Prints a table; --json PATH writes everything.
 
-    python scripts/bench_kernels.py --json $OUT/bench_kernels.json [--quick] [--sweep all|gemv|none] [--only family --only family_ops]
+    python scripts/bench_kernels.py --json $OUT/bench_kernels.json [--quick] [--sweep all|gemv|none] [--only family --only family_ops --only lookup]
 """
 
 from __future__ import annotations
@@ -508,6 +509,43 @@ def bench_family_fused(copy_gbps, l2, precisions, log) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- goals
+# --------------------------------------------------------------------------- tied quantized table lookup
+LOOKUP_TABLES = {"smollm2-135m": (49152, 576), "llama-3.2-1b": (128256, 2048), "qwen3-1.7b": (151936, 2048)}
+
+
+def bench_lookup(log) -> list[dict]:
+    """fused_tied_lookup (one kernel) against the glue it replaces (QuantizedEmbedding's torch ops) for one decode
+    token, at published tied tables, INT8 and INT4 (g32, symmetric and with offsets) heads. Rows are checked equal
+    before timing. A lookup reads a few KB: the figure is launches, not bandwidth."""
+    from edgekit.kernels.int4_layout import quantize_int4_rtn
+    from edgekit.kernels.linear import LinearWeights
+    from edgekit.model.embedding import QuantizedEmbedding
+    from edgekit.quant.weights import quantize_per_channel
+
+    rows = []
+    fused = TritonOp("fused_tied_lookup")
+    for model, (vocab, width) in LOOKUP_TABLES.items():
+        w = torch.randn(vocab, width, device="cuda") * 0.05
+        codes, scale = quantize_per_channel(w)
+        heads = {"int8": LinearWeights("linear_w8a16", codes, scale=scale)}
+        for form, sym in (("int4-sym", True), ("int4-offset", False)):
+            q, sc, off = quantize_int4_rtn(w, 32, symmetric=sym, scale_dtype=H)
+            heads[form] = LinearWeights("linear_w4a16", q, scale=sc, offset=off)
+        del w
+        tokens = torch.tensor([vocab - 1], device="cuda")
+        for form, head in heads.items():
+            emb = QuantizedEmbedding(head, H)
+            args = (tokens, head.weight, head.scale, head.offset, "float16", None)
+            if not torch.equal(fused(*args), emb[tokens]):
+                raise AssertionError(f"{model} {form}: fused_tied_lookup's rows differ from the glue's")
+            t_fused = graph_time_us([lambda: fused(*args)])
+            t_glue = graph_time_us([lambda: emb[tokens]])
+            rows.append({"model": model, "table": form, "vocab": vocab, "width": width, "fused_us": t_fused,
+                         "glue_us": t_glue, "speedup": t_glue / t_fused, "measured": "GPU"})
+            log(f"lookup {model} {form}: fused {t_fused:.2f} us, glue {t_glue:.2f} us ({t_glue / t_fused:.2f}x)")
+    return rows
+
+
 def goals(prefill, decode, gemv) -> dict:
     g = {}
     pf = [r["ratio_vs_sdpa"] for r in prefill]
@@ -530,7 +568,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer lengths and contexts")
     ap.add_argument("--sweep", choices=["all", "gemv", "none"], default="all",
                     help="which sections also time a small tile sweep (default: all)")
-    ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm", "family", "family_ops"],
+    ap.add_argument("--only", choices=["prefill", "decode", "gemv", "gemm", "family", "family_ops", "lookup"],
                     action="append")
     ap.add_argument("--family-precisions", default="fp16,int8,int4",
                     help="weights of the Qwen3 / Gemma 3 fused operators' section (comma list of fp16, int8, int4)")
@@ -547,7 +585,7 @@ def main() -> int:
     l2 = int(getattr(props, "L2_cache_size", 60 << 20) or (60 << 20))
     sweep = args.sweep == "all"
     gemv_sweep = args.sweep in ("all", "gemv")
-    only = set(args.only or ["prefill", "decode", "gemv", "gemm", "family", "family_ops"])
+    only = set(args.only or ["prefill", "decode", "gemv", "gemm", "family", "family_ops", "lookup"])
     out = {"device": props.name, "sm_count": props.multi_processor_count, "l2_bytes": l2,
            "torch": torch.__version__, "triton": __import__("triton").__version__,
            "method": "CUDA graph replay, median of 5 trials; memory-bound working sets >= 4x L2; measured on GPU"}
@@ -570,7 +608,7 @@ def main() -> int:
     runners = {"gemv": lambda: bench_gemv(copy, l2, gemv_sweep, log, gemv_sweep_log), "decode": lambda: bench_decode(contexts, copy, l2, sweep, log),
                "prefill": lambda: bench_prefill(lengths, sweep, log), "gemm": lambda: bench_gemm(log),
                "family": lambda: bench_family_fused(copy, l2, args.family_precisions.split(","), log),
-               "family_ops": lambda: bench_family_ops(copy, l2, log)}
+               "family_ops": lambda: bench_family_ops(copy, l2, log), "lookup": lambda: bench_lookup(log)}
     for name, run in runners.items():
         if name in only:
             sections[name] = run()

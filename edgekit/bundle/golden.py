@@ -149,7 +149,7 @@ def make_case(
     if op not in OPERATORS:
         raise VerificationError(op, f"unknown operator; known: {', '.join(sorted(OPERATORS))}")
     spec = OPERATORS[op].spec
-    dtype = dtype or _activation_dtype(spec, inputs)
+    dtype = dtype or _activation_dtype(spec, inputs, attributes)
     if tolerance is None:
         tol = spec.tolerance_for(dtype)
         tolerance = (tol.atol, tol.rtol)
@@ -322,12 +322,16 @@ def _as_output_dict(spec, raw: Outputs, names: Optional[Sequence[str]] = None) -
     return dict(zip(names, seq))
 
 
-def _activation_dtype(spec, inputs: Mapping[str, torch.Tensor]) -> str:
-    """The dtype of the first floating input the spec lets vary over all float dtypes (x, q, qkv, gate_up)."""
+def _activation_dtype(spec, inputs: Mapping[str, torch.Tensor], attributes: Mapping[str, Scalar]) -> str:
+    """The dtype of the first floating input the spec lets vary over all float dtypes (x, q, qkv, gate_up); for an
+    operator none of whose inputs is an activation (a quantized table's lookup), the ``dtype`` attribute it is called
+    with."""
     for t in spec.inputs:
         v = inputs.get(t.name)
         if v is not None and v.is_floating_point() and len(t.dtypes) >= 4:
             return str(v.dtype).removeprefix("torch.")
+    if "dtype" in spec.attributes and isinstance(attributes.get("dtype"), str):
+        return attributes["dtype"]
     raise VerificationError(spec.name, "cannot tell the activation dtype from the inputs; pass dtype=")
 
 

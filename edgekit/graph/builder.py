@@ -42,6 +42,9 @@ class LinearSchemes:
 
     layers: tuple[tuple[str, ...], ...]
     lm_head: str = "fp16"
+    # The token table's: "fp16" for a float table (its own, or a tied float head's weight), else the scheme of the tied
+    # quantized head it is read from (model/embedding.py), whose rows the lookup dequantizes
+    embedding: str = "fp16"
 
     def of(self, path: str) -> str:
         """The scheme of the projection at ``path`` ("blocks.3.wqkv" or "lm_head")."""
@@ -51,9 +54,9 @@ class LinearSchemes:
         return self.layers[int(i)][PROJECTIONS.index(proj)]
 
     @classmethod
-    def of_layers(cls, layers, lm_head: str = "fp16") -> "LinearSchemes":
+    def of_layers(cls, layers, lm_head: str = "fp16", embedding: str = "fp16") -> "LinearSchemes":
         """From per-layer mappings projection -> scheme (a precision plan's)."""
-        return cls(tuple(tuple(layer[p] for p in PROJECTIONS) for layer in layers), lm_head)
+        return cls(tuple(tuple(layer[p] for p in PROJECTIONS) for layer in layers), lm_head, embedding)
 
     @classmethod
     def uniform(cls, n_layers: int, name: str = "fp16", lm_head: str = "fp16") -> "LinearSchemes":
@@ -64,8 +67,11 @@ class LinearSchemes:
         """Read from model weights (duck-typed ModelWeights: each projection record names its operator), with
         ``blocks`` (index -> block weights) standing in for some of the model's."""
         blocks = blocks or {}
+        head = _scheme_name(weights.lm_head.op)
+        # a tied quantized head's table is read through the head's record (QuantizedEmbedding.head)
+        read_from_head = getattr(weights.tok_embeddings, "head", None) is weights.lm_head
         return cls(tuple(tuple(_scheme_name(getattr(blocks.get(i, b), p).op) for p in PROJECTIONS)
-                         for i, b in enumerate(weights.blocks)), _scheme_name(weights.lm_head.op))
+                         for i, b in enumerate(weights.blocks)), head, head if read_from_head else "fp16")
 
     def used(self) -> list[str]:
         return list(dict.fromkeys([*(s for layer in self.layers for s in layer), self.lm_head]))
@@ -121,8 +127,12 @@ class GraphBuilder:
         return self.phase == DECODE
 
     def embed(self, scale: float | None = None) -> str:
-        return self.node("embed", "embed", {"tokens": "@tokens"}, ("x",), {"table": "tok_embeddings"},
-                         scale=scale)["x"]
+        """The token rows (times ``scale``, Gemma 3's). A table read from a tied quantized head also binds the head's
+        record and names its scheme: the fused path's lookup operator (``fused_tied_lookup``) takes those."""
+        weights, attrs = {"table": "tok_embeddings"}, {}
+        if self.schemes.embedding != "fp16":
+            weights[PROJ], attrs["scheme"] = HEAD, self.schemes.embedding
+        return self.node("embed", "embed", {"tokens": "@tokens"}, ("x",), weights, scale=scale, **attrs)["x"]
 
     def rope_tables(self, name: str, theta: float) -> dict[str, str]:
         """The RoPE rows of this step's positions for the table ``name`` (base ``theta``)."""

@@ -31,6 +31,9 @@ from edgekit.kernels.registry import operator
 # Projection record fields by the operator input names that take them
 RECORD_FIELDS = {"weight": "weight", "qweight": "weight", "scale": "scale", "offset": "offset", "bias": "bias",
                   "smooth": "smooth"}
+# Attributes whose value is the forward's, not the graph's (a fusion binds them as "@name"): the activation dtype,
+# for an operator none of whose inputs carries it (a tied quantized table's lookup)
+RUN_ATTRIBUTES = ("@act_dtype",)
 
 LinearHook = Callable[[Node, Any, torch.Tensor], None]  # (node, projection record, its input x)
 LinearOutputHook = Callable[[Node, Any, torch.Tensor], torch.Tensor]  # (node, record, y) -> y to use
@@ -72,6 +75,13 @@ class ExecContext:
     def weight(self, path: str):
         return weight_at(self.weights, path, self.blocks)
 
+    def run_attribute(self, name: str):
+        """The value of a run attribute (``RUN_ATTRIBUTES``) for this forward."""
+        if name == "@act_dtype":  # as a decoder reads its activation dtype (model.decoder.Decoder.dtype)
+            return str(self.weights.tok_embeddings.dtype).removeprefix("torch.")
+        raise OperatorError(f"unknown run attribute {name!r}; expected one of {', '.join(RUN_ATTRIBUTES)}",
+                            hint="this is a bug in a fused operator's declaration")
+
     def state_value(self, name: str, node: Node):
         if name in self.state:
             return self.state[name]
@@ -101,6 +111,7 @@ class _Call:
     roles: tuple[str, ...]  # a glue node's input roles; an operator's outputs in spec order
     projection: str | None  # weight path of the node's projection, for the hooks
     is_linear: bool
+    run_attrs: bool = False  # some attribute is a run attribute, resolved at each call
 
 
 def input_source(node: Node, name: str, optional: bool) -> tuple[str, str]:
@@ -135,7 +146,9 @@ def _plan(graph: Graph) -> list[_Call]:
         spec = op.spec
         args = tuple(input_source(node, t.name, t.optional) for t in spec.inputs)
         attrs = tuple(node.attrs.get(a) for a in spec.attributes)
-        calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj, op.scheme is not None))
+        run_attrs = any(isinstance(a, str) and a in RUN_ATTRIBUTES for a in attrs)
+        calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj, op.scheme is not None,
+                           run_attrs))
     object.__setattr__(graph, "_calls", calls)
     return calls
 
@@ -201,7 +214,9 @@ def run_graph(graph: Graph, ctx: ExecContext, env: dict[str, torch.Tensor] | Non
                 else None
             if record is not None and ctx.on_linear_input is not None:
                 ctx.on_linear_input(node, record, args[0])
-            result = ctx.ops.get(node.op)(*args, *call.attrs)
+            attrs = call.attrs if not call.run_attrs else tuple(
+                ctx.run_attribute(a) if isinstance(a, str) and a in RUN_ATTRIBUTES else a for a in call.attrs)
+            result = ctx.ops.get(node.op)(*args, *attrs)
             if not isinstance(result, tuple):
                 result = (result,)
             outs = dict(zip(call.roles, result))

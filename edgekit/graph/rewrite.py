@@ -44,7 +44,9 @@ def fusions_of(path: str) -> list[tuple[str, Fusion]]:
 
 
 def _scheme_of(node: Node) -> str | None:
-    return OPERATORS[node.op].scheme if node.op in OPERATORS else None
+    """The weight scheme of a projection node, or of a glue node that reads a projection's record (the lookup of a
+    table read from a tied quantized head names it); None for any other node."""
+    return OPERATORS[node.op].scheme if node.op in OPERATORS else node.attrs.get("scheme")
 
 
 def _why_not(nodes: list[Node], f: Fusion, consumers: dict[str, list[int]], start: int,
@@ -53,7 +55,7 @@ def _why_not(nodes: list[Node], f: Fusion, consumers: dict[str, list[int]], star
     operators do not even follow the pattern."""
     for n, want in zip(nodes, f.pattern):
         if want == LINEAR:
-            if _scheme_of(n) is None:
+            if n.op not in OPERATORS or _scheme_of(n) is None:
                 return ""
         elif n.op != want:
             return ""
@@ -72,7 +74,10 @@ def _why_not(nodes: list[Node], f: Fusion, consumers: dict[str, list[int]], star
             return f"{n.name} has a bias; it takes none"
     for key, binding in f.inputs.items():  # what the fused node reads must exist once the run's nodes are gone
         i, _, role = binding.partition(".")
-        v = None if binding.startswith("@") else nodes[int(i)].inputs.get(role.partition("#")[0])
+        role = role.partition("#")[0]
+        if not binding.startswith("@") and role not in nodes[int(i)].inputs and role not in nodes[int(i)].weights:
+            return ""  # a node without what the fused operator binds (the lookup of a float table has no record)
+        v = None if binding.startswith("@") else nodes[int(i)].inputs.get(role)
         if v in made:
             return f"{nodes[int(i)].name}'s {role} ({key} of the fused operator) is made inside the run"
     bound, end = set(f.outputs.values()), start + len(nodes)
@@ -108,6 +113,9 @@ def _fused_node(name: str, f: Fusion, run: list[Node]) -> tuple[Node, dict[str, 
         kind, v = lookup(binding)
         (inputs if kind == "value" else weights)[PROJ if key == PROJ else key] = v
     for key, binding in f.attributes.items():
+        if binding.startswith("@"):  # a value of the run, not of the graph (graph.executor: RUN_ATTRIBUTES)
+            attrs[key] = binding
+            continue
         i, _, attr = binding.partition(".")
         attrs[key] = run[int(i)].attrs.get(attr)
     layer = run[0].layer

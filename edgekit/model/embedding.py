@@ -9,6 +9,10 @@ wraps the head's own record and dequantizes only the rows it gathers. The rows
 are exactly the head's weights as the head operator sees them, so the gate that
 scores the quantized head scores the lookup too.
 
+On the fused decode path one kernel gathers and dequantizes the rows
+(``kernels/fused_tied_lookup.py``, whose reference is this module's computation);
+elsewhere the torch ops below run (3-7 kernels a lookup).
+
 It quacks like the (V, C) tensor where the model reads it: ``emb[tokens]``
 (any shape of token ids, returning ``(..., C)`` in the activation dtype),
 ``.shape``, ``.dtype``, ``.device``.

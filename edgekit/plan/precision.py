@@ -102,7 +102,7 @@ class PrecisionPlan:
 
     def linear_schemes(self) -> LinearSchemes:
         """Every projection's scheme as the model graph takes it (``edgekit.graph``)."""
-        return LinearSchemes.of_layers(self.layers, self.lm_head)
+        return LinearSchemes.of_layers(self.layers, self.lm_head, self.embedding)
 
     def schemes_used(self) -> list[str]:
         used = {s for layer in self.layers for s in layer.values()}

@@ -6,6 +6,8 @@ patterns (``graph.paths``): for a Llama-family model per layer ``fused_norm_qkv_
 attention, its combine inside the output projection + residual), ``fused_norm_swiglu``
 and ``fused_proj_residual``, then ``fused_head_argmax`` (final norm -> LM head ->
 greedy token on the device), replayed as one CUDA graph (``GraphedDecodeStep``).
+A table read from a tied INT8/INT4 head is looked up by ``fused_tied_lookup`` (one
+kernel where the per-operator path's torch ops launch 3-7).
 
 Every operator is still an entry of the dispatch table, so each one is a
 swappable plugin. Once an operator whose work the fused nodes do is replaced (an

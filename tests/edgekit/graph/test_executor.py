@@ -52,3 +52,20 @@ def test_keep_holds_about_one_layers_values_at_a_time():
     full = _pass(dec, x)
     assert kept.peak <= prelude + per_layer + 2, (kept.peak, prelude, per_layer)
     assert full.peak >= prelude + m.config.n_layers * (per_layer - 1), (full.peak, per_layer)
+
+
+def test_a_run_attribute_is_the_forwards_and_an_unknown_one_is_refused():
+    """``@act_dtype`` (bound by fused_tied_lookup's fusion) is the dtype of the model's embedding, as a decoder reads
+    its activation dtype; any other "@" name is a declaration bug, said as such."""
+    import pytest
+
+    from edgekit.errors import OperatorError
+    from edgekit.graph.executor import ExecContext
+
+    m = load_model("preset:tiny", tokenizer=False)
+    for dtype in (torch.float32, torch.float64):
+        weights = m.weights.to(dtype=dtype)
+        ctx = ExecContext(SEQUENCE, None, weights, None)
+        assert ctx.run_attribute("@act_dtype") == str(Decoder(m.config, weights).dtype).removeprefix("torch.")
+    with pytest.raises(OperatorError, match="unknown run attribute '@act_dtypes'"):
+        ctx.run_attribute("@act_dtypes")

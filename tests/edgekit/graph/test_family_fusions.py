@@ -231,3 +231,52 @@ def test_the_attention_reads_sequence_lengths_made_before_the_qkv_operator(famil
         qkv = max(j for j in range(i) if nodes[j].op in QKV_OPS)
         assert qkv == i - 1, f"{nodes[i].name}: launched right after its QKV operator"
         assert made_at[nodes[i].inputs["seq_lens"]] < qkv, f"{nodes[i].name}'s sequence lengths are made after the QKV"
+
+
+def _tied_quantized_head(weights, scheme: str, dtype):
+    """``weights`` with its tied head quantized (INT8 channel scales, or INT4 with offsets or symmetric) and the table
+    read from it row by row, as a build stores a tied quantized head."""
+    from edgekit.kernels.int4_layout import quantize_int4_rtn
+    from edgekit.model.embedding import QuantizedEmbedding
+    from edgekit.quant.weights import quantize_per_channel
+
+    w = weights.lm_head.weight.float()
+    if scheme == "w8a16":
+        q, s = quantize_per_channel(w)
+        head = LinearWeights("linear_w8a16", q, None, s)
+    else:
+        q, s, m = quantize_int4_rtn(w, 32, symmetric=scheme == "w4a16-sym", scale_dtype=torch.float16)
+        head = LinearWeights("linear_w4a16", q, None, s, offset=m)
+    return SimpleNamespace(**{**vars(weights), "lm_head": head, "tok_embeddings": QuantizedEmbedding(head, dtype)})
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-sym", "w8a16"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_a_tied_quantized_table_is_looked_up_by_one_operator_on_the_fused_path(family, scheme):
+    """The embed glue of a table read from a tied INT8 / INT4 head becomes fused_tied_lookup on the fused path only
+    (the per-operator path, the prefill and a float table keep the glue), with Gemma's embedding scale and the run's
+    activation dtype bound; every step's logits equal the unfused graph's bit for bit (the operator's reference is the
+    glue's computation)."""
+    cfg = _config(family)
+    dtype = torch.float32
+    weights = _tied_quantized_head(_weights(cfg, dtype), scheme, dtype)
+    schemes = LinearSchemes.of_weights(weights)
+    assert schemes.embedding == schemes.lm_head == scheme.removesuffix("-sym")
+    graph, fused = _graphs(cfg, schemes)
+    lookup = fused.graph.nodes[0]
+    assert lookup.op == "fused_tied_lookup" and fused.fused["fused_tied_lookup"] == 1
+    assert dict(lookup.attrs) == {"dtype": "@act_dtype", "row_scale": cfg.embedding_scale}
+    assert lookup.weights == {"proj": "lm_head"} and lookup.inputs == {"tokens": "@tokens"}
+    assert graph.nodes[0].op == "embed"
+    assert _graphs(cfg, dataclasses.replace(schemes, embedding="fp16"))[1].graph.nodes[0].op == "embed"
+    tables = {name: rope_frequencies(cfg.head_dim, 64, theta, torch.float32) for name, theta in (("rope", 1e6),
+                                                                                                 ("rope_local", 1e4))}
+    caches = {g: StaticKVCache(cfg, 2, GLOBAL_ROWS, dtype) for g in ("written", "fused")}
+    for t in range(4):
+        state = {"@tokens": torch.tensor([(5 * t) % cfg.vocab_size, cfg.vocab_size - 1]),
+                 "@positions": torch.tensor([t, t + 3])}
+        out = {}
+        for key, g in (("written", graph), ("fused", fused.graph)):
+            ctx = ExecContext(DECODE, DispatchTable(), weights, lambda n: tables[n], caches[key], dict(state))
+            out[key] = run_graph(g, ctx)[g.outputs["logits"]]
+        assert torch.equal(out["fused"], out["written"]), f"step {t}"

@@ -65,9 +65,11 @@ def test_graphed_int4_fused_step_matches_the_per_operator_step(batch, precision)
     dec = _decoder(precision)
     caches = [dec.new_cache(batch, 256), dec.new_cache(batch, 256)]
     step_decoder, path = select_decode_path(dec, caches[1])
-    # the tied INT4 table's lookup dequantizes its rows: 7 torch kernels where a float table's gather is 1
-    assert path.name == "fused" and path.launches_per_token == 5 * 4 + 4 + (6 if precision == "int4-head" else 0)
+    # the tied INT4 table's lookup is one kernel (fused_tied_lookup), as a float table's gather: 7 torch kernels
+    # before it
+    assert path.name == "fused" and path.launches_per_token == 5 * 4 + 4
     assert set(path.sources.values()) == {"triton"} and "fused_head_argmax" in path.sources  # the INT4 head too
+    assert ("fused_tied_lookup" in path.sources) == (precision == "int4-head")
     _follows_the_per_operator_step(dec, step_decoder, caches, batch)
 
 
