@@ -545,12 +545,18 @@ def weight_format_expr(int4: bool = True) -> dict:
                     {"mul": [2, {"add": [{"present": "scale_h"}, {"present": "scale_f"}]}]}]}
 
 
+def weight_columns() -> dict:
+    """The weight's columns as a launch-rule expression: its stored columns, times two for packed INT4 (its group
+    scales in ``scale_h`` or ``scale_f``: two weights a byte)."""
+    per_col = {"add": [1, {"present": "scale_h"}, {"present": "scale_f"}]}  # weights a stored column holds
+    return {"mul": [{"shape": ["weight", 1]}, per_col]}
+
+
 def weight_columns_check(k, what: str) -> dict:
     """A program check that the weight holds ``k`` columns (INT4: k / 2 bytes a row, two weights a byte)."""
     from edgekit.kernels.launch_rule import check
 
-    per_col = {"add": [1, {"present": "scale_h"}, {"present": "scale_f"}]}  # weights a stored column holds
-    return check("eq", {"mul": [{"shape": ["weight", 1]}, per_col]}, k, what)
+    return check("eq", weight_columns(), k, what)
 
 
 def format_launches(op: str, kernels, variants, grid_of) -> tuple[list[dict], list[dict]]:

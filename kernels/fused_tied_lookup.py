@@ -26,12 +26,14 @@ import torch
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.fused_decode_common import fused_precision, golden_weight, weight_inputs, weight_operands
+from edgekit.kernels.fused_decode_common import (
+    fused_precision, golden_weight, weight_inputs, weight_operands, weight_shape,
+)
 from edgekit.kernels.fusion import HEAD, Fusion
 from edgekit.kernels.kernel_def import ACT_CODES, TORCH_DTYPE_TO_ACT
 from edgekit.kernels.linear import LinearWeights
 from edgekit.kernels.operator import DECODE, GOLDEN_ACT, Operator
-from edgekit.kernels.precision import accumulate_dtype
+from edgekit.kernels.precision import accumulate_dtype, rounded_to
 from edgekit.kernels.spec import ELEMENTWISE_TOLERANCE, FLOAT_DTYPES, OpSpec, TensorSpec
 
 OP_NAME = "fused_tied_lookup"
@@ -81,13 +83,7 @@ def fused_tied_lookup_reference(tokens, weight, scale, offset, dtype: str, row_s
         x = weight.index_select(0, rows).to(out)
     else:
         x = record.dequantized(rows, accumulate_dtype(out), out_dtype=out)
-    return x if row_scale is None else x * rounded_scale(row_scale, out)
-
-
-def rounded_scale(row_scale: float, dtype: torch.dtype) -> float:
-    """The embedding scale as the glue multiplies by it: rounded to the activation dtype, held as a Python float
-    (exact)."""
-    return torch.tensor(row_scale, dtype=dtype).item()
+    return x if row_scale is None else x * rounded_to(row_scale, out)
 
 
 def golden_inputs(cfg, rows: int, context: int, g: torch.Generator) -> tuple[dict, dict]:
@@ -109,10 +105,10 @@ def prepare(tokens, weight, scale, offset, dtype, row_scale=None):
     if tokens.dtype != torch.int64:
         raise OperatorError(f"{op}: tokens have dtype {tokens.dtype}; expected int64 token ids (the decode step's)")
     hc.ndim(op, tokens, "tokens", 1, "(B,)")
+    hc.vector(op, tokens, "tokens", tokens.shape[0])  # one id after another: the kernel reads tokens[b]
     if weight.dim() != 2:
         raise OperatorError(f"{op}: weight has shape {tuple(weight.shape)}; expected the (V, C) table")
-    int4 = weight.dtype == torch.uint8
-    width = weight.shape[1] * (2 if int4 else 1)
+    width = weight_shape({"weight": weight})["k_in"]
     if weight.is_floating_point() and weight.dtype != out:
         raise OperatorError(f"{op}: a float table of {weight.dtype} cannot give {dtype} rows as stored",
                             hint="pass the table in the activation dtype")
@@ -123,7 +119,7 @@ def prepare(tokens, weight, scale, offset, dtype, row_scale=None):
     # the dtype asked for, as a number a compiled program checks (its rows buffer has one dtype) and the JIT path
     # picks its kernels by (kernel_def.call_act_dtype)
     attrs = {**attrs, "act_code": ACT_CODES[TORCH_DTYPE_TO_ACT[str(out)]],
-             "row_scale": 1.0 if row_scale is None else rounded_scale(row_scale, out)}  # x * 1.0 is x, bit for bit
+             "row_scale": 1.0 if row_scale is None else rounded_to(row_scale, out)}  # x * 1.0 is x, bit for bit
     return tensors, attrs, lambda bufs: bufs["x"]
 
 
@@ -141,7 +137,7 @@ FUSION = Fusion(
 
 OPERATORS = (
     Operator(SPEC, fused_tied_lookup_reference, fused_precision(OP_NAME), golden_inputs,
-             call_shape=lambda t, a: {"k_in": t["weight"].shape[1] * (2 if t["weight"].dtype == torch.uint8 else 1)},
+             call_shape=lambda t, a: {"k_in": weight_shape(t)["k_in"]},
              triton="fused_tied_lookup_triton:OP", prepare=prepare, tiles_at={"tied_lookup_fp": DECODE,
                                                                           "tied_lookup_w8": DECODE,
                                                                           "tied_lookup_w4": DECODE},

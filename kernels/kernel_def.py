@@ -29,7 +29,13 @@ def call_act_dtype(tensors, attrs) -> str:
     tensor's dtype."""
     code = attrs.get("act_code")
     if code is not None:
-        return next(name for name, c in ACT_CODES.items() if c == code)
+        for name, c in ACT_CODES.items():
+            if c == code:
+                return name
+        from edgekit.errors import OperatorError
+
+        raise OperatorError(f"act_code {code!r} names no activation dtype; expected one of "
+                            + ", ".join(f"{c} ({n})" for n, c in ACT_CODES.items()))
     act = next(t for t in tensors.values() if t is not None and t.is_floating_point())
     return TORCH_DTYPE_TO_ACT[str(act.dtype)]
 

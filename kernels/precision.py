@@ -13,6 +13,13 @@ def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def rounded_to(value: float, dtype: torch.dtype) -> float:
+    """A Python scalar rounded to ``dtype`` and held as a Python float (exact): what a tensor of ``dtype`` is
+    multiplied by when the reference implementations round a constant first (Gemma's embedding scale). A float, not
+    a tensor: a tensor made on the device in a decode step is a host copy, which a CUDA graph capture refuses."""
+    return torch.tensor(value, dtype=dtype).item()
+
+
 def plain_ops_needed(*tensors: torch.Tensor | None) -> bool:
     """Whether a computation must take plain ops instead of writing into a buffer with ``out=``: under torch.compile
     (its functional form drops a buffer's layout) or where an input needs a gradient (``out=`` has no autograd)."""

@@ -508,7 +508,6 @@ def bench_family_fused(copy_gbps, l2, precisions, log) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- goals
 # --------------------------------------------------------------------------- tied quantized table lookup
 LOOKUP_TABLES = {"smollm2-135m": (49152, 576), "llama-3.2-1b": (128256, 2048), "qwen3-1.7b": (151936, 2048)}
 
@@ -546,6 +545,7 @@ def bench_lookup(log) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- goals
 def goals(prefill, decode, gemv) -> dict:
     g = {}
     pf = [r["ratio_vs_sdpa"] for r in prefill]

@@ -147,8 +147,10 @@ def _plan(graph: Graph) -> list[_Call]:
         args = tuple(input_source(node, t.name, t.optional) for t in spec.inputs)
         attrs = tuple(node.attrs.get(a) for a in spec.attributes)
         run_attrs = any(isinstance(a, str) and a in RUN_ATTRIBUTES for a in attrs)
-        calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj, op.scheme is not None,
-                           run_attrs))
+        takes_x = bool(spec.inputs) and spec.inputs[0].name == "x"  # the hooks see a projection's input x (a lookup
+        # bound to the head's record takes token ids)
+        calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj if takes_x else None,
+                           op.scheme is not None, run_attrs))
     object.__setattr__(graph, "_calls", calls)
     return calls
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from edgekit.graph.node import DECODE
+from edgekit.kernels.precision import rounded_to
 
 Impl = Callable[[Any, Any, Mapping[str, Any]], dict]
 
@@ -39,9 +40,8 @@ def _embed(ctx, node, ins) -> dict:
     else:
         x = table[tokens]
     scale = node.attrs.get("scale")
-    if scale is not None:  # rounded to the activation dtype first, as the reference implementations do; held as a
-        # Python float (exact): a tensor made on the device here is a host copy, which a CUDA graph capture refuses
-        x = x * torch.tensor(scale, dtype=x.dtype).item()
+    if scale is not None:  # rounded to the activation dtype first, as the reference implementations do
+        x = x * rounded_to(scale, x.dtype)
     return {"x": x}
 
 

@@ -34,7 +34,7 @@ def default_call_variants(op: str, facts: Mapping) -> Mapping:
     """The variants the JIT path picks for a call of this shape (``kernels.triton_backend``): FP16 activations."""
     from edgekit.kernels.variants import default_variants
 
-    return default_variants(op, dtype="fp16", **facts)
+    return default_variants(op, **{"dtype": "fp16", **facts})
 
 
 class _NotKeyed(Exception):
@@ -114,8 +114,11 @@ class _CountingTable:
         if rec.kernels is None:  # no GPU kernels: its torch reference runs, counted as one launch (its matmul)
             count = 1
         else:
+            from edgekit.kernels.kernel_def import call_act_dtype
+
             tensors, attrs, _ = rec.kernels.prepare(*args)
-            variants = self.variants(op, rec.call_shape(tensors, attrs))
+            # the variants of the call's activation dtype, as the JIT picks them (a lookup's program checks it)
+            variants = self.variants(op, {**rec.call_shape(tensors, attrs), "dtype": call_act_dtype(tensors, attrs)})
             count = len(launched_kernels(op, variants, args, self.device))
         return count, rec.reference(*args)
 

@@ -75,8 +75,9 @@ def _why_not(nodes: list[Node], f: Fusion, consumers: dict[str, list[int]], star
     for key, binding in f.inputs.items():  # what the fused node reads must exist once the run's nodes are gone
         i, _, role = binding.partition(".")
         role = role.partition("#")[0]
-        if not binding.startswith("@") and role not in nodes[int(i)].inputs and role not in nodes[int(i)].weights:
-            return ""  # a node without what the fused operator binds (the lookup of a float table has no record)
+        node = None if binding.startswith("@") else nodes[int(i)]
+        if node is not None and node.op in GLUE and role not in node.inputs and role not in node.weights:
+            return ""  # a glue node without what the fused operator binds (the lookup of a float table has no record)
         v = None if binding.startswith("@") else nodes[int(i)].inputs.get(role)
         if v in made:
             return f"{nodes[int(i)].name}'s {role} ({key} of the fused operator) is made inside the run"

@@ -106,7 +106,8 @@ def test_embedding_scale_as_the_glue_applies_it(scale):
 def test_kernels_equal_the_reference_under_the_interpreter(interpreter_json):
     results = interpreter_json(Path(__file__).with_name("tied_lookup_interpret_check.py"))
     assert sum(" several programs" in r["case"] for r in results) == len(FORMATS)
-    drawn = [r["case"].split()[0] for r in results if "several programs" not in r["case"]]
+    assert sum(" fixed" in r["case"] for r in results) == 5  # INT4 x (FP16, FP32 scales) x (symmetric, offsets), INT8
+    drawn = [r["case"].split()[0] for r in results if "several programs" not in r["case"] and " fixed" not in r["case"]]
     assert len(drawn) >= 8, "the hypothesis-drawn cases did not run"
     assert not [r for r in results if r["mismatches"]], results
 
@@ -117,6 +118,9 @@ def test_host_step_refuses_what_the_kernels_cannot_serve():
         fused_tied_lookup_reference(**case, dtype="half")
     with pytest.raises(OperatorError, match="expected int64 token ids"):
         prepare(case["tokens"].int(), case["weight"], case["scale"], case["offset"], "float16")
+    strided = torch.empty(4, dtype=torch.long, device="meta")[::2]
+    with pytest.raises(OperatorError, match=r"tokens has shape \(2,\) strides \(2,\); expected a contiguous"):
+        prepare(strided, case["weight"], case["scale"], case["offset"], "float16")
     with pytest.raises(OperatorError, match="FP64 rows come from the torch reference"):
         prepare(case["tokens"], case["weight"], case["scale"], case["offset"], "float64")
     fp = lookup_case("fp16", width=64, device="meta")
@@ -140,7 +144,8 @@ def test_host_step_names_the_dtype_and_the_scale_for_the_program():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @settings(max_examples=30, deadline=None)
-@given(**DRAW, act=st.sampled_from([torch.float16, torch.float32]), row_scale=st.sampled_from([None, 45.25]))
+@given(**DRAW, act=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+       row_scale=st.sampled_from([None, 45.254833995939045, 0.3]))  # sqrt(2048), and one no dtype holds
 def test_kernels_equal_the_reference_on_the_gpu(fmt, group, groups, symmetric, scale_dtype, tokens, seed, act,
                                                 row_scale):
     from edgekit.kernels.triton_backend import TritonOp

@@ -3,8 +3,10 @@
 Hypothesis draws the table's format (INT4 with group 32/64/128, symmetric or with offsets, FP16 or FP32 scales;
 INT8 with FP32 channel scales; FP16 as stored), its width (a multiple of the group, often not of the program's
 columns), the tokens (1-3, repeats allowed), the activation dtype (FP16 or FP32 rows) and Gemma's embedding scale
-or none. Every case must equal the reference bit for bit (the kernel rounds where torch's ops round); a fixed case
-runs a row over several programs (a narrow BLOCK_C). A failing case fails inside hypothesis, which shrinks it and
+or none. Every case must equal the reference bit for bit (the kernel rounds where torch's ops round); fixed cases run
+each INT4 form (FP16 / FP32 scales, symmetric / offsets) and INT8 whatever was drawn, and a row over several programs
+(a narrow BLOCK_C). BF16 rows are not drawn: the interpreter truncates FP32 to BF16 where the GPU rounds (the GPU
+test draws them). A failing case fails inside hypothesis, which shrinks it and
 prints the smallest failing example on stderr.
 
 Run by test_fused_tied_lookup.py in a subprocess with TRITON_INTERPRET=1 (set before Triton is imported).
@@ -58,6 +60,13 @@ def main() -> None:
                **case, dtype=act, row_scale=row_scale)
 
     drawn()
+    # every INT4 form (scales FP16 / FP32, symmetric / offsets: each kernel branch) and INT8, whatever was drawn
+    for scale_dtype in (torch.float16, torch.float32):
+        for symmetric in (True, False):
+            case = lookup_case("int4", width=96, group=32, symmetric=symmetric, scale_dtype=scale_dtype, tokens=2,
+                               seed=3)
+            record(f"int4 fixed {scale_dtype} sym={symmetric}", op, **case, dtype=torch.float16, row_scale=0.3)
+    record("int8 fixed", op, **lookup_case("int8", width=96, tokens=2, seed=3), dtype=torch.float32, row_scale=None)
     # a row over several programs: BLOCK_C narrowed below the width (the last program past the row's end)
     variants = default_variants(OP, k_in=320)
     narrow = TritonOp(OP, {k: dataclasses.replace(v, constexprs={**v.constexprs, "BLOCK_C": 128})

@@ -63,9 +63,8 @@ def test_a_run_attribute_is_the_forwards_and_an_unknown_one_is_refused():
     from edgekit.graph.executor import ExecContext
 
     m = load_model("preset:tiny", tokenizer=False)
-    for dtype in (torch.float32, torch.float64):
-        weights = m.weights.to(dtype=dtype)
-        ctx = ExecContext(SEQUENCE, None, weights, None)
-        assert ctx.run_attribute("@act_dtype") == str(Decoder(m.config, weights).dtype).removeprefix("torch.")
+    for dtype, name in ((torch.float32, "float32"), (torch.float64, "float64"), (torch.float16, "float16")):
+        ctx = ExecContext(SEQUENCE, None, m.weights.to(dtype=dtype), None)
+        assert ctx.run_attribute("@act_dtype") == name
     with pytest.raises(OperatorError, match="unknown run attribute '@act_dtypes'"):
         ctx.run_attribute("@act_dtypes")

@@ -117,3 +117,24 @@ def test_a_call_returning_an_input_or_a_view_is_evaluated_every_time(monkeypatch
         table._seen.clear()
         assert table.get("rmsnorm")(x) is not None and table.get("rmsnorm")(x) is not None
         assert evaluated == ["rmsnorm", "rmsnorm"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_pass_in_other_activations_is_counted_at_their_variants(dtype):
+    """A BF16 / FP32 decoder's fused step (launches_per_token on the GPU) counts its calls at the variants of its own
+    activation dtype, as the JIT runs them: a tied INT4 table's lookup program checks the dtype its rows are written
+    in, and FP16 variants refused the call."""
+    cfg = preset_config("smollm2-135m")
+    pp = PrecisionPlan.uniform(cfg, "w4a16")
+    pp.lm_head = pp.embedding = "w4a16"
+    schemes = pp.linear_schemes()
+
+    def total(act):
+        weights = empty_weights(cfg, schemes, Grouping(pp.int4_group, pp.int4_group_bytes), dtype=act)
+        cache = StaticKVCache(cfg, 1, 256, act, "meta")
+        return launch_count.count_launches(path_graph(cfg, schemes, DECODE, FUSED), weights, cache, batch=1, tokens=1,
+                                           sm_count=16, max_shared_bytes=166912)
+
+    counted = total(dtype)
+    assert counted["operators"]["fused_tied_lookup"] == 1
+    assert counted["total"] == total(torch.float16)["total"]

@@ -138,3 +138,29 @@ def test_edgekit_plan_says_which_decode_path_its_predictions_count():
     assert "decode with the fused step's kernel count" in res.output
     res = CliRunner().invoke(app, ["plan", "preset:smollm2-135m", "--target", "orin", "--no-tiles", "--json"])
     assert json.loads(res.output)["decode"]["path"]["kernels_per_token"] == 154
+
+
+@pytest.mark.parametrize("head", ["w8a16", "w4a16"])
+def test_a_tied_quantized_table_is_planned_as_one_lookup_kernel_on_the_fused_path(head):
+    """The plan's schemes carry the table's (a tied quantized head's), as weights do: the plan ships
+    fused_tied_lookup and counts its one kernel, as many kernels outside the layers as with a float head's one gather
+    (the per-operator path's glue counted 3 for INT8, 7 for INT4)."""
+    from edgekit.graph.paths import bundle_operators
+    from edgekit.model.weights import empty_weights
+
+    cfg = preset_config("smollm2-135m")
+    assert cfg.tie_embeddings
+    pp = PrecisionPlan.uniform(cfg, "w8a16")
+    pp.lm_head = pp.embedding = head  # as from_weights records a tied quantized head
+    schemes = pp.linear_schemes()
+    assert schemes == LinearSchemes.of_weights(empty_weights(cfg, schemes)) and schemes.embedding == head
+    assert PrecisionPlan.from_weights(empty_weights(cfg, schemes)).linear_schemes() == schemes
+    assert "fused_tied_lookup" in bundle_operators(cfg, schemes)
+    plan = make_plan(cfg, load_target("orin"), precision=pp, solve_tiles=False)
+    path = plan.to_dict()["decode"]["path"]
+    assert "fused_tied_lookup" in path["fused_operators"] and "fused_tied_lookup" in plan.operator_names()
+    float_head = _plan("int8")  # the same layers, an FP16 head: the table is its own, one gather
+    assert "fused_tied_lookup" not in float_head.operator_names()
+    want = float_head.to_dict()["decode"]["path"]
+    assert (path["kernels_outside_layers"], path["kernels_per_token"]) == (want["kernels_outside_layers"],
+                                                                       want["kernels_per_token"]) == (4, 154)
