@@ -145,5 +145,6 @@ def program(variants) -> dict:
         outputs=["x"],
     )
 
+
 OP = OpKernels(op=OP_NAME, kernels=(FP, W8, W4), program=program, prepare=prepare,
                required=((FP.kernel, W8.kernel, W4.kernel),))

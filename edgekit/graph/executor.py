@@ -35,6 +35,10 @@ RECORD_FIELDS = {"weight": "weight", "qweight": "weight", "scale": "scale", "off
 # for an operator none of whose inputs carries it (a tied quantized table's lookup)
 RUN_ATTRIBUTES = ("@act_dtype",)
 
+
+def _is_run_attribute(value) -> bool:
+    return isinstance(value, str) and value in RUN_ATTRIBUTES
+
 LinearHook = Callable[[Node, Any, torch.Tensor], None]  # (node, projection record, its input x)
 LinearOutputHook = Callable[[Node, Any, torch.Tensor], torch.Tensor]  # (node, record, y) -> y to use
 
@@ -146,7 +150,7 @@ def _plan(graph: Graph) -> list[_Call]:
         spec = op.spec
         args = tuple(input_source(node, t.name, t.optional) for t in spec.inputs)
         attrs = tuple(node.attrs.get(a) for a in spec.attributes)
-        run_attrs = any(isinstance(a, str) and a in RUN_ATTRIBUTES for a in attrs)
+        run_attrs = any(_is_run_attribute(a) for a in attrs)
         takes_x = bool(spec.inputs) and spec.inputs[0].name == "x"  # the hooks see a projection's input x (a lookup
         # bound to the head's record takes token ids)
         calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj if takes_x else None,
@@ -217,7 +221,7 @@ def run_graph(graph: Graph, ctx: ExecContext, env: dict[str, torch.Tensor] | Non
             if record is not None and ctx.on_linear_input is not None:
                 ctx.on_linear_input(node, record, args[0])
             attrs = call.attrs if not call.run_attrs else tuple(
-                ctx.run_attribute(a) if isinstance(a, str) and a in RUN_ATTRIBUTES else a for a in call.attrs)
+                ctx.run_attribute(a) if _is_run_attribute(a) else a for a in call.attrs)
             result = ctx.ops.get(node.op)(*args, *attrs)
             if not isinstance(result, tuple):
                 result = (result,)

@@ -75,12 +75,13 @@ def _why_not(nodes: list[Node], f: Fusion, consumers: dict[str, list[int]], star
     for key, binding in f.inputs.items():  # what the fused node reads must exist once the run's nodes are gone
         i, _, role = binding.partition(".")
         role = role.partition("#")[0]
-        node = None if binding.startswith("@") else nodes[int(i)]
-        if node is not None and node.op in GLUE and role not in node.inputs and role not in node.weights:
+        if binding.startswith("@"):
+            continue  # the step's state: never made inside a run
+        node = nodes[int(i)]
+        if node.op in GLUE and role not in node.inputs and role not in node.weights:
             return ""  # a glue node without what the fused operator binds (the lookup of a float table has no record)
-        v = None if binding.startswith("@") else nodes[int(i)].inputs.get(role)
-        if v in made:
-            return f"{nodes[int(i)].name}'s {role} ({key} of the fused operator) is made inside the run"
+        if node.inputs.get(role) in made:
+            return f"{node.name}'s {role} ({key} of the fused operator) is made inside the run"
     bound, end = set(f.outputs.values()), start + len(nodes)
     for j, n in enumerate(nodes):
         for role, v in n.outputs.items():
