@@ -11,7 +11,10 @@ SM early, where both fit its unified L1 / shared memory). An arm is ``base`` or 
 - ``pdl:LEVEL`` (the last part): EDGEKIT_PDL=LEVEL (kernels/pdl_launch.py: 0, 1, 2, attn or operators joined by
   '+') while the arm is captured and timed; arms without it run with the environment as given;
 - ``carveout:P``: every compiled kernel's preferred shared-memory carveout set to P percent (cuFuncSetAttribute)
-  before the arm's graph is captured.
+  before the arm's graph is captured;
+- ``cuda:RxW``: fused_proj_residual's INT4 calls (the o and down projections at llama-3.2-1b's K of 2048 and 8192)
+  on the hand-written CUDA kernels of tools/cuda_gemv_lab.py, R rows a warp and W warps a block, launched with PDL
+  where the Triton kernel would be; other calls stay on Triton (the row counts both).
 
 Per (model, precision), one set of random preset weights, one engine per arm (batch 1, --context tokens of depth),
 median of --repeats timed runs of --tokens greedy steps; the arms without a carveout run interleaved (the order
@@ -121,11 +124,29 @@ class Arm:
     tiles: tuple = ()
     pdl: str | None = None
     carveout: int | None = None
+    cuda: tuple | None = None  # (rows a warp, warps a block): fused_proj_residual's INT4 calls on tools/cuda_gemv_lab
+
+
+_CUDA = {}  # the lab's compiled module (one per process) and each cuda arm's operator, by arm text
+
+
+def cuda_proj_residual(text: str, rows: int, warps: int):
+    """A dispatch table whose fused_proj_residual runs the CUDA kernels of tools/cuda_gemv_lab where they apply."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cuda_gemv_lab import CudaProjResidual, load_module
+
+    if "module" not in _CUDA:
+        _CUDA["module"], _CUDA["compiler"] = load_module()
+    table = triton_backend.triton_dispatch_table()
+    op = CudaProjResidual(_CUDA["module"], triton_backend.triton_ops()["fused_proj_residual"], rows, warps)
+    table.set("fused_proj_residual", op, source="cuda-lab")
+    _CUDA[text] = op
+    return table
 
 
 def parse_arm(text: str) -> Arm:
     """``base`` or ``KERNEL:sN[,wM][,K=V...]`` and ``carveout:P`` parts joined by '+', then ``pdl:LEVEL``."""
-    tiles, pdl, carve = [], None, None
+    tiles, pdl, carve, cuda = [], None, None, None
     if "pdl:" in text:  # the last part: a level may name operators joined by '+'
         text, _, pdl = text.partition("pdl:")
         if not pdl:
@@ -137,6 +158,12 @@ def parse_arm(text: str) -> Arm:
         if name == "carveout":
             carve = int(rest)
             continue
+        if name == "cuda":
+            r, _, w = rest.partition("x")
+            if not (r.isdigit() and w.isdigit()):
+                sys.exit(f"arm {text!r}: expected cuda:RxW (rows a warp x warps a block), e.g. cuda:2x4")
+            cuda = (int(r), int(w))
+            continue
         fields = rest.split(",")
         warps = [f for f in fields[1:] if f[:1] == "w" and f[1:].isdigit()]
         consts = [f for f in fields[1:] if f not in warps]
@@ -144,7 +171,7 @@ def parse_arm(text: str) -> Arm:
             sys.exit(f"arm {text!r}: expected KERNEL:sN[,wN][,NAME=VALUE...], e.g. attn_split_combine:s1,w2,BLOCK_N=32")
         tiles.append({"kernel": name, "stages": int(fields[0][1:]), "warps": int(warps[0][1:]) if warps else None,
                       "constexprs": {k: int(v) for k, v in (f.split("=") for f in consts)}})
-    return Arm(tuple(tiles), pdl, carve)
+    return Arm(tuple(tiles), pdl, carve, cuda)
 
 
 @contextlib.contextmanager
@@ -203,10 +230,11 @@ def set_carveout(percent: int) -> int:
     return n
 
 
-def _engine(cfg, w, arm: Arm, a):
+def _engine(cfg, w, arm: Arm, a, text: str = ""):
     use_tiles(list(arm.tiles))
+    ops = cuda_proj_residual(text, *arm.cuda) if arm.cuda else None
     with pdl_env(arm.pdl):
-        eng = FusedRuntimeEngine(cfg, w, a.context + a.tokens + 64, a.tokens)
+        eng = FusedRuntimeEngine(cfg, w, a.context + a.tokens + 64, a.tokens, ops=ops)
         first = eng.prefill(_prompt(cfg, a.context, 0, "cuda"))
         eng.decode(first, a.context, a.tokens)  # compiles, captures, warms
     use_tiles([])
@@ -220,7 +248,7 @@ def run_phase(cfg, w, model: str, precision: str, arms: dict[str, Arm], a, dev, 
         for arm in arms.values():
             _engine(cfg, w, arm, a)[0].close()
         print(f"carveout {carveout}% set on {set_carveout(carveout)} compiled kernels", flush=True)
-    engines = {text: _engine(cfg, w, arm, a) for text, arm in arms.items()}
+    engines = {text: _engine(cfg, w, arm, a, text) for text, arm in arms.items()}
     order = list(arms)
     secs = {text: [] for text in order}
     tokens = {}
@@ -238,6 +266,9 @@ def run_phase(cfg, w, model: str, precision: str, arms: dict[str, Arm], a, dev, 
         same = tokens[text] == tokens[order[0]]
         rows.append({"model": model, "precision": precision, "arm": text, "decode_tokens_per_s": tps,
                      "runs_s": secs[text], "tokens_match_first_arm": same})
+        if text in _CUDA:  # captured once: the counts are of the capture (and prefill), not of the replays
+            rows[-1]["cuda_lab_calls"] = dict(_CUDA[text].calls)
+            rows[-1]["cuda_compiled_by"] = _CUDA["compiler"]
         differ = "" if same else f"  greedy tokens differ from {order[0]}'s"
         print(f"{model:22} {precision:5} {text:48}: {tps:8.1f} tok/s{differ}", flush=True)
         eng.close()
