@@ -41,3 +41,10 @@ class Fusion:
     def __post_init__(self):
         if self.scope not in (LAYER, HEAD):
             raise ValueError(f"fusion scope {self.scope!r}: expected {LAYER!r} or {HEAD!r}")
+
+    def x_is_projection_input(self) -> bool:
+        """Whether the fused operator's ``x`` is what its projection multiplies (``x`` and ``proj`` of one pattern
+        node): then the calibration hooks may see it. A norm + projection operator takes the norm's input and never
+        makes the projection's."""
+        x, proj = self.inputs.get("x", ""), self.inputs.get("proj", "")
+        return bool(x) and x.endswith(".x") and proj.endswith(".proj") and x[:-2] == proj[:-5]

@@ -13,7 +13,10 @@ The context carries everything a forward reads besides the graph: the table, the
 weights, the cache, the step's state, the RoPE tables, and two calibration hooks
 (a projection's input seen before it runs and its output rewritten after, and a
 ``kv_transform`` applied to the keys and values attention reads), and for a
-prompt prefilled in chunks the cache history its attention reads.
+prompt prefilled in chunks the cache history its attention reads. A fused node
+that does a projection inside its kernel refuses the hooks it cannot honour
+(a norm + projection never makes the projection's input; no fused output is the
+projection's alone) rather than feed them the wrong tensor.
 """
 
 from __future__ import annotations
@@ -116,6 +119,9 @@ class _Call:
     projection: str | None  # weight path of the node's projection, for the hooks
     is_linear: bool
     run_attrs: bool = False  # some attribute is a run attribute, resolved at each call
+    # a fused operator that binds a projection: its output is not the projection's alone (the output hook cannot
+    # rewrite it), and a norm + projection never makes the projection's input (the input hook cannot see it)
+    hooks_refused: tuple[str, ...] = ()
 
 
 def input_source(node: Node, name: str, optional: bool) -> tuple[str, str]:
@@ -151,10 +157,15 @@ def _plan(graph: Graph) -> list[_Call]:
         args = tuple(input_source(node, t.name, t.optional) for t in spec.inputs)
         attrs = tuple(node.attrs.get(a) for a in spec.attributes)
         run_attrs = any(_is_run_attribute(a) for a in attrs)
-        takes_x = bool(spec.inputs) and spec.inputs[0].name == "x"  # the hooks see a projection's input x (a lookup
-        # bound to the head's record takes token ids)
+        # the hooks see a projection's input x: not a lookup bound to the head's record (token ids), nor a fused
+        # operator whose x is a norm's input (the normalized x its projection multiplies stays inside the kernel)
+        first_x = bool(spec.inputs) and spec.inputs[0].name == "x"
+        takes_x = first_x and (op.fusion is None or op.fusion.x_is_projection_input())
+        is_linear = op.scheme is not None
+        refused = () if proj is None or not first_x else (
+            (() if takes_x else ("on_linear_input",)) + (() if is_linear else ("on_linear_output",)))
         calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj if takes_x else None,
-                           op.scheme is not None, run_attrs))
+                           is_linear, run_attrs, refused))
     object.__setattr__(graph, "_calls", calls)
     return calls
 
@@ -216,6 +227,12 @@ def run_graph(graph: Graph, ctx: ExecContext, env: dict[str, torch.Tensor] | Non
                     outs = GLUE[node.op].run(ctx, node, ins)
         else:
             args = [value(kind, key) for kind, key in call.args]
+            if call.hooks_refused and any(getattr(ctx, h) is not None for h in call.hooks_refused):
+                raise OperatorError(f"{node.name}: the fused operator {node.op} does {node.weights.get(PROJ)}'s "
+                                    f"projection inside one kernel, so the hooks {', '.join(call.hooks_refused)} "
+                                    "(calibration, tuning) cannot see its input or rewrite its output",
+                                    hint="run calibration and tuning on the per-operator graph (Decoder.prefill / "
+                                         "decode), not on the fused decode graph")
             record = ctx.weight(call.projection) if call.projection and (ctx.on_linear_input or ctx.on_linear_output) \
                 else None
             if record is not None and ctx.on_linear_input is not None:

@@ -1,5 +1,6 @@
 """run_graph's ``keep``: a pass returns only the values asked for and lets every other one go after its last reader,
-so a teacher-forced pass over many layers holds about one layer's intermediates, not all of them."""
+so a teacher-forced pass over many layers holds about one layer's intermediates, not all of them. Its run attributes,
+and the projection hooks it refuses on fused nodes that hide a projection."""
 
 from __future__ import annotations
 
@@ -68,3 +69,53 @@ def test_a_run_attribute_is_the_forwards_and_an_unknown_one_is_refused():
         assert ctx.run_attribute("@act_dtype") == name
     with pytest.raises(OperatorError, match="unknown run attribute '@act_dtypes'"):
         ctx.run_attribute("@act_dtypes")
+
+
+class _HookTable:
+    """A dispatch table (the references) that observes projections, as a calibration's does."""
+
+    def __init__(self, output_hook: bool = False):
+        from edgekit.kernels.dispatch import DispatchTable
+
+        self.table, self.seen = DispatchTable(), []
+        if output_hook:
+            self.on_linear_output = lambda node, record, y: y
+
+    def __getattr__(self, name):
+        return getattr(self.table, name)
+
+    def on_linear_input(self, node, record, x):
+        self.seen.append(node.name)
+
+
+def _decode_step(dec: Decoder, path: str):
+    from edgekit.graph.node import DECODE
+
+    cache = dec.new_cache(1, 16)
+    ctx = dec.context(DECODE, cache, tokens=torch.tensor([3]), positions=torch.tensor([0]))
+    return run_graph(dec.graph(DECODE, path), ctx)
+
+
+def test_projection_hooks_are_refused_where_a_fused_operator_hides_the_projection():
+    """A norm + projection kernel never makes the normalized x its projection multiplies, and a fused node's output
+    is not the projection's alone: a calibration or tuning table running the fused decode graph is told so by name
+    (it would otherwise have recorded the pre-norm x, or silently skipped the rewrite). The per-operator graph runs."""
+    import pytest
+
+    from edgekit.errors import OperatorError
+    from edgekit.graph.paths import FUSED, PER_OPERATOR
+    from edgekit.kernels.registry import operator
+
+    assert operator("fused_proj_residual").fusion.x_is_projection_input()  # x is the o / down projection's input
+    for op in ("fused_norm_swiglu", "fused_norm_qkv_rope", "fused_head_argmax"):
+        assert not operator(op).fusion.x_is_projection_input(), op
+    m = load_model("preset:tiny", tokenizer=False)
+    hooks = _HookTable()
+    dec = Decoder(m.config, m.weights, hooks)
+    _decode_step(dec, PER_OPERATOR)
+    assert len(hooks.seen) >= 4 * m.config.n_layers, hooks.seen  # every projection's input seen
+    with pytest.raises(OperatorError, match=r"fused_norm_qkv_rope .*on_linear_input"):
+        _decode_step(dec, FUSED)
+    dec = Decoder(m.config, m.weights, _HookTable(output_hook=True))
+    with pytest.raises(OperatorError, match="on_linear_output"):
+        _decode_step(dec, FUSED)
