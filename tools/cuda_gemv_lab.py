@@ -168,6 +168,7 @@ class CudaProjResidual:
     def __init__(self, module: Module, fallback, rows: int, warps: int):
         self.module, self.fallback, self.rows, self.warps = module, fallback, rows, warps
         self.calls = {"cuda": 0, "fallback": 0}
+        self.error = None  # a launch that failed (the arm then runs on the fallback and its row says why)
 
     def applies(self, x, weight, scale, offset, bias) -> bool:
         K = x.shape[-1]
@@ -178,7 +179,7 @@ class CudaProjResidual:
                 and all(t is None or t.is_contiguous() for t in (x, weight, scale, offset)))
 
     def __call__(self, x, weight, scale, offset, bias, residual):
-        if not self.applies(x, weight, scale, offset, bias) or residual.dtype != torch.float16:
+        if self.error or not self.applies(x, weight, scale, offset, bias) or residual.dtype != torch.float16:
             self.calls["fallback"] += 1
             return self.fallback(x, weight, scale, offset, bias, residual)
         from edgekit.kernels.pdl_launch import pdl_level
@@ -190,8 +191,13 @@ class CudaProjResidual:
         nb = K // 32
         pdl = pdl_level(x.device, "fused_proj_residual") > 0
         per_block = self.rows * self.warps
-        self.module.launch(name, (N + per_block - 1) // per_block, 32 * self.warps, 4 * nb * 16 + 4 * nb,
-                           [x, weight, scale, offset, residual.contiguous(), y, N, int(pdl)], pdl=pdl)
+        try:
+            self.module.launch(name, (N + per_block - 1) // per_block, 32 * self.warps, 4 * nb * 16 + 4 * nb,
+                               [x, weight, scale, offset, residual.contiguous(), y, N, int(pdl)], pdl=pdl)
+        except Exception as e:  # noqa: BLE001 - the first (eager) call finds it; the step is then all Triton
+            self.error = f"{name}: {type(e).__name__}: {e}"
+            self.calls["cuda"] -= 1
+            return self(x, weight, scale, offset, bias, residual)
         return y
 
 

@@ -268,8 +268,11 @@ def run_phase(cfg, w, model: str, precision: str, arms: dict[str, Arm], a, dev, 
                      "runs_s": secs[text], "tokens_match_first_arm": same})
         if text in _CUDA:  # captured once: the counts are of the capture (and prefill), not of the replays
             rows[-1]["cuda_lab_calls"] = dict(_CUDA[text].calls)
+            rows[-1]["cuda_lab_error"] = _CUDA[text].error
             rows[-1]["cuda_compiled_by"] = _CUDA["compiler"]
         differ = "" if same else f"  greedy tokens differ from {order[0]}'s"
+        if text in _CUDA:
+            differ += f"  cuda calls {_CUDA[text].calls}" + (f" ({_CUDA[text].error})" if _CUDA[text].error else "")
         print(f"{model:22} {precision:5} {text:48}: {tps:8.1f} tok/s{differ}", flush=True)
         eng.close()
     if carveout is not None:
