@@ -16,7 +16,24 @@ reads (packed weights, FP16 scales and offsets, x) against the copy bandwidth me
 bench_w4a16 does. STAGE 0 kernels read activation pairs made by ``pairs_of_x``; they are timed alone and with
 that producer in front (the producer would be the epilogue of the kernel before in a decode step).
 
-Needs a CUDA GPU, cuda-python and nvcc (the GPU machine has nvcc 13: shared notes, environment.md). Run there:
+What it found (H200, 2026-12-06, copy 4268 GB/s, NVRTC-compiled; every kernel's output within the FP64 bound, with
+the same largest error as Triton's):
+
+| shape (N x K) | G | CUDA best | Triton linear_w4a16 best tile | the step's fused_proj_residual (Triton) |
+|---|---|---|---|---|
+| o 2048 x 2048 | 32 | 2.71 us (22.7% of copy; 1 row a warp, 8 warps) | 6.73 us (9.1%) | 3.61 us (17.0%) |
+| o 2048 x 2048 | 128 | 2.65 us (19.7%) | 5.80 us (9.0%) | 3.53 us (14.8%) |
+| down 2048 x 8192 | 32 | 5.92 us (41.6%; staged, 2 rows a warp) | 9.13 us (26.9%) | 6.79 us (36.3%) |
+| down 2048 x 8192 | 128 | 5.41 us (38.7%; staged, 1 row) | 7.94 us (26.3%) | 6.44 us (32.5%) |
+
+So CUDA C is 1.19-1.33x faster than the fused operator the step runs, alone; but inside the graphed step (tools/step_ab.py
+``cuda:RxW``, llama-3.2-1b int4-head, depth 512, 5 interleaved runs, greedy tokens equal) the gain is gone: base
+1897.6 tok/s, cuda:2x4 1909.0 (+0.6%), cuda:1x4 1871.5 (-1.4%). And even this kernel reads a 2 MB projection at ~20%
+of the copy bandwidth and an 8 MB one at ~40%: at these sizes a kernel's fixed cost (launch, the first loads' latency,
+the drain; ~2.5 us) is several times its bytes' time (0.5-2 us), whatever its instruction count. The pairs made by a
+producer kernel (STAGE 0) were not faster than staging them in the block (STAGE 1). Not taken into the product.
+
+Needs a CUDA GPU, cuda-python and NVRTC or nvcc (the GPU machine has both: shared notes, environment.md). Run there:
 
     source tools/gpu_setup.sh; cd "$EDGEKIT_RUN_DIR"; python3 "$R/tools/cuda_gemv_lab.py" --json "$OUT/cuda_gemv_lab.json"
 """

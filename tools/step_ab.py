@@ -26,6 +26,11 @@ a table and JSON; says what it was measured on.
         --arms "base;attn_split_combine:s1;carveout:100;attn_split_combine:s1+carveout:100" --json ab.json
     python3 tools/step_ab.py preset:llama-3.2-1b --precisions fp16,int8 --arms "pdl:0;pdl:2;pdl:attn"
 
+H200, 2026-12-06 (depth 512, 64 tokens, 5 interleaved runs, greedy tokens equal): llama-3.2-1b int4-head base 1897.6
+tok/s, ``cuda:2x4`` 1909.0 (+0.6%), ``cuda:1x4`` 1871.5 (-1.4%), with every one of the 48 captured fused_proj_residual
+calls (o and down) on the CUDA kernel, which alone is 1.19-1.33x faster than the Triton operator (cuda_gemv_lab.py):
+the GEMV's own speed is not what bounds the graphed step.
+
 H200, 2026-12-01 (depth 512, PDL levels; was tools/pdl_sweep.py): llama-3.2-1b fp16 1107 / 1085 / 1064 tok/s at
 levels 0 / 1 / 2, int8 1439 / 1277 / 1305; smollm2-135m fp16 1764 at 0 vs 2296 at 2, int8 1773 vs 2017. A level that
 waited as 2 but let the next kernel launch only at the programs' exit (no early trigger) gave 1067 (fp16) and 1446
