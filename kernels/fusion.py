@@ -42,9 +42,15 @@ class Fusion:
         if self.scope not in (LAYER, HEAD):
             raise ValueError(f"fusion scope {self.scope!r}: expected {LAYER!r} or {HEAD!r}")
 
+    def projects(self) -> bool:
+        """Whether the fused operator does a projection: its ``proj`` is bound to a ``linear`` node of the pattern
+        (a tied table's lookup binds the head's record to an ``embed`` node: no projection runs there)."""
+        node, _, role = self.inputs.get("proj", "").partition(".")
+        return role == "proj" and node.isdigit() and self.pattern[int(node)] == LINEAR
+
     def x_is_projection_input(self) -> bool:
         """Whether the fused operator's ``x`` is what its projection multiplies (``x`` and ``proj`` of one pattern
         node): then the calibration hooks may see it. A norm + projection operator takes the norm's input and never
-        makes the projection's."""
+        makes the projection's; an attention + projection operator takes no ``x`` at all."""
         x, proj = self.inputs.get("x", ""), self.inputs.get("proj", "")
-        return bool(x) and x.endswith(".x") and proj.endswith(".proj") and x[:-2] == proj[:-5]
+        return self.projects() and x.endswith(".x") and x[:-2] == proj[:-5]

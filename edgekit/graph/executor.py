@@ -158,11 +158,12 @@ def _plan(graph: Graph) -> list[_Call]:
         attrs = tuple(node.attrs.get(a) for a in spec.attributes)
         run_attrs = any(_is_run_attribute(a) for a in attrs)
         # the hooks see a projection's input x: not a lookup bound to the head's record (token ids), nor a fused
-        # operator whose x is a norm's input (the normalized x its projection multiplies stays inside the kernel)
-        first_x = bool(spec.inputs) and spec.inputs[0].name == "x"
-        takes_x = first_x and (op.fusion is None or op.fusion.x_is_projection_input())
+        # operator whose projection's input stays inside its kernel (a norm's output, an attention's)
+        fused_projection = op.fusion is not None and op.fusion.projects()
+        takes_x = bool(spec.inputs) and spec.inputs[0].name == "x" and (
+            op.fusion is None or op.fusion.x_is_projection_input())
         is_linear = op.scheme is not None
-        refused = () if proj is None or not first_x else (
+        refused = () if proj is None or not fused_projection else (
             (() if takes_x else ("on_linear_input",)) + (() if is_linear else ("on_linear_output",)))
         calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj if takes_x else None,
                            is_linear, run_attrs, refused))

@@ -106,9 +106,11 @@ def test_projection_hooks_are_refused_where_a_fused_operator_hides_the_projectio
     from edgekit.graph.paths import FUSED, PER_OPERATOR
     from edgekit.kernels.registry import operator
 
-    assert operator("fused_proj_residual").fusion.x_is_projection_input()  # x is the o / down projection's input
-    for op in ("fused_norm_swiglu", "fused_norm_qkv_rope", "fused_head_argmax"):
-        assert not operator(op).fusion.x_is_projection_input(), op
+    for op in ("fused_proj_residual", "qkv_rope"):  # x is the projection's input (o / down; the float QKV)
+        assert operator(op).fusion.projects() and operator(op).fusion.x_is_projection_input(), op
+    for op in ("fused_norm_swiglu", "fused_norm_qkv_rope", "fused_head_argmax", "fused_attn_proj_residual"):
+        assert operator(op).fusion.projects() and not operator(op).fusion.x_is_projection_input(), op
+    assert not operator("fused_tied_lookup").fusion.projects()  # a lookup in the head's record: no projection
     m = load_model("preset:tiny", tokenizer=False)
     hooks = _HookTable()
     dec = Decoder(m.config, m.weights, hooks)
@@ -116,6 +118,14 @@ def test_projection_hooks_are_refused_where_a_fused_operator_hides_the_projectio
     assert len(hooks.seen) >= 4 * m.config.n_layers, hooks.seen  # every projection's input seen
     with pytest.raises(OperatorError, match=r"fused_norm_qkv_rope .*on_linear_input"):
         _decode_step(dec, FUSED)
+    # every fused projection of the step refuses the hooks it cannot honour (the first one met raises above)
+    from edgekit.graph.executor import _plan
+    from edgekit.graph.node import DECODE
+
+    refused = {c.node.op: c.hooks_refused for c in _plan(dec.graph(DECODE, FUSED)) if c.hooks_refused}
+    both = ("on_linear_input", "on_linear_output")
+    assert refused == {"fused_norm_qkv_rope": both, "fused_attn_proj_residual": both, "fused_norm_swiglu": both,
+                       "fused_proj_residual": ("on_linear_output",), "fused_head_argmax": both}, refused
     dec = Decoder(m.config, m.weights, _HookTable(output_hook=True))
     with pytest.raises(OperatorError, match="on_linear_output"):
         _decode_step(dec, FUSED)
