@@ -45,12 +45,26 @@ class Fusion:
     def projects(self) -> bool:
         """Whether the fused operator does a projection: its ``proj`` is bound to a ``linear`` node of the pattern
         (a tied table's lookup binds the head's record to an ``embed`` node: no projection runs there)."""
-        node, _, role = self.inputs.get("proj", "").partition(".")
-        return role == "proj" and node.isdigit() and self.pattern[int(node)] == LINEAR
+        proj = self.inputs.get("proj")
+        if proj is None or proj.startswith("@"):
+            return False
+        i, role, _ = pattern_binding(proj)
+        return role == "proj" and self.pattern[i] == LINEAR
 
     def x_is_projection_input(self) -> bool:
         """Whether the fused operator's ``x`` is what its projection multiplies (``x`` and ``proj`` of one pattern
         node): then the calibration hooks may see it. A norm + projection operator takes the norm's input and never
         makes the projection's; an attention + projection operator takes no ``x`` at all."""
-        x, proj = self.inputs.get("x", ""), self.inputs.get("proj", "")
-        return self.projects() and x.endswith(".x") and x[:-2] == proj[:-5]
+        x = self.inputs.get("x")
+        if not self.projects() or x is None or x.startswith("@"):
+            return False
+        i, role, _ = pattern_binding(x)
+        return role == "x" and i == pattern_binding(self.inputs["proj"])[0]
+
+
+def pattern_binding(binding: str) -> tuple[int, str, str]:
+    """``"i.role"`` or ``"i.role#field"`` -> (i, role, field or ""): a binding to pattern node i (not the step's
+    ``@state`` nor a ``+new`` output, which name no node)."""
+    i, _, rest = binding.partition(".")
+    role, _, fld = rest.partition("#")
+    return int(i), role, fld

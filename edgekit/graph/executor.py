@@ -15,8 +15,9 @@ weights, the cache, the step's state, the RoPE tables, and two calibration hooks
 ``kv_transform`` applied to the keys and values attention reads), and for a
 prompt prefilled in chunks the cache history its attention reads. A fused node
 that does a projection inside its kernel refuses the hooks it cannot honour
-(a norm + projection never makes the projection's input; no fused output is the
-projection's alone) rather than feed them the wrong tensor.
+(a norm + projection or an attention + projection never makes the projection's
+input; no fused output is the projection's alone) rather than feed them the
+wrong tensor.
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ class _Call:
     projection: str | None  # weight path of the node's projection, for the hooks
     is_linear: bool
     run_attrs: bool = False  # some attribute is a run attribute, resolved at each call
-    # a fused operator that binds a projection: its output is not the projection's alone (the output hook cannot
-    # rewrite it), and a norm + projection never makes the projection's input (the input hook cannot see it)
+    # a fused operator that does a projection: its output is not the projection's alone (the output hook cannot
+    # rewrite it), and unless its x is the projection's input, that input stays inside the kernel (a norm's output,
+    # an attention's: the input hook cannot see it)
     hooks_refused: tuple[str, ...] = ()
 
 
@@ -163,8 +165,8 @@ def _plan(graph: Graph) -> list[_Call]:
         takes_x = bool(spec.inputs) and spec.inputs[0].name == "x" and (
             op.fusion is None or op.fusion.x_is_projection_input())
         is_linear = op.scheme is not None
-        refused = () if proj is None or not fused_projection else (
-            (() if takes_x else ("on_linear_input",)) + (() if is_linear else ("on_linear_output",)))
+        refused = ((() if takes_x else ("on_linear_input",)) + (() if is_linear else ("on_linear_output",))
+                   if fused_projection else ())
         calls.append(_Call(node, False, args, attrs, tuple(t.name for t in spec.outputs), proj if takes_x else None,
                            is_linear, run_attrs, refused))
     object.__setattr__(graph, "_calls", calls)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from edgekit.errors import OperatorError
 from edgekit.graph.glue import GLUE
 from edgekit.graph.node import PROJ, Graph, Node
-from edgekit.kernels.fusion import HEAD, LAYER, LINEAR, Fusion
+from edgekit.kernels.fusion import HEAD, LAYER, LINEAR, Fusion, pattern_binding
 from edgekit.kernels.registry import OPERATORS
 
 
@@ -73,11 +73,10 @@ def _why_not(nodes: list[Node], f: Fusion, consumers: dict[str, list[int]], star
         if s is not None and not f.takes_bias and n.attrs.get("bias"):
             return f"{n.name} has a bias; it takes none"
     for key, binding in f.inputs.items():  # what the fused node reads must exist once the run's nodes are gone
-        i, _, role = binding.partition(".")
-        role = role.partition("#")[0]
         if binding.startswith("@"):
             continue  # the step's state: never made inside a run
-        node = nodes[int(i)]
+        i, role, _ = pattern_binding(binding)
+        node = nodes[i]
         if node.op in GLUE and role not in node.inputs and role not in node.weights:
             return ""  # a glue node without what the fused operator binds (the lookup of a float table has no record)
         if node.inputs.get(role) in made:
@@ -96,9 +95,8 @@ def _fused_node(name: str, f: Fusion, run: list[Node]) -> tuple[Node, dict[str, 
     inputs, weights, attrs, outputs, new = {}, {}, {}, {}, {}
 
     def lookup(binding: str):
-        i, _, role = binding.partition(".")
-        node = run[int(i)]
-        role, _, fld = role.partition("#")
+        i, role, fld = pattern_binding(binding)
+        node = run[i]
         if fld:
             return "weight", f"{node.weights[role]}#{fld}"
         if role in node.inputs:
@@ -118,16 +116,16 @@ def _fused_node(name: str, f: Fusion, run: list[Node]) -> tuple[Node, dict[str, 
         if binding.startswith("@"):  # a value of the run, not of the graph (graph.executor: RUN_ATTRIBUTES)
             attrs[key] = binding
             continue
-        i, _, attr = binding.partition(".")
-        attrs[key] = run[int(i)].attrs.get(attr)
+        i, attr, _ = pattern_binding(binding)
+        attrs[key] = run[i].attrs.get(attr)
     layer = run[0].layer
     full = name if layer is None else f"blocks.{layer}/{name}"
     for key, binding in f.outputs.items():
         if binding.startswith("+"):
             outputs[key] = new[binding[1:]] = f"{full}.{key}"
         else:
-            i, _, role = binding.partition(".")
-            outputs[key] = run[int(i)].outputs[role]
+            i, role, _ = pattern_binding(binding)
+            outputs[key] = run[i].outputs[role]
     return Node(name, full, inputs, outputs, weights, attrs, layer), new
 
 
