@@ -57,7 +57,7 @@ sys.path.insert(0, str(HERE.parent / "scripts"))
 from bench_kernels import copies_for, copy_bandwidth_gbps, graph_time_us  # noqa: E402
 from bench_w4a16 import gemv_candidates, _label  # noqa: E402
 
-from edgekit.kernels.int4_layout import pack_int4  # noqa: E402
+from edgekit.kernels.int4_layout import dequantize_int4, pack_int4  # noqa: E402
 from edgekit.kernels.triton_backend import TritonOp  # noqa: E402
 
 SOURCE = HERE / "cuda_gemv_lab" / "w4a16_gemv.cu"
@@ -236,11 +236,7 @@ def weights(N: int, K: int, G: int, n: int) -> list[tuple]:
 
 def reference(x, q, s, m) -> torch.Tensor:
     """FP64 y = x @ (q * s + m).T, the layout's definition (kernels/int4_layout.py)."""
-    from edgekit.kernels.int4_layout import unpack_int4
-    G = q.shape[1] * 2 // s.shape[1]
-    codes = unpack_int4(q).double()
-    w = codes * s.double().repeat_interleave(G, 1) + m.double().repeat_interleave(G, 1)
-    return (x.double() @ w.T)[0]
+    return (x.double() @ dequantize_int4(q, s, m, dtype=torch.float64).T)[0]
 
 
 def bench_shape(mod: Module, name: str, N: int, K: int, G: int, copy_gbps: float, l2: int, log) -> dict:

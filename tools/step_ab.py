@@ -137,7 +137,9 @@ _CUDA = {}  # the lab's compiled module (one per process) and each cuda arm's op
 
 def cuda_proj_residual(text: str, rows: int, warps: int):
     """A dispatch table whose fused_proj_residual runs the CUDA kernels of tools/cuda_gemv_lab where they apply."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
     from cuda_gemv_lab import CudaProjResidual, load_module
 
     if "module" not in _CUDA:
