@@ -74,7 +74,7 @@ def nvcc() -> str | None:
     return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
 
 
-def compile_with_nvrtc(arch: int) -> bytes:
+def compile_with_nvrtc(arch: int, source: Path = SOURCE, defines: tuple = ()) -> bytes:
     """The product's way, if it takes this path: NVRTC (cuda-python + a libnvrtc: the nvidia-cuda-nvrtc wheel, which
     torch's CUDA wheels install) compiles the header-free source, no CUDA toolkit needed."""
     from cuda.bindings import nvrtc
@@ -85,8 +85,9 @@ def compile_with_nvrtc(arch: int) -> bytes:
             raise RuntimeError(f"{what}: {err}")
         return rest[0] if rest else None
 
-    prog = check(nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), SOURCE.name.encode(), 0, [], []), "create")
+    prog = check(nvrtc.nvrtcCreateProgram(source.read_bytes(), source.name.encode(), 0, [], []), "create")
     opts = [f"--gpu-architecture=sm_{arch}".encode(), b"-default-device", b"-std=c++17"]
+    opts += [f"-D{d}".encode() for d in defines]
     err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         size = check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
@@ -99,24 +100,25 @@ def compile_with_nvrtc(arch: int) -> bytes:
     return cubin
 
 
-def compile_with_nvcc(arch: int) -> bytes:
+def compile_with_nvcc(arch: int, source: Path = SOURCE, defines: tuple = ()) -> bytes:
     if not nvcc():
         raise RuntimeError("nvcc not found (PATH, /usr/local/cuda/bin)")
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "k.cubin"
-        r = subprocess.run([nvcc(), "-cubin", f"-arch=sm_{arch}", "-O3", "-o", str(out), str(SOURCE)],
+        r = subprocess.run([nvcc(), "-cubin", f"-arch=sm_{arch}", "-O3", *(f"-D{d}" for d in defines), "-o", str(out),
+                            str(source)],
                            capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"nvcc failed:\n{r.stderr[-4000:]}")
         return out.read_bytes()
 
 
-def compile_cubin(arch: int) -> tuple[bytes, str]:
-    """(cubin, what compiled it): NVRTC where it loads, else nvcc."""
+def compile_cubin(arch: int, source: Path = SOURCE, defines: tuple = ()) -> tuple[bytes, str]:
+    """(cubin, what compiled it): NVRTC where it loads, else nvcc. ``defines``: NAME=VALUE macros."""
     failures = []
     for name, fn in (("nvrtc", compile_with_nvrtc), ("nvcc", compile_with_nvcc)):
         try:
-            return fn(arch), name
+            return fn(arch, source, defines), name
         except Exception as e:  # noqa: BLE001 - try the next compiler, report both if neither works
             failures.append(f"{name}: {type(e).__name__}: {str(e)[:400]}")
     sys.exit("cuda_gemv_lab: could not compile the CUDA source:\n" + "\n".join(failures))
@@ -151,15 +153,17 @@ class Module:
             self.functions[name] = f
         return self.functions[name]
 
-    def launch(self, name: str, grid: int, block: int, shared: int, args: list, pdl: bool = False) -> None:
+    def launch(self, name: str, grid: int, block: int, shared: int, args: list, pdl: bool = False,
+               cooperative: bool = False) -> None:
         """Tensors go as pointers (None as null), ints as int. ``pdl``: launched with programmatic stream
-        serialization, as Triton launches the fused step's kernels (the kernel must wait: its ``pdl`` argument)."""
+        serialization, as Triton launches the fused step's kernels (the kernel must wait: its ``pdl`` argument).
+        ``cooperative``: every block resident at once, or the launch fails (a kernel with grid barriers)."""
         d = self.driver
         values = tuple(0 if a is None else a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
         types = tuple(ctypes.c_int if isinstance(a, int) else ctypes.c_void_p for a in args)
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
         f = self.function(name, shared)
-        if not pdl:
+        if not (pdl or cooperative):
             self._check(d.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, shared, stream, (values, types), 0))
             return
         config = d.CUlaunchConfig()
@@ -168,8 +172,12 @@ class Module:
         config.sharedMemBytes = shared
         config.hStream = stream
         attr = d.CUlaunchAttribute()
-        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
+        if cooperative:
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            attr.value.cooperative = 1
+        else:
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
         config.attrs = [attr]
         config.numAttrs = 1
         self._check(d.cuLaunchKernelEx(config, f, (values, types), 0))

@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""One launch per token: does a CUDA C decode megakernel beat the fused path's ~150 kernels at 135M? (#31)
+
+#31's smollm2-135m line (3.0x llama.cpp) needs fewer kernel boundaries: a token of the fused path is 154 kernels
+(5 a layer) for ~60 us of bytes, and every cheaper boundary tried in Triton lost (tools/wave_gemv_lab.py: a layer
+as one launch whose stages wait on counters, thousands of programs and atomics on one address). stop 57 found that
+NVRTC from the pip wheel compiles header-free CUDA C for sm_87 on an x86 host, so a CUDA megakernel is buildable.
+
+``cuda_megakernel_lab/decode_step.cu`` is a whole FP16 Llama-family decode step (batch 1) in one persistent kernel:
+one block an SM, a stage boundary is a grid barrier (one atomic a block), and each block loads its rows of the next
+stage's weights into registers before it waits, so the barrier's latency hides the weight reads. The last block
+reduces the LM head's argmax and feeds the token back, so tokens chain launch after launch with no host sync.
+
+What runs (GPU, one process; every figure is measured on the GPU it names):
+
+1. ``check_one_layer``: a 1-layer model stepped over a short prompt, each intermediate (rotated q, the new key and
+   value rows, the residual, the SwiGLU output, the logits) against a float64 torch step that rounds its cached
+   keys and values to FP16 as the kernel does: a wrong index or a race shows here, at its stage.
+2. ``check_model``: the whole model stepped over the prompt; its logits at the last prompt token against edgekit's
+   own FP64 reference (``Decoder`` on float64 weights, the per-operator graph), then ``--teacher`` steps fed the
+   reference's greedy tokens: the largest logit error relative to the largest logit, and whether the argmax agrees
+   (where it does not, the reference's top-1 / top-2 margin says whether it was a near-tie).
+3. ``bench``: ``--tokens`` greedy tokens after ``--context`` prompt tokens, the kernel's variants (``--variants``:
+   THREADS[/MAXSPLIT[/KPW[/HEAD_ROWS[/FREE_SIGNAL]]]]) against the fused path's engine on the same weights and cache length
+   (``FusedRuntimeEngine``, as tools/step_ab.py's ``base``), interleaved, median of ``--repeats``; the share of the
+   copy bandwidth measured in the same run (the bytes a token reads: weights, head and KV cache).
+
+    source tools/gpu_setup.sh; cd "$EDGEKIT_RUN_DIR"
+    python3 "$R/tools/cuda_megakernel_lab.py" preset:smollm2-135m --json "$OUT/megakernel.json"
+    python3 tools/cuda_megakernel_lab.py --compile-only 87,90      # here: NVRTC builds for sm_87 and sm_90, no GPU
+
+H100 80GB HBM3, 2026-12-07, smollm2-135m (random weights, norms perturbed), depth 512, 64 tokens, 5 interleaved
+runs (results: the first version of the kernel, before the latency fixes below):
+- correct: 1-layer intermediates within 3.4e-4 of the float64 step (the FP16 key/value rounding; q, the residual,
+  the SwiGLU output and logits within 3e-7), the whole model's logits within 6.0e-6 of the largest over the prompt's
+  last token and 16 teacher-forced steps, argmax equal at all 17 (reference margins ~376), greedy tokens equal to
+  the fused path's;
+- slow: fused path 2042.7 tok/s; megakernel 1028.4 (THREADS 512, 8 splits), 935.9 (16 splits), 1029.6 (4 keys a
+  warp, 2 head rows), 1092.5 (256 threads): 0.46-0.53x. ~150 barriers a token at ~6.5 us a stage. The splits' merge
+  read its partials in a loop of dependent L2 loads (16 splits cost ~3 us a layer more than 8), and every stage
+  read a norm weight, a RoPE table entry or a residual after its barrier. Those reads now come before the barrier
+  or all at once, and ``stage_times`` traces block 0's %globaltimer at every barrier.
+
+Shapes: FP16 weights, no QKV bias, Llama rotate-half RoPE, K of every projection at most 2048 (a lane holds a
+row's chunks in registers; wider rows need segmented loads this lab does not have).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from cuda_gemv_lab import Module, compile_cubin, compile_with_nvrtc  # noqa: E402
+
+from edgekit.bench.stepped import _prompt  # noqa: E402
+from edgekit.model.decoder import Decoder, ModelWeights  # noqa: E402
+from edgekit.model.presets import preset_config  # noqa: E402
+from edgekit.model.weights import random_weights  # noqa: E402
+
+SOURCE = HERE / "cuda_megakernel_lab" / "decode_step.cu"
+FIELDS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")  # then k, v: the .cu's P_* order
+
+
+def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int) -> tuple[str, ...]:
+    return (f"C={cfg.hidden_size}", f"NQ={cfg.n_heads}", f"NKV={cfg.n_kv_heads}", f"HD={cfg.head_dim}",
+            f"FF={cfg.intermediate_size}", f"NL={cfg.n_layers}", f"VOCAB={cfg.vocab_size}",
+            f"EPS={float(cfg.rms_norm_eps)!r}f", f"QSCALE={float(cfg.attention_scale)!r}f", f"THREADS={threads}",
+            f"MAXSPLIT={maxsplit}", f"KPW={kpw}", f"HEAD_ROWS={head_rows}",
+            f"FREE_SIGNAL={free_signal}")
+
+
+def supported(cfg) -> str | None:
+    """Why the lab's kernel cannot run this model (None: it can)."""
+    if cfg.qkv_bias or cfg.qk_norm or cfg.post_norms or cfg.activation != "silu" or cfg.sliding_window:
+        return f"{cfg.name}: not a plain Llama block (bias, QK-norm, post-norms, GeGLU or windows)"
+    if max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim) > 2048:
+        return f"{cfg.name}: a projection wider than 2048 (the lab holds a row in registers)"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    threads: int = 512
+    maxsplit: int = 8
+    kpw: int = 2
+    head_rows: int = 4
+    free_signal: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> "Variant":
+        parts = [int(p) for p in text.split("/")]
+        return cls(*parts)
+
+    def __str__(self) -> str:
+        return f"{self.threads}/{self.maxsplit}/{self.kpw}/{self.head_rows}/{self.free_signal}"
+
+
+class Megakernel:
+    """The kernel's buffers for one model and cache length; ``step`` launches one token (its tok/pos buffers)."""
+
+    def __init__(self, cfg, w: ModelWeights, max_len: int, cos: torch.Tensor, sin: torch.Tensor, v: Variant):
+        props = torch.cuda.get_device_properties(0)
+        cubin, self.compiler = compile_cubin(props.major * 10 + props.minor, SOURCE, defines(cfg, *dataclasses.astuple(v)))
+        self.module, self.cfg, self.v, self.max_len = Module(cubin), cfg, v, max_len
+        self.registers = self.module.registers("decode_step")
+        d = self.module.driver
+        err, per_sm = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.module.function("decode_step", 0), v.threads, 0)
+        if int(err) != 0 or per_sm < 1:
+            raise RuntimeError(f"variant {v}: {per_sm} blocks an SM fit ({err})")
+        self.grid = props.multi_processor_count
+        dev, f32 = "cuda", torch.float32
+        C, NQ, NKV, HD = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.k = [torch.zeros(1, NKV, max_len, HD, dtype=torch.float16, device=dev) for _ in range(cfg.n_layers)]
+        self.v_cache = [torch.zeros_like(t) for t in self.k]
+        ptrs = []
+        for b, kc, vc in zip(w.blocks, self.k, self.v_cache):
+            tensors = [b.attn_norm, b.wqkv.weight, b.wo.weight, b.ffn_norm, b.w_gate_up.weight, b.w_down.weight, kc, vc]
+            for t in tensors:
+                assert t.dtype == torch.float16 and t.is_contiguous(), "FP16 contiguous weights"
+            ptrs.append([t.data_ptr() for t in tensors])
+        self.keep = w  # the pointers are into these tensors
+        self.layers = torch.tensor(ptrs, dtype=torch.int64, device=dev)
+        self.emb, self.head, self.norm = w.tok_embeddings, w.lm_head.weight, w.norm
+        self.cos, self.sin = cos.to(dev, f32).contiguous(), sin.to(dev, f32).contiguous()
+        self.x = torch.zeros(C, dtype=f32, device=dev)
+        self.q = torch.zeros(NQ * HD, dtype=f32, device=dev)
+        self.part = torch.zeros(NQ * v.maxsplit * (HD + 2), dtype=f32, device=dev)
+        self.h = torch.zeros(cfg.intermediate_size, dtype=f32, device=dev)
+        self.logits = torch.zeros(cfg.vocab_size, dtype=f32, device=dev)
+        self.best_val = torch.zeros(self.grid, dtype=f32, device=dev)
+        self.best_idx = torch.zeros(self.grid, dtype=torch.int32, device=dev)
+        self.tok = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.hist = torch.zeros(max_len, dtype=torch.int32, device=dev)
+        self.sync = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.stage_names = (["attention", "o", "gate_up", "down"] + ["qkv", "attention", "o", "gate_up", "down"]
+                            * (cfg.n_layers - 1) + ["head"])  # the stage after each barrier
+        self.trace = torch.zeros(2 * len(self.stage_names), dtype=torch.int64, device=dev)
+
+    def step(self, write_logits: bool = False, trace: bool = False) -> None:
+        self.module.launch("decode_step", self.grid, self.v.threads, 0, [
+            self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.x, self.q, self.part, self.h,
+            self.logits, self.best_val, self.best_idx, self.tok, self.pos, self.hist, self.sync,
+            self.trace if trace else None, self.max_len, int(write_logits)], cooperative=True)
+
+    def stage_times(self, tok: int, pos: int) -> dict:
+        """One traced step at ``pos``: block 0's %globaltimer at each barrier. Per kind of stage, the mean over
+        layers (us) of the stage (departure to next departure: its slowest block and the barrier) and of block 0's
+        own part (departure to its next arrival)."""
+        self.set(tok, pos)
+        self.step(trace=True)
+        t = self.trace.view(-1, 2).tolist()  # (arrive, leave) a barrier
+        out: dict[str, dict] = {}
+        for b, name in enumerate(self.stage_names[:-1]):
+            row = out.setdefault(name, {"stage_us": [], "block0_work_us": []})
+            row["stage_us"].append((t[b + 1][1] - t[b][1]) / 1e3)
+            row["block0_work_us"].append((t[b + 1][0] - t[b][1]) / 1e3)
+        return {k: {f: statistics.mean(v) for f, v in r.items()} | {"count": len(r["stage_us"])}
+                for k, r in out.items()}
+
+    def set(self, tok: int, pos: int) -> None:
+        self.tok.fill_(tok)
+        self.pos.fill_(pos)
+
+    def prompt(self, tokens: list[int]) -> torch.Tensor:
+        """Step through ``tokens`` from position 0; the logits at the last one."""
+        if len(tokens) > self.max_len:
+            raise ValueError(f"{len(tokens)} prompt tokens pass the cache's {self.max_len} rows")
+        for p, t in enumerate(tokens):
+            self.set(t, p)
+            self.step(write_logits=p == len(tokens) - 1)
+        return self.logits.clone()
+
+    def decode(self, first: int, start: int, n: int) -> list[int]:
+        """``n`` greedy tokens after ``first`` at ``start``, fed back on the device."""
+        if start + n > self.max_len:
+            raise ValueError(f"{n} tokens from position {start} pass the cache's {self.max_len} rows")
+        self.set(first, start)
+        for _ in range(n):
+            self.step()
+        return self.hist[start:start + n].tolist()
+
+
+# -- the float64 step the 1-layer check reads intermediates from
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean() + eps) * w
+
+
+def reference_steps(cfg, w: ModelWeights, tokens: list[int], cos, sin) -> dict:
+    """float64 decode steps over ``tokens`` (keys and values cached rounded to FP16, as the kernel's cache is);
+    the last step's intermediates of the last layer."""
+    f = lambda t: t.to(torch.float64)  # noqa: E731
+    NQ, NKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    ks = [[] for _ in w.blocks]
+    vs = [[] for _ in w.blocks]
+    out = {}
+    for p, t in enumerate(tokens):
+        x = f(w.tok_embeddings[t])
+        c, s = f(cos[p]), f(sin[p])
+        for i, b in enumerate(w.blocks):
+            qkv = f(b.wqkv.weight) @ rms(x, f(b.attn_norm), cfg.rms_norm_eps)
+            q, k, v = qkv.view(NQ + 2 * NKV, HD).split((NQ, NKV, NKV))
+            q, k = rotate(q, c, s), rotate(k, c, s)
+            ks[i].append(f(k.half()))
+            vs[i].append(f(v.half()))
+            K, V = torch.stack(ks[i], 1), torch.stack(vs[i], 1)  # (NKV, T, HD)
+            rep = NQ // NKV
+            sc = torch.einsum("hd,htd->ht", q, K.repeat_interleave(rep, 0)) * cfg.attention_scale
+            att = torch.einsum("ht,htd->hd", sc.softmax(-1), V.repeat_interleave(rep, 0)).reshape(-1)
+            x = x + f(b.wo.weight) @ att
+            gu = f(b.w_gate_up.weight) @ rms(x, f(b.ffn_norm), cfg.rms_norm_eps)
+            g, u = gu.chunk(2)
+            hh = torch.nn.functional.silu(g) * u
+            out.update(q=q.reshape(-1), k=k.reshape(-1), v=v.reshape(-1), x_mid=x.clone(), h=hh)
+            x = x + f(b.w_down.weight) @ hh
+        out["x"] = x
+        out["logits"] = f(w.lm_head.weight) @ rms(x, f(w.norm), cfg.rms_norm_eps)
+    return out
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def perturbed_norms(w: ModelWeights, seed: int) -> None:
+    """random_weights' norms are ones: give them values, so a norm weight read from the wrong place shows."""
+    g = torch.Generator().manual_seed(seed)
+    for t in [w.norm] + [n for b in w.blocks for n in (b.attn_norm, b.ffn_norm)]:
+        t.copy_((1 + 0.2 * torch.randn(t.shape, generator=g)).to(t.dtype))
+
+
+def rope_tables(cfg, w64: ModelWeights, rows: int):
+    dec = Decoder(cfg, w64)
+    name = next(iter(dec.graph("prefill").rope))
+    return dec.rope_tables(name, rows)
+
+
+def check_one_layer(cfg, w: ModelWeights, v: Variant, n_tokens: int, log) -> dict:
+    cfg1 = dataclasses.replace(cfg, n_layers=1)
+    w1 = dataclasses.replace(w, blocks=w.blocks[:1])
+    cos, sin = rope_tables(cfg1, w1.to(dtype=torch.float64), n_tokens + 8)
+    mk = Megakernel(cfg1, w1, n_tokens + 8, cos, sin, v)
+    tokens = _prompt(cfg, n_tokens, 1, "cpu")[0].tolist()
+    mk.prompt(tokens)
+    torch.cuda.synchronize()
+    ref = reference_steps(cfg1, w1, tokens, cos, sin)
+    p, NKV, HD = n_tokens - 1, cfg.n_kv_heads, cfg.head_dim
+    got = {"q": mk.q, "k": mk.k[0][0, :, p].reshape(-1), "v": mk.v_cache[0][0, :, p].reshape(-1), "x": mk.x,
+           "h": mk.h, "logits": mk.logits}
+    errs = {name: rel_err(got[name], ref[name]) for name in got}
+    # the argmax the kernel fed back (hist) must be the argmax of its own logits
+    errs["argmax_is_own"] = int(mk.hist[p].item()) == int(mk.logits.argmax().item())
+    log(f"1-layer check ({n_tokens} tokens, variant {v}): " + ", ".join(
+        f"{k} {e:.2e}" if isinstance(e, float) else f"{k} {e}" for k, e in errs.items()))
+    return errs
+
+
+def check_model(cfg, w: ModelWeights, v: Variant, context: int, teacher: int, log) -> dict:
+    w64 = w.to(dtype=torch.float64)
+    cos, sin = rope_tables(cfg, w64, context + teacher + 8)
+    mk = Megakernel(cfg, w, context + teacher + 8, cos, sin, v)
+    prompt = _prompt(cfg, context, 0, "cuda")
+    got = mk.prompt(prompt[0].tolist())
+    dec = Decoder(cfg, w64)
+    cache = dec.new_cache(1, context + teacher + 8)
+    want = dec.prefill(prompt, torch.tensor([context], device="cuda"), cache)[0]
+    steps = [{"pos": context - 1, "rel_err": rel_err(got, want), "argmax_equal": int(got.argmax()) == int(want.argmax()),
+              "ref_margin": margin(want)}]
+    tok = int(want.argmax())
+    for i in range(teacher):
+        pos = context + i
+        mk.set(tok, pos)
+        mk.step(write_logits=True)
+        want = dec.decode(torch.tensor([tok], device="cuda"), torch.tensor([pos], device="cuda"), cache)[0]
+        steps.append({"pos": pos, "rel_err": rel_err(mk.logits, want),
+                      "argmax_equal": int(mk.logits.argmax()) == int(want.argmax()), "ref_margin": margin(want)})
+        tok = int(want.argmax())
+    worst = max(s["rel_err"] for s in steps)
+    agree = sum(s["argmax_equal"] for s in steps)
+    log(f"model check ({cfg.name}, context {context}, {teacher} teacher-forced steps): largest logit error "
+        f"{worst:.2e} of the largest logit, argmax equal at {agree}/{len(steps)} steps")
+    return {"steps": steps, "worst_rel_err": worst, "argmax_equal": agree, "of": len(steps)}
+
+
+def margin(logits: torch.Tensor) -> float:
+    top = logits.double().topk(2).values
+    return float(top[0] - top[1])
+
+
+def token_bytes(cfg, w: ModelWeights, kv_len: int) -> int:
+    """What a decode token reads: every block's weights, the final norm and LM head, the KV cache up to kv_len."""
+    blocks = sum(t.numel() * t.element_size() for b in w.blocks
+                 for t in (b.attn_norm, b.ffn_norm, b.wqkv.weight, b.wo.weight, b.w_gate_up.weight, b.w_down.weight))
+    head = w.lm_head.weight.numel() * 2 + w.norm.numel() * 2
+    kv = 2 * cfg.n_layers * cfg.n_kv_heads * kv_len * cfg.head_dim * 2
+    return blocks + head + kv
+
+
+def bench(cfg, w: ModelWeights, variants: list[Variant], a, log) -> dict:
+    from edgekit.bench.fused_engine import FusedRuntimeEngine
+    from edgekit.bench.measure import timed
+    from fused_tile_sweep import graphed_copy_bandwidth
+
+    dev = torch.device("cuda")
+    max_len = a.context + a.tokens + 64
+    prompt = _prompt(cfg, a.context, 0, "cuda")
+    eng = FusedRuntimeEngine(cfg, w, max_len, a.tokens)
+    first = eng.prefill(prompt)
+    eng.decode(first, a.context, a.tokens)  # compiles, captures, warms
+    arms = {"fused (base)": lambda: eng.decode(first, a.context, a.tokens).tolist()}
+    cos, sin = rope_tables(cfg, w.to(dtype=torch.float64), max_len)
+    kernels = {}
+    for v in variants:
+        try:
+            mk = Megakernel(cfg, w, max_len, cos, sin, v)
+        except RuntimeError as e:
+            log(f"variant {v}: {e}")
+            continue
+        mk_first = int(mk.prompt(prompt[0].tolist()).argmax())
+        kernels[str(v)] = mk
+        arms[f"megakernel {v}"] = lambda mk=mk, t=mk_first: mk.decode(t, a.context, a.tokens)
+        arms[f"megakernel {v}"]()  # warm
+    secs = {k: [] for k in arms}
+    tokens = {}
+    order = list(arms)
+    for r in range(a.repeats):  # interleaved, the order rotated
+        for k in order[r % len(order):] + order[:r % len(order)]:
+            tokens[k], s = timed(arms[k], dev)
+            secs[k].append(s)
+    for name, mk in kernels.items():
+        stages = mk.stage_times(0, a.context)
+        log(f"megakernel {name} stages at depth {a.context} (us, mean over layers: stage incl. barrier / block 0's "
+            "part): " + ", ".join(f"{k} {v['stage_us']:.2f}/{v['block0_work_us']:.2f}" for k, v in stages.items()))
+        mk.stage_breakdown = stages
+    copy = graphed_copy_bandwidth(dev)
+    nbytes = token_bytes(cfg, w, a.context + a.tokens // 2)
+    rows = []
+    base_tps = a.tokens / statistics.median(secs[order[0]])
+    for k in order:
+        tps = a.tokens / statistics.median(secs[k])
+        same = tokens[k] == tokens[order[0]]
+        row = {"arm": k, "decode_tokens_per_s": tps, "vs_fused": tps / base_tps, "runs_s": secs[k],
+               "pct_of_copy_roofline": 100 * tps * nbytes / copy, "tokens_equal_fused": same}
+        if k.startswith("megakernel"):
+            mk = kernels[k.split()[1]]
+            row.update(registers=mk.registers, grid=mk.grid, compiled_by=mk.compiler, stages=mk.stage_breakdown)
+        rows.append(row)
+        log(f"{k:28} {tps:8.1f} tok/s  x{tps / base_tps:.2f} of fused  {row['pct_of_copy_roofline']:5.1f}% of copy"
+            + ("" if same else "  (greedy tokens differ from the fused path's)"))
+    eng.close()
+    return {"copy_gbps": copy / 1e9, "bytes_per_token": nbytes, "rows": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", default="preset:smollm2-135m")
+    ap.add_argument("--variants", default="512/8/2/4/0,512/8/2/4/1,256/8/2/4/0,256/8/2/4/1",
+                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL, comma list (a prefix: the rest as in 512/8/2/4/0)")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--teacher", type=int, default=16, help="teacher-forced steps of the model check")
+    ap.add_argument("--checks-only", action="store_true")
+    ap.add_argument("--compile-only", default=None, metavar="ARCHS", help="e.g. 87,90: NVRTC builds, no GPU")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    cfg = preset_config(a.model)
+    why = supported(cfg)
+    if why:
+        sys.exit(why)
+    variants = [Variant.parse(t) for t in a.variants.split(",")]
+    if a.compile_only:
+        for arch in (int(x) for x in a.compile_only.split(",")):
+            for v in variants:
+                cubin = compile_with_nvrtc(arch, SOURCE, defines(cfg, *dataclasses.astuple(v)))
+                print(f"sm_{arch} variant {v}: {len(cubin)} bytes of cubin (NVRTC)")
+        return 0
+    doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(0)})", "model": a.model, "batch": 1,
+           "context": a.context, "tokens": a.tokens}
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    def save() -> None:
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
+
+    w = random_weights(cfg, seed=0, dtype=torch.float16, device="cuda")
+    perturbed_norms(w, 1)
+    doc["one_layer"] = check_one_layer(cfg, w, variants[0], 40, log)
+    save()
+    doc["model_check"] = check_model(cfg, w, variants[0], a.context, a.teacher, log)
+    save()
+    if not a.checks_only:
+        doc["bench"] = bench(cfg, w, variants, a, log)
+    save()
+    print(json.dumps(doc)[:4000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
