@@ -134,19 +134,26 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Every block arrives once; thread 0 spins until all have. Stores before it are visible after it (release on the
-// arrival, acquire on the poll, and the CTA barriers around them).
 __device__ __forceinline__ u64 now_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
 
-__device__ __forceinline__ void grid_barrier(u32* arrivals, u32 target, u64* trace, u32 index) {
+// A grid barrier in two halves, so that a block's loads for the next stage are issued between them: they overlap
+// the wait, and the arrival's release fence does not wait for them (a fence waits on the thread's loads in flight).
+// Every block arrives once (after all its threads' stores: the CTA barrier, then a release add); thread 0 then
+// spins until all have (acquire). Stores before the arrival are visible after the wait.
+__device__ __forceinline__ void grid_arrive(u32* arrivals, u64* trace, u32 index) {
   __syncthreads();
   if (threadIdx.x == 0) {
     if (trace && blockIdx.x == 0) trace[2 * index] = now_ns();
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
+  }
+}
+
+__device__ __forceinline__ void grid_wait(u32* arrivals, u32 target, u64* trace, u32 index) {
+  if (threadIdx.x == 0) {
     u32 seen, polls = 0;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
@@ -343,6 +350,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
 
     // ---- QKV + RoPE + cache write: a task is a rotation pair (rows j, j + HD/2 of one head)
     {
+      if (l > 0) grid_arrive(a.sync, a.trace, barriers);
       constexpr int TASKS = (NQ + 2 * NKV) * HALF;
       U4 ra[NCH(C)], rb[NCH(C)];
       int t = gw;
@@ -355,7 +363,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         sn = a.sin_t[(u64)pos * HALF + t % HALF];
       }
       const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_ATTN_NORM]));
-      if (l > 0) { ++barriers; grid_barrier(a.sync, barriers * G, a.trace, barriers - 1); }
+      if (l > 0) { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
       norm_into_xs(a, l, tok, nw);
       for (; t < TASKS; t += TW) {
         int head = t / HALF, j = t % HALF, r0 = head * HD + j;
@@ -386,6 +394,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     }
 
     // ---- split-KV attention: block b takes KV head b / S, keys [s * chunk, (s + 1) * chunk) of split s = b % S.
+    grid_arrive(a.sync, a.trace, barriers);
     // A warp's first keys were cached by earlier launches (all but the one at pos): read before the barrier.
     const bool attends = (int)blockIdx.x < NKV * S;
     const int kvh = blockIdx.x / S, s = blockIdx.x % S;
@@ -394,7 +403,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     const u16* vbase = vc + (u64)kvh * a.max_len * HD + lane * DPL;
     u32 kw[KPW][DPL / 2], vw[KPW][DPL / 2];
     if (attends) load_keys(kbase, vbase, k0 + warp, k1, pos, kw, vw);
-    { ++barriers; grid_barrier(a.sync, barriers * G, a.trace, barriers - 1); }
+    { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
     if (attends) {
       float qv[GROUP][DPL], m[GROUP], lsum[GROUP], acc[GROUP][DPL];
       const float scale = QSCALE * 1.4426950408889634f;  // scores in log2 units: exp2 below
@@ -465,6 +474,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
 
     // ---- o projection + residual: the splits merged into xs first
     {
+      grid_arrive(a.sync, a.trace, barriers);
       const u16* wo = reinterpret_cast<const u16*>(L[P_WO]);
       U4 ra[NCH(ATT)];
       int r = gw;
@@ -473,7 +483,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         load_row<ATT>(wo, r, lane, ra);
         res = residual_of(a, l, tok, r);
       }
-      { ++barriers; grid_barrier(a.sync, barriers * G, a.trace, barriers - 1); }
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
       merge_splits_into_xs(a, S);
       for (; r < C; r += TW) {
         if (r != gw) {
@@ -487,6 +497,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
 
     // ---- norm + gate/up + SwiGLU: a task is the pair (gate row f, up row FF + f)
     {
+      grid_arrive(a.sync, a.trace, barriers);
       const u16* wgu = reinterpret_cast<const u16*>(L[P_WGU]);
       U4 ra[NCH(C)], rb[NCH(C)];
       int f = gw;
@@ -495,7 +506,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         load_row<C>(wgu, FF + f, lane, rb);
       }
       const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_FFN_NORM]));
-      { ++barriers; grid_barrier(a.sync, barriers * G, a.trace, barriers - 1); }
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
       norm_into_xs(a, 1, tok, nw);  // the residual is a.x from here on
       for (; f < FF; f += TW) {
         if (f != gw) {
@@ -509,6 +520,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
 
     // ---- down projection + residual
     {
+      grid_arrive(a.sync, a.trace, barriers);
       const u16* wd = reinterpret_cast<const u16*>(L[P_WDOWN]);
       U4 ra[NCH(FF)];
       int r = gw;
@@ -517,7 +529,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         load_row<FF>(wd, r, lane, ra);
         res = load_fresh(a.x + r);
       }
-      { ++barriers; grid_barrier(a.sync, barriers * G, a.trace, barriers - 1); }
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
       constexpr int FPT = (FF + THREADS - 1) / THREADS;
       float hv[FPT];
 #pragma unroll
@@ -541,12 +553,13 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
   }
 
   // ---- final norm + LM head + argmax: HEAD_ROWS rows a warp in flight (the head is most of a 135M token's bytes)
+  grid_arrive(a.sync, a.trace, barriers);
   U4 ra[HEAD_ROWS][NCH(C)];
 #pragma unroll
   for (int i = 0; i < HEAD_ROWS; i++)
     if (gw + i * TW < VOCAB) load_row<C>(a.head, gw + i * TW, lane, ra[i]);
   const NormWeight nw = load_norm(a.final_norm);
-  { ++barriers; grid_barrier(a.sync, barriers * G, a.trace, barriers - 1); }
+  { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
   norm_into_xs(a, 1, tok, nw);
   float best = NEG_INF;
   int best_i = 0x7fffffff;
