@@ -21,7 +21,7 @@ What runs (GPU, one process; every figure is measured on the GPU it names):
    reference's greedy tokens: the largest logit error relative to the largest logit, and whether the argmax agrees
    (where it does not, the reference's top-1 / top-2 margin says whether it was a near-tie).
 3. ``bench``: ``--tokens`` greedy tokens after ``--context`` prompt tokens, the kernel's variants (``--variants``:
-   THREADS[/MAXSPLIT[/KPW[/HEAD_ROWS[/FREE_SIGNAL]]]]) against the fused path's engine on the same weights and cache length
+   THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS/LL, a prefix taking the defaults) against the fused path's engine on the same weights and cache length
    (``FusedRuntimeEngine``, as tools/step_ab.py's ``base``), interleaved, median of ``--repeats``; the share of the
    copy bandwidth measured in the same run (the bytes a token reads: weights, head and KV cache).
 
@@ -76,12 +76,13 @@ SOURCE = HERE / "cuda_megakernel_lab" / "decode_step.cu"
 FIELDS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")  # then k, v: the .cu's P_* order
 
 
-def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int) -> tuple[str, ...]:
+def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int, gu_pairs: int,
+            ll: int) -> tuple[str, ...]:
     return (f"C={cfg.hidden_size}", f"NQ={cfg.n_heads}", f"NKV={cfg.n_kv_heads}", f"HD={cfg.head_dim}",
             f"FF={cfg.intermediate_size}", f"NL={cfg.n_layers}", f"VOCAB={cfg.vocab_size}",
             f"EPS={float(cfg.rms_norm_eps)!r}f", f"QSCALE={float(cfg.attention_scale)!r}f", f"THREADS={threads}",
             f"MAXSPLIT={maxsplit}", f"KPW={kpw}", f"HEAD_ROWS={head_rows}",
-            f"FREE_SIGNAL={free_signal}")
+            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"LL={ll}")
 
 
 def supported(cfg) -> str | None:
@@ -95,11 +96,13 @@ def supported(cfg) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    threads: int = 512
+    threads: int = 256
     maxsplit: int = 8
     kpw: int = 2
     head_rows: int = 4
-    free_signal: int = 0
+    free_signal: int = 1
+    gu_pairs: int = 1
+    ll: int = 0  # 1: stages pass values with the launch number beside them (no grid barrier)
 
     @classmethod
     def parse(cls, text: str) -> "Variant":
@@ -107,7 +110,7 @@ class Variant:
         return cls(*parts)
 
     def __str__(self) -> str:
-        return f"{self.threads}/{self.maxsplit}/{self.kpw}/{self.head_rows}/{self.free_signal}"
+        return "/".join(str(v) for v in dataclasses.astuple(self))
 
 
 class Megakernel:
@@ -137,26 +140,37 @@ class Megakernel:
         self.layers = torch.tensor(ptrs, dtype=torch.int64, device=dev)
         self.emb, self.head, self.norm = w.tok_embeddings, w.lm_head.weight, w.norm
         self.cos, self.sin = cos.to(dev, f32).contiguous(), sin.to(dev, f32).contiguous()
-        self.x = torch.zeros(C, dtype=f32, device=dev)
-        self.q = torch.zeros(NQ * HD, dtype=f32, device=dev)
-        self.part = torch.zeros(NQ * v.maxsplit * (HD + 2), dtype=f32, device=dev)
-        self.h = torch.zeros(cfg.intermediate_size, dtype=f32, device=dev)
+        F, P = cfg.intermediate_size, NQ * v.maxsplit
+        # a layer's exchanged vectors, in the .cu's X_* order (8 bytes each: FP32 value, launch number)
+        sizes = {"q": NQ * HD, "kn": NKV * HD, "vn": NKV * HD, "pm": P, "pl": P, "pa": P * HD, "x1": C, "h": F, "x2": C}
+        self.offsets, at = {}, 0
+        for name, n in sizes.items():
+            self.offsets[name] = (at, n)
+            at += n
+        self.xch = torch.zeros(cfg.n_layers * at, dtype=torch.int64, device=dev)
+        self.layer_xch = at
         self.logits = torch.zeros(cfg.vocab_size, dtype=f32, device=dev)
         self.best_val = torch.zeros(self.grid, dtype=f32, device=dev)
         self.best_idx = torch.zeros(self.grid, dtype=torch.int32, device=dev)
         self.tok = torch.zeros(1, dtype=torch.int32, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
         self.hist = torch.zeros(max_len, dtype=torch.int32, device=dev)
-        self.sync = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.sync = torch.tensor([1, 0, 0], dtype=torch.int32, device=dev)  # launch number (from 1), done, arrivals
         self.stage_names = (["attention", "o", "gate_up", "down"] + ["qkv", "attention", "o", "gate_up", "down"]
                             * (cfg.n_layers - 1) + ["head"])  # the stage after each barrier
-        self.trace = torch.zeros(2 * len(self.stage_names), dtype=torch.int64, device=dev)
+        self.trace = torch.zeros(2 * len(self.stage_names) + 2, dtype=torch.int64, device=dev)
 
     def step(self, write_logits: bool = False, trace: bool = False) -> None:
         self.module.launch("decode_step", self.grid, self.v.threads, 0, [
-            self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.x, self.q, self.part, self.h,
-            self.logits, self.best_val, self.best_idx, self.tok, self.pos, self.hist, self.sync,
-            self.trace if trace else None, self.max_len, int(write_logits)], cooperative=True)
+            self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.xch, self.logits, self.best_val,
+            self.best_idx, self.tok, self.pos, self.hist, self.sync, self.trace if trace else None, self.max_len,
+            int(write_logits)], cooperative=True)
+
+    def exchanged(self, layer: int, name: str) -> torch.Tensor:
+        """A layer's exchanged vector as FP32 (the low word of each 8-byte entry)."""
+        at, n = self.offsets[name]
+        base = layer * self.layer_xch + at
+        return self.xch[base:base + n].view(torch.int32).view(-1, 2)[:, 0].contiguous().view(torch.float32)
 
     def stage_times(self, tok: int, pos: int) -> dict:
         """One traced step at ``pos``: block 0's %globaltimer at each barrier. Per kind of stage, the mean over
@@ -170,8 +184,10 @@ class Megakernel:
             row = out.setdefault(name, {"stage_us": [], "block0_work_us": []})
             row["stage_us"].append((t[b + 1][1] - t[b][1]) / 1e3)
             row["block0_work_us"].append((t[b + 1][0] - t[b][1]) / 1e3)
-        return {k: {f: statistics.mean(v) for f, v in r.items()} | {"count": len(r["stage_us"])}
-                for k, r in out.items()}
+        stages = {k: {f: statistics.mean(v) for f, v in r.items()} | {"count": len(r["stage_us"])}
+                  for k, r in out.items()}
+        stages["head"] = {"block0_work_us": (self.trace[2 * len(self.stage_names)].item() - t[-1][1]) / 1e3, "count": 1}
+        return stages
 
     def set(self, tok: int, pos: int) -> None:
         self.tok.fill_(tok)
@@ -267,8 +283,8 @@ def check_one_layer(cfg, w: ModelWeights, v: Variant, n_tokens: int, log) -> dic
     torch.cuda.synchronize()
     ref = reference_steps(cfg1, w1, tokens, cos, sin)
     p, NKV, HD = n_tokens - 1, cfg.n_kv_heads, cfg.head_dim
-    got = {"q": mk.q, "k": mk.k[0][0, :, p].reshape(-1), "v": mk.v_cache[0][0, :, p].reshape(-1), "x": mk.x,
-           "h": mk.h, "logits": mk.logits}
+    got = {"q": mk.exchanged(0, "q"), "k": mk.k[0][0, :, p].reshape(-1), "v": mk.v_cache[0][0, :, p].reshape(-1),
+           "x_mid": mk.exchanged(0, "x1"), "h": mk.exchanged(0, "h"), "x": mk.exchanged(0, "x2"), "logits": mk.logits}
     errs = {name: rel_err(got[name], ref[name]) for name in got}
     # the argmax the kernel fed back (hist) must be the argmax of its own logits
     errs["argmax_is_own"] = int(mk.hist[p].item()) == int(mk.logits.argmax().item())
@@ -286,6 +302,7 @@ def check_model(cfg, w: ModelWeights, v: Variant, context: int, teacher: int, lo
     dec = Decoder(cfg, w64)
     cache = dec.new_cache(1, context + teacher + 8)
     want = dec.prefill(prompt, torch.tensor([context], device="cuda"), cache)[0]
+    want_prompt = want.clone()
     steps = [{"pos": context - 1, "rel_err": rel_err(got, want), "argmax_equal": int(got.argmax()) == int(want.argmax()),
               "ref_margin": margin(want)}]
     tok = int(want.argmax())
@@ -299,9 +316,10 @@ def check_model(cfg, w: ModelWeights, v: Variant, context: int, teacher: int, lo
         tok = int(want.argmax())
     worst = max(s["rel_err"] for s in steps)
     agree = sum(s["argmax_equal"] for s in steps)
-    log(f"model check ({cfg.name}, context {context}, {teacher} teacher-forced steps): largest logit error "
-        f"{worst:.2e} of the largest logit, argmax equal at {agree}/{len(steps)} steps")
-    return {"steps": steps, "worst_rel_err": worst, "argmax_equal": agree, "of": len(steps)}
+    log(f"model check ({cfg.name}, variant {v}, context {context}, {teacher} teacher-forced steps): largest logit "
+        f"error {worst:.2e} of the largest logit, argmax equal at {agree}/{len(steps)} steps")
+    return {"steps": steps, "worst_rel_err": worst, "argmax_equal": agree, "of": len(steps),
+            "prompt_logits_fp64": want_prompt}
 
 
 def margin(logits: torch.Tensor) -> float:
@@ -318,7 +336,9 @@ def token_bytes(cfg, w: ModelWeights, kv_len: int) -> int:
     return blocks + head + kv
 
 
-def bench(cfg, w: ModelWeights, variants: list[Variant], a, log) -> dict:
+def bench(cfg, w: ModelWeights, variants: list[Variant], a, log, prompt_fp64: torch.Tensor) -> dict:
+    """``prompt_fp64``: the FP64 reference's logits at the prompt's last token, which every variant's are checked
+    against before it is timed."""
     from edgekit.bench.fused_engine import FusedRuntimeEngine
     from edgekit.bench.measure import timed
     from fused_tile_sweep import graphed_copy_bandwidth
@@ -338,7 +358,11 @@ def bench(cfg, w: ModelWeights, variants: list[Variant], a, log) -> dict:
         except RuntimeError as e:
             log(f"variant {v}: {e}")
             continue
-        mk_first = int(mk.prompt(prompt[0].tolist()).argmax())
+        got = mk.prompt(prompt[0].tolist())
+        mk.prompt_check = {"rel_err": rel_err(got, prompt_fp64), "argmax_equal": int(got.argmax()) == int(prompt_fp64.argmax())}
+        log(f"variant {v}: prompt logits {mk.prompt_check['rel_err']:.2e} of the largest from FP64, argmax "
+            f"{'equal' if mk.prompt_check['argmax_equal'] else 'DIFFERS'}")
+        mk_first = int(got.argmax())
         kernels[str(v)] = mk
         arms[f"megakernel {v}"] = lambda mk=mk, t=mk_first: mk.decode(t, a.context, a.tokens)
         arms[f"megakernel {v}"]()  # warm
@@ -352,7 +376,8 @@ def bench(cfg, w: ModelWeights, variants: list[Variant], a, log) -> dict:
     for name, mk in kernels.items():
         stages = mk.stage_times(0, a.context)
         log(f"megakernel {name} stages at depth {a.context} (us, mean over layers: stage incl. barrier / block 0's "
-            "part): " + ", ".join(f"{k} {v['stage_us']:.2f}/{v['block0_work_us']:.2f}" for k, v in stages.items()))
+            "part): " + ", ".join(f"{k} {v.get('stage_us', float('nan')):.2f}/{v['block0_work_us']:.2f}"
+                                 for k, v in stages.items()))
         mk.stage_breakdown = stages
     copy = graphed_copy_bandwidth(dev)
     nbytes = token_bytes(cfg, w, a.context + a.tokens // 2)
@@ -365,7 +390,8 @@ def bench(cfg, w: ModelWeights, variants: list[Variant], a, log) -> dict:
                "pct_of_copy_roofline": 100 * tps * nbytes / copy, "tokens_equal_fused": same}
         if k.startswith("megakernel"):
             mk = kernels[k.split()[1]]
-            row.update(registers=mk.registers, grid=mk.grid, compiled_by=mk.compiler, stages=mk.stage_breakdown)
+            row.update(registers=mk.registers, grid=mk.grid, compiled_by=mk.compiler, stages=mk.stage_breakdown,
+                       prompt_check=mk.prompt_check)
         rows.append(row)
         log(f"{k:28} {tps:8.1f} tok/s  x{tps / base_tps:.2f} of fused  {row['pct_of_copy_roofline']:5.1f}% of copy"
             + ("" if same else "  (greedy tokens differ from the fused path's)"))
@@ -376,8 +402,9 @@ def bench(cfg, w: ModelWeights, variants: list[Variant], a, log) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="preset:smollm2-135m")
-    ap.add_argument("--variants", default="256/8/2/4/1,256/16/2/4/1,256/16/4/4/1,384/8/2/4/1,512/8/2/4/1",
-                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL, comma list (a prefix: the rest as in 512/8/2/4/0)")
+    ap.add_argument("--variants", default="256/8/2/4/1/1/0,256/8/2/4/1/1/1,256/8/4/4/1/2/1,384/8/2/4/1/1/1,"
+                    "256/16/4/4/1/2/1", help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS/LL, comma list (a "
+                    "prefix takes the rest from 256/8/2/4/1/1/0)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
@@ -410,12 +437,13 @@ def main() -> int:
 
     w = random_weights(cfg, seed=0, dtype=torch.float16, device="cuda")
     perturbed_norms(w, 1)
-    doc["one_layer"] = check_one_layer(cfg, w, variants[0], 40, log)
+    doc["one_layer"] = {str(v): check_one_layer(cfg, w, v, 40, log) for v in variants}
     save()
     doc["model_check"] = check_model(cfg, w, variants[0], a.context, a.teacher, log)
+    prompt_fp64 = doc["model_check"].pop("prompt_logits_fp64")
     save()
     if not a.checks_only:
-        doc["bench"] = bench(cfg, w, variants, a, log)
+        doc["bench"] = bench(cfg, w, variants, a, log, prompt_fp64)
     save()
     print(json.dumps(doc)[:4000])
     return 0
