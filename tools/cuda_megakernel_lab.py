@@ -21,9 +21,11 @@ What runs (GPU, one process; every figure is measured on the GPU it names):
    reference's greedy tokens: the largest logit error relative to the largest logit, and whether the argmax agrees
    (where it does not, the reference's top-1 / top-2 margin says whether it was a near-tie).
 3. ``bench``: ``--tokens`` greedy tokens after ``--context`` prompt tokens, the kernel's variants (``--variants``:
-   THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS/LL, a prefix taking the defaults) against the fused path's engine on the same weights and cache length
-   (``FusedRuntimeEngine``, as tools/step_ab.py's ``base``), interleaved, median of ``--repeats``; the share of the
-   copy bandwidth measured in the same run (the bytes a token reads: weights, head and KV cache).
+   THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS, a prefix taking the defaults) against the fused path's
+   engine on the same weights and cache length (``FusedRuntimeEngine``, as tools/step_ab.py's ``base``),
+   interleaved, median of ``--repeats``; the share of the copy bandwidth measured in the same run (the bytes a token
+   reads: weights, head and KV cache); each variant's prompt logits against the FP64 reference's first; then one
+   traced step a variant (``stage_times``).
 
     source tools/gpu_setup.sh; cd "$EDGEKIT_RUN_DIR"
     python3 "$R/tools/cuda_megakernel_lab.py" preset:smollm2-135m --json "$OUT/megakernel.json"
@@ -47,6 +49,24 @@ runs (results: the first version of the kernel, before the latency fixes below):
   3.45 / 2.32, down 2.75 / 1.78, QKV 2.11 / 1.19: ~1.1 us a barrier, and the attention (65 keys a block at 8 splits,
   four dependent key batches a warp) the longest stage. Since: the barrier in two halves (arrive, then the next
   stage's loads, then wait), so no fence waits on a prefetch and the loads overlap the wait.
+- with the two-half barrier (two runs, 7 interleaved repeats in the second; fused 2014.5-2034.0 tok/s): 384 threads
+  2087.4-2106.9 tok/s (1.04x), 256 threads 2071.3-2075.5 (1.02-1.03x), 256 threads with 4 keys a warp 2089.1
+  (1.04x), 16 splits 0.96-0.97x, 512 threads 0.81x; every variant's prompt logits within 6.0e-6 of FP64, argmax
+  equal. Trace at 384 threads (us, stage / block 0's part): attention 3.58 / 2.66, o 3.32 / 1.97, gate/up 3.38 /
+  2.27, down 2.25 / 1.21, QKV 2.05 / 1.10, then the LM head 18.9 us of block 0 (56.6 MB: ~19 us at the copy
+  bandwidth, so the head is bandwidth-bound). A layer is 14.6 us for 7 MB (2.3 us of bytes): ~2-3.5 us a stage
+  boundary, what a kernel boundary with PDL costs in the fused path. One launch per token does not pay by itself.
+- LL variant (commit 222bb24, since reverted): every value passed between stages as FP32 + the launch number in one
+  8-byte store, polled by its readers, no barrier at all (NCCL's LL protocol). Correct (prompt logits within 6.4e-6
+  of FP64), but slower: 1728 tok/s against its own barrier build's 1875 (fused 2032): 256 threads a block each
+  polling their elements keep L2 busier than one thread polling one counter; the per-layer places it needed also
+  cost the barrier build 10% (1875 against 2075).
+
+So a megakernel on this design reaches parity with the fused path at 135M, not the ~1.4x that #31's 3.0x-llama.cpp
+line needs: every stage still waits on the whole grid once, and that wait (arrival, release, poll, then the
+inputs' L2 read) costs what a PDL kernel boundary does. What would change that is fewer grid-wide waits: work that
+waits only on what it reads (the attention on its head's QKV rows, a GEMV row tile on the inputs it needs), several
+layers' independent work in flight, as published megakernels schedule it. That is a design of its own, not a tile.
 
 Shapes: FP16 weights, no QKV bias, Llama rotate-half RoPE, K of every projection at most 2048 (a lane holds a
 row's chunks in registers; wider rows need segmented loads this lab does not have).
@@ -76,13 +96,13 @@ SOURCE = HERE / "cuda_megakernel_lab" / "decode_step.cu"
 FIELDS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")  # then k, v: the .cu's P_* order
 
 
-def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int, gu_pairs: int,
-            ll: int) -> tuple[str, ...]:
+def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int,
+            gu_pairs: int) -> tuple[str, ...]:
     return (f"C={cfg.hidden_size}", f"NQ={cfg.n_heads}", f"NKV={cfg.n_kv_heads}", f"HD={cfg.head_dim}",
             f"FF={cfg.intermediate_size}", f"NL={cfg.n_layers}", f"VOCAB={cfg.vocab_size}",
             f"EPS={float(cfg.rms_norm_eps)!r}f", f"QSCALE={float(cfg.attention_scale)!r}f", f"THREADS={threads}",
             f"MAXSPLIT={maxsplit}", f"KPW={kpw}", f"HEAD_ROWS={head_rows}",
-            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"LL={ll}")
+            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}")
 
 
 def supported(cfg) -> str | None:
@@ -96,13 +116,12 @@ def supported(cfg) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    threads: int = 256
+    threads: int = 512
     maxsplit: int = 8
     kpw: int = 2
     head_rows: int = 4
-    free_signal: int = 1
+    free_signal: int = 0
     gu_pairs: int = 1
-    ll: int = 0  # 1: stages pass values with the launch number beside them (no grid barrier)
 
     @classmethod
     def parse(cls, text: str) -> "Variant":
@@ -118,11 +137,13 @@ class Megakernel:
 
     def __init__(self, cfg, w: ModelWeights, max_len: int, cos: torch.Tensor, sin: torch.Tensor, v: Variant):
         props = torch.cuda.get_device_properties(0)
-        cubin, self.compiler = compile_cubin(props.major * 10 + props.minor, SOURCE, defines(cfg, *dataclasses.astuple(v)))
+        arch = props.major * 10 + props.minor
+        cubin, self.compiler = compile_cubin(arch, SOURCE, defines(cfg, *dataclasses.astuple(v)))
         self.module, self.cfg, self.v, self.max_len = Module(cubin), cfg, v, max_len
         self.registers = self.module.registers("decode_step")
         d = self.module.driver
-        err, per_sm = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.module.function("decode_step", 0), v.threads, 0)
+        fn = self.module.function("decode_step", 0)
+        err, per_sm = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, v.threads, 0)
         if int(err) != 0 or per_sm < 1:
             raise RuntimeError(f"variant {v}: {per_sm} blocks an SM fit ({err})")
         self.grid = props.multi_processor_count
@@ -140,37 +161,26 @@ class Megakernel:
         self.layers = torch.tensor(ptrs, dtype=torch.int64, device=dev)
         self.emb, self.head, self.norm = w.tok_embeddings, w.lm_head.weight, w.norm
         self.cos, self.sin = cos.to(dev, f32).contiguous(), sin.to(dev, f32).contiguous()
-        F, P = cfg.intermediate_size, NQ * v.maxsplit
-        # a layer's exchanged vectors, in the .cu's X_* order (8 bytes each: FP32 value, launch number)
-        sizes = {"q": NQ * HD, "kn": NKV * HD, "vn": NKV * HD, "pm": P, "pl": P, "pa": P * HD, "x1": C, "h": F, "x2": C}
-        self.offsets, at = {}, 0
-        for name, n in sizes.items():
-            self.offsets[name] = (at, n)
-            at += n
-        self.xch = torch.zeros(cfg.n_layers * at, dtype=torch.int64, device=dev)
-        self.layer_xch = at
+        self.x = torch.zeros(C, dtype=f32, device=dev)
+        self.q = torch.zeros(NQ * HD, dtype=f32, device=dev)
+        self.part = torch.zeros(NQ * v.maxsplit * (HD + 2), dtype=f32, device=dev)
+        self.h = torch.zeros(cfg.intermediate_size, dtype=f32, device=dev)
         self.logits = torch.zeros(cfg.vocab_size, dtype=f32, device=dev)
         self.best_val = torch.zeros(self.grid, dtype=f32, device=dev)
         self.best_idx = torch.zeros(self.grid, dtype=torch.int32, device=dev)
         self.tok = torch.zeros(1, dtype=torch.int32, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
         self.hist = torch.zeros(max_len, dtype=torch.int32, device=dev)
-        self.sync = torch.tensor([1, 0, 0], dtype=torch.int32, device=dev)  # launch number (from 1), done, arrivals
+        self.sync = torch.zeros(2, dtype=torch.int32, device=dev)
         self.stage_names = (["attention", "o", "gate_up", "down"] + ["qkv", "attention", "o", "gate_up", "down"]
                             * (cfg.n_layers - 1) + ["head"])  # the stage after each barrier
         self.trace = torch.zeros(2 * len(self.stage_names) + 2, dtype=torch.int64, device=dev)
 
     def step(self, write_logits: bool = False, trace: bool = False) -> None:
         self.module.launch("decode_step", self.grid, self.v.threads, 0, [
-            self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.xch, self.logits, self.best_val,
-            self.best_idx, self.tok, self.pos, self.hist, self.sync, self.trace if trace else None, self.max_len,
-            int(write_logits)], cooperative=True)
-
-    def exchanged(self, layer: int, name: str) -> torch.Tensor:
-        """A layer's exchanged vector as FP32 (the low word of each 8-byte entry)."""
-        at, n = self.offsets[name]
-        base = layer * self.layer_xch + at
-        return self.xch[base:base + n].view(torch.int32).view(-1, 2)[:, 0].contiguous().view(torch.float32)
+            self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.x, self.q, self.part, self.h,
+            self.logits, self.best_val, self.best_idx, self.tok, self.pos, self.hist, self.sync,
+            self.trace if trace else None, self.max_len, int(write_logits)], cooperative=True)
 
     def stage_times(self, tok: int, pos: int) -> dict:
         """One traced step at ``pos``: block 0's %globaltimer at each barrier. Per kind of stage, the mean over
@@ -186,7 +196,8 @@ class Megakernel:
             row["block0_work_us"].append((t[b + 1][0] - t[b][1]) / 1e3)
         stages = {k: {f: statistics.mean(v) for f, v in r.items()} | {"count": len(r["stage_us"])}
                   for k, r in out.items()}
-        stages["head"] = {"block0_work_us": (self.trace[2 * len(self.stage_names)].item() - t[-1][1]) / 1e3, "count": 1}
+        last = len(self.stage_names) - 1  # the head's barrier; block 0 stamps its head's end after it
+        stages["head"] = {"block0_work_us": (t[last + 1][0] - t[last][1]) / 1e3, "count": 1}
         return stages
 
     def set(self, tok: int, pos: int) -> None:
@@ -283,8 +294,8 @@ def check_one_layer(cfg, w: ModelWeights, v: Variant, n_tokens: int, log) -> dic
     torch.cuda.synchronize()
     ref = reference_steps(cfg1, w1, tokens, cos, sin)
     p, NKV, HD = n_tokens - 1, cfg.n_kv_heads, cfg.head_dim
-    got = {"q": mk.exchanged(0, "q"), "k": mk.k[0][0, :, p].reshape(-1), "v": mk.v_cache[0][0, :, p].reshape(-1),
-           "x_mid": mk.exchanged(0, "x1"), "h": mk.exchanged(0, "h"), "x": mk.exchanged(0, "x2"), "logits": mk.logits}
+    got = {"q": mk.q, "k": mk.k[0][0, :, p].reshape(-1), "v": mk.v_cache[0][0, :, p].reshape(-1), "x": mk.x,
+           "h": mk.h, "logits": mk.logits}
     errs = {name: rel_err(got[name], ref[name]) for name in got}
     # the argmax the kernel fed back (hist) must be the argmax of its own logits
     errs["argmax_is_own"] = int(mk.hist[p].item()) == int(mk.logits.argmax().item())
@@ -303,8 +314,8 @@ def check_model(cfg, w: ModelWeights, v: Variant, context: int, teacher: int, lo
     cache = dec.new_cache(1, context + teacher + 8)
     want = dec.prefill(prompt, torch.tensor([context], device="cuda"), cache)[0]
     want_prompt = want.clone()
-    steps = [{"pos": context - 1, "rel_err": rel_err(got, want), "argmax_equal": int(got.argmax()) == int(want.argmax()),
-              "ref_margin": margin(want)}]
+    steps = [{"pos": context - 1, "rel_err": rel_err(got, want),
+              "argmax_equal": int(got.argmax()) == int(want.argmax()), "ref_margin": margin(want)}]
     tok = int(want.argmax())
     for i in range(teacher):
         pos = context + i
@@ -359,7 +370,8 @@ def bench(cfg, w: ModelWeights, variants: list[Variant], a, log, prompt_fp64: to
             log(f"variant {v}: {e}")
             continue
         got = mk.prompt(prompt[0].tolist())
-        mk.prompt_check = {"rel_err": rel_err(got, prompt_fp64), "argmax_equal": int(got.argmax()) == int(prompt_fp64.argmax())}
+        mk.prompt_check = {"rel_err": rel_err(got, prompt_fp64),
+                           "argmax_equal": int(got.argmax()) == int(prompt_fp64.argmax())}
         log(f"variant {v}: prompt logits {mk.prompt_check['rel_err']:.2e} of the largest from FP64, argmax "
             f"{'equal' if mk.prompt_check['argmax_equal'] else 'DIFFERS'}")
         mk_first = int(got.argmax())
@@ -402,9 +414,9 @@ def bench(cfg, w: ModelWeights, variants: list[Variant], a, log, prompt_fp64: to
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="preset:smollm2-135m")
-    ap.add_argument("--variants", default="256/8/2/4/1/1/0,256/8/2/4/1/1/1,256/8/4/4/1/2/1,384/8/2/4/1/1/1,"
-                    "256/16/4/4/1/2/1", help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS/LL, comma list (a "
-                    "prefix takes the rest from 256/8/2/4/1/1/0)")
+    ap.add_argument("--variants", default="384/8/2/4/1/1,384/8/8/4/1/1,384/8/8/4/1/2,256/8/8/4/1/2",
+                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS, comma list (a prefix "
+                    "takes the rest from 512/8/2/4/0/1)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)

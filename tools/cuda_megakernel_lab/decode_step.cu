@@ -2,36 +2,29 @@
 // tools/cuda_megakernel_lab.py. The question (#31): at 135M a token is ~150 kernels of a few microseconds each, for
 // ~60 us of bytes; the fused path's boundaries cost ~2-3 us each even with PDL, and a Triton kernel whose stages
 // wait on counters was slower still (tools/wave_gemv_lab.py --ticket: thousands of programs, thousands of atomics
-// on one address). Here the grid is one block an SM, and each block loads its weights for the next stage into
-// registers BEFORE it waits for that stage's inputs (weights do not depend on the activations).
+// on one address). Here the grid is one block an SM, a stage boundary is one atomic a block (a grid barrier), and
+// each block loads its weights for the next stage into registers BEFORE it waits at the barrier, so the barrier's
+// latency hides the weight reads (weights do not depend on the activations).
 //
 // A token's stages (every block takes part in each; rows go to warps round-robin over the whole grid):
 //   per layer: [norm + QKV GEMV + RoPE + KV write] | [split-KV attention] | [merge + o GEMV + residual]
 //              | [norm + gate/up GEMV + SwiGLU] | [down GEMV + residual]
 //   then [final norm + LM-head GEMV + argmax], the last block to finish reduces the argmax, feeds the token back
-//   (the next launch reads it), advances the launch number and resets the counters.
-//
-// How a stage waits for the one before (the LL macro):
-//   LL 0: a grid barrier in two halves (arrive: the CTA barrier, then one release add a block; the next stage's
-//         loads; wait: thread 0 polls the count with acquire loads), then the inputs are read from L2;
-//   LL 1: no barrier. Every value passed between stages is 8 bytes, the FP32 value and the launch number, written
-//         in one store; a reader polls its inputs until each carries this launch's number (NCCL's LL protocol):
-//         one L2 trip from writer to reader instead of a fence, an atomic, a poll and a read.
-// Every exchanged vector has its own place a layer (``xch``), so nothing is overwritten within a launch, and a
-// launch's number tells its values from the last launch's.
-// Layer 0 reads the token's embedding row as its residual. Weights and the KV cache are FP16; the new key and value
-// reach this launch's attention through ``xch`` (rounded to FP16, as cached); all sums FP32.
+//   (the next launch reads it) and resets the barrier counters.
+// Layer 0 reads the token's embedding row as its residual. Activations between stages are FP32 in global scratch
+// (read with ld.global.cg: another SM wrote them in this launch, so L1 must not serve a stale copy), weights and
+// the KV cache are FP16, all sums FP32.
 //
 // The model's shape comes as -D macros (C, NQ, NKV, HD, FF, NL, VOCAB, EPS, QSCALE), the variant's too (THREADS,
-// MAXSPLIT, KPW, HEAD_ROWS, FREE_SIGNAL, GU_PAIRS, LL). No header: NVRTC alone compiles it (the nvidia-cuda-nvrtc
-// wheel), for sm_87 on an x86 host too.
+// MAXSPLIT, KPW, HEAD_ROWS, FREE_SIGNAL, GU_PAIRS). No
+// header: NVRTC alone compiles it (the nvidia-cuda-nvrtc wheel), for sm_87 on an x86 host too.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned long long u64;
 
 #ifndef THREADS
-#define THREADS 256
+#define THREADS 512
 #endif
 #ifndef MAXSPLIT
 #define MAXSPLIT 8
@@ -43,44 +36,29 @@ typedef unsigned long long u64;
 #define HEAD_ROWS 4  // LM-head rows a warp has in flight
 #endif
 #ifndef FREE_SIGNAL
-#define FREE_SIGNAL 1  // 1: warp 0 takes no GEMV rows, so the barrier's release never waits on prefetched loads
+#define FREE_SIGNAL 0  // 1: warp 0 takes no GEMV rows, so the barrier's release never waits on prefetched loads
 #endif
 #ifndef GU_PAIRS
 #define GU_PAIRS 1  // gate/up row pairs a warp has in flight
 #endif
-#ifndef LL
-#define LL 0
-#endif
 #define WARPS (THREADS / 32)
 #define ROW_WARPS (WARPS - FREE_SIGNAL)  // warps a block gives the GEMV stages
+#define QKV_ROWS ((NQ + 2 * NKV) * HD)
 #define ATT (NQ * HD)
 #define GROUP (NQ / NKV)
 #define DPL (HD / 32)  // head dims a lane holds in the attention
 #define NCH(K) (((K) / 8 + 31) / 32)  // 16-byte chunks a lane holds of a K-wide FP16 row
 #define XS_MAX (FF > C ? (FF > ATT ? FF : ATT) : (C > ATT ? C : ATT))
 
-// A layer's exchanged vectors (8-byte entries), in this order.
-#define X_Q 0                                  // rotated queries (NQ * HD)
-#define X_KN (X_Q + ATT)                       // the new key rows, rotated, FP16-rounded (NKV * HD)
-#define X_VN (X_KN + NKV * HD)                 // the new value rows
-#define X_PM (X_VN + NKV * HD)                 // attention partials: max (NQ * MAXSPLIT)
-#define X_PL (X_PM + NQ * MAXSPLIT)            // sum
-#define X_PA (X_PL + NQ * MAXSPLIT)            // weighted values (NQ * MAXSPLIT * HD)
-#define X_X1 (X_PA + NQ * MAXSPLIT * HD)       // the residual after the attention (C)
-#define X_H (X_X1 + C)                         // SwiGLU output (FF)
-#define X_X2 (X_H + FF)                        // the residual after the MLP (C)
-#define X_LAYER (X_X2 + C)
-
 static_assert(C % 8 == 0 && FF % 8 == 0 && ATT % 8 == 0, "rows must be whole 16-byte chunks");
 static_assert(HD % 64 == 0, "a lane holds an even number of head dims (two at least: one 32-bit load a key)");
 static_assert(NQ % NKV == 0, "grouped-query attention");
 static_assert(NCH(C) <= 8 && NCH(FF) <= 8 && NCH(ATT) <= 8, "rows this wide need the segmented loads this lab lacks");
-static_assert(NL * 5 + 1 < 4096, "stage numbers fit the trace");
 
 namespace {
 
 #define NEG_INF __int_as_float(0xff800000)
-#define SPIN_LIMIT (1u << 24)  // polls before a wait gives up (a trap, not a hung GPU)
+#define SPIN_LIMIT (1u << 24)  // polls before a barrier gives up (a trap, not a hung GPU)
 
 struct U4 {
   u32 x, y, z, w;
@@ -96,15 +74,18 @@ struct Args {
   const u16* final_norm; // (C,)
   const float* cos_t;    // (max_len, HD/2)
   const float* sin_t;
-  u64* xch;              // NL x X_LAYER exchanged values: FP32 bits | launch number << 32
+  float* x;              // (C,) residual
+  float* q;              // (NQ*HD,) rotated queries
+  float* part;           // attention partials: m (NQ*MAXSPLIT), l (NQ*MAXSPLIT), acc (NQ*MAXSPLIT*HD)
+  float* h;              // (FF,) SwiGLU output
   float* logits;         // (VOCAB,) written when write_logits
   float* best_val;       // (grid,) each block's best logit
   int* best_idx;
   int* tok;              // the token this launch embeds; the last block writes the next one
   int* pos;              // its position; the last block advances it
   int* hist;             // hist[pos] = the argmax at pos
-  u32* sync;             // [0]: launch number (from 1), [1]: blocks done, [2]: barrier arrivals
-  u64* trace;            // null, or block 0's %globaltimer (ns) at each stage boundary: arrival, departure
+  u32* sync;             // [0]: barrier arrivals, [1]: blocks done
+  u64* trace;            // null, or block 0's %globaltimer (ns) at each barrier: arrival, departure
   int max_len;           // KV cache rows a layer
   int write_logits;
 };
@@ -115,18 +96,20 @@ __device__ __forceinline__ U4 load_weight(const U4* p) {  // read-only for the k
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
-__device__ __forceinline__ u32 load_fresh_u32(const void* p) {  // written by another SM: L2, never a stale L1 line
+__device__ __forceinline__ float load_fresh(const float* p) {  // written by another SM in this launch: L2, not L1
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ int load_fresh_int(const int* p) {
+  int v;
+  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ u32 load_fresh_u32(const u32* p) {  // KV cache: two FP16 values
   u32 v;
   asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
-}
-__device__ __forceinline__ u64 load_fresh_u64(const u64* p) {
-  u64 v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_u64(u64* p, u64 v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ void halves(u32 w, float& a, float& b) {
   asm("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %2; cvt.f32.f16 %0, lo; cvt.f32.f16 %1, hi; }"
@@ -143,12 +126,6 @@ __device__ __forceinline__ u16 to_half(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
 }
-__device__ __forceinline__ float half_round(float f) {
-  u16 h = to_half(f);
-  float r;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
-  return r;
-}
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -159,71 +136,32 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+
 __device__ __forceinline__ u64 now_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
 
-// ---- passing values between stages
-
-__device__ __forceinline__ void publish(u64* p, float v, u32 seq) {
-  store_u64(p, (u64)__float_as_uint(v) | ((u64)seq << 32));
-}
-
-// ``n`` values (n <= N) at p[idx[k]]: with LL, polled until each carries this launch's number; without, read once
-// (a barrier has made them visible). Every load is issued before any is waited on.
-template <int N>
-__device__ __forceinline__ void fetch(const u64* p, const int (&idx)[N], int n, float (&out)[N], u32 seq) {
-  u32 pending = 0;
-#pragma unroll
-  for (int k = 0; k < N; k++) {
-    if (k < n) {
-      u64 w = load_fresh_u64(p + idx[k]);
-      out[k] = __uint_as_float((u32)w);
-      if (LL && (u32)(w >> 32) != seq) pending |= 1u << k;
-    }
-  }
-  u32 polls = 0;
-  while (LL && pending) {
-#pragma unroll
-    for (int k = 0; k < N; k++) {
-      if (pending & (1u << k)) {
-        u64 w = load_fresh_u64(p + idx[k]);
-        if ((u32)(w >> 32) == seq) {
-          out[k] = __uint_as_float((u32)w);
-          pending &= ~(1u << k);
-        }
-      }
-    }
-    if (++polls == SPIN_LIMIT) asm volatile("trap;");
-  }
-}
-__device__ __forceinline__ float fetch1(const u64* p, int i, u32 seq) {
-  int idx[1] = {i};
-  float v[1];
-  fetch<1>(p, idx, 1, v, seq);
-  return v[0];
-}
-
-// Stage boundaries. LL 0: a grid barrier in two halves (a block's loads for the next stage go between them, so the
-// arrival's release fence waits on none of them and they overlap the wait). LL 1: only the CTA barriers that guard
-// shared memory (a stage's inputs are polled where they are read). Both record block 0's times when tracing.
-__device__ __forceinline__ void stage_arrive(u32* arrivals, u64* trace, u32 index) {
+// A grid barrier in two halves, so that a block's loads for the next stage are issued between them: they overlap
+// the wait, and the arrival's release fence does not wait for them (a fence waits on the thread's loads in flight).
+// Every block arrives once (after all its threads' stores: the CTA barrier, then a release add); thread 0 then
+// spins until all have (acquire). Stores before the arrival are visible after the wait.
+__device__ __forceinline__ void grid_arrive(u32* arrivals, u64* trace, u32 index) {
   __syncthreads();
   if (threadIdx.x == 0) {
     if (trace && blockIdx.x == 0) trace[2 * index] = now_ns();
-    if (!LL) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
   }
 }
-__device__ __forceinline__ void stage_wait(u32* arrivals, u32 target, u64* trace, u32 index) {
+
+__device__ __forceinline__ void grid_wait(u32* arrivals, u32 target, u64* trace, u32 index) {
   if (threadIdx.x == 0) {
     u32 seen, polls = 0;
-    while (!LL) {
+    do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
-      if (seen >= target) break;
       if (++polls == SPIN_LIMIT) asm volatile("trap;");
-    }
+    } while (seen < target);
     if (trace && blockIdx.x == 0) trace[2 * index + 1] = now_ns();
   }
   __syncthreads();
@@ -267,7 +205,6 @@ __shared__ float att_m[WARPS][GROUP];  // the attention's per-warp softmax state
 __shared__ float att_l[WARPS][GROUP];
 __shared__ float att_acc[WARPS][GROUP][HD];
 __shared__ int red_i[WARPS];
-__shared__ float split_w[NQ * MAXSPLIT];  // each split's share of its head: exp2(m_s - M) / L
 
 __device__ __forceinline__ float block_sum(float v) {
   v = warp_sum(v);
@@ -283,7 +220,7 @@ __device__ __forceinline__ float block_sum(float v) {
 
 constexpr int CPT = (C + THREADS - 1) / THREADS;  // a thread's elements of a C-wide vector
 
-struct NormWeight {  // a thread's elements of a norm's weight, read before the wait (weights need none)
+struct NormWeight {  // a thread's elements of a norm's weight, read before the barrier (weights need no barrier)
   float w[CPT];
 };
 __device__ __forceinline__ NormWeight load_norm(const u16* weight) {
@@ -296,82 +233,82 @@ __device__ __forceinline__ NormWeight load_norm(const u16* weight) {
   return n;
 }
 
-// xs = rmsnorm(residual) * weight; the residual is the token's embedding row (resid null) or an exchanged vector.
-__device__ void norm_into_xs(const u16* emb_row, const u64* resid, u32 seq, const NormWeight& nw) {
+// xs = rmsnorm(residual) * weight; layer 0's residual is the token's embedding row.
+__device__ void norm_into_xs(const Args& a, int layer, int tok, const NormWeight& nw) {
   float v[CPT], ss = 0.f;
-  int idx[CPT];
-  const int n = (C - (int)threadIdx.x + THREADS - 1) / THREADS;  // this thread's elements
 #pragma unroll
-  for (int k = 0; k < CPT; k++) idx[k] = threadIdx.x + k * THREADS;
-  if (resid) {
-    fetch<CPT>(resid, idx, n, v, seq);
-  } else {
-#pragma unroll
-    for (int k = 0; k < CPT; k++) v[k] = k < n ? half_at(emb_row + idx[k]) : 0.f;
+  for (int k = 0; k < CPT; k++) {  // every load issued before the first use
+    int i = threadIdx.x + k * THREADS;
+    v[k] = i >= C ? 0.f : layer == 0 ? half_at(a.emb + (u64)tok * C + i) : load_fresh(a.x + i);
   }
 #pragma unroll
-  for (int k = 0; k < CPT; k++) ss += k < n ? v[k] * v[k] : 0.f;
+  for (int k = 0; k < CPT; k++) ss += v[k] * v[k];
   float inv = rsqrtf(block_sum(ss) / C + EPS);
 #pragma unroll
-  for (int k = 0; k < CPT; k++)
-    if (k < n) xs[idx[k]] = v[k] * inv * nw.w[k];
+  for (int k = 0; k < CPT; k++) {
+    int i = threadIdx.x + k * THREADS;
+    if (i < C) xs[i] = v[k] * inv * nw.w[k];
+  }
   __syncthreads();
 }
+
+__device__ __forceinline__ float residual_of(const Args& a, int layer, int tok, int row) {
+  return layer == 0 ? half_at(a.emb + (u64)tok * C + row) : load_fresh(a.x + row);
+}
+
+__shared__ float split_w[NQ * MAXSPLIT];  // each split's share of its head: exp2(m_s - M) / L
 
 // xs = the attention output: each head's splits merged. Every load is issued before the first is used (a loop of
 // dependent L2 reads here cost ~3 us a layer at 8 splits).
-__device__ void merge_splits_into_xs(const u64* X, int S, u32 seq) {
+__device__ void merge_splits_into_xs(const Args& a, int S) {
   constexpr int EPT = (ATT + THREADS - 1) / THREADS;
+  float acc[EPT][MAXSPLIT];
 #pragma unroll
   for (int e = 0; e < EPT; e++) {
     int i = threadIdx.x + e * THREADS, qh = i / HD, d = i % HD;
-    int idx[MAXSPLIT];
-    float acc[MAXSPLIT];
 #pragma unroll
-    for (int s = 0; s < MAXSPLIT; s++) idx[s] = X_PA + (qh * MAXSPLIT + s) * HD + d;
-    fetch<MAXSPLIT>(X, idx, i < ATT ? S : 0, acc, seq);
-    if (e == 0) {  // the splits' weights, once the first values are in flight
-      if (threadIdx.x < NQ) {
-        const int h = threadIdx.x;
-        int im[MAXSPLIT], il[MAXSPLIT];
-        float m[MAXSPLIT], l[MAXSPLIT], M = NEG_INF, Lw = 0.f;
+    for (int s = 0; s < MAXSPLIT; s++)
+      acc[e][s] = (i < ATT && s < S) ? load_fresh(a.part + 2 * NQ * MAXSPLIT + ((u64)qh * MAXSPLIT + s) * HD + d) : 0.f;
+  }
+  if (threadIdx.x < NQ) {
+    const int qh = threadIdx.x;
+    float m[MAXSPLIT], l[MAXSPLIT], M = NEG_INF, Lw = 0.f;
 #pragma unroll
-        for (int s = 0; s < MAXSPLIT; s++) {
-          im[s] = X_PM + h * MAXSPLIT + s;
-          il[s] = X_PL + h * MAXSPLIT + s;
-        }
-        fetch<MAXSPLIT>(X, im, S, m, seq);
-        fetch<MAXSPLIT>(X, il, S, l, seq);
-#pragma unroll
-        for (int s = 0; s < MAXSPLIT; s++) M = s < S ? fmaxf(M, m[s]) : M;
-#pragma unroll
-        for (int s = 0; s < MAXSPLIT; s++) {
-          float f = (s >= S || m[s] == NEG_INF) ? 0.f : fast_exp2(m[s] - M);
-          m[s] = f;
-          Lw += s < S ? l[s] * f : 0.f;
-        }
-#pragma unroll
-        for (int s = 0; s < MAXSPLIT; s++) split_w[h * MAXSPLIT + s] = m[s] / Lw;
-      }
-      __syncthreads();
+    for (int s = 0; s < MAXSPLIT; s++) {
+      m[s] = s < S ? load_fresh(a.part + qh * MAXSPLIT + s) : NEG_INF;
+      l[s] = s < S ? load_fresh(a.part + NQ * MAXSPLIT + qh * MAXSPLIT + s) : 0.f;
     }
-    if (i < ATT) {
-      float v = 0.f;
 #pragma unroll
-      for (int s = 0; s < MAXSPLIT; s++) v += s < S ? acc[s] * split_w[qh * MAXSPLIT + s] : 0.f;
-      xs[i] = v;
+    for (int s = 0; s < MAXSPLIT; s++) M = fmaxf(M, m[s]);
+#pragma unroll
+    for (int s = 0; s < MAXSPLIT; s++) {
+      m[s] = m[s] == NEG_INF ? 0.f : fast_exp2(m[s] - M);
+      Lw += l[s] * m[s];
     }
+#pragma unroll
+    for (int s = 0; s < MAXSPLIT; s++) split_w[qh * MAXSPLIT + s] = m[s] / Lw;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < EPT; e++) {
+    int i = threadIdx.x + e * THREADS, qh = i / HD;
+    if (i >= ATT) break;
+    float v = 0.f;
+#pragma unroll
+    for (int s = 0; s < MAXSPLIT; s++) v += acc[e][s] * split_w[qh * MAXSPLIT + s];
+    xs[i] = v;
   }
   __syncthreads();
 }
 
-// Keys k, k + WARPS, ... (KPW of them, below k1, never ``skip``) of a warp into registers, every load before any use.
+// Keys k, k + WARPS, ... (KPW of them, below k1) of a warp into registers, every load before any use; ``skip``: a
+// position not to read (-1: none); ``only``: read that position alone (-1: all).
 __device__ __forceinline__ void load_keys(const u16* kbase, const u16* vbase, int k, int k1, int skip,
-                                          u32 (&kw)[KPW][DPL / 2], u32 (&vw)[KPW][DPL / 2]) {
+                                          u32 (&kw)[KPW][DPL / 2], u32 (&vw)[KPW][DPL / 2], int only = -1) {
 #pragma unroll
   for (int u = 0; u < KPW; u++) {
     int kk = k + u * WARPS;
-    if (kk < k1 && kk != skip) {
+    if (kk < k1 && kk != skip && (only < 0 || kk == only)) {
 #pragma unroll
       for (int d = 0; d < DPL / 2; d++) {
         kw[u][d] = load_fresh_u32(reinterpret_cast<const u32*>(kbase + (u64)kk * HD) + d);
@@ -393,35 +330,30 @@ __device__ __forceinline__ int splits_for(int len) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final_norm, const float* cos_t,
-            const float* sin_t, u64* xch, float* logits, float* best_val, int* best_idx, int* tok_p, int* pos_p,
-            int* hist, u32* sync, u64* trace, int max_len, int write_logits) {
-  const Args a{layers, emb, head, final_norm, cos_t, sin_t, xch, logits, best_val, best_idx, tok_p, pos_p,
+            const float* sin_t, float* x, float* q, float* part, float* h, float* logits, float* best_val,
+            int* best_idx, int* tok_p, int* pos_p, int* hist, u32* sync, u64* trace, int max_len,
+            int write_logits) {
+  const Args a{layers, emb, head, final_norm, cos_t, sin_t, x, q, part, h, logits, best_val, best_idx, tok_p, pos_p,
                hist, sync, trace, max_len, write_logits};
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // warps interleaved over SMs: a stage's rows spread over all (with FREE_SIGNAL, warp 0 takes none)
   const int gw = warp < FREE_SIGNAL ? 0x3fffffff : (warp - FREE_SIGNAL) * gridDim.x + blockIdx.x;
   const int TW = ROW_WARPS * gridDim.x;
-  const int tok = (int)load_fresh_u32(a.tok), pos = (int)load_fresh_u32(a.pos), len = pos + 1;
-  const u32 seq = load_fresh_u32(a.sync);
+  const int tok = load_fresh_int(a.tok), pos = load_fresh_int(a.pos), len = pos + 1;
   const int S = splits_for(len), chunk = (len + S - 1) / S;
-  const u16* emb_row = a.emb + (u64)tok * C;
-  u32* arrivals = a.sync + 2;
-  u32 stages = 0;  // boundaries passed
+  u32 barriers = 0;
   const u32 G = gridDim.x;
   constexpr int HALF = HD / 2;
 
-  #pragma unroll 1
   for (int l = 0; l < NL; l++) {
     const u64* L = a.layers + (u64)l * P_FIELDS;
     const u16* wqkv = reinterpret_cast<const u16*>(L[P_WQKV]);
     u16* kc = reinterpret_cast<u16*>(L[P_K]);
     u16* vc = reinterpret_cast<u16*>(L[P_V]);
-    u64* X = a.xch + (u64)l * X_LAYER;
-    const u64* XP = l > 0 ? X - X_LAYER : nullptr;  // the layer before's (its X2 is this layer's residual)
 
     // ---- QKV + RoPE + cache write: a task is a rotation pair (rows j, j + HD/2 of one head)
     {
-      if (l > 0) stage_arrive(arrivals, a.trace, stages);
+      if (l > 0) grid_arrive(a.sync, a.trace, barriers);
       constexpr int TASKS = (NQ + 2 * NKV) * HALF;
       U4 ra[NCH(C)], rb[NCH(C)];
       int t = gw;
@@ -434,12 +366,8 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         sn = a.sin_t[(u64)pos * HALF + t % HALF];
       }
       const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_ATTN_NORM]));
-      if (l > 0) {
-        ++stages;
-        stage_wait(arrivals, stages * G, a.trace, stages - 1);
-      }
-      norm_into_xs(emb_row, l > 0 ? XP + X_X2 : nullptr, seq, nw);
-      #pragma unroll 1
+      if (l > 0) { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+      norm_into_xs(a, l, tok, nw);
       for (; t < TASKS; t += TW) {
         int head = t / HALF, j = t % HALF, r0 = head * HD + j;
         if (t != gw) {
@@ -456,25 +384,21 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
             y1 = z1;
           }
           if (head < NQ) {
-            publish(X + X_Q + head * HD + j, y0, seq);
-            publish(X + X_Q + head * HD + j + HALF, y1, seq);
+            a.q[head * HD + j] = y0;
+            a.q[head * HD + j + HALF] = y1;
           } else {
-            const bool is_k = head < NQ + NKV;
-            int kvh = is_k ? head - NQ : head - NQ - NKV;
-            u16* dst = (is_k ? kc : vc) + ((u64)kvh * a.max_len + pos) * HD;
+            int kvh = head < NQ + NKV ? head - NQ : head - NQ - NKV;
+            u16* dst = (head < NQ + NKV ? kc : vc) + ((u64)kvh * a.max_len + pos) * HD;
             dst[j] = to_half(y0);
             dst[j + HALF] = to_half(y1);
-            u64* xn = X + (is_k ? X_KN : X_VN) + kvh * HD;
-            publish(xn + j, half_round(y0), seq);
-            publish(xn + j + HALF, half_round(y1), seq);
           }
         }
       }
     }
 
     // ---- split-KV attention: block b takes KV head b / S, keys [s * chunk, (s + 1) * chunk) of split s = b % S.
-    // A warp's first keys were cached by earlier launches (all but the one at pos): read before the wait.
-    stage_arrive(arrivals, a.trace, stages);
+    grid_arrive(a.sync, a.trace, barriers);
+    // A warp's first keys were cached by earlier launches (all but the one at pos): read before the barrier.
     const bool attends = (int)blockIdx.x < NKV * S;
     const int kvh = blockIdx.x / S, s = blockIdx.x % S;
     const int k0 = s * chunk, k1 = min(len, k0 + chunk);
@@ -482,58 +406,31 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     const u16* vbase = vc + (u64)kvh * a.max_len * HD + lane * DPL;
     u32 kw[KPW][DPL / 2], vw[KPW][DPL / 2];
     if (attends) load_keys(kbase, vbase, k0 + warp, k1, pos, kw, vw);
-    ++stages;
-    stage_wait(arrivals, stages * G, a.trace, stages - 1);
+    { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
     if (attends) {
-      float qv[GROUP][DPL], m[GROUP], lsum[GROUP], acc[GROUP][DPL], kn[DPL], vn[DPL];
+      float qv[GROUP][DPL], m[GROUP], lsum[GROUP], acc[GROUP][DPL];
       const float scale = QSCALE * 1.4426950408889634f;  // scores in log2 units: exp2 below
-      {
-        int iq[GROUP * DPL], ik[DPL], iv[DPL];
-        float fq[GROUP * DPL];
 #pragma unroll
-        for (int g = 0; g < GROUP; g++)
-#pragma unroll
-          for (int d = 0; d < DPL; d++) iq[g * DPL + d] = X_Q + (kvh * GROUP + g) * HD + lane * DPL + d;
+      for (int g = 0; g < GROUP; g++) {
 #pragma unroll
         for (int d = 0; d < DPL; d++) {
-          ik[d] = X_KN + kvh * HD + lane * DPL + d;
-          iv[d] = X_VN + kvh * HD + lane * DPL + d;
+          qv[g][d] = load_fresh(a.q + (kvh * GROUP + g) * HD + lane * DPL + d) * scale;
+          acc[g][d] = 0.f;
         }
-        const bool has_new = k1 == len && (pos - k0) % WARPS == warp;  // this warp's keys include pos
-        fetch<GROUP * DPL>(X, iq, GROUP * DPL, fq, seq);
-        fetch<DPL>(X, ik, has_new ? DPL : 0, kn, seq);
-        fetch<DPL>(X, iv, has_new ? DPL : 0, vn, seq);
-#pragma unroll
-        for (int g = 0; g < GROUP; g++) {
-#pragma unroll
-          for (int d = 0; d < DPL; d++) {
-            qv[g][d] = fq[g * DPL + d] * scale;
-            acc[g][d] = 0.f;
-          }
-          m[g] = NEG_INF;
-          lsum[g] = 0.f;
-        }
+        m[g] = NEG_INF;
+        lsum[g] = 0.f;
       }
-      #pragma unroll 1
+      load_keys(kbase, vbase, k0 + warp, k1, -1, kw, vw, pos);  // the key this launch wrote, if the warp has it
       for (int k = k0 + warp; k < k1; k += WARPS * KPW) {
-        if (k != k0 + warp) load_keys(kbase, vbase, k, k1, pos, kw, vw);
+        if (k != k0 + warp) load_keys(kbase, vbase, k, k1, -1, kw, vw);
 #pragma unroll
         for (int u = 0; u < KPW; u++) {
-          const int kk = k + u * WARPS;
-          if (kk >= k1) break;
+          if (k + u * WARPS >= k1) break;
           float kf[DPL], vf[DPL];
-          if (kk == pos) {
 #pragma unroll
-            for (int d = 0; d < DPL; d++) {
-              kf[d] = kn[d];
-              vf[d] = vn[d];
-            }
-          } else {
-#pragma unroll
-            for (int d = 0; d < DPL / 2; d++) {
-              halves(kw[u][d], kf[2 * d], kf[2 * d + 1]);
-              halves(vw[u][d], vf[2 * d], vf[2 * d + 1]);
-            }
+          for (int d = 0; d < DPL / 2; d++) {
+            halves(kw[u][d], kf[2 * d], kf[2 * d + 1]);
+            halves(vw[u][d], vf[2 * d], vf[2 * d + 1]);
           }
 #pragma unroll
           for (int g = 0; g < GROUP; g++) {
@@ -570,42 +467,41 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
           A += att_acc[w][g][d] * f;
         }
         int qh = kvh * GROUP + g;
-        publish(X + X_PA + (qh * MAXSPLIT + s) * HD + d, A, seq);
+        a.part[2 * NQ * MAXSPLIT + ((u64)qh * MAXSPLIT + s) * HD + d] = A;
         if (d == 0) {
-          publish(X + X_PM + qh * MAXSPLIT + s, M, seq);
-          publish(X + X_PL + qh * MAXSPLIT + s, Lw, seq);
+          a.part[qh * MAXSPLIT + s] = M;
+          a.part[NQ * MAXSPLIT + qh * MAXSPLIT + s] = Lw;
         }
       }
     }
 
     // ---- o projection + residual: the splits merged into xs first
     {
-      stage_arrive(arrivals, a.trace, stages);
+      grid_arrive(a.sync, a.trace, barriers);
       const u16* wo = reinterpret_cast<const u16*>(L[P_WO]);
       U4 ra[NCH(ATT)];
       int r = gw;
-      float res = 0.f;  // the row's residual: final since the layer began, so read before the wait
+      float res = 0.f;  // the row's residual: final since the layer's first barrier, so read before this one
       if (r < C) {
         load_row<ATT>(wo, r, lane, ra);
-        res = l > 0 ? fetch1(XP + X_X2, r, seq) : half_at(emb_row + r);
+        res = residual_of(a, l, tok, r);
       }
-      ++stages;
-      stage_wait(arrivals, stages * G, a.trace, stages - 1);
-      merge_splits_into_xs(X, S, seq);
-      #pragma unroll 1
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+      merge_splits_into_xs(a, S);
       for (; r < C; r += TW) {
         if (r != gw) {
           load_row<ATT>(wo, r, lane, ra);
-          res = l > 0 ? fetch1(XP + X_X2, r, seq) : half_at(emb_row + r);
+          res = residual_of(a, l, tok, r);
         }
         float y = dot_row<ATT>(ra, xs, lane);
-        if (lane == 0) publish(X + X_X1 + r, res + y, seq);
+        if (lane == 0) a.x[r] = res + y;
       }
     }
 
-    // ---- norm + gate/up + SwiGLU: a task is the pair (gate row f, up row FF + f), GU_PAIRS of them in flight
+    // ---- norm + gate/up + SwiGLU: a task is the pair (gate row f, up row FF + f), GU_PAIRS of them in flight (at
+    // 135M there are more pairs than row warps: a second pair read after the wait cost ~1 us a layer)
     {
-      stage_arrive(arrivals, a.trace, stages);
+      grid_arrive(a.sync, a.trace, barriers);
       const u16* wgu = reinterpret_cast<const u16*>(L[P_WGU]);
       U4 ra[GU_PAIRS][NCH(C)], rb[GU_PAIRS][NCH(C)];
 #pragma unroll
@@ -617,10 +513,8 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         }
       }
       const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_FFN_NORM]));
-      ++stages;
-      stage_wait(arrivals, stages * G, a.trace, stages - 1);
-      norm_into_xs(emb_row, X + X_X1, seq, nw);
-      #pragma unroll 1
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+      norm_into_xs(a, 1, tok, nw);  // the residual is a.x from here on
       for (int first = gw; first < FF; first += GU_PAIRS * TW) {
         if (first != gw) {
 #pragma unroll
@@ -637,62 +531,56 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
           int f = first + i * TW;
           if (f >= FF) break;
           float g = dot_row<C>(ra[i], xs, lane), u = dot_row<C>(rb[i], xs, lane);
-          if (lane == 0) publish(X + X_H + f, g / (1.f + fast_exp2(-g * 1.4426950408889634f)) * u, seq);
+          if (lane == 0) a.h[f] = g / (1.f + fast_exp2(-g * 1.4426950408889634f)) * u;
         }
       }
     }
 
     // ---- down projection + residual
     {
-      stage_arrive(arrivals, a.trace, stages);
+      grid_arrive(a.sync, a.trace, barriers);
       const u16* wd = reinterpret_cast<const u16*>(L[P_WDOWN]);
       U4 ra[NCH(FF)];
       int r = gw;
-      float res = 0.f;  // written by the o stage
+      float res = 0.f;  // written by the o stage, two barriers ago
       if (r < C) {
         load_row<FF>(wd, r, lane, ra);
-        res = fetch1(X + X_X1, r, seq);
+        res = load_fresh(a.x + r);
       }
-      ++stages;
-      stage_wait(arrivals, stages * G, a.trace, stages - 1);
-      {
-        constexpr int FPT = (FF + THREADS - 1) / THREADS;
-        int idx[FPT];
-        float hv[FPT];
-        const int n = (FF - (int)threadIdx.x + THREADS - 1) / THREADS;
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+      constexpr int FPT = (FF + THREADS - 1) / THREADS;
+      float hv[FPT];
 #pragma unroll
-        for (int k = 0; k < FPT; k++) idx[k] = X_H + threadIdx.x + k * THREADS;
-        fetch<FPT>(X, idx, n, hv, seq);
-#pragma unroll
-        for (int k = 0; k < FPT; k++)
-          if (k < n) xs[threadIdx.x + k * THREADS] = hv[k];
-        __syncthreads();
+      for (int k = 0; k < FPT; k++) {
+        int i = threadIdx.x + k * THREADS;
+        hv[k] = i < FF ? load_fresh(a.h + i) : 0.f;
       }
-      #pragma unroll 1
+#pragma unroll
+      for (int k = 0; k < FPT; k++)
+        if (threadIdx.x + k * THREADS < FF) xs[threadIdx.x + k * THREADS] = hv[k];
+      __syncthreads();
       for (; r < C; r += TW) {
         if (r != gw) {
           load_row<FF>(wd, r, lane, ra);
-          res = fetch1(X + X_X1, r, seq);
+          res = load_fresh(a.x + r);
         }
         float y = dot_row<FF>(ra, xs, lane);
-        if (lane == 0) publish(X + X_X2 + r, res + y, seq);
+        if (lane == 0) a.x[r] = res + y;
       }
     }
   }
 
   // ---- final norm + LM head + argmax: HEAD_ROWS rows a warp in flight (the head is most of a 135M token's bytes)
-  stage_arrive(arrivals, a.trace, stages);
+  grid_arrive(a.sync, a.trace, barriers);
   U4 ra[HEAD_ROWS][NCH(C)];
 #pragma unroll
   for (int i = 0; i < HEAD_ROWS; i++)
     if (gw + i * TW < VOCAB) load_row<C>(a.head, gw + i * TW, lane, ra[i]);
   const NormWeight nw = load_norm(a.final_norm);
-  ++stages;
-  stage_wait(arrivals, stages * G, a.trace, stages - 1);
-  norm_into_xs(emb_row, a.xch + (u64)(NL - 1) * X_LAYER + X_X2, seq, nw);
+  { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+  norm_into_xs(a, 1, tok, nw);
   float best = NEG_INF;
   int best_i = 0x7fffffff;
-  #pragma unroll 1
   for (int first = gw; first < VOCAB; first += HEAD_ROWS * TW) {
     if (first != gw) {
 #pragma unroll
@@ -725,25 +613,24 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       }
     a.best_val[blockIdx.x] = best;
     a.best_idx[blockIdx.x] = best_i;
-    if (a.trace && blockIdx.x == 0) a.trace[2 * stages] = now_ns();  // block 0's head done
+    if (a.trace && blockIdx.x == 0) a.trace[2 * barriers] = now_ns();  // block 0's head done
     u32 done;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(done) : "l"(a.sync + 1) : "memory");
-    if (done == G - 1) {  // the last block: every other has passed every wait, so the counters can be reset
+    if (done == G - 1) {  // the last block: every other has passed every barrier, so the counters can be reset
       for (u32 b = 0; b < G; b++) {
-        float v = __uint_as_float(load_fresh_u32(a.best_val + b));
-        int i = (int)load_fresh_u32(a.best_idx + b);
+        float v = load_fresh(a.best_val + b);
+        int i = load_fresh_int(a.best_idx + b);
         if (v > best || (v == best && i < best_i)) {
           best = v;
           best_i = i;
         }
       }
-      best_i = best_i < VOCAB ? best_i : 0;  // every logit NaN: no row won; feed a valid token, not an index past the table
+      best_i = best_i < VOCAB ? best_i : 0;  // every logit NaN: no row won; feed a valid token, not one past the table
       a.hist[pos] = best_i;
       *a.tok = best_i;
       *a.pos = pos + 1;
-      a.sync[0] = seq + 1;  // the next launch's values are told from this one's by it
+      a.sync[0] = 0;
       a.sync[1] = 0;
-      a.sync[2] = 0;
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
     }
   }
