@@ -87,7 +87,7 @@ def compile_with_nvrtc(arch: int, source: Path = SOURCE, defines: tuple = ()) ->
 
     prog = check(nvrtc.nvrtcCreateProgram(source.read_bytes(), source.name.encode(), 0, [], []), "create")
     opts = [f"--gpu-architecture=sm_{arch}".encode(), b"-default-device", b"-std=c++17"]
-    opts += [f"-D{d}".encode() for d in defines]
+    opts += [f"-D{d}".encode() for d in defines] + [f"--include-path={HERE}".encode()]  # tools/: cuda_lab_common
     err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         size = check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
@@ -105,8 +105,8 @@ def compile_with_nvcc(arch: int, source: Path = SOURCE, defines: tuple = ()) -> 
         raise RuntimeError("nvcc not found (PATH, /usr/local/cuda/bin)")
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "k.cubin"
-        r = subprocess.run([nvcc(), "-cubin", f"-arch=sm_{arch}", "-O3", *(f"-D{d}" for d in defines), "-o", str(out),
-                            str(source)],
+        r = subprocess.run([nvcc(), "-cubin", f"-arch=sm_{arch}", "-O3", *(f"-D{d}" for d in defines), f"-I{HERE}",
+                            "-o", str(out), str(source)],
                            capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"nvcc failed:\n{r.stderr[-4000:]}")

@@ -17,11 +17,12 @@
 //   weight loads are in flight; STAGE 0: they come ready from global memory (pairs_of_x below, which in a decode
 //   step would be the epilogue of the kernel that produces x), no shared memory and no barrier.
 //
-// No header: the half arithmetic is inline PTX on 32-bit registers, so NVRTC alone (the nvidia-cuda-nvrtc wheel, no
-// CUDA toolkit) compiles it, for sm_87 on an x86 host as for the GPU it runs on.
+// No CUDA header: the half arithmetic is inline PTX on 32-bit registers (and ../cuda_lab_common/fp16.cuh), so NVRTC
+// alone (the nvidia-cuda-nvrtc wheel, no CUDA toolkit) compiles it, for sm_87 on an x86 host as for the GPU it runs on.
+
+#include "cuda_lab_common/fp16.cuh"  // half_bits, half_to_float, float_to_half, warp_sum
 
 typedef unsigned int uint32_t;
-typedef unsigned short half_bits;  // an FP16 value's bits (x, scales, offsets, y)
 
 namespace {
 
@@ -52,16 +53,6 @@ __device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
-}
-__device__ __forceinline__ float half_to_float(half_bits h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-__device__ __forceinline__ half_bits float_to_half(float f) {
-  half_bits h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
 }
 __device__ __forceinline__ float lane_sum(uint32_t h2) {  // low half + high half, in FP32
   return half_to_float(static_cast<half_bits>(h2 & 0xFFFFu)) + half_to_float(static_cast<half_bits>(h2 >> 16));
@@ -193,9 +184,7 @@ __device__ __forceinline__ void gemv_body(const half_bits* __restrict__ x, const
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
-    float v = fmaf(16.f, acc[r], acc_sum[r]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    float v = warp_sum(fmaf(16.f, acc[r], acc_sum[r]));
     if (lane == 0 && row0 + r < n_rows) {
       if (RES) v = half_to_float(float_to_half(v)) + half_to_float(residual[row0 + r]);
       y[row0 + r] = float_to_half(v);

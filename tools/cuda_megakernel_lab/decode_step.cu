@@ -16,8 +16,10 @@
 // the KV cache are FP16, all sums FP32.
 //
 // The model's shape comes as -D macros (C, NQ, NKV, HD, FF, NL, VOCAB, EPS, QSCALE), the variant's too (THREADS,
-// MAXSPLIT, KPW, HEAD_ROWS, FREE_SIGNAL, GU_PAIRS). No
-// header: NVRTC alone compiles it (the nvidia-cuda-nvrtc wheel), for sm_87 on an x86 host too.
+// MAXSPLIT, KPW, HEAD_ROWS, FREE_SIGNAL, GU_PAIRS). No CUDA header (inline PTX and ../cuda_lab_common/fp16.cuh):
+// NVRTC alone compiles it (the nvidia-cuda-nvrtc wheel), for sm_87 on an x86 host too.
+
+#include "cuda_lab_common/fp16.cuh"  // half_to_float, float_to_half, warp_sum
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -115,26 +117,11 @@ __device__ __forceinline__ void halves(u32 w, float& a, float& b) {
   asm("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %2; cvt.f32.f16 %0, lo; cvt.f32.f16 %1, hi; }"
       : "=f"(a), "=f"(b) : "r"(w));
 }
-__device__ __forceinline__ float half_at(const u16* p) {
-  u16 h = *p;
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-__device__ __forceinline__ u16 to_half(float f) {
-  u16 h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
+__device__ __forceinline__ float half_at(const u16* p) { return half_to_float(*p); }
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 __device__ __forceinline__ u64 now_ns() {
@@ -389,8 +376,8 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
           } else {
             int kvh = head < NQ + NKV ? head - NQ : head - NQ - NKV;
             u16* dst = (head < NQ + NKV ? kc : vc) + ((u64)kvh * a.max_len + pos) * HD;
-            dst[j] = to_half(y0);
-            dst[j + HALF] = to_half(y1);
+            dst[j] = float_to_half(y0);
+            dst[j + HALF] = float_to_half(y1);
           }
         }
       }
