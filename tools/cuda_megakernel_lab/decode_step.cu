@@ -220,13 +220,17 @@ __device__ __forceinline__ NormWeight load_norm(const u16* weight) {
   return n;
 }
 
+__device__ __forceinline__ float residual_of(const Args& a, int layer, int tok, int row) {
+  return layer == 0 ? half_at(a.emb + (u64)tok * C + row) : load_fresh(a.x + row);
+}
+
 // xs = rmsnorm(residual) * weight; layer 0's residual is the token's embedding row.
 __device__ void norm_into_xs(const Args& a, int layer, int tok, const NormWeight& nw) {
   float v[CPT], ss = 0.f;
 #pragma unroll
   for (int k = 0; k < CPT; k++) {  // every load issued before the first use
     int i = threadIdx.x + k * THREADS;
-    v[k] = i >= C ? 0.f : layer == 0 ? half_at(a.emb + (u64)tok * C + i) : load_fresh(a.x + i);
+    v[k] = i >= C ? 0.f : residual_of(a, layer, tok, i);
   }
 #pragma unroll
   for (int k = 0; k < CPT; k++) ss += v[k] * v[k];
@@ -237,10 +241,6 @@ __device__ void norm_into_xs(const Args& a, int layer, int tok, const NormWeight
     if (i < C) xs[i] = v[k] * inv * nw.w[k];
   }
   __syncthreads();
-}
-
-__device__ __forceinline__ float residual_of(const Args& a, int layer, int tok, int row) {
-  return layer == 0 ? half_at(a.emb + (u64)tok * C + row) : load_fresh(a.x + row);
 }
 
 __shared__ float split_w[NQ * MAXSPLIT];  // each split's share of its head: exp2(m_s - M) / L
