@@ -282,8 +282,9 @@ def perturbed_norms(w: ModelWeights, seed: int) -> None:
         t.copy_((1 + 0.2 * torch.randn(t.shape, generator=g)).to(t.dtype))
 
 
-def rope_tables(cfg, w64: ModelWeights, rows: int):
-    dec = Decoder(cfg, w64)
+def rope_tables(dec: Decoder, rows: int):
+    """The model's (cos, sin) for ``rows`` positions: FP64 for a float64 decoder, else FP32 (the same values
+    rounded), which is what the kernel reads."""
     name = next(iter(dec.graph("prefill").rope))
     return dec.rope_tables(name, rows)
 
@@ -291,7 +292,7 @@ def rope_tables(cfg, w64: ModelWeights, rows: int):
 def check_one_layer(cfg, w: ModelWeights, v: Variant, n_tokens: int, log) -> dict:
     cfg1 = dataclasses.replace(cfg, n_layers=1)
     w1 = dataclasses.replace(w, blocks=w.blocks[:1])
-    cos, sin = rope_tables(cfg1, w1.to(dtype=torch.float64), n_tokens + 8)
+    cos, sin = rope_tables(Decoder(cfg1, w1.to(dtype=torch.float64)), n_tokens + 8)
     mk = Megakernel(cfg1, w1, n_tokens + 8, cos, sin, v)
     tokens = _prompt(cfg, n_tokens, 1, "cpu")[0].tolist()
     mk.prompt(tokens)
@@ -310,11 +311,11 @@ def check_one_layer(cfg, w: ModelWeights, v: Variant, n_tokens: int, log) -> dic
 
 def check_model(cfg, w: ModelWeights, v: Variant, context: int, teacher: int, log) -> dict:
     w64 = w.to(dtype=torch.float64)
-    cos, sin = rope_tables(cfg, w64, context + teacher + 8)
+    dec = Decoder(cfg, w64)
+    cos, sin = rope_tables(dec, context + teacher + 8)
     mk = Megakernel(cfg, w, context + teacher + 8, cos, sin, v)
     prompt = _prompt(cfg, context, 0, "cuda")
     got = mk.prompt(prompt[0].tolist())
-    dec = Decoder(cfg, w64)
     cache = dec.new_cache(1, context + teacher + 8)
     want = dec.prefill(prompt, torch.tensor([context], device="cuda"), cache)[0]
     want_prompt = want.clone()
@@ -365,7 +366,7 @@ def bench(cfg, w: ModelWeights, variants: list[Variant], a, log, prompt_fp64: to
     first = eng.prefill(prompt)
     eng.decode(first, a.context, a.tokens)  # compiles, captures, warms
     arms = {"fused (base)": lambda: eng.decode(first, a.context, a.tokens).tolist()}
-    cos, sin = rope_tables(cfg, w.to(dtype=torch.float64), max_len)
+    cos, sin = rope_tables(Decoder(cfg, w), max_len)  # FP32 tables: no FP64 copy of the model for them
     kernels = {}
     for v in variants:
         try:
