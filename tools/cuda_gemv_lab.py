@@ -133,6 +133,7 @@ class Module:
         torch.zeros(1, device="cuda")
         self.module = self._check(driver.cuModuleLoadData(cubin))
         self.functions = {}
+        self.shared_allowed = {}
 
     def _check(self, result):
         err, *rest = result
@@ -145,13 +146,17 @@ class Module:
         return int(self._check(self.driver.cuFuncGetAttribute(attr, self.function(name, 0))))
 
     def function(self, name: str, shared: int):
+        """The kernel, allowed ``shared`` bytes of dynamic shared memory (the limit is raised past 48 KB on the
+        first call that asks for more, a cached handle included)."""
         if name not in self.functions:
-            f = self._check(self.driver.cuModuleGetFunction(self.module, name.encode()))
-            if shared > 48 * 1024:
-                self._check(self.driver.cuFuncSetAttribute(
-                    f, self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared))
-            self.functions[name] = f
-        return self.functions[name]
+            self.functions[name] = self._check(self.driver.cuModuleGetFunction(self.module, name.encode()))
+            self.shared_allowed[name] = 48 * 1024
+        f = self.functions[name]
+        if shared > self.shared_allowed[name]:
+            self._check(self.driver.cuFuncSetAttribute(
+                f, self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared))
+            self.shared_allowed[name] = shared
+        return f
 
     def launch(self, name: str, grid: int, block: int, shared: int, args: list, pdl: bool = False,
                cooperative: bool = False) -> None:

@@ -100,21 +100,30 @@ SOURCE = HERE / "cuda_megakernel_lab" / "decode_step.cu"
 FIELDS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")  # then k, v: the .cu's P_* order
 
 
+def slot_k(cfg) -> int:
+    """Ring mode's slot: 2048 FP16 values (4 KB), or the model's widest row rounded up to 256 where that is less."""
+    widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim)
+    return min(2048, -(-widest // 256) * 256)
+
+
 def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int,
-            gu_pairs: int) -> tuple[str, ...]:
+            gu_pairs: int, ring: int = 0) -> tuple[str, ...]:
     return (f"C={cfg.hidden_size}", f"NQ={cfg.n_heads}", f"NKV={cfg.n_kv_heads}", f"HD={cfg.head_dim}",
             f"FF={cfg.intermediate_size}", f"NL={cfg.n_layers}", f"VOCAB={cfg.vocab_size}",
             f"EPS={float(cfg.rms_norm_eps)!r}f", f"QSCALE={float(cfg.attention_scale)!r}f", f"THREADS={threads}",
             f"MAXSPLIT={maxsplit}", f"KPW={kpw}", f"HEAD_ROWS={head_rows}",
-            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}")
+            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"RING={ring}", f"SLOT_K={slot_k(cfg)}")
 
 
-def supported(cfg) -> str | None:
-    """Why the lab's kernel cannot run this model (None: it can)."""
+def supported(cfg, variants) -> str | None:
+    """Why the lab's kernel cannot run this model in these variants (None: it can)."""
     if cfg.qkv_bias or cfg.qk_norm or cfg.post_norms or cfg.activation != "silu" or cfg.sliding_window:
         return f"{cfg.name}: not a plain Llama block (bias, QK-norm, post-norms, GeGLU or windows)"
-    if max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim) > 2048:
-        return f"{cfg.name}: a projection wider than 2048 (the lab holds a row in registers)"
+    wide = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim) > 2048
+    register_rows = [str(v) for v in variants if not v.ring]
+    if wide and register_rows:
+        return (f"{cfg.name}: a projection wider than 2048, which variants {', '.join(register_rows)} hold in "
+                "registers; give them a ring (the 7th field, e.g. 256/8/8/4/1/1/6)")
     return None
 
 
@@ -126,6 +135,11 @@ class Variant:
     head_rows: int = 4
     free_signal: int = 0
     gu_pairs: int = 1
+    ring: int = 0  # > 0: ring mode, weight rows streamed through this many shared-memory slots a warp
+
+    def ring_bytes(self, cfg) -> int:
+        """Ring mode's dynamic shared memory: a ring of slots for each warp that takes rows."""
+        return (self.threads // 32 - self.free_signal) * self.ring * slot_k(cfg) * 2 if self.ring else 0
 
     @classmethod
     def parse(cls, text: str) -> "Variant":
@@ -146,10 +160,13 @@ class Megakernel:
         self.module, self.cfg, self.v, self.max_len = Module(cubin), cfg, v, max_len
         self.registers = self.module.registers("decode_step")
         d = self.module.driver
-        fn = self.module.function("decode_step", 0)
-        err, per_sm = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, v.threads, 0)
+        self.shared = v.ring_bytes(cfg)
+        fn = self.module.function("decode_step", self.shared)
+        err, per_sm = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, v.threads, self.shared)
         if int(err) != 0 or per_sm < 1:
-            raise RuntimeError(f"variant {v}: {per_sm} blocks an SM fit ({err})")
+            raise RuntimeError(f"variant {v}: {per_sm} blocks an SM fit ({err}; ring mode asks for {self.shared} "
+                               "bytes of dynamic shared memory; the GPU allows "
+                               f"{getattr(props, 'shared_memory_per_block_optin', '?')} a block, static included)")
         self.grid = props.multi_processor_count
         dev, f32 = "cuda", torch.float32
         C, NQ, NKV, HD = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -181,7 +198,7 @@ class Megakernel:
         self.trace = torch.zeros(2 * len(self.stage_names) + 2, dtype=torch.int64, device=dev)
 
     def step(self, write_logits: bool = False, trace: bool = False) -> None:
-        self.module.launch("decode_step", self.grid, self.v.threads, 0, [
+        self.module.launch("decode_step", self.grid, self.v.threads, self.shared, [
             self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.x, self.q, self.part, self.h,
             self.logits, self.best_val, self.best_idx, self.tok, self.pos, self.hist, self.sync,
             self.trace if trace else None, self.max_len, int(write_logits)], cooperative=True)
@@ -420,8 +437,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="preset:smollm2-135m")
     ap.add_argument("--variants", default="256/8/8/4/1/2,384/8/2/4/1/1,256/8/2/4/1/1",
-                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS, comma list (a prefix "
-                    "takes the rest from 512/8/2/4/0/1)")
+                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS[/RING], comma list (a prefix "
+                    "takes the rest from 512/8/2/4/0/1/0); RING > 0 streams each warp's weight rows through that "
+                    "many shared-memory slots (ring mode: needed for rows wider than 2048)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
@@ -431,10 +449,10 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cfg = preset_config(a.model)
-    why = supported(cfg)
+    variants = [Variant.parse(t) for t in a.variants.split(",")]
+    why = supported(cfg, variants)
     if why:
         sys.exit(why)
-    variants = [Variant.parse(t) for t in a.variants.split(",")]
     if a.compile_only:
         for arch in (int(x) for x in a.compile_only.split(",")):
             for v in variants:

@@ -43,6 +43,12 @@ typedef unsigned long long u64;
 #ifndef GU_PAIRS
 #define GU_PAIRS 1  // gate/up row pairs a warp has in flight
 #endif
+#ifndef RING
+#define RING 0  // > 0: ring mode (below): each warp streams its weights through RING shared-memory slots
+#endif
+#ifndef SLOT_K
+#define SLOT_K 2048  // ring mode: FP16 values a slot holds (a row segment)
+#endif
 #define WARPS (THREADS / 32)
 #define ROW_WARPS (WARPS - FREE_SIGNAL)  // warps a block gives the GEMV stages
 #define QKV_ROWS ((NQ + 2 * NKV) * HD)
@@ -55,7 +61,24 @@ typedef unsigned long long u64;
 static_assert(C % 8 == 0 && FF % 8 == 0 && ATT % 8 == 0, "rows must be whole 16-byte chunks");
 static_assert(HD % 64 == 0, "a lane holds an even number of head dims (two at least: one 32-bit load a key)");
 static_assert(NQ % NKV == 0, "grouped-query attention");
-static_assert(NCH(C) <= 8 && NCH(FF) <= 8 && NCH(ATT) <= 8, "rows this wide need the segmented loads this lab lacks");
+#define HALF (HD / 2)
+#define TASKS ((NQ + 2 * NKV) * HALF)  // the QKV stage's tasks: rotation pairs (rows j, j + HD/2 of one head)
+#if RING
+// Ring mode: a warp streams its weight rows through RING slots of SLOT_K FP16 values in shared memory (cp.async),
+// issued in the order it will use them across stages, layers and the LM head, so that a grid barrier never stops
+// the stream: while a warp waits, its next RING row segments are in flight. A row wider than SLOT_K is SEGS(K)
+// segments; a lane copies, and later reads, the same 16-byte chunks of a slot (j = lane + 32 i), so its own
+// cp.async.wait_group is all the ordering it needs.
+static_assert(SLOT_K % 256 == 0, "a slot is whole 16-byte chunks for every lane");
+#define SCH (SLOT_K / 256)  // chunks a lane copies of a slot
+#define SEGS(K) (((K) + SLOT_K - 1) / SLOT_K)
+#else
+static_assert(NCH(C) <= 8 && NCH(FF) <= 8 && NCH(ATT) <= 8, "rows this wide need ring mode (RING > 0)");
+#endif
+
+#if RING
+extern __shared__ __align__(16) unsigned int ring_words[];  // ROW_WARPS x RING slots of SLOT_K FP16 values
+#endif
 
 namespace {
 
@@ -122,6 +145,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+__device__ __forceinline__ float swiglu(float g, float u) {
+  return g / (1.f + fast_exp2(-g * 1.4426950408889634f)) * u;
 }
 
 __device__ __forceinline__ u64 now_ns() {
@@ -243,6 +270,21 @@ __device__ void norm_into_xs(const Args& a, int layer, int tok, const NormWeight
   __syncthreads();
 }
 
+// xs = the SwiGLU output h (FF wide), every load issued before the first store.
+__device__ void h_into_xs(const Args& a) {
+  constexpr int FPT = (FF + THREADS - 1) / THREADS;
+  float hv[FPT];
+#pragma unroll
+  for (int k = 0; k < FPT; k++) {
+    int i = threadIdx.x + k * THREADS;
+    hv[k] = i < FF ? load_fresh(a.h + i) : 0.f;
+  }
+#pragma unroll
+  for (int k = 0; k < FPT; k++)
+    if (threadIdx.x + k * THREADS < FF) xs[threadIdx.x + k * THREADS] = hv[k];
+  __syncthreads();
+}
+
 __shared__ float split_w[NQ * MAXSPLIT];  // each split's share of its head: exp2(m_s - M) / L
 
 // xs = the attention output: each head's splits merged. Every load is issued before the first is used (a loop of
@@ -305,6 +347,26 @@ __device__ __forceinline__ void load_keys(const u16* kbase, const u16* vbase, in
   }
 }
 
+// A QKV task's two outputs (rows j, j + HD/2 of its head): q rotated into a.q, k rotated and v into the cache at pos.
+__device__ __forceinline__ void store_qkv_pair(const Args& a, int t, int pos, float y0, float y1, float c, float sn,
+                                               u16* kc, u16* vc) {
+  const int head = t / HALF, j = t % HALF;
+  if (head < NQ + NKV) {  // rotate-half RoPE at pos
+    float z0 = y0 * c - y1 * sn, z1 = y1 * c + y0 * sn;
+    y0 = z0;
+    y1 = z1;
+  }
+  if (head < NQ) {
+    a.q[head * HD + j] = y0;
+    a.q[head * HD + j + HALF] = y1;
+  } else {
+    int kvh = head < NQ + NKV ? head - NQ : head - NQ - NKV;
+    u16* dst = (head < NQ + NKV ? kc : vc) + ((u64)kvh * a.max_len + pos) * HD;
+    dst[j] = float_to_half(y0);
+    dst[j + HALF] = float_to_half(y1);
+  }
+}
+
 __device__ __forceinline__ int splits_for(int len) {
   int want = (len + KPW * WARPS - 1) / (KPW * WARPS);
   int most = (int)gridDim.x / NKV;
@@ -312,6 +374,152 @@ __device__ __forceinline__ int splits_for(int len) {
   want = want < most ? want : most;
   return want > 0 ? want : 1;
 }
+
+
+#if RING
+// ---- the weight stream of ring mode
+
+enum { S_QKV, S_O, S_GU, S_DOWN, S_HEAD, S_DONE };  // a warp's stages in stream order (S_HEAD after the last layer)
+
+__device__ __forceinline__ u32 shared_address(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+__device__ __forceinline__ void copy16(u32 dst, const void* src) {  // global -> shared, L1 bypassed
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void commit_group() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void wait_oldest_group() {  // RING groups committed ahead: the oldest has landed
+  asm volatile("cp.async.wait_group %0;" ::"n"(RING - 1) : "memory");
+}
+
+__device__ __forceinline__ int stage_rows(int s) {  // a stage's work items (QKV: rotation pairs, gate/up: pairs)
+  return s == S_QKV ? TASKS : s == S_O ? C : s == S_GU ? FF : s == S_DOWN ? C : VOCAB;
+}
+__device__ __forceinline__ int stage_pieces(int s) {  // slots an item takes
+  return s == S_QKV || s == S_GU ? 2 * SEGS(C) : s == S_O ? SEGS(ATT) : s == S_DOWN ? SEGS(FF) : SEGS(C);
+}
+
+// The producer side of a warp's stream: the next slot to issue walks the warp's items (gw, gw + TW, ...) of each
+// stage, each item's rows, each row's segments; the consumer side (ring_dot) takes them in the same order.
+struct Feed {
+  int gw, TW, layer, stage, item, items, piece;
+  const u16* w;    // the stage's weight matrix (read once a stage, so a refill waits on no pointer load)
+  u32 slot, take;  // ring positions: the next to fill, the next to read
+  u32 base;        // this warp's ring (shared address)
+  const U4* ring_w;
+};
+
+__device__ __forceinline__ const u16* stage_weight(const Args& a, int layer, int s) {
+  if (s == S_HEAD) return a.head;
+  const u64* L = a.layers + (u64)layer * P_FIELDS;
+  return reinterpret_cast<const u16*>(L[s == S_QKV ? P_WQKV : s == S_O ? P_WO : s == S_GU ? P_WGU : P_WDOWN]);
+}
+
+__device__ __forceinline__ void feed_next_stage(Feed& f) {
+  if (f.stage == S_DOWN) {
+    f.layer++;
+    f.stage = f.layer < NL ? S_QKV : S_HEAD;
+  } else {
+    f.stage = f.stage == S_HEAD ? S_DONE : f.stage + 1;
+  }
+}
+
+// From f.stage on, the first stage with items for this warp.
+__device__ __forceinline__ void feed_enter(Feed& f, const Args& a) {
+  for (; f.stage != S_DONE; feed_next_stage(f)) {
+    const int rows = stage_rows(f.stage);
+    f.items = f.gw < rows ? (rows - 1 - f.gw) / f.TW + 1 : 0;
+    f.item = f.piece = 0;
+    if (f.items > 0) {
+      f.w = stage_weight(a, f.layer, f.stage);
+      return;
+    }
+  }
+}
+
+// Issue the next slot's copies and commit them as one group (an empty group once the stream is done, so that every
+// consume commits one and wait_oldest_group keeps its meaning).
+__device__ __forceinline__ void feed_issue(Feed& f, const Args& a, int lane) {
+  if (f.stage != S_DONE) {
+    const int K = f.stage == S_O ? ATT : f.stage == S_DOWN ? FF : C;
+    const int segs = (K + SLOT_K - 1) / SLOT_K, part = f.piece / segs, seg = f.piece % segs;
+    const int idx = f.gw + f.item * f.TW;
+    const int row = f.stage == S_QKV ? (idx / HALF) * HD + idx % HALF + part * HALF  // rows j, j + HD/2 of a head
+                    : f.stage == S_GU ? idx + part * FF                               // gate row f, up row FF + f
+                                      : idx;
+    const U4* src = reinterpret_cast<const U4*>(f.w + (u64)row * K + seg * SLOT_K);
+    const int rest = K - seg * SLOT_K, n = (rest < SLOT_K ? rest : SLOT_K) / 8;
+    const u32 dst = f.base + f.slot * (SLOT_K * 2);
+#pragma unroll
+    for (int i = 0; i < SCH; i++) {
+      int j = lane + 32 * i;
+      if (j < n) copy16(dst + 16 * j, src + j);
+    }
+    if (++f.piece == stage_pieces(f.stage)) {
+      f.piece = 0;
+      if (++f.item == f.items) {
+        feed_next_stage(f);
+        feed_enter(f, a);
+      }
+    }
+  }
+  commit_group();
+  f.slot = f.slot + 1 == RING ? 0 : f.slot + 1;
+}
+
+__device__ __forceinline__ void feed_start(Feed& f, const Args& a, int gw, int TW, int warp, int lane) {
+  f.gw = gw;
+  f.TW = TW;
+  f.layer = 0;
+  f.stage = S_QKV;
+  f.slot = f.take = 0;
+  const int ring_warp = warp < FREE_SIGNAL ? 0 : warp - FREE_SIGNAL;  // a free warp streams nothing
+  f.ring_w = reinterpret_cast<const U4*>(ring_words) + (u64)ring_warp * RING * (SLOT_K / 8);
+  f.base = shared_address(f.ring_w);
+  feed_enter(f, a);
+#pragma unroll 1
+  for (int i = 0; i < RING; i++) feed_issue(f, a, lane);
+}
+
+// The next K-wide row of the warp's stream dotted with xs (every lane gets the sum); each segment's slot is refilled
+// with the stream's next once read.
+template <int K>
+__device__ __forceinline__ float ring_dot(Feed& f, const Args& a, const float* xv, int lane) {
+  float acc = 0.f;
+#pragma unroll
+  for (int seg = 0; seg < SEGS(K); seg++) {
+    constexpr int LAST = K - (SEGS(K) - 1) * SLOT_K;
+    const int n = (seg == SEGS(K) - 1 ? LAST : SLOT_K) / 8;
+    wait_oldest_group();
+    const U4* slot = f.ring_w + f.take * (SLOT_K / 8);
+#pragma unroll
+    for (int i = 0; i < SCH; i++) {
+      int j = lane + 32 * i;
+      if (j < n) {
+        const U4 c = slot[j];
+        const float* x = xv + seg * SLOT_K + 8 * j;
+        float p, q;
+        halves(c.x, p, q);
+        acc += p * x[0] + q * x[1];
+        halves(c.y, p, q);
+        acc += p * x[2] + q * x[3];
+        halves(c.z, p, q);
+        acc += p * x[4] + q * x[5];
+        halves(c.w, p, q);
+        acc += p * x[6] + q * x[7];
+      }
+    }
+    // The refill goes into the slot just read. PTX does not order a cp.async after the thread's earlier ld.shared
+    // of the same bytes, but the copy writes shared memory only once its global read returns (hundreds of cycles),
+    // long after those loads (tens): the ordinary same-thread multi-stage pipeline.
+    f.take = f.take + 1 == RING ? 0 : f.take + 1;
+    feed_issue(f, a, lane);
+  }
+  return warp_sum(acc);
+}
+#endif
 
 }  // namespace
 
@@ -330,7 +538,10 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
   const int S = splits_for(len), chunk = (len + S - 1) / S;
   u32 barriers = 0;
   const u32 G = gridDim.x;
-  constexpr int HALF = HD / 2;
+#if RING
+  Feed feed;
+  feed_start(feed, a, gw, TW, warp, lane);  // the first RING slots of the warp's stream: layer 0's QKV rows
+#endif
 
   for (int l = 0; l < NL; l++) {
     const u64* L = a.layers + (u64)l * P_FIELDS;
@@ -339,9 +550,21 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     u16* vc = reinterpret_cast<u16*>(L[P_V]);
 
     // ---- QKV + RoPE + cache write: a task is a rotation pair (rows j, j + HD/2 of one head)
+#if RING
     {
       if (l > 0) grid_arrive(a.sync, a.trace, barriers);
-      constexpr int TASKS = (NQ + 2 * NKV) * HALF;
+      const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_ATTN_NORM]));
+      if (l > 0) { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+      norm_into_xs(a, l, tok, nw);
+      for (int t = gw; t < TASKS; t += TW) {
+        const float c = a.cos_t[(u64)pos * HALF + t % HALF], sn = a.sin_t[(u64)pos * HALF + t % HALF];
+        const float y0 = ring_dot<C>(feed, a, xs, lane), y1 = ring_dot<C>(feed, a, xs, lane);
+        if (lane == 0) store_qkv_pair(a, t, pos, y0, y1, c, sn, kc, vc);
+      }
+    }
+#else
+    {
+      if (l > 0) grid_arrive(a.sync, a.trace, barriers);
       U4 ra[NCH(C)], rb[NCH(C)];
       int t = gw;
       float c = 0.f, sn = 0.f;
@@ -356,7 +579,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       if (l > 0) { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
       norm_into_xs(a, l, tok, nw);
       for (; t < TASKS; t += TW) {
-        int head = t / HALF, j = t % HALF, r0 = head * HD + j;
+        int j = t % HALF, r0 = (t / HALF) * HD + j;
         if (t != gw) {
           load_row<C>(wqkv, r0, lane, ra);
           load_row<C>(wqkv, r0 + HALF, lane, rb);
@@ -364,24 +587,10 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
           sn = a.sin_t[(u64)pos * HALF + j];
         }
         float y0 = dot_row<C>(ra, xs, lane), y1 = dot_row<C>(rb, xs, lane);
-        if (lane == 0) {
-          if (head < NQ + NKV) {  // rotate-half RoPE at pos
-            float z0 = y0 * c - y1 * sn, z1 = y1 * c + y0 * sn;
-            y0 = z0;
-            y1 = z1;
-          }
-          if (head < NQ) {
-            a.q[head * HD + j] = y0;
-            a.q[head * HD + j + HALF] = y1;
-          } else {
-            int kvh = head < NQ + NKV ? head - NQ : head - NQ - NKV;
-            u16* dst = (head < NQ + NKV ? kc : vc) + ((u64)kvh * a.max_len + pos) * HD;
-            dst[j] = float_to_half(y0);
-            dst[j + HALF] = float_to_half(y1);
-          }
-        }
+        if (lane == 0) store_qkv_pair(a, t, pos, y0, y1, c, sn, kc, vc);
       }
     }
+#endif
 
     // ---- split-KV attention: block b takes KV head b / S, keys [s * chunk, (s + 1) * chunk) of split s = b % S.
     grid_arrive(a.sync, a.trace, barriers);
@@ -463,6 +672,18 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     }
 
     // ---- o projection + residual: the splits merged into xs first
+#if RING
+    {
+      grid_arrive(a.sync, a.trace, barriers);
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+      merge_splits_into_xs(a, S);
+      for (int r = gw; r < C; r += TW) {
+        const float res = residual_of(a, l, tok, r);  // final since the layer's first barrier
+        const float y = ring_dot<ATT>(feed, a, xs, lane);
+        if (lane == 0) a.x[r] = res + y;
+      }
+    }
+#else
     {
       grid_arrive(a.sync, a.trace, barriers);
       const u16* wo = reinterpret_cast<const u16*>(L[P_WO]);
@@ -484,9 +705,22 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         if (lane == 0) a.x[r] = res + y;
       }
     }
+#endif
 
     // ---- norm + gate/up + SwiGLU: a task is the pair (gate row f, up row FF + f), GU_PAIRS of them in flight (at
     // 135M there are more pairs than row warps: a second pair read after the wait cost ~1 us a layer)
+#if RING
+    {
+      grid_arrive(a.sync, a.trace, barriers);
+      const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_FFN_NORM]));
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+      norm_into_xs(a, 1, tok, nw);  // the residual is a.x from here on
+      for (int f = gw; f < FF; f += TW) {
+        const float g = ring_dot<C>(feed, a, xs, lane), u = ring_dot<C>(feed, a, xs, lane);
+        if (lane == 0) a.h[f] = swiglu(g, u);
+      }
+    }
+#else
     {
       grid_arrive(a.sync, a.trace, barriers);
       const u16* wgu = reinterpret_cast<const u16*>(L[P_WGU]);
@@ -518,12 +752,25 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
           int f = first + i * TW;
           if (f >= FF) break;
           float g = dot_row<C>(ra[i], xs, lane), u = dot_row<C>(rb[i], xs, lane);
-          if (lane == 0) a.h[f] = g / (1.f + fast_exp2(-g * 1.4426950408889634f)) * u;
+          if (lane == 0) a.h[f] = swiglu(g, u);
         }
       }
     }
+#endif
 
     // ---- down projection + residual
+#if RING
+    {
+      grid_arrive(a.sync, a.trace, barriers);
+      { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+      h_into_xs(a);
+      for (int r = gw; r < C; r += TW) {
+        const float res = load_fresh(a.x + r);  // written by the o stage, two barriers ago
+        const float y = ring_dot<FF>(feed, a, xs, lane);
+        if (lane == 0) a.x[r] = res + y;
+      }
+    }
+#else
     {
       grid_arrive(a.sync, a.trace, barriers);
       const u16* wd = reinterpret_cast<const u16*>(L[P_WDOWN]);
@@ -535,17 +782,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         res = load_fresh(a.x + r);
       }
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-      constexpr int FPT = (FF + THREADS - 1) / THREADS;
-      float hv[FPT];
-#pragma unroll
-      for (int k = 0; k < FPT; k++) {
-        int i = threadIdx.x + k * THREADS;
-        hv[k] = i < FF ? load_fresh(a.h + i) : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < FPT; k++)
-        if (threadIdx.x + k * THREADS < FF) xs[threadIdx.x + k * THREADS] = hv[k];
-      __syncthreads();
+      h_into_xs(a);
       for (; r < C; r += TW) {
         if (r != gw) {
           load_row<FF>(wd, r, lane, ra);
@@ -555,10 +792,29 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         if (lane == 0) a.x[r] = res + y;
       }
     }
+#endif
   }
 
   // ---- final norm + LM head + argmax: HEAD_ROWS rows a warp in flight (the head is most of a 135M token's bytes)
   grid_arrive(a.sync, a.trace, barriers);
+  float best = NEG_INF;
+  int best_i = 0x7fffffff;
+#if RING
+  {
+    const NormWeight nw = load_norm(a.final_norm);
+    { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
+    norm_into_xs(a, 1, tok, nw);
+    for (int r = gw; r < VOCAB; r += TW) {
+      const float y = ring_dot<C>(feed, a, xs, lane);
+      if (y > best) {  // rows rise within a warp: the first of equal logits stays
+        best = y;
+        best_i = r;
+      }
+      if (a.write_logits && lane == 0) a.logits[r] = y;
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");  // the stream's empty tail groups
+  }
+#else
   U4 ra[HEAD_ROWS][NCH(C)];
 #pragma unroll
   for (int i = 0; i < HEAD_ROWS; i++)
@@ -566,8 +822,6 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
   const NormWeight nw = load_norm(a.final_norm);
   { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
   norm_into_xs(a, 1, tok, nw);
-  float best = NEG_INF;
-  int best_i = 0x7fffffff;
   for (int first = gw; first < VOCAB; first += HEAD_ROWS * TW) {
     if (first != gw) {
 #pragma unroll
@@ -586,6 +840,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       if (a.write_logits && lane == 0) a.logits[r] = y;
     }
   }
+#endif
   __syncthreads();
   if (lane == 0) {
     red[warp] = best;
