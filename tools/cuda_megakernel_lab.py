@@ -72,8 +72,29 @@ what a PDL kernel boundary does. What would change that is fewer grid-wide waits
 reads (the attention on its head's QKV rows, a GEMV row tile on the inputs it needs), several layers' independent
 work in flight, as published megakernels schedule it. That is a design of its own, not a tile.
 
-Shapes: FP16 weights, no QKV bias, Llama rotate-half RoPE, K of every projection at most 2048 (a lane holds a
-row's chunks in registers; wider rows need segmented loads this lab does not have).
+Ring mode (the variant's 7th field, RING > 0; 2026-12-07): the stage boundary may cost little where a stage has
+many bytes, if the weight stream never stops at it. Each warp streams its rows through RING slots of shared memory
+(cp.async, 4 KB a slot), issued in the order it will use them across stages, layers and the LM head, so that while
+a warp waits at a barrier its next rows are in flight; rows wider than 2048 go in segments, so llama-3.2-1b runs.
+H100 80GB HBM3, depth 512, 64 tokens, 5 interleaved runs, copy bandwidth 3.00 TB/s in the same run:
+- correct: 1-layer intermediates as register mode's (q 1.7e-7, k/v 2.6e-4 / 3.0e-4 from the FP16 cache rounding,
+  x 1.9e-6, logits 2.1e-7 at 1B), the whole 1B model within 2.9e-5 of FP64's largest logit over the prompt and 16
+  teacher-forced steps, argmax equal at 17/17, greedy tokens equal to the fused path's;
+- llama-3.2-1b: fused path 936.0 tok/s (77.7% of copy); ring 869.9-876.1 (0.93-0.94x, 72.2-72.7%) at RING 6, 5
+  (all 8 warps streaming) and 3 alike, so the bytes in flight are not what limits it. Trace (us, stage including the
+  barrier / block 0's part, mean over the 16 layers): gate/up 25.2 / 21.4 (67 MB: block 0 runs at copy speed, the
+  slowest block 3.8 us behind), down 16.0 / 13.2, o 7.0 / 5.6 (the split merge reads 64 KB of partials a block),
+  QKV 6.7 / 4.5 (1536 pairs over 924 row warps: blocks differ by a pair), attention 4.3 / 3.2; the LM head 174 us
+  for 525 MB (100% of copy). A layer is 59 us for 40.5 us of bytes: the tails of unevenly finished blocks and the
+  per-block merge, not the barriers' latency, are what is left;
+- smollm2-135m: ring 0.81-0.84x the fused path (register mode 1.05x in the same run): its rows are 1152 bytes, so
+  a slot's fixed cost (wait, bookkeeping, issue) is paid for a quarter of the bytes.
+What it would take at 1B: work claimed as it goes (a counter a stage, claims issued ahead of use) instead of rows
+fixed to warps, and the split merge done once a KV head in the attention stage (the fused path's arrivals) instead
+of in every block. Both change the kernel's structure; neither was built.
+
+Shapes: FP16 weights, no QKV bias, Llama rotate-half RoPE; in register mode (RING 0) K of every projection at most
+2048 (a lane holds a row's chunks in registers), in ring mode any K that is a multiple of 8.
 """
 
 from __future__ import annotations
