@@ -89,9 +89,13 @@ H100 80GB HBM3, depth 512, 64 tokens, 5 interleaved runs, copy bandwidth 3.00 TB
   per-block merge, not the barriers' latency, are what is left;
 - smollm2-135m: ring 0.81-0.84x the fused path (register mode 1.05x in the same run): its rows are 1152 bytes, so
   a slot's fixed cost (wait, bookkeeping, issue) is paid for a quarter of the bytes.
-What it would take at 1B: work claimed as it goes (a counter a stage, claims issued ahead of use) instead of rows
-fixed to warps, and the split merge done once a KV head in the attention stage (the fused path's arrivals) instead
-of in every block. Both change the kernel's structure; neither was built.
+The two changes that trace pointed at were built and measured the same day (commit 23c2a1a, reverted after): the
+split merge done once a KV head, by its last split, in the attention stage (MERGE1), and rows claimed from a counter
+a stage as the stream goes, one claim ahead (CLAIM). Both correct (1B logits within 2.8e-5 of FP64, argmax 17/17),
+both slower (fused 935.0 tok/s): ring 867.4 (0.93x), + MERGE1 793.1 (0.85x), + MERGE1 + CLAIM 741.4 (0.79x); at
+135M register mode + MERGE1 2125.1 against 2142.1 without (fused 2016.0): the merge leaves the o stage (-0.7 us)
+but costs the attention stage more (+1.3 us, the last split's dependent L2 reads), and a claim's atomic sits in the
+stream's issue path. So at 1B, as at 135M, one launch with grid-wide stages does not beat the fused path's kernels.
 
 Shapes: FP16 weights, no QKV bias, Llama rotate-half RoPE; in register mode (RING 0) K of every projection at most
 2048 (a lane holds a row's chunks in registers), in ring mode any K that is a multiple of 8.
@@ -128,13 +132,12 @@ def slot_k(cfg) -> int:
 
 
 def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int,
-            gu_pairs: int, ring: int = 0, merge1: int = 0, claim: int = 0) -> tuple[str, ...]:
+            gu_pairs: int, ring: int = 0) -> tuple[str, ...]:
     return (f"C={cfg.hidden_size}", f"NQ={cfg.n_heads}", f"NKV={cfg.n_kv_heads}", f"HD={cfg.head_dim}",
             f"FF={cfg.intermediate_size}", f"NL={cfg.n_layers}", f"VOCAB={cfg.vocab_size}",
             f"EPS={float(cfg.rms_norm_eps)!r}f", f"QSCALE={float(cfg.attention_scale)!r}f", f"THREADS={threads}",
             f"MAXSPLIT={maxsplit}", f"KPW={kpw}", f"HEAD_ROWS={head_rows}",
-            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"RING={ring}", f"SLOT_K={slot_k(cfg)}",
-            f"MERGE1={merge1}", f"CLAIM={claim}")
+            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"RING={ring}", f"SLOT_K={slot_k(cfg)}")
 
 
 def supported(cfg, variants) -> str | None:
@@ -158,8 +161,6 @@ class Variant:
     free_signal: int = 0
     gu_pairs: int = 1
     ring: int = 0  # > 0: ring mode, weight rows streamed through this many shared-memory slots a warp
-    merge1: int = 0  # 1: a KV head's splits merged once, by its last split, in the attention stage
-    claim: int = 0  # 1 (ring mode): items claimed from a counter a stage as the stream goes, not fixed to warps
 
     def ring_bytes(self, cfg) -> int:
         """Ring mode's dynamic shared memory: a ring of slots for each warp that takes rows."""
@@ -217,8 +218,6 @@ class Megakernel:
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
         self.hist = torch.zeros(max_len, dtype=torch.int32, device=dev)
         self.sync = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.att = torch.zeros(NQ * HD, dtype=f32, device=dev)
-        self.counters = torch.zeros(cfg.n_layers * (NKV + 4) + 1, dtype=torch.int32, device=dev)
         self.stage_names = (["attention", "o", "gate_up", "down"] + ["qkv", "attention", "o", "gate_up", "down"]
                             * (cfg.n_layers - 1) + ["head"])  # the stage after each barrier
         self.trace = torch.zeros(2 * len(self.stage_names) + 2, dtype=torch.int64, device=dev)
@@ -227,8 +226,7 @@ class Megakernel:
         self.module.launch("decode_step", self.grid, self.v.threads, self.shared, [
             self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.x, self.q, self.part, self.h,
             self.logits, self.best_val, self.best_idx, self.tok, self.pos, self.hist, self.sync,
-            self.trace if trace else None, self.max_len, int(write_logits), self.att, self.counters],
-            cooperative=True)
+            self.trace if trace else None, self.max_len, int(write_logits)], cooperative=True)
 
     def stage_times(self, tok: int, pos: int) -> dict:
         """One traced step at ``pos``: block 0's %globaltimer at each barrier. Per kind of stage, the mean over
@@ -464,10 +462,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="preset:smollm2-135m")
     ap.add_argument("--variants", default="256/8/8/4/1/2,384/8/2/4/1/1,256/8/2/4/1/1",
-                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS[/RING/MERGE1/CLAIM], comma list (a "
-                    "prefix takes the rest from 512/8/2/4/0/1/0/0/0); RING > 0 streams each warp's weight rows "
-                    "through that many shared-memory slots (ring mode: needed for rows wider than 2048); MERGE1 1 "
-                    "merges a KV head's attention splits once; CLAIM 1 (ring mode) claims rows as the stream goes")
+                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS[/RING], comma list (a prefix "
+                    "takes the rest from 512/8/2/4/0/1/0); RING > 0 streams each warp's weight rows through that "
+                    "many shared-memory slots (ring mode: needed for rows wider than 2048)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)

@@ -49,12 +49,6 @@ typedef unsigned long long u64;
 #ifndef SLOT_K
 #define SLOT_K 2048  // ring mode: FP16 values a slot holds (a row segment)
 #endif
-#ifndef MERGE1
-#define MERGE1 0  // 1: the last split of a KV head to finish merges its heads' splits once (a.att), in the attention
-#endif            //    stage, instead of every block merging every head's splits at the o stage
-#ifndef CLAIM
-#define CLAIM 0  // 1 (ring mode): a warp claims its items as it streams (a counter a stage), not rows fixed to it
-#endif
 #define WARPS (THREADS / 32)
 #define ROW_WARPS (WARPS - FREE_SIGNAL)  // warps a block gives the GEMV stages
 #define QKV_ROWS ((NQ + 2 * NKV) * HD)
@@ -80,7 +74,6 @@ static_assert(SLOT_K % 256 == 0, "a slot is whole 16-byte chunks for every lane"
 #define SEGS(K) (((K) + SLOT_K - 1) / SLOT_K)
 #else
 static_assert(NCH(C) <= 8 && NCH(FF) <= 8 && NCH(ATT) <= 8, "rows this wide need ring mode (RING > 0)");
-static_assert(!CLAIM, "claims are ring mode's");
 #endif
 
 #if RING
@@ -120,8 +113,6 @@ struct Args {
   u64* trace;            // null, or block 0's %globaltimer (ns) at each barrier: arrival, departure
   int max_len;           // KV cache rows a layer
   int write_logits;
-  float* att;            // (NQ*HD,) the merged attention output (MERGE1)
-  u32* counters;         // NL*NKV splits done a KV head (MERGE1), then NL*4 + 1 claim counters (CLAIM); zero
 };
 
 __device__ __forceinline__ U4 load_weight(const U4* p) {  // read-only for the kernel's life: no L1 allocation
@@ -279,20 +270,18 @@ __device__ void norm_into_xs(const Args& a, int layer, int tok, const NormWeight
   __syncthreads();
 }
 
-// xs = an N-wide vector other blocks wrote in this launch (the SwiGLU output, the merged attention), every load
-// issued before the first store.
-template <int N>
-__device__ void vector_into_xs(const float* src) {
-  constexpr int FPT = (N + THREADS - 1) / THREADS;
+// xs = the SwiGLU output h (FF wide), every load issued before the first store.
+__device__ void h_into_xs(const Args& a) {
+  constexpr int FPT = (FF + THREADS - 1) / THREADS;
   float hv[FPT];
 #pragma unroll
   for (int k = 0; k < FPT; k++) {
     int i = threadIdx.x + k * THREADS;
-    hv[k] = i < N ? load_fresh(src + i) : 0.f;
+    hv[k] = i < FF ? load_fresh(a.h + i) : 0.f;
   }
 #pragma unroll
   for (int k = 0; k < FPT; k++)
-    if (threadIdx.x + k * THREADS < N) xs[threadIdx.x + k * THREADS] = hv[k];
+    if (threadIdx.x + k * THREADS < FF) xs[threadIdx.x + k * THREADS] = hv[k];
   __syncthreads();
 }
 
@@ -340,52 +329,6 @@ __device__ void merge_splits_into_xs(const Args& a, int S) {
   }
   __syncthreads();
 }
-
-// xs = the attention output, merged by the KV heads' last splits (MERGE1) or here from every split's partial.
-__device__ __forceinline__ void attention_into_xs(const Args& a, int S) {
-#if MERGE1
-  vector_into_xs<ATT>(a.att);
-#else
-  merge_splits_into_xs(a, S);
-#endif
-}
-
-#if MERGE1
-__shared__ int merges;  // 1: this block is its KV head's last split to finish
-
-// The block's partial is written; if it is the last of its KV head's S splits, merge them into a.att (the counter's
-// release/acquire orders every split's partial stores before this block's reads, as the grid barrier does).
-__device__ void merge_if_last(const Args& a, int layer, int kvh, int S) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    u32 prev;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(a.counters + layer * NKV + kvh)
-                 : "memory");
-    merges = prev == (u32)S - 1;
-  }
-  __syncthreads();
-  if (!merges) return;
-  for (int i = threadIdx.x; i < GROUP * HD; i += THREADS) {
-    const int qh = kvh * GROUP + i / HD, d = i % HD;
-    float m[MAXSPLIT], lw[MAXSPLIT], acc[MAXSPLIT], M = NEG_INF, L = 0.f, A = 0.f;
-#pragma unroll
-    for (int s = 0; s < MAXSPLIT; s++) {
-      m[s] = s < S ? load_fresh(a.part + qh * MAXSPLIT + s) : NEG_INF;
-      lw[s] = s < S ? load_fresh(a.part + NQ * MAXSPLIT + qh * MAXSPLIT + s) : 0.f;
-      acc[s] = s < S ? load_fresh(a.part + 2 * NQ * MAXSPLIT + ((u64)qh * MAXSPLIT + s) * HD + d) : 0.f;
-    }
-#pragma unroll
-    for (int s = 0; s < MAXSPLIT; s++) M = fmaxf(M, m[s]);
-#pragma unroll
-    for (int s = 0; s < MAXSPLIT; s++) {
-      const float f = m[s] == NEG_INF ? 0.f : fast_exp2(m[s] - M);
-      L += lw[s] * f;
-      A += acc[s] * f;
-    }
-    a.att[qh * HD + d] = A / L;
-  }
-}
-#endif
 
 // Keys k, k + WARPS, ... (KPW of them, below k1) of a warp into registers, every load before any use; ``skip``: a
 // position not to read (-1: none); ``only``: read that position alone (-1: all).
@@ -458,28 +401,10 @@ __device__ __forceinline__ int stage_pieces(int s) {  // slots an item takes
   return s == S_QKV || s == S_GU ? 2 * SEGS(C) : s == S_O ? SEGS(ATT) : s == S_DOWN ? SEGS(FF) : SEGS(C);
 }
 
-// The producer side of a warp's stream: the next slot to issue walks the warp's items of each stage (gw, gw + TW,
-// ...; with CLAIM, chunks claimed from the stage's counter as it goes, and a stage-end slot after the last), each
-// item's rows, each row's segments; the consumer side (ring_dot, ring_item) takes them in the same order.
-#if CLAIM
-__shared__ int slot_item[WARPS][RING];  // the item a slot starts (-1: the stage's end for this warp)
-__device__ __forceinline__ int claim_size(int s) { return s == S_HEAD ? 8 : s == S_GU || s == S_O ? 2 : 1; }
-__device__ __forceinline__ u32* claim_counter(const Args& a, int layer, int s) {
-  return a.counters + NL * NKV + (s == S_HEAD ? NL * 4 : layer * 4 + s);
-}
-__device__ __forceinline__ u32 claim(const Args& a, int layer, int s, int lane) {  // lane 0's; read later, by shfl
-  u32 got = 0;
-  if (lane == 0)
-    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(got)
-                 : "l"(claim_counter(a, layer, s)), "r"((u32)claim_size(s)) : "memory");
-  return got;
-}
-#endif
+// The producer side of a warp's stream: the next slot to issue walks the warp's items (gw, gw + TW, ...) of each
+// stage, each item's rows, each row's segments; the consumer side (ring_dot) takes them in the same order.
 struct Feed {
   int gw, TW, layer, stage, item, items, piece;
-  int end;      // CLAIM: the end of the claimed chunk
-  u32 pending;  // CLAIM: lane 0's next chunk, claimed ahead of its use
-  int* items_at;
   const u16* w;    // the stage's weight matrix (read once a stage, so a refill waits on no pointer load)
   u32 slot, take;  // ring positions: the next to fill, the next to read
   u32 base;        // this warp's ring (shared address)
@@ -501,15 +426,8 @@ __device__ __forceinline__ void feed_next_stage(Feed& f) {
   }
 }
 
-// From f.stage on, the first stage with items for this warp (CLAIM: f.stage, its first chunk claimed).
-__device__ __forceinline__ void feed_enter(Feed& f, const Args& a, int lane) {
-#if CLAIM
-  if (f.stage == S_DONE) return;
-  f.item = f.end = f.piece = 0;
-  f.w = stage_weight(a, f.layer, f.stage);
-  f.pending = claim(a, f.layer, f.stage, lane);
-  return;
-#endif
+// From f.stage on, the first stage with items for this warp.
+__device__ __forceinline__ void feed_enter(Feed& f, const Args& a) {
   for (; f.stage != S_DONE; feed_next_stage(f)) {
     const int rows = stage_rows(f.stage);
     f.items = f.gw < rows ? (rows - 1 - f.gw) / f.TW + 1 : 0;
@@ -524,31 +442,10 @@ __device__ __forceinline__ void feed_enter(Feed& f, const Args& a, int lane) {
 // Issue the next slot's copies and commit them as one group (an empty group once the stream is done, so that every
 // consume commits one and wait_oldest_group keeps its meaning).
 __device__ __forceinline__ void feed_issue(Feed& f, const Args& a, int lane) {
-#if CLAIM
-  if (f.stage != S_DONE && f.piece == 0 && f.item == f.end) {  // the claimed chunk is done: take the next
-    const int got = __shfl_sync(0xffffffffu, (int)f.pending, 0), rows = stage_rows(f.stage);
-    if (got >= rows) {  // none left: this slot marks the stage's end
-      f.items_at[f.slot] = -1;
-      feed_next_stage(f);
-      feed_enter(f, a, lane);
-      commit_group();
-      f.slot = f.slot + 1 == RING ? 0 : f.slot + 1;
-      return;
-    }
-    f.item = got;
-    f.end = min(got + claim_size(f.stage), rows);
-    f.pending = claim(a, f.layer, f.stage, lane);
-  }
-#endif
   if (f.stage != S_DONE) {
     const int K = f.stage == S_O ? ATT : f.stage == S_DOWN ? FF : C;
     const int segs = (K + SLOT_K - 1) / SLOT_K, part = f.piece / segs, seg = f.piece % segs;
-#if CLAIM
-    const int idx = f.item;
-    f.items_at[f.slot] = idx;
-#else
     const int idx = f.gw + f.item * f.TW;
-#endif
     const int row = f.stage == S_QKV ? (idx / HALF) * HD + idx % HALF + part * HALF  // rows j, j + HD/2 of a head
                     : f.stage == S_GU ? idx + part * FF                               // gate row f, up row FF + f
                                       : idx;
@@ -562,14 +459,10 @@ __device__ __forceinline__ void feed_issue(Feed& f, const Args& a, int lane) {
     }
     if (++f.piece == stage_pieces(f.stage)) {
       f.piece = 0;
-#if CLAIM
-      f.item++;
-#else
       if (++f.item == f.items) {
         feed_next_stage(f);
-        feed_enter(f, a, lane);
+        feed_enter(f, a);
       }
-#endif
     }
   }
   commit_group();
@@ -580,15 +473,12 @@ __device__ __forceinline__ void feed_start(Feed& f, const Args& a, int gw, int T
   f.gw = gw;
   f.TW = TW;
   f.layer = 0;
-  f.stage = warp < FREE_SIGNAL ? S_DONE : S_QKV;  // a free warp streams nothing
+  f.stage = S_QKV;
   f.slot = f.take = 0;
-  const int ring_warp = warp < FREE_SIGNAL ? 0 : warp - FREE_SIGNAL;
+  const int ring_warp = warp < FREE_SIGNAL ? 0 : warp - FREE_SIGNAL;  // a free warp streams nothing
   f.ring_w = reinterpret_cast<const U4*>(ring_words) + (u64)ring_warp * RING * (SLOT_K / 8);
   f.base = shared_address(f.ring_w);
-#if CLAIM
-  f.items_at = slot_item[warp];
-#endif
-  feed_enter(f, a, lane);
+  feed_enter(f, a);
 #pragma unroll 1
   for (int i = 0; i < RING; i++) feed_issue(f, a, lane);
 }
@@ -629,22 +519,6 @@ __device__ __forceinline__ float ring_dot(Feed& f, const Args& a, const float* x
   }
   return warp_sum(acc);
 }
-
-#if CLAIM
-// The item the warp's next slot starts, or -1 at the stage's end (that slot is then consumed here).
-__device__ __forceinline__ int ring_item(Feed& f, const Args& a, int lane) {
-  // lane 0's read for all: a lane past this point may refill the slot (and its entry) before a slower lane reads it
-  const int t = __shfl_sync(0xffffffffu, f.items_at[f.take], 0);
-  if (t < 0) {
-    f.take = f.take + 1 == RING ? 0 : f.take + 1;
-    feed_issue(f, a, lane);
-  }
-  return t;
-}
-#define FOR_ITEMS(t, rows) for (int t; streams && (t = ring_item(feed, a, lane)) >= 0;)
-#else
-#define FOR_ITEMS(t, rows) for (int t = gw; t < (rows); t += TW)
-#endif
 #endif
 
 }  // namespace
@@ -653,9 +527,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final_norm, const float* cos_t,
             const float* sin_t, float* x, float* q, float* part, float* h, float* logits, float* best_val,
             int* best_idx, int* tok_p, int* pos_p, int* hist, u32* sync, u64* trace, int max_len,
-            int write_logits, float* att, u32* counters) {
+            int write_logits) {
   const Args a{layers, emb, head, final_norm, cos_t, sin_t, x, q, part, h, logits, best_val, best_idx, tok_p, pos_p,
-               hist, sync, trace, max_len, write_logits, att, counters};
+               hist, sync, trace, max_len, write_logits};
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // warps interleaved over SMs: a stage's rows spread over all (with FREE_SIGNAL, warp 0 takes none)
   const int gw = warp < FREE_SIGNAL ? 0x3fffffff : (warp - FREE_SIGNAL) * gridDim.x + blockIdx.x;
@@ -665,7 +539,6 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
   u32 barriers = 0;
   const u32 G = gridDim.x;
 #if RING
-  const bool streams = warp >= FREE_SIGNAL;  // CLAIM: a free warp takes no items
   Feed feed;
   feed_start(feed, a, gw, TW, warp, lane);  // the first RING slots of the warp's stream: layer 0's QKV rows
 #endif
@@ -683,7 +556,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_ATTN_NORM]));
       if (l > 0) { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
       norm_into_xs(a, l, tok, nw);
-      FOR_ITEMS(t, TASKS) {
+      for (int t = gw; t < TASKS; t += TW) {
         const float c = a.cos_t[(u64)pos * HALF + t % HALF], sn = a.sin_t[(u64)pos * HALF + t % HALF];
         const float y0 = ring_dot<C>(feed, a, xs, lane), y1 = ring_dot<C>(feed, a, xs, lane);
         if (lane == 0) store_qkv_pair(a, t, pos, y0, y1, c, sn, kc, vc);
@@ -796,9 +669,6 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
           a.part[NQ * MAXSPLIT + qh * MAXSPLIT + s] = Lw;
         }
       }
-#if MERGE1
-      merge_if_last(a, l, kvh, S);
-#endif
     }
 
     // ---- o projection + residual: the splits merged into xs first
@@ -806,8 +676,8 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     {
       grid_arrive(a.sync, a.trace, barriers);
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-      attention_into_xs(a, S);
-      FOR_ITEMS(r, C) {
+      merge_splits_into_xs(a, S);
+      for (int r = gw; r < C; r += TW) {
         const float res = residual_of(a, l, tok, r);  // final since the layer's first barrier
         const float y = ring_dot<ATT>(feed, a, xs, lane);
         if (lane == 0) a.x[r] = res + y;
@@ -825,7 +695,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         res = residual_of(a, l, tok, r);
       }
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-      attention_into_xs(a, S);
+      merge_splits_into_xs(a, S);
       for (; r < C; r += TW) {
         if (r != gw) {
           load_row<ATT>(wo, r, lane, ra);
@@ -845,7 +715,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_FFN_NORM]));
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
       norm_into_xs(a, 1, tok, nw);  // the residual is a.x from here on
-      FOR_ITEMS(f, FF) {
+      for (int f = gw; f < FF; f += TW) {
         const float g = ring_dot<C>(feed, a, xs, lane), u = ring_dot<C>(feed, a, xs, lane);
         if (lane == 0) a.h[f] = swiglu(g, u);
       }
@@ -893,8 +763,8 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     {
       grid_arrive(a.sync, a.trace, barriers);
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-      vector_into_xs<FF>(a.h);
-      FOR_ITEMS(r, C) {
+      h_into_xs(a);
+      for (int r = gw; r < C; r += TW) {
         const float res = load_fresh(a.x + r);  // written by the o stage, two barriers ago
         const float y = ring_dot<FF>(feed, a, xs, lane);
         if (lane == 0) a.x[r] = res + y;
@@ -912,7 +782,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         res = load_fresh(a.x + r);
       }
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-      vector_into_xs<FF>(a.h);
+      h_into_xs(a);
       for (; r < C; r += TW) {
         if (r != gw) {
           load_row<FF>(wd, r, lane, ra);
@@ -934,7 +804,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     const NormWeight nw = load_norm(a.final_norm);
     { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
     norm_into_xs(a, 1, tok, nw);
-    FOR_ITEMS(r, VOCAB) {
+    for (int r = gw; r < VOCAB; r += TW) {
       const float y = ring_dot<C>(feed, a, xs, lane);
       if (y > best) {  // rows rise within a warp: the first of equal logits stays
         best = y;
@@ -1003,7 +873,6 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       *a.pos = pos + 1;
       a.sync[0] = 0;
       a.sync[1] = 0;
-      for (int i = 0; i < NL * NKV + NL * 4 + 1; i++) a.counters[i] = 0;
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
     }
   }
