@@ -104,6 +104,7 @@ Shapes: FP16 weights, no QKV bias, Llama rotate-half RoPE; in register mode (RIN
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import statistics
@@ -220,7 +221,7 @@ class Megakernel:
         self.sync = torch.zeros(2, dtype=torch.int32, device=dev)
         self.stage_names = (["attention", "o", "gate_up", "down"] + ["qkv", "attention", "o", "gate_up", "down"]
                             * (cfg.n_layers - 1) + ["head"])  # the stage after each barrier
-        self.trace = torch.zeros(2 * len(self.stage_names) + 2, dtype=torch.int64, device=dev)
+        self.trace = torch.zeros(self.grid, 10 * cfg.n_layers + 2, dtype=torch.int64, device=dev)  # TRACE_ROW
 
     def step(self, write_logits: bool = False, trace: bool = False) -> None:
         self.module.launch("decode_step", self.grid, self.v.threads, self.shared, [
@@ -229,21 +230,34 @@ class Megakernel:
             self.trace if trace else None, self.max_len, int(write_logits)], cooperative=True)
 
     def stage_times(self, tok: int, pos: int) -> dict:
-        """One traced step at ``pos``: block 0's %globaltimer at each barrier. Per kind of stage, the mean over
-        layers (us) of the stage (departure to next departure: its slowest block and the barrier) and of block 0's
-        own part (departure to its next arrival)."""
+        """One traced step at ``pos``: every block's %globaltimer at each barrier. Per kind of stage, the mean over
+        layers (us) of: the stage (block 0's departure to its next departure: the slowest block and the barrier),
+        block 0's own part (departure to its next arrival), the mean and the slowest block's part, the release (the
+        last block's arrival to block 0's departure); and the blocks most often last to arrive."""
         self.set(tok, pos)
         self.step(trace=True)
-        t = self.trace.view(-1, 2).tolist()  # (arrive, leave) a barrier
+        t = self.trace.view(self.grid, -1)[:, :2 * len(self.stage_names) + 1].double()
+        arrive, leave = t[:, 0::2], t[:, 1::2]  # (blocks, barriers[+ the head's end])
         out: dict[str, dict] = {}
         for b, name in enumerate(self.stage_names[:-1]):
-            row = out.setdefault(name, {"stage_us": [], "block0_work_us": []})
-            row["stage_us"].append((t[b + 1][1] - t[b][1]) / 1e3)
-            row["block0_work_us"].append((t[b + 1][0] - t[b][1]) / 1e3)
-        stages = {k: {f: statistics.mean(v) for f, v in r.items()} | {"count": len(r["stage_us"])}
-                  for k, r in out.items()}
-        last = len(self.stage_names) - 1  # the head's barrier; block 0 stamps its head's end after it
-        stages["head"] = {"block0_work_us": (t[last + 1][0] - t[last][1]) / 1e3, "count": 1}
+            work = (arrive[:, b + 1] - leave[:, b]) / 1e3
+            row = out.setdefault(name, {k: [] for k in ("stage_us", "block0_work_us", "mean_block_work_us",
+                                                        "slowest_block_work_us", "release_us", "last")})
+            row["stage_us"].append(float(leave[0, b + 1] - leave[0, b]) / 1e3)
+            row["block0_work_us"].append(float(work[0]))
+            row["mean_block_work_us"].append(float(work.mean()))
+            row["slowest_block_work_us"].append(float(work.max()))
+            row["release_us"].append(float(leave[0, b + 1] - arrive[:, b + 1].max()) / 1e3)
+            row["last"].append(int(arrive[:, b + 1].argmax()))
+        stages = {}
+        for k, r in out.items():
+            last = r.pop("last")
+            stages[k] = {f: statistics.mean(v) for f, v in r.items()} | {
+                "count": len(last), "most_often_last": collections.Counter(last).most_common(5)}
+        h = len(self.stage_names) - 1  # the head's barrier; every block stamps its head's end after it
+        head = (arrive[:, h + 1] - leave[:, h]) / 1e3
+        stages["head"] = {"block0_work_us": float(head[0]), "mean_block_work_us": float(head.mean()),
+                          "slowest_block_work_us": float(head.max()), "count": 1}
         return stages
 
     def set(self, tok: int, pos: int) -> None:
@@ -435,8 +449,11 @@ def bench(cfg, w: ModelWeights, variants: list[Variant], a, log, prompt_fp64: to
     for name, mk in kernels.items():
         stages = mk.stage_times(0, a.context)
         log(f"megakernel {name} stages at depth {a.context} (us, mean over layers: stage incl. barrier / block 0's "
-            "part): " + ", ".join(f"{k} {v.get('stage_us', float('nan')):.2f}/{v['block0_work_us']:.2f}"
-                                 for k, v in stages.items()))
+            "part / mean block's / slowest block's / release): " + ", ".join(
+                f"{k} {v.get('stage_us', float('nan')):.2f}/{v['block0_work_us']:.2f}/{v['mean_block_work_us']:.2f}/"
+                f"{v['slowest_block_work_us']:.2f}/{v.get('release_us', float('nan')):.2f}" for k, v in stages.items()))
+        log("  blocks most often last: " + ", ".join(f"{k} {v['most_often_last']}" for k, v in stages.items()
+                                                    if "most_often_last" in v))
         mk.stage_breakdown = stages
     copy = graphed_copy_bandwidth(dev)
     nbytes = token_bytes(cfg, w, a.context + a.tokens // 2)

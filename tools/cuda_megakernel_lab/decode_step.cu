@@ -62,6 +62,7 @@ static_assert(C % 8 == 0 && FF % 8 == 0 && ATT % 8 == 0, "rows must be whole 16-
 static_assert(HD % 64 == 0, "a lane holds an even number of head dims (two at least: one 32-bit load a key)");
 static_assert(NQ % NKV == 0, "grouped-query attention");
 #define HALF (HD / 2)
+#define TRACE_ROW (10 * NL + 2)  // a block's trace: 5 NL barriers (arrival, departure), then its head's end
 #define TASKS ((NQ + 2 * NKV) * HALF)  // the QKV stage's tasks: rotation pairs (rows j, j + HD/2 of one head)
 #if RING
 // Ring mode: a warp streams its weight rows through RING slots of SLOT_K FP16 values in shared memory (cp.async),
@@ -110,7 +111,7 @@ struct Args {
   int* pos;              // its position; the last block advances it
   int* hist;             // hist[pos] = the argmax at pos
   u32* sync;             // [0]: barrier arrivals, [1]: blocks done
-  u64* trace;            // null, or block 0's %globaltimer (ns) at each barrier: arrival, departure
+  u64* trace;            // null, or each block's %globaltimer (ns) at each barrier: arrival, departure (TRACE_ROW a block)
   int max_len;           // KV cache rows a layer
   int write_logits;
 };
@@ -164,7 +165,7 @@ __device__ __forceinline__ u64 now_ns() {
 __device__ __forceinline__ void grid_arrive(u32* arrivals, u64* trace, u32 index) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (trace && blockIdx.x == 0) trace[2 * index] = now_ns();
+    if (trace) trace[TRACE_ROW * blockIdx.x + 2 * index] = now_ns();
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
   }
 }
@@ -176,7 +177,7 @@ __device__ __forceinline__ void grid_wait(u32* arrivals, u32 target, u64* trace,
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
       if (++polls == SPIN_LIMIT) asm volatile("trap;");
     } while (seen < target);
-    if (trace && blockIdx.x == 0) trace[2 * index + 1] = now_ns();
+    if (trace) trace[TRACE_ROW * blockIdx.x + 2 * index + 1] = now_ns();
   }
   __syncthreads();
 }
@@ -855,7 +856,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       }
     a.best_val[blockIdx.x] = best;
     a.best_idx[blockIdx.x] = best_i;
-    if (a.trace && blockIdx.x == 0) a.trace[2 * barriers] = now_ns();  // block 0's head done
+    if (a.trace) a.trace[TRACE_ROW * blockIdx.x + 2 * barriers] = now_ns();  // the block's head done
     u32 done;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(done) : "l"(a.sync + 1) : "memory");
     if (done == G - 1) {  // the last block: every other has passed every barrier, so the counters can be reset
