@@ -96,6 +96,11 @@ both slower (fused 935.0 tok/s): ring 867.4 (0.93x), + MERGE1 793.1 (0.85x), + M
 135M register mode + MERGE1 2125.1 against 2142.1 without (fused 2016.0): the merge leaves the o stage (-0.7 us)
 but costs the attention stage more (+1.3 us, the last split's dependent L2 reads), and a claim's atomic sits in the
 stream's issue path. So at 1B, as at 135M, one launch with grid-wide stages does not beat the fused path's kernels.
+Every block traced (a third run, ring 6, fused 935.3 tok/s, ring 868.3): the slowest block's part is 4.1 us past the
+mean block's in gate/up (24.99 against 20.86 us), 2.0 in down, 0.7 in QKV and o; the release after the last
+arrival 0.7 us; the last block differs from layer to layer (no slow SM to route around). Nsight Compute on one
+launch (pos ~60): DRAM 64% of peak over the launch, issue active 19%, stalls per issued instruction: CTA barrier
+3.3 (the grid waits), shared-memory scoreboard 1.9 (the ring's and xs's loads feeding the FMAs), global 1.6.
 
 Shapes: FP16 weights, no QKV bias, Llama rotate-half RoPE; in register mode (RING 0) K of every projection at most
 2048 (a lane holds a row's chunks in registers), in ring mode any K that is a multiple of 8.
