@@ -102,7 +102,7 @@ arrival 0.7 us; the last block differs from layer to layer (no slow SM to route 
 launch (pos ~60): DRAM 64% of peak over the launch, issue active 19%, stalls per issued instruction: CTA barrier
 3.3 (the grid waits), shared-memory scoreboard 1.9 (the ring's and xs's loads feeding the FMAs), global 1.6.
 
-Fewer grid barriers (MLP1, ATTO1; commit of 2026-12-07, reverted after): at 135M a stage's work is ~2 us for ~0.5 us
+Fewer grid barriers (MLP1, ATTO1; commit 5a94c91, reverted after): at 135M a stage's work is ~2 us for ~0.5 us
 of bytes, so removing stage boundaries was the lever left. MLP1 runs gate/up and down as one stage (a warp that made
 h[f] adds h[f] x column f of the down weight into its block's sum, the block adds that into the layer's MLP output
 with FP32 atomics; the residual kept in parts x + o + m); ATTO1 (with MLP1) also the attention and the o projection
@@ -154,13 +154,12 @@ def slot_k(cfg) -> int:
 
 
 def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int,
-            gu_pairs: int, ring: int = 0, mlp1: int = 0, atto1: int = 0) -> tuple[str, ...]:
+            gu_pairs: int, ring: int = 0) -> tuple[str, ...]:
     return (f"C={cfg.hidden_size}", f"NQ={cfg.n_heads}", f"NKV={cfg.n_kv_heads}", f"HD={cfg.head_dim}",
             f"FF={cfg.intermediate_size}", f"NL={cfg.n_layers}", f"VOCAB={cfg.vocab_size}",
             f"EPS={float(cfg.rms_norm_eps)!r}f", f"QSCALE={float(cfg.attention_scale)!r}f", f"THREADS={threads}",
             f"MAXSPLIT={maxsplit}", f"KPW={kpw}", f"HEAD_ROWS={head_rows}",
-            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"RING={ring}", f"SLOT_K={slot_k(cfg)}",
-            f"MLP1={mlp1}", f"ATTO1={atto1}")
+            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"RING={ring}", f"SLOT_K={slot_k(cfg)}")
 
 
 def supported(cfg, variants) -> str | None:
@@ -169,13 +168,6 @@ def supported(cfg, variants) -> str | None:
         return f"{cfg.name}: not a plain Llama block (bias, QK-norm, post-norms, GeGLU or windows)"
     wide = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim) > 2048
     register_rows = [str(v) for v in variants if not v.ring]
-    ring_mlp1 = [str(v) for v in variants if v.ring and (v.mlp1 or v.atto1)]
-    if ring_mlp1:
-        return (f"variants {', '.join(ring_mlp1)}: MLP1 and ATTO1 (the 8th and 9th fields) are built for register "
-                "mode (RING 0) only")
-    lone = [str(v) for v in variants if v.atto1 and not v.mlp1]
-    if lone:
-        return f"variants {', '.join(lone)}: ATTO1 needs MLP1 (the residual kept in parts)"
     if wide and register_rows:
         return (f"{cfg.name}: a projection wider than 2048, which variants {', '.join(register_rows)} hold in "
                 "registers; give them a ring (the 7th field, e.g. 256/8/8/4/1/1/6)")
@@ -191,8 +183,6 @@ class Variant:
     free_signal: int = 0
     gu_pairs: int = 1
     ring: int = 0  # > 0: ring mode, weight rows streamed through this many shared-memory slots a warp
-    mlp1: int = 0  # 1: gate/up and down in one stage (the down output summed by FP32 atomics), a barrier fewer
-    atto1: int = 0  # 1 (with mlp1): attention and o in one stage (o split by head, counter waits), a barrier fewer
 
     def ring_bytes(self, cfg) -> int:
         """Ring mode's dynamic shared memory: a ring of slots for each warp that takes rows."""
@@ -230,10 +220,8 @@ class Megakernel:
         self.k = [torch.zeros(1, NKV, max_len, HD, dtype=torch.float16, device=dev) for _ in range(cfg.n_layers)]
         self.v_cache = [torch.zeros_like(t) for t in self.k]
         ptrs = []
-        # MLP1 reads the down weight's columns as rows: a transposed copy (FF x C)
-        self.down = [b.w_down.weight.t().contiguous() if v.mlp1 else b.w_down.weight for b in w.blocks]
-        for b, kc, vc, down in zip(w.blocks, self.k, self.v_cache, self.down):
-            tensors = [b.attn_norm, b.wqkv.weight, b.wo.weight, b.ffn_norm, b.w_gate_up.weight, down, kc, vc]
+        for b, kc, vc in zip(w.blocks, self.k, self.v_cache):
+            tensors = [b.attn_norm, b.wqkv.weight, b.wo.weight, b.ffn_norm, b.w_gate_up.weight, b.w_down.weight, kc, vc]
             for t in tensors:
                 assert t.dtype == torch.float16 and t.is_contiguous(), "FP16 contiguous weights"
             ptrs.append([t.data_ptr() for t in tensors])
@@ -241,26 +229,25 @@ class Megakernel:
         self.layers = torch.tensor(ptrs, dtype=torch.int64, device=dev)
         self.emb, self.head, self.norm = w.tok_embeddings, w.lm_head.weight, w.norm
         self.cos, self.sin = cos.to(dev, f32).contiguous(), sin.to(dev, f32).contiguous()
-        self.x = torch.zeros(2 * C if v.mlp1 else C, dtype=f32, device=dev)  # MLP1: x[p] of the residual's parts
+        self.x = torch.zeros(C, dtype=f32, device=dev)
         self.q = torch.zeros(NQ * HD, dtype=f32, device=dev)
         self.part = torch.zeros(NQ * v.maxsplit * (HD + 2), dtype=f32, device=dev)
         self.h = torch.zeros(cfg.intermediate_size, dtype=f32, device=dev)
-        self.dx = torch.zeros(4 * C, dtype=f32, device=dev)  # MLP1: o[p], m[p], the residual's other parts
         self.logits = torch.zeros(cfg.vocab_size, dtype=f32, device=dev)
         self.best_val = torch.zeros(self.grid, dtype=f32, device=dev)
         self.best_idx = torch.zeros(self.grid, dtype=torch.int32, device=dev)
         self.tok = torch.zeros(1, dtype=torch.int32, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
         self.hist = torch.zeros(max_len, dtype=torch.int32, device=dev)
-        self.sync = torch.zeros(2 + cfg.n_kv_heads, dtype=torch.int32, device=dev)  # + ATTO1's split counters
-        layer = (["attn_o"] if v.atto1 else ["attention", "o"]) + (["mlp"] if v.mlp1 else ["gate_up", "down"])
-        self.stage_names = layer + (["qkv"] + layer) * (cfg.n_layers - 1) + ["head"]  # the stage after each barrier
+        self.sync = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.stage_names = (["attention", "o", "gate_up", "down"] + ["qkv", "attention", "o", "gate_up", "down"]
+                            * (cfg.n_layers - 1) + ["head"])  # the stage after each barrier
         self.trace = torch.zeros(self.grid, 10 * cfg.n_layers + 2, dtype=torch.int64, device=dev)  # TRACE_ROW
 
     def step(self, write_logits: bool = False, trace: bool = False) -> None:
         self.module.launch("decode_step", self.grid, self.v.threads, self.shared, [
             self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.x, self.q, self.part, self.h,
-            self.dx, self.logits, self.best_val, self.best_idx, self.tok, self.pos, self.hist, self.sync,
+            self.logits, self.best_val, self.best_idx, self.tok, self.pos, self.hist, self.sync,
             self.trace if trace else None, self.max_len, int(write_logits)], cooperative=True)
 
     def stage_times(self, tok: int, pos: int) -> dict:
@@ -293,13 +280,6 @@ class Megakernel:
         stages["head"] = {"block0_work_us": float(head[0]), "mean_block_work_us": float(head.mean()),
                           "slowest_block_work_us": float(head.max()), "count": 1}
         return stages
-
-    def residual(self) -> torch.Tensor:
-        """The residual after the last layer (MLP1 keeps it in parts: x[p] + o[p] + m[p], p the last layer's parity)."""
-        if not self.v.mlp1:
-            return self.x
-        C, p = self.cfg.hidden_size, (self.cfg.n_layers - 1) % 2
-        return self.x[p * C:(p + 1) * C] + self.dx[p * C:(p + 1) * C] + self.dx[(2 + p) * C:(3 + p) * C]
 
     def set(self, tok: int, pos: int) -> None:
         self.tok.fill_(tok)
@@ -396,8 +376,7 @@ def check_one_layer(cfg, w: ModelWeights, v: Variant, n_tokens: int, log) -> dic
     torch.cuda.synchronize()
     ref = reference_steps(cfg1, w1, tokens, cos, sin)
     p, NKV, HD = n_tokens - 1, cfg.n_kv_heads, cfg.head_dim
-    x = mk.residual()
-    got = {"q": mk.q, "k": mk.k[0][0, :, p].reshape(-1), "v": mk.v_cache[0][0, :, p].reshape(-1), "x": x,
+    got = {"q": mk.q, "k": mk.k[0][0, :, p].reshape(-1), "v": mk.v_cache[0][0, :, p].reshape(-1), "x": mk.x,
            "h": mk.h, "logits": mk.logits}
     errs = {name: rel_err(got[name], ref[name]) for name in got}
     # the argmax the kernel fed back (hist) must be the argmax of its own logits
@@ -521,10 +500,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="preset:smollm2-135m")
     ap.add_argument("--variants", default="256/8/8/4/1/2,384/8/2/4/1/1,256/8/2/4/1/1",
-                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS[/RING[/MLP1[/ATTO1]]], comma list (a prefix "
-                    "takes the rest from 512/8/2/4/0/1/0/0/0); RING > 0 streams each warp's weight rows through that "
-                    "many shared-memory slots (ring mode: needed for rows wider than 2048); MLP1 1 runs gate/up and down as one "
-                    "stage, ATTO1 1 (with MLP1) the attention and o (register mode)")
+                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS[/RING], comma list (a prefix "
+                    "takes the rest from 512/8/2/4/0/1/0); RING > 0 streams each warp's weight rows through that "
+                    "many shared-memory slots (ring mode: needed for rows wider than 2048)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)

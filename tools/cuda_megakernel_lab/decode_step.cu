@@ -49,18 +49,6 @@ typedef unsigned long long u64;
 #ifndef SLOT_K
 #define SLOT_K 2048  // ring mode: FP16 values a slot holds (a row segment)
 #endif
-#ifndef MLP1
-// 1: the gate/up and down projections in one stage, one grid barrier fewer a layer. A warp that made h[f] adds
-// h[f] x (column f of the down weight; the host passes it transposed, FF x C) into its block's sum, and the block
-// adds that into the layer's MLP output with FP32 atomics. The residual is then kept as parts (MLP1 below).
-#define MLP1 0
-#endif
-#ifndef ATTO1
-// 1 (with MLP1): the attention and the o projection in one stage, one grid barrier fewer again. The o projection is
-// split by q head (its K): block b takes head b % NQ, waits only for that head's attention splits (a counter a KV
-// head), merges them and adds its rows' share into the layer's o output with FP32 atomics.
-#define ATTO1 0
-#endif
 #define WARPS (THREADS / 32)
 #define ROW_WARPS (WARPS - FREE_SIGNAL)  // warps a block gives the GEMV stages
 #define QKV_ROWS ((NQ + 2 * NKV) * HD)
@@ -88,14 +76,6 @@ static_assert(SLOT_K % 256 == 0, "a slot is whole 16-byte chunks for every lane"
 #else
 static_assert(NCH(C) <= 8 && NCH(FF) <= 8 && NCH(ATT) <= 8, "rows this wide need ring mode (RING > 0)");
 #endif
-static_assert(!(MLP1 && RING), "MLP1 is built for register mode only");
-static_assert(!ATTO1 || MLP1, "ATTO1 keeps the residual in parts, as MLP1 does");
-static_assert(!ATTO1 || (HD % 8 == 0 && 256 % HD == 0), "ATTO1: a head's slice of an o row is whole 16-byte chunks");
-// MLP1's residual, in parts (an atomic sum cannot be read while it grows, nor zeroed while read): layer l (parity
-// p = l % 2) starts from R_l = x[1-p] + o[1-p] + m[1-p] (the layer before's parts; layer 0: the embedding row), and
-// its QKV stage stores R_l into x[p] (each element by one block); its o stage makes o[p], its MLP stage reads
-// x[p] + o[p] and makes m[p], and zeroes o[1-p] and m[1-p] (read for the last time in this layer's QKV stage, made
-// again in the next layer's). Layer 0's QKV stage zeroes o[0] and m[0] (the launch before read them last).
 
 #if RING
 extern __shared__ __align__(16) unsigned int ring_words[];  // ROW_WARPS x RING slots of SLOT_K FP16 values
@@ -120,18 +100,17 @@ struct Args {
   const u16* final_norm; // (C,)
   const float* cos_t;    // (max_len, HD/2)
   const float* sin_t;
-  float* x;              // (C,) residual; MLP1: (2, C), x[p] (above)
+  float* x;              // (C,) residual
   float* q;              // (NQ*HD,) rotated queries
   float* part;           // attention partials: m (NQ*MAXSPLIT), l (NQ*MAXSPLIT), acc (NQ*MAXSPLIT*HD)
   float* h;              // (FF,) SwiGLU output
-  float* dx;             // MLP1: (2, 2, C), the o outputs o[p] then the MLP outputs m[p] (above)
   float* logits;         // (VOCAB,) written when write_logits
   float* best_val;       // (grid,) each block's best logit
   int* best_idx;
   int* tok;              // the token this launch embeds; the last block writes the next one
   int* pos;              // its position; the last block advances it
   int* hist;             // hist[pos] = the argmax at pos
-  u32* sync;             // [0]: barrier arrivals, [1]: blocks done, [2 + kv head]: ATTO1's attention splits done
+  u32* sync;             // [0]: barrier arrivals, [1]: blocks done
   u64* trace;            // null, or each block's %globaltimer (ns) at each barrier: arrival, departure (TRACE_ROW a block)
   int max_len;           // KV cache rows a layer
   int write_logits;
@@ -235,40 +214,7 @@ __device__ __forceinline__ float dot_row(const U4* c, const float* xs, int lane)
   return warp_sum(acc);
 }
 
-// MLP1: out += h x a transposed down row (C wide; this lane's chunks j = lane + 32 i, as load_row holds them)
-template <int K>
-__device__ __forceinline__ void axpy_row(const U4* c, float h, float (*out)[8], int lane) {
-#pragma unroll
-  for (int i = 0; i < NCH(K); i++) {
-    if (lane + 32 * i < K / 8) {
-      float w[8];
-      halves(c[i].x, w[0], w[1]);
-      halves(c[i].y, w[2], w[3]);
-      halves(c[i].z, w[4], w[5]);
-      halves(c[i].w, w[6], w[7]);
-#pragma unroll
-      for (int e = 0; e < 8; e++) out[i][e] += h * w[e];
-    }
-  }
-}
-
-// The gate/up stage's group of GU_PAIRS pairs from ``first`` (pair f: gate row f, up row FF + f, and for MLP1 row f of
-// the transposed down weight), every load issued before any is used.
-__device__ __forceinline__ void load_gu_group(const u16* wgu, const u16* wdt, int first, int TW, int lane,
-                                              U4 (*ra)[NCH(C)], U4 (*rb)[NCH(C)], U4 (*rd)[NCH(C)]) {
-#pragma unroll
-  for (int i = 0; i < GU_PAIRS; i++) {
-    int f = first + i * TW;
-    if (f < FF) {
-      load_row<C>(wgu, f, lane, ra[i]);
-      load_row<C>(wgu, FF + f, lane, rb[i]);
-      if (MLP1) load_row<C>(wdt, f, lane, rd[i]);
-    }
-  }
-}
-
 __shared__ float xs[XS_MAX];           // the stage's input vector
-__shared__ float dsum[MLP1 ? C : 1];   // MLP1: the block's share of the down projection's output
 __shared__ float red[WARPS];           // block reductions
 __shared__ float att_m[WARPS][GROUP];  // the attention's per-warp softmax state
 __shared__ float att_l[WARPS][GROUP];
@@ -302,50 +248,17 @@ __device__ __forceinline__ NormWeight load_norm(const u16* weight) {
   return n;
 }
 
-__device__ __forceinline__ float* o_part(const Args& a, int p) { return a.dx + p * C; }      // MLP1: o[p]
-__device__ __forceinline__ float* m_part(const Args& a, int p) { return a.dx + (2 + p) * C; }  // m[p]
-
-// The residual at layer ``layer``'s start (layer NL: the final norm's input); layer 0's is the token's embedding row.
 __device__ __forceinline__ float residual_of(const Args& a, int layer, int tok, int row) {
-  if (layer == 0) return half_at(a.emb + (u64)tok * C + row);
-  if (!MLP1) return load_fresh(a.x + row);
-  const int q = (layer - 1) % 2;  // the layer before's parts
-  return load_fresh(a.x + q * C + row) + load_fresh(o_part(a, q) + row) + load_fresh(m_part(a, q) + row);
+  return layer == 0 ? half_at(a.emb + (u64)tok * C + row) : load_fresh(a.x + row);
 }
 
-// The residual after layer ``layer``'s o stage (the MLP's input).
-__device__ __forceinline__ float mid_residual_of(const Args& a, int layer, int row) {
-  if (!MLP1) return load_fresh(a.x + row);
-  const int p = layer % 2;
-  return load_fresh(a.x + p * C + row) + load_fresh(o_part(a, p) + row);
-}
-
-// Elements of a C-wide vector this block writes where every block holds the whole (one writer each).
-__device__ __forceinline__ bool block_owns(int i) { return i % (int)gridDim.x == (int)blockIdx.x; }
-
-// xs = rmsnorm(residual) * weight, the residual at ``layer``'s start (``mid``: after its o stage). MLP1: the QKV
-// stage stores R_l into x[p] and layer 0's zeroes o[0] and m[0]; the MLP stage zeroes o[1-p] and m[1-p] (above).
-__device__ void norm_into_xs(const Args& a, int layer, int tok, const NormWeight& nw, bool mid = false) {
+// xs = rmsnorm(residual) * weight; layer 0's residual is the token's embedding row.
+__device__ void norm_into_xs(const Args& a, int layer, int tok, const NormWeight& nw) {
   float v[CPT], ss = 0.f;
 #pragma unroll
   for (int k = 0; k < CPT; k++) {  // every load issued before the first use
     int i = threadIdx.x + k * THREADS;
-    v[k] = i >= C ? 0.f : mid ? mid_residual_of(a, layer, i) : residual_of(a, layer, tok, i);
-  }
-  if (MLP1 && layer < NL) {
-    const int p = layer % 2;
-#pragma unroll
-    for (int k = 0; k < CPT; k++) {
-      int i = threadIdx.x + k * THREADS;
-      if (i < C && block_owns(i)) {
-        if (!mid) a.x[p * C + i] = v[k];
-        if (mid || layer == 0) {
-          const int z = mid ? 1 - p : 0;
-          o_part(a, z)[i] = 0.f;
-          m_part(a, z)[i] = 0.f;
-        }
-      }
-    }
+    v[k] = i >= C ? 0.f : residual_of(a, layer, tok, i);
   }
 #pragma unroll
   for (int k = 0; k < CPT; k++) ss += v[k] * v[k];
@@ -609,81 +522,14 @@ __device__ __forceinline__ float ring_dot(Feed& f, const Args& a, const float* x
 }
 #endif
 
-#if ATTO1
-__shared__ float att_h[HD];  // ATTO1: the block's q head, its splits merged
-
-// ATTO1's o projection, split by q head: block b takes head h = b % NQ and rows j, j + nb, ... of its nb blocks' share
-// (j = b / NQ), the head's HD columns of each (HD / 8 lanes a row, 16 bytes a lane). It waits for the S splits of
-// h's KV head only (their counter), merges them into att_h, and adds each row's sum into o[p] (FP32 atomics: NQ
-// heads add to each row).
-__device__ void o_by_head(const Args& a, const u16* wo, int l, int S, int warp, int lane) {
-  constexpr int LPR = HD / 8, RPW = 32 / LPR;  // lanes a row, rows a warp at once
-  const int h = blockIdx.x % NQ, j = blockIdx.x / NQ, nb = ((int)gridDim.x - 1 - h) / NQ + 1;
-  const int rw = warp - FREE_SIGNAL, sub = lane / LPR, ch = lane % LPR;
-  const U4* base = reinterpret_cast<const U4*>(wo + h * HD) + ch;  // row r's chunk: base[r * ATT / 8]
-  int tb = rw * RPW;  // the warp's first row index t (row j + nb t); warp-uniform
-  U4 w{0, 0, 0, 0};
-  if (rw >= 0 && j + nb * (tb + sub) < C) w = load_weight(base + (u64)(j + nb * (tb + sub)) * (ATT / 8));
-  if (threadIdx.x == 0) {  // before the wait: the weights do not depend on it
-    const u32* done = a.sync + 2 + h / GROUP;
-    const u32 target = (u32)S * (l + 1);
-    u32 seen, polls = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(done) : "memory");
-      if (++polls == SPIN_LIMIT) asm volatile("trap;");
-    } while (seen < target);
-  }
-  __syncthreads();
-  if (threadIdx.x < HD) {  // the head's splits merged (each thread its dimension; the weights recomputed per thread)
-    const int d = threadIdx.x;
-    float m[MAXSPLIT], lw[MAXSPLIT], acc[MAXSPLIT], M = NEG_INF, L = 0.f, A = 0.f;
-#pragma unroll
-    for (int s = 0; s < MAXSPLIT; s++) {
-      m[s] = s < S ? load_fresh(a.part + h * MAXSPLIT + s) : NEG_INF;
-      lw[s] = s < S ? load_fresh(a.part + NQ * MAXSPLIT + h * MAXSPLIT + s) : 0.f;
-      acc[s] = s < S ? load_fresh(a.part + 2 * NQ * MAXSPLIT + ((u64)h * MAXSPLIT + s) * HD + d) : 0.f;
-    }
-#pragma unroll
-    for (int s = 0; s < MAXSPLIT; s++) M = fmaxf(M, m[s]);
-#pragma unroll
-    for (int s = 0; s < MAXSPLIT; s++) {
-      const float f = m[s] == NEG_INF ? 0.f : fast_exp2(m[s] - M);
-      L += lw[s] * f;
-      A += acc[s] * f;
-    }
-    att_h[d] = A / L;
-  }
-  __syncthreads();
-  if (rw < 0) return;
-  float* o = o_part(a, l % 2);
-  for (; j + nb * tb < C; tb += ROW_WARPS * RPW) {
-    const int r = j + nb * (tb + sub);
-    if (tb != rw * RPW && r < C) w = load_weight(base + (u64)r * (ATT / 8));
-    float y = 0.f, v0, v1;
-    const float* x = att_h + 8 * ch;
-    halves(w.x, v0, v1);
-    y += v0 * x[0] + v1 * x[1];
-    halves(w.y, v0, v1);
-    y += v0 * x[2] + v1 * x[3];
-    halves(w.z, v0, v1);
-    y += v0 * x[4] + v1 * x[5];
-    halves(w.w, v0, v1);
-    y += v0 * x[6] + v1 * x[7];
-#pragma unroll
-    for (int off = LPR / 2; off; off >>= 1) y += __shfl_xor_sync(0xffffffffu, y, off);
-    if (ch == 0 && r < C) asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(o + r), "f"(y) : "memory");
-  }
-}
-#endif
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final_norm, const float* cos_t,
-            const float* sin_t, float* x, float* q, float* part, float* h, float* dx, float* logits, float* best_val,
+            const float* sin_t, float* x, float* q, float* part, float* h, float* logits, float* best_val,
             int* best_idx, int* tok_p, int* pos_p, int* hist, u32* sync, u64* trace, int max_len,
             int write_logits) {
-  const Args a{layers, emb, head, final_norm, cos_t, sin_t, x, q, part, h, dx, logits, best_val, best_idx, tok_p, pos_p,
+  const Args a{layers, emb, head, final_norm, cos_t, sin_t, x, q, part, h, logits, best_val, best_idx, tok_p, pos_p,
                hist, sync, trace, max_len, write_logits};
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // warps interleaved over SMs: a stage's rows spread over all (with FREE_SIGNAL, warp 0 takes none)
@@ -826,14 +672,8 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       }
     }
 
-    // ---- o projection + residual: the splits merged into xs first (ATTO1: by head, no grid barrier)
-#if ATTO1
-    if (attends) {  // this block's split is written: count it for its KV head (the release orders its stores)
-      __syncthreads();
-      if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.sync + 2 + kvh) : "memory");
-    }
-    o_by_head(a, reinterpret_cast<const u16*>(L[P_WO]), l, S, warp, lane);
-#elif RING
+    // ---- o projection + residual: the splits merged into xs first
+#if RING
     {
       grid_arrive(a.sync, a.trace, barriers);
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
@@ -863,10 +703,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
           res = residual_of(a, l, tok, r);
         }
         float y = dot_row<ATT>(ra, xs, lane);
-        if (lane == 0) {
-          if (MLP1) o_part(a, l % 2)[r] = y;  // the row's one writer: no atomic, no residual read
-          else a.x[r] = res + y;
-        }
+        if (lane == 0) a.x[r] = res + y;
       }
     }
 #endif
@@ -878,7 +715,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       grid_arrive(a.sync, a.trace, barriers);
       const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_FFN_NORM]));
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-      norm_into_xs(a, l, tok, nw, true);  // after the o stage
+      norm_into_xs(a, 1, tok, nw);  // the residual is a.x from here on
       for (int f = gw; f < FF; f += TW) {
         const float g = ring_dot<C>(feed, a, xs, lane), u = ring_dot<C>(feed, a, xs, lane);
         if (lane == 0) a.h[f] = swiglu(g, u);
@@ -888,58 +725,41 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     {
       grid_arrive(a.sync, a.trace, barriers);
       const u16* wgu = reinterpret_cast<const u16*>(L[P_WGU]);
-      // MLP1 also reads the pair's column of the down weight, passed transposed (FF, C); else rd goes unused
-      const u16* wdt = reinterpret_cast<const u16*>(L[P_WDOWN]);
-      U4 ra[GU_PAIRS][NCH(C)], rb[GU_PAIRS][NCH(C)], rd[MLP1 ? GU_PAIRS : 1][NCH(C)];
-      if (MLP1)
-        for (int i = threadIdx.x; i < C; i += THREADS) dsum[i] = 0.f;  // grid_wait's CTA barrier orders it
-      load_gu_group(wgu, wdt, gw, TW, lane, ra, rb, rd);
+      U4 ra[GU_PAIRS][NCH(C)], rb[GU_PAIRS][NCH(C)];
+#pragma unroll
+      for (int i = 0; i < GU_PAIRS; i++) {
+        int f = gw + i * TW;
+        if (f < FF) {
+          load_row<C>(wgu, f, lane, ra[i]);
+          load_row<C>(wgu, FF + f, lane, rb[i]);
+        }
+      }
       const NormWeight nw = load_norm(reinterpret_cast<const u16*>(L[P_FFN_NORM]));
       { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-      norm_into_xs(a, l, tok, nw, true);  // after the o stage
-#if MLP1
-      float out[NCH(C)][8];
-#pragma unroll
-      for (int i = 0; i < NCH(C); i++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) out[i][e] = 0.f;
-#endif
+      norm_into_xs(a, 1, tok, nw);  // the residual is a.x from here on
       for (int first = gw; first < FF; first += GU_PAIRS * TW) {
-        if (first != gw) load_gu_group(wgu, wdt, first, TW, lane, ra, rb, rd);
+        if (first != gw) {
+#pragma unroll
+          for (int i = 0; i < GU_PAIRS; i++) {
+            int f = first + i * TW;
+            if (f < FF) {
+              load_row<C>(wgu, f, lane, ra[i]);
+              load_row<C>(wgu, FF + f, lane, rb[i]);
+            }
+          }
+        }
 #pragma unroll
         for (int i = 0; i < GU_PAIRS; i++) {
           int f = first + i * TW;
           if (f >= FF) break;
           float g = dot_row<C>(ra[i], xs, lane), u = dot_row<C>(rb[i], xs, lane);
-          const float hf = swiglu(g, u);  // every lane has g and u (warp_sum is a butterfly)
-          if (lane == 0) a.h[f] = hf;
-#if MLP1
-          axpy_row<C>(rd[i], hf, out, lane);
-#endif
+          if (lane == 0) a.h[f] = swiglu(g, u);
         }
       }
-#if MLP1
-      if (gw < FF) {  // the warp made some h: its share of the down output into the block's sum
-#pragma unroll
-        for (int i = 0; i < NCH(C); i++) {
-          int j = lane + 32 * i;
-          if (j < C / 8) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) atomicAdd(&dsum[8 * j + e], out[i][e]);
-          }
-        }
-      }
-      __syncthreads();
-      if ((int)blockIdx.x < FF) {  // the block's warps made some h (block b's first warp takes row b)
-        for (int i = threadIdx.x; i < C; i += THREADS)
-          asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(m_part(a, l % 2) + i), "f"(dsum[i])
-                       : "memory");
-      }
-#endif
     }
 #endif
 
-    // ---- down projection + residual (MLP1: done above)
+    // ---- down projection + residual
 #if RING
     {
       grid_arrive(a.sync, a.trace, barriers);
@@ -951,7 +771,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
         if (lane == 0) a.x[r] = res + y;
       }
     }
-#elif !MLP1
+#else
     {
       grid_arrive(a.sync, a.trace, barriers);
       const u16* wd = reinterpret_cast<const u16*>(L[P_WDOWN]);
@@ -984,7 +804,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
   {
     const NormWeight nw = load_norm(a.final_norm);
     { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-    norm_into_xs(a, NL, tok, nw);
+    norm_into_xs(a, 1, tok, nw);
     for (int r = gw; r < VOCAB; r += TW) {
       const float y = ring_dot<C>(feed, a, xs, lane);
       if (y > best) {  // rows rise within a warp: the first of equal logits stays
@@ -1002,7 +822,7 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
     if (gw + i * TW < VOCAB) load_row<C>(a.head, gw + i * TW, lane, ra[i]);
   const NormWeight nw = load_norm(a.final_norm);
   { ++barriers; grid_wait(a.sync, barriers * G, a.trace, barriers - 1); }
-  norm_into_xs(a, NL, tok, nw);
+  norm_into_xs(a, 1, tok, nw);
   for (int first = gw; first < VOCAB; first += HEAD_ROWS * TW) {
     if (first != gw) {
 #pragma unroll
@@ -1052,7 +872,8 @@ decode_step(const u64* layers, const u16* emb, const u16* head, const u16* final
       a.hist[pos] = best_i;
       *a.tok = best_i;
       *a.pos = pos + 1;
-      for (int i = 0; i < 2 + (ATTO1 ? NKV : 0); i++) a.sync[i] = 0;
+      a.sync[0] = 0;
+      a.sync[1] = 0;
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
     }
   }
