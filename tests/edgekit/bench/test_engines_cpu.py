@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from edgekit.bench.engines import CompiledReferenceEngine, GreedyFeedback, SteppedEngine
@@ -53,17 +54,20 @@ def test_feedback_record_index_wraps_instead_of_running_off_the_buffer():
     assert int(positions[0]) == 6 and int(tokens[0]) == picks[-1]
 
 
-def test_compiled_reference_step_traces_as_one_graph_and_keeps_the_tokens():
-    # backend="eager": Dynamo's full-graph capture (no graph break allowed) without Inductor's compile time
-    w = quantized(_cast(random_weights(TINY, seed=5), "cpu", torch.float32), "int8")
-    prompt = torch.randint(0, TINY.vocab_size, (1, 20), generator=torch.Generator().manual_seed(2))
-    eng = CompiledReferenceEngine(TINY, w, 64, 8, backend="eager", mode=None)
+@pytest.mark.parametrize("preset,precision", [("tiny", "int8"), ("tiny-qwen3", "int4-head"), ("tiny-gemma3", "fp16")])
+def test_compiled_reference_step_traces_as_one_graph_and_keeps_the_tokens(preset, precision):
+    # backend="eager": Dynamo's full-graph capture (no graph break allowed) without Inductor's compile time; each
+    # family's graph (QK-norm, post-norms, GeGLU, the embedding scale) and weight scheme goes through the trace
+    cfg = PRESETS[preset]
+    w = quantized(_cast(random_weights(cfg, seed=5), "cpu", torch.float32), precision)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(2))
+    eng = CompiledReferenceEngine(cfg, w, 64, 8, backend="eager", mode=None)
     try:
         first = eng.prefill(prompt)
         got = [int(first[0])] + eng.decode(first, 20, 8).tolist()
     finally:
         eng.close()
-    assert got == reference_tokens(TINY, w, prompt, 9)
+    assert got == reference_tokens(cfg, w, prompt, 9)
 
 
 def test_int4_bench_weights_are_w4a16_records_that_decode_like_the_float_model():
