@@ -162,8 +162,8 @@ def _plan(graph: Graph) -> list[_Call]:
         # the hooks see a projection's input x: not a lookup bound to the head's record (token ids), nor a fused
         # operator whose projection's input stays inside its kernel (a norm's output, an attention's)
         fused_projection = op.fusion is not None and op.fusion.projects()
-        # len(), not bool(): torch.compile traces this plan on its first run, and Dynamo before torch 2.13 cannot
-        # trace bool() of a tuple (the GPU machine's torch 2.11 failed the compiled reference engine on it)
+        # len(), not bool(): torch.compile traces this plan on its first run, and the Dynamo of torch 2.11 (the GPU
+        # machine's) cannot trace bool() of a tuple, where 2.13's can (versions between were not tried)
         takes_x = len(spec.inputs) > 0 and spec.inputs[0].name == "x" and (
             op.fusion is None or op.fusion.x_is_projection_input())
         is_linear = op.scheme is not None
