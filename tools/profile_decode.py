@@ -14,6 +14,7 @@ import json
 
 import torch
 
+from edgekit.bench.document import PRECISIONS
 from edgekit.bench.engines import RuntimeEngine
 from edgekit.bench.fused_engine import FusedRuntimeEngine
 from edgekit.bench.profile import profile_decode
@@ -27,8 +28,8 @@ ENGINES = {"per-operator": RuntimeEngine, "fused": FusedRuntimeEngine}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+")
-    ap.add_argument("--precision", default="int8", choices=["fp16", "int8", "int8-head", "int4"],
-                    help="int4: W4A16 RTN block projections, groups of 128, FP16 scales and offsets (bench.runner.int4_linear)")
+    ap.add_argument("--precision", default="int8", choices=list(PRECISIONS),
+                    help="; ".join(f"{k}: {v}" for k, v in PRECISIONS.items()) + " (edgekit.bench.document.PRECISIONS)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--engine", default="per-operator", choices=["per-operator", "fused"],
