@@ -57,12 +57,39 @@ def pretty_json(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
+def check_bundle_destination(out_dir: str | os.PathLike, *, overwrite: bool) -> Path:
+    """The absolute path a bundle may be written to, or BundleError saying why not.
+
+    ``overwrite`` (--force) replaces an earlier bundle, never anything else: the old directory is renamed aside and
+    deleted once the new one is in place, so a --force aimed at a home directory or a source tree would delete it.
+    What may be replaced: an empty directory, or one holding a bundle's manifest and signature. The current
+    directory and its parents are refused outright (the rename cannot move them, and a bundle needs a name)."""
+    given = Path(out_dir)
+    path = Path(os.path.abspath(given))
+    cwd = Path.cwd().resolve()
+    if path.resolve() == cwd or path.resolve() in cwd.parents:
+        raise BundleError(f"-o {given}: is the current directory or one of its parents; a bundle needs a directory "
+                          "of its own", hint="pass a new directory name, e.g. -o bundle")
+    if not path.exists():
+        return path
+    if not overwrite:
+        raise BundleError(f"{given} already exists", hint="choose another -o directory or pass --force to replace it")
+    if not path.is_dir():
+        raise BundleError(f"{given} exists and is a file, not a bundle directory; --force replaces only a bundle",
+                          hint="choose another -o directory, or remove the file yourself")
+    entries = {p.name for p in path.iterdir()}
+    if entries and not {MANIFEST_FILE, SIGNATURE_FILE} <= entries:
+        shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
+        raise BundleError(f"{given} exists and is not an edgekit bundle (no {MANIFEST_FILE} and {SIGNATURE_FILE}; "
+                          f"it holds {shown}); --force replaces only an earlier bundle, so it is left as it is",
+                          hint="choose another -o directory, or remove that directory yourself if it is not needed")
+    return path
+
+
 class BundleWriter:
     def __init__(self, out_dir: str | os.PathLike, *, overwrite: bool = False):
-        self.out_dir = Path(out_dir)
+        self.out_dir = check_bundle_destination(out_dir, overwrite=overwrite)
         self.overwrite = overwrite
-        if self.out_dir.exists() and not overwrite:
-            raise BundleError(f"{self.out_dir} already exists", hint="choose another -o directory or pass --force to replace it")
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.out_dir.with_name(f".{self.out_dir.name}.partial-{os.getpid()}")
         if self._tmp.exists():
@@ -215,6 +242,7 @@ class BundleWriter:
         if self.out_dir.exists():
             if not self.overwrite:
                 raise BundleError(f"{self.out_dir} appeared while building", hint="pass --force to replace it")
+            check_bundle_destination(self.out_dir, overwrite=True)  # it may have changed while we built
             old = self.out_dir.with_name(f".{self.out_dir.name}.old-{os.getpid()}")
             if old.exists():
                 shutil.rmtree(old)

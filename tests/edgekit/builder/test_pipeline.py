@@ -110,6 +110,28 @@ def test_existing_output_and_missing_key_are_refused(tiny_bundle, tmp_path):
         build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "x", "dev_key": False}))
 
 
+def test_force_is_refused_before_any_work_where_it_would_delete_a_users_directory(tiny_bundle, tmp_path):
+    _, opts = tiny_bundle
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_bytes(b"keep me")
+    cache = tmp_path / "cache-untouched"
+    with pytest.raises(BundleError, match="not an edgekit bundle"):
+        build_bundle(BuildOptions(**{**vars(opts), "out": precious, "force": True, "cache_dir": cache}))
+    assert (precious / "notes.txt").read_bytes() == b"keep me"
+    assert not cache.exists()  # refused before the model was loaded or anything compiled
+
+
+def test_an_existing_archive_is_refused_before_the_build_and_replaced_with_force(tiny_bundle, tmp_path):
+    _, opts = tiny_bundle
+    (tmp_path / "b.tar").write_bytes(b"an older archive")
+    with pytest.raises(BundleError, match="b.tar already exists"):
+        build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "b", "archive": True}))
+    assert not (tmp_path / "b").exists()  # nothing built, so nothing left to block the next try
+    result = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "b", "archive": True, "force": True}))
+    assert result.summary["archive"] and (tmp_path / "b.tar").read_bytes()[:4] != b"an o"
+
+
 def test_run_refuses_a_tampered_bundle(tiny_bundle, tmp_path):
     import shutil
 

@@ -66,6 +66,47 @@ def test_overwrite_replaces_whole_bundle(tmp_path, signing_key):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_overwrite_never_replaces_a_directory_that_is_not_a_bundle(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "important.txt").write_bytes(b"a user's data")
+    with pytest.raises(BundleError, match="not an edgekit bundle.*important.txt"):
+        BundleWriter(precious, overwrite=True)
+    assert (precious / "important.txt").read_bytes() == b"a user's data"
+    (tmp_path / "a-file").write_bytes(b"x")
+    with pytest.raises(BundleError, match="is a file"):
+        BundleWriter(tmp_path / "a-file", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "precious"]  # no partial directory left
+
+
+def test_overwrite_takes_an_empty_directory(tmp_path, signing_key):
+    (tmp_path / "empty").mkdir()
+    with BundleWriter(tmp_path / "empty", overwrite=True) as w:
+        w.add_bytes("model.onnx", b"new")
+        w.finish(key=signing_key, **_manifest_fields())
+    assert list_tree(tmp_path / "empty") == ["manifest.json", "manifest.sig", "model.onnx"]
+
+
+@pytest.mark.parametrize("name", [".", "..", "sub/.."])
+def test_the_current_directory_and_its_parents_are_refused(tmp_path, monkeypatch, name):
+    (tmp_path / "work" / "sub").mkdir(parents=True)
+    (tmp_path / "work" / "keep.txt").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path / "work")
+    with pytest.raises(BundleError, match="current directory or one of its parents"):
+        BundleWriter(name, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["keep.txt", "sub"]
+
+
+def test_a_directory_swapped_in_during_the_build_is_not_replaced(tmp_path, signing_key):
+    out = write_bundle(tmp_path / "b", signing_key)
+    with pytest.raises(BundleError, match="not an edgekit bundle"):
+        with BundleWriter(out, overwrite=True) as w:
+            w.add_bytes("model.onnx", b"new")
+            (out / "manifest.sig").unlink()  # someone else's directory now, not our old bundle
+            w.finish(key=signing_key, **_manifest_fields())
+    assert (out / "manifest.json").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 def _manifest_fields():
     from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
 
