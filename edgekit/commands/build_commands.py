@@ -383,8 +383,9 @@ def serve(
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     admin_token_file: Optional[Path] = typer.Option(None, "--admin-token-file", help="File (mode 0600) with the bearer token for the /v1/plugins admin routes (admin routes are off without it)."),
     store: Optional[Path] = typer.Option(None, "--store", help="Plugin store directory for over-the-air swaps (default: <bundle>.store)."),
-    max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for a decode row; more get HTTP 429 at once."),
-    max_queue_wait_ms: float = typer.Option(350, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429 at once."),
+    max_waiting: int = typer.Option(8, "--max-waiting", min=0, help="Requests that may wait for a decode row; more get HTTP 429 at once. A request is also refused at once when its expected wait is over --max-admission-wait-ms."),
+    max_queue_wait_ms: float = typer.Option(350, "--max-queue-wait-ms", min=1, help="A request that waits longer than this for a decode row gets HTTP 429."),
+    max_admission_wait_ms: float = typer.Option(50, "--max-admission-wait-ms", min=0, help="A request whose expected wait for a decode row (the measured step time x the tokens still to decode ahead of it) is over this gets HTTP 429 at once, with Retry-After, so that admitted requests start fast. On a batch-1 bundle every request that comes while another answers is refused at the default: raise this (it is capped by --max-queue-wait-ms, so raise both) to let requests queue instead."),
     model_id: Optional[str] = typer.Option(None, "--model-id", help="The model's id in /v1/models and answers (default: the model's name as an identifier)."),
     max_request_s: float = typer.Option(300.0, "--max-request-s", min=0.1, help="A request that runs longer than this (from its arrival) ends with finish reason length and frees its rows."),
     prefill_chunk_tokens: Optional[int] = typer.Option(None, "--prefill-chunk-tokens", min=0, help="Prefill prompts longer than this in slices between decode steps, each slice sized so that it and the decode step after it take no longer than this many prompt tokens at a prompt's start: no stream waits longer than one such chunk (default: 128 without CUDA graphs, off with them; 0: off)."),
@@ -433,7 +434,8 @@ def serve(
     server_log = JsonlLogger(log or store_dir / "server.jsonl")
     stack = ServingStack(b, st, max_waiting=max_waiting, cuda_graphs=cuda_graphs, batch_buckets=buckets,
                          max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log, decode_path=preferred_path,
-                         max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens, model_name=model_id)
+                         max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens, model_name=model_id,
+                         max_admission_wait_s=max_admission_wait_ms / 1000)
     if watchdog:
         if b.watchdog_budgets is None:
             err_console.print("[yellow]note:[/] the bundle's plan records no watchdog budgets (an older build): the "

@@ -206,7 +206,8 @@ class Engine:
                  cuda_graphs: bool = True, tracker: LatencyTracker | None = None,
                  decode_path: str = DEFAULT_DECODE_PATH, fused_on_cpu: bool = False, lookahead: bool | None = None,
                  max_request_row_tokens: int | None = None, max_request_s: float | None = DEFAULT_MAX_REQUEST_S,
-                 prefill_chunk_tokens: int | None = None, prefill_mid_step: bool | None = None):
+                 prefill_chunk_tokens: int | None = None, prefill_mid_step: bool | None = None,
+                 max_admission_wait_s: float | None = None):
         if not batch_buckets or list(batch_buckets) != sorted(set(batch_buckets)) or batch_buckets[0] < 1:
             raise EdgekitError(f"batch buckets must be increasing positive sizes, got {list(batch_buckets)}")
         if decode_path not in DECODE_PATHS:
@@ -225,7 +226,11 @@ class Engine:
         # the queue deadline, #32). Judged on the measured decode step (``_step_s``, a moving average) and how far the
         # step in progress is. 0.1 s admitted requests to rows that freed a whole step later on a 2-core CPU (a step of
         # the default model takes ~0.1 s there): they waited for it, then for each other's prefills (p90 0.2 s).
-        self.max_admission_wait_s = min(max_queue_wait_s, DEFAULT_MAX_ADMISSION_WAIT_S)
+        # A caller may raise it (serve --max-admission-wait-ms), to let requests queue behind running answers (a
+        # batch-1 bundle has one row: at 0.05 s every request that comes while another answers is refused); it never
+        # passes the queue's own deadline.
+        self.max_admission_wait_s = min(max_queue_wait_s, DEFAULT_MAX_ADMISSION_WAIT_S if max_admission_wait_s is None
+                                        else max_admission_wait_s)
         self._step_s: float | None = None
         self._step_started: float | None = None  # perf_counter at the launch of the step in progress (eager runners)
         # Per-request caps, so one request cannot hold every row for minutes (n=4 x 2047 tokens did, 13 min on a CPU):
@@ -442,6 +447,11 @@ class Engine:
                 f"at most {self.max_request_row_tokens} (one full row of the KV cache): every choice holds a decode "
                 "row until its last token", hint=f"ask for n x max_tokens <= {self.max_request_row_tokens}, or send "
                                                  "several requests")
+        if len(samplings) > len(self._rows):  # would wait forever: no number of finished answers frees enough rows
+            raise RequestTooLargeError(
+                f"n={len(samplings)} asks for {len(samplings)} sequences at once; this engine decodes at most "
+                f"{len(self._rows)} (its largest batch)", hint=f"ask for n <= {len(self._rows)}, or serve a bundle "
+                "built with a larger --batch")
         if time.monotonic() < self.shed_until:
             raise OverloadedError("shedding load on a watchdog budget breach", hint="retry shortly")
         stops = self.stop_ids if stop_ids is None else stop_ids

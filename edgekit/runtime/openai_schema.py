@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
-MAX_CHOICES = 4  # n: each choice is one decode row, and serve's default batch is 4 rows
+MAX_CHOICES = 4  # n: each choice is one decode row; the engine refuses more than its rows (the bundle's --batch)
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_PROMPT_IDS = 65_536  # a cap on the items parsed before the KV cache's own bound is checked

@@ -202,6 +202,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             if chars > max_prompt_chars:
                 raise _Refused(413, f"messages hold {chars} characters; at most {max_prompt_chars} can fit the KV "
                                     f"cache ({engine.shapes.max_seq_len} tokens)", "messages")
+            refuse_text_without_tokenizer("messages")
             msgs = [m.model_dump() for m in req.messages]
             try:
                 return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(messages=msgs))
@@ -216,8 +217,14 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             raise _Refused(413, f"prompt of {len(req.prompt)} characters cannot fit the KV cache "
                                 f"({engine.shapes.max_seq_len} tokens); send at most {max_prompt_chars} characters",
                            "prompt")
+        refuse_text_without_tokenizer("prompt")
         text = req.prompt
         return await loop.run_in_executor(tokenize_pool, lambda: engine.encode(prompt=text))
+
+    def refuse_text_without_tokenizer(param: str) -> None:
+        if engine.tokenizer is None:  # a preset's bundle, or a model folder without tokenizer.json
+            raise _Refused(400, f"{NO_TOKENIZER}: send the prompt to /v1/completions as a list of token ids, "
+                                'e.g. "prompt": [1, 2, 3]', param)
 
     def start(req, ids: list[int], choices: Choices) -> None:
         max_tokens = req.new_tokens(DEFAULT_MAX_TOKENS)
@@ -336,6 +343,9 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         out = [({"index": i, "message": {"role": "assistant", "content": t.text}, "logprobs": None, "finish_reason": r}
                 if chat else {"index": i, "text": t.text, "logprobs": None, "finish_reason": r})
                for i, (t, r) in enumerate(zip(choices.texts, reasons))]
+        if engine.tokenizer is None:  # no text to give: the answer is its token ids (an edgekit field)
+            for choice, t in zip(out, choices.texts):
+                choice["token_ids"] = list(t.tokens)
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": engine.model_name, "choices": out, "usage": usage(len(ids), n_out)}
 
@@ -457,11 +467,15 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         return _error(e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(EdgekitError)
-    async def edgekit_error(_: Request, e: EdgekitError):
-        # an internal failure: say what failed, never where the store lives on disk
+    async def edgekit_error(request: Request, e: EdgekitError):
+        # an internal failure: the log (local) says what failed; the client is never told where the store lives
+        record(route_of(request.url.path), 500, time.perf_counter(), error=f"{type(e).__name__}: {e}")
         return _error(500, f"{type(e).__name__}: the server could not complete the request")
 
     return app
+
+
+NO_TOKENIZER = "this model has no tokenizer (its bundle ships none: a preset's, or a model folder without tokenizer.json)"
 
 
 def _validate(model, body: bytes):

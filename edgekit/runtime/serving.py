@@ -108,7 +108,8 @@ class ServingStack:
     def __init__(self, bundle: OpenedBundle, store=None, *, max_waiting: int = 8, policy: ProbationPolicy | None = None,
                  model_name: str | None = None, cuda_graphs: bool = True, batch_buckets: tuple[int, ...] | None = None,
                  max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S, log: JsonlLogger | None = None, decode_path: str | None = None,
-                 max_request_s: float | None = DEFAULT_MAX_REQUEST_S, prefill_chunk_tokens: int | None = None):
+                 max_request_s: float | None = DEFAULT_MAX_REQUEST_S, prefill_chunk_tokens: int | None = None,
+                 max_admission_wait_s: float | None = None):
         from edgekit.runtime.fused_decode import DEFAULT_DECODE_PATH
         from edgekit.runtime.plugin_admin import StoreAdmin
 
@@ -130,7 +131,8 @@ class ServingStack:
                              stop_ids=bundle.config.eos_token_ids, model_name=model_name or model_id(bundle.config.name),
                              cuda_graphs=cuda_graphs, batch_buckets=batch_buckets or bundle.batch_buckets,
                              max_queue_wait_s=max_queue_wait_s, decode_path=decode_path or DEFAULT_DECODE_PATH,
-                             max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens)
+                             max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens,
+                             max_admission_wait_s=max_admission_wait_s)
         self._probation: dict[str, _Probation] = {}
         self._lock = threading.Lock()  # guards the probation records (held for microseconds)
         # store work triggered by inference runs here, in order, off the device thread

@@ -253,3 +253,40 @@ def test_a_sliding_window_model_serves_batched_requests_with_the_tokens_they_get
         assert sum(len(set(t)) for t in alone) > len(alone) + 4  # not each request repeating one token
     finally:
         e.close()
+
+
+def test_more_choices_than_rows_is_a_request_error_not_an_endless_429(model):
+    from edgekit.runtime.engine import RequestTooLargeError
+
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=4, batch_buckets=(1,))
+    try:
+        with pytest.raises(RequestTooLargeError, match="n=2 .* at most 1"):
+            e.submit_group([1, 2], 2, [SamplingConfig(), SamplingConfig()])
+    finally:
+        e.close()
+
+
+def _slow_norm(x, w, eps):
+    time.sleep(0.004)  # a step of several ms: the expected wait behind 30 tokens is far over 0.05 s
+    return rmsnorm_reference(x, w, eps)
+
+
+@pytest.mark.parametrize("admission_s, admitted", [(None, False), (30.0, True)])
+def test_a_raised_admission_wait_lets_a_batch_1_engine_queue_a_request(model, admission_s, admitted):
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=2, batch_buckets=(1,), max_queue_wait_s=30.0,
+               max_admission_wait_s=admission_s)
+    try:
+        e.switch_operator("rmsnorm", _slow_norm, "plugin:slow")
+        assert e.complete([1, 2], 3).token_ids  # the engine measures its step
+        first = e.submit([1, 2], 30)
+        while not first.tokens:  # answering: the only row is taken
+            time.sleep(0.005)
+        if admitted:
+            second = e.submit([3, 4], 2)
+            assert second.done.wait(30) and second.error is None and len(second.tokens) == 2
+        else:
+            with pytest.raises(OverloadedError, match="expected to free"):
+                e.submit([3, 4], 2)
+        assert first.done.wait(30) and first.error is None
+    finally:
+        e.close()
