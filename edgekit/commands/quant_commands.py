@@ -110,13 +110,14 @@ def quantize(
     from edgekit.cache import BuildCache
     from edgekit.model.loader import load_model
     from edgekit.quant.gate import GateConfig, GateFailedError
-    from edgekit.quant.io import write_quantized, write_report
+    from edgekit.quant.io import check_quantize_directory, write_quantized, write_report
     from edgekit.quant.progress import Steps, make_progress
     from edgekit.output_path import check_output_path
     from edgekit.quant.quantize import QuantizeOptions, quantize_model
     from edgekit.quant.source_check import check_source_model
 
     check_output_path(out, "-o", kind="dir")
+    check_quantize_directory(out)
     if mode is not None:
         note("--mode is the old name of --precision; use --precision")
         precision = mode

@@ -29,6 +29,22 @@ def report_bytes(report: dict) -> bytes:
     return (json.dumps(_jsonable(report), indent=2, default=str, allow_nan=False) + "\n").encode()
 
 
+def check_quantize_directory(directory: Path, flag: str = "-o") -> None:
+    """A directory quantize may write into: new, empty, or holding only an earlier quantize's two files (which it
+    replaces). Any other content (a bundle's, a user's) is refused before the work: model.safetensors written into a
+    bundle leaves a file its signed manifest does not list, so the bundle stops verifying."""
+    from edgekit.errors import OutputPathError
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        return  # missing (created), or a file: check_output_path says so
+    other = sorted(p.name for p in directory.iterdir() if p.name not in (WEIGHTS_FILE, REPORT_FILE))
+    if other:
+        shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+        raise OutputPathError(f"{flag} {directory}: holds other files ({shown}); quantize writes {WEIGHTS_FILE} and "
+                              f"{REPORT_FILE} into a directory of its own", hint="choose a new or empty directory")
+
+
 def write_quantized(directory: Path, result, storage_dtype: torch.dtype | None = None) -> list[Path]:
     """Write ``model.safetensors`` and ``report.json`` of a QuantizationResult into ``directory`` (created)."""
     directory = Path(directory)

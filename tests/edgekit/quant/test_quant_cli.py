@@ -51,3 +51,12 @@ def test_eval_refuses_a_missing_quantized_dir(tmp_path):
     text.write_text("some text to score, long enough for a window")
     r = edgekit("eval", "preset:tiny", "--quantized", str(tmp_path / "none"), "--text", str(text))
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_quantize_refuses_a_directory_holding_other_files_before_any_work(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text("{}")
+    r = edgekit("quantize", "preset:tiny", "-o", str(bundle), "--json", *FAST)
+    assert r.returncode == 2 and "holds other files (manifest.json)" in r.stdout + r.stderr
+    assert sorted(p.name for p in bundle.iterdir()) == ["manifest.json"]  # nothing written into it
