@@ -254,9 +254,14 @@ def store_confirm(
     json_out: bool = typer.Option(False, "--json", help="Print the new pointer as JSON."),
 ) -> None:
     """End probation: keep the active version (the previous one stays for a later rollback)."""
-    p = _open_store(store, target, trust, allow_dev_key).confirm(op)
+    s = _open_store(store, target, trust, allow_dev_key)
+    on_probation = s.pointer(op).state == "probation" if op in s.ops() else False
+    p = s.confirm(op)  # an unknown operator is refused here, naming the known ones
     if json_out:
         print_json(p.model_dump())
+    elif not on_probation:
+        version, source = s.serving(p)
+        console.print(f"{op}: nothing on probation to confirm ({source}{' ' + version if version else ''} serves it)")
     else:
         console.print(f"{op} {p.version or 'reference'} {p.state}")
 

@@ -510,10 +510,22 @@ class PluginStore:
         self.events.append(Event("installed", op, f"{version} on probation (previous {current.version or 'reference'})"))
         return SwapResult(op, version, current.version, "probation", step_ms)
 
+    def _known_operator(self, op: str) -> str:
+        """``op`` if an operator of the registry, the store or the bundle; StoreError naming them otherwise (a typo
+        must not read as "nothing to do")."""
+        from edgekit.kernels.registry import OPERATORS
+
+        check_name("operator", op)
+        known = set(OPERATORS) | set(self.ops()) | set(self.bundle_plugins)
+        if op not in known:
+            raise StoreError(f"unknown operator {op!r}; expected one of: {', '.join(sorted(known))}",
+                             hint="`edgekit store status` lists the operators and what serves each")
+        return op
+
     def confirm(self, op: str) -> Pointer:
         """End probation: the active version becomes confirmed (the previous one is still kept)."""
         with self._locked():
-            p = self._current_pointer(check_name("operator", op))
+            p = self._current_pointer(self._known_operator(op))
             if p.state != "probation":
                 return p
             new = p.model_copy(update={"state": "confirmed", "changed_at": _now(), "note": "confirmed",
@@ -547,7 +559,7 @@ class PluginStore:
         forgive); its slot is deleted either way.
         """
         with self._locked():
-            p = self._current_pointer(check_name("operator", op))
+            p = self._current_pointer(self._known_operator(op))
             _, source = self.serving(p)
             if source == "reference":
                 raise StoreError(f"{op} already runs on the reference; there is nothing to roll back")

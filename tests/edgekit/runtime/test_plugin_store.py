@@ -96,6 +96,16 @@ def test_confirm_ends_probation(store):
     assert store.pointer("rmsnorm").state == "confirmed"
 
 
+@pytest.mark.parametrize("action", ["confirm", "rollback"])
+def test_an_unknown_operator_is_refused_naming_the_known_ones(store, action):
+    from edgekit.runtime.plugin_store import StoreError
+
+    store.install(fakepkg.pack(AUTHOR, version=2))
+    with pytest.raises(StoreError, match="unknown operator 'nosuch'; expected one of: .*rmsnorm"):
+        getattr(store, action)("nosuch")
+    assert store.ops() == ["rmsnorm"] and store.pointer("rmsnorm").state == "probation"  # nothing written
+
+
 def test_rollback_flips_to_previous_blocks_the_bad_version_and_deletes_its_slot(store):
     store.install(fakepkg.pack(AUTHOR, version=1))
     store.confirm("rmsnorm")
