@@ -128,7 +128,7 @@ def plan(
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Prompt buckets to use, e.g. 64,128,512 (overrides the choice; a --trace still reports coverage and waste)."),
     max_buckets: int = typer.Option(6, "--max-buckets", min=1, max=32, help="At most this many buckets when choosing from a trace."),
     precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help="Block projections: " + precision_help(PLAN_PRECISIONS) + " The same default as `edgekit build`."),
-    kv_precision: str = typer.Option("fp16", "--kv-precision", help="KV cache precision: fp16 or int8."),
+    kv_precision: str = typer.Option("fp16", "--kv-precision", help="KV cache precision: fp16 or int8. int8 sizes memory and predictions only: `edgekit build` makes FP16 KV caches, so such a plan cannot be written with -o."),
     power_mode: Optional[str] = typer.Option(None, "--power-mode", help="Power mode to headline (all modes are predicted)."),
     targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help=TARGETS_DIR_HELP),
     no_tiles: bool = typer.Option(False, "--no-tiles", help="Skip the tile solver (no compiles; no shared-memory figures)."),
@@ -146,6 +146,10 @@ def plan(
     from edgekit.output_path import check_output_path
 
     precision = cli_precision(precision, PLAN_PRECISIONS)
+    if output is not None and kv_precision != "fp16":
+        raise typer.BadParameter(f"--kv-precision {kv_precision} is for sizing only: `edgekit build` makes FP16 KV "
+                                 "caches, so it could not carry out this plan; drop -o, or --kv-precision",
+                                 param_hint="--output")
     if output is not None and no_tiles:
         raise typer.BadParameter("a written plan is what `edgekit build --plan` executes, and it needs the tiles; "
                                  "drop --no-tiles", param_hint="--output")

@@ -233,6 +233,9 @@ def misfit_error(cfg: ModelConfig, target: Target, mem: MemoryPlan, options: lis
         single = not any(" --" in o.flags for o in options)
         hint = ("would fit: " if single else "no single change fits; these would: ")
         hint += "; ".join(f"{o.flags} (needs {fmt_bytes(o.required_bytes)})" for o in options)
+        if any("--kv-precision int8" in o.flags for o in options):
+            # plan sizes an INT8 cache, but no bundle holds one yet (build makes FP16 caches; the runtime refuses INT8)
+            hint += ". --kv-precision int8 is edgekit plan's sizing only: bundles keep an FP16 KV cache"
     else:
         hint = "nothing fits even with INT8 weights and KV cache, batch 1 and a 256-token context: choose a smaller model or a larger target"
     return PlanError(msg, hint=hint)

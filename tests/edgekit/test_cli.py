@@ -335,6 +335,16 @@ def test_a_plan_that_does_not_fit_answers_json_on_stdout_when_asked():
     assert doc["ok"] is False and doc["error"]["type"] == "PlanError" and doc["error"]["exit_code"] == 2
     assert "does not fit orin-nano-8gb (predicted memory plan)" in doc["error"]["message"]
     assert "--kv-precision int8" in doc["error"]["hint"] and "error:" in r.stderr
+    assert "sizing only: bundles keep an FP16 KV cache" in doc["error"]["hint"]  # build cannot make it: say so
+
+
+def test_a_plan_with_an_int8_kv_cache_is_not_written_for_build(tmp_path):
+    """build makes FP16 KV caches only: a written plan with an INT8 one failed at build time ("re-plan")."""
+    r = edgekit("plan", "preset:tiny", "--target", "orin", "--kv-precision", "int8", "--no-tiles",
+                "-o", str(tmp_path / "p.json"))
+    assert r.returncode == 2 and "sizing only" in r.stderr and not (tmp_path / "p.json").exists()
+    r = edgekit("plan", "preset:tiny", "--target", "orin", "--kv-precision", "int8", "--no-tiles", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["memory"]["kv_precision"] == "int8"  # sizing still works
 
 
 def test_a_usage_error_under_json_answers_a_document_too():
