@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -117,6 +118,41 @@ def _print_stored(d: dict, json_out: bool) -> None:
     console.print(head_embedding_line(he))
 
 
+def _is_bundle_archive(path: Path) -> bool:
+    """A .tar written by `build --archive` (a GGUF or safetensors file is not a tar)."""
+    import tarfile
+
+    return path.is_file() and tarfile.is_tarfile(path)
+
+
+def _archive_stored_info(path: Path) -> dict:
+    """stored_info of a bundle archive's weights: its members checked first (no links, '..' or absolute paths, as
+    verify checks them), extracted to a temporary directory that is removed afterwards."""
+    import shutil
+    import tempfile
+
+    from edgekit.bundle.archive import inspect_archive, safe_extract
+    from edgekit.errors import BundleError
+    from edgekit.quant.stored_info import stored_info, weights_dir
+
+    problems = inspect_archive(path)
+    if problems:
+        raise BundleError(f"{path}:{problems[0].member}: {problems[0].reason}", hint="nothing was extracted")
+    tmp = Path(tempfile.mkdtemp(prefix="edgekit-info-"))
+    try:
+        root = safe_extract(path, tmp / "bundle")
+        stored = weights_dir(root)
+        if stored is None:
+            raise BundleError(f"{path}: an archive without a bundle's weights/model.safetensors",
+                              hint="pass a bundle archive written by `edgekit build --archive`, or its directory")
+        info = stored_info(stored)
+        # where it is in the archive, not in the temporary directory that is gone when this returns
+        info["weights_file"] = f"{path}:{Path(info['weights_file']).relative_to(root).as_posix()}"
+        return info
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @app.command()
 def info(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
@@ -133,6 +169,9 @@ def info(
     stored = weights_dir(Path(model)) if model is not None and Path(model).is_dir() else None
     if stored is not None:
         _print_stored(stored_info(stored), json_out)
+        return
+    if model is not None and _is_bundle_archive(Path(model)):
+        _print_stored(_archive_stored_info(Path(model)), json_out)
         return
     m = load_model(model, weights=False, tokenizer=False)
     d = _info_dict(m)

@@ -71,3 +71,24 @@ def test_a_window_past_the_models_positions_is_a_ring_of_its_positions():
     per_position = 2 * cfg.n_kv_heads * cfg.head_dim * 2
     assert _kv_bytes(cfg)["kv_cache_ring_bytes_fp16"] == per_position * local * 256 == per_position * sum(
         cfg.kv_rows(i, 256) for i in range(cfg.n_layers) if cfg.is_local(i))
+
+
+def test_info_reads_a_bundle_archive_as_it_reads_the_bundle(tmp_path):
+    """`info B.tar` failed with "not a GGUF file (starts with b'mani')" though the help accepts bundles."""
+    import os
+
+    env = {**os.environ, "EDGEKIT_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "edgekit", "build", "preset:tiny", "--target", "orin", "--dev-key", "--precision", "int8",
+                        "--context", "64", "--buckets", "16", "--no-onnx", "--archive", "-o", str(tmp_path / "b")],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    infos = []
+    for path in (tmp_path / "b", tmp_path / "b.tar"):
+        r = subprocess.run([sys.executable, "-m", "edgekit", "info", str(path), "--json"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        infos.append(json.loads(r.stdout))
+    assert infos[1].pop("weights_file") == f"{tmp_path / 'b.tar'}:weights/model.safetensors"
+    assert infos[0].pop("weights_file") == str(tmp_path / "b" / "weights" / "model.safetensors")
+    assert infos[0] == infos[1] and infos[0]["layer_precisions"]  # the same report, layer precisions included
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("edgekit-info")]
