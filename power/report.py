@@ -298,6 +298,8 @@ def summarise(c: LogContents) -> dict[str, Any]:
             out["energy_j_from_samples"] = round(e[0], 3)
             out["energy_covers_s"] = round(e[1], 3)
     busy = [r for r in c.latency if r.get("metrics")]  # an idle server's last record is its emptied window
+    if c.latency:  # older logs do not say; then neither does the report
+        out["latency_measured_on"] = ", ".join(dict.fromkeys(r["measured_on"] for r in c.latency if r.get("measured_on"))) or None
     if busy:
         last = busy[-1]["metrics"]
         out["latency_last_window"] = {m: {k: s.get(k) for k in ("n", "p50_ms", "p99_ms", "jitter_ms", "std_ms")} for m, s in last.items()}
@@ -324,6 +326,8 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                                    "(integrated from the sampled power)"))
     by_kind = summary.get("events_by_kind") or {}
     rows.append(("events", ", ".join(f"{k} {n}" for k, n in by_kind.items()) or "none"))
+    if summary.get("latency_measured_on"):
+        rows.append(("latency measured on", summary["latency_measured_on"]))
     for m, st in (summary.get("latency_last_window") or {}).items():
         def ms(k: str) -> str:
             return "—" if st.get(k) is None else f"{st[k]:.2f} ms"

@@ -59,8 +59,12 @@ class Watchdog:
         dry_run: bool = False,
         absent_sensors: list[str] | None = None,
         steady_log_interval_s: float = 1.0,
+        measured_on: str | None = None,
     ):
         self.policy = policy or PolicyConfig()
+        # what produced the latencies (e.g. "the CPU (reference)", "the GPU (NVIDIA H100)"): every latency record says
+        # so, and the report with it, since a CPU's timings judged against a target's budgets are not the target's
+        self.measured_on = measured_on
         self.tracker = tracker or LatencyTracker(window_s=self.policy.window_s)
         if isinstance(sensors, CompositeSensor):
             sensors = sensors.sensors
@@ -238,7 +242,8 @@ class Watchdog:
             self._last_latency_log = mono
             self._latency_unlogged = False
             self.logger.write({"type": "latency", "t_s": wall, "rate_hz": self.sampler.rate_hz(mono),
-                               "metrics": {m: s.to_dict() for m, s in self.latest_stats.items()}})
+                               "metrics": {m: s.to_dict() for m, s in self.latest_stats.items()},
+                               **({"measured_on": self.measured_on} if self.measured_on else {})})
             for s in self.latest_stats.values():
                 self.metrics.update_latency(s)
             self.metrics.rate.set(self.sampler.rate_hz(mono))

@@ -167,13 +167,22 @@ class ServingStack:
             sensors, notes = local_sensors()
             absent = absent_names(notes)  # exported as edgekit_sensor_available 0, so /metrics says what is missing
         wd = Watchdog(sensors=sensors, policy=policy, tracker=self.engine.tracker, absent_sensors=absent,
-                      logger=JsonlLogger(log_path) if log_path else None,
+                      logger=JsonlLogger(log_path) if log_path else None, measured_on=self.measured_on(),
                       on_event=lambda e: self._event("watchdog", detail=e.to_dict() if hasattr(e, "to_dict") else str(e)))
         wd.actions.register(ROLLBACK_PLUGIN, self._watchdog_rollback,
                             "roll back a plugin on probation whose decode steps are slower than the control arm's")
         wd.actions.register(SHED_LOAD, lambda *a, **k: self._shed_load(), "refuse new requests for a moment (HTTP 429)")
         self.watchdog = wd.start()
         return wd
+
+    def measured_on(self) -> str:
+        """What this stack's latencies are measured on, as every figure edgekit prints says it."""
+        device = self.engine.decoder.device
+        if device.type == "cuda":
+            import torch
+
+            return f"the GPU ({torch.cuda.get_device_name(device)})"
+        return f"the {device.type.upper()} (reference operators; not the target device)"
 
     def close(self) -> None:
         """A clean stop (SIGTERM): stop the engine and the watchdog, and record every probation's progress

@@ -88,3 +88,30 @@ def test_the_watchdog_holds_a_bundle_to_its_plans_budgets_not_to_the_installed_p
         assert (wd.policy.temperature.warn_c, wd.policy.temperature.critical_c) == (70, 90)
     finally:
         stack.close()
+
+
+def test_the_watchdogs_latency_records_and_report_say_what_measured_them(field_bundle, tmp_path):
+    """A CPU serve's latencies were logged and reported with no label, beside budgets made for the target."""
+    import json
+    import time
+
+    from edgekit.power.report import summarise, read_log, summary_rows
+    from edgekit.runtime.serving import ServingStack
+
+    stack = ServingStack(_open(field_bundle))
+    log = tmp_path / "watchdog.jsonl"
+    try:
+        wd = stack.start_watchdog(sensors=[], log_path=log)
+        stack.engine.complete([1, 2, 3], 6)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and '"latency"' not in (log.read_text() if log.exists() else ""):
+            wd.logger.flush()
+            time.sleep(0.1)
+    finally:
+        stack.close()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    latency = [r for r in records if r["type"] == "latency"]
+    assert latency and {r["measured_on"] for r in latency} == {"the CPU (reference operators; not the target device)"}
+    summary = summarise(read_log(log))
+    assert summary["latency_measured_on"].startswith("the CPU")
+    assert ("latency measured on", summary["latency_measured_on"]) in summary_rows(summary)
