@@ -242,7 +242,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     inside the long ones (the source check, quantization, kernel compiles)."""
     from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
     from edgekit.bundle.plugin import plugin_from_compiled
-    from edgekit.bundle.writer import BundleWriter, check_bundle_destination
+    from edgekit.bundle.writer import BundleWriter, archive_path_of, check_archive_destination, check_bundle_destination
     from edgekit.kernels.aot import compile_variant
     from edgekit.kernels.registry import operator
     from edgekit.builder.plan_contract import check_plan_inputs, check_plan_precision, options_from_plan, read_plan
@@ -267,11 +267,8 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     out = Path(opts.out)
     check_output_path(out, "-o", kind="dir")
     if opts.archive:
-        tar = out.with_suffix(".tar")
-        if tar.exists() and not opts.force:
-            raise BundleError(f"--archive: {tar} already exists",
-                              hint="choose another -o DIR or pass --force to replace it")
-        check_output_path(tar, "--archive", kind="file")
+        check_archive_destination(archive_path_of(out), overwrite=opts.force)
+        check_output_path(archive_path_of(out), "--archive", kind="file")
     load_target(opts.target, opts.targets_dir)  # an unknown target fails in milliseconds, not after the model loads
     cache = BuildCache(opts.cache_dir, enabled=opts.use_cache)
     cache_limit = cache_limit_bytes() if opts.use_cache else 0  # a bad EDGEKIT_CACHE_MAX_GB fails before any work
@@ -375,7 +372,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     if opts.archive:
         from edgekit.bundle.archive import write_archive
 
-        archive_path = st.run("archive", write_archive, out, out.with_suffix(".tar"), overwrite=opts.force)
+        archive_path = st.run("archive", write_archive, out, archive_path_of(out), overwrite=opts.force)
     pruned = cache.prune(cache_limit)  # after the bundle is written: a build never waits on, or fails for, pruning
     summary = _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_report, quant_cached,
                        onnx_info, key.is_dev, st.seconds, time.perf_counter() - t_start, cache, archive_path)

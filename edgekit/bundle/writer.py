@@ -70,12 +70,13 @@ def check_bundle_destination(out_dir: str | os.PathLike, *, overwrite: bool) -> 
     if path.resolve() == cwd or path.resolve() in cwd.parents:
         raise BundleError(f"-o {given}: is the current directory or one of its parents; a bundle needs a directory "
                           "of its own", hint="pass a new directory name, e.g. -o bundle")
+    if path.is_symlink():  # the rename would replace the link, not what it points to, and leave a dangling one
+        raise BundleError(f"-o {given}: is a symbolic link (to {os.readlink(path)}); a bundle is written as a real "
+                          "directory", hint="pass the directory it points to, or a new name (and re-point the link)")
     if not path.exists():
         return path
-    if not overwrite:
-        raise BundleError(f"{given} already exists", hint="choose another -o directory or pass --force to replace it")
     if not path.is_dir():
-        raise BundleError(f"{given} exists and is a file, not a bundle directory; --force replaces only a bundle",
+        raise BundleError(f"{given} exists and is a file, not a bundle directory",
                           hint="choose another -o directory, or remove the file yourself")
     entries = {p.name for p in path.iterdir()}
     if entries and not {MANIFEST_FILE, SIGNATURE_FILE} <= entries:
@@ -83,7 +84,37 @@ def check_bundle_destination(out_dir: str | os.PathLike, *, overwrite: bool) -> 
         raise BundleError(f"{given} exists and is not an edgekit bundle (no {MANIFEST_FILE} and {SIGNATURE_FILE}; "
                           f"it holds {shown}); --force replaces only an earlier bundle, so it is left as it is",
                           hint="choose another -o directory, or remove that directory yourself if it is not needed")
+    if not overwrite:
+        raise BundleError(f"{given} already exists", hint="choose another -o directory or pass --force to replace it")
     return path
+
+
+def archive_path_of(out_dir: Path) -> Path:
+    """Where `build --archive` writes the bundle as one file: beside it, its name + ".tar" (``-o m-v1.2`` gives
+    m-v1.2.tar, not m-v1.tar, which another bundle's archive would share)."""
+    return out_dir.with_name(out_dir.name + ".tar")
+
+
+def check_archive_destination(tar: Path, *, overwrite: bool) -> None:
+    """Refuse, before any work, an archive path that exists unless --force and it is an earlier bundle archive."""
+    if not tar.exists() and not tar.is_symlink():
+        return
+    if not overwrite:
+        raise BundleError(f"--archive: {tar} already exists", hint="choose another -o DIR or pass --force to replace it")
+    if not tar.is_file() or tar.is_symlink() or not _is_bundle_archive(tar):
+        raise BundleError(f"--archive: {tar} exists and is not an edgekit bundle archive; --force replaces only an "
+                          "earlier one, so it is left as it is", hint="choose another -o DIR, or remove that file yourself")
+
+
+def _is_bundle_archive(path: Path) -> bool:
+    import tarfile
+
+    try:
+        with tarfile.open(path) as tf:
+            names = set(tf.getnames())
+    except (tarfile.TarError, OSError):
+        return False
+    return {MANIFEST_FILE, SIGNATURE_FILE} <= names
 
 
 class BundleWriter:

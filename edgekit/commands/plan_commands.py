@@ -146,6 +146,11 @@ def plan(
     from edgekit.output_path import check_output_path
 
     precision = cli_precision(precision, PLAN_PRECISIONS)
+    from edgekit.plan.planner import KV_PRECISIONS
+
+    if kv_precision not in KV_PRECISIONS:
+        raise typer.BadParameter(f"{kv_precision!r}: expected one of {', '.join(KV_PRECISIONS)}",
+                                 param_hint="--kv-precision")
     if output is not None and kv_precision != "fp16":
         raise typer.BadParameter(f"--kv-precision {kv_precision} is for sizing only: `edgekit build` makes FP16 KV "
                                  "caches, so it could not carry out this plan; drop -o, or --kv-precision",

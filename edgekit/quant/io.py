@@ -36,6 +36,11 @@ def check_quantize_directory(directory: Path, flag: str = "-o") -> None:
     from edgekit.errors import OutputPathError
 
     directory = Path(directory)
+    inside = next((d for d in (directory, *directory.absolute().parents)
+                   if (d / "manifest.json").is_file() and (d / "manifest.sig").is_file()), None)
+    if inside is not None:  # e.g. BUNDLE/weights: it holds only model.safetensors, which is the signed one
+        raise OutputPathError(f"{flag} {directory}: is inside the bundle {inside}; its files are signed, and "
+                              f"quantize would replace them", hint="choose a directory outside any bundle")
     if not directory.is_dir():
         return  # missing (created), or a file: check_output_path says so
     other = sorted(p.name for p in directory.iterdir() if p.name not in (WEIGHTS_FILE, REPORT_FILE))

@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import atexit
+import heapq
 import random
 import threading
 import time
@@ -450,8 +451,8 @@ class Engine:
         if len(samplings) > len(self._rows):  # would wait forever: no number of finished answers frees enough rows
             raise RequestTooLargeError(
                 f"n={len(samplings)} asks for {len(samplings)} sequences at once; this engine decodes at most "
-                f"{len(self._rows)} (its largest batch)", hint=f"ask for n <= {len(self._rows)}, or serve a bundle "
-                "built with a larger --batch")
+                f"{len(self._rows)} (its largest batch)", hint=f"ask for n <= {len(self._rows)}; the server's batch "
+                "is set by the bundle's build --batch and serve --batch")
         if time.monotonic() < self.shed_until:
             raise OverloadedError("shedding load on a watchdog budget breach", hint="retry shortly")
         stops = self.stop_ids if stop_ids is None else stop_ids
@@ -466,7 +467,7 @@ class Engine:
                                       f"{len(self._rows)} decode rows" + (f" ({len(jobs)} sequences asked for)"
                                                                           if len(jobs) > 1 else ""),
                                       hint="retry shortly")
-            wait = self._expected_wait_s(len(self._waiting) + len(jobs))
+            wait = self._expected_wait_s([j.max_new_tokens for j in self._waiting] + [max_new_tokens] * (len(jobs) - 1))
             if wait > self.max_admission_wait_s:
                 raise OverloadedError(f"the server is at capacity: a decode row is expected to free in {wait:.2f} s "
                                       f"(a request may wait {self.max_admission_wait_s:.2f} s)", hint="retry shortly")
@@ -491,23 +492,27 @@ class Engine:
 
     def _full(self) -> bool:
         return (len(self._waiting) >= self.max_waiting + self._free_rows()
-                or self._expected_wait_s(len(self._waiting) + 1) > self.max_admission_wait_s)
+                or self._expected_wait_s([j.max_new_tokens for j in self._waiting]) > self.max_admission_wait_s)
 
-    def _expected_wait_s(self, nth: int) -> float:
-        """When the ``nth`` request in line (1: the first) would get a row: the rows free now, then the decoding rows
-        by their tokens left at the measured step time, less what the step in progress has already run (an upper
-        bound: a stop token frees a row sooner). Rows still being prefilled count as taken for a whole answer. Without
-        a measured step yet: 0 (nothing to go on)."""
-        if nth <= self._free_rows() or self._step_s is None:
+    def _expected_wait_s(self, ahead: list[int]) -> float:
+        """When a request behind ``ahead`` (the new tokens of each request in line before it, in order) would get a
+        row: the rows free now, then each decoding row when its tokens left are done at the measured step time, less
+        what the step in progress has already run (an upper bound: a stop token frees a row sooner); each request
+        ahead takes the first row to free and holds it for its whole answer. Rows still being prefilled count as
+        taken for a whole answer. Without a measured step yet: 0 (nothing to go on)."""
+        free = self._free_rows()
+        if len(ahead) < free or self._step_s is None:
             return 0.0
-        left = sorted(r.job.max_new_tokens - len(r.job.tokens) for r in self._rows if r is not None)
-        left += sorted([p.job.max_new_tokens for p in self._prefills] + [j.max_new_tokens for j in self._early.values()])
-        k = nth - self._free_rows() - 1
-        if k >= len(left):
-            return float("inf")
+        step = self._step_s
+        left = [r.job.max_new_tokens - len(r.job.tokens) for r in self._rows if r is not None]
+        left += [p.job.max_new_tokens for p in self._prefills] + [j.max_new_tokens for j in self._early.values()]
         started = self._step_started
-        ran = 0.0 if started is None else min(time.perf_counter() - started, self._step_s)
-        return left[k] * self._step_s - ran
+        ran = 0.0 if started is None else min(time.perf_counter() - started, step)
+        free_at = [0.0] * free + [max(0.0, n * step - ran) for n in left]
+        heapq.heapify(free_at)
+        for tokens in ahead:  # a batch-1 engine queues behind the one answer, then behind each waiter's
+            heapq.heapreplace(free_at, free_at[0] + tokens * step)
+        return free_at[0]
 
     def full(self) -> bool:
         """Whether a request submitted now would be refused for capacity (a hint, without the lock: the HTTP

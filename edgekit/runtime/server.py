@@ -209,6 +209,9 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             except ChatTemplateError as e:
                 raise _Refused(400, str(e), "messages") from e
         if isinstance(req.prompt, list):
+            if engine.tokenizer is None and req.stop_strings():
+                raise _Refused(400, f"{NO_TOKENIZER}, so stop strings cannot be matched; send none, and stop on "
+                                    "token ids yourself", "stop")
             bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
             if bad is not None:
                 raise _Refused(400, f"prompt: token id {bad} is out of range; token ids must be in [0, {vocab})", "prompt")
@@ -294,7 +297,14 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                     if chat:
                         for i in range(n):
                             yield enc.role(i)
+                    sent = [0] * n  # token ids streamed so far, a choice (a model without a tokenizer)
                     async for i, delta in choices.deltas():
+                        if engine.tokenizer is None:
+                            out_ids = choices.texts[i].tokens
+                            if len(out_ids) > sent[i]:
+                                yield enc.token_ids(list(out_ids[sent[i]:]), i)
+                                sent[i] = len(out_ids)
+                            continue
                         yield enc.delta(delta, i)
                     if choices.hung_up():
                         status, reasons = 499, ["cancelled"] * n

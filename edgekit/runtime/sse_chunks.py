@@ -41,6 +41,12 @@ class ChunkEncoder:
             opening = self._delta_open[index] = self._head + b', "choices": [{"index": %d, ' % index + field
         return opening + json.dumps(text).encode() + self._delta_close
 
+    def token_ids(self, ids: list[int], index: int = 0) -> bytes:
+        """New token ids of a completion from a model without a tokenizer: its text is empty, so the ids are what
+        the stream carries (an edgekit field beside the empty text)."""
+        return self._frame({"choices": [{"index": index, "text": "", "token_ids": ids, "logprobs": None,
+                                         "finish_reason": None}]})
+
     def finish(self, reason: str, index: int = 0) -> bytes:
         choice = {"index": index, "delta": {}} if self.chat else {"index": index, "text": ""}
         return self._frame({"choices": [{**choice, "logprobs": None, "finish_reason": reason}]})

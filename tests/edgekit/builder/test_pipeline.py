@@ -122,14 +122,20 @@ def test_force_is_refused_before_any_work_where_it_would_delete_a_users_director
     assert not cache.exists()  # refused before the model was loaded or anything compiled
 
 
-def test_an_existing_archive_is_refused_before_the_build_and_replaced_with_force(tiny_bundle, tmp_path):
+def test_an_existing_archive_is_refused_before_the_build_and_only_a_bundle_archive_is_replaced(tiny_bundle, tmp_path):
     _, opts = tiny_bundle
-    (tmp_path / "b.tar").write_bytes(b"an older archive")
+    (tmp_path / "b.tar").write_bytes(b"someone's file")
     with pytest.raises(BundleError, match="b.tar already exists"):
         build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "b", "archive": True}))
-    assert not (tmp_path / "b").exists()  # nothing built, so nothing left to block the next try
-    result = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "b", "archive": True, "force": True}))
-    assert result.summary["archive"] and (tmp_path / "b.tar").read_bytes()[:4] != b"an o"
+    with pytest.raises(BundleError, match="not an edgekit bundle archive"):
+        build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "b", "archive": True, "force": True}))
+    assert not (tmp_path / "b").exists() and (tmp_path / "b.tar").read_bytes() == b"someone's file"
+    (tmp_path / "b.tar").unlink()
+    first = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "b", "archive": True}))
+    again = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "b", "archive": True, "force": True}))
+    assert first.summary["archive"] == again.summary["archive"] == str(tmp_path / "b.tar")
+    versioned = build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "m-v1.2", "archive": True}))
+    assert versioned.summary["archive"] == str(tmp_path / "m-v1.2.tar")  # not m-v1.tar
 
 
 def test_run_refuses_a_tampered_bundle(tiny_bundle, tmp_path):

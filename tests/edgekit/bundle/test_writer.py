@@ -79,6 +79,22 @@ def test_overwrite_never_replaces_a_directory_that_is_not_a_bundle(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "precious"]  # no partial directory left
 
 
+def test_a_directory_that_is_not_a_bundle_is_not_offered_force(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_bytes(b"x")
+    with pytest.raises(BundleError) as e:
+        BundleWriter(tmp_path / "notes")
+    assert "not an edgekit bundle" in e.value.message and "--force" not in (e.value.hint or "")
+
+
+def test_a_symlinked_output_is_refused_naming_its_target(tmp_path, signing_key):
+    real = write_bundle(tmp_path / "real", signing_key)
+    (tmp_path / "current").symlink_to(real)
+    with pytest.raises(BundleError, match="symbolic link"):
+        BundleWriter(tmp_path / "current", overwrite=True)
+    assert (tmp_path / "current").resolve() == real and (real / "manifest.json").exists()
+
+
 def test_overwrite_takes_an_empty_directory(tmp_path, signing_key):
     (tmp_path / "empty").mkdir()
     with BundleWriter(tmp_path / "empty", overwrite=True) as w:

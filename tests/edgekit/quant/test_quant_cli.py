@@ -60,3 +60,9 @@ def test_quantize_refuses_a_directory_holding_other_files_before_any_work(tmp_pa
     r = edgekit("quantize", "preset:tiny", "-o", str(bundle), "--json", *FAST)
     assert r.returncode == 2 and "holds other files (manifest.json)" in r.stdout + r.stderr
     assert sorted(p.name for p in bundle.iterdir()) == ["manifest.json"]  # nothing written into it
+    (bundle / "manifest.sig").write_bytes(b"sig")
+    (bundle / "weights").mkdir()
+    (bundle / "weights" / "model.safetensors").write_bytes(b"the signed weights")
+    r = edgekit("quantize", "preset:tiny", "-o", str(bundle / "weights"), *FAST)
+    assert r.returncode == 2 and "inside the bundle" in r.stderr
+    assert (bundle / "weights" / "model.safetensors").read_bytes() == b"the signed weights"

@@ -147,18 +147,18 @@ def test_a_waiter_with_a_free_row_is_not_refused_during_a_long_step(model):
 
 def test_a_group_is_queued_whole_or_refused_whole(model):
     """OpenAI's n: the choices of one request get rows together or a 429 together, never half a group."""
-    e = Engine(model.decoder(), None, SHAPES, max_waiting=1, batch_buckets=(1, 2))
+    e = Engine(model.decoder(), None, SHAPES, max_waiting=0, batch_buckets=(1, 2, 4))
     hold = threading.Event()
     try:
         e.switch_operator("rmsnorm", lambda x, w, eps: (hold.wait(5), rmsnorm_reference(x, w, eps))[1], "plugin:slow")
-        first = e.submit([1, 2], 2)  # one row busy: room for one more row and one waiter
+        first = e.submit_group([1, 2], 2, [SamplingConfig()] * 2)  # two rows busy: room for two more, no waiter
         time.sleep(0.2)
-        with pytest.raises(OverloadedError, match="3 sequences"):
+        with pytest.raises(OverloadedError, match="3 sequences"):  # 3 fit the 4 rows, but not the 2 free now
             e.submit_group([3, 4], 2, [SamplingConfig()] * 3)
         assert e.queue_depth() == 0  # nothing of the refused group stayed behind
         group = e.submit_group([3, 4], 2, [SamplingConfig(temperature=1.0, seed=s) for s in (1, 2)])
         hold.set()
-        for job in [first, *group]:
+        for job in [*first, *group]:
             assert job.done.wait(10) and job.error is None and len(job.tokens) == 2
     finally:
         hold.set()
@@ -281,9 +281,10 @@ def test_a_raised_admission_wait_lets_a_batch_1_engine_queue_a_request(model, ad
         first = e.submit([1, 2], 30)
         while not first.tokens:  # answering: the only row is taken
             time.sleep(0.005)
-        if admitted:
-            second = e.submit([3, 4], 2)
-            assert second.done.wait(30) and second.error is None and len(second.tokens) == 2
+        if admitted:  # two in line behind the one answering: each waits for the row after the one before it
+            queued = [e.submit([3, 4], 2), e.submit([5, 6], 2)]
+            for job in queued:
+                assert job.done.wait(30) and job.error is None and len(job.tokens) == 2
         else:
             with pytest.raises(OverloadedError, match="expected to free"):
                 e.submit([3, 4], 2)

@@ -35,3 +35,18 @@ def test_a_token_id_prompt_gets_its_answer_as_token_ids(tiny_server):
     ids = choice["token_ids"]
     assert len(ids) == 4 == r.json()["usage"]["completion_tokens"]
     assert all(0 <= t < stack.engine.decoder.config.vocab_size for t in ids)
+
+
+def test_a_stream_carries_the_token_ids_and_stop_strings_are_refused(tiny_server):
+    url, _, _ = tiny_server
+    body = {"prompt": [1, 2, 3], "max_tokens": 5, "ignore_eos": True, "stream": True}
+    ids = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    ids += choice.get("token_ids", [])
+    assert len(ids) == 5  # every token, once
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 3, "stop": ["\n"]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
