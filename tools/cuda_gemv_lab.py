@@ -158,33 +158,64 @@ class Module:
             self.shared_allowed[name] = shared
         return f
 
+    def allow_cluster(self, name: str, size: int, shared: int) -> None:
+        """Clusters over 8 blocks are "non-portable": a kernel must opt in before it is launched with one."""
+        if size > 8:
+            attr = self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+            self._check(self.driver.cuFuncSetAttribute(self.function(name, shared), attr, 1))
+
+    def max_active_clusters(self, name: str, size: int, block: int, shared: int) -> int:
+        """How many clusters of ``size`` blocks the GPU can hold at once (0: such a cluster cannot launch)."""
+        d = self.driver
+        self.allow_cluster(name, size, shared)
+        config = self._config(size, block, shared, cluster=size)
+        return int(self._check(d.cuOccupancyMaxActiveClusters(self.function(name, shared), config)))
+
+    def _config(self, grid: int, block: int, shared: int, pdl: bool = False, cooperative: bool = False,
+                cluster: int = 0):
+        d = self.driver
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+        config.sharedMemBytes = shared
+        config.hStream = d.CUstream(torch.cuda.current_stream().cuda_stream)
+        attrs = []
+        if cooperative:
+            attr = d.CUlaunchAttribute()
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            attr.value.cooperative = 1
+            attrs.append(attr)
+        if pdl:
+            attr = d.CUlaunchAttribute()
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        if cluster:
+            attr = d.CUlaunchAttribute()
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+            attrs.append(attr)
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
+        return config
+
     def launch(self, name: str, grid: int, block: int, shared: int, args: list, pdl: bool = False,
-               cooperative: bool = False) -> None:
+               cooperative: bool = False, cluster: int = 0) -> None:
         """Tensors go as pointers (None as null), ints as int. ``pdl``: launched with programmatic stream
         serialization, as Triton launches the fused step's kernels (the kernel must wait: its ``pdl`` argument).
-        ``cooperative``: every block resident at once, or the launch fails (a kernel with grid barriers)."""
+        ``cooperative``: every block resident at once, or the launch fails (a kernel with grid barriers).
+        ``cluster``: blocks launched in clusters of this many (the grid a multiple of it; sm_90+)."""
         d = self.driver
         values = tuple(0 if a is None else a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
         types = tuple(ctypes.c_int if isinstance(a, int) else ctypes.c_void_p for a in args)
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
         f = self.function(name, shared)
-        if not (pdl or cooperative):
+        if not (pdl or cooperative or cluster):
             self._check(d.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, shared, stream, (values, types), 0))
             return
-        config = d.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-        config.sharedMemBytes = shared
-        config.hStream = stream
-        attr = d.CUlaunchAttribute()
-        if cooperative:
-            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-            attr.value.cooperative = 1
-        else:
-            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-        config.attrs = [attr]
-        config.numAttrs = 1
+        if cluster:
+            self.allow_cluster(name, cluster, shared)
+        config = self._config(grid, block, shared, pdl, cooperative, cluster)
         self._check(d.cuLaunchKernelEx(config, f, (values, types), 0))
 
 

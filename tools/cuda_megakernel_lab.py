@@ -118,6 +118,25 @@ barriers a layer instead of 5. NVIDIA H200, smollm2-135m, depth 512, 64 tokens, 
   load one after another behind the counter wait. So at 135M the stage boundary's cost moves into the reduction
   that replaces it; none of these designs beats the fused path on the H200.
 
+One cluster (the variant's 8th field, CLUSTER > 0; 2026-12-07): every barrier above is a grid-wide one through L2
+atomics (~0.7-1.1 us released). A thread-block cluster (sm_90) has a hardware barrier, so the step ran in ONE cluster
+of 16 blocks (the most an H100 allows, one block an SM), stages split by barrier.cluster (release/acquire), and for
+comparison in a grid of 16 blocks with the grid barrier (9th field, BLOCKS). H100 80GB HBM3, smollm2-135m, depth
+512, 64 tokens, 5 interleaved runs, copy 3.02 TB/s on the whole GPU:
+- correct in every arm: 1-layer intermediates as before (q 1.0e-7, k/v 2.5e-4 / 3.4e-4 from the FP16 cache, x
+  1.2e-7), the model (cluster, ring 9) within 6.0e-6 of FP64's largest logit, argmax 17/17, tokens equal the fused
+  path's;
+- slow: fused path 2033.8 tok/s; register mode on all SMs 2075.1 (1.02x); one cluster of 16: register mode 830.3
+  (0.41x), ring 9 666.8 (0.33x), 512 threads ring 4 909.3 (0.45x); 16 blocks with grid barriers, ring 9, 648.1
+  (0.32x). The cluster's barrier is cheaper (released 0.39 us after the last arrival, against 0.7-1.0 us for the
+  grid barrier of 16 or 132 blocks), but 16 SMs do not stream the weights: gate/up (3.5 MB) takes 12.4-18.3 us, 190-285
+  GB/s. The same session's `edgekit bench --sms 16` measured the copy in a 16-SM green context at 1165 GB/s (73 GB/s
+  an SM) and the fused path confined to those 16 SMs at 1069 tok/s, faster than every cluster arm. Even at that
+  copy, a token's 281 MB takes 241 us in 16 SMs, against the fused path's 492 us on all 132: a one-cluster step
+  would have to stream at half the 16-SM copy in every stage to beat it, and these loads (registers, or cp.async
+  rings of 3 KB slots) reach 16-25%. Not pursued further here; TMA bulk copies into shared memory are what such a
+  design would need to try.
+
 Shapes: FP16 weights, no QKV bias, Llama rotate-half RoPE; in register mode (RING 0) K of every projection at most
 2048 (a lane holds a row's chunks in registers), in ring mode any K that is a multiple of 8.
 """
@@ -154,12 +173,13 @@ def slot_k(cfg) -> int:
 
 
 def defines(cfg, threads: int, maxsplit: int, kpw: int, head_rows: int, free_signal: int,
-            gu_pairs: int, ring: int = 0) -> tuple[str, ...]:
+            gu_pairs: int, ring: int = 0, cluster: int = 0, blocks: int = 0) -> tuple[str, ...]:
     return (f"C={cfg.hidden_size}", f"NQ={cfg.n_heads}", f"NKV={cfg.n_kv_heads}", f"HD={cfg.head_dim}",
             f"FF={cfg.intermediate_size}", f"NL={cfg.n_layers}", f"VOCAB={cfg.vocab_size}",
             f"EPS={float(cfg.rms_norm_eps)!r}f", f"QSCALE={float(cfg.attention_scale)!r}f", f"THREADS={threads}",
             f"MAXSPLIT={maxsplit}", f"KPW={kpw}", f"HEAD_ROWS={head_rows}",
-            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"RING={ring}", f"SLOT_K={slot_k(cfg)}")
+            f"FREE_SIGNAL={free_signal}", f"GU_PAIRS={gu_pairs}", f"RING={ring}", f"SLOT_K={slot_k(cfg)}",
+            f"CLUSTER={cluster}")
 
 
 def supported(cfg, variants) -> str | None:
@@ -183,10 +203,20 @@ class Variant:
     free_signal: int = 0
     gu_pairs: int = 1
     ring: int = 0  # > 0: ring mode, weight rows streamed through this many shared-memory slots a warp
+    cluster: int = 0  # > 0: the grid is one cluster of this many blocks, stages split by the cluster's barrier
+    blocks: int = 0  # > 0 (with cluster 0): a grid of this many blocks with grid barriers (0: one block an SM)
+
+    # A block alone on its SM where the grid is smaller than the GPU (cluster or blocks): dynamic shared memory
+    # over half an SM's, so that the scheduler cannot put two of the grid's blocks on one SM.
+    ONE_BLOCK_AN_SM = 120 * 1024
+
+    def grid(self, sms: int) -> int:
+        return self.cluster or self.blocks or sms
 
     def ring_bytes(self, cfg) -> int:
         """Ring mode's dynamic shared memory: a ring of slots for each warp that takes rows."""
-        return (self.threads // 32 - self.free_signal) * self.ring * slot_k(cfg) * 2 if self.ring else 0
+        ring = (self.threads // 32 - self.free_signal) * self.ring * slot_k(cfg) * 2 if self.ring else 0
+        return max(ring, self.ONE_BLOCK_AN_SM) if self.cluster or self.blocks else ring
 
     @classmethod
     def parse(cls, text: str) -> "Variant":
@@ -214,7 +244,14 @@ class Megakernel:
             raise RuntimeError(f"variant {v}: {per_sm} blocks an SM fit ({err}; ring mode asks for {self.shared} "
                                "bytes of dynamic shared memory; the GPU allows "
                                f"{getattr(props, 'shared_memory_per_block_optin', '?')} a block, static included)")
-        self.grid = props.multi_processor_count
+        self.grid = v.grid(props.multi_processor_count)
+        if v.cluster:
+            if arch < 90:
+                raise RuntimeError(f"variant {v}: thread-block clusters need sm_90 or newer (this GPU: sm_{arch})")
+            fits = self.module.max_active_clusters("decode_step", v.cluster, v.threads, self.shared)
+            if fits < 1:
+                raise RuntimeError(f"variant {v}: no cluster of {v.cluster} blocks of {v.threads} threads and "
+                                   f"{self.shared} bytes of shared memory fits this GPU")
         dev, f32 = "cuda", torch.float32
         C, NQ, NKV, HD = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.k = [torch.zeros(1, NKV, max_len, HD, dtype=torch.float16, device=dev) for _ in range(cfg.n_layers)]
@@ -248,7 +285,8 @@ class Megakernel:
         self.module.launch("decode_step", self.grid, self.v.threads, self.shared, [
             self.layers, self.emb, self.head, self.norm, self.cos, self.sin, self.x, self.q, self.part, self.h,
             self.logits, self.best_val, self.best_idx, self.tok, self.pos, self.hist, self.sync,
-            self.trace if trace else None, self.max_len, int(write_logits)], cooperative=True)
+            self.trace if trace else None, self.max_len, int(write_logits)],
+            cooperative=not self.v.cluster, cluster=self.v.cluster)
 
     def stage_times(self, tok: int, pos: int) -> dict:
         """One traced step at ``pos``: every block's %globaltimer at each barrier. Per kind of stage, the mean over
@@ -500,9 +538,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default="preset:smollm2-135m")
     ap.add_argument("--variants", default="256/8/8/4/1/2,384/8/2/4/1/1,256/8/2/4/1/1",
-                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS[/RING], comma list (a prefix "
-                    "takes the rest from 512/8/2/4/0/1/0); RING > 0 streams each warp's weight rows through that "
-                    "many shared-memory slots (ring mode: needed for rows wider than 2048)")
+                    help="THREADS/MAXSPLIT/KPW/HEAD_ROWS/FREE_SIGNAL/GU_PAIRS[/RING[/CLUSTER[/BLOCKS]]], comma list "
+                    "(a prefix takes the rest from 512/8/2/4/0/1/0/0/0); RING > 0 streams each warp's weight rows "
+                    "through that many shared-memory slots (ring mode: needed for rows wider than 2048); CLUSTER > 0 "
+                    "runs the step in ONE cluster of that many blocks (sm_90+; 16 is the most an H100 allows) with "
+                    "the cluster's barrier between stages; BLOCKS > 0 a grid of that many blocks with grid barriers")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)

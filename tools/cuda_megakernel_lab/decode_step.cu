@@ -16,7 +16,7 @@
 // the KV cache are FP16, all sums FP32.
 //
 // The model's shape comes as -D macros (C, NQ, NKV, HD, FF, NL, VOCAB, EPS, QSCALE), the variant's too (THREADS,
-// MAXSPLIT, KPW, HEAD_ROWS, FREE_SIGNAL, GU_PAIRS). No CUDA header (inline PTX and ../cuda_lab_common/fp16.cuh):
+// MAXSPLIT, KPW, HEAD_ROWS, FREE_SIGNAL, GU_PAIRS, RING, CLUSTER). No CUDA header (inline PTX and ../cuda_lab_common/fp16.cuh):
 // NVRTC alone compiles it (the nvidia-cuda-nvrtc wheel), for sm_87 on an x86 host too.
 
 #include "cuda_lab_common/fp16.cuh"  // half_to_float, float_to_half, warp_sum
@@ -48,6 +48,10 @@ typedef unsigned long long u64;
 #endif
 #ifndef SLOT_K
 #define SLOT_K 2048  // ring mode: FP16 values a slot holds (a row segment)
+#endif
+#ifndef CLUSTER
+#define CLUSTER 0  // > 0: the grid is ONE thread-block cluster of CLUSTER blocks (sm_90+), and a stage boundary is
+                   // the cluster's hardware barrier instead of the grid barrier's atomics in L2
 #endif
 #define WARPS (THREADS / 32)
 #define ROW_WARPS (WARPS - FREE_SIGNAL)  // warps a block gives the GEMV stages
@@ -162,6 +166,22 @@ __device__ __forceinline__ u64 now_ns() {
 // the wait, and the arrival's release fence does not wait for them (a fence waits on the thread's loads in flight).
 // Every block arrives once (after all its threads' stores: the CTA barrier, then a release add); thread 0 then
 // spins until all have (acquire). Stores before the arrival are visible after the wait.
+#if CLUSTER
+// Cluster mode: every thread of every block arrives (release: its stores, global ones included, are visible in the
+// cluster after the wait) and waits (acquire). The same two halves, so the next stage's loads overlap the wait.
+__device__ __forceinline__ void grid_arrive(u32*, u64* trace, u32 index) {
+  if (trace) {
+    __syncthreads();
+    if (threadIdx.x == 0) trace[TRACE_ROW * blockIdx.x + 2 * index] = now_ns();
+  }
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+
+__device__ __forceinline__ void grid_wait(u32*, u32, u64* trace, u32 index) {
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+  if (trace && threadIdx.x == 0) trace[TRACE_ROW * blockIdx.x + 2 * index + 1] = now_ns();
+}
+#else
 __device__ __forceinline__ void grid_arrive(u32* arrivals, u64* trace, u32 index) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -181,6 +201,7 @@ __device__ __forceinline__ void grid_wait(u32* arrivals, u32 target, u64* trace,
   }
   __syncthreads();
 }
+#endif
 
 template <int K>
 __device__ __forceinline__ void load_row(const u16* w, int row, int lane, U4* c) {
