@@ -178,11 +178,13 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                        overloaded=lambda p: p in INFERENCE_PATHS and engine.full(), retry_after_s=RETRY_AFTER_S,
                        refusal_delay_s=refusal_delay_s)
 
-    def record(route: str, status: int, t0: float, **fields) -> None:
+    def record(route: str, status: int, t0: float | None, **fields) -> None:
+        """One request's log line; ``t0`` None where the handler's start is not known (an exception handler): no
+        "ms" then, rather than a made-up ~0."""
         metrics.requests.labels(route, str(status)).inc()
         if log is not None:
-            log.write({"type": "request", "t_s": time.time(), "route": route, "status": status,
-                       "ms": round((time.perf_counter() - t0) * 1000, 3), **fields})
+            took = {} if t0 is None else {"ms": round((time.perf_counter() - t0) * 1000, 3)}
+            log.write({"type": "request", "t_s": time.time(), "route": route, "status": status, **took, **fields})
 
     def require_admin(request: Request) -> None:  # the middleware already refused; kept so no route depends on it
         refused = auth.refusal(request.headers.get("authorization", ""))
@@ -479,7 +481,13 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     @app.exception_handler(EdgekitError)
     async def edgekit_error(request: Request, e: EdgekitError):
         # an internal failure: the log (local) says what failed; the client is never told where the store lives
-        record(route_of(request.url.path), 500, time.perf_counter(), error=f"{type(e).__name__}: {e}")
+        record(route_of(request.url.path), 500, None, error=f"{type(e).__name__}: {e}")
+        return _error(500, f"{type(e).__name__}: the server could not complete the request")
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, e: Exception):
+        # a bug (any other exception): logged as every answer is, and uvicorn prints its traceback after this
+        record(route_of(request.url.path), 500, None, error=f"{type(e).__name__}: {e}")
         return _error(500, f"{type(e).__name__}: the server could not complete the request")
 
     return app

@@ -50,3 +50,20 @@ def test_an_unwritable_log_never_turns_a_request_into_a_500(tiny_stack, tmp_path
         metrics = c.get("/metrics").text
     assert full.dropped >= 4
     assert "edgekit_log_records_dropped" in metrics
+
+
+def test_an_unexpected_exception_is_a_logged_500(tiny_server):
+    """Only EdgekitError 500s were logged; a bug's exception left no line in server.jsonl."""
+    url, stack, _ = tiny_server
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug in the engine")
+
+    stack.engine.submit_group = broken
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}, timeout=60)
+    assert r.status_code == 500 and "RuntimeError" in r.json()["error"]["message"]
+    assert "a bug in the engine" not in r.text  # the detail stays in the local log
+    stack.log.flush()
+    records = [json.loads(line) for line in stack.log.path.read_text().splitlines()]
+    (bug,) = [x for x in records if x["type"] == "request" and x["status"] == 500]
+    assert bug["route"] == "completions" and bug["error"] == "RuntimeError: a bug in the engine" and "ms" not in bug
