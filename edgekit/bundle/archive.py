@@ -123,6 +123,18 @@ def _member_name(info: tarfile.TarInfo) -> str:
     return name.rstrip("/") if info.isdir() else name
 
 
+def is_bundle_archive(path: str | os.PathLike) -> bool:
+    """A readable tar whose members include a bundle's manifest and signature (not verified: verify does that)."""
+    from edgekit.bundle.manifest import SIGNED_PAIR
+
+    try:
+        with tarfile.open(path) as tf:
+            names = {_member_name(info) for info in tf.getmembers()}
+    except (tarfile.TarError, OSError):
+        return False
+    return SIGNED_PAIR <= names
+
+
 def scan_members(
     members: Iterable[tarfile.TarInfo], *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES, max_members: int = MAX_MEMBERS, flat: bool = False
 ) -> tuple[list[tarfile.TarInfo], list[MemberProblem]]:

@@ -39,6 +39,8 @@ SUPPORTED_FORMAT_VERSIONS = frozenset({1})
 
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
+# what makes a directory or an archive a bundle (build --force replaces only such; quantize never writes into one)
+SIGNED_PAIR = frozenset({MANIFEST_FILE, SIGNATURE_FILE})
 RESERVED_FILES = frozenset({MANIFEST_FILE, SIGNATURE_FILE})
 
 NAME = r"^[a-z0-9_]+$"
@@ -221,3 +223,10 @@ def describe_validation_error(e: ValidationError, limit: int = 3) -> str:
         parts.append(f"{loc}: {err['msg']}{got_s}")
     more = e.error_count() - limit
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def is_bundle_dir(path) -> bool:
+    """A directory holding a bundle's manifest and signature (not verified: `edgekit verify` does that)."""
+    from pathlib import Path
+
+    return all((Path(path) / name).is_file() for name in SIGNED_PAIR)

@@ -27,6 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from edgekit.bundle.archive import is_bundle_archive
 from edgekit.bundle.canonical import relpath_problem, sha256_hex
 from edgekit.durable import fsync_dir
 from edgekit.durable import replace_atomically as atomic_write_bytes
@@ -38,6 +39,7 @@ from edgekit.bundle.manifest import (
     PLUGIN_METADATA_FILE,
     RESERVED_FILES,
     SIGNATURE_FILE,
+    SIGNED_PAIR,
     Buckets,
     FileEntry,
     Manifest,
@@ -79,7 +81,7 @@ def check_bundle_destination(out_dir: str | os.PathLike, *, overwrite: bool) -> 
         raise BundleError(f"{given} exists and is a file, not a bundle directory",
                           hint="choose another -o directory, or remove the file yourself")
     entries = {p.name for p in path.iterdir()}
-    if entries and not {MANIFEST_FILE, SIGNATURE_FILE} <= entries:
+    if entries and not SIGNED_PAIR <= entries:
         shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
         raise BundleError(f"{given} exists and is not an edgekit bundle (no {MANIFEST_FILE} and {SIGNATURE_FILE}; "
                           f"it holds {shown}); --force replaces only an earlier bundle, so it is left as it is",
@@ -101,20 +103,9 @@ def check_archive_destination(tar: Path, *, overwrite: bool) -> None:
         return
     if not overwrite:
         raise BundleError(f"--archive: {tar} already exists", hint="choose another -o DIR or pass --force to replace it")
-    if not tar.is_file() or tar.is_symlink() or not _is_bundle_archive(tar):
+    if not tar.is_file() or tar.is_symlink() or not is_bundle_archive(tar):
         raise BundleError(f"--archive: {tar} exists and is not an edgekit bundle archive; --force replaces only an "
                           "earlier one, so it is left as it is", hint="choose another -o DIR, or remove that file yourself")
-
-
-def _is_bundle_archive(path: Path) -> bool:
-    import tarfile
-
-    try:
-        with tarfile.open(path) as tf:
-            names = set(tf.getnames())
-    except (tarfile.TarError, OSError):
-        return False
-    return {MANIFEST_FILE, SIGNATURE_FILE} <= names
 
 
 class BundleWriter:

@@ -118,8 +118,8 @@ def _print_stored(d: dict, json_out: bool) -> None:
     console.print(head_embedding_line(he))
 
 
-def _is_bundle_archive(path: Path) -> bool:
-    """A .tar written by `build --archive` (a GGUF or safetensors file is not a tar)."""
+def _is_tar_file(path: Path) -> bool:
+    """A .tar, which info reads as a bundle archive (a GGUF or safetensors file is not a tar)."""
     import tarfile
 
     return path.is_file() and tarfile.is_tarfile(path)
@@ -170,7 +170,7 @@ def info(
     if stored is not None:
         _print_stored(stored_info(stored), json_out)
         return
-    if model is not None and _is_bundle_archive(Path(model)):
+    if model is not None and _is_tar_file(Path(model)):
         _print_stored(_archive_stored_info(Path(model)), json_out)
         return
     m = load_model(model, weights=False, tokenizer=False)

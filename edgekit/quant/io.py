@@ -33,11 +33,11 @@ def check_quantize_directory(directory: Path, flag: str = "-o") -> None:
     """A directory quantize may write into: new, empty, or holding only an earlier quantize's two files (which it
     replaces). Any other content (a bundle's, a user's) is refused before the work: model.safetensors written into a
     bundle leaves a file its signed manifest does not list, so the bundle stops verifying."""
+    from edgekit.bundle.manifest import is_bundle_dir
     from edgekit.errors import OutputPathError
 
     directory = Path(directory)
-    inside = next((d for d in (directory, *directory.absolute().parents)
-                   if (d / "manifest.json").is_file() and (d / "manifest.sig").is_file()), None)
+    inside = next((d for d in (directory, *directory.absolute().parents) if is_bundle_dir(d)), None)
     if inside is not None:  # e.g. BUNDLE/weights: it holds only model.safetensors, which is the signed one
         raise OutputPathError(f"{flag} {directory}: is inside the bundle {inside}; its files are signed, and "
                               f"quantize would replace them", hint="choose a directory outside any bundle")

@@ -509,6 +509,8 @@ class Engine:
         started = self._step_started
         ran = 0.0 if started is None else min(time.perf_counter() - started, step)
         free_at = [0.0] * free + [max(0.0, n * step - ran) for n in left]
+        if not free_at:  # no row known to free (the old estimate's "inf" case): wait without end
+            return float("inf")
         heapq.heapify(free_at)
         for tokens in ahead:  # a batch-1 engine queues behind the one answer, then behind each waiter's
             heapq.heapreplace(free_at, free_at[0] + tokens * step)
