@@ -179,8 +179,15 @@ def _prefill_grid(kernel: str, at: PlannedShape):
     return (lambda v: cdiv(at.max_bucket, v.constexprs["BLOCK_M"]) * at.batch * at.cfg.n_heads), at.sms
 
 
-def _decode_grid(kernel: str, at: PlannedShape):
-    if kernel != "attention_decode_split":
+# the kernels that run the split-KV decode program (one program per (split, batch, KV head)): attention_decode's and
+# the fused attention + projection operators' (which merge the splits in the same launch)
+SPLIT_KV_KERNELS = ("attention_decode_split", "attn_split_combine")
+
+
+def decode_grid(kernel: str, at: PlannedShape):
+    """The split-KV kernel's programs at the planned shape, and the programs its launch rule wants (the tile solver
+    ranks key blocks and stages by them); other kernels: no grid rule."""
+    if kernel not in SPLIT_KV_KERNELS:
         return None, None
     kv = at.batch * at.cfg.n_kv_heads
 
@@ -241,5 +248,5 @@ OPERATORS = (
     Operator(DECODE_SPEC, attention_decode_reference, OpPrecision("attention_decode", "none", "fp16", "fp32", "fp16"),
              decode_golden_inputs, call_shape=_heads("k_cache"), triton="attention_triton:DECODE_OP",
              prepare=prepare_decode,
-             tiles_at={"attention_decode_split": DECODE, "attention_decode_reduce": DECODE}, grid=_decode_grid),
+             tiles_at={"attention_decode_split": DECODE, "attention_decode_reduce": DECODE}, grid=decode_grid),
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekit.kernels.attention import DECODE_SPEC, attention_decode_reference
+from edgekit.kernels.attention import DECODE_SPEC, attention_decode_reference, decode_grid
 from edgekit.kernels.fused_attn_proj_residual import _shape, prepare_attn_proj
 from edgekit.kernels.fused_attn_proj_residual import golden_inputs as _with_residual_golden_inputs
 from edgekit.kernels.fused_decode_common import FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, project, weight_inputs
@@ -69,5 +69,5 @@ OPERATORS = (
     Operator(SPEC, fused_attn_proj_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
              triton="fused_attn_proj_triton:OP", prepare=prepare,
              tiles_at={"attn_split_combine": DECODE, "attn_o_proj_fp": DECODE, "attn_o_proj_w8": DECODE,
-                       "attn_o_proj_w4": DECODE}, fusion=FUSION),
+                       "attn_o_proj_w4": DECODE}, grid=decode_grid, fusion=FUSION),
 )

@@ -19,7 +19,7 @@ import torch
 
 from edgekit.errors import OperatorError
 from edgekit.kernels import host_checks as hc
-from edgekit.kernels.attention import DECODE_SPEC, _prepare_heads, attention_decode_reference, default_scale
+from edgekit.kernels.attention import DECODE_SPEC, _prepare_heads, attention_decode_reference, decode_grid, default_scale
 from edgekit.kernels.fused_decode_common import (
     FLOAT_DTYPES, FUSED_SCHEMES, fused_precision, golden_weight, project, weight_inputs, weight_operands,
     weight_shape,
@@ -121,5 +121,5 @@ OPERATORS = (
     Operator(SPEC, fused_attn_proj_residual_reference, fused_precision(SPEC.name), golden_inputs, call_shape=_shape,
              triton="fused_attn_proj_residual_triton:OP", prepare=prepare,
              tiles_at={"attn_split_combine": DECODE, "attn_o_proj_residual_fp": DECODE, "attn_o_proj_residual_w8": DECODE,
-                       "attn_o_proj_residual_w4": DECODE}, fusion=FUSION),
+                       "attn_o_proj_residual_w4": DECODE}, grid=decode_grid, fusion=FUSION),
 )

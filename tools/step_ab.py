@@ -16,6 +16,9 @@ SM early, where both fit its unified L1 / shared memory). An arm is ``base`` or 
   on the hand-written CUDA kernels of tools/cuda_gemv_lab.py, R rows a warp and W warps a block, launched with PDL
   where the Triton kernel would be; other calls stay on Triton (the row counts both).
 
+``--sms 16,8,0`` runs every arm confined to 16 SMs, then 8, then the whole GPU (CUDA green contexts,
+edgekit.bench.sm_partition; launch rules sized for the SMs), and ``--context 512,4096`` at each depth.
+
 Per (model, precision), one set of random preset weights, one engine per arm (batch 1, --context tokens of depth),
 median of --repeats timed runs of --tokens greedy steps; the arms without a carveout run interleaved (the order
 rotated), then the carveout arms the same way after the attribute is set (it belongs to the compiled kernel, which
@@ -25,6 +28,18 @@ a table and JSON; says what it was measured on.
     python3 tools/step_ab.py preset:qwen3-1.7b --precisions fp16 \
         --arms "base;attn_split_combine:s1;carveout:100;attn_split_combine:s1+carveout:100" --json ab.json
     python3 tools/step_ab.py preset:llama-3.2-1b --precisions fp16,int8 --arms "pdl:0;pdl:2;pdl:attn"
+
+H100 80GB HBM3, 2026-12-07 (fp16, 64 tokens, 5 interleaved runs; the split-KV attention's tile in the step, what
+the tile solver's split-KV rule rests on, edgekit/plan/tiles.py): ``--sms 16,8,0 --context 512,4096``, smollm2-135m
+and llama-3.2-1b, tok/s of the JIT default (128 keys, 3 stages, 8-split merge step) against the orin plan's tile then
+(256 keys, 2 stages, 2-split step) and neighbours. smollm2-135m on 16 SMs: 1074.6 vs 1032.2 at depth 512, 908.7 vs
+840.5 at 4096; on 132: 2140.7 vs 1969.0, 1795.3 vs 1550.0. The 2-split merge step alone (128 keys, 3 stages) cost
+3.2% / 6.8% on 16 SMs, 5.9% / 22% on 132; 64 or 32 keys never won by more than 0.5%. 2 stages won where the programs
+outnumber one wave (smollm2-135m at 4096: 945.1 vs 908.7 on 16 SMs, 582.5 vs 554.5 on 8) and lost where one wave
+holds them (2079.4 vs 2140.7 on 132 at 512). llama-3.2-1b moved less than 2% on 8 and 16 SMs whatever the tile. Then
+the solver's new picks on the whole GPU (its h200 plan's: 4 stages, one wave): smollm2-135m 2121.5 -> 2176.9 (depth
+512), 1786.8 -> 1822.0 (4096); llama-3.2-1b 949.6 -> 950.9, 883.0 -> 893.8 (MAX_SPLITS 16 instead of the plan's
+128: 900.9). The orin plan's rows in ``edgekit bench --sms 8,16`` with that rule: see tools/README.md.
 
 H200, 2026-12-06 (depth 512, 64 tokens, 5 interleaved runs, greedy tokens equal): llama-3.2-1b int4-head base 1897.6
 tok/s, ``cuda:2x4`` 1909.0 (+0.6%), ``cuda:1x4`` 1871.5 (-1.4%), with every one of the 48 captured fused_proj_residual
@@ -241,6 +256,7 @@ def _engine(cfg, w, arm: Arm, a, text: str = ""):
     use_tiles(list(arm.tiles))
     ops = cuda_proj_residual(text, *arm.cuda) if arm.cuda else None
     with pdl_env(arm.pdl):
+        # the cache holds the context and the tokens (and a margin): no arm pays for a cache far longer than it reads
         eng = FusedRuntimeEngine(cfg, w, a.context + a.tokens + 64, a.tokens, ops=ops)
         first = eng.prefill(_prompt(cfg, a.context, 0, "cuda"))
         eng.decode(first, a.context, a.tokens)  # compiles, captures, warms
@@ -272,7 +288,7 @@ def run_phase(cfg, w, model: str, precision: str, arms: dict[str, Arm], a, dev, 
         # random weights may flip there (tools/long_context_check.py tells a near-tie from a defect)
         same = tokens[text] == tokens[order[0]]
         rows.append({"model": model, "precision": precision, "arm": text, "decode_tokens_per_s": tps,
-                     "runs_s": secs[text], "tokens_match_first_arm": same})
+                     "runs_s": secs[text], "tokens_match_first_arm": same, "context": a.context, "sms": a.where_sms})
         if text in _CUDA:  # captured once: the counts are of the capture (and prefill), not of the replays
             rows[-1]["cuda_lab_calls"] = dict(_CUDA[text].calls)
             rows[-1]["cuda_lab_error"] = _CUDA[text].error
@@ -280,10 +296,30 @@ def run_phase(cfg, w, model: str, precision: str, arms: dict[str, Arm], a, dev, 
         differ = "" if same else f"  greedy tokens differ from {order[0]}'s"
         if text in _CUDA:
             differ += f"  cuda calls {_CUDA[text].calls}" + (f" ({_CUDA[text].error})" if _CUDA[text].error else "")
-        print(f"{model:22} {precision:5} {text:48}: {tps:8.1f} tok/s{differ}", flush=True)
+        print(f"{model:22} {precision:5} {a.where_sms:>4} SMs ctx {a.context:<5} {text:48}: {tps:8.1f} tok/s{differ}",
+              flush=True)
         eng.close()
     if carveout is not None:
         set_carveout(-1)
+
+
+@contextlib.contextmanager
+def confined_to(n: int, dev, partitions: dict):
+    """Inside: work runs on ``n`` SMs (a green context, made once per count and kept in ``partitions``), launch
+    rules sized for them; 0: the whole GPU. Yields the SM count the arms ran on."""
+    from edgekit.bench.sm_partition import Unavailable, confined, open_partition
+
+    if n == 0:
+        yield torch.cuda.get_device_properties(dev).multi_processor_count
+        return
+    if n not in partitions:
+        got = open_partition(n, dev)
+        if isinstance(got, Unavailable):
+            sys.exit(f"--sms {n}: {got.reason}")
+        partitions[n] = got
+    part = partitions[n]
+    with confined(part, part.launch_sms):
+        yield part.launch_sms
 
 
 def main() -> None:
@@ -291,7 +327,9 @@ def main() -> None:
     ap.add_argument("models", nargs="+", help="preset:NAME ...")
     ap.add_argument("--precisions", default="fp16", help="comma list: fp16, int8, int4")
     ap.add_argument("--arms", default="base;attn_split_combine:s1", help="';'-separated arms (see above)")
-    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--context", default="512", help="comma list of depths (KV cache lengths), e.g. 512,4096")
+    ap.add_argument("--sms", default="0", help="comma list: run every arm confined to N SMs by a CUDA green context "
+                    "(edgekit.bench.sm_partition; launch rules sized for N), 0 = the whole GPU, e.g. 16,8,0")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
@@ -303,22 +341,42 @@ def main() -> None:
     for text in arms:  # bad syntax stops here, before any GPU work
         arm = parse_arm(text)
         phases.setdefault(arm.carveout, {})[text] = arm
+    try:
+        contexts = [int(c) for c in a.context.split(",")]
+        sms_list = [int(n) for n in a.sms.split(",")]
+    except ValueError:
+        sys.exit(f"--context {a.context!r} / --sms {a.sms!r}: expected comma lists of integers, e.g. 512,4096 / 16,8,0")
     dev = torch.device("cuda")
     rows: list = []
-    for spec in a.models:
-        cfg = preset_config(spec)
-        for prec in a.precisions.split(","):
-            w = quantized(_cast(random_weights(cfg, seed=0, dtype=torch.float16), "cuda", torch.float16), prec)
-            for carveout in sorted(phases, key=lambda c: -1 if c is None else c):
-                run_phase(cfg, w, spec, prec, phases[carveout], a, dev, rows)
-            del w
-            torch.cuda.empty_cache()
-    doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(dev)})", "batch": 1, "context": a.context,
-           "tokens": a.tokens, "rows": rows}
+    partitions = {}
+    doc = {"measured_on": f"GPU ({torch.cuda.get_device_name(dev)})", "batch": 1, "contexts": contexts,
+           "sms": sms_list, "tokens": a.tokens, "rows": rows, "partitions": {}}
+
+    def publish() -> None:  # after every phase: a run cut short by its time limit keeps what it measured
+        doc["partitions"] = {n: {"sm_count": p.sm_count, "api": p.api} for n, p in partitions.items()}
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
+
+    for n in sms_list:
+        for spec in a.models:
+            cfg = preset_config(spec)
+            for prec in a.precisions.split(","):
+                w = quantized(_cast(random_weights(cfg, seed=0, dtype=torch.float16), "cuda", torch.float16), prec)
+                for ctx in contexts:
+                    a.context = ctx
+                    with confined_to(n, dev, partitions) as a.where_sms:
+                        for carveout in sorted(phases, key=lambda c: -1 if c is None else c):
+                            run_phase(cfg, w, spec, prec, phases[carveout], a, dev, rows)
+                            publish()
+                del w
+                torch.cuda.empty_cache()
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()  # cached blocks remember the partitions' streams: gone before the contexts are
+    publish()
+    for part in partitions.values():
+        part.close()
     print(json.dumps(doc))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

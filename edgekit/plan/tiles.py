@@ -13,6 +13,17 @@ For a kernel that stages tiles in shared memory:
    d. the most blocks per SM that shared memory allows: more latency hiding;
    e. decode only: the smallest MAX_SPLITS that still holds the planned splits (less workspace);
    f. the kernel's default warp count, then fewer warps; then the smaller estimate;
+   The split-KV decode attention kernels (``SPLIT_KV_KERNELS``) rank by ``split_kv_rank_key`` instead:
+   a. the key block of the kernel's default (``attention_triton._decode_default``: the longest, at most 128, whose
+      three stages fit; the nearest where it does not fit) and its merge step (SPLIT_STEP);
+   b. the fewest waves: the planned programs over the SMs times the blocks an SM holds (by shared memory, threads
+      and the block limit): every program of a wave loads as many keys, so a second wave is a second load time;
+   c. the deepest pipeline; then rules e and f.
+   Measured (H100, tools/step_ab.py --sms 16,8,0, depth 512 and 4096, smollm2-135m and llama-3.2-1b, 2026-12-07):
+   the largest tile (256 keys) and the 2-split merge step that rule b and the label order gave lost 2-22% to the
+   default's 128 keys and 8-split step at every SM count; 64 or 32 keys never won by more than 0.5%; fewer stages
+   won only where the programs outnumber what one wave holds (smollm2-135m at depth 4096 on 8 and 16 SMs: 2 stages
+   +4-5% over 3), and deeper ones where one wave holds them all.
 4. compile the best for the target's arch (``kernels.aot.compile_variant``)
    and read its real shared bytes and ptxas register/spill report; if the
    compiled bytes exceed the budget or its registers do not fit an SM, drop
@@ -34,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Mapping
 
 from edgekit.errors import EdgekitError, PlanError
-from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, SPLIT_KV_KERNELS, decode_splits
 from edgekit.graph.builder import LinearSchemes
 from edgekit.graph.node import DECODE as DECODE_PHASE
 from edgekit.graph.node import PROJ
@@ -143,10 +154,9 @@ class TileChoice:
 
 
 
-# Split-KV decode attention kernels (attention_decode's, and the one inside fused_attn_proj_residual): the planner
-# sizes their split count, and every other kernel of the operator reads their workspace, so it takes the same
-# values of these constexprs (the operators' launch programs refuse a mismatch).
-SPLIT_KV_KERNELS = ("attention_decode_split", "attn_split_combine")
+# Split-KV decode attention kernels (kernels.attention.SPLIT_KV_KERNELS): the planner sizes their split count, and
+# every other kernel of the operator reads their workspace, so it takes the same values of these constexprs (the
+# operators' launch programs refuse a mismatch).
 SPLIT_SHARED_CONSTEXPRS = ("HEAD_DIM", "MAX_SPLITS")
 
 
@@ -172,6 +182,30 @@ def rank_key(v, est: int, *, per_sm_bytes: int, programs: Callable | None, progr
     return (fills, -tile_work(v), -v.num_stages, -blocks_per_sm, splits_waste, warps_pref, est, v.label())
 
 
+def resident_blocks(v, est: int, *, per_sm_bytes: int, max_threads_per_sm: int | None, max_blocks_per_sm: int | None) -> int:
+    """Blocks of ``v`` one SM holds at once: by shared memory (the estimate), threads and the block limit (registers
+    are known only once compiled)."""
+    n = per_sm_bytes // max(est, 1)
+    if max_threads_per_sm:
+        n = min(n, max_threads_per_sm // (v.num_warps * 32))
+    if max_blocks_per_sm:
+        n = min(n, max_blocks_per_sm)
+    return max(n, 0)
+
+
+def split_kv_rank_key(v, est: int, *, default, programs: Callable, sms: int, blocks: int, want_splits: int,
+                      default_warps: int | None):
+    """Sort key of a split-KV decode kernel's candidates (module doc, rule 3, its split-KV paragraph): smaller is
+    better. ``blocks``: the blocks of ``v`` an SM holds (``resident_blocks``)."""
+    block_n, default_n = v.constexprs["BLOCK_N"], default.constexprs["BLOCK_N"]
+    key_block = (abs(math.log2(block_n / default_n)), -block_n)  # the default's, else the nearest (the longer first)
+    merge = v.constexprs.get("SPLIT_STEP") != default.constexprs.get("SPLIT_STEP")
+    waves = math.ceil(programs(v) / (sms * blocks)) if blocks else math.inf
+    return (key_block, merge, waves, -v.num_stages) + rank_key(
+        v, est, per_sm_bytes=0, programs=None, programs_target=None, default_warps=default_warps,
+        want_splits=want_splits)[4:]
+
+
 def solve_kernel(
     candidates: Iterable,
     *,
@@ -188,9 +222,13 @@ def solve_kernel(
     max_compiles: int = MAX_COMPILES,
     shape: dict | None = None,
     default=None,
+    sms: int | None = None,
+    max_threads_per_sm: int | None = None,
+    max_blocks_per_sm: int | None = None,
 ) -> TileChoice:
     """The best candidate whose compiled shared bytes fit ``budget_bytes``; PlanError when none does. ``default``:
-    the kernel's default variant, compiled when every candidate compiled fits but spills.
+    the kernel's default variant, compiled when every candidate compiled fits but spills. A split-KV decode kernel
+    (``want_splits`` given, with ``programs``, ``sms`` and ``default``) ranks by ``split_kv_rank_key``.
 
     ``compile_fn(v)`` returns an object with ``shared_bytes``, ``name``, ``triton_version``,
     ``registers`` and ``spills`` (kernels.aot.CompiledKernel) or raises an EdgekitError.
@@ -201,9 +239,21 @@ def solve_kernel(
     op, kernel = cands[0].op, cands[0].kernel
     scored = [(v, estimate(v)) for v in cands]
     fitting = [(v, e) for v, e in scored if e <= budget_bytes]
-    fitting.sort(key=lambda ve: rank_key(ve[0], ve[1], per_sm_bytes=per_sm_bytes, programs=programs,
-                                         programs_target=programs_target, default_warps=default_warps,
-                                         want_splits=want_splits))
+    def blocks(v, est: int) -> int:
+        return resident_blocks(v, est, per_sm_bytes=per_sm_bytes, max_threads_per_sm=max_threads_per_sm,
+                               max_blocks_per_sm=max_blocks_per_sm)
+
+    split_kv = want_splits is not None and programs is not None and bool(sms) and default is not None
+
+    def key(ve):
+        v, est = ve
+        if split_kv:
+            return split_kv_rank_key(v, est, default=default, programs=programs, sms=sms, blocks=blocks(v, est),
+                                     want_splits=want_splits, default_warps=default_warps)
+        return rank_key(v, est, per_sm_bytes=per_sm_bytes, programs=programs, programs_target=programs_target,
+                        default_warps=default_warps, want_splits=want_splits)
+
+    fitting.sort(key=key)
     rejected: list[Rejection] = []
     spilling: tuple | None = None  # the best candidate that fits but spills: taken only if nothing better compiles
 
@@ -213,6 +263,9 @@ def solve_kernel(
         if n_prog is not None and programs_target:
             why.append(f"{n_prog} programs {'>=' if n_prog >= programs_target else '<'} {programs_target} wanted")
         why.append(f"tile {tile_work(v)}, {v.num_stages} stages, {per_sm_bytes // max(ck.shared_bytes, 1)} blocks/SM by smem")
+        if split_kv and n_prog is not None:
+            held = sms * blocks(v, est)
+            why.append(f"{n_prog} programs in {math.ceil(n_prog / held) if held else 'no'} wave(s) of {held}")
         if note:
             why.append(note)
         return TileChoice(
@@ -435,7 +488,8 @@ def solve_all(
                     estimate=kv.estimate_shared_bytes, compile_fn=compile_fn, registers_per_sm=target.gpu.registers_per_sm,
                     programs=grid, programs_target=wanted, default_warps=defaults[kernel].num_warps,
                     want_splits=want_splits if kernel in SPLIT_KV_KERNELS else None, shape=shape,
-                    default=defaults[kernel],
+                    default=defaults[kernel], sms=target.gpu.sms, max_threads_per_sm=target.gpu.max_threads_per_sm,
+                    max_blocks_per_sm=target.gpu.max_blocks_per_sm,
                 )
             else:
                 v = defaults[kernel]

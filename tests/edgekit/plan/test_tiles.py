@@ -177,3 +177,69 @@ def test_the_decode_reduce_takes_warps_for_the_split_count_the_plan_chose():
     reduce = next(c for c in choices if c.kernel == "attention_decode_reduce")
     assert split.constexprs["MAX_SPLITS"] == reduce.constexprs["MAX_SPLITS"] == 128
     assert reduce.variant.num_warps == 8 and reduce.spill_bytes == 0, (reduce.registers, reduce.spill_bytes)
+
+
+def _split_combine_space(n_kv_heads: int = 3, head_dim: int = 64):
+    shape = {"head_dim": head_dim, "n_heads": 3 * n_kv_heads, "n_kv_heads": n_kv_heads, "rows": 1}
+    space = [v for v in kv.tile_space("fused_attn_proj_residual", **shape) if v.kernel == "attn_split_combine"]
+    default = kv.default_variants("fused_attn_proj_residual", **shape)["attn_split_combine"]
+    return space, default
+
+
+def _split_kv_solve(space, default, *, programs_per_block_n, sms: int, per_sm_bytes: int = 167936):
+    """solve_kernel for a split-KV kernel whose programs at the planned shape are ``programs_per_block_n[BLOCK_N]``
+    (at most MAX_SPLITS splits of 3 KV heads)."""
+    def programs(v):
+        return min(programs_per_block_n[v.constexprs["BLOCK_N"]], v.constexprs["MAX_SPLITS"] * 3)
+
+    return solve_kernel(space, budget_bytes=128 * KB, per_sm_bytes=per_sm_bytes, arch="sm_87",
+                        estimate=kv.estimate_shared_bytes, compile_fn=lambda v: _Fake(kv.estimate_shared_bytes(v)),
+                        programs=programs, programs_target=sms * 4, default_warps=default.num_warps, want_splits=22,
+                        default=default, sms=sms, max_threads_per_sm=1536, max_blocks_per_sm=16)
+
+
+def test_split_kv_decode_keeps_the_defaults_key_block_and_merge_step_over_a_larger_tile():
+    """Measured (H100, tools/step_ab.py --sms 16,8,0): the largest tile (256 keys) with the 2-split merge step lost
+    2-22% to the default's 128 keys and 8-split step; the solver used to pick them (largest tile, then label order)."""
+    space, default = _split_combine_space()
+    assert {v.constexprs["BLOCK_N"] for v in space} >= {32, 64, 128, 256}
+    assert {v.constexprs["SPLIT_STEP"] for v in space} == {2, default.constexprs["SPLIT_STEP"]} != {2}
+    # depth 512 on 16 SMs: 512 / BLOCK_N splits a KV head
+    chosen = _split_kv_solve(space, default, programs_per_block_n={32: 48, 64: 24, 128: 12, 256: 6}, sms=16)
+    assert chosen.constexprs["BLOCK_N"] == default.constexprs["BLOCK_N"] == 128
+    assert chosen.constexprs["SPLIT_STEP"] == default.constexprs["SPLIT_STEP"] > 2
+    assert "in 1 wave(s)" in chosen.reason
+
+
+def test_split_kv_decode_takes_the_stages_that_hold_its_programs_in_one_wave():
+    space, default = _split_combine_space()
+    few = _split_kv_solve(space, default, programs_per_block_n={32: 48, 64: 48, 128: 12, 256: 6}, sms=16)
+    many = _split_kv_solve(space, default, programs_per_block_n={32: 66, 64: 66, 128: 66, 256: 48}, sms=16)
+    # 12 programs fit 16 SMs at one block each: the deepest pipeline that fits the budget
+    deepest = max(v.num_stages for v in space if v.constexprs["BLOCK_N"] == 128 and kv.estimate_shared_bytes(v) <= 128 * KB)
+    assert few.variant.num_stages == deepest
+    # 66 programs: fewer stages (less shared memory, more blocks an SM) or fewer splits, so that one wave holds them
+    def waves(choice):
+        blocks = min(167936 // kv.estimate_shared_bytes(choice.variant), 1536 // (choice.variant.num_warps * 32), 16)
+        return -(-min(66, choice.constexprs["MAX_SPLITS"] * 3) // (16 * blocks))
+
+    assert waves(many) == 1 and many.variant.num_stages < deepest
+    assert many.constexprs["BLOCK_N"] == 128 and many.constexprs["SPLIT_STEP"] == default.constexprs["SPLIT_STEP"]
+
+
+@pytest.mark.parametrize("op,kernel", [("fused_attn_proj_residual", "attn_split_combine"),
+                                       ("attention_decode", "attention_decode_split")])
+def test_the_orin_plans_split_kv_attention_takes_the_measured_tile(op, kernel):
+    """The orin plan of smollm2-135m (3 KV heads, depth 512): the fused operator's split-KV kernel declares its grid
+    as attention_decode's does, and both take the default's key block and merge step (the orin plan's 256-key,
+    2-split tile ran 3.9% under the JIT default's on 16 SMs of an H100)."""
+    from edgekit.kernels.registry import operator
+
+    cfg = preset_config("smollm2-135m")
+    [choice] = [c for c in solve_all(cfg, load_target("orin"), PrecisionPlan.uniform(cfg), batch=1, buckets=(64, 512),
+                                     context=512, ops={op}) if c.kernel == kernel]
+    default = kv.default_variants(op, dtype="fp16", head_dim=64, n_heads=9, n_kv_heads=3, rows=1)[kernel]
+    assert operator(op).grid is operator("attention_decode").grid
+    assert choice.constexprs["BLOCK_N"] == default.constexprs["BLOCK_N"] == 128
+    assert choice.constexprs.get("SPLIT_STEP") == default.constexprs.get("SPLIT_STEP")
+    assert choice.programs == 12 and "12 programs in 1 wave(s)" in choice.reason
