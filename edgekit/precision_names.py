@@ -20,6 +20,8 @@ PRECISIONS = {name: s.description for name, s in CLI_SCHEMES.items()}  # kernels
 NOT_IMPLEMENTED: frozenset[str] = frozenset()  # a name reserved in the vocabulary before its code exists
 DEPRECATED_ALIASES = {"w8a16": "int8"}
 DEFAULT_PRECISION = "int8"
+# What `build` accepts, and so `plan` too: a plan is what a build executes (`build --plan`), so the two take one list
+BUILD_PRECISIONS = ("int8", "w8a8", "fp16", "int4")
 # The quantizer's own name for each precision it produces (edgekit.quant: mode "w8a16" | "w8a8" | "w4a16"): the
 # scheme's name
 QUANT_MODE = {name: s.name for name, s in CLI_SCHEMES.items() if s.quantized}

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from edgekit.cli import app
 from edgekit.cli_common import cli_precision, console, gate_line, head_embedding_line, print_json
-from edgekit.precision_names import DEFAULT_PRECISION, head_scheme
+from edgekit.precision_names import BUILD_PRECISIONS, DEFAULT_PRECISION, head_scheme
 from edgekit.precision_names import help_text as precision_help
 from edgekit.errors import BundleError
 
@@ -71,9 +71,6 @@ def default_bundle_dir(model: str | None, target: str, precision: str | None) ->
         name = path.stem if path.suffix.lower() == ".gguf" else path.name
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in name.lower()).strip("-.") or "model"
     return Path("bundles") / ("-".join(filter(None, (name, target, precision))))
-
-
-BUILD_PRECISIONS = ("int8", "w8a8", "fp16", "int4")
 
 
 @app.command()

@@ -11,11 +11,10 @@ from rich.table import Table
 
 from edgekit.cli import app
 from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, print_json
-from edgekit.precision_names import DEFAULT_PRECISION
+from edgekit.precision_names import BUILD_PRECISIONS, DEFAULT_PRECISION
 from edgekit.precision_names import help_text as precision_help
 
 TARGETS_DIR_HELP = "A directory of extra target YAML files (also: EDGEKIT_TARGETS_DIR); a file there replaces a built-in of the same name."
-PLAN_PRECISIONS = ("int8", "fp16", "int4")
 MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME, or omitted for the default model (SmolLM2-135M-Instruct)."
 
 targets_app = typer.Typer(
@@ -127,7 +126,7 @@ def plan(
     trace: Optional[Path] = typer.Option(None, "--trace", help='JSONL of real requests, one {"prompt_tokens": N, "completion_tokens": M} per line: buckets are chosen to minimise padding on it.'),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Prompt buckets to use, e.g. 64,128,512 (overrides the choice; a --trace still reports coverage and waste)."),
     max_buckets: int = typer.Option(6, "--max-buckets", min=1, max=32, help="At most this many buckets when choosing from a trace."),
-    precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help="Block projections: " + precision_help(PLAN_PRECISIONS) + " The same default as `edgekit build`."),
+    precision: str = typer.Option(DEFAULT_PRECISION, "--precision", help="Block projections: " + precision_help(BUILD_PRECISIONS) + " The same default as `edgekit build`."),
     kv_precision: str = typer.Option("fp16", "--kv-precision", help="KV cache precision: fp16 or int8. int8 sizes memory and predictions only: `edgekit build` makes FP16 KV caches, so such a plan cannot be written with -o."),
     power_mode: Optional[str] = typer.Option(None, "--power-mode", help="Power mode to headline (all modes are predicted)."),
     targets_dir: Optional[Path] = typer.Option(None, "--targets-dir", help=TARGETS_DIR_HELP),
@@ -145,7 +144,7 @@ def plan(
 
     from edgekit.output_path import check_output_path
 
-    precision = cli_precision(precision, PLAN_PRECISIONS)
+    precision = cli_precision(precision, BUILD_PRECISIONS)
     from edgekit.plan.planner import KV_PRECISIONS
 
     if kv_precision not in KV_PRECISIONS:

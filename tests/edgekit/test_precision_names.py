@@ -68,3 +68,24 @@ def test_the_old_quantize_mode_spelling_still_works_with_a_note(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "--mode is the old name of --precision" in r.stderr and "w8a16 is the old name of int8" in r.stderr
     assert json.loads(r.stdout)["mode"] == "w8a16"  # the quantizer's own record of what it did
+
+
+def _accepted_precisions(command: str) -> tuple[str, ...]:
+    """The precisions `command`'s --precision help offers, in order (help_text writes 'name (description)')."""
+    help_ = next(p.help for p in cli.cli_command().commands[command].params if p.name == "precision")
+    return tuple(n for n in PRECISIONS if f"{n} (" in help_)
+
+
+def test_plan_offers_every_precision_build_accepts():
+    assert _accepted_precisions("plan") == _accepted_precisions("build") == tuple(PRECISIONS)
+
+
+def test_plan_accepts_w8a8_and_build_reads_its_plan_as_w8a8(tmp_path):
+    out = tmp_path / "w8a8-plan.json"
+    r = edgekit("plan", "preset:tiny", "--target", "orin", "--precision", "w8a8", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert {s for layer in plan["precision"]["layers"] for s in layer.values()} == {"w8a8"}
+    from edgekit.builder.plan_contract import plan_precision, read_plan
+
+    assert plan_precision(read_plan(out)) == "w8a8"  # what `edgekit build --plan` quantizes to
