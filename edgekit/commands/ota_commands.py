@@ -148,7 +148,7 @@ def agent(
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
     golden_backend: str = typer.Option("auto", "--golden-backend", help=GOLDEN_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Where verified TUF metadata is kept between passes. Default: STORE/tuf."),
-    once: bool = typer.Option(False, "--once", help="One refresh-and-apply pass, then exit (non-zero if anything was refused)."),
+    once: bool = typer.Option(False, "--once", help="One refresh-and-apply pass, then exit: 0 if everything was applied or up to date, 2 if anything was refused (the exit code of every command's refusal)."),
     interval: float = typer.Option(300.0, "--interval", min=1.0, help="Seconds between passes when not --once."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON report per pass (JSON lines when looping)."),
 ) -> None:
@@ -181,7 +181,8 @@ def agent(
         else:
             _print_report(report)
         if once:
-            raise typer.Exit(0 if report.ok else 1)
+            # a refusal exits as every command's does (an EdgekitError's code), the report already printed
+            raise typer.Exit(0 if report.ok else EdgekitError.exit_code)
         time.sleep(interval)
 
 

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import realpkg
 from edgekit.cli import _register_commands, app
+from edgekit.errors import EdgekitError
 
 AUTHOR = realpkg.key(1)
 
@@ -66,7 +67,7 @@ def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_pat
     assert (row["version"], row["blocked"]) == (None, ["2"])
 
 
-def test_agent_once_exits_nonzero_when_the_repository_is_refused(cli, served, files, tmp_path):
+def test_agent_once_exits_2_like_every_refusal_when_the_repository_is_refused(cli, served, files, tmp_path):
     repo, url = served
     pub, pkgs = files
     assert cli("publish", pkgs[1], "--repo", repo, "--trust", pub).exit_code == 0
@@ -75,5 +76,5 @@ def test_agent_once_exits_nonzero_when_the_repository_is_refused(cli, served, fi
     other.write_bytes((tmp_path / "elsewhere" / "metadata" / "1.root.json").read_bytes())
     r = cli("agent", "--repo", url, "--trusted-root", other, "--store", tmp_path / "device", "--target", "sm_87",
             "--trust", pub, "--once", "--json")
-    assert r.exit_code == 1
+    assert r.exit_code == 2 == EdgekitError.exit_code  # the code main() gives any EdgekitError (a refusal)
     assert json.loads(r.stdout)["error"]["reason"] == "bad_signature"
