@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from edgekit.units import fmt_bytes  # noqa: F401  (re-exported for the commands)
+from edgekit.measured_on import CPU, in_words
 
 # Piped or redirected output is read by people and scripts in full: rich would cut it to 80 columns
 # (or to an inherited COLUMNS) and shorten cells ("attentio…"), so off a terminal lines and tables
@@ -50,7 +51,7 @@ def cli_precision(value: str, allowed) -> str:
     return parse_precision(value, allowed, warn=note)
 
 
-def gate_line(gate: dict) -> str:
+def gate_line(gate: dict, measured_on: str = CPU) -> str:
     """The accuracy gate of a quantization report on one line: the verdict, each metric against its threshold and
     the layers kept in FP (the build summary once printed the gate's JSON cut at 300 characters)."""
     from edgekit.quant.judged_by import JUDGED_BY_TEXT
@@ -63,7 +64,7 @@ def gate_line(gate: dict) -> str:
         parts.append(f"greedy agreement {100 * m['greedy_agreement']:.1f}% (at least {100 * c['min_greedy_agreement']:.1f}%)")
     parts.append(f"logits SNR {m['logits_snr_db']:.1f} dB (at least {c['min_logits_snr_db']:.1f} dB)")
     verdict = "passed" if gate.get("passed") else "FAILED"
-    where = "measured on the CPU" + ("" if on else ", held-out text")  # the KL's figure names what it judged
+    where = in_words(measured_on) + ("" if on else ", held-out text")  # the KL's figure names what it judged
     return f"accuracy gate {verdict}: " + ", ".join(parts) + f" ({where})"
 
 

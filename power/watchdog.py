@@ -62,7 +62,7 @@ class Watchdog:
         measured_on: str | None = None,
     ):
         self.policy = policy or PolicyConfig()
-        # what produced the latencies (e.g. "the CPU (reference)", "the GPU (NVIDIA H100)"): every latency record says
+        # what produced the latencies (edgekit.measured_on's "cpu", "gpu (NVIDIA H100 ...)"): every latency record says
         # so, and the report with it, since a CPU's timings judged against a target's budgets are not the target's
         self.measured_on = measured_on
         self.tracker = tracker or LatencyTracker(window_s=self.policy.window_s)

@@ -23,6 +23,7 @@ import torch
 from edgekit import __version__
 from edgekit.cache import BuildCache, cache_key, cache_limit_bytes, package_source_hash
 from edgekit.errors import BundleError
+from edgekit.measured_on import CPU
 from edgekit.precision_names import DEFAULT_PRECISION
 
 PLUGIN_VERSION = 1
@@ -472,7 +473,7 @@ def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_rep
         "predictions": plan.roofline,
         "quantization": None if quant_report is None else {
             "mode": quant_report.get("mode"), "gate": quant_report.get("gate"), "cached": quant_cached,
-            "head_embedding": quant_report.get("head_embedding")},
+            "head_embedding": quant_report.get("head_embedding"), "measured_on": quant_report.get("measured_on")},
         "onnx": onnx_info,
         "signed_with_dev_key": dev_key,
         "has_tokenizer": "tokenizer" in parts,  # without one, run and serve take and give token ids
@@ -480,6 +481,6 @@ def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_rep
         "bundle_bytes": sum(parts.values()),
         "stage_seconds": seconds,
         "build_seconds": round(total_s, 3),
-        "build_measured_on": "cpu (this machine)",
+        "build_measured_on": CPU,  # the build runs on this machine's CPU (cross-compiles; no GPU)
         "cache": {"hits": sorted(set(cache.hits)), "misses": sorted(set(cache.misses))},
     }

@@ -16,6 +16,7 @@ from edgekit.cli_common import cli_precision, console, gate_line, head_embedding
 from edgekit.precision_names import BUILD_PRECISIONS, DEFAULT_PRECISION, head_scheme
 from edgekit.precision_names import help_text as precision_help
 from edgekit.errors import BundleError
+from edgekit.measured_on import CPU, in_words, measured_on
 
 # ---------------------------------------------------------------------------- keys
 
@@ -175,7 +176,7 @@ def _print_build_summary(s: dict) -> None:
     if s.get("quantization"):
         q = s["quantization"]
         console.print(f"quantization: {q['mode']}{' (cached)' if q['cached'] else ''}; "
-                      + (gate_line(q["gate"]) if q.get("gate") else "no accuracy gate"), highlight=False)
+                      + (gate_line(q["gate"], q.get("measured_on") or CPU) if q.get("gate") else "no accuracy gate"), highlight=False)
         if q.get("head_embedding"):
             console.print(head_embedding_line(q["head_embedding"]))
     for r in s["predictions"]:
@@ -357,14 +358,14 @@ def run(
     stats = GenerationStats()
     out = list(gen.stream(ids, max_new_tokens, stop_ids=b.config.eos_token_ids, truncate=truncate, stats=stats))
     text = b.tokenizer.decode(out) if b.tokenizer is not None else " ".join(map(str, out))
-    where = f"measured on the {'GPU' if b.device.type == 'cuda' else 'CPU'} ({b.backend})"
+    where = measured_on(b.device)
     if json_out:
         print_json({"text": text, "token_ids": out, "prompt_ids": ids, "backend": b.backend, "operators": gen.decoder.ops.sources(),
                     "decode_path": decode_path, "prefill_path": prefill_path, "stats": {**stats.to_dict(), "measured_on": where}, "notes": notes})
         return
     sys.stdout.write(text + "\n")
     err_console.print(f"[dim]{stats.prompt_summary()}, {stats.new_tokens} new; first token "
-                      f"{stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()}, {where}[/]")
+                      f"{stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()}, {in_words(where)} ({b.backend})[/]")
     for note in notes:
         err_console.print(f"[yellow]note:[/] {note}")
 

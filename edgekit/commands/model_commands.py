@@ -11,6 +11,7 @@ from rich.table import Table
 
 from edgekit.cli import app
 from edgekit.cli_common import console, err_console, fmt_bytes, print_json
+from edgekit.measured_on import in_words, measured_on
 
 MODEL_HELP = ("A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model "
               "(SmolLM2-135M-Instruct as a Q4_1 GGUF file).")
@@ -271,8 +272,9 @@ def generate(
             sys.stdout.flush()
             printed = text
     text = m.tokenizer.decode(out) if m.tokenizer is not None else " ".join(map(str, out))
+    where = measured_on(gen.decoder.device)
     if json_out:
-        print_json({"text": text, "token_ids": out, "stats": {**stats.to_dict(), "measured_on": "cpu" if gen.decoder.device.type == "cpu" else "gpu"}, "notes": m.notes})
+        print_json({"text": text, "token_ids": out, "stats": {**stats.to_dict(), "measured_on": where}, "notes": m.notes})
         return
     if m.tokenizer is None:
         sys.stdout.write(text)
@@ -280,7 +282,7 @@ def generate(
     err_console.print(
         f"[dim]{stats.prompt_summary()}, {stats.new_tokens} new; "
         f"first token {stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()} "
-        f"(measured on the {gen.decoder.device.type.upper()}, FP32 reference operators)[/]"
+        f"({in_words(where)}, FP32 reference operators)[/]"
     )
     for note in m.notes:
         err_console.print(f"[yellow]note:[/] {note}")

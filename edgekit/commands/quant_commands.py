@@ -10,6 +10,7 @@ from rich.table import Table
 
 from edgekit.cli import app
 from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, head_embedding_line, note, print_json
+from edgekit.measured_on import in_words, measured_on
 from edgekit.precision_names import DEFAULT_PRECISION, QUANT_MODE, head_scheme, name_of_quant_mode
 from edgekit.precision_names import help_text as precision_help
 
@@ -59,7 +60,7 @@ def _print_report(report: dict, top: int) -> None:
     gate = report["gate"]
     status = "[green]passed[/]" if gate.get("passed") else "[red]FAILED[/]"
     console.print(_metrics_table(f"accuracy gate ({name_of_quant_mode(report['mode'])}{', INT8 KV' if report['kv_int8'] else ''}): {status} "
-                                 f"(measured on CPU, held-out text)", gate["metrics"], gate["config"]))
+                                 f"({in_words(report['measured_on'])}, held-out text)", gate["metrics"], gate["config"]))
     for f in gate.get("failures", []):
         console.print(f"[red]- {f}[/]")
     if len(gate.get("attempts", [])) > 1:
@@ -203,7 +204,8 @@ def eval_cmd(
         if json_out:
             print_json(res)
             return
-        console.print(_metrics_table(f"lossless INT4 intake vs {m.config.name} dequantized, on {text} (measured on CPU, FP32)",
+        console.print(_metrics_table(f"lossless INT4 intake vs {m.config.name} dequantized, on {text} "
+                                     f"({in_words(res['measured_on'])}, FP32)",
                                      res, None))
         console.print(f"{res['w4a16_layers']} projections W4A16 (bit-exact from the file), {res['fp_layers']} in FP; "
                       f"free-running greedy tokens identical: {res['greedy_tokens_identical']} "
@@ -211,7 +213,7 @@ def eval_cmd(
         return
     ops = DispatchTable()
     fp = Decoder(m.config, m.weights, ops)
-    out: dict = {"model": m.config.name, "text": str(text), "measured_on": "cpu", "window_len": window}
+    out: dict = {"model": m.config.name, "text": str(text), "measured_on": measured_on(fp.device), "window_len": window}
     with make_progress() as progress:
         steps = Steps(progress)
         if quantized is None:
@@ -249,9 +251,9 @@ def eval_cmd(
         return
     if quantized is None:
         console.print(f"perplexity {out['perplexity']:.3f} over {out['tokens_scored']} tokens of {text} "
-                      f"(windows of {window}; measured on CPU, FP32)")
+                      f"(windows of {window}; {in_words(out['measured_on'])}, FP32)")
         return
-    console.print(_metrics_table(f"{quantized} vs {m.config.name} on {text} (measured on CPU)", out, out.get("gate_config")))
+    console.print(_metrics_table(f"{quantized} vs {m.config.name} on {text} ({in_words(out['measured_on'])})", out, out.get("gate_config")))
     if "gate_failures" in out:
         console.print("gate thresholds from report.json: " + ("[green]pass[/]" if not out["gate_failures"]
                                                                else "[red]fail[/]: " + "; ".join(out["gate_failures"])))

@@ -35,11 +35,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from edgekit.measured_on import predicted_for
 from edgekit.model.config import ModelConfig
 from edgekit.plan.precision import LINEAR_SCHEMES, PrecisionPlan
 from edgekit.plan.targets import PowerMode, Target
 
-PREDICTED = "predicted (roofline model; not measured)"
 
 def _matmul_params(cfg: ModelConfig, precision: PrecisionPlan) -> tuple[float, float]:
     """(params run on fp16 tensor cores, params run on int8 tensor cores) per token, LM head included.
@@ -182,7 +182,7 @@ def roofline_table(
             "decode_short": {"kv_len": min(short_kv_len, context), **short.to_dict(mode.power_budget_w)},
             "decode_full": {"kv_len": context, **full.to_dict(mode.power_budget_w)},
             "prefill": {"bucket": prefill_bucket, **pre.to_dict(mode.power_budget_w)},
-            "label": PREDICTED,
+            "label": predicted_for(target.name),
         })
     return rows
 
@@ -190,7 +190,7 @@ def roofline_table(
 def roofline_assumptions(target: Target) -> dict:
     r = target.roofline
     return {
-        "label": PREDICTED,
+        "label": predicted_for(target.name),
         "bandwidth_efficiency": r.bandwidth_efficiency,
         "compute_efficiency": r.compute_efficiency,
         "kernel_overhead_us": r.kernel_overhead_us,

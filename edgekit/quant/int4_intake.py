@@ -11,6 +11,7 @@ differently (they dequantize the same values, so not at all today).
 from __future__ import annotations
 
 from edgekit.errors import QuantizationError
+from edgekit.measured_on import measured_on
 from edgekit.model.decoder import Decoder
 from edgekit.model.loader import LoadedModel
 from edgekit.quant.gate import EvalText, GateConfig, build_reference, evaluate, greedy_batch
@@ -49,6 +50,6 @@ def compare_lossless_int4(dequantized: LoadedModel, lossless: LoadedModel, text:
         "fp_layers": len(named_linears(lossless.weights)) - len(packed),
         "weight_bytes": {"lossless_int4": lossless.weights.nbytes(), "dequantized_fp32": dequantized.weights.nbytes()},
         "reference": "the same file dequantized to FP32 on load (load_model(keep_int4=False))",
-        "measured_on": "cpu",
+        "measured_on": measured_on(int4_decoder.device),
         "activations": "fp32",
     }

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from edgekit.errors import QuantizationError
+from edgekit.measured_on import measured_on
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
@@ -364,7 +365,7 @@ def quantize_model(
                                  "tuning_generated": opts.int4_tuning_generated, "tuning_seed": opts.int4_tuning_seed,
                                  "tuning_validation_tokens": opts.int4_tuning_validation_tokens,
                                  "scale_dtype": "fp16"}} if mode == "w4a16" else {})},
-        "measured_on": "cpu",
+        "measured_on": measured_on(fp_weights.tok_embeddings.device),
         "baseline": "the unquantized model as loaded (FP32 weights, FP32 activations, reference operators)",
     }
 

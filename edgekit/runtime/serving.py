@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from edgekit.errors import EdgekitError
+from edgekit.measured_on import measured_on as device_measured_on
 from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.bundle_runtime import OpenedBundle
 from edgekit.runtime.engine import DEFAULT_MAX_QUEUE_WAIT_S, DEFAULT_MAX_REQUEST_S, Engine
@@ -176,13 +177,8 @@ class ServingStack:
         return wd
 
     def measured_on(self) -> str:
-        """What this stack's latencies are measured on, as every figure edgekit prints says it."""
-        device = self.engine.decoder.device
-        if device.type == "cuda":
-            import torch
-
-            return f"the GPU ({torch.cuda.get_device_name(device)})"
-        return f"the {device.type.upper()} (reference operators; not the target device)"
+        """What this stack's latencies are measured on, in the vocabulary of every command (edgekit.measured_on)."""
+        return device_measured_on(self.engine.decoder.device)
 
     def close(self) -> None:
         """A clean stop (SIGTERM): stop the engine and the watchdog, and record every probation's progress

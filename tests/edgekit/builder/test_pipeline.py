@@ -161,11 +161,13 @@ def test_cli_build_json_and_run(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads(r.stdout)
     assert s["target"]["arch"] == "sm_87" and s["buckets"] == [16, 32] and s["signed_with_dev_key"] is True
+    assert s["build_measured_on"] == "cpu"  # edgekit.measured_on's vocabulary, as every command writes it
     r = subprocess.run([sys.executable, "-m", "edgekit", "run", str(out), "--allow-dev-key", "-p", "hello", "-n", "3", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
     assert len(d["token_ids"]) == 3 and d["backend"] == "reference"
+    assert d["stats"]["measured_on"] == "cpu"  # the word generate, eval, quantize and serve write (it said a sentence)
     assert d["decode_path"]["path"] == "per-operator" and "no GPU" in d["decode_path"]["reason"]
     r = subprocess.run([sys.executable, "-m", "edgekit", "run", str(out), "--allow-dev-key", "-p", "hello", "-n", "3",
                         "--decode-path", "giant"], capture_output=True, text=True, timeout=300)
