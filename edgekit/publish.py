@@ -36,7 +36,9 @@ from tuf.api.serialization.json import JSONSerializer
 
 from edgekit.errors import EdgekitError
 from edgekit import durable
-from edgekit.bundle.plugin_identity import CUSTOM_KEY, VerifiedPluginLike, canonical_version, check_name, normalize_arch
+from edgekit.bundle.plugin_identity import (
+    CUSTOM_KEY, VerifiedPluginLike, canonical_version, check_name, normalize_arch, version_number,
+)
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
 # How long each role's signature stays valid. The timestamp is short on purpose:
@@ -79,7 +81,7 @@ def plugin_custom(plugin: VerifiedPluginLike) -> dict:
     return {
         CUSTOM_KEY: {
             "op": plugin.op,
-            "version": canonical_version(plugin.version),
+            "version": version_number(plugin.version),  # a number, as the signed plugin.json has it
             "target_arch": normalize_arch(plugin.target_arch),
             "abi_version": plugin.abi_version,
         }

@@ -96,6 +96,18 @@ def canonical_version(value: Any) -> str:
     return text
 
 
+def version_number(value: Any) -> int | str | None:
+    """A plugin version as edgekit writes it in JSON (CLI output, HTTP answers, logs, update metadata): a number, as
+    the signed plugin.json stores it (3, not "3"); None (nothing installed) stays None.
+
+    The store's rules also admit dotted versions ("1.4.2"), which no signed plugin can carry (plugin.json's version
+    is an integer >= 1); such a version is written as its canonical string, since it is no number."""
+    if value is None:
+        return None
+    text = canonical_version(value)
+    return int(text) if "." not in text else text
+
+
 def version_key(value: Any) -> tuple[int, ...]:
     parts = parse_version(value)
     return parts + (0,) * (4 - len(parts))

@@ -78,12 +78,14 @@ def _status_table(rows: list[dict]) -> Table:
     t = Table(title="operator plugins")
     for col in ("op", "serving", "from", "rollback steps to", "state", "blocked", "changed"):
         t.add_column(col)
-    for r in rows:
-        older = [*reversed(r.get("history", [])), *([r["bundle_version"] + " (bundle)"] if r.get("bundle_version") and r["source"] == "store" else [])]
-        below = ([r["previous"]] if r["previous"] else []) + older
-        t.add_row(r["op"], r["version"] or "reference", r.get("source", "store" if r["version"] else "reference"),
+    for r in rows:  # versions are numbers in the rows (as in plugin.json): text here
+        older = [*map(str, reversed(r.get("history", []))),
+                 *([f"{r['bundle_version']} (bundle)"] if r.get("bundle_version") is not None and r["source"] == "store" else [])]
+        below = ([str(r["previous"])] if r["previous"] is not None else []) + older
+        t.add_row(r["op"], "reference" if r["version"] is None else str(r["version"]),
+                  r.get("source", "store" if r["version"] is not None else "reference"),
                   " -> ".join(below + (["reference"] if r.get("source") != "reference" else [])) or "-",
-                  r["state"], ", ".join(r["blocked"]) or "-", r["changed_at"])
+                  r["state"], ", ".join(map(str, r["blocked"])) or "-", r["changed_at"])
     return t
 
 
@@ -259,7 +261,7 @@ def store_confirm(
     on_probation = s.pointer(op).state == "probation" if op in s.ops() else False
     p = s.confirm(op)  # an unknown operator is refused here, naming the known ones
     if json_out:
-        print_json(p.model_dump())
+        print_json(p.to_json())
     elif not on_probation:
         version, source = s.serving(p)
         console.print(f"{op}: nothing on probation to confirm ({source}{' ' + version if version else ''} serves it)")
@@ -280,6 +282,6 @@ def store_rollback(
     """Flip OP back to its previous version (or the reference); the rolled-back version is blocked."""
     p = _open_store(store, target, trust, allow_dev_key).rollback(op, reason)
     if json_out:
-        print_json(p.model_dump())
+        print_json(p.to_json())
     else:
         console.print(f"{op} now on {p.version or 'reference'} (blocked: {', '.join(p.blocked)})")

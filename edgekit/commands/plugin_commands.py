@@ -118,6 +118,11 @@ def pack(
                   f"signed with {info['signed_with']})")
 
 
+def _text(version, none: str) -> str:
+    """A version (a number in the rows, as in plugin.json) as table text; ``none`` where there is none."""
+    return none if version is None else str(version)
+
+
 @plugin_app.command("list")
 def list_cmd(
     path: Path = typer.Argument(..., help=PATH_HELP),
@@ -136,7 +141,8 @@ def list_cmd(
         for col in ("op", "serving", "from", "state", "previous", "blocked"):
             t.add_column(col)
         for r in rows:
-            t.add_row(r["op"], r["version"] or "reference", r["source"], r["state"], r["previous"] or "-", ", ".join(r["blocked"]) or "-")
+            t.add_row(r["op"], _text(r["version"], "reference"), r["source"], r["state"], _text(r["previous"], "-"),
+                      ", ".join(map(str, r["blocked"])) or "-")
     else:
         for col in ("op", "version", "arch", "kernels", "precision", "signature" if kind == "package" else "path"):
             t.add_column(col)

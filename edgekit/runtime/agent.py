@@ -30,7 +30,7 @@ from tuf.api.metadata import Metadata, TargetFile, Targets
 from tuf.ngclient import Updater, Urllib3Fetcher
 
 from edgekit.errors import EdgekitError
-from edgekit.bundle.plugin_identity import CUSTOM_KEY, SwapRefused, canonical_version, normalize_arch, version_key
+from edgekit.bundle.plugin_identity import CUSTOM_KEY, SwapRefused, canonical_version, normalize_arch, version_key, version_number
 from edgekit.runtime.plugin_store import PluginStore
 
 SOCKET_TIMEOUT_S = 10
@@ -65,7 +65,8 @@ class Outcome:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("path", "op", "version", "action", "reason", "detail")}
+        return {"path": self.path, "op": self.op, "version": version_number(self.version), "action": self.action,
+                "reason": self.reason, "detail": self.detail}
 
 
 @dataclass

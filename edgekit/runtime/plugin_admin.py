@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable
 
 from edgekit.runtime.plugin_checks import golden_check_summary
-from edgekit.runtime.plugin_policy import SwapRefused, VerifiedPluginLike
+from edgekit.runtime.plugin_policy import SwapRefused, VerifiedPluginLike, version_number
 from edgekit.runtime.plugin_store import PluginStore
 
 OnChange = Callable[[str, "VerifiedPluginLike | None"], None]
@@ -53,16 +53,17 @@ class StoreAdmin:
             )
         golden = golden_check_summary(self.store.golden_check)
         if not golden["kernels_checked"]:
-            self.on_event("plugin_kernels_unchecked", op=result.op, version=result.version, detail=golden["note"])
+            self.on_event("plugin_kernels_unchecked", op=result.op, version=version_number(result.version),
+                          detail=golden["note"])
         return {**result.to_dict(), "golden_check": golden}
 
     def rollback(self, op: str, reason: str = "rollback requested", *, block: bool = True) -> dict[str, Any]:
         self.store.rollback(op, reason, block=block)
         self._activate(op)
-        return self.store.pointer(op).model_dump()
+        return self.store.pointer(op).to_json()
 
     def confirm(self, op: str) -> dict[str, Any]:
-        return self.store.confirm(op).model_dump()
+        return self.store.confirm(op).to_json()
 
     def sync(self) -> dict[str, str | None]:
         """At start-up: hand every operator's active plugin to the runtime. Returns op -> version serving.

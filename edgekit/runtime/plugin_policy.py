@@ -26,6 +26,7 @@ from edgekit.bundle.plugin_identity import (  # noqa: F401  (the device's checks
     normalize_arch,
     parse_version,
     version_key,
+    version_number,
 )
 
 RESERVED_FILE_NAMES = frozenset({"slot.json", "package.bin"})

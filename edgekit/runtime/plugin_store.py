@@ -63,6 +63,7 @@ from edgekit.runtime.plugin_policy import (
     canonical_version,
     check_name,
     version_key,
+    version_number,
 )
 
 INSTALL_STEPS = (
@@ -187,6 +188,12 @@ class Pointer(BaseModel):
     def op_state(self) -> OpState:
         return OpState(active=self.version, previous=self.previous, blocked=self.blocked, floor=self.floor)
 
+    def to_json(self) -> dict[str, Any]:
+        """The pointer as commands and the server print it: every version a number (``version_number``), as the
+        signed plugin.json has it. The file itself (``to_bytes``) keeps the store's canonical strings, which older
+        runtimes read."""
+        return versions_as_numbers(self.model_dump())
+
     def to_bytes(self) -> bytes:
         # probation_served is written only while it counts something: a runtime from before the field (its Pointer
         # forbids unknown keys) still reads every other pointer, as it read them before
@@ -231,8 +238,8 @@ class SwapResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "op": self.op,
-            "version": self.version,
-            "previous": self.previous,
+            "version": version_number(self.version),
+            "previous": version_number(self.previous),
             "state": self.state,
             "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()},
         }
@@ -440,11 +447,11 @@ class PluginStore:
         for op in sorted(set(self.ops()) | set(self.bundle_plugins)):
             p = self.pointer(op)
             version, source = self.serving(p)
-            rows.append(
+            rows.append(versions_as_numbers(
                 {"op": op, "version": version, "source": source, "previous": p.previous, "history": list(p.history),
                  "bundle_version": self.bundle_plugins.get(op), "state": p.state, "blocked": list(p.blocked),
                  "changed_at": p.changed_at}
-            )
+            ))
         return rows
 
     # -- the swap --------------------------------------------------------------
@@ -782,6 +789,16 @@ class PluginStore:
             yield
         finally:
             os.close(fd)  # closing releases the flock
+
+
+_VERSION_FIELDS = ("version", "previous", "history", "blocked", "floor", "bundle_version")
+
+
+def versions_as_numbers(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A pointer or status row as JSON writes it: its version fields (``_VERSION_FIELDS``) numbers, lists of numbers
+    for ``history`` and ``blocked`` (``version_number``), as a signed plugin.json stores a version; the rest as is."""
+    return {k: ([version_number(x) for x in v] if isinstance(v, (list, tuple)) else version_number(v))
+            if k in _VERSION_FIELDS else v for k, v in row.items()}
 
 
 def serving_of(p: Pointer, bundle_plugins: Mapping[str, str]) -> tuple[str | None, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from edgekit.runtime.plugin_store import POINTER_FILE, SLOT_RECORD, Pointer, SlotRecord, serving_of
+from edgekit.runtime.plugin_store import POINTER_FILE, SLOT_RECORD, Pointer, SlotRecord, serving_of, versions_as_numbers
 
 
 def describe_store(store: Path, bundle_plugins: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -25,7 +25,8 @@ def describe_store(store: Path, bundle_plugins: Mapping[str, Any] | None = None)
         version, source = serving_of(p, bundle)
         record = ops_dir / op / str(p.version) / SLOT_RECORD
         arch = SlotRecord.model_validate_json(record.read_bytes()).target_arch if p.version and record.is_file() else None
-        rows.append({"kind": "store", "op": op, "version": version, "source": source, "state": p.state,
-                     "previous": p.previous, "history": list(p.history), "bundle_version": bundle.get(op),
-                     "blocked": list(p.blocked), "arch": arch, "changed_at": p.changed_at, "note": p.note})
+        rows.append(versions_as_numbers(
+            {"kind": "store", "op": op, "version": version, "source": source, "state": p.state,
+             "previous": p.previous, "history": list(p.history), "bundle_version": bundle.get(op),
+             "blocked": list(p.blocked), "arch": arch, "changed_at": p.changed_at, "note": p.note}))
     return rows

@@ -49,7 +49,7 @@ def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_pat
     r = cli("publish", pkgs[1], pkgs[2], "--repo", repo, "--trust", pub, "--json")
     assert r.exit_code == 0, r.output
     published = json.loads(r.stdout)
-    assert [a["version"] for a in published["added"]] == ["1", "2"]
+    assert [a["version"] for a in published["added"]] == [1, 2]  # numbers, as the signed plugin.json has them
     assert not (repo / "keys").exists() and (tmp_path / "repo-keys" / "root.pem").exists()
 
     store = tmp_path / "device"
@@ -58,13 +58,13 @@ def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_pat
     r = cli(*agent)
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
-    assert [(o["op"], o["version"], o["action"]) for o in report["outcomes"]] == [("rmsnorm", "2", "applied")]
+    assert [(o["op"], o["version"], o["action"]) for o in report["outcomes"]] == [("rmsnorm", 2, "applied")]
 
     r = cli("store", "rollback", "rmsnorm", "--store", store, "--target", "sm_87", "--trust", pub, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["version"] is None  # v1 was never installed: back to reference
     r = cli("store", "status", "--store", store, "--target", "sm_87", "--trust", pub, "--json")
     (row,) = json.loads(r.stdout)["operators"]
-    assert (row["version"], row["blocked"]) == (None, ["2"])
+    assert (row["version"], row["blocked"]) == (None, [2])
 
 
 def test_agent_once_exits_2_like_every_refusal_when_the_repository_is_refused(cli, served, files, tmp_path):
@@ -78,3 +78,28 @@ def test_agent_once_exits_2_like_every_refusal_when_the_repository_is_refused(cl
             "--trust", pub, "--once", "--json")
     assert r.exit_code == 2 == EdgekitError.exit_code  # the code main() gives any EdgekitError (a refusal)
     assert json.loads(r.stdout)["error"]["reason"] == "bad_signature"
+
+
+def test_a_plugin_version_is_a_number_in_every_json_document(cli, served, files, tmp_path):
+    """plugin.json (signed) stores the version as a number; `plugin list --json` of a package said 1 while the
+    store, the agent and publish said "1"."""
+    import tarfile
+
+    repo, url = served
+    pub, pkgs = files
+    with tarfile.open(pkgs[2]) as tar:
+        signed = json.loads(tar.extractfile("plugin.json").read())["version"]
+    assert signed == 2 and type(signed) is int
+    published = json.loads(cli("publish", pkgs[2], "--repo", repo, "--trust", pub, "--json").stdout)
+    store = tmp_path / "device"
+    agent = json.loads(cli("agent", "--repo", url, "--trusted-root", repo / "metadata" / "1.root.json", "--store", store,
+                           "--target", "orin", "--trust", pub, "--once", "--json").stdout)
+    status = json.loads(cli("store", "status", "--store", store, "--target", "sm_87", "--trust", pub, "--json").stdout)
+    listed = {kind: json.loads(cli("plugin", "list", path, "--json").stdout)[0]
+              for kind, path in (("package", pkgs[2]), ("store", store))}
+    pointer = json.loads(cli("store", "rollback", "rmsnorm", "--store", store, "--target", "sm_87", "--trust", pub,
+                             "--json").stdout)
+    versions = {"publish": published["added"][0]["version"], "agent": agent["outcomes"][0]["version"],
+                "store status": status["operators"][0]["version"], "plugin list (package)": listed["package"]["version"],
+                "plugin list (store)": listed["store"]["version"], "store rollback (blocked)": pointer["blocked"][0]}
+    assert versions == dict.fromkeys(versions, signed) and all(type(v) is int for v in versions.values()), versions

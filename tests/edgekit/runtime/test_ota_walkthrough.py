@@ -30,17 +30,17 @@ def test_readme_ota_walkthrough_runs_as_written(tmp_path):
 
     before, after_upload = _plugins_json_lines(r.stdout)
     # before any swap the server lists the bundle's plugins as installed versions
-    assert before["rmsnorm"]["version"] == "1" and before["rmsnorm"]["source"] == "bundle"
+    assert before["rmsnorm"]["version"] == 1 and before["rmsnorm"]["source"] == "bundle"
     assert {"rmsnorm", "swiglu", "linear"} <= set(before)
-    assert after_upload["rmsnorm"]["version"] == "2" and after_upload["rmsnorm"]["source"] == "store"
+    assert after_upload["rmsnorm"]["version"] == 2 and after_upload["rmsnorm"]["source"] == "store"
     # the rollback stepped back to the bundle's own version (not the reference), and v2 is blocked
     listed = subprocess.run([sys.executable, "-m", "edgekit", "plugin", "list", str(work / "store"), "--bundle",
                              str(work / "bundles" / "smollm2-orin"), "--json"], capture_output=True, text=True, timeout=120)
     rows = {row["op"]: row for row in json.loads(listed.stdout)}
-    assert (rows["rmsnorm"]["version"], rows["rmsnorm"]["source"], rows["rmsnorm"]["blocked"]) == ("1", "bundle", ["2"])
+    assert (rows["rmsnorm"]["version"], rows["rmsnorm"]["source"], rows["rmsnorm"]["blocked"]) == (1, "bundle", [2])
     # the published package reached the device store through the agent
     pointer = json.loads((work / "device-store" / "ops" / "rmsnorm" / "active").read_text())
-    assert pointer["version"] == "2" and pointer["state"] == "probation"
+    assert pointer["version"] == "2" and pointer["state"] == "probation"  # the store's own file: canonical strings
     assert (work / "tuf-repo" / "metadata" / "timestamp.json").is_file()
 
 

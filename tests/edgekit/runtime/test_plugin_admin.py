@@ -35,11 +35,11 @@ def make(tmp_path, loader):
 def test_install_and_rollback_tell_the_runtime(tmp_path):
     loader = Loader()
     admin = make(tmp_path, loader)
-    assert admin.install(fakepkg.pack(AUTHOR, version=1))["version"] == "1"
+    assert admin.install(fakepkg.pack(AUTHOR, version=1))["version"] == 1
     admin.install(fakepkg.pack(AUTHOR, version=2))
     assert loader.serving == {"rmsnorm": "2"}
-    assert admin.rollback("rmsnorm")["version"] == "1" and loader.serving == {"rmsnorm": "1"}
-    assert admin.list()[0]["blocked"] == ["2"]
+    assert admin.rollback("rmsnorm")["version"] == 1 and loader.serving == {"rmsnorm": "1"}
+    assert admin.list()[0]["blocked"] == [2]
 
 
 def test_a_plugin_that_fails_to_load_is_rolled_back_and_the_pointer_says_so(tmp_path):

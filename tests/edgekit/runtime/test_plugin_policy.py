@@ -14,6 +14,7 @@ from edgekit.runtime.plugin_policy import (
     check_name,
     normalize_arch,
     version_key,
+    version_number,
 )
 
 
@@ -34,6 +35,13 @@ def test_file_names_that_could_escape_or_clobber_the_slot_are_refused(name):
 def test_versions_that_are_not_plain_numbers_are_refused(version):
     with pytest.raises(SwapRefused):
         canonical_version(version)
+
+
+def test_json_writes_a_version_as_the_number_plugin_json_stores():
+    assert [version_number(v) for v in (3, "3", " 12 ", None)] == [3, 3, 12, None]
+    assert version_number("1.4.2") == "1.4.2"  # the store's rules admit it; no signed plugin carries one
+    with pytest.raises(SwapRefused):
+        version_number("../1")
 
 
 def test_versions_compare_numerically_not_as_text():

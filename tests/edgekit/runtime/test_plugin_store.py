@@ -60,28 +60,28 @@ def test_rollback_walks_back_through_versions_then_the_bundle_then_the_reference
         if row["source"] == "reference":
             break
         store.rollback("rmsnorm", "test")
-    assert walked == [("4", "store"), ("3", "store"), ("2", "store"), ("1", "bundle"), (None, "reference")]
+    assert walked == [(4, "store"), (3, "store"), (2, "store"), (1, "bundle"), (None, "reference")]
     assert store.active("rmsnorm") is None and store.pointer("rmsnorm").blocked == ("4", "3", "2")
     with pytest.raises(StoreError, match="nothing to roll back"):
         store.rollback("rmsnorm")
     # the untouched operator still lists the bundle's own plugin, and a reopened store keeps the rung it is on
     reopened = open_store(tmp_path / "store", bundle_plugins={"rmsnorm": 1, "swiglu": 1})
     rows = {r["op"]: (r["version"], r["source"]) for r in reopened.status()}
-    assert rows == {"rmsnorm": (None, "reference"), "swiglu": ("1", "bundle")}
+    assert rows == {"rmsnorm": (None, "reference"), "swiglu": (1, "bundle")}
 
 
 def test_status_lists_the_bundles_plugins_before_any_swap(tmp_path):
     store = open_store(tmp_path / "store", bundle_plugins={"rmsnorm": 1, "attention_decode": 2})
     rows = store.status()
     assert [(r["op"], r["version"], r["source"], r["bundle_version"]) for r in rows] == [
-        ("attention_decode", "2", "bundle", "2"), ("rmsnorm", "1", "bundle", "1")]
+        ("attention_decode", 2, "bundle", 2), ("rmsnorm", 1, "bundle", 1)]
     store.install(fakepkg.pack(AUTHOR, version=2))
     row = next(r for r in store.status() if r["op"] == "rmsnorm")
-    assert (row["version"], row["source"], row["previous"], row["bundle_version"]) == ("2", "store", None, "1")
+    assert (row["version"], row["source"], row["previous"], row["bundle_version"]) == (2, "store", None, 1)
     # the first rollback after the first swap goes to the bundle's own version, not the reference
     store.rollback("rmsnorm")
     row = next(r for r in store.status() if r["op"] == "rmsnorm")
-    assert (row["version"], row["source"]) == ("1", "bundle")
+    assert (row["version"], row["source"]) == (1, "bundle")
 
 
 def test_dotted_versions_compare_numerically(store):

@@ -273,8 +273,8 @@ def test_status_lists_every_operator_with_its_pointer(store):
     store.rollback("rmsnorm", "test")
     rows = {r["op"]: r for r in store.status()}
     assert set(rows) == {"rmsnorm", "swiglu"}
-    assert (rows["rmsnorm"]["version"], rows["rmsnorm"]["blocked"]) == (None, ["2"])
-    assert (rows["swiglu"]["version"], rows["swiglu"]["state"]) == ("1", "probation")
+    assert (rows["rmsnorm"]["version"], rows["rmsnorm"]["blocked"]) == (None, [2])
+    assert (rows["swiglu"]["version"], rows["swiglu"]["state"]) == (1, "probation")
 
 
 def test_confirm_of_a_confirmed_version_changes_nothing(store):
@@ -410,7 +410,7 @@ def test_a_caller_s_stream_is_not_closed_by_the_store(store):
 
 def test_results_and_events_report_what_happened(store):
     r = store.install(fakepkg.pack(AUTHOR, version=2)).to_dict()
-    assert (r["op"], r["version"], r["previous"], r["state"]) == ("rmsnorm", "2", None, "probation")
+    assert (r["op"], r["version"], r["previous"], r["state"]) == ("rmsnorm", 2, None, "probation")
     assert all(v == round(v, 3) for v in r["step_ms"].values()) and list(r["step_ms"])[0] == "received"
     store.rollback("rmsnorm", "watchdog")
     kinds = [(e.kind, e.detail) for e in store.events]

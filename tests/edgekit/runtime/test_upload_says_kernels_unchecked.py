@@ -20,14 +20,14 @@ def test_uploading_a_plugin_to_a_cpu_server_answers_and_logs_that_its_kernels_we
         r = c.post("/v1/plugins", headers=auth, files={"file": ("rmsnorm-v2.tar", package)})
     assert r.status_code == 200, r.text
     answer = r.json()
-    assert (answer["op"], answer["version"], answer["state"]) == ("rmsnorm", "2", "probation")
+    assert (answer["op"], answer["version"], answer["state"]) == ("rmsnorm", 2, "probation")
     assert answer["golden_check"]["kernels_checked"] is False
     assert answer["golden_check"]["ran"] == "the torch reference on the CPU"
     assert "unchecked" in answer["golden_check"]["note"]
     stack.log.close()
     records = [json.loads(line) for line in (stack.store.root / "server.jsonl").read_text().splitlines()]
     unchecked = [r for r in records if r.get("kind") == "plugin_kernels_unchecked"]
-    assert len(unchecked) == 1 and (unchecked[0]["op"], unchecked[0]["version"]) == ("rmsnorm", "2")
+    assert len(unchecked) == 1 and (unchecked[0]["op"], unchecked[0]["version"]) == ("rmsnorm", 2)
     assert "not this plugin's kernels" in unchecked[0]["detail"]
 
 
