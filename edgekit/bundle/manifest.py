@@ -64,6 +64,11 @@ class Target(_Strict):
     name: str = Field(pattern=TARGET_NAME, max_length=64)
     arch: int = Field(ge=50, le=200)  # compute capability as sm number: 87 = Orin, 90 = H100/H200
 
+    @property
+    def arch_name(self) -> str:
+        """The arch as every command writes it ("sm_87"); the signed manifest stores the number (87)."""
+        return f"sm_{self.arch}"
+
 
 class ModelIdentity(_Strict):
     name: str = Field(min_length=1, max_length=200)

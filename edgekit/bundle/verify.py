@@ -76,7 +76,8 @@ class VerificationReport:
             "ok": self.ok,
             "key_id": self.key_id,
             "dev_key": None if m is None else m.dev_key,
-            "target": None if m is None else m.target.model_dump(),
+            # "sm_87", as build, plan, targets and plugin list write an arch (the manifest itself stores 87)
+            "target": None if m is None else {"name": m.target.name, "arch": m.target.arch_name},
             "model": None if m is None else m.model.model_dump(),
             "format_version": None if m is None else m.format_version,
             "plugins": [] if m is None else [p.model_dump() for p in m.plugins],

@@ -262,7 +262,7 @@ def _print_report(report, show_all: bool) -> None:
     m = report.manifest
     title = f"{report.bundle}"
     if m is not None:
-        title += f"  [{m.model.name} for {m.target.name} (sm_{m.target.arch}), {len(m.plugins)} plugins, {len(m.files)} files]"
+        title += f"  [{m.model.name} for {m.target.name} ({m.target.arch_name}), {len(m.plugins)} plugins, {len(m.files)} files]"
     t = Table(title=title, title_justify="left")
     t.add_column("check")
     t.add_column("file", overflow="fold")

@@ -431,7 +431,7 @@ def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key:
         major, minor = torch.cuda.get_device_capability(bundle.device)
         arch = f"sm_{major}{minor}"
     else:
-        arch = f"sm_{bundle.manifest.target.arch}"  # no GPU: accept what the bundle was built for
+        arch = bundle.manifest.target.arch_name  # no GPU: accept what the bundle was built for
     bundle_golden = {}
     for ref in bundle.manifest.plugins:
         g = bundle.root / ref.path / "golden.safetensors"

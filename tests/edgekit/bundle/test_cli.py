@@ -37,6 +37,10 @@ def test_verify_passes_and_fails_with_file_and_reason(bundle, keydir, monkeypatc
     code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), "--trust", str(keydir / "edgekit.pub"), "--json")
     report = json.loads(out)
     assert code == 0 and report["ok"] and report["failures"] == 0
+    # the arch as build, plan and plugin list write it ("sm_87"), not the manifest's number (87)
+    manifest = json.loads((bundle / "manifest.json").read_bytes())
+    assert report["target"] == {"name": manifest["target"]["name"], "arch": f"sm_{manifest['target']['arch']}"}
+    assert report["target"]["arch"].startswith("sm_")
 
     (bundle / "tokenizer/tokenizer.json").write_bytes(b'{"model": "stand-ix"}\n')  # same size, other bytes
     code, out, err = _run(monkeypatch, capsys, "verify", str(bundle), "--trust", str(keydir / "edgekit.pub"), "--json")

@@ -353,7 +353,7 @@ def test_report_json_and_raise_name_the_first_failure(bundle, public_key):
     (bundle / "extra.bin").write_bytes(b"x")
     r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=None)
     d = r.to_dict()
-    assert d["ok"] is False and d["failures"] == 2 and d["target"] == {"name": "orin", "arch": 87}
+    assert d["ok"] is False and d["failures"] == 2 and d["target"] == {"name": "orin", "arch": "sm_87"}
     assert d["plugins"][0]["op"] == "rmsnorm" and d["dev_key"] is False and d["format_version"] == 1
     with pytest.raises(VerificationError, match=r"file: missing.*\(and 1 more failed checks\)") as e:
         r.raise_if_failed()
