@@ -54,17 +54,17 @@ def cli_precision(value: str, allowed) -> str:
 def gate_line(gate: dict, measured_on: str = CPU) -> str:
     """The accuracy gate of a quantization report on one line: the verdict, each metric against its threshold and
     the layers kept in FP (the build summary once printed the gate's JSON cut at 300 characters)."""
-    from edgekit.quant.judged_by import JUDGED_BY_TEXT
+    from edgekit.quant.judged_by import JUDGED_BY_KL, JUDGED_BY_TEXT
 
     m, c = gate.get("metrics") or {}, gate.get("config") or {}
     increase, by = m.get("judged_increase", m["perplexity_increase"]), m.get("judged_by") or JUDGED_BY_TEXT
-    on = f" on {by}" if by != JUDGED_BY_TEXT else ""
+    on = f" on {by}" if by == JUDGED_BY_KL else ""
     parts = [f"perplexity {100 * increase:+.2f}%{on} (at most {100 * c['max_ppl_increase']:+.2f}%)"]
     if m.get("greedy_agreement") is not None:
         parts.append(f"greedy agreement {100 * m['greedy_agreement']:.1f}% (at least {100 * c['min_greedy_agreement']:.1f}%)")
     parts.append(f"logits SNR {m['logits_snr_db']:.1f} dB (at least {c['min_logits_snr_db']:.1f} dB)")
     verdict = "passed" if gate.get("passed") else "FAILED"
-    where = in_words(measured_on) + ("" if on else ", held-out text")  # the KL's figure names what it judged
+    where = in_words(measured_on) + ("" if on else f", {by}")  # the KL's figure names what it judged
     return f"accuracy gate {verdict}: " + ", ".join(parts) + f" ({where})"
 
 

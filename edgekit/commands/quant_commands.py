@@ -28,10 +28,10 @@ def _metrics_table(title: str, m: dict, gate: dict | None) -> Table:
         t.add_column(col, justify="left" if col == "metric" else "right")
     t.add_row("perplexity (FP)", f"{m['fp_perplexity']:.3f}", "")
     t.add_row("perplexity (quantized)", f"{m['quant_perplexity']:.3f}", "")
-    from edgekit.quant.judged_by import JUDGED_BY_TEXT
+    from edgekit.quant.judged_by import JUDGED_BY_KL
 
     judged = m.get("judged_increase", m["perplexity_increase"])
-    if m.get("judged_by") in (None, JUDGED_BY_TEXT):
+    if m.get("judged_by") != JUDGED_BY_KL:  # the text scored judged it (the held-out text, or eval's --text FILE)
         t.add_row("perplexity increase", _pct(m["perplexity_increase"]),
                   f"<= {_pct(gate['max_ppl_increase'])}" if gate else "")
     else:  # the FP model scores the text worse than a uniform guess: the bound holds the KL's increase
@@ -178,6 +178,7 @@ def eval_cmd(
     from edgekit.kernels.dispatch import DispatchTable
     from edgekit.cache import BuildCache
     from edgekit.quant.gate import EvalText, GateConfig, check, evaluate, perplexity
+    from edgekit.quant.judged_by import text_file
     from edgekit.quant.reference_cache import cached_reference
     from edgekit.quant.io import REPORT_FILE
     from edgekit.model.weights_file import load_weights_file
@@ -199,7 +200,7 @@ def eval_cmd(
         gate = GateConfig(new_tokens=new_tokens)
         with make_progress() as progress:
             res = compare_lossless_int4(m, load_model(model, tokenizer=False, keep_int4=True), EvalText(windows, plist), gate,
-                                        Steps(progress))
+                                        Steps(progress), text_name=text_file(text))
         res.update(model=m.config.name, text=str(text), window_len=window)
         if json_out:
             print_json(res)
@@ -234,7 +235,8 @@ def eval_cmd(
                                                cache=BuildCache(None, enabled=not no_cache), steps=steps)
             out["fp_reference"] = "read from the cache" if ref_cached else "computed"
             kv = q.kv_scales.roundtrip if q.kv_scales is not None else None
-            metrics = evaluate(Decoder(q.config, q.weights, ops), ref, kv, steps, "quantized model")
+            metrics = evaluate(Decoder(q.config, q.weights, ops), ref, kv, steps, "quantized model",
+                               text_name=text_file(text))  # the user's file, not edgekit's held-out text
             out.update(metrics)
             out["quantized"] = {"dir": str(quantized), "mode": q.header.get("mode"), "kv_int8": q.kv_scales is not None,
                                 "fp_layers": [n for n, d in q.header["layers"].items() if d["op"] == "linear"]}

@@ -198,8 +198,12 @@ def evaluate(
     kv_transform: KVTransform | None = None,
     steps: Steps = SILENT,
     label: str = "evaluating",
+    text_name: str = JUDGED_BY_TEXT,
 ) -> dict:
-    """Measure the quantized model against the reference. Returns the metrics as a plain dict."""
+    """Measure the quantized model against the reference. Returns the metrics as a plain dict.
+
+    ``text_name`` is what the reference's text is (``scored_text``, and ``judged_by`` when the text judges): edgekit's
+    held-out text by default, a user's file as ``judged_by.text_file(path)`` names it."""
     nll_fp = nll_q = kl = 0.0
     sig = err = 0.0
     with steps.task(label, len(ref.windows) + len(ref.sequences)) as advance:
@@ -242,7 +246,8 @@ def evaluate(
         # - 1 (the expected NLL increase per token when the tokens come from the FP model's own distribution).
         "vocab_size": vocab,
         "judged_increase": increase if fits else exp_or_inf(kl / n) - 1.0,  # a NaN KL is inf: it fails
-        "judged_by": JUDGED_BY_TEXT if fits else JUDGED_BY_KL,
+        "judged_by": text_name if fits else JUDGED_BY_KL,
+        "scored_text": text_name,
         "greedy_agreement": agree / total if total else None,
         "greedy_positions": total,
         "first_disagreement": first_div,
@@ -256,13 +261,14 @@ def check(metrics: dict, cfg: GateConfig) -> list[str]:
     """The reasons the gate fails (empty list: it passes)."""
     fails = []
     by_kl = metrics.get("judged_by") == JUDGED_BY_KL
+    scored = metrics.get("scored_text", JUDGED_BY_TEXT)  # reports written before it: the held-out text
     increase = metrics.get("judged_increase", metrics["perplexity_increase"])  # reports written before it: the text's
     if not increase <= cfg.max_ppl_increase:  # NaN fails
         if by_kl:
             fails.append(
                 f"perplexity on the FP model's own predictions {100 * increase:+.2f}% (exp of the mean KL "
                 f"{metrics['mean_kl_nats']:.4f} nats a token; allowed +{100 * cfg.max_ppl_increase:.2f}%): the FP "
-                f"model scores the held-out text at perplexity {metrics['fp_perplexity']:.3g}, worse than a uniform "
+                f"model scores the {scored} at perplexity {metrics['fp_perplexity']:.3g}, worse than a uniform "
                 f"guess over its {metrics['vocab_size']} tokens, so the text cannot judge it")
         else:
             fails.append(

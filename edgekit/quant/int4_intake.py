@@ -15,6 +15,7 @@ from edgekit.measured_on import measured_on
 from edgekit.model.decoder import Decoder
 from edgekit.model.loader import LoadedModel
 from edgekit.quant.gate import EvalText, GateConfig, build_reference, evaluate, greedy_batch
+from edgekit.quant.judged_by import JUDGED_BY_TEXT
 from edgekit.model.layers import named_linears
 from edgekit.quant.progress import SILENT, Steps
 
@@ -24,9 +25,10 @@ def int4_layers(loaded: LoadedModel) -> list[str]:
 
 
 def compare_lossless_int4(dequantized: LoadedModel, lossless: LoadedModel, text: EvalText, gate: GateConfig,
-                          steps: Steps = SILENT) -> dict:
+                          steps: Steps = SILENT, text_name: str = JUDGED_BY_TEXT) -> dict:
     """Perplexity, teacher-forced agreement and SNR (the gate's metrics) plus free-running greedy tokens of the
-    lossless model against the dequantized one, on the same held-out ``text``. Measured on this CPU, FP32."""
+    lossless model against the dequantized one, on the same ``text`` (``text_name``: what it is, as ``evaluate``
+    takes it). Measured on this CPU, FP32."""
     packed = int4_layers(lossless)
     if not packed:
         raise QuantizationError(
@@ -36,7 +38,7 @@ def compare_lossless_int4(dequantized: LoadedModel, lossless: LoadedModel, text:
     ref_decoder = Decoder(dequantized.config, dequantized.weights)
     int4_decoder = Decoder(lossless.config, lossless.weights)
     ref = build_reference(ref_decoder, text, gate.new_tokens, steps)
-    metrics = evaluate(int4_decoder, ref, None, steps, "lossless INT4 intake")
+    metrics = evaluate(int4_decoder, ref, None, steps, "lossless INT4 intake", text_name=text_name)
     ref_tokens = greedy_batch(ref_decoder, text.prompts, gate.new_tokens, steps)
     int4_tokens = greedy_batch(int4_decoder, text.prompts, gate.new_tokens, steps)
     same = sum(a == b for r, q in zip(ref_tokens, int4_tokens) for a, b in zip(r, q))

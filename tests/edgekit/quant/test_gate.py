@@ -145,3 +145,16 @@ def test_a_model_that_scores_the_text_worse_than_a_uniform_guess_is_judged_on_it
     assert poisoned["judged_by"] == JUDGED_BY_KL and poisoned["judged_increase"] == math.inf
     assert any(f.startswith("perplexity on the FP model's own predictions") for f in check(poisoned, GATE))
     # (a model the text can judge: the real default model, tests/edgekit/quant/test_default_model.py)
+
+
+def test_a_failure_judged_by_kl_names_the_text_that_was_scored():
+    """`eval --text FILE` scores the user's file: a failure there said "the FP model scores the held-out text"."""
+    from edgekit.quant.judged_by import JUDGED_BY_KL, JUDGED_BY_TEXT, text_file
+
+    metrics = {"judged_by": JUDGED_BY_KL, "scored_text": text_file("notes.txt"), "judged_increase": 0.5,
+               "perplexity_increase": 3.0, "mean_kl_nats": 0.41, "fp_perplexity": 9e9, "quant_perplexity": 3e10,
+               "vocab_size": 100, "greedy_agreement": None, "logits_snr_db": 30.0}
+    (fail,) = check(metrics, GATE)
+    assert "scores the text file notes.txt at perplexity 9e+09" in fail and "held-out" not in fail
+    (fail,) = check({**metrics, "scored_text": JUDGED_BY_TEXT}, GATE)  # the gate's own text keeps its name
+    assert "scores the held-out text at perplexity" in fail

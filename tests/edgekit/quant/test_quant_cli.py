@@ -37,6 +37,20 @@ def test_quantize_then_eval(tmp_path):
     assert json.loads(r.stdout)["perplexity"] > 1.0
 
 
+def test_eval_names_the_users_own_text_file_not_the_held_out_text(tmp_path):
+    """`eval --text FILE` labelled the user's file "held-out text" (the name of edgekit's own held-out set)."""
+    out = tmp_path / "q"
+    assert edgekit("quantize", "preset:tiny", "-o", str(out), "--no-cache", *FAST).returncode == 0
+    text = tmp_path / "my-notes.txt"
+    text.write_text(corpus.shipped_text(corpus.HELDOUT_FILE)[:3000])
+    r = edgekit("eval", "preset:tiny", "--quantized", str(out), "--text", str(text), "--json", "--new-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["judged_by"] == d["scored_text"] == f"text file {text}" and "held-out" not in r.stdout
+    quantized = json.loads((out / "report.json").read_text())["gate"]["metrics"]  # the gate's own text keeps its name
+    assert quantized["judged_by"] == quantized["scored_text"] == "held-out text"
+
+
 def test_failed_gate_writes_the_report_but_no_weights(tmp_path):
     out = tmp_path / "q"
     r = edgekit("quantize", "preset:tiny", "-o", str(out), "--min-snr-db", "500", *FAST)
