@@ -21,7 +21,7 @@ import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Mapping
+from typing import BinaryIO, Collection, Iterable, Mapping
 
 from edgekit.bundle.canonical import relpath_problem
 from edgekit.durable import fsync_dir
@@ -235,11 +235,14 @@ def inspect_archive(archive: str | os.PathLike, *, max_total_bytes: int = DEFAUL
         return [MemberProblem(Path(archive).name, f"not a readable tar archive ({e})")]
 
 
-def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES) -> Path:
+def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+                 only: Collection[str] | None = None) -> Path:
     """Extract an archive to dest (which must not exist) after refusing every unsafe member.
 
     Files are written by this code (not tarfile.extract) with O_EXCL|O_NOFOLLOW and
     mode 0644; the tree appears at dest by one rename when it is complete.
+    ``only``: write just these members (names as the reader reads them: "./weights/x" is "weights/x"); every member
+    is still checked first, so an archive with one unsafe member is refused whatever is asked of it.
     """
     archive, dest = Path(archive), Path(dest)
     if dest.exists():
@@ -253,7 +256,8 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, *, max_tot
             _raise_first(problems, archive.name)
             tmp.mkdir(mode=0o755)
             for info in files:
-                _extract_one(tf, info, tmp)
+                if only is None or _member_name(info) in only:
+                    _extract_one(tf, info, tmp)
     except tarfile.TarError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise VerificationError(archive.name, f"not a readable tar archive ({e})") from e

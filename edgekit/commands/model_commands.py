@@ -127,21 +127,22 @@ def _is_tar_file(path: Path) -> bool:
 
 
 def _archive_stored_info(path: Path) -> dict:
-    """stored_info of a bundle archive's weights: its members checked first (no links, '..' or absolute paths, as
-    verify checks them), extracted to a temporary directory that is removed afterwards."""
+    """stored_info of a bundle archive's weights: every member checked first (no links, '..' or absolute paths, as
+    verify checks them), then only the files info reads (stored_info.INFO_FILES: the weights file, the quantization
+    report) extracted, to a temporary directory that is removed afterwards."""
     import shutil
     import tempfile
 
     from edgekit.bundle.archive import inspect_archive, safe_extract
     from edgekit.errors import BundleError
-    from edgekit.quant.stored_info import stored_info, weights_dir
+    from edgekit.quant.stored_info import INFO_FILES, stored_info, weights_dir
 
     problems = inspect_archive(path)
     if problems:
         raise BundleError(f"{path}:{problems[0].member}: {problems[0].reason}", hint="nothing was extracted")
     tmp = Path(tempfile.mkdtemp(prefix="edgekit-info-"))
     try:
-        root = safe_extract(path, tmp / "bundle")
+        root = safe_extract(path, tmp / "bundle", only=INFO_FILES)
         stored = weights_dir(root)
         if stored is None:
             raise BundleError(f"{path}: an archive without a bundle's weights/model.safetensors",

@@ -22,6 +22,14 @@ def is_edgekit_weights(directory: Path) -> bool:
     return True
 
 
+# Every file ``weights_dir(ROOT)`` and ``stored_info`` may read, relative to ROOT (a quantize directory, or a bundle
+# with weights/ and quantization/): all `edgekit info` takes out of an archive. Keep in step with the two below.
+INFO_FILES = frozenset({
+    WEIGHTS_FILE, "config.json", "report.json",
+    f"weights/{WEIGHTS_FILE}", "weights/config.json", "weights/report.json", "quantization/report.json",
+})
+
+
 def weights_dir(path: Path) -> Path | None:
     """The directory holding an edgekit weights file: ``path`` itself or a bundle's ``weights/``; None if neither.
 

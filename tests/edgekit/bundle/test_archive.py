@@ -46,6 +46,22 @@ def test_round_trip_extract(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dest")]  # no temp dir left
 
 
+def test_extract_only_writes_the_named_members(tmp_path):
+    write_archive(_tree(tmp_path / "src", FILES), tmp_path / "x.tar")
+    out = safe_extract(tmp_path / "x.tar", tmp_path / "dest", only={"weights/w.safetensors", "not/in/the/archive"})
+    assert list_tree(out) == ["weights/w.safetensors"] and (out / "weights/w.safetensors").read_bytes() == b"w" * 5000
+    dotted = _evil_tar(tmp_path / "dotted.tar", [("./manifest.json", tarfile.REGTYPE, b"{}", ""),
+                                                 ("./weights/w.safetensors", tarfile.REGTYPE, b"w", "")])
+    assert list_tree(safe_extract(dotted, tmp_path / "d2", only={"manifest.json"})) == ["manifest.json"]
+
+
+def test_attack_an_unsafe_member_refuses_the_archive_even_when_only_others_are_asked_for(tmp_path):
+    evil = _evil_tar(tmp_path / "evil.tar", [OK, ("plugins/x/kernel.cubin", tarfile.SYMTYPE, b"", "/etc/shadow")])
+    with pytest.raises(VerificationError, match="symbolic link"):
+        safe_extract(evil, tmp_path / "dest", only={"manifest.json"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.tar"]
+
+
 def test_refuses_to_overwrite(tmp_path):
     write_archive(_tree(tmp_path / "src", FILES), tmp_path / "x.tar")
     with pytest.raises(BundleError, match="already exists"):

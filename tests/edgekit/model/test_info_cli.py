@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_info_on_a_hugging_face_folder_describes_the_model(hf_dir):
     d, model = hf_dir
@@ -73,24 +75,53 @@ def test_a_window_past_the_models_positions_is_a_ring_of_its_positions():
         cfg.kv_rows(i, 256) for i in range(cfg.n_layers) if cfg.is_local(i))
 
 
-def test_info_reads_a_bundle_archive_as_it_reads_the_bundle(tmp_path):
-    """`info B.tar` failed with "not a GGUF file (starts with b'mani')" though the help accepts bundles."""
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A bundle directory b and its archive b.tar (preset:tiny, INT8)."""
     import os
 
+    tmp_path = tmp_path_factory.mktemp("info-archive")
     env = {**os.environ, "EDGEKIT_CACHE_DIR": str(tmp_path / "cache")}
     r = subprocess.run([sys.executable, "-m", "edgekit", "build", "preset:tiny", "--target", "orin", "--dev-key", "--precision", "int8",
                         "--context", "64", "--buckets", "16", "--no-onnx", "--archive", "-o", str(tmp_path / "b")],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
+    return tmp_path
+
+
+def test_info_reads_a_bundle_archive_as_it_reads_the_bundle(built, tmp_path):
+    """`info B.tar` failed with "not a GGUF file (starts with b'mani')" though the help accepts bundles."""
+    import os
+
     infos = []
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    for path in (tmp_path / "b", tmp_path / "b.tar"):
+    for path in (built / "b", built / "b.tar"):
         r = subprocess.run([sys.executable, "-m", "edgekit", "info", str(path), "--json"], capture_output=True,
                            text=True, timeout=300, env={**os.environ, "TMPDIR": str(scratch)})
         assert r.returncode == 0, r.stderr
         infos.append(json.loads(r.stdout))
-    assert infos[1].pop("weights_file") == f"{tmp_path / 'b.tar'}:weights/model.safetensors"
-    assert infos[0].pop("weights_file") == str(tmp_path / "b" / "weights" / "model.safetensors")
+    assert infos[1].pop("weights_file") == f"{built / 'b.tar'}:weights/model.safetensors"
+    assert infos[0].pop("weights_file") == str(built / "b" / "weights" / "model.safetensors")
     assert infos[0] == infos[1] and infos[0]["layer_precisions"]  # the same report, layer precisions included
     assert list(scratch.iterdir()) == []  # the extracted copy is gone
+
+
+def test_info_extracts_only_the_members_it_reads_from_a_bundle_archive(built, tmp_path, monkeypatch):
+    """`info B.tar` extracted the whole bundle (plugins, golden vectors, ONNX) to read the weights and the report."""
+    import tempfile
+
+    from edgekit.bundle import archive
+    from edgekit.commands.model_commands import _archive_stored_info
+    from edgekit.quant.stored_info import INFO_FILES
+
+    written = []
+    extract_one = archive._extract_one
+    monkeypatch.setattr(archive, "_extract_one", lambda tf, info, root: (written.append(info.name),
+                                                                         extract_one(tf, info, root)))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the temporary copy goes (and must be gone from)
+    info = _archive_stored_info(built / "b.tar")
+    assert info["layer_precisions"] and info["weights_file"].endswith("b.tar:weights/model.safetensors")
+    assert sorted(written) == ["quantization/report.json", "weights/model.safetensors"]
+    assert set(written) <= INFO_FILES and len(archive.list_tree(built / "b")) > 10  # the bundle holds far more
+    assert list(tmp_path.iterdir()) == []  # the extracted copy is removed
