@@ -399,7 +399,11 @@ def serve(
     log: Optional[Path] = typer.Option(None, "--log", help="JSON-lines log of requests, swaps, rollbacks and watchdog events (default: STORE/server.jsonl)."),
 ) -> None:
     """Serve a verified bundle over HTTP: OpenAI-compatible /v1/completions and /v1/chat/completions (streaming
-    with "stream": true), /v1/models, /healthz, /metrics (Prometheus), and token-guarded plugin admin."""
+    with "stream": true), /v1/models, /healthz, /metrics (Prometheus), and token-guarded plugin admin.
+
+    A bundle without a tokenizer takes token-id prompts and answers each choice's token_ids; an answer that stopped
+    on the model's end-of-sequence token lists that token last, as usage.completion_tokens counts it (and as
+    `edgekit run --json` lists it)."""
     import gc
 
     from edgekit.bundle.keys import load_public_key

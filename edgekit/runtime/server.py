@@ -300,17 +300,27 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                         for i in range(n):
                             yield enc.role(i)
                     sent = [0] * n  # token ids streamed so far, a choice (a model without a tokenizer)
+
+                    def new_ids(i: int) -> list[bytes]:
+                        out_ids = choices.texts[i].tokens
+                        if len(out_ids) <= sent[i]:
+                            return []
+                        chunk, sent[i] = enc.token_ids(list(out_ids[sent[i]:]), i), len(out_ids)
+                        return [chunk]
+
                     async for i, delta in choices.deltas():
                         if engine.tokenizer is None:
-                            out_ids = choices.texts[i].tokens
-                            if len(out_ids) > sent[i]:
-                                yield enc.token_ids(list(out_ids[sent[i]:]), i)
-                                sent[i] = len(out_ids)
+                            for chunk in new_ids(i):
+                                yield chunk
                             continue
                         yield enc.delta(delta, i)
                     if choices.hung_up():
                         status, reasons = 499, ["cancelled"] * n
                         return
+                    if engine.tokenizer is None:  # an end-of-sequence token alone yields no delta: it is sent here,
+                        for i in range(n):  # so the stream's token ids are the answer's (and usage's count)
+                            for chunk in new_ids(i):
+                                yield chunk
                     reasons = [choices.finish_reason(i) for i in range(n)]
                     for i in range(n):
                         yield enc.finish(reasons[i], i)

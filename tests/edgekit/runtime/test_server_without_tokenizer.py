@@ -50,3 +50,48 @@ def test_a_stream_carries_the_token_ids_and_stop_strings_are_refused(tiny_server
     assert len(ids) == 5  # every token, once
     r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 3, "stop": ["\n"]}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+
+
+def _streamed(url: str, body: dict) -> tuple[list[int], list[str], dict | None]:
+    """(token ids, finish reasons, usage) of a streamed completion."""
+    ids, reasons, usage = [], [], None
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk["choices"]:
+                    ids += choice.get("token_ids", [])
+                    reasons += [choice["finish_reason"]] if choice.get("finish_reason") else []
+    return ids, reasons, usage
+
+
+def test_an_answer_that_stops_on_the_eos_token_lists_it_as_usage_and_run_count_it(tiny_server, monkeypatch):
+    """The end-of-sequence token that stopped the answer is its last token id (completion_tokens counts it, and
+    `edgekit run --json`'s token_ids end with it): in the answer and in the stream, which dropped it when it arrived
+    alone."""
+    url, stack, _ = tiny_server
+    body = {"prompt": [1, 2, 3], "max_tokens": 8}
+    greedy = httpx.post(url + "/v1/completions", json={**body, "ignore_eos": True}, timeout=120).json()
+    greedy = greedy["choices"][0]["token_ids"]
+    k = next(i for i in range(2, len(greedy)) if greedy[i] not in greedy[:i])  # a token new at step k >= 2
+    monkeypatch.setattr(stack.engine, "stop_ids", (greedy[k],))  # the model's EOS, as far as this test goes
+    r = httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+    (choice,) = r["choices"]
+    assert choice["token_ids"] == greedy[:k + 1] and choice["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == k + 1
+    ids, reasons, usage = _streamed(url, {**body, "stream_options": {"include_usage": True}})
+    assert (ids, reasons, usage["completion_tokens"]) == (greedy[:k + 1], ["stop"], k + 1)
+
+
+def test_serve_help_and_the_readme_say_the_eos_token_is_listed():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run([sys.executable, "-m", "edgekit", "serve", "--help"], capture_output=True, text=True, timeout=120)
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    for text in (r.stdout, readme):
+        words = " ".join(text.split())
+        assert "end-of-sequence token lists that token last" in words and "completion_tokens" in words
