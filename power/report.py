@@ -24,6 +24,7 @@ from typing import Any
 
 from edgekit.durable import replace_atomically
 from edgekit.errors import EdgekitError
+from edgekit.measured_on import CPU, in_words
 from edgekit.power.jsonl import LogContents, read_log
 from edgekit.power.sample import rails_sum_label
 from edgekit.power.sensors.power_mode import describe_power_mode
@@ -306,6 +307,16 @@ def summarise(c: LogContents) -> dict[str, Any]:
     return out
 
 
+def latency_source_in_words(values: str) -> str:
+    """The summary's ``latency_measured_on`` (values joined by ", ") as the report says it: a CPU's latencies are
+    edgekit's reference operators there, so the report says they are not the target device's (the budgets are)."""
+    out = []
+    for value in values.split(", "):
+        words = in_words(value)
+        out.append(words + (" (edgekit's reference operators; not the target device)" if value == CPU else ""))
+    return "; ".join(out)
+
+
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary as (label, text) rows with units and rounded numbers, for the terminal and the HTML page."""
     rows = [("duration", f"{summary['duration_s']:.1f} s"),
@@ -327,7 +338,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     by_kind = summary.get("events_by_kind") or {}
     rows.append(("events", ", ".join(f"{k} {n}" for k, n in by_kind.items()) or "none"))
     if summary.get("latency_measured_on"):
-        rows.append(("latency measured on", summary["latency_measured_on"]))
+        rows.append(("latency", latency_source_in_words(summary["latency_measured_on"])))
     for m, st in (summary.get("latency_last_window") or {}).items():
         def ms(k: str) -> str:
             return "—" if st.get(k) is None else f"{st[k]:.2f} ms"

@@ -112,8 +112,11 @@ def _hide_gpu() -> None:
 
 
 def where(bundle) -> str:
-    import torch
+    """The run's ``measured_on`` (edgekit.measured_on's vocabulary: "cpu", "gpu (NAME)"); a CPU run adds its cores and
+    load after a comma, since a loaded CPU's figures are not the machine's best."""
+    from edgekit.measured_on import CPU, measured_on
 
-    if bundle.device.type == "cuda":
-        return f"measured on the GPU ({torch.cuda.get_device_name(bundle.device)})"
-    return f"measured on the CPU ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)"
+    value = measured_on(bundle.device)
+    if value == CPU:
+        return f"{value}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end"
+    return value

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from edgekit.bench import release_goals
+from edgekit.measured_on import measured_on
 
 ENGINES = ("edgekit", "edgekit-fused")  # per-operator, fused super-operators
 DEFAULT_ENGINES = ("edgekit-fused",)
@@ -116,7 +117,7 @@ def bench_edgekit(preset: str, f16: Path, args, dev, bw: dict, precisions: tuple
         names, note = engines_for(cfg, wp, getattr(args, "engines", DEFAULT_ENGINES))
         for cls in (engines[e] for e in names):
             row = {"model": preset, "file": f16.name if f16 else None, "engine": cls.name, "precision": precision, "depth": depth,
-                   "new_tokens": n, "measured_on": f"GPU ({torch.cuda.get_device_name(dev)})"}
+                   "new_tokens": n, "measured_on": measured_on(dev)}
             if note:
                 row["engine_note"] = note
             try:

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgekit.bench.document import NEAR_TIE, PARTITION_ENGINE, WIN_TOLERANCE, BenchDocument, Row
+from edgekit.measured_on import in_words
 
 SHORT_ENGINE = {"edgekit": "edgekit", "edgekit-fused": "edgekit fused", "compile": "torch.compile", "hf-eager": "HF eager", "hf-compile": "HF static+compile",
                 "llama.cpp": "llama.cpp"}
@@ -28,7 +29,7 @@ def _tokens_cell(r: Row) -> str:
 
 
 def rows_table(doc: BenchDocument) -> Table:
-    t = Table(title=f"edgekit bench: batch-1 decode and prefill, measured on {doc.measured_on}", title_justify="left")
+    t = Table(title=f"edgekit bench: batch-1 decode and prefill, {in_words(doc.measured_on)}", title_justify="left")
     for name, just in (("model", "left"), ("prec", "left"), ("engine", "left"), ("ctx", "right"), ("decode tok/s", "right"),
                        ("ms/tok", "right"), ("prefill tok/s", "right"), ("TTFT ms", "right"), ("peak MiB", "right"),
                        ("W", "right"), ("mJ/tok", "right"), ("roofline", "right"), ("tokens", "left")):
@@ -67,8 +68,8 @@ def _sms_cell(r: Row) -> str:
 
 def partitions_table(doc: BenchDocument) -> Table:
     """The --sms rows: one per (model, precision, SMs, tile candidate, context)."""
-    t = Table(title=f"Orin-shaped: the fused decode confined to part of the GPU's SMs (CUDA green contexts), measured on "
-                    f"{doc.measured_on}", title_justify="left")
+    t = Table(title=f"Orin-shaped: the fused decode confined to part of the GPU's SMs (CUDA green contexts), "
+                    f"{in_words(doc.measured_on)}", title_justify="left")
     for name, just in (("model", "left"), ("prec", "left"), ("SMs", "left"), ("tiles", "left"), ("rules@SMs", "right"),
                        ("ctx", "right"), ("decode tok/s", "right"), ("copy GB/s", "right"), ("roofline", "right"),
                        ("vs all SMs", "right"), ("tokens", "left")):
@@ -119,7 +120,7 @@ def partition_lines(doc: BenchDocument) -> list[str]:
 
 
 def ratios_table(doc: BenchDocument) -> Table:
-    t = Table(title=f"edgekit runtime / baseline (same model, context and run; measured on {doc.measured_on})", title_justify="left")
+    t = Table(title=f"edgekit runtime / baseline (same model, context and run; {in_words(doc.measured_on)})", title_justify="left")
     for name in ("model", "ctx", "edgekit", "baseline", "decode speed-up", "TTFT speed-up"):
         t.add_column(name, justify="right" if "speed" in name or name == "ctx" else "left")
     for q in doc.ratios:
@@ -162,12 +163,12 @@ def print_report(doc: BenchDocument, console: Console) -> None:
     console.print(rows_table(doc))
     lines = profile_lines(doc)
     if lines:
-        console.print(f"edgekit decode step, CUDA-graph replay profiled with torch.profiler (measured on {doc.measured_on}):")
+        console.print(f"edgekit decode step, CUDA-graph replay profiled with torch.profiler ({in_words(doc.measured_on)}):")
         for line in lines:
             console.print(f"  {line}", highlight=False)
     if doc.copy_bandwidth:
-        console.print(f"roofline = copy bandwidth {doc.copy_bandwidth['bytes_per_s'] / 1e9:,.0f} GB/s (measured on "
-                      f"{doc.measured_on}, same run) / bytes read per decoded token (weights at their precision + KV cache)")
+        console.print(f"roofline = copy bandwidth {doc.copy_bandwidth['bytes_per_s'] / 1e9:,.0f} GB/s ("
+                      f"{in_words(doc.measured_on)}, same run) / bytes read per decoded token (weights at their precision + KV cache)")
     if any(r.engine == PARTITION_ENGINE for r in doc.rows):
         console.print(partitions_table(doc))
         for line in partition_lines(doc):

@@ -35,6 +35,7 @@ from edgekit.bench.stepped import (  # noqa: F401 - re-exported: they lived here
     reference_run, reference_tokens,
 )
 from edgekit.errors import BenchmarkError, EdgekitError
+from edgekit.measured_on import in_words, measured_on
 from edgekit.kernels.linear import LinearWeights
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import BlockWeights, ModelWeights
@@ -328,7 +329,7 @@ class BenchRun:
         self._t_start = time.monotonic()
         deadline = None if s.time_budget_s is None else self._t_start + s.time_budget_s
         info = device_info(device)
-        where = f"GPU ({info.get('name')})" if device.type == "cuda" else f"CPU ({info.get('name')})"
+        where = measured_on(device)  # the vocabulary every command writes; the device's details are in ``device``
         doc = BenchDocument(
             measured_on=where, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=self.command,
             device=info, settings={**{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(s).items()},
@@ -337,7 +338,7 @@ class BenchRun:
                                                                                *((docm.PARTITION_ENGINE,) if s.sms else ()),
                                                                                *s.baselines)}},
         )
-        doc.notes.append(f"every figure measured on {where} in this one process; medians of {s.repeats} repeats after warm-up")
+        doc.notes.append(f"every figure {in_words(where)} in this one process; medians of {s.repeats} repeats after warm-up")
         doc.notes.append(f"one static KV cache of {s.max_seq_len} positions per engine; edgekit's decode attention reads "
                          "only the filled positions, the torch reference (and so the compiled baseline) reads all of them")
         meter = None
@@ -350,7 +351,7 @@ class BenchRun:
         if device.type == "cuda":
             doc.copy_bandwidth = copy_bandwidth(device)
             bw = doc.copy_bandwidth["bytes_per_s"]
-            self.log(f"copy bandwidth {bw / 1e9:.0f} GB/s (measured on {where})")
+            self.log(f"copy bandwidth {bw / 1e9:.0f} GB/s ({in_words(where)})")
         with llama_files(s, self.log) as files:
             return self._run_all(s, doc, device, where, deadline, meter, bw, files)
 

@@ -245,6 +245,10 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, *, max_tot
     is still checked first, so an archive with one unsafe member is refused whatever is asked of it.
     """
     archive, dest = Path(archive), Path(dest)
+    if isinstance(only, (str, bytes)):  # a lone name would be read as its characters: "in" became a substring test
+        raise TypeError(f"safe_extract(only=...) takes a collection of member names, got the string {only!r}; "
+                        f"pass {{{only!r}}}")
+    only = None if only is None else frozenset(only)
     if dest.exists():
         raise BundleError(f"cannot extract to {dest}: it already exists", hint="choose a new directory")
     tmp = dest.with_name(f".{dest.name}.extract-{os.getpid()}")

@@ -365,7 +365,7 @@ def run(
         return
     sys.stdout.write(text + "\n")
     err_console.print(f"[dim]{stats.prompt_summary()}, {stats.new_tokens} new; first token "
-                      f"{stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()}, {in_words(where)} ({b.backend})[/]")
+                      f"{stats.prefill_s * 1000:.0f} ms, {stats.decode_summary()}, {in_words(where)}; backend: {b.backend}[/]")
     for note in notes:
         err_console.print(f"[yellow]note:[/] {note}")
 

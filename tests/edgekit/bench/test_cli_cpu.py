@@ -24,7 +24,7 @@ def test_cpu_run_writes_a_valid_document_with_failed_and_measured_rows(tmp_path)
     ])
     assert res.exit_code == 0, res.output
     doc = BenchDocument.model_validate(json.loads(out.read_text()))
-    assert doc.measured_on.startswith("CPU")
+    assert doc.measured_on == "cpu"  # edgekit.measured_on's vocabulary, as every command writes it
     by = {(r.engine, r.context): r for r in doc.rows}
     assert set(by) == {(e, ctx) for e in ("edgekit", "edgekit-fused", "hf-eager") for ctx in (16, 24)}
     for ctx in (16, 24):

@@ -76,7 +76,7 @@ def test_check_tokens_records_the_references_margin_where_the_tokens_part():
 
 
 def test_document_round_trips_through_json_and_rejects_unknown_keys():
-    doc = BenchDocument(measured_on="GPU (test)", created="2026-01-01T00:00:00+00:00", device={"name": "x"}, settings={})
+    doc = BenchDocument(measured_on="gpu (test)", created="2026-01-01T00:00:00+00:00", device={"name": "x"}, settings={})
     doc.rows = [_row("edgekit", "int8", 128, 900.0), _row("hf-eager", "fp16", 128, 18.0)]
     finish(doc, {"preset:qwen2.5-1.5b": "qwen2.5-1.5b"})
     d = doc.to_json_dict()
@@ -146,7 +146,7 @@ def test_an_unconfined_partition_says_why_and_what_ran_instead():
 
 
 def test_a_document_with_confined_rows_round_trips_through_json():
-    doc = BenchDocument(measured_on="GPU (x)", created="now", device={}, settings={},
+    doc = BenchDocument(measured_on="gpu (x)", created="now", device={}, settings={},
                         rows=[_confined("orin-plan", 990.0), _confined("jit-default", 1000.0)])
     finish(doc, {})
     again = BenchDocument.model_validate(doc.to_json_dict())

@@ -118,7 +118,7 @@ def test_ratios_pair_each_llama_cpp_file_with_its_precision(tmp_path, fake_tools
     files = preset_files(_small_llama(), "preset:smollm2-135m", tmp_path, 0, fake_tools[0] / "llama-quantize")
     s = BenchSettings(models=["preset:smollm2-135m"], contexts=(512,), new_tokens=16, repeats=1, baselines=("llama.cpp",),
                       llama_bench="llama-bench")
-    rows = llama_rows(s, "preset:smollm2-135m", files, "GPU (test)", lambda m: None)
+    rows = llama_rows(s, "preset:smollm2-135m", files, "gpu (test)", lambda m: None)
     assert {(r.precision, r.status) for r in rows} == {("F16", "ok"), ("Q8_0", "ok"), ("Q4_K_M", "ok")}
     q8 = next(r for r in rows if r.precision == "Q8_0")
     assert q8.ttft_ms == pytest.approx(1000 * 512 / fake_llama_cpp.rate("Q8_0", "pp", 0))
@@ -133,7 +133,7 @@ def test_ratios_pair_each_llama_cpp_file_with_its_precision(tmp_path, fake_tools
     assert ratios[("fp16", "F16")].decode_speedup == pytest.approx(1800.0 / fake_llama_cpp.rate("F16", "tg", 512))
     assert ratios[("int8", "Q8_0")].ttft_speedup == pytest.approx(q8.ttft_ms / 2.0)
     console = Console(width=200, record=True)
-    doc = docm.BenchDocument(measured_on="GPU (test)", created="now", device={}, settings={}, rows=edgekit + rows)
+    doc = docm.BenchDocument(measured_on="gpu (test)", created="now", device={}, settings={}, rows=edgekit + rows)
     doc.ratios = docm.ratios(doc.rows)
     console.print(ratios_table(doc))
     text = console.export_text()

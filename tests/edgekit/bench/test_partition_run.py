@@ -39,9 +39,9 @@ def test_the_orin_plan_gives_a_variant_for_every_fused_step_kernel_it_runs():
 
 def test_a_cpu_run_records_skipped_rows_and_a_note_not_a_crash():
     s = BenchSettings(models=["preset:tiny"], precisions=("fp16",), contexts=(16, 24), sms=(8, 16), device="cpu")
-    doc = BenchDocument(measured_on="CPU (x)", created="now", device={}, settings={})
+    doc = BenchDocument(measured_on="cpu", created="now", device={}, settings={})
     logged = []
-    PartitionRuns(s, torch.device("cpu"), "CPU (x)", logged.append, lambda d: d, None).run(doc, None, {}, {})
+    PartitionRuns(s, torch.device("cpu"), "cpu", logged.append, lambda d: d, None).run(doc, None, {}, {})
     rows = [r for r in doc.rows if r.engine == PARTITION_ENGINE]
     assert {(r.partition.requested_sms, r.context) for r in rows} == {(n, T) for n in (8, 16) for T in (16, 24)}
     assert all(r.status == "skipped" and not r.partition.confined and "need a CUDA GPU" in r.error for r in rows)
@@ -99,8 +99,8 @@ def test_every_tile_candidate_runs_in_each_partition_with_the_launch_rules_it_na
 
     s = BenchSettings(models=["preset:tiny"], precisions=("fp16",), contexts=(20,), new_tokens=3, repeats=1,
                       check_tokens=4, sms=(8, 12), device="cpu")
-    doc = BenchDocument(measured_on="CPU (x)", created="now", device={}, settings={})
-    runs = pr.PartitionRuns(s, torch.device("cpu"), "CPU (x)", lambda m: None, lambda d: d, None)
+    doc = BenchDocument(measured_on="cpu", created="now", device={}, settings={})
+    runs = pr.PartitionRuns(s, torch.device("cpu"), "cpu", lambda m: None, lambda d: d, None)
     runs._model(doc, WeightStore(0, torch.device("cpu")), {}, {}, "preset:tiny", "fp16",
                 [runs._open(n, copy) for n in s.sms])
     finish(doc, {})

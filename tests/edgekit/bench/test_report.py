@@ -20,7 +20,7 @@ def test_confined_rows_get_their_own_table_and_a_verdict_on_the_orin_tiles():
                            tile_choices={"fused_attn_proj_residual/attn_split_combine": "attn_split_combine[BLOCK_N=256] w4 s2 fp16"})
 
     roof = Roofline(bytes_per_token=1, weight_bytes=1, kv_bytes=0, attended_len=1.0, tokens_per_s=1000.0, fraction=0.75)
-    doc = BenchDocument(measured_on="GPU (NVIDIA H200)", created="now", device={}, settings={}, rows=[
+    doc = BenchDocument(measured_on="gpu (NVIDIA H200)", created="now", device={}, settings={}, rows=[
         _row("edgekit-fused", 1500.0),
         _row(PARTITION_ENGINE, 750.0, part("orin-plan", 16), roofline=roof),
         _row(PARTITION_ENGINE, 700.0, part("jit-default", 16)),

@@ -53,6 +53,10 @@ def test_extract_only_writes_the_named_members(tmp_path):
     dotted = _evil_tar(tmp_path / "dotted.tar", [("./manifest.json", tarfile.REGTYPE, b"{}", ""),
                                                  ("./weights/w.safetensors", tarfile.REGTYPE, b"w", "")])
     assert list_tree(safe_extract(dotted, tmp_path / "d2", only={"manifest.json"})) == ["manifest.json"]
+    # one name as a plain string would be matched by its characters ("weights" in "weights/w.safetensors"): refused
+    with pytest.raises(TypeError, match="collection of member names"):
+        safe_extract(tmp_path / "x.tar", tmp_path / "d3", only="weights/w.safetensors")
+    assert not (tmp_path / "d3").exists()
 
 
 def test_attack_an_unsafe_member_refuses_the_archive_even_when_only_others_are_asked_for(tmp_path):
