@@ -174,12 +174,17 @@ def rank_key(v, est: int, *, per_sm_bytes: int, programs: Callable | None, progr
     if programs is not None and programs_target:
         fills = 0 if programs(v) >= programs_target else 1
     blocks_per_sm = per_sm_bytes // max(est, 1)
+    return (fills, -tile_work(v), -v.num_stages, -blocks_per_sm) + _last_rules(v, est, default_warps, want_splits)
+
+
+def _last_rules(v, est: int, default_warps: int | None, want_splits: int | None) -> tuple:
+    """Rules e and f (module doc), the last ties of both sort keys."""
     splits_waste = 0
     if want_splits is not None and "MAX_SPLITS" in v.constexprs:
         ms = v.constexprs["MAX_SPLITS"]
         splits_waste = (0, ms) if ms >= want_splits else (1, -ms)  # hold the splits, else the most it can
     warps_pref = (0 if v.num_warps == default_warps else 1, v.num_warps)
-    return (fills, -tile_work(v), -v.num_stages, -blocks_per_sm, splits_waste, warps_pref, est, v.label())
+    return (splits_waste, warps_pref, est, v.label())
 
 
 def resident_blocks(v, est: int, *, per_sm_bytes: int, max_threads_per_sm: int | None, max_blocks_per_sm: int | None) -> int:
@@ -193,17 +198,18 @@ def resident_blocks(v, est: int, *, per_sm_bytes: int, max_threads_per_sm: int |
     return max(n, 0)
 
 
-def split_kv_rank_key(v, est: int, *, default, programs: Callable, sms: int, blocks: int, want_splits: int,
-                      default_warps: int | None):
+def waves(programs: int, held: int) -> float:
+    """Waves ``programs`` take where the SMs hold ``held`` of them at once (inf when none fits)."""
+    return math.ceil(programs / held) if held else math.inf
+
+
+def split_kv_rank_key(v, est: int, *, default, n_waves: float, want_splits: int, default_warps: int | None):
     """Sort key of a split-KV decode kernel's candidates (module doc, rule 3, its split-KV paragraph): smaller is
-    better. ``blocks``: the blocks of ``v`` an SM holds (``resident_blocks``)."""
+    better. ``n_waves``: the waves its planned programs take (``waves``)."""
     block_n, default_n = v.constexprs["BLOCK_N"], default.constexprs["BLOCK_N"]
     key_block = (abs(math.log2(block_n / default_n)), -block_n)  # the default's, else the nearest (the longer first)
     merge = v.constexprs.get("SPLIT_STEP") != default.constexprs.get("SPLIT_STEP")
-    waves = math.ceil(programs(v) / (sms * blocks)) if blocks else math.inf
-    return (key_block, merge, waves, -v.num_stages) + rank_key(
-        v, est, per_sm_bytes=0, programs=None, programs_target=None, default_warps=default_warps,
-        want_splits=want_splits)[4:]
+    return (key_block, merge, n_waves, -v.num_stages) + _last_rules(v, est, default_warps, want_splits)
 
 
 def solve_kernel(
@@ -239,16 +245,16 @@ def solve_kernel(
     op, kernel = cands[0].op, cands[0].kernel
     scored = [(v, estimate(v)) for v in cands]
     fitting = [(v, e) for v, e in scored if e <= budget_bytes]
-    def blocks(v, est: int) -> int:
-        return resident_blocks(v, est, per_sm_bytes=per_sm_bytes, max_threads_per_sm=max_threads_per_sm,
-                               max_blocks_per_sm=max_blocks_per_sm)
-
     split_kv = want_splits is not None and programs is not None and bool(sms) and default is not None
+
+    def held(v, est: int) -> int:  # programs of ``v`` the SMs hold at once
+        return sms * resident_blocks(v, est, per_sm_bytes=per_sm_bytes, max_threads_per_sm=max_threads_per_sm,
+                                     max_blocks_per_sm=max_blocks_per_sm)
 
     def key(ve):
         v, est = ve
         if split_kv:
-            return split_kv_rank_key(v, est, default=default, programs=programs, sms=sms, blocks=blocks(v, est),
+            return split_kv_rank_key(v, est, default=default, n_waves=waves(programs(v), held(v, est)),
                                      want_splits=want_splits, default_warps=default_warps)
         return rank_key(v, est, per_sm_bytes=per_sm_bytes, programs=programs, programs_target=programs_target,
                         default_warps=default_warps, want_splits=want_splits)
@@ -264,8 +270,8 @@ def solve_kernel(
             why.append(f"{n_prog} programs {'>=' if n_prog >= programs_target else '<'} {programs_target} wanted")
         why.append(f"tile {tile_work(v)}, {v.num_stages} stages, {per_sm_bytes // max(ck.shared_bytes, 1)} blocks/SM by smem")
         if split_kv and n_prog is not None:
-            held = sms * blocks(v, est)
-            why.append(f"{n_prog} programs in {math.ceil(n_prog / held) if held else 'no'} wave(s) of {held}")
+            h = held(v, est)
+            why.append(f"{n_prog} programs in {waves(n_prog, h) if h else 'no'} wave(s) of {h}")
         if note:
             why.append(note)
         return TileChoice(
