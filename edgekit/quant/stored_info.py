@@ -22,12 +22,14 @@ def is_edgekit_weights(directory: Path) -> bool:
     return True
 
 
-# Every file ``weights_dir(ROOT)`` and ``stored_info`` may read, relative to ROOT (a quantize directory, or a bundle
-# with weights/ and quantization/): all `edgekit info` takes out of an archive. Keep in step with the two below.
-INFO_FILES = frozenset({
-    WEIGHTS_FILE, "config.json", "report.json",
-    f"weights/{WEIGHTS_FILE}", "weights/config.json", "weights/report.json", "quantization/report.json",
-})
+WEIGHTS_SUBDIRS = ("", "weights")  # where ``weights_dir`` looks under the path it is given: itself, a bundle's weights/
+REPORT_BESIDE = "report.json"  # the quantization report beside the weights (`quantize -o DIR`)
+REPORT_IN_BUNDLE = "quantization/report.json"  # a bundle's, beside its weights/ folder
+# Every file ``weights_dir(ROOT)`` and ``stored_info`` may read, relative to ROOT: all `edgekit info` takes out of an
+# archive. Derived from the names the two read by, so it cannot drift from them.
+INFO_FILES = frozenset(
+    {f"{sub}/{name}".lstrip("/") for sub in WEIGHTS_SUBDIRS for name in (WEIGHTS_FILE, "config.json", REPORT_BESIDE)}
+    | {REPORT_IN_BUNDLE})
 
 
 def weights_dir(path: Path) -> Path | None:
@@ -36,7 +38,7 @@ def weights_dir(path: Path) -> Path | None:
     A Hugging Face folder's weights file has the same name (model.safetensors): it is edgekit's only if its header
     says so, or if no config.json beside it makes the folder a Hugging Face one (then a damaged edgekit file is
     reported as such)."""
-    for d in (path, path / "weights"):
+    for d in (path / sub for sub in WEIGHTS_SUBDIRS):
         if (d / WEIGHTS_FILE).is_file() and (is_edgekit_weights(d) or not (d / "config.json").is_file()):
             return d
     return None
@@ -49,7 +51,7 @@ def stored_info(directory: Path) -> dict:
 
     q = load_weights_file(directory, dtype=torch.float32)
     # the quantization report beside the weights (`quantize -o DIR`) or in the bundle (quantization/report.json)
-    reports = [Path(directory) / "report.json", Path(directory).parent / "quantization" / "report.json"]
+    reports = [Path(directory) / REPORT_BESIDE, Path(directory).parent / REPORT_IN_BUNDLE]
     report = next((json.loads(p.read_text()) for p in reports if p.is_file()), {})
     dt = dtype_from_name(q.header.get("storage_dtype", "fp16"))
     counts: dict[str, int] = {}
