@@ -70,6 +70,14 @@ def decode_splits(sms: int, batch: int, n_kv_heads: int, context: int, block_n: 
     return max(1, min(want, bound, max_splits or want))
 
 
+def decode_waves(programs: int, held: int) -> float:
+    """Waves a split-KV decode launch of ``programs`` takes where the SMs hold ``held`` of its blocks at once (SMs x
+    blocks an SM holds; inf when none fits). Its programs load equal shares of the keys, so a second wave is a second
+    load time: the tile solver (plan/tiles.split_kv_rank_key) and the JIT default (attention_triton.decode_stages)
+    take the fewest."""
+    return math.ceil(programs / held) if held > 0 else math.inf
+
+
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 

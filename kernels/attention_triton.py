@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from edgekit.errors import OperatorError
-from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, decode_splits, decode_waves
 from edgekit.kernels.kernel_def import KernelDef, OpKernels, Param, launch_of, pow2_at_least, program_doc
 from edgekit.kernels.launch_rule import attr, cdiv, check, mul, ptr, shape, stride, sym
 from edgekit.kernels.pdl_triton import _pdl_enter, _prefetch_rows_l2
@@ -312,14 +312,42 @@ def _decode_default(s: dict):
     d = _head_dim(s)
     ms = _decode_max_splits(s)
     budget = int(s.get("shared_bytes_per_block") or DEFAULT_DECODE_SMEM_BYTES)
-    warps, stages = 4, 3
+    nbytes = int(s.get("act_bytes") or 2)
+    warps = 4
     block_n = 32
     for bn in (128, 64):
         c = {"HEAD_DIM": d, "BLOCK_N": bn, "BLOCK_G": _block_g(s)}
-        if _decode_smem(c, warps, stages, int(s.get("act_bytes") or 2)) <= budget:
+        if _decode_smem(c, warps, 3, nbytes) <= budget:
             block_n = bn
             break
-    return {"HEAD_DIM": d, "BLOCK_N": block_n, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}, warps, stages
+    c = {"HEAD_DIM": d, "BLOCK_N": block_n, "BLOCK_G": _block_g(s), "MAX_SPLITS": ms}
+    return c, warps, decode_stages(s, c, warps, nbytes, budget)
+
+
+def decode_stages(s: dict, c: dict, warps: int, nbytes: int, budget: int) -> int:
+    """The split kernel's default pipeline depth: 3, or where the GPU tells its SMs and an SM's shared memory (the JIT
+    path on sm_90+, ``triton_backend.gpu_tile_facts``) the stages (4, 3 or 2) within the block's room that launch the
+    most programs the rule can give this kernel (every split it may take) in the fewest waves, the deepest of those:
+    the tile solver's split-KV rule (plan/tiles.split_kv_rank_key). One more condition than the planner's: a 4th
+    stage only where two such blocks fit an SM. Why: a block that fills an SM leaves the next kernel's programs,
+    which the programmatic dependent launch starts early, no room beside it (a plan's blocks stay within the target's
+    budget, 128 KB on every shipped target, which is under half an sm_90 SM: the h200 plan's picks pass it).
+
+    Measured (H100, tools/step_ab.py, depth 512 / 4096, fp16, greedy tokens equal, 2026-12-07), 4 or 2 stages against
+    3, in the graphed step:
+    - 132 SMs, 4 stages (104 KB, two blocks an SM): smollm2-135m +2.4% / +2.0%, llama-3.2-1b +0.2% / +2.1%;
+    - 132 SMs, 4 stages at head_dim 128 / 256 (205 KB, one block an SM): qwen3-0.6b -0.6% / -0.4%, gemma-3-1b -0.9% /
+      -1.2%, hence the two-blocks condition (they keep 3);
+    - 16 SMs, 2 stages (fewer waves than 3): smollm2-135m -0.4% / +3.9%, llama-3.2-1b -0.4% / +0.9%, qwen3-0.6b
+      +8.9% / +10.6%, gemma-3-1b -0.3% / +0.3%; 8 SMs (earlier, as tile arms) -0.4% to +5.0%."""
+    sms, per_sm = int(s.get("sms") or 0), int(s.get("shared_bytes_per_sm") or 0)
+    smem = {st: _decode_smem(c, warps, st, nbytes) for st in (4, 3, 2)}
+    fits = [st for st in smem if smem[st] <= budget and (st <= 3 or 2 * smem[st] <= per_sm)]
+    if not (sms and per_sm and fits):
+        return 3
+    rows, kv = max(1, int(s.get("rows") or 1)), max(1, int(s.get("n_kv_heads") or 1))
+    programs = decode_splits(sms, rows, kv, 1 << 30, c["BLOCK_N"], c["MAX_SPLITS"]) * rows * kv  # the longest context
+    return min(fits, key=lambda st: (decode_waves(programs, sms * (per_sm // smem[st])), -st))
 
 
 def _reduce_default(s: dict):

@@ -48,16 +48,18 @@ def launch_sm_count(sm_count: int | None) -> Iterator[None]:
 
 def device_properties(device: torch.device) -> dict[str, int]:
     """The device facts a launch rule may read (``{"device": "sm_count"}``); the SM count as ``launch_sm_count`` sets it.
-    ``arch``: 10 * major + minor of its compute capability (0 for the pretend device)."""
+    ``arch``: 10 * major + minor of its compute capability (0 for the pretend device); ``max_shared_bytes`` /
+    ``shared_bytes_per_sm``: a block's opt-in shared memory and an SM's (0 where this torch does not report them)."""
     if device.type != "cuda":  # Triton's CPU interpreter (tests): a pretend device
-        props = {"sm_count": 8, "max_shared_bytes": 0, "arch": 0}
+        props = {"sm_count": 8, "max_shared_bytes": 0, "shared_bytes_per_sm": 0, "arch": 0}
     else:
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in _DEVICE_PROPS:
             p = torch.cuda.get_device_properties(index)
             smem = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "max_shared_memory_per_block_optin", 0)
+            per_sm = getattr(p, "shared_memory_per_multiprocessor", 0) or getattr(p, "max_shared_memory_per_multiprocessor", 0)
             _DEVICE_PROPS[index] = {"sm_count": int(p.multi_processor_count), "max_shared_bytes": int(smem or 0),
-                                    "arch": 10 * int(p.major) + int(p.minor)}
+                                    "shared_bytes_per_sm": int(per_sm or 0), "arch": 10 * int(p.major) + int(p.minor)}
         props = _DEVICE_PROPS[index]
     seen = getattr(_SEEN_SMS, "n", None)
     return props if seen is None else {**props, "sm_count": seen}

@@ -37,12 +37,19 @@ def gpu_tile_facts(device) -> dict:
     shared memory per block, where the decode attention stages longer key blocks (attention_triton._decode_default,
     measured on an H100) and the QK-norm QKV stages its float GEMV (fused_norm_qkv_qknorm_rope_triton._default_fp,
     measured on an H100 and an H200). Below sm_90 (an A100; an Orin running the JIT path: 163 KB a block) nothing:
-    the defaults keep the orin budget there until measured."""
+    the defaults keep the orin budget there until measured. With the block's room, its SMs and an SM's shared memory,
+    where torch reports it: the decode attention stages as many key blocks as keep its programs in one wave
+    (attention_triton.decode_stages, the tile solver's split-KV rule; the SMs are a green context's inside one)."""
     import torch
 
     props = device_properties(torch.device(device))  # cached a GPU: asked at every operator call
     smem = props["max_shared_bytes"]  # 0 where this torch does not report it
-    return {"shared_bytes_per_block": smem} if props["arch"] >= 90 and smem else {}
+    if props["arch"] < 90 or not smem:
+        return {}
+    facts = {"shared_bytes_per_block": smem}
+    if props.get("shared_bytes_per_sm"):
+        facts.update(sms=props["sm_count"], shared_bytes_per_sm=props["shared_bytes_per_sm"])
+    return facts
 
 
 def _facts_key(facts: dict) -> tuple:

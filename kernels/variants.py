@@ -15,6 +15,8 @@ ignored, so a planner can pass one bag of shape facts to every op):
 - ``shared_bytes_per_block``                              the GPU's opt-in limit, where one runs the call (the
                                                           JIT path on sm_90+): defaults may stage more (decode
                                                           attention, the QK-norm QKV's float GEMV)
+- ``sms``, ``shared_bytes_per_sm``                        with it, where torch reports them: the decode attention's
+                                                          stages keep its programs in one wave
 - ``act_bytes`` (``default_variants`` adds it)            bytes of one activation element
 
 An operator may need several kernels (``kernels_of``): attention_decode needs

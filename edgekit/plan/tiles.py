@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Mapping
 
 from edgekit.errors import EdgekitError, PlanError
-from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, SPLIT_KV_KERNELS, decode_splits
+from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM, SPLIT_KV_KERNELS, decode_splits, decode_waves
 from edgekit.graph.builder import LinearSchemes
 from edgekit.graph.node import DECODE as DECODE_PHASE
 from edgekit.graph.node import PROJ
@@ -198,14 +198,9 @@ def resident_blocks(v, est: int, *, per_sm_bytes: int, max_threads_per_sm: int |
     return max(n, 0)
 
 
-def waves(programs: int, held: int) -> float:
-    """Waves ``programs`` take where the SMs hold ``held`` of them at once (inf when none fits)."""
-    return math.ceil(programs / held) if held else math.inf
-
-
 def split_kv_rank_key(v, est: int, *, default, n_waves: float, want_splits: int, default_warps: int | None):
     """Sort key of a split-KV decode kernel's candidates (module doc, rule 3, its split-KV paragraph): smaller is
-    better. ``n_waves``: the waves its planned programs take (``waves``)."""
+    better. ``n_waves``: the waves its planned programs take (``decode_waves``)."""
     block_n, default_n = v.constexprs["BLOCK_N"], default.constexprs["BLOCK_N"]
     key_block = (abs(math.log2(block_n / default_n)), -block_n)  # the default's, else the nearest (the longer first)
     merge = v.constexprs.get("SPLIT_STEP") != default.constexprs.get("SPLIT_STEP")
@@ -254,7 +249,7 @@ def solve_kernel(
     def key(ve):
         v, est = ve
         if split_kv:
-            return split_kv_rank_key(v, est, default=default, n_waves=waves(programs(v), held(v, est)),
+            return split_kv_rank_key(v, est, default=default, n_waves=decode_waves(programs(v), held(v, est)),
                                      want_splits=want_splits, default_warps=default_warps)
         return rank_key(v, est, per_sm_bytes=per_sm_bytes, programs=programs, programs_target=programs_target,
                         default_warps=default_warps, want_splits=want_splits)
@@ -271,7 +266,7 @@ def solve_kernel(
         why.append(f"tile {tile_work(v)}, {v.num_stages} stages, {per_sm_bytes // max(ck.shared_bytes, 1)} blocks/SM by smem")
         if split_kv and n_prog is not None:
             h = held(v, est)
-            why.append(f"{n_prog} programs in {waves(n_prog, h) if h else 'no'} wave(s) of {h}")
+            why.append(f"{n_prog} programs in {decode_waves(n_prog, h) if h else 'no'} wave(s) of {h}")
         if note:
             why.append(note)
         return TileChoice(

@@ -44,3 +44,8 @@ def test_only_a_hopper_or_newer_gpu_reports_its_shared_memory_to_the_defaults(mo
         monkeypatch.setattr(triton_backend, "device_properties",
                             lambda device, a=arch, o=optin: {"sm_count": 132, "max_shared_bytes": o, "arch": a})
         assert triton_backend.gpu_tile_facts(cuda0) == want, (arch, optin)
+    # with an SM's shared memory (torch reports it): the SMs too, for the decode attention's stages (one wave)
+    monkeypatch.setattr(triton_backend, "device_properties", lambda device: {
+        "sm_count": 16, "max_shared_bytes": SM90_OPTIN, "shared_bytes_per_sm": 233472, "arch": 90})
+    assert triton_backend.gpu_tile_facts(cuda0) == {"shared_bytes_per_block": SM90_OPTIN, "sms": 16,
+                                                     "shared_bytes_per_sm": 233472}

@@ -141,6 +141,43 @@ def test_decode_attention_takes_the_longest_key_block_the_gpu_has_room_for(op, h
     assert compile_variant(orin, 87).shared_bytes <= ORIN_BUDGET
 
 
+@pytest.mark.parametrize("op", ["attention_decode", "fused_attn_proj_residual", "fused_attn_proj"])
+def test_decode_attention_stages_keep_the_most_programs_it_can_launch_in_one_wave(op):
+    """The JIT default's stages follow the tile solver's split-KV rule where the GPU tells its SMs and an SM's shared
+    memory (gpu_tile_facts): the fewest waves, then the deepest pipeline, a 4th stage only where two blocks fit an SM.
+    An H100's 228 KB an SM holds two 4-stage blocks of 128 keys at head_dim 64 (104 KB), six 2-stage ones (38 KB), one
+    4-stage block at head_dim 128 or 256 (205 KB): those keep 3 (measured: 4 lost 0.4-1.2% on 132 SMs)."""
+    from edgekit.kernels.attention import decode_splits
+    from edgekit.kernels.attention_triton import _decode_smem
+
+    split = next(k for k in kernels_of(op) if "split" in k)
+    h100 = dict(shared_bytes_per_block=SM90_OPTIN, shared_bytes_per_sm=233472)
+
+    def stages(n_kv_heads: int, head_dim: int = 64, **facts) -> int:
+        shape = dict(head_dim=head_dim, n_heads=4 * n_kv_heads, n_kv_heads=n_kv_heads, n_out=192,
+                     k_in=4 * n_kv_heads * head_dim, rows=1)
+        v = default_variants(op, **shape, **facts)[split]
+        assert v in tile_space(op, **shape)
+        block_n = v.constexprs["BLOCK_N"]
+        if facts:  # an sm_90's room: the longest key block of 3 stages (test above), whatever the stages
+            assert block_n == {64: 128, 128: 128, 256: 64}[head_dim]
+        if facts.get("sms"):
+            smem = _decode_smem(v.constexprs, 4, v.num_stages, 2)
+            assert v.num_stages <= 3 or 2 * smem <= 233472
+            if head_dim == 64:  # what it chose holds every program the launch rule can give it in one wave
+                programs = decode_splits(facts["sms"], 1, n_kv_heads, 1 << 30, block_n, v.constexprs["MAX_SPLITS"])
+                assert programs * n_kv_heads <= facts["sms"] * (233472 // smem)
+        return v.num_stages
+
+    assert stages(3) == stages(3, shared_bytes_per_block=SM90_OPTIN) == 3  # no SM facts: as before
+    assert stages(3, sms=132, **h100) == stages(8, sms=132, **h100) == 4  # 192 / 128 programs: one wave of 264
+    assert stages(3, sms=16, **h100) == stages(8, sms=16, **h100) == stages(3, sms=8, **h100) == 2  # 66 / 64 / 33
+    # head_dim 128 / 256: 4 stages would be one block an SM; 3 hold the programs in one wave as well
+    assert stages(8, 128, sms=132, **h100) == stages(1, 256, sms=132, **h100) == 3
+    # 16 SMs: 64 programs; 2 stages (72 / 76 KB, three blocks an SM) take two waves, 3 stages (one block) four
+    assert stages(8, 128, sms=16, **h100) == stages(1, 256, sms=16, **h100) == 2
+
+
 def test_variant_is_hashable_and_round_trips():
     v = default_variants("attention_decode", head_dim=64, n_heads=32, n_kv_heads=8)["attention_decode_split"]
     assert v.constexprs["BLOCK_G"] == 16 and hash(v) == hash(KernelVariant.from_dict(v.to_dict()))
