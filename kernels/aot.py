@@ -27,10 +27,9 @@ from typing import Any, Protocol
 
 from edgekit.errors import OperatorError, PlanError
 from edgekit.kernels.abi import hidden_args_for
+from edgekit.kernels.arch import SUPPORTED_ARCHS, arch_name
 from edgekit.kernels.kernel_def import KernelDef
 from edgekit.kernels.variants import KernelVariant, default_variants, op_program, precision_of, validate_variant
-
-SUPPORTED_ARCHS = (80, 86, 87, 89, 90)
 
 
 class SharedMemoryBudgetError(PlanError):
@@ -263,7 +262,7 @@ def compile_variant(v: KernelVariant, arch: int, *, budget_bytes: int | None = N
     (the caller decides where, and whether: a build with --no-cache passes a disabled one).
     """
     if arch not in SUPPORTED_ARCHS:
-        raise KernelCompileError(f"arch sm_{arch} is not supported; expected one of {SUPPORTED_ARCHS}")
+        raise KernelCompileError(f"arch {arch_name(arch)} is not supported; expected one of {SUPPORTED_ARCHS}")
     triton, GPUTarget, ASTSource = _triton()
     key = (v, arch, triton.__version__, ptx_version, with_ptxas_stats)
     with _LOCK:
@@ -287,7 +286,7 @@ def compile_kernel(kernel: KernelDef, v: KernelVariant, arch: int, *, budget_byt
     kernel would otherwise be served the shipped kernel's compile, or poison it.
     """
     if arch not in SUPPORTED_ARCHS:
-        raise KernelCompileError(f"arch sm_{arch} is not supported; expected one of {SUPPORTED_ARCHS}")
+        raise KernelCompileError(f"arch {arch_name(arch)} is not supported; expected one of {SUPPORTED_ARCHS}")
     triton, GPUTarget, ASTSource = _triton()
     ck = _compile(v, arch, ptx_version, with_ptxas_stats, triton, GPUTarget, ASTSource, kernel=kernel)
     return _within_budget(ck, budget_bytes)
@@ -296,7 +295,7 @@ def compile_kernel(kernel: KernelDef, v: KernelVariant, arch: int, *, budget_byt
 def _within_budget(ck: CompiledKernel, budget_bytes: int | None) -> CompiledKernel:
     if budget_bytes is not None and ck.shared_bytes > budget_bytes:
         raise SharedMemoryBudgetError(
-            f"{ck.variant.label()} needs {ck.shared_bytes} bytes of shared memory on sm_{ck.arch}; the budget is {budget_bytes}",
+            f"{ck.variant.label()} needs {ck.shared_bytes} bytes of shared memory on {arch_name(ck.arch)}; the budget is {budget_bytes}",
             hint="choose smaller tiles or fewer pipeline stages (kernels.variants.tile_space lists them)")
     return ck
 
@@ -357,7 +356,7 @@ def _compile(v, arch, ptx_version, with_stats, triton, GPUTarget, ASTSource, ker
     except KernelCompileError:
         raise
     except Exception as e:  # Triton raises many types (CompilationError, RuntimeError, ...)
-        raise KernelCompileError(f"Triton failed to compile {v.label()} for sm_{arch}: {type(e).__name__}: "
+        raise KernelCompileError(f"Triton failed to compile {v.label()} for {arch_name(arch)}: {type(e).__name__}: "
                                  f"{_compile_message(e)}") from e
     md = compiled.metadata
     ptx = compiled.asm["ptx"]

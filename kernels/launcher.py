@@ -28,6 +28,7 @@ import torch
 
 from edgekit.errors import BundleError, OperatorError
 from edgekit.kernels.abi import hidden_args_for
+from edgekit.kernels.arch import arch_name
 from edgekit.kernels.launch_rule import Pointer, validate_program
 
 MAX_STATIC_SHARED = 48 * 1024  # above this a kernel must opt in to dynamic shared memory
@@ -138,12 +139,12 @@ class LoadedKernel:
             raise KernelLoadError(f"prefer must be 'auto', 'cubin' or 'ptx', got {prefer!r}")
         use_cubin = cubin is not None and arch == here and prefer in ("auto", "cubin")
         if prefer == "cubin" and not use_cubin:
-            raise KernelLoadError(f"kernel {self.name}: cubin for sm_{arch} cannot run on this sm_{here} GPU")
+            raise KernelLoadError(f"kernel {self.name}: cubin for {arch_name(arch)} cannot run on this {arch_name(here)} GPU")
         if not use_cubin:
             if ptx is None:
-                raise KernelLoadError(f"kernel {self.name}: built for sm_{arch}, this GPU is sm_{here}, and no PTX was given")
+                raise KernelLoadError(f"kernel {self.name}: built for {arch_name(arch)}, this GPU is {arch_name(here)}, and no PTX was given")
             if arch is not None and arch > here:
-                raise KernelLoadError(f"kernel {self.name}: PTX for sm_{arch} cannot JIT to the older sm_{here}")
+                raise KernelLoadError(f"kernel {self.name}: PTX for {arch_name(arch)} cannot JIT to the older {arch_name(here)}")
         image = cubin if use_cubin else ptx.encode() + b"\0"
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # torch's primary context is current on this thread

@@ -18,7 +18,7 @@ from edgekit.kernels.operator import Operator
 
 # Modules of edgekit.kernels that hold machinery, not operators (tests check every other module declares some).
 INFRASTRUCTURE = frozenset({
-    "abi", "aot", "dispatch", "fused_decode_common", "fusion", "host_checks", "int4_layout",
+    "abi", "aot", "arch", "dispatch", "fused_decode_common", "fusion", "host_checks", "int4_layout",
     "int8_group_layout", "kernel_def", "launch_rule", "launch_count", "launcher", "operator", "pdl_launch", "precision",
     "program_runner", "registry", "sass_stats", "spec", "triton_backend", "variants", "weight_schemes",
 })

@@ -12,6 +12,7 @@ import json
 import sys
 
 from edgekit.kernels.aot import compile_variant
+from edgekit.kernels.arch import arch_name
 from edgekit.kernels.variants import default_variants
 from edgekit.model.presets import preset_config
 
@@ -40,7 +41,7 @@ def main() -> int:
             for kernel, v in default_variants(op, **facts).items():
                 for arch in (87, 90):
                     ck = compile_variant(v, arch, budget_bytes=ORIN_SMEM_BUDGET)
-                    rows.append({"preset": preset, "weight": where, "op": op, "variant": v.label(), "arch": f"sm_{arch}",
+                    rows.append({"preset": preset, "weight": where, "op": op, "variant": v.label(), "arch": arch_name(arch),
                                  "shared_bytes": ck.shared_bytes, "registers": ck.registers, "spills": ck.spills,
                                  "fits_128kb": ck.shared_bytes <= ORIN_SMEM_BUDGET})
     print(f"{'preset':13} {'weight':9} {'arch':5} {'smem':>6} {'regs':>4} {'spill st/ld':>11}  variant")

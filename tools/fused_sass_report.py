@@ -20,6 +20,7 @@ import json
 import sys
 
 from edgekit.kernels.aot import compile_variant
+from edgekit.kernels.arch import arch_name
 from edgekit.kernels.sass_stats import loop_stats
 from edgekit.kernels.variants import default_variants
 from edgekit.model.presets import preset_config
@@ -49,7 +50,7 @@ def rows(preset: str, archs: list[int]) -> list[dict]:
             for arch in archs:
                 ck = compile_variant(v, arch, budget_bytes=ORIN_SMEM_BUDGET)
                 st = loop_stats(ck.cubin)
-                out.append({"op": op, "kernel": kernel, "format": fmt, "arch": f"sm_{arch}", "variant": v.label(),
+                out.append({"op": op, "kernel": kernel, "format": fmt, "arch": arch_name(arch), "variant": v.label(),
                             "loop_instructions": st.instructions, "instructions_per_weight": st.instructions / weights,
                             "instructions_per_weight_byte": st.instructions / (weights * WEIGHT_BYTES[fmt]),
                             "registers": ck.registers, "spills": ck.spills, "shared_bytes": ck.shared_bytes,

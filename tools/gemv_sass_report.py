@@ -20,6 +20,7 @@ import json
 import sys
 
 from edgekit.kernels.aot import compile_variant
+from edgekit.kernels.arch import arch_name
 from edgekit.kernels.sass_stats import loop_stats
 from edgekit.kernels.variants import KernelVariant, default_variants
 
@@ -41,7 +42,7 @@ def row_of(v: KernelVariant, arch: int, default: KernelVariant) -> dict:
     st = loop_stats(ck.cubin)
     c = v.constexprs
     bytes_per_thread = c["BLOCK_N"] * c["BLOCK_K"] // 2 / (32 * v.num_warps)  # packed weight bytes a K step
-    return {"variant": v.label(), "default": v == default, "arch": f"sm_{arch}", "decode": c["DECODE"],
+    return {"variant": v.label(), "default": v == default, "arch": arch_name(arch), "decode": c["DECODE"],
             "registers": ck.registers, "spills": ck.spills, "shared_bytes": ck.shared_bytes,
             "fits_128kb": ck.shared_bytes <= ORIN_SMEM_BUDGET, "loop_instructions": st.instructions,
             "weight_bytes_per_thread_step": bytes_per_thread,

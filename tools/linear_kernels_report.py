@@ -14,6 +14,7 @@ import json
 import sys
 
 from edgekit.kernels.aot import compile_variant
+from edgekit.kernels.arch import arch_name
 from edgekit.kernels.variants import default_variants
 
 ORIN_SMEM_BUDGET = 128 * 1024
@@ -33,7 +34,7 @@ def main() -> int:
                 seen.add(v)
                 for arch in (87, 90):
                     ck = compile_variant(v, arch, budget_bytes=ORIN_SMEM_BUDGET)
-                    rows.append({"op": op, "rows": tokens, "variant": v.label(), "arch": f"sm_{arch}",
+                    rows.append({"op": op, "rows": tokens, "variant": v.label(), "arch": arch_name(arch),
                                  "shared_bytes": ck.shared_bytes, "registers": ck.registers, "spills": ck.spills,
                                  "fits_128kb": ck.shared_bytes <= ORIN_SMEM_BUDGET})
     print(f"{'op':14} {'rows':>4} {'arch':5} {'smem':>6} {'regs':>4} {'spill st/ld':>11}  variant")

@@ -24,6 +24,7 @@ from edgekit import __version__
 from edgekit.bundle.plugin import PluginMetadata, plugin_from_compiled
 from edgekit.bundle.plugin_pack import bundle_plugin_files, check_arch, read_bundle_manifest, sign_package
 from edgekit.errors import BundleError, OperatorError
+from edgekit.kernels.arch import arch_name
 from edgekit.kernels.kernel_def import KernelDef, OpKernels
 
 HOW_TO_START = "start from a copy of edgekit's kernels/{op}_triton.py and change only the kernel bodies"
@@ -146,5 +147,5 @@ def pack_from_kernel_source(
         check_kernel_numbers(bundle, op, source, golden)
     meta, files = plugin_from_compiled(
         op, version, compiled, op_program(op, variants, aot=True), golden,
-        description=f"{op} from {Path(source).name} for sm_{shipped_meta.arch}, packed by edgekit {__version__}")
+        description=f"{op} from {Path(source).name} for {arch_name(shipped_meta.arch)}, packed by edgekit {__version__}")
     return sign_package(meta, files, version=version, description=description, key=key)

@@ -23,6 +23,7 @@ import torch
 from edgekit import __version__
 from edgekit.cache import BuildCache, cache_key, cache_limit_bytes, package_source_hash
 from edgekit.errors import BundleError
+from edgekit.kernels.arch import arch_name
 from edgekit.measured_on import CPU
 from edgekit.precision_names import DEFAULT_PRECISION
 
@@ -310,7 +311,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
 
         kernel_ops = [op for op in needed_ops(cfg, decided) if op in op_kernels()]
         seen: list[str] = []
-        with steps.task(f"compile the kernels of {len(kernel_ops)} operators for sm_{arch}", len(kernel_ops)) as advance:
+        with steps.task(f"compile the kernels of {len(kernel_ops)} operators for {arch_name(arch)}", len(kernel_ops)) as advance:
             def compile_cached(v):
                 if v.op not in seen:  # the solver works through the operators one by one
                     if seen:
@@ -352,7 +353,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
                     continue  # the reference path (see compile_plan)
                 ck, program = compiled[op]
                 meta, files = plugin_from_compiled(op, PLUGIN_VERSION, ck, program, golden[op],
-                                                   description=f"{op} for {target.name} (sm_{arch}), built by edgekit {__version__}")
+                                                   description=f"{op} for {target.name} ({arch_name(arch)}), built by edgekit {__version__}")
                 w.add_plugin(meta, files)
 
         st.run("write", write_parts)
@@ -454,7 +455,7 @@ def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_rep
         for kname, ck in sorted(cks.items()):
             ops.append({"op": op, "kernel": kname, "shared_bytes": ck.shared_bytes, "budget_bytes": budget,
                         "num_warps": ck.num_warps, "num_stages": ck.num_stages, "registers": ck.registers,
-                        "constexprs": dict(ck.variant.constexprs), "arch": f"sm_{ck.arch}",
+                        "constexprs": dict(ck.variant.constexprs), "arch": arch_name(ck.arch),
                         "shared_bytes_source": "compiled kernel metadata (Triton)"})
     parts: dict[str, int] = {}
     for rel, entry in manifest.files.items():
@@ -463,7 +464,7 @@ def _summary(cfg, target, arch, budget, plan, compiled, manifest, out, quant_rep
     return {
         "bundle": str(out),
         "archive": str(archive_path) if archive_path else None,
-        "target": {"name": target.name, "arch": f"sm_{arch}", "shared_memory_budget_bytes": budget},
+        "target": {"name": target.name, "arch": arch_name(arch), "shared_memory_budget_bytes": budget},
         "model": {"name": cfg.name, "parameters": cfg.n_params},
         "operators": ops,
         "precision": manifest.precision,

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edgekit.bundle.canonical import HEX64, canonical_json, relpath_problem
 from edgekit.errors import VerificationError
+from edgekit.kernels.arch import arch_name
 
 FORMAT_NAME = "edgekit-bundle"
 FORMAT_VERSION = 1
@@ -67,7 +68,7 @@ class Target(_Strict):
     @property
     def arch_name(self) -> str:
         """The arch as every command writes it ("sm_87"); the signed manifest stores the number (87)."""
-        return f"sm_{self.arch}"
+        return arch_name(self.arch)
 
 
 class ModelIdentity(_Strict):

@@ -53,6 +53,7 @@ from edgekit.bundle.keys import DEV_KEY_ID, SigningKey, TrustedKeys, development
 from edgekit.bundle.manifest import PLUGIN_GOLDEN_FILE, PLUGIN_METADATA_FILE, FileEntry, describe_validation_error
 from edgekit.errors import VerificationError
 from edgekit.kernels.abi import HIDDEN_ARGS_BY_TRITON
+from edgekit.kernels.arch import arch_name
 
 PLUGIN_FORMAT = "edgekit-plugin"
 SUPPORTED_PLUGIN_VERSIONS = frozenset({1})
@@ -76,6 +77,8 @@ MAX_SHARED_BYTES_BY_ARCH = {
     100: 232448,  # B200: 227 KiB
     120: 101376,  # RTX 50xx: 99 KiB
 }
+# The archs a plugin.json may name: those whose limit is listed, more than edgekit compiles for
+# (edgekit.kernels.arch.SUPPORTED_ARCHS, which must all be here: tests/kernels/test_arch.py).
 KNOWN_ARCHS = frozenset(MAX_SHARED_BYTES_BY_ARCH)
 MAX_SHARED_BYTES = max(MAX_SHARED_BYTES_BY_ARCH.values())
 # Hidden pointer parameters Triton appends to every kernel, by Triton major.minor: the
@@ -173,7 +176,7 @@ class PluginMetadata(_Strict):
     @classmethod
     def _known_arch(cls, v: int) -> int:
         if v not in KNOWN_ARCHS:
-            raise ValueError(f"arch sm_{v} is not one of the known architectures {sorted(KNOWN_ARCHS)}")
+            raise ValueError(f"arch {arch_name(v)} is not one of the known architectures {sorted(KNOWN_ARCHS)}")
         return v
 
     @model_validator(mode="after")
@@ -187,7 +190,7 @@ class PluginMetadata(_Strict):
         names, files = set(), set()
         for k in self.kernels:
             if k.shared_bytes > limit:
-                raise ValueError(f"kernel {k.kernel}: shared_bytes {k.shared_bytes} exceeds sm_{self.arch}'s {limit}")
+                raise ValueError(f"kernel {k.kernel}: shared_bytes {k.shared_bytes} exceeds {arch_name(self.arch)}'s {limit}")
             if k.kernel in names:
                 raise ValueError(f"kernel {k.kernel!r} appears twice")
             names.add(k.kernel)
@@ -214,7 +217,7 @@ class PluginMetadata(_Strict):
 
     @property
     def target_arch(self) -> str:
-        return f"sm_{self.arch}"
+        return arch_name(self.arch)
 
     def kernel_entry(self, kernel: str) -> KernelEntry:
         for k in self.kernels:
@@ -431,7 +434,7 @@ def check_kernel_files(meta: PluginMetadata, files: Mapping[str, bytes], *, pref
         if m is None:
             raise VerificationError(f"{prefix}{k.ptx}", "not PTX text (no .target directive)")
         if int(m.group(1)) != meta.arch:
-            raise VerificationError(f"{prefix}{k.ptx}", f"PTX targets sm_{int(m.group(1))}, plugin.json says sm_{meta.arch}")
+            raise VerificationError(f"{prefix}{k.ptx}", f"PTX targets {arch_name(int(m.group(1)))}, plugin.json says {arch_name(meta.arch)}")
         if not re.search(rb"\.entry\s+" + re.escape(k.name.encode()) + rb"\s*\(", ptx):
             raise VerificationError(f"{prefix}{k.ptx}", f"has no entry point {k.name!r} (kernel {k.kernel!r} in plugin.json)")
 

@@ -32,6 +32,7 @@ from edgekit.bundle.plugin import (
     verify_plugin_package,
 )
 from edgekit.errors import BundleError, VerificationError
+from edgekit.kernels.arch import arch_name
 
 
 def read_bundle_manifest(bundle: Path) -> Manifest:
@@ -81,7 +82,7 @@ def pack_from_bundle(
 def check_arch(bundle: Path, meta: PluginMetadata, target_arch: Optional[int]) -> None:
     if target_arch is not None and meta.arch != target_arch:
         raise BundleError(
-            f"{bundle}'s {meta.op} plugin is compiled for sm_{meta.arch}, the target is sm_{target_arch}",
+            f"{bundle}'s {meta.op} plugin is compiled for {arch_name(meta.arch)}, the target is {arch_name(target_arch)}",
             hint="pack from a bundle built for that target (edgekit build --target ...)",
         )
 

@@ -37,6 +37,7 @@ from edgekit.bundle.manifest import (
 )
 from edgekit.bundle.plugin import check_kernel_files, check_operator_compat, parse_plugin_metadata
 from edgekit.errors import EdgekitError, VerificationError
+from edgekit.kernels.arch import arch_name
 
 Status = Literal["pass", "fail", "warn", "skip"]
 Keys = Iterable[Ed25519PublicKey] | TrustedKeys
@@ -181,7 +182,7 @@ def check_plugins(manifest: Manifest, read: Callable[[str], bytes], intact: set[
             checks.append(Check("plugin", e.file, "fail", e.reason))
             continue
         k = meta.kernels
-        checks.append(Check("plugin", path, "pass", f"{ref.op} v{ref.version}: {len(k)} kernel(s), sm_{meta.arch}, Triton {meta.triton_version}, max shared {max(x.shared_bytes for x in k)} B"))
+        checks.append(Check("plugin", path, "pass", f"{ref.op} v{ref.version}: {len(k)} kernel(s), {arch_name(meta.arch)}, Triton {meta.triton_version}, max shared {max(x.shared_bytes for x in k)} B"))
     return checks
 
 
@@ -189,12 +190,13 @@ def check_arch(manifest: Manifest, local_arch: Optional[int]) -> Check:
     """Target arch vs this machine: reported, never a failure (bundles are built on other hosts)."""
     t = manifest.target.arch
     if local_arch is None:
-        return Check("arch", MANIFEST_FILE, "skip", f"no CUDA GPU here; the bundle targets {manifest.target.name} (sm_{t}); golden vectors run on the CPU reference")
+        return Check("arch", MANIFEST_FILE, "skip", f"no CUDA GPU here; the bundle targets {manifest.target.name} ({arch_name(t)}); golden vectors run on the CPU reference")
+    here, there = arch_name(local_arch), arch_name(t)
     if local_arch == t:
-        return Check("arch", MANIFEST_FILE, "pass", f"this GPU is sm_{local_arch}, the bundle's target arch: the cubins load here")
+        return Check("arch", MANIFEST_FILE, "pass", f"this GPU is {here}, the bundle's target arch: the cubins load here")
     if local_arch > t:
-        return Check("arch", MANIFEST_FILE, "warn", f"this GPU is sm_{local_arch}, the bundle targets sm_{t}: cubins will not load, the PTX is JIT-compiled")
-    return Check("arch", MANIFEST_FILE, "warn", f"this GPU is sm_{local_arch}, older than the target sm_{t}: the plugins cannot run here")
+        return Check("arch", MANIFEST_FILE, "warn", f"this GPU is {here}, the bundle targets {there}: cubins will not load, the PTX is JIT-compiled")
+    return Check("arch", MANIFEST_FILE, "warn", f"this GPU is {here}, older than the target {there}: the plugins cannot run here")
 
 
 def check_golden_file(path: str, data: bytes, run: GoldenRunner, plugin: Optional[str] = None) -> list[Check]:

@@ -50,6 +50,7 @@ from edgekit.bundle.manifest import (
 )
 from edgekit.bundle.plugin import PluginMetadata, parse_plugin_metadata
 from edgekit.errors import BundleError
+from edgekit.kernels.arch import arch_name
 
 _COPY_CHUNK = 1 << 20
 
@@ -249,7 +250,7 @@ class BundleWriter:
         for p in manifest.plugins:
             meta = parse_plugin_metadata((self._tmp / p.path / PLUGIN_METADATA_FILE).read_bytes())
             if meta.arch != target.arch:
-                raise BundleError(f"plugin {p.op} v{p.version} is compiled for sm_{meta.arch}; the bundle targets sm_{target.arch}")
+                raise BundleError(f"plugin {p.op} v{p.version} is compiled for {arch_name(meta.arch)}; the bundle targets {arch_name(target.arch)}")
         manifest_bytes = manifest.to_bytes()
         atomic_write_bytes(self._tmp / MANIFEST_FILE, manifest_bytes)
         atomic_write_bytes(self._tmp / SIGNATURE_FILE, key.sign(manifest_bytes))

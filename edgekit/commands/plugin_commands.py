@@ -89,6 +89,7 @@ def pack(
     from edgekit.bundle.canonical import atomic_write_bytes, sha256_hex
     from edgekit.builder.kernel_source import pack_from_kernel_source
     from edgekit.bundle.plugin_pack import pack_from_bundle
+    from edgekit.kernels.arch import arch_number
 
     from edgekit.output_path import check_output_path
 
@@ -98,7 +99,7 @@ def pack(
     if kernel_source is not None and from_version is not None:
         raise BundleError("--from-version picks a bundle's compiled plugin; --kernel-source compiles a new one",
                           hint="pass one of them, not both")
-    target_arch = int(_device_arch(target)[3:]) if target else None
+    target_arch = arch_number(_device_arch(target)) if target else None
     signer = _signing_key(key, dev_key)
     if kernel_source is not None:
         meta, data = pack_from_kernel_source(bundle, op, kernel_source, version=version, key=signer,

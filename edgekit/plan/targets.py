@@ -24,12 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from edgekit.bundle.manifest import TARGET_NAME
 from edgekit.errors import ConfigError
+from edgekit.kernels.arch import SUPPORTED_ARCH_NAMES, arch_number
 
 TARGET_FORMAT_VERSION = 1
 TARGETS_DIR_ENV = "EDGEKIT_TARGETS_DIR"
-
-# Archs the Triton bundled with edgekit compiles for (ptxas 12.8); a new one is one line here.
-SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90")
 
 GIB = 1024**3
 
@@ -62,7 +60,7 @@ class SharedMemory(_Strict):
 
 
 class Gpu(_Strict):
-    arch: Literal["sm_80", "sm_86", "sm_87", "sm_89", "sm_90"]
+    arch: Literal[SUPPORTED_ARCH_NAMES]  # "sm_87": an arch edgekit compiles for (edgekit.kernels.arch)
     sms: int = Field(gt=0)
     max_clock_mhz: float = Field(gt=0)
     # Dense tensor-core peaks with every SM at max_clock_mhz; a power mode scales them by SMs x clock.
@@ -79,7 +77,7 @@ class Gpu(_Strict):
     @property
     def compute_capability(self) -> int:
         """87 for sm_87: the number Triton's GPUTarget takes."""
-        return int(self.arch.removeprefix("sm_"))
+        return arch_number(self.arch)
 
 
 class Memory(_Strict):

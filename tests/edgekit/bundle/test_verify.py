@@ -216,6 +216,18 @@ def test_arch_is_reported_not_enforced(bundle, public_key):
     assert arch_check(None)[:2] == (True, "skip")
 
 
+@pytest.mark.parametrize("local, reason", [
+    (None, "no CUDA GPU here; the bundle targets orin (sm_87); golden vectors run on the CPU reference"),
+    (87, "this GPU is sm_87, the bundle's target arch: the cubins load here"),
+    (90, "this GPU is sm_90, the bundle targets sm_87: cubins will not load, the PTX is JIT-compiled"),
+    (80, "this GPU is sm_80, older than the target sm_87: the plugins cannot run here"),
+])
+def test_arch_reasons_name_both_archs(bundle, public_key, local, reason):
+    r = verify_bundle(bundle, [public_key], run_golden=None, local_arch=local)
+    assert [c.reason for c in r.checks if c.check == "arch"] == [reason]
+    assert r.to_dict()["target"] == {"name": "orin", "arch": "sm_87"}
+
+
 def test_verify_never_modifies_the_bundle(bundle, public_key):
     before = {rel: (bundle / rel).read_bytes() for rel in list_tree(bundle)}
     verify_bundle(bundle, [public_key], local_arch=None)
