@@ -21,9 +21,10 @@ def arch_name(arch: int) -> str:
 
 def arch_number(name: str) -> int:
     """"sm_87" -> 87, the inverse of ``arch_name``. Raises ValueError for anything else."""
-    if not name.startswith(_PREFIX):
+    digits = name[len(_PREFIX):] if name.startswith(_PREFIX) else ""
+    if not (digits.isascii() and digits.isdigit()):  # int() alone would take " 87" and "+87"
         raise ValueError(f"{name!r} is not an arch name; expected e.g. {arch_name(87)!r}")
-    return int(name[len(_PREFIX):])
+    return int(digits)
 
 
 # The names a target profile's gpu.arch may take: the supported archs, spelled.

@@ -16,7 +16,7 @@ def test_an_arch_is_spelled_sm_and_its_number():
     assert SUPPORTED_ARCH_NAMES == ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90")
 
 
-@pytest.mark.parametrize("name", ["87", "sm87", "SM_87", "cuda:87", "sm_", "sm_87a"])
+@pytest.mark.parametrize("name", ["87", "sm87", "SM_87", "cuda:87", "sm_", "sm_87a", "sm_ 87", "sm_+87", "sm_８７"])
 def test_arch_number_reads_only_what_arch_name_writes(name):
     with pytest.raises(ValueError):
         arch_number(name)
