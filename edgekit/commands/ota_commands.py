@@ -66,6 +66,7 @@ def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev
         verify=package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key),
         golden_check=golden_checker(runner),
         rollback_unconfirmed=rollback_unconfirmed,
+        refuse_policy_drops=True,  # a mistyped --trust / --target must not revoke what the device serves
     )
 
 
@@ -216,7 +217,8 @@ def store_status(
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """Recover the store (as the runtime does at start-up) and show each operator's active version."""
+    """Recover the store (as the runtime does at start-up) and show each operator's active version. A version that
+    --trust or --target refuse although its bytes are intact is not dropped: the command is refused, nothing changed."""
     s = _open_store(store, target, trust, allow_dev_key)
     if json_out:
         print_json({"operators": s.status(), "recovery": s.recovery})

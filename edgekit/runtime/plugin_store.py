@@ -66,6 +66,10 @@ from edgekit.runtime.plugin_policy import (
     version_number,
 )
 
+# Refusals that the opener's trust (--trust) or arch (--target) decide, not the slot's bytes: a slot refused for one of
+# these is intact, and dropping it is a revocation (PluginStore.open's refuse_policy_drops)
+POLICY_REASONS = frozenset({"untrusted_key", "wrong_arch"})
+
 INSTALL_STEPS = (
     "received",
     "verified",
@@ -298,8 +302,14 @@ class PluginStore:
         rollback_unconfirmed: bool = False,
         bundle_plugins: Mapping[str, Any] | None = None,
         owner: StoreOwner | None = None,
+        refuse_policy_drops: bool = False,
     ) -> "PluginStore":
         """Open (creating if needed) and recover the store at `root`.
+
+        ``refuse_policy_drops``: where a slot whose bytes are intact is refused only by this opener's trust or arch
+        (``POLICY_REASONS``), raise StoreError before anything is touched instead of dropping and blocking it. The
+        serving runtime starts without it: a device revokes a signer or leaves an arch that way. The store and
+        agent commands pass it, so a mistyped ``--trust`` or ``--target`` cannot delete what the device serves.
 
         ``bundle_plugins``: op -> version of the plugins the served bundle ships; listed as
         installed versions and used as the last rung before the reference on rollback.
@@ -323,6 +333,8 @@ class PluginStore:
                 raise StoreError(f"cannot create the plugin store at {root}: {e}",
                                  hint="pass a writable --store directory") from e
             with store._locked():
+                if refuse_policy_drops:
+                    store._refuse_policy_drops()
                 store._recover(rollback_unconfirmed)
         except BaseException:
             store.close()
@@ -333,6 +345,28 @@ class PluginStore:
         """Release the runtime's claim on the store (if it holds one); the store object stays readable."""
         if self.owner is not None:
             self.owner.release()
+
+    def _refuse_policy_drops(self) -> None:
+        """StoreError, before recovery touches anything, naming every slot a pointer serves or rolls back to whose
+        bytes match their record but which this opener's trust or arch refuses (recovery would drop and block it)."""
+        refused = []
+        for op_dir in sorted((self.root / "ops").iterdir()):
+            if not op_dir.is_dir() or durable.is_temp_name(op_dir.name):
+                continue
+            pointer, problem = self._read_pointer(op_dir.name)
+            if problem or pointer is None:
+                continue
+            for version in dict.fromkeys((pointer.version, pointer.previous, *pointer.history)):
+                reason = self._check_slot(op_dir.name, version)[2] if version is not None else None
+                if reason in POLICY_REASONS:
+                    refused.append(f"{op_dir.name} {version} ({reason}: {REASONS[reason]})")
+        if refused:
+            raise StoreError(
+                f"the store at {self.root} holds plugins that this command's --trust / --target refuse: "
+                f"{'; '.join(refused)}. Nothing was changed",
+                hint="pass the --trust key(s) and --target the plugins were installed with; to revoke a signer or "
+                     "leave an arch on purpose, start `edgekit serve` on this store without it, which drops and "
+                     "blocks those versions")
 
     def _recover(self, rollback_unconfirmed: bool) -> None:
         for leftover in sorted((self.root / "tmp").iterdir()):
@@ -435,7 +469,7 @@ class PluginStore:
         version = self.pointer(op).version if version is None else canonical_version(version)
         if version is None:
             return None
-        plugin, problem = self._check_slot(op, version)
+        plugin, problem, _ = self._check_slot(op, version)
         if problem:
             raise StoreError(f"slot {op}/{version} failed verification: {problem}", hint="restart the runtime to recover")
         return plugin
@@ -736,35 +770,36 @@ class PluginStore:
             return "no version"
         return self._check_slot(op, version)[1]
 
-    def _check_slot(self, op: str, version: str) -> tuple[VerifiedPluginLike | None, str | None]:
-        """Re-verify a slot: signed package still verifies, record and loose files match it exactly."""
+    def _check_slot(self, op: str, version: str) -> tuple[VerifiedPluginLike | None, str | None, str | None]:
+        """Re-verify a slot: signed package still verifies, record and loose files match it exactly.
+        (plugin, problem, reason): ``reason`` is the SwapRefused reason where the package itself was refused."""
         slot = self._slot_dir(op, version)
         if not slot.is_dir():
-            return None, "slot directory missing"
+            return None, "slot directory missing", None
         try:
             record = SlotRecord.model_validate_json((slot / SLOT_RECORD).read_bytes())
             data = (slot / PACKAGE_FILE).read_bytes()
         except (OSError, ValidationError) as e:
-            return None, f"slot record or package unreadable ({type(e).__name__})"
+            return None, f"slot record or package unreadable ({type(e).__name__})", None
         if _sha256(data) != record.package_sha256:
-            return None, "package.bin does not match its recorded sha256"
+            return None, "package.bin does not match its recorded sha256", None
         try:
             plugin = self._verify(data)
             _, admitted_version = check_compatible(plugin, self.policy)
         except SwapRefused as e:
-            return None, f"package no longer verifies or no longer fits this runtime ({e.reason})"
+            return None, f"package no longer verifies or no longer fits this runtime ({e.reason})", e.reason
         if plugin.op != op or admitted_version != version or record.op != op or record.version != version:
-            return None, f"slot holds {plugin.op} {admitted_version}, not {op} {version}"
+            return None, f"slot holds {plugin.op} {admitted_version}, not {op} {version}", None
         expected = {n: _sha256(b) for n, b in plugin.files.items()}
         if record.files != expected:
-            return None, "slot record lists other files than the signed package"
+            return None, "slot record lists other files than the signed package", None
         present = {e.name for e in slot.iterdir()} - {SLOT_RECORD, PACKAGE_FILE}
         if present != set(expected):
-            return None, f"slot files differ from the package (extra/missing: {sorted(present ^ set(expected))})"
+            return None, f"slot files differ from the package (extra/missing: {sorted(present ^ set(expected))})", None
         for name, digest in expected.items():
             if _sha256((slot / name).read_bytes()) != digest:
-                return None, f"{name} does not match the signed package"
-        return plugin, None
+                return None, f"{name} does not match the signed package", None
+        return plugin, None, None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

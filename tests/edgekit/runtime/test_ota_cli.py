@@ -67,6 +67,29 @@ def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_pat
     assert (row["version"], row["blocked"]) == (None, [2])
 
 
+def test_store_status_with_the_wrong_trust_or_target_is_refused_and_deletes_nothing(cli, files, tmp_path):
+    """A mistyped --trust or --target once made `store status` drop, delete and block the served version."""
+    from conftest import tree_digest
+
+    pub, pkgs = files
+    store = tmp_path / "device"
+    r = cli("store", "install", pkgs[1], "--store", store, "--target", "orin", "--trust", pub, "--json")
+    assert r.exit_code == 0, r.output
+    stranger = tmp_path / "stranger.pub"
+    stranger.write_bytes(realpkg.key(2).public_key.public_bytes(serialization.Encoding.PEM,
+                                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+    before = tree_digest(store)
+    for trust, target in ((stranger, "orin"), (pub, "sm_90")):
+        r = cli("store", "status", "--store", store, "--target", target, "--trust", trust, "--json")
+        # refused as every EdgekitError is: main() prints it and exits with its code, 2
+        assert isinstance(r.exception, EdgekitError) and r.exception.exit_code == 2, r.output
+        assert "Nothing was changed" in str(r.exception) and "--trust" in r.exception.hint
+        assert tree_digest(store) == before
+    r = cli("store", "status", "--store", store, "--target", "orin", "--trust", pub, "--json")
+    (row,) = json.loads(r.stdout)["operators"]
+    assert (row["version"], row["blocked"]) == (1, [])
+
+
 def test_agent_once_exits_2_like_every_refusal_when_the_repository_is_refused(cli, served, files, tmp_path):
     repo, url = served
     pub, pkgs = files

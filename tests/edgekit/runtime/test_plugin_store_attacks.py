@@ -232,6 +232,34 @@ def test_slot_whose_signer_is_revoked_is_refused_with_the_reason(tmp_path):
     assert any("no longer verifies or no longer fits this runtime (untrusted_key)" in line for line in s.recovery)
 
 
+@pytest.mark.parametrize("opener", [
+    dict(verify=fakepkg.verifier(fakepkg.key_from_seed(2))),  # a --trust that names another key
+    dict(policy=fakepkg.policy(arch="sm_90")),  # a --target of another arch
+], ids=["untrusted_key", "wrong_arch"])
+def test_a_command_opening_with_the_wrong_trust_or_arch_is_refused_and_changes_nothing(tmp_path, opener):
+    """A command run by hand (refuse_policy_drops) with a mistyped --trust / --target: recovery would drop and block
+    the intact versions it serves, a revocation nobody asked for. It is refused before anything is touched; the
+    runtime's own start (the default) still revokes, as the signer test above holds."""
+    root = tmp_path / "s"
+    _versions_1_and_2(root)
+    before = tree_digest(root)
+    with pytest.raises(StoreError, match=r"rmsnorm 2 \((untrusted_key|wrong_arch): .*; rmsnorm 1 \(.*Nothing was changed") as e:
+        open_store(root, refuse_policy_drops=True, **opener)
+    assert e.value.exit_code == 2 and "--trust" in e.value.hint
+    assert tree_digest(root) == before
+    s = open_store(root, refuse_policy_drops=True)  # the right key and arch: as installed, nothing blocked
+    assert s.pointer("rmsnorm").version == "2" and not s.pointer("rmsnorm").blocked and not s.recovery
+
+
+def test_a_command_opening_a_damaged_slot_still_recovers_it(tmp_path):
+    """refuse_policy_drops spares only intact slots: damaged bytes are recovered from as ever."""
+    root = tmp_path / "s"
+    _versions_1_and_2(root)
+    (root / "ops/rmsnorm/2/kernel.txt").write_bytes(b"scale=2.5\n")
+    s = open_store(root, refuse_policy_drops=True)
+    assert s.pointer("rmsnorm").version == "1" and "2" in s.pointer("rmsnorm").blocked
+
+
 def test_slot_for_an_abi_this_runtime_no_longer_speaks_is_dropped_at_start_up(tmp_path):
     """An edgekit upgrade moved rmsnorm to ABI 2: the installed ABI-1 slots must not be served."""
     root = tmp_path / "s"
