@@ -226,7 +226,7 @@ def generate(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", min=1, help="Tokens to generate at most."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as plain text; skip the model's chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template."),
-    context: int = typer.Option(2048, "--context", min=16, help="KV cache length (prompt + answer), a static shape."),
+    context: Optional[int] = typer.Option(None, "--context", min=16, help="KV cache length (prompt + answer), a static shape. Default: 2048, or less if the model has fewer positions; more than it has is refused."),
     truncate: bool = typer.Option(False, "--truncate", help="Keep the last tokens of a prompt that is too long instead of failing."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 means greedy decoding."),
     top_k: int = typer.Option(0, "--top-k", min=0, help="Sample from the k most likely tokens (with --temperature)."),
@@ -239,6 +239,7 @@ def generate(
     from edgekit.errors import ModelLoadError
     from edgekit.generate import GenerationStats, Generator, SamplingConfig
     from edgekit.model.loader import load_model
+    from edgekit.plan.planner import checked_context
     from edgekit.quant.source_check import check_source_model
     from edgekit.shapes import StaticShapes
 
@@ -249,7 +250,7 @@ def generate(
     if m.tokenizer is None:
         if not (model or "").startswith("preset:"):
             raise ModelLoadError(f"{m.source.location}: no tokenizer found", hint="add tokenizer.json to the model directory")
-    shapes = StaticShapes.for_context(min(context, m.config.max_position_len))
+    shapes = StaticShapes.for_context(checked_context(m.config, context))
     if m.tokenizer is not None:
         ids = m.tokenizer.encode(prompt) if raw or not m.tokenizer.chat_template else m.tokenizer.encode_chat(prompt, system)
         pad = m.tokenizer.pad_token_id

@@ -99,7 +99,7 @@ def _versions() -> Versions:
 def check_memory(cfg: ModelConfig, target: Target, precision: str | PrecisionPlan, *, context: int | None, batch: int,
                  kv_precision: str = "fp16", buckets: tuple[int, ...] | None = None) -> MemoryPlan:
     """The memory plan alone (no compile, no roofline): PlanError with what would fit when the model does not."""
-    context = _checked_context(cfg, context)
+    context = checked_context(cfg, context)
     pp = precision if isinstance(precision, PrecisionPlan) else PrecisionPlan.uniform(cfg, scheme_for_cli(precision), kv_precision)
     rows = batch
     max_bucket = max(buckets) if buckets else StaticShapes.for_context(context, batch).buckets[-1]
@@ -113,7 +113,9 @@ def check_memory(cfg: ModelConfig, target: Target, precision: str | PrecisionPla
     return mem
 
 
-def _checked_context(cfg: ModelConfig, context: int | None) -> int:
+def checked_context(cfg: ModelConfig, context: int | None) -> int:
+    """The KV cache length a command runs at: ``context``, or the default (2048, or the model's positions if fewer);
+    refused below 16 or beyond the positions the model was trained for (plan, build and generate say the same)."""
     if context is None:
         context = min(DEFAULT_MAX_SEQ_LEN, cfg.max_position_len)
     if context < 16:
@@ -177,7 +179,7 @@ def make_plan(
     """
     if batch < 1:
         raise PlanError(f"batch must be >= 1, got {batch}")
-    context = _checked_context(cfg, context)
+    context = checked_context(cfg, context)
     if kv_precision not in KV_PRECISIONS:
         raise PlanError(f"unknown KV cache precision {kv_precision!r}; expected one of: {', '.join(KV_PRECISIONS)}")
     mode = target.power_mode(power_mode)

@@ -49,6 +49,8 @@ def test_info_preset_json():
         (("info", "preset:nope"), "unknown preset"),
         (("generate", "preset:tiny", "--prompt", "x" * 3000, "--context", "64", "-n", "8"), "too long"),
         (("generate", "preset:tiny", "--prompt", "hi", "--context", "64", "-n", "64"), "does not fit the KV cache"),
+        # more than the model's 1024 positions: refused as plan refuses it (it was lowered without a word)
+        (("generate", "preset:tiny", "--prompt", "hi", "--context", "100000", "-n", "2"), "was trained for (1024 positions)"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(args, expected, tmp_path):

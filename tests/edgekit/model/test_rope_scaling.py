@@ -139,7 +139,7 @@ def test_a_yarn_config_runs_at_its_stretched_length(tmp_path):
     configs already state their extended length and keep it."""
     from edgekit.model.hf_loader import config_from_hf
     from edgekit.errors import PlanError
-    from edgekit.plan.planner import _checked_context
+    from edgekit.plan.planner import checked_context
 
     c = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 512, "hidden_size": 64,
          "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -150,9 +150,9 @@ def test_a_yarn_config_runs_at_its_stretched_length(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(c))
     cfg = config_from_hf(tmp_path)
     assert cfg.max_position_len == 131072
-    assert _checked_context(cfg, 65536) == 65536
+    assert checked_context(cfg, 65536) == 65536
     with pytest.raises(PlanError, match="131072 positions"):
-        _checked_context(cfg, 131073)
+        checked_context(cfg, 131073)
     llama3 = {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
               "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
     assert rope_scaling.positions_reached(rope_scaling.from_hf(llama3, "config.json", 64), 131072) == 131072
