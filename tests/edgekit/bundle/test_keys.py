@@ -58,6 +58,16 @@ def test_attack_world_readable_private_key_is_refused(tmp_path):
     assert "chmod 600" in str(e.value)
 
 
+def test_a_public_key_given_to_sign_with_is_named_as_such_not_told_to_chmod(tmp_path):
+    """`--key DIR/edgekit.pub` (0644, as generate writes it) was told to chmod 600 it, then that it is no private
+    key: the mix-up is said first, with the file to pass."""
+    key_path, pub_path = generate_keypair(tmp_path)
+    with pytest.raises(VerificationError, match="this is a public key") as e:
+        load_signing_key(pub_path)
+    assert str(key_path) in e.value.hint and "chmod" not in str(e.value)
+    assert load_signing_key(key_path)  # the private key beside it still loads
+
+
 def test_key_id_is_sha256_of_raw_public_key(tmp_path):
     _, pub_path = generate_keypair(tmp_path)
     pk = load_public_key(pub_path)
