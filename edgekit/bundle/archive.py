@@ -226,6 +226,10 @@ def read_tar_bytes(
         raise VerificationError(name, f"not a readable tar archive ({e})") from e
 
 
+NOT_A_BUNDLE_HINT = ("a bundle is the folder or .tar that `edgekit build` writes; a model file (.gguf, a Hugging Face "
+                     "folder) runs with `edgekit generate MODEL`, or builds into a bundle with `edgekit build MODEL`")
+
+
 def inspect_archive(archive: str | os.PathLike, *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES) -> list[MemberProblem]:
     """Every problem in an archive's headers (for reports); [] means it is safe to extract."""
     try:
@@ -264,7 +268,9 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, *, max_tot
                     _extract_one(tf, info, tmp)
     except tarfile.TarError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise VerificationError(archive.name, f"not a readable tar archive ({e})") from e
+        # tarfile's "r:*" lists every compression it tried, one line each: the first line says it
+        raise VerificationError(archive.name, f"not a readable tar archive ({str(e).splitlines()[0].rstrip(':')})",
+                                hint=NOT_A_BUNDLE_HINT) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
