@@ -321,8 +321,9 @@ def target_dirs(extra: Path | str | None = None) -> list[tuple[Path, bool]]:
     for d, builtin in dirs:
         if not builtin and not d.is_dir():
             raise ConfigError(
-                f"targets directory {d} does not exist",
-                hint=f"create it and put NAME.yaml files in it, or fix --targets-dir / {TARGETS_DIR_ENV}",
+                f"targets directory {d} " + ("is a file, not a directory" if d.exists() else "does not exist"),
+                hint=f"name a directory of NAME.yaml files with --targets-dir / {TARGETS_DIR_ENV}"
+                     + ("; pass one profile file as --target FILE.yaml" if d.exists() else ", or create it"),
             )
     return dirs
 
@@ -338,8 +339,12 @@ def discover_targets(extra_dir: Path | str | None = None) -> dict[str, TargetFil
 
 def load_target(name: str, extra_dir: Path | str | None = None) -> Target:
     """A target by name, or by path to a YAML file."""
-    if name.endswith((".yaml", ".yml")) and Path(name).exists():
-        return load_target_file(Path(name))
+    if name.endswith((".yaml", ".yml")):
+        if Path(name).exists():
+            return load_target_file(Path(name))
+        if os.sep in name or (os.altsep and os.altsep in name):  # a path, not a name: say it is missing
+            raise ConfigError(f"target file {name} does not exist",
+                              hint="give an existing profile file, or a target name (run `edgekit targets`)")
     dirs = target_dirs(extra_dir)
     # Look only at the file asked for, so one broken user profile does not block the others.
     for d, _ in reversed(dirs):

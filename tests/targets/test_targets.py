@@ -171,6 +171,12 @@ def test_unknown_target_and_missing_directory(tmp_path):
         load_target("orin-nano")
     with pytest.raises(ConfigError, match="does not exist"):
         load_target("orin", tmp_path / "nope")
+    # a file where a directory was asked for is not "missing"; a missing profile path is not an "unknown target"
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        load_target("orin", tmp_path / "a.gguf")
+    with pytest.raises(ConfigError, match=r"target file .*nope\.yaml does not exist"):
+        load_target(str(tmp_path / "nope.yaml"))
 
 
 def test_cli_refuses_a_bad_user_target_in_one_line(tmp_path):
