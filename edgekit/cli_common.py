@@ -30,8 +30,11 @@ _JSON_PRINTED = []  # a document went out: a failure after it (verify's report, 
 
 
 def print_json(data: Any) -> None:
-    """Machine-readable output on stdout (nothing else is printed there when --json is given)."""
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """Machine-readable output on stdout (nothing else is printed there when --json is given). Strict JSON: a
+    non-finite float (an exact match's infinite SNR) is null, not Infinity, which JSON readers refuse."""
+    from edgekit.strict_json import finite_json
+
+    sys.stdout.write(json.dumps(finite_json(data), indent=2, default=str, allow_nan=False) + "\n")
     _JSON_PRINTED.append(True)
 
 

@@ -10,23 +10,14 @@ import torch
 from edgekit.durable import replace_atomically
 from edgekit.model.layers import dtype_from_name
 from edgekit.model.weights_file import WEIGHTS_FILE, serialize
+from edgekit.strict_json import finite_json
 
 REPORT_FILE = "report.json"
 
 
-def _jsonable(x):
-    """report.json is strict JSON: infinities (an exact match has infinite SNR) become strings."""
-    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
-        return str(x)
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
 def report_bytes(report: dict) -> bytes:
-    return (json.dumps(_jsonable(report), indent=2, default=str, allow_nan=False) + "\n").encode()
+    """report.json is strict JSON: infinities (an exact match has infinite SNR) become strings."""
+    return (json.dumps(finite_json(report, str), indent=2, default=str, allow_nan=False) + "\n").encode()
 
 
 def check_quantize_directory(directory: Path, flag: str = "-o") -> None:

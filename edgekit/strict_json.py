@@ -1,0 +1,24 @@
+"""Strict JSON: what edgekit writes is read by any JSON parser, so no NaN or Infinity tokens (Python's json
+writes them by default; JavaScript's JSON.parse, jq and most other readers refuse the document)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+
+def _null(_: float) -> None:
+    return None
+
+
+def finite_json(x: Any, replace: Callable[[float], Any] = _null) -> Any:
+    """``x`` with every non-finite float (NaN, inf, -inf) in its dicts, lists and tuples replaced by ``replace(value)``:
+    null by default (the --json documents), ``str`` for report.json's "inf" (an exact match has infinite SNR).
+    Dump the result with ``allow_nan=False``, so a value this misses is an error, not invalid JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return replace(x)
+    if isinstance(x, dict):
+        return {k: finite_json(v, replace) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v, replace) for v in x]
+    return x

@@ -1,0 +1,28 @@
+"""The shared CLI plumbing: --json documents and the JSON files commands write."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from edgekit import cli_common
+
+
+def _refuse(constant: str):
+    raise AssertionError(f"not strict JSON: {constant}")
+
+
+def test_print_json_is_strict_json_with_null_for_non_finite_floats(capsys, monkeypatch):
+    monkeypatch.setattr(cli_common, "_JSON_PRINTED", [])  # the flag this sets is process-wide
+    doc = {"logits_snr_db": math.inf, "low": -math.inf, "nan": math.nan, "nested": [1.5, (math.inf, 2)], "ok": 3.0}
+    cli_common.print_json(doc)
+    back = json.loads(capsys.readouterr().out, parse_constant=_refuse)
+    assert back == {"logits_snr_db": None, "low": None, "nan": None, "nested": [1.5, [None, 2]], "ok": 3.0}
+
+
+def test_report_json_keeps_its_strings_for_non_finite_floats():
+    from edgekit.quant.io import report_bytes
+
+    assert json.loads(report_bytes({"snr": math.inf, "x": [math.nan]}), parse_constant=_refuse) == {"snr": "inf", "x": ["nan"]}
