@@ -38,6 +38,18 @@ def print_json(data: Any) -> None:
     _JSON_PRINTED.append(True)
 
 
+def write_json_file(path, data: Any) -> None:
+    """A JSON document to a file (plan -o, bench --json), replaced atomically. Missing parent folders are created,
+    as ``check_output_path`` (asked before the work) promises."""
+    from pathlib import Path
+
+    from edgekit.durable import replace_atomically
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+
+
 def json_was_printed() -> bool:
     return bool(_JSON_PRINTED)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from edgekit.cli import app
-from edgekit.cli_common import cli_precision, console, err_console, note
+from edgekit.cli_common import cli_precision, console, err_console, note, write_json_file
 
 DEFAULT_MODELS = ["preset:smollm2-135m", "preset:qwen2.5-1.5b"]
 
@@ -112,7 +111,6 @@ def bench(
     """
     from edgekit.bench.report import print_report
     from edgekit.bench.runner import BenchRun, BenchSettings
-    from edgekit.bundle.canonical import atomic_write_bytes
     from edgekit.output_path import check_output_path
 
     if json_path is not None:
@@ -134,7 +132,7 @@ def bench(
 
     def write(doc) -> None:
         if json_path is not None:
-            atomic_write_bytes(json_path, (json.dumps(doc.to_json_dict(), indent=2) + "\n").encode())
+            write_json_file(json_path, doc.to_json_dict())
 
     run = BenchRun(settings, log=lambda msg: err_console.print(f"[dim]{msg}[/]", highlight=False),
                    on_update=write, command=" ".join(shlex.quote(a) for a in ["edgekit", *sys.argv[1:]]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +9,7 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, print_json
+from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, print_json, write_json_file
 from edgekit.precision_names import BUILD_PRECISIONS, DEFAULT_PRECISION
 from edgekit.precision_names import help_text as precision_help
 
@@ -111,12 +110,6 @@ def targets_show(
     console.print(pm)
 
 
-def _atomic_write_json(path: Path, data: dict) -> None:
-    from edgekit.bundle.canonical import atomic_write_bytes
-
-    atomic_write_bytes(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
-
-
 @app.command()
 def plan(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
@@ -181,7 +174,7 @@ def plan(
         )
     d = p.to_dict()
     if output:
-        _atomic_write_json(output, d)
+        write_json_file(output, d)
     if json_out:
         from edgekit.plan.anchors import anchors_beside
 

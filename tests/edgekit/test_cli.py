@@ -327,6 +327,16 @@ def test_plan_in_ci_prints_each_kernel_it_solves_with_the_elapsed_time():
     assert json.loads(r.stdout)["target"]["name"] == "orin"  # stdout stays JSON
 
 
+def test_plan_o_into_a_missing_folder_creates_it_and_writes_the_plan(tmp_path):
+    """check_output_path accepts -o under missing folders ("they are created"); the write then died with a
+    FileNotFoundError traceback after planning, the temp file's folder missing."""
+    out = tmp_path / "nodir" / "sub" / "plan.json"
+    r = edgekit("plan", "preset:tiny", "--target", "orin", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["target"]["name"] == "orin"
+    assert [p.name for p in out.parent.iterdir()] == ["plan.json"]  # no temp file left beside it
+
+
 def test_a_plan_that_does_not_fit_answers_json_on_stdout_when_asked():
     """`plan --json` of a model too big for the target printed nothing on stdout (only a line on stderr): a script
     reading stdout got an empty document."""

@@ -26,3 +26,12 @@ def test_report_json_keeps_its_strings_for_non_finite_floats():
     from edgekit.quant.io import report_bytes
 
     assert json.loads(report_bytes({"snr": math.inf, "x": [math.nan]}), parse_constant=_refuse) == {"snr": "inf", "x": ["nan"]}
+
+
+def test_write_json_file_creates_missing_parent_folders(tmp_path):
+    """check_output_path accepts -o/--json FILE under missing folders, promising to create them (plan -o died with a
+    FileNotFoundError after the work)."""
+    out = tmp_path / "a" / "b" / "doc.json"
+    cli_common.write_json_file(out, {"x": 1})
+    assert json.loads(out.read_text()) == {"x": 1}
+    assert [p.name for p in out.parent.iterdir()] == ["doc.json"]
