@@ -48,9 +48,18 @@ def load_trace(path: Path | str) -> Trace:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"trace {path}: no such file", hint='pass a JSONL file, one {"prompt_tokens": N, "completion_tokens": M} per line')
+    if path.is_dir():
+        raise ConfigError(f"trace {path}: is a directory, expected a JSONL file",
+                          hint='pass a file, one {"prompt_tokens": N, "completion_tokens": M} per line')
     prompts, completions = [], []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"trace {path}, line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
+                                  hint="a trace is JSON Lines, which is UTF-8; pass the JSONL file, not a binary or "
+                                       "differently encoded one") from e
             if not line.strip():
                 continue
             try:

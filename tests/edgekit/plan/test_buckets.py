@@ -90,6 +90,20 @@ def test_trace_errors_name_the_line(tmp_path):
     assert len(load_trace(p)) == 1  # extra fields and blank lines are fine
 
 
+def test_a_directory_as_trace_is_a_one_line_error(tmp_path):
+    """`plan --trace .` gave an IsADirectoryError traceback."""
+    with pytest.raises(ConfigError, match=r"is a directory, expected a JSONL file"):
+        load_trace(tmp_path)
+
+
+def test_a_trace_with_non_utf8_bytes_is_a_one_line_error_naming_the_line(tmp_path):
+    """A trace with non-UTF-8 bytes gave a UnicodeDecodeError traceback."""
+    p = tmp_path / "trace.jsonl"
+    p.write_bytes(json.dumps({"prompt_tokens": 10, "completion_tokens": 5}).encode() + b"\n\xff\xfe{}\n")
+    with pytest.raises(ConfigError, match=r"line 2: not UTF-8 text \(byte 0xff at column 1\)"):
+        load_trace(p)
+
+
 def test_parse_bucket_list():
     assert parse_bucket_list("64,128, 512") == (64, 128, 512)
     for bad in ("64,32", "a,b", "0,64", ""):
