@@ -208,9 +208,10 @@ def eval_cmd(
         console.print(_metrics_table(f"lossless INT4 intake vs {m.config.name} dequantized, on {text} "
                                      f"({in_words(res['measured_on'])}, FP32)",
                                      res, None))
+        greedy = ("not checked (--prompts 0)" if res["greedy_tokens_identical"] is None else
+                  f"{res['greedy_tokens_identical']} ({res['greedy_tokens_same']}/{res['greedy_tokens_total']})")
         console.print(f"{res['w4a16_layers']} projections W4A16 (bit-exact from the file), {res['fp_layers']} in FP; "
-                      f"free-running greedy tokens identical: {res['greedy_tokens_identical']} "
-                      f"({res['greedy_tokens_same']}/{res['greedy_tokens_total']})")
+                      f"free-running greedy tokens identical: {greedy}")
         return
     ops = DispatchTable()
     fp = Decoder(m.config, m.weights, ops)
