@@ -15,20 +15,22 @@ from edgekit.cli_common import cli_precision, console, err_console, note, write_
 DEFAULT_MODELS = ["preset:smollm2-135m", "preset:qwen2.5-1.5b"]
 
 
-def _csv(text: str, kind=str, what: str = "value") -> tuple:
+def _csv(text: str, kind, what: str, example: str) -> tuple:
+    """--WHAT's comma list; ``example`` is a valid value of that option, for the hint."""
     from edgekit.errors import BenchmarkError
 
     items = [x.strip() for x in text.split(",") if x.strip()]
     try:
         return tuple(kind(x) for x in items)
     except ValueError as e:
-        raise BenchmarkError(f"--{what}: cannot read {text!r} ({e})", hint=f"give a comma-separated list, e.g. {what} 128,512") from e
+        raise BenchmarkError(f"--{what}: cannot read {text!r} ({e})",
+                             hint=f"give a comma-separated list, e.g. --{what} {example}") from e
 
 
 def _bench_precisions(text: str, quantize_head: bool) -> tuple[str, ...]:
     """--precision in the one vocabulary; the old `int8-head` item becomes --quantize-head (with a note)."""
     chosen = []
-    for item in _csv(text, str, "precision"):
+    for item in _csv(text, str, "precision", "fp16,int8"):
         if item == "int8-head":
             note("--precision int8-head is the old spelling of --precision int8 --quantize-head")
             quantize_head = True
@@ -45,7 +47,7 @@ def _sms(text: Optional[str]) -> tuple[int, ...]:
 
     if text is None:
         return ()
-    counts = _csv(text, int, "sms")
+    counts = _csv(text, int, "sms", "8,16")
     if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
         raise BenchmarkError(f"--sms takes distinct positive SM counts, got {text!r}",
                              hint="e.g. --sms 8,16 (an Orin has 16 SMs, 8 in its 30 W mode)")
@@ -118,12 +120,12 @@ def bench(
     specs = list(models) if models else list(DEFAULT_MODELS)
     for spec in specs:
         _refuse_bundle(spec)
-    chosen = () if baselines.strip() == "none" else _csv(baselines, str, "baselines")
+    chosen = () if baselines.strip() == "none" else _csv(baselines, str, "baselines", "compile,hf-eager")
     sm_counts = _sms(sms)
     if sm_counts and device != "cuda":
         note(f"--sms on a {device} run: SM partitions need a CUDA GPU, so their rows are recorded as skipped, with the reason")
     settings = BenchSettings(
-        models=specs, precisions=_bench_precisions(precision, quantize_head), contexts=_csv(contexts, int, "contexts"),
+        models=specs, precisions=_bench_precisions(precision, quantize_head), contexts=_csv(contexts, int, "contexts", "512,4096"),
         new_tokens=new_tokens, hf_new_tokens=hf_new_tokens, repeats=repeats, baselines=chosen,
         check_tokens=check_tokens or min(8, min(new_tokens, hf_new_tokens) + 1), seed=seed, energy=energy, prefill_graph=prefill_graph, profile=profile,
         time_budget_s=time_budget_s, device=device, llama_bench=llama_bench, llama_quantize=llama_quantize,

@@ -83,9 +83,11 @@ class GateConfig:
 
     def validate(self) -> None:
         if self.max_ppl_increase < 0:
-            raise QuantizationError(f"max_ppl_increase must be >= 0 (a fraction, 0.01 = 1%), got {self.max_ppl_increase}")
+            raise QuantizationError(f"--max-ppl-increase (max_ppl_increase) must be >= 0, got {self.max_ppl_increase}",
+                                    hint="a fraction of the FP16 perplexity: 0.01 allows +1%")
         if not 0 <= self.min_greedy_agreement <= 1:
-            raise QuantizationError(f"min_greedy_agreement must be in [0, 1], got {self.min_greedy_agreement}")
+            raise QuantizationError(f"--min-agreement (min_greedy_agreement) must be in [0, 1], got "
+                                    f"{self.min_greedy_agreement}", hint="a fraction of greedy tokens: 0.95 = 95%")
         for k in ("ppl_tokens", "window_len", "new_tokens", "prompt_len"):
             if getattr(self, k) < 2:
                 raise QuantizationError(f"{k} must be >= 2, got {getattr(self, k)}")

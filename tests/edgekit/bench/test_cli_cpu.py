@@ -73,6 +73,9 @@ def test_sms_is_a_list_of_distinct_positive_counts():
     for bad in ("8,8", "0", "-8", "eight", ","):
         with pytest.raises(BenchmarkError, match="--sms"):
             _sms(bad)
+    with pytest.raises(BenchmarkError) as e:  # the hint's example is this option's, spelled as typed
+        _sms("eight")
+    assert e.value.hint.endswith("e.g. --sms 8,16")
     with pytest.raises(BenchmarkError, match=r"--sms takes distinct SM counts in \[1, 1024\]"):
         BenchSettings(models=["preset:tiny"], sms=(8, 4096)).validate()
 

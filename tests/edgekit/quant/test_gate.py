@@ -86,8 +86,12 @@ def test_thresholds_are_validated_and_overridable():
     assert GateConfig.for_mode("w8a8", max_ppl_increase=0.05, min_greedy_agreement=None).max_ppl_increase == 0.05
     from edgekit.errors import QuantizationError
 
-    with pytest.raises(QuantizationError, match="min_greedy_agreement must be in"):
+    # the flag a user typed is named first (the message named only the field)
+    with pytest.raises(QuantizationError, match=r"^--min-agreement \(min_greedy_agreement\) must be in") as e:
         GateConfig.for_mode("w8a16", min_greedy_agreement=1.5)
+    assert "0.95 = 95%" in e.value.hint
+    with pytest.raises(QuantizationError, match=r"^--max-ppl-increase \(max_ppl_increase\) must be >= 0"):
+        GateConfig.for_mode("w8a16", max_ppl_increase=-1)
     with pytest.raises(QuantizationError, match="unknown quantization mode"):
         GateConfig.for_mode("int4")
 
