@@ -49,17 +49,20 @@ def _device_arch(target: str) -> str:
         return load_target(target).arch
 
 
-def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev_key: bool, *, golden_backend: str = "auto",
-                rollback_unconfirmed: bool = False):
+def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev_key: bool, *,
+                golden_backend: str | None = None, rollback_unconfirmed: bool = False):
+    """The store as these commands see it; ``golden_backend``: where an install's golden vectors run (install and the
+    agent, which say it); None for the commands that run none (status, confirm, rollback)."""
     from edgekit.bundle.plugin import TRITON_HIDDEN_ARGS
     from edgekit.runtime.plugin_checks import golden_checker, package_verifier, reference_runner, runner_factory
     from edgekit.runtime.plugin_policy import DevicePolicy
     from edgekit.runtime.plugin_store import PluginStore, default_known_abi
 
     policy = DevicePolicy(device_arch=_device_arch(target), known_abi=default_known_abi(), triton_abis=set(TRITON_HIDDEN_ARGS))
-    runner = runner_factory(golden_backend)
-    where = "cpu: torch reference (checks the vectors, not the kernels)" if runner is reference_runner else "gpu: the plugins' own kernels"
-    err_console.print(f"golden vectors run on {where}", highlight=False)
+    runner = runner_factory(golden_backend or "auto")
+    if golden_backend is not None:
+        where = "cpu: torch reference (checks the vectors, not the kernels)" if runner is reference_runner else "gpu: the plugins' own kernels"
+        err_console.print(f"golden vectors run on {where}", highlight=False)
     return PluginStore.open(
         store,
         policy=policy,
