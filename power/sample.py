@@ -78,11 +78,13 @@ class PowerSample:
             v = getattr(self, k)
             if v:
                 d[k] = dict(v)
+        # readings: always there, null where this source or this sample has none (a CPU's load is a difference of
+        # two reads, so the first sample has none), so every line of a stream has the same keys
         for k in ("gpu_freq_mhz", "gpu_max_freq_mhz", "emc_freq_mhz", "emc_load_pct", "cpu_load_pct", "mem_used_mb",
-                  "mem_total_mb", "energy_mj", "reason"):
-            v = getattr(self, k)
-            if v is not None:
-                d[k] = v
+                  "mem_total_mb", "energy_mj"):
+            d[k] = getattr(self, k)
+        if self.reason is not None:
+            d["reason"] = self.reason
         if self.unreadable:
             d["unreadable"] = list(self.unreadable)
         return d

@@ -77,3 +77,16 @@ def test_a_first_cpu_load_read_right_after_start_is_none_not_0():
     """#33 (low): the watchdog's first sample said cpu_load_pct 0.0: psutil had no interval to measure over."""
     r = SystemSensor(temperatures=False).read(0.0)
     assert r.available and r.cpu_load_pct is None and r.mem_total_mb > 0
+
+
+def test_every_sample_of_a_stream_has_the_same_keys_absent_readings_null():
+    """monitor --json's first line left cpu_load_pct out (none yet) and later lines had it: a script reading the
+    stream got a KeyError on line 1. Absent readings are null, as --help says."""
+    import time
+
+    s = SystemSensor(temperatures=False)
+    first = s.read(0.0).to_dict()
+    time.sleep(0.15)
+    second = s.read(0.15).to_dict()
+    assert first["cpu_load_pct"] is None and second["cpu_load_pct"] is not None
+    assert set(first) == set(second) and first["gpu_freq_mhz"] is None
