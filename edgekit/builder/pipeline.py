@@ -82,20 +82,6 @@ class _Stages:
         return result
 
 
-def _signing_key(opts: BuildOptions):
-    from edgekit.bundle.keys import development_key, load_signing_key
-
-    if opts.key is not None:
-        return load_signing_key(opts.key)
-    if opts.dev_key:
-        return development_key()
-    raise BundleError(
-        "no signing key: a bundle must be signed",
-        hint="make one with `edgekit keys generate keys/` and pass --key keys/edgekit.key "
-        "(or --dev-key for a local test build signed with the public development key, which devices refuse by default)",
-    )
-
-
 def compile_plan(plan, arch: int, budget: int, store=None) -> dict[str, tuple[dict, dict]]:
     """op -> (kernel -> CompiledKernel, launch program) for exactly the plan's variants.
 
@@ -242,6 +228,7 @@ def _quantize(loaded, mode: str, opts: BuildOptions, cache: BuildCache, steps):
 def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None = None, steps=None) -> BuildResult:
     """``report(stage, "start"|"done")`` for each stage; ``steps`` (edgekit.quant.progress.Steps) for the progress
     inside the long ones (the source check, quantization, kernel compiles)."""
+    from edgekit.bundle.keys import chosen_signing_key
     from edgekit.bundle.manifest import Buckets, ModelIdentity, Target
     from edgekit.bundle.plugin import plugin_from_compiled
     from edgekit.bundle.writer import BundleWriter, archive_path_of, check_archive_destination, check_bundle_destination
@@ -264,7 +251,7 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
         opts = dataclasses.replace(opts, target=opts.target or DEFAULT_TARGET, precision=opts.precision or DEFAULT_PRECISION,
                                    batch=opts.batch or 1)
     scheme = scheme_of_cli(opts.precision)  # refuses an unknown precision, naming the valid ones
-    key = _signing_key(opts)  # fail before any work
+    key = chosen_signing_key(opts.key, opts.dev_key, "a bundle")  # fail before any work
     check_bundle_destination(opts.out, overwrite=opts.force)  # before any work, not after minutes of build
     out = Path(opts.out)
     check_output_path(out, "-o", kind="dir")

@@ -164,6 +164,21 @@ def generate_keypair(directory: str | os.PathLike, *, force: bool = False) -> tu
     return key_path, pub_path
 
 
+def chosen_signing_key(key: str | os.PathLike | None, dev_key: bool, what: str) -> SigningKey:
+    """The key ``--key`` / ``--dev-key`` choose to sign ``what`` ("a bundle", "a plugin package") with: exactly one."""
+    if key is not None and dev_key:
+        raise BundleError(f"--key {key} and --dev-key both given: {what} is signed with one key",
+                          hint=f"drop --dev-key to sign with {key}, or --key for a local test signed with the public "
+                               "development key")
+    if key is not None:
+        return load_signing_key(key)
+    if dev_key:
+        return development_key()
+    raise BundleError(f"no signing key: {what} must be signed",
+                      hint=f"{HOW_TO_MAKE_A_KEY}, or pass --dev-key for a local test signed with the public development "
+                           "key, which devices refuse unless told to allow development keys")
+
+
 def load_signing_key(path: str | os.PathLike) -> SigningKey:
     """Read a PKCS8 PEM ed25519 private key; refuse one that other users can read (like ssh does)."""
     p = Path(path)

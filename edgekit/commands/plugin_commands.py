@@ -38,17 +38,6 @@ def _path_kind(path: Path) -> str:
                       hint="pass a bundle directory (manifest.json), a store directory (ops/) or a .tar package")
 
 
-def _signing_key(key: Optional[Path], dev_key: bool):
-    from edgekit.bundle.keys import HOW_TO_MAKE_A_KEY, development_key, load_signing_key
-
-    if key is not None:
-        return load_signing_key(key)
-    if dev_key:
-        return development_key()
-    raise BundleError("no signing key: a plugin package must be signed", hint=f"pass --key KEYFILE ({HOW_TO_MAKE_A_KEY}), "
-                      "or --dev-key for a local test (devices refuse it unless told to allow development keys)")
-
-
 def _rows(path: Path, bundle: Optional[Path], trust: Optional[List[Path]], allow_dev_key: bool) -> tuple[str, list[dict]]:
     from edgekit.bundle.plugin_pack import bundle_plugin_versions, describe_bundle, describe_package
 
@@ -100,7 +89,9 @@ def pack(
         raise BundleError("--from-version picks a bundle's compiled plugin; --kernel-source compiles a new one",
                           hint="pass one of them, not both")
     target_arch = arch_number(_device_arch(target)) if target else None
-    signer = _signing_key(key, dev_key)
+    from edgekit.bundle.keys import chosen_signing_key
+
+    signer = chosen_signing_key(key, dev_key, "a plugin package")
     if kernel_source is not None:
         meta, data = pack_from_kernel_source(bundle, op, kernel_source, version=version, key=signer,
                                              target_arch=target_arch, description=description)

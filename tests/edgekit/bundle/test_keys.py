@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import serialization
 
 from edgekit.bundle.keys import (
     DEV_KEY_ID,
+    chosen_signing_key,
     development_key,
     generate_keypair,
     key_id,
@@ -66,6 +67,17 @@ def test_a_public_key_given_to_sign_with_is_named_as_such_not_told_to_chmod(tmp_
         load_signing_key(pub_path)
     assert str(key_path) in e.value.hint and "chmod" not in str(e.value)
     assert load_signing_key(key_path)  # the private key beside it still loads
+
+
+def test_a_key_and_the_development_key_together_are_refused_not_one_picked(tmp_path):
+    """build / plugin pack with --key K --dev-key signed with K without a word: which key signs is not a guess."""
+    key_path, _ = generate_keypair(tmp_path)
+    with pytest.raises(BundleError, match="--key .* and --dev-key both given: a plugin package is signed with one key"):
+        chosen_signing_key(key_path, True, "a plugin package")
+    assert key_id(chosen_signing_key(key_path, False, "a bundle").public_key) != DEV_KEY_ID
+    assert key_id(chosen_signing_key(None, True, "a bundle").public_key) == DEV_KEY_ID
+    with pytest.raises(BundleError, match="no signing key: a bundle must be signed"):
+        chosen_signing_key(None, False, "a bundle")
 
 
 def test_key_id_is_sha256_of_raw_public_key(tmp_path):
