@@ -66,10 +66,6 @@ from edgekit.runtime.plugin_policy import (
     version_number,
 )
 
-# Refusals that the opener's trust (--trust) or arch (--target) decide, not the slot's bytes: a slot refused for one of
-# these is intact, and dropping it is a revocation (PluginStore.open's refuse_policy_drops)
-POLICY_REASONS = frozenset({"untrusted_key", "wrong_arch"})
-
 INSTALL_STEPS = (
     "received",
     "verified",
@@ -306,8 +302,9 @@ class PluginStore:
     ) -> "PluginStore":
         """Open (creating if needed) and recover the store at `root`.
 
-        ``refuse_policy_drops``: where a slot whose bytes are intact is refused only by this opener's trust or arch
-        (``POLICY_REASONS``), raise StoreError before anything is touched instead of dropping and blocking it. The
+        ``refuse_policy_drops``: where a slot whose files are the bytes its record lists is refused (by this opener's
+        trust, arch or edgekit version), or a pointer is JSON this edgekit cannot read, raise StoreError before
+        anything is touched instead of dropping, blocking and deleting (``_refuse_policy_drops``). The
         serving runtime starts without it: a device revokes a signer or leaves an arch that way. The store and
         agent commands pass it, so a mistyped ``--trust`` or ``--target`` cannot delete what the device serves.
 
@@ -347,26 +344,32 @@ class PluginStore:
             self.owner.release()
 
     def _refuse_policy_drops(self) -> None:
-        """StoreError, before recovery touches anything, naming every slot a pointer serves or rolls back to whose
-        bytes match their record but which this opener's trust or arch refuses (recovery would drop and block it)."""
+        """StoreError, before recovery touches anything, naming what recovery would drop although nothing on disk is
+        damaged: a version a pointer serves or rolls back to whose files are the bytes its record lists but which this
+        opener refuses (its --trust, --target or edgekit version), and a pointer this edgekit cannot read although it
+        is JSON (another edgekit version wrote it)."""
         refused = []
         for op_dir in sorted((self.root / "ops").iterdir()):
             if not op_dir.is_dir() or durable.is_temp_name(op_dir.name):
                 continue
-            pointer, problem = self._read_pointer(op_dir.name)
-            if problem or pointer is None:
+            op = op_dir.name
+            pointer, problem = self._read_pointer(op)
+            if problem:
+                if self._pointer_of_another_edgekit(op):
+                    refused.append(f"{op}: its pointer is one this edgekit cannot read ({problem})")
                 continue
             for version in dict.fromkeys((pointer.version, pointer.previous, *pointer.history)):
-                reason = self._check_slot(op_dir.name, version)[2] if version is not None else None
-                if reason in POLICY_REASONS:
-                    refused.append(f"{op_dir.name} {version} ({reason}: {REASONS[reason]})")
+                bad = self._slot_problem(op, version) if version is not None else None
+                if bad and self._slot_bytes_intact(op, version):
+                    refused.append(f"{op} {version}: {bad}")
         if refused:
             raise StoreError(
-                f"the store at {self.root} holds plugins that this command's --trust / --target refuse: "
+                f"the store at {self.root} holds plugins that this command refuses although their files are intact: "
                 f"{'; '.join(refused)}. Nothing was changed",
-                hint="pass the --trust key(s) and --target the plugins were installed with; to revoke a signer or "
-                     "leave an arch on purpose, start `edgekit serve` on this store without it, which drops and "
-                     "blocks those versions")
+                hint="pass the --trust key(s) and --target the plugins were installed with, and run the edgekit "
+                     "version that serves this store. To revoke a signer or leave an arch on purpose, restart "
+                     "`edgekit serve` on this store with the new --trust / target: its start-up drops them (the "
+                     "active version is blocked, older kept versions are deleted); until then this command refuses")
 
     def _recover(self, rollback_unconfirmed: bool) -> None:
         for leftover in sorted((self.root / "tmp").iterdir()):
@@ -469,7 +472,7 @@ class PluginStore:
         version = self.pointer(op).version if version is None else canonical_version(version)
         if version is None:
             return None
-        plugin, problem, _ = self._check_slot(op, version)
+        plugin, problem = self._check_slot(op, version)
         if problem:
             raise StoreError(f"slot {op}/{version} failed verification: {problem}", hint="restart the runtime to recover")
         return plugin
@@ -770,36 +773,58 @@ class PluginStore:
             return "no version"
         return self._check_slot(op, version)[1]
 
-    def _check_slot(self, op: str, version: str) -> tuple[VerifiedPluginLike | None, str | None, str | None]:
-        """Re-verify a slot: signed package still verifies, record and loose files match it exactly.
-        (plugin, problem, reason): ``reason`` is the SwapRefused reason where the package itself was refused."""
+    def _slot_bytes_intact(self, op: str, version: str) -> bool:
+        """Whether the slot's files are the bytes its record lists (package.bin and every loose file, by sha256, and
+        no other file): such a slot was verified when it was installed, so a refusal now comes from the opener (its
+        trust, arch or edgekit version), not from damage on disk."""
+        slot = self._slot_dir(op, version)
+        try:
+            record = SlotRecord.model_validate_json((slot / SLOT_RECORD).read_bytes())
+            if _sha256((slot / PACKAGE_FILE).read_bytes()) != record.package_sha256:
+                return False
+            present = {e.name for e in slot.iterdir()} - {SLOT_RECORD, PACKAGE_FILE}
+            return present == set(record.files) and all(
+                _sha256((slot / n).read_bytes()) == d for n, d in record.files.items())
+        except (OSError, ValidationError):
+            return False
+
+    def _pointer_of_another_edgekit(self, op: str) -> bool:
+        """Whether the op's pointer is a JSON object that this edgekit's Pointer model refuses (another version wrote
+        it), as opposed to damaged bytes."""
+        try:
+            return isinstance(json.loads((self.root / "ops" / op / POINTER_FILE).read_bytes()), dict)
+        except (OSError, ValueError):
+            return False
+
+    def _check_slot(self, op: str, version: str) -> tuple[VerifiedPluginLike | None, str | None]:
+        """Re-verify a slot: signed package still verifies, record and loose files match it exactly."""
         slot = self._slot_dir(op, version)
         if not slot.is_dir():
-            return None, "slot directory missing", None
+            return None, "slot directory missing"
         try:
             record = SlotRecord.model_validate_json((slot / SLOT_RECORD).read_bytes())
             data = (slot / PACKAGE_FILE).read_bytes()
         except (OSError, ValidationError) as e:
-            return None, f"slot record or package unreadable ({type(e).__name__})", None
+            return None, f"slot record or package unreadable ({type(e).__name__})"
         if _sha256(data) != record.package_sha256:
-            return None, "package.bin does not match its recorded sha256", None
+            return None, "package.bin does not match its recorded sha256"
         try:
             plugin = self._verify(data)
             _, admitted_version = check_compatible(plugin, self.policy)
         except SwapRefused as e:
-            return None, f"package no longer verifies or no longer fits this runtime ({e.reason})", e.reason
+            return None, f"package no longer verifies or no longer fits this runtime ({e.reason})"
         if plugin.op != op or admitted_version != version or record.op != op or record.version != version:
-            return None, f"slot holds {plugin.op} {admitted_version}, not {op} {version}", None
+            return None, f"slot holds {plugin.op} {admitted_version}, not {op} {version}"
         expected = {n: _sha256(b) for n, b in plugin.files.items()}
         if record.files != expected:
-            return None, "slot record lists other files than the signed package", None
+            return None, "slot record lists other files than the signed package"
         present = {e.name for e in slot.iterdir()} - {SLOT_RECORD, PACKAGE_FILE}
         if present != set(expected):
-            return None, f"slot files differ from the package (extra/missing: {sorted(present ^ set(expected))})", None
+            return None, f"slot files differ from the package (extra/missing: {sorted(present ^ set(expected))})"
         for name, digest in expected.items():
             if _sha256((slot / name).read_bytes()) != digest:
-                return None, f"{name} does not match the signed package", None
-        return plugin, None, None
+                return None, f"{name} does not match the signed package"
+        return plugin, None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -235,27 +235,52 @@ def test_slot_whose_signer_is_revoked_is_refused_with_the_reason(tmp_path):
 @pytest.mark.parametrize("opener", [
     dict(verify=fakepkg.verifier(fakepkg.key_from_seed(2))),  # a --trust that names another key
     dict(policy=fakepkg.policy(arch="sm_90")),  # a --target of another arch
-], ids=["untrusted_key", "wrong_arch"])
-def test_a_command_opening_with_the_wrong_trust_or_arch_is_refused_and_changes_nothing(tmp_path, opener):
-    """A command run by hand (refuse_policy_drops) with a mistyped --trust / --target: recovery would drop and block
-    the intact versions it serves, a revocation nobody asked for. It is refused before anything is touched; the
-    runtime's own start (the default) still revokes, as the signer test above holds."""
+    # an edgekit whose rmsnorm speaks ABI 2 (another version run by hand on the device)
+    dict(policy=plugin_store.DevicePolicy(device_arch="sm_87", known_abi={"rmsnorm": 2, "swiglu": 1})),
+], ids=["untrusted_key", "wrong_arch", "unknown_abi"])
+def test_a_command_opening_intact_plugins_it_refuses_is_refused_and_changes_nothing(tmp_path, opener):
+    """A command run by hand (refuse_policy_drops) with a mistyped --trust / --target, or another edgekit version:
+    recovery would drop, block and delete the intact versions the device serves, a revocation nobody asked for. It
+    is refused before anything is touched; the runtime's own start (the default) still revokes, as the signer test
+    above holds."""
     root = tmp_path / "s"
     _versions_1_and_2(root)
     before = tree_digest(root)
-    with pytest.raises(StoreError, match=r"rmsnorm 2 \((untrusted_key|wrong_arch): .*; rmsnorm 1 \(.*Nothing was changed") as e:
+    with pytest.raises(StoreError, match=r"rmsnorm 2: package no longer verifies .*\((untrusted_key|wrong_arch|unknown_abi)"
+                                         r"\); rmsnorm 1: .*Nothing was changed") as e:
         open_store(root, refuse_policy_drops=True, **opener)
-    assert e.value.exit_code == 2 and "--trust" in e.value.hint
+    assert e.value.exit_code == 2 and "--trust" in e.value.hint and "restart `edgekit serve`" in e.value.hint
     assert tree_digest(root) == before
     s = open_store(root, refuse_policy_drops=True)  # the right key and arch: as installed, nothing blocked
     assert s.pointer("rmsnorm").version == "2" and not s.pointer("rmsnorm").blocked and not s.recovery
 
 
-def test_a_command_opening_a_damaged_slot_still_recovers_it(tmp_path):
-    """refuse_policy_drops spares only intact slots: damaged bytes are recovered from as ever."""
+def test_a_command_opening_a_pointer_another_edgekit_wrote_is_refused_and_changes_nothing(tmp_path):
+    """A pointer with a field this edgekit does not know (a newer one wrote it) is not damage: repairing it reset
+    the operator to the reference and deleted every slot."""
+    root = tmp_path / "s"
+    _versions_1_and_2(root)
+    path = root / "ops/rmsnorm" / plugin_store.POINTER_FILE
+    path.write_bytes(json.dumps({**json.loads(path.read_bytes()), "from_the_future": 1}).encode())
+    before = tree_digest(root)
+    with pytest.raises(StoreError, match="rmsnorm: its pointer is one this edgekit cannot read"):
+        open_store(root, refuse_policy_drops=True)
+    assert tree_digest(root) == before
+
+
+@pytest.mark.parametrize("untrusted", [False, True])
+def test_a_command_opening_a_damaged_slot_still_recovers_it(tmp_path, untrusted):
+    """refuse_policy_drops spares only intact slots: damaged bytes are recovered from as ever, also where the opener
+    would refuse the signer too (the damage is checked before the refusal is read as the opener's)."""
     root = tmp_path / "s"
     _versions_1_and_2(root)
     (root / "ops/rmsnorm/2/kernel.txt").write_bytes(b"scale=2.5\n")
+    kw = dict(verify=fakepkg.verifier(fakepkg.key_from_seed(2))) if untrusted else {}
+    if untrusted:  # version 1 is intact and refused: the command stops, naming it (and not 2, which is damaged)
+        with pytest.raises(StoreError, match=r"rmsnorm 1: .*Nothing was changed") as e:
+            open_store(root, refuse_policy_drops=True, **kw)
+        assert "rmsnorm 2" not in str(e.value)
+        return
     s = open_store(root, refuse_policy_drops=True)
     assert s.pointer("rmsnorm").version == "1" and "2" in s.pointer("rmsnorm").blocked
 
