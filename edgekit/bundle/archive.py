@@ -15,10 +15,14 @@ is renamed into place only when complete, so a crash leaves no half bundle.
 
 from __future__ import annotations
 
+import gzip
 import io
+import lzma
 import os
+import re
 import shutil
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Collection, Iterable, Mapping
@@ -228,15 +232,36 @@ def read_tar_bytes(
 
 NOT_A_BUNDLE_HINT = ("a bundle is the folder or .tar that `edgekit build` writes; a model file (.gguf, a Hugging Face "
                      "folder) runs with `edgekit generate MODEL`, or builds into a bundle with `edgekit build MODEL`")
+DAMAGED_HINT = "the archive is damaged or cut short: copy it again (its sha256 should match the source's)"
+# What reading a tar can raise besides TarError when its bytes are damaged: a cut-short gzip stream is an EOFError
+# (which the CLI took for Ctrl-C: "Aborted", exit 130), damaged compressed bytes zlib / lzma / gzip errors
+ARCHIVE_READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile)
+
+
+def unreadable_archive(name: str, e: BaseException, opened: bool) -> VerificationError:
+    """The one-line error for an archive tarfile could not read: not a tar at all (``opened`` False: tarfile.open
+    failed; "r:*" lists every compression it tried, one a line, of which the plain tar's says why), or a tar
+    damaged inside."""
+    if not opened:
+        lines = str(e).splitlines()
+        why = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("- method tar:")),
+                   lines[0].rstrip(":") if lines else type(e).__name__)
+        why = re.sub(r"^\w+\('(.*)'\)$", r"\1", why)  # "ReadError('truncated header')" -> "truncated header"
+        return VerificationError(name, f"not a readable tar archive ({why})", hint=NOT_A_BUNDLE_HINT)
+    first = (str(e).splitlines() or [""])[0]
+    return VerificationError(name, f"damaged or truncated archive ({type(e).__name__}: {first})", hint=DAMAGED_HINT)
 
 
 def inspect_archive(archive: str | os.PathLike, *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES) -> list[MemberProblem]:
     """Every problem in an archive's headers (for reports); [] means it is safe to extract."""
+    opened = False
     try:
         with tarfile.open(archive, mode="r:*") as tf:
+            opened = True
             return scan_members(tf.getmembers(), max_total_bytes=max_total_bytes)[1]
-    except (tarfile.TarError, OSError) as e:
-        return [MemberProblem(Path(archive).name, f"not a readable tar archive ({e})")]
+    except (*ARCHIVE_READ_ERRORS, OSError) as e:
+        err = unreadable_archive(Path(archive).name, e, opened)
+        return [MemberProblem(Path(archive).name, f"{err.reason} ({err.hint})")]
 
 
 def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
@@ -258,19 +283,19 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, *, max_tot
     tmp = dest.with_name(f".{dest.name}.extract-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
+    opened = False
     try:
         with tarfile.open(archive, mode="r:*") as tf:
+            opened = True
             files, problems = scan_members(tf.getmembers(), max_total_bytes=max_total_bytes)
             _raise_first(problems, archive.name)
             tmp.mkdir(mode=0o755)
             for info in files:
                 if only is None or _member_name(info) in only:
                     _extract_one(tf, info, tmp)
-    except tarfile.TarError as e:
+    except ARCHIVE_READ_ERRORS as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        # tarfile's "r:*" lists every compression it tried, one line each: the first line says it
-        raise VerificationError(archive.name, f"not a readable tar archive ({str(e).splitlines()[0].rstrip(':')})",
-                                hint=NOT_A_BUNDLE_HINT) from e
+        raise unreadable_archive(archive.name, e, opened) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

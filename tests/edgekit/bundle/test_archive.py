@@ -130,6 +130,27 @@ def test_attack_not_a_tar(tmp_path):
         safe_extract(tmp_path / "junk.tar", tmp_path / "dest")
     # one line (tarfile lists every compression it tried, one a line) and what a bundle is, for a model file given
     assert "\n" not in str(e.value) and "edgekit generate" in e.value.hint
+    (problem,) = inspect_archive(tmp_path / "junk.tar")  # verify's report: the same one line
+    assert "\n" not in problem.reason and "edgekit generate" in problem.reason
+
+
+def test_a_cut_short_compressed_bundle_is_a_damaged_archive_not_an_abort(tmp_path):
+    """A .tar.gz cut short raised gzip's EOFError, which the CLI took for Ctrl-C ("Aborted", exit 130)."""
+    import gzip
+
+    src = tmp_path / "b.tar"
+    with tarfile.open(src, "w") as tf:
+        info = tarfile.TarInfo("manifest.json")
+        data = os.urandom(200_000)
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    whole = gzip.compress(src.read_bytes())
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(VerificationError, match="damaged or truncated archive") as e:
+        safe_extract(cut, tmp_path / "dest")
+    assert "copy it again" in e.value.hint and not (tmp_path / "dest").exists()
+    assert any("damaged or truncated" in p.reason for p in inspect_archive(cut))
 
 
 def test_list_tree_refuses_symlinks(tmp_path):
