@@ -39,15 +39,17 @@ def print_json(data: Any) -> None:
 
 
 def write_json_file(path, data: Any) -> None:
-    """A JSON document to a file (plan -o, bench --json), replaced atomically. Missing parent folders are created,
-    as ``check_output_path`` (asked before the work) promises."""
+    """A JSON document to a file (plan -o, bench --json), replaced atomically, strict as ``print_json``'s. Missing
+    parent folders are created, as ``check_output_path`` (asked before the work) promises."""
     from pathlib import Path
 
     from edgekit.durable import replace_atomically
 
+    from edgekit.strict_json import finite_json
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+    path.parent.mkdir(parents=True, exist_ok=True)  # strict JSON, as print_json: NaN / inf are null
+    replace_atomically(path, (json.dumps(finite_json(data), indent=2, default=str, allow_nan=False) + "\n").encode())
 
 
 def json_was_printed() -> bool:

@@ -71,15 +71,15 @@ class PowerSample:
             "gpu_load_pct": self.gpu_load_pct,
             "temps_c": {k: round(v, 3) for k, v in self.temps_c.items()},
         }
-        if self.rails_sum_mw is not None:
-            d["rails_sum_mw"] = round(self.rails_sum_mw, 3)
-            d["rails_sum_of"] = list(self.rails_sum_of)
+        d["rails_sum_mw"] = None if self.rails_sum_mw is None else round(self.rails_sum_mw, 3)  # a reading: always
+        d["rails_sum_of"] = list(self.rails_sum_of) if self.rails_sum_mw is not None else []
         for k in ("rails_avg_mw", "rails_third_mw", "placeholder_temps_c", "oc_event_counts", "oc_throttle_enabled", "trips"):
             v = getattr(self, k)
             if v:
                 d[k] = dict(v)
         # readings: always there, null where this source or this sample has none (a CPU's load is a difference of
-        # two reads, so the first sample has none), so every line of a stream has the same keys
+        # two reads, so the first sample has none), so every line of a stream has the readings' keys (the maps below
+        # and reason / unreadable are there only when they say something)
         for k in ("gpu_freq_mhz", "gpu_max_freq_mhz", "emc_freq_mhz", "emc_load_pct", "cpu_load_pct", "mem_used_mb",
                   "mem_total_mb", "energy_mj"):
             d[k] = getattr(self, k)

@@ -186,9 +186,11 @@ def load_signing_key(path: str | os.PathLike) -> SigningKey:
         raise BundleError(f"signing key {p} not found", hint=HOW_TO_MAKE_A_KEY)
     with p.open("rb") as f:  # a public key is a mix-up, not a secret left readable: say so before the mode check
         if f.read(64).lstrip().startswith(b"-----BEGIN PUBLIC KEY-----"):
+            private = next((c for c in (p.with_suffix(".key"), p.with_name(PRIVATE_KEY_FILE)) if c.is_file()),
+                           p.with_name(PRIVATE_KEY_FILE))  # release.pub's release.key, else edgekit.key beside it
             raise VerificationError(str(p), "this is a public key; signing needs the private key",
-                                    hint=f"pass {p.with_name(PRIVATE_KEY_FILE)} (written beside {p.name} by "
-                                         "`edgekit keys generate`), and give the .pub to the devices as --trust")
+                                    hint=f"pass {private} (`edgekit keys generate` writes both), and give the .pub "
+                                         "to the devices as --trust")
     mode = stat.S_IMODE(p.stat().st_mode)
     if mode & 0o077:
         raise VerificationError(

@@ -342,9 +342,9 @@ def load_target(name: str, extra_dir: Path | str | None = None) -> Target:
     if name.endswith((".yaml", ".yml")):
         if Path(name).exists():
             return load_target_file(Path(name))
-        if os.sep in name or (os.altsep and os.altsep in name):  # a path, not a name: say it is missing
-            raise ConfigError(f"target file {name} does not exist",
-                              hint="give an existing profile file, or a target name (run `edgekit targets`)")
+        # a file name, not a target name (those have no .yaml): say it is missing
+        raise ConfigError(f"target file {name} does not exist",
+                          hint="give an existing profile file, or a target name (run `edgekit targets`)")
     dirs = target_dirs(extra_dir)
     # Look only at the file asked for, so one broken user profile does not block the others.
     for d, _ in reversed(dirs):

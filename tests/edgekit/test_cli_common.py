@@ -35,3 +35,10 @@ def test_write_json_file_creates_missing_parent_folders(tmp_path):
     cli_common.write_json_file(out, {"x": 1})
     assert json.loads(out.read_text()) == {"x": 1}
     assert [p.name for p in out.parent.iterdir()] == ["doc.json"]
+
+
+def test_write_json_file_is_strict_json_like_print_json(tmp_path):
+    """bench --json wrote NaN where a power window had no time (power_w); plan -o the same writer."""
+    out = tmp_path / "doc.json"
+    cli_common.write_json_file(out, {"power_w": math.nan, "rows": [{"x": math.inf}]})
+    assert json.loads(out.read_text(), parse_constant=_refuse) == {"power_w": None, "rows": [{"x": None}]}

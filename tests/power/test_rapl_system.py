@@ -89,4 +89,4 @@ def test_every_sample_of_a_stream_has_the_same_keys_absent_readings_null():
     time.sleep(0.15)
     second = s.read(0.15).to_dict()
     assert first["cpu_load_pct"] is None and second["cpu_load_pct"] is not None
-    assert set(first) == set(second) and first["gpu_freq_mhz"] is None
+    assert set(first) == set(second) and first["gpu_freq_mhz"] is None and first["rails_sum_mw"] is None

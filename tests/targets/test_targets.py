@@ -177,6 +177,8 @@ def test_unknown_target_and_missing_directory(tmp_path):
         load_target("orin", tmp_path / "a.gguf")
     with pytest.raises(ConfigError, match=r"target file .*nope\.yaml does not exist"):
         load_target(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match=r"target file myboard\.yml does not exist"):  # no folder in the name
+        load_target("myboard.yml")
 
 
 def test_cli_refuses_a_bad_user_target_in_one_line(tmp_path):
