@@ -182,8 +182,10 @@ def agent(
             continue
         if json_out and once:
             print_json(report.to_dict())
-        elif json_out:  # JSON lines: one compact report per pass, flushed for log shippers
-            print(json.dumps(report.to_dict(), default=str), flush=True)
+        elif json_out:  # JSON lines: one compact report per pass, flushed for log shippers; strict as print_json's
+            from edgekit.strict_json import finite_json
+
+            print(json.dumps(finite_json(report.to_dict()), default=str, allow_nan=False), flush=True)
         else:
             _print_report(report)
         if once:

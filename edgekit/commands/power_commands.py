@@ -16,8 +16,11 @@ from edgekit.cli_common import console
 
 
 def _emit(record: dict) -> None:
-    """One JSON object per line on stdout (for --json)."""
-    sys.stdout.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+    """One JSON object per line on stdout (for --json), strict as print_json's: NaN / inf are null (an empty
+    window's jitter statistics are NaN)."""
+    from edgekit.strict_json import finite_json
+
+    sys.stdout.write(json.dumps(finite_json(record), separators=(",", ":"), default=str, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

@@ -42,3 +42,12 @@ def test_write_json_file_is_strict_json_like_print_json(tmp_path):
     out = tmp_path / "doc.json"
     cli_common.write_json_file(out, {"power_w": math.nan, "rows": [{"x": math.inf}]})
     assert json.loads(out.read_text(), parse_constant=_refuse) == {"power_w": None, "rows": [{"x": None}]}
+
+
+def test_monitor_json_lines_are_strict_json(capsys):
+    """monitor --attach --json printed NaN for an empty window's jitter statistics (mean_ms, std_ms, ...)."""
+    from edgekit.commands.power_commands import _emit
+
+    _emit({"kind": "jitter", "evidence": {"mean_ms": math.nan, "max_ms": math.inf, "n": 0}})
+    assert json.loads(capsys.readouterr().out, parse_constant=_refuse) == {
+        "kind": "jitter", "evidence": {"mean_ms": None, "max_ms": None, "n": 0}}
