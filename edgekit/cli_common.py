@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -32,9 +31,9 @@ _JSON_PRINTED = []  # a document went out: a failure after it (verify's report, 
 def print_json(data: Any) -> None:
     """Machine-readable output on stdout (nothing else is printed there when --json is given). Strict JSON: a
     non-finite float (an exact match's infinite SNR) is null, not Infinity, which JSON readers refuse."""
-    from edgekit.strict_json import finite_json
+    from edgekit.strict_json import strict_dumps
 
-    sys.stdout.write(json.dumps(finite_json(data), indent=2, default=str, allow_nan=False) + "\n")
+    sys.stdout.write(strict_dumps(data, indent=2) + "\n")
     _JSON_PRINTED.append(True)
 
 
@@ -44,12 +43,11 @@ def write_json_file(path, data: Any) -> None:
     from pathlib import Path
 
     from edgekit.durable import replace_atomically
-
-    from edgekit.strict_json import finite_json
+    from edgekit.strict_json import strict_dumps
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)  # strict JSON, as print_json: NaN / inf are null
-    replace_atomically(path, (json.dumps(finite_json(data), indent=2, default=str, allow_nan=False) + "\n").encode())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(path, (strict_dumps(data, indent=2) + "\n").encode())
 
 
 def json_was_printed() -> bool:

@@ -3,6 +3,7 @@ writes them by default; JavaScript's JSON.parse, jq and most other readers refus
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Callable
 
@@ -22,3 +23,9 @@ def finite_json(x: Any, replace: Callable[[float], Any] = _null) -> Any:
     if isinstance(x, (list, tuple)):
         return [finite_json(v, replace) for v in x]
     return x
+
+
+def strict_dumps(x: Any, *, replace: Callable[[float], Any] = _null, **kwargs: Any) -> str:
+    """``json.dumps`` of ``finite_json(x, replace)`` with ``allow_nan=False`` (and ``default=str``, which every
+    edgekit document uses for paths and the like): the one way edgekit spells a JSON document."""
+    return json.dumps(finite_json(x, replace), allow_nan=False, default=str, **kwargs)

@@ -6,7 +6,6 @@ Registered on edgekit.cli.app when imported.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -183,9 +182,9 @@ def agent(
         if json_out and once:
             print_json(report.to_dict())
         elif json_out:  # JSON lines: one compact report per pass, flushed for log shippers; strict as print_json's
-            from edgekit.strict_json import finite_json
+            from edgekit.strict_json import strict_dumps
 
-            print(json.dumps(finite_json(report.to_dict()), default=str, allow_nan=False), flush=True)
+            print(strict_dumps(report.to_dict()), flush=True)
         else:
             _print_report(report)
         if once:

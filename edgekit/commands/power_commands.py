@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -18,9 +17,9 @@ from edgekit.cli_common import console
 def _emit(record: dict) -> None:
     """One JSON object per line on stdout (for --json), strict as print_json's: NaN / inf are null (an empty
     window's jitter statistics are NaN)."""
-    from edgekit.strict_json import finite_json
+    from edgekit.strict_json import strict_dumps
 
-    sys.stdout.write(json.dumps(finite_json(record), separators=(",", ":"), default=str, allow_nan=False) + "\n")
+    sys.stdout.write(strict_dumps(record, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 

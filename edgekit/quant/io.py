@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -10,14 +9,14 @@ import torch
 from edgekit.durable import replace_atomically
 from edgekit.model.layers import dtype_from_name
 from edgekit.model.weights_file import WEIGHTS_FILE, serialize
-from edgekit.strict_json import finite_json
+from edgekit.strict_json import strict_dumps
 
 REPORT_FILE = "report.json"
 
 
 def report_bytes(report: dict) -> bytes:
     """report.json is strict JSON: infinities (an exact match has infinite SNR) become strings."""
-    return (json.dumps(finite_json(report, str), indent=2, default=str, allow_nan=False) + "\n").encode()
+    return (strict_dumps(report, replace=str, indent=2) + "\n").encode()
 
 
 def check_quantize_directory(directory: Path, flag: str = "-o") -> None:

@@ -164,6 +164,18 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _loose_files_problem(slot: Path, expected: Mapping[str, str]) -> str | None:
+    """Why the slot's loose files (all but its record and package) are not exactly ``expected`` (name -> sha256 of
+    the signed package's file), or None."""
+    present = {e.name for e in slot.iterdir()} - {SLOT_RECORD, PACKAGE_FILE}
+    if present != set(expected):
+        return f"slot files differ from the package (extra/missing: {sorted(present ^ set(expected))})"
+    for name, digest in expected.items():
+        if _sha256((slot / name).read_bytes()) != digest:
+            return f"{name} does not match the signed package"
+    return None
+
+
 class Pointer(BaseModel):
     """ops/<op>/active. ``version`` None means the base serves the operator: the bundle's own plugin
     (``base == "bundle"`` and the bundle ships one), else the torch reference."""
@@ -782,9 +794,7 @@ class PluginStore:
             record = SlotRecord.model_validate_json((slot / SLOT_RECORD).read_bytes())
             if _sha256((slot / PACKAGE_FILE).read_bytes()) != record.package_sha256:
                 return False
-            present = {e.name for e in slot.iterdir()} - {SLOT_RECORD, PACKAGE_FILE}
-            return present == set(record.files) and all(
-                _sha256((slot / n).read_bytes()) == d for n, d in record.files.items())
+            return _loose_files_problem(slot, record.files) is None
         except (OSError, ValidationError):
             return False
 
@@ -818,13 +828,8 @@ class PluginStore:
         expected = {n: _sha256(b) for n, b in plugin.files.items()}
         if record.files != expected:
             return None, "slot record lists other files than the signed package"
-        present = {e.name for e in slot.iterdir()} - {SLOT_RECORD, PACKAGE_FILE}
-        if present != set(expected):
-            return None, f"slot files differ from the package (extra/missing: {sorted(present ^ set(expected))})"
-        for name, digest in expected.items():
-            if _sha256((slot / name).read_bytes()) != digest:
-                return None, f"{name} does not match the signed package"
-        return plugin, None
+        problem = _loose_files_problem(slot, expected)
+        return (None, problem) if problem else (plugin, None)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -9,6 +9,7 @@ from cryptography.hazmat.primitives import serialization
 from typer.testing import CliRunner
 
 import realpkg
+from conftest import tree_digest
 from edgekit.cli import _register_commands, app
 from edgekit.errors import EdgekitError
 
@@ -69,8 +70,6 @@ def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_pat
 
 def test_store_status_with_the_wrong_trust_or_target_is_refused_and_deletes_nothing(cli, files, tmp_path):
     """A mistyped --trust or --target once made `store status` drop, delete and block the served version."""
-    from conftest import tree_digest
-
     pub, pkgs = files
     store = tmp_path / "device"
     r = cli("store", "install", pkgs[1], "--store", store, "--target", "orin", "--trust", pub, "--json")
