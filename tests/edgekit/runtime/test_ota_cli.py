@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives import serialization
 from typer.testing import CliRunner
 
 import realpkg
-from conftest import tree_digest
+from runtime_helpers import tree_digest
 from edgekit.cli import _register_commands, app
 from edgekit.errors import EdgekitError
 

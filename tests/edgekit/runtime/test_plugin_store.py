@@ -6,7 +6,7 @@ import io
 import json
 
 import pytest
-from conftest import tree_digest
+from runtime_helpers import tree_digest
 
 import fakepkg
 from edgekit.runtime.plugin_policy import SwapRefused

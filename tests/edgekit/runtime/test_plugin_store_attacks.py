@@ -10,7 +10,7 @@ import os
 import shutil
 
 import pytest
-from conftest import tree_digest
+from runtime_helpers import tree_digest
 
 import fakepkg
 from edgekit.runtime import plugin_store

@@ -9,7 +9,7 @@ graphs they run), and the stack counts a request only for the plugins among them
 
 from __future__ import annotations
 
-from conftest import plugin_packages
+from runtime_helpers import plugin_packages
 
 from edgekit.model.chunked_prefill import CHUNK_ANSWERS
 from edgekit.runtime.op_usage import OpUsage

@@ -6,7 +6,7 @@ import io
 import tarfile
 
 import pytest
-from conftest import tree_digest
+from runtime_helpers import tree_digest
 
 import realpkg
 from edgekit.bundle.golden import run_reference

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import write_admin_token
+from runtime_helpers import write_admin_token
 
 from edgekit.runtime.engine import Engine
 from edgekit.runtime.server import create_app

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import plugin_packages
+from runtime_helpers import plugin_packages
 
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 

@@ -15,7 +15,7 @@ from multiprocessing import get_context
 import httpx
 import pytest
 
-from conftest import live_server
+from runtime_helpers import live_server
 
 from edgekit.runtime.server import MAX_REQUEST_BODY_BYTES, create_app
 from edgekit.runtime.swap_load import post_bodies

@@ -38,7 +38,7 @@ def test_the_report_follows_the_runner_a_swap_installs(tiny_server):
 def test_the_metric_flips_to_per_operator_when_a_subsumed_operator_is_swapped():
     """A bundle's fused plugins (the reference math on the CPU) run the fused path; a swap of an operator they
     subsume moves decode, /metrics and /healthz to per-operator, with the operator named in the reason."""
-    from conftest import live_server
+    from runtime_helpers import live_server
 
     from edgekit.kernels.dispatch import DispatchTable
     from edgekit.model.loader import load_model

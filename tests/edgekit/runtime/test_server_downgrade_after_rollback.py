@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from conftest import plugin_packages
+from runtime_helpers import plugin_packages
 
 
 def test_older_version_after_rollback_to_the_reference_is_a_downgrade(tiny_server, tiny_bundle):

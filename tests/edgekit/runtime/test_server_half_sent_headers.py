@@ -66,7 +66,7 @@ def test_a_reconnect_loop_of_half_sent_headers_from_one_address_cannot_lock_out_
     100, 150 sockets from 127.0.0.1; the other client connects from 127.0.0.2, also loopback.)"""
     import threading
 
-    from conftest import live_server
+    from runtime_helpers import live_server
     from edgekit.runtime.server import create_app
 
     stop = threading.Event()

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import live_server
+from runtime_helpers import live_server
 
 from edgekit.runtime.server import MAX_REQUEST_BODY_BYTES, create_app
 

@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from conftest import plugin_packages
+from runtime_helpers import plugin_packages
 
 from edgekit.kernels.rmsnorm import rmsnorm_reference
 
@@ -35,7 +35,7 @@ def test_requests_swaps_rollbacks_and_faults_are_json_lines(tiny_server, tiny_bu
 
 def test_an_unwritable_log_never_turns_a_request_into_a_500(tiny_stack, tmp_path):
     """#32 row 7: `serve --log /dev/full`. Every answer keeps its own status; the lost records are counted."""
-    from conftest import ADMIN_TOKEN, live_server, write_admin_token
+    from runtime_helpers import ADMIN_TOKEN, live_server, write_admin_token
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.runtime.server import create_app
 

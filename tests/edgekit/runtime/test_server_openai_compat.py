@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from conftest import live_server
+from runtime_helpers import live_server
 
 from edgekit.runtime.server import create_app
 

@@ -17,7 +17,7 @@ from multiprocessing import get_context
 import httpx
 import pytest
 
-from conftest import plugin_packages
+from runtime_helpers import plugin_packages
 
 from edgekit.kernels.swiglu import swiglu_reference
 from edgekit.power.policy import PolicyConfig

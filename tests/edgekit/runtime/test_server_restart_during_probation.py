@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from conftest import plugin_packages
+from runtime_helpers import plugin_packages
 
 from edgekit.runtime.bundle_runtime import open_bundle
 from edgekit.runtime.serving import ServingStack, open_store
@@ -96,7 +96,7 @@ def test_sigterm_of_a_real_server_keeps_the_probation(tiny_bundle, tmp_path):
     import sys
     import time
 
-    from conftest import write_admin_token
+    from runtime_helpers import write_admin_token
 
     token = "sigterm-test-admin-token-0123456789"
     tok = write_admin_token(tmp_path / "admin.token", token)

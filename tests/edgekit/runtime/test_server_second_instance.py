@@ -15,7 +15,7 @@ import sys
 
 import httpx
 
-from conftest import plugin_packages, tree_digest
+from runtime_helpers import plugin_packages, tree_digest
 
 
 def _serve(bundle, store, port: int, timeout_s: float = 60) -> subprocess.CompletedProcess:

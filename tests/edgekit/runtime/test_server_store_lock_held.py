@@ -11,7 +11,7 @@ import os
 
 import httpx
 
-from conftest import plugin_packages
+from runtime_helpers import plugin_packages
 
 import edgekit.runtime.plugin_store as plugin_store
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import write_admin_token
+from runtime_helpers import write_admin_token
 
 from edgekit.runtime.http_guard import AdminTokenError, read_admin_token
 

@@ -8,7 +8,7 @@ the call's 1e-5: a data-only bug, ~2% off) is refused and nothing changes.
 from __future__ import annotations
 
 import pytest
-from conftest import tree_digest
+from runtime_helpers import tree_digest
 
 import realpkg
 from edgekit.runtime.plugin_checks import golden_checker, gpu_runner, package_verifier

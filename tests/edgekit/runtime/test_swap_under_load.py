@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import live_server, plugin_packages, write_admin_token
+from runtime_helpers import live_server, plugin_packages, write_admin_token
 
 from edgekit.runtime.bundle_runtime import open_bundle
 from edgekit.runtime.server import create_app

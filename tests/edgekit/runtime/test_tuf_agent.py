@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import tree_digest
+from runtime_helpers import tree_digest
 
 import fakepkg
 from edgekit.runtime.agent import choose_offers, run_once

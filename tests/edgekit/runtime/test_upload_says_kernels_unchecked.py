@@ -9,7 +9,7 @@ import httpx
 import pytest
 import torch
 
-from conftest import plugin_packages
+from runtime_helpers import plugin_packages
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the golden check runs the kernels themselves")
