@@ -14,6 +14,11 @@ SUPPORTED_ARCHS = (80, 86, 87, 89, 90)
 _PREFIX = "sm_"
 
 
+def arch_of_capability(major: int, minor: int) -> int:
+    """A compute capability (torch's ``get_device_capability``, cudaDeviceProp) as one arch number: (8, 7) -> 87."""
+    return 10 * int(major) + int(minor)
+
+
 def arch_name(arch: int) -> str:
     """87 -> "sm_87": the arch as target profiles, JSON and messages write it."""
     return f"{_PREFIX}{arch}"

@@ -28,7 +28,7 @@ import torch
 
 from edgekit.errors import BundleError, OperatorError
 from edgekit.kernels.abi import hidden_args_for
-from edgekit.kernels.arch import arch_name
+from edgekit.kernels.arch import arch_name, arch_of_capability
 from edgekit.kernels.launch_rule import Pointer, validate_program
 
 MAX_STATIC_SHARED = 48 * 1024  # above this a kernel must opt in to dynamic shared memory
@@ -73,8 +73,7 @@ def _cuda_device(device: torch.device | int | str | None) -> torch.device:
 
 
 def device_arch(device: torch.device | int | None = None) -> int:
-    major, minor = torch.cuda.get_device_capability(device)
-    return major * 10 + minor
+    return arch_of_capability(*torch.cuda.get_device_capability(device))
 
 
 _CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64,

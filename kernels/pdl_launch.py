@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from functools import lru_cache
 from contextvars import ContextVar
 
+from edgekit.kernels.arch import arch_of_capability
+
 MIN_ARCH = 90  # griddepcontrol: Hopper and newer
 DEFAULT_LEVEL = 2
 LEVELS = (0, 1, 2)
@@ -150,6 +152,5 @@ def pdl_level(device, op: str | None = None) -> int:
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _ARCH_BY_DEVICE:
-        major, minor = torch.cuda.get_device_capability(index)
-        _ARCH_BY_DEVICE[index] = 10 * major + minor
+        _ARCH_BY_DEVICE[index] = arch_of_capability(*torch.cuda.get_device_capability(index))
     return level_for(_ARCH_BY_DEVICE[index], requested_level(), _STEP_LEVEL.get(), op)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
 
+from edgekit.kernels.arch import arch_of_capability
 from edgekit.kernels.launch_rule import LaunchCheckError, Pointer, dtype_name, resolve_program
 
 TORCH_DTYPES = {
@@ -59,7 +60,7 @@ def device_properties(device: torch.device) -> dict[str, int]:
             smem = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "max_shared_memory_per_block_optin", 0)
             per_sm = getattr(p, "shared_memory_per_multiprocessor", 0) or getattr(p, "max_shared_memory_per_multiprocessor", 0)
             _DEVICE_PROPS[index] = {"sm_count": int(p.multi_processor_count), "max_shared_bytes": int(smem or 0),
-                                    "shared_bytes_per_sm": int(per_sm or 0), "arch": 10 * int(p.major) + int(p.minor)}
+                                    "shared_bytes_per_sm": int(per_sm or 0), "arch": arch_of_capability(p.major, p.minor)}
         props = _DEVICE_PROPS[index]
     seen = getattr(_SEEN_SMS, "n", None)
     return props if seen is None else {**props, "sm_count": seen}

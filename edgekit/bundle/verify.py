@@ -37,7 +37,7 @@ from edgekit.bundle.manifest import (
 )
 from edgekit.bundle.plugin import check_kernel_files, check_operator_compat, parse_plugin_metadata
 from edgekit.errors import EdgekitError, VerificationError
-from edgekit.kernels.arch import arch_name
+from edgekit.kernels.arch import arch_name, arch_of_capability
 
 Status = Literal["pass", "fail", "warn", "skip"]
 Keys = Iterable[Ed25519PublicKey] | TrustedKeys
@@ -314,8 +314,7 @@ def detect_local_arch() -> Optional[int]:
         import torch
 
         if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability(0)
-            return major * 10 + minor
+            return arch_of_capability(*torch.cuda.get_device_capability(0))
     except Exception:  # no driver, broken CUDA install: same as no GPU for reporting purposes
         return None
     return None

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from edgekit.errors import EdgekitError
-from edgekit.kernels.arch import arch_name
+from edgekit.kernels.arch import arch_name, arch_of_capability
 from edgekit.measured_on import measured_on as device_measured_on
 from edgekit.power.jsonl import JsonlLogger
 from edgekit.runtime.bundle_runtime import OpenedBundle
@@ -429,8 +429,7 @@ def open_store(path: Path, bundle: OpenedBundle, trusted_keys, *, allow_dev_key:
     from edgekit.runtime.plugin_store import PluginStore, default_known_abi
 
     if bundle.device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(bundle.device)
-        arch = arch_name(10 * major + minor)
+        arch = arch_name(arch_of_capability(*torch.cuda.get_device_capability(bundle.device)))
     else:
         arch = bundle.manifest.target.arch_name  # no GPU: accept what the bundle was built for
     bundle_golden = {}

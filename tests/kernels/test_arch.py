@@ -7,13 +7,18 @@ import typing
 
 import pytest
 
-from edgekit.kernels.arch import SUPPORTED_ARCH_NAMES, SUPPORTED_ARCHS, arch_name, arch_number
+from edgekit.kernels.arch import SUPPORTED_ARCH_NAMES, SUPPORTED_ARCHS, arch_name, arch_number, arch_of_capability
 
 
 def test_an_arch_is_spelled_sm_and_its_number():
     assert arch_name(87) == "sm_87" and arch_name(100) == "sm_100"
     assert arch_number("sm_87") == 87 and arch_number("sm_120") == 120
     assert SUPPORTED_ARCH_NAMES == ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90")
+
+
+def test_a_compute_capability_is_one_arch_number():
+    # Orin (8.7), H100/H200 (9.0), Blackwell (10.0, 12.0): the minor digit never carries into the major
+    assert [arch_of_capability(*cc) for cc in [(8, 7), (9, 0), (10, 0), (12, 0)]] == [87, 90, 100, 120]
 
 
 @pytest.mark.parametrize("name", ["87", "sm87", "SM_87", "cuda:87", "sm_", "sm_87a", "sm_ 87", "sm_+87", "sm_８７"])
