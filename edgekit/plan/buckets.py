@@ -52,6 +52,19 @@ def load_trace(path: Path | str) -> Trace:
         raise ConfigError(f"trace {path}: is a directory, expected a JSONL file",
                           hint='pass a file, one {"prompt_tokens": N, "completion_tokens": M} per line')
     prompts, completions = [], []
+    try:
+        _read_trace_lines(path, prompts, completions)
+    except OSError as e:  # unreadable (permissions, an I/O error): the one-line error the other bad traces get
+        raise ConfigError(f"trace {path}: cannot be read ({e.strerror or e})",
+                          hint="pass a readable JSONL file (check its permissions), one "
+                               '{"prompt_tokens": N, "completion_tokens": M} per line') from e
+    if not prompts:
+        raise ConfigError(f"trace {path}: no requests in it", hint='one {"prompt_tokens": N, "completion_tokens": M} per line')
+    return Trace(np.asarray(prompts, dtype=np.int64), np.asarray(completions, dtype=np.int64), str(path))
+
+
+def _read_trace_lines(path: Path, prompts: list[int], completions: list[int]) -> None:
+    """Append each request of the JSONL trace at `path`; a bad line raises ConfigError with its number."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
@@ -74,9 +87,6 @@ def load_trace(path: Path | str) -> Trace:
                 ) from e
             prompts.append(r.prompt_tokens)
             completions.append(r.completion_tokens)
-    if not prompts:
-        raise ConfigError(f"trace {path}: no requests in it", hint='one {"prompt_tokens": N, "completion_tokens": M} per line')
-    return Trace(np.asarray(prompts, dtype=np.int64), np.asarray(completions, dtype=np.int64), str(path))
 
 
 def _align_up(x: np.ndarray | int, align: int):

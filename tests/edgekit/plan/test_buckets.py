@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,6 +95,14 @@ def test_a_directory_as_trace_is_a_one_line_error(tmp_path):
     """`plan --trace .` gave an IsADirectoryError traceback."""
     with pytest.raises(ConfigError, match=r"is a directory, expected a JSONL file"):
         load_trace(tmp_path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux /proc")
+def test_a_trace_that_cannot_be_read_is_a_one_line_error():
+    """A file that exists but cannot be read gave an OSError traceback. /proc/self/mem opens and then fails its
+    first read (EIO) for root too, where a chmod 000 file would not fail at all."""
+    with pytest.raises(ConfigError, match=r"trace /proc/self/mem: cannot be read \(Input/output error\)"):
+        load_trace("/proc/self/mem")
 
 
 def test_a_trace_with_non_utf8_bytes_is_a_one_line_error_naming_the_line(tmp_path):
