@@ -123,7 +123,11 @@ def list_cmd(
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help="With --trust: also accept the public development key."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON rows instead of a table."),
 ) -> None:
-    """One row per plugin: operator, version, where it comes from (bundle, store, package), arch, kernels."""
+    """One row per plugin: operator, version, where it comes from (bundle, store, package), arch, kernels.
+
+    The activations column (JSON: precision) is the activation dtype the kernels were compiled for. It is not the
+    weights' format: one plugin carries kernels for each weight format (e.g. norm_qkv_rope_fp / _w8 / _w4), and the
+    bundle's weights say which one each layer runs (edgekit info BUNDLE)."""
     kind, rows = _rows(path, bundle, trust, allow_dev_key)
     if json_out:
         print_json([{k: v for k, v in r.items() if k != "metadata"} for r in rows])
@@ -136,7 +140,8 @@ def list_cmd(
             t.add_row(r["op"], _text(r["version"], "reference"), r["source"], r["state"], _text(r["previous"], "-"),
                       ", ".join(map(str, r["blocked"])) or "-")
     else:
-        for col in ("op", "version", "arch", "kernels", "precision", "signature" if kind == "package" else "path"):
+        # "activations", not "precision": an INT8 bundle's plugins read as "fp16" here, the activations they take
+        for col in ("op", "version", "arch", "kernels", "activations", "signature" if kind == "package" else "path"):
             t.add_column(col)
         for r in rows:
             t.add_row(r["op"], str(r["version"]), r["arch"], ", ".join(r["kernels"]), ", ".join(r["precision"]),

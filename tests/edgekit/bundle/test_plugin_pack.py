@@ -4,6 +4,7 @@ bytes the bundle did not sign, or kernels for another GPU, are refused."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -30,8 +31,9 @@ def keys(tmp_path_factory):
     return load_signing_key(priv), load_public_key(pub)
 
 
-def edgekit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=300)
+def edgekit(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_extra} if env_extra else None
+    return subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_packed_plugin_verifies_with_the_new_version_and_the_bundles_kernels(bundle, keys):
@@ -70,6 +72,9 @@ def test_list_and_show_a_bundle(bundle):
     r = edgekit("plugin", "list", str(bundle), "--json")
     assert r.returncode == 0, r.stderr
     assert {row["op"] for row in json.loads(r.stdout)} == ops
+    # the table names the kernels' dtype as what it is: an INT8 bundle's plugins say fp16 there, their activations
+    table = edgekit("plugin", "list", str(bundle), env_extra={"COLUMNS": "400"}).stdout
+    assert " activations " in table and " precision " not in table
     r = edgekit("plugin", "show", str(bundle), "rmsnorm")
     shown = json.loads(r.stdout)
     assert shown["version"] == 1 and shown["metadata"]["kernels"][0]["kernel"] == "rmsnorm_fwd"
