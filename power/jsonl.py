@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import EdgekitError
+from edgekit.strict_json import strict_dumps
 
 LOG_FORMAT_VERSION = 1
 
@@ -68,7 +69,8 @@ class JsonlLogger:
         return fd
 
     def write(self, record: dict[str, Any], flush: bool = False) -> None:
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        # strict JSON (null for an empty window's NaN jitter): jq and other readers refuse Python's NaN token
+        line = strict_dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
             if self._fd is None:
                 return
@@ -138,7 +140,7 @@ class JsonlLogger:
             return
         if self._meta is not None:
             meta = {**self._meta, "rotated_from": f"{self.path.name}.1"}
-            self._write_lines([(json.dumps(meta, separators=(",", ":"), default=str) + "\n").encode()], count=False)
+            self._write_lines([(strict_dumps(meta, separators=(",", ":")) + "\n").encode()], count=False)
 
     def meta(self, **fields: Any) -> None:
         record = {"type": "meta", "format_version": LOG_FORMAT_VERSION, "t_s": time.time(), **fields}

@@ -21,7 +21,6 @@ All figures are measured on the local GPU (random weights: speed does not depend
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import traceback
@@ -30,7 +29,9 @@ from pathlib import Path
 import torch
 
 from edgekit.bench import release_goals
+from edgekit.durable import replace_atomically
 from edgekit.measured_on import measured_on
+from edgekit.strict_json import strict_dumps
 
 ENGINES = ("edgekit", "edgekit-fused")  # per-operator, fused super-operators
 DEFAULT_ENGINES = ("edgekit-fused",)
@@ -258,7 +259,8 @@ def run(args) -> dict:
     def save():
         doc["goals"] = release_goals.evaluate(doc, LLAMA_KIND)
         if args.json:
-            args.json.write_text(json.dumps(doc, indent=1, default=str))
+            # atomic (a run cut short by its time limit keeps the last whole document) and strict JSON
+            replace_atomically(args.json, (strict_dumps(doc, indent=1) + "\n").encode())
 
     files = {}
     precisions_of = preset_precisions(args.presets, tuple(args.precisions))
@@ -291,7 +293,7 @@ def run(args) -> dict:
                     doc["llama_cpp"].append(r)
             except Exception as e:
                 doc["llama_cpp"].append({"model": preset, "error": f"{type(e).__name__}: {e}", "file_kind": "-", "test": "-",
-                                         "tokens_per_s": float("nan")})
+                                         "tokens_per_s": None})
             save()
     else:
         doc["llama_cpp_note"] = "llama.cpp binaries not available: no baseline rows"

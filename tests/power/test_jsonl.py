@@ -43,3 +43,24 @@ def test_an_existing_log_with_an_open_mode_is_narrowed_to_0600(tmp_path):
     with JsonlLogger(path) as log:
         log.write({"type": "event"})
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_records_are_strict_json_lines_and_read_back(tmp_path):
+    """The log wrote Python's NaN token (an attach-mode jitter event's window statistics, which a scrape does not
+    have), so `jq` and every non-Python reader refused the line. Non-finite values are null; read_log and
+    `edgekit report`'s reader give them back as None."""
+    import math
+
+    from edgekit.power.jsonl import read_log
+
+    path = tmp_path / "monitor.jsonl"
+    log = JsonlLogger(path, flush_interval_s=0.0)
+    log.write({"type": "event", "t_s": 1.0, "kind": "jitter", "evidence": {"mean_ms": math.nan, "max_ms": math.inf}})
+    log.close()
+
+    def refuse(token):
+        raise AssertionError(f"not strict JSON: {token}")
+
+    lines = path.read_text().splitlines()
+    assert [json.loads(line, parse_constant=refuse)["evidence"] for line in lines] == [{"mean_ms": None, "max_ms": None}]
+    assert read_log(path).events[0]["evidence"] == {"mean_ms": None, "max_ms": None}

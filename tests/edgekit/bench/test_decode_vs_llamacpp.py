@@ -37,6 +37,25 @@ def test_the_table_puts_llama_cpp_beside_each_row_with_its_ratio():
     assert "measured on the GPU (NVIDIA H200)" in lines[0]
 
 
+def test_a_failed_llama_cpp_model_is_a_null_figure_the_table_and_goals_read_as_missing():
+    """The script's error row for a llama.cpp model that did not run: tokens_per_s is null (it was NaN, which the
+    JSON file then spelt as a token strict readers refuse); the table prints no ratio and the goal is not judged."""
+    import json
+
+    from edgekit.bench import release_goals
+    from edgekit.bench.decode_vs_llamacpp import LLAMA_KIND
+    from edgekit.strict_json import strict_dumps
+
+    doc = _doc()
+    doc["llama_cpp"] = [{"model": "smollm2-135m", "error": "RuntimeError: no GPU", "file_kind": "-", "test": "-",
+                         "tokens_per_s": None}]
+    doc = json.loads(strict_dumps(doc))  # as the file is read back
+    fp16 = next(line for line in table(doc).splitlines() if " fp16 " in line and "edgekit-fused" in line)
+    assert fp16.split()[7:9] == ["nan", "nan"]  # the llama.cpp and ratio columns
+    goals = [g for g in release_goals.evaluate(doc, LLAMA_KIND) if "llama" in json.dumps(g).lower()]
+    assert goals and all(g["met"] is None for g in goals)
+
+
 def test_the_script_is_a_thin_caller_of_the_library():
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_decode_vs_llamacpp.py"), "--help"],
                          capture_output=True, text=True, timeout=120)
