@@ -232,6 +232,8 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                                 'e.g. "prompt": [1, 2, 3]', param)
 
     def start(req, ids: list[int], choices: Choices) -> None:
+        if not ids:  # "prompt": [] or text that tokenizes to nothing: malformed, not too large (413)
+            raise _Refused(400, "prompt: empty (no tokens to continue from); send a non-empty prompt", "prompt")
         max_tokens = req.new_tokens(DEFAULT_MAX_TOKENS)
         if max_tokens >= engine.shapes.max_seq_len:
             raise _Refused(400, f"{req.new_tokens_field()}: {max_tokens} new tokens do not fit the KV cache of "
@@ -515,6 +517,9 @@ def _validate(model, body: bytes):
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(e, "pos", 0)),
                                        "msg": "JSON decode error", "input": {},
                                        "ctx": {"error": getattr(e, "msg", str(e))}}]) from e
+    except RecursionError as e:  # arrays or objects nested thousands deep: the parser's stack, not a server fault
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error",
+                                       "input": {}, "ctx": {"error": "nested too deeply"}}]) from e
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -1,4 +1,5 @@
-"""Attack 6: a lone surrogate in the prompt, NaN/inf temperature, max_tokens 1e400, a huge top_k or seed.
+"""Attack 6: a lone surrogate in the prompt, NaN/inf temperature, max_tokens 1e400, a huge top_k or seed, a body
+nested 100,000 deep, an empty prompt.
 
 Before: each was a 500. Now: a 400 that names the field as the client sent it; the server keeps serving."""
 
@@ -42,6 +43,9 @@ def _post(client, route: str, raw_json: str):
     ('{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', "stop"),
     ('{"prompt": [1, 99999999]}', "prompt"),
     ('{"prompt": "x"', "body"),
+    ("[" * 100_000 + "]" * 100_000, "body"),  # nested past the parser's stack: was a 500 RecursionError
+    ('{"prompt": {"a": ' * 50_000 + "1" + "}" * 50_000 + "}", "body"),
+    ('{"prompt": [], "max_tokens": 2}', "prompt"),  # empty: was a 413 saying "shorten the prompt"
 ])
 def test_malformed_value_is_a_400_naming_the_field(client, body, field):
     route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
