@@ -162,11 +162,17 @@ def agent(
     Rolled-back, expired or wrongly signed metadata and tampered downloads are refused
     and change nothing; installed plugins start on probation, like an upload to the server.
     """
-    from edgekit.runtime.agent import run_once
+    from edgekit.runtime.agent import check_repo_url, run_once, trusted_root_problem
 
+    check_repo_url(repo)
+    root_hint = "copy REPO/metadata/1.root.json from the publisher onto the device"
     if not trusted_root.is_file():
-        raise EdgekitError(f"trusted root {trusted_root} not found", hint="copy REPO/metadata/1.root.json from the publisher onto the device")
+        what = "is not a file" if trusted_root.exists() else "not found"
+        raise EdgekitError(f"trusted root {trusted_root} {what}", hint=root_hint)
     root_bytes = trusted_root.read_bytes()
+    problem = trusted_root_problem(root_bytes)
+    if problem is not None:  # the device's own file: refused once, here, not retried every --interval as a repository fault
+        raise EdgekitError(f"trusted root {trusted_root}: {problem}", hint=root_hint)
     plugin_store = _open_store(store, target, trust, allow_dev_key, golden_backend=golden_backend)
     _print_recovery(plugin_store)
     cache_dir = cache or (store / "tuf")

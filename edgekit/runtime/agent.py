@@ -24,9 +24,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from tuf.api import exceptions as tuf_errors
 from tuf.api.metadata import Metadata, TargetFile, Targets
+from tuf.api.serialization import DeserializationError
 from tuf.ngclient import Updater, Urllib3Fetcher
 
 from edgekit.errors import EdgekitError
@@ -141,6 +143,30 @@ def _refusal(e: Exception) -> UpdateRefused:
     return UpdateRefused("repository", f"{type(e).__name__}: {e}")
 
 
+def check_repo_url(repo_url: str) -> str:
+    """The repository's base URL, or EdgekitError for one the fetcher cannot use (a folder path, file://), which
+    python-tuf's fetcher otherwise reported as an unreachable repository (SlowRetrievalError, DownloadError)."""
+    p = urlsplit(repo_url)
+    if p.scheme not in ("http", "https") or not p.hostname:
+        raise EdgekitError(f"--repo {repo_url!r} is not an http(s) URL with a host",
+                           hint="serve the folder `edgekit publish` wrote with any static HTTP server and pass its URL, "
+                                "e.g. python -m http.server 8080 -d REPO, then --repo http://HOST:8080")
+    return repo_url
+
+
+def trusted_root_problem(data: bytes) -> str | None:
+    """Why ``data`` is not TUF root metadata (None when it is). Pure: the device's own file, checked before any
+    download, so that a wrong file is not reported as a fault of the repository."""
+    try:
+        md = Metadata.from_bytes(data)
+    except DeserializationError as e:
+        cause = f": {type(e.__cause__).__name__} {e.__cause__}" if e.__cause__ is not None else ""
+        return f"not TUF metadata ({e}{cause})"
+    if md.signed.type != "root":
+        return f"{md.signed.type} metadata, not root metadata"
+    return None
+
+
 def _urls(repo_url: str) -> tuple[str, str]:
     base = repo_url.rstrip("/")
     return f"{base}/metadata/", f"{base}/targets/"
@@ -157,6 +183,11 @@ def run_once(
     """One refresh-and-apply pass. Repository failures are reported in ``report.error``;
     per-plugin refusals in ``report.outcomes``. The store changes only through ``install``."""
     report = AgentReport(repo_url)
+    check_repo_url(repo_url)
+    problem = trusted_root_problem(trusted_root)
+    if problem is not None:
+        raise UpdateRefused("repository", f"the trusted root is not valid TUF root metadata: {problem}",
+                            hint="pass the root.json written by `edgekit publish` as --trusted-root")
     metadata_url, targets_url = _urls(repo_url)
     metadata_dir = Path(cache_dir) / "metadata"
     metadata_dir.mkdir(parents=True, exist_ok=True)

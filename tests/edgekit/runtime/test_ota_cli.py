@@ -126,3 +126,41 @@ def test_a_plugin_version_is_a_number_in_every_json_document(cli, served, files,
                 "store status": status["operators"][0]["version"], "plugin list (package)": listed["package"]["version"],
                 "plugin list (store)": listed["store"]["version"], "store rollback (blocked)": pointer["blocked"][0]}
     assert versions == dict.fromkeys(versions, signed) and all(type(v) is int for v in versions.values()), versions
+
+
+@pytest.mark.parametrize("repo_arg", ["repo", "file:///srv/repo", "http://"])
+def test_agent_refuses_a_repo_that_is_not_an_http_url_by_name(cli, files, tmp_path, repo_arg):
+    """A folder path or file:// URL was fetched anyway: a urllib3 FutureWarning, then 'SlowRetrievalError ... is the
+    repository URL reachable?' (a refused repository, retried every --interval without --once)."""
+    pub, pkgs = files
+    repo = tmp_path / "repo"
+    assert cli("publish", pkgs[1], "--repo", repo, "--trust", pub).exit_code == 0
+    r = cli("agent", "--repo", repo_arg, "--trusted-root", repo / "metadata" / "1.root.json", "--store",
+            tmp_path / "device", "--target", "orin", "--trust", pub, "--interval", 1)
+    assert isinstance(r.exception, EdgekitError) and r.exception.exit_code == 2, r.output
+    assert "--repo" in r.exception.message and "http(s) URL" in r.exception.message
+    assert not (tmp_path / "device").exists()  # refused before the store was opened
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"{not json", "not TUF metadata"),
+    (b'{"a": 1}', "not TUF metadata"),
+    (None, "targets metadata, not root metadata"),  # the repository's 1.targets.json
+    ("dir", "is not a file"),
+])
+def test_agent_names_a_trusted_root_that_is_not_root_metadata(cli, served, files, tmp_path, content, said):
+    """The device's own --trusted-root was reported as a fault of the repository ('update refused (repository):
+    DeserializationError', 'Expected 'root', got 'targets''), and a looping agent retried it for ever."""
+    repo, url = served
+    pub, pkgs = files
+    assert cli("publish", pkgs[1], "--repo", repo, "--trust", pub).exit_code == 0
+    root = tmp_path / "root.json"
+    if content == "dir":
+        root.mkdir()
+    else:
+        root.write_bytes(content if content is not None else (repo / "metadata" / "1.targets.json").read_bytes())
+    r = cli("agent", "--repo", url, "--trusted-root", root, "--store", tmp_path / "device", "--target", "orin",
+            "--trust", pub, "--interval", 1)  # not --once: refused at once all the same
+    assert isinstance(r.exception, EdgekitError) and r.exception.exit_code == 2, r.output
+    assert str(root) in r.exception.message and said in r.exception.message, r.exception.message
+    assert "1.root.json" in r.exception.hint
