@@ -251,6 +251,11 @@ def publish_plugins(
     keys = Path(keys_dir) if keys_dir is not None else default_keys_dir(repo)
     if keys.resolve().is_relative_to(repo.resolve()):
         raise PublishError(f"keys directory {keys} is inside the served repository {repo}", hint="keep --keys outside --repo")
+    missing = [f"{role}.pem" for role in ROLES if not (keys / f"{role}.pem").exists()]
+    if missing and (repo / "metadata" / "root.json").exists():  # keys made now could never sign this repository
+        raise PublishError(f"{repo} is an existing TUF repository, but the keys directory {keys} has no "
+                           f"{', '.join(missing)}; nothing was written",
+                           hint="pass --keys with the directory this repository was created with")
     signers, _ = load_or_create_keys(keys)
     tuf_repo = TufRepository(repo, signers, now=now, expiry=expiry)
     if not tuf_repo.exists():

@@ -146,8 +146,11 @@ def test_a_published_version_is_immutable(tmp_path):
 def test_keys_must_match_the_repository(tmp_path):
     repo = tmp_path / "repo"
     publish(repo, fakepkg.pack(AUTHOR, version=1))
-    with pytest.raises(PublishError, match="not the root key"):
+    publish(tmp_path / "other-repo", fakepkg.pack(AUTHOR, version=1), keys_dir=tmp_path / "other-keys")
+    with pytest.raises(PublishError, match="not the root key"):  # another repository's keys
         publish(repo, fakepkg.pack(AUTHOR, version=2), keys_dir=tmp_path / "other-keys")
+    with pytest.raises(PublishError, match="has no root.pem"):  # no keys at all: none are made (tests/edgekit/test_publish.py)
+        publish(repo, fakepkg.pack(AUTHOR, version=2), keys_dir=tmp_path / "no-keys")
     with pytest.raises(PublishError, match="inside the served repository"):
         publish(repo, keys_dir=repo / "keys")
 
