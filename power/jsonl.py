@@ -4,7 +4,7 @@ Record types: ``meta`` (once, first: format version, sensors, policy),
 ``sample`` (a power/thermal reading), ``latency`` (window percentiles per
 metric) and ``event`` (the server adds ``request``). Appending keeps every record
 written before a crash; the reader skips a torn last line (and any other line
-that is not JSON) and says how many it skipped. A log is bounded (rotated at
+that is not JSON, or not a record of these types) and says how many it skipped. A log is bounded (rotated at
 ``max_bytes``, ``backups`` old files kept), mode 0600, and a write that fails is
 counted and dropped, never raised.
 """
@@ -193,6 +193,41 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]
             yield n, rec if isinstance(rec, dict) else None
 
 
+def _number(v: Any, optional: bool = True) -> bool:
+    return (optional and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _numbers(d: Any, keys: tuple[str, ...] | None = None) -> bool:
+    """``d`` is a mapping (or None) whose values under ``keys`` (all of them without keys) are numbers or null."""
+    if d is None:
+        return True
+    return isinstance(d, dict) and all(_number(v) for k, v in d.items() if keys is None or k in keys)
+
+
+_LATENCY_KEYS = ("n", "p50_ms", "p95_ms", "p99_ms", "jitter_ms", "std_ms")
+_EVIDENCE_KEYS = ("value_ms", "jitter_ms", "total_w", "temp_c", "centre_w")
+
+
+def _well_formed(rec: dict[str, Any]) -> bool:
+    """Whether the fields `edgekit report` reads have the types the writers give them: a line that is JSON but not
+    such a record (hand-edited, from another tool) is skipped as a torn line is, not a traceback."""
+    kind = rec.get("type")
+    if kind == "meta":
+        return isinstance(rec.get("policy"), (dict, type(None)))
+    if not _number(rec.get("t_s"), optional=False):
+        return False
+    if kind == "sample":
+        return (_numbers(rec.get("rails_mw")) and _numbers(rec.get("temps_c"))
+                and all(_number(rec.get(k)) for k in ("total_mw", "rails_sum_mw", "gpu_load_pct", "cpu_load_pct"))
+                and isinstance(rec.get("rails_sum_of"), (list, type(None))))
+    if kind == "latency":
+        metrics = rec.get("metrics")
+        return _numbers(metrics, ()) and all(_numbers(m, _LATENCY_KEYS) for m in (metrics or {}).values())
+    if kind == "event":
+        return isinstance(rec.get("kind", ""), str) and _numbers(rec.get("evidence"), _EVIDENCE_KEYS)
+    return True
+
+
 def read_log(path: str | Path) -> LogContents:
     p = Path(path)
     if not p.is_file():
@@ -200,7 +235,7 @@ def read_log(path: str | Path) -> LogContents:
     out = LogContents()
     buckets = {"meta": out.meta, "sample": out.samples, "latency": out.latency, "event": out.events}
     for n, rec in iter_records(p):
-        if rec is None or rec.get("type") not in buckets:
+        if rec is None or rec.get("type") not in buckets or not _well_formed(rec):
             out.skipped_lines.append(n)
             continue
         buckets[rec["type"]].append(rec)

@@ -74,6 +74,30 @@ def test_report_cli_and_its_refusals(run_log, tmp_path):
     assert proc.returncode == 2 and "--tegrastats-log" in proc.stderr and "Traceback" not in proc.stderr
 
 
+
+@pytest.mark.parametrize("bad", [
+    '{"type": "sample", "t_s": 1760000005.0, "rails_mw": 5}',  # was TypeError: 'int' object is not iterable
+    '{"type": "sample", "t_s": "soon", "total_mw": 4000}',
+    '{"type": "sample", "t_s": 1760000005.0, "total_mw": "4 W"}',
+    '{"type": "sample", "t_s": 1760000005.0, "temps_c": {"gpu": "hot"}}',
+    '{"type": "latency", "t_s": 1760000005.0, "metrics": {"token": {"p50_ms": "fast"}}}',
+    '{"type": "latency", "t_s": 1760000005.0, "metrics": [1, 2]}',
+    '{"type": "event", "t_s": 1760000005.0, "kind": "jitter", "evidence": {"value_ms": "big"}}',
+    '{"type": "event", "kind": "jitter"}',
+    '{"type": "meta", "policy": [1]}',
+])
+def test_a_json_line_with_wrong_field_types_is_skipped_not_a_traceback(run_log, tmp_path, bad):
+    """A corrupt line that is still JSON (hand-edited, another tool's) crashed `edgekit report` with a traceback;
+    it is now skipped and counted, as a torn line is, and the rest of the log is reported."""
+    log = tmp_path / "log.jsonl"
+    lines = run_log.read_text().splitlines()
+    log.write_text("\n".join([bad, *lines]) + "\n")
+    r = render_report(log, tmp_path / "out")
+    assert r.summary["skipped_lines"] == 1 and [p.name for p in r.images] == ["latency.png", "power.png", "temperature.png"]
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "report", str(log), "-o", str(tmp_path / "cli")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
 def _monitor(*args: str) -> list[dict]:
     proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "monitor", *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
