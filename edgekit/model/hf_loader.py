@@ -84,6 +84,13 @@ def _family_fields(arch: str, c: dict, hidden: int, cfg_path: Path) -> dict:
     return out
 
 
+# config.json's sizes: whole numbers >= 1 where present (the two that may be null fall back to others)
+_POSITIVE_INTS = ("num_attention_heads", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings")
+_MAY_BE_NULL = ("num_key_value_heads", "head_dim")
+_CONFIG_HINT = "fix config.json, or save the model again with transformers' save_pretrained"
+
+
 def config_from_hf(directory: Path) -> ModelConfig:
     cfg_path = directory / "config.json"
     if not cfg_path.exists():
@@ -104,6 +111,12 @@ def config_from_hf(directory: Path) -> ModelConfig:
             f"{cfg_path}: model_type {c.get('model_type')!r} is not supported; expected one of "
             f"{', '.join(SUPPORTED_ARCHITECTURES)} (gemma3_text for Gemma 3)"
         )
+    for key in _POSITIVE_INTS:  # before any arithmetic: "num_attention_heads": 0 was a ZeroDivisionError
+        v = c.get(key)
+        if key not in c or (v is None and key in _MAY_BE_NULL):
+            continue
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())) or v < 1:
+            raise ModelLoadError(f"{cfg_path}: {key} is {v!r}; expected a positive whole number", hint=_CONFIG_HINT)
     try:
         n_heads = int(c["num_attention_heads"])
         hidden = int(c["hidden_size"])
@@ -133,6 +146,8 @@ def config_from_hf(directory: Path) -> ModelConfig:
         )
     except KeyError as e:
         raise ModelLoadError(f"{cfg_path}: required key {e.args[0]!r} is missing") from e
+    except (TypeError, ValueError) as e:  # a value of another type than transformers writes: "rope_scaling": "yes"
+        raise ModelLoadError(f"{cfg_path}: a value has the wrong type ({e})", hint=_CONFIG_HINT) from e
 
 
 # A multimodal Gemma 3 checkpoint's text model, under either transformers layout -> the causal LM's names

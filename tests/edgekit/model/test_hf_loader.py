@@ -115,3 +115,32 @@ def test_the_header_check_reads_the_loaders_own_tensor_table(tmp_path, change, n
         load_model(str(tmp_path), weights=False, tokenizer=False)
     with pytest.raises(ModelLoadError, match="is missing"):  # what the full load would have said, later
         load_model(str(tmp_path), tokenizer=False)
+
+
+_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "num_hidden_layers": 2, "intermediate_size": 160, "vocab_size": 512, "max_position_embeddings": 1024}
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"num_hidden_layers": "two"}, "num_hidden_layers is 'two'"),  # was ValueError: invalid literal for int()
+    ({"vocab_size": None}, "vocab_size is None"),  # was TypeError: int() argument must be ... not 'NoneType'
+    ({"num_attention_heads": 0}, "num_attention_heads is 0"),  # was ZeroDivisionError
+    ({"num_hidden_layers": -1}, "num_hidden_layers is -1"),  # was 'tensor ... missing (the config says -1 layers)'
+    ({"hidden_size": True}, "hidden_size is True"),
+    ({"rope_scaling": "yes"}, "wrong type"),  # was ValueError: dictionary update sequence element
+    ({"rope_theta": "x"}, "wrong type"),
+])
+def test_a_config_value_of_the_wrong_type_is_a_load_error_naming_it(tmp_path, change, named):
+    from edgekit.errors import ModelLoadError
+
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, **change}))
+    with pytest.raises(ModelLoadError) as e:
+        config_from_hf(tmp_path)
+    assert named in e.value.message and "config.json" in e.value.message and e.value.hint
+
+
+def test_sizes_that_may_be_null_or_whole_floats_still_load(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, "head_dim": None, "num_key_value_heads": None,
+                                                      "hidden_size": 64.0}))
+    cfg = config_from_hf(tmp_path)
+    assert (cfg.hidden_size, cfg.head_dim, cfg.n_kv_heads) == (64, 16, 4)
