@@ -154,16 +154,18 @@ def _default(s: dict, int4: bool = False):
 # -> 299.6 (+0.9%); qwen3-0.6b (C 1024) 1135.7 -> 1134.6, so not below 1152. On the H200 (step_ab, 5 interleaved runs,
 # tokens equal, 2026-12-06): qwen3-1.7b 767.6 -> 778.4 (+1.4%), gemma-3-1b 823.8 -> 827.2 (+0.4%); its FP64 GPU tests
 # (tests/kernels/test_fused_gpu.py -k qknorm) pass there at this tile. Why staging pays for this GEMV and not for
-# the other fused ones at these widths was not profiled. Measured on sm_90 only, so taken only where a call runs on
-# an sm_90+ GPU (the JIT path tells the defaults ``shared_bytes_per_block`` there, as for the decode attention's
-# key blocks): planned variants (an orin bundle) keep the unstaged tile, until measured on an Orin. The INT8 and INT4
-# kernels keep their unstaged defaults.
+# the other fused ones at these widths was not profiled. It was first taken only on sm_90+ GPUs, where it was
+# measured. The Orin-shaped run then measured it there too: gemma-3-1b fp16 confined to 16 SMs of an H100 (green
+# context, tools/step_ab.py --sms 16 --context 512, 3 interleaved runs, tokens equal, 2026-12-07), the unstaged tile
+# in place of this one cost 4.0% of the step (264.8 -> 254.3 tok/s). So planned variants (an orin bundle, which fits
+# its 27 KB in any target's budget) and GPUs of every arch take it as well. The INT8 and INT4 kernels keep their
+# unstaged defaults.
 STAGED_FROM_K = 1152
 
 
 def _default_fp(s: dict):
     c, w, n = _default(s)
-    if s.get("shared_bytes_per_block") and int(s.get("k_in") or 0) >= STAGED_FROM_K and c["HALF"] % 8 == 0:
+    if int(s.get("k_in") or 0) >= STAGED_FROM_K and c["HALF"] % 8 == 0:
         return {**c, "PAIRS": 8, "BLOCK_K": 256}, 4, 4
     return c, w, n
 

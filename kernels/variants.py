@@ -13,8 +13,8 @@ ignored, so a planner can pass one bag of shape facts to every op):
 - ``rows``                                                tokens per call (B for decode, B*T for prefill):
                                                           picks the GEMV vs GEMM tiles of the linear ops
 - ``shared_bytes_per_block``                              the GPU's opt-in limit, where one runs the call (the
-                                                          JIT path on sm_90+): defaults may stage more (decode
-                                                          attention, the QK-norm QKV's float GEMV)
+                                                          JIT path on sm_90+): defaults may stage more (the
+                                                          decode attention's key blocks)
 - ``sms``, ``shared_bytes_per_sm``                        with it, where torch reports them: the decode attention's
                                                           stages keep its programs in one wave
 - ``act_bytes`` (``default_variants`` adds it)            bytes of one activation element
@@ -161,7 +161,7 @@ def tile_space(op: str, *, head_dim: int | None = None, dtype: str = "fp16", **s
 def default_variants(op: str, *, head_dim: int | None = None, dtype: str = "fp16", **shape) -> dict[str, KernelVariant]:
     """A sensible variant for each kernel of ``op``: within 128 KB of shared memory for sm_87. With
     ``shared_bytes_per_block`` (a GPU's opt-in limit: the JIT path on sm_90+) the defaults measured there: a decode
-    attention's longer key blocks, the QK-norm QKV's staged float GEMV."""
+    attention's longer key blocks."""
     shape = {**shape, "head_dim": head_dim, "act_bytes": ACT_DTYPES.get(dtype, 2)}
     _check_shape(op, shape)
     return {k.kernel: _variant(k, k.default(shape), dtype) for k in _op(op).kernels}
