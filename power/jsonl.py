@@ -231,7 +231,9 @@ def _well_formed(rec: dict[str, Any]) -> bool:
 def read_log(path: str | Path) -> LogContents:
     p = Path(path)
     if not p.is_file():
-        raise EdgekitError(f"{p}: no such log file", hint="pass the JSONL file written by `edgekit monitor --log` or the runtime's watchdog")
+        what = "is a directory, not a log file" if p.is_dir() else "no such log file"
+        raise EdgekitError(f"{p}: {what}", hint="pass the JSONL file written by `edgekit monitor --log`, the runtime's "
+                                                "watchdog or serve (STORE/server.jsonl)")
     out = LogContents()
     buckets = {"meta": out.meta, "sample": out.samples, "latency": out.latency, "event": out.events}
     for n, rec in iter_records(p):

@@ -363,10 +363,17 @@ def verify_bundle(
             return report
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    if not p.is_dir():
-        raise VerificationError(str(p), "no such bundle directory or archive", hint="pass the directory written by `edgekit build` or its .tar")
+    require_bundle_path(p)
     run = runner_for_root(p) if runner_for_root is not None else run_golden
     return _verify_dir(p, trusted_keys, allow_dev_key=allow_dev_key, run_golden=run, local_arch=arch)
+
+
+def require_bundle_path(path: str | Path) -> None:
+    """Refuse a path that is neither a directory nor a file: the one message verify, run and serve give for it."""
+    p = Path(path)
+    if not (p.is_dir() or p.is_file()):
+        raise VerificationError(str(p), "no such bundle directory or archive",
+                                hint="pass the directory written by `edgekit build` or its .tar")
 
 
 def _verify_dir(root: Path, trusted_keys: Keys, *, allow_dev_key: bool, run_golden, local_arch) -> VerificationReport:

@@ -224,15 +224,9 @@ def verify(
     target arch vs this machine, and the golden vectors (the plugins themselves on a GPU, the torch reference on a CPU).
     Exits non-zero on any failure."""
     from edgekit.bundle.golden import run_reference
-    from edgekit.bundle.keys import load_public_key
     from edgekit.bundle.verify import verify_bundle
 
-    keys = [load_public_key(p) for p in (trust or [])]
-    if not keys and not allow_dev_key:
-        raise BundleError(
-            "no trusted key given: a bundle is only accepted if it is signed by a key you trust",
-            hint="pass --trust DIR/edgekit.pub, the public half of the key that signed it",
-        )
+    keys = _trusted_keys(bundle, trust, allow_dev_key, "is only accepted")
     if backend not in ("auto", "cpu", "gpu"):
         raise BundleError(f"--golden-backend {backend!r} is not one of auto, cpu, gpu")
     run = None if skip_golden else run_reference
@@ -305,6 +299,20 @@ DECODE_PATH_HELP = ("Graphed decode path to try first: fused or per-operator (on
                     "and says why: --json for run, /v1/models and /metrics for serve).")
 
 
+def _trusted_keys(bundle: Path, trust: Optional[List[Path]], allow_dev_key: bool, verb: str) -> list:
+    """The public keys of --trust, for verify / run / serve. A bundle path that does not exist is refused first: a
+    typo was told to pass --trust, and only then that there is no such bundle."""
+    from edgekit.bundle.keys import load_public_key
+    from edgekit.bundle.verify import require_bundle_path
+
+    require_bundle_path(bundle)
+    keys = [load_public_key(p) for p in (trust or [])]
+    if not keys and not allow_dev_key:
+        raise BundleError(f"no trusted key given: a bundle {verb} if it is signed by a key you trust",
+                          hint="pass --trust DIR/edgekit.pub, the public half of the key that signed it")
+    return keys
+
+
 def _check_decode_path(value: str) -> None:
     """--decode-path of run and serve: one of the decode paths select_decode_path knows, else a usage error."""
     from edgekit.runtime.fused_decode import DECODE_PATHS
@@ -333,17 +341,13 @@ def run(
 
     _check_decode_path(preferred_path)
 
-    from edgekit.bundle.keys import load_public_key
     from edgekit.cli_common import err_console
     from edgekit.generate import GenerationStats
     from edgekit.runtime.bundle_runtime import open_bundle, resolve_device
     from edgekit.runtime.run_generator import run_generator
 
     resolve_device(device)  # a GPU this machine lacks is refused before the bundle is read
-    keys = [load_public_key(p) for p in (trust or [])]
-    if not keys and not allow_dev_key:
-        raise BundleError("no trusted key given: a bundle runs only if it is signed by a key you trust",
-                          hint="pass --trust DIR/edgekit.pub")
+    keys = _trusted_keys(bundle, trust, allow_dev_key, "runs only")
     b = open_bundle(bundle, keys, allow_dev_key=allow_dev_key, golden=not skip_golden, device=device)
     notes = list(b.notes)
     if b.tokenizer is not None:
@@ -406,7 +410,6 @@ def serve(
     `edgekit run --json` lists it)."""
     import gc
 
-    from edgekit.bundle.keys import load_public_key
     from edgekit.cli_common import err_console
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.runtime.bundle_runtime import open_bundle
@@ -420,10 +423,7 @@ def serve(
     # claimed (a second server on it exits here, having touched nothing), and only then does anything load.
     _check_decode_path(preferred_path)
     token = read_admin_token(admin_token_file)
-    keys = [load_public_key(p) for p in (trust or [])]
-    if not keys and not allow_dev_key:
-        raise BundleError("no trusted key given: a bundle is served only if it is signed by a key you trust",
-                          hint="pass --trust DIR/edgekit.pub")
+    keys = _trusted_keys(bundle, trust, allow_dev_key, "is served only")
     store_dir = store or Path(str(bundle).rstrip("/") + ".store")
     listener = bind_listener(host, port)
     port = listener.getsockname()[1]  # --port 0: the one the system picked

@@ -72,6 +72,9 @@ def test_report_cli_and_its_refusals(run_log, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "report", str(FIX / "tegrastats/orin-nx-16gb-jp50.log"), "-o", str(tmp_path / "x")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--tegrastats-log" in proc.stderr and "Traceback" not in proc.stderr
+    # a folder (a serve store, whose log is inside) is named as a folder, not as a file that does not exist
+    res = runner.invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "y")])
+    assert "is a directory, not a log file" in str(res.exception)  # an EdgekitError: exit 2 through edgekit.cli
 
 
 

@@ -62,3 +62,10 @@ def test_verify_untrusted_key(bundle, tmp_path, monkeypatch, capsys):
     _, other_pub = generate_keypair(tmp_path / "other")
     code, out, err = _run(monkeypatch, capsys, "verify", str(bundle), "--trust", str(other_pub), "--skip-golden")
     assert code == 2 and "manifest.sig" in err and "not trusted" in err
+
+
+def test_a_mistyped_bundle_path_is_named_before_the_missing_trust(tmp_path, monkeypatch, capsys):
+    """verify / run / serve NOWHERE without --trust said to pass --trust; with it, then, that there is no bundle."""
+    for args in (("verify",), ("run", "-p", "hi"), ("serve",)):
+        code, _, err = _run(monkeypatch, capsys, args[0], str(tmp_path / "nowhere"), *args[1:])
+        assert code == 2 and "no such bundle directory or archive" in err and "trusted key" not in err, (args, err)
