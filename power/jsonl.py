@@ -197,15 +197,23 @@ def _number(v: Any, optional: bool = True) -> bool:
     return (optional and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
-def _numbers(d: Any, keys: tuple[str, ...] | None = None) -> bool:
-    """``d`` is a mapping (or None) whose values under ``keys`` (all of them without keys) are numbers or null."""
+def _numbers(d: Any, keys: tuple[str, ...] | None = None, *, optional: bool = True) -> bool:
+    """``d`` is a mapping (or None) whose values under ``keys`` (all of them without keys) are numbers; null too
+    where ``optional``."""
     if d is None:
         return True
-    return isinstance(d, dict) and all(_number(v) for k, v in d.items() if keys is None or k in keys)
+    return isinstance(d, dict) and all(_number(v, optional) for k, v in d.items() if keys is None or k in keys)
 
 
-_LATENCY_KEYS = ("n", "p50_ms", "p95_ms", "p99_ms", "jitter_ms", "std_ms")
+# What `edgekit report` computes with (plots, maxima, formatted labels), so a number and never null: a writer's NaN is
+# null on disk (strict JSON), and a window or a reading without one is not written at all
+_QUANTILE_KEYS = ("p50_ms", "p95_ms", "p99_ms", "jitter_ms")
 _EVIDENCE_KEYS = ("value_ms", "jitter_ms", "total_w", "temp_c", "centre_w")
+
+
+def _latency_window(m: Any) -> bool:
+    return (isinstance(m, dict) and all(_number(m.get(k), optional=False) for k in _QUANTILE_KEYS)
+            and _number(m.get("n")) and _number(m.get("std_ms")))
 
 
 def _well_formed(rec: dict[str, Any]) -> bool:
@@ -217,14 +225,17 @@ def _well_formed(rec: dict[str, Any]) -> bool:
     if not _number(rec.get("t_s"), optional=False):
         return False
     if kind == "sample":
-        return (_numbers(rec.get("rails_mw")) and _numbers(rec.get("temps_c"))
+        return (_numbers(rec.get("rails_mw"), optional=False) and _numbers(rec.get("temps_c"), optional=False)
                 and all(_number(rec.get(k)) for k in ("total_mw", "rails_sum_mw", "gpu_load_pct", "cpu_load_pct"))
                 and isinstance(rec.get("rails_sum_of"), (list, type(None))))
     if kind == "latency":
         metrics = rec.get("metrics")
-        return _numbers(metrics, ()) and all(_numbers(m, _LATENCY_KEYS) for m in (metrics or {}).values())
+        return ((metrics is None or isinstance(metrics, dict)) and all(map(_latency_window, (metrics or {}).values()))
+                and isinstance(rec.get("measured_on"), (str, type(None))))
     if kind == "event":
-        return isinstance(rec.get("kind", ""), str) and _numbers(rec.get("evidence"), _EVIDENCE_KEYS)
+        actions = rec.get("actions")
+        return (isinstance(rec.get("kind", ""), str) and _numbers(rec.get("evidence"), _EVIDENCE_KEYS, optional=False)
+                and (actions is None or (isinstance(actions, list) and all(isinstance(a, dict) for a in actions))))
     return True
 
 

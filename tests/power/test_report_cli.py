@@ -88,6 +88,18 @@ def test_report_cli_and_its_refusals(run_log, tmp_path):
     '{"type": "event", "t_s": 1760000005.0, "kind": "jitter", "evidence": {"value_ms": "big"}}',
     '{"type": "event", "kind": "jitter"}',
     '{"type": "meta", "policy": [1]}',
+    # null where the report computes (a writer's NaN is null on disk since the logs are strict JSON), and shapes
+    # the first check let through
+    '{"type": "latency", "t_s": 1760000005.0, "metrics": {"token": {"n": 3, "p50_ms": 1.0, "p95_ms": 2.0, '
+    '"p99_ms": 3.0, "jitter_ms": null}}}',
+    '{"type": "latency", "t_s": 1760000005.0, "metrics": {"token": {"n": 3, "p50_ms": 1.0, "p99_ms": 3.0, '
+    '"jitter_ms": 2.0}}}',
+    '{"type": "latency", "t_s": 1760000005.0, "metrics": {"token": null}}',
+    '{"type": "latency", "t_s": 1760000005.0, "measured_on": 5, "metrics": {}}',
+    '{"type": "event", "t_s": 1760000005.0, "kind": "jitter", "evidence": {"value_ms": null}}',
+    '{"type": "event", "t_s": 1760000005.0, "kind": "power_band", "evidence": {"total_w": null}}',
+    '{"type": "event", "t_s": 1760000005.0, "kind": "jitter", "actions": "x"}',
+    '{"type": "sample", "t_s": 1760000005.0, "rails_mw": {"VDD_GPU_SOC": null}}',
 ])
 def test_a_json_line_with_wrong_field_types_is_skipped_not_a_traceback(run_log, tmp_path, bad):
     """A corrupt line that is still JSON (hand-edited, another tool's) crashed `edgekit report` with a traceback;
