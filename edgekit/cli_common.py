@@ -40,14 +40,9 @@ def print_json(data: Any) -> None:
 def write_json_file(path, data: Any) -> None:
     """A JSON document to a file (plan -o, bench --json), replaced atomically, strict as ``print_json``'s. Missing
     parent folders are created, as ``check_output_path`` (asked before the work) promises."""
-    from pathlib import Path
+    from edgekit import strict_json
 
-    from edgekit.durable import replace_atomically
-    from edgekit.strict_json import strict_dumps
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(path, (strict_dumps(data, indent=2) + "\n").encode())
+    strict_json.write_json_file(path, data)
 
 
 def json_was_printed() -> bool:

@@ -29,3 +29,15 @@ def strict_dumps(x: Any, *, replace: Callable[[float], Any] = _null, **kwargs: A
     """``json.dumps`` of ``finite_json(x, replace)`` with ``allow_nan=False`` (and ``default=str``, which every
     edgekit document uses for paths and the like): the one way edgekit spells a JSON document."""
     return json.dumps(finite_json(x, replace), allow_nan=False, default=str, **kwargs)
+
+
+def write_json_file(path, data: Any, *, indent: int = 2) -> None:
+    """A strict JSON document to a file, replaced atomically (temp file, fsync, rename), missing parent folders
+    created: what ``plan -o``, ``bench --json`` and the decode-vs-llama.cpp script write."""
+    from pathlib import Path
+
+    from edgekit.durable import replace_atomically
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(path, (strict_dumps(data, indent=indent) + "\n").encode())

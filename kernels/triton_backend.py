@@ -35,8 +35,7 @@ def _device_facts(tensors) -> dict:
 def gpu_tile_facts(device) -> dict:
     """What the default tiles may know of a GPU (kernels/variants.py's shape keywords): on sm_90 and newer its opt-in
     shared memory per block, where the decode attention stages longer key blocks (attention_triton._decode_default,
-    measured on an H100) and the QK-norm QKV stages its float GEMV (fused_norm_qkv_qknorm_rope_triton._default_fp,
-    measured on an H100 and an H200). Below sm_90 (an A100; an Orin running the JIT path: 163 KB a block) nothing:
+    measured on an H100). Below sm_90 (an A100; an Orin running the JIT path: 163 KB a block) nothing:
     the defaults keep the orin budget there until measured. With the block's room, its SMs and an SM's shared memory,
     where torch reports it: the decode attention stages as many key blocks as keep its programs in one wave
     (attention_triton.decode_stages, the tile solver's split-KV rule; the SMs are a green context's inside one)."""

@@ -17,11 +17,11 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgekit.errors import SensorError
+from edgekit.http_url import http_url_problem
 from edgekit.power.latency import _PROM_NAMES
 from edgekit.power.metrics import (
     EVENTS_COUNTER,
@@ -37,9 +37,9 @@ DEFAULT_URL = "http://127.0.0.1:8000/metrics"
 
 
 def check_url(url: str) -> str:
-    p = urlparse(url)
-    if p.scheme not in ("http", "https") or not p.hostname:
-        raise SensorError(f"--url {url!r} is not an http(s) URL with a host", hint=f"e.g. {DEFAULT_URL}")
+    problem = http_url_problem(url)
+    if problem is not None:
+        raise SensorError(f"--url {url!r} {problem}", hint=f"e.g. {DEFAULT_URL}")
     return url
 
 

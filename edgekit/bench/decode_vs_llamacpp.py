@@ -29,9 +29,8 @@ from pathlib import Path
 import torch
 
 from edgekit.bench import release_goals
-from edgekit.durable import replace_atomically
 from edgekit.measured_on import measured_on
-from edgekit.strict_json import strict_dumps
+from edgekit.strict_json import write_json_file
 
 ENGINES = ("edgekit", "edgekit-fused")  # per-operator, fused super-operators
 DEFAULT_ENGINES = ("edgekit-fused",)
@@ -183,6 +182,11 @@ def _wait_for(path: Path | None, seconds: float) -> bool:
     return path.exists()
 
 
+def llama_cpp_error_row(preset: str, e: BaseException) -> dict:
+    """The llama_cpp row of a model llama.cpp did not measure: no figure (null in the file, read as missing)."""
+    return {"model": preset, "error": f"{type(e).__name__}: {e}", "file_kind": "-", "test": "-", "tokens_per_s": None}
+
+
 def table(doc: dict) -> str:
     llama = {(r["model"], r["file_kind"], r["test"]): r["tokens_per_s"] for r in doc.get("llama_cpp", [])}
     lines = [f"decode tokens/s, batch 1, depth {doc['depth']}, {doc['tokens']} new tokens; measured on the GPU "
@@ -260,7 +264,7 @@ def run(args) -> dict:
         doc["goals"] = release_goals.evaluate(doc, LLAMA_KIND)
         if args.json:
             # atomic (a run cut short by its time limit keeps the last whole document) and strict JSON
-            replace_atomically(args.json, (strict_dumps(doc, indent=1) + "\n").encode())
+            write_json_file(args.json, doc, indent=1)
 
     files = {}
     precisions_of = preset_precisions(args.presets, tuple(args.precisions))
@@ -292,8 +296,7 @@ def run(args) -> dict:
                     r["model"], r["file_kind"] = preset, by_name.get(r["model"], r["model"])
                     doc["llama_cpp"].append(r)
             except Exception as e:
-                doc["llama_cpp"].append({"model": preset, "error": f"{type(e).__name__}: {e}", "file_kind": "-", "test": "-",
-                                         "tokens_per_s": None})
+                doc["llama_cpp"].append(llama_cpp_error_row(preset, e))
             save()
     else:
         doc["llama_cpp_note"] = "llama.cpp binaries not available: no baseline rows"

@@ -24,7 +24,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import urlsplit
 
 from tuf.api import exceptions as tuf_errors
 from tuf.api.metadata import Metadata, TargetFile, Targets
@@ -32,6 +31,7 @@ from tuf.api.serialization import DeserializationError
 from tuf.ngclient import Updater, Urllib3Fetcher
 
 from edgekit.errors import EdgekitError
+from edgekit.http_url import http_url_problem
 from edgekit.bundle.plugin_identity import CUSTOM_KEY, SwapRefused, canonical_version, normalize_arch, version_key, version_number
 from edgekit.runtime.plugin_store import PluginStore
 
@@ -146,9 +146,9 @@ def _refusal(e: Exception) -> UpdateRefused:
 def check_repo_url(repo_url: str) -> str:
     """The repository's base URL, or EdgekitError for one the fetcher cannot use (a folder path, file://), which
     python-tuf's fetcher otherwise reported as an unreachable repository (SlowRetrievalError, DownloadError)."""
-    p = urlsplit(repo_url)
-    if p.scheme not in ("http", "https") or not p.hostname:
-        raise EdgekitError(f"--repo {repo_url!r} is not an http(s) URL with a host",
+    problem = http_url_problem(repo_url)
+    if problem is not None:
+        raise EdgekitError(f"--repo {repo_url!r} {problem}",
                            hint="serve the folder `edgekit publish` wrote with any static HTTP server and pass its URL, "
                                 "e.g. python -m http.server 8080 -d REPO, then --repo http://HOST:8080")
     return repo_url
@@ -202,9 +202,8 @@ def run_once(
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as e:
         report.error = _refusal(e)
         return report
-    except ValueError as e:  # a trusted root file that is not root metadata
-        raise UpdateRefused("repository", f"the trusted root is not valid TUF root metadata ({e})",
-                            hint="pass the root.json written by `edgekit publish` as --trusted-root") from e
+    except ValueError as e:  # python-tuf's other refusals of what it read (the trusted root was checked before)
+        raise UpdateRefused("repository", f"the update failed: {type(e).__name__}: {e}") from e
 
     listed = _listed_targets(metadata_dir)
     report.metadata_versions = listed[1]

@@ -140,7 +140,8 @@ def test_summary_rows_have_units_and_rounded_numbers(tmp_path):
         for i in range(4):
             lg.write({"type": "sample", "t_s": 1000.0 + i / 3, "rails_mw": {"VDD_IN": 86666.66666666667}, "total_mw": 86666.66666666667,
                       "total_source": "VDD_IN"})
-        lg.write({"type": "latency", "t_s": 1011.5, "metrics": {"token": {"n": 40, "p50_ms": 6.123456, "p99_ms": 12.987654,
+        lg.write({"type": "latency", "t_s": 1011.5, "metrics": {"token": {"n": 40, "p50_ms": 6.123456, "p95_ms": 9.5,
+                                                                          "p99_ms": 12.987654,
                                                                           "jitter_ms": 6.864198, "std_ms": None}}})
     rows = dict(summary_rows(summarise(read_log(log))))
     assert rows["duration"] == "11.5 s" and rows["power mode"] == "25W (nvpmodel 1)"

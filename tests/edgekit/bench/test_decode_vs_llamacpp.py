@@ -37,19 +37,28 @@ def test_the_table_puts_llama_cpp_beside_each_row_with_its_ratio():
     assert "measured on the GPU (NVIDIA H200)" in lines[0]
 
 
-def test_a_failed_llama_cpp_model_is_a_null_figure_the_table_and_goals_read_as_missing():
-    """The script's error row for a llama.cpp model that did not run: tokens_per_s is null (it was NaN, which the
-    JSON file then spelt as a token strict readers refuse); the table prints no ratio and the goal is not judged."""
+def test_a_failed_llama_cpp_model_is_a_null_figure_the_file_table_and_goals_read_as_missing(tmp_path):
+    """The script's row for a llama.cpp model that did not run had tokens_per_s NaN, which its JSON file then spelt
+    as a token strict readers refuse (and the file was written in place). Now: null, written strictly and atomically
+    (parent folders made); the table prints no ratio and the goal is not judged."""
     import json
 
     from edgekit.bench import release_goals
-    from edgekit.bench.decode_vs_llamacpp import LLAMA_KIND
-    from edgekit.strict_json import strict_dumps
+    from edgekit.bench.decode_vs_llamacpp import LLAMA_KIND, llama_cpp_error_row
+    from edgekit.strict_json import write_json_file
 
     doc = _doc()
-    doc["llama_cpp"] = [{"model": "smollm2-135m", "error": "RuntimeError: no GPU", "file_kind": "-", "test": "-",
-                         "tokens_per_s": None}]
-    doc = json.loads(strict_dumps(doc))  # as the file is read back
+    doc["llama_cpp"] = [llama_cpp_error_row("smollm2-135m", RuntimeError("llama-bench exited 1"))]
+    doc["bandwidth"]["spread"] = float("nan")  # any other non-finite figure of a run: null in the file too
+    out = tmp_path / "runs" / "bench.json"
+    write_json_file(out, doc, indent=1)
+
+    def refuse(token):
+        raise AssertionError(f"not strict JSON: {token}")
+
+    doc = json.loads(out.read_text(), parse_constant=refuse)
+    assert doc["llama_cpp"][0]["tokens_per_s"] is None and doc["bandwidth"]["spread"] is None
+    assert not [f for f in out.parent.iterdir() if f.name != "bench.json"]  # no temp file left beside it
     fp16 = next(line for line in table(doc).splitlines() if " fp16 " in line and "edgekit-fused" in line)
     assert fp16.split()[7:9] == ["nan", "nan"]  # the llama.cpp and ratio columns
     goals = [g for g in release_goals.evaluate(doc, LLAMA_KIND) if "llama" in json.dumps(g).lower()]

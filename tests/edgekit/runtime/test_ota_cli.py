@@ -128,8 +128,30 @@ def test_a_plugin_version_is_a_number_in_every_json_document(cli, served, files,
     assert versions == dict.fromkeys(versions, signed) and all(type(v) is int for v in versions.values()), versions
 
 
-@pytest.mark.parametrize("repo_arg", ["repo", "file:///srv/repo", "http://"])
-def test_agent_refuses_a_repo_that_is_not_an_http_url_by_name(cli, files, tmp_path, repo_arg):
+class _SecondPass(Exception):
+    """Raised where a looping agent would sleep before its second pass: the refusal under test did not happen."""
+
+
+@pytest.fixture
+def one_pass(monkeypatch):
+    """A looping agent (no --once) stops at its first wait with _SecondPass, so a refusal that regressed fails the
+    test instead of hanging it."""
+    import time
+    import types
+
+    import edgekit.commands.ota_commands as ota
+
+    def stop(_seconds):
+        raise _SecondPass
+
+    # the command module's own `time` only: the process's time.sleep stays as it is for every other thread
+    shim = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if not n.startswith("_")})
+    shim.sleep = stop
+    monkeypatch.setattr(ota, "time", shim)
+
+
+@pytest.mark.parametrize("repo_arg", ["repo", "file:///srv/repo", "http://", "http://[::1"])
+def test_agent_refuses_a_repo_that_is_not_an_http_url_by_name(cli, files, tmp_path, repo_arg, one_pass):
     """A folder path or file:// URL was fetched anyway: a urllib3 FutureWarning, then 'SlowRetrievalError ... is the
     repository URL reachable?' (a refused repository, retried every --interval without --once)."""
     pub, pkgs = files
@@ -148,7 +170,7 @@ def test_agent_refuses_a_repo_that_is_not_an_http_url_by_name(cli, files, tmp_pa
     (None, "targets metadata, not root metadata"),  # the repository's 1.targets.json
     ("dir", "is not a file"),
 ])
-def test_agent_names_a_trusted_root_that_is_not_root_metadata(cli, served, files, tmp_path, content, said):
+def test_agent_names_a_trusted_root_that_is_not_root_metadata(cli, served, files, tmp_path, content, said, one_pass):
     """The device's own --trusted-root was reported as a fault of the repository ('update refused (repository):
     DeserializationError', 'Expected 'root', got 'targets''), and a looping agent retried it for ever."""
     repo, url = served
