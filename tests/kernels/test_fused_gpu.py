@@ -128,7 +128,7 @@ FAMILY_HEADS = [(16, 8, 128), (32, 8, 128), (4, 1, 256), (4, 4, 64), (9, 3, 64)]
 @given(B=st.integers(1, 3), C=st.sampled_from([64, 96, 1024, 1152, 2048]), int8=st.booleans(), bias=st.booleans(),
        heads=st.sampled_from(FAMILY_HEADS), S=st.sampled_from([40, 700, 3000]), seed=st.integers(0, 2**16),
        pdl=st.sampled_from([0, 2]))
-# always the float defaults at gemma-3-1b's and qwen3-1.7b's widths (on an sm_90+ GPU: the QK-norm QKV's staged tile)
+# always the float defaults at gemma-3-1b's and qwen3-1.7b's widths (the QK-norm QKV's staged tile, planned or JIT)
 @example(B=1, C=1152, int8=False, bias=False, heads=(4, 1, 256), S=700, seed=1, pdl=2)
 @example(B=2, C=2048, int8=False, bias=False, heads=(16, 8, 128), S=700, seed=2, pdl=0)
 def test_family_fused_operator_matches_fp64(ops, op, B, C, int8, bias, heads, S, seed, pdl):
