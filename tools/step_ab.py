@@ -113,6 +113,16 @@ prefetch their first weight tile) against ``base``: qwen3-1.7b 627.0 -> 620.6 to
 1137.5, gemma-3-1b 746.9 -> 746.6. Not adopted. The arms of 2331c07's note measured again on the same day: pdl:0
 597.9, pdl:2 578.5, the QKV's swept tile 631.8 (base 627.6), gate/up at 4 pairs 626.4, down at 8 rows and 8 warps
 623.8, the attention at 2 warps 613.7. One kernel for the whole MLP: tools/mlp_fusion_lab.py (it lost).
+
+H100 80GB HBM3, 2026-12-07 (stop 64; fp16, 64 tokens, 3 interleaved runs, tokens equal in every row). The JIT decode
+attention's 4th stage only where two blocks fit an SM (attention_triton.decode_stages), on 132 SMs, ``base`` (3
+stages) against ``attn_split_combine:s4``: qwen3-0.6b 1139.5 / 1135.1 at depth 512, 958.7 / 952.0 at 4096; gemma-3-1b
+756.1 / 746.2 and 744.8 / 736.1. gemma-3-1b on 16 SMs (``--sms 16``, depth 512), the orin plan's tiles one at a time in
+the JIT step (base 264.8): the QK-norm QKV unstaged (2048 x 2 pairs) 254.3 (-4.0%: the staged tile is the planned
+default since), the attention at 32 keys, 4 stages, split step 4 260.7 (-1.5%), 64 keys at 2 stages 264.6, the
+head / geglu / o-projection tiles (the same as the JIT's) 264.7 / 264.7 / 264.6. `edgekit bench --sms 8,16` had the
+whole orin plan at 0.88-0.90x of the JIT default before that change (/work/.device/6 of stop 64): more than the two
+swaps explain.
 """
 
 from __future__ import annotations
