@@ -121,7 +121,7 @@ stages) against ``attn_split_combine:s4``: qwen3-0.6b 1139.5 / 1135.1 at depth 5
 the JIT step (base 264.8): the QK-norm QKV unstaged (2048 x 2 pairs) 254.3 (-4.0%: the staged tile is the planned
 default since), the attention at 32 keys, 4 stages, split step 4 260.7 (-1.5%), 64 keys at 2 stages 264.6, the
 head / geglu / o-projection tiles (the same as the JIT's) 264.7 / 264.7 / 264.6. `edgekit bench --sms 8,16` had the
-whole orin plan at 0.88-0.90x of the JIT default before that change (/work/.device/6 of stop 64): more than the two
+whole orin plan at 0.88-0.90x of the JIT default before that change: more than the two
 swaps explain.
 """
 
