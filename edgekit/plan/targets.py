@@ -290,9 +290,15 @@ def load_target_file(path: Path) -> Target:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where} ({str(e).splitlines()[0]})",
+                          hint="see targets/orin.yaml for the format") from e
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a target profile is a YAML file",
+                          hint="see targets/orin.yaml for the format") from e
     target = parse_target(data, str(path))
     if target.name != path.stem:
         raise ConfigError(

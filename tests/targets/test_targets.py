@@ -152,6 +152,21 @@ def test_not_yaml_and_not_a_mapping(tmp_path):
         load_target_file(bad)
 
 
+def test_bad_yaml_names_the_line_and_the_format(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ngpu: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line 3") as e:
+        load_target_file(bad)
+    assert e.value.hint and "orin.yaml" in e.value.hint
+
+
+def test_binary_file_is_refused_not_a_traceback(tmp_path):
+    bad = tmp_path / "bin.yaml"
+    bad.write_bytes(b"\xff\xfe\x00bin")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_target_file(bad)
+
+
 def test_user_directory_adds_and_overrides(tmp_path, monkeypatch):
     doc = _orin_doc()
     doc["memory"]["total_gib"] = 16
