@@ -29,6 +29,10 @@ def read_text_file(path: Path) -> str:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise QuantizationError(f"{path}: no such text file", hint="pass a UTF-8 text file with --text") from e
+    except IsADirectoryError as e:
+        raise QuantizationError(f"{path}: is a directory, not a text file", hint="pass a UTF-8 text file with --text") from e
+    except OSError as e:
+        raise QuantizationError(f"{path}: cannot read ({e.strerror})", hint="pass a readable UTF-8 text file with --text") from e
     except UnicodeDecodeError as e:
         raise QuantizationError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})", hint="convert it to UTF-8") from e
     if not text.strip():

@@ -47,3 +47,5 @@ def test_user_text_errors(tmp_path):
     (tmp_path / "empty.txt").write_text("  \n")
     with pytest.raises(QuantizationError, match="empty"):
         corpus.read_text_file(tmp_path / "empty.txt")
+    with pytest.raises(QuantizationError, match="is a directory, not a text file"):
+        corpus.read_text_file(tmp_path)
