@@ -67,6 +67,17 @@ def test_eval_refuses_a_missing_quantized_dir(tmp_path):
     assert r.returncode == 2 and "no such file" in r.stderr
 
 
+def test_eval_refuses_a_window_longer_than_the_model_was_trained_for(tmp_path):
+    """--window 5000 on a 1024-position model scored positions it never saw and printed a perplexity as if valid."""
+    text = tmp_path / "t.txt"
+    text.write_text("some text to score, long enough for a window")
+    r = edgekit("eval", "preset:tiny", "--text", str(text), "--window", "5000", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert "--window 5000 exceeds" in err["message"] and "1024 positions" in err["message"]
+    assert err["hint"] == "use --window 1024 or less"
+
+
 def test_quantize_refuses_a_directory_holding_other_files_before_any_work(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
