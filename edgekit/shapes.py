@@ -71,9 +71,12 @@ class StaticShapes:
         if max_new_tokens < 1:
             raise ShapeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_new_tokens >= self.max_seq_len:
+            # the prompt shares the cache: with --truncate it may shrink to one token, else it keeps its length
+            kept = 1 if truncate else min(max(len(ids), 1), self.max_seq_len - 1)
             raise ShapeError(
                 f"max_new_tokens={max_new_tokens} does not fit the KV cache of {self.max_seq_len} tokens",
-                hint=f"ask for at most {self.max_seq_len - 1} new tokens or use a longer context",
+                hint=f"ask for at most {self.max_seq_len - kept} new tokens"
+                     + (f" (the prompt takes {kept})" if kept > 1 else "") + " or use a longer context",
             )
         limit = self.max_seq_len - max_new_tokens if chunked else min(self.buckets[-1], self.max_seq_len - max_new_tokens)
         if len(ids) > limit:

@@ -43,6 +43,18 @@ def test_answer_longer_than_cache_is_refused():
         StaticShapes(buckets=(16,), max_seq_len=16).fit_prompt([1], max_new_tokens=16)
 
 
+def test_answer_longer_than_cache_names_a_count_that_fits_with_the_prompt():
+    """The hint said 'at most 15 new tokens' for a 3-token prompt in a 16-token cache; 15 was then refused too."""
+    shapes = StaticShapes(buckets=(16,), max_seq_len=16)
+    with pytest.raises(ShapeError) as e:
+        shapes.fit_prompt([1, 2, 3], max_new_tokens=20)
+    assert e.value.hint == "ask for at most 13 new tokens (the prompt takes 3) or use a longer context"
+    assert shapes.fit_prompt([1, 2, 3], max_new_tokens=13)[0] == [1, 2, 3]
+    with pytest.raises(ShapeError) as e:  # --truncate may cut the prompt to one token
+        shapes.fit_prompt([1, 2, 3], max_new_tokens=20, truncate=True)
+    assert e.value.hint == "ask for at most 15 new tokens or use a longer context"
+
+
 def test_empty_prompt_is_refused():
     with pytest.raises(ShapeError, match="empty"):
         StaticShapes().fit_prompt([], max_new_tokens=4)
