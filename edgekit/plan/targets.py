@@ -334,18 +334,29 @@ def target_dirs(extra: Path | str | None = None) -> list[tuple[Path, bool]]:
     return dirs
 
 
+PROFILE_SUFFIXES = (".yaml", ".yml")  # the same two `--target FILE` takes; NAME.yaml wins over NAME.yml
+
+
+def _profile_files(d: Path) -> list[Path]:
+    """A directory's profile files, one per name (NAME.yaml before NAME.yml)."""
+    by_name: dict[str, Path] = {}
+    for suffix in reversed(PROFILE_SUFFIXES):
+        by_name.update({p.stem: p for p in d.glob(f"*{suffix}")})
+    return sorted(by_name.values())
+
+
 def discover_targets(extra_dir: Path | str | None = None) -> dict[str, TargetFile]:
     """Every profile by name (a later directory overrides an earlier one). Invalid files raise."""
     found: dict[str, TargetFile] = {}
     for d, builtin in target_dirs(extra_dir):
-        for path in sorted(d.glob("*.yaml")):
+        for path in _profile_files(d):
             found[path.stem] = TargetFile(load_target_file(path), path, builtin)
     return found
 
 
 def load_target(name: str, extra_dir: Path | str | None = None) -> Target:
     """A target by name, or by path to a YAML file."""
-    if name.endswith((".yaml", ".yml")):
+    if name.endswith(PROFILE_SUFFIXES):
         if Path(name).exists():
             return load_target_file(Path(name))
         # a file name, not a target name (those have no .yaml): say it is missing
@@ -354,10 +365,11 @@ def load_target(name: str, extra_dir: Path | str | None = None) -> Target:
     dirs = target_dirs(extra_dir)
     # Look only at the file asked for, so one broken user profile does not block the others.
     for d, _ in reversed(dirs):
-        path = d / f"{name}.yaml"
-        if path.exists():
-            return load_target_file(path)
-    known = sorted({p.stem for d, _ in dirs for p in d.glob("*.yaml")})
+        for suffix in PROFILE_SUFFIXES:
+            path = d / f"{name}{suffix}"
+            if path.exists():
+                return load_target_file(path)
+    known = sorted({p.stem for d, _ in dirs for p in _profile_files(d)})
     close = [k for k in known if name.lower() in k or k in name.lower()]
     raise ConfigError(
         f"unknown target {name!r}; expected one of: {', '.join(known)}"

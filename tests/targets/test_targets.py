@@ -181,6 +181,19 @@ def test_user_directory_adds_and_overrides(tmp_path, monkeypatch):
     assert load_target("my-board").memory.total_gib == 16
 
 
+def test_user_directory_takes_yml_files_as_target_does(tmp_path):
+    """A profile saved as NAME.yml in --targets-dir was ignored without a word ('unknown target ...; add NAME.yaml')."""
+    doc = _orin_doc()
+    doc["memory"]["total_gib"] = 16
+    (tmp_path / "my-board.yml").write_text(yaml.safe_dump(dict(doc, name="my-board")))
+    assert discover_targets(tmp_path)["my-board"].path.name == "my-board.yml"
+    assert load_target("my-board", tmp_path).memory.total_gib == 16
+    doc["memory"]["total_gib"] = 8  # NAME.yaml wins over NAME.yml in one directory
+    (tmp_path / "my-board.yaml").write_text(yaml.safe_dump(dict(doc, name="my-board")))
+    assert discover_targets(tmp_path)["my-board"].path.name == "my-board.yaml"
+    assert load_target("my-board", tmp_path).memory.total_gib == 8
+
+
 def test_unknown_target_and_missing_directory(tmp_path):
     with pytest.raises(ConfigError, match="unknown target 'orin-nano'.*did you mean"):
         load_target("orin-nano")
