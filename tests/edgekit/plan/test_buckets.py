@@ -118,3 +118,12 @@ def test_parse_bucket_list():
     for bad in ("64,32", "a,b", "0,64", ""):
         with pytest.raises(ConfigError):
             parse_bucket_list(bad)
+
+
+def test_trace_line_that_is_not_json_names_the_column_and_the_format(tmp_path):
+    """The message ended mid-phrase ('not JSON (Invalid control character at)') and had no hint."""
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"prompt_tokens": 5, "completion_tokens": 1}\n{"bad\n')
+    with pytest.raises(ConfigError, match=r"line 2: not JSON \(Invalid control character at column 6\)") as e:
+        load_trace(p)
+    assert "prompt_tokens" in e.value.hint
