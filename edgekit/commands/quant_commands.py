@@ -15,6 +15,7 @@ from edgekit.precision_names import DEFAULT_PRECISION, QUANT_MODE, head_scheme, 
 from edgekit.precision_names import help_text as precision_help
 
 QUANT_PRECISIONS = ("int8", "w8a8", "int4")
+DEFAULT_EVAL_WINDOW = 256  # tokens a perplexity window scores, where the model has that many positions
 MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model (SmolLM2-135M-Instruct)."
 
 
@@ -158,7 +159,7 @@ def eval_cmd(
     text: Path = typer.Option(..., "--text", help="A UTF-8 text file to score."),
     quantized: Optional[Path] = typer.Option(None, "--quantized", help="A directory written by `edgekit quantize`: compare it with MODEL."),
     max_tokens: int = typer.Option(2048, "--max-tokens", min=2, help="Score at most this many tokens of the text."),
-    window: int = typer.Option(256, "--window", min=2, help="Tokens per window; each window is scored on its own."),
+    window: Optional[int] = typer.Option(None, "--window", min=2, help="Tokens per window; each window is scored on its own (default: 256, or the model's positions where it has fewer)."),
     prompts: int = typer.Option(4, "--prompts", min=0, help="Greedy prompts (passage openings) for the agreement check, with --quantized."),
     new_tokens: int = typer.Option(128, "--new-tokens", min=2, help="Greedy tokens compared per prompt."),
     precision: Optional[str] = typer.Option(
@@ -190,6 +191,8 @@ def eval_cmd(
             raise QuantizationError("--precision int4 compares MODEL's own INT4 intake; --quantized compares a directory",
                                     hint="pass one of them")
     m = load_model(model)
+    if window is None:  # the default never asks more than the model has
+        window = min(DEFAULT_EVAL_WINDOW, m.config.max_position_len)
     if window > m.config.max_position_len:
         raise QuantizationError(f"--window {window} exceeds what {m.config.name} was trained for "
                                 f"({m.config.max_position_len} positions)",

@@ -91,3 +91,26 @@ def test_quantize_refuses_a_directory_holding_other_files_before_any_work(tmp_pa
     r = edgekit("quantize", "preset:tiny", "-o", str(bundle / "weights"), *FAST)
     assert r.returncode == 2 and "inside the bundle" in r.stderr
     assert (bundle / "weights" / "model.safetensors").read_bytes() == b"the signed weights"
+
+
+def test_eval_s_default_window_fits_a_model_with_fewer_positions(tmp_path):
+    """The default window (256) is lowered to the model's positions where it has fewer, not refused as a --window
+    the user never typed would be."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("model_files_conftest",
+                                                  Path(__file__).parents[1] / "model" / "conftest.py")
+    files = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(files)
+    model = files.hf_model("llama")
+    model.config.max_position_embeddings = 128
+    model.save_pretrained(str(tmp_path / "m"), safe_serialization=True)
+    files.fast_tokenizer(model.config.vocab_size).save_pretrained(str(tmp_path / "m"))
+    text = tmp_path / "t.txt"
+    text.write_text("some text to score, long enough for a window " * 40)
+    r = edgekit("eval", str(tmp_path / "m"), "--text", str(text), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["window_len"] == 128
+    r = edgekit("eval", str(tmp_path / "m"), "--text", str(text), "--window", "256", "--json")  # typed: refused
+    assert r.returncode == 2 and "128 positions" in json.loads(r.stdout)["error"]["message"]
