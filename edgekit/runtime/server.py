@@ -236,8 +236,11 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             raise _Refused(400, "prompt: empty (no tokens to continue from); send a non-empty prompt", "prompt")
         max_tokens = req.new_tokens(DEFAULT_MAX_TOKENS)
         if max_tokens >= engine.shapes.max_seq_len:
+            # the prompt shares the cache (the server does not truncate it): what fits beside this one
+            kept = min(len(ids), engine.shapes.max_seq_len - 1)
             raise _Refused(400, f"{req.new_tokens_field()}: {max_tokens} new tokens do not fit the KV cache of "
-                                f"{engine.shapes.max_seq_len} tokens; ask for at most {engine.shapes.max_seq_len - 1}",
+                                f"{engine.shapes.max_seq_len} tokens; ask for at most "
+                                f"{engine.shapes.max_seq_len - kept} (the prompt takes {kept})",
                            req.new_tokens_field())
         samplings = [SamplingConfig(req.temperature, min(req.top_k, vocab), seed, req.top_p) for seed in req.seeds()]
         try:

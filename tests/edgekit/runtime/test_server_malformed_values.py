@@ -80,3 +80,12 @@ def test_extreme_but_valid_sampling_values_are_served_not_500(client, sampling):
     r = _post(client, "/v1/completions", '{"prompt": "The capital of France is", "max_tokens": 3, %s}' % sampling)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_too_many_new_tokens_are_told_what_fits_beside_the_prompt(client, smol_engine):
+    """The hint said 'ask for at most max_seq_len - 1', which a prompt of several tokens then overflowed (a 413)."""
+    cache, prompt = smol_engine.shapes.max_seq_len, [1, 2, 3, 4, 5]
+    r = _post(client, "/v1/completions", f'{{"prompt": {prompt}, "max_tokens": {cache}}}')
+    assert r.status_code == 400 and f"ask for at most {cache - 5} (the prompt takes 5)" in r.json()["error"]["message"]
+    r = _post(client, "/v1/completions", f'{{"prompt": {prompt}, "max_tokens": {cache - 5}, "ignore_eos": true}}')
+    assert r.status_code == 200, r.text
