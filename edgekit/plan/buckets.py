@@ -78,7 +78,7 @@ def _read_trace_lines(path: Path, prompts: list[int], completions: list[int]) ->
             try:
                 r = _Request.model_validate(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ConfigError(f"trace {path}, line {lineno}: not JSON ({e.msg} column {e.colno})",
+                raise ConfigError(f"trace {path}, line {lineno}: not JSON ({e.msg.removesuffix(' at')} at column {e.colno})",
                                   hint='one {"prompt_tokens": N, "completion_tokens": M} per line') from e
             except ValidationError as e:
                 problems = "; ".join(f"`{'.'.join(map(str, er['loc'])) or 'line'}`: {er['msg']} (got {er.get('input')!r})" for er in e.errors())
