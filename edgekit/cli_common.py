@@ -37,14 +37,6 @@ def print_json(data: Any) -> None:
     _JSON_PRINTED.append(True)
 
 
-def write_json_file(path, data: Any) -> None:
-    """A JSON document to a file (plan -o, bench --json), replaced atomically, strict as ``print_json``'s. Missing
-    parent folders are created, as ``check_output_path`` (asked before the work) promises."""
-    from edgekit import strict_json
-
-    strict_json.write_json_file(path, data)
-
-
 def json_was_printed() -> bool:
     return bool(_JSON_PRINTED)
 

@@ -32,8 +32,9 @@ def strict_dumps(x: Any, *, replace: Callable[[float], Any] = _null, **kwargs: A
 
 
 def write_json_file(path, data: Any, *, indent: int = 2) -> None:
-    """A strict JSON document to a file, replaced atomically (temp file, fsync, rename), missing parent folders
-    created: what ``plan -o``, ``bench --json`` and the decode-vs-llama.cpp script write."""
+    """A strict JSON document to a file, replaced atomically (temp file, fsync, rename): what ``plan -o``, ``bench
+    --json`` and the decode-vs-llama.cpp script write. Missing parent folders are created, as ``check_output_path``
+    (asked before the work) promises."""
     from pathlib import Path
 
     from edgekit.durable import replace_atomically

@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, print_json, write_json_file
+from edgekit.cli_common import cli_precision, console, err_console, fmt_bytes, print_json
+from edgekit.strict_json import write_json_file
 from edgekit.precision_names import BUILD_PRECISIONS, DEFAULT_PRECISION
 from edgekit.precision_names import help_text as precision_help
 

@@ -1,4 +1,4 @@
-"""The shared CLI plumbing: --json documents and the JSON files commands write."""
+"""The shared CLI plumbing: --json documents on stdout, strict JSON."""
 
 from __future__ import annotations
 
@@ -26,22 +26,6 @@ def test_report_json_keeps_its_strings_for_non_finite_floats():
     from edgekit.quant.io import report_bytes
 
     assert json.loads(report_bytes({"snr": math.inf, "x": [math.nan]}), parse_constant=_refuse) == {"snr": "inf", "x": ["nan"]}
-
-
-def test_write_json_file_creates_missing_parent_folders(tmp_path):
-    """check_output_path accepts -o/--json FILE under missing folders, promising to create them (plan -o died with a
-    FileNotFoundError after the work)."""
-    out = tmp_path / "a" / "b" / "doc.json"
-    cli_common.write_json_file(out, {"x": 1})
-    assert json.loads(out.read_text()) == {"x": 1}
-    assert [p.name for p in out.parent.iterdir()] == ["doc.json"]
-
-
-def test_write_json_file_is_strict_json_like_print_json(tmp_path):
-    """bench --json wrote NaN where a power window had no time (power_w); plan -o the same writer."""
-    out = tmp_path / "doc.json"
-    cli_common.write_json_file(out, {"power_w": math.nan, "rows": [{"x": math.inf}]})
-    assert json.loads(out.read_text(), parse_constant=_refuse) == {"power_w": None, "rows": [{"x": None}]}
 
 
 def test_monitor_json_lines_are_strict_json(capsys):
