@@ -288,7 +288,7 @@ def parse_target(data: object, source: str) -> Target:
 def load_target_file(path: Path) -> Target:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))  # the "not UTF-8" error below, whatever the locale
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
