@@ -181,13 +181,10 @@ def run_once(
     socket_timeout_s: int = SOCKET_TIMEOUT_S,
 ) -> AgentReport:
     """One refresh-and-apply pass. Repository failures are reported in ``report.error``;
-    per-plugin refusals in ``report.outcomes``. The store changes only through ``install``."""
+    per-plugin refusals in ``report.outcomes``. The store changes only through ``install``.
+    ``repo_url`` and ``trusted_root`` are the caller's to check once, before its first pass (``check_repo_url``,
+    ``trusted_root_problem``: the agent command does, before it opens the store), not at every pass."""
     report = AgentReport(repo_url)
-    check_repo_url(repo_url)
-    problem = trusted_root_problem(trusted_root)
-    if problem is not None:
-        raise UpdateRefused("repository", f"the trusted root is not valid TUF root metadata: {problem}",
-                            hint="pass the root.json written by `edgekit publish` as --trusted-root")
     metadata_url, targets_url = _urls(repo_url)
     metadata_dir = Path(cache_dir) / "metadata"
     metadata_dir.mkdir(parents=True, exist_ok=True)
@@ -202,7 +199,7 @@ def run_once(
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as e:
         report.error = _refusal(e)
         return report
-    except ValueError as e:  # python-tuf's other refusals of what it read (the trusted root was checked before)
+    except ValueError as e:  # python-tuf's other refusals of what it read (the caller checked the trusted root)
         raise UpdateRefused("repository", f"the update failed: {type(e).__name__}: {e}") from e
 
     listed = _listed_targets(metadata_dir)
