@@ -191,12 +191,9 @@ def eval_cmd(
             raise QuantizationError("--precision int4 compares MODEL's own INT4 intake; --quantized compares a directory",
                                     hint="pass one of them")
     m = load_model(model)
-    if window is None:  # the default never asks more than the model has
-        window = min(DEFAULT_EVAL_WINDOW, m.config.max_position_len)
-    if window > m.config.max_position_len:
-        raise QuantizationError(f"--window {window} exceeds what {m.config.name} was trained for "
-                                f"({m.config.max_position_len} positions)",
-                                hint=f"use --window {m.config.max_position_len} or less")
+    from edgekit.plan.planner import within_positions
+
+    window = within_positions(m.config, window, DEFAULT_EVAL_WINDOW, "--window", "--window", QuantizationError)
     body = corpus.read_text_file(text)
     ids = corpus.tokenize(body, m.tokenizer, m.config.vocab_size)
     windows = corpus.windows(ids, window, max_tokens)

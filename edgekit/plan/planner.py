@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgekit import __version__
-from edgekit.errors import PlanError
+from edgekit.errors import EdgekitError, PlanError
 from edgekit.kernels.attention import DECODE_PROGRAMS_PER_SM
 from edgekit.kernels.attention import decode_splits as attention_decode_splits
 from edgekit.model.config import ModelConfig
@@ -116,16 +116,23 @@ def check_memory(cfg: ModelConfig, target: Target, precision: str | PrecisionPla
 def checked_context(cfg: ModelConfig, context: int | None) -> int:
     """The KV cache length a command runs at: ``context``, or the default (2048, or the model's positions if fewer);
     refused below 16 or beyond the positions the model was trained for (plan, build and generate say the same)."""
-    if context is None:
-        context = min(DEFAULT_MAX_SEQ_LEN, cfg.max_position_len)
+    context = within_positions(cfg, context, DEFAULT_MAX_SEQ_LEN, "context", "--context")
     if context < 16:
         raise PlanError(f"context must be >= 16 tokens, got {context}")
-    if context > cfg.max_position_len:
-        raise PlanError(
-            f"context {context} exceeds what {cfg.name} was trained for ({cfg.max_position_len} positions)",
-            hint=f"use --context {cfg.max_position_len} or less",
-        )
     return context
+
+
+def within_positions(cfg: ModelConfig, value: int | None, default: int, what: str, flag: str,
+                     error: type[EdgekitError] = PlanError) -> int:
+    """``value`` (tokens a command runs at, as ``flag`` gave it), or ``default`` lowered to the model's positions
+    where it has fewer; a given value beyond the positions the model was trained for is refused (``error``, named
+    ``what``). The one rule for plan / build / generate's --context and eval's --window."""
+    if value is None:
+        return min(default, cfg.max_position_len)
+    if value > cfg.max_position_len:
+        raise error(f"{what} {value} exceeds what {cfg.name} was trained for ({cfg.max_position_len} positions)",
+                    hint=f"use {flag} {cfg.max_position_len} or less")
+    return value
 
 
 def _choose_shapes(
