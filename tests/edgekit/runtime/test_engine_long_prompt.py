@@ -38,10 +38,9 @@ def _costly(x, w, eps):
     return rmsnorm_reference(x, w, eps)
 
 
-def test_a_long_prompt_arriving_during_4_streams_pauses_none_longer_than_one_chunks_time(model):
-    """One chunk's time is measured in the same engine: a 32-token prompt prefilled while nothing else runs. Slices
-    of a fixed 32 tokens failed this: a stream then waited for a whole chunk *and* its own decode step (the sleeps
-    alone make that 36/32 of a chunk)."""
+def _worst_pause_under_a_long_prompt(model) -> tuple[float, float, list[int]]:
+    """The longest pause between two tokens of 4 streams while a 480-token prompt is prefilled, one chunk's time
+    measured in the same engine (a 32-token prompt prefilled while nothing else runs), and the prompt's slices."""
     e = Engine(model.decoder(), None, SHAPES, max_waiting=4, batch_buckets=(1, 2, 4, 8), prefill_chunk_tokens=32)
     try:
         e.switch_operator("rmsnorm", _costly, "plugin:costly")
@@ -63,11 +62,23 @@ def test_a_long_prompt_arriving_during_4_streams_pauses_none_longer_than_one_chu
             j.done.wait(60)
         slices = [n for n, _ in list(e.prefill_units)[units_before:]]
         gaps = [b - a for s in stamps for a, b in zip(s, s[1:]) if b >= t_arrive and a <= t_done]
-        assert sum(slices) == 480 and len(slices) > 480 // 32, slices  # in slices smaller than a chunk
-        assert max(gaps) <= 1.1 * chunk_s, (f"a stream paused {max(gaps):.3f} s; one chunk takes {chunk_s:.3f} s; "
-                                            f"slices {slices}")
+        return max(gaps), chunk_s, slices
     finally:
         e.close()
+
+
+def test_a_long_prompt_arriving_during_4_streams_pauses_none_longer_than_one_chunks_time(model):
+    """Slices of a fixed 32 tokens failed this: a stream then waited for a whole chunk *and* its own decode step (the
+    sleeps alone make that 36/32 of a chunk, every time). The worst pause is ~0.75 of a chunk on the 2-core machine;
+    once in five runs under other load one pause took 1.34 (a single stall of the engine thread), so a second
+    measurement is taken before failing: a slicing defect fails both."""
+    for attempt in range(2):
+        worst_s, chunk_s, slices = _worst_pause_under_a_long_prompt(model)
+        assert sum(slices) == 480 and len(slices) > 480 // 32, slices  # in slices smaller than a chunk
+        if worst_s <= 1.1 * chunk_s:
+            break
+    assert worst_s <= 1.1 * chunk_s, (f"a stream paused {worst_s:.3f} s in both tries; one chunk takes "
+                                      f"{chunk_s:.3f} s; slices {slices}")
 
 
 FIXED_S = 20e-3  # a slowed rmsnorm call's own cost: 5 calls make a forward's fixed cost, as a CPU's is
