@@ -2,7 +2,8 @@
 
 Layout (python-tuf metadata, consistent snapshots, ed25519 keys)::
 
-    REPO/metadata/1.root.json, root.json      root (root.json = latest, to ship to devices)
+    REPO/metadata/1.root.json, root.json      root (root.json = latest, to ship to devices; N.root.json when a
+                                               re-sign renews it)
     REPO/metadata/N.targets.json               plugin list with custom fields per target
     REPO/metadata/N.snapshot.json
     REPO/metadata/timestamp.json               replaced last: the one file that publishes
@@ -64,11 +65,12 @@ class PublishResult:
     versions: dict[str, int] = field(default_factory=dict)  # role -> metadata version now served
     expires: dict[str, str] = field(default_factory=dict)
     trusted_root: Path | None = None  # the file to ship to devices
+    renewed: list[str] = field(default_factory=list)  # roles re-signed only because they were near their expiry
 
     def to_dict(self) -> dict:
         return {
             "repo": str(self.repo), "added": self.added, "versions": self.versions,
-            "expires": self.expires, "trusted_root": str(self.trusted_root),
+            "expires": self.expires, "trusted_root": str(self.trusted_root), "renewed": self.renewed,
         }
 
 
@@ -203,7 +205,16 @@ class TufRepository:
                 durable.replace_atomically(blob, data)
             targets.signed.targets[path] = info
             result.added.append({"path": path, "length": info.length, "sha256": info.hashes["sha256"], **plugin_custom(plugin)[CUSTOM_KEY]})
-        if packages:
+        # Every role that would expire before the snapshot written now is renewed with it: a re-sign without packages
+        # once left targets on the expiry of the last publish with plugins (90 days) and root on its first (a year),
+        # and devices refused a repository whose publisher had re-signed before every timestamp expiry, as told.
+        renew_by = self._expires("snapshot")
+        if root.signed.expires <= renew_by:
+            root = self._renew_root(root)
+            result.renewed.append("root")
+        if not packages and targets.signed.expires <= renew_by:
+            result.renewed.append("targets")
+        if packages or targets.signed.expires <= renew_by:
             targets.signed.version += 1
             targets.signed.expires = self._expires("targets")
         snapshot.signed.version += 1
@@ -219,6 +230,17 @@ class TufRepository:
         }
         result.trusted_root = self.meta_dir / "root.json"
         return result
+
+    def _renew_root(self, root: Metadata) -> Metadata:
+        """The next root version, same keys, a fresh expiry: N+1.root.json (devices walk to it from the root they
+        were shipped with; python-tuf checks only the newest one's expiry) and root.json."""
+        root.signed.version += 1
+        root.signed.expires = self._expires("root")
+        root.sign(self.signers["root"])
+        root_bytes = root.to_bytes(JSONSerializer(compact=False))
+        durable.replace_atomically(self.meta_dir / f"{root.signed.version}.root.json", root_bytes)
+        durable.replace_atomically(self.meta_dir / "root.json", root_bytes)
+        return root
 
     def _write(self, targets: Metadata, snapshot: Metadata, timestamp: Metadata) -> None:
         """Sign and write: targets (if it is a new version), the snapshot naming it, timestamp.json last."""

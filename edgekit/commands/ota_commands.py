@@ -97,7 +97,8 @@ def _status_table(rows: list[dict]) -> Table:
 @app.command()
 def publish(
     plugins: Optional[List[Path]] = typer.Argument(
-        None, help="Signed plugin packages to publish. None: only re-sign snapshot and timestamp (run it before the timestamp expires)."
+        None, help="Signed plugin packages to publish. None: only re-sign snapshot and timestamp (run it before the timestamp "
+                   "expires), and targets and root when they would expire before the new snapshot."
     ),
     repo: Path = typer.Option(..., "--repo", help="The TUF repository directory to create or update; serve it with any static HTTP server."),
     keys: Optional[Path] = typer.Option(
@@ -135,6 +136,8 @@ def publish(
         console.print(f"published {a['path']}  ({a['op']} {a['version']} for {a['target_arch']}, {a['length']} bytes)")
     if not result.added:
         console.print("re-signed snapshot and timestamp (no new plugins)")
+    if result.renewed:
+        console.print(f"renewed {' and '.join(result.renewed)}: each would have expired before the new snapshot")
     v = result.versions
     console.print(f"metadata  root v{v['root']}  targets v{v['targets']}  snapshot v{v['snapshot']}  timestamp v{v['timestamp']}")
     console.print(f"timestamp expires {result.expires['timestamp']}: publish again before then")

@@ -167,3 +167,23 @@ def test_choose_offers_skips_other_arch_older_and_blocked_versions():
     targets["readme"] = TargetFile(1, {"sha256": "0" * 64}, "readme")  # not a plugin: ignored
     offers = choose_offers(targets, "87", active={"rmsnorm": "3", "attention_decode": "1"}, blocked={"swiglu": ("2",)})
     assert [(o.op, o.version) for o in offers] == [("rmsnorm", "5"), ("swiglu", "1.10")]
+
+
+def test_republishing_as_told_keeps_a_repository_alive_past_the_targets_and_root_expiry(served, device):
+    """`edgekit publish --repo REPO` (no packages) re-signed only snapshot and timestamp: the targets metadata kept the
+    expiry of the last publish with plugins (90 days) and root its first one (a year), so a publisher who re-signed
+    before every timestamp expiry, as the command says, still had every device refuse the repository as expired."""
+    repo, url = served
+    store, cache = device
+    now = dt.datetime.now(dt.timezone.utc)
+    publish(repo, fakepkg.pack(AUTHOR, version=1), now=now - dt.timedelta(days=400))
+    result = publish(repo)  # today: the re-sign the command asks for, no new plugins
+    for role in ("root", "targets", "snapshot", "timestamp"):
+        assert dt.datetime.fromisoformat(result["expires"][role]) > now, (role, result["expires"])
+    report = agent(store, cache, url, repo)
+    assert report.error is None, report.to_dict()
+    assert [(o.version, o.action) for o in report.outcomes] == [("1", "applied")]
+    assert report.metadata_versions["root"] == 2  # the device walked from its shipped 1.root.json to the renewed one
+    again = publish(repo)  # nothing near its expiry now: only snapshot and timestamp are re-signed
+    assert result["renewed"] == ["root", "targets"] and again["renewed"] == []
+    assert again["versions"]["root"] == 2 and again["versions"]["targets"] == result["versions"]["targets"]
