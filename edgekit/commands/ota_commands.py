@@ -26,6 +26,11 @@ GOLDEN_HELP = (
     "cpu (torch reference: checks the vectors, not the kernel), auto (gpu if CUDA is available)."
 )
 
+# edgekit.publish.DEFAULT_EXPIRY["snapshot"] (7 days), not imported here: tuf loads only when a command runs. A longer
+# timestamp promised what the snapshot re-signed with it did not keep (devices refused it after 7 days), and inf or
+# 1e30 hours ended in an OverflowError traceback.
+SNAPSHOT_EXPIRY_HOURS = 168.0
+
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -106,7 +111,10 @@ def publish(
     ),
     trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP + " Each package is verified before it is published."),
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
-    timestamp_hours: float = typer.Option(24.0, "--timestamp-expiry-hours", min=0.1, help="How long the timestamp stays valid; devices refuse the repository after that until you publish again."),
+    timestamp_hours: float = typer.Option(
+        24.0, "--timestamp-expiry-hours", min=0.1, max=SNAPSHOT_EXPIRY_HOURS,
+        help="How long the timestamp stays valid; devices refuse the repository after that until you publish again. "
+             f"At most {SNAPSHOT_EXPIRY_HOURS:.0f} (the snapshot's expiry, which devices hold the repository to too)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON (targets added, metadata versions, expiry, trusted root path)."),
 ) -> None:
     """Publish plugin packages as TUF targets (python-tuf metadata, consistent snapshots, ed25519).

@@ -186,3 +186,31 @@ def test_agent_names_a_trusted_root_that_is_not_root_metadata(cli, served, files
     assert isinstance(r.exception, EdgekitError) and r.exception.exit_code == 2, r.output
     assert str(root) in r.exception.message and said in r.exception.message, r.exception.message
     assert "1.root.json" in r.exception.hint
+
+
+@pytest.mark.parametrize("hours", ["240", "inf", "1e30"])
+def test_publish_refuses_a_timestamp_that_outlives_the_snapshot(cli, served, files, tmp_path, hours):
+    """--timestamp-expiry-hours accepted any number: 240 promised ten days the snapshot signed with it (7 days) did
+    not keep, and inf or 1e30 ended in an OverflowError traceback. Refused now, as a bad value, nothing written."""
+    import datetime as dt
+
+    from edgekit.bundle.keys import load_public_key, trust
+    from edgekit.commands.ota_commands import SNAPSHOT_EXPIRY_HOURS, _open_store
+    from edgekit.publish import DEFAULT_EXPIRY, publish_plugins
+    from edgekit.runtime.agent import run_once
+    from edgekit.runtime.plugin_checks import package_verifier
+
+    assert SNAPSHOT_EXPIRY_HOURS == DEFAULT_EXPIRY["snapshot"] / dt.timedelta(hours=1)
+    repo, url = served
+    pub, pkgs = files
+    r = cli("publish", pkgs[1], "--repo", repo, "--trust", pub, "--timestamp-expiry-hours", hours)
+    assert r.exit_code == 2 and "168" in r.output and not isinstance(r.exception, OverflowError), r.output
+    assert list(repo.iterdir()) == []
+    # why the cap: a ten-day timestamp published eight days ago is refused by a device all the same
+    publish_plugins(repo, [pkgs[1].read_bytes()], describe=package_verifier(trust([load_public_key(pub)])),
+                    now=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=8),
+                    expiry={"timestamp": dt.timedelta(days=10)})
+    store = _open_store(tmp_path / "device", "orin", [pub], False)
+    report = run_once(store, repo_url=url, trusted_root=(repo / "metadata" / "1.root.json").read_bytes(),
+                      cache_dir=tmp_path / "tuf")
+    assert report.error is not None and report.error.reason == "expired" and "snapshot" in str(report.error)
