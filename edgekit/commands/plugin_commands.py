@@ -159,6 +159,9 @@ def show(
 ) -> None:
     """Every field of one plugin as JSON: metadata (kernels, launch rule, precision), version, where it is."""
     kind, rows = _rows(path, bundle, trust, allow_dev_key)
+    if kind == "package" and op is not None and op != rows[0]["op"]:  # a package holds one: OP was ignored
+        raise BundleError(f"the package {path} holds {rows[0]['op']}, not {op!r}",
+                          hint=f"pass {rows[0]['op']} or no OP to show it, or the package of {op}")
     if kind != "package":
         if op is None:
             raise BundleError(f"which operator of the {kind} {path}?", hint="pass OP, one of: " + ", ".join(r["op"] for r in rows))

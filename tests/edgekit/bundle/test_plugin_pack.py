@@ -191,3 +191,14 @@ def test_plugin_list_of_a_package_takes_the_trust_flag_its_table_suggests(bundle
     r = edgekit("plugin", "list", str(package), "--trust", str(pub), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["signature"].startswith("verified (key ")
+
+
+def test_plugin_show_of_a_package_refuses_an_operator_it_does_not_hold(bundle, tmp_path):
+    """`plugin show rmsnorm-v2.tar swiglu` printed the rmsnorm plugin, exit 0: OP was ignored for a package."""
+    package = tmp_path / "rmsnorm-v2.tar"
+    package.write_bytes(pack_from_bundle(bundle, "rmsnorm", version=2, key=development_key())[1])
+    r = edgekit("plugin", "show", str(package), "swiglu")
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert "holds rmsnorm, not 'swiglu'" in r.stderr and "Traceback" not in r.stderr
+    r = edgekit("plugin", "show", str(package), "rmsnorm")  # its own operator, named: shown as before
+    assert r.returncode == 0 and json.loads(r.stdout)["op"] == "rmsnorm", r.stderr
