@@ -30,6 +30,10 @@ GOLDEN_HELP = (
 # timestamp promised what the snapshot re-signed with it did not keep (devices refused it after 7 days), and inf or
 # 1e30 hours ended in an OverflowError traceback.
 SNAPSHOT_EXPIRY_HOURS = 168.0
+# inf or 1e12 was taken, a pass ran (installing what it found), then time.sleep raised OverflowError: a traceback
+# and, under systemd's Restart=, a pass every restart instead of one per interval. A week: 168 h, the longest
+# timestamp `publish` signs, after which a device that has not refreshed refuses the repository anyway.
+MAX_AGENT_INTERVAL_S = 7 * 24 * 3600.0
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -165,7 +169,8 @@ def agent(
     golden_backend: str = typer.Option("auto", "--golden-backend", help=GOLDEN_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Where verified TUF metadata is kept between passes. Default: STORE/tuf."),
     once: bool = typer.Option(False, "--once", help="One refresh-and-apply pass, then exit: 0 if everything was applied or up to date, 2 if anything was refused (the exit code of every command's refusal)."),
-    interval: float = typer.Option(300.0, "--interval", min=1.0, help="Seconds between passes when not --once."),
+    interval: float = typer.Option(300.0, "--interval", min=1.0, max=MAX_AGENT_INTERVAL_S,
+                                   help="Seconds between passes when not --once (at most a week)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON report per pass (JSON lines when looping)."),
 ) -> None:
     """Keep this device's plugins current: refresh TUF metadata, install newer plugins for this GPU.

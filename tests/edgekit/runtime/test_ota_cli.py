@@ -214,3 +214,16 @@ def test_publish_refuses_a_timestamp_that_outlives_the_snapshot(cli, served, fil
     report = run_once(store, repo_url=url, trusted_root=(repo / "metadata" / "1.root.json").read_bytes(),
                       cache_dir=tmp_path / "tuf")
     assert report.error is not None and report.error.reason == "expired" and "snapshot" in str(report.error)
+
+
+@pytest.mark.parametrize("interval", ["inf", "1e12"])
+def test_agent_refuses_an_interval_it_cannot_sleep_before_it_touches_the_store(cli, served, files, tmp_path, interval):
+    """--interval inf (or 1e12) ran a pass, installing what it found, then died in time.sleep with an OverflowError
+    traceback (under systemd's Restart=, a pass at every restart). Refused now as a bad value, before any pass."""
+    repo, url = served
+    pub, pkgs = files
+    assert cli("publish", pkgs[1], "--repo", repo, "--trust", pub).exit_code == 0
+    r = cli("agent", "--repo", url, "--trusted-root", repo / "metadata" / "1.root.json", "--store", tmp_path / "device",
+            "--target", "orin", "--trust", pub, "--interval", interval)
+    assert r.exit_code == 2 and "604800" in r.output and not isinstance(r.exception, OverflowError), r.output
+    assert not (tmp_path / "device").exists()
