@@ -13,6 +13,10 @@ import typer
 from edgekit.cli import app
 from edgekit.cli_common import console
 
+# inf or 1e300 was taken and ended in an OverflowError traceback (int(inf) for the tegrastats period, or time.sleep
+# past the platform's time_t after the first sample); an hour between samples is already more than a watchdog uses.
+MAX_INTERVAL_MS = 3_600_000.0
+
 
 def _emit(record: dict) -> None:
     """One JSON object per line on stdout (for --json), strict as print_json's: NaN / inf are null (an empty
@@ -75,7 +79,10 @@ def monitor(
     log: Optional[Path] = typer.Option(None, "--log", help="Also append every sample and event to this JSONL file (input of `edgekit report`)."),
     duration: Optional[float] = typer.Option(None, "--duration", min=0.0, help="Stop after this many seconds."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Stop after this many samples."),
-    interval_ms: Optional[float] = typer.Option(None, "--interval-ms", min=1.0, help="Sampling interval (default 500 ms); for a tegrastats log without timestamps, the interval it was recorded at (default 1000 ms)."),
+    interval_ms: Optional[float] = typer.Option(
+        None, "--interval-ms", min=1.0, max=MAX_INTERVAL_MS,
+        help="Sampling interval (default 500 ms, at most an hour); for a tegrastats log without timestamps, the "
+             "interval it was recorded at (default 1000 ms)."),
     sensors: Optional[str] = typer.Option(None, "--sensors", help="Comma-separated sensors to use (ina3221, tegrastats, thermal, gpu_load, soctherm_oc, nvml, rapl, system); default: all present, with a live tegrastats only where no INA3221 rail is readable."),
     target: Optional[str] = typer.Option(None, "--target", help="Take the budgets from this target profile (a name such as orin-nano-8gb, or a YAML file)."),
     policy_file: Optional[Path] = typer.Option(None, "--policy", help="Per-deployment overrides of the watchdog policy (YAML/JSON mapping)."),

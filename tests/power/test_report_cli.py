@@ -153,6 +153,15 @@ def test_monitor_refuses_two_sources_and_bad_overrides(tmp_path):
     assert proc.returncode == 2 and "jitter_budget_ms" in proc.stderr and "-3" in proc.stderr
 
 
+
+@pytest.mark.parametrize("interval", ["inf", "1e300"])
+def test_monitor_refuses_an_interval_it_cannot_sleep(interval):
+    """--interval-ms inf or 1e300 was taken, then an OverflowError traceback (int(inf) for the tegrastats period, or
+    time.sleep past time_t after the first sample). Refused now as a bad value, naming the limit."""
+    args = ["monitor", "--sysfs-root", str(FIX / "sysfs/orin-nx-16gb"), "--samples", "2", "--interval-ms", interval]
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "3600000" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == ""
 def test_histogram_quantile_interpolates_inside_a_bucket():
     buckets = [(0.004, 0.0), (0.005, 50.0), (0.006, 90.0), (0.010, 100.0), (float("inf"), 100.0)]
     assert histogram_quantile(0.5, buckets) == pytest.approx(0.005)
