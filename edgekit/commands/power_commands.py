@@ -36,6 +36,9 @@ def _load_doc(path: Path) -> dict:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))  # YAML is a superset of JSON
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read it as YAML/JSON: {e}") from e
+    except UnicodeDecodeError as e:  # a binary file or another encoding: a ValueError, once a traceback here
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); expected a YAML/JSON mapping of policy fields",
+                          hint="convert it to UTF-8, or pass the YAML/JSON file meant") from e
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping of policy fields, got {type(doc).__name__}")
     return doc

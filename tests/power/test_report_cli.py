@@ -154,6 +154,18 @@ def test_monitor_refuses_two_sources_and_bad_overrides(tmp_path):
 
 
 
+@pytest.mark.parametrize("flag", ["--policy", "--target"])
+def test_monitor_refuses_a_policy_or_target_file_that_is_not_utf8_in_one_line(tmp_path, flag):
+    """A --policy (or --target YAML) file in another encoding, or binary, ended in a UnicodeDecodeError traceback."""
+    bad = tmp_path / "p.yaml"
+    bad.write_bytes(b"jitter_budget_ms: 3 \xb5s\n\xff\xfe")
+    args = ["monitor", "--sysfs-root", str(FIX / "sysfs/orin-nx-16gb"), "--samples", "1", flag, str(bad)]
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{bad}: not UTF-8 text (byte 20)" in proc.stderr
+
+
+
 @pytest.mark.parametrize("interval", ["inf", "1e300"])
 def test_monitor_refuses_an_interval_it_cannot_sleep(interval):
     """--interval-ms inf or 1e300 was taken, then an OverflowError traceback (int(inf) for the tegrastats period, or
