@@ -130,8 +130,10 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
     from edgekit.power.sensors.tegrastats import parse_lines
     from edgekit.power.watchdog import Watchdog
 
+    record_hint = "record one on the board with `tegrastats --interval 1000 --logfile FILE`"
     if not path.is_file():
-        raise EdgekitError(f"--tegrastats-log {path}: no such file", hint="record one on the board with `tegrastats --interval 1000 --logfile FILE`")
+        what = "is a directory, expected a tegrastats log file" if path.is_dir() else "no such file"
+        raise EdgekitError(f"--tegrastats-log {path}: {what}", hint=record_hint)
     wd = Watchdog(policy=pol, logger=JsonlLogger(log) if log else None, dry_run=True)
     wd.write_meta(source=f"tegrastats:{path}")
     n, skipped, events, totals, power_label = 0, [], [], [], None
@@ -154,6 +156,11 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
             if limit is not None and n >= limit:
                 break
     wd.stop()
+    if n == 0:  # the wrong file (a watchdog JSONL, a binary, an empty one): once a table of zero samples, exit 0
+        from edgekit.errors import SensorError
+
+        what = f"none of its {len(skipped)} line(s) is a tegrastats line" if skipped else "it is empty"
+        raise SensorError(f"--tegrastats-log {path}: no tegrastats sample: {what}", hint=record_hint)
     if json_out:
         if skipped:
             _emit({"type": "skipped", "lines": skipped, "reason": "nothing recognisable in these lines"})

@@ -174,6 +174,23 @@ def test_monitor_refuses_an_interval_it_cannot_sleep(interval):
     proc = subprocess.run([sys.executable, "-m", "edgekit.cli", *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "3600000" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("content, said", [(b"", "it is empty"),
+                                           (b'{"type": "meta"}\n{"type": "sample"}\n', "none of its 2 line(s)"),
+                                           (None, "is a directory")])
+def test_monitor_refuses_a_tegrastats_log_without_one_sample(tmp_path, content, said):
+    """An empty file, a watchdog JSONL or a binary passed as --tegrastats-log printed a table of zero samples, exit 0
+    (--json: nothing at all); a directory was 'no such file'. Refused now, exit 2, one JSON document with --json."""
+    log = tmp_path / "tegrastats.log"
+    log.mkdir() if content is None else log.write_bytes(content)
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "monitor", "--tegrastats-log", str(log), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and said in proc.stderr and "tegrastats --interval" in proc.stderr, proc.stderr
+    (doc,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert doc["ok"] is False and said in doc["error"]["message"]
+
+
 def test_histogram_quantile_interpolates_inside_a_bucket():
     buckets = [(0.004, 0.0), (0.005, 50.0), (0.006, 90.0), (0.010, 100.0), (float("inf"), 100.0)]
     assert histogram_quantile(0.5, buckets) == pytest.approx(0.005)
