@@ -39,6 +39,7 @@ REASONS = {
 # canonical string doubles as the slot directory name, so it must stay this narrow.
 # These patterns are applied with .fullmatch: with .match, `$` also accepts a final "\n".
 _VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,8})(\.(0|[1-9][0-9]{0,8})){0,3}$")
+MAX_VERSION_PART = 999_999_999  # nine digits, as _VERSION_RE admits: `plugin pack --version` is held to it too
 # Operator and architecture names also become path components.
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,63}$")
 _ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
@@ -91,7 +92,8 @@ def canonical_version(value: Any) -> str:
         raise SwapRefused("schema", f"version {value!r} has type {type(value).__name__}; expected an int or a string like '1.2.0'")
     if not _VERSION_RE.fullmatch(text):
         raise SwapRefused(
-            "schema", f"version {value!r} is not a non-negative integer or dotted integers (e.g. 3 or '1.2.0')"
+            "schema", f"version {value!r} is not a non-negative integer or dotted integers (e.g. 3 or '1.2.0'), "
+                      f"each at most {MAX_VERSION_PART}"
         )
     return text
 

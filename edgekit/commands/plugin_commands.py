@@ -82,6 +82,11 @@ def pack(
 
     from edgekit.output_path import check_output_path
 
+    from edgekit.bundle.plugin_identity import MAX_VERSION_PART
+
+    if version > MAX_VERSION_PART:  # once signed and written, then refused by every store and by publish
+        raise BundleError(f"--version {version} is above {MAX_VERSION_PART}, the largest version a device admits",
+                          hint="pass a smaller --version (versions only need to increase)")
     if out.exists() and not force:
         raise BundleError(f"{out} already exists", hint="pass --force to replace it, or another --out")
     check_output_path(out, "-o", kind="file")

@@ -202,3 +202,19 @@ def test_plugin_show_of_a_package_refuses_an_operator_it_does_not_hold(bundle, t
     assert "holds rmsnorm, not 'swiglu'" in r.stderr and "Traceback" not in r.stderr
     r = edgekit("plugin", "show", str(package), "rmsnorm")  # its own operator, named: shown as before
     assert r.returncode == 0 and json.loads(r.stdout)["op"] == "rmsnorm", r.stderr
+
+
+def test_pack_refuses_a_version_no_device_admits(bundle, tmp_path):
+    """--version 99999999999999999999 was signed and written (exit 0); every store and `publish` then refused the
+    package as 'not a non-negative integer'. Refused at pack now, nothing written; the largest admitted one packs."""
+    from edgekit.bundle.plugin_identity import MAX_VERSION_PART, canonical_version
+
+    out = tmp_path / "p.tar"
+    for version in (MAX_VERSION_PART + 1, 10**20):
+        r = edgekit("plugin", "pack", "rmsnorm", "--bundle", str(bundle), "--version", str(version), "--dev-key",
+                    "-o", str(out))
+        assert r.returncode == 2 and f"above {MAX_VERSION_PART}" in r.stderr and not out.exists(), r.stderr
+    r = edgekit("plugin", "pack", "rmsnorm", "--bundle", str(bundle), "--version", str(MAX_VERSION_PART), "--dev-key",
+                "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert canonical_version(json.loads(r.stdout)["version"]) == str(MAX_VERSION_PART)
