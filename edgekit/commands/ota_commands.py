@@ -20,6 +20,7 @@ from edgekit.errors import EdgekitError
 TRUST_HELP = "Public key (edgekit.pub, or a directory holding one) of a trusted plugin signer. Repeat for several."
 TARGET_HELP = "This device's GPU: a target profile name (orin, h200, ...) or an SM arch (sm_87, sm_90)."
 STORE_HELP = "The device's plugin store directory (created if missing)."
+EXISTING_STORE_HELP = "The device's plugin store directory (the --store of serve or agent)."
 DEV_KEY_HELP = "Also accept plugins signed with the public development key (local testing only)."
 GOLDEN_HELP = (
     "Where a new plugin's golden vectors run before it may become active: gpu (the plugin's own kernels), "
@@ -79,6 +80,17 @@ def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev
         rollback_unconfirmed=rollback_unconfirmed,
         refuse_policy_drops=True,  # a mistyped --trust / --target must not revoke what the device serves
     )
+
+
+def _existing_store(store: Path) -> Path:
+    """--store of a command that installs nothing (status, confirm, rollback): a path that is no store is refused, not
+    made. A mistyped --store once created an empty store there and answered from it ('no operators', 'unknown
+    operator'), as if the device's store were empty."""
+    if not (store / "ops").is_dir():
+        what = "does not exist" if not store.exists() else "is not a plugin store (no ops/ folder)"
+        raise EdgekitError(f"--store {store} {what}",
+                           hint="pass the --store that serve or agent use; `edgekit store install` creates a store")
+    return store
 
 
 def _print_recovery(store) -> None:
@@ -237,7 +249,7 @@ app.add_typer(store_app, name="store")
 
 @store_app.command("status")
 def store_status(
-    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    store: Path = typer.Option(..., "--store", help=EXISTING_STORE_HELP),
     target: str = typer.Option(..., "--target", help=TARGET_HELP),
     trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
@@ -245,7 +257,7 @@ def store_status(
 ) -> None:
     """Recover the store (as the runtime does at start-up) and show each operator's active version. A version that
     --trust or --target refuse although its bytes are intact is not dropped: the command is refused, nothing changed."""
-    s = _open_store(store, target, trust, allow_dev_key)
+    s = _open_store(_existing_store(store), target, trust, allow_dev_key)
     if json_out:
         print_json({"operators": s.status(), "recovery": s.recovery})
         return
@@ -278,14 +290,14 @@ def store_install(
 @store_app.command("confirm")
 def store_confirm(
     op: str = typer.Argument(..., help="The operator whose probation ends."),
-    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    store: Path = typer.Option(..., "--store", help=EXISTING_STORE_HELP),
     target: str = typer.Option(..., "--target", help=TARGET_HELP),
     trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the new pointer as JSON."),
 ) -> None:
     """End probation: keep the active version (the previous one stays for a later rollback)."""
-    s = _open_store(store, target, trust, allow_dev_key)
+    s = _open_store(_existing_store(store), target, trust, allow_dev_key)
     on_probation = s.pointer(op).state == "probation" if op in s.ops() else False
     p = s.confirm(op)  # an unknown operator is refused here, naming the known ones
     if json_out:
@@ -300,7 +312,7 @@ def store_confirm(
 @store_app.command("rollback")
 def store_rollback(
     op: str = typer.Argument(..., help="The operator to roll back."),
-    store: Path = typer.Option(..., "--store", help=STORE_HELP),
+    store: Path = typer.Option(..., "--store", help=EXISTING_STORE_HELP),
     target: str = typer.Option(..., "--target", help=TARGET_HELP),
     trust: Optional[List[Path]] = typer.Option(None, "--trust", help=TRUST_HELP),
     allow_dev_key: bool = typer.Option(False, "--allow-dev-key", help=DEV_KEY_HELP),
@@ -308,7 +320,7 @@ def store_rollback(
     json_out: bool = typer.Option(False, "--json", help="Print the new pointer as JSON."),
 ) -> None:
     """Flip OP back to its previous version (or the reference); the rolled-back version is blocked."""
-    p = _open_store(store, target, trust, allow_dev_key).rollback(op, reason)
+    p = _open_store(_existing_store(store), target, trust, allow_dev_key).rollback(op, reason)
     if json_out:
         print_json(p.to_json())
     else:

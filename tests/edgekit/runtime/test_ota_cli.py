@@ -227,3 +227,16 @@ def test_agent_refuses_an_interval_it_cannot_sleep_before_it_touches_the_store(c
             "--target", "orin", "--trust", pub, "--interval", interval)
     assert r.exit_code == 2 and "604800" in r.output and not isinstance(r.exception, OverflowError), r.output
     assert not (tmp_path / "device").exists()
+
+
+@pytest.mark.parametrize("command", [("status",), ("confirm", "rmsnorm"), ("rollback", "rmsnorm")])
+def test_store_commands_that_install_nothing_refuse_a_path_that_is_no_store(cli, files, tmp_path, command):
+    """A mistyped --store was created as an empty store and answered from ('no operators', exit 0; 'unknown operator'),
+    as if the device's store were empty. Refused now, naming the path, and nothing is made there."""
+    pub, _ = files
+    (tmp_path / "empty").mkdir()
+    for store, said in ((tmp_path / "typo", "does not exist"), (tmp_path / "empty", "is not a plugin store")):
+        r = cli("store", *command, "--store", store, "--target", "orin", "--trust", pub, "--json")
+        assert isinstance(r.exception, EdgekitError) and r.exception.exit_code == 2, r.output
+        assert f"--store {store} {said}" in r.exception.message and "store install" in r.exception.hint
+    assert not (tmp_path / "typo").exists() and list((tmp_path / "empty").iterdir()) == []
