@@ -146,8 +146,9 @@ def publish(
         check_output_path(keys, "--keys", kind="dir")
     packages = []
     for p in plugins or []:
-        if not p.is_file():
-            raise EdgekitError(f"plugin package {p} not found", hint="pass the .tar written when the plugin was packed")
+        if not p.is_file():  # a directory was 'not found' too
+            what = "is a directory, expected a package file" if p.is_dir() else "not found"
+            raise EdgekitError(f"plugin package {p} {what}", hint="pass the .tar written when the plugin was packed")
         packages.append(p.read_bytes())
     describe = package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key) if packages else None
     result = publish_plugins(

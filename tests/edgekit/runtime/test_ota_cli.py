@@ -240,3 +240,12 @@ def test_store_commands_that_install_nothing_refuse_a_path_that_is_no_store(cli,
         assert isinstance(r.exception, EdgekitError) and r.exception.exit_code == 2, r.output
         assert f"--store {store} {said}" in r.exception.message and "store install" in r.exception.hint
     assert not (tmp_path / "typo").exists() and list((tmp_path / "empty").iterdir()) == []
+
+
+def test_publish_says_a_directory_is_not_a_package(cli, files, tmp_path):
+    """`publish DIR` said 'plugin package DIR not found' for a directory that is there."""
+    pub, _ = files
+    (tmp_path / "folder").mkdir()
+    r = cli("publish", tmp_path / "folder", "--repo", tmp_path / "repo", "--trust", pub)
+    assert isinstance(r.exception, EdgekitError) and "is a directory, expected a package file" in r.exception.message
+    assert not (tmp_path / "repo").exists()
