@@ -28,6 +28,8 @@ PATH_HELP = "A bundle directory, a device plugin store directory (--store of ser
 def _path_kind(path: Path) -> str:
     from edgekit.bundle.manifest import MANIFEST_FILE
 
+    if not path.exists():  # once 'is not a bundle, a plugin store or a plugin package', as if it were something
+        raise BundleError(f"{path} not found", hint="pass a bundle directory, a store directory or a .tar package")
     if path.is_file():
         return "package"
     if (path / MANIFEST_FILE).is_file():

@@ -218,3 +218,10 @@ def test_pack_refuses_a_version_no_device_admits(bundle, tmp_path):
                 "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
     assert canonical_version(json.loads(r.stdout)["version"]) == str(MAX_VERSION_PART)
+
+
+def test_plugin_list_and_show_say_a_missing_path_is_not_found(tmp_path):
+    """`plugin list MISSING` said 'MISSING is not a bundle, a plugin store or a plugin package': it is not there."""
+    for command in ("list", "show"):
+        r = edgekit("plugin", command, str(tmp_path / "rmsnorm-v2.tar"))
+        assert r.returncode == 2 and f"{tmp_path / 'rmsnorm-v2.tar'} not found" in r.stderr, r.stderr
