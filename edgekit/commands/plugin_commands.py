@@ -80,11 +80,9 @@ def pack(
     from edgekit.bundle.canonical import atomic_write_bytes, sha256_hex
     from edgekit.builder.kernel_source import pack_from_kernel_source
     from edgekit.bundle.plugin_pack import pack_from_bundle
-    from edgekit.kernels.arch import arch_number
-
-    from edgekit.output_path import check_output_path
-
     from edgekit.bundle.plugin_identity import MAX_VERSION_PART
+    from edgekit.kernels.arch import arch_number
+    from edgekit.output_path import check_output_path
 
     if version > MAX_VERSION_PART:  # once signed and written, then refused by every store and by publish
         raise BundleError(f"--version {version} is above {MAX_VERSION_PART}, the largest version a device admits",
