@@ -82,6 +82,12 @@ class GateConfig:
         return cfg
 
     def validate(self) -> None:
+        # click takes "nan" and "inf" as floats: a NaN SNR bound passed every model (x < nan is false), a NaN
+        # perplexity bound failed every one, and report.json's "nan" / "inf" then crashed `eval --quantized`
+        for flag, k in (("--max-ppl-increase", "max_ppl_increase"), ("--min-snr-db", "min_logits_snr_db")):
+            if not math.isfinite(getattr(self, k)):
+                raise QuantizationError(f"{flag} ({k}) must be a finite number, got {getattr(self, k)}",
+                                        hint="pass a number, e.g. 1.0 for +100% or 0 dB for a loose bound")
         if self.max_ppl_increase < 0:
             raise QuantizationError(f"--max-ppl-increase (max_ppl_increase) must be >= 0, got {self.max_ppl_increase}",
                                     hint="a fraction of the FP16 perplexity: 0.01 allows +1%")

@@ -94,6 +94,12 @@ def test_thresholds_are_validated_and_overridable():
         GateConfig.for_mode("w8a16", max_ppl_increase=-1)
     with pytest.raises(QuantizationError, match="unknown quantization mode"):
         GateConfig.for_mode("int4")
+    # "nan" and "inf" are floats to click: a NaN SNR bound let every model pass, and report.json's "nan" crashed eval
+    for flag, field, value in (("--min-snr-db", "min_logits_snr_db", math.nan),
+                               ("--max-ppl-increase", "max_ppl_increase", math.nan),
+                               ("--max-ppl-increase", "max_ppl_increase", math.inf)):
+        with pytest.raises(QuantizationError, match=rf"^{flag} \({field}\) must be a finite number, got"):
+            GateConfig.for_mode("w8a16", **{field: value})
 
 
 def test_a_model_scoring_text_past_709_nats_a_token_gets_infinite_perplexities_and_a_finite_ratio(tiny):
