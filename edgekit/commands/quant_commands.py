@@ -112,6 +112,7 @@ def quantize(
     from edgekit.cache import BuildCache
     from edgekit.model.loader import load_model
     from edgekit.quant.gate import GateConfig, GateFailedError
+    from edgekit.model.weights_file import WEIGHTS_FILE
     from edgekit.quant.io import check_quantize_directory, write_quantized, write_report
     from edgekit.quant.progress import Steps, make_progress
     from edgekit.output_path import check_output_path
@@ -138,12 +139,14 @@ def quantize(
             result = quantize_model(m, mode, kv_int8=kv_int8, gate=gate, allow_mixed=allow_mixed, options=opts,
                                     steps=Steps(progress), reference_cache=BuildCache(None, enabled=not no_cache))
     except GateFailedError as e:
-        path = write_report(out, e.report)
+        path, removed = write_report(out, e.report)
         if json_out:
             print_json(e.report)
         else:
             _print_report(e.report, top)
-        err_console.print(f"report: {path} (no weights written)")
+        err_console.print(f"report: {path} (no weights written" + (f"; the earlier run's {WEIGHTS_FILE} there was "
+                                                                     "removed: it is not what this report describes)"
+                                                                     if removed else ")"))
         raise
     paths = write_quantized(out, result)
     if json_out:

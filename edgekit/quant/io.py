@@ -52,11 +52,17 @@ def write_quantized(directory: Path, result, storage_dtype: torch.dtype | None =
     return [weights_path, report_path]
 
 
-def write_report(directory: Path, report: dict) -> Path:
+def write_report(directory: Path, report: dict) -> tuple[Path, bool]:
+    """Write a failed gate's report.json into ``directory``; returns its path and whether an earlier run's
+    model.safetensors was removed. Such weights went first: left beside this report they read as the weights it
+    describes (``info``, ``eval --quantized`` took them, with the failed run's thresholds)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    stale = directory / WEIGHTS_FILE
+    removed = stale.is_file()
+    stale.unlink(missing_ok=True)  # before the report: an interrupted run leaves no weights, not mismatched ones
     path = directory / REPORT_FILE
     replace_atomically(path, report_bytes(report))
-    return path
+    return path, removed
 
 

@@ -60,6 +60,17 @@ def test_failed_gate_writes_the_report_but_no_weights(tmp_path):
     assert json.loads((out / "report.json").read_text())["sensitivity"]["layers"]
 
 
+def test_failed_gate_removes_an_earlier_runs_weights_from_the_directory(tmp_path):
+    """A failed rerun into a passing run's directory left the old model.safetensors beside the failed report, and
+    `info` / `eval --quantized` read the pair as one result."""
+    out = tmp_path / "q"
+    assert edgekit("quantize", "preset:tiny", "-o", str(out), *FAST).returncode == 0
+    r = edgekit("quantize", "preset:tiny", "-o", str(out), "--min-snr-db", "500", *FAST)
+    assert r.returncode == 2 and "earlier run's model.safetensors there was removed" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+    assert not json.loads((out / "report.json").read_text())["gate"]["passed"]
+
+
 def test_eval_refuses_a_missing_quantized_dir(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("some text to score, long enough for a window")
