@@ -108,6 +108,9 @@ def build(
 
     if plan_file is None and target is None:
         raise typer.BadParameter("a target is required (or --plan FILE, which names one)", param_hint="--target")
+    if tensorrt_onnx and no_onnx:  # the TensorRT copy is made by the ONNX export: it was dropped without a word
+        raise typer.BadParameter("a TensorRT-flavoured ONNX is written by the ONNX export, which --no-onnx skips; "
+                                 "drop one of them", param_hint="--tensorrt-onnx")
     if precision is not None or plan_file is None:
         precision = cli_precision(precision or DEFAULT_PRECISION, BUILD_PRECISIONS)
     if key is None and not dev_key:

@@ -206,6 +206,16 @@ def test_build_with_an_unwritable_out_fails_in_one_line_before_loading_the_model
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+def test_build_refuses_tensorrt_onnx_with_no_onnx_before_loading_the_model(tmp_path):
+    """--no-onnx --tensorrt-onnx built a bundle with neither ONNX file and exit 0: the asked-for copy was dropped."""
+    out = tmp_path / "b"
+    r = edgekit("build", _damaged_gguf(tmp_path), "--target", "orin", "--dev-key", "--no-onnx", "--tensorrt-onnx",
+                "-o", str(out), "--json", timeout=120)
+    assert r.returncode == 2 and "GGUF" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert "--tensorrt-onnx" in err["message"] and "--no-onnx" in err["message"] and not out.exists()
+
+
 def test_build_for_an_unknown_target_fails_before_loading_the_model(tmp_path):
     r = subprocess.run([sys.executable, "-m", "edgekit", "build", _damaged_gguf(tmp_path), "--target", "orni",
                         "--dev-key", "-o", str(tmp_path / "b")], capture_output=True, text=True, timeout=120)
