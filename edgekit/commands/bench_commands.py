@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from edgekit.cli import app
-from edgekit.cli_common import cli_precision, console, err_console, note
+from edgekit.cli_common import MAX_SEED, cli_precision, console, err_console, note
 from edgekit.strict_json import write_json_file
 
 DEFAULT_MODELS = ["preset:smollm2-135m", "preset:qwen2.5-1.5b"]
@@ -94,7 +94,7 @@ def bench(
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per figure (the median is reported)."),
     check_tokens: Optional[int] = typer.Option(None, "--check-tokens", min=1,
                                                help="Greedy tokens compared with the torch reference path [default: 8, at most the tokens generated]."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random preset weights and prompts."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the random preset weights and prompts."),
     energy: bool = typer.Option(True, "--energy/--no-energy", help="Energy per token from the NVML energy counter."),
     prefill_graph: bool = typer.Option(True, "--prefill-graph/--no-prefill-graph", help="Also time edgekit's prefill replayed as a CUDA graph."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="Profile edgekit's decode step: kernels per token, time inside vs between kernels."),

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import console, err_console, fmt_bytes, print_json
+from edgekit.cli_common import MAX_SEED, console, err_console, fmt_bytes, print_json
 from edgekit.measured_on import in_words, measured_on
 
 MODEL_HELP = ("A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model "
@@ -230,7 +230,7 @@ def generate(
     truncate: bool = typer.Option(False, "--truncate", help="Keep the last tokens of a prompt that is too long instead of failing."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 means greedy decoding."),
     top_k: int = typer.Option(0, "--top-k", min=0, help="Sample from the k most likely tokens (with --temperature)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for sampling and for preset weights."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed for sampling and for preset weights."),
     json_out: bool = typer.Option(False, "--json", help="Print the answer and timings as JSON."),
 ) -> None:
     """Generate text with edgekit's own decoder and the torch reference operators (CPU, FP32)."""

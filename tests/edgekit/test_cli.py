@@ -61,6 +61,16 @@ def test_bad_input_is_one_line_and_nonzero(args, expected, tmp_path):
     assert r.stderr.strip().startswith("error:")
 
 
+@pytest.mark.parametrize("seed", [str(2**63), "99999999999999999999", "-1"])
+def test_a_seed_outside_serves_range_is_a_usage_error_not_a_traceback(seed):
+    """--seed 99999999999999999999 was an OverflowError traceback (exit 1) once the preset's weights were drawn."""
+    for args in (("generate", "preset:tiny", "-p", "hi", "-n", "1"), ("bench", "preset:tiny")):
+        r = edgekit(*args, f"--seed={seed}")
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "--seed" in r.stderr, r.stderr
+        assert (str(2**63 - 1) if seed != "-1" else "greater than or equal to 0") in r.stderr
+    assert edgekit("generate", "preset:tiny", "-p", "hi", "-n", "1", f"--seed={2**63 - 1}").returncode == 0
+
+
 def test_bad_files_are_one_line_errors(tmp_path):
     (tmp_path / "empty_dir").mkdir()
     bad = tmp_path / "trunc.gguf"
