@@ -142,9 +142,13 @@ def _choose_shapes(
     if given:
         too_long = [b for b in given if b > context]
         if too_long:
+            # raising --context past the model's positions is refused in turn: the hint sent the user there
+            limit = cfg.max_position_len
             raise PlanError(
                 f"buckets {too_long} exceed the context of {context} tokens",
-                hint=f"drop them or raise --context to at least {max(too_long)}",
+                hint=f"drop them or raise --context to at least {max(too_long)}" if max(too_long) <= limit else
+                f"drop those over {limit}: {cfg.name} was trained for {limit} positions, so neither --context nor "
+                "a bucket can go past them",
             )
         chosen, method = given, "given"
     elif trace is not None:

@@ -56,6 +56,17 @@ def test_context_over_model_positions_is_refused():
         make_plan(preset_config("smollm2-135m"), load_target("orin"), context=16384, solve_tiles=False)
 
 
+def test_buckets_past_the_context_are_told_a_fix_that_the_model_allows():
+    """--buckets 4096 on a 1024-position model was told 'raise --context to at least 4096', which is refused too."""
+    cfg, orin = preset_config("tiny"), load_target("orin")
+    with pytest.raises(PlanError, match=r"exceed the context of 1024") as e:
+        make_plan(cfg, orin, buckets=(64, 4096), solve_tiles=False)
+    assert "--context to at least" not in e.value.hint and "drop those over 1024" in e.value.hint
+    with pytest.raises(PlanError) as e:  # a context the model allows is still the fix where it is one
+        make_plan(cfg, orin, context=256, buckets=(64, 512), solve_tiles=False)
+    assert e.value.hint == "drop them or raise --context to at least 512"
+
+
 def test_cli_refuses_a_misfit_in_one_line():
     r = subprocess.run(
         [sys.executable, "-m", "edgekit", "plan", "preset:qwen2.5-1.5b", "--target", "orin-nano-4gb",
