@@ -244,14 +244,26 @@ def verify(
         elif backend == "gpu":
             raise BundleError("--golden-backend gpu needs a CUDA GPU; none is available here", hint="use --golden-backend cpu")
     kwargs = dict(allow_dev_key=allow_dev_key, run_golden=run, runner_for_root=runner_for_root)
+    # what a golden "pass" and its errors were measured with: on a CPU the plugins' kernels never ran, only the
+    # torch reference operators did (the JSON and the piped table did not say which)
+    golden = ({"ran": "plugin kernels", "measured_on": measured_on("cuda")} if runner_for_root else
+              {"ran": "torch reference operators (the plugins' kernels need a GPU)", "measured_on": CPU})
+
+    def golden_ran(report) -> dict:  # none ran where golden vectors were off or an earlier check stopped them
+        ran = any(c.check == "golden" and c.status in ("pass", "fail") for c in report.checks)
+        return golden if ran else {"ran": None, "measured_on": None}
+
     if json_out:
         report = verify_bundle(bundle, keys, **kwargs)
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), "golden_vectors": golden_ran(report)})
     else:
         where = "the plugins on the GPU" if runner_for_root else ("the CPU reference" if run else "no golden vectors")
         with console.status(f"verifying {bundle} (golden vectors: {where}) ..."):
             report = verify_bundle(bundle, keys, **kwargs)
         _print_report(report, show_all)
+        if golden_ran(report)["ran"] is not None:
+            console.print(f"golden vectors: run on the {golden['ran']}, {in_words(golden['measured_on'])}",
+                          highlight=False)
     report.raise_if_failed()
 
 

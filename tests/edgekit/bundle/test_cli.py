@@ -51,6 +51,20 @@ def test_verify_passes_and_fails_with_file_and_reason(bundle, keydir, monkeypatc
     assert "tokenizer/tokenizer.json" in err and "Traceback" not in err
 
 
+def test_verify_says_where_the_golden_vectors_ran(bundle, keydir, monkeypatch, capsys):
+    """A golden 'pass' and its max errors said nothing of whether the plugins' kernels or the CPU's torch reference
+    had produced them (JSON and piped table alike)."""
+    trust = ("--trust", str(keydir / "edgekit.pub"))
+    code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), *trust, "--golden-backend", "cpu", "--json")
+    assert code == 0
+    assert json.loads(out)["golden_vectors"] == {"ran": "torch reference operators (the plugins' kernels need a GPU)",
+                                                 "measured_on": "cpu"}
+    code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), *trust, "--golden-backend", "cpu")
+    assert code == 0 and "golden vectors: run on the torch reference operators" in out and "measured on the CPU" in out
+    code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), *trust, "--skip-golden", "--json")
+    assert code == 0 and json.loads(out)["golden_vectors"] == {"ran": None, "measured_on": None}
+
+
 def test_verify_without_trusted_key_says_how_to_fix(bundle, monkeypatch, capsys):
     code, _, err = _run(monkeypatch, capsys, "verify", str(bundle))
     assert code == 2 and "--trust" in err
