@@ -154,6 +154,8 @@ def main() -> None:
         sys.exit(2)
     if code == ABORTED_EXIT_CODE:
         err_console.print("aborted", highlight=False)
+        # a script reading --json got nothing at all from an interrupted command (`timeout -s INT`, Ctrl-C)
+        _json_error("Aborted", "aborted (interrupted before the command finished)", None, ABORTED_EXIT_CODE)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -197,6 +197,33 @@ def test_a_command_that_exits_1_makes_edgekit_exit_1(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().endswith("aborted")
 
 
+def test_an_interrupted_command_under_json_answers_a_document_too(monkeypatch, capsys):
+    """Ctrl-C (or `timeout -s INT`) during `build --json` left stdout empty: a script reading it got no document."""
+    import typer
+
+    from edgekit import cli
+
+    tiny = typer.Typer()
+
+    @tiny.command()
+    def interrupted(json_out: bool = typer.Option(False, "--json")) -> None:
+        raise KeyboardInterrupt
+
+    @tiny.command()
+    def other() -> None:
+        pass
+
+    monkeypatch.setattr(cli, "cli_command", lambda: typer.main.get_command(tiny))
+    monkeypatch.setattr(sys, "argv", ["edgekit", "interrupted", "--json"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 130
+    out = capsys.readouterr().out
+    assert json.loads(out)["error"] == {"type": "Aborted", "message": "aborted (interrupted before the command "
+                                        "finished)", "hint": None, "exit_code": 130}
+    assert len(out.strip().splitlines()) == 1
+
+
 def _damaged_gguf(tmp_path):
     """A file that starts like a GGUF and is not one: loading it fails, so an error about anything else proves the
     check ran before the model was loaded."""
