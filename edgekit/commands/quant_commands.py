@@ -93,9 +93,9 @@ def quantize(
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the gate fails, keep the most sensitive layers in FP16 until it passes instead of stopping."),
     quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too (when tied, the one quantized matrix is the embedding too)."),
     head_precision: Optional[str] = typer.Option(None, "--head-precision", help="int8 or int4 for the LM head (implies --quantize-head; default: --precision's, and a GGUF Q8_0 table kept bit for bit)."),
-    max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 int8, 0.03 w8a8)."),
-    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 int8, 0.90 w8a8)."),
-    min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 int8, 15 w8a8)."),
+    max_ppl_increase: Optional[float] = typer.Option(None, "--max-ppl-increase", help="Gate: largest relative perplexity increase, e.g. 0.01 for +1% (default: 0.01 int8, 0.03 w8a8 and int4)."),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="Gate: smallest greedy-token agreement, 0..1 (default: 0.95 int8, 0.90 w8a8 and int4)."),
+    min_snr_db: Optional[float] = typer.Option(None, "--min-snr-db", help="Gate: smallest logits SNR in dB (default: 20 int8, 15 w8a8, 12 int4)."),
     ppl_tokens: Optional[int] = typer.Option(None, "--ppl-tokens", min=2, help="Held-out tokens scored for perplexity and SNR (default 2048)."),
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", min=2, help="Greedy tokens compared per prompt (default 128)."),
     rank: bool = typer.Option(False, "--rank", help="Rank layer sensitivity even if the gate passes (it is always ranked when it fails)."),
@@ -103,11 +103,12 @@ def quantize(
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute the gate's FP reference instead of reading it from the build cache (~/.cache/edgekit)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Quantize a model's linear layers to INT8, calibrated on edgekit's shipped text, and gate it on held-out text.
+    """Quantize a model's linear layers to INT8 or INT4, calibrated on edgekit's shipped text, and gate it on held-out
+    text.
 
-    Writes DIR/model.safetensors (int8 weights, fp32 scales, smoothing factors, FP16 norms and embeddings; a tied
-    head quantized with --quantize-head is the embedding too)
-    and DIR/report.json. A failed gate writes only report.json and exits 2, naming the layers that hurt most.
+    Writes DIR/model.safetensors (int8 or packed int4 weights, their scales, smoothing factors, FP16 norms and
+    embeddings; a tied head quantized with --quantize-head is the embedding too) and DIR/report.json. A failed gate
+    writes only report.json and exits 2, naming the layers that hurt most.
     """
     from edgekit.cache import BuildCache
     from edgekit.model.loader import load_model

@@ -71,6 +71,25 @@ def test_failed_gate_removes_an_earlier_runs_weights_from_the_directory(tmp_path
     assert not json.loads((out / "report.json").read_text())["gate"]["passed"]
 
 
+def test_quantize_help_states_each_precisions_gate_defaults():
+    """--help gave the gate's defaults for int8 and w8a8 only, and called quantize INT8-only, though --precision
+    int4 has bounds of its own (a 12 dB SNR)."""
+    import re
+
+    from edgekit.quant.gate import GateConfig
+
+    r = edgekit("quantize", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "INT8 or INT4" in text
+    for flag, field in (("--max-ppl-increase", "max_ppl_increase"), ("--min-agreement", "min_greedy_agreement"),
+                        ("--min-snr-db", "min_logits_snr_db")):
+        said = re.search(re.escape(flag) + r" NUM .*?\(default: ([^)]*)\)", text).group(1)
+        for precision, mode in (("int8", "w8a16"), ("w8a8", "w8a8"), ("int4", "w4a16")):
+            value = getattr(GateConfig.for_mode(mode), field)
+            assert re.search(rf"{value:g}\b[^,]*\b{precision}\b", said.replace("0.90", "0.9")), (flag, precision, said)
+
+
 def test_eval_refuses_a_missing_quantized_dir(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("some text to score, long enough for a window")
