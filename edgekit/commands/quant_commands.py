@@ -112,8 +112,8 @@ def quantize(
     """
     from edgekit.cache import BuildCache
     from edgekit.model.loader import load_model
-    from edgekit.quant.gate import GateConfig, GateFailedError
     from edgekit.model.weights_file import WEIGHTS_FILE
+    from edgekit.quant.gate import GateConfig, GateFailedError
     from edgekit.quant.io import check_quantize_directory, write_quantized, write_report
     from edgekit.quant.progress import Steps, make_progress
     from edgekit.output_path import check_output_path
