@@ -25,10 +25,6 @@ console = _console()
 err_console = _console(stderr=True)
 
 
-# --seed's range, as serve's "seed" field (edgekit.runtime.openai_schema.MAX_SEED): torch.Generator.manual_seed takes
-# a signed 64-bit value, and a larger --seed was an OverflowError traceback after the model had loaded
-MAX_SEED = 2**63 - 1
-
 _JSON_PRINTED = []  # a document went out: a failure after it (verify's report, then exit 2) adds no second one
 
 

@@ -10,7 +10,8 @@ from typing import List, Optional
 import typer
 
 from edgekit.cli import app
-from edgekit.cli_common import MAX_SEED, cli_precision, console, err_console, note
+from edgekit.cli_common import cli_precision, console, err_console, note
+from edgekit.seed_range import MAX_SEED
 from edgekit.strict_json import write_json_file
 
 DEFAULT_MODELS = ["preset:smollm2-135m", "preset:qwen2.5-1.5b"]

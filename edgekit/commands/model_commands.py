@@ -10,8 +10,9 @@ import typer
 from rich.table import Table
 
 from edgekit.cli import app
-from edgekit.cli_common import MAX_SEED, console, err_console, fmt_bytes, print_json
+from edgekit.cli_common import console, err_console, fmt_bytes, print_json
 from edgekit.measured_on import in_words, measured_on
+from edgekit.seed_range import MAX_SEED
 
 MODEL_HELP = ("A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model "
               "(SmolLM2-135M-Instruct as a Q4_1 GGUF file).")

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+from edgekit.seed_range import MAX_SEED
+
 MAX_CHOICES = 4  # n: each choice is one decode row; the engine refuses more than its rows (the bundle's --batch)
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
