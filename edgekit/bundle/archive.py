@@ -115,8 +115,12 @@ def write_archive(bundle_dir: str | os.PathLike, out_path: str | os.PathLike, *,
 
 @dataclass(frozen=True)
 class MemberProblem:
-    member: str
+    member: str  # "" for the archive as a whole (unreadable, truncated)
     reason: str
+
+    def where(self, archive: str) -> str:
+        """``archive:member``, or ``archive`` alone where the whole archive is at fault (it was 'cut.tar:cut.tar')."""
+        return f"{archive}:{self.member}" if self.member else archive
 
 
 def _member_name(info: tarfile.TarInfo) -> str:
@@ -209,7 +213,7 @@ def _raise_first(problems: list[MemberProblem], archive: str) -> None:
     if problems:
         p = problems[0]
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise VerificationError(f"{archive}:{p.member}", f"{p.reason}{more}", hint="nothing was extracted")
+        raise VerificationError(p.where(archive), f"{p.reason}{more}", hint="nothing was extracted")
 
 
 def read_tar_bytes(
@@ -261,7 +265,7 @@ def inspect_archive(archive: str | os.PathLike, *, max_total_bytes: int = DEFAUL
             return scan_members(tf.getmembers(), max_total_bytes=max_total_bytes)[1]
     except (*ARCHIVE_READ_ERRORS, OSError) as e:
         err = unreadable_archive(Path(archive).name, e, opened)
-        return [MemberProblem(Path(archive).name, f"{err.reason} ({err.hint})")]
+        return [MemberProblem("", f"{err.reason} ({err.hint})")]
 
 
 def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,

@@ -346,7 +346,7 @@ def verify_bundle(
         problems = inspect_archive(p)
         if problems:
             report = VerificationReport(str(p))
-            report.checks.extend(Check("archive", f"{p.name}:{m.member}", "fail", m.reason) for m in problems)
+            report.checks.extend(Check("archive", m.where(p.name), "fail", m.reason) for m in problems)
             return report
         tmp = Path(tempfile.mkdtemp(prefix="edgekit-verify-"))
         try:

@@ -140,7 +140,7 @@ def _archive_stored_info(path: Path) -> dict:
 
     problems = inspect_archive(path)
     if problems:
-        raise BundleError(f"{path}:{problems[0].member}: {problems[0].reason}", hint="nothing was extracted")
+        raise BundleError(f"{problems[0].where(str(path))}: {problems[0].reason}", hint="nothing was extracted")
     tmp = Path(tempfile.mkdtemp(prefix="edgekit-info-"))
     try:
         root = safe_extract(path, tmp / "bundle", only=INFO_FILES)

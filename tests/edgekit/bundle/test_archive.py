@@ -151,6 +151,12 @@ def test_a_cut_short_compressed_bundle_is_a_damaged_archive_not_an_abort(tmp_pat
         safe_extract(cut, tmp_path / "dest")
     assert "copy it again" in e.value.hint and not (tmp_path / "dest").exists()
     assert any("damaged or truncated" in p.reason for p in inspect_archive(cut))
+    # the whole archive is at fault: named once ('cut.tar.gz:cut.tar.gz' in verify's and info's reports before)
+    assert [p.where(cut.name) for p in inspect_archive(cut)] == ["cut.tar.gz"]
+    from edgekit.bundle.verify import verify_bundle
+
+    report = verify_bundle(cut, [], allow_dev_key=True)
+    assert [(c.check, c.file) for c in report.checks] == [("archive", "cut.tar.gz")], report.checks
 
 
 def test_list_tree_refuses_symlinks(tmp_path):
