@@ -2,8 +2,8 @@
 
 Layout (python-tuf metadata, consistent snapshots, ed25519 keys)::
 
-    REPO/metadata/1.root.json, root.json      root (root.json = latest, to ship to devices; N.root.json when a
-                                               re-sign renews it)
+    REPO/metadata/1.root.json, root.json      root (1.root.json ships with devices; root.json = latest;
+                                               N.root.json when a re-sign renews it)
     REPO/metadata/N.targets.json               plugin list with custom fields per target
     REPO/metadata/N.snapshot.json
     REPO/metadata/timestamp.json               replaced last: the one file that publishes
@@ -228,7 +228,8 @@ class TufRepository:
             role: md.signed.expires.isoformat()
             for role, md in (("root", root), ("targets", targets), ("snapshot", snapshot), ("timestamp", timestamp))
         }
-        result.trusted_root = self.meta_dir / "root.json"
+        # the first root, as the text output, --help and the README say: a device walks from it to the newest
+        result.trusted_root = self.meta_dir / "1.root.json"
         return result
 
     def _renew_root(self, root: Metadata) -> Metadata:

@@ -166,7 +166,7 @@ def publish(
     v = result.versions
     console.print(f"metadata  root v{v['root']}  targets v{v['targets']}  snapshot v{v['snapshot']}  timestamp v{v['timestamp']}")
     console.print(f"timestamp expires {result.expires['timestamp']}: publish again before then")
-    console.print(f"ship to devices: {repo / 'metadata' / '1.root.json'}  (--trusted-root)")
+    console.print(f"ship to devices: {result.trusted_root}  (--trusted-root)")
 
 
 # ---------------------------------------------------------------------------- agent

@@ -54,7 +54,9 @@ def test_publish_then_agent_once_then_store_rollback(cli, served, files, tmp_pat
     assert not (repo / "keys").exists() and (tmp_path / "repo-keys" / "root.pem").exists()
 
     store = tmp_path / "device"
-    agent = ("agent", "--repo", url, "--trusted-root", repo / "metadata" / "1.root.json", "--store", store,
+    # the file --json names to ship is the one the text, --help and the README name: 1.root.json
+    assert published["trusted_root"] == str(repo / "metadata" / "1.root.json")
+    agent = ("agent", "--repo", url, "--trusted-root", published["trusted_root"], "--store", store,
              "--target", "orin", "--trust", pub, "--once", "--json")
     r = cli(*agent)
     assert r.exit_code == 0, r.output
