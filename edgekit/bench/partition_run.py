@@ -57,17 +57,32 @@ def orin_tiles(cfg, precision: str, context: int) -> tuple[dict, dict[str, str]]
     variants: dict[str, dict] = {}
     for t in plan.tiles:
         variants.setdefault(t.op, {})[t.kernel] = t.variant
-    fused = set(plan.decode.path.fused_operators)
+    # every operator the fused step calls, not only the fused ones: gemma-3-1b's down projection is a plain `linear`
+    # between them (26 calls a token, ~21% of its weight bytes), and its tile was the one the summary left out
+    step_ops = set(plan.decode.path.operators)
     summary = {f"{t.op}/{t.kernel}": t.variant.label() for t in plan.tiles
-               if t.op in fused and _runs_at(t.kernel, t.op, precision)}
+               if t.op in step_ops and _runs_at(t.kernel, t.op, precision)
+               and _launched_at_one_row(t.kernel, variants[t.op])}
     return variants, summary
 
 
+def _launched_at_one_row(kernel: str, op_variants: dict) -> bool:
+    """A batch-1 decode call of a linear launches its GEMV where one is planned, never its GEMM (the program takes the
+    GEMM only for more rows than the GEMV's BLOCK_M: kernels/linear_triton.py, GEMV_MAX_ROWS)."""
+    return not (kernel.endswith("_gemm") and kernel.removesuffix("_gemm") + "_gemv" in op_variants)
+
+
 def _ran(engine, precision: str) -> dict[str, str]:
-    """The fused step's kernels -> the variant each launched with (read from the JIT operators after the run)."""
-    ops = engine.feedback.decoder.ops
+    """The fused step's kernels -> the variant each launched with (read from the JIT operators after the run): every
+    operator its graph calls (``path.sources`` holds the fused ones only, and left gemma's `linear` out)."""
+    from edgekit.graph.node import Graph
+    from edgekit.graph.paths import registry_ops
+
+    step = engine.feedback.decoder
+    graph = getattr(step, "graph", None)  # a FusedDecoder's graph; a plain Decoder's `graph` is a method
+    ops = step.ops
     out = {}
-    for op in sorted(engine.path.sources):
+    for op in sorted(registry_ops(graph) if isinstance(graph, Graph) else engine.path.sources):
         fn = ops.get(op)
         for kernel, label in (fn.variants_used() if hasattr(fn, "variants_used") else {}).items():
             if _runs_at(kernel, op, precision):

@@ -37,6 +37,35 @@ def test_the_orin_plan_gives_a_variant_for_every_fused_step_kernel_it_runs():
     assert split.constexprs["HEAD_DIM"] == cfg.head_dim
 
 
+def test_a_plain_linear_the_fused_step_calls_has_its_planned_tile_in_the_summary():
+    """Gemma 3's down projection runs as a plain `linear` between the fused operators: the summary once listed the
+    fused operators only, so the orin rows never showed its tile (the one kernel where the orin plan and the JIT
+    default differed unrecorded). Only the GEMV a batch-1 step launches is listed, not the linear's GEMM."""
+    cfg = preset_config("tiny-gemma3")
+    variants, summary = orin_tiles(cfg, "fp16", 64)
+    assert "linear/linear_gemv" in summary and "linear/linear_gemm" not in summary
+    assert summary["linear/linear_gemv"] == variants["linear"]["linear_gemv"].label()
+    assert {key.split("/")[0] for key in summary} == {"fused_norm_qkv_qknorm_rope", "fused_attn_proj", "norm_residual",
+                                                      "fused_norm_geglu", "linear", "fused_head_argmax"}
+
+
+def test_what_ran_is_read_from_every_operator_of_the_fused_steps_graph():
+    """`path.sources` names the fused operators only; the record of what launched reads the step's graph, so the
+    plain `linear` between them is in it. The operators stand in for JIT ones: each reports one launched variant."""
+    from types import SimpleNamespace
+
+    from edgekit.bench.partition_run import _ran
+    from edgekit.model.loader import load_model
+    from edgekit.runtime.fused_step import FusedDecoder
+
+    step = FusedDecoder(load_model("preset:tiny-gemma3", seed=1).decoder())
+    launched = SimpleNamespace(variants_used=lambda: {"k_fp": "k[BLOCK=8]"})
+    step.ops = {op: launched for op in ("fused_attn_proj", "linear")}
+    engine = SimpleNamespace(feedback=SimpleNamespace(decoder=step),
+                             path=SimpleNamespace(sources={"fused_attn_proj": "triton"}))
+    assert _ran(engine, "fp16") == {"fused_attn_proj/k_fp": "k[BLOCK=8]", "linear/k_fp": "k[BLOCK=8]"}
+
+
 def test_a_cpu_run_records_skipped_rows_and_a_note_not_a_crash():
     s = BenchSettings(models=["preset:tiny"], precisions=("fp16",), contexts=(16, 24), sms=(8, 16), device="cpu")
     doc = BenchDocument(measured_on="cpu", created="now", device={}, settings={})
