@@ -201,7 +201,7 @@ def test_an_interrupted_command_under_json_answers_a_document_too(monkeypatch, c
     """Ctrl-C (or `timeout -s INT`) during `build --json` left stdout empty: a script reading it got no document."""
     import typer
 
-    from edgekit import cli
+    from edgekit import cli, cli_common
 
     tiny = typer.Typer()
 
@@ -214,6 +214,8 @@ def test_an_interrupted_command_under_json_answers_a_document_too(monkeypatch, c
         pass
 
     monkeypatch.setattr(cli, "cli_command", lambda: typer.main.get_command(tiny))
+    # process-wide "a document went out" flag: an earlier in-process `info --json` on this worker had set it
+    monkeypatch.setattr(cli_common, "_JSON_PRINTED", [])
     monkeypatch.setattr(sys, "argv", ["edgekit", "interrupted", "--json"])
     with pytest.raises(SystemExit) as exited:
         cli.main()
