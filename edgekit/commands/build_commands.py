@@ -257,7 +257,7 @@ def verify(
         report = verify_bundle(bundle, keys, **kwargs)
         print_json({**report.to_dict(), "golden_vectors": golden_ran(report)})
     else:
-        where = "the plugins on the GPU" if runner_for_root else ("the CPU reference" if run else "no golden vectors")
+        where = f"the {golden['ran']}" if run else "no golden vectors"  # runner_for_root is set only where run is
         with console.status(f"verifying {bundle} (golden vectors: {where}) ..."):
             report = verify_bundle(bundle, keys, **kwargs)
         _print_report(report, show_all)
