@@ -34,7 +34,7 @@ SNAPSHOT_EXPIRY_HOURS = 168.0
 # inf or 1e12 was taken, a pass ran (installing what it found), then time.sleep raised OverflowError: a traceback
 # and, under systemd's Restart=, a pass every restart instead of one per interval. A week: 168 h, the longest
 # timestamp `publish` signs, after which a device that has not refreshed refuses the repository anyway.
-MAX_AGENT_INTERVAL_S = 7 * 24 * 3600.0
+MAX_AGENT_INTERVAL_S = SNAPSHOT_EXPIRY_HOURS * 3600
 
 
 # ---------------------------------------------------------------------------- helpers
