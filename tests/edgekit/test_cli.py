@@ -146,13 +146,30 @@ def _build_argv(out, *extra: str) -> list[str]:
             "fp16", "--context", "128", "--buckets", "16,64", "-o", str(out), *extra]
 
 
+# The child build, held at its ONNX export until the test has signalled: the export takes ~1.3 s, and on two busy
+# cores the test read its stage line late enough that the build had finished (exit 0) before the signal came. Only
+# the export's duration is replaced; the stages before it, the interrupt and the clean-up are the real ones.
+_HELD_AT_ONNX = """
+import sys, time
+import edgekit.builder.pipeline as pipeline
+def held_export(*args, **kwargs):
+    time.sleep(300)  # the test's SIGINT lands here
+    raise SystemExit("the test never interrupted the held export")
+pipeline._export_onnx = held_export
+from edgekit.cli import main
+sys.argv = ["edgekit", *sys.argv[1:]]
+main()
+"""
+
+
 def test_ctrl_c_during_build_exits_130_says_aborted_and_leaves_nothing_half_written(tmp_path):
     import signal
 
     out = tmp_path / "bundles" / "tiny"
     # piped stderr: the build prints one line per stage (the test waits for the ONNX export, when the bundle's
     # files are already written into its hidden staging folder)
-    p = subprocess.Popen(_build_argv(out, "--no-cache"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", _HELD_AT_ONNX, *_build_argv(out, "--no-cache")[3:]]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     try:
         for line in p.stderr:
@@ -166,7 +183,7 @@ def test_ctrl_c_during_build_exits_130_says_aborted_and_leaves_nothing_half_writ
     finally:
         if p.poll() is None:
             p.kill()
-    assert any(name.startswith(".tiny.partial-") for name in staged), staged  # it was interrupted mid-write
+    assert any(name.startswith(".tiny.partial-") for name in staged), (staged, seen)  # interrupted mid-write
     assert rc == 130, (rc, rest)
     assert rest.strip().splitlines()[-1] == "aborted" and "Traceback" not in rest
     assert list(out.parent.iterdir()) == []  # no bundle, no staging folder
