@@ -29,7 +29,7 @@ from edgekit.power.sensors.soctherm_oc import OC_MEANING
 
 
 class TemperatureLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf or nan turned a limit off without a word
     # Defaults sit well below the Orin SoC's software throttling point, so the
     # warning comes while something can still be done; a target may tighten them.
     warn_c: float = Field(85.0, description="a warning event above this, °C")
@@ -44,7 +44,7 @@ class TemperatureLimits(BaseModel):
 
 
 class PolicyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf or nan turned a budget off without a word
 
     jitter_budget_ms: float = Field(5.0, gt=0, description="allowed p99 - p50 of token latency, and the allowed excess of one token over p50")
     jitter_metrics: list[str] = Field(default_factory=lambda: ["token"], description="latency metrics held to the jitter budget")

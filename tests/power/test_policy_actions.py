@@ -39,6 +39,14 @@ def test_bad_override_names_the_field_and_the_value():
         PolicyConfig.from_profile(None, {"temperature": {"warn_c": 90, "critical_c": 80}})
 
 
+
+@pytest.mark.parametrize("override", [{"power_band_w": float("inf")}, {"jitter_budget_ms": float("inf")},
+                                      {"window_s": float("nan")}, {"temperature": {"critical_c": float("inf")}}])
+def test_an_infinite_or_nan_budget_is_refused_not_a_check_turned_off(override):
+    """`monitor --power-band-w inf` passed `gt=0` and turned the power band off without a word (its log said null)."""
+    with pytest.raises(ConfigError, match=r"finite number.*got (inf|nan)"):
+        PolicyConfig.from_profile(None, override)
+
 def _steady(n=50, base=8.0):
     return window_stats("token", [base + 0.1 * (i % 5) for i in range(n)], 10.0)
 
