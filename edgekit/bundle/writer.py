@@ -109,12 +109,37 @@ def check_archive_destination(tar: Path, *, overwrite: bool) -> None:
                           "earlier one, so it is left as it is", hint="choose another -o DIR, or remove that file yourself")
 
 
+
+def _abandoned_staging(out_dir: Path) -> list[Path]:
+    """The hidden staging folders (``.NAME.partial-PID``) of earlier builds of ``out_dir`` whose process is gone: a
+    build killed without running its clean-up (SIGKILL, power loss) left them, and nothing else would remove them. A
+    folder whose process still runs is another build at work and is left alone."""
+    prefix = f".{out_dir.name}.partial-"
+    gone = []
+    for p in out_dir.parent.glob(f"{prefix}*"):
+        pid = p.name[len(prefix):]
+        if pid.isdigit() and int(pid) != os.getpid() and p.is_dir() and not p.is_symlink() and not _process_alive(int(pid)):
+            gone.append(p)
+    return gone
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
 class BundleWriter:
     def __init__(self, out_dir: str | os.PathLike, *, overwrite: bool = False):
         self.out_dir = check_bundle_destination(out_dir, overwrite=overwrite)
         self.overwrite = overwrite
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.out_dir.with_name(f".{self.out_dir.name}.partial-{os.getpid()}")
+        for stale in _abandoned_staging(self.out_dir):
+            shutil.rmtree(stale, ignore_errors=True)  # a killed build's (kill -9, power loss): never read, only disk
         if self._tmp.exists():
             shutil.rmtree(self._tmp)  # left by a crashed build of this same process id
         self._tmp.mkdir()

@@ -267,6 +267,32 @@ def test_a_stale_partial_directory_of_this_process_is_replaced(tmp_path, signing
     assert list_tree(tmp_path / "b") == ["manifest.json", "manifest.sig"]
 
 
+
+def test_a_killed_builds_staging_folder_is_removed_and_a_running_ones_is_kept(tmp_path, signing_key):
+    """A build killed with SIGKILL leaves its hidden `.NAME.partial-PID` folder: nothing read it, and nothing removed
+    it, so each killed build's weights stayed on disk. The next build of that name removes the folders of processes
+    that are gone; a live process's (another build at work) and another bundle's are left alone."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        killed = tmp_path / f".b.partial-{dead_pid}"
+        running = tmp_path / f".b.partial-{alive.pid}"
+        other = tmp_path / f".c.partial-{dead_pid}"
+        for d in (killed, running, other):
+            d.mkdir()
+            (d / "weights").write_bytes(b"x" * 64)
+        with BundleWriter(tmp_path / "b") as w:
+            w.finish(key=signing_key, **_manifest_fields())
+        assert not killed.exists()
+        assert running.is_dir() and other.is_dir()
+    finally:
+        alive.kill()
+        alive.wait()
+
 def test_files_property_is_a_copy(tmp_path):
     with BundleWriter(tmp_path / "b") as w:
         w.add_bytes("a", b"1")
