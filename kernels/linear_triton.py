@@ -351,8 +351,13 @@ def _defs(op: str, prefix: str, w_type: str, w_int8: int, scale_value) -> tuple[
     gemv = KernelDef(
         op=op, kernel=f"{prefix}_gemv", fn=_gemv_kernel, params=_gemv_params(w_type, scale_value),
         constexpr_names=("BLOCK_M", "BLOCK_N", "BLOCK_K", "W_INT8"), precision=prec,
-        # only the final cross-thread reduction of the partials goes through shared memory
-        uses_shared_memory=True, space=_gemv_space, default=_gemv_default,
+        # only the final cross-thread reduction of the partials goes through shared memory (a few KB, the compiled
+        # size is checked): no tile to fit to a budget, so the planner takes the measured default, as it does for the
+        # fused GEMVs. Searched, it ranked the largest tile first for a reuse a batch-1 GEMV does not have (each weight
+        # is read once): 32 x 1024 at 8 warps, 246 registers a thread for sm_87, in every orin bundle's linear plugin
+        # and in Gemma 3's unfused down projection, where the orin plan ran 12% under the JIT default's 32 x 256 at
+        # 4 warps on 16 SMs of an H100 (stop 64's `bench --sms` row, one of its two differing kernels)
+        uses_shared_memory=False, space=_gemv_space, default=_gemv_default,
         smem_estimate=lambda c, warps, stages, nbytes: max(4096, 4 * c["BLOCK_N"] * warps),
         fixed={"W_INT8": w_int8},
     )

@@ -243,3 +243,22 @@ def test_the_orin_plans_split_kv_attention_takes_the_measured_tile(op, kernel):
     assert choice.constexprs["BLOCK_N"] == default.constexprs["BLOCK_N"] == 128
     assert choice.constexprs.get("SPLIT_STEP") == default.constexprs.get("SPLIT_STEP")
     assert choice.programs == 12 and "12 programs in 1 wave(s)" in choice.reason
+
+
+@pytest.mark.parametrize("model,scheme,op,prefix", [("gemma-3-1b", "fp16", "linear", "linear"),
+                                                    ("smollm2-135m", "w8a16", "linear_w8a16", "w8a16")])
+def test_the_orin_plans_plain_gemv_takes_the_measured_default_not_the_largest_tile(model, scheme, op, prefix):
+    """The plain linear's batch-1 GEMV (every orin bundle's `linear` plugin, and Gemma 3's unfused down projection in
+    the fused step) reads each weight once: no reuse for rule b's largest tile to gain. Searched, the plan took
+    32 x 1024 at 8 warps (246 registers a thread for sm_87) over the default the JIT runs (32 x 256, 4 warps, measured
+    on the H200); now it takes the default, compiled and checked against the budget as the fused GEMVs' are."""
+    cfg = preset_config(model)
+    choices = solve_all(cfg, load_target("orin"), PrecisionPlan.uniform(cfg, scheme), batch=1, buckets=(64, 512),
+                        context=512, ops={op})
+    [gemv] = [c for c in choices if c.kernel == f"{prefix}_gemv"]
+    default = kv.default_variants(op, dtype="fp16", rows=1)[f"{prefix}_gemv"]
+    assert gemv.variant.label() == default.label()
+    assert (gemv.constexprs["BLOCK_N"], gemv.constexprs["BLOCK_K"], gemv.variant.num_warps) == (32, 256, 4)
+    assert not gemv.searched and gemv.shared_bytes <= 131072 and gemv.spill_bytes == 0
+    [gemm] = [c for c in choices if c.kernel == f"{prefix}_gemm"]
+    assert gemm.searched  # the prefill GEMM's tiles stage operands in shared memory: still searched
