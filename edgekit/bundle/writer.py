@@ -65,8 +65,9 @@ def check_bundle_destination(out_dir: str | os.PathLike, *, overwrite: bool) -> 
 
     ``overwrite`` (--force) replaces an earlier bundle, never anything else: the old directory is renamed aside and
     deleted once the new one is in place, so a --force aimed at a home directory or a source tree would delete it.
-    What may be replaced: an empty directory, or one holding a bundle's manifest and signature. The current
-    directory and its parents are refused outright (the rename cannot move them, and a bundle needs a name)."""
+    What may be replaced: a directory holding a bundle's manifest and signature. An empty directory is taken without
+    --force (nothing in it to lose). The current directory and its parents are refused outright (the rename cannot
+    move them, and a bundle needs a name)."""
     given = Path(out_dir)
     path = Path(os.path.abspath(given))
     cwd = Path.cwd().resolve()
@@ -82,7 +83,9 @@ def check_bundle_destination(out_dir: str | os.PathLike, *, overwrite: bool) -> 
         raise BundleError(f"{given} exists and is a file, not a bundle directory",
                           hint="choose another -o directory, or remove the file yourself")
     entries = {p.name for p in path.iterdir()}
-    if entries and not SIGNED_PAIR <= entries:
+    if not entries:
+        return path  # made beforehand (`mkdir out`): nothing in it to lose, so no --force is asked for
+    if not SIGNED_PAIR <= entries:
         shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
         raise BundleError(f"{given} exists and is not an edgekit bundle (no {MANIFEST_FILE} and {SIGNATURE_FILE}; "
                           f"it holds {shown}); --force replaces only an earlier bundle, so it is left as it is",
@@ -122,6 +125,10 @@ def _abandoned_staging(out_dir: Path) -> list[Path]:
             gone.append(p)
     return gone
 
+
+
+def _is_empty_directory(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
 
 def _process_alive(pid: int) -> bool:
     try:
@@ -288,7 +295,7 @@ class BundleWriter:
     def _move_into_place(self) -> None:
         old = None
         if self.out_dir.exists():
-            if not self.overwrite:
+            if not self.overwrite and not _is_empty_directory(self.out_dir):
                 raise BundleError(f"{self.out_dir} appeared while building", hint="pass --force to replace it")
             check_bundle_destination(self.out_dir, overwrite=True)  # it may have changed while we built
             old = self.out_dir.with_name(f".{self.out_dir.name}.old-{os.getpid()}")

@@ -56,6 +56,20 @@ def test_refuses_existing_output_unless_overwrite(tmp_path, signing_key):
     assert (tmp_path / "b" / "manifest.json").exists()
 
 
+
+def test_an_empty_directory_made_beforehand_is_taken_without_force(tmp_path, signing_key):
+    """`mkdir out && edgekit build -o out` was refused as "already exists" and asked for --force, though an empty
+    directory holds nothing to lose; one that holds anything is still refused."""
+    (tmp_path / "made").mkdir()
+    with BundleWriter(tmp_path / "made") as w:
+        w.add_bytes("model.onnx", b"x")
+        w.finish(key=signing_key, **_manifest_fields())
+    assert list_tree(tmp_path / "made") == ["manifest.json", "manifest.sig", "model.onnx"]
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    with pytest.raises(BundleError, match="not an edgekit bundle"):
+        BundleWriter(tmp_path / "full")
+
 def test_overwrite_replaces_whole_bundle(tmp_path, signing_key):
     b = write_bundle(tmp_path / "b", signing_key)
     (b / "stale.txt").write_bytes(b"from an older build")
@@ -251,11 +265,12 @@ def test_plugin_json_given_with_the_files_must_be_the_metadata(tmp_path, signing
 
 def test_an_output_that_appears_during_the_build_is_not_replaced(tmp_path, signing_key):
     w = BundleWriter(tmp_path / "b")
-    (tmp_path / "b").mkdir()  # another build finished first
+    (tmp_path / "b").mkdir()  # another build finished first (an empty directory would hold nothing to lose)
+    (tmp_path / "b" / "manifest.json").write_bytes(b"{}")
     with pytest.raises(BundleError, match="appeared while building"):
         w.finish(key=signing_key, **_manifest_fields())
     w.abort()
-    assert list((tmp_path / "b").iterdir()) == []
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["manifest.json"]
 
 
 def test_a_stale_partial_directory_of_this_process_is_replaced(tmp_path, signing_key):
