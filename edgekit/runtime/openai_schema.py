@@ -38,8 +38,13 @@ def _valid_utf8(value: str, field: str) -> str:
     return value
 
 
+# strict: a value of the wrong JSON type is a 400 naming the field, as OpenAI's API answers it, never coerced: lax
+# parsing took "max_tokens": true as 1, "stream": "no" as true and a prompt of [true, false] as token ids 1 and 0
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -118,7 +123,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     role: Literal["system", "user", "assistant", "developer"]
     content: str
     name: str | None = None
@@ -155,7 +160,17 @@ def _describe(err: dict) -> str:
     value = err.get("input")
     if isinstance(value, float) and not math.isfinite(value):
         msg += f" (received {value}; numbers must be finite)"
+    elif str(err.get("type", "")).endswith("_type"):  # a wrong JSON type: say which one came
+        msg += f" (received {_json_type(value)})"
     return msg
+
+
+def _json_type(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words (never the value itself)."""
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return "true" if value else "false"
+    names = {int: "an integer", float: "a decimal number", str: "a string", list: "an array", dict: "an object"}
+    return next((name for t, name in names.items() if isinstance(value, t)), "null")
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str]:

@@ -56,6 +56,29 @@ def test_malformed_value_is_a_400_naming_the_field(client, body, field):
     assert field.split("[")[0] in err["message"] or field == "body", err
 
 
+@pytest.mark.parametrize("body, field, received", [
+    ('{"prompt": "x", "max_tokens": true}', "max_tokens", "true"),  # was served as max_tokens 1
+    ('{"prompt": "x", "max_tokens": "5"}', "max_tokens", "a string"),
+    ('{"prompt": "x", "max_tokens": 5.0}', "max_tokens", "a decimal number"),
+    ('{"prompt": "x", "stream": "no"}', "stream", "a string"),  # was a stream: any non-empty string was true
+    ('{"prompt": "x", "temperature": "0.5"}', "temperature", "a string"),
+    ('{"prompt": [true, false], "max_tokens": 2}', "prompt", "true"),  # was served as token ids 1 and 0
+    ('{"messages": [{"role": "user", "content": 5}]}', "messages[0].content", "an integer"),
+])
+def test_a_value_of_the_wrong_type_is_a_400_not_coerced(client, body, field, received):
+    """The README's promise: other values are a 400 naming the field. Lax parsing coerced them and served."""
+    route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = _post(client, route, body)
+    assert r.status_code == 400, (body, r.status_code, r.text)
+    err = r.json()["error"]
+    assert err["param"] == field and f"(received {received})" in err["message"], err
+
+
+def test_a_number_where_a_float_belongs_is_still_served(client):
+    r = _post(client, "/v1/completions", '{"prompt": "Hi", "max_tokens": 2, "temperature": 0, "top_p": 1}')
+    assert r.status_code == 200, r.text
+
+
 def test_unsupported_field_is_named_in_the_message(client):
     r = _post(client, "/v1/completions", '{"prompt": "x", "logprobs": 5}')
     assert "logprobs" in r.json()["error"]["message"]
