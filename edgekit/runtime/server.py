@@ -276,7 +276,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         except _Refused as e:
             if e.status == 429:  # at capacity: held as the middleware holds a flood's refusals
                 await asyncio.sleep(refusal_delay_s)
-            record(route, e.status, t0, param=e.param)
+            record(route, e.status, t0, param=e.param, error=e.message)  # the log says why, as for every refusal
             return _error(e.status, e.message, e.param, e.headers)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())

@@ -67,3 +67,18 @@ def test_an_unexpected_exception_is_a_logged_500(tiny_server):
     records = [json.loads(line) for line in stack.log.path.read_text().splitlines()]
     (bug,) = [x for x in records if x["type"] == "request" and x["status"] == 500]
     assert bug["route"] == "completions" and bug["error"] == "RuntimeError: a bug in the engine" and "ms" not in bug
+
+
+def test_a_refused_request_logs_why(tiny_server):
+    """A 400/413 the handler refuses (a prompt too long for the KV cache, a text prompt to a model without a
+    tokenizer) was logged with its field alone: server.jsonl could not say why, as it does for every other 4xx."""
+    url, stack, _ = tiny_server
+    too_long = list(range(1, 65))  # the tiny bundle's KV cache holds 64 tokens
+    with httpx.Client(base_url=url, timeout=60) as c:
+        assert c.post("/v1/completions", json={"prompt": too_long, "max_tokens": 2}).status_code == 413
+        assert c.post("/v1/completions", json={"prompt": "text", "max_tokens": 2}).status_code == 400
+    stack.log.flush()
+    records = [json.loads(line) for line in stack.log.path.read_text().splitlines()]
+    refused = [x for x in records if x["type"] == "request" and x["status"] in (400, 413)]
+    assert [x["param"] for x in refused] == ["prompt", "prompt"]
+    assert "too long" in refused[0]["error"] and "no tokenizer" in refused[1]["error"], refused
