@@ -88,6 +88,14 @@ class Choices:
     def finish_reason(self, i: int) -> str:
         return "stop" if self.texts[i].stopped or self.jobs[i].finish_reason == "stop" else "length"
 
+    def logged_reason(self, i: int) -> str:
+        """The finish reason server.jsonl records: the client's, except for an answer the server cut short (its wall-time
+        cap, a shutdown), which an OpenAI client is told as "length" but the operator must be able to tell apart."""
+        engine_reason = self.jobs[i].finish_reason
+        if engine_reason in ("time_limit", "shutdown") and not self.texts[i].stopped:
+            return engine_reason
+        return self.finish_reason(i)
+
     def hung_up(self) -> bool:
         """A sequence was cancelled without reaching a stop string: the client went away."""
         return any(j.finish_reason == "cancelled" and not t.stopped for j, t in zip(self.jobs, self.texts))

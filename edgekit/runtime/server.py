@@ -329,6 +329,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
                     reasons = [choices.finish_reason(i) for i in range(n)]
                     for i in range(n):
                         yield enc.finish(reasons[i], i)
+                    reasons = [choices.logged_reason(i) for i in range(n)]  # the log tells what cut an answer short
                     if req.include_usage_in_stream():
                         yield enc.usage(usage(len(ids), choices.completion_tokens()))
                     yield enc.done()
@@ -365,8 +366,9 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             record(route, 499, t0, prompt_tokens=len(ids), completion_tokens=n_out, finish_reason="cancelled")
             return _error(499, "the client closed the connection before the answer was ready")
         reasons = [choices.finish_reason(i) for i in range(n)]
+        logged = [choices.logged_reason(i) for i in range(n)]  # "time_limit" / "shutdown" where the client reads "length"
         record(route, 200, t0, prompt_tokens=len(ids), completion_tokens=n_out,
-               finish_reason=reasons if n > 1 else reasons[0], **_first_token_ms(choices.jobs[0].stats))
+               finish_reason=logged if n > 1 else logged[0], **_first_token_ms(choices.jobs[0].stats))
         out = [({"index": i, "message": {"role": "assistant", "content": t.text}, "logprobs": None, "finish_reason": r}
                 if chat else {"index": i, "text": t.text, "logprobs": None, "finish_reason": r})
                for i, (t, r) in enumerate(zip(choices.texts, reasons))]

@@ -6,6 +6,7 @@ max_tokens), and none runs past a wall-time cap (it ends with finish reason "len
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -51,3 +52,22 @@ def test_a_request_past_its_wall_time_cap_ends_and_frees_its_row(tiny_stack):
     assert job.done.wait(30) and job.error is None
     assert job.finish_reason == "time_limit" and 2 <= len(job.tokens) < 60
     assert time.perf_counter() - t < 3.0 and engine.active_rows() == 0
+
+
+def test_a_time_capped_answer_says_length_to_the_client_and_time_limit_in_the_log(tiny_server):
+    """The client is told "length" (an OpenAI finish reason); server.jsonl said "length" too, so an operator could not
+    tell an answer the wall-time cap cut from one that reached max_tokens."""
+    url, stack, _ = tiny_server
+    stack.engine.max_request_s = 0.5
+    stack.engine.switch_operator("rmsnorm", _slow, "plugin:slow")
+    body = {"prompt": [1, 2], "max_tokens": 40, "ignore_eos": True}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length", r.text
+    assert r.json()["usage"]["completion_tokens"] < 40
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as s:
+        lines = [line for line in s.iter_lines() if line.startswith("data: {")]
+    assert json.loads(lines[-1][6:])["choices"][0]["finish_reason"] == "length"
+    stack.log.flush()
+    records = [json.loads(line) for line in stack.log.path.read_text().splitlines()]
+    served = [x for x in records if x["type"] == "request" and x["status"] == 200]
+    assert [x["finish_reason"] for x in served] == ["time_limit", "time_limit"], served
