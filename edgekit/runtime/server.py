@@ -250,9 +250,10 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             raise _Refused(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from e
         except RequestTooLargeError as e:
             raise _Refused(400, str(e), "n" if req.n > 1 else req.new_tokens_field()) from e
-        except ShapeError as e:  # its hint names CLI flags; an HTTP client sends fields
-            raise _Refused(413, f"{e.message}; shorten the prompt or ask for fewer {req.new_tokens_field()}",
-                           "prompt") from e
+        except ShapeError as e:  # its hint names CLI flags; an HTTP client sends fields (a chat request has no prompt)
+            field = "messages" if isinstance(req, ChatRequest) else "prompt"
+            raise _Refused(413, f"{e.message}; shorten the {field} or ask for fewer {req.new_tokens_field()}",
+                           field) from e
         except EngineClosedError as e:
             raise _Refused(503, str(e)) from e
 

@@ -75,6 +75,16 @@ def test_a_413_tells_an_http_client_what_to_send_not_which_cli_flags_to_pass(smo
     assert "--" not in message and "max_tokens" in message and "shorten the prompt" in message, message
 
 
+def test_chat_messages_too_long_for_the_kv_cache_name_messages(smol_engine):
+    """A chat request has no field "prompt": its 413 named one (param "prompt", "shorten the prompt")."""
+    c = TestClient(create_app(smol_engine))
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello world " * 60}],
+                                             "max_tokens": 4})  # ~120 tokens with the template: past 96
+    assert r.status_code == 413, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages" and "shorten the messages" in err["message"], err
+
+
 def test_a_prompt_past_the_largest_bucket_is_answered(smol_engine):
     """Buckets (32, 64), KV cache 96: a 73-token prompt used to get a 413 from the server while `edgekit run` answered
     it; it is prefilled in chunks of the largest bucket and answered as one whole prefill would."""
