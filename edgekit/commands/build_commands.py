@@ -428,7 +428,7 @@ def serve(
     from edgekit.cli_common import err_console
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.runtime.bundle_runtime import open_bundle
-    from edgekit.runtime.http_guard import bind_listener, make_uvicorn_server, read_admin_token
+    from edgekit.runtime.http_guard import bind_listener, listen_url, make_uvicorn_server, read_admin_token
     from edgekit.runtime.plugin_store import StoreOwner
     from edgekit.runtime.server import create_app
     from edgekit.runtime.serving import ServingStack, open_store
@@ -467,7 +467,7 @@ def serve(
     gc.freeze()
     err_console.print(f"serving {b.config.name} ({b.backend}, {'CUDA graphs' if stack.engine.graphed else 'eager'}, "
                       f"decode path {stack.engine.decode_path.name}, "
-                      f"batch buckets {list(buckets)}) on http://{host}:{port}  store {store_dir}")
+                      f"batch buckets {list(buckets)}) on {listen_url(host, port)}  store {store_dir}")
     for note in b.notes:
         err_console.print(f"[yellow]note:[/] {note}")
     try:

@@ -280,6 +280,12 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listen_url(host: str, port: int) -> str:
+    """The URL a client uses for host:port: an IPv6 address goes in brackets (http://[::1]:8000; "http://::1:8000"
+    is no URL a client can open)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 DEFAULT_SHUTDOWN_DEADLINE_S = 10.0
 
 

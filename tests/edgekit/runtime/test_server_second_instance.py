@@ -9,11 +9,14 @@ anything loads or recovers; either refusal is one line and exit 2, and the store
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 
 import httpx
+import pytest
 
 from runtime_helpers import plugin_packages, tree_digest
 
@@ -64,3 +67,29 @@ def test_serve_on_a_busy_port_exits_2_with_one_line_before_touching_the_store(ti
         line = _one_line_error(_serve(tiny_bundle, store_dir, port))
     assert str(port) in line and "in use" in line, line
     assert tree_digest(store_dir / "ops") == before
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_the_url_serve_prints_for_an_ipv6_host_is_one_a_client_can_open(tiny_bundle, tmp_path):
+    """`serve --host ::1` said "on http://::1:8000", which no client can open; the URL takes brackets."""
+    p = subprocess.Popen([sys.executable, "-m", "edgekit", "serve", str(tiny_bundle), "--allow-dev-key", "--store",
+                          str(tmp_path / "store"), "--host", "::1", "--port", "0", "--no-watchdog"],
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        line = next((x for x in p.stderr if x.startswith("serving ")), "")
+        url = re.search(r" on (\S+)", line).group(1)
+        assert url.startswith("http://[::1]:"), line
+        assert httpx.get(url + "/healthz", timeout=30).status_code == 200
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
