@@ -145,7 +145,7 @@ def field_name(loc: tuple) -> str:
     for p in parts:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif p in ("str", "list[int]", "int", "float"):  # pydantic's union-branch labels are not field names
+        elif p in ("str", "int", "float", "list[int]", "list[str]"):  # pydantic's union-branch labels: not fields
             continue
         else:
             out += ("." if out else "") + str(p)

@@ -74,6 +74,14 @@ def test_a_value_of_the_wrong_type_is_a_400_not_coerced(client, body, field, rec
     assert err["param"] == field and f"(received {received})" in err["message"], err
 
 
+def test_a_bad_item_of_a_stop_list_is_named_as_the_client_wrote_it(client):
+    """It was named "stop.list[str][1]": pydantic's label of the union branch, which is no field of the request."""
+    r = _post(client, "/v1/completions", '{"prompt": "x", "stop": ["a", 5]}')
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "stop[1]: " in message and "list[str]" not in message, message
+
+
 def test_a_number_where_a_float_belongs_is_still_served(client):
     r = _post(client, "/v1/completions", '{"prompt": "Hi", "max_tokens": 2, "temperature": 0, "top_p": 1}')
     assert r.status_code == 200, r.text
