@@ -491,10 +491,23 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         record(route_of(request.url.path), status, time.perf_counter(), param=param, error=message)
         return _error(status, message, param)
 
+    def no_such_route(request: Request, e: StarletteHTTPException) -> str:
+        """A 404/405 that says what came and what to send instead (Starlette says "Not Found"): a stock client whose
+        base_url lacks /v1 posts to /chat/completions."""
+        came = f"{request.method} {request.url.path[:200]}"
+        if e.status_code == 405:
+            return f"{came}: method not allowed; this route takes {(e.headers or {}).get('Allow', 'another method')}"
+        served = ", ".join(f"{m} {r.path}" for r in app.routes for m in sorted(getattr(r, "methods", None) or ())
+                           if m != "HEAD")
+        return f"{came}: no such route; this server serves {served} (an OpenAI client's base_url ends in /v1)"
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
-        record(route_of(request.url.path), e.status_code, time.perf_counter(), error=str(e.detail))
-        return _error(e.status_code, str(e.detail), headers=e.headers)
+        message = str(e.detail)
+        if (e.status_code, message) in ((404, "Not Found"), (405, "Method Not Allowed")):  # the router's, not ours
+            message = no_such_route(request, e)
+        record(route_of(request.url.path), e.status_code, time.perf_counter(), error=message)
+        return _error(e.status_code, message, headers=e.headers)
 
     @app.exception_handler(EdgekitError)
     async def edgekit_error(request: Request, e: EdgekitError):

@@ -85,6 +85,19 @@ def test_health_and_metrics(client):
     assert 'edgekit_requests_total{route="completions",status="200"}' in m
 
 
+def test_an_unknown_route_or_method_says_what_came_and_what_to_send(client):
+    """Both were Starlette's bare "Not Found" / "Method Not Allowed": a stock OpenAI client whose base_url lacks /v1
+    posts to /chat/completions and could not tell why."""
+    r = client.post("/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 404
+    message = r.json()["error"]["message"]
+    assert message.startswith("POST /chat/completions: no such route") and "POST /v1/chat/completions" in message
+    assert "base_url ends in /v1" in message, message
+    r = client.get("/v1/completions")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["message"] == "GET /v1/completions: method not allowed; this route takes POST"
+
+
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-xxxxxxxxxxxxxxxx"}, {"Authorization": TOKEN}])
 def test_admin_routes_need_the_token(client, headers):
     assert client.get("/v1/plugins", headers=headers).status_code == 401
