@@ -282,10 +282,14 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
 
+        # A hang-up is noticed from here on, not only once the first token is out: a client that gives up while its
+        # request waits for a row or its long prompt is prefilled (seconds on a CPU) ends it at the next chunk.
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
         # The first news decides the status: a request that expires in the queue (429) or fails at prefill
         # gets a real status code, also when it asked to stream (headers are sent after the first token).
         err = await choices.refusal()
         if err is not None:
+            watcher.cancel()
             choices.cancel()
             if isinstance(err, OverloadedError):
                 record(route, 429, t0, error=str(err))
@@ -299,8 +303,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
 
             async def sse() -> AsyncIterator[bytes]:
                 status, reasons = 200, None
-                # a hang-up is noticed when it happens, not at the next write (text held back writes nothing)
-                watcher = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
+                # (the watcher notices a hang-up when it happens, not at the next write: text held back writes nothing)
                 try:
                     if chat:
                         for i in range(n):
@@ -350,8 +353,7 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
 
             return StreamingResponse(sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        # not streamed: nothing tells the client's hang-up to this coroutine unless it listens for it
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, choices))
+        # not streamed: nothing tells the client's hang-up to this coroutine unless it listens for it (the watcher)
         try:
             async for _ in choices.deltas():
                 pass
