@@ -294,8 +294,11 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             if isinstance(err, OverloadedError):
                 record(route, 429, t0, error=str(err))
                 return _error(429, str(err), headers={"Retry-After": str(RETRY_AFTER_S)})
-            record(route, 500, t0, error=str(err))
-            return _error(500, str(err))
+            # the server shut down under it (SIGTERM while it waited or its prompt was read): not a fault, as a
+            # request refused while draining is not (503 in start)
+            status = 503 if isinstance(err, EngineClosedError) else 500
+            record(route, status, t0, error=str(err))
+            return _error(status, str(err))
         n = len(choices.jobs)
 
         if req.stream:

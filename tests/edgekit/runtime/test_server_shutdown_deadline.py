@@ -88,3 +88,28 @@ def test_a_step_that_never_ends_cannot_hold_the_shutdown_past_its_deadline(tiny_
     runner.join(15)
     release.set()
     assert not runner.is_alive() and time.perf_counter() - t < 4.0
+
+
+def test_a_prompt_cut_off_by_the_shutdown_is_a_503_not_a_500(tiny_server):
+    """A request whose prompt was being prefilled when SIGTERM came got a 500 (a server fault) whose message said to
+    retry against a running server; a request refused while the server drains got a 503 for the same news."""
+    url, stack, _ = tiny_server
+    inside = threading.Event()
+
+    def slow(x, w, eps):  # each 4-token chunk of the prompt takes ~0.25 s
+        inside.set()
+        time.sleep(0.05)
+        return rmsnorm_reference(x, w, eps)
+
+    stack.engine.switch_operator("rmsnorm", slow, "plugin:slow")
+    stack.engine.prefill_chunk_tokens = 4  # a 48-token prompt goes in 12 chunks, ~3 s
+    answers: list[httpx.Response] = []
+    client = threading.Thread(target=lambda: answers.append(httpx.post(
+        url + "/v1/completions", json={"prompt": list(range(1, 49)), "max_tokens": 2}, timeout=30)), daemon=True)
+    client.start()
+    assert inside.wait(10)
+    stack.engine.finish_all()  # what SIGTERM runs first
+    client.join(30)
+    r = answers[0]
+    assert r.status_code == 503, r.text
+    assert "shut down" in r.json()["error"]["message"]
