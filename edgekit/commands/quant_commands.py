@@ -157,6 +157,28 @@ def quantize(
     console.print("wrote " + ", ".join(f"{p} ({fmt_bytes(p.stat().st_size)})" for p in paths))
 
 
+def _report_gate_config(quantized: Path) -> dict | None:
+    """The gate thresholds in DIR/report.json (None without one), checked to make a GateConfig: a damaged or
+    hand-edited report is an error naming the file, not a traceback after the whole evaluation."""
+    from edgekit.errors import QuantizationError
+    from edgekit.quant.gate import GateConfig
+    from edgekit.quant.io import REPORT_FILE, read_report
+
+    path = Path(quantized) / REPORT_FILE
+    if not path.is_file():
+        return None
+    gate = read_report(path).get("gate")
+    cfg = gate.get("config") if isinstance(gate, dict) else None
+    if not cfg:
+        return None
+    try:
+        GateConfig(**cfg).validate()
+    except (TypeError, ValueError, QuantizationError) as e:
+        raise QuantizationError(f"{path}: gate.config is not a gate configuration ({e})",
+                                hint="rerun `edgekit quantize -o DIR` to write it again, or remove the file") from e
+    return cfg
+
+
 @app.command(name="eval")
 def eval_cmd(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
@@ -185,7 +207,6 @@ def eval_cmd(
     from edgekit.quant.gate import EvalText, GateConfig, check, evaluate, perplexity
     from edgekit.quant.judged_by import text_file
     from edgekit.quant.reference_cache import cached_reference
-    from edgekit.quant.io import REPORT_FILE
     from edgekit.model.weights_file import load_weights_file
     from edgekit.quant.progress import Steps, make_progress
 
@@ -194,6 +215,7 @@ def eval_cmd(
         if quantized is not None:
             raise QuantizationError("--precision int4 compares MODEL's own INT4 intake; --quantized compares a directory",
                                     hint="pass one of them")
+    gate_cfg = _report_gate_config(quantized) if quantized is not None else None  # before the work: it may be damaged
     m = load_model(model)
     from edgekit.plan.planner import within_positions
 
@@ -249,14 +271,9 @@ def eval_cmd(
             out.update(metrics)
             out["quantized"] = {"dir": str(quantized), "mode": q.header.get("mode"), "kv_int8": q.kv_scales is not None,
                                 "fp_layers": [n for n, d in q.header["layers"].items() if d["op"] == "linear"]}
-            report_path = Path(quantized) / REPORT_FILE
-            if report_path.exists():
-                import json
-
-                gate_cfg = json.loads(report_path.read_text()).get("gate", {}).get("config")
-                if gate_cfg:
-                    out["gate_config"] = gate_cfg
-                    out["gate_failures"] = check(metrics, GateConfig(**gate_cfg))
+            if gate_cfg:
+                out["gate_config"] = gate_cfg
+                out["gate_failures"] = check(metrics, GateConfig(**gate_cfg))
     if json_out:
         print_json(out)
         return

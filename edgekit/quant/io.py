@@ -19,6 +19,25 @@ def report_bytes(report: dict) -> bytes:
     return (strict_dumps(report, replace=str, indent=2) + "\n").encode()
 
 
+def read_report(path: Path) -> dict:
+    """A report.json that `edgekit quantize` wrote (beside its weights, or in a bundle), as a mapping. A damaged or
+    hand-edited one is an error naming the file: `info` and `eval --quantized` read it, and were a traceback."""
+    import json
+
+    from edgekit.errors import QuantizationError
+
+    path = Path(path)
+    hint = "rerun `edgekit quantize -o DIR` to write it again, or remove the file"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise QuantizationError(f"{path}: not a readable quantization report ({e})", hint=hint) from e
+    if not isinstance(report, dict):
+        raise QuantizationError(f"{path}: not a quantization report (a JSON {type(report).__name__}, expected an object)",
+                                hint=hint)
+    return report
+
+
 def check_quantize_directory(directory: Path, flag: str = "-o") -> None:
     """A directory quantize may write into: new, empty, or holding only an earlier quantize's two files (which it
     replaces). Any other content (a bundle's, a user's) is refused before the work: model.safetensors written into a

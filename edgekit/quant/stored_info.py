@@ -47,12 +47,12 @@ def weights_dir(path: Path) -> Path | None:
 def stored_info(directory: Path) -> dict:
     """Layer precisions, head/embedding storage and bytes of the weights file in ``directory`` (read, not verified:
     `edgekit verify` checks a bundle's signature)."""
-    import json
+    from edgekit.quant.io import read_report
 
     q = load_weights_file(directory, dtype=torch.float32)
     # the quantization report beside the weights (`quantize -o DIR`) or in the bundle (quantization/report.json)
     reports = [Path(directory) / REPORT_BESIDE, Path(directory).parent / REPORT_IN_BUNDLE]
-    report = next((json.loads(p.read_text()) for p in reports if p.is_file()), {})
+    report = next((read_report(p) for p in reports if p.is_file()), {})
     dt = dtype_from_name(q.header.get("storage_dtype", "fp16"))
     counts: dict[str, int] = {}
     for layer in q.header["layers"].values():

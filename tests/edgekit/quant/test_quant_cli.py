@@ -144,3 +144,23 @@ def test_eval_s_default_window_fits_a_model_with_fewer_positions(tmp_path):
     assert json.loads(r.stdout)["window_len"] == 128
     r = edgekit("eval", str(tmp_path / "m"), "--text", str(text), "--window", "256", "--json")  # typed: refused
     assert r.returncode == 2 and "128 positions" in json.loads(r.stdout)["error"]["message"]
+
+
+def test_a_damaged_report_json_is_named_not_a_traceback(tmp_path):
+    """A truncated or hand-edited DIR/report.json made `eval --quantized DIR` a JSONDecodeError / AttributeError /
+    TypeError traceback after the whole evaluation, and `info DIR` one too; both now name the file and exit 2."""
+    out = tmp_path / "q"
+    assert edgekit("quantize", "preset:tiny", "-o", str(out), *FAST).returncode == 0
+    text = tmp_path / "t.txt"
+    text.write_text(corpus.shipped_text(corpus.HELDOUT_FILE)[:2000])
+    for damaged, says in (('{"gate": ', "not a readable quantization report"),
+                          ("[1]", "not a quantization report (a JSON list, expected an object)"),
+                          ('{"gate": {"config": {"bogus": 1}}}', "gate.config is not a gate configuration")):
+        (out / "report.json").write_text(damaged)
+        r = edgekit("eval", "preset:tiny", "--quantized", str(out), "--text", str(text), "--json", "--new-tokens", "4")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        err = json.loads(r.stdout)["error"]
+        assert err["message"].startswith(f"{out / 'report.json'}: {says}") and "edgekit quantize -o DIR" in err["hint"]
+        if "gate.config" not in says:  # info reads the report, not its thresholds
+            r = edgekit("info", str(out))
+            assert r.returncode == 2 and "Traceback" not in r.stderr and says in r.stderr, r.stderr
