@@ -34,7 +34,8 @@ def targets_list(
 ) -> None:
     """List every target: arch, SMs, memory, bandwidth, peaks, shared-memory budget and power modes."""
     if ctx.invoked_subcommand is not None:
-        ctx.obj = {"targets_dir": targets_dir}
+        # `targets --json show NAME` asks show for JSON: printing tables there broke a script piping it to jq
+        ctx.obj = {"targets_dir": targets_dir, "json": json_out}
         return
     from edgekit.plan.targets import discover_targets
 
@@ -73,6 +74,7 @@ def targets_show(
     from edgekit.plan.targets import load_target
 
     targets_dir = targets_dir or (ctx.obj or {}).get("targets_dir")
+    json_out = json_out or (ctx.obj or {}).get("json", False)
     tg = load_target(name, targets_dir)
     if json_out:
         d = tg.model_dump(mode="json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,13 @@ def test_the_target_list_prints_every_description_in_full_when_piped():
     assert r.returncode == 0, r.stderr
     for name in REQUIRED:
         assert load_target(name).description in r.stdout  # not cut at 80 columns
+
+
+def test_the_groups_json_flag_reaches_show():
+    """`edgekit targets --json show orin` printed the tables (the group's --json reached only its error path, which
+    did print JSON), so a script piping it to jq broke on the first box-drawing line."""
+    r = subprocess.run([sys.executable, "-m", "edgekit", "targets", "--json", "show", "orin"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["name"] == "orin" and set(d["derived"]) == {m.name for m in load_target("orin").power_modes}
