@@ -15,6 +15,7 @@ field and what was allowed.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -362,6 +363,10 @@ def load_target(name: str, extra_dir: Path | str | None = None) -> Target:
         # a file name, not a target name (those have no .yaml): say it is missing
         raise ConfigError(f"target file {name} does not exist",
                           hint="give an existing profile file, or a target name (run `edgekit targets`)")
+    if not re.fullmatch(TARGET_NAME, name) and Path(name).is_dir():
+        # a directory is no target name (those are [a-z0-9_-]): "unknown target '/tmp' ... add /tmp.yaml" misled
+        raise ConfigError(f"target {name}: is a directory, expected a target name or a profile file (NAME.yaml)",
+                          hint=f"pass --targets-dir {name} to add the profiles in it, and one profile's NAME as the target")
     dirs = target_dirs(extra_dir)
     # Look only at the file asked for, so one broken user profile does not block the others.
     for d, _ in reversed(dirs):

@@ -208,6 +208,10 @@ def test_unknown_target_and_missing_directory(tmp_path):
         load_target(str(tmp_path / "nope.yaml"))
     with pytest.raises(ConfigError, match=r"target file myboard\.yml does not exist"):  # no folder in the name
         load_target("myboard.yml")
+    # a directory is not "an unknown target" to be fixed by adding "/tmp.yaml" to a --targets-dir
+    with pytest.raises(ConfigError, match=r"is a directory, expected a target name or a profile file") as e:
+        load_target(str(tmp_path))
+    assert e.value.hint.startswith(f"pass --targets-dir {tmp_path} ")
 
 
 def test_cli_refuses_a_bad_user_target_in_one_line(tmp_path):
