@@ -12,6 +12,7 @@ counted and dropped, never raised.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import threading
@@ -194,7 +195,9 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | None]
 
 
 def _number(v: Any, optional: bool = True) -> bool:
-    return (optional and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+    # finite: Python's json reads another writer's NaN / Infinity tokens as floats, and one such time or reading made
+    # the report's "duration: nan s" and "power: mean nan W" (edgekit's own writers put null there)
+    return (optional and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 
 def _numbers(d: Any, keys: tuple[str, ...] | None = None, *, optional: bool = True) -> bool:

@@ -100,6 +100,12 @@ def test_report_cli_and_its_refusals(run_log, tmp_path):
     '{"type": "event", "t_s": 1760000005.0, "kind": "power_band", "evidence": {"total_w": null}}',
     '{"type": "event", "t_s": 1760000005.0, "kind": "jitter", "actions": "x"}',
     '{"type": "sample", "t_s": 1760000005.0, "rails_mw": {"VDD_GPU_SOC": null}}',
+    # another writer's NaN / Infinity tokens (Python's json reads them as floats): "duration: nan s", "mean nan W"
+    '{"type": "sample", "t_s": NaN}',
+    '{"type": "sample", "t_s": 1760000005.0, "total_mw": Infinity}',
+    '{"type": "sample", "t_s": 1760000005.0, "rails_mw": {"VDD_GPU_SOC": NaN}}',
+    '{"type": "latency", "t_s": 1760000005.0, "metrics": {"token": {"n": 3, "p50_ms": 1.0, "p95_ms": 2.0, '
+    '"p99_ms": -Infinity, "jitter_ms": 2.0}}}',
 ])
 def test_a_json_line_with_wrong_field_types_is_skipped_not_a_traceback(run_log, tmp_path, bad):
     """A corrupt line that is still JSON (hand-edited, another tool's) crashed `edgekit report` with a traceback;
