@@ -146,25 +146,30 @@ def evaluate(buckets: tuple[int, ...] | list[int], trace: Trace, context: int, m
     )
 
 
-def _coverable(trace: Trace, context: int) -> np.ndarray:
+def _coverable(trace: Trace, context: int, positions: int | None = None) -> np.ndarray:
     ok = trace.prompt_tokens + trace.completion_tokens <= context
     if not ok.any():
+        need = int((trace.prompt_tokens + trace.completion_tokens).min())
+        # a --context past the model's ``positions`` is refused in turn: "raise --context" sent the user there
         raise ShapeError(
-            f"no request of trace {trace.source} fits a context of {context} tokens "
-            f"(the shortest needs {int((trace.prompt_tokens + trace.completion_tokens).min())})",
-            hint="raise --context",
+            f"no request of trace {trace.source} fits a context of {context} tokens (the shortest needs {need})",
+            hint=f"raise --context to at least {need}" if positions is None or need <= positions else
+            f"the model was trained for {positions} positions, so no --context holds them (use a trace of requests "
+            f"of at most {positions} tokens, prompt + completion, or a model with more positions)",
         )
     return trace.prompt_tokens[ok]
 
 
-def choose_buckets(trace: Trace, context: int, max_buckets: int = DEFAULT_MAX_BUCKETS, align: int = DEFAULT_ALIGN) -> tuple[int, ...]:
+def choose_buckets(trace: Trace, context: int, max_buckets: int = DEFAULT_MAX_BUCKETS, align: int = DEFAULT_ALIGN,
+                   positions: int | None = None) -> tuple[int, ...]:
     """At most ``max_buckets`` bucket lengths (multiples of ``align``) with the least total padding on the trace.
 
-    Every request that fits the context is covered: the largest bucket holds the longest such prompt.
+    Every request that fits the context is covered: the largest bucket holds the longest such prompt. ``positions``
+    (the model's) only shapes the hint when no request fits.
     """
     if max_buckets < 1:
         raise ConfigError(f"max_buckets must be >= 1, got {max_buckets}")
-    lengths = _coverable(trace, context)
+    lengths = _coverable(trace, context, positions)
     aligned = np.minimum(_align_up(lengths, align), context)  # a bucket never exceeds the cache
     # Candidate boundaries: the distinct aligned lengths. Group requests by them.
     cand, inverse = np.unique(aligned, return_inverse=True)

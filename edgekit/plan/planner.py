@@ -152,7 +152,8 @@ def _choose_shapes(
             )
         chosen, method = given, "given"
     elif trace is not None:
-        chosen, method = bk.choose_buckets(trace, context, max_buckets), f"optimal for the trace (at most {max_buckets}, DP)"
+        chosen = bk.choose_buckets(trace, context, max_buckets, positions=cfg.max_position_len)
+        method = f"optimal for the trace (at most {max_buckets}, DP)"
     else:
         chosen, method = StaticShapes.for_context(context, batch).buckets, "default powers of two"
     info: dict = {"method": method, "trace": None, "uniform": None}

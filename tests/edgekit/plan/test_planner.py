@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from edgekit.errors import PlanError
+from edgekit.errors import PlanError, ShapeError
 from edgekit.model.presets import preset_config
 from edgekit.plan.planner import Plan, decode_splits, make_plan
 from edgekit.plan.targets import load_target
@@ -65,6 +65,21 @@ def test_buckets_past_the_context_are_told_a_fix_that_the_model_allows():
     with pytest.raises(PlanError) as e:  # a context the model allows is still the fix where it is one
         make_plan(cfg, orin, context=256, buckets=(64, 512), solve_tiles=False)
     assert e.value.hint == "drop them or raise --context to at least 512"
+
+
+def test_a_trace_past_the_models_positions_is_told_a_fix_that_the_model_allows(tmp_path):
+    """A --trace whose shortest request (3005 tokens) is past preset:tiny's 1024 positions was told 'raise --context',
+    which is refused in turn as past what the model was trained for."""
+    cfg, orin = preset_config("tiny"), load_target("orin")
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"prompt_tokens": 3000, "completion_tokens": 5}\n')
+    with pytest.raises(ShapeError, match=r"the shortest needs 3005") as e:
+        make_plan(cfg, orin, trace=trace, solve_tiles=False)
+    assert "--context" in e.value.hint and "raise --context" not in e.value.hint and "1024 positions" in e.value.hint
+    trace.write_text('{"prompt_tokens": 900, "completion_tokens": 5}\n')  # a context the model allows is the fix
+    with pytest.raises(ShapeError) as e:
+        make_plan(cfg, orin, context=512, trace=trace, solve_tiles=False)
+    assert e.value.hint == "raise --context to at least 905"
 
 
 def test_cli_refuses_a_misfit_in_one_line():
