@@ -148,9 +148,13 @@ def _build_argv(out, *extra: str) -> list[str]:
 
 # The child build, held at its ONNX export until the test has signalled: the export takes ~1.3 s, and on two busy
 # cores the test read its stage line late enough that the build had finished (exit 0) before the signal came. Only
-# the export's duration is replaced; the stages before it, the interrupt and the clean-up are the real ones.
+# the export's duration is replaced; the stages before it, the interrupt and the clean-up are the real ones. The child
+# also starts with SIGINT as a shell's foreground command gets it (unblocked, Python's KeyboardInterrupt handler),
+# whatever signal state the test runner's worker process would hand down.
 _HELD_AT_ONNX = """
-import sys, time
+import signal, sys, time
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import edgekit.builder.pipeline as pipeline
 def held_export(*args, **kwargs):
     time.sleep(300)  # the test's SIGINT lands here
@@ -162,7 +166,11 @@ main()
 """
 
 
+# serial: in a CI run's parallel phase the held child once ended 0 with no output after the signal, cause not found
+# (the record below says whether it was alive when signalled); alone, it has passed every run
+@pytest.mark.serial
 def test_ctrl_c_during_build_exits_130_says_aborted_and_leaves_nothing_half_written(tmp_path):
+    import os
     import signal
 
     out = tmp_path / "bundles" / "tiny"
@@ -176,7 +184,9 @@ def test_ctrl_c_during_build_exits_130_says_aborted_and_leaves_nothing_half_writ
             seen.append(line)
             if "export ONNX ..." in line:
                 staged = [x.name for x in out.parent.iterdir()]
-                p.send_signal(signal.SIGINT)
+                alive = p.poll() is None
+                if alive:
+                    os.kill(p.pid, signal.SIGINT)
                 break
         rest = p.stderr.read()
         rc = p.wait(timeout=120)
@@ -184,7 +194,7 @@ def test_ctrl_c_during_build_exits_130_says_aborted_and_leaves_nothing_half_writ
         if p.poll() is None:
             p.kill()
     assert any(name.startswith(".tiny.partial-") for name in staged), (staged, seen)  # interrupted mid-write
-    assert rc == 130, (rc, rest)
+    assert rc == 130, (rc, rest, alive, seen)
     assert rest.strip().splitlines()[-1] == "aborted" and "Traceback" not in rest
     assert list(out.parent.iterdir()) == []  # no bundle, no staging folder
 
