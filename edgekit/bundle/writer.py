@@ -112,23 +112,20 @@ def check_archive_destination(tar: Path, *, overwrite: bool) -> None:
                           "earlier one, so it is left as it is", hint="choose another -o DIR, or remove that file yourself")
 
 
-
 def _abandoned_staging(out_dir: Path) -> list[Path]:
     """The hidden staging folders (``.NAME.partial-PID``) of earlier builds of ``out_dir`` whose process is gone: a
     build killed without running its clean-up (SIGKILL, power loss) left them, and nothing else would remove them. A
-    folder whose process still runs is another build at work and is left alone."""
+    folder whose process still runs is another build at work and is left alone; one with this process's id is an
+    earlier process's that had the same id."""
     prefix = f".{out_dir.name}.partial-"
     gone = []
     for p in out_dir.parent.glob(f"{prefix}*"):
         pid = p.name[len(prefix):]
-        if pid.isdigit() and int(pid) != os.getpid() and p.is_dir() and not p.is_symlink() and not _process_alive(int(pid)):
+        if (pid.isdigit() and p.is_dir() and not p.is_symlink()
+                and (int(pid) == os.getpid() or not _process_alive(int(pid)))):
             gone.append(p)
     return gone
 
-
-
-def _is_empty_directory(path: Path) -> bool:
-    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
 
 def _process_alive(pid: int) -> bool:
     try:
@@ -139,6 +136,11 @@ def _process_alive(pid: int) -> bool:
         return True  # another user's process
     return True
 
+
+def _is_empty_directory(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
 class BundleWriter:
     def __init__(self, out_dir: str | os.PathLike, *, overwrite: bool = False):
         self.out_dir = check_bundle_destination(out_dir, overwrite=overwrite)
@@ -146,9 +148,8 @@ class BundleWriter:
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.out_dir.with_name(f".{self.out_dir.name}.partial-{os.getpid()}")
         for stale in _abandoned_staging(self.out_dir):
-            shutil.rmtree(stale, ignore_errors=True)  # a killed build's (kill -9, power loss): never read, only disk
-        if self._tmp.exists():
-            shutil.rmtree(self._tmp)  # left by a crashed build of this same process id
+            # a killed build's (kill -9, power loss): never read, only disk; this process's own must go, or mkdir fails
+            shutil.rmtree(stale, ignore_errors=stale != self._tmp)
         self._tmp.mkdir()
         self._files: dict[str, FileEntry] = {}
         self._plugins: list[PluginRef] = []
