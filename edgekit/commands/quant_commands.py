@@ -162,7 +162,7 @@ def _report_gate_config(quantized: Path) -> dict | None:
     hand-edited report is an error naming the file, not a traceback after the whole evaluation."""
     from edgekit.errors import QuantizationError
     from edgekit.quant.gate import GateConfig
-    from edgekit.quant.io import REPORT_FILE, read_report
+    from edgekit.quant.io import REPORT_DAMAGED_HINT, REPORT_FILE, read_report
 
     path = Path(quantized) / REPORT_FILE
     if not path.is_file():
@@ -175,7 +175,7 @@ def _report_gate_config(quantized: Path) -> dict | None:
         GateConfig(**cfg).validate()
     except (TypeError, ValueError, QuantizationError) as e:
         raise QuantizationError(f"{path}: gate.config is not a gate configuration ({e})",
-                                hint="rerun `edgekit quantize -o DIR` to write it again, or remove the file") from e
+                                hint=REPORT_DAMAGED_HINT) from e
     return cfg
 
 

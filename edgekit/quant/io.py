@@ -19,6 +19,9 @@ def report_bytes(report: dict) -> bytes:
     return (strict_dumps(report, replace=str, indent=2) + "\n").encode()
 
 
+REPORT_DAMAGED_HINT = "rerun `edgekit quantize -o DIR` to write it again, or remove the file"
+
+
 def read_report(path: Path) -> dict:
     """A report.json that `edgekit quantize` wrote (beside its weights, or in a bundle), as a mapping. A damaged or
     hand-edited one is an error naming the file: `info` and `eval --quantized` read it, and were a traceback."""
@@ -27,14 +30,13 @@ def read_report(path: Path) -> dict:
     from edgekit.errors import QuantizationError
 
     path = Path(path)
-    hint = "rerun `edgekit quantize -o DIR` to write it again, or remove the file"
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise QuantizationError(f"{path}: not a readable quantization report ({e})", hint=hint) from e
+        raise QuantizationError(f"{path}: not a readable quantization report ({e})", hint=REPORT_DAMAGED_HINT) from e
     if not isinstance(report, dict):
         raise QuantizationError(f"{path}: not a quantization report (a JSON {type(report).__name__}, expected an object)",
-                                hint=hint)
+                                hint=REPORT_DAMAGED_HINT)
     return report
 
 
