@@ -98,6 +98,10 @@ class StoreError(BundleError):
     """The store directory itself is unusable (permissions, busy lock, bad layout)."""
 
 
+class UnknownOperatorError(StoreError):
+    """An operator name that neither the registry, the store nor the bundle knows (a typo, or another model's)."""
+
+
 class StoreBusyError(StoreError):
     """Another process held the store's lock for longer than LOCK_TIMEOUT_S: retry later."""
 
@@ -574,7 +578,7 @@ class PluginStore:
         check_name("operator", op)
         known = set(OPERATORS) | set(self.ops()) | set(self.bundle_plugins)
         if op not in known:
-            raise StoreError(f"unknown operator {op!r}; expected one of: {', '.join(sorted(known))}",
+            raise UnknownOperatorError(f"unknown operator {op!r}; expected one of: {', '.join(sorted(known))}",
                              hint="`edgekit store status` lists the operators and what serves each")
         return op
 

@@ -32,6 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgekit.bundle.plugin import MAX_PACKAGE_BYTES
+from edgekit.bundle.plugin_identity import SwapRefused
 from edgekit.errors import BundleError, EdgekitError, ShapeError
 from edgekit.generate import SamplingConfig
 from edgekit.power.jsonl import JsonlLogger
@@ -40,7 +41,7 @@ from edgekit.runtime.engine import (ChatTemplateError, Engine, EngineClosedError
                                     RequestTooLargeError)
 from edgekit.runtime.http_guard import AdminAuth, RequestGuard, error_body, read_admin_token
 from edgekit.runtime.openai_schema import MAX_PROMPT_IDS, ChatRequest, CompletionRequest, validation_message
-from edgekit.runtime.plugin_store import StoreBusyError
+from edgekit.runtime.plugin_store import StoreBusyError, UnknownOperatorError
 from edgekit.runtime.sse_chunks import ChunkEncoder
 from edgekit.runtime.text_stream import TextStream
 from edgekit.runtime.token_feed import TokenFeed
@@ -135,6 +136,11 @@ def _first_token_ms(stats) -> dict:
     if stats.first_token_at_s is None:
         return {}
     return {"ttft_ms": round(stats.prefill_s * 1000, 3), "queue_ms": round(stats.queue_s * 1000, 3)}
+
+
+def _is_bad_name(e: Exception) -> bool:
+    """An operator name that is not an identifier at all (plugin_identity.check_name's refusal)."""
+    return isinstance(e, SwapRefused) and e.reason == "schema"
 
 
 def _error(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
@@ -476,8 +482,11 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
             record("plugins", e.status, t0, action="rollback", op=op, error=e.message)
             return _error(e.status, e.message, headers=e.headers)
         except EdgekitError as e:
-            record("plugins", 409, t0, action="rollback", op=op, error=public(e))
-            return _error(409, public(e))
+            # a name no operator has is a missing resource, a malformed one a bad request; a known operator that
+            # cannot step down (it already runs on the reference) conflicts with the store's state
+            status = 404 if isinstance(e, UnknownOperatorError) else 400 if _is_bad_name(e) else 409
+            record("plugins", status, t0, action="rollback", op=op, error=public(e))
+            return _error(status, public(e), "op" if status != 409 else None)
         metrics.swaps.labels(op, "rollback").inc()
         record("plugins", 200, t0, action="rollback", op=op)
         return result

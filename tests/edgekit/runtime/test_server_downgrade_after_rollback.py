@@ -61,3 +61,23 @@ def test_a_signed_plugin_of_the_bundles_own_version_cannot_replace_the_bundles_o
                       ).status_code == 200  # a newer one still installs
     assert stack.store.pointer("rmsnorm").version == "2"
     assert before.startswith("plugin:v1") or before == "reference", before
+
+
+def test_a_rollback_of_an_operator_nobody_has_is_404_a_malformed_name_400_and_one_on_the_reference_409(tiny_server):
+    """The route answered 409 (a conflict with the store's state) for a typo in the operator's name too, so a
+    script could not tell "no such operator" from "nothing to roll back"."""
+    url, stack, auth = tiny_server
+    with httpx.Client(base_url=url, headers=auth, timeout=60) as c:
+        r = c.post("/v1/plugins/swigluu/rollback")
+        assert r.status_code == 404, r.text
+        error = r.json()["error"]
+        assert "unknown operator 'swigluu'" in error["message"] and "swiglu" in error["message"], error
+        assert error["param"] == "op"
+        r = c.post("/v1/plugins/Swi-Glu/rollback")
+        assert r.status_code == 400 and "not a lower-case identifier" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/plugins/swiglu/rollback")  # nothing installed: the bundle's own plugin serves it
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/plugins/swiglu/rollback")
+        assert r.status_code == 409 and "nothing to roll back" in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["param"] is None
+    assert stack.store.pointer("swiglu").version is None
