@@ -240,13 +240,24 @@ def create_app(engine: Engine, *, admin_token_file: str | None = None, admin_tok
     def start(req, ids: list[int], choices: Choices) -> None:
         if not ids:  # "prompt": [] or text that tokenizes to nothing: malformed, not too large (413)
             raise _Refused(400, "prompt: empty (no tokens to continue from); send a non-empty prompt", "prompt")
-        max_tokens = req.new_tokens(DEFAULT_MAX_TOKENS)
+        # unasked, the answer takes what room the prompt leaves, up to the default (as OpenAI's chat route fills
+        # the context): a long prompt is not refused for a max_tokens the client never sent
+        max_tokens = req.new_tokens(min(DEFAULT_MAX_TOKENS, max(1, engine.shapes.max_seq_len - len(ids))))
         if max_tokens >= engine.shapes.max_seq_len:
             # the prompt shares the cache (the server does not truncate it): what fits beside this one
             kept = min(len(ids), engine.shapes.max_seq_len - 1)
             raise _Refused(400, f"{req.new_tokens_field()}: {max_tokens} new tokens do not fit the KV cache of "
                                 f"{engine.shapes.max_seq_len} tokens; ask for at most "
                                 f"{engine.shapes.max_seq_len - kept} (the prompt takes {kept})",
+                           req.new_tokens_field())
+        room = engine.shapes.max_seq_len - max_tokens
+        if room < len(ids) < engine.shapes.max_seq_len:
+            # the prompt alone fits: the answer asked for is what overflows (a 413 naming the prompt told the client
+            # to shorten what it may need whole); a prompt that cannot fit at all stays the engine's 413 below
+            raise _Refused(400, f"{req.new_tokens_field()}: {max_tokens} new tokens and the prompt's {len(ids)} do not "
+                                f"fit the KV cache of {engine.shapes.max_seq_len} tokens together; ask for at most "
+                                f"{engine.shapes.max_seq_len - len(ids)}, or shorten the "
+                                f"{'messages' if isinstance(req, ChatRequest) else 'prompt'} to {room} tokens",
                            req.new_tokens_field())
         samplings = [SamplingConfig(req.temperature, min(req.top_k, vocab), seed, req.top_p) for seed in req.seeds()]
         try:

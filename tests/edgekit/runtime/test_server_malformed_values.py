@@ -120,3 +120,24 @@ def test_too_many_new_tokens_are_told_what_fits_beside_the_prompt(client, smol_e
     assert r.status_code == 400 and f"ask for at most {cache - 5} (the prompt takes 5)" in r.json()["error"]["message"]
     r = _post(client, "/v1/completions", f'{{"prompt": {prompt}, "max_tokens": {cache - 5}, "ignore_eos": true}}')
     assert r.status_code == 200, r.text
+
+
+def test_a_prompt_that_fits_alone_but_not_beside_max_tokens_is_a_400_naming_max_tokens(client, smol_engine):
+    """Such a request got a 413 naming the prompt ("shorten the prompt or ask for fewer max_tokens"), though the prompt
+    fits and it is the answer asked for that does not; a prompt that cannot fit at all is still the prompt's 413."""
+    cache, prompt = smol_engine.shapes.max_seq_len, list(range(1, 11))
+    r = _post(client, "/v1/completions", f'{{"prompt": {prompt}, "max_tokens": {cache - 4}}}')
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "max_tokens", err
+    assert f"ask for at most {cache - 10}, or shorten the prompt to 4 tokens" in err["message"], err
+    r = _post(client, "/v1/completions", f'{{"prompt": {list(range(1, cache + 1))}, "max_tokens": 4}}')
+    assert r.status_code == 413 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def test_without_max_tokens_a_long_prompt_gets_the_room_it_leaves(client, smol_engine):
+    """The default answer length is cut to what the KV cache has left beside the prompt, not refused in its name."""
+    cache = smol_engine.shapes.max_seq_len
+    r = _post(client, "/v1/completions", f'{{"prompt": {list(range(1, cache - 2))}, "ignore_eos": true}}')
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3 and r.json()["choices"][0]["finish_reason"] == "length"
