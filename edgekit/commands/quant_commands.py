@@ -16,6 +16,8 @@ from edgekit.precision_names import help_text as precision_help
 
 QUANT_PRECISIONS = ("int8", "w8a8", "int4")
 DEFAULT_EVAL_WINDOW = 256  # tokens a perplexity window scores, where the model has that many positions
+DEFAULT_EVAL_PROMPTS = 4  # greedy prompts the agreement check runs (passage openings of the text)
+DEFAULT_EVAL_NEW_TOKENS = 128  # greedy tokens compared per prompt
 MODEL_HELP = "A .gguf file, a Hugging Face model directory, preset:NAME (random weights), or omitted for the default model (SmolLM2-135M-Instruct)."
 
 
@@ -186,8 +188,8 @@ def eval_cmd(
     quantized: Optional[Path] = typer.Option(None, "--quantized", help="A directory written by `edgekit quantize`: compare it with MODEL."),
     max_tokens: int = typer.Option(2048, "--max-tokens", min=2, help="Score at most this many tokens of the text."),
     window: Optional[int] = typer.Option(None, "--window", min=2, help="Tokens per window; each window is scored on its own (default: 256, or the model's positions where it has fewer)."),
-    prompts: int = typer.Option(4, "--prompts", min=0, help="Greedy prompts (passage openings) for the agreement check, with --quantized."),
-    new_tokens: int = typer.Option(128, "--new-tokens", min=2, help="Greedy tokens compared per prompt."),
+    prompts: Optional[int] = typer.Option(None, "--prompts", min=0, help=f"Greedy prompts (passage openings) for the agreement check, with --quantized or --precision int4 (default {DEFAULT_EVAL_PROMPTS})."),
+    new_tokens: Optional[int] = typer.Option(None, "--new-tokens", min=2, help=f"Greedy tokens compared per prompt, with --quantized or --precision int4 (default {DEFAULT_EVAL_NEW_TOKENS})."),
     precision: Optional[str] = typer.Option(
         None, "--precision", help=precision_help(("int4",), default=None) + " With int4 (and no --quantized): MODEL's 4-bit "
         "GGUF projections taken in losslessly, compared with MODEL dequantized to FP32."),
@@ -215,6 +217,14 @@ def eval_cmd(
         if quantized is not None:
             raise QuantizationError("--precision int4 compares MODEL's own INT4 intake; --quantized compares a directory",
                                     hint="pass one of them")
+    if quantized is None and precision is None and (prompts is not None or new_tokens is not None):
+        # perplexity alone runs no greedy prompts: taking the flag and doing nothing with it reads as a check that ran
+        given = " and ".join(f for f, v in (("--prompts", prompts), ("--new-tokens", new_tokens)) if v is not None)
+        raise QuantizationError(f"{given} set the greedy agreement check, which runs only against a quantized model; "
+                                "without --quantized or --precision int4, eval measures perplexity alone",
+                                hint=f"add --quantized DIR or --precision int4, or drop {given}")
+    prompts = DEFAULT_EVAL_PROMPTS if prompts is None else prompts
+    new_tokens = DEFAULT_EVAL_NEW_TOKENS if new_tokens is None else new_tokens
     gate_cfg = _report_gate_config(quantized) if quantized is not None else None  # before the work: it may be damaged
     m = load_model(model)
     from edgekit.plan.planner import within_positions

@@ -108,6 +108,17 @@ def test_eval_refuses_a_window_longer_than_the_model_was_trained_for(tmp_path):
     assert err["hint"] == "use --window 1024 or less"
 
 
+def test_eval_refuses_greedy_flags_it_would_ignore(tmp_path):
+    """`eval MODEL --prompts 8` (no --quantized) printed a perplexity and ran no prompt: the flag was taken and dropped."""
+    text = tmp_path / "t.txt"
+    text.write_text("some text to score, long enough for a window")
+    r = edgekit("eval", "preset:tiny", "--text", str(text), "--prompts", "8", "--new-tokens", "4", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert err["message"].startswith("--prompts and --new-tokens set the greedy agreement check"), err
+    assert err["hint"] == "add --quantized DIR or --precision int4, or drop --prompts and --new-tokens"
+
+
 def test_quantize_refuses_a_directory_holding_other_files_before_any_work(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
