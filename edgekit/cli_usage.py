@@ -17,6 +17,7 @@ except ImportError:  # older typer re-uses the click package
 ClickException = _click_exceptions.ClickException
 UsageError = _click_exceptions.UsageError
 NoSuchOption = _click_exceptions.NoSuchOption
+BadParameter = _click_exceptions.BadParameter
 NoArgsIsHelpError = getattr(_click_exceptions, "NoArgsIsHelpError", None)
 
 USAGE_EXIT_CODE = 2
