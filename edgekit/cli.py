@@ -16,7 +16,7 @@ import typer.main
 from rich.markup import escape
 
 from edgekit import __version__
-from edgekit.cli_common import err_console, json_was_printed
+from edgekit.cli_common import TERMINATED_EXIT_CODE, Terminated, err_console, json_was_printed
 from edgekit.cli_usage import BadParameter, ClickException, show_usage_error, usage_line
 from edgekit.errors import EdgekitError
 
@@ -176,6 +176,10 @@ def main() -> None:
         code = getattr(e, "exit_code", getattr(e, "code", 0))
     except (typer.Abort, KeyboardInterrupt):  # interrupted before or after typer's own handler
         code = ABORTED_EXIT_CODE
+    except Terminated:  # SIGTERM where a command asked for it to end the command (cli_common.end_on_sigterm)
+        err_console.print("terminated", highlight=False)
+        _json_error("Terminated", "terminated (SIGTERM before the command finished)", None, TERMINATED_EXIT_CODE)
+        sys.exit(TERMINATED_EXIT_CODE)
     except ModuleNotFoundError as e:
         missing = (e.name or "").split(".")[0]
         if missing not in HOST_EXTRA_PACKAGES:

@@ -41,6 +41,25 @@ def json_was_printed() -> bool:
     return bool(_JSON_PRINTED)
 
 
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception by ``end_on_sigterm`` so that ``finally`` clean-ups run (as Ctrl-C's
+    KeyboardInterrupt lets them); a BaseException, so no ``except Exception`` swallows it."""
+
+
+TERMINATED_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a command ended by SIGTERM
+
+
+def end_on_sigterm() -> None:
+    """From now on SIGTERM ends the command through ``Terminated``: its default action killed the process where it
+    stood, so clean-ups never ran and it exited -15 with nothing said."""
+    import signal
+
+    def terminated(signum, frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 def note(text: str) -> None:
     """A non-fatal remark for the user (deprecations, fallbacks) on stderr, never on stdout."""
     err_console.print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)

@@ -425,7 +425,7 @@ def serve(
     `edgekit run --json` lists it)."""
     import gc
 
-    from edgekit.cli_common import err_console
+    from edgekit.cli_common import end_on_sigterm, err_console
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.http_guard import bind_listener, listen_url, make_uvicorn_server, read_admin_token
@@ -436,6 +436,9 @@ def serve(
     # Everything the operator can get wrong is checked before the bundle loads and before the store's
     # start-up recovery runs: a typo must not cost a plugin its probation. Then the port is bound and the store
     # claimed (a second server on it exits here, having touched nothing), and only then does anything load.
+    # a SIGTERM while the bundle loads (golden vectors, CUDA graphs: seconds) ends through the clean-up below, not
+    # by its default action (exit -15, nothing said); uvicorn takes SIGTERM over while it serves and hands it back
+    end_on_sigterm()
     _check_decode_path(preferred_path)
     token = read_admin_token(admin_token_file)
     keys = _trusted_keys(bundle, trust, allow_dev_key, "is served only")
@@ -449,28 +452,30 @@ def serve(
     for line in st.recovery:
         err_console.print(f"[yellow]store recovered:[/] {line}")
     server_log = JsonlLogger(log or store_dir / "server.jsonl")
-    stack = ServingStack(b, st, max_waiting=max_waiting, cuda_graphs=cuda_graphs, batch_buckets=buckets,
-                         max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log, decode_path=preferred_path,
-                         max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens, model_name=model_id,
-                         max_admission_wait_s=max_admission_wait_ms / 1000)
-    if watchdog:
-        if b.watchdog_budgets is None:
-            err_console.print("[yellow]note:[/] the bundle's plan records no watchdog budgets (an older build): the "
-                              "watchdog's defaults apply; rebuild to hold it to the target's")
-        stack.start_watchdog(log_path=watchdog_log or store_dir / "watchdog.jsonl")  # budgets: the bundle's plan
-    app = create_app(stack.engine, admin_token=token, plugins=stack.admin, log=server_log)
-    server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s, on_shutdown=stack.engine.finish_all,
-                                 shutdown_deadline_s=shutdown_deadline_s,
-                                 max_connections_per_client=max_connections_per_client)
-    # Everything loaded so far lives as long as the server: keep it out of the collector's way, so a gen-2
-    # collection under load does not stall the device thread for hundreds of milliseconds.
-    gc.freeze()
-    err_console.print(f"serving {b.config.name} ({b.backend}, {'CUDA graphs' if stack.engine.graphed else 'eager'}, "
-                      f"decode path {stack.engine.decode_path.name}, "
-                      f"batch buckets {list(buckets)}) on {listen_url(host, port)}  store {store_dir}")
-    for note in b.notes:
-        err_console.print(f"[yellow]note:[/] {note}")
-    try:
+    stack = None
+    try:  # however start-up or serving ends (a SIGTERM while loading too), the stack closes and saves probations
+        stack = ServingStack(b, st, max_waiting=max_waiting, cuda_graphs=cuda_graphs, batch_buckets=buckets,
+                             max_queue_wait_s=max_queue_wait_ms / 1000, log=server_log, decode_path=preferred_path,
+                             max_request_s=max_request_s, prefill_chunk_tokens=prefill_chunk_tokens, model_name=model_id,
+                             max_admission_wait_s=max_admission_wait_ms / 1000)
+        if watchdog:
+            if b.watchdog_budgets is None:
+                err_console.print("[yellow]note:[/] the bundle's plan records no watchdog budgets (an older build): "
+                                  "the watchdog's defaults apply; rebuild to hold it to the target's")
+            stack.start_watchdog(log_path=watchdog_log or store_dir / "watchdog.jsonl")  # budgets: the bundle's plan
+        app = create_app(stack.engine, admin_token=token, plugins=stack.admin, log=server_log)
+        server = make_uvicorn_server(app, host, port, header_timeout_s=header_timeout_s,
+                                     on_shutdown=stack.engine.finish_all, shutdown_deadline_s=shutdown_deadline_s,
+                                     max_connections_per_client=max_connections_per_client)
+        # Everything loaded so far lives as long as the server: keep it out of the collector's way, so a gen-2
+        # collection under load does not stall the device thread for hundreds of milliseconds.
+        gc.freeze()
+        err_console.print(f"serving {b.config.name} ({b.backend}, "
+                          f"{'CUDA graphs' if stack.engine.graphed else 'eager'}, decode path {stack.engine.decode_path.name}, "
+                          f"batch buckets {list(buckets)}) on {listen_url(host, port)}  store {store_dir}")
+        for note in b.notes:
+            err_console.print(f"[yellow]note:[/] {note}")
         server.run(sockets=[listener])  # SIGINT/SIGTERM end this cleanly
     finally:
-        stack.close()  # probation progress saved with a clean-stop mark: the next start resumes it
+        if stack is not None:
+            stack.close()  # probation progress saved with a clean-stop mark: the next start resumes it

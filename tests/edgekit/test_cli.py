@@ -224,6 +224,46 @@ def test_a_command_that_exits_1_makes_edgekit_exit_1(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().endswith("aborted")
 
 
+def test_a_command_ended_by_sigterm_exits_143_and_says_so(monkeypatch, capsys):
+    """A command that asked for SIGTERM to end it through its clean-ups (cli_common.end_on_sigterm: serve while it
+    loads) reports it as a shell would a command SIGTERM ended, with one word and no traceback."""
+    import os
+    import signal
+    import time
+
+    import typer
+
+    from edgekit import cli
+    from edgekit.cli_common import end_on_sigterm
+
+    tiny = typer.Typer()
+    cleaned = []
+
+    @tiny.command()
+    def slow() -> None:
+        end_on_sigterm()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the handler raises in here (Python runs it between bytecodes of the main thread)
+        finally:
+            cleaned.append(True)
+
+    @tiny.command()
+    def other() -> None:
+        pass
+
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "cli_command", lambda: typer.main.get_command(tiny))
+    monkeypatch.setattr(sys, "argv", ["edgekit", "slow"])
+    try:
+        with pytest.raises(SystemExit) as exited:
+            cli.main()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert exited.value.code == 143 and cleaned == [True]
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "terminated"
+
+
 def test_an_interrupted_command_under_json_answers_a_document_too(monkeypatch, capsys):
     """Ctrl-C (or `timeout -s INT`) during `build --json` left stdout empty: a script reading it got no document."""
     import typer
