@@ -72,3 +72,11 @@ def test_a_units_command_line_uses_only_options_the_command_has(name):
     assert flags and set(flags) <= known, set(flags) - known
     if argv[1] == "serve":
         assert argv[argv.index("--host") + 1] == "127.0.0.1"  # loopback unless someone decides otherwise
+
+
+def test_the_serve_unit_counts_a_stop_during_start_as_clean():
+    """serve stopped while its bundle loads exits 143 through its clean-up (cli_common.end_on_sigterm); systemd counts
+    only 0 and death by SIGTERM as clean unless told, so the unit named 143 a clean stop too."""
+    from edgekit.cli_common import TERMINATED_EXIT_CODE
+
+    assert _unit("edgekit-serve.service")["SuccessExitStatus"] == [str(TERMINATED_EXIT_CODE)]
