@@ -118,3 +118,34 @@ def interpreter_json():
 
     yield run
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def signalled_child():
+    """Runs a command, reads its stderr until a line holds ``marker``, calls ``at_marker()`` (what the test wants to
+    see at that moment; its value is kept), then sends ``sig`` if the child is still alive. Returns
+    ``(rc, stderr after the signal, stderr lines up to the marker, at_marker's value, whether it was signalled)``. A
+    child that never prints the marker is read to its end and not signalled; one still running at the end is killed."""
+    import signal as _signal
+
+    def run(argv: list[str], marker: str, sig: int = _signal.SIGINT, *, at_marker=lambda: None,
+            env: dict | None = None, timeout: float = 120):
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        seen, seen_at_marker, signalled = [], None, False
+        try:
+            for line in p.stderr:
+                seen.append(line)
+                if marker in line:
+                    seen_at_marker = at_marker()
+                    signalled = p.poll() is None  # os.kill: send_signal skips a child it believes gone
+                    if signalled:
+                        os.kill(p.pid, sig)
+                    break
+            rest = p.stderr.read()
+            rc = p.wait(timeout=timeout)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        return rc, rest, seen, seen_at_marker, signalled
+
+    return run

@@ -169,31 +169,14 @@ main()
 # serial: in a CI run's parallel phase the held child once ended 0 with no output after the signal, cause not found
 # (the record below says whether it was alive when signalled); alone, it has passed every run
 @pytest.mark.serial
-def test_ctrl_c_during_build_exits_130_says_aborted_and_leaves_nothing_half_written(tmp_path):
-    import os
-    import signal
-
+def test_ctrl_c_during_build_exits_130_says_aborted_and_leaves_nothing_half_written(tmp_path, signalled_child):
     out = tmp_path / "bundles" / "tiny"
     # piped stderr: the build prints one line per stage (the test waits for the ONNX export, when the bundle's
     # files are already written into its hidden staging folder)
     argv = [sys.executable, "-c", _HELD_AT_ONNX, *_build_argv(out, "--no-cache")[3:]]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = []
-    try:
-        for line in p.stderr:
-            seen.append(line)
-            if "export ONNX ..." in line:
-                staged = [x.name for x in out.parent.iterdir()]
-                alive = p.poll() is None
-                if alive:
-                    os.kill(p.pid, signal.SIGINT)
-                break
-        rest = p.stderr.read()
-        rc = p.wait(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert any(name.startswith(".tiny.partial-") for name in staged), (staged, seen)  # interrupted mid-write
+    rc, rest, seen, staged, alive = signalled_child(argv, "export ONNX ...",
+                                                    at_marker=lambda: [x.name for x in out.parent.iterdir()])
+    assert any(name.startswith(".tiny.partial-") for name in staged or []), (staged, seen)  # interrupted mid-write
     assert rc == 130, (rc, rest, alive, seen)
     assert rest.strip().splitlines()[-1] == "aborted" and "Traceback" not in rest
     assert list(out.parent.iterdir()) == []  # no bundle, no staging folder

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -32,7 +31,7 @@ main()
 
 
 @pytest.mark.serial
-def test_sigterm_while_serve_starts_ends_it_cleanly_and_keeps_the_probation(tiny_bundle, tmp_path):
+def test_sigterm_while_serve_starts_ends_it_cleanly_and_keeps_the_probation(tiny_bundle, tmp_path, signalled_child):
     from edgekit.runtime.bundle_runtime import open_bundle
     from edgekit.runtime.serving import ServingStack, open_store
 
@@ -43,20 +42,8 @@ def test_sigterm_while_serve_starts_ends_it_cleanly_and_keeps_the_probation(tiny
     stack.close()  # a clean stop: the next start resumes the probation
     argv = [sys.executable, "-c", _HELD_BEFORE_THE_APP, "serve", str(tiny_bundle), "--allow-dev-key", "--store",
             str(store_dir), "--port", "0", "--no-watchdog"]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    seen = []
-    try:
-        for line in p.stderr:
-            seen.append(line)
-            if "held before the app" in line:
-                os.kill(p.pid, signal.SIGTERM)
-                break
-        rest = p.stderr.read()
-        rc = p.wait(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    rc, rest, seen, _, _ = signalled_child(argv, "held before the app", signal.SIGTERM,
+                                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert rc == 143, (rc, rest, seen)
     assert rest.strip().splitlines()[-1] == "terminated" and "Traceback" not in rest, rest
     assert any("resumes probation" in line for line in seen), seen  # the start really resumed it
