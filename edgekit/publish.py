@@ -9,11 +9,12 @@ Layout (python-tuf metadata, consistent snapshots, ed25519 keys)::
     REPO/metadata/timestamp.json               replaced last: the one file that publishes
     REPO/targets/plugins/<arch>/<op>/<sha256>.<op>-<version>.plugin
 
-Every publish writes new, never-overwritten files first (new target blobs,
-N+1.targets.json, N+1.snapshot.json) and atomically replaces timestamp.json
-last, so a client polling mid-publish sees either the old repository or the
-new one. Keys live in a separate directory (``KEYS/<role>.pem``, 0600) that is
-never served; in production root and targets keys belong offline.
+Every publish writes new files first (new target blobs, N+1.targets.json,
+N+1.snapshot.json; never one a served timestamp names) and atomically replaces
+timestamp.json last, so a client polling mid-publish sees either the old
+repository or the new one. Keys live in a separate directory
+(``KEYS/<role>.pem``, 0600) that is never served; in production root and
+targets keys belong offline.
 
 A target's ``custom`` field carries what the device agent selects on:
 ``{"edgekit": {"op", "version", "target_arch", "abi_version"}}``. The agent
@@ -176,7 +177,7 @@ class TufRepository:
         targets = Metadata(Targets(version=1, expires=self._expires("targets")))
         snapshot = Metadata(Snapshot(version=1, expires=self._expires("snapshot")))
         timestamp = Metadata(Timestamp(version=1, expires=self._expires("timestamp")))
-        self._write(targets, snapshot, timestamp)
+        self._write(targets, snapshot, timestamp, new_targets=True)
         return self.meta_dir / "1.root.json"
 
     def publish(self, packages: Sequence[bytes], describe: Describe | None) -> PublishResult:
@@ -214,12 +215,13 @@ class TufRepository:
             result.renewed.append("root")
         if not packages and targets.signed.expires <= renew_by:
             result.renewed.append("targets")
-        if packages or targets.signed.expires <= renew_by:
+        new_targets = bool(packages) or targets.signed.expires <= renew_by
+        if new_targets:
             targets.signed.version += 1
             targets.signed.expires = self._expires("targets")
         snapshot.signed.version += 1
         timestamp.signed.version += 1
-        self._write(targets, snapshot, timestamp)
+        self._write(targets, snapshot, timestamp, new_targets=new_targets)
         result.versions = {
             "root": root.signed.version, "targets": targets.signed.version,
             "snapshot": snapshot.signed.version, "timestamp": timestamp.signed.version,
@@ -243,13 +245,17 @@ class TufRepository:
         durable.replace_atomically(self.meta_dir / "root.json", root_bytes)
         return root
 
-    def _write(self, targets: Metadata, snapshot: Metadata, timestamp: Metadata) -> None:
-        """Sign and write: targets (if it is a new version), the snapshot naming it, timestamp.json last."""
+    def _write(self, targets: Metadata, snapshot: Metadata, timestamp: Metadata, *, new_targets: bool) -> None:
+        """Sign and write: targets (if it is a new version), the snapshot naming it, timestamp.json last.
+
+        A new targets version is written even where a file of that name exists: it is what a publish interrupted
+        before its timestamp.json left, which no timestamp ever named (served versions are below it). Skipping it
+        served the interrupted publish's plugins in place of this one's, under this one's 'published'. A targets
+        version that is not new is served already and stays as it is."""
         ser = JSONSerializer(compact=False)
-        targets_file = self.meta_dir / f"{targets.signed.version}.targets.json"
-        if not targets_file.exists():  # versioned files are immutable once served
+        if new_targets:
             targets.sign(self.signers["targets"])
-            durable.replace_atomically(targets_file, targets.to_bytes(ser))
+            durable.replace_atomically(self.meta_dir / f"{targets.signed.version}.targets.json", targets.to_bytes(ser))
         snapshot.signed.expires = self._expires("snapshot")
         snapshot.signed.meta["targets.json"] = MetaFile(version=targets.signed.version)
         snapshot.sign(self.signers["snapshot"])

@@ -187,3 +187,21 @@ def test_republishing_as_told_keeps_a_repository_alive_past_the_targets_and_root
     again = publish(repo)  # nothing near its expiry now: only snapshot and timestamp are re-signed
     assert result["renewed"] == ["root", "targets"] and again["renewed"] == []
     assert again["versions"]["root"] == 2 and again["versions"]["targets"] == result["versions"]["targets"]
+
+
+def test_a_publish_after_an_interrupted_one_serves_its_own_plugins(served, device):
+    """A publish stopped before its last write (timestamp.json) leaves N+1.targets.json that no timestamp names. The
+    next publish skipped writing its own N+1.targets.json beside it: it said 'published swiglu 4', and devices got
+    the interrupted publish's rmsnorm 1 and no swiglu."""
+    repo, url = served
+    store, cache = device
+    publish(repo)
+    timestamp_before = (repo / "metadata" / "timestamp.json").read_bytes()
+    publish(repo, fakepkg.pack(AUTHOR, version=1))
+    (repo / "metadata" / "timestamp.json").write_bytes(timestamp_before)  # as if stopped before its last write
+    result = publish(repo, fakepkg.pack(AUTHOR, op="swiglu", version=4))
+    assert [a["op"] for a in result["added"]] == ["swiglu"]
+    report = agent(store, cache, url, repo)
+    assert report.error is None, report.to_dict()
+    assert [(o.op, o.version, o.action) for o in report.outcomes] == [("swiglu", "4", "applied")]
+    assert store.ops() == ["swiglu"]
