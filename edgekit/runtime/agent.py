@@ -127,8 +127,8 @@ def choose_offers(
     return [best[op] for op in sorted(best)]
 
 
-def _refusal(e: Exception) -> UpdateRefused:
-    """python-tuf's verdicts, as reasons a fleet dashboard can count."""
+def _refusal(e: Exception, where: str) -> UpdateRefused:
+    """python-tuf's verdicts, as reasons a fleet dashboard can count; ``where``: the URL the pass was fetching from."""
     if isinstance(e, tuf_errors.BadVersionNumberError):
         return UpdateRefused("rollback", f"the repository served older metadata than this device has seen ({e})",
                              hint="someone replayed old metadata; the device keeps its current plugins")
@@ -139,8 +139,20 @@ def _refusal(e: Exception) -> UpdateRefused:
     if isinstance(e, tuf_errors.LengthOrHashMismatchError):
         return UpdateRefused("tampered", str(e), hint="the served bytes differ from what the signed metadata lists")
     if isinstance(e, tuf_errors.DownloadError):
-        return UpdateRefused("download", f"{type(e).__name__}: {e}", hint="is the repository URL reachable?")
+        return UpdateRefused("download", f"{type(e).__name__} from {where}: {_download_problem(e)}",
+                             hint="is the repository URL reachable?")
     return UpdateRefused("repository", f"{type(e).__name__}: {e}")
+
+
+def _download_problem(e: Exception) -> str:
+    """What went wrong in a download, in words. python-tuf raises SlowRetrievalError without any text for every failed
+    connection (refused, no such host, timed out: urllib3 counts them all as timeouts), and the refusal read
+    'SlowRetrievalError: '; urllib3's reason, its cause, says which."""
+    if str(e):
+        return str(e)
+    cause = e.__cause__
+    reason = getattr(cause, "reason", None) or cause  # urllib3's MaxRetryError holds the error of the last try
+    return str(reason) if reason is not None else "no answer"
 
 
 def check_repo_url(repo_url: str) -> str:
@@ -197,7 +209,7 @@ def run_once(
         )
         updater.refresh()
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as e:
-        report.error = _refusal(e)
+        report.error = _refusal(e, metadata_url)
         return report
     except ValueError as e:  # python-tuf's other refusals of what it read (the caller checked the trusted root)
         raise UpdateRefused("repository", f"the update failed: {type(e).__name__}: {e}") from e
@@ -211,7 +223,7 @@ def run_once(
         blocked={op: p.blocked for op, p in pointers.items()},
     )
     for offer in offers:
-        report.outcomes.append(_apply(store, updater, offer, Path(cache_dir)))
+        report.outcomes.append(_apply(store, updater, offer, Path(cache_dir), targets_url))
     return report
 
 
@@ -233,7 +245,7 @@ def _listed_targets(metadata_dir: Path) -> tuple[dict[str, TargetFile], dict[str
     return dict(md.signed.targets), versions
 
 
-def _apply(store: PluginStore, updater: Updater, offer: Offer, cache_dir: Path) -> Outcome:
+def _apply(store: PluginStore, updater: Updater, offer: Offer, cache_dir: Path, targets_url: str) -> Outcome:
     outcome = Outcome(offer.path, offer.op, offer.version, "refused")
     try:
         info = updater.get_targetinfo(offer.path)
@@ -244,7 +256,7 @@ def _apply(store: PluginStore, updater: Updater, offer: Offer, cache_dir: Path) 
             path = updater.download_target(info, filepath=str(Path(tmp) / "package"))
             data = Path(path).read_bytes()
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as e:
-        err = _refusal(e)
+        err = _refusal(e, targets_url)
         outcome.reason, outcome.detail = err.reason, str(err)
         return outcome
     try:

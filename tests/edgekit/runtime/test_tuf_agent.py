@@ -205,3 +205,22 @@ def test_a_publish_after_an_interrupted_one_serves_its_own_plugins(served, devic
     assert report.error is None, report.to_dict()
     assert [(o.op, o.version, o.action) for o in report.outcomes] == [("swiglu", "4", "applied")]
     assert store.ops() == ["swiglu"]
+
+
+def test_a_repository_that_does_not_answer_is_refused_saying_why_and_where(served, device):
+    """A refused connection was 'update refused (download): SlowRetrievalError: ' (python-tuf's error has no text) and
+    a 404 named no URL; both now say what happened and where the agent fetched from."""
+    import socket
+
+    repo, url = served
+    store, cache = device
+    publish(repo)
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    report = agent(store, cache, closed, repo)
+    assert report.error.reason == "download"
+    assert f"from {closed}/metadata/" in str(report.error) and "Connection refused" in str(report.error), str(report.error)
+    report = agent(store, cache, f"{url}/sub", repo)
+    assert report.error.reason == "download"
+    assert f"from {url}/sub/metadata/: HTTP error occurred with status 404" in str(report.error), str(report.error)
