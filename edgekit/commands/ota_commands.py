@@ -93,6 +93,16 @@ def _existing_store(store: Path) -> Path:
     return store
 
 
+def _package_file(package: Path) -> Path:
+    """A plugin package named on the command line: an existing file, checked before a repository or a store is
+    opened. `store install` once created the --store folder first and then failed with the bare OSError ('cannot read
+    plugin package X: [Errno 2] No such file or directory: 'X''), leaving an empty store behind a typo."""
+    if not package.is_file():  # a directory was 'not found' too
+        what = "is a directory, expected a package file" if package.is_dir() else "not found"
+        raise EdgekitError(f"plugin package {package} {what}", hint="pass the .tar written when the plugin was packed")
+    return package
+
+
 def _print_recovery(store) -> None:
     for line in store.recovery:
         err_console.print(f"[yellow]recovered:[/] {line}", highlight=False)
@@ -144,12 +154,7 @@ def publish(
     check_output_path(repo, "--repo", kind="dir")
     if keys is not None:
         check_output_path(keys, "--keys", kind="dir")
-    packages = []
-    for p in plugins or []:
-        if not p.is_file():  # a directory was 'not found' too
-            what = "is a directory, expected a package file" if p.is_dir() else "not found"
-            raise EdgekitError(f"plugin package {p} {what}", hint="pass the .tar written when the plugin was packed")
-        packages.append(p.read_bytes())
+    packages = [_package_file(p).read_bytes() for p in plugins or []]
     describe = package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key) if packages else None
     result = publish_plugins(
         repo, packages, describe=describe, keys_dir=keys, expiry={"timestamp": dt.timedelta(hours=timestamp_hours)}
@@ -278,6 +283,7 @@ def store_install(
     json_out: bool = typer.Option(False, "--json", help="Print JSON (op, version, previous, state, per-step ms)."),
 ) -> None:
     """Verify, golden-check, stage and switch to a plugin package; it starts on probation."""
+    _package_file(package)
     s = _open_store(store, target, trust, allow_dev_key, golden_backend=golden_backend)
     _print_recovery(s)
     result = s.install(package, allow_downgrade=allow_downgrade)

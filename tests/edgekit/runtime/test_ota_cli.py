@@ -251,3 +251,18 @@ def test_publish_says_a_directory_is_not_a_package(cli, files, tmp_path):
     r = cli("publish", tmp_path / "folder", "--repo", tmp_path / "repo", "--trust", pub)
     assert isinstance(r.exception, EdgekitError) and "is a directory, expected a package file" in r.exception.message
     assert not (tmp_path / "repo").exists()
+
+
+def test_store_install_of_a_missing_package_makes_no_store(cli, files, tmp_path):
+    """`store install TYPO.tar --store NEW` created NEW (an empty store) and then failed with the bare OSError
+    'cannot read plugin package ...: [Errno 2] ...' and no hint. Refused now before the store is opened, as publish
+    refuses it."""
+    pub, _ = files
+    (tmp_path / "folder").mkdir()
+    for package, said in ((tmp_path / "typo.tar", "not found"), (tmp_path / "folder", "is a directory")):
+        r = cli("store", "install", package, "--store", tmp_path / "device", "--target", "orin", "--trust", pub,
+                "--golden-backend", "cpu", "--json")
+        assert isinstance(r.exception, EdgekitError) and r.exception.exit_code == 2, r.output
+        assert r.exception.message.startswith(f"plugin package {package} {said}"), r.exception.message
+        assert "plugin was packed" in r.exception.hint
+    assert not (tmp_path / "device").exists()
