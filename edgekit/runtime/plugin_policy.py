@@ -103,6 +103,10 @@ def check_compatible(plugin: VerifiedPluginLike, policy: DevicePolicy) -> tuple[
     return op, version
 
 
+SAME_VERSION_HINT = ("it is the version running now: nothing to install; to replace it, pack the new kernels with a "
+                     "higher --version")
+
+
 def admit(
     plugin: VerifiedPluginLike,
     policy: DevicePolicy,
@@ -130,7 +134,9 @@ def admit(
         raise SwapRefused(
             "downgrade",
             f"{op} {version} is not newer than the active version {state.active}",
-            hint="pass allow_downgrade (--allow-downgrade) to install an older version on purpose",
+            # the active version again: --allow-downgrade only led on to 'already the active version'
+            hint=SAME_VERSION_HINT if version_key(version) == version_key(state.active)
+            else "pass allow_downgrade (--allow-downgrade) to install an older version on purpose",
         )
     if state.floor is not None and version_key(version) < version_key(state.floor) and not allow_downgrade:
         # after a rollback (even to the reference) an older signed package must not slip back in

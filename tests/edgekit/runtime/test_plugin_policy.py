@@ -188,6 +188,21 @@ def test_admission_defaults_refuse_downgrades_and_blocked_versions():
     with pytest.raises(SwapRefused) as e:
         admit(plugin(version=4), fakepkg.policy(), OpState(active="3", blocked=("4",)))
     assert e.value.reason == "blocked" and "higher version" in e.value.hint
+
+
+@pytest.mark.parametrize("spelling", [3, "3.0"])
+def test_the_active_version_again_is_not_sent_to_allow_downgrade(spelling):
+    """Installing the active version again was told 'pass --allow-downgrade to install an older version on purpose';
+    doing so was refused in turn ('already the active version', no hint). The hint now says there is nothing to
+    install and how to replace it; an older version keeps the --allow-downgrade hint."""
+    state = OpState(active="3")
+    with pytest.raises(SwapRefused) as e:
+        admit(plugin(version=spelling), fakepkg.policy(), state)
+    assert e.value.reason == "downgrade" and "--allow-downgrade" not in e.value.hint
+    assert "nothing to install" in e.value.hint and "higher --version" in e.value.hint
+    with pytest.raises(SwapRefused) as e:
+        admit(plugin(version=2), fakepkg.policy(), state)
+    assert "--allow-downgrade" in e.value.hint
     assert admit(plugin(version=4), fakepkg.policy(), OpState(active="3", blocked=("5",))) == "4"
     assert admit(plugin(version=1), fakepkg.policy(), OpState()) == "1"  # the reference is older than anything
 
