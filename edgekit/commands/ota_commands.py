@@ -154,8 +154,15 @@ def publish(
     check_output_path(repo, "--repo", kind="dir")
     if keys is not None:
         check_output_path(keys, "--keys", kind="dir")
-    packages = [_package_file(p).read_bytes() for p in plugins or []]
-    describe = package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key) if packages else None
+    describe = package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key) if plugins else None
+    # Each package verified here first, named by its file, before the repository or its keys are made or touched: a
+    # refusal said 'package:kernel.cubin' (which of several?) after a new REPO and REPO-keys had been created.
+    # publish_plugins verifies them again, as it trusts no caller.
+    packages = []
+    for p in plugins or []:
+        data = _package_file(p).read_bytes()
+        describe(data, name=str(p))
+        packages.append(data)
     result = publish_plugins(
         repo, packages, describe=describe, keys_dir=keys, expiry={"timestamp": dt.timedelta(hours=timestamp_hours)}
     )

@@ -51,12 +51,13 @@ def refusal_reason(e: VerificationError) -> str:
 def package_verifier(
     trusted_keys: TrustedKeys, *, allow_dev_key: bool = False, max_bytes: int = MAX_PACKAGE_BYTES
 ) -> Callable[[bytes], VerifiedPlugin]:
-    """A store verifier: bytes in, VerifiedPlugin out, SwapRefused(reason) otherwise."""
+    """A store verifier: bytes in, VerifiedPlugin out, SwapRefused(reason) otherwise; ``name``: what a refusal calls
+    the package (its file, where the caller knows it)."""
     keys = dict(trusted_keys)
 
-    def verify(data: bytes) -> VerifiedPlugin:
+    def verify(data: bytes, name: str = "package") -> VerifiedPlugin:
         try:
-            return verify_plugin_package(data, keys, allow_dev_key=allow_dev_key, max_bytes=max_bytes)
+            return verify_plugin_package(data, keys, allow_dev_key=allow_dev_key, max_bytes=max_bytes, name=name)
         except VerificationError as e:
             raise SwapRefused(refusal_reason(e), e.message, hint=e.hint) from e
 

@@ -266,3 +266,17 @@ def test_store_install_of_a_missing_package_makes_no_store(cli, files, tmp_path)
         assert r.exception.message.startswith(f"plugin package {package} {said}"), r.exception.message
         assert "plugin was packed" in r.exception.hint
     assert not (tmp_path / "device").exists()
+
+
+def test_publish_of_a_damaged_package_names_it_and_makes_no_repository(cli, files, tmp_path):
+    """`publish good.tar damaged.tar --repo NEW` created NEW and NEW-keys (a TUF root and four keys), then refused with
+    'package:kernel.cubin: ...', naming no file of the two. The packages are verified first now, the refusal names
+    the file, and nothing is made."""
+    pub, pkgs = files
+    damaged = bytearray(pkgs[2].read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    (tmp_path / "damaged.tar").write_bytes(bytes(damaged))
+    r = cli("publish", pkgs[1], tmp_path / "damaged.tar", "--repo", tmp_path / "repo", "--trust", pub, "--json")
+    assert isinstance(r.exception, EdgekitError) and r.exception.exit_code == 2, r.output
+    assert f"{tmp_path / 'damaged.tar'}:" in r.exception.message, r.exception.message
+    assert not (tmp_path / "repo").exists() and not (tmp_path / "repo-keys").exists()
