@@ -19,6 +19,7 @@ Modules (one concept each)::
     latency.py           rolling windows (p50/p95/p99, jitter p99-p50, std), Prometheus histograms
     sampler.py           adaptive rate: fast (1 kHz) while metrics move, slow (10 Hz) when steady
     policy.py            PolicyConfig (budgets, overrides) and the rules that raise events
+    band_quantity.py     which power reading the power band holds (a sum missing a rail is not the board's power)
     events.py, actions.py     events with evidence; registered callbacks, nvpmodel
     watchdog.py          the background thread tying it together; metrics.py its families (built at
                          scrape time: what was not read is not exported; edgekit_sensor_available per source)

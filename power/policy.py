@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edgekit.errors import ConfigError
+from edgekit.power.band_quantity import BandQuantity
 from edgekit.power.events import Event
 from edgekit.power.latency import WindowStats
 from edgekit.power.sample import PowerSample
@@ -127,6 +128,7 @@ class PolicyEngine:
         self.power_centre_w: float | None = self.config.power_target_w
         self._breach_since: float | None = None
         self._breach_values: deque[tuple[float, float]] = deque(maxlen=64)
+        self._band_quantity: BandQuantity | None = None  # what the band holds (edgekit.power.band_quantity)
         self._sensor_ok: dict[str, bool] = {}
         self._oc_last: dict[str, tuple[float, int]] = {}  # channel -> (t, count) at the previous reading
 
@@ -183,7 +185,7 @@ class PolicyEngine:
         """
         cfg = self.config
         mw, what = sample.budget_power() if sample.available else (None, None)
-        if mw is None:
+        if mw is None or not self._holds(BandQuantity.of(sample)):
             return []
         t, w = sample.t_s, mw / 1000.0
         if self.power_centre_w is None:  # learn the centre from the first seconds
@@ -217,6 +219,20 @@ class PolicyEngine:
                 "rails_mw": {k: round(v, 1) for k, v in sample.rails_mw.items()}, "total_source": what,
             },
         )]
+
+    def _holds(self, quantity: BandQuantity | None) -> bool:
+        """Whether the band compares this reading: the quantity it holds, or a more complete one that takes its place
+        (then a centre learnt on the lesser one is learnt again). A sum missing a rail is not the board's power."""
+        held = self._band_quantity
+        if quantity is None or (held is not None and not quantity.covers(held)):
+            return False
+        if held is not None and quantity != held:
+            self._breach_since = None
+            self._breach_values.clear()
+            if self.config.power_target_w is None:
+                self.power_centre_w, self._power_first_t, self._power_baseline = None, None, []
+        self._band_quantity = quantity
+        return True
 
     # -- temperature ----------------------------------------------------------
     def check_temperatures(self, sample: PowerSample) -> list[Event]:

@@ -12,7 +12,7 @@ from edgekit.power.events import Event
 from edgekit.power.latency import window_stats
 from edgekit.power.policy import PolicyConfig, PolicyEngine
 from edgekit.power.sample import PowerSample
-from edgekit.power.sensors.tegrastats import replay_log
+from edgekit.power.sensors.tegrastats import parse_line, replay_log
 
 LOGS = Path(__file__).parent / "fixtures" / "tegrastats"
 
@@ -101,6 +101,55 @@ def test_one_noisy_sample_is_not_a_breach():
     eng = PolicyEngine(PolicyConfig(power_target_w=6.0, power_sustain_s=1.0))
     mk = lambda t, w: PowerSample(t_s=t, source="x", total_mw=w * 1000)
     assert eng.check_power(mk(0, 6)) + eng.check_power(mk(1, 12)) + eng.check_power(mk(2, 6)) + eng.check_power(mk(3, 12)) == []
+
+
+_AGX = ("11-21-2025 08:50:{:02d} RAM 14001/62780MB CPU [50%@2201,off] GR3D_FREQ 40%@[1300,1300] GPU@70C "
+        "VDD_GPU_SOC 9000mW/8000mW VDD_CPU_CV 12000mW/11000mW VIN_SYS_5V0 5000mW/5000mW VDDQ_VDD2_1V8AO 1200mW/1100mW")
+
+
+def _agx(second: int, cut: bool = False) -> PowerSample:
+    """An AGX Orin line (no input rail: the power is the sum of its four rails, 27.2 W), or the same line cut off
+    in its third rail as a killed tegrastats leaves its last one ('VIN_SYS_5V0 50'): a sum of two rails, 21 W."""
+    line = _AGX.format(second)
+    return parse_line(line[:line.index("VIN_SYS_5V0") + 14] if cut else line)
+
+
+def test_a_reading_missing_a_rail_is_not_held_against_the_band_of_the_full_sum():
+    """A sum of fewer rails (a tegrastats line cut short, an INA3221 channel that failed a read) was compared with the
+    band learnt on the full sum: 21 W against 27.2 ± 3 W raised 'sum of VDD_GPU_SOC + VDD_CPU_CV 21.00 W is below
+    the band', an event (shed_load in the runtime) for a reading, not for the board."""
+    eng = PolicyEngine(PolicyConfig(power_baseline_s=5.0, power_sustain_s=1.0))
+    cut = [_agx(10, cut=True), _agx(11, cut=True), _agx(12, cut=True)]
+    assert cut[0].rails_sum_mw == 21000.0 and cut[0].rails_sum_of == ["VDD_GPU_SOC", "VDD_CPU_CV"]
+    assert [e for s in [_agx(i) for i in range(10)] + cut for e in eng.check_power(s)] == []
+    assert eng.power_centre_w == pytest.approx(27.2)
+    assert _four_rails_drop_to_20_w(eng, from_second=13) == [20.0]  # the full sum is still watched
+
+
+def _four_rails_drop_to_20_w(eng: PolicyEngine, from_second: int) -> list[float]:
+    """The watts of the events a real drop of the whole sum (all four rails, 20 W for 3 s) raises."""
+    drop = [PowerSample(t_s=_agx(i).t_s, source="tegrastats", rails_sum_mw=20000.0, rails_sum_of=_agx(0).rails_sum_of)
+            for i in range(from_second, from_second + 3)]
+    return [e.evidence["total_w"] for s in drop for e in eng.check_power(s)]
+
+
+def test_a_cut_first_line_gives_way_to_the_full_sum_and_the_band_still_watches_it():
+    eng = PolicyEngine(PolicyConfig(power_baseline_s=5.0, power_sustain_s=1.0))
+    samples = [_agx(0, cut=True), *(_agx(i) for i in range(1, 12))]
+    assert [e for s in samples for e in eng.check_power(s)] == []
+    assert eng.power_centre_w == pytest.approx(27.2)
+    assert _four_rails_drop_to_20_w(eng, from_second=12) == [20.0]
+
+
+def test_a_sum_of_sub_rails_is_not_held_against_a_band_on_the_measured_total():
+    """A garbled input rail ('VDD_IN NaNmW') left a line with the sum of VDD_SOC alone, 1.3 W against a band on
+    VDD_IN."""
+    eng = PolicyEngine(PolicyConfig(power_target_w=5.7, power_sustain_s=0.0))
+    line = "RAM 3021/7620MB VDD_IN 5710mW/5710mW VDD_CPU_GPU_CV 1172mW/1172mW VDD_SOC 1528mW/1528mW"
+    samples = [parse_line(line, t_s=0.0), parse_line("VDD_IN NaNmW/1mW VDD_SOC 1339mW/1339mW", t_s=1.0),
+               parse_line(line, t_s=2.0)]
+    assert samples[1].rails_sum_mw == 1339.0 and samples[1].total_mw is None
+    assert [e for s in samples for e in eng.check_power(s)] == []
 
 
 def test_temperature_warning_and_critical():
