@@ -8,6 +8,8 @@ from typing import Any, Literal
 from edgekit.power.sample import iso_time
 
 Severity = Literal["info", "warning", "critical"]
+# The kinds the policy rules raise (edgekit.power.policy): the keys a policy's actions may name
+EVENT_KINDS = ("jitter", "power_band", "temperature", "sensor", "over_current", "throttle")
 
 
 @dataclass
@@ -23,7 +25,7 @@ class ActionResult:
 @dataclass
 class Event:
     t_s: float  # wall clock (or the replayed log's clock) when the breach was seen
-    kind: str  # "jitter", "power_band", "temperature", "sensor", "over_current", "throttle"
+    kind: str  # one of EVENT_KINDS
     severity: Severity
     message: str
     # What a human needs to judge the event: the rule, the window, the values

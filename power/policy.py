@@ -19,12 +19,12 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edgekit.errors import ConfigError
 from edgekit.power.band_quantity import BandQuantity
-from edgekit.power.events import Event
-from edgekit.power.latency import WindowStats
+from edgekit.power.events import EVENT_KINDS, Event
+from edgekit.power.latency import METRICS, WindowStats
 from edgekit.power.sample import PowerSample
 from edgekit.power.sensors.soctherm_oc import OC_MEANING
 
@@ -64,6 +64,19 @@ class PolicyConfig(BaseModel):
         description="event kind -> action names run when it is raised (power_mode: nvpmodel)",
     )
 
+    # A name that matches nothing was taken and its rule never ran: jitter_metrics [tokens] turned the jitter budget
+    # off, actions {jiter: ...} never ran; both without a word
+    @field_validator("jitter_metrics")
+    @classmethod
+    def _known_metrics(cls, names: list[str]) -> list[str]:
+        return _known("latency metric", names, METRICS)
+
+    @field_validator("actions")
+    @classmethod
+    def _known_event_kinds(cls, actions: dict[str, list[str]]) -> dict[str, list[str]]:
+        _known("event kind", list(actions), EVENT_KINDS)
+        return actions
+
     @classmethod
     def from_profile(cls, profile: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> "PolicyConfig":
         """Budgets from a target profile (a plain dict), then per-deployment overrides.
@@ -100,6 +113,14 @@ _TEMP_ALIASES = {
     "temp_warn_c": "warn_c", "temperature_warn_c": "warn_c",
     "temp_critical_c": "critical_c", "temperature_critical_c": "critical_c", "temperature_limit_c": "critical_c",
 }
+
+
+def _known(what: str, names: list[str], known: tuple[str, ...]) -> list[str]:
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(known)}")
+    return names
 
 
 def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,18 @@ def test_an_infinite_or_nan_budget_is_refused_not_a_check_turned_off(override):
     """`monitor --power-band-w inf` passed `gt=0` and turned the power band off without a word (its log said null)."""
     with pytest.raises(ConfigError, match=r"finite number.*got (inf|nan)"):
         PolicyConfig.from_profile(None, override)
+
+@pytest.mark.parametrize("override, said", [
+    ({"jitter_metrics": ["tokens"]}, "unknown latency metric 'tokens'; choose from ttft, token, request"),
+    ({"actions": {"jiter": ["rollback_plugin"]}}, "unknown event kind 'jiter'; choose from jitter, power_band"),
+])
+def test_a_metric_or_event_kind_that_names_nothing_is_refused_not_a_rule_turned_off(override, said):
+    """jitter_metrics [tokens] was taken and no latency metric was ever held to the jitter budget; actions keyed by a
+    misspelt event kind never ran. Both without a word."""
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        PolicyConfig.from_profile(None, override)
+    assert PolicyConfig.from_profile(None, {"jitter_metrics": ["token", "ttft"], "actions": {"throttle": ["power_mode"]}})
+
 
 def _steady(n=50, base=8.0):
     return window_stats("token", [base + 0.1 * (i % 5) for i in range(n)], 10.0)
