@@ -18,6 +18,7 @@ both have a value, never across a gap.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,22 @@ def sample_power(s: dict) -> tuple[float | None, str | None]:
 
 
 def _whole_log(ax, span_s: float) -> None:
-    ax.set_xlim(0.0, max(span_s, 1e-3))
+    if span_s > 0:
+        ax.set_xlim(0.0, span_s)
+    else:  # one instant (a log of one sample): centred, not on the left edge of a 1 ms axis
+        ax.set_xlim(-1.0, 1.0)
+
+
+def _series(ax, t: list[float], y: list[float], *fmt: str, **kw) -> None:
+    """``ax.plot`` with a dot on every reading that has no reading beside it: a line needs two points, so a log of
+    one sample, or a reading between two gaps (NaN), was drawn as nothing at all."""
+    def has(i: int) -> bool:
+        return 0 <= i < len(y) and math.isfinite(y[i])
+
+    alone = [i for i in range(len(y)) if has(i) and not has(i - 1) and not has(i + 1)]
+    if alone:
+        kw.update(marker="o", markersize=4, markevery=alone)
+    ax.plot(t, y, *fmt, **kw)
 
 
 def _event_label(e: dict) -> str:
@@ -146,7 +162,7 @@ def latency_figure(c: LogContents, t0: float):
         rows = _latency_rows(c, metric, t0)
         t = [x for x, _ in rows]
         for q, style in (("p50_ms", "-"), ("p95_ms", "--"), ("p99_ms", "-")):
-            ax.plot(t, [s[q] for _, s in rows], style, label=q.replace("_ms", ""), linewidth=1.4 if q != "p95_ms" else 1.0)
+            _series(ax, t, [s[q] for _, s in rows], style, label=q.replace("_ms", ""), linewidth=1.4 if q != "p95_ms" else 1.0)
         ax.set_ylabel(f"{metric} (ms)")
         ax.set_title(f"{label} over a rolling window", fontsize=10)
         ax.legend(loc="upper left", fontsize=8, ncol=3)
@@ -157,10 +173,10 @@ def latency_figure(c: LogContents, t0: float):
     for metric in budgeted:
         rows = _latency_rows(c, metric, t0)
         jit = [s["jitter_ms"] for _, s in rows]
-        ax.plot([x for x, _ in rows], jit, label=f"{metric} jitter p99 - p50")
+        _series(ax, [x for x, _ in rows], jit, label=f"{metric} jitter p99 - p50")
         std = [s.get("std_ms") for _, s in rows]
         if any(v is not None for v in std):
-            ax.plot([x for x, _ in rows], [v if v is not None else float("nan") for v in std], linewidth=1.0,
+            _series(ax, [x for x, _ in rows], [v if v is not None else float("nan") for v in std], linewidth=1.0,
                     label=f"{metric} standard deviation")
         top = max([top, *jit, *(v for v in std if v is not None)])
     ax.axhline(budget, color="black", linestyle="--", linewidth=1.0, label=f"budget {budget:g} ms")
@@ -191,12 +207,12 @@ def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     total_src = next((s.get("total_source") for s in samples if s.get("total_source")), None)
     what = next((w for _, w in powers if w), None)
     if what is not None:
-        ax.plot(t, [(mw if mw is not None else float("nan")) / 1000.0 for mw, _ in powers], color="black", linewidth=2.0,
+        _series(ax, t, [(mw if mw is not None else float("nan")) / 1000.0 for mw, _ in powers], color="black", linewidth=2.0,
                 label=f"total = {what}" if _has_measured_total(samples) else what)
     for r in rails:
         if r == total_src:
             continue  # the input rail is the total line itself
-        ax.plot(t, [(s.get("rails_mw") or {}).get(r, float("nan")) / 1000.0 for s in samples], label=r, linewidth=1.0)
+        _series(ax, t, [(s.get("rails_mw") or {}).get(r, float("nan")) / 1000.0 for s in samples], label=r, linewidth=1.0)
     centre = _policy(c).get("power_target_w")
     if centre is None:
         centre = next((e["evidence"].get("centre_w") for e in c.events if e.get("kind") == "power_band"), None)
@@ -213,7 +229,7 @@ def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
         tl = [s["t_s"] - t0 for s in c.samples]
         for key, name in (("gpu_load_pct", "GPU load"), ("cpu_load_pct", "CPU load")):
             if any(s.get(key) is not None for s in c.samples):
-                ax2.plot(tl, [s.get(key) if s.get(key) is not None else float("nan") for s in c.samples], label=name)
+                _series(ax2, tl, [s.get(key) if s.get(key) is not None else float("nan") for s in c.samples], label=name)
         ax2.set_ylabel("load (%)")
         ax2.set_ylim(0, 105)
         ax2.legend(loc="upper left", fontsize=8)
@@ -239,7 +255,7 @@ def _temperature_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     fig = Figure(figsize=(10, 4.0), dpi=110, layout="constrained")
     ax = fig.subplots(1, 1)
     for z in zones:
-        ax.plot(t, [(s.get("temps_c") or {}).get(z, float("nan")) for s in c.samples], label=z, linewidth=1.0)
+        _series(ax, t, [(s.get("temps_c") or {}).get(z, float("nan")) for s in c.samples], label=z, linewidth=1.0)
     lim = _policy(c).get("temperature") or {}
     for key, style in (("warn_c", "--"), ("critical_c", "-")):
         if key in lim:

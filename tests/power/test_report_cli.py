@@ -371,3 +371,40 @@ def test_an_idle_tail_does_not_hide_the_last_busy_window_in_the_summary(run_log,
     c = read_log(run_log)
     c.latency.append({"type": "latency", "t_s": c.latency[-1]["t_s"] + 11.0, "metrics": {}})  # the window emptied
     assert summarise(c)["latency_last_window"]["token"]["n"] > 0
+
+
+def _drawn(line) -> bool:
+    """Whether a plotted series shows every reading it holds: a line needs two neighbouring points, a lone reading a
+    marker."""
+    y = [float(v) for v in line.get_ydata()]
+    has = [v == v for v in y]  # not NaN
+    alone = [i for i, ok in enumerate(has) if ok and not any(0 <= j < len(y) and has[j] for j in (i - 1, i + 1))]
+    every = line.get_markevery()
+    return not alone or (line.get_marker() not in ("None", "", None) and set(alone) <= set(every or []))
+
+
+def test_a_lone_reading_is_drawn_not_an_empty_figure(tmp_path, monkeypatch):
+    """A log of one sample (monitor --samples 1 --log), or a zone read once between two gaps, got power.png and
+    temperature.png with their legends and nothing in the axes: a line needs two points."""
+    from edgekit.power import report
+
+    figures = {}
+    monkeypatch.setattr(report, "_save", lambda fig, path: figures.__setitem__(path.name, fig))
+    t = 1_760_000_000.0
+    one = {"type": "sample", "t_s": t, "rails_mw": {"VDD_IN": 4370.0, "VDD_SOC": 1384.0}, "total_mw": 4370.0,
+           "total_source": "VDD_IN", "temps_c": {"cpu": 46.1, "gpu": 46.4}, "gpu_load_pct": 0.0}
+    log = tmp_path / "one.jsonl"
+    log.write_text(json.dumps(one) + "\n")
+    r = render_report(log, tmp_path / "out")
+    assert [p.name for p in r.images] == ["power.png", "temperature.png"] == sorted(figures)
+    for name, fig in figures.items():
+        lines = [ln for ax in fig.axes for ln in ax.get_lines() if len(ln.get_xdata()) == 1]
+        assert lines and all(map(_drawn, lines)), name
+        assert all(ax.get_xlim()[0] < 0.0 < ax.get_xlim()[1] for ax in fig.axes), name  # not on the axis' edge
+    # three samples, the gpu zone read in the middle one only
+    gap = [dict(one, t_s=t + i, temps_c={"cpu": 46.1, **({"gpu": 46.4} if i == 1 else {})}) for i in range(3)]
+    log.write_text("".join(json.dumps(s) + "\n" for s in gap))
+    figures.clear()
+    render_report(log, tmp_path / "out")
+    (gpu,) = [ln for ln in figures["temperature.png"].axes[0].get_lines() if ln.get_label() == "gpu"]
+    assert _drawn(gpu)
