@@ -80,13 +80,13 @@ def monitor(
     attach: bool = typer.Option(False, "--attach", help="Attach to the local server at http://127.0.0.1:8000/metrics."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per line: samples (time, rails in mW, measured total or labelled sum of rails, GPU load, temperatures, over-current counters; absent readings are null, never 0) and events."),
     log: Optional[Path] = typer.Option(None, "--log", help="Also append every sample and event to this JSONL file (input of `edgekit report`)."),
-    duration: Optional[float] = typer.Option(None, "--duration", min=0.0, help="Stop after this many seconds."),
+    duration: Optional[float] = typer.Option(None, "--duration", min=0.0, help="Stop after this many seconds (live sensors, --sysfs-root, --url/--attach; a replay stops with --samples)."),
     samples: Optional[int] = typer.Option(None, "--samples", min=1, help="Stop after this many samples."),
     interval_ms: Optional[float] = typer.Option(
         None, "--interval-ms", min=1.0, max=MAX_INTERVAL_MS,
         help="Sampling interval (default 500 ms, at most an hour); for a tegrastats log without timestamps, the "
              "interval it was recorded at (default 1000 ms)."),
-    sensors: Optional[str] = typer.Option(None, "--sensors", help="Comma-separated sensors to use (ina3221, tegrastats, thermal, gpu_load, soctherm_oc, nvml, rapl, system); default: all present, with a live tegrastats only where no INA3221 rail is readable."),
+    sensors: Optional[str] = typer.Option(None, "--sensors", help="Comma-separated sensors to use (ina3221, tegrastats, thermal, gpu_load, soctherm_oc, nvml, rapl, system); default: all present, with a live tegrastats only where no INA3221 rail is readable. Not with --tegrastats-log or --url/--attach."),
     target: Optional[str] = typer.Option(None, "--target", help="Take the budgets from this target profile (a name such as orin-nano-8gb, or a YAML file)."),
     policy_file: Optional[Path] = typer.Option(None, "--policy", help="Per-deployment overrides of the watchdog policy (YAML/JSON mapping)."),
     jitter_budget_ms: Optional[float] = typer.Option(None, "--jitter-budget-ms", help="Override the jitter budget (default 5 ms)."),
@@ -107,6 +107,7 @@ def monitor(
     modes = [m for m, on in (("--tegrastats-log", tegrastats_log), ("--sysfs-root", sysfs_root), ("--url/--attach", url or attach)) if on]
     if len(modes) > 1:
         raise EdgekitError(f"choose one source, got {' and '.join(modes)}", hint="replay a log, read a sysfs tree, or attach to a server")
+    _refuse_flags_the_source_ignores(modes[0] if modes else "local", duration=duration, sensors=sensors)
     pol = _policy(target, policy_file, jitter_budget_ms, power_band_w, power_target_w)
     if tegrastats_log is not None:
         _replay(tegrastats_log, pol, json_out, log, samples, interval_ms or 1000.0)
@@ -120,6 +121,25 @@ def monitor(
         if json_out and sysfs_root is not None and duration is None and samples is None:
             samples = 1  # a recorded tree does not change: one reading unless asked for more
         _local(sysfs_root, sensors, pol, json_out, log, duration, samples, interval_ms or 500.0)
+
+
+# What a source would drop without a word: a replay runs through the log at no wall-clock pace (--duration 2 printed
+# all 24 samples of a 24 s log), and a log or a server brings its own sensors (--sensors thermal printed the rails).
+_IGNORED_BY = {
+    "--tegrastats-log": {
+        "--duration": ("a replay reads the whole log, at no wall-clock pace", "use --samples N to stop after N samples"),
+        "--sensors": ("the log holds what tegrastats printed", "drop --sensors"),
+    },
+    "--url/--attach": {"--sensors": ("the server reports the sensors it reads", "drop --sensors")},
+}
+
+
+def _refuse_flags_the_source_ignores(source: str, **given) -> None:
+    from edgekit.errors import EdgekitError
+
+    for flag, (why, hint) in _IGNORED_BY.get(source, {}).items():
+        if given.get(flag.removeprefix("--")) is not None:
+            raise EdgekitError(f"{flag} does not apply to {source}: {why}", hint=hint)
 
 
 def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optional[int], interval_ms: float) -> None:

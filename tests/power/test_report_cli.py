@@ -197,6 +197,25 @@ def test_monitor_refuses_a_tegrastats_log_without_one_sample(tmp_path, content, 
     assert doc["ok"] is False and said in doc["error"]["message"]
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--tegrastats-log", str(FIX / "tegrastats/orin-nano-8gb-load-step.log"), "--duration", "2"],
+     "--duration does not apply to --tegrastats-log: a replay reads the whole log"),
+    (["--tegrastats-log", str(FIX / "tegrastats/orin-nano-8gb-load-step.log"), "--sensors", "thermal"],
+     "--sensors does not apply to --tegrastats-log"),
+    (["--url", "http://127.0.0.1:9/metrics", "--sensors", "ina3221", "--samples", "1"],
+     "--sensors does not apply to --url/--attach"),
+])
+def test_monitor_refuses_a_flag_its_source_would_ignore(args, said):
+    """--duration 2 on a replay printed all 24 samples of a 24 s log, and --sensors thermal on a replay or an attached
+    server was dropped (the rails were still there), exit 0 both: the output read as if the flag had been applied."""
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "monitor", *args, "--json"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    (doc,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert doc["ok"] is False and said in doc["error"]["message"] and doc["error"]["hint"]
+    assert len(_monitor("--tegrastats-log", str(FIX / "tegrastats/orin-nano-8gb-load-step.log"), "--json", "--samples", "2")) == 2
+
+
 def test_histogram_quantile_interpolates_inside_a_bucket():
     buckets = [(0.004, 0.0), (0.005, 50.0), (0.006, 90.0), (0.010, 100.0), (float("inf"), 100.0)]
     assert histogram_quantile(0.5, buckets) == pytest.approx(0.005)
