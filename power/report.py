@@ -11,7 +11,8 @@ atomically (temp file, fsync, rename).
 Absent means absent: a log without power readings says "no power sensor" and
 gets no power figures; power and energy come only from samples that carry a
 measured total (or, on boards without an input rail, the labelled sum of rails,
-named as such), and energy is integrated only between neighbouring samples that
+named as such), of one quantity (a sum missing a rail is a gap, not a lower
+reading), and energy is integrated only between neighbouring samples that
 both have a value, never across a gap.
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 from edgekit.durable import replace_atomically
 from edgekit.errors import EdgekitError
 from edgekit.measured_on import CPU, in_words
+from edgekit.power.band_quantity import BandQuantity, fullest
 from edgekit.power.jsonl import LogContents, read_log
 from edgekit.power.sample import rails_sum_label
 from edgekit.power.sensors.power_mode import describe_power_mode
@@ -78,6 +80,16 @@ def sample_power(s: dict) -> tuple[float | None, str | None]:
     if s.get("rails_sum_mw") is not None:
         return float(s["rails_sum_mw"]), rails_sum_label(list(s.get("rails_sum_of") or []))
     return None, None
+
+
+def board_power(samples: list[dict]) -> tuple[str | None, list[float | None]]:
+    """(what it is, mW of each sample) of the board's power over a log: one quantity, the fullest it holds
+    (edgekit.power.band_quantity); a sample that read less (a rail missing from its sum) has None, a gap, as one
+    without power has."""
+    quantities = [BandQuantity.of_record(s) for s in samples]
+    held = fullest(quantities)
+    powers = [sample_power(s) if q == held else (None, None) for s, q in zip(samples, quantities)]
+    return next((w for _, w in powers if w), None), [mw for mw, _ in powers]
 
 
 def _whole_log(ax, span_s: float) -> None:
@@ -199,15 +211,14 @@ def _power_figure(c: LogContents, t0: float, path: Path) -> Path | None:
     samples = c.samples  # all of them: a sample without power is a gap in the lines, not joined over
     t = [s["t_s"] - t0 for s in samples]
     rails = sorted({r for s in samples for r in (s.get("rails_mw") or {})})
-    powers = [sample_power(s) for s in samples]
+    what, powers = board_power(samples)
     loads = any(s.get("gpu_load_pct") is not None or s.get("cpu_load_pct") is not None for s in c.samples)
     fig = Figure(figsize=(10, 6.2 if loads else 4.4), dpi=110, layout="constrained")
     axes = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1]) if loads else [fig.subplots(1, 1)]
     ax = axes[0]
     total_src = next((s.get("total_source") for s in samples if s.get("total_source")), None)
-    what = next((w for _, w in powers if w), None)
     if what is not None:
-        _series(ax, t, [(mw if mw is not None else float("nan")) / 1000.0 for mw, _ in powers], color="black", linewidth=2.0,
+        _series(ax, t, [(mw if mw is not None else float("nan")) / 1000.0 for mw in powers], color="black", linewidth=2.0,
                 label=f"total = {what}" if _has_measured_total(samples) else what)
     for r in rails:
         if r == total_src:
@@ -301,12 +312,13 @@ def summarise(c: LogContents) -> dict[str, Any]:
     }
     if "power_mode" in meta:  # None: the logging machine had no readable nvpmodel; absent: not recorded (replays)
         out["power_mode"] = meta["power_mode"]
-    points = [(s["t_s"], None if mw is None else mw / 1000.0) for s in c.samples for mw, _ in [sample_power(s)]]
+    what, powers = board_power(c.samples)
+    points = [(s["t_s"], None if mw is None else mw / 1000.0) for s, mw in zip(c.samples, powers)]
     watts = [w for _, w in points if w is not None]
     if not watts:
         out["power"] = NO_POWER
     else:
-        out["power_source"] = ", ".join(dict.fromkeys(w for s in c.samples for _, w in [sample_power(s)] if w))
+        out["power_source"] = what
         out["power_mean_w"] = round(sum(watts) / len(watts), 3)
         out["power_peak_w"] = round(max(watts), 3)
         out["power_samples"] = len(watts)

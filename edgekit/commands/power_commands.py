@@ -146,6 +146,7 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
     from rich.table import Table
 
     from edgekit.errors import EdgekitError
+    from edgekit.power.band_quantity import BandQuantity, fullest
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.power.sensors.tegrastats import parse_lines
     from edgekit.power.watchdog import Watchdog
@@ -156,7 +157,7 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
         raise EdgekitError(f"--tegrastats-log {path}: {what}", hint=record_hint)
     wd = Watchdog(policy=pol, logger=JsonlLogger(log) if log else None, dry_run=True)
     wd.write_meta(source=f"tegrastats:{path}")
-    n, skipped, events, totals, power_label = 0, [], [], [], None
+    n, skipped, events, readings = 0, [], [], []
     with open(path, encoding="utf-8", errors="replace") as f:
         for line_no, s in parse_lines(f, interval_ms / 1000.0):
             if s is None:
@@ -164,10 +165,8 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
                 continue
             evs = wd.observe_sample(s)
             n += 1
-            mw, what = s.budget_power()
-            if mw is not None:  # the measured total, else the labelled sum of rails
-                totals.append(mw)
-                power_label = power_label or what
+            if s.budget_power()[0] is not None:  # the measured total, else the labelled sum of rails
+                readings.append(s)
             events += evs
             if json_out:
                 _emit({"type": "sample", "line": line_no, **s.to_dict()})
@@ -190,8 +189,12 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
     t.add_column("value", justify="right")
     t.add_row("samples", str(n))
     t.add_row("lines skipped", ", ".join(map(str, skipped)) or "none")
+    held = fullest(map(BandQuantity.of, readings))  # one quantity: a line cut short in its rails is a lesser sum
+    totals = [s.budget_power() for s in readings if BandQuantity.of(s) == held]
     if totals:
-        t.add_row(f"power mean / peak ({power_label})", f"{sum(totals) / len(totals) / 1000:.3f} / {max(totals) / 1000:.3f} W")
+        mws = [mw for mw, _ in totals]
+        t.add_row(f"power mean / peak ({totals[0][1]})", f"{sum(mws) / len(mws) / 1000:.3f} / {max(mws) / 1000:.3f} W"
+                  + (f" ({len(mws)} of {n} samples)" if len(mws) < n else ""))
     else:
         t.add_row("power", "no power rails in this log")
     if wd.latest is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -427,3 +428,24 @@ def test_a_lone_reading_is_drawn_not_an_empty_figure(tmp_path, monkeypatch):
     render_report(log, tmp_path / "out")
     (gpu,) = [ln for ln in figures["temperature.png"].axes[0].get_lines() if ln.get_label() == "gpu"]
     assert _drawn(gpu)
+
+
+def test_a_mean_or_peak_of_power_is_taken_of_one_quantity_not_of_sums_missing_a_rail(tmp_path):
+    """An AGX Orin log (no input rail: power is the sum of four rails, 27.2 W) whose last two lines were cut off in a
+    rail (21 W sums of two): the replay table said 'power mean / peak (sum of the four rails) 26.167 / 27.200 W' and
+    report 'mean 26.17 W' over a mix of the two quantities, under the four rails' name, and integrated the energy
+    across both."""
+    line = ("11-21-2025 08:50:{:02d} RAM 14001/62780MB GR3D_FREQ 40%@[1300,1300] GPU@70C VDD_GPU_SOC 9000mW/8000mW "
+            "VDD_CPU_CV 12000mW/11000mW VIN_SYS_5V0 5000mW/5000mW VDDQ_VDD2_1V8AO 1200mW/1100mW")
+    lines = [line.format(i) for i in range(12)]
+    lines[10:] = [x[:x.index("VIN_SYS_5V0") + 14] for x in lines[10:]]  # "... VIN_SYS_5V0 50"
+    tegrastats, log = tmp_path / "agx.log", tmp_path / "agx.jsonl"
+    tegrastats.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "edgekit.cli", "monitor", "--tegrastats-log", str(tegrastats),
+                           "--log", str(log)], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert "| 27.200 / 27.200 W (10 of 12 samples) |" in proc.stdout.replace("│", "|")
+    s = render_report(log, tmp_path / "out").summary
+    assert (s["power_mean_w"], s["power_peak_w"], s["power_samples"]) == (27.2, 27.2, 10)
+    assert s["power_source"] == "sum of VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0 + VDDQ_VDD2_1V8AO"
+    assert s["energy_covers_s"] == 9.0 and s["energy_j_from_samples"] == pytest.approx(27.2 * 9.0)
