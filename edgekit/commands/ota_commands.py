@@ -58,16 +58,25 @@ def _device_arch(target: str) -> str:
         return load_target(target).arch
 
 
+def _device_checks(target: str, trust: Optional[List[Path]], allow_dev_key: bool):
+    """(the device's policy, the package verifier): what a store admits a package by."""
+    from edgekit.bundle.plugin import TRITON_HIDDEN_ARGS
+    from edgekit.runtime.plugin_checks import package_verifier
+    from edgekit.runtime.plugin_policy import DevicePolicy
+    from edgekit.runtime.plugin_store import default_known_abi
+
+    policy = DevicePolicy(device_arch=_device_arch(target), known_abi=default_known_abi(), triton_abis=set(TRITON_HIDDEN_ARGS))
+    return policy, package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key)
+
+
 def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev_key: bool, *,
                 golden_backend: str | None = None, rollback_unconfirmed: bool = False):
     """The store as these commands see it; ``golden_backend``: where an install's golden vectors run (install and the
     agent, which say it); None for the commands that run none (status, confirm, rollback)."""
-    from edgekit.bundle.plugin import TRITON_HIDDEN_ARGS
-    from edgekit.runtime.plugin_checks import golden_checker, package_verifier, reference_runner, runner_factory
-    from edgekit.runtime.plugin_policy import DevicePolicy
-    from edgekit.runtime.plugin_store import PluginStore, default_known_abi
+    from edgekit.runtime.plugin_checks import golden_checker, reference_runner, runner_factory
+    from edgekit.runtime.plugin_store import PluginStore
 
-    policy = DevicePolicy(device_arch=_device_arch(target), known_abi=default_known_abi(), triton_abis=set(TRITON_HIDDEN_ARGS))
+    policy, verify = _device_checks(target, trust, allow_dev_key)
     runner = runner_factory(golden_backend or "auto")
     if golden_backend is not None:
         where = "cpu: torch reference (checks the vectors, not the kernels)" if runner is reference_runner else "gpu: the plugins' own kernels"
@@ -75,7 +84,7 @@ def _open_store(store: Path, target: str, trust: Optional[List[Path]], allow_dev
     return PluginStore.open(
         store,
         policy=policy,
-        verify=package_verifier(_trusted_keys(trust, allow_dev_key), allow_dev_key=allow_dev_key),
+        verify=verify,
         golden_check=golden_checker(runner),
         rollback_unconfirmed=rollback_unconfirmed,
         refuse_policy_drops=True,  # a mistyped --trust / --target must not revoke what the device serves
@@ -291,6 +300,13 @@ def store_install(
 ) -> None:
     """Verify, golden-check, stage and switch to a plugin package; it starts on probation."""
     _package_file(package)
+    if not (store / "ops").is_dir():
+        # a new store is made only for a package it would admit: one refused on its signature or its arch left an
+        # empty store behind, which status then showed as the device's (the store checks it again on install)
+        from edgekit.runtime.plugin_policy import check_compatible
+
+        policy, verify = _device_checks(target, trust, allow_dev_key)
+        check_compatible(verify(package.read_bytes(), name=str(package)), policy)
     s = _open_store(store, target, trust, allow_dev_key, golden_backend=golden_backend)
     _print_recovery(s)
     result = s.install(package, allow_downgrade=allow_downgrade)

@@ -6,10 +6,12 @@ import json
 
 import pytest
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
 import realpkg
 from runtime_helpers import tree_digest
+from edgekit.bundle.plugin_identity import SwapRefused
 from edgekit.cli import _register_commands, app
 from edgekit.errors import EdgekitError
 
@@ -266,6 +268,25 @@ def test_store_install_of_a_missing_package_makes_no_store(cli, files, tmp_path)
         assert r.exception.message.startswith(f"plugin package {package} {said}"), r.exception.message
         assert "plugin was packed" in r.exception.hint
     assert not (tmp_path / "device").exists()
+
+
+def test_store_install_of_a_package_a_new_store_would_refuse_makes_no_store(cli, files, tmp_path):
+    """A package refused on its signature (an untrusted signer) or its arch (--target of another GPU) created the new
+    --store as an empty store before the refusal; `store status` then answered from it. Checked before now, by the
+    store's own checks."""
+    pub, pkgs = files
+    other = tmp_path / "other.pub"
+    other.write_bytes(Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    for trust, target, reason in ((other, "orin", "untrusted_key"), (pub, "h200", "wrong_arch")):
+        r = cli("store", "install", pkgs[1], "--store", tmp_path / "device", "--target", target, "--trust", trust,
+                "--golden-backend", "cpu")
+        assert isinstance(r.exception, SwapRefused) and r.exception.exit_code == 2, (r.output, r.exception)
+        assert r.exception.reason == reason, (reason, r.exception)
+        assert not (tmp_path / "device").exists()
+    r = cli("store", "install", pkgs[1], "--store", tmp_path / "device", "--target", "orin", "--trust", pub,
+            "--golden-backend", "cpu")
+    assert r.exit_code == 0 and (tmp_path / "device" / "ops").is_dir(), r.output
 
 
 def test_publish_of_a_damaged_package_names_it_and_makes_no_repository(cli, files, tmp_path):
