@@ -380,8 +380,13 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 def render_report(log_path: str | Path, out_dir: str | Path) -> ReportResult:
     c = read_log(log_path)
     if not (c.samples or c.latency or c.events):
+        # say what the file holds: "0 lines were not JSONL records" read as a fault in an empty log, and a log
+        # whose monitor was stopped before its first sample holds only its meta record
+        held = ("it is empty" if not (c.skipped_lines or c.meta) else
+                f"it holds only its meta record{'s' if len(c.meta) > 1 else ''}: the monitor stopped before its first "
+                "sample" if not c.skipped_lines else f"{len(c.skipped_lines)} lines were not JSONL records")
         raise EdgekitError(
-            f"{log_path}: no watchdog records found ({len(c.skipped_lines)} lines were not JSONL records)",
+            f"{log_path}: no watchdog records found ({held})",
             hint="pass a log written by `edgekit monitor --log FILE`; for a tegrastats log run "
                  "`edgekit monitor --tegrastats-log FILE --log out.jsonl` first",
         )

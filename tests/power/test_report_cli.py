@@ -79,6 +79,29 @@ def test_report_cli_and_its_refusals(run_log, tmp_path):
 
 
 
+def test_a_log_without_records_says_what_it_holds(tmp_path):
+    """An empty log was refused as '(0 lines were not JSONL records)', as if it held broken lines, and so was a log
+    whose monitor was stopped before its first sample (it holds its meta record alone)."""
+    from edgekit.errors import EdgekitError
+    from edgekit.power.jsonl import JsonlLogger
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    only_meta = tmp_path / "meta.jsonl"
+    log = JsonlLogger(only_meta)
+    log.meta(source="tegrastats")
+    log.close()
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text("not json\n{\n")
+    for path, held in ((empty, "(it is empty)"), (only_meta, "(it holds only its meta record: the monitor stopped "
+                                                              "before its first sample)"),
+                       (torn, "(2 lines were not JSONL records)")):
+        with pytest.raises(EdgekitError) as refused:
+            render_report(path, tmp_path / "out")
+        assert refused.value.message == f"{path}: no watchdog records found {held}", refused.value.message
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("bad", [
     '{"type": "sample", "t_s": 1760000005.0, "rails_mw": 5}',  # was TypeError: 'int' object is not iterable
     '{"type": "sample", "t_s": "soon", "total_mw": 4000}',
