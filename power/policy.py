@@ -28,6 +28,10 @@ from edgekit.power.latency import METRICS, WindowStats
 from edgekit.power.sample import PowerSample
 from edgekit.power.sensors.soctherm_oc import OC_MEANING
 
+# Power readings in a row that lack a rail (or the measured total) the band holds before a sensor event says the band
+# compares none of them: one torn line or failed read is no news, a rail gone for good is (10 s at the default 1 s).
+LESSER_READINGS_BEFORE_WARNING = 10
+
 
 class TemperatureLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf or nan turned a limit off without a word
@@ -150,6 +154,7 @@ class PolicyEngine:
         self._breach_since: float | None = None
         self._breach_values: deque[tuple[float, float]] = deque(maxlen=64)
         self._band_quantity: BandQuantity | None = None  # what the band holds (edgekit.power.band_quantity)
+        self._lesser_readings = 0  # readings in a row of less than it holds (not compared)
         self._sensor_ok: dict[str, bool] = {}
         self._oc_last: dict[str, tuple[float, int]] = {}  # channel -> (t, count) at the previous reading
 
@@ -206,8 +211,12 @@ class PolicyEngine:
         """
         cfg = self.config
         mw, what = sample.budget_power() if sample.available else (None, None)
-        if mw is None or not self._holds(BandQuantity.of(sample)):
+        if mw is None:
             return []
+        quantity = BandQuantity.of(sample)
+        if not self._holds(quantity):
+            return self._band_blind(sample, quantity)
+        self._lesser_readings = 0
         t, w = sample.t_s, mw / 1000.0
         if self.power_centre_w is None:  # learn the centre from the first seconds
             if self._power_first_t is None:
@@ -254,6 +263,23 @@ class PolicyEngine:
                 self.power_centre_w, self._power_first_t, self._power_baseline = None, None, []
         self._band_quantity = quantity
         return True
+
+    def _band_blind(self, sample: PowerSample, quantity: BandQuantity | None) -> list[Event]:
+        """A reading of less than the band holds is not compared; a run of them is said once (a sensor event), so a
+        rail lost for good does not leave the band switched off without a word."""
+        self._lesser_readings += 1
+        if self._lesser_readings != LESSER_READINGS_BEFORE_WARNING or quantity is None:
+            return []
+        held = self._band_quantity
+        lacking = (f"the measured total ({', '.join(sorted(held.parts))})" if held.measured_total and
+                   not quantity.measured_total else ", ".join(sorted(held.parts - quantity.parts)) or "a rail")
+        return [Event(
+            t_s=sample.t_s, kind="sensor", severity="warning",
+            message=f"the last {self._lesser_readings} power readings of {sample.source} lack {lacking}: the power "
+                    "band compares none of them until a full reading comes back",
+            evidence={"sensor": sample.source, "lacking": lacking, "readings": self._lesser_readings,
+                      "band_holds": sorted(held.parts), "band_holds_measured_total": held.measured_total},
+        )]
 
     # -- temperature ----------------------------------------------------------
     def check_temperatures(self, sample: PowerSample) -> list[Event]:

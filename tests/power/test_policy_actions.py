@@ -154,6 +154,22 @@ def test_a_cut_first_line_gives_way_to_the_full_sum_and_the_band_still_watches_i
     assert _four_rails_drop_to_20_w(eng, from_second=12) == [20.0]
 
 
+def test_a_rail_lost_for_good_is_said_once_not_a_band_switched_off_without_a_word():
+    """Readings lacking a rail are not compared with the band; a run of them (a rail gone for good) raises one sensor
+    warning naming what is missing, and a full reading puts the band back to work."""
+    from edgekit.power.policy import LESSER_READINGS_BEFORE_WARNING
+
+    eng = PolicyEngine(PolicyConfig(power_baseline_s=5.0, power_sustain_s=1.0))
+    assert [e for s in [_agx(i) for i in range(10)] for e in eng.check_power(s)] == []
+    n = LESSER_READINGS_BEFORE_WARNING
+    events = [e for i in range(10, 10 + 3 * n) for e in eng.check_power(_agx(i, cut=True))]
+    assert [e.kind for e in events] == ["sensor"], events  # once, not every reading
+    lacking = sorted(set(_agx(0).rails_sum_of) - {"VDD_GPU_SOC", "VDD_CPU_CV"})
+    assert events[0].evidence["lacking"] == ", ".join(lacking) and events[0].evidence["readings"] == n
+    assert f"the last {n} power readings of tegrastats lack {', '.join(lacking)}" in events[0].message
+    assert _four_rails_drop_to_20_w(eng, from_second=10 + 3 * n) == [20.0]  # watched again
+
+
 def test_a_sum_of_sub_rails_is_not_held_against_a_band_on_the_measured_total():
     """A garbled input rail ('VDD_IN NaNmW') left a line with the sum of VDD_SOC alone, 1.3 W against a band on
     VDD_IN."""
