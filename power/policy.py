@@ -27,10 +27,14 @@ from edgekit.power.events import EVENT_KINDS, Event
 from edgekit.power.latency import METRICS, WindowStats
 from edgekit.power.sample import PowerSample
 from edgekit.power.sensors.soctherm_oc import OC_MEANING
+from edgekit.power.sensors.thermal import zone_name
 
 # Power readings in a row that lack a rail (or the measured total) the band holds before a sensor event says the band
 # compares none of them: one torn line or failed read is no news, a rail gone for good is (10 s at the default 1 s).
 LESSER_READINGS_BEFORE_WARNING = 10
+# Readings with temperatures before a sensor event names the watched zones none of them had: a zone may be missing
+# from one reading, not from ten.
+ZONE_READINGS_BEFORE_WARNING = 10
 
 
 class TemperatureLimits(BaseModel):
@@ -40,6 +44,13 @@ class TemperatureLimits(BaseModel):
     warn_c: float = Field(85.0, description="a warning event above this, °C")
     critical_c: float = Field(95.0, description="a critical event above this, °C")
     zones: list[str] | None = Field(None, description="zone names to watch (cpu, gpu, tj, ...); None watches all")
+
+    @field_validator("zones")
+    @classmethod
+    def _as_read(cls, zones: list[str] | None) -> list[str] | None:
+        """Zone names as the sensors name them ('CPU', 'cpu-thermal' -> 'cpu'): 'CPU' matched no reading, and the rule
+        watched nothing."""
+        return None if zones is None else [zone_name(z) for z in zones]
 
     @model_validator(mode="after")
     def _ordered(self) -> "TemperatureLimits":
@@ -155,6 +166,7 @@ class PolicyEngine:
         self._breach_values: deque[tuple[float, float]] = deque(maxlen=64)
         self._band_quantity: BandQuantity | None = None  # what the band holds (edgekit.power.band_quantity)
         self._lesser_readings = 0  # readings in a row of less than it holds (not compared)
+        self._zone_readings, self._zones_read = 0, set()  # readings with temperatures seen, the zones they had
         self._sensor_ok: dict[str, bool] = {}
         self._oc_last: dict[str, tuple[float, int]] = {}  # channel -> (t, count) at the previous reading
 
@@ -284,7 +296,7 @@ class PolicyEngine:
     # -- temperature ----------------------------------------------------------
     def check_temperatures(self, sample: PowerSample) -> list[Event]:
         lim = self.config.temperature
-        events = []
+        events = self._zones_never_read(sample)
         for zone, c in sample.temps_c.items():
             if lim.zones is not None and zone not in lim.zones:
                 continue
@@ -302,6 +314,25 @@ class PolicyEngine:
                 evidence={"rule": sev, "zone": zone, "temp_c": c, "limit_c": limit, "all_temps_c": dict(sample.temps_c)},
             ))
         return events
+
+    def _zones_never_read(self, sample: PowerSample) -> list[Event]:
+        """Watched zones that no reading has, said once: a zone name of another board (or a typo) left the rule
+        watching nothing, without a word."""
+        zones = self.config.temperature.zones
+        if zones is None or not sample.temps_c or self._zone_readings >= ZONE_READINGS_BEFORE_WARNING:
+            return []
+        self._zone_readings += 1
+        self._zones_read.update(sample.temps_c)
+        missing = [z for z in zones if z not in self._zones_read]
+        if self._zone_readings < ZONE_READINGS_BEFORE_WARNING or not missing:
+            return []
+        return [Event(
+            t_s=sample.t_s, kind="sensor", severity="warning",
+            message=f"temperature.zones names {', '.join(missing)}, which the first {self._zone_readings} readings of "
+                    f"{sample.source} did not have (they read {', '.join(sorted(self._zones_read))}): the temperature "
+                    f"rule watches {'it' if len(missing) == 1 else 'them'} not at all",
+            evidence={"sensor": sample.source, "zones_missing": missing, "zones_read": sorted(self._zones_read)},
+        )]
 
     # -- sensors --------------------------------------------------------------
     def check_sensor(self, sample: PowerSample) -> list[Event]:

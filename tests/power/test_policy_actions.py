@@ -181,6 +181,23 @@ def test_a_sum_of_sub_rails_is_not_held_against_a_band_on_the_measured_total():
     assert [e for s in samples for e in eng.check_power(s)] == []
 
 
+def test_a_watched_zone_is_named_as_the_sensors_name_it_and_one_no_reading_has_is_said_once():
+    """temperature.zones: [CPU] matched no reading (the sensors name it cpu) and [cpu_x] (another board's zone, a typo)
+    none either: the temperature rule watched nothing, without a word."""
+    from edgekit.power.policy import ZONE_READINGS_BEFORE_WARNING
+
+    eng = PolicyEngine(PolicyConfig(temperature={"warn_c": 80, "critical_c": 90, "zones": ["CPU", "cpu_x"]}))
+    assert eng.config.temperature.zones == ["cpu", "cpu_x"]
+    hot = [PowerSample(t_s=float(i), source="tegrastats", temps_c={"cpu": 70.0 + 2 * i, "gpu": 99.0})
+           for i in range(2 * ZONE_READINGS_BEFORE_WARNING)]
+    events = [e for s in hot for e in eng.check_temperatures(s)]
+    said = [e for e in events if e.kind == "sensor"]
+    assert len(said) == 1 and said[0].evidence["zones_missing"] == ["cpu_x"], said
+    assert said[0].message.startswith(f"temperature.zones names cpu_x, which the first {ZONE_READINGS_BEFORE_WARNING} "
+                                      "readings of tegrastats did not have (they read cpu, gpu)")
+    assert {e.evidence["zone"] for e in events if e.kind == "temperature"} == {"cpu"}  # CPU is watched; gpu is not
+
+
 def test_temperature_warning_and_critical():
     eng = PolicyEngine(PolicyConfig(temperature={"warn_c": 80, "critical_c": 90}))
     evs = eng.check_temperatures(PowerSample(t_s=0, source="x", temps_c={"cpu": 70, "gpu": 85, "tj": 95}))
