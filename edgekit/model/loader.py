@@ -16,6 +16,7 @@ from edgekit.errors import ModelLoadError
 from edgekit.model.config import ModelConfig
 from edgekit.model.decoder import Decoder, ModelWeights
 from edgekit.model.default_model import default_model_path
+from edgekit.model.edgekit_outputs import refuse_edgekit_output
 from edgekit.model.presets import preset_config
 from edgekit.model.tokenizer import Tokenizer
 
@@ -73,10 +74,13 @@ def resolve_model_spec(spec: str | None) -> tuple[str, str]:
             hint="pass a .gguf file, a Hugging Face model directory, preset:NAME, or nothing for the default model",
         )
     if path.is_dir():
+        if not (path / "config.json").exists():
+            refuse_edgekit_output(spec, path)
         return "hf", str(path)
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
+        refuse_edgekit_output(spec, path)
         raise ModelLoadError(
             f"{spec}: not a GGUF file (starts with {magic!r}, expected b'GGUF')",
             hint="pass a .gguf file, a Hugging Face model directory or preset:NAME",
