@@ -104,6 +104,7 @@ def build(
     cross-compile every operator -> golden vectors -> ONNX -> manifest + signature."""
     from edgekit.builder import BuildOptions, build_bundle
     from edgekit.cli_common import err_console
+    from edgekit.plan.buckets import parse_bucket_list
     from edgekit.quant.progress import Steps, make_progress
 
     if plan_file is None and target is None:
@@ -115,12 +116,9 @@ def build(
         precision = cli_precision(precision or DEFAULT_PRECISION, BUILD_PRECISIONS)
     if key is None and not dev_key:
         raise BundleError("no signing key: a bundle must be signed", hint=_missing_key_hint())
-    bucket_list = None
-    if buckets:
-        try:
-            bucket_list = tuple(int(b) for b in buckets.split(","))
-        except ValueError as e:
-            raise BundleError(f"--buckets {buckets!r}: expected comma-separated integers, e.g. 64,256,1024") from e
+    # checked here, before the model loads and the kernels compile (a build's minutes), as plan checks it: '64,16'
+    # or '0,64' failed only after that, and '' (an unset shell variable) silently built the default buckets
+    bucket_list = None if buckets is None else parse_bucket_list(buckets, example="64,256,1024")
     if out is None:
         out = default_bundle_dir(model, target or "plan", precision)
     opts = BuildOptions(model=model, target=target, out=out, key=key, dev_key=dev_key, precision=precision, context=context, quantize_head=quantize_head or head_precision is not None,

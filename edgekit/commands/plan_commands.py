@@ -157,7 +157,7 @@ def plan(
         check_output_path(output, "-o", kind="file")
     tg = load_target(target, targets_dir)
     m = load_model(model, weights=False, tokenizer=False)
-    given = parse_bucket_list(buckets) if buckets else None
+    given = parse_bucket_list(buckets) if buckets is not None else None  # '' is refused, not the default
     model_info = {"name": m.config.name, "source": m.source.to_dict(), "config": m.config.to_dict()}
     planned = _lossless_int4_plan(m, kv_precision) if precision == "int4" else None
     from contextlib import nullcontext

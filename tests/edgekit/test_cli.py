@@ -311,6 +311,24 @@ def test_build_for_an_unknown_target_fails_before_loading_the_model(tmp_path):
     assert r.returncode == 2 and "unknown target 'orni'" in r.stderr and "GGUF" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("buckets", ["64,16", "0,64", "16,16", ""])
+def test_build_refuses_bad_buckets_before_loading_the_model(tmp_path, buckets):
+    """--buckets 64,16 or 0,64 failed only after the model loaded and the kernels began compiling, with no example;
+    '' (an unset shell variable) built the default buckets without a word."""
+    out = tmp_path / "b"
+    r = edgekit("build", _damaged_gguf(tmp_path), "--target", "orin", "--dev-key", "--buckets", buckets,
+                "-o", str(out), "--json", timeout=120)
+    assert r.returncode == 2 and "GGUF" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert err["message"] == f"--buckets {buckets!r}: expected strictly increasing positive counts, e.g. 64,256,1024"
+    assert not out.exists()
+
+
+def test_plan_refuses_empty_buckets():
+    r = edgekit("plan", "preset:tiny", "--target", "orin", "--no-tiles", "--buckets", "", "--json", timeout=120)
+    assert r.returncode == 2 and "--buckets ''" in json.loads(r.stdout)["error"]["message"], r.stderr
+
+
 @pytest.mark.parametrize("args, flag", [
     (("keys", "generate", "{blocked}"), "DIR"),
     (("report", "{log}", "-o", "{blocked}"), "-o"),
