@@ -220,17 +220,33 @@ def info(
         console.print(f"[yellow]note:[/] {note}")
 
 
+def _refuse_ignored_generate_flags(raw: bool, system: str | None, temperature: float, top_k: int) -> None:
+    """Flags generate would drop, refused before the model loads: the answer (exit 0) read as if they had applied.
+    --temperature inf made every token equally likely (noise; serve refuses it, as OpenAI's API does)."""
+    import math
+
+    if not math.isfinite(temperature):
+        raise typer.BadParameter(f"got {temperature}; expected a finite number (0: greedy decoding, e.g. 0.7 to "
+                                 "sample)", param_hint="--temperature")
+    if top_k and temperature == 0:
+        raise typer.BadParameter(f"{top_k} does nothing under greedy decoding (--temperature 0, the default): "
+                                 "pass --temperature too, e.g. --temperature 0.7", param_hint="--top-k")
+    if raw and system is not None:
+        raise typer.BadParameter("--raw skips the chat template, and with it the system message: drop one of them",
+                                 param_hint="--system")
+
+
 @app.command()
 def generate(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP),
     prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (or raw text with --raw)."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", min=1, help="Tokens to generate at most."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as plain text; skip the model's chat template."),
-    system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template (not with --raw)."),
     context: Optional[int] = typer.Option(None, "--context", min=16, help="KV cache length (prompt + answer), a static shape. Default: 2048, or less if the model has fewer positions; more than it has is refused."),
     truncate: bool = typer.Option(False, "--truncate", help="Keep the last tokens of a prompt that is too long instead of failing."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 means greedy decoding."),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="Sample from the k most likely tokens (with --temperature)."),
+    top_k: int = typer.Option(0, "--top-k", min=0, help="Sample from the k most likely tokens (needs --temperature above 0)."),
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed for sampling and for preset weights."),
     json_out: bool = typer.Option(False, "--json", help="Print the answer and timings as JSON."),
 ) -> None:
@@ -244,6 +260,7 @@ def generate(
     from edgekit.quant.source_check import check_source_model
     from edgekit.shapes import StaticShapes
 
+    _refuse_ignored_generate_flags(raw, system, temperature, top_k)
     m = load_model(model, seed=seed)
     # damaged weights answered with gibberish and exit status 0: refuse them, naming the file (a 32-token score
     # is enough to tell a working model, ~8, from a broken one, > 10x the vocabulary)

@@ -138,6 +138,25 @@ def test_generate_one_token_reports_no_decode_speed():
     assert "no decode step" in r.stderr
 
 
+@pytest.mark.parametrize("flags, flag, expected", [
+    (("--temperature", "inf"), "--temperature", "got inf; expected a finite number"),
+    (("--top-k", "5"), "--top-k", "5 does nothing under greedy decoding"),
+    (("--raw", "--system", "be brief"), "--system", "--raw skips the chat template"),
+])
+def test_generate_refuses_a_flag_it_would_ignore(flags, flag, expected):
+    """--temperature inf sampled every token with equal odds, --top-k without --temperature decoded greedily and
+    --system with --raw was dropped: each answered with exit 0, as if the flag had applied."""
+    r = edgekit("generate", "preset:tiny", "-p", "hi", "-n", "2", *flags, "--json")
+    assert r.returncode == 2, r.stderr
+    message = json.loads(r.stdout)["error"]["message"]
+    assert message.startswith(f"invalid value for {flag}: ") and expected in message
+
+
+def test_generate_samples_with_top_k_and_a_temperature():
+    r = edgekit("generate", "preset:tiny", "-p", "hi", "-n", "2", "--top-k", "5", "--temperature", "0.7", "--json")
+    assert r.returncode == 0 and len(json.loads(r.stdout)["token_ids"]) == 2, r.stderr
+
+
 # -- what a newcomer hit (issue 33): interrupts, exit codes, output paths checked before any work ----------------
 
 
