@@ -267,6 +267,9 @@ def build_bundle(opts: BuildOptions, report: Callable[[str, str], None] | None =
     if opts.quantize_head and mode is None:
         raise BundleError("--quantize-head needs a quantized precision; --precision fp16 keeps every layer in FP16",
                           hint="drop --quantize-head, or use --precision int8 or int4")
+    if opts.allow_mixed and mode is None:  # it was dropped without a word (exit 0)
+        raise BundleError("--allow-mixed acts when the accuracy gate fails; --precision fp16 keeps every layer in FP16 "
+                          "and has no gate", hint="drop --allow-mixed, or use --precision int8, w8a8 or int4")
 
     loaded = st.run("load", _intake, opts.model, cache, mode == "w4a16", bool(mode) and keeps_q8_0_table(opts))
     cfg = loaded.config

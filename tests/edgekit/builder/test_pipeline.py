@@ -110,6 +110,17 @@ def test_existing_output_and_missing_key_are_refused(tiny_bundle, tmp_path):
         build_bundle(BuildOptions(**{**vars(opts), "out": tmp_path / "x", "dev_key": False}))
 
 
+def test_allow_mixed_on_fp16_is_refused_before_the_model_loads(tmp_path):
+    """--precision fp16 --allow-mixed built an FP16 bundle, exit 0, the flag dropped without a word (fp16 has no
+    accuracy gate to fail). The model path does not exist: the refusal comes before anything reads it."""
+    opts = BuildOptions(model=str(tmp_path / "missing.gguf"), target="orin", out=tmp_path / "b", dev_key=True,
+                        precision="fp16", allow_mixed=True, cache_dir=tmp_path / "cache")
+    with pytest.raises(BundleError, match="--allow-mixed acts when the accuracy gate fails") as e:
+        build_bundle(opts)
+    assert "--precision int8, w8a8 or int4" in e.value.hint
+    assert not (tmp_path / "b").exists() and not (tmp_path / "cache").exists()
+
+
 def test_force_is_refused_before_any_work_where_it_would_delete_a_users_directory(tiny_bundle, tmp_path):
     _, opts = tiny_bundle
     precious = tmp_path / "precious"
