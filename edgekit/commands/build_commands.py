@@ -230,6 +230,9 @@ def verify(
     keys = _trusted_keys(bundle, trust, allow_dev_key, "is only accepted")
     if backend not in ("auto", "cpu", "gpu"):
         raise BundleError(f"--golden-backend {backend!r} is not one of auto, cpu, gpu")
+    if skip_golden and backend != "auto":  # it was dropped without a word: 'gpu' passed on a machine without one
+        raise typer.BadParameter(f"{backend} names where golden vectors run, and --skip-golden runs none: drop one "
+                                 "of them", param_hint="--golden-backend")
     run = None if skip_golden else run_reference
     runner_for_root = None
     if not skip_golden and backend != "cpu":

@@ -6,11 +6,14 @@ import json
 import stat
 import sys
 
+from edgekit import cli_common
 from edgekit.cli import main
 
 
 def _run(monkeypatch, capsys, *args) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["edgekit", *args])
+    # a fresh process each call: an earlier call's printed document would otherwise stop a JSON error's
+    monkeypatch.setattr(cli_common, "_JSON_PRINTED", [])
     code = 0
     try:
         main()
@@ -63,6 +66,20 @@ def test_verify_says_where_the_golden_vectors_ran(bundle, keydir, monkeypatch, c
     assert code == 0 and "golden vectors: run on the torch reference operators" in out and "measured on the CPU" in out
     code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), *trust, "--skip-golden", "--json")
     assert code == 0 and json.loads(out)["golden_vectors"] == {"ran": None, "measured_on": None}
+
+
+def test_verify_refuses_a_golden_backend_with_skip_golden(bundle, keydir, monkeypatch, capsys):
+    """--skip-golden --golden-backend gpu passed, exit 0, on a machine with no GPU: the backend was dropped unread."""
+    trust = ("--trust", str(keydir / "edgekit.pub"))
+    code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), *trust, "--skip-golden", "--golden-backend", "gpu",
+                        "--json")
+    assert code == 2
+    assert json.loads(out)["error"]["message"] == ("invalid value for --golden-backend: gpu names where golden vectors "
+                                                   "run, and --skip-golden runs none: drop one of them (see `edgekit "
+                                                   "verify --help`)")
+    code, out, _ = _run(monkeypatch, capsys, "verify", str(bundle), *trust, "--skip-golden", "--golden-backend", "auto",
+                        "--json")
+    assert code == 0 and json.loads(out)["ok"]  # auto is the default: it asks for nothing --skip-golden drops
 
 
 def test_verify_without_trusted_key_says_how_to_fix(bundle, monkeypatch, capsys):
