@@ -91,7 +91,7 @@ def quantize(
     mode: Optional[str] = typer.Option(None, "--mode", hidden=True, help="Old name of --precision (w8a16 = int8, w8a8)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for model.safetensors and report.json (created)."),
     kv_int8: bool = typer.Option(False, "--kv-int8", help="Also store the KV cache in INT8 (static per-head scales from calibration)."),
-    alpha: float = typer.Option(0.5, "--alpha", min=0.0, max=1.0, help="SmoothQuant migration strength for w8a8 (0: none, 1: all range moved to the weights)."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", min=0.0, max=1.0, help="SmoothQuant migration strength, --precision w8a8 only (0: none, 1: all range moved to the weights). Default: 0.5."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed", help="If the gate fails, keep the most sensitive layers in FP16 until it passes instead of stopping."),
     quantize_head: bool = typer.Option(False, "--quantize-head", help="Quantize the LM head too (when tied, the one quantized matrix is the embedding too)."),
     head_precision: Optional[str] = typer.Option(None, "--head-precision", help="int8 or int4 for the LM head (implies --quantize-head; default: --precision's, and a GGUF Q8_0 table kept bit for bit)."),
@@ -129,9 +129,12 @@ def quantize(
         precision = mode
     precision = cli_precision(precision, QUANT_PRECISIONS)
     mode = QUANT_MODE[precision]
+    if alpha is not None and mode != "w8a8":  # only SmoothQuant reads it: it was dropped without a word (exit 0)
+        raise typer.BadParameter(f"{alpha} is SmoothQuant's migration strength, which only --precision w8a8 uses "
+                                 f"(this is {precision}): drop --alpha, or pass --precision w8a8", param_hint="--alpha")
     gate = GateConfig.for_mode(mode, max_ppl_increase=max_ppl_increase, min_greedy_agreement=min_agreement,
                                min_logits_snr_db=min_snr_db, ppl_tokens=ppl_tokens, new_tokens=new_tokens)
-    opts = QuantizeOptions(alpha=alpha, quantize_head=quantize_head or head_precision is not None, always_rank=rank,
+    opts = QuantizeOptions(alpha=QuantizeOptions.alpha if alpha is None else alpha, quantize_head=quantize_head or head_precision is not None, always_rank=rank,
                            head_scheme=head_scheme(head_precision, precision))
     # a GGUF's 4-bit projections are taken in as they are, and with a quantized head (no --head-precision) a Q8_0
     # embedding/head table

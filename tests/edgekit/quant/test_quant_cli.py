@@ -119,6 +119,19 @@ def test_eval_refuses_greedy_flags_it_would_ignore(tmp_path):
     assert err["hint"] == "add --quantized DIR or --precision int4, or drop --prompts and --new-tokens"
 
 
+def test_quantize_refuses_alpha_outside_w8a8(tmp_path):
+    """`quantize --alpha 0.9` (int8, the default) wrote INT8 weights and a report with alpha null, exit 0: only
+    SmoothQuant (w8a8) reads the migration strength, and the flag was dropped."""
+    for precision in ("int8", "int4"):
+        out = tmp_path / precision
+        r = edgekit("quantize", "preset:tiny", "--precision", precision, "--alpha", "0.9", "-o", str(out), "--json")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        message = json.loads(r.stdout)["error"]["message"]
+        assert message.startswith(f"invalid value for --alpha: 0.9 is SmoothQuant's migration strength, which only "
+                                  f"--precision w8a8 uses (this is {precision})"), message
+        assert not out.exists()
+
+
 def test_quantize_refuses_a_directory_holding_other_files_before_any_work(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
