@@ -371,6 +371,10 @@ def verify_bundle(
 def require_bundle_path(path: str | Path) -> None:
     """Refuse a path that is neither a directory nor a file: the one message verify, run and serve give for it."""
     p = Path(path)
+    if str(path).startswith("preset:"):  # a model spec, not a bundle: say which commands take it
+        raise VerificationError(str(path), "a model (random-weight preset), not a bundle",
+                                hint=f"run it directly with `edgekit generate {path}`, or build a bundle of it with "
+                                     f"`edgekit build {path} --target orin -o DIR`")
     if not (p.is_dir() or p.is_file()):
         raise VerificationError(str(p), "no such bundle directory or archive",
                                 hint="pass the directory written by `edgekit build` or its .tar")

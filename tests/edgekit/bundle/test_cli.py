@@ -95,6 +95,14 @@ def test_verify_untrusted_key(bundle, tmp_path, monkeypatch, capsys):
     assert code == 2 and "manifest.sig" in err and "not trusted" in err
 
 
+def test_a_preset_given_as_a_bundle_is_called_a_model_with_the_commands_that_take_it(monkeypatch, capsys):
+    """`run preset:tiny -p hi` (and verify, serve) said 'no such bundle directory or archive', as for a typo."""
+    for args in (("verify",), ("run", "-p", "hi"), ("serve",)):
+        code, _, err = _run(monkeypatch, capsys, args[0], "preset:tiny", *args[1:])
+        assert code == 2 and "preset:tiny: a model (random-weight preset), not a bundle" in err, (args, err)
+        assert "edgekit generate preset:tiny" in err and "edgekit build preset:tiny" in err, err
+
+
 def test_a_mistyped_bundle_path_is_named_before_the_missing_trust(tmp_path, monkeypatch, capsys):
     """verify / run / serve NOWHERE without --trust said to pass --trust; with it, then, that there is no bundle."""
     for args in (("verify",), ("run", "-p", "hi"), ("serve",)):
