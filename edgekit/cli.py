@@ -17,7 +17,8 @@ from rich.markup import escape
 
 from edgekit import __version__
 from edgekit.cli_common import TERMINATED_EXIT_CODE, Terminated, err_console, json_was_printed
-from edgekit.cli_usage import BadParameter, ClickException, show_usage_error, usage_line
+from edgekit.cli_raw_values import guard_raw_values
+from edgekit.cli_usage import ClickException, show_usage_error, usage_line
 from edgekit.errors import EdgekitError
 
 app = typer.Typer(
@@ -92,44 +93,12 @@ def _tidy_help_columns(command) -> None:
         _tidy_help_columns(sub)
 
 
-EMPTY_PATH_MESSAGE = "an empty path (an unset shell variable?); name a file or directory (. for this one)"
-
-
-def _takes_paths(param) -> bool:
-    """Whether typer turns this parameter's values into paths (Path, Optional[Path], List[Path])."""
-    import pathlib
-    import typing
-
-    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
-    kinds = (annotation, *typing.get_args(annotation))
-    return any(isinstance(k, type) and issubclass(k, pathlib.PurePath) for k in kinds)
-
-
-def _refuse_empty_paths(command) -> None:
-    """A path given as "" (or blanks) is refused before typer turns it into Path('.'): `keys generate "$DIR"` with
-    DIR unset wrote a private key into the current directory, and `report LOG -o ''` its files there too."""
-    for param in getattr(command, "params", []):
-        if not _takes_paths(param):
-            continue
-        process = param.process_value
-
-        def checked(ctx, value, process=process, param=param):
-            given = value if isinstance(value, (list, tuple)) else (value,)
-            if any(isinstance(v, str) and not v.strip() for v in given):
-                raise BadParameter(EMPTY_PATH_MESSAGE, ctx=ctx, param=param)
-            return process(ctx, value)
-
-        param.process_value = checked
-    for sub in (getattr(command, "commands", None) or {}).values():
-        _refuse_empty_paths(sub)
-
-
 def cli_command():
     """The click command tree of `edgekit`, every command registered and help cleaned up."""
     _register_commands()
     command = typer.main.get_command(app)
     _tidy_help_columns(command)
-    _refuse_empty_paths(command)
+    guard_raw_values(command)
     return command
 
 

@@ -222,12 +222,7 @@ def info(
 
 def _refuse_ignored_generate_flags(raw: bool, system: str | None, temperature: float, top_k: int) -> None:
     """Flags generate would drop, refused before the model loads: the answer (exit 0) read as if they had applied.
-    --temperature inf made every token equally likely (noise; serve refuses it, as OpenAI's API does)."""
-    import math
-
-    if not math.isfinite(temperature):
-        raise typer.BadParameter(f"got {temperature}; expected a finite number (0: greedy decoding, e.g. 0.7 to "
-                                 "sample)", param_hint="--temperature")
+    (--temperature inf, which made every token equally likely, is refused with every number: cli_raw_values.)"""
     if top_k and temperature == 0:
         raise typer.BadParameter(f"{top_k} does nothing under greedy decoding (--temperature 0, the default): "
                                  "pass --temperature too, e.g. --temperature 0.7", param_hint="--top-k")

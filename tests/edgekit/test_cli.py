@@ -139,7 +139,7 @@ def test_generate_one_token_reports_no_decode_speed():
 
 
 @pytest.mark.parametrize("flags, flag, expected", [
-    (("--temperature", "inf"), "--temperature", "got inf; expected a finite number"),
+    (("--temperature", "inf"), "'--temperature'", "got 'inf'; expected a finite number"),  # as every number refuses it
     (("--top-k", "5"), "--top-k", "5 does nothing under greedy decoding"),
     (("--raw", "--system", "be brief"), "--system", "--raw skips the chat template"),
 ])
@@ -502,33 +502,3 @@ def test_a_usage_error_under_json_answers_a_document_too():
     doc = json.loads(r.stdout)
     assert doc["error"]["type"] == "UsageError" and "--context" in doc["error"]["message"] and "error:" in r.stderr
 
-
-@pytest.mark.parametrize("args", [("keys", "generate", ""), ("keys", "generate", "  "), ("report", "log.jsonl", "-o", ""),
-                                  ("verify", "bundle", "--trust", "")])
-def test_an_empty_path_is_refused_not_taken_as_the_current_directory(tmp_path, args):
-    """typer turned "" into Path('.'): `keys generate "$DIR"` with DIR unset wrote a private key into the current
-    directory, and `report LOG -o ''` its files there too."""
-    r = subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=120,
-                       cwd=tmp_path)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "an empty path (an unset shell variable?)" in r.stderr, r.stderr
-    assert list(tmp_path.iterdir()) == []  # nothing written where the command ran
-
-
-def test_every_path_parameter_refuses_an_empty_value():
-    """The refusal is put on each path parameter as the command tree is built: a new command's path gets it too."""
-    import typer
-
-    from edgekit.cli import _takes_paths, cli_command
-    from edgekit.cli_usage import BadParameter
-
-    def walk(command):
-        yield from ((command, p) for p in getattr(command, "params", []) if _takes_paths(p))
-        for sub in (getattr(command, "commands", None) or {}).values():
-            yield from walk(sub)
-
-    checked = list(walk(cli_command()))
-    assert len(checked) > 40  # build -o, verify BUNDLE, --trust, ... (every command's files)
-    for command, param in checked:
-        with pytest.raises(BadParameter, match="an empty path"):
-            param.process_value(typer.Context(command), [""] if param.multiple else "")
