@@ -146,7 +146,7 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
     from rich.table import Table
 
     from edgekit.errors import EdgekitError
-    from edgekit.power.band_quantity import BandQuantity, fullest
+    from edgekit.power.report import board_power
     from edgekit.power.jsonl import JsonlLogger
     from edgekit.power.sensors.tegrastats import parse_lines
     from edgekit.power.watchdog import Watchdog
@@ -166,7 +166,7 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
             evs = wd.observe_sample(s)
             n += 1
             if s.budget_power()[0] is not None:  # the measured total, else the labelled sum of rails
-                readings.append(s)
+                readings.append(s.to_dict())
             events += evs
             if json_out:
                 _emit({"type": "sample", "line": line_no, **s.to_dict()})
@@ -189,11 +189,10 @@ def _replay(path: Path, pol, json_out: bool, log: Optional[Path], limit: Optiona
     t.add_column("value", justify="right")
     t.add_row("samples", str(n))
     t.add_row("lines skipped", ", ".join(map(str, skipped)) or "none")
-    held = fullest(map(BandQuantity.of, readings))  # one quantity: a line cut short in its rails is a lesser sum
-    totals = [s.budget_power() for s in readings if BandQuantity.of(s) == held]
-    if totals:
-        mws = [mw for mw, _ in totals]
-        t.add_row(f"power mean / peak ({totals[0][1]})", f"{sum(mws) / len(mws) / 1000:.3f} / {max(mws) / 1000:.3f} W"
+    what, powers = board_power(readings)  # one quantity, as the report takes it: a line cut short is a lesser sum
+    mws = [mw for mw in powers if mw is not None]
+    if mws:
+        t.add_row(f"power mean / peak ({what})", f"{sum(mws) / len(mws) / 1000:.3f} / {max(mws) / 1000:.3f} W"
                   + (f" ({len(mws)} of {n} samples)" if len(mws) < n else ""))
     else:
         t.add_row("power", "no power rails in this log")
