@@ -29,12 +29,10 @@ from edgekit.power.sample import PowerSample
 from edgekit.power.sensors.soctherm_oc import OC_MEANING
 from edgekit.power.sensors.thermal import zone_name
 
-# Power readings in a row that lack a rail (or the measured total) the band holds before a sensor event says the band
-# compares none of them: one torn line or failed read is no news, a rail gone for good is (10 s at the default 1 s).
-LESSER_READINGS_BEFORE_WARNING = 10
-# Readings with temperatures before a sensor event names the watched zones none of them had: a zone may be missing
-# from one reading, not from ten.
-ZONE_READINGS_BEFORE_WARNING = 10
+# Readings before a sensor event says that one a rule needs is missing: power readings in a row that lack a rail the
+# band holds, or readings with temperatures none of which had a watched zone. One torn line or failed read is no
+# news; a rail or zone missing from ten is (10 s at the default 1 s).
+READINGS_BEFORE_SENSOR_WARNING = 10
 
 
 class TemperatureLimits(BaseModel):
@@ -280,7 +278,7 @@ class PolicyEngine:
         """A reading of less than the band holds is not compared; a run of them is said once (a sensor event), so a
         rail lost for good does not leave the band switched off without a word."""
         self._lesser_readings += 1
-        if self._lesser_readings != LESSER_READINGS_BEFORE_WARNING or quantity is None:
+        if self._lesser_readings != READINGS_BEFORE_SENSOR_WARNING or quantity is None:
             return []
         held = self._band_quantity
         lacking = (f"the measured total ({', '.join(sorted(held.parts))})" if held.measured_total and
@@ -319,12 +317,12 @@ class PolicyEngine:
         """Watched zones that no reading has, said once: a zone name of another board (or a typo) left the rule
         watching nothing, without a word."""
         zones = self.config.temperature.zones
-        if zones is None or not sample.temps_c or self._zone_readings >= ZONE_READINGS_BEFORE_WARNING:
+        if zones is None or not sample.temps_c or self._zone_readings >= READINGS_BEFORE_SENSOR_WARNING:
             return []
         self._zone_readings += 1
         self._zones_read.update(sample.temps_c)
         missing = [z for z in zones if z not in self._zones_read]
-        if self._zone_readings < ZONE_READINGS_BEFORE_WARNING or not missing:
+        if self._zone_readings < READINGS_BEFORE_SENSOR_WARNING or not missing:
             return []
         return [Event(
             t_s=sample.t_s, kind="sensor", severity="warning",

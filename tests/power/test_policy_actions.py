@@ -157,11 +157,11 @@ def test_a_cut_first_line_gives_way_to_the_full_sum_and_the_band_still_watches_i
 def test_a_rail_lost_for_good_is_said_once_not_a_band_switched_off_without_a_word():
     """Readings lacking a rail are not compared with the band; a run of them (a rail gone for good) raises one sensor
     warning naming what is missing, and a full reading puts the band back to work."""
-    from edgekit.power.policy import LESSER_READINGS_BEFORE_WARNING
+    from edgekit.power.policy import READINGS_BEFORE_SENSOR_WARNING
 
     eng = PolicyEngine(PolicyConfig(power_baseline_s=5.0, power_sustain_s=1.0))
     assert [e for s in [_agx(i) for i in range(10)] for e in eng.check_power(s)] == []
-    n = LESSER_READINGS_BEFORE_WARNING
+    n = READINGS_BEFORE_SENSOR_WARNING
     events = [e for i in range(10, 10 + 3 * n) for e in eng.check_power(_agx(i, cut=True))]
     assert [e.kind for e in events] == ["sensor"], events  # once, not every reading
     lacking = sorted(set(_agx(0).rails_sum_of) - {"VDD_GPU_SOC", "VDD_CPU_CV"})
@@ -184,16 +184,16 @@ def test_a_sum_of_sub_rails_is_not_held_against_a_band_on_the_measured_total():
 def test_a_watched_zone_is_named_as_the_sensors_name_it_and_one_no_reading_has_is_said_once():
     """temperature.zones: [CPU] matched no reading (the sensors name it cpu) and [cpu_x] (another board's zone, a typo)
     none either: the temperature rule watched nothing, without a word."""
-    from edgekit.power.policy import ZONE_READINGS_BEFORE_WARNING
+    from edgekit.power.policy import READINGS_BEFORE_SENSOR_WARNING
 
     eng = PolicyEngine(PolicyConfig(temperature={"warn_c": 80, "critical_c": 90, "zones": ["CPU", "cpu_x"]}))
     assert eng.config.temperature.zones == ["cpu", "cpu_x"]
     hot = [PowerSample(t_s=float(i), source="tegrastats", temps_c={"cpu": 70.0 + 2 * i, "gpu": 99.0})
-           for i in range(2 * ZONE_READINGS_BEFORE_WARNING)]
+           for i in range(2 * READINGS_BEFORE_SENSOR_WARNING)]
     events = [e for s in hot for e in eng.check_temperatures(s)]
     said = [e for e in events if e.kind == "sensor"]
     assert len(said) == 1 and said[0].evidence["zones_missing"] == ["cpu_x"], said
-    assert said[0].message.startswith(f"temperature.zones names cpu_x, which the first {ZONE_READINGS_BEFORE_WARNING} "
+    assert said[0].message.startswith(f"temperature.zones names cpu_x, which the first {READINGS_BEFORE_SENSOR_WARNING} "
                                       "readings of tegrastats did not have (they read cpu, gpu)")
     assert {e.evidence["zone"] for e in events if e.kind == "temperature"} == {"cpu"}  # CPU is watched; gpu is not
 
